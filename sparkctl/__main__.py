@@ -1,0 +1,5 @@
+import sys
+
+from sparkctl.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,74 @@
+"""sparkctl command line: parse, call one library function, render the result.
+
+Known errors (SparkctlError) print one clear message and exit with their code;
+anything else writes its traceback to a debug log and says where.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import typer
+
+from sparkctl.cli import deploy_cmds, render_cmds
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Deploy SGLang across two DGX Sparks (TP=2), verify it, roll back, measure it.")
+
+
+@app.callback()
+def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details to stderr.")) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
+render_cmds.register(app)
+deploy_cmds.register(app)
+
+
+def _debug_log_path() -> Path:
+    base = Path(os.environ.get("SPARKCTL_STATE_DIR") or tempfile.gettempdir())
+    return base / "sparkctl-debug.log"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `sparkctl` console script."""
+    from sparkctl.errors import SparkctlError
+    try:
+        app(args=argv, prog_name="sparkctl", standalone_mode=False)
+        return 0
+    except SparkctlError as exc:
+        print(f"sparkctl: {exc.render()}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("sparkctl: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as exc:  # typer/click exits (--help, usage errors) and explicit exits
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+    except Exception as exc:  # noqa: BLE001 - the one boundary that sorts unknown errors
+        if isinstance(exc, typer.Exit):
+            return int(getattr(exc, "exit_code", 0) or 0)
+        if isinstance(exc, typer.Abort):
+            print("sparkctl: aborted", file=sys.stderr)
+            return 1
+        if isinstance(exc, typer.TyperException):  # usage errors: bad option, missing argument
+            exc.show()
+            return int(getattr(exc, "exit_code", 2) or 2)
+        path = _debug_log_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(traceback.format_exc())
+            where = f"traceback written to {path}"
+        except OSError:
+            where = "traceback could not be written"
+        print(f"sparkctl: internal error: {type(exc).__name__}: {exc} ({where}); please report it", file=sys.stderr)
+        return 70
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Read-only commands: render, profiles, schema."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def render(profile: str = typer.Option(..., "--profile", "-p", help="Profile name (profiles/NAME.yml) or path."),
+               inventory: Optional[str] = typer.Option(None, "--inventory", "-i", help="Ansible inventory file."),
+               rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank."),
+               as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout.")) -> None:
+        """Print the exact argv and env of every rank; nothing is started. Secrets print as ***."""
+        from sparkctl.config.inventory import resolve_inventory
+        from sparkctl.config.profile import load_profile
+        from sparkctl.errors import ConfigError
+        from sparkctl.sglang.render import render as do_render
+
+        inv = resolve_inventory(inventory)
+        result = do_render(load_profile(profile), inv)
+        if rank is not None and not any(s.rank == rank for s in result.specs):
+            raise ConfigError(f"--rank {rank}: the inventory has ranks 0..{len(result.specs) - 1}", where=inv.path)
+        if inv.embedded:
+            print(f"sparkctl: using the embedded local cluster ({inv.path}); the engine there is emulated",
+                  file=sys.stderr)
+        for w in result.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        if as_json:
+            print(json.dumps(result.to_json(rank), indent=2))
+            return
+        for r in result.to_json(rank)["ranks"]:
+            print(f"# rank {r['rank']} on {r['node']} (SGLang {result.profile.image.sglang_version})")
+            for k, v in r["env"].items():
+                print(f"{k}={v}")
+            print(" ".join(_quote(a) for a in r["argv"]))
+            print()
+
+    @app.command()
+    def profiles() -> None:
+        """List the profiles with their descriptions."""
+        from sparkctl.config.profile import list_profiles
+        for name, desc, _path in list_profiles():
+            print(f"{name:<16} {desc}")
+
+    @app.command()
+    def schema(kind: str = typer.Argument(..., help="profile | inventory")) -> None:
+        """Print the JSON Schema of the profile or inventory format (for editors)."""
+        from sparkctl.config.schema import json_schema
+        print(json.dumps(json_schema(kind), indent=2))
+
+
+def _quote(arg: str) -> str:
+    import shlex
+    return shlex.quote(arg)

@@ -1,0 +1,226 @@
+"""Inventory: the nodes of one cluster, read from an Ansible YAML inventory.
+
+The same file works with `ansible-playbook -i`: hosts live under `all.hosts` or any
+`all.children.<group>.hosts`, connection settings use Ansible's own names
+(`ansible_host`, `ansible_port`, `ansible_user`, `ansible_ssh_private_key_file`),
+and sparkctl's per-node settings are plain host variables. Example::
+
+    all:
+      vars: {sparkctl_cluster: desk}
+      children:
+        sparks:
+          hosts:
+            spark-a: {ansible_host: 10.0.0.10, fabric_interface: enp1s0f0np0,
+                      fabric_address: 192.168.100.10, roce_hcas: [rocep1s0f0, roceP2p1s0f0]}
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sparkctl.config.loader import config_error_from, did_you_mean, read_yaml, repo_root
+from sparkctl.errors import ConfigError
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class SSHSettings(BaseModel):
+    model_config = _STRICT
+    host: str = Field(description="Management address or name sparkctl reaches the node on (ansible_host).")
+    port: int = Field(22, ge=1, le=65535, description="SSH port (ansible_port).")
+    user: str = Field("root", description="SSH user (ansible_user).")
+    key_file: str | None = Field(None, description="Private key for key-based auth (ansible_ssh_private_key_file).")
+    connection: Literal["ssh", "local"] = Field(
+        "ssh", description="'local' for the embedded cluster (ansible_connection: local): no SSH at all.")
+
+
+class HostPaths(BaseModel):
+    model_config = _STRICT
+    models: str = Field("/models", description="Host directory holding model and drafter weights (mounted read-only).")
+    cache: str = Field("/var/cache/sparkctl",
+                       description="Host directory for JIT caches (TileLang, Triton, FlashInfer, torch compile).")
+
+
+class Node(BaseModel):
+    """One machine of the cluster (a DGX Spark, or a loopback stand-in)."""
+
+    model_config = _STRICT
+    name: str = Field(description="Inventory host name, e.g. spark-a.")
+    ssh: SSHSettings = Field(description="How to reach the node.")
+    rank: int | None = Field(None, ge=0, description="Explicit node rank (sparkctl_rank); default: inventory order.")
+    fabric_interface: str = Field(description="Netdev of the CX-7 fabric link, e.g. enp1s0f0np0.")
+    fabric_address: str = Field(description="This node's IPv4 address on the fabric link.")
+    roce_hcas: list[str] = Field(default_factory=list,
+                                 description="RoCE HCAs for NCCL_IB_HCA (both twins of the cabled port).")
+    host_paths: HostPaths = Field(default_factory=HostPaths, description="Host directories used by the engine.")
+    runtime: Literal["docker", "process"] = Field(
+        "docker", description="'docker' (real Sparks) or 'process' (the embedded cluster's local emulator).")
+    gpu_runtime: Literal["nvidia", "gpus-all", "none"] = Field(
+        "nvidia", description="How containers get the GPU: --runtime nvidia, --gpus all, or nothing.")
+    api_bind: str = Field("0.0.0.0", description="Address the engine's HTTP server binds to on this node.")
+    gpus: int = Field(1, ge=1, description="GPUs on this node (a DGX Spark has one GB10).")
+
+    @field_validator("fabric_address")
+    @classmethod
+    def _ipv4(cls, value: str) -> str:
+        try:
+            ipaddress.IPv4Address(value)
+        except ValueError:
+            raise ValueError(f"'{value}' is not an IPv4 address") from None
+        return value
+
+
+class Cluster(BaseModel):
+    """Cluster-wide settings (Ansible `all.vars` with the `sparkctl_` prefix)."""
+
+    model_config = _STRICT
+    name: str = Field("default", description="Cluster name; names containers and the state directory.")
+    known_hosts: str | None = Field(None, description="known_hosts file used to verify node host keys.")
+    host_key_policy: Literal["accept-new", "pinned"] = Field(
+        "accept-new", description="accept-new: trust a host key on first contact; pinned: only keys in known_hosts.")
+    sim: dict[str, Any] = Field(default_factory=dict,
+                                description="Emulator knobs for the embedded cluster (see sparkctl/sim/README.md).")
+
+
+class Inventory(BaseModel):
+    """The nodes, ordered by rank (rank 0 first)."""
+
+    model_config = _STRICT
+    path: str = Field(description="File this inventory came from.")
+    cluster: Cluster = Field(description="Cluster-wide settings.")
+    nodes: list[Node] = Field(min_length=1, description="Nodes in rank order.")
+    embedded: bool = Field(False, description="True for the embedded local cluster (emulated engine).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Inventory":
+        names = [n.name for n in self.nodes]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"two nodes named {dup[0]!r}")
+        return self
+
+    @property
+    def rank0(self) -> Node:
+        return self.nodes[0]
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise ConfigError(f"no node named {name!r}", where=self.path,
+                          hint=f"nodes are: {', '.join(n.name for n in self.nodes)}")
+
+
+_ANSIBLE_KEYS = {"ansible_host": "host", "ansible_port": "port", "ansible_user": "user",
+                 "ansible_ssh_private_key_file": "key_file", "ansible_connection": "connection"}
+_NODE_KEYS = {"sparkctl_rank", "fabric_interface", "fabric_address", "roce_hcas", "host_paths", "runtime",
+              "gpu_runtime", "api_bind", "gpus"}
+_CLUSTER_KEYS = {"sparkctl_cluster": "name", "sparkctl_known_hosts": "known_hosts",
+                 "sparkctl_host_key_policy": "host_key_policy", "sparkctl_sim": "sim"}
+
+
+def _collect_hosts(group: dict[str, Any], inherited: dict[str, Any], out: list[tuple[str, dict[str, Any]]],
+                   where: str, path: str) -> None:
+    if not isinstance(group, dict):
+        raise ConfigError(f"{path}: expected a mapping", where=where)
+    gvars = {**inherited, **(group.get("vars") or {})}
+    for key in group:
+        if key not in ("hosts", "children", "vars"):
+            raise ConfigError(f"{path}.{key}: unknown key in an Ansible group", where=where,
+                              hint="groups hold only 'hosts', 'children' and 'vars'")
+    for name, hvars in (group.get("hosts") or {}).items():
+        out.append((str(name), {**gvars, **(hvars or {})}))
+    for cname, child in (group.get("children") or {}).items():
+        _collect_hosts(child or {}, gvars, out, where, f"{path}.children.{cname}")
+
+
+def _node_from_vars(name: str, hvars: dict[str, Any], where: str) -> dict[str, Any]:
+    ssh: dict[str, Any] = {}
+    node: dict[str, Any] = {"name": name}
+    for key, value in hvars.items():
+        if key in _ANSIBLE_KEYS:
+            ssh[_ANSIBLE_KEYS[key]] = value
+        elif key == "sparkctl_rank":
+            node["rank"] = value
+        elif key in _NODE_KEYS:
+            node[key] = value
+        elif key.startswith("ansible_") or key in _CLUSTER_KEYS:
+            continue  # Ansible's own variables, or cluster vars inherited from all.vars
+        else:
+            guess = did_you_mean(key, sorted(_NODE_KEYS | set(_ANSIBLE_KEYS)))
+            raise ConfigError(f"hosts.{name}.{key}: unknown host variable", where=where,
+                              hint=f"did you mean '{guess}'?" if guess else
+                              f"known: {', '.join(sorted(_NODE_KEYS | set(_ANSIBLE_KEYS)))}")
+    ssh.setdefault("host", name)
+    node["ssh"] = ssh
+    for required in ("fabric_interface", "fabric_address"):
+        if required not in node:
+            raise ConfigError(f"hosts.{name}.{required}: missing", where=where,
+                              hint=f"set {required} for {name} (the CX-7 fabric "
+                                   f"{'netdev, e.g. enp1s0f0np0' if required == 'fabric_interface' else 'IPv4 address'})")
+    return node
+
+
+def load_inventory(path: Path, *, embedded: bool = False) -> Inventory:
+    """Load and validate an Ansible-format inventory file."""
+    data = read_yaml(path)
+    where = str(path)
+    if not isinstance(data, dict) or "all" not in data:
+        raise ConfigError("not an Ansible YAML inventory: top-level 'all:' is missing", where=where,
+                          hint="see inventory/sparks.example.yml")
+    root = data["all"] or {}
+    hosts: list[tuple[str, dict[str, Any]]] = []
+    _collect_hosts(root, {}, hosts, where, "all")
+    if not hosts:
+        raise ConfigError("no hosts in the inventory", where=where, hint="add hosts under all.children.sparks.hosts")
+    names = [h[0] for h in hosts]
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise ConfigError(f"two nodes named {n!r}", where=where, hint="give every host a unique name")
+        seen.add(n)
+    cvars = root.get("vars") or {}
+    cluster = {_CLUSTER_KEYS[k]: v for k, v in cvars.items() if k in _CLUSTER_KEYS}
+    for k in cvars:
+        if k.startswith("sparkctl_") and k not in _CLUSTER_KEYS:
+            guess = did_you_mean(k, sorted(_CLUSTER_KEYS))
+            raise ConfigError(f"all.vars.{k}: unknown cluster variable", where=where,
+                              hint=f"did you mean '{guess}'?" if guess else f"known: {', '.join(sorted(_CLUSTER_KEYS))}")
+    nodes = [_node_from_vars(n, v, where) for n, v in hosts]
+    if any("rank" in n for n in nodes):
+        ranks = [n.get("rank") for n in nodes]
+        if None in ranks or sorted(ranks) != list(range(len(nodes))):
+            raise ConfigError(f"sparkctl_rank must be set on every node and be 0..{len(nodes) - 1} once each "
+                              f"(got {ranks})", where=where, hint="set sparkctl_rank on all nodes, or on none")
+        nodes.sort(key=lambda n: n["rank"])
+    try:
+        return Inventory(path=where, cluster=cluster, nodes=nodes, embedded=embedded)
+    except ValidationError as exc:
+        raise _inventory_error(exc, where, nodes) from None
+
+
+def _inventory_error(exc: ValidationError, where: str, nodes: list[dict[str, Any]]) -> ConfigError:
+    err = config_error_from(exc, Inventory, where)
+    # Show 'hosts.spark-a.fabric_address' rather than 'nodes[0].fabric_address'.
+    for i, n in enumerate(nodes):
+        err.message = err.message.replace(f"nodes[{i}].ssh.", f"hosts.{n['name']}.").replace(
+            f"nodes[{i}].", f"hosts.{n['name']}.")
+    return err
+
+
+def resolve_inventory(explicit: str | None) -> Inventory:
+    """--inventory > SPARKCTL_INVENTORY > inventory/sparks.yml > the embedded local cluster."""
+    if explicit:
+        return load_inventory(Path(explicit))
+    env = os.environ.get("SPARKCTL_INVENTORY")
+    if env:
+        return load_inventory(Path(env))
+    for base in (Path.cwd(), repo_root()):
+        real = base / "inventory" / "sparks.yml"
+        if real.is_file():
+            return load_inventory(real)
+    return load_inventory(repo_root() / "inventory" / "local.yml", embedded=True)

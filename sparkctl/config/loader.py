@@ -1,0 +1,112 @@
+"""YAML loading and pydantic error translation.
+
+Turns a pydantic ValidationError into one ConfigError that names the file, the key
+path and the fix (with a did-you-mean for unknown keys), so a user never sees a
+traceback for a typo.
+"""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from sparkctl.errors import ConfigError
+
+
+def repo_root() -> Path:
+    """The source tree holding profiles/, inventory/, patches/ (the package's parent)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def read_yaml(path: Path) -> Any:
+    """Read one YAML document; a missing file or a syntax error is a ConfigError."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("file not found", where=str(path),
+                          hint="check the path (or the name passed to --profile / --inventory)") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", where=str(path)) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"invalid YAML: {problem}", where=loc,
+                          hint="fix the YAML syntax at that line") from None
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """Walk a model class along a pydantic error location to find the model holding the last key."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int) or current is None:
+            continue
+        fields = getattr(current, "model_fields", None)
+        if not fields or part not in fields:
+            return None
+        ann = fields[part].annotation
+        current = _first_model(ann)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _first_model(ann: Any) -> Any:
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for arg in getattr(ann, "__args__", ()) or ():
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def key_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def did_you_mean(word: str, candidates: list[str]) -> str | None:
+    match = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def config_error_from(exc: ValidationError, model: type[BaseModel], where: str,
+                      prefix: tuple[Any, ...] = (), origin: dict[str, str] | None = None) -> ConfigError:
+    """One ConfigError for the first problem in a ValidationError (others listed as evidence)."""
+    messages = []
+    first: ConfigError | None = None
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        path = key_path(prefix + loc)
+        hint: str | None = None
+        if err["type"] == "extra_forbidden":
+            holder = _model_at(model, loc)
+            names = list(holder.model_fields) if holder else []
+            guess = did_you_mean(str(loc[-1]), names)
+            msg = f"unknown key '{loc[-1]}'"
+            hint = (f"did you mean '{guess}'?" if guess else
+                    f"remove it; known keys here: {', '.join(sorted(names))}" if names else "remove it")
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+            hint = f"add '{loc[-1]}'"
+        else:
+            msg = err["msg"]
+            if "input" in err and not isinstance(err["input"], (dict, list)):
+                msg += f" (got {err['input']!r})"
+            ctx_hint = (err.get("ctx") or {}).get("hint") if isinstance(err.get("ctx"), dict) else None
+            hint = ctx_hint
+        src = (origin or {}).get(key_path(prefix + loc)) or where
+        text = f"{path}: {msg}"
+        messages.append(text)
+        if first is None:
+            first = ConfigError(f"{path}: {msg}", where=src, hint=hint)
+    assert first is not None
+    if len(messages) > 1:
+        first.evidence = "other problems:\n" + "\n".join(messages[1:])
+    return first

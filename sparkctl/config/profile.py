@@ -1,0 +1,255 @@
+"""Profile: what to serve and how, as validated data.
+
+A profile is a YAML file under profiles/ that may `extends:` another (several
+levels; cycles rejected). Mappings merge key by key; lists and scalars replace;
+`speculative: null` turns speculative decoding off. Settings use SGLang 0.5.23's
+names (server_args dests); the renderer spells them for the profile's version.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from sparkctl.config.loader import config_error_from, key_path, read_yaml, repo_root
+from sparkctl.errors import ConfigError
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class ImageSettings(BaseModel):
+    model_config = _STRICT
+    sglang_version: str = Field("0.5.23", description="SGLang release the image carries; selects the flag dialect.")
+    base_image: str = Field("lmsysorg/sglang:v0.5.23", description="Engine base image the GB10 layers build on.")
+    patch_series: str | None = Field(None, description="Directory under patches/ applied at image build.")
+    platform: str = Field("linux/arm64", description="Image platform (DGX Spark is aarch64).")
+
+
+class ModelSettings(BaseModel):
+    model_config = _STRICT
+    path: str = Field(description="Model path inside the engine (under the node's models mount).")
+    served_name: str | None = Field(None, description="--served-model-name: the id clients ask for.")
+    reasoning_parser: str | None = Field(None, description="--reasoning-parser, e.g. glm45.")
+    tool_call_parser: str | None = Field(None, description="--tool-call-parser.")
+    trust_remote_code: bool = Field(False, description="--trust-remote-code.")
+
+
+class ServerSettings(BaseModel):
+    """SGLang server arguments sparkctl knows by name (0.5.23 names)."""
+
+    model_config = _STRICT
+    tp_size: int = Field(2, ge=1, description="--tp-size: tensor-parallel ranks (one GPU per Spark).")
+    mem_fraction_static: float | None = Field(
+        None, gt=0, lt=1, description="--mem-fraction-static: fraction of unified memory for weights+KV (0..1).")
+    max_total_tokens: int | None = Field(None, gt=0, description="--max-total-tokens: KV pool cap in tokens.")
+    mamba_full_memory_ratio: float | None = Field(None, gt=0, description="--mamba-full-memory-ratio.")
+    max_mamba_cache_size: int | None = Field(None, gt=0, description="--max-mamba-cache-size (raises the mamba cap).")
+    context_length: int | None = Field(None, gt=0, description="--context-length.")
+    kv_cache_dtype: str | None = Field(None, description="--kv-cache-dtype, e.g. bf16, fp8_e4m3.")
+    dsa_prefill_backend: str | None = Field(None, description="--dsa-prefill-backend (--nsa-* before 0.5.16).")
+    dsa_decode_backend: str | None = Field(None, description="--dsa-decode-backend (--nsa-* before 0.5.16).")
+    attention_backend: str | None = Field(None, description="--attention-backend.")
+    max_running_requests: int | None = Field(None, gt=0, description="--max-running-requests.")
+    chunked_prefill_size: int | None = Field(None, description="--chunked-prefill-size.")
+    cuda_graph_max_bs: int | None = Field(None, gt=0, description="--cuda-graph-max-bs (rejected on 0.5.23).")
+    disable_cuda_graph: bool = Field(False, description="--disable-cuda-graph (deprecated on 0.5.23).")
+    enable_metrics: bool = Field(True, description="--enable-metrics: expose /metrics.")
+    watchdog_timeout: float | None = Field(None, gt=0, description="--watchdog-timeout seconds.")
+    dist_timeout: int | None = Field(None, gt=0, description="--dist-timeout seconds.")
+    decode_log_interval: int | None = Field(None, gt=0, description="--decode-log-interval (decode steps per log).")
+    extra_args: list[str] = Field(default_factory=list,
+                                  description="Further SGLang flags, passed through but checked against the dialect.")
+
+
+class SpeculativeSettings(BaseModel):
+    model_config = _STRICT
+    algorithm: str = Field(description="--speculative-algorithm: DFLASH, EAGLE, EAGLE3, NEXTN ...")
+    draft_model_path: str | None = Field(None, description="--speculative-draft-model-path.")
+    num_draft_tokens: int | None = Field(None, ge=1, description="--speculative-num-draft-tokens.")
+    num_steps: int | None = Field(None, ge=1, description="--speculative-num-steps (DFLASH forces 1).")
+    eagle_topk: int | None = Field(None, ge=1, description="--speculative-eagle-topk (DFLASH forces 1).")
+    draft_attention_backend: str | None = Field(None, description="--speculative-draft-attention-backend.")
+
+    @field_validator("algorithm")
+    @classmethod
+    def _not_dflash2(cls, value: str) -> str:
+        if value.upper() == "DFLASH2":
+            raise ValueError("'DFLASH2' is not an SGLang algorithm name; DFlash2 drafters run under "
+                             "algorithm DFLASH (set algorithm: DFLASH and draft_model_path to the DFlash2 drafter)")
+        return value
+
+
+class WarmupSettings(BaseModel):
+    model_config = _STRICT
+    requests: int = Field(2, ge=0, description="Warm-up requests after boot (the first, cold one is timed apart).")
+    max_tokens: int = Field(800, ge=1, description="max_tokens per warm-up request.")
+    prompt: str = Field("Write a short, careful explanation of how a thread-safe queue works.",
+                        description="Warm-up prompt.")
+    timeout_s: float = Field(900, gt=0, description="Timeout per warm-up request (the cold one pays JIT cost).")
+
+
+class Expectations(BaseModel):
+    model_config = _STRICT
+    min_max_total_num_tokens: int | None = Field(None, ge=1,
+                                                 description="Fail verify if resolved max_total_num_tokens is lower.")
+    min_max_running_requests: int | None = Field(None, ge=1,
+                                                 description="Fail verify if resolved max_running_requests is lower.")
+
+
+class ApiSettings(BaseModel):
+    model_config = _STRICT
+    host: str | None = Field(None, description="--host; default: the node's api_bind from the inventory.")
+    port: int = Field(30000, ge=1, le=65535, description="--port of rank 0's HTTP API.")
+    dist_port: int = Field(25000, ge=1, le=65535, description="Port of rank 0's TCP store in --dist-init-addr.")
+    api_key_env: str | None = Field(None, description="Environment variable holding the API key (never stored).")
+    hf_token_env: str | None = Field("HF_TOKEN", description="Environment variable holding the HF token (passed "
+                                                               "to the engine, never stored).")
+
+
+class LifecycleSettings(BaseModel):
+    model_config = _STRICT
+    boot_timeout_s: float = Field(1800, gt=0, description="Bound on boot (rank 0 ready) before failing.")
+    health_timeout_s: float = Field(60, gt=0, description="Bound on the verify gates' requests.")
+
+
+class Profile(BaseModel):
+    """A validated, fully merged profile."""
+
+    model_config = _STRICT
+    name: str = Field(description="Profile name (file stem).")
+    path: str = Field(description="File the profile was loaded from.")
+    description: str = Field("", description="One line shown by `sparkctl profiles`.")
+    image: ImageSettings = Field(default_factory=ImageSettings, description="Engine image.")
+    model: ModelSettings = Field(description="Model to serve.")
+    server: ServerSettings = Field(default_factory=ServerSettings, description="SGLang server settings.")
+    speculative: SpeculativeSettings | None = Field(None, description="Speculative decoding, or null for off.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the engine on every rank.")
+    warmup: WarmupSettings = Field(default_factory=WarmupSettings, description="Warm-up after boot.")
+    expect: Expectations = Field(default_factory=Expectations, description="Expectations on resolved capacity.")
+    api: ApiSettings = Field(default_factory=ApiSettings, description="HTTP API and rendezvous ports.")
+    lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings, description="Timeouts.")
+    rollback_profile: str | None = Field(None, description="Profile to fall back to when asked (e.g. dflash-off).")
+    extends: list[str] = Field(default_factory=list, description="Chain of profiles this one extends (resolved).")
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def origin_of(self, key: str) -> str:
+        """The file that set a key path (e.g. 'server.kv_cache_dtype'), walking up to the nearest set parent."""
+        parts = key.split(".")
+        while parts:
+            found = self._origins.get(".".join(parts))
+            if found:
+                return found
+            parts.pop()
+        return self.path
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in value.items()}
+        return value
+
+
+def profile_dirs() -> list[Path]:
+    dirs = []
+    if os.environ.get("SPARKCTL_PROFILES_DIR"):
+        dirs.append(Path(os.environ["SPARKCTL_PROFILES_DIR"]))
+    dirs += [Path.cwd() / "profiles", repo_root() / "profiles"]
+    seen, out = set(), []
+    for d in dirs:
+        r = d.resolve()
+        if r not in seen:
+            seen.add(r)
+            out.append(d)
+    return out
+
+
+def find_profile(name: str) -> Path:
+    """A profile name (d5) or a path to a YAML file."""
+    if name.endswith((".yml", ".yaml")) or os.sep in name:
+        return Path(name)
+    for d in profile_dirs():
+        for ext in (".yml", ".yaml"):
+            candidate = d / f"{name}{ext}"
+            if candidate.is_file():
+                return candidate
+    known = sorted({p.stem for d in profile_dirs() if d.is_dir() for p in d.glob("*.y*ml")})
+    from sparkctl.config.loader import did_you_mean
+    guess = did_you_mean(name, known)
+    raise ConfigError(f"no profile named {name!r}", where=", ".join(str(d) for d in profile_dirs()),
+                      hint=(f"did you mean '{guess}'? " if guess else "") + f"known profiles: {', '.join(known)}")
+
+
+def _merge(base: Any, over: Any, origin: dict[str, str], src: str, path: tuple[Any, ...]) -> Any:
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for k, v in over.items():
+            out[k] = _merge(base.get(k), v, origin, src, path + (k,)) if k in base else _mark(v, origin, src, path + (k,))
+        return out
+    return _mark(over, origin, src, path)
+
+
+def _mark(value: Any, origin: dict[str, str], src: str, path: tuple[Any, ...]) -> Any:
+    origin[key_path(path)] = src
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _mark(v, origin, src, path + (k,))
+    return value
+
+
+def _load_raw(path: Path, chain: list[Path], origin: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+    resolved = path.resolve()
+    if resolved in [c.resolve() for c in chain]:
+        cycle = " -> ".join(p.stem for p in chain + [path])
+        raise ConfigError(f"extends cycle: {cycle}", where=str(chain[-1]),
+                          hint="remove one of the 'extends:' links so the chain ends at a base profile")
+    data = read_yaml(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("a profile must be a YAML mapping", where=str(path))
+    parent = data.pop("extends", None)
+    parents: list[str] = []
+    merged: dict[str, Any] = {}
+    if parent is not None:
+        if not isinstance(parent, str):
+            raise ConfigError("extends: must be one profile name", where=str(path), hint="e.g. extends: base")
+        parent_path = find_profile(parent) if not (path.parent / f"{parent}.yml").is_file() else path.parent / f"{parent}.yml"
+        merged, parents = _load_raw(parent_path, chain + [path], origin)
+        parents = [parent] + parents
+    merged = _merge(merged, data, origin, str(path), ())
+    return merged, parents
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """Load a profile by name or path, resolve `extends:`, validate. Raises ConfigError."""
+    path = find_profile(name_or_path)
+    origin: dict[str, str] = {}
+    raw, parents = _load_raw(path, [], origin)
+    raw.update(name=path.stem, path=str(path), extends=parents)
+    try:
+        profile = Profile.model_validate(raw)
+    except ValidationError as exc:
+        raise config_error_from(exc, Profile, str(path), origin=origin) from None
+    profile._origins.update(origin)
+    return profile
+
+
+def list_profiles() -> list[tuple[str, str, Path]]:
+    """(name, description, path) of every profile found, first directory wins."""
+    out: dict[str, tuple[str, str, Path]] = {}
+    for d in profile_dirs():
+        if not d.is_dir():
+            continue
+        for p in sorted(d.glob("*.y*ml")):
+            if p.stem in out:
+                continue
+            try:
+                data = read_yaml(p) or {}
+                desc = str(data.get("description", "")) if isinstance(data, dict) else ""
+            except ConfigError as exc:
+                desc = f"(unreadable: {exc.message})"
+            out[p.stem] = (p.stem, desc, p)
+    return sorted(out.values())

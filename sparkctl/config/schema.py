@@ -1,0 +1,43 @@
+"""JSON Schema of the profile and inventory file formats, for editors (yaml-language-server)."""
+from __future__ import annotations
+
+from typing import Any
+
+from sparkctl.errors import ConfigError
+
+
+def json_schema(kind: str) -> dict[str, Any]:
+    """Schema of the YAML a user writes: a profile file, or one inventory host's variables."""
+    if kind == "profile":
+        from sparkctl.config.profile import Profile
+        schema = Profile.model_json_schema()
+        props = schema.get("properties", {})
+        for computed in ("name", "path"):
+            props.pop(computed, None)
+        props["extends"] = {"type": "string", "description": "Name of the profile this one extends."}
+        schema["required"] = [r for r in schema.get("required", []) if r not in ("name", "path")]
+        schema["title"] = "sparkctl profile"
+        return schema
+    if kind == "inventory":
+        from sparkctl.config.inventory import Cluster, Node
+        node = Node.model_json_schema()
+        return {
+            "title": "sparkctl inventory (Ansible YAML inventory)",
+            "type": "object", "required": ["all"],
+            "properties": {"all": {"type": "object", "description": "Ansible's top group.",
+                                   "properties": {
+                                       "vars": {"type": "object", "description": "Cluster vars (sparkctl_ prefix).",
+                                                "properties": {f"sparkctl_{k}": v for k, v in
+                                                               Cluster.model_json_schema()["properties"].items()}},
+                                       "hosts": {"type": "object", "additionalProperties": {"$ref": "#/$defs/host"}},
+                                       "children": {"type": "object"}}}},
+            "$defs": {**node.get("$defs", {}), "host": {
+                "type": "object", "description": "Host vars: Ansible connection keys plus sparkctl's node keys.",
+                "properties": {"ansible_host": {"type": "string"}, "ansible_port": {"type": "integer"},
+                               "ansible_user": {"type": "string"},
+                               "ansible_ssh_private_key_file": {"type": "string"},
+                               "sparkctl_rank": {"type": "integer", "minimum": 0},
+                               **{k: v for k, v in node["properties"].items()
+                                  if k not in ("name", "ssh", "rank")}}}},
+        }
+    raise ConfigError(f"unknown schema kind {kind!r}", hint="use 'profile' or 'inventory'")

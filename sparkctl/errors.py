@@ -1,0 +1,88 @@
+"""One error tree for sparkctl.
+
+Library code raises these; only the CLI turns them into exit codes. Every error
+carries *what* was wrong, *where* (file, key path, node, stage) and *what to do*,
+plus optional evidence (a log tail, a command's output) so a failure explains itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class SparkctlError(Exception):
+    """A known, user-facing failure. Printed as one clear message, never a traceback."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, where: str | None = None, hint: str | None = None,
+                 evidence: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.where = where
+        self.hint = hint
+        self.evidence = evidence
+
+    def render(self) -> str:
+        parts = []
+        head = f"{self.where}: {self.message}" if self.where else self.message
+        parts.append(head)
+        if self.hint:
+            parts.append(f"  fix: {self.hint}")
+        if self.evidence:
+            parts.append("  evidence:")
+            parts.extend("    " + line for line in self.evidence.rstrip().splitlines())
+        return "\n".join(parts)
+
+    def __str__(self) -> str:  # pragma: no cover - trivial
+        return self.render()
+
+
+class ConfigError(SparkctlError):
+    """Bad profile, inventory or flag: exit status 2."""
+
+    exit_code = 2
+
+
+class PreflightError(SparkctlError):
+    """A read-only check on a node failed before anything was changed."""
+
+    exit_code = 3
+
+
+class DeployError(SparkctlError):
+    """Boot, warm-up or verify failed (the lifecycle may have rolled back)."""
+
+    exit_code = 4
+
+
+class LockHeldError(SparkctlError):
+    """Another sparkctl command holds the cluster lock."""
+
+    exit_code = 5
+
+
+class LedgerError(SparkctlError):
+    """A state record is corrupt or missing: reported, never silently replaced."""
+
+    exit_code = 6
+
+
+class NodeError(SparkctlError):
+    """A command on a node failed (SSH, docker, process)."""
+
+    exit_code = 7
+
+
+@dataclass
+class CommandFailed(NodeError):
+    """A command on a node exited non-zero: keeps the argv, exit code and output tail."""
+
+    node: str = ""
+    argv: list[str] = field(default_factory=list)
+    returncode: int | None = None
+    output: str = ""
+
+    def __post_init__(self) -> None:  # dataclass + Exception: build the message
+        tail = "\n".join(self.output.rstrip().splitlines()[-20:])
+        NodeError.__init__(self, f"command {self.argv!r} exited {self.returncode}",
+                           where=f"[{self.node}]" if self.node else None, evidence=tail or None)

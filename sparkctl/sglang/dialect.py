@@ -1,0 +1,130 @@
+"""SGLang flag dialects: the launch_server flag schema of one SGLang release.
+
+Data under sparkctl/sglang/dialects/<version>.json is generated from the real
+released wheels by scripts/gen_dialects.py (never written by hand). A Dialect
+answers: does this version have a flag for setting X, how is it spelled, what
+values may it take, is it deprecated. `argparser()` rebuilds an argparse parser
+from the schema (used by the emulator to accept exactly SGLang's argv).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from sparkctl.errors import ConfigError
+
+DEFAULT_VERSION = "0.5.23"
+
+# Settings that were spelled differently before: canonical (0.5.23) dest -> older dests, tried in order.
+RENAMED_DESTS: dict[str, tuple[str, ...]] = {
+    "dsa_prefill_backend": ("nsa_prefill_backend",),
+    "dsa_decode_backend": ("nsa_decode_backend",),
+}
+
+
+@dataclass(frozen=True)
+class Flag:
+    options: tuple[str, ...]
+    dest: str
+    kind: str                     # value | store_true | store_false | list
+    type: str | None
+    choices: tuple[str, ...] | None
+    default: Any
+    deprecated: bool
+    deprecation_message: str | None
+    help: str
+
+    @property
+    def option(self) -> str:
+        """Preferred spelling: the first long option."""
+        longs = [o for o in self.options if o.startswith("--")]
+        return longs[0] if longs else self.options[0]
+
+
+@dataclass(frozen=True)
+class Dialect:
+    version: str
+    flags: tuple[Flag, ...]
+    notes: tuple[str, ...] = ()
+    _by_dest: dict[str, Flag] = field(default_factory=dict, compare=False, repr=False)
+    _by_option: dict[str, Flag] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for f in self.flags:
+            self._by_dest.setdefault(f.dest, f)
+            for o in f.options:
+                self._by_option[o] = f
+
+    def flag(self, dest: str) -> Flag | None:
+        """The flag for a canonical (0.5.23) setting name in this version's spelling, or None."""
+        if dest in self._by_dest:
+            return self._by_dest[dest]
+        for old in RENAMED_DESTS.get(dest, ()):
+            if old in self._by_dest:
+                return self._by_dest[old]
+        return None
+
+    def option(self, option: str) -> Flag | None:
+        """The flag an option string (`--tp-size`) belongs to, or None if this version has no such option."""
+        return self._by_option.get(option)
+
+    def argparser(self, prog: str = "launch_server.py") -> argparse.ArgumentParser:
+        """An argparse parser accepting exactly this version's launch_server flags."""
+        parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False)
+        for f in self.flags:
+            kwargs: dict[str, Any] = {"dest": f.dest, "help": f.help or None, "default": f.default}
+            if f.kind == "store_true":
+                kwargs["action"] = "store_true"
+            elif f.kind == "store_false":
+                kwargs["action"] = "store_false"
+            else:
+                conv = {"int": int, "float": float}.get(f.type or "", str)
+                kwargs["type"] = conv
+                if f.choices:
+                    kwargs["choices"] = [conv(c) if conv is not str else c for c in f.choices] \
+                        if all(_convertible(conv, c) for c in f.choices) else list(f.choices)
+                if f.kind == "list":
+                    kwargs["nargs"] = "+"
+            try:
+                parser.add_argument(*f.options, **kwargs)
+            except argparse.ArgumentError:
+                continue  # an option registered twice in the schema: keep the first
+        return parser
+
+
+def _convertible(conv: Any, value: Any) -> bool:
+    try:
+        conv(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def available_versions() -> list[str]:
+    root = resources.files("sparkctl.sglang") / "dialects"
+    if not root.is_dir():
+        return []
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
+
+
+@lru_cache(maxsize=None)
+def load_dialect(version: str = DEFAULT_VERSION) -> Dialect:
+    """The dialect of an SGLang version; ConfigError if sparkctl has no schema for it."""
+    root = resources.files("sparkctl.sglang") / "dialects"
+    path = root / f"{version}.json"
+    if not path.is_file():
+        known = available_versions()
+        raise ConfigError(f"no flag schema for SGLang {version}", where="image.sglang_version",
+                          hint=f"use one of: {', '.join(known)} (or generate one with scripts/gen_dialects.py)")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    flags = tuple(
+        Flag(options=tuple(d["options"]), dest=d["dest"], kind=d.get("kind", "value"), type=d.get("type"),
+             choices=tuple(str(c) for c in d["choices"]) if d.get("choices") is not None else None,
+             default=d.get("default"), deprecated=bool(d.get("deprecated")),
+             deprecation_message=d.get("deprecation_message"), help=d.get("help") or "")
+        for d in data["flags"])
+    return Dialect(version=data["version"], flags=flags, notes=tuple(data.get("notes") or ()))

@@ -1,0 +1,54 @@
+"""LaunchSpec: the plain data that starts one SGLang rank.
+
+`render` produces one LaunchSpec per rank from a Profile and an Inventory. It is
+plain data: tests compare it, `sparkctl render` prints it, runtimes (local process,
+docker on a node) execute it. Secret values (API key, HF token) live in the spec
+so the engine can be started, but every printable or storable view is redacted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+REDACTED = "***"
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything needed to start one rank. Example::
+
+        LaunchSpec(rank=0, node="spark-a",
+                   argv=["python3", "-m", "sglang.launch_server", "--tp-size", "2", ...],
+                   env={"SGLANG_HOST_IP": "192.168.100.10", ...})
+    """
+
+    rank: int
+    node: str
+    argv: list[str]
+    env: dict[str, str]
+    sglang_version: str
+    api_host: str = "127.0.0.1"   # where a client reaches rank 0's HTTP API
+    api_port: int = 30000
+    image: str | None = None      # engine image reference (docker runtime)
+    mounts: list[dict[str, Any]] = field(default_factory=list)  # {"source","target","read_only"}
+    secret_values: frozenset[str] = frozenset()  # values to redact wherever printed
+
+    def redact_text(self, text: str) -> str:
+        for value in self.secret_values:
+            if value:
+                text = text.replace(value, REDACTED)
+        return text
+
+    def redacted(self) -> dict[str, Any]:
+        """JSON-safe view with every secret replaced by '***' (for printing and the ledger)."""
+        return {
+            "rank": self.rank,
+            "node": self.node,
+            "argv": [self.redact_text(a) for a in self.argv],
+            "env": {k: self.redact_text(v) for k, v in sorted(self.env.items())},
+            "sglang_version": self.sglang_version,
+            "api_host": self.api_host,
+            "api_port": self.api_port,
+            "image": self.image,
+            "mounts": list(self.mounts),
+        }

@@ -1,0 +1,202 @@
+"""Render a Profile + Inventory into one LaunchSpec per rank, in the profile's SGLang dialect.
+
+Every setting is written in the spelling of the profile's SGLang version, a setting
+that version lacks is refused with a ConfigError naming the profile file and key,
+deprecated flags produce warnings. Example::
+
+    result = render(load_profile("d5"), resolve_inventory(None))
+    result.specs[1].argv  # ['python3', '-m', 'sglang.launch_server', ..., '--node-rank', '1', ...]
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from sparkctl.config.inventory import Inventory, Node
+from sparkctl.config.profile import Profile
+from sparkctl.errors import ConfigError
+from sparkctl.sglang.dialect import Dialect, load_dialect
+from sparkctl.sglang.launch import LaunchSpec
+
+log = logging.getLogger("sparkctl.render")
+
+LAUNCH_PREFIX = ["python3", "-m", "sglang.launch_server"]
+
+# Flags sparkctl sets itself; extra_args may not override them.
+MANAGED = {"model_path": "model.path", "tp_size": "server.tp_size", "nnodes": "the inventory",
+           "node_rank": "the inventory", "dist_init_addr": "the inventory and api.dist_port",
+           "host": "api.host", "port": "api.port", "api_key": "api.api_key_env"}
+
+_SERVER_ORDER = ["mem_fraction_static", "max_total_tokens", "mamba_full_memory_ratio", "max_mamba_cache_size",
+                 "context_length", "kv_cache_dtype", "dsa_prefill_backend", "dsa_decode_backend",
+                 "attention_backend", "max_running_requests", "chunked_prefill_size", "cuda_graph_max_bs",
+                 "disable_cuda_graph", "enable_metrics", "watchdog_timeout", "dist_timeout", "decode_log_interval"]
+_SPEC_FIELDS = [("algorithm", "speculative_algorithm"), ("draft_model_path", "speculative_draft_model_path"),
+                ("num_draft_tokens", "speculative_num_draft_tokens"), ("num_steps", "speculative_num_steps"),
+                ("eagle_topk", "speculative_eagle_topk"),
+                ("draft_attention_backend", "speculative_draft_attention_backend")]
+
+
+@dataclass
+class RenderResult:
+    profile: Profile
+    inventory: Inventory
+    specs: list[LaunchSpec]
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self, rank: int | None = None) -> dict[str, Any]:
+        ranks = [s.redacted() for s in self.specs if rank is None or s.rank == rank]
+        return {"profile": self.profile.name, "sglang_version": self.profile.image.sglang_version,
+                "inventory": self.inventory.path, "emulated": self.inventory.embedded,
+                "ranks": [{k: r[k] for k in ("rank", "node", "argv", "env")} for r in ranks],
+                "warnings": list(self.warnings)}
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+class _ArgvBuilder:
+    def __init__(self, profile: Profile, dialect: Dialect) -> None:
+        self.profile, self.dialect = profile, dialect
+        self.argv: list[str] = []
+        self.warnings: list[str] = []
+
+    def _refuse(self, key: str, message: str, hint: str) -> ConfigError:
+        return ConfigError(f"{key}: {message}", where=self.profile.origin_of(key), hint=hint)
+
+    def add(self, key: str, dest: str, value: Any) -> None:
+        """Append one setting (skipped when None / False) in this dialect's spelling."""
+        if value is None or value is False:
+            return
+        flag = self.dialect.flag(dest)
+        version = self.dialect.version
+        if flag is None:
+            raise self._refuse(key, f"SGLang {version} has no flag for this setting ({dest})",
+                               "remove it from the profile, or use an image.sglang_version that has it")
+        if flag.choices is not None and value is not True and _fmt(value) not in flag.choices:
+            raise self._refuse(key, f"{_fmt(value)!r} is not accepted by SGLang {version}'s {flag.option}",
+                               f"use one of: {', '.join(flag.choices)}")
+        if flag.deprecated:
+            self.warnings.append(f"{key}: {flag.option} is deprecated in SGLang {version}"
+                                 + (f" ({flag.deprecation_message})" if flag.deprecation_message else ""))
+        if value is True:
+            if flag.kind != "store_true":
+                raise self._refuse(key, f"{flag.option} takes a value in SGLang {version}", "give it a value")
+            self.argv.append(flag.option)
+        else:
+            self.argv += [flag.option, _fmt(value)]
+
+    def add_extra(self, extra: list[str]) -> None:
+        key = "server.extra_args"
+        i = 0
+        while i < len(extra):
+            token = extra[i]
+            opt, _, inline = token.partition("=")
+            flag = self.dialect.option(opt) if opt.startswith("-") else None
+            if flag is None:
+                raise self._refuse(key, f"{token!r} is not a flag of SGLang {self.dialect.version}",
+                                   "check the spelling for this version (sparkctl render shows the dialect's flags)")
+            if flag.dest in MANAGED:
+                raise self._refuse(key, f"{opt} is set by sparkctl", f"set it through {MANAGED[flag.dest]}")
+            if flag.deprecated:
+                self.warnings.append(f"{key}: {opt} is deprecated in SGLang {self.dialect.version}")
+            self.argv.append(token)
+            i += 1
+            if flag.kind in ("value", "list") and not inline:
+                if i >= len(extra):
+                    raise self._refuse(key, f"{opt} needs a value", f"add the value after {opt}")
+                values = [extra[i]]
+                i += 1
+                while flag.kind == "list" and i < len(extra) and not extra[i].startswith("-"):
+                    values.append(extra[i])
+                    i += 1
+                for v in values:
+                    if flag.choices is not None and v not in flag.choices:
+                        raise self._refuse(key, f"{v!r} is not accepted by {opt}", f"use one of: {', '.join(flag.choices)}")
+                self.argv += values
+
+
+def _check_topology(profile: Profile, inventory: Inventory) -> None:
+    gpus = sum(n.gpus for n in inventory.nodes)
+    tp = profile.server.tp_size
+    per_node = {n.gpus for n in inventory.nodes}
+    if tp != gpus or len(per_node) != 1:
+        raise ConfigError(
+            f"server.tp_size: {tp} ranks cannot be held by {len(inventory.nodes)} node(s) with {gpus} GPU(s) in all "
+            f"(inventory {inventory.path})", where=profile.origin_of("server.tp_size"),
+            hint=f"set tp_size to {gpus}, or list {tp} single-GPU nodes in the inventory")
+
+
+def api_address(node: Node, bind: str) -> str:
+    """Where the controller reaches a node's HTTP API: its management address when bound to all interfaces."""
+    return node.ssh.host if bind in ("0.0.0.0", "::") else bind
+
+
+def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str] | None = None) -> RenderResult:
+    """Render every rank's LaunchSpec. Raises ConfigError for anything the dialect or topology refuses."""
+    environ = os.environ if environ is None else environ
+    try:
+        dialect = load_dialect(profile.image.sglang_version)
+    except ConfigError as exc:
+        exc.where = profile.origin_of("image.sglang_version")
+        exc.message = f"image.sglang_version: {exc.message}"
+        raise
+    _check_topology(profile, inventory)
+    rank0 = inventory.rank0
+    secrets: set[str] = set()
+    api_key = environ.get(profile.api.api_key_env) if profile.api.api_key_env else None
+    hf_token = environ.get(profile.api.hf_token_env) if profile.api.hf_token_env else None
+    secrets.update(v for v in (api_key, hf_token) if v)
+
+    specs: list[LaunchSpec] = []
+    warnings: list[str] = []
+    for rank, node in enumerate(inventory.nodes):
+        b = _ArgvBuilder(profile, dialect)
+        m = profile.model
+        bind = profile.api.host or node.api_bind
+        b.add("model.path", "model_path", m.path)
+        b.add("model.served_name", "served_model_name", m.served_name)
+        b.add("model.reasoning_parser", "reasoning_parser", m.reasoning_parser)
+        b.add("model.tool_call_parser", "tool_call_parser", m.tool_call_parser)
+        b.add("model.trust_remote_code", "trust_remote_code", m.trust_remote_code)
+        b.add("server.tp_size", "tp_size", profile.server.tp_size)
+        b.add("server.tp_size", "nnodes", len(inventory.nodes))
+        b.add("server.tp_size", "node_rank", rank)
+        b.add("api.dist_port", "dist_init_addr", f"{rank0.fabric_address}:{profile.api.dist_port}")
+        b.add("api.host", "host", bind)
+        b.add("api.port", "port", profile.api.port)
+        for name in _SERVER_ORDER:
+            b.add(f"server.{name}", name, getattr(profile.server, name))
+        if profile.speculative is not None:
+            for attr, dest in _SPEC_FIELDS:
+                b.add(f"speculative.{attr}", dest, getattr(profile.speculative, attr))
+        if api_key:
+            b.add("api.api_key_env", "api_key", api_key)
+        b.add_extra(profile.server.extra_args)
+
+        env = dict(profile.env)
+        env.update({
+            "SGLANG_HOST_IP": node.fabric_address,
+            "NCCL_SOCKET_IFNAME": node.fabric_interface,
+            "GLOO_SOCKET_IFNAME": node.fabric_interface,
+            "TP_SOCKET_IFNAME": node.fabric_interface,
+        })
+        if node.roce_hcas:
+            env["NCCL_IB_HCA"] = ",".join(node.roce_hcas)
+        if hf_token:
+            env["HF_TOKEN"] = hf_token
+        mounts = [{"source": node.host_paths.models, "target": node.host_paths.models, "read_only": True},
+                  {"source": node.host_paths.cache, "target": "/root/.cache", "read_only": False}]
+        specs.append(LaunchSpec(rank=rank, node=node.name, argv=LAUNCH_PREFIX + b.argv, env=env,
+                                sglang_version=dialect.version, api_host=api_address(node, bind),
+                                api_port=profile.api.port, mounts=mounts, secret_values=frozenset(secrets)))
+        if rank == 0:
+            warnings = b.warnings
+    for w in warnings:
+        log.warning("%s", w)
+    return RenderResult(profile=profile, inventory=inventory, specs=specs, warnings=warnings)
