@@ -1,8 +1,157 @@
-"""Commands that change the cluster: up, rollback, down, and their read-only companions."""
+"""Commands that change the cluster (up, rollback, down) and their read-only companions (status, logs)."""
 from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, Optional
 
 import typer
 
+INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory file (default: see README).")
+
+
+def _deployer(inventory: Optional[str], quiet: bool = False) -> Any:
+    from sparkctl.config.inventory import resolve_inventory
+    from sparkctl.deploy.lifecycle import Deployer
+    from sparkctl.deploy.progress import Reporter
+
+    inv = resolve_inventory(inventory)
+    if inv.embedded and not quiet:
+        print(f"sparkctl: using the embedded local cluster ({inv.path}); its engine is the sparkctl emulator, "
+              f"and everything it reports is emulated", file=sys.stderr)
+    return Deployer(inv, Reporter(quiet=quiet))
+
+
+def _confirm(assume_yes: bool, action: str) -> Any:
+    """Ask on a terminal; --yes or a non-interactive stdin never prompts (and never hangs)."""
+    def ask(plan: Any) -> bool:
+        if assume_yes or not sys.stdin.isatty():
+            return True
+        return typer.confirm(f"{action}?", default=False)
+    return ask
+
+
+def _emit(result: dict[str, Any], as_json: bool, human: Any) -> None:
+    if as_json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        human(result)
+
+
+def _up_human(result: dict[str, Any]) -> None:
+    outcome = result.get("outcome")
+    if outcome == "deployed":
+        print(f"deployed {result['deployment']}: {result['endpoint']}" + ("  (emulated)" if result.get("emulated") else ""))
+        cap = result.get("capacity") or {}
+        if cap:
+            print("capacity: " + ", ".join(f"{k}={v}" for k, v in cap.items()))
+        for g in result.get("gates") or []:
+            print(f"  {'PASS' if g['ok'] else 'FAIL'} {g['name']}: {g['evidence']}")
+    elif outcome == "unchanged":
+        print(f"unchanged: {result['reason']}")
+    elif outcome == "dry-run":
+        print("dry run: plan above; nothing was changed")
+
 
 def register(app: typer.Typer) -> None:
-    return None
+    @app.command()
+    def up(profile: str = typer.Option(..., "--profile", "-p", help="Profile to deploy."),
+           inventory: Optional[str] = INVENTORY_OPT,
+           dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and stop."),
+           yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+           no_rollback: bool = typer.Option(False, "--no-rollback", help="On failure, leave the new engines for "
+                                                                         "inspection instead of rolling back."),
+           boot_timeout: Optional[float] = typer.Option(None, "--boot-timeout", help="Seconds (default: profile)."),
+           as_json: bool = typer.Option(False, "--json", help="Result as JSON on stdout.")) -> None:
+        """Deploy a profile: plan, preflight, image, boot (rank 1 then rank 0), warm-up, verify, hand off."""
+        from sparkctl.config.profile import load_profile
+        from sparkctl.deploy.lifecycle import UpOptions
+
+        d = _deployer(inventory)
+        prof = load_profile(profile)
+        result = d.up(prof, UpOptions(dry_run=dry_run, no_rollback=no_rollback, boot_timeout_s=boot_timeout,
+                                      confirm=_confirm(yes, f"deploy {prof.name}")))
+        _emit(result, as_json, _up_human)
+
+    @app.command()
+    def rollback(to: Optional[str] = typer.Option(None, "--to", help="Profile to roll back to (e.g. dflash-off); "
+                                                                      "default: the previous known-good deployment."),
+                 inventory: Optional[str] = INVENTORY_OPT,
+                 yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+                 boot_timeout: Optional[float] = typer.Option(None, "--boot-timeout", help="Seconds."),
+                 as_json: bool = typer.Option(False, "--json", help="Result as JSON on stdout.")) -> None:
+        """Roll back: to a profile, or to the previous known-good deployment."""
+        from sparkctl.config.profile import Profile, load_profile
+        from sparkctl.deploy.lifecycle import UpOptions
+
+        d = _deployer(inventory)
+        if to:
+            prof = load_profile(to)
+        else:
+            target = d.rollback_target()
+            print(f"sparkctl: rolling back to {target['id']} ({target['profile']})", file=sys.stderr)
+            prof = Profile.model_validate(target["profile_data"])
+        result = d.up(prof, UpOptions(boot_timeout_s=boot_timeout, confirm=_confirm(yes, f"roll back to {prof.name}")),
+                      kind="rollback")
+        _emit(result, as_json, _up_human)
+
+    @app.command()
+    def down(inventory: Optional[str] = INVENTORY_OPT,
+             yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+             as_json: bool = typer.Option(False, "--json", help="Result as JSON on stdout.")) -> None:
+        """Stop the active deployment on every node."""
+        d = _deployer(inventory)
+        active = d.ledger.active()
+        if active and not _confirm(yes, f"stop {active['id']} ({active['profile']})")(None):
+            raise typer.Abort()
+        result = d.down()
+        _emit(result, as_json, lambda r: print(f"stopped {r['stopped']}" if r.get("changed") else r["reason"]))
+
+    @app.command()
+    def status(inventory: Optional[str] = INVENTORY_OPT,
+               as_json: bool = typer.Option(False, "--json", help="Status as JSON on stdout.")) -> None:
+        """Profile, deployment, health per rank, endpoint, speculative algorithm, identity, since when."""
+        d = _deployer(inventory, quiet=as_json)
+        result = d.status()
+
+        def human(r: dict[str, Any]) -> None:
+            if not r.get("active"):
+                print(f"cluster {r['cluster']}: no active deployment")
+                return
+            print(f"cluster {r['cluster']}: {r['profile']} ({r['active']}) "
+                  f"{'healthy' if r['healthy'] else 'UNHEALTHY'}{'  [emulated]' if r.get('emulated') else ''}")
+            print(f"  endpoint: {r['endpoint']}   since {r['since']}")
+            print(f"  speculative: {r['speculative_algorithm'] or 'off'}   SGLang {r['sglang_version']}   "
+                  f"identity {r['identity']}")
+            for rank in r["ranks"]:
+                extra = f", /health {rank.get('health')}" if rank["rank"] == 0 else ""
+                print(f"  rank {rank['rank']} [{rank['node']}]: {rank['state']}{extra}")
+        _emit(result, as_json, human)
+
+    @app.command()
+    def logs(rank: int = typer.Option(0, "--rank", help="Rank whose engine log to show."),
+             tail: int = typer.Option(50, "--tail", help="Last N lines (0: all)."),
+             follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (Ctrl-C stops)."),
+             inventory: Optional[str] = INVENTORY_OPT) -> None:
+        """Print a rank's engine log of the active deployment."""
+        from sparkctl.errors import SparkctlError
+
+        d = _deployer(inventory, quiet=True)
+        record = d.ledger.active() or d.ledger.known_good()
+        if record is None:
+            raise SparkctlError("no deployment recorded yet", hint="run sparkctl up --profile NAME")
+        handle = next((h for h in record.get("handles") or [] if h["rank"] == rank), None)
+        if handle is None:
+            raise SparkctlError(f"deployment {record['id']} has no rank {rank}",
+                                hint=f"ranks: {[h['rank'] for h in record.get('handles') or []]}")
+        rt = d._runtimes(record["id"]).for_node(handle["node"])
+        text, offset = rt.read_log(handle, 0)
+        lines = text.splitlines()
+        sys.stdout.write("\n".join(lines[-tail:] if tail else lines) + ("\n" if lines else ""))
+        while follow:
+            time.sleep(0.5)
+            text, offset = rt.read_log(handle, offset)
+            if text:
+                sys.stdout.write(text)
+                sys.stdout.flush()

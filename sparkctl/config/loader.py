@@ -21,6 +21,20 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping with the same key twice (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {seen[key].line + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path) -> Any:
     """Read one YAML document; a missing file or a syntax error is a ConfigError."""
     try:
@@ -31,13 +45,14 @@ def read_yaml(path: Path) -> Any:
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", where=str(path)) from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"invalid YAML: {problem}", where=loc,
-                          hint="fix the YAML syntax at that line") from None
+        hint = ("each key may appear once in a mapping: rename or merge the duplicates" if "duplicate key" in problem
+                else "fix the YAML syntax at that line")
+        raise ConfigError(f"invalid YAML: {problem}", where=loc, hint=hint) from None
 
 
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -72,7 +87,7 @@ def key_path(loc: tuple[Any, ...]) -> str:
 
 
 def did_you_mean(word: str, candidates: list[str]) -> str | None:
-    match = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    match = difflib.get_close_matches(word, candidates, n=1, cutoff=0.5)
     return match[0] if match else None
 
 
@@ -106,7 +121,8 @@ def config_error_from(exc: ValidationError, model: type[BaseModel], where: str,
         messages.append(text)
         if first is None:
             first = ConfigError(f"{path}: {msg}", where=src, hint=hint)
-    assert first is not None
+    if first is None:  # pydantic always reports at least one error; keep a clear message regardless
+        first = ConfigError(str(exc), where=where)
     if len(messages) > 1:
         first.evidence = "other problems:\n" + "\n".join(messages[1:])
     return first

@@ -1,0 +1,150 @@
+"""Boot stage: start rank N-1 .. 1, then rank 0; follow every rank's log to readiness.
+
+Fails fast on a fatal log line (OOM, NCCL error, Traceback) or a dead rank, with the
+node, the first error and the log tail as evidence; never waits past its timeout.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from sparkctl.deploy.progress import Reporter
+from sparkctl.errors import DeployError
+from sparkctl.nodes.runtime import Handle, Runtime, log_tail
+from sparkctl.sglang.launch import LaunchSpec
+from sparkctl.sglang.logparse import BootState, EventKind, LogFollower
+
+# Milestones worth a progress line, in boot order.
+_ANNOUNCE = {
+    EventKind.SPANS_ACROSS_NODES: "process group spans across nodes",
+    EventKind.WEIGHTS_LOADED: "weights loaded",
+    EventKind.KV_ALLOCATED: "KV cache allocated",
+    EventKind.MAMBA_ALLOCATED: "mamba cache allocated",
+    EventKind.CAPACITY: "capacity resolved",
+    EventKind.WORKER_DUMMY_HEALTH: "worker up (dummy health server)",
+    EventKind.READY: "server fired up and ready",
+}
+
+
+@dataclass
+class RankWatch:
+    spec: LaunchSpec
+    runtime: Runtime
+    handle: Handle
+    reporter: Reporter
+    follower: LogFollower = field(default_factory=LogFollower)
+    offset: int = 0
+    announced: set[EventKind] = field(default_factory=set)
+
+    def poll(self) -> None:
+        reporter = self.reporter
+        text, self.offset = self.runtime.read_log(self.handle, self.offset)
+        for line in text.splitlines():
+            for ev in self.follower.feed(line):
+                if ev.kind in _ANNOUNCE and ev.kind not in self.announced:
+                    self.announced.add(ev.kind)
+                    extra = ""
+                    if ev.kind is EventKind.CAPACITY:
+                        extra = ": " + ", ".join(f"{k}={v}" for k, v in ev.fields.items()
+                                                 if k in ("max_total_num_tokens", "max_running_requests",
+                                                          "context_len"))
+                    reporter.event(f"rank {self.spec.rank}: {_ANNOUNCE[ev.kind]}{extra}", self.spec.node)
+
+    def full_log(self) -> str:
+        return self.runtime.read_log(self.handle, 0)[0]
+
+
+@dataclass
+class BootResult:
+    watches: list[RankWatch]
+    elapsed_s: float
+
+    @property
+    def handles(self) -> list[Handle]:
+        return [w.handle for w in self.watches]
+
+    def capacity(self) -> dict[str, Any] | None:
+        rank0 = next(w for w in self.watches if w.spec.rank == 0)
+        return rank0.follower.capacity
+
+
+def _fail(watch: RankWatch, message: str, hint: str, elapsed: float) -> DeployError:
+    f = watch.follower.failure
+    evidence = []
+    if f is not None:
+        evidence.append(f"first error ({f.kind.value}): {f.first_line}")
+    evidence.append(f"log tail ({watch.handle.get('log') or watch.handle.get('container')}):")
+    evidence.append(log_tail(watch.full_log(), 25))
+    err = DeployError(f"boot failed on rank {watch.spec.rank} ({watch.spec.node}) after {elapsed:.1f}s: {message}",
+                      where=f"[{watch.spec.node}] boot", hint=hint, evidence="\n".join(evidence))
+    err.node = watch.spec.node  # type: ignore[attr-defined]
+    return err
+
+
+_HINTS = {
+    EventKind.OOM: "unified memory ran out while loading: lower server.mem_fraction_static, free memory on the node "
+                   "(page cache counts), or check nothing else holds the GPU",
+    EventKind.NCCL_ERROR: "NCCL could not talk across the fabric: check fabric_interface/fabric_address and "
+                          "roce_hcas in the inventory, the link state, and `sparkctl preflight`",
+    EventKind.NCCL_WATCHDOG_TIMEOUT: "a collective timed out: a peer rank died or the fabric dropped; check the other "
+                                     "rank's log and the fabric link",
+}
+
+
+def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deployment_id: str, reporter: Reporter,
+         *, timeout_s: float, worker_grace_s: float = 1.0, poll_s: float = 0.1,
+         started: list[tuple[Runtime, Handle]] | None = None) -> BootResult:
+    """Start ranks (highest first, rank 0 last) and wait for rank 0 to be ready.
+
+    `started` collects (runtime, handle) as each rank starts, so a caller can stop them on failure or Ctrl-C.
+    """
+    t0 = time.monotonic()
+    started = started if started is not None else []
+    watches: list[RankWatch] = []
+    for spec in sorted(specs, key=lambda s: -s.rank):
+        rt = runtime_for(spec.node)
+        handle = rt.start(spec, deployment_id)
+        started.append((rt, handle))
+        watch = RankWatch(spec, rt, handle, reporter)
+        watches.append(watch)
+        where = f"pid {handle['pid']}" if "pid" in handle else f"container {handle.get('container')}"
+        reporter.event(f"rank {spec.rank} started ({where})", spec.node)
+        if spec.rank != 0:
+            # Give the worker a moment: a rank that dies at once (bad flag, missing model) is caught here.
+            deadline = time.monotonic() + worker_grace_s
+            while time.monotonic() < deadline:
+                _check(watch, t0)
+                time.sleep(poll_s)
+    rank0 = next(w for w in watches if w.spec.rank == 0)
+    deadline = t0 + timeout_s
+    while True:
+        for w in watches:
+            _check(w, t0)
+        if rank0.follower.ready:
+            return BootResult(watches, round(time.monotonic() - t0, 3))
+        if time.monotonic() > deadline:
+            elapsed = time.monotonic() - t0
+            verdict = rank0.follower.classify(final=True)
+            stuck = f"not ready within {timeout_s:.0f}s; last milestone: " \
+                    f"{verdict.last_milestone.value if verdict.last_milestone else 'none'}"
+            hint = ("the ranks never met: check the fabric link and that every node reaches "
+                    f"{specs[0].env.get('SGLANG_HOST_IP', 'rank 0')} (sparkctl preflight)"
+                    if EventKind.SPANS_ACROSS_NODES not in rank0.follower.milestones and len(specs) > 1 else
+                    "raise lifecycle.boot_timeout_s if this model needs longer, or read the log for the stall")
+            raise _fail(rank0, stuck, hint, elapsed)
+        time.sleep(poll_s)
+
+
+def _check(watch: RankWatch, t0: float) -> None:
+    watch.poll()
+    verdict = watch.follower.classify(final=False)
+    if verdict.state is BootState.FAILED:
+        kind = verdict.kind
+        raise _fail(watch, verdict.detail, _HINTS.get(kind, "read the log tail below"), time.monotonic() - t0)
+    live = watch.runtime.liveness(watch.handle)
+    if not live.alive:
+        watch.poll()
+        raise _fail(watch, f"rank {watch.spec.rank} died: {live.detail}", "read the log tail below",
+                    time.monotonic() - t0)
+

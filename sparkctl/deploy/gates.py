@@ -1,0 +1,127 @@
+"""Verify gates: the deployment is handed off only when every gate passes, each with its evidence.
+
+health (rank 0 /health 200), models (/v1/models lists the served name), settings
+(/server_info shows the profile's TP, speculative algorithm, draft tokens, KV dtype
+in force), capacity (resolved max_total_num_tokens / max_running_requests meet the
+profile's expectations), workers (every rank > 0 alive by its process/container
+state and log: its own /health is a dummy), smoke (a generation returns tokens).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sparkctl.config.profile import Profile
+from sparkctl.deploy.boot import RankWatch
+from sparkctl.sglang.logparse import BootState
+
+
+@dataclass
+class Gate:
+    name: str
+    ok: bool
+    evidence: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _expected_settings(profile: Profile) -> dict[str, Any]:
+    exp: dict[str, Any] = {"tp_size": profile.server.tp_size}
+    spec = profile.speculative
+    exp["speculative_algorithm"] = spec.algorithm if spec else None
+    if spec and spec.num_draft_tokens is not None:
+        exp["speculative_num_draft_tokens"] = spec.num_draft_tokens
+    if profile.server.kv_cache_dtype is not None:
+        exp["kv_cache_dtype"] = profile.server.kv_cache_dtype
+    if profile.server.mem_fraction_static is not None:
+        exp["mem_fraction_static"] = profile.server.mem_fraction_static
+    if profile.server.context_length is not None:
+        exp["context_length"] = profile.server.context_length
+    return exp
+
+
+def _same(expected: Any, seen: Any) -> bool:
+    if expected is None:
+        return seen in (None, "", "NONE", "None")
+    if isinstance(expected, float) and isinstance(seen, (int, float)):
+        return abs(expected - seen) < 1e-9
+    return str(expected) == str(seen)
+
+
+def run_gates(profile: Profile, client: Any, watches: list[RankWatch], *, smoke_tokens: int = 16) -> list[Gate]:
+    """Run every gate (all of them, even after one fails, so the record shows the whole picture)."""
+    gates: list[Gate] = []
+
+    def gate(name: str, fn: Any) -> Any:
+        try:
+            ok, evidence, value = fn()
+        except Exception as exc:  # noqa: BLE001 - a gate that raises is a failed gate with its reason
+            ok, evidence, value = False, f"{type(exc).__name__}: {exc}", None
+        gates.append(Gate(name, ok, evidence))
+        return value
+
+    def health() -> tuple[bool, str, None]:
+        code = client.health()
+        return code == 200, f"GET /health -> {code}", None
+
+    def models() -> tuple[bool, str, None]:
+        ids = [m.get("id") for m in client.models()]
+        want = profile.model.served_name or profile.model.path
+        return want in ids, f"/v1/models ids={ids}, want {want!r}", None
+
+    def settings() -> tuple[bool, str, dict[str, Any]]:
+        info = client.server_info()
+        exp = _expected_settings(profile)
+        bad = {k: (v, info.get(k)) for k, v in exp.items() if not _same(v, info.get(k))}
+        shown = ", ".join(f"{k}={info.get(k)!r}" for k in exp)
+        if bad:
+            return False, "mismatch " + ", ".join(f"{k}: want {w!r}, engine has {g!r}" for k, (w, g) in bad.items()), info
+        return True, shown, info
+
+    def capacity(info: dict[str, Any] | None) -> Any:
+        def check() -> tuple[bool, str, None]:
+            if info is None:
+                return False, "no /server_info to read the resolved capacity from", None
+            total = info.get("max_total_num_tokens")
+            running = info.get("max_running_requests")
+            states = info.get("internal_states") or [{}]
+            running = states[0].get("effective_max_running_requests_per_dp", running) or running
+            problems = []
+            exp = profile.expect
+            if exp.min_max_total_num_tokens and (total is None or total < exp.min_max_total_num_tokens):
+                problems.append(f"max_total_num_tokens={total} < expected {exp.min_max_total_num_tokens}")
+            if exp.min_max_running_requests and (running is None or running < exp.min_max_running_requests):
+                problems.append(f"max_running_requests={running} < expected {exp.min_max_running_requests}")
+            ev = f"max_total_num_tokens={total}, max_running_requests={running}"
+            return (not problems), ("; ".join(problems) + f" ({ev})") if problems else ev, None
+        return check
+
+    def workers() -> tuple[bool, str, None]:
+        notes, ok = [], True
+        for w in watches:
+            if w.spec.rank == 0:
+                continue
+            w.poll()
+            live = w.runtime.liveness(w.handle)
+            verdict = w.follower.classify(final=False)
+            rank_ok = live.alive and verdict.state is not BootState.FAILED
+            ok &= rank_ok
+            notes.append(f"rank {w.spec.rank} ({w.spec.node}): {live.detail}; log: {verdict.state.value}"
+                         + (f" ({verdict.detail})" if verdict.state is BootState.FAILED else ""))
+        return ok, "; ".join(notes) or "single node", None
+
+    def smoke() -> tuple[bool, str, None]:
+        res = client.chat([{"role": "user", "content": "Reply with one short sentence: are you up?"}],
+                          max_tokens=smoke_tokens, temperature=0)
+        n = res.usage.completion_tokens or 0
+        text = (res.reasoning_content or "") + (res.content or "")
+        return n > 0 and bool(text.strip()), f"{n} tokens: {text[:60]!r}", None
+
+    gate("health", health)
+    gate("models", models)
+    info = gate("settings", settings)
+    gate("capacity", capacity(info))
+    gate("workers", workers)
+    gate("smoke", smoke)
+    return gates

@@ -1,0 +1,36 @@
+"""Pick the runtime for each node of an inventory (process for the embedded cluster, docker for Sparks)."""
+from __future__ import annotations
+
+from sparkctl.config.inventory import Inventory, Node
+from sparkctl.errors import ConfigError
+from sparkctl.nodes.runtime import Runtime
+from sparkctl.state.ledger import Ledger
+
+
+class Runtimes:
+    """One runtime object per node, created lazily (docker/SSH imports stay out of `--help`)."""
+
+    def __init__(self, inventory: Inventory, ledger: Ledger, deployment_id: str = "shared") -> None:
+        self.inventory = inventory
+        self.ledger = ledger
+        self.deployment_id = deployment_id
+        self._cache: dict[str, Runtime] = {}
+
+    def for_node(self, node: Node | str) -> Runtime:
+        node = self.inventory.node(node) if isinstance(node, str) else node
+        if node.name not in self._cache:
+            self._cache[node.name] = self._make(node)
+        return self._cache[node.name]
+
+    def _make(self, node: Node) -> Runtime:
+        if node.runtime == "process":
+            from sparkctl.nodes.process import ProcessRuntime
+            return ProcessRuntime(self.ledger.log_dir(self.deployment_id), self.inventory.cluster.sim)
+        if node.runtime == "docker":
+            try:
+                from sparkctl.nodes.docker_runtime import DockerRuntime
+            except ImportError as exc:
+                raise ConfigError(f"runtime 'docker' is unavailable: {exc}", where=f"[{node.name}]",
+                                  hint="pip install 'sparkctl[nodes]'") from None
+            return DockerRuntime(self.inventory, node, cluster=self.inventory.cluster.name)
+        raise ConfigError(f"unknown runtime {node.runtime!r}", where=f"[{node.name}]")

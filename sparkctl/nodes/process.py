@@ -1,0 +1,175 @@
+"""The `process` runtime: each rank of the embedded cluster is a local emulator process.
+
+The LaunchSpec's argv (`python3 -m sglang.launch_server ...`) runs unchanged except
+for the program: `python -m sparkctl.sim`, sparkctl's SGLang emulator. The process
+is detached (own session) so it outlives `sparkctl up`, its output goes to a log
+file in the state directory, and the handle records the PID plus its kernel start
+time so a recycled PID is never mistaken for our engine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sparkctl.nodes.runtime import Handle, Liveness
+from sparkctl.sglang.launch import LaunchSpec
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.preflight import Check
+
+SIM_ENV_PREFIX = "SPARKCTL_SIM_"
+
+
+def _proc_start_ticks(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[19])  # field 22 (starttime), counted after the comm field
+
+
+def _proc_state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()[0]
+
+
+def sim_env(knobs: dict[str, Any]) -> dict[str, str]:
+    """Inventory `sparkctl_sim` knobs as the emulator's SPARKCTL_SIM_<KNOB> environment."""
+    out = {}
+    for key, value in knobs.items():
+        out[SIM_ENV_PREFIX + key.upper()] = json.dumps(value) if isinstance(value, (dict, list, bool)) else str(value)
+    return out
+
+
+class ProcessRuntime:
+    """Runs ranks as local processes of the emulator. Example::
+
+        rt = ProcessRuntime(log_dir=Path("/tmp/logs"), sim_knobs={"boot_s": 3})
+        handle = rt.start(spec, "dep-1")
+    """
+
+    kind = "process"
+
+    def __init__(self, log_dir: Path, sim_knobs: dict[str, Any] | None = None) -> None:
+        self.log_dir = log_dir
+        self.sim_knobs = dict(sim_knobs or {})
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    def _command(self, spec: LaunchSpec) -> list[str]:
+        return [sys.executable, "-m", "sparkctl.sim", *spec.argv[3:]]
+
+    def start(self, spec: LaunchSpec, deployment_id: str) -> Handle:
+        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        log_path = self.log_dir / f"rank{spec.rank}.log"
+        env = dict(os.environ)
+        # Knobs the caller's environment sets (tests, fault injection) win over the inventory's.
+        env.update({k: v for k, v in sim_env(self.sim_knobs).items() if k not in os.environ})
+        env.setdefault("SPARKCTL_SIM_SGLANG_VERSION", spec.sglang_version)
+        env.update(spec.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            proc = subprocess.Popen(self._command(spec), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env=env,
+                                    start_new_session=True, close_fds=True)
+        finally:
+            os.close(fd)
+        self._children[proc.pid] = proc
+        return {"kind": self.kind, "node": spec.node, "rank": spec.rank, "pid": proc.pid,
+                "start_ticks": _proc_start_ticks(proc.pid), "log": str(log_path), "deployment": deployment_id,
+                "spec": spec.redacted()}
+
+    def _ours(self, handle: Handle) -> bool:
+        pid = handle.get("pid")
+        return bool(pid) and _proc_start_ticks(pid) == handle.get("start_ticks") and _proc_state(pid) != "Z"
+
+    def liveness(self, handle: Handle) -> Liveness:
+        pid = handle.get("pid")
+        child = self._children.get(pid) if pid else None
+        if child is not None:
+            code = child.poll()
+            if code is not None:
+                return Liveness(False, f"exited with code {code}", code)
+        if self._ours(handle):
+            return Liveness(True, f"running (pid {pid})")
+        return Liveness(False, f"not running (pid {pid} gone)")
+
+    def read_log(self, handle: Handle, offset: int = 0) -> tuple[str, int]:
+        try:
+            with open(handle["log"], "rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return "", offset
+        # Only hand out complete lines; a partial last line waits for the next read.
+        cut = data.rfind(b"\n") + 1
+        return data[:cut].decode("utf-8", "replace"), offset + cut
+
+    def stop(self, handle: Handle, *, timeout_s: float = 15.0) -> None:
+        if not self._ours(handle):
+            self._reap(handle)
+            return
+        pid = handle["pid"]
+        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                self._reap(handle)
+                if not self._ours(handle):
+                    return
+                time.sleep(0.05)
+        self._reap(handle)
+
+    def _reap(self, handle: Handle) -> None:
+        child = self._children.get(handle.get("pid") or -1)
+        if child is not None:
+            child.poll()
+
+    def remove(self, handle: Handle) -> None:
+        self.stop(handle)
+
+    def preflight(self, spec: LaunchSpec, own_ports: set[tuple[str, int]]) -> list["Check"]:
+        """Local checks: the emulator imports, and the rank's ports are free (or held by our own deployment)."""
+        from sparkctl.deploy.preflight import Check, ports_of
+        checks = []
+        try:
+            import sparkctl.sim  # noqa: F401
+            checks.append(Check(spec.node, "engine", True, "sparkctl emulator importable (process runtime)"))
+        except ImportError as exc:
+            checks.append(Check(spec.node, "engine", False, f"emulator not importable: {exc}",
+                                "reinstall sparkctl"))
+        for addr, port, what in ports_of(spec):
+            if (addr, port) in own_ports:
+                checks.append(Check(spec.node, f"port {port}", True, f"{addr}:{port} held by the active deployment"))
+            elif local_port_free(addr, port):
+                checks.append(Check(spec.node, f"port {port}", True, f"{addr}:{port} free"))
+            else:
+                checks.append(Check(spec.node, f"port {port}", False,
+                                    f"{addr}:{port} ({what}) is already in use by another program",
+                                    f"stop what listens there (ss -ltnp 'sport = :{port}') or change api.port / "
+                                    f"api.dist_port in the profile"))
+        return checks
+
+
+def local_port_free(address: str, port: int) -> bool:
+    """True when nothing listens on (address, port) here (a bind test; TIME_WAIT does not count)."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return False
+    return True

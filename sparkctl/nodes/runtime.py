@@ -1,0 +1,48 @@
+"""What a runtime does for one rank: start the engine, tell if it lives, read its log, stop it.
+
+Two runtimes implement this: `process` (the embedded cluster: a local emulator
+process per rank) and `docker` (a real Spark: the engine container over SSH).
+A handle is plain JSON data stored in the deployment record, so a later sparkctl
+command (status, logs, down, rollback) can find the engine again.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sparkctl.sglang.launch import LaunchSpec
+
+Handle = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Liveness:
+    alive: bool
+    detail: str               # "running (pid 123)", "exited with code 1", "container exited (137)"
+    exit_code: int | None = None
+
+
+class Runtime(Protocol):
+    kind: str
+
+    def start(self, spec: LaunchSpec, deployment_id: str) -> Handle:
+        """Start the rank's engine (detached: it outlives the sparkctl command)."""
+
+    def liveness(self, handle: Handle) -> Liveness:
+        """Is the engine process/container alive right now."""
+
+    def read_log(self, handle: Handle, offset: int = 0) -> tuple[str, int]:
+        """Log text from byte offset `offset` (for following) and the next offset."""
+
+    def stop(self, handle: Handle, *, timeout_s: float = 15.0) -> None:
+        """Stop the engine, keeping what is needed to restart it (idempotent)."""
+
+    def restart(self, handle: Handle) -> Handle:
+        """Start a stopped engine again from its handle (rollback's fast path)."""
+
+    def remove(self, handle: Handle) -> None:
+        """Forget a stopped engine for good (containers removed; logs stay)."""
+
+
+def log_tail(text: str, lines: int = 30) -> str:
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])

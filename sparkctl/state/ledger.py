@@ -1,0 +1,195 @@
+"""The ledger: one state directory per cluster holding every deployment and run as records.
+
+Layout (all files mode 0600, directories 0700)::
+
+    $SPARKCTL_STATE_DIR/<cluster>/
+        cluster.json              {"active": id|null, "history": [ids, oldest first]}
+        deployments/<id>.json     one record per `up` / `rollback`
+        runs/<id>/                bench runs (report.md, report.json)
+        logs/<id>/rank<N>.log     engine logs of the process runtime
+        lock, lock.holder         the cluster lock and who holds it
+
+Writes are atomic (temp file + fsync + rename). A corrupt or missing record is
+reported as a LedgerError, never silently replaced.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from sparkctl.errors import LedgerError, LockHeldError
+
+
+def default_state_root() -> Path:
+    env = os.environ.get("SPARKCTL_STATE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "sparkctl"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to path atomically with mode 0600."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True, default=str)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def read_json(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise LedgerError("record is missing", where=str(path),
+                          hint="the ledger refers to a record that is not there; inspect the state directory "
+                               "(nothing was changed)") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LedgerError(f"record is corrupt ({exc.msg} at line {exc.lineno})", where=str(path),
+                          hint="move the file aside or repair it by hand; sparkctl will not overwrite it") from None
+
+
+class Ledger:
+    """Records of one cluster. Example: ``Ledger.for_cluster("local").active()``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @classmethod
+    def for_cluster(cls, cluster: str, state_root: Path | None = None) -> "Ledger":
+        return cls((state_root or default_state_root()) / cluster)
+
+    # -- paths ---------------------------------------------------------------------------------------------------
+    @property
+    def index_path(self) -> Path:
+        return self.root / "cluster.json"
+
+    def deployment_path(self, dep_id: str) -> Path:
+        return self.root / "deployments" / f"{dep_id}.json"
+
+    def log_dir(self, dep_id: str) -> Path:
+        path = self.root / "logs" / dep_id
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path
+
+    def run_dir(self, run_id: str) -> Path:
+        path = self.root / "runs" / run_id
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path
+
+    # -- index ---------------------------------------------------------------------------------------------------
+    def index(self) -> dict[str, Any]:
+        if not self.index_path.exists():
+            return {"active": None, "history": []}
+        data = read_json(self.index_path)
+        if not isinstance(data, dict) or "history" not in data:
+            raise LedgerError("cluster index has an unexpected shape", where=str(self.index_path),
+                              hint="repair or move it aside; sparkctl will not overwrite it")
+        return data
+
+    def set_active(self, dep_id: str | None) -> None:
+        idx = self.index()
+        idx["active"] = dep_id
+        if dep_id and dep_id not in idx["history"]:
+            idx["history"].append(dep_id)
+        write_json_atomic(self.index_path, idx)
+
+    def add_to_history(self, dep_id: str) -> None:
+        idx = self.index()
+        if dep_id not in idx["history"]:
+            idx["history"].append(dep_id)
+            write_json_atomic(self.index_path, idx)
+
+    # -- records -------------------------------------------------------------------------------------------------
+    @staticmethod
+    def new_id(profile: str) -> str:
+        return f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{profile}-{secrets.token_hex(2)}"
+
+    def save(self, record: dict[str, Any]) -> None:
+        record["updated"] = now_iso()
+        write_json_atomic(self.deployment_path(record["id"]), record)
+
+    def load(self, dep_id: str) -> dict[str, Any]:
+        return read_json(self.deployment_path(dep_id))
+
+    def active(self) -> dict[str, Any] | None:
+        dep_id = self.index().get("active")
+        return self.load(dep_id) if dep_id else None
+
+    def known_good(self, *, before: str | None = None, exclude: str | None = None) -> dict[str, Any] | None:
+        """The newest known-good deployment (older than `before` when given, never `exclude`)."""
+        history = self.index()["history"]
+        if before and before in history:
+            history = history[: history.index(before)]
+        for dep_id in reversed(history):
+            if dep_id == exclude:
+                continue
+            rec = self.load(dep_id)
+            if rec.get("known_good"):
+                return rec
+        return None
+
+    # -- lock ----------------------------------------------------------------------------------------------------
+    @contextmanager
+    def lock(self, command: str) -> Iterator[None]:
+        """Exclusive cluster lock; a second holder gets LockHeldError saying who holds it."""
+        from filelock import FileLock, Timeout
+
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock = FileLock(str(self.root / "lock"), mode=0o600)
+        holder_path = self.root / "lock.holder"
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            who = "unknown holder"
+            try:
+                h = json.loads(holder_path.read_text())
+                who = f"pid {h['pid']} on {h['host']} running `sparkctl {h['command']}` since {h['since']}"
+            except (OSError, ValueError, KeyError):
+                pass
+            raise LockHeldError(f"cluster is locked by {who}", where=str(self.root),
+                                hint="wait for that command to finish (or stop it); the lock frees itself "
+                                     "when its process exits") from None
+        try:
+            write_json_atomic(holder_path, {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                                            "since": now_iso(), "argv": sys.argv[1:]})
+            yield
+        finally:
+            try:
+                holder_path.unlink()
+            except FileNotFoundError:
+                pass
+            lock.release()
+
+
+class Stopwatch:
+    """Monotonic timing for stage records."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def elapsed(self) -> float:
+        return round(time.monotonic() - self.t0, 3)
