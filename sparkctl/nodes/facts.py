@@ -1,0 +1,526 @@
+"""Facts about a node: each one is a command (argv) plus a pure parser of what it prints.
+
+The parsers never touch the network or the filesystem, so they are tested on real
+captured output (`tests/unit/test_facts.py` feeds `tests/fixtures/captures/spark/*`).
+Running the argv is the connector's job; deciding what a value means is preflight's
+(`sparkctl.nodes.docker_runtime.DockerRuntime.preflight`).
+
+Live commands prefer machine-readable forms (``docker info --format '{{json .}}'``,
+``ip -j addr``, ``/proc/meminfo``, ``ss -H``); text parsers exist for the forms people
+paste (``docker info``, ``ip link show``, ``ip -br addr``, ``free -h`` in any locale).
+
+Example::
+
+    fact = docker_info()
+    value = fact.parse(connector.run(fact.argv).stdout)   # DockerInfo(server_version='29.2.1', ...)
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+# Units of `free -h` / `numfmt --to=iec`: powers of 1024 (free prints Ki/Mi/Gi; B for bytes).
+_IEC = {"B": 1, "K": 1024, "Ki": 1024, "M": 1024**2, "Mi": 1024**2, "G": 1024**3, "Gi": 1024**3,
+        "T": 1024**4, "Ti": 1024**4, "P": 1024**5, "Pi": 1024**5}
+_SIZE = re.compile(r"^(\d+(?:[.,]\d+)?)(B|Ki|Mi|Gi|Ti|Pi|K|M|G|T|P)?$")
+_SEPARATOR = "[...]"   # cut marker of the capture files; never printed by a tool
+
+
+@dataclass(frozen=True)
+class Fact(Generic[T]):
+    """A command to run on a node and the pure function that turns its stdout into a value."""
+
+    name: str
+    argv: tuple[str, ...]
+    parse: Callable[[str], T]
+
+
+def _lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.strip() != _SEPARATOR]
+
+
+# ------------------------------------------------------------------------------------------------ docker
+@dataclass(frozen=True)
+class DockerInfo:
+    """What `docker info` says about the daemon. ``runtime_paths`` is known only from the JSON form."""
+
+    server_version: str | None
+    runtimes: tuple[str, ...]
+    default_runtime: str | None
+    runtime_paths: dict[str, str] = field(default_factory=dict)
+    name: str | None = None
+    architecture: str | None = None
+    logging_driver: str | None = None
+    errors: tuple[str, ...] = ()
+
+    @property
+    def answering(self) -> bool:
+        """The daemon answered (a client without a daemon prints an empty ServerVersion)."""
+        return bool(self.server_version)
+
+    def runtime_is_runc_alias(self, runtime: str) -> bool:
+        """True when ``runtime`` is registered but only points at plain runc (a test node, not the NVIDIA toolkit)."""
+        return self.runtime_paths.get(runtime, "").rsplit("/", 1)[-1] == "runc"
+
+
+def docker_info() -> Fact[DockerInfo]:
+    return Fact("docker info", ("docker", "info", "--format", "{{json .}}"), parse_docker_info_json)
+
+
+def parse_docker_info_json(text: str) -> DockerInfo:
+    """Parse ``docker info --format '{{json .}}'`` (CLI 20.10 .. 29). Without a daemon the CLI still prints
+    the JSON with empty server fields (and exits 1); that parses to ``answering == False``."""
+    line = next((ln for ln in text.splitlines() if ln.lstrip().startswith("{")), "")
+    if not line:
+        raise ValueError("no JSON object in docker info output")
+    data: dict[str, Any] = json.loads(line)
+    runtimes = data.get("Runtimes") or {}
+    paths = {name: str((spec or {}).get("path") or (spec or {}).get("runtimeType") or "")
+             for name, spec in runtimes.items()}
+    errors = tuple(str(e) for e in (data.get("ServerErrors") or []))
+    return DockerInfo(server_version=data.get("ServerVersion") or None, runtimes=tuple(sorted(runtimes)),
+                      default_runtime=data.get("DefaultRuntime") or None, runtime_paths=paths,
+                      name=data.get("Name") or None, architecture=data.get("Architecture") or None,
+                      logging_driver=data.get("LoggingDriver") or None, errors=errors)
+
+
+def parse_docker_info_text(text: str) -> DockerInfo:
+    """Parse the human ``docker info`` text (Server section): version, runtimes, default runtime, name."""
+    in_server = False
+    fields: dict[str, str] = {}
+    errors: list[str] = []
+    for ln in _lines(text):
+        if ln.startswith("Server:"):
+            in_server = True
+            continue
+        if not in_server:
+            continue
+        if ln and not ln.startswith(" "):   # next top-level section, or a prompt line after the output
+            if ln.startswith("ERROR:") or ln.startswith("Cannot connect"):
+                errors.append(ln)
+                continue
+            break
+        m = re.match(r"^ (\S[^:]*):\s*(.*)$", ln)   # exactly one leading space: a Server-level key
+        if m:
+            fields[m.group(1)] = m.group(2).strip()
+    runtimes = tuple(sorted(fields.get("Runtimes", "").split()))
+    return DockerInfo(server_version=fields.get("Server Version") or None, runtimes=runtimes,
+                      default_runtime=fields.get("Default Runtime") or None, name=fields.get("Name") or None,
+                      architecture=fields.get("Architecture") or None,
+                      logging_driver=fields.get("Logging Driver") or None, errors=tuple(errors))
+
+
+def image_id(ref: str) -> Fact[str | None]:
+    """The local image ID of ``ref`` (``sha256:...``), or None when the image is absent (exit code 1)."""
+    return Fact(f"image {ref}", ("docker", "image", "inspect", "--format", "{{.Id}}", ref), parse_image_id)
+
+
+def parse_image_id(text: str) -> str | None:
+    for ln in text.splitlines():
+        ln = ln.strip()
+        if re.fullmatch(r"sha256:[0-9a-f]{64}", ln):
+            return ln
+    return None
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """A container as `docker inspect` reports it (the part a runtime needs)."""
+
+    id: str
+    name: str
+    status: str            # created | running | paused | restarting | removing | exited | dead
+    running: bool
+    exit_code: int | None
+    oom_killed: bool
+    error: str
+    started_at: str | None
+    finished_at: str | None
+    image_id: str
+    labels: dict[str, str]
+    env: tuple[str, ...]
+    cmd: tuple[str, ...]
+
+    def describe(self) -> str:
+        if self.running:
+            return f"container running (started {self.started_at})"
+        why = " (OOM-killed)" if self.oom_killed else (f" ({self.error})" if self.error else "")
+        if self.status == "created":
+            return "container created, never started" + why
+        return f"container {self.status} ({self.exit_code}){why}"
+
+
+def container_state(name_or_id: str) -> Fact[ContainerState | None]:
+    return Fact(f"container {name_or_id}", ("docker", "container", "inspect", "--format", "{{json .}}", name_or_id),
+                parse_container_inspect)
+
+
+_ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+def parse_container_inspect(text: str) -> ContainerState | None:
+    """Parse ``docker container inspect --format '{{json .}}'`` (one JSON object per line); None if empty."""
+    line = next((ln for ln in text.splitlines() if ln.lstrip().startswith("{")), "")
+    if not line:
+        return None
+    d = json.loads(line)
+    state = d.get("State") or {}
+    cfg = d.get("Config") or {}
+    started = state.get("StartedAt") or None
+    finished = state.get("FinishedAt") or None
+    status = state.get("Status") or ""
+    return ContainerState(
+        id=d.get("Id", ""), name=(d.get("Name") or "").lstrip("/"), status=status,
+        running=bool(state.get("Running")), exit_code=None if status in ("created", "running") else state.get("ExitCode"),
+        oom_killed=bool(state.get("OOMKilled")), error=state.get("Error") or "",
+        started_at=None if started == _ZERO_TIME else started, finished_at=None if finished == _ZERO_TIME else finished,
+        image_id=d.get("Image", ""), labels=dict(cfg.get("Labels") or {}), env=tuple(cfg.get("Env") or ()),
+        cmd=tuple(cfg.get("Cmd") or ()))
+
+
+# ------------------------------------------------------------------------------------------------ memory
+@dataclass(frozen=True)
+class Memory:
+    """Memory of a node in bytes. ``available`` is what the kernel could give without swapping (page cache
+    counts as available: on GB10 the GPU shares this memory)."""
+
+    total: int
+    available: int
+    swap_total: int | None = None
+    swap_free: int | None = None
+
+
+def meminfo() -> Fact[Memory]:
+    return Fact("memory", ("cat", "/proc/meminfo"), parse_meminfo)
+
+
+def parse_meminfo(text: str) -> Memory:
+    """Parse ``/proc/meminfo`` (``Key:  123 kB``); other lines around it are ignored."""
+    values: dict[str, int] = {}
+    for ln in text.splitlines():
+        m = re.match(r"^([A-Za-z][\w()]*):\s+(\d+)(?:\s+kB)?\s*$", ln)
+        if m:
+            values.setdefault(m.group(1), int(m.group(2)) * (1024 if ln.rstrip().endswith("kB") else 1))
+    if "MemTotal" not in values or "MemAvailable" not in values:
+        raise ValueError("MemTotal/MemAvailable missing from /proc/meminfo")
+    return Memory(values["MemTotal"], values["MemAvailable"], values.get("SwapTotal"), values.get("SwapFree"))
+
+
+def parse_size(token: str) -> int:
+    """``121Gi`` -> bytes (``free -h`` / IEC units; ``0B``; a bare number is KiB as plain ``free`` prints)."""
+    m = _SIZE.match(token)
+    if not m:
+        raise ValueError(f"not a size: {token!r}")
+    number = float(m.group(1).replace(",", "."))
+    return int(number * (_IEC[m.group(2)] if m.group(2) else 1024))
+
+
+def parse_free(text: str) -> Memory:
+    """Parse ``free`` / ``free -h`` in any locale: rows are found by shape, not by their labels.
+
+    The first row of 6 sizes is memory (total used free shared buff/cache available), the next row of
+    3 sizes is swap; row labels (``Mem:``, ``内存：``) and the header are ignored.
+    """
+    rows: list[list[int]] = []
+    for ln in _lines(text):
+        tokens = ln.split()
+        if len(tokens) < 4:
+            continue
+        try:
+            sizes = [parse_size(t) for t in tokens[1:]]
+        except ValueError:
+            continue
+        rows.append(sizes)
+    mem = next((r for r in rows if len(r) == 6), None)
+    if mem is None:
+        raise ValueError("no memory row (6 sizes) in free output")
+    after = rows[rows.index(mem) + 1:]
+    swap = next((r for r in after if len(r) == 3), None)
+    return Memory(total=mem[0], available=mem[5], swap_total=swap[0] if swap else None,
+                  swap_free=swap[2] if swap else None)
+
+
+# ------------------------------------------------------------------------------------------------ network
+@dataclass(frozen=True)
+class Interface:
+    """A network interface: operational state, flags, MTU, MAC and addresses (``a.b.c.d/prefix``)."""
+
+    name: str
+    state: str
+    mtu: int | None = None
+    flags: tuple[str, ...] = ()
+    mac: str | None = None
+    addresses: tuple[str, ...] = ()
+
+    @property
+    def up(self) -> bool:
+        """Administratively up with carrier (``state UP``; a veth/port whose peer is down is LOWERLAYERDOWN)."""
+        return self.state == "UP" or (self.state == "UNKNOWN" and "LOWER_UP" in self.flags)
+
+    @property
+    def ipv4(self) -> tuple[str, ...]:
+        return tuple(a.split("/")[0] for a in self.addresses if ":" not in a)
+
+    def describe(self) -> str:
+        extra = " NO-CARRIER" if "NO-CARRIER" in self.flags else ""
+        return (f"{self.name} state {self.state}{extra}" + (f" mtu {self.mtu}" if self.mtu else "")
+                + (f" addr {', '.join(self.ipv4)}" if self.ipv4 else " no IPv4 address"))
+
+
+def ip_addr() -> Fact[dict[str, Interface]]:
+    """Every interface with its addresses (``ip -j addr show``; one fact, so a wrong name can list the others)."""
+    return Fact("interfaces", ("ip", "-j", "addr", "show"), parse_ip_addr_json)
+
+
+def ip_addr_dev(iface: str) -> Fact[dict[str, Interface]]:
+    return Fact(f"interface {iface}", ("ip", "-j", "addr", "show", "dev", iface), parse_ip_addr_json)
+
+
+def parse_ip_addr_json(text: str) -> dict[str, Interface]:
+    """Parse ``ip -j addr show [dev X]`` (iproute2 JSON)."""
+    text = text.strip()
+    if not text:
+        return {}
+    out: dict[str, Interface] = {}
+    for d in json.loads(text):
+        if "ifname" not in d:
+            continue
+        addrs = tuple(f"{a['local']}/{a['prefixlen']}" for a in d.get("addr_info") or () if "local" in a)
+        out[d["ifname"]] = Interface(name=d["ifname"], state=d.get("operstate", "UNKNOWN"), mtu=d.get("mtu"),
+                                     flags=tuple(d.get("flags") or ()), mac=d.get("address"), addresses=addrs)
+    return out
+
+
+_LINK_HEAD = re.compile(r"^\d+:\s+(?P<name>[^:@\s]+)(?:@[^:\s]+)?:\s+<(?P<flags>[^>]*)>\s+(?P<rest>.*)$")
+
+
+def parse_ip_link(text: str) -> dict[str, Interface]:
+    """Parse ``ip link show`` / ``ip addr show`` text: state, flags, MTU, MAC and inet addresses."""
+    out: dict[str, Interface] = {}
+    cur: dict[str, Any] | None = None
+
+    def flush() -> None:
+        if cur:
+            out[cur["name"]] = Interface(cur["name"], cur["state"], cur["mtu"], cur["flags"], cur["mac"],
+                                         tuple(cur["addresses"]))
+    for ln in _lines(text):
+        m = _LINK_HEAD.match(ln)
+        if m:
+            flush()
+            rest = m.group("rest").split()
+            kv = {rest[i]: rest[i + 1] for i in range(len(rest) - 1)}
+            cur = {"name": m.group("name"), "flags": tuple(f for f in m.group("flags").split(",") if f),
+                   "mtu": int(kv["mtu"]) if "mtu" in kv else None, "state": kv.get("state", "UNKNOWN"),
+                   "mac": None, "addresses": []}
+            continue
+        if cur is None:
+            continue
+        parts = ln.split()
+        if len(parts) >= 2 and parts[0].startswith("link/"):
+            cur["mac"] = parts[1]
+        elif len(parts) >= 2 and parts[0] in ("inet", "inet6"):
+            cur["addresses"].append(parts[1])
+    flush()
+    return out
+
+
+_BRIEF_STATES = ("UP", "DOWN", "UNKNOWN", "LOWERLAYERDOWN", "DORMANT", "NOTPRESENT", "TESTING")
+
+
+def parse_ip_brief(text: str) -> dict[str, Interface]:
+    """Parse ``ip -br addr`` (name, state, addresses) or ``ip -br link`` (name, state, MAC, <flags>)."""
+    out: dict[str, Interface] = {}
+    for ln in _lines(text):
+        parts = ln.split()
+        if len(parts) < 2 or parts[1] not in _BRIEF_STATES:
+            continue
+        name = parts[0].split("@")[0]
+        rest = parts[2:]
+        flags: tuple[str, ...] = ()
+        mac = None
+        addrs: list[str] = []
+        for tok in rest:
+            if tok.startswith("<") and tok.endswith(">"):
+                flags = tuple(f for f in tok[1:-1].split(",") if f)
+            elif re.fullmatch(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}", tok):
+                mac = tok
+            else:
+                addrs.append(tok)
+        out[name] = Interface(name, parts[1], None, flags, mac, tuple(addrs))
+    return out
+
+
+@dataclass(frozen=True)
+class Ping:
+    """One ``ping -c1`` result: did the reply come back, its round-trip time, and why not."""
+
+    transmitted: int
+    received: int
+    rtt_ms: float | None = None
+    error: str | None = None     # "message too long, mtu=1500" (don't-fragment and a smaller MTU on the path)
+
+    @property
+    def ok(self) -> bool:
+        return self.received > 0
+
+
+def ping(peer: str, *, size: int = 56, dont_fragment: bool = True) -> Fact[Ping]:
+    """Ping ``peer`` once (1 s deadline). ``size`` = MTU - 28 with don't-fragment proves jumbo frames pass."""
+    argv = ["ping", "-n", "-c1", "-W1"] + (["-M", "do"] if dont_fragment else []) + ["-s", str(size), peer]
+    return Fact(f"ping {peer}", tuple(argv), parse_ping)
+
+
+def parse_ping(text: str) -> Ping:
+    """Parse iputils ``ping`` (stdout and stderr together)."""
+    m = re.search(r"(\d+) packets transmitted, (\d+) (?:packets )?received", text)
+    tx, rx = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    rtt = re.search(r"= [\d.]+/([\d.]+)/", text)
+    err = re.search(r"ping: (?:local error: )?(.+)", text)
+    return Ping(tx, rx, float(rtt.group(1)) if rtt else None, err.group(1).strip() if err else None)
+
+
+@dataclass(frozen=True)
+class Listener:
+    address: str     # 0.0.0.0, ::, *, or a specific address (zone suffix stripped)
+    port: int
+
+
+WILDCARDS = {"0.0.0.0", "::", "*", ""}
+
+
+def listening() -> Fact[list[Listener]]:
+    return Fact("listening ports", ("ss", "-Hltn"), parse_ss_listen)
+
+
+def parse_ss_listen(text: str) -> list[Listener]:
+    """Parse ``ss -Hltn``: ``LISTEN 0 4096 127.0.0.53%lo:53 0.0.0.0:*`` -> Listener('127.0.0.53', 53)."""
+    out = []
+    for ln in text.splitlines():
+        parts = ln.split()
+        if len(parts) < 5 or parts[0] != "LISTEN":
+            continue
+        addr, _, port = parts[3].rpartition(":")
+        if not port.isdigit():
+            continue
+        addr = addr.strip("[]").split("%")[0]
+        out.append(Listener(addr, int(port)))
+    return out
+
+
+def port_conflict(listeners: list[Listener], address: str, port: int) -> Listener | None:
+    """The listener that would make binding (address, port) fail, if any (wildcards overlap everything)."""
+    for ln in listeners:
+        if ln.port != port:
+            continue
+        if ln.address in WILDCARDS or address in WILDCARDS or ln.address == address:
+            return ln
+    return None
+
+
+@dataclass(frozen=True)
+class RoceLink:
+    hca: str
+    port: int
+    netdev: str
+    up: bool
+
+
+def ibdev2netdev() -> Fact[list[RoceLink]]:
+    return Fact("ibdev2netdev", ("ibdev2netdev",), parse_ibdev2netdev)
+
+
+def parse_ibdev2netdev(text: str) -> list[RoceLink]:
+    """Parse ``ibdev2netdev``: ``rocep1s0f0 port 1 ==> enp1s0f0np0 (Up)``, in the order printed."""
+    out = []
+    for ln in text.splitlines():
+        m = re.match(r"^(\S+) port (\d+) ==> (\S+) \((\w+)\)\s*$", ln)
+        if m:
+            out.append(RoceLink(m.group(1), int(m.group(2)), m.group(3), m.group(4).lower() == "up"))
+    return out
+
+
+def hcas_for(links: list[RoceLink], netdev: str) -> list[str]:
+    return [ln.hca for ln in links if ln.netdev == netdev]
+
+
+def dir_entries(path: str) -> Fact[list[str]]:
+    """Names in a directory (``ls -1A``); exit code 2 when absent. Used for /dev/infiniband."""
+    return Fact(f"ls {path}", ("ls", "-1A", path), lambda text: [ln for ln in text.splitlines() if ln])
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    driver_version: str | None = None
+
+    @property
+    def is_gb10(self) -> bool:
+        return "GB10" in self.name
+
+
+def gpu_query() -> Fact[list[Gpu]]:
+    return Fact("gpu", ("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"), parse_gpu_query)
+
+
+def parse_gpu_query(text: str) -> list[Gpu]:
+    """Parse ``nvidia-smi --query-gpu=name[,driver_version] --format=csv,noheader`` (one GPU per line)."""
+    out = []
+    for ln in text.splitlines():
+        ln = ln.strip()
+        if not ln or ln == _SEPARATOR:
+            continue
+        fields = [f.strip() for f in ln.split(",")]
+        out.append(Gpu(fields[0], fields[1] if len(fields) > 1 and fields[1] else None))
+    return out
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    gpu: int
+    pid: int
+    type: str           # C compute, G graphics, C+G
+    name: str
+    memory_mib: int | None
+
+
+@dataclass(frozen=True)
+class NvidiaSmi:
+    """The ``nvidia-smi`` table: versions, GPUs (index, name, bus id) and processes."""
+
+    driver_version: str | None
+    cuda_version: str | None
+    gpus: list[tuple[int, str, str]]
+    processes: list[GpuProcess]
+
+    @property
+    def compute_processes(self) -> list[GpuProcess]:
+        return [p for p in self.processes if "C" in p.type]
+
+
+def nvidia_smi() -> Fact[NvidiaSmi]:
+    return Fact("nvidia-smi", ("nvidia-smi",), parse_nvidia_smi)
+
+
+def parse_nvidia_smi(text: str) -> NvidiaSmi:
+    """Parse the default ``nvidia-smi`` table (driver 580.x layout, as on GB10)."""
+    drv = re.search(r"Driver Version:\s*(\S+)", text)
+    cuda = re.search(r"CUDA Version:\s*(\S+)", text)
+    gpus = [(int(m.group(1)), m.group(2).strip(), m.group(3)) for m in re.finditer(
+        r"^\|\s+(\d+)\s+(.+?)\s+(?:On|Off)\s+\|\s+([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)", text, re.M)]
+    procs = []
+    in_procs = False
+    for ln in text.splitlines():
+        if "Processes:" in ln:
+            in_procs = True
+            continue
+        if not in_procs:
+            continue
+        m = re.match(r"^\|\s+(\d+)\s+\S+\s+\S+\s+(\d+)\s+(C\+G|C|G)\s+(.+?)\s+(\d+)MiB\s+\|$", ln.rstrip())
+        if m:
+            procs.append(GpuProcess(int(m.group(1)), int(m.group(2)), m.group(3), m.group(4), int(m.group(5))))
+    return NvidiaSmi(drv.group(1) if drv else None, cuda.group(1) if cuda else None, gpus, procs)

@@ -1,0 +1,461 @@
+"""SSH connector: run an argv on a node, move files, and fan out over nodes in parallel.
+
+A connector only runs commands and moves files (parsing lives in `sparkctl.nodes.facts`,
+decisions in `sparkctl.deploy`). Built on fabric (`Connection` for the session, SFTP
+`put`/`get`, invoke's runner with timeouts) over paramiko, with three things fabric
+does not do for us:
+
+* **Host keys.** Fabric trusts any host (`AutoAddPolicy`). Here every key is checked
+  against the inventory's known_hosts (`sparkctl_known_hosts`, default
+  ``~/.ssh/known_hosts``): policy ``accept-new`` appends an unknown host's key on first
+  contact (like OpenSSH's ``StrictHostKeyChecking=accept-new``), ``pinned`` refuses it.
+  A *changed* key is always refused with a NodeError naming node, host, both
+  fingerprints and the fix (``ssh-keygen -R``). Checking is never turned off.
+* **Commands are argv lists.** The remote side of SSH is always a shell, so the argv is
+  quoted with `shlex.join` at the very last step and nowhere else; a value like
+  ``"name; rm -rf /"`` stays one argument (tested against a real sshd). The remote login
+  shell must be POSIX (sh, bash, dash, zsh).
+* **Exec on the paramiko channel.** `run` opens one channel per command on the shared
+  transport (no pty, stdin fed then closed) and decodes stdout/stderr once at the end:
+  invoke's runner decodes every 1000-byte chunk on its own, which breaks UTF-8
+  characters that straddle a chunk, and its polling costs ~20 ms per command.
+* **Secrets.** `run(..., secrets=[...])` redacts those values from the logged command,
+  from errors (CommandFailed carries the redacted argv and output tail) and from the
+  returned result. Pass secret *data* through `stdin=` rather than the argv: stdin
+  never shows up in a process list.
+
+Only the inventory decides how to connect (user, port, key): ``~/.ssh/config`` and
+fabric/invoke config files are not read, so a run does not depend on who runs it.
+Connecting is bounded (5 s by default): a node whose SSH is down fails fast with a
+NodeError naming the node and address.
+
+Example::
+
+    ssh = SSHConnector(inventory.node("spark-a"), inventory.cluster)
+    print(ssh.run(["docker", "info", "--format", "{{json .}}"], check=True).stdout)
+    results = run_all(inventory.nodes, lambda n: connector_for(inventory, n).run(["uname", "-r"]))
+    results.raise_for_failures()
+"""
+from __future__ import annotations
+
+import base64
+import fcntl
+import hashlib
+import logging
+import os
+import shlex
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Callable, Generic, Iterable, Sequence, TypeVar
+
+from sparkctl.errors import CommandFailed, NodeError
+from sparkctl.sglang.launch import REDACTED
+
+if TYPE_CHECKING:  # heavy imports stay lazy: `sparkctl --help` must not import paramiko
+    import paramiko
+    from fabric import Connection
+
+    from sparkctl.config.inventory import Cluster, Inventory, Node
+
+log = logging.getLogger("sparkctl.nodes.ssh")
+
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+CONNECT_TIMEOUT_S = 5.0
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class CommandResult:
+    """What one command printed on one node (argv and output already redacted)."""
+
+    node: str
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    elapsed_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    @property
+    def output(self) -> str:
+        """stdout then stderr, for evidence."""
+        return self.stdout + (("\n" if self.stdout and not self.stdout.endswith("\n") else "") + self.stderr
+                              if self.stderr else "")
+
+    def check(self) -> "CommandResult":
+        """Raise CommandFailed (argv, exit code, output tail) unless the command exited 0."""
+        if self.returncode != 0:
+            raise CommandFailed(node=self.node, argv=self.argv, returncode=self.returncode, output=self.output)
+        return self
+
+
+class GroupResult(dict, Generic[T]):  # type: ignore[type-arg]
+    """Per-node results of `run_all`, like fabric's GroupResult: node name -> value or exception.
+
+    ``succeeded`` / ``failed`` split them; one node's failure never hides the others' results.
+    """
+
+    @property
+    def succeeded(self) -> dict[str, T]:
+        return {k: v for k, v in self.items() if not isinstance(v, BaseException)}
+
+    @property
+    def failed(self) -> dict[str, BaseException]:
+        return {k: v for k, v in self.items() if isinstance(v, BaseException)}
+
+    def raise_for_failures(self) -> "GroupResult[T]":
+        """Raise GroupError naming every failed node (the successes stay readable on the error)."""
+        if self.failed:
+            raise GroupError(self)
+        return self
+
+
+class GroupError(NodeError):
+    """One or more nodes failed in `run_all`; ``result`` keeps every node's outcome."""
+
+    def __init__(self, result: GroupResult[Any]) -> None:
+        failed = result.failed
+        lines = []
+        for name, exc in failed.items():
+            text = exc.render() if hasattr(exc, "render") else f"{type(exc).__name__}: {exc}"
+            lines.append(f"[{name}] {text}")
+        ok = sorted(result.succeeded)
+        super().__init__(f"failed on {len(failed)} of {len(result)} node(s): {', '.join(sorted(failed))}"
+                         + (f" (ok: {', '.join(ok)})" if ok else ""), evidence="\n".join(lines))
+        self.result = result
+
+
+def run_all(nodes: Iterable[Any], fn: Callable[[Any], T], *, max_workers: int | None = None) -> GroupResult[T]:
+    """Call ``fn(node)`` for every node in parallel; return node name -> value, or the exception it raised.
+
+    ``nodes`` are inventory Nodes (or anything with ``.name``, or plain names). Example::
+
+        res = run_all(inv.nodes, lambda n: connector_for(inv, n).run(["uptime"], check=True).stdout)
+        for name, exc in res.failed.items(): ...
+    """
+    items = list(nodes)
+    names = [getattr(n, "name", n) for n in items]
+    out: GroupResult[T] = GroupResult()
+    if not items:
+        return out
+    with ThreadPoolExecutor(max_workers=max_workers or len(items), thread_name_prefix="sparkctl-node") as pool:
+        futures = [pool.submit(fn, n) for n in items]
+        for name, fut in zip(names, futures):
+            try:
+                out[str(name)] = fut.result()
+            except Exception as exc:  # noqa: BLE001 - the node's outcome, reported per node
+                out[str(name)] = exc
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- host keys
+def known_hosts_path(cluster: "Cluster | None") -> Path:
+    return Path(os.path.expanduser((cluster.known_hosts if cluster else None) or DEFAULT_KNOWN_HOSTS))
+
+
+def host_key_name(host: str, port: int) -> str:
+    """known_hosts name of a host: ``host`` on port 22, ``[host]:port`` otherwise (as OpenSSH writes it)."""
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def fingerprint(key: "paramiko.PKey") -> str:
+    """OpenSSH-style ``SHA256:...`` fingerprint of a host key."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+def _policy(kind: str, node: str, path: Path) -> "paramiko.MissingHostKeyPolicy":
+    import paramiko
+
+    class AcceptNew(paramiko.MissingHostKeyPolicy):
+        """Unknown host: trust on first contact and append the key to known_hosts (never rewrite the file)."""
+
+        def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+            line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+            with _KNOWN_HOSTS_LOCK:
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)   # another sparkctl process may add a host right now
+                    os.write(fd, line.encode())
+                finally:
+                    os.close(fd)
+            client.get_host_keys().add(hostname, key.get_name(), key)
+            log.warning("[%s] new host key for %s (%s %s) added to %s (host_key_policy accept-new)",
+                        node, hostname, key.get_name(), fingerprint(key), path)
+
+    class Pinned(paramiko.MissingHostKeyPolicy):
+        def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+            raise NodeError(
+                f"host key of {hostname} is not in {path} and host_key_policy is 'pinned'",
+                where=f"[{node}] ssh",
+                hint=f"verify the key out of band (on the node: ssh-keygen -lf /etc/ssh/ssh_host_{_short(key)}_key.pub)"
+                     f", then add it: ssh-keyscan -t {_short(key)} {hostname.strip('[]').split(']:')[0]} >> {path}",
+                evidence=f"offered: {key.get_name()} {fingerprint(key)}")
+
+    return AcceptNew() if kind == "accept-new" else Pinned()
+
+
+def _short(key: "paramiko.PKey") -> str:
+    name = key.get_name()
+    return {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa"}.get(name, "ecdsa" if name.startswith("ecdsa") else name)
+
+
+# --------------------------------------------------------------------------------------------------- connector
+@dataclass
+class SSHConnector:
+    """Runs commands and moves files on one node over one reused SSH connection (thread-safe).
+
+    ``node`` is an inventory Node; ``cluster`` gives known_hosts and the host-key policy.
+    """
+
+    node: "Node"
+    cluster: "Cluster | None" = None
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
+    _conn: "Connection | None" = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def address(self) -> str:
+        s = self.node.ssh
+        return f"{s.user}@{s.host}:{s.port}"
+
+    # -- connection --------------------------------------------------------------------------------------------
+    def connect(self) -> "Connection":
+        """Open (or reuse) the SSH connection; NodeError on unreachable host, bad host key or failed auth."""
+        with self._lock:
+            if self._conn is not None and self._conn.is_connected:
+                return self._conn
+            if self._conn is not None:
+                self._close_quietly()
+            self._conn = self._open()
+            return self._conn
+
+    def _open(self) -> "Connection":
+        import paramiko
+        from fabric import Config, Connection
+
+        s = self.node.ssh
+        policy = self.cluster.host_key_policy if self.cluster else "accept-new"
+        kh = known_hosts_path(self.cluster)
+        kwargs: dict[str, Any] = {"banner_timeout": self.connect_timeout_s, "auth_timeout": 2 * self.connect_timeout_s,
+                                  "channel_timeout": 2 * self.connect_timeout_s}
+        if s.key_file:
+            key = os.path.expanduser(s.key_file)
+            if not os.path.isfile(key):
+                raise NodeError(f"SSH key {key} does not exist", where=f"[{self.name}] ssh",
+                                hint="fix ansible_ssh_private_key_file in the inventory")
+            kwargs.update(key_filename=key, look_for_keys=False, allow_agent=False)
+        # lazy=True: no /etc/fabric.yml, ~/.fabric.yml or ~/.ssh/config; the inventory alone decides.
+        config = Config(lazy=True, overrides={"load_ssh_configs": False, "run": {"in_stream": False}})
+        conn = Connection(s.host, user=s.user, port=s.port, config=config, connect_kwargs=kwargs,
+                          connect_timeout=max(1, round(self.connect_timeout_s)))
+        client = conn.client
+        if kh.is_file():
+            try:
+                client.load_host_keys(str(kh))
+            except (OSError, paramiko.SSHException) as exc:
+                raise NodeError(f"cannot read known_hosts {kh}: {exc}", where=f"[{self.name}] ssh",
+                                hint="fix or remove the broken line (sparkctl_known_hosts in the inventory)") from None
+        client.set_missing_host_key_policy(_policy(policy, self.name, kh))
+        t0 = time.monotonic()
+        try:
+            conn.open()
+        except NodeError:
+            conn.close()
+            raise
+        except paramiko.BadHostKeyException as exc:
+            conn.close()
+            name = host_key_name(s.host, s.port)
+            raise NodeError(
+                f"host key of {name} CHANGED since it was recorded in {kh}; refusing to connect",
+                where=f"[{self.name}] ssh",
+                hint=f"this can mean the node was reinstalled, or someone is intercepting the connection: check the "
+                     f"new key on the node's console (ssh-keygen -lf /etc/ssh/ssh_host_{_short(exc.key)}_key.pub), "
+                     f"then run `ssh-keygen -R {name} -f {kh}` and connect again",
+                evidence=f"expected: {exc.expected_key.get_name()} {fingerprint(exc.expected_key)}\n"
+                         f"offered:  {exc.key.get_name()} {fingerprint(exc.key)}") from None
+        except paramiko.AuthenticationException as exc:
+            conn.close()
+            raise NodeError(f"SSH authentication failed for {self.address}: {exc}", where=f"[{self.name}] ssh",
+                            hint="check ansible_user and ansible_ssh_private_key_file, and that the public key is in "
+                                 "the node's authorized_keys") from None
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            conn.close()
+            reason = "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else str(exc) or type(exc).__name__
+            raise NodeError(f"cannot reach {self.name} over SSH at {self.address} "
+                            f"({reason}, after {time.monotonic() - t0:.1f}s)", where=f"[{self.name}] ssh",
+                            hint="check the node is powered on and sshd runs, and ansible_host/ansible_port in the "
+                                 "inventory") from None
+        transport = conn.transport
+        if transport is not None:
+            transport.set_keepalive(15)
+        log.debug("[%s] connected to %s in %.2fs", self.name, self.address, time.monotonic() - t0)
+        return conn
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_quietly()
+
+    def _close_quietly(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # noqa: BLE001 - closing a dead connection
+                pass
+            self._conn = None
+
+    def __enter__(self) -> "SSHConnector":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- commands ----------------------------------------------------------------------------------------------
+    def run(self, argv: Sequence[str], *, check: bool = False, timeout: float | None = 60.0,
+            stdin: str | bytes | None = None, merge_stderr: bool = False,
+            secrets: Iterable[str] = ()) -> CommandResult:
+        """Run ``argv`` on the node; return rc/stdout/stderr (CommandFailed when ``check`` and rc != 0).
+
+        ``stdin`` is fed to the command and then closed (secret data goes here, not in the argv).
+        ``merge_stderr`` sends the command's stderr into stdout on the node (``2>&1``), keeping the
+        order in which the command wrote them. ``secrets`` are replaced by ``***`` in everything returned
+        or logged. A ``timeout`` (seconds) raises NodeError and closes the channel (sshd then hangs up
+        on the command).
+        """
+        argv = [str(a) for a in argv]
+        if not argv:
+            raise ValueError("empty argv")
+        hide = _redactor(secrets)
+        shown = [hide(a) for a in argv]
+        command = shlex.join(argv) + (" 2>&1" if merge_stderr else "")
+        conn = self.connect()
+        log.debug("[%s] $ %s", self.name, shlex.join(shown))
+        t0 = time.monotonic()
+        try:
+            rc, out, err = self._exec(conn, command, stdin, timeout)
+        except TimeoutError:
+            raise NodeError(f"command {shown!r} did not finish within {timeout:.0f}s", where=f"[{self.name}]",
+                            hint="the node or its docker daemon may be hung; retry, or look at the node") from None
+        except Exception as exc:  # noqa: BLE001 - the transport died mid-command (sshd restarted, link down)
+            self.close()
+            raise NodeError(f"SSH session to {self.address} failed running {shown!r}: "
+                            f"{type(exc).__name__}: {hide(str(exc))}", where=f"[{self.name}] ssh",
+                            hint="check the node is up; sparkctl reconnects on the next command") from None
+        result = CommandResult(self.name, shown, rc, hide(out.decode("utf-8", "replace")),
+                               hide(err.decode("utf-8", "replace")), round(time.monotonic() - t0, 4))
+        log.debug("[%s] exit %d in %.3fs", self.name, result.returncode, result.elapsed_s)
+        return result.check() if check else result
+
+    def _exec(self, conn: "Connection", command: str, stdin: str | bytes | None,
+              timeout: float | None) -> tuple[int, bytes, bytes]:
+        """One exec channel: send stdin then EOF, collect stdout/stderr as bytes (decoded once, at the end, so a
+        multi-byte character split between packets stays intact), return the exit status."""
+        import select
+
+        transport = conn.transport
+        if transport is None or not transport.is_active():
+            raise EOFError("SSH transport is closed")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        chan = transport.open_session(timeout=self.connect_timeout_s)
+        try:
+            chan.exec_command(command)
+            if stdin is not None:
+                chan.sendall(stdin.encode() if isinstance(stdin, str) else stdin)
+            chan.shutdown_write()              # EOF on the command's stdin
+            out, err = bytearray(), bytearray()
+            while True:
+                busy = False
+                if chan.recv_ready():
+                    out += chan.recv(1 << 16)
+                    busy = True
+                if chan.recv_stderr_ready():
+                    err += chan.recv_stderr(1 << 16)
+                    busy = True
+                if busy:
+                    continue
+                if chan.exit_status_ready() and (chan.eof_received or chan.closed):
+                    if not chan.recv_ready() and not chan.recv_stderr_ready():
+                        break
+                    continue
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError
+                if not transport.is_active():
+                    raise EOFError("SSH transport closed during the command")
+                select.select([chan], [], [], 0.02)
+            return chan.recv_exit_status(), bytes(out), bytes(err)
+        finally:
+            chan.close()
+
+    def run_many(self, argvs: Sequence[Sequence[str]], *, timeout: float | None = 60.0,
+                 max_parallel: int = 8) -> list[CommandResult]:
+        """Run several independent commands at once over the same connection (one channel each): one round-trip.
+
+        Stays under OpenSSH's default MaxSessions (10) per connection.
+        """
+        self.connect()
+        if not argvs:
+            return []
+        with ThreadPoolExecutor(max_workers=min(max_parallel, len(argvs)),
+                                thread_name_prefix=f"sparkctl-{self.name}") as pool:
+            return list(pool.map(lambda a: self.run(a, timeout=timeout), argvs))
+
+    # -- files -------------------------------------------------------------------------------------------------
+    def put(self, local: str | os.PathLike[str] | IO[bytes], remote: str, *, mode: int | None = None) -> None:
+        """Copy a local file (or file-like object) to ``remote`` on the node (SFTP); optionally chmod it."""
+        conn = self.connect()
+        try:
+            conn.put(local if not isinstance(local, os.PathLike) else os.fspath(local), remote=remote)
+            if mode is not None:
+                conn.sftp().chmod(remote, mode)
+        except OSError as exc:
+            raise NodeError(f"cannot copy to {self.name}:{remote}: {exc}", where=f"[{self.name}] sftp") from None
+
+    def get(self, remote: str, local: str | os.PathLike[str] | IO[bytes]) -> None:
+        """Copy ``remote`` from the node to a local path (or file-like object) over SFTP."""
+        conn = self.connect()
+        try:
+            conn.get(remote, local=local if not isinstance(local, os.PathLike) else os.fspath(local))
+        except OSError as exc:
+            raise NodeError(f"cannot copy {self.name}:{remote}: {exc}", where=f"[{self.name}] sftp") from None
+
+
+def _redactor(secrets: Iterable[str]) -> Callable[[str], str]:
+    values = sorted({s for s in secrets if s}, key=len, reverse=True)
+
+    def hide(text: str) -> str:
+        for v in values:
+            text = text.replace(v, REDACTED)
+        return text
+    return hide
+
+
+_POOL: dict[tuple[str, str, int, str, str], SSHConnector] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def connector_for(inventory: "Inventory", node: "Node | str") -> SSHConnector:
+    """The shared connector of a node (one SSH connection per node and process)."""
+    node = inventory.node(node) if isinstance(node, str) else node
+    s = node.ssh
+    key = (node.name, s.host, s.port, s.user, str(known_hosts_path(inventory.cluster)))
+    with _POOL_LOCK:
+        conn = _POOL.get(key)
+        if conn is None or conn.node != node or conn.cluster != inventory.cluster:
+            conn = _POOL[key] = SSHConnector(node, inventory.cluster)
+        return conn

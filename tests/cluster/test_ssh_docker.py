@@ -1,0 +1,294 @@
+"""SSH connector, facts and the docker runtime against the real two-node test cluster (real sshd + dockerd).
+
+Uses the session fixture `test_cluster` (tests/cluster/conftest.py): skipped when this machine cannot run it,
+FAILED under CI=true.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import resource
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkctl.config.inventory import Inventory, load_inventory
+from sparkctl.errors import NodeError
+from sparkctl.nodes.docker_runtime import MEMLOCK_ENV, DockerRuntime
+from sparkctl.nodes.ssh import SSHConnector, run_all
+from sparkctl.sglang.launch import LaunchSpec
+from sparkctl.testing.cluster import TestCluster
+
+pytestmark = pytest.mark.cluster
+
+NODES = ("spark-a", "spark-b")
+SECRET = "hf_cluster_test_SECRET_token"
+
+
+@pytest.fixture(scope="module")
+def inv(test_cluster: TestCluster) -> Inventory:
+    return load_inventory(test_cluster.inventory_path)
+
+
+def _fresh(inv: Inventory, node: str, **cluster_update: object) -> SSHConnector:
+    """A new connector (not the shared pool), so fault tests see a fresh connection attempt."""
+    cluster = inv.cluster.model_copy(update=cluster_update) if cluster_update else inv.cluster
+    return SSHConnector(inv.node(node), cluster)
+
+
+def _environ() -> dict[str, str]:
+    """This sandbox's dockerd cannot raise RLIMIT_MEMLOCK (no CAP_SYS_RESOURCE): pass its hard limit instead."""
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    return {} if hard == resource.RLIM_INFINITY else {MEMLOCK_ENV: str(hard)}
+
+
+# ------------------------------------------------------------------------------------------------ SSH
+def test_run_on_both_nodes_in_parallel(inv: Inventory) -> None:
+    conns = {n: _fresh(inv, n) for n in NODES}
+    t0 = time.monotonic()
+    res = run_all(inv.nodes, lambda n: conns[n.name].run(["hostname"], check=True).stdout.strip())
+    assert dict(res) == {"spark-a": "spark-a", "spark-b": "spark-b"}
+    assert res.failed == {} and time.monotonic() - t0 < 10
+    for c in conns.values():
+        c.close()
+
+
+def test_argv_values_survive_the_remote_shell(inv: Inventory) -> None:
+    tricky = ["glm; rm -rf /tmp/nope", "$(id)", "`id`", "a b", "'single'", '"double"', "*", "ünï 漢字", "",
+              "line1\nline2", "--served-model-name=x y", "\\back", "~root", "$HOME"]
+    with _fresh(inv, "spark-a") as ssh:
+        res = ssh.run(["python3", "-c", "import sys, json; print(json.dumps(sys.argv[1:]))", *tricky], check=True)
+    assert json.loads(res.stdout) == tricky
+
+
+def test_command_failure_carries_argv_code_and_redacted_tail(inv: Inventory) -> None:
+    with _fresh(inv, "spark-b") as ssh:
+        with pytest.raises(NodeError) as err:
+            ssh.run(["sh", "-c", f"echo token={SECRET}; echo oops >&2; exit 3"], check=True, secrets=[SECRET])
+    text = err.value.render()
+    assert "exited 3" in text and "oops" in text and "[spark-b]" in text
+    assert SECRET not in text and "***" in text
+
+
+def test_one_node_failing_still_reports_the_other(inv: Inventory) -> None:
+    conns = {n: _fresh(inv, n) for n in NODES}
+    res = run_all(inv.nodes, lambda n: conns[n.name].run(["sh", "-c", "test $(hostname) = spark-a"], check=True))
+    assert set(res.succeeded) == {"spark-a"} and set(res.failed) == {"spark-b"}
+    with pytest.raises(NodeError, match="spark-b"):
+        res.raise_for_failures()
+
+
+def test_changed_host_key_is_refused(test_cluster: TestCluster, inv: Inventory) -> None:
+    before = test_cluster.known_hosts_path.read_text()
+    test_cluster.rotate_host_key("spark-b")
+    try:
+        with pytest.raises(NodeError) as err:
+            _fresh(inv, "spark-b").connect()
+        text = err.value.render()
+        host = inv.node("spark-b").ssh.host
+        assert "CHANGED" in text and "[spark-b]" in text and host in text
+        assert f"ssh-keygen -R {host}" in text and "SHA256:" in text
+        # accept-new never "accepts" a changed key: known_hosts is untouched
+        assert test_cluster.known_hosts_path.read_text() == before
+    finally:
+        test_cluster.restore_known_hosts()
+    _fresh(inv, "spark-b").run(["true"], check=True)
+
+
+def test_unknown_host_pinned_refused_accept_new_added(inv: Inventory, tmp_path: Path) -> None:
+    host_a = inv.node("spark-a").ssh.host
+    lines = Path(inv.cluster.known_hosts or "").read_text().splitlines()
+    kh = tmp_path / "known_hosts"
+    kh.write_text("\n".join(ln for ln in lines if ln.split()[0] == host_a) + "\n")
+    with pytest.raises(NodeError, match="not in .*'pinned'"):
+        _fresh(inv, "spark-b", known_hosts=str(kh), host_key_policy="pinned").connect()
+    assert _fresh(inv, "spark-a", known_hosts=str(kh), host_key_policy="pinned").run(["true"]).ok
+    ssh = _fresh(inv, "spark-b", known_hosts=str(kh), host_key_policy="accept-new")
+    assert ssh.run(["true"]).ok
+    assert any(ln.startswith(inv.node("spark-b").ssh.host + " ") for ln in kh.read_text().splitlines())
+
+
+def test_ssh_down_is_a_named_fast_failure(test_cluster: TestCluster, inv: Inventory) -> None:
+    test_cluster.stop_sshd("spark-b")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(NodeError) as err:
+            _fresh(inv, "spark-b").connect()
+        elapsed = time.monotonic() - t0
+        text = err.value.render()
+        assert "spark-b" in text and inv.node("spark-b").ssh.host in text
+        assert elapsed < 6.5, elapsed
+        res = run_all(inv.nodes, lambda n: _fresh(inv, n.name).run(["true"], check=True))
+        assert set(res.failed) == {"spark-b"} and set(res.succeeded) == {"spark-a"}
+        rt = DockerRuntime(inv, inv.node("spark-b"), cluster=inv.cluster.name, connector=_fresh(inv, "spark-b"))
+        checks = rt.preflight(_spec(inv, "spark-b", port=30000, image=None), set())
+        assert [(c.name, c.ok) for c in checks] == [("ssh", False)]
+    finally:
+        test_cluster.start_sshd("spark-b")
+
+
+# ------------------------------------------------------------------------------------------------ preflight
+def _spec(inv: Inventory, node: str, *, port: int, image: str | None, rank: int = 0) -> LaunchSpec:
+    n = inv.node(node)
+    return LaunchSpec(rank=rank, node=node,
+                      argv=["python3", "-m", "sglang.launch_server", "--model-path", "/models/emulated",
+                            "--served-model-name", "emu; name with spaces", "--tp-size", "1", "--nnodes", "1",
+                            "--host", "127.0.0.1", "--port", str(port)],
+                      env={"SPARKCTL_SIM_BOOT_S": "1", "HF_TOKEN": SECRET,
+                           "SGLANG_HOST_IP": n.fabric_address, "NCCL_SOCKET_IFNAME": n.fabric_interface},
+                      sglang_version="0.5.23", image=image,
+                      mounts=[{"source": n.host_paths.models, "target": n.host_paths.models, "read_only": True},
+                              {"source": n.host_paths.cache, "target": "/root/.cache", "read_only": False}],
+                      secret_values=frozenset({SECRET}))
+
+
+def _runtime(inv: Inventory, node: str, tmp: Path | None = None) -> DockerRuntime:
+    return DockerRuntime(inv, inv.node(node), cluster=inv.cluster.name, connector=_fresh(inv, node),
+                         log_dir=tmp, environ=_environ())
+
+
+def test_preflight_healthy_cluster(test_cluster: TestCluster, inv: Inventory) -> None:
+    res = run_all(inv.nodes, lambda n: _runtime(inv, n.name).preflight(
+        _spec(inv, n.name, port=30000, image=test_cluster.engine_image), set()))
+    res.raise_for_failures()
+    for node, checks in res.items():
+        failed = [c for c in checks if not c.ok]
+        assert failed == [], failed
+        names = {c.name for c in checks}
+        assert {"ssh", "docker", "gpu runtime", "gpu", "fabric interface", "fabric mtu", "port 30000", "memory"} <= names
+        peer = "spark-b" if node == "spark-a" else "spark-a"
+        assert f"fabric peer {peer}" in names
+        by = {c.name: c for c in checks}
+        assert "mtu 9000" in by["fabric mtu"].seen and "9000-byte packets pass" in by[f"fabric peer {peer}"].seen
+        assert by["gpu"].seen.startswith("warning: no nvidia-smi")     # a test node: warning, not a failure
+
+
+def test_preflight_wrong_fabric_interface_name(test_cluster: TestCluster, inv: Inventory) -> None:
+    node = inv.node("spark-a").model_copy(update={"fabric_interface": "enp9s9f9np9"})
+    nodes = [node if n.name == "spark-a" else n for n in inv.nodes]
+    bad = inv.model_copy(update={"nodes": nodes})
+    rt = DockerRuntime(bad, node, cluster=inv.cluster.name, connector=SSHConnector(node, inv.cluster))
+    checks = rt.preflight(_spec(inv, "spark-a", port=30000, image=None), set())
+    failed = [c for c in checks if not c.ok]
+    assert [c.name for c in failed] == ["fabric interface"]
+    assert "enp9s9f9np9" in failed[0].seen and "spark-a" in failed[0].seen
+    assert "enp1s0f0np0" in failed[0].seen                            # lists what is there
+    assert "fabric_interface" in failed[0].fix
+
+
+def test_preflight_detects_a_downed_fabric_link(test_cluster: TestCluster, inv: Inventory) -> None:
+    test_cluster.link_down("spark-b")
+    try:
+        res = run_all(inv.nodes, lambda n: _runtime(inv, n.name).preflight(_spec(inv, n.name, port=30000, image=None),
+                                                                         set()))
+        failed = {node: {c.name: c for c in checks if not c.ok} for node, checks in res.items()}
+        assert "fabric interface" in failed["spark-b"] and "DOWN" in failed["spark-b"]["fabric interface"].seen
+        assert "fabric peer spark-b" in failed["spark-a"]                # the peer does not answer over the fabric
+        assert "198.18." in failed["spark-a"]["fabric peer spark-b"].seen
+    finally:
+        test_cluster.link_up("spark-b")
+
+
+def test_preflight_port_in_use(test_cluster: TestCluster, inv: Inventory) -> None:
+    """Something listening on the node (sshd on the management address, port 22) makes the port check fail;
+    the same port held by our own deployment passes."""
+    host = inv.node("spark-a").ssh.host
+    spec = _spec(inv, "spark-a", port=22, image=None)
+    spec = dataclasses.replace(spec, argv=[a if a != "127.0.0.1" else host for a in spec.argv])
+    checks = {c.name: c for c in _runtime(inv, "spark-a").preflight(spec, set())}
+    assert not checks["port 22"].ok and "in use" in checks["port 22"].seen
+    checks = {c.name: c for c in _runtime(inv, "spark-a").preflight(spec, {(host, 22)})}
+    assert checks["port 22"].ok
+
+
+# ------------------------------------------------------------------------------------------------ docker runtime
+def _wait_log(rt: DockerRuntime, handle: dict, needle: str, offset: int, timeout: float = 90.0) -> tuple[str, int]:
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text, offset = rt.read_log(handle, offset)
+        seen += text
+        if needle in seen:
+            return seen, offset
+        live = rt.liveness(handle)
+        assert live.alive, f"{live.detail}\n{seen[-3000:]}"
+        time.sleep(0.2)
+    raise AssertionError(f"{needle!r} not seen within {timeout}s:\n{seen[-3000:]}")
+
+
+def test_ensure_image(test_cluster: TestCluster, inv: Inventory) -> None:
+    rt = _runtime(inv, "spark-b")
+    msg = rt.ensure_image(_spec(inv, "spark-b", port=30000, image=test_cluster.engine_image))
+    assert msg.startswith(f"image {test_cluster.engine_image} present on spark-b (sha256:")
+    assert test_cluster.engine_image_id in msg
+    from sparkctl.errors import PreflightError
+    with pytest.raises(PreflightError, match="not on spark-b"):
+        rt.ensure_image(_spec(inv, "spark-b", port=30000, image="sparkctl-test-engine:absent"))
+
+
+def test_engine_container_lifecycle(test_cluster: TestCluster, inv: Inventory, tmp_path: Path) -> None:
+    node = "spark-a"
+    rt = _runtime(inv, node, tmp_path / "logs")
+    spec = _spec(inv, node, port=30007, image=test_cluster.engine_image)
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    handle = rt.start(spec, "cluster-test-lifecycle")
+    timings["start"] = time.monotonic() - t0
+    try:
+        assert handle["kind"] == "docker" and handle["node"] == node and handle["rank"] == 0
+        assert handle["container"].startswith(f"sparkctl-{inv.cluster.name}-rank0-")
+        assert SECRET not in json.dumps(handle)
+        followed, offset = _wait_log(rt, handle, "fired up and ready", 0)
+        timings["ready"] = time.monotonic() - t0
+        assert "sparkctl SGLang emulator" in followed
+        assert "emu; name with spaces" in followed                       # one argv element, unsplit
+        assert rt.liveness(handle).alive
+        full, end = rt.read_log(handle, 0)
+        assert full.startswith(followed) and end >= offset               # following lost and duplicated nothing
+        # stop keeps the container: restart is the fast path
+        t1 = time.monotonic()
+        rt.stop(handle, timeout_s=10)
+        timings["stop"] = time.monotonic() - t1
+        live = rt.liveness(handle)
+        assert not live.alive and live.exit_code is not None and "exited" in live.detail
+        t2 = time.monotonic()
+        handle2 = rt.restart(handle)
+        timings["restart"] = time.monotonic() - t2
+        assert handle2["container_id"] == handle["container_id"] and handle2["log_since"]
+        again, _ = _wait_log(rt, handle2, "fired up and ready", 0)
+        timings["restart_ready"] = time.monotonic() - t2
+        assert again.count("sparkctl SGLang emulator") == 1             # the new run's log only
+        # the env reached the container, and the JIT cache dirs exist on the host
+        env = test_cluster.run_on(node, ["docker", "exec", handle["container_id"], "printenv", "HF_TOKEN"]).stdout
+        assert env.strip() == SECRET
+        cache = Path(inv.node(node).host_paths.cache)
+        assert (cache / "tilelang").is_dir() and (cache / "triton").is_dir()
+        # start() of the same deployment again reuses the stopped container (same launch)
+        rt.stop(handle2, timeout_s=10)
+        handle3 = rt.start(spec, "cluster-test-lifecycle")
+        assert handle3["container_id"] == handle["container_id"]
+        _wait_log(rt, handle3, "fired up and ready", 0)
+    finally:
+        rt.stop(handle, timeout_s=5)
+        rt.remove(handle)
+    assert "gone" in rt.liveness(handle).detail
+    archived = list((tmp_path / "logs").glob("rank0-*.log"))
+    assert archived and "fired up" in archived[0].read_text() and SECRET not in archived[0].read_text()
+    print("docker runtime timings (s):", {k: round(v, 2) for k, v in timings.items()})
+
+
+def test_engine_that_dies_reports_exit_code(test_cluster: TestCluster, inv: Inventory) -> None:
+    rt = _runtime(inv, "spark-b")
+    spec = _spec(inv, "spark-b", port=30008, image=test_cluster.engine_image)
+    spec = dataclasses.replace(spec, argv=["python3", "-c", "import sys; print('bye'); sys.exit(3)"])
+    handle = rt.start(spec, "cluster-test-dies")
+    try:
+        deadline = time.monotonic() + 30
+        while rt.liveness(handle).alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+        live = rt.liveness(handle)
+        assert not live.alive and live.exit_code == 3 and "(3)" in live.detail
+        assert rt.read_log(handle, 0)[0] == "bye\n"
+    finally:
+        rt.remove(handle)

@@ -1,0 +1,226 @@
+"""The docker runtime's container parameters, built without a daemon (commands are data)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sparkctl.config.inventory import Cluster, HostPaths, Inventory, Node, SSHSettings
+from sparkctl.errors import ConfigError
+from sparkctl.nodes.docker_runtime import (
+    DockerRuntime, LogEntry, _ts_ns, container_config, container_name, parse_log_lines, resolve_image)
+from sparkctl.nodes.ssh import CommandResult
+from sparkctl.sglang.launch import LaunchSpec
+
+API_KEY = "sk-very-secret-key"
+HF_TOKEN = "hf_abcdefSECRET"
+SERVED = "glm; rm -rf / && echo 'x' \"y\""
+
+
+def _node(gpu_runtime: str = "nvidia", **kw: object) -> Node:
+    return Node(name="spark-a", ssh=SSHSettings(host="198.19.0.1"), fabric_interface="enp1s0f0np0",
+                fabric_address="198.18.0.1", roce_hcas=["rocep1s0f0", "roceP2p1s0f0"],
+                host_paths=HostPaths(models="/srv/models", cache="/srv/cache"), gpu_runtime=gpu_runtime, **kw)
+
+
+def _spec(**kw: object) -> LaunchSpec:
+    base = dict(rank=0, node="spark-a",
+                argv=["python3", "-m", "sglang.launch_server", "--model-path", "/srv/models/GLM", "--served-model-name",
+                      SERVED, "--tp-size", "2", "--api-key", API_KEY],
+                env={"SGLANG_HOST_IP": "198.18.0.1", "NCCL_SOCKET_IFNAME": "enp1s0f0np0", "HF_TOKEN": HF_TOKEN,
+                     "WITH_SPACES": " a b "},
+                sglang_version="0.5.23", image="sglang-gb10:abc",
+                mounts=[{"source": "/srv/models", "target": "/srv/models", "read_only": True},
+                        {"source": "/srv/cache", "target": "/root/.cache", "read_only": False}],
+                secret_values=frozenset({API_KEY, HF_TOKEN}))
+    base.update(kw)
+    return LaunchSpec(**base)  # type: ignore[arg-type]
+
+
+def _cfg(**kw: object):
+    node = kw.pop("node", _node())
+    return container_config(kw.pop("spec", _spec()), node, cluster="desk", deployment_id="20260101T000000Z-d5-ab12",
+                            image="sglang-gb10:abc", **kw)
+
+
+def test_full_argv_shape() -> None:
+    cfg = _cfg(infiniband=True)
+    name = container_name("desk", 0, "20260101T000000Z-d5-ab12")
+    assert cfg.name == name and name.startswith("sparkctl-desk-rank0-") and len(name) == len("sparkctl-desk-rank0-") + 10
+    a = cfg.argv
+    assert a[:7] == ["docker", "run", "--detach", "--pull", "never", "--name", name]
+    i = a.index("--network")
+    assert a[i:i + 5] == ["--network", "host", "--ipc", "host", "--init"]
+    assert a[a.index("--runtime") + 1] == "nvidia"
+    assert "--gpus" not in a
+    assert [a[j + 1] for j, x in enumerate(a) if x == "--ulimit"] == ["memlock=-1", "stack=67108864"]
+    assert a[a.index("--device") + 1] == "/dev/infiniband"
+    assert "--shm-size" not in a            # --ipc host: the host's /dev/shm (docker ignores --shm-size there)
+    mounts = [a[j + 1] for j, x in enumerate(a) if x == "--mount"]
+    assert mounts == ["type=bind,source=/srv/models,target=/srv/models,readonly",
+                      "type=bind,source=/srv/cache,target=/root/.cache",
+                      "type=bind,source=/srv/cache/tilelang,target=/root/.tilelang",
+                      "type=bind,source=/srv/cache/triton,target=/root/.triton"]
+    # The command: image, then the LaunchSpec's argv unchanged (after the env file from stdin).
+    k = a.index("--env-file")
+    assert a[k:k + 3] == ["--env-file", "/dev/stdin", "sglang-gb10:abc"]
+    assert a[k + 3:] == _spec().argv
+
+
+def test_served_name_with_shell_characters_stays_one_element() -> None:
+    a = _cfg().argv
+    assert a[a.index("--served-model-name") + 1] == SERVED
+
+
+def test_labels() -> None:
+    cfg = _cfg()
+    assert cfg.labels["sparkctl.cluster"] == "desk"
+    assert cfg.labels["sparkctl.deployment"] == "20260101T000000Z-d5-ab12"
+    assert cfg.labels["sparkctl.rank"] == "0" and cfg.labels["sparkctl.node"] == "spark-a"
+    assert len(cfg.labels["sparkctl.profile-identity"]) == 16
+    for k, v in cfg.labels.items():
+        assert f"{k}={v}" in cfg.argv
+    assert _cfg(identity="plan-identity").labels["sparkctl.profile-identity"] == "plan-identity"
+
+
+def test_secrets_never_in_argv_env_only_in_env_file() -> None:
+    cfg = _cfg()
+    assert not any(HF_TOKEN in x for x in cfg.argv)
+    assert f"HF_TOKEN={HF_TOKEN}\n" in cfg.env_file          # fed over stdin, never on a command line
+    assert "WITH_SPACES= a b \n" in cfg.env_file             # docker's env-file keeps values verbatim
+    assert cfg.redacted_env()["HF_TOKEN"] == "***"
+    # The API key render puts in argv reaches the container's command (documented limit) but no label/hash.
+    assert not any(API_KEY in v for v in cfg.labels.values())
+
+
+def test_gpu_runtime_variants() -> None:
+    a = _cfg(node=_node("gpus-all")).argv
+    assert a[a.index("--gpus") + 1] == "all" and "--runtime" not in a
+    none = _cfg(node=_node("none"))
+    assert "--gpus" not in none.argv and "--runtime" not in none.argv
+    assert "NVIDIA_VISIBLE_DEVICES" not in none.env
+    assert _cfg().env["NVIDIA_VISIBLE_DEVICES"] == "all"
+
+
+def test_jit_cache_mounts_without_render_cache_mount() -> None:
+    cfg = _cfg(spec=_spec(mounts=[{"source": "/srv/models", "target": "/srv/models", "read_only": True}]))
+    targets = {m["target"]: m["source"] for m in cfg.mounts}
+    assert targets["/root/.tilelang"] == "/srv/cache/tilelang"
+    assert targets["/root/.triton"] == "/srv/cache/triton"
+    assert targets["/root/.cache/flashinfer"] == "/srv/cache/flashinfer"
+    assert targets["/root/.cache/torchinductor"] == "/srv/cache/torchinductor"
+    assert cfg.env["TORCHINDUCTOR_CACHE_DIR"] == "/root/.cache/torchinductor"
+    assert "/srv/models" not in cfg.host_dirs and "/srv/cache/triton" in cfg.host_dirs
+
+
+def test_spec_env_wins_over_defaults_and_bad_values_refused() -> None:
+    cfg = _cfg(spec=_spec(env={"NVIDIA_VISIBLE_DEVICES": "0", "PYTHONUNBUFFERED": "0"}))
+    assert cfg.env["NVIDIA_VISIBLE_DEVICES"] == "0" and cfg.env["PYTHONUNBUFFERED"] == "0"
+    with pytest.raises(ConfigError):
+        _cfg(spec=_spec(env={"A": "line1\nline2"}))
+    with pytest.raises(ConfigError):
+        _cfg(spec=_spec(mounts=[{"source": "/a,b", "target": "/x", "read_only": True}]))
+
+
+def test_memlock_override_and_no_infiniband() -> None:
+    a = _cfg(memlock="8388608").argv
+    assert "memlock=8388608" in a and "--device" not in a
+    with pytest.raises(ConfigError):
+        _cfg(memlock="lots")
+
+
+def test_config_hash_changes_with_the_launch_not_with_secrets() -> None:
+    h = _cfg().labels["sparkctl.config-hash"]
+    assert _cfg(spec=_spec(argv=_spec().argv + ["--x"])).labels["sparkctl.config-hash"] != h
+    assert _cfg(memlock="1024").labels["sparkctl.config-hash"] != h
+
+
+def test_image_resolution() -> None:
+    assert resolve_image(_spec(), {}) == "sglang-gb10:abc"
+    assert resolve_image(_spec(image=None), {"SPARKCTL_ENGINE_IMAGE": "eng:1"}) == "eng:1"
+    with pytest.raises(ConfigError, match="no engine image"):
+        resolve_image(_spec(image=None), {})
+
+
+def test_log_timestamps_and_lines() -> None:
+    assert _ts_ns("1970-01-01T00:00:01.000000002Z") == 1_000_000_002
+    assert _ts_ns("1970-01-01T01:00:01.5+01:00") == 1_500_000_000
+    out = ("2026-01-01T00:00:00.000000001Z first ✓\n2026-01-01T00:00:00.000000002Z \n"
+           "2026-01-01T00:00:00.000000003Z third 2026-01-01T00:00:00Z not a stamp\n")
+    entries = parse_log_lines(out)
+    assert [e.text for e in entries] == ["first ✓\n", "\n", "third 2026-01-01T00:00:00Z not a stamp\n"]
+
+
+class FakeConnector:
+    """Stands in for the SSH connector: records argv/stdin, answers from a script of results."""
+
+    def __init__(self, answers: dict[str, CommandResult]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[list[str], object]] = []
+        self.address = "root@198.19.0.1:22"
+
+    def run(self, argv, *, check=False, timeout=None, stdin=None, merge_stderr=False, secrets=()):  # noqa: ANN001
+        self.calls.append((list(argv), stdin))
+        for prefix, res in self.answers.items():
+            if " ".join(argv).startswith(prefix):
+                return res.check() if check else res
+        return CommandResult("spark-a", list(argv), 0, "", "", 0.0)
+
+
+def _inspect_json(status: str = "running") -> str:
+    return json.dumps({"Id": "c" * 64, "Name": "/x", "Image": "sha256:" + "f" * 64,
+                       "State": {"Status": status, "Running": status == "running", "ExitCode": 0,
+                                 "StartedAt": "2026-01-01T00:00:00.5Z", "FinishedAt": "0001-01-01T00:00:00Z"},
+                       "Config": {"Labels": {}, "Env": [], "Cmd": []}})
+
+
+def test_start_handle_is_redacted_and_env_goes_over_stdin() -> None:
+    node = _node()
+    inv = Inventory(path="x", cluster=Cluster(name="desk"), nodes=[node])
+    name = container_name("desk", 0, "dep1")
+    fake = FakeConnector({
+        "ls -1A /dev/infiniband": CommandResult("spark-a", [], 2, "", "No such file", 0.0),
+        f"docker container inspect --format {{{{json .}}}} {name}": CommandResult("spark-a", [], 1, "",
+                                                                                  "Error: No such container", 0.0),
+        "docker run": CommandResult("spark-a", [], 0, "c" * 64 + "\n", "", 0.0),
+        "docker container inspect": CommandResult("spark-a", [], 0, _inspect_json(), "", 0.0),
+    })
+    rt = DockerRuntime(inv, node, cluster="desk", connector=fake, environ={})  # type: ignore[arg-type]
+    handle = rt.start(_spec(), "dep1")
+    assert handle["kind"] == "docker" and handle["container"] == name and handle["container_id"] == "c" * 64
+    assert handle["log"] is None and handle["rank"] == 0 and handle["node"] == "spark-a"
+    dumped = json.dumps(handle)
+    assert API_KEY not in dumped and HF_TOKEN not in dumped
+    run_argv, stdin = next(c for c in fake.calls if c[0][:2] == ["docker", "run"])
+    assert HF_TOKEN not in " ".join(run_argv) and HF_TOKEN in str(stdin)
+    assert "--device" not in run_argv            # no /dev/infiniband on this node
+    mkdir = next(c for c in fake.calls if c[0][0] == "mkdir")[0]
+    assert mkdir[:3] == ["mkdir", "-p", "--"] and "/srv/cache/triton" in mkdir
+
+
+def test_read_log_follows_incrementally_without_duplicates() -> None:
+    node = _node()
+    inv = Inventory(path="x", cluster=Cluster(name="desk"), nodes=[node])
+    log = ["2026-01-01T00:00:01.000000000Z a", "2026-01-01T00:00:01.000000000Z b", "2026-01-01T00:00:02.000000000Z c"]
+
+    class LogConnector(FakeConnector):
+        def run(self, argv, **kw):  # noqa: ANN001, ANN003
+            self.calls.append((list(argv), None))
+            since = argv[argv.index("--since") + 1] if "--since" in argv else None
+            lines = [ln for ln in log if since is None or _ts_ns(ln.split(" ")[0]) >= int(float(since) * 1e9) - 1]
+            return CommandResult("spark-a", list(argv), 0, "".join(ln + "\n" for ln in lines), "", 0.0)
+
+    fake = LogConnector({})
+    rt = DockerRuntime(inv, node, cluster="desk", connector=fake, environ={})  # type: ignore[arg-type]
+    h = {"container_id": "c" * 64, "container": "x", "log_since": None}
+    text, off = rt.read_log(h, 0)
+    assert text == "a\nb\nc\n" and off == 6
+    log.append("2026-01-01T00:00:02.000000000Z d")       # same timestamp as the last line seen
+    log.append("2026-01-01T00:00:03.000000000Z e")
+    text2, off2 = rt.read_log(h, off)
+    assert text2 == "d\ne\n" and off2 == 10
+    assert "--since" in fake.calls[-1][0]               # incremental, not a full re-read
+    assert rt.read_log(h, off2) == ("", off2)
+    assert rt.read_log(h, 0)[0] == "a\nb\nc\nd\ne\n"      # offset 0: the whole log again
+    assert rt.read_log(h, 4)[0] == "c\nd\ne\n"            # any other offset: sliced from a full read
+    assert isinstance(LogEntry(0, ""), LogEntry)
