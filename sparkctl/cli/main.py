@@ -14,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from sparkctl.cli import deploy_cmds, render_cmds
+from sparkctl.cli import bench_cmds, deploy_cmds, render_cmds
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deploy SGLang across two DGX Sparks (TP=2), verify it, roll back, measure it.")
@@ -28,6 +28,7 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progr
 
 render_cmds.register(app)
 deploy_cmds.register(app)
+bench_cmds.register(app)
 
 
 def _debug_log_path() -> Path:
@@ -39,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `sparkctl` console script."""
     from sparkctl.errors import SparkctlError
     try:
-        app(args=argv, prog_name="sparkctl", standalone_mode=False)
-        return 0
+        rv = app(args=argv, prog_name="sparkctl", standalone_mode=False)
+        if rv == 130:  # typer turns Ctrl-C into Exit(130) and, non-standalone, returns the code
+            print("sparkctl: interrupted", file=sys.stderr)
+        return rv if isinstance(rv, int) else 0
     except SparkctlError as exc:
         print(f"sparkctl: {exc.render()}", file=sys.stderr)
         return exc.exit_code

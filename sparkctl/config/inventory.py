@@ -82,6 +82,8 @@ class Cluster(BaseModel):
     known_hosts: str | None = Field(None, description="known_hosts file used to verify node host keys.")
     host_key_policy: Literal["accept-new", "pinned"] = Field(
         "accept-new", description="accept-new: trust a host key on first contact; pinned: only keys in known_hosts.")
+    engine_image: str | None = Field(None, description="Engine image for every profile on this cluster (overrides "
+                                                       "the profile's image; e.g. a test cluster's emulator image).")
     sim: dict[str, Any] = Field(default_factory=dict,
                                 description="Emulator knobs for the embedded cluster (see sparkctl/sim/README.md).")
 
@@ -120,7 +122,8 @@ _ANSIBLE_KEYS = {"ansible_host": "host", "ansible_port": "port", "ansible_user":
 _NODE_KEYS = {"sparkctl_rank", "fabric_interface", "fabric_address", "roce_hcas", "host_paths", "runtime",
               "gpu_runtime", "api_bind", "gpus"}
 _CLUSTER_KEYS = {"sparkctl_cluster": "name", "sparkctl_known_hosts": "known_hosts",
-                 "sparkctl_host_key_policy": "host_key_policy", "sparkctl_sim": "sim"}
+                 "sparkctl_host_key_policy": "host_key_policy", "sparkctl_sim": "sim",
+                 "sparkctl_engine_image": "engine_image"}
 
 
 def _collect_hosts(group: dict[str, Any], inherited: dict[str, Any], out: list[tuple[str, dict[str, Any]]],

@@ -25,6 +25,11 @@ class ImageSettings(BaseModel):
     base_image: str = Field("lmsysorg/sglang:v0.5.23", description="Engine base image the GB10 layers build on.")
     patch_series: str | None = Field(None, description="Directory under patches/ applied at image build.")
     platform: str = Field("linux/arm64", description="Image platform (DGX Spark is aarch64).")
+    ref: str | None = Field(None, description="Engine image to run; default: sparkctl/sglang-gb10:<version>-<patches>.")
+
+    def engine_ref(self) -> str:
+        """The engine image reference this profile runs."""
+        return self.ref or f"sparkctl/sglang-gb10:{self.sglang_version}-{self.patch_series or 'unpatched'}"
 
 
 class ModelSettings(BaseModel):

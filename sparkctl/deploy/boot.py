@@ -94,9 +94,11 @@ _HINTS = {
 
 def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deployment_id: str, reporter: Reporter,
          *, timeout_s: float, worker_grace_s: float = 1.0, poll_s: float = 0.1,
-         started: list[tuple[Runtime, Handle]] | None = None) -> BootResult:
+         started: list[tuple[Runtime, Handle]] | None = None,
+         ready_probe: Callable[[], bool] | None = None) -> BootResult:
     """Start ranks (highest first, rank 0 last) and wait for rank 0 to be ready.
 
+    Ready = rank 0 logged "fired up" and, when given, `ready_probe()` (its /health answers 200).
     `started` collects (runtime, handle) as each rank starts, so a caller can stop them on failure or Ctrl-C.
     """
     t0 = time.monotonic()
@@ -115,13 +117,13 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
             deadline = time.monotonic() + worker_grace_s
             while time.monotonic() < deadline:
                 _check(watch, t0)
-                time.sleep(poll_s)
+                time.sleep(getattr(rt, "poll_interval_s", poll_s))
     rank0 = next(w for w in watches if w.spec.rank == 0)
     deadline = t0 + timeout_s
     while True:
         for w in watches:
             _check(w, t0)
-        if rank0.follower.ready:
+        if rank0.follower.ready and (ready_probe is None or ready_probe()):
             return BootResult(watches, round(time.monotonic() - t0, 3))
         if time.monotonic() > deadline:
             elapsed = time.monotonic() - t0
@@ -133,7 +135,7 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
                     if EventKind.SPANS_ACROSS_NODES not in rank0.follower.milestones and len(specs) > 1 else
                     "raise lifecycle.boot_timeout_s if this model needs longer, or read the log for the stall")
             raise _fail(rank0, stuck, hint, elapsed)
-        time.sleep(poll_s)
+        time.sleep(max(getattr(w.runtime, "poll_interval_s", poll_s) for w in watches))
 
 
 def _check(watch: RankWatch, t0: float) -> None:

@@ -68,6 +68,17 @@ class Deployer:
 
     _api_key: str | None = None
 
+    def _health_probe(self, spec0: LaunchSpec) -> Callable[[], bool]:
+        """True once rank 0's /health answers 200 (connection refused or 503 = not yet)."""
+        client = self._client(spec0, timeout=5)
+
+        def probe() -> bool:
+            try:
+                return client.health() == 200
+            except SGLangAPIError:
+                return False
+        return probe
+
     def health_of(self, record: dict[str, Any]) -> tuple[bool, str, list[dict[str, Any]]]:
         """Live health of a recorded deployment: every rank alive, rank 0 /health 200."""
         rts = self._runtimes(record["id"])
@@ -142,7 +153,8 @@ class Deployer:
         return {
             "id": self.ledger.new_id(profile.name), "kind": kind, "profile": profile.name,
             "profile_data": profile.model_dump(mode="json"), "inventory": self.inventory.path,
-            "cluster": self.inventory.cluster.name, "emulated": self.inventory.embedded,
+            "cluster": self.inventory.cluster.name,
+            "emulated": self.inventory.embedded or any(n.runtime == "process" for n in self.inventory.nodes),
             "identity": plan.identity, "sglang_version": profile.image.sglang_version,
             "specs": [s.redacted() for s in result.specs], "warnings": result.warnings,
             "status": "running", "known_good": False, "created": now_iso(), "stages": [], "gates": [],
@@ -195,7 +207,7 @@ class Deployer:
             timeout = opts.boot_timeout_s or profile.lifecycle.boot_timeout_s
             booted: BootResult = self._stage(
                 record, "boot", lambda: boot(result.specs, rts.for_node, dep_id, self.reporter, timeout_s=timeout,
-                                             started=started),
+                                             started=started, ready_probe=self._health_probe(result.specs[0])),
                 f"rank {len(result.specs) - 1} first, rank 0 last (timeout {timeout:.0f}s)")
             record["handles"] = booted.handles
             record["capacity"] = booted.capacity()
@@ -213,6 +225,7 @@ class Deployer:
             self.reporter.stage("hand-off", f"{record['endpoint']} serves {profile.model.served_name} "
                                             f"({profile.name}, deployment {dep_id})")
             return {"changed": True, "outcome": "deployed", "deployment": dep_id, "endpoint": record["endpoint"],
+                    "emulated": record["emulated"],
                     "capacity": record["capacity"], "gates": record["gates"], "stages": record["stages"],
                     "warmup": record["warmup"], "elapsed_s": record["elapsed_s"]}
         except PreflightError as exc:
@@ -280,6 +293,10 @@ class Deployer:
                 record: dict[str, Any]) -> list[Gate]:
         gates = run_gates(profile, client, booted.watches)
         record["gates"] = [g.as_dict() for g in gates]
+        try:  # the engine says whether it is the emulator (sparkctl.sim sets "emulated": true)
+            record["emulated"] = bool(record["emulated"] or client.server_info().get("emulated"))
+        except SGLangAPIError:
+            pass
         for g in gates:
             self.reporter.event(f"{'PASS' if g.ok else 'FAIL'} {g.name}: {g.evidence}")
         failed = [g for g in gates if not g.ok]
@@ -324,10 +341,14 @@ class Deployer:
             rts = self._runtimes(previous["id"])
             started: list[tuple[Runtime, Handle]] = []
             booted = boot(result.specs, rts.for_node, previous["id"], self.reporter,
-                          timeout_s=profile.lifecycle.boot_timeout_s, started=started)
+                          timeout_s=profile.lifecycle.boot_timeout_s, started=started,
+                          ready_probe=self._health_probe(result.specs[0]))
             with self._client(result.specs[0]) as client:
                 gates = run_gates(profile, client, booted.watches)
             bad = [g.name for g in gates if not g.ok]
+            for g in gates:
+                if not g.ok:
+                    self.reporter.event(f"FAIL {g.name}: {g.evidence}")
             prev = self.ledger.load(previous["id"])
             prev.update(handles=booted.handles, status="successful" if not bad else "failed",
                         restored_at=now_iso(), restored_after=failed["id"])

@@ -32,5 +32,6 @@ class Runtimes:
             except ImportError as exc:
                 raise ConfigError(f"runtime 'docker' is unavailable: {exc}", where=f"[{node.name}]",
                                   hint="pip install 'sparkctl[nodes]'") from None
-            return DockerRuntime(self.inventory, node, cluster=self.inventory.cluster.name)
+            return DockerRuntime(self.inventory, node, cluster=self.inventory.cluster.name,
+                                 log_dir=self.ledger.log_dir(self.deployment_id))
         raise ConfigError(f"unknown runtime {node.runtime!r}", where=f"[{node.name}]")

@@ -272,6 +272,7 @@ class DockerRuntime:
     """
 
     kind = "docker"
+    poll_interval_s = 0.5   # each read_log/liveness is an SSH round-trip (~0.2 s here)
 
     def __init__(self, inventory: "Inventory", node: "Node", *, cluster: str, connector: SSHConnector | None = None,
                  log_dir: Path | None = None, environ: dict[str, str] | None = None) -> None:

@@ -44,5 +44,9 @@ class Runtime(Protocol):
         """Forget a stopped engine for good (containers removed; logs stay)."""
 
 
-def log_tail(text: str, lines: int = 30) -> str:
-    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+def log_tail(text: str, lines: int = 30, width: int = 400) -> str:
+    """The last `lines` lines, each clipped to `width` characters (a server_args line runs to 14 KB)."""
+    out = []
+    for line in text.rstrip("\n").splitlines()[-lines:]:
+        out.append(line if len(line) <= width else f"{line[:width]}... [{len(line) - width} more characters]")
+    return "\n".join(out)

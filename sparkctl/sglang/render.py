@@ -155,6 +155,7 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
 
     specs: list[LaunchSpec] = []
     warnings: list[str] = []
+    image = inventory.cluster.engine_image or profile.image.engine_ref()
     for rank, node in enumerate(inventory.nodes):
         b = _ArgvBuilder(profile, dialect)
         m = profile.model
@@ -194,7 +195,8 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
                   {"source": node.host_paths.cache, "target": "/root/.cache", "read_only": False}]
         specs.append(LaunchSpec(rank=rank, node=node.name, argv=LAUNCH_PREFIX + b.argv, env=env,
                                 sglang_version=dialect.version, api_host=api_address(node, bind),
-                                api_port=profile.api.port, mounts=mounts, secret_values=frozenset(secrets)))
+                                api_port=profile.api.port, mounts=mounts, secret_values=frozenset(secrets),
+                                image=image))
         if rank == 0:
             warnings = b.warnings
     for w in warnings:

@@ -1,0 +1,127 @@
+"""`sparkctl bench`: the measurement card from one command (library: sparkctl.bench.run)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory file (default: see README).")
+
+
+def _int_list(text: str, option: str) -> tuple[int, ...]:
+    """``"4k,16k,64k"`` -> (4096, 16384, 65536); ``"1,2"`` -> (1, 2)."""
+    from sparkctl.errors import ConfigError
+
+    out = []
+    for part in (p.strip().lower() for p in text.split(",") if p.strip()):
+        mult = 1024 if part.endswith("k") else 1
+        try:
+            value = int(float(part.rstrip("k")) * mult)
+        except ValueError:
+            raise ConfigError(f"not a number: {part!r}", where=option, hint="a comma-separated list, e.g. 4k,16k") from None
+        if value <= 0:
+            raise ConfigError(f"must be positive: {part!r}", where=option)
+        out.append(value)
+    return tuple(out)
+
+
+def _had_errors(result: dict[str, Any]) -> bool:
+    return bool(result.get("errors")) or any(isinstance(v, dict) and "error" in v
+                                             for a in result.get("arms") or [] for v in a["results"].values())
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def bench(profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Measure this profile: deployed "
+                                                    "first through the lifecycle unless it already runs."),
+              compare: Optional[str] = typer.Option(None, "--compare", help="Second arm: deploy this profile (e.g. "
+                                                    "dflash-off), measure it, then restore the original."),
+              endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Measure this OpenAI-compatible SGLang "
+                                                     "endpoint instead of the deployment (config from /server_info)."),
+              compare_endpoint: Optional[str] = typer.Option(None, "--compare-endpoint",
+                                                             help="Second arm: another running endpoint."),
+              log: Optional[Path] = typer.Option(None, "--log", help="Scheduler log of the (first) arm: a file the "
+                                                 "engine writes, or a captured log (alone: log-only analysis)."),
+              compare_log: Optional[Path] = typer.Option(None, "--compare-log", help="Scheduler log of the second arm."),
+              runs: int = typer.Option(5, "--runs", min=1, help="Measured runs per prompt class (medians)."),
+              max_tokens: int = typer.Option(800, "--max-tokens", min=2, help="max_tokens per decode request."),
+              warmup: int = typer.Option(2, "--warmup", min=0, help="Warm-up requests after the first (cold) one."),
+              gates: Optional[str] = typer.Option(None, "--gates", help="Comma list of cold,decode,acceptance,ttft,"
+                                                  "concurrency,g6 (default: all)."),
+              ttft_sizes: str = typer.Option("4k,16k,64k", "--ttft-sizes", help="Prompt sizes in tokens for TTFT."),
+              concurrency: str = typer.Option("1,2", "--concurrency", help="Concurrency levels (c1 vs c2 ...)."),
+              g6_max_tokens: Optional[int] = typer.Option(None, "--g6-max-tokens", min=1,
+                                                          help="max_tokens per G6 prompt (default: --max-tokens)."),
+              reference: Optional[Path] = typer.Option(None, "--reference", help="Text file: one published reference "
+                                                       "number per line (source, stack) for the card's slot."),
+              api_key_env: str = typer.Option("SPARKCTL_API_KEY", "--api-key-env", help="Env var holding the API "
+                                              "key for --endpoint/--compare-endpoint (never stored)."),
+              log_only: bool = typer.Option(False, "--log-only", help="Analyse --log alone; send no request."),
+              out: Optional[Path] = typer.Option(None, "--out", help="Directory for report.md/report.json "
+                                                 "(default: the run's record in the ledger)."),
+              inventory: Optional[str] = INVENTORY_OPT,
+              as_json: bool = typer.Option(False, "--json", help="The full result JSON on stdout.")) -> None:
+        """The measurement card: cold start, decode ON/OFF, acceptance, TTFT, concurrency, G6 (not idempotent:
+        it loads the server; --compare redeploys twice)."""
+        from sparkctl.bench import run as bench_run
+        from sparkctl.config.inventory import resolve_inventory
+        from sparkctl.deploy.progress import Reporter
+        from sparkctl.errors import ConfigError
+        from sparkctl.state.ledger import Ledger
+
+        if endpoint and (compare or profile):
+            raise ConfigError("--endpoint measures a running server; --profile/--compare deploy profiles",
+                              hint="use --compare-endpoint URL with --endpoint")
+        if compare and compare_endpoint:
+            raise ConfigError("--compare and --compare-endpoint both name the second arm", hint="pick one")
+        opts = bench_run.BenchOptions(
+            gates=bench_run.parse_gates(gates), runs=runs, max_tokens=max_tokens, warmup=warmup,
+            ttft_sizes=_int_list(ttft_sizes, "--ttft-sizes"), concurrency=_int_list(concurrency, "--concurrency"),
+            g6_max_tokens=g6_max_tokens, out_dir=out,
+            reference=[ln.strip() for ln in reference.read_text(encoding="utf-8").splitlines() if ln.strip()]
+            if reference else [])
+        for p in (log, compare_log):
+            if p is not None and not p.is_file():
+                raise ConfigError(f"no such log file: {p}", where="--log")
+        reporter = Reporter()
+        reporter.stage("bench")
+        def progress(message: str) -> None:
+            reporter.stage_name = "bench"     # the lifecycle's stages (--compare) rename it meanwhile
+            reporter.event(message)
+        inv = resolve_inventory(inventory)
+        ledger = Ledger.for_cluster(inv.cluster.name)
+
+        if log_only or (log and not endpoint and not profile and not compare and ledger.active() is None):
+            if not log:
+                raise ConfigError("--log-only needs --log FILE")
+            result = bench_run.bench_log(log, opts, ledger=ledger)
+        elif endpoint:
+            key = os.environ.get(api_key_env) or None
+            result = bench_run.bench_endpoint(endpoint, opts, ledger=ledger, api_key=key, log_path=log,
+                                              compare_endpoint=compare_endpoint, compare_log_path=compare_log,
+                                              progress=progress)
+        else:
+            from sparkctl.config.profile import load_profile
+            from sparkctl.deploy.lifecycle import Deployer
+
+            if inv.embedded:
+                print(f"sparkctl: using the embedded local cluster ({inv.path}); its engine is the sparkctl "
+                      f"emulator, and everything it reports is emulated", file=sys.stderr)
+            deployer = Deployer(inv, reporter, ledger)
+            result = bench_run.bench_deployment(
+                deployer, opts, primary_profile=load_profile(profile) if profile else None,
+                compare_profile=load_profile(compare) if compare else None, compare_endpoint=compare_endpoint,
+                log_path=log, compare_log_path=compare_log, progress=progress)
+        files = result.get("files") or {}
+        if as_json:
+            print(json.dumps(result, indent=2, default=str))
+        else:
+            sys.stdout.write(Path(files["markdown"]).read_text(encoding="utf-8"))
+        print(f"sparkctl: card {files.get('markdown')}, data {files.get('json')}"
+              + ("  [EMULATED]" if result.get("emulated") else ""), file=sys.stderr)
+        if _had_errors(result):
+            raise typer.Exit(1)

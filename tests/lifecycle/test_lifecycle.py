@@ -1,0 +1,179 @@
+"""The `up` lifecycle on the embedded cluster: full cycle, faults, rollback, lock, SIGINT, ports."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkctl.config.inventory import load_inventory
+from sparkctl.state.ledger import Ledger
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _ledger(inv: Path) -> Ledger:
+    return Ledger.for_cluster(load_inventory(inv).cluster.name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _status(cli) -> dict:
+    code, out, err = cli("status", "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_full_lifecycle_up_status_rollback_down(cli, local_cluster):
+    code, out, err = cli("up", "--profile", "d5", "--yes", "--json")
+    assert code == 0, err
+    first = json.loads(out)
+    assert first["outcome"] == "deployed" and first["emulated"] is True
+    assert all(g["ok"] for g in first["gates"]) and {g["name"] for g in first["gates"]} == \
+        {"health", "models", "settings", "capacity", "workers", "smoke"}
+    assert [s["name"] for s in first["stages"]] == ["preflight", "image", "boot", "warm-up", "verify"]
+    assert first["capacity"]["max_total_num_tokens"] > 0 and first["warmup"]["cold"]["completion_tokens"] > 0
+    # progress on stderr: rank 1 started before rank 0
+    assert err.index("rank 1 started") < err.index("rank 0 started")
+
+    st = _status(cli)
+    assert st["healthy"] and st["profile"] == "d5" and st["speculative_algorithm"] == "DFLASH"
+    assert [r["alive"] for r in st["ranks"]] == [True, True]
+
+    # idempotent: same profile on a healthy deployment changes nothing and says why
+    code, out, err = cli("up", "--profile", "d5", "--yes", "--json")
+    again = json.loads(out)
+    assert code == 0 and again["outcome"] == "unchanged" and "already runs profile d5" in again["reason"]
+
+    code, out, err = cli("rollback", "--to", "dflash-off", "--yes", "--json")
+    assert code == 0, err
+    off = json.loads(out)
+    st = _status(cli)
+    assert st["profile"] == "dflash-off" and st["speculative_algorithm"] is None and st["healthy"]
+    old_pids = [h["pid"] for h in _ledger(local_cluster).load(first["deployment"])["handles"]]
+    assert not any(_alive(p) for p in old_pids)
+
+    code, out, err = cli("rollback", "--yes", "--json")
+    assert code == 0, err
+    st = _status(cli)
+    assert st["profile"] == "d5" and st["healthy"]
+
+    code, out, err = cli("logs", "--rank", "1", "--tail", "5")
+    assert code == 0 and out.strip()
+
+    code, out, err = cli("down", "--yes", "--json")
+    assert code == 0 and json.loads(out)["changed"]
+    assert _status(cli)["active"] is None
+    idx = _ledger(local_cluster).index()
+    assert first["deployment"] in idx["history"] and off["deployment"] in idx["history"]
+    for p in (_ledger(local_cluster).root / "deployments").iterdir():
+        assert p.stat().st_mode & 0o777 == 0o600
+
+
+def test_dry_run_changes_nothing(cli, local_cluster):
+    code, out, err = cli("up", "--profile", "d5", "--dry-run", "--json")
+    assert code == 0 and json.loads(out)["outcome"] == "dry-run"
+    assert "start rank 1 on spark-b" in err and "start rank 0 on spark-a" in err
+    assert _ledger(local_cluster).index()["history"] == []
+
+
+def _up_ok(cli, profile="d5") -> dict:
+    code, out, err = cli("up", "--profile", profile, "--yes", "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_rank1_crash_during_boot_rolls_back_to_previous(cli, local_cluster, faulty_profile):
+    prev = _up_ok(cli, "dflash-off")
+    name = faulty_profile({"ranks": {"1": {"crash_after_s": 0.3, "boot_s": 3.0}}})
+    code, out, err = cli("up", "--profile", name, "--yes")
+    assert code == 4, err
+    assert "rank 1 (spark-b)" in err and "restored " + prev["deployment"] in err
+    st = _status(cli)
+    assert st["active"] == prev["deployment"] and st["healthy"]
+    failed = _ledger(local_cluster).load(_ledger(local_cluster).index()["history"][-1])
+    assert failed["status"] == "failed" and failed["restored"] == prev["deployment"]
+    assert not any(_alive(h["pid"]) for h in failed["handles"])
+
+
+def test_oom_fails_fast_without_waiting_for_the_timeout(cli, local_cluster, faulty_profile):
+    name = faulty_profile({"fail_load_oom": True})
+    t0 = time.monotonic()
+    code, _, err = cli("up", "--profile", name, "--yes", "--boot-timeout", "60")
+    assert code == 4 and time.monotonic() - t0 < 20
+    assert "oom" in err.lower() and "log tail" in err and "mem_fraction_static" in err
+
+
+def test_hang_at_init_times_out_with_evidence(cli, local_cluster, faulty_profile):
+    name = faulty_profile({"hang_at_init": True})
+    t0 = time.monotonic()
+    code, _, err = cli("up", "--profile", name, "--yes", "--boot-timeout", "3")
+    assert code == 4 and time.monotonic() - t0 < 30
+    assert "not ready within 3s" in err and "last milestone" in err and "log tail" in err
+
+
+def test_never_healthy_fails_and_rolls_back(cli, local_cluster, faulty_profile):
+    prev = _up_ok(cli, "dflash-off")
+    name = faulty_profile({"never_healthy": True})
+    code, _, err = cli("up", "--profile", name, "--yes", "--boot-timeout", "4")
+    assert code == 4, err
+    assert "restored " + prev["deployment"] in err
+    st = _status(cli)
+    assert st["active"] == prev["deployment"] and st["healthy"]
+
+
+def test_second_concurrent_up_gets_a_lock_error(cli, local_cluster):
+    ledger = _ledger(local_cluster)
+    with ledger.lock("up"):
+        code, _, err = cli("up", "--profile", "d5", "--yes")
+    assert code == 5 and "cluster is locked by pid" in err and f"{os.getpid()}" in err
+
+
+def test_port_in_use_is_a_preflight_error(cli, local_cluster):
+    inv = load_inventory(local_cluster)
+    with socket.socket() as s:
+        s.bind((inv.nodes[0].api_bind, 30000))
+        s.listen()
+        code, _, err = cli("up", "--profile", "d5", "--yes")
+    assert code == 3 and "[spark-a] preflight" in err and "30000" in err and "already in use" in err
+    assert _status(cli)["active"] is None
+
+
+def test_sigint_during_up_releases_lock_and_leaves_nothing_running(local_cluster, state_dir, faulty_profile):
+    name = faulty_profile({"boot_s": 30})
+    env = dict(os.environ)
+    proc = subprocess.Popen([sys.executable, "-m", "sparkctl", "up", "--profile", name, "--yes"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ledger = _ledger(local_cluster)
+    deadline = time.monotonic() + 30
+    handles: list[dict] = []
+    while time.monotonic() < deadline:
+        hist = ledger.index()["history"] if ledger.index_path.exists() else []
+        if hist:
+            rec = ledger.load(hist[-1])
+            if any(s["name"] == "boot" for s in rec["stages"]):
+                break
+        time.sleep(0.1)
+    time.sleep(1.0)  # both ranks started, boot in progress
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    rec = ledger.load(ledger.index()["history"][-1])
+    assert rec["status"] == "canceled" and rec["failure"]["message"].startswith("interrupted")
+    handles = rec["handles"]
+    assert handles and not any(_alive(h["pid"]) for h in handles)
+    assert ledger.index()["active"] is None
+    with ledger.lock("check"):  # the lock is free again
+        pass
