@@ -21,8 +21,10 @@ DEFAULT_VERSION = "0.5.23"
 
 # Settings that were spelled differently before: canonical (0.5.23) dest -> older dests, tried in order.
 RENAMED_DESTS: dict[str, tuple[str, ...]] = {
-    "dsa_prefill_backend": ("nsa_prefill_backend",),
-    "dsa_decode_backend": ("nsa_decode_backend",),
+    "dsa_prefill_backend": ("nsa_prefill_backend", "nsa_prefill"),   # 0.5.10-0.5.15, then 0.5.3.post3
+    "dsa_decode_backend": ("nsa_decode_backend", "nsa_decode"),
+    "tp_size": ("tensor_parallel_size",),                           # 0.5.3.post3's dest for --tp-size
+    "dp_size": ("data_parallel_size",),
 }
 
 
@@ -40,9 +42,14 @@ class Flag:
 
     @property
     def option(self) -> str:
-        """Preferred spelling: the first long option."""
+        """Preferred spelling: the long option named like the dest (--tp-size), else the first long option."""
         longs = [o for o in self.options if o.startswith("--")]
         return longs[0] if longs else self.options[0]
+
+    def option_for(self, canonical: str) -> str:
+        """The spelling of this flag for a canonical setting name: `--tp-size` rather than `--tensor-parallel-size`."""
+        named = "--" + canonical.replace("_", "-")
+        return named if named in self.options else self.option
 
 
 @dataclass(frozen=True)

@@ -84,12 +84,13 @@ class _ArgvBuilder:
         if flag.deprecated:
             self.warnings.append(f"{key}: {flag.option} is deprecated in SGLang {version}"
                                  + (f" ({flag.deprecation_message})" if flag.deprecation_message else ""))
+        option = flag.option_for(dest)
         if value is True:
             if flag.kind != "store_true":
-                raise self._refuse(key, f"{flag.option} takes a value in SGLang {version}", "give it a value")
-            self.argv.append(flag.option)
+                raise self._refuse(key, f"{option} takes a value in SGLang {version}", "give it a value")
+            self.argv.append(option)
         else:
-            self.argv += [flag.option, _fmt(value)]
+            self.argv += [option, _fmt(value)]
 
     def add_extra(self, extra: list[str]) -> None:
         key = "server.extra_args"

@@ -1,0 +1,144 @@
+"""Rendering: golden argv/env per shipped profile and rank, dialect spelling, refusals, secrets, quoting."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from sparkctl.config.inventory import load_inventory
+from sparkctl.config.profile import load_profile
+from sparkctl.errors import ConfigError
+from sparkctl.sglang.render import render
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "golden" / "render"
+SHIPPED = sorted(p.stem for p in (REPO / "profiles").glob("*.yml"))
+INVENTORIES = {"local": REPO / "inventory" / "local.yml", "sparks": REPO / "inventory" / "sparks.example.yml"}
+
+
+def _rendered(profile: str, inv: str) -> dict:
+    out = render(load_profile(profile), load_inventory(INVENTORIES[inv]), environ={}).to_json()
+    out["inventory"] = os.path.relpath(out["inventory"], REPO)
+    return out
+
+
+@pytest.mark.parametrize("inv", sorted(INVENTORIES))
+@pytest.mark.parametrize("profile", SHIPPED)
+def test_golden(profile, inv):
+    """Golden file per shipped profile and inventory (both ranks). SPARKCTL_UPDATE_GOLDEN=1 rewrites them."""
+    got = _rendered(profile, inv)
+    path = GOLDEN / f"{profile}.{inv}.json"
+    if os.environ.get("SPARKCTL_UPDATE_GOLDEN") == "1":
+        path.write_text(json.dumps(got, indent=2) + "\n")
+    assert path.exists(), f"missing golden {path}; run with SPARKCTL_UPDATE_GOLDEN=1 and review the diff"
+    assert got == json.loads(path.read_text())
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_d5_ranks_differ_only_in_node_rank_and_per_node_env():
+    res = render(load_profile("d5"), load_inventory(INVENTORIES["sparks"]), environ={})
+    a, b = res.specs
+    assert a.argv[:3] == ["python3", "-m", "sglang.launch_server"]
+    assert [x for x in a.argv if x not in ("0",)] == [x for x in b.argv if x not in ("1",)]
+    assert _flag(a.argv, "--node-rank") == "0" and _flag(b.argv, "--node-rank") == "1"
+    assert _flag(a.argv, "--dist-init-addr") == _flag(b.argv, "--dist-init-addr") == "192.168.100.10:25000"
+    assert a.env["SGLANG_HOST_IP"] == "192.168.100.10" and b.env["SGLANG_HOST_IP"] == "192.168.100.11"
+    for spec in (a, b):
+        for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
+            assert spec.env[var] == "enp1s0f0np0"
+        assert spec.env["NCCL_IB_HCA"] == "rocep1s0f0,roceP2p1s0f0"
+    for flag, value in [("--tp-size", "2"), ("--nnodes", "2"), ("--mem-fraction-static", "0.88"),
+                        ("--max-total-tokens", "131072"), ("--mamba-full-memory-ratio", "2"),
+                        ("--context-length", "65536"), ("--kv-cache-dtype", "bf16"),
+                        ("--dsa-prefill-backend", "tilelang"), ("--dsa-decode-backend", "tilelang"),
+                        ("--speculative-algorithm", "DFLASH"), ("--speculative-num-draft-tokens", "8"),
+                        ("--speculative-draft-attention-backend", "flashinfer")]:
+        assert _flag(a.argv, flag) == value, flag
+
+
+def test_dflash_off_has_no_speculative_flags():
+    res = render(load_profile("dflash-off"), load_inventory(INVENTORIES["sparks"]), environ={})
+    assert not any(a.startswith("--speculative") for a in res.specs[0].argv)
+
+
+def _variant(profiles_dir: Path, body: str) -> str:
+    (profiles_dir / "v.yml").write_text(body)
+    return "v"
+
+
+def test_nsa_spelling_on_0_5_11(profiles_dir):
+    name = _variant(profiles_dir, "extends: d5\nimage: {sglang_version: '0.5.11'}\n")
+    argv = render(load_profile(name), load_inventory(INVENTORIES["sparks"]), environ={}).specs[0].argv
+    assert _flag(argv, "--nsa-prefill-backend") == "tilelang" and "--dsa-prefill-backend" not in argv
+    assert _flag(argv, "--speculative-algorithm") == "DFLASH"
+
+
+@pytest.mark.parametrize("body,fragment", [
+    ("extends: d5\nimage: {sglang_version: 0.5.3.post3}\nserver: {kv_cache_dtype: auto, dsa_prefill_backend: null,"
+     " dsa_decode_backend: null}\n", "speculative.algorithm: 'DFLASH' is not accepted by SGLang 0.5.3.post3"),
+    ("extends: dflash-off\nimage: {sglang_version: 0.5.3.post3}\nserver: {dsa_prefill_backend: null, "
+     "dsa_decode_backend: null}\n", "server.kv_cache_dtype: 'bf16' is not accepted by SGLang 0.5.3.post3"),
+    ("extends: d5\nserver: {cuda_graph_max_bs: 8}\n", "SGLang 0.5.23 has no flag for this setting"),
+    ("extends: d5\nserver: {extra_args: ['--no-such-flag']}\n", "'--no-such-flag' is not a flag of SGLang 0.5.23"),
+    ("extends: d5\nserver: {extra_args: ['--tp-size', '4']}\n", "--tp-size is set by sparkctl"),
+    ("extends: d5\nserver: {tp_size: 4}\n", "4 ranks cannot be held by 2 node(s)"),
+    ("extends: d5\nimage: {sglang_version: '9.9.9'}\n", "no flag schema for SGLang 9.9.9"),
+])
+def test_refusals_name_file_key_and_fix(cli, profiles_dir, body, fragment):
+    _variant(profiles_dir, body)
+    code, out, err = cli("render", "--profile", "v", "--inventory", str(INVENTORIES["sparks"]))
+    assert code == 2, err
+    assert fragment in err and "fix:" in err and "Traceback" not in err and out == ""
+    assert str(profiles_dir) in err or str(REPO / "profiles") in err
+
+
+def test_error_points_at_the_file_that_set_the_key(profiles_dir):
+    (profiles_dir / "v.yml").write_text("extends: d5\nimage: {sglang_version: 0.5.3.post3}\n"
+                                        "server: {dsa_prefill_backend: null, dsa_decode_backend: null}\n")
+    with pytest.raises(ConfigError) as exc:
+        render(load_profile("v"), load_inventory(INVENTORIES["sparks"]), environ={})
+    # kv_cache_dtype bf16 was set in d5.yml, not in v.yml
+    assert exc.value.where.endswith("profiles/d5.yml")
+
+
+def test_0_5_3_spelling(profiles_dir):
+    name = _variant(profiles_dir, "extends: dflash-off\nimage: {sglang_version: 0.5.3.post3}\n"
+                                  "server: {kv_cache_dtype: fp8_e4m3, cuda_graph_max_bs: 8}\n")
+    argv = render(load_profile(name), load_inventory(INVENTORIES["sparks"]), environ={}).specs[0].argv
+    assert _flag(argv, "--tp-size") == "2" and _flag(argv, "--nsa-prefill") == "tilelang"
+    assert _flag(argv, "--cuda-graph-max-bs") == "8"
+
+
+def test_shell_metacharacters_stay_one_argv_element(profiles_dir):
+    name = _variant(profiles_dir, "extends: d5\nmodel: {served_name: \"glm; rm -rf / 'x' $(id)\"}\n")
+    argv = render(load_profile(name), load_inventory(INVENTORIES["sparks"]), environ={}).specs[0].argv
+    assert _flag(argv, "--served-model-name") == "glm; rm -rf / 'x' $(id)"
+
+
+def test_secrets_are_in_the_spec_but_redacted_everywhere_printed(cli, monkeypatch):
+    monkeypatch.setenv("SPARKCTL_API_KEY", "sk-very-secret")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_token")
+    res = render(load_profile("d5"), load_inventory(INVENTORIES["sparks"]))
+    spec = res.specs[0]
+    assert _flag(spec.argv, "--api-key") == "sk-very-secret" and spec.env["HF_TOKEN"] == "hf_secret_token"
+    shown = json.dumps(res.to_json())
+    assert "sk-very-secret" not in shown and "hf_secret_token" not in shown and "***" in shown
+    code, out, err = cli("render", "--profile", "d5", "--json", "--inventory", str(INVENTORIES["sparks"]))
+    assert code == 0 and "sk-very-secret" not in out + err and "hf_secret_token" not in out + err
+
+
+def test_cli_json_shape_and_rank_filter(cli):
+    code, out, _ = cli("render", "--profile", "d5", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["profile"] == "d5" and data["sglang_version"] == "0.5.23"
+    assert [r["rank"] for r in data["ranks"]] == [0, 1] and data["ranks"][0]["node"] == "spark-a"
+    code, out, _ = cli("render", "--profile", "dflash-off", "--rank", "1", "--json")
+    data = json.loads(out)
+    assert code == 0 and [r["rank"] for r in data["ranks"]] == [1]
+    code, _, err = cli("render", "--profile", "d5", "--rank", "5")
+    assert code == 2 and "ranks 0..1" in err
