@@ -114,9 +114,12 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
         reporter.event(f"rank {spec.rank} started ({where})", spec.node)
         if spec.rank != 0:
             # Give the worker a moment: a rank that dies at once (bad flag, missing model) is caught here.
+            # It may go on as soon as SGLang accepted its arguments (the server_args line), at most the grace.
             deadline = time.monotonic() + worker_grace_s
             while time.monotonic() < deadline:
                 _check(watch, t0)
+                if EventKind.SERVER_ARGS in watch.follower.milestones:
+                    break
                 time.sleep(getattr(rt, "poll_interval_s", poll_s))
     rank0 = next(w for w in watches if w.spec.rank == 0)
     deadline = t0 + timeout_s

@@ -307,13 +307,20 @@ class Deployer:
         return gates
 
     def _stop_record(self, record: dict[str, Any], *, keep: bool) -> None:
+        """Stop every rank of a deployment, all nodes in parallel."""
+        from concurrent.futures import ThreadPoolExecutor
+
         rts = self._runtimes(record["id"])
-        for handle in sorted(record.get("handles") or [], key=lambda h: h["rank"]):
+        handles = sorted(record.get("handles") or [], key=lambda h: h["rank"])
+
+        def stop(handle: Handle) -> None:
             rt = rts.for_node(handle["node"])
             rt.stop(handle)
             if not keep:
                 rt.remove(handle)
             self.reporter.event(f"rank {handle['rank']} stopped", handle["node"])
+        with ThreadPoolExecutor(max_workers=max(1, len(handles))) as pool:
+            list(pool.map(stop, handles))
 
     def _cleanup(self, started: list[tuple[Runtime, Handle]]) -> None:
         for rt, handle in sorted(started, key=lambda x: x[1]["rank"]):
