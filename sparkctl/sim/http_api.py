@@ -1,0 +1,493 @@
+"""SGLang's HTTP surface on rank 0, and the dummy health server of ranks > 0 (stdlib http.server).
+
+Rank 0 routes: /health /health_generate (503 until ready), /ping, /v1/models, /server_info and
+/get_server_info (0.5.3 dialect: only the latter), /model_info (/get_model_info), /flush_cache,
+/metrics (only with --enable-metrics), POST /v1/chat/completions (stream and not), POST /generate.
+``--api-key`` is enforced (``Authorization: Bearer KEY``) on everything except the health probes.
+Responses carry ``server: uvicorn`` like the real server; each request is logged as a Uvicorn
+access line. Ranks > 0 answer only /ping, /health, /health_generate (200, empty) and 404 elsewhere.
+"""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+import uuid
+from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from sparkctl.sim import decoding as dec
+from sparkctl.sim.scheduler import TTFT_BUCKETS, Request, Scheduler
+
+_HEALTH = ("/health", "/health_generate", "/ping")
+NOT_FOUND = b'{"detail":"Not Found"}'
+
+
+def _dumps(obj: Any) -> str:
+    """Compact JSON, as SGLang's ORJSONResponse writes it."""
+    return json.dumps(obj, separators=(",", ":"))
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _BaseHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence http.server
+        pass
+
+    def version_string(self) -> str:
+        return "uvicorn"
+
+    def _send(self, status: int, body: bytes = b"", ctype: str | None = "application/json",
+              headers: dict[str, str] | None = None) -> None:
+        self.send_response_only(status)
+        self.send_header("date", formatdate(usegmt=True))
+        self.send_header("server", "uvicorn")
+        self.send_header("content-length", str(len(body)))
+        if ctype and body:
+            self.send_header("content-type", ctype)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if body and self.command != "HEAD":
+            self.wfile.write(body)
+        self._status = status
+
+
+class _DummyHandler(_BaseHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        if path in _HEALTH:
+            self._send(200)
+        else:
+            self._send(404, NOT_FOUND)
+
+    do_POST = do_GET
+
+
+def serve_dummy(host: str, port: int) -> ThreadingHTTPServer:
+    srv = _Server((host, port), _DummyHandler)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True,
+                     name="health-check-server").start()
+    return srv
+
+
+class ApiState:
+    """What the handlers read: resolved args, knobs, scheduler, readiness."""
+
+    def __init__(self, res, knobs, sched: Scheduler, log) -> None:
+        self.res, self.knobs, self.sched, self.log = res, knobs, sched, log
+        self.ready = threading.Event()
+        self.started = time.time()
+        self.memory_usage = {"weight": 0.0, "kvcache": 0.0, "token_capacity": res.max_total_num_tokens, "graph": 0.0}
+
+
+def _error(message: str, code: int = 400, typ: str = "BadRequestError") -> bytes:
+    return _dumps({"object": "error", "message": message, "type": typ, "param": None, "code": code}).encode()
+
+
+class _ApiHandler(_BaseHandler):
+    state: ApiState
+
+    # ---- plumbing ---------------------------------------------------------------------------
+    def _access(self) -> None:
+        host, port = self.client_address[:2]
+        self.state.log.access(f"{host}:{port}", self.command, self.path, getattr(self, "_status", 200))
+
+    def _body(self) -> dict[str, Any] | None:
+        n = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        try:
+            data = json.loads(raw or b"{}")
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _authorized(self, path: str) -> bool:
+        key = self.state.res.api_key
+        if not key or path in _HEALTH:
+            return True
+        if self.headers.get("authorization", "") == f"Bearer {key}":
+            return True
+        self._json(401, {"error": "Unauthorized"})
+        return False
+
+    def _start_stream(self) -> None:
+        self.send_response_only(200)
+        self.send_header("date", formatdate(usegmt=True))
+        self.send_header("server", "uvicorn")
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        self._status = 200
+        self._access()
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _sse(self, obj: Any) -> None:
+        payload = obj if isinstance(obj, str) else _dumps(obj)
+        self._chunk(f"data: {payload}\n\n".encode())
+
+    # ---- routing ----------------------------------------------------------------------------
+    def do_GET(self) -> None:  # noqa: N802
+        self._route("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._route("POST")
+
+    def _route(self, method: str) -> None:
+        path = self.path.split("?", 1)[0]
+        st = self.state
+        if not self._authorized(path):
+            return
+        if path in ("/health", "/health_generate"):
+            ok = st.ready.is_set() and not st.knobs.never_healthy
+            self._send(200 if ok else 503)
+            self._access()
+            return
+        if path == "/ping":
+            self._send(200)
+            self._access()
+            return
+        routes = {
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/model_info"): self._model_info,
+            ("GET", "/get_model_info"): self._model_info,
+            ("GET", "/get_server_info"): self._server_info,
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/generate"): self._generate,
+            ("PUT", "/generate"): self._generate,
+        }
+        if not st.res.old_dialect:
+            routes[("GET", "/server_info")] = self._server_info
+        for m in ("GET", "POST"):
+            routes[(m, "/flush_cache")] = self._flush
+        if st.res.enable_metrics:
+            routes[("GET", "/metrics")] = self._metrics
+        handler = routes.get((method, path))
+        if handler is None:
+            self._send(404, NOT_FOUND)
+            self._access()
+            return
+        try:
+            handler()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    # ---- simple endpoints -----------------------------------------------------------------------
+    def _models(self) -> None:
+        r = self.state.res
+        self._json(200, {"object": "list", "data": [{
+            "id": r.served_model_name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
+            "root": r.model_path, "parent": None, "max_model_len": r.context_len}]})
+
+    def _model_info(self) -> None:
+        r = self.state.res
+        self._json(200, {"model_path": r.model_path, "tokenizer_path": r.args.get("tokenizer_path"),
+                         "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
+                         "served_model_name": r.served_model_name, "reasoning_parser": r.reasoning_parser,
+                         "tool_call_parser": r.args.get("tool_call_parser"), "has_image_understanding": False,
+                         "has_audio_understanding": False, "model_type": None, "architectures": None,
+                         "emulated": True})
+
+    def _server_info(self) -> None:
+        if self.path.startswith("/get_server_info") and not self.state.res.old_dialect:
+            self.state.log.main("Endpoint '/get_server_info' is deprecated and will be removed in a future "
+                                "version. Please use '/server_info' instead.")
+        self._json(200, server_info(self.state))
+
+    def _flush(self) -> None:
+        if self.state.sched.flush_cache():
+            self._send(200, b"Cache flushed.\nPlease check backend logs for more details. (When there are running "
+                            b"or waiting requests, the operation will not be performed.)\n", "text/plain; charset=utf-8")
+        else:
+            self._send(400, b"Cache not flushed. Please check backend logs for more details. (When there are "
+                            b"running or waiting requests, the operation will not be performed.)\n",
+                       "text/plain; charset=utf-8")
+        self._access()
+
+    def _metrics(self) -> None:
+        self._send(200, metrics_text(self.state).encode(), "text/plain; version=0.0.4; charset=utf-8")
+        self._access()
+
+    # ---- generation -----------------------------------------------------------------------------
+    def _admit(self, text: str, prompt_tokens: list[str], max_new: int | None, temperature: float | None,
+               thinking: bool) -> Request | None:
+        st = self.state
+        ctx = st.res.context_len
+        n = len(prompt_tokens)
+        if n >= ctx:
+            self._json(400, _error(f"The input ({n} tokens) is longer than the model's context length "
+                                   f"({ctx} tokens)."))
+            return None
+        if max_new is not None and n + max_new > ctx:
+            self._json(400, _error(
+                f"Requested token count exceeds the model's maximum context length of {ctx} tokens. You requested "
+                f"a total of {n + max_new} tokens: {n} tokens from the input messages and {max_new} tokens for the "
+                f"completion. Please reduce the number of tokens in the input messages or the completion to fit "
+                f"within the limit."))
+            return None
+        plan = dec.make_plan(text, thinking=thinking, knobs=st.knobs, spec_on=st.res.speculative,
+                             temperature=temperature or 0.0)
+        req = Request(prompt_tokens=prompt_tokens, plan=plan,
+                      max_new_tokens=max_new if max_new is not None else max(1, ctx - n))
+        st.sched.submit(req)
+        return req
+
+    def _json(self, status: int, obj: Any) -> None:
+        body = obj if isinstance(obj, bytes) else _dumps(obj).encode()
+        self._send(status, body)
+        self._access()
+
+    def _chat(self) -> None:
+        st = self.state
+        body = self._body()
+        if body is None or not isinstance(body.get("messages"), list):
+            self._json(400, _error("Invalid request: 'messages' is required"))
+            return
+        text = dec.chat_prompt_text(body["messages"])
+        ctk = body.get("chat_template_kwargs") or {}
+        thinking = ctk.get("enable_thinking", ctk.get("thinking", True)) is not False
+        separate = bool(st.res.reasoning_parser) and body.get("separate_reasoning", True) is not False
+        max_new = body.get("max_completion_tokens") or body.get("max_tokens")
+        req = self._admit(text, dec.tokenize(text), int(max_new) if max_new is not None else None,
+                          body.get("temperature"), thinking)
+        if req is None:
+            return
+        cid = uuid.uuid4().hex
+        created = int(time.time())
+        model = st.res.served_model_name
+        view = _ChatView(req, separate)
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            self._chat_stream(req, view, cid, created, model, include_usage)
+            return
+        if not self._wait(req):
+            return
+        msg: dict[str, Any] = {"role": "assistant", "content": view.content_text(),
+                               "reasoning_content": view.reasoning_text() or None}
+        self._json(200, {"id": cid, "object": "chat.completion", "created": created, "model": model,
+                         "choices": [{"index": 0, "message": msg, "logprobs": None,
+                                      "finish_reason": req.finish_reason, "matched_stop": None}],
+                         "usage": _usage(req), "metadata": {"weight_version": "default"}})
+
+    def _wait(self, req: Request) -> bool:
+        while True:
+            try:
+                item = req.out.get(timeout=1.0)
+            except queue.Empty:
+                if self.state.sched._stop.is_set():
+                    return False
+                continue
+            if item is None:
+                return True
+
+    def _chat_stream(self, req: Request, view: "_ChatView", cid: str, created: int, model: str,
+                     include_usage: bool) -> None:
+        def frame(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
+                                 "matched_stop": None}], "usage": None}
+        try:
+            self._start_stream()
+            self._sse(frame({"role": "assistant", "content": ""}))
+            while True:
+                try:
+                    item = req.out.get(timeout=1.0)
+                except queue.Empty:
+                    if self.state.sched._stop.is_set():
+                        return
+                    continue
+                if item is None:
+                    break
+                reasoning, content = view.pieces(*item)
+                if reasoning:
+                    self._sse(frame({"role": None, "content": None, "reasoning_content": reasoning,
+                                     "tool_calls": None}))
+                if content:
+                    self._sse(frame({"role": None, "content": content, "reasoning_content": None,
+                                     "tool_calls": None}))
+            self._sse(frame({"role": None, "content": None, "reasoning_content": None, "tool_calls": None},
+                            req.finish_reason))
+            if include_usage:
+                self._sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                           "choices": [], "usage": _usage(req)})
+            self._sse("[DONE]")
+            self._chunk(b"")
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.state.sched.abort(req)
+            self.close_connection = True
+
+    def _generate(self) -> None:
+        st = self.state
+        body = self._body()
+        if body is None or not isinstance(body.get("text"), str):
+            self._json(400, {"error": "Either text or input_ids should be provided."})
+            return
+        sp = body.get("sampling_params") or {}
+        text = body["text"]
+        max_new = int(sp.get("max_new_tokens", 128))
+        req = self._admit(text, dec.tokenize(text), max_new, sp.get("temperature"), thinking=False)
+        if req is None:
+            return
+        t0 = time.monotonic()
+        if body.get("stream"):
+            try:
+                self._start_stream()
+                while True:
+                    try:
+                        item = req.out.get(timeout=1.0)
+                    except queue.Empty:
+                        if st.sched._stop.is_set():
+                            return
+                        continue
+                    if item is None:
+                        break
+                    self._sse(_generate_out(req, t0, done=False))
+                self._sse(_generate_out(req, t0, done=True))
+                self._sse("[DONE]")
+                self._chunk(b"")
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                st.sched.abort(req)
+                self.close_connection = True
+            return
+        if self._wait(req):
+            self._json(200, _generate_out(req, t0, done=True))
+
+
+class _ChatView:
+    """Splits a request's tokens into the reasoning part and the content part, as text pieces."""
+
+    def __init__(self, req: Request, separate: bool) -> None:
+        self.req, self.separate = req, separate
+        self.plan = req.plan
+
+    def _visible(self, i: int) -> bool:
+        return not (self.separate and self.plan.is_reasoning(i) and self.plan.token(i) == dec.THINK_CLOSE)
+
+    def _prev(self, i: int) -> str | None:
+        """Previous visible token of the same part, None if i starts its part."""
+        j = i - 1
+        while j >= 0:
+            same_part = (not self.separate) or (self.plan.is_reasoning(j) == self.plan.is_reasoning(i))
+            if not same_part:
+                return None
+            if self._visible(j):
+                return self.plan.token(j)
+            j -= 1
+        return None
+
+    def pieces(self, start: int, end: int) -> tuple[str, str]:
+        reasoning, content = [], []
+        for i in range(start, end):
+            if not self._visible(i):
+                continue
+            piece = dec.join_piece(self._prev(i), self.plan.token(i))
+            (reasoning if self.separate and self.plan.is_reasoning(i) else content).append(piece)
+        return "".join(reasoning), "".join(content)
+
+    def reasoning_text(self) -> str:
+        return self.pieces(0, self.req.generated)[0]
+
+    def content_text(self) -> str:
+        return self.pieces(0, self.req.generated)[1]
+
+
+def _usage(req: Request) -> dict[str, Any]:
+    reasoning = min(req.generated, req.plan.reasoning_len)
+    usage: dict[str, Any] = {"prompt_tokens": len(req.prompt_tokens), "total_tokens": len(req.prompt_tokens) + req.generated,
+                             "completion_tokens": req.generated,
+                             "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
+                             "reasoning_tokens": reasoning}
+    if reasoning:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return usage
+
+
+def _generate_out(req: Request, t0: float, done: bool) -> dict[str, Any]:
+    toks = req.plan.tokens(0, req.generated)
+    finish = None
+    if done and req.finish_reason == "length":
+        finish = {"type": "length", "length": req.generated}
+    elif done:
+        finish = {"type": "stop", "matched": 151336}
+    meta: dict[str, Any] = {"id": req.rid, "finish_reason": finish, "prompt_tokens": len(req.prompt_tokens),
+                            "weight_version": "default", "total_retractions": 0,
+                            "completion_tokens": req.generated, "cached_tokens": req.cached_tokens,
+                            "e2e_latency": round(time.monotonic() - t0, 6)}
+    if req.accept is not None:
+        meta["spec_verify_ct"] = req.verify_ct
+        meta["spec_accept_length"] = (req.generated / req.verify_ct) if req.verify_ct else 0.0
+    return {"text": dec.render(toks), "output_ids": [dec.token_id(t) for t in toks], "meta_info": meta}
+
+
+def server_info(st: ApiState) -> dict[str, Any]:
+    r, s = st.res, st.sched
+    info: dict[str, Any] = dict(r.args)
+    if not r.old_dialect:
+        info["launch_command"] = " ".join(r.argv)
+    info.update({"status": "ready" if st.ready.is_set() else "starting", "max_total_num_tokens": r.max_total_num_tokens,
+                 "max_req_input_len": r.max_req_input_len})
+    state = dict(r.args)
+    state.update({"last_gen_throughput": s.last_gen_throughput, "memory_usage": dict(st.memory_usage),
+                  "effective_max_running_requests_per_dp": r.max_running_requests})
+    if r.speculative and s.avg_accept_len is not None:
+        state["avg_spec_accept_length"] = s.avg_accept_len
+    info["internal_states"] = [state]
+    info["version"] = r.version
+    info["emulated"] = True
+    return info
+
+
+def metrics_text(st: ApiState) -> str:
+    r, s = st.res, st.sched
+    lab = f'model_name="{r.served_model_name}",engine_type="unified",tp_rank="0",pp_rank="0"'
+    out: list[str] = []
+
+    def gauge(name: str, help_: str, value: float, kind: str = "gauge") -> None:
+        out.extend([f"# HELP sglang:{name} {help_}", f"# TYPE sglang:{name} {kind}", f"sglang:{name}{{{lab}}} {value}"])
+
+    with s._cv:
+        running, queued = len(s.running), len(s.waiting)
+    gauge("num_running_reqs", "The number of running requests.", float(running))
+    gauge("num_queue_reqs", "The number of requests in the waiting queue.", float(queued))
+    gauge("gen_throughput", "The generation throughput (token/s).", float(s.last_gen_throughput))
+    gauge("max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", float(r.max_total_num_tokens))
+    gauge("token_usage", "The token usage.", round(s.tokens_in_use() / max(1, r.max_total_num_tokens), 4))
+    if r.speculative:
+        gauge("spec_accept_length", "The average acceptance length of speculative decoding.",
+              float(s.last_accept_len or 0.0))
+        gauge("spec_accept_rate", "The average acceptance rate of speculative decoding.",
+              float(s.last_accept_rate or 0.0))
+    gauge("prompt_tokens_total", "Number of prefill tokens processed.", float(s.prompt_tokens_total), "counter")
+    gauge("generation_tokens_total", "Number of generation tokens processed.", float(s.generation_tokens_total),
+          "counter")
+    gauge("num_requests_total", "Number of requests processed.", float(s.requests_total), "counter")
+    out.append("# HELP sglang:time_to_first_token_seconds Histogram of time to first token in seconds.")
+    out.append("# TYPE sglang:time_to_first_token_seconds histogram")
+    acc = 0
+    for b, n in zip(TTFT_BUCKETS, s.ttft_hist):
+        acc += n
+        out.append(f'sglang:time_to_first_token_seconds_bucket{{{lab},le="{b}"}} {float(acc)}')
+    out.append(f'sglang:time_to_first_token_seconds_bucket{{{lab},le="+Inf"}} {float(s.ttft_count)}')
+    out.append(f"sglang:time_to_first_token_seconds_sum{{{lab}}} {s.ttft_sum}")
+    out.append(f"sglang:time_to_first_token_seconds_count{{{lab}}} {float(s.ttft_count)}")
+    return "\n".join(out) + "\n"
+
+
+def serve_api(host: str, port: int, state: ApiState) -> ThreadingHTTPServer:
+    handler = type("ApiHandler", (_ApiHandler,), {"state": state})
+    srv = _Server((host, port), handler)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True, name="sim-http").start()
+    return srv

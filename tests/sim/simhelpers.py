@@ -1,0 +1,111 @@
+"""Helpers for the emulator tests: run emulator processes on loopback addresses, parse SSE."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "/models/GLM-5.3-Flash-NVFP4"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class SimProc:
+    """One emulator process; its merged stdout/stderr is collected line by line."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.lines: list[str] = []
+        self._cv = threading.Condition()
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKCTL_SIM_")}
+        full_env.update(env)
+        full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen([sys.executable, "-m", "sparkctl.sim", *argv], env=full_env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO))
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._cv:
+                self.lines.append(line.rstrip("\n"))
+                self._cv.notify_all()
+        with self._cv:
+            self._cv.notify_all()
+
+    @property
+    def text(self) -> str:
+        with self._cv:
+            return "\n".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 10.0) -> str:
+        rx = re.compile(pattern)
+        end = time.monotonic() + timeout
+        with self._cv:
+            seen = 0
+            while True:
+                for line in self.lines[seen:]:
+                    if rx.search(line):
+                        return line
+                seen = len(self.lines)
+                left = end - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    raise AssertionError(f"no line matching {pattern!r} within {timeout}s; log:\n" +
+                                         "\n".join(l[:300] for l in self.lines[-40:]))
+                self._cv.wait(min(left, 0.2))
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        self.wait_for(r"The server is fired up and ready to roll!", timeout)
+
+    def wait_exit(self, timeout: float) -> int:
+        rc = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=2)
+        return rc
+
+    def url(self, path: str) -> str:
+        return f"http://{self.host}:{self.port}{path}"
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+
+
+def chat_body(content: str, **kw) -> dict:
+    body = {"model": "x", "messages": [{"role": "user", "content": content}], "temperature": 0}
+    body.update(kw)
+    return body
+
+
+def sse_events(resp) -> list:
+    """Parse an httpx streaming response into decoded JSON frames (and the final '[DONE]')."""
+    out = []
+    for line in resp.iter_lines():
+        if not line.startswith("data: "):
+            continue
+        payload = line[len("data: "):]
+        out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
