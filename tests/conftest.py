@@ -1,16 +1,11 @@
 """Shared test helpers: run the CLI in-process, write throwaway profiles and inventories."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import in_ci
+from testenv import in_ci
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import Profile, load_profile
 from sparkctl.sglang.realparser import RealParserUnavailable, ensure_sglang_venv, parse_with_real_sglang

@@ -1,0 +1,492 @@
+"""Run SGLang's *real* argument parser, from the released wheel, in a cached virtualenv.
+
+Why: sparkctl renders `python3 -m sglang.launch_server ...` argv per SGLang version. The only
+authority on whether an argv is valid for a version is that version's own parser, so contract
+tests (and `scripts/gen_dialects.py`, which dumps the flag schema) run it for real, on a CPU-only
+machine, without a GPU and without SGLang's heavy runtime dependencies.
+
+How: one venv per version under ``~/.cache/sparkctl/sglang-venvs/<version>`` (override the root
+with ``SPARKCTL_SGLANG_VENVS``) holding ``torch==2.13.0`` (CPU), ``sglang==X --no-deps`` and exactly
+the packages that ``from sglang.srt.server_args import ServerArgs, prepare_server_args`` needs,
+found by trial: import, read the ``ModuleNotFoundError``, install that package (pinned as the
+wheel's METADATA pins it), repeat (IMPORT_DEPS seeds what the trials found, to save rounds).
+``triton`` is a stub (nothing is compiled) unless torch itself needs the real one (0.5.11 and
+0.5.3.post3 import transformers -> torch._dynamo -> triton.backends); ``torchvision`` is an inert
+stub (PyPI's is a CUDA build that does not load against CPU torch). A ``filelock`` serialises
+builders; a marker file written last says the venv is complete. Measured here (2 cores): 65-105 s
+per version with the seeds, 165-280 s by trial alone; 1.3 GB (0.5.23) to 2.3 GB (real triton).
+
+Parsing calls ``prepare_server_args(argv)``: SGLang's own parser, ``--config`` merging and
+``ServerArgs.from_cli_args``, with ``sys.argv[0]`` set as ``python3 -m sglang.launch_server`` sets
+it. In 0.5.23 construction is unresolved (resolution is ``ServerArgs.resolve_once``), so it runs
+unmodified. Before that (no ``resolve_once``) the dataclass ``__post_init__`` resolves defaults and
+fails here with "RuntimeError: No accelerator (CUDA, XPU, HPU...) is available." (measured on
+0.5.11 and 0.5.3.post3), so it is replaced by a no-op: the values returned are the parsed input.
+
+Example::
+
+    >>> parse_with_real_sglang("0.5.23", ["--model-path", "/m", "--tp-size", "2"])["tp_size"]
+    2
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from email.parser import Parser as _EmailParser
+from pathlib import Path
+from typing import Any
+from zipfile import ZipFile
+
+from sparkctl.errors import ConfigError, SparkctlError
+
+log = logging.getLogger("sparkctl")
+
+TORCH_REQUIREMENT = "torch==2.13.0"  # a CPU wheel the machine's pip finds on local disk (/opt/wheels)
+PYTHON = "python3.11"                # the sglang wheels are cp311
+MARKER = ".sparkctl-ready.json"
+LOCK_TIMEOUT_S = 1800.0
+_MAX_TRIALS = 40
+_RESULT_PREFIX = "@@SPARKCTL-REALPARSER@@"
+
+# Packages found by trial to be needed by the import (installed up front to save trial rounds;
+# the trial loop still covers anything a version needs beyond these).
+IMPORT_DEPS: dict[str, tuple[str, ...]] = {
+    "0.5.23": ("numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pillow",
+               "starlette", "msgspec", "pyzmq", "tqdm", "ipython", "pydantic", "aiohttp"),
+    "0.5.11": ("numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pillow", "starlette",
+               "tqdm", "ipython", "pydantic", "aiohttp", "transformers", "pyzmq", "triton", "openai",
+               "partial_json_parser", "dill", "sentencepiece"),
+    # transformers 4.57.1 imports torch._dynamo, which needs the real triton (see REPLACEABLE_STUBS)
+    "0.5.3.post3": ("numpy", "tqdm", "pybase64", "requests", "ipython", "pydantic", "aiohttp", "orjson",
+                    "safetensors", "pyzmq", "fastapi", "packaging", "pillow", "openai", "partial_json_parser",
+                    "huggingface_hub", "transformers", "triton", "sentencepiece"),
+}
+# import name -> distribution name, where they differ
+_DIST_OF_MODULE = {"zmq": "pyzmq", "PIL": "pillow", "yaml": "PyYAML", "IPython": "ipython",
+                   "google": "protobuf", "cv2": "opencv-python-headless", "pynvml": "nvidia-ml-py",
+                   "sklearn": "scikit-learn", "dateutil": "python-dateutil", "jwt": "PyJWT",
+                   "multipart": "python-multipart", "huggingface_hub": "huggingface-hub"}
+# Stub packages: minimal modules that satisfy import-time use only (relative path -> source).
+_TRITON_STUB = '''"""Stub written by sparkctl: SGLang's CLI parsing imports triton; nothing is compiled."""
+__version__ = "0.0.0"
+
+
+def jit(fn=None, **_):
+    return fn if fn is not None else (lambda f: f)
+
+
+def autotune(*_a, **_k):
+    return lambda f: f
+
+
+heuristics = autotune
+
+
+class Config:
+    def __init__(self, *_a, **_k):
+        pass
+
+
+from triton import language  # noqa: E402  (torch._dynamo reads triton.language.dtype)
+'''
+_TRITON_LANGUAGE_STUB = '''"""Stub: see triton/__init__.py."""
+constexpr = int
+
+
+class dtype:
+    pass
+'''
+
+# Generic inert package for imports nothing calls while parsing: every attribute and submodule is a
+# placeholder class. Used for torchvision: 0.5.11 imports `torchvision.io.decode_jpeg` and transformers
+# 5.x imports torchvision.transforms when it finds torchvision; PyPI's torchvision is a CUDA build whose
+# C ops fail to load against the CPU torch ("operator torchvision::nms does not exist").
+_PERMISSIVE_STUB = '''"""Stub written by sparkctl: imported at import time by SGLang/transformers, never used to parse CLI args.
+
+Every attribute and submodule of this package resolves to an inert placeholder class."""
+import importlib.abc
+import importlib.machinery
+import sys
+
+__version__ = "0.0.0"
+
+
+class _Meta(type):
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _placeholder(f"{cls.__qualname__}.{name}")
+
+    def __getitem__(cls, key):
+        return cls
+
+
+def _placeholder(name):
+    return _Meta(name.rsplit(".", 1)[-1], (), {"__qualname__": name, "__module__": __name__})
+
+
+def _module_getattr(prefix):
+    def __getattr__(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _placeholder(f"{prefix}.{name}")
+    return __getattr__
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path, target=None):
+        if fullname.startswith(__name__ + "."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        module.__path__ = []
+        module.__getattr__ = _module_getattr(module.__name__)
+
+
+sys.meta_path.append(_Finder())
+__getattr__ = _module_getattr(__name__)
+'''
+STUBS: dict[str, dict[str, str]] = {
+    "triton": {"triton/__init__.py": _TRITON_STUB, "triton/language/__init__.py": _TRITON_LANGUAGE_STUB},
+    "torchvision": {"torchvision/__init__.py": _PERMISSIVE_STUB},
+}
+# Stubs that give way to the real package when torch itself goes deeper into it: 0.5.11 and
+# 0.5.3.post3 import transformers, which imports torch._dynamo, which imports triton.backends.compiler.
+REPLACEABLE_STUBS = frozenset({"triton"})
+# Releases that are not pinned by the sglang wheel (or must differ from its pin) and were found to
+# import with the CPU torch 2.13.0.
+KNOWN_GOOD = {"triton": "triton==3.9.0"}
+
+_IMPORT_PROBE = "from sglang.srt.server_args import ServerArgs, prepare_server_args"
+
+
+class RealParserUnavailable(SparkctlError):
+    """The real-parser venv for a version cannot be built or used here (no network, no python3.11...)."""
+
+
+class RealParserError(ConfigError):
+    """SGLang's own parser rejected an argv. `stderr` is SGLang's full output, `message` its error line.
+
+    `kind` is "argparse" (usage error, exit 2: unknown flag, bad choice, ambiguous option) or
+    "exception" (SGLang raised while parsing, e.g. 0.5.3.post3's DeprecatedAction -> ValueError).
+    """
+
+    def __init__(self, message: str, *, version: str, argv: list[str], stderr: str, kind: str) -> None:
+        super().__init__(message, where=f"sglang=={version}", evidence=_tail(stderr, 8))
+        self.version, self.argv, self.stderr, self.kind = version, argv, stderr, kind
+
+
+@dataclass(frozen=True)
+class RealParse:
+    """What SGLang's parser made of an argv: field values, the text it logged, and how it was run."""
+
+    values: dict[str, Any]
+    stderr: str
+    method: str
+
+
+def venvs_root() -> Path:
+    """Where the per-version venvs live (``SPARKCTL_SGLANG_VENVS`` or ``~/.cache/sparkctl/sglang-venvs``)."""
+    env = os.environ.get("SPARKCTL_SGLANG_VENVS")
+    return Path(env) if env else Path.home() / ".cache" / "sparkctl" / "sglang-venvs"
+
+
+def venv_info(version: str) -> dict[str, Any] | None:
+    """The completion marker of a built venv (wheel sha256, packages, build time), or None."""
+    marker = venvs_root() / version / MARKER
+    return json.loads(marker.read_text()) if marker.is_file() else None
+
+
+def ensure_sglang_venv(version: str) -> Path:
+    """Build (once) or reuse the venv holding sglang==`version` and return its path.
+
+    Idempotent and safe across processes: builders take ``<root>/<version>.lock``; a venv
+    without its marker (an interrupted build) is deleted and rebuilt.
+    Raises RealParserUnavailable with the reason when it cannot be built.
+    """
+    from filelock import FileLock, Timeout
+
+    venv = venvs_root() / version
+    if (venv / MARKER).is_file():
+        return venv
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with FileLock(str(venv.parent / f"{version}.lock"), timeout=LOCK_TIMEOUT_S):
+            if not (venv / MARKER).is_file():
+                _build_venv(version, venv)
+    except Timeout as exc:
+        raise RealParserUnavailable(f"another process has been building the sglang=={version} venv "
+                                    f"for over {LOCK_TIMEOUT_S:.0f}s", where=str(venv)) from exc
+    return venv
+
+
+def _build_venv(version: str, venv: Path) -> None:
+    """Create the venv from scratch; the marker is written last, so a partial build is never used."""
+    started = time.monotonic()
+    if venv.exists():
+        log.info("removing incomplete venv %s", venv)
+        shutil.rmtree(venv)
+    python = shutil.which(PYTHON)
+    if python is None:
+        raise RealParserUnavailable(f"{PYTHON} not found on PATH (SGLang wheels are cp311)",
+                                    hint=f"install {PYTHON}")
+    log.info("sglang==%s: creating venv %s", version, venv)
+    _run([python, "-m", "venv", str(venv)], what="create the venv")
+    vpy = str(venv / "bin" / "python")
+    wheel_dir = venv / "wheel"
+    log.info("sglang==%s: downloading the wheel", version)
+    _pip(vpy, "download", "--no-deps", "-d", str(wheel_dir), f"sglang=={version}")
+    wheel = next(wheel_dir.glob("sglang-*.whl"))
+    sha256 = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    pins = _wheel_pins(wheel)
+    log.info("sglang==%s: installing %s and the wheel (--no-deps)", version, TORCH_REQUIREMENT)
+    _pip(vpy, "install", TORCH_REQUIREMENT)
+    _pip(vpy, "install", "--no-deps", str(wheel))
+    shutil.rmtree(wheel_dir)
+    site = Path(_run([vpy, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                     what="locate site-packages").strip())
+    stubs: list[str] = []
+    seeds = IMPORT_DEPS.get(version, ())
+    if "triton" not in seeds:
+        _write_stub(site, "triton", stubs)  # every version imports it; others are stubbed when found missing
+    installed = [_requirement(d, pins) for d in seeds]
+    if installed:
+        _pip(vpy, "install", TORCH_REQUIREMENT, *installed)
+    for _ in range(_MAX_TRIALS):
+        probe = subprocess.run([vpy, "-c", _IMPORT_PROBE], capture_output=True, text=True)
+        if probe.returncode == 0:
+            break
+        missing = re.findall(r"No module named '([^']+)'", probe.stderr)
+        last_lines = _tail(probe.stderr, 3)
+        failing_stub = next((m for m in stubs if str(site / m) in last_lines), None)
+        if not missing and failing_stub is None:
+            raise RealParserUnavailable(f"sglang=={version} does not import in {venv}",
+                                        evidence=_tail(probe.stderr, 15))
+        module = failing_stub or missing[-1].split(".")[0]
+        requirement = _requirement(_DIST_OF_MODULE.get(module, module), pins)
+        if module in STUBS and module not in stubs and requirement not in installed:
+            _write_stub(site, module, stubs)
+            continue
+        if module in stubs and module not in REPLACEABLE_STUBS:
+            raise RealParserUnavailable(f"the {module} stub is not enough for sglang=={version}",
+                                        evidence=_tail(probe.stderr, 15))
+        if module in stubs:  # the stub is not enough: use the real one
+            log.info("sglang==%s: the %s stub is not enough -> pip install %s", version, module, requirement)
+            shutil.rmtree(site / module)
+            stubs.remove(module)
+            _pip(vpy, "install", TORCH_REQUIREMENT, requirement)
+            installed.append(requirement)
+            continue
+        if requirement in installed:
+            raise RealParserUnavailable(f"installing {requirement} did not provide module {module!r}",
+                                        evidence=_tail(probe.stderr, 15))
+        log.info("sglang==%s: import needs %r -> pip install %s", version, module, requirement)
+        _pip(vpy, "install", TORCH_REQUIREMENT, requirement)  # never let a dependency swap torch
+        installed.append(requirement)
+    else:
+        raise RealParserUnavailable(f"sglang=={version} still does not import after {_MAX_TRIALS} installs")
+    info = {"version": version, "wheel": wheel.name, "sha256": sha256, "torch": TORCH_REQUIREMENT,
+            "import_deps": installed, "stubs": stubs,
+            "pip_freeze": _run([vpy, "-m", "pip", "freeze", "--all"], what="pip freeze").split(),
+            "build_seconds": round(time.monotonic() - started, 1)}
+    tmp = venv / (MARKER + ".tmp")
+    tmp.write_text(json.dumps(info, indent=2) + "\n")
+    tmp.rename(venv / MARKER)
+    log.info("sglang==%s: venv ready in %.0fs (import deps: %s)", version, info["build_seconds"],
+             ", ".join(installed) or "none")
+
+
+def _write_stub(site: Path, name: str, done: list[str]) -> None:
+    for rel, text in STUBS[name].items():
+        path = site / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    done.append(name)
+
+
+def _wheel_pins(wheel: Path) -> dict[str, str]:
+    """Normalised distribution name -> requirement string, from the wheel's unconditional Requires-Dist."""
+    with ZipFile(wheel) as zf:
+        meta_name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = _EmailParser().parsestr(zf.read(meta_name).decode())
+    pins = {}
+    for req in meta.get_all("Requires-Dist") or []:
+        if ";" in req:  # extras and platform markers: not for us
+            continue
+        name = re.match(r"[A-Za-z0-9_.\-]+", req.strip())
+        if name:
+            pins[_norm(name.group(0))] = req.strip().replace(" ", "")
+    return pins
+
+
+def _requirement(dist: str, pins: dict[str, str]) -> str:
+    """What to pip install for a distribution: KNOWN_GOOD, else the wheel's own pin, else the latest."""
+    return KNOWN_GOOD.get(_norm(dist)) or pins.get(_norm(dist), dist)
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _pip(vpy: str, *args: str) -> str:
+    return _run([vpy, "-m", "pip", "--disable-pip-version-check", "-q", *args], what=f"pip {args[0]}")
+
+
+def _run(argv: list[str], *, what: str) -> str:
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RealParserUnavailable(f"could not {what}: {' '.join(argv[-3:])} exited {proc.returncode}",
+                                    evidence=_tail(proc.stderr or proc.stdout, 15))
+    return proc.stdout
+
+
+def _tail(text: str, n: int) -> str:
+    return "\n".join(text.rstrip().splitlines()[-n:])
+
+
+# --- running SGLang inside the venv -------------------------------------------------------------
+# The driver runs with the venv's python; it reads one JSON request on stdin and prints one JSON
+# result line (prefixed, since SGLang may print to stdout too).
+_DRIVER = r'''
+import argparse, dataclasses, io, json, logging, re, sys, traceback
+PREFIX = sys.argv[1]
+req = json.load(sys.stdin)
+def emit(obj):
+    print(PREFIX + json.dumps(obj, default=repr))
+try:
+    from sglang.srt import server_args as sa
+except BaseException as exc:
+    traceback.print_exc(); emit({"ok": False, "kind": "import", "message": repr(exc)}); sys.exit(0)
+SA = sa.ServerArgs
+def field_names():
+    if hasattr(SA, "__struct_fields__"): return list(SA.__struct_fields__)
+    return [f.name for f in dataclasses.fields(SA)]
+def plain(v):
+    try: json.dumps(v); return v
+    except (TypeError, ValueError): pass
+    if isinstance(v, (set, frozenset)): return sorted((plain(x) for x in v), key=repr)  # stable output
+    if isinstance(v, (list, tuple)): return [plain(x) for x in v]
+    if isinstance(v, dict): return {str(k): plain(x) for k, x in v.items()}
+    if hasattr(v, "value"): return plain(v.value)
+    return repr(v)
+
+def probe_deprecated(parser, action):
+    """Invoke a Deprecated* action once and capture what it says: warning, parser error or raise."""
+    buf = io.StringIO(); handler = logging.StreamHandler(buf); logging.getLogger().addHandler(handler)
+    class _Err(Exception): pass
+    def error(message): raise _Err(message)
+    real_error, parser.error = parser.error, error
+    nargs = action.nargs
+    value = [] if nargs == 0 else (list(action.choices)[0] if action.choices else "x")
+    if nargs in ("+", "*") : value = [value]
+    effect, text = "warn", ""
+    try:
+        action(parser, argparse.Namespace(), value, action.option_strings[0])
+    except _Err as exc: effect, text = "parser.error", str(exc)
+    except Exception as exc: effect, text = "raise " + type(exc).__name__, str(exc)
+    finally:
+        parser.error = real_error; logging.getLogger().removeHandler(handler)
+    text = text or buf.getvalue()
+    return effect, re.sub(r"\x1b\[[0-9;]*m", "", text).strip() or None
+
+def dump():
+    parser = argparse.ArgumentParser()
+    SA.add_cli_args(parser)
+    out = []
+    for a in parser._actions:
+        if isinstance(a, argparse._HelpAction): continue
+        t = a.type
+        rec = {"options": list(a.option_strings), "dest": a.dest, "action": type(a).__name__,
+               "nargs": a.nargs, "const": plain(a.const), "type": None if t is None else getattr(t, "__name__", repr(t)),
+               "choices": None if a.choices is None else [str(c) for c in plain(a.choices)],
+               "default": plain(None if a.default is argparse.SUPPRESS else a.default),
+               "help": a.help or "", "required": a.required}
+        if type(a).__name__.startswith("Deprecated"):
+            rec["probe"] = probe_deprecated(parser, a)
+        out.append(rec)
+    return {"ok": True, "actions": out, "fields": field_names(), "version": getattr(__import__("sglang"), "__version__", None)}
+
+def parse(argv):
+    # as `python3 -m sglang.launch_server ARGV` sees it (argparse's default prog is argv[0]'s basename)
+    import importlib.util
+    sys.argv = [importlib.util.find_spec("sglang.launch_server").origin] + list(argv)
+    method = "prepare_server_args"
+    if not hasattr(SA, "resolve_once"):
+        SA.__post_init__ = lambda self: None
+        method += " (ServerArgs.__post_init__ skipped)"
+    try:
+        args = sa.prepare_server_args(argv)
+    except SystemExit as exc:
+        return {"ok": False, "kind": "argparse", "code": exc.code}
+    except Exception as exc:
+        traceback.print_exc()
+        return {"ok": False, "kind": "exception", "message": "%s: %s" % (type(exc).__name__, exc)}
+    return {"ok": True, "method": method, "values": {n: plain(getattr(args, n, None)) for n in field_names()}}
+
+emit(dump() if req["mode"] == "dump" else parse(req["argv"]))
+'''
+
+
+def _drive(version: str, request: dict[str, Any], timeout: float = 300.0) -> tuple[dict[str, Any], str]:
+    """Run the driver in the version's venv; return (result JSON, stderr)."""
+    venv = ensure_sglang_venv(version)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", _DRIVER, _RESULT_PREFIX],
+                          input=json.dumps(request), capture_output=True, text=True, timeout=timeout, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_RESULT_PREFIX)]
+    if not lines:
+        raise RealParserUnavailable(f"the sglang=={version} driver exited {proc.returncode} without a result",
+                                    where=str(venv), evidence=_tail(proc.stderr, 15))
+    result = json.loads(lines[-1][len(_RESULT_PREFIX):])
+    if not result["ok"] and result["kind"] == "import":
+        raise RealParserUnavailable(f"sglang=={version} does not import: {result['message']}",
+                                    where=str(venv), evidence=_tail(proc.stderr, 15))
+    return result, proc.stderr
+
+
+def run_real_parser(version: str, argv: list[str]) -> RealParse:
+    """Parse `argv` (what follows ``python3 -m sglang.launch_server``) with sglang==`version`'s parser.
+
+    Raises RealParserError (SGLang's message) on rejection, RealParserUnavailable if no venv.
+    """
+    result, stderr = _drive(version, {"mode": "parse", "argv": list(argv)})
+    if not result["ok"]:
+        if result["kind"] == "argparse":
+            errors = [ln for ln in stderr.splitlines() if ": error: " in ln]
+            message = errors[-1] if errors else f"exited {result.get('code')}"
+        else:
+            message = result["message"]
+        raise RealParserError(message, version=version, argv=list(argv), stderr=stderr, kind=result["kind"])
+    return RealParse(values=result["values"], stderr=stderr, method=result["method"])
+
+
+def parse_with_real_sglang(version: str, argv: list[str]) -> dict[str, Any]:
+    """The ServerArgs field values SGLang `version` parses from `argv` (unresolved input, JSON-safe)."""
+    return run_real_parser(version, argv).values
+
+
+def dump_real_parser(version: str) -> dict[str, Any]:
+    """Every argparse action SGLang `version` registers (raw, for scripts/gen_dialects.py).
+
+    Deprecated* actions carry ``probe = [effect, message]``: what invoking them did
+    ("warn", "parser.error" or "raise <Exception>") and the text they logged or raised.
+    """
+    result, _ = _drive(version, {"mode": "dump"})
+    return result
+
+
+if __name__ == "__main__":  # pragma: no cover - manual check: python -m sparkctl.sglang.realparser VER ARGV...
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    print(json.dumps(parse_with_real_sglang(sys.argv[1], sys.argv[2:]), indent=1, sort_keys=True))
