@@ -115,7 +115,8 @@ def register(app: typer.Typer) -> None:
             result = bench_run.bench_deployment(
                 deployer, opts, primary_profile=load_profile(profile) if profile else None,
                 compare_profile=load_profile(compare) if compare else None, compare_endpoint=compare_endpoint,
-                log_path=log, compare_log_path=compare_log, progress=progress)
+                log_path=log, compare_log_path=compare_log, compare_api_key=os.environ.get(api_key_env) or None,
+                progress=progress)
         files = result.get("files") or {}
         if as_json:
             print(json.dumps(result, indent=2, default=str))

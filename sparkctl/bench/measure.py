@@ -1,0 +1,305 @@
+"""The measurements, one function each, against one arm. Every function returns plain JSON-able data.
+
+Rules from ``shared/reference/measurement.md`` this code keeps:
+
+* decode tok/s = (N-1)/(t_last - t_first) over the stream, N = ``usage.completion_tokens`` (never the
+  chunk count); a run without usage gives no number (and says so);
+* the first request is "cold": timed and kept apart, never in a median; then warm-up;
+* acceptance from the scheduler's ``Decode batch`` lines printed during active code decode, and per
+  request from ``/generate`` ``meta_info`` (completion_tokens / spec_verify_ct), each labelled;
+* the scheduler's ``gen throughput`` is a gauge: its peak is reported as a gauge only;
+* TTFT stops at the first non-empty content OR reasoning delta (the client does this); uncached prompts
+  carry unique prefixes; the radix-cached repeat is reported apart, with how it was recognised;
+  a size beyond the context window is "unmeasurable at this window";
+* concurrency aggregate = total completion tokens / (last finish - first start), and a silent
+  serialisation (max_running_requests 1, #running-req never > 1, no overlap in time) is flagged.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Sequence
+
+from sparkctl.sglang.client import ChatResult, SGLangAPIError, SGLangClient, accept_length_from_meta
+
+from sparkctl.bench.logsource import scheduler_summary
+from sparkctl.bench.prompts import (
+    Prompt,
+    TokenCalibration,
+    ASSUMED_CALIBRATION,
+    calibration_from_probes,
+    long_prompt,
+    words_for_tokens,
+)
+from sparkctl.bench.stats import summarize
+from sparkctl.bench.target import Arm
+
+log = logging.getLogger("sparkctl.bench")
+
+Progress = Callable[[str], None]
+
+__all__ = ["run_record", "first_request", "warm_up", "measure_decode", "acceptance_from_generate",
+           "calibrate_tokens", "measure_ttft", "measure_concurrency", "overlap_max"]
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+def run_record(res: ChatResult) -> dict[str, Any]:
+    """One streamed request as recorded: tokens, timings, rates (rounded for the record)."""
+    n = res.usage.completion_tokens
+    tps = res.decode_tokens_per_s()
+    return {
+        "completion_tokens": n, "prompt_tokens": res.usage.prompt_tokens,
+        "reasoning_tokens": res.usage.reasoning_tokens, "cached_tokens": res.usage.cached_tokens,
+        "finish_reason": res.finish_reason,
+        "ttft_s": None if res.ttft is None else round(res.ttft, 4),
+        "latency_s": round(res.latency, 4),
+        "decode_s": None if res.t_first_token is None or res.t_last_token is None
+        else round(res.t_last_token - res.t_first_token, 4),
+        "decode_tok_s": None if tps is None else round(tps, 3),
+        "e2e_tok_s": None if not n or res.latency <= 0 else round(n / res.latency, 3),
+        "usage_missing": n is None,
+    }
+
+
+def _stream(arm: Arm, prompt_messages: list[dict[str, Any]], max_tokens: int,
+            client: SGLangClient | None = None) -> ChatResult:
+    return (client or arm.client).chat(prompt_messages, max_tokens=max_tokens, temperature=0, stream=True,
+                                       model=arm.model)
+
+
+def first_request(arm: Arm, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
+    """The bench's first request on this arm, streamed and timed; excluded from every median.
+
+    It is the cold request only when nothing ran since boot; a deployment's warm-up at boot already
+    paid the cold cost, and its record keeps that number (``warmup_at_boot``).
+    """
+    res = _stream(arm, prompt.messages(), max_tokens)
+    return {"prompt": prompt.id, "max_tokens": max_tokens, **run_record(res)}
+
+
+def warm_up(arm: Arm, prompt: Prompt, n: int, max_tokens: int) -> list[dict[str, Any]]:
+    return [{"prompt": prompt.id, **run_record(_stream(arm, prompt.messages(), max_tokens))} for _ in range(n)]
+
+
+def measure_decode(arm: Arm, prompts: dict[str, Prompt], *, runs: int, max_tokens: int,
+                   progress: Progress = _noop) -> dict[str, Any]:
+    """Per class: n streamed runs at temperature 0; median (min-max) of decode tok/s; the scheduler log
+    window of each class (acceptance ranges, gauge peak)."""
+    out: dict[str, Any] = {"max_tokens": max_tokens, "runs": runs, "temperature": 0, "stream": True,
+                           "formula": "(completion_tokens - 1) / (t_last_token - t_first_token)", "classes": {}}
+    for cls, prompt in prompts.items():
+        mark = arm.log.mark() if arm.log else None
+        recs = []
+        for i in range(runs):
+            rec = run_record(_stream(arm, prompt.messages(), max_tokens))
+            recs.append(rec)
+            progress(f"decode {cls} run {i + 1}/{runs}: {rec['decode_tok_s']} tok/s "
+                     f"({rec['completion_tokens']} tokens)")
+        s = summarize([r["decode_tok_s"] for r in recs])
+        entry: dict[str, Any] = {"prompt": prompt.id, "title": prompt.title, "runs": recs,
+                                 "decode_tok_s": s.as_dict() if s else None,
+                                 "note": None if s else "no usage.completion_tokens in the stream: not measured"}
+        e2e = summarize([r["e2e_tok_s"] for r in recs])
+        entry["e2e_tok_s"] = e2e.as_dict() if e2e else None
+        if arm.log is not None and mark is not None:
+            entry["scheduler_log"] = scheduler_summary(arm.log.since(mark))
+        out["classes"][cls] = entry
+    return out
+
+
+def acceptance_from_generate(arm: Arm, prompt: Prompt, *, runs: int, max_tokens: int) -> dict[str, Any]:
+    """Per-request accept length from native ``/generate`` (completion_tokens / spec_verify_ct).
+
+    ``/generate`` takes raw text (no chat template), so the prompt is the same words but not the same
+    tokens as the chat runs: said in the record.
+    """
+    vals, metas, err = [], [], None
+    for _ in range(runs):
+        try:
+            body = arm.client.generate(prompt.text, {"temperature": 0, "max_new_tokens": max_tokens})
+        except SGLangAPIError as exc:
+            err = exc.message
+            break
+        meta = body.get("meta_info") or {} if isinstance(body, dict) else {}
+        metas.append({k: meta.get(k) for k in ("completion_tokens", "spec_verify_ct", "spec_accept_length")
+                      if k in meta})
+        vals.append(accept_length_from_meta(meta))
+    s = summarize(vals)
+    return {"source": "/generate meta_info (completion_tokens / spec_verify_ct), raw text prompt",
+            "prompt": prompt.id, "per_request": [None if v is None else round(v, 3) for v in vals],
+            "accept_len": s.as_dict() if s else None, "meta": metas, "error": err,
+            "note": None if s else ("request failed" if err else "no spec_verify_ct in meta_info")}
+
+
+# --------------------------------------------------------------------------- TTFT
+
+def calibrate_tokens(arm: Arm, tag: str, probe_words: int = 512) -> TokenCalibration:
+    """Two probes (unique prefixes, 1 output token) give server tokens per filler word and the fixed overhead."""
+    try:
+        small = arm.client.chat([{"role": "user", "content": long_prompt(0, f"{tag}/probe-0")}], max_tokens=1,
+                                temperature=0, model=arm.model)
+        big = arm.client.chat([{"role": "user", "content": long_prompt(probe_words, f"{tag}/probe-1")}],
+                              max_tokens=1, temperature=0, model=arm.model)
+    except SGLangAPIError as exc:
+        log.warning("token calibration failed (%s); assuming one token per word", exc.message)
+        return ASSUMED_CALIBRATION
+    if small.usage.prompt_tokens is None or big.usage.prompt_tokens is None:
+        return ASSUMED_CALIBRATION
+    return calibration_from_probes(small.usage.prompt_tokens, big.usage.prompt_tokens, probe_words)
+
+
+def _ttft_run(arm: Arm, text: str, max_tokens: int) -> dict[str, Any]:
+    mark = arm.log.mark() if arm.log else None
+    res = _stream(arm, [{"role": "user", "content": text}], max_tokens)
+    rec = run_record(res)
+    ttft, pt = rec["ttft_s"], rec["prompt_tokens"]
+    rec["prefill_tok_s"] = round(pt / ttft, 1) if ttft and pt else None
+    if arm.log is not None and mark is not None:
+        sch = scheduler_summary(arm.log.since(mark, settle=False))
+        rec["log_prefill_new_tokens"] = sch["prefill_new_tokens"]
+        rec["log_prefill_cached_tokens"] = sch["prefill_cached_tokens"]
+    return rec
+
+
+def measure_ttft(arm: Arm, sizes: Sequence[int], *, runs: int, run_tag: str, max_tokens: int = 8,
+                 progress: Progress = _noop) -> dict[str, Any]:
+    """TTFT at each target prompt size with unique prefixes, then the radix-cached repeat of the smallest."""
+    window = arm.context_length
+    cal = calibrate_tokens(arm, f"{run_tag}/cal")
+    out: dict[str, Any] = {"context_length": window, "calibration": cal.as_dict(), "stream": True,
+                           "clock": "first non-empty content or reasoning delta", "max_tokens": max_tokens,
+                           "sizes": [], "cached_repeat": None}
+    first_measured: list[str] | None = None
+    first_summary: float | None = None
+    for size in sizes:
+        entry: dict[str, Any] = {"target_tokens": size}
+        if window is not None and size + max_tokens > window:
+            entry.update(status="unmeasurable", note=f"unmeasurable at this window ({size:,} + {max_tokens} "
+                                                     f"output tokens > context {window:,})")
+            out["sizes"].append(entry)
+            progress(f"TTFT ~{size}: unmeasurable at the {window} window")
+            continue
+        texts = [long_prompt(words_for_tokens(size, cal), f"{run_tag}/ttft/{size}/{i}") for i in range(runs)]
+        recs = []
+        try:
+            for t in texts:
+                recs.append(_ttft_run(arm, t, max_tokens))
+        except SGLangAPIError as exc:
+            entry.update(status="failed", note=f"request failed: {exc.message}", runs=recs)
+            out["sizes"].append(entry)
+            continue
+        s, p = summarize([r["ttft_s"] for r in recs]), summarize([r["prefill_tok_s"] for r in recs])
+        entry.update(status="measured", runs=recs, ttft_s=s.as_dict(4) if s else None,
+                     prefill_tok_s=p.as_dict(1) if p else None,
+                     prompt_tokens=[r["prompt_tokens"] for r in recs])
+        out["sizes"].append(entry)
+        progress(f"TTFT ~{size}: {s.median if s else None} s")
+        if first_measured is None:
+            first_measured, first_summary = texts, (s.median if s else None)
+            out["cached_repeat_of"] = size
+    if first_measured:
+        recs = [_ttft_run(arm, t, max_tokens) for t in first_measured]
+        s = summarize([r["ttft_s"] for r in recs])
+        reported = [r["cached_tokens"] for r in recs if r["cached_tokens"]]
+        logged = [r.get("log_prefill_cached_tokens") for r in recs if r.get("log_prefill_cached_tokens")]
+        if reported:
+            recognised, basis = True, f"server reported cached prompt tokens: {reported}"
+        elif logged:
+            recognised, basis = True, f"scheduler Prefill batch #cached-token: {logged}"
+        elif s and first_summary and s.median < 0.5 * first_summary:
+            recognised, basis = True, "inferred from TTFT only (under half the uncached TTFT)"
+        else:
+            recognised, basis = False, "no cached tokens reported or logged and no TTFT drop"
+        out["cached_repeat"] = {"runs": recs, "ttft_s": s.as_dict(4) if s else None, "radix_cached": recognised,
+                                "basis": basis, "target_tokens": out.get("cached_repeat_of")}
+        progress(f"TTFT cached repeat: {s.median if s else None} s ({basis})")
+    return out
+
+
+# --------------------------------------------------------------------------- concurrency
+
+def overlap_max(intervals: Sequence[tuple[float, float]]) -> int:
+    """Largest number of [start, end] intervals open at one instant."""
+    events = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals], key=lambda e: (e[0], e[1]))
+    cur = best = 0
+    for _, d in events:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def _concurrent(arm: Arm, prompt: Prompt, c: int, max_tokens: int) -> list[ChatResult | Exception]:
+    results: list[ChatResult | Exception] = [RuntimeError("not run")] * c
+    barrier = threading.Barrier(c)
+
+    def worker(i: int) -> None:
+        client = arm.new_client()
+        try:
+            barrier.wait(timeout=30)
+            results[i] = _stream(arm, prompt.messages(), max_tokens, client=client)
+        except Exception as exc:  # noqa: BLE001 - recorded per request
+            results[i] = exc
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(c)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def measure_concurrency(arm: Arm, prompt: Prompt, levels: Sequence[int], *, max_tokens: int,
+                        progress: Progress = _noop) -> dict[str, Any]:
+    """c identical requests started together per level; aggregate tok/s and a serialisation check."""
+    cap, cap_src = arm.max_running_requests
+    out: dict[str, Any] = {"prompt": prompt.id, "max_tokens": max_tokens, "max_running_requests": cap,
+                           "max_running_requests_source": cap_src,
+                           "formula": "total completion tokens / (last finish - first start)", "levels": []}
+    for c in levels:
+        mark = arm.log.mark() if arm.log else None
+        res = _concurrent(arm, prompt, c, max_tokens)
+        ok = [r for r in res if isinstance(r, ChatResult)]
+        errors = [f"{type(r).__name__}: {getattr(r, 'message', r)}" for r in res if not isinstance(r, ChatResult)]
+        entry: dict[str, Any] = {"concurrency": c, "requests": [run_record(r) for r in ok], "errors": errors or None}
+        if ok:
+            t0, t1 = min(r.t_start for r in ok), max(r.t_end for r in ok)
+            tokens = sum(r.usage.completion_tokens or 0 for r in ok)
+            entry["total_completion_tokens"] = tokens
+            entry["wall_s"] = round(t1 - t0, 4)
+            entry["aggregate_tok_s"] = round(tokens / (t1 - t0), 3) if t1 > t0 else None
+            spans = [(r.t_first_token, r.t_last_token) for r in ok if r.t_first_token and r.t_last_token]
+            entry["max_streams_decoding_at_once"] = overlap_max(spans) if spans else None
+        if arm.log is not None and mark is not None:
+            sch = scheduler_summary(arm.log.since(mark))
+            entry["log_max_running_req"] = sch["decode"]["max_running_req"]
+            entry["log_decode_batches"] = sch["decode"]["batches"]
+        if c > 1:
+            entry["serialization"] = _serialization(entry, cap, cap_src)
+        out["levels"].append(entry)
+        progress(f"concurrency c{c}: {entry.get('aggregate_tok_s')} tok/s aggregate")
+    base = next((lv.get("aggregate_tok_s") for lv in out["levels"] if lv["concurrency"] == 1), None)
+    for lv in out["levels"]:
+        a = lv.get("aggregate_tok_s")
+        lv["vs_c1"] = round(a / base, 3) if a and base else None
+    return out
+
+
+def _serialization(entry: dict[str, Any], cap: int | None, cap_src: str) -> dict[str, Any]:
+    evidence = []
+    if cap == 1:
+        evidence.append(f"max_running_requests resolved to 1 ({cap_src})")
+    if entry.get("log_decode_batches") and entry.get("log_max_running_req") is not None \
+            and entry["log_max_running_req"] <= 1:
+        evidence.append(f"#running-req never above 1 in {entry['log_decode_batches']} decode-batch log lines "
+                        "during the run")
+    if entry.get("max_streams_decoding_at_once") == 1:
+        evidence.append("the token streams never overlapped in time")
+    serialized = bool(evidence)
+    checked = ["resolved max_running_requests" if cap is not None else None,
+               "scheduler log" if entry.get("log_decode_batches") else None, "stream timing"]
+    return {"serialized": serialized, "evidence": evidence, "checked": [c for c in checked if c]}

@@ -1,0 +1,445 @@
+"""`sparkctl bench` as a library call: build the arms, measure them, compare, write the card.
+
+Three ways in:
+
+* ``bench_deployment(deployer, opts)``: the ledger's active deployment (endpoint, launch specs, capacity,
+  profile; rank 0's log through its runtime). With ``compare_profile`` the other profile is deployed
+  through the lifecycle, measured with the same workload, and the original deployment is restored
+  (always, also after a failure) with ``kind="bench-restore"``.
+* ``bench_endpoint(url, opts)``: any OpenAI-compatible SGLang endpoint, nothing deployed; the
+  configuration comes from ``/server_info``. ``compare_endpoint`` adds a second running endpoint.
+* ``bench_log(path, opts)``: scheduler lines of a captured log only (acceptance, gauge, capacity).
+
+Every run leaves a record: ``report.json`` (every number plus the configuration it came from) and
+``report.md`` (the card, rendered from that JSON) under ``Ledger.run_dir(run_id)`` or ``opts.out_dir``,
+also when a measurement failed (``status: failed`` with the error).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from sparkctl.errors import ConfigError, SparkctlError
+from sparkctl.sglang.client import SGLangAPIError, SGLangClient
+from sparkctl.state.ledger import Ledger, now_iso, write_json_atomic
+
+from sparkctl.bench import losslessness, measure
+from sparkctl.bench.logsource import FileLog, LogSource, RuntimeLog, capacity_from_log, scheduler_summary
+from sparkctl.bench.prompts import decode_prompts, g6_prompts, prompt_set_digest
+from sparkctl.bench.chart import decode_svg
+from sparkctl.bench.report import render_card
+from sparkctl.bench.stats import ratio
+from sparkctl.bench.target import Arm, arm_role
+
+log = logging.getLogger("sparkctl.bench")
+
+__all__ = ["GATES", "BenchOptions", "parse_gates", "bench_deployment", "bench_endpoint", "bench_log",
+           "write_report", "SCHEMA"]
+
+SCHEMA = "sparkctl.bench/1"
+GATES = ("cold", "decode", "acceptance", "ttft", "concurrency", "g6")
+Progress = Callable[[str], None]
+
+
+def parse_gates(text: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``"decode,g6"`` -> ("decode", "g6"); ``all`` or None -> every gate. Unknown names: ConfigError."""
+    if text is None:
+        return GATES
+    items = [g.strip().lower() for g in (text.split(",") if isinstance(text, str) else text) if g.strip()]
+    if items == ["all"]:
+        return GATES
+    bad = [g for g in items if g not in GATES]
+    if bad:
+        from sparkctl.config.loader import did_you_mean
+        hints = [f"{b} -> {did_you_mean(b, list(GATES))}" for b in bad if did_you_mean(b, list(GATES))]
+        raise ConfigError(f"unknown gate(s): {', '.join(bad)}", where="--gates",
+                          hint=(f"did you mean {', '.join(hints)}? " if hints else "") + f"gates: {', '.join(GATES)}")
+    return tuple(g for g in GATES if g in items)
+
+
+@dataclass
+class BenchOptions:
+    """The workload. Defaults are the seed card's protocol (800 tokens, n=5, 2 x 800 warm-up, 20 G6 prompts)."""
+
+    gates: tuple[str, ...] = GATES
+    runs: int = 5
+    max_tokens: int = 800
+    classes: tuple[str, ...] = ("code", "prose")
+    warmup: int = 2
+    warmup_max_tokens: int | None = None          # None: max_tokens
+    acceptance_runs: int = 3
+    ttft_sizes: tuple[int, ...] = (4096, 16384, 65536)
+    ttft_runs: int = 1
+    ttft_max_tokens: int = 8
+    concurrency: tuple[int, ...] = (1, 2)
+    g6_max_tokens: int | None = None               # None: max_tokens
+    g6_limit: int | None = None                    # use only the first N G6 prompts (tests); None = all 20
+    reference: list[str] = field(default_factory=list)   # lines for the reference-comparison slot
+    out_dir: Path | None = None
+    timeout_s: float = 900.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["out_dir"] = str(self.out_dir) if self.out_dir else None
+        return d
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+# --------------------------------------------------------------------------- arms
+
+def _check_reachable(arm: Arm) -> None:
+    try:
+        code = arm.client.health()
+    except SGLangAPIError as exc:
+        raise SparkctlError(f"cannot reach {arm.endpoint}: {exc.message}", where=f"bench arm {arm.name}",
+                            hint="is the server running? `sparkctl status` for a deployment") from None
+    if code != 200:
+        raise SparkctlError(f"{arm.endpoint}/health answered {code}", where=f"bench arm {arm.name}",
+                            hint="the server is not ready yet; wait for it or check its log")
+
+
+def arm_from_endpoint(url: str, *, api_key: str | None = None, log_path: Path | None = None,
+                      timeout_s: float = 900.0) -> Arm:
+    url = url.rstrip("/")
+    client = SGLangClient(url, api_key=api_key, timeout=timeout_s)
+    arm = Arm(name=url, client=client, endpoint=url, log=FileLog(log_path) if log_path else None,
+              api_key=api_key, timeout_s=timeout_s)
+    _check_reachable(arm)
+    arm.refresh()
+    return arm
+
+
+def arm_from_record(deployer: Any, record: dict[str, Any], *, log_path: Path | None = None,
+                    timeout_s: float | None = None) -> Arm:
+    """The arm of a deployment record: its endpoint, its API key (from the env var the profile names),
+    rank 0's log through the runtime (or ``log_path``)."""
+    prof = record.get("profile_data") or {}
+    key_env = (prof.get("api") or {}).get("api_key_env")
+    api_key = os.environ.get(key_env) if key_env else None
+    timeout = timeout_s or float((prof.get("warmup") or {}).get("timeout_s") or 900)
+    src: LogSource | None
+    if log_path:
+        src = FileLog(log_path)
+    else:
+        h0 = next((h for h in record.get("handles") or [] if h.get("rank") == 0), None)
+        src = RuntimeLog(deployer._runtimes(record["id"]).for_node(h0["node"]), h0) if h0 else None
+    endpoint = record["endpoint"].rstrip("/")
+    arm = Arm(name=record.get("profile") or record["id"], client=SGLangClient(endpoint, api_key=api_key,
+                                                                              timeout=timeout),
+              endpoint=endpoint, model=(prof.get("model") or {}).get("served_name"), log=src, record=record,
+              api_key=api_key, timeout_s=timeout)
+    _check_reachable(arm)
+    arm.refresh()
+    return arm
+
+
+# --------------------------------------------------------------------------- one arm
+
+def _gate(results: dict[str, Any], name: str, fn: Callable[[], Any], progress: Progress) -> Any:
+    """Run one measurement; a known failure is recorded under the gate and the bench goes on."""
+    try:
+        value = fn()
+    except SparkctlError as exc:
+        progress(f"{name}: FAILED: {exc.message}")
+        results[name] = {"error": exc.render()}
+        return None
+    results[name] = value
+    return value
+
+
+def measure_arm(arm: Arm, opts: BenchOptions, run_tag: str, *, primary: bool, g6: bool,
+                progress: Progress = _noop) -> tuple[dict[str, Any], list[losslessness.Capture] | None]:
+    """Every selected measurement on one arm (TTFT and concurrency on the primary arm only)."""
+    gates = set(opts.gates)
+    prompts = {c: p for c, p in decode_prompts().items() if c in opts.classes}
+    code = decode_prompts()["code"]
+    results: dict[str, Any] = {}
+    say = (lambda m: progress(f"[{arm.role} {arm.name}] {m}"))
+    if arm.log is not None:
+        results["boot_log_capacity"] = capacity_from_log(arm.log.whole()) or None
+    if "cold" in gates:
+        _gate(results, "cold", lambda: {
+            "first_request": measure.first_request(arm, code, opts.warmup_max_tokens or opts.max_tokens),
+            "at_boot": ((arm.record or {}).get("warmup") or {}).get("cold"),
+            "note": "excluded from every median; the first request of this bench is cold only if nothing ran "
+                    "since boot (a deployment's own warm-up at boot is reported as at_boot)"}, say)
+        say(f"first request: {((results.get('cold') or {}).get('first_request') or {}).get('latency_s')} s")
+    needs_decode = gates & {"decode", "acceptance"}
+    if needs_decode and opts.warmup:
+        _gate(results, "warmup", lambda: measure.warm_up(arm, code, opts.warmup, opts.warmup_max_tokens
+                                                          or opts.max_tokens), say)
+    if needs_decode:
+        wanted = prompts if "decode" in gates else {"code": code}
+        _gate(results, "decode", lambda: measure.measure_decode(arm, wanted, runs=opts.runs,
+                                                                 max_tokens=opts.max_tokens, progress=say), say)
+    if "acceptance" in gates:
+        results["acceptance"] = _acceptance(arm, results.get("decode"), opts, say)
+    if "ttft" in gates and primary:
+        _gate(results, "ttft", lambda: measure.measure_ttft(arm, opts.ttft_sizes, runs=opts.ttft_runs,
+                                                             run_tag=run_tag, max_tokens=opts.ttft_max_tokens,
+                                                             progress=say), say)
+    if "concurrency" in gates and primary:
+        _gate(results, "concurrency", lambda: measure.measure_concurrency(arm, code, opts.concurrency,
+                                                                          max_tokens=opts.max_tokens,
+                                                                          progress=say), say)
+    captures = None
+    if "g6" in gates and g6:
+        plist = g6_prompts()[: opts.g6_limit] if opts.g6_limit else g6_prompts()
+        captures = losslessness.run_g6_arm(arm.client, plist, max_tokens=opts.g6_max_tokens or opts.max_tokens,
+                                           model=arm.model, progress=say)
+    return results, captures
+
+
+def _acceptance(arm: Arm, decode: dict[str, Any] | None, opts: BenchOptions, say: Progress) -> dict[str, Any]:
+    out: dict[str, Any] = {"speculative_algorithm": arm.speculative_algorithm, "draft_tokens": arm.draft_tokens,
+                           "sglang_version": arm.version}
+    if not arm.speculative:
+        out["status"] = "no speculative decoding on this arm"
+        return out
+    code = ((decode or {}).get("classes") or {}).get("code") or {}
+    sch = code.get("scheduler_log")
+    if sch is not None:
+        d = sch["decode"]
+        out["log"] = {"source": "scheduler decode-batch log, during active code decode",
+                      "log": arm.log.label if arm.log else None, "accept_len": d["accept_len"],
+                      "accept_rate": d["accept_rate"], "active_batches": d["active_batches"],
+                      "gauge_peak_gen_throughput": d["peak_gen_throughput"], "dialects": d["dialects"]}
+        if not d["accept_len"]:
+            out["log"]["note"] = "no Decode batch line with accept len during the code runs"
+            if isinstance(arm.log, FileLog):
+                # a capture that did not grow during the run: analyse all of it, and say so
+                whole = scheduler_summary(arm.log.whole())["decode"]
+                if whole["accept_len"]:
+                    out["log_whole_file"] = {
+                        "source": "scheduler decode-batch log, lines with #running-req >= 1",
+                        "scope": "whole captured log (not windowed to a run of this bench)",
+                        "log": arm.log.label, "accept_len": whole["accept_len"],
+                        "accept_rate": whole["accept_rate"], "active_batches": whole["active_batches"],
+                        "gauge_peak_gen_throughput": whole["peak_gen_throughput"]}
+    else:
+        out["log"] = {"note": "no scheduler log available for this arm (use --log FILE)"}
+    out["generate"] = measure.acceptance_from_generate(arm, decode_prompts()["code"], runs=opts.acceptance_runs,
+                                                       max_tokens=opts.max_tokens)
+    say(f"acceptance: log {out['log'].get('accept_len')}, /generate {(out['generate'].get('accept_len') or {}).get('median')}")
+    return out
+
+
+# --------------------------------------------------------------------------- comparison + run
+
+def _compare(arms: list[dict[str, Any]]) -> dict[str, Any]:
+    """ON/OFF (or A/B) decode ratios per class from two measured arms."""
+    if len(arms) != 2:
+        return {}
+    on, off = (arms[0], arms[1])
+    if off["config"]["role"] == "ON":
+        on, off = off, on
+    out: dict[str, Any] = {"numerator": on["config"]["role"], "denominator": off["config"]["role"], "decode": {}}
+    for cls in decode_prompts():
+        a = (((on["results"].get("decode") or {}).get("classes") or {}).get(cls) or {}).get("decode_tok_s")
+        b = (((off["results"].get("decode") or {}).get("classes") or {}).get(cls) or {}).get("decode_tok_s")
+        if a or b:
+            r = ratio(a["median"] if a else None, b["median"] if b else None)
+            out["decode"][cls] = {"on": a["median"] if a else None, "off": b["median"] if b else None,
+                                  "ratio": None if r is None else round(r, 3)}
+    return out
+
+
+def _new_result(mode: str, opts: BenchOptions, run_id: str) -> dict[str, Any]:
+    return {"schema": SCHEMA, "run_id": run_id, "mode": mode, "status": "running", "started": now_iso(),
+            "options": opts.as_dict(), "prompt_set": prompt_set_digest(), "arms": [], "comparison": {},
+            "g6": None, "reference": list(opts.reference), "emulated": False, "errors": []}
+
+
+def _finish(result: dict[str, Any], arms: list[Arm]) -> None:
+    result["emulated"] = any(a["config"]["emulated"] for a in result["arms"]) or any(a.emulated for a in arms)
+    result["finished"] = now_iso()
+
+
+def _measure_all(result: dict[str, Any], arms_in_order: list[Callable[[], Arm]], opts: BenchOptions,
+                 progress: Progress) -> None:
+    """Build and measure the arms one after another (a later arm may need an earlier one torn down)."""
+    run_tag = result["run_id"]
+    g6 = len(arms_in_order) == 2
+    captures: list[list[losslessness.Capture] | None] = []
+    built: list[Arm] = []
+    for i, make in enumerate(arms_in_order):
+        arm = make()
+        built.append(arm)
+        arm.role = ("A", "B")[i] if len(arms_in_order) == 2 else "ON" if arm.speculative else "OFF"
+        res, caps = measure_arm(arm, opts, f"{run_tag}/{i}", primary=(i == 0), g6=g6, progress=progress)
+        result["arms"].append({"config": arm.config(), "results": res})
+        captures.append(caps)
+        arm.client.close()
+    if len(built) == 2:
+        arm_role(built)
+        for entry, arm in zip(result["arms"], built):
+            entry["config"]["role"] = arm.role
+        result["comparison"] = _compare(result["arms"])
+        if captures[0] is not None and captures[1] is not None:
+            on_i = 0 if built[0].role in ("ON", "A") else 1
+            plist = g6_prompts()[: opts.g6_limit] if opts.g6_limit else g6_prompts()
+            verdicts = [losslessness.compare(p.id, a, b)
+                        for p, a, b in zip(plist, captures[on_i], captures[1 - on_i])]
+            result["g6"] = {"on": built[on_i].role, "off": built[1 - on_i].role,
+                            "max_tokens": opts.g6_max_tokens or opts.max_tokens, "temperature": 0,
+                            "captured": "reasoning_content + content (+ tool calls); server tokens when logprobs "
+                                        "cover the completion, else whitespace tokens",
+                            **losslessness.summarize_verdicts(verdicts),
+                            "prompts": [{**v.as_dict(), "on_output": a.as_dict(), "off_output": b.as_dict()}
+                                        for v, a, b in zip(verdicts, captures[on_i], captures[1 - on_i])]}
+    _finish(result, built)
+
+
+def _run(result: dict[str, Any], body: Callable[[], None], out_dir: Path) -> dict[str, Any]:
+    try:
+        body()
+        result["status"] = "complete"
+    except (Exception, KeyboardInterrupt) as exc:
+        result["status"] = "canceled" if isinstance(exc, KeyboardInterrupt) else "failed"
+        result["errors"].append(exc.render() if isinstance(exc, SparkctlError) else f"{type(exc).__name__}: {exc}")
+        result.setdefault("finished", now_iso())
+        write_report(result, out_dir)
+        raise
+    write_report(result, out_dir)
+    return result
+
+
+def _out_dir(opts: BenchOptions, ledger: Ledger | None, run_id: str) -> Path:
+    if opts.out_dir:
+        opts.out_dir.mkdir(parents=True, exist_ok=True)
+        return opts.out_dir
+    if ledger is None:
+        raise ConfigError("no place to write the report", hint="pass --out DIR")
+    return ledger.run_dir(run_id)
+
+
+def bench_endpoint(url: str, opts: BenchOptions, *, ledger: Ledger | None = None, api_key: str | None = None,
+                   log_path: Path | None = None, compare_endpoint: str | None = None,
+                   compare_log_path: Path | None = None, progress: Progress = _noop) -> dict[str, Any]:
+    """Measure a running endpoint (and optionally a second one to compare against)."""
+    run_id = Ledger.new_id("bench")
+    result = _new_result("endpoint", opts, run_id)
+    out = _out_dir(opts, ledger, run_id)
+    makers = [lambda: arm_from_endpoint(url, api_key=api_key, log_path=log_path, timeout_s=opts.timeout_s)]
+    if compare_endpoint:
+        makers.append(lambda: arm_from_endpoint(compare_endpoint, api_key=api_key, log_path=compare_log_path,
+                                                timeout_s=opts.timeout_s))
+    return _run(result, lambda: _measure_all(result, makers, opts, progress), out)
+
+
+def bench_deployment(deployer: Any, opts: BenchOptions, *, primary_profile: Any = None, compare_profile: Any = None,
+                     compare_endpoint: str | None = None, log_path: Path | None = None,
+                     compare_log_path: Path | None = None, compare_api_key: str | None = None,
+                     progress: Progress = _noop) -> dict[str, Any]:
+    """Measure the active deployment; with ``compare_profile`` deploy it, measure, restore the original.
+
+    ``primary_profile``: deploy that profile first (a no-op when it already runs healthy) and measure it;
+    it stays deployed afterwards, as after ``sparkctl up``.
+    """
+    from sparkctl.deploy.lifecycle import UpOptions
+
+    if primary_profile is not None:
+        progress(f"making sure {primary_profile.name} is deployed")
+        up = deployer.up(primary_profile, UpOptions())
+        progress(f"{primary_profile.name}: {up.get('outcome')}" + (f" ({up['reason']})" if up.get("reason") else ""))
+    original = deployer.ledger.active()
+    if original is None:
+        raise SparkctlError("no active deployment to measure", where=str(deployer.ledger.root),
+                            hint="deploy one (sparkctl up --profile NAME) or measure any server with --endpoint URL")
+    if compare_profile is not None and compare_profile.name == original.get("profile"):
+        raise ConfigError(f"--compare {compare_profile.name} is the profile already deployed",
+                          hint="compare against a different profile, e.g. --compare dflash-off")
+    run_id = Ledger.new_id(f"bench-{original.get('profile')}")
+    result = _new_result("deployment", opts, run_id)
+    result["deployment"] = original["id"]
+    out = _out_dir(opts, deployer.ledger, run_id)
+    makers: list[Callable[[], Arm]] = [lambda: arm_from_record(deployer, original, log_path=log_path)]
+    if compare_endpoint:
+        makers.append(lambda: arm_from_endpoint(compare_endpoint, api_key=compare_api_key, log_path=compare_log_path,
+                                                timeout_s=opts.timeout_s))
+    elif compare_profile is not None:
+        def deploy_other() -> Arm:
+            progress(f"deploying {compare_profile.name} for the comparison arm (the original is restored after)")
+            up = deployer.up(compare_profile, UpOptions(), kind="bench-compare")
+            result["compare_deployment"] = {k: up.get(k) for k in ("deployment", "outcome", "endpoint")}
+            return arm_from_record(deployer, deployer.ledger.load(up["deployment"]), log_path=compare_log_path)
+        makers.append(deploy_other)
+
+    def body() -> None:
+        try:
+            _measure_all(result, makers, opts, progress)
+        finally:
+            if compare_profile is not None and not compare_endpoint:
+                result["restore"] = _restore(deployer, original, progress)
+
+    return _run(result, body, out)
+
+
+def _restore(deployer: Any, original: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    from sparkctl.config.profile import Profile
+    from sparkctl.deploy.lifecycle import UpOptions
+
+    progress(f"restoring the original deployment ({original.get('profile')})")
+    try:
+        up = deployer.up(Profile.model_validate(original["profile_data"]), UpOptions(), kind="bench-restore")
+    except SparkctlError as exc:
+        progress(f"restore FAILED: {exc.message}")
+        return {"ok": False, "error": exc.render(), "profile": original.get("profile")}
+    return {"ok": True, "profile": original.get("profile"), "outcome": up.get("outcome"),
+            "deployment": up.get("deployment"), "endpoint": up.get("endpoint")}
+
+
+def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -> dict[str, Any]:
+    """Scheduler numbers from a captured log alone: accept len/rate ranges, the gauge peak, capacity."""
+    run_id = Ledger.new_id("bench-log")
+    result = _new_result("log-only", opts, run_id)
+    out = _out_dir(opts, ledger, run_id)
+
+    def body() -> None:
+        src = FileLog(path)
+        lines = src.whole()
+        sch = scheduler_summary(lines)
+        d = sch["decode"]
+        result["log_only"] = {
+            "log": str(path), "scope": "whole captured log (not windowed to a run of this bench)",
+            "source": "scheduler decode-batch log, lines with #running-req >= 1",
+            "accept_len": d["accept_len"], "accept_rate": d["accept_rate"], "active_batches": d["active_batches"],
+            "decode_batches": d["batches"], "gauge_peak_gen_throughput": d["peak_gen_throughput"],
+            "max_running_req": d["max_running_req"], "dialects": d["dialects"],
+            "sglang_version": "unknown (not printed in the log)",
+            "capacity": capacity_from_log(lines) or None,
+            "prefill": {k: v for k, v in sch.items() if k != "decode"}}
+        result["finished"] = now_iso()
+
+    return _run(result, body, out)
+
+
+# --------------------------------------------------------------------------- files
+
+def write_report(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """``report.json``, ``report.md`` (rendered from the same dict) and ``decode.svg``, atomically, mode 0600."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / "report.json", out_dir / "report.md"
+    result["files"] = {"json": str(json_path), "markdown": str(md_path)}
+    svg = decode_svg(result)
+    if svg is not None:
+        svg_path = out_dir / "decode.svg"
+        _write_text_atomic(svg_path, svg)
+        result["files"]["chart"] = str(svg_path)
+    write_json_atomic(json_path, result)
+    _write_text_atomic(md_path, render_card(result))
+    return {k: Path(v) for k, v in result["files"].items()}
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)

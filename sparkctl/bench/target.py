@@ -1,0 +1,198 @@
+"""What is measured: an *arm* = one serving configuration reachable over HTTP, with its log and config.
+
+An arm comes from the ledger's deployment record (endpoint, launch specs, capacity, profile, rank 0's
+log through its runtime) or from a bare endpoint (configuration from ``/server_info``). Either way the
+arm carries the full configuration every number is recorded with (``config``), and whether it is the
+emulator (``emulated``: ``/server_info`` says ``"emulated": true`` or the record says so).
+"""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkctl.sglang.client import SGLangAPIError, SGLangClient, parse_server_info
+
+from sparkctl.bench.logsource import LogSource
+
+log = logging.getLogger("sparkctl.bench")
+
+__all__ = ["Arm", "describe_server", "redact_argv", "arm_role"]
+
+_SECRET_FLAGS = {"--api-key", "--admin-api-key", "--hf-token", "--ssl-keyfile-password"}
+_SECRET_RE = re.compile(r"(hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9]{8,})")
+_SECRET_KEYS = re.compile(r"(api_key|token|password|secret)", re.IGNORECASE)
+
+
+def redact_argv(argv: list[str] | str | None) -> list[str] | str | None:
+    """Mask values of secret flags (``--api-key X`` / ``--api-key=X``) and token-looking strings."""
+    if argv is None:
+        return None
+    if isinstance(argv, str):
+        return " ".join(redact_argv(argv.split()) or [])  # type: ignore[arg-type]
+    out: list[str] = []
+    hide_next = False
+    for a in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        flag, eq, _ = a.partition("=")
+        if flag in _SECRET_FLAGS:
+            if eq:
+                out.append(f"{flag}=***")
+            else:
+                out.append(a)
+                hide_next = True
+            continue
+        out.append(_SECRET_RE.sub("***", a))
+    return out
+
+
+_SERVER_KEYS = ("version", "model_path", "served_model_name", "tp_size", "nnodes", "speculative_algorithm",
+                "speculative_draft_model_path", "speculative_num_draft_tokens", "speculative_num_steps",
+                "speculative_draft_attention_backend", "kv_cache_dtype", "mem_fraction_static", "max_total_tokens",
+                "max_total_num_tokens", "max_running_requests", "max_req_input_len", "context_length",
+                "chunked_prefill_size", "mamba_full_memory_ratio", "max_mamba_cache_size", "disable_radix_cache",
+                "reasoning_parser", "decode_log_interval", "enable_metrics", "emulated")
+
+
+def describe_server(info: dict[str, Any]) -> dict[str, Any]:
+    """The recorded subset of a ``/server_info`` body (secrets masked), plus the resolved live values."""
+    s = parse_server_info(info)
+    out = {k: info.get(k) for k in _SERVER_KEYS if k in info}
+    out["resolved"] = {"max_total_num_tokens": s.max_total_num_tokens,
+                       "max_running_requests": s.max_running_requests,
+                       "effective_max_running_requests": s.effective_max_running_requests,
+                       "max_req_input_len": s.max_req_input_len, "context_length": s.context_length,
+                       "avg_spec_accept_length": s.avg_spec_accept_length}
+    if "launch_command" in info:
+        out["launch_command"] = redact_argv(info["launch_command"])
+    for k, v in list(out.items()):
+        if _SECRET_KEYS.search(k) and v not in (None, ""):
+            out[k] = "***"
+    return out
+
+
+@dataclass
+class Arm:
+    """One serving configuration under measurement."""
+
+    name: str                         # what the card calls it: the profile name, or the endpoint
+    client: SGLangClient
+    endpoint: str
+    model: str | None = None          # served model name sent with each request
+    log: LogSource | None = None
+    server_info: dict[str, Any] = field(default_factory=dict)
+    record: dict[str, Any] | None = None    # the ledger's deployment record, when deployed by sparkctl
+    role: str = "?"                   # ON | OFF (speculation), or A | B when that does not tell them apart
+    api_key: str | None = field(default=None, repr=False)
+    timeout_s: float = 900.0
+
+    def new_client(self) -> SGLangClient:
+        """A separate client (own connection pool) for a concurrent request."""
+        return SGLangClient(self.endpoint, api_key=self.api_key, timeout=self.timeout_s)
+
+    # -- what the arm is -------------------------------------------------------------------------------------
+    @property
+    def speculative_algorithm(self) -> str | None:
+        alg = self.server_info.get("speculative_algorithm")
+        if alg is None and self.record is not None:
+            alg = self.record.get("speculative_algorithm")
+        return alg or None
+
+    @property
+    def speculative(self) -> bool:
+        return self.speculative_algorithm is not None
+
+    @property
+    def draft_tokens(self) -> int | None:
+        v = self.server_info.get("speculative_num_draft_tokens")
+        if v is None and self.record:
+            v = (((self.record.get("profile_data") or {}).get("speculative") or {}).get("num_draft_tokens"))
+        return int(v) if isinstance(v, (int, float)) else None
+
+    @property
+    def emulated(self) -> bool:
+        return bool(self.server_info.get("emulated")) or bool((self.record or {}).get("emulated"))
+
+    @property
+    def version(self) -> str | None:
+        return self.server_info.get("version") or (self.record or {}).get("sglang_version")
+
+    @property
+    def context_length(self) -> int | None:
+        """The context window: /server_info context_length, else the record's capacity, else the profile."""
+        s = parse_server_info(self.server_info) if self.server_info else None
+        for v in ((s.context_length if s else None),
+                  ((self.record or {}).get("capacity") or {}).get("context_len"),
+                  (((self.record or {}).get("profile_data") or {}).get("server") or {}).get("context_length")):
+            if isinstance(v, int) and v > 0:
+                return v
+        return None
+
+    @property
+    def max_running_requests(self) -> tuple[int | None, str]:
+        """Resolved max running requests and where it was read."""
+        s = parse_server_info(self.server_info) if self.server_info else None
+        if s and s.effective_max_running_requests is not None:
+            return s.effective_max_running_requests, "/server_info internal_states effective_max_running_requests_per_dp"
+        cap = (self.record or {}).get("capacity") or {}
+        if isinstance(cap.get("max_running_requests"), int):
+            return cap["max_running_requests"], "boot log capacity line (ledger record)"
+        if s and s.max_running_requests is not None:
+            return s.max_running_requests, "/server_info max_running_requests"
+        return None, "unknown"
+
+    def refresh(self) -> None:
+        """Read ``/server_info`` (and the served model name) again."""
+        try:
+            self.server_info = self.client.server_info()
+        except SGLangAPIError as exc:
+            log.warning("%s: /server_info unavailable: %s", self.endpoint, exc.message)
+            self.server_info = {}
+        if self.model is None:
+            self.model = self.server_info.get("served_model_name")
+            if self.model is None:
+                try:
+                    models = self.client.models()
+                    self.model = models[0]["id"] if models else None
+                except SGLangAPIError:
+                    pass
+
+    def config(self) -> dict[str, Any]:
+        """Everything this arm's numbers must be recorded with."""
+        rec = self.record or {}
+        specs = rec.get("specs") or []
+        return {
+            "name": self.name, "role": self.role, "endpoint": self.endpoint, "model": self.model,
+            "emulated": self.emulated, "sglang_version": self.version,
+            "speculative_algorithm": self.speculative_algorithm, "draft_tokens": self.draft_tokens,
+            "context_length": self.context_length,
+            "max_running_requests": dict(zip(("value", "source"), self.max_running_requests)),
+            "deployment": rec.get("id"), "profile": rec.get("profile"), "profile_data": rec.get("profile_data"),
+            "identity": rec.get("identity"),
+            "images": sorted({s.get("image") for s in specs if s.get("image")}) or None,
+            "argv_per_rank": {str(s.get("rank")): s.get("argv") for s in specs} or None,   # redacted in the ledger
+            "env_per_rank": {str(s.get("rank")): s.get("env") for s in specs} or None,
+            "capacity": rec.get("capacity"),
+            "warmup_at_boot": rec.get("warmup"),
+            "server_info": describe_server(self.server_info) if self.server_info else None,
+            "log": self.log.label if self.log else None,
+            "clocks_policy": "unknown",          # not measured by sparkctl (yet)
+            "prefix_cache": (not self.server_info.get("disable_radix_cache")) if "disable_radix_cache" in
+                            self.server_info else "unknown",
+        }
+
+
+def arm_role(arms: list[Arm]) -> None:
+    """Name the arms ON/OFF when exactly one has speculation on; else A, B in order."""
+    if len(arms) == 2 and arms[0].speculative != arms[1].speculative:
+        for a in arms:
+            a.role = "ON" if a.speculative else "OFF"
+    elif len(arms) == 1:
+        arms[0].role = "ON" if arms[0].speculative else "OFF"
+    else:
+        for a, r in zip(arms, "AB"):
+            a.role = r

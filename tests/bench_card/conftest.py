@@ -1,0 +1,151 @@
+"""Emulator processes with known truth for the bench tests (started here, stopped by their own Popen)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "captures" / "sglang"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Sim:
+    url: str
+    log: Path
+    knobs: dict[str, str]
+    proc: subprocess.Popen
+
+
+def start_sim(tmp: Path, name: str, knobs: dict[str, object], extra_argv: list[str]) -> Sim:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKCTL_SIM_")}
+    env.update({f"SPARKCTL_SIM_{k.upper()}": str(v) for k, v in {"boot_s": 0.2, **knobs}.items()})
+    env["PYTHONUNBUFFERED"] = "1"
+    log = tmp / f"{name}.log"
+    fh = open(log, "wb")
+    argv = [sys.executable, "-m", "sparkctl.sim", "--model-path", "/m", "--served-model-name", "x",
+            "--host", "127.0.0.1", "--port", str(port), "--tp-size", "1", "--reasoning-parser", "glm45", *extra_argv]
+    proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+    fh.close()
+    return Sim(f"http://127.0.0.1:{port}", log, {k: str(v) for k, v in knobs.items()}, proc)
+
+
+def wait_ready(sim: Sim, timeout: float = 20.0) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if sim.proc.poll() is not None:
+            raise RuntimeError(f"emulator exited {sim.proc.returncode}: {sim.log.read_text()[-2000:]}")
+        try:
+            if httpx.get(sim.url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"emulator not ready in {timeout}s: {sim.log.read_text()[-2000:]}")
+
+
+def stop_sim(sim: Sim) -> None:
+    if sim.proc.poll() is None:
+        sim.proc.terminate()
+        try:
+            sim.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            sim.proc.kill()
+            sim.proc.wait(5)
+
+
+SPEC = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "/d",
+        "--speculative-num-draft-tokens", "8"]
+
+# Known truth. OFF: 800 tok/s, TTFT = 0.05 s + uncached tokens/20,000, one request at a time, 4,096 window.
+OFF = {"decode_tps": 800, "ttft_base_s": 0.05, "prefill_tps": 20000}
+OFF_ARGV = ["--max-running-requests", "1", "--context-length", "4096", "--decode-log-interval", "4"]
+# ON (deterministic): every verify step accepts all 8 drafts: 200 * 8 / 1.0 = 1,600 tok/s.
+ON = {"decode_tps": 200, "verify_cost": 1.0, "accept_len_code": 8, "accept_len_prose": 8,
+      "ttft_base_s": 0.05, "prefill_tps": 20000}
+# ON with partial acceptance (ranges in the log), one G6 prompt diverging at a known token.
+DIVERGE_AT = 5
+ACC = {"decode_tps": 400, "accept_len_code": 4.6, "ttft_base_s": 0.02,
+       "divergence": '{"contains:capital of Australia": %d}' % DIVERGE_AT}
+
+
+@pytest.fixture(scope="module")
+def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Sim]]:
+    tmp = tmp_path_factory.mktemp("sims")
+    started = {"off": start_sim(tmp, "off", OFF, OFF_ARGV),
+               "on": start_sim(tmp, "on", ON, SPEC + ["--decode-log-interval", "4"]),
+               "acc": start_sim(tmp, "acc", ACC, SPEC + ["--decode-log-interval", "2"])}
+    try:
+        for s in started.values():
+            wait_ready(s)
+        yield started
+    finally:
+        for s in started.values():
+            stop_sim(s)
+
+
+@pytest.fixture(scope="module")
+def truth() -> dict[str, object]:
+    """The configured knobs the tests compare measurements against."""
+    return {"off": OFF, "on": ON, "acc": ACC, "diverge_at": DIVERGE_AT, "off_window": 4096}
+
+
+@pytest.fixture
+def embedded_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path):
+    """An embedded two-rank cluster (like inventory/local.yml) on fresh loopback addresses, fast emulator.
+
+    Teardown stops every engine recorded in the ledger through its runtime (by PID, never by name).
+    """
+    import json
+    import random
+
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.deploy.lifecycle import Deployer
+    from sparkctl.deploy.progress import Reporter
+    from sparkctl.state.ledger import Ledger
+
+    a, b = random.randint(1, 250), random.randint(1, 250)
+    sim = json.dumps({"boot_s": 0.3, "decode_tps": 2000, "peer_timeout_s": 2})
+    inv = tmp_path / "inventory.yml"
+    inv.write_text(f"""all:
+  vars: {{sparkctl_cluster: b{a}x{b}, ansible_connection: local, sparkctl_sim: {sim}}}
+  children:
+    sparks:
+      hosts:
+        spark-a: {{ansible_host: 127.{a}.{b}.2, sparkctl_rank: 0, fabric_interface: lo, fabric_address: 127.{a}.{b}.2,
+                  api_bind: 127.{a}.{b}.2, runtime: process, gpu_runtime: none}}
+        spark-b: {{ansible_host: 127.{a}.{b}.3, sparkctl_rank: 1, fabric_interface: lo, fabric_address: 127.{a}.{b}.3,
+                  api_bind: 127.{a}.{b}.3, runtime: process, gpu_runtime: none}}
+""")
+    monkeypatch.setenv("SPARKCTL_INVENTORY", str(inv))
+    for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
+        monkeypatch.delenv(key)
+    yield inv
+    inventory = load_inventory(inv)
+    ledger = Ledger.for_cluster(inventory.cluster.name)
+    d = Deployer(inventory, Reporter(quiet=True), ledger)
+    try:
+        d.down()
+    except Exception:  # noqa: BLE001 - teardown: still stop everything recorded below
+        pass
+    for dep_id in ledger.index()["history"]:
+        try:
+            rec = ledger.load(dep_id)
+        except Exception:  # noqa: BLE001
+            continue
+        for h in rec.get("handles") or []:
+            d._runtimes(dep_id).for_node(h["node"]).stop(h, timeout_s=3)

@@ -1,0 +1,258 @@
+"""Known answers: the bench against emulator processes configured with known truth (see conftest.py)."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from sparkctl.bench import measure
+from sparkctl.bench.prompts import decode_prompts
+from sparkctl.bench.report import render_card
+from sparkctl.bench.run import BenchOptions, arm_from_endpoint, bench_endpoint
+
+
+@pytest.fixture(scope="module")
+def run_off_on(sims, tmp_path_factory) -> dict[str, Any]:
+    """OFF (primary: TTFT, concurrency) vs the deterministic ON arm."""
+    opts = BenchOptions(gates=("cold", "decode", "ttft", "concurrency", "g6"), runs=3, max_tokens=241, warmup=1,
+                        ttft_sizes=(1000, 3000, 8000), concurrency=(1, 2), g6_max_tokens=16, g6_limit=5,
+                        out_dir=tmp_path_factory.mktemp("run1"))
+    return bench_endpoint(sims["off"].url, opts, log_path=sims["off"].log, compare_endpoint=sims["on"].url,
+                          compare_log_path=sims["on"].log)
+
+
+@pytest.fixture(scope="module")
+def run_acc_off(sims, tmp_path_factory) -> dict[str, Any]:
+    """Partial acceptance + one diverging G6 prompt (ON, primary) vs OFF; G6 outputs short enough to be
+    reasoning only."""
+    opts = BenchOptions(gates=("acceptance", "concurrency", "g6"), runs=3, max_tokens=161, warmup=1,
+                        acceptance_runs=2, concurrency=(1, 2), g6_max_tokens=10,
+                        out_dir=tmp_path_factory.mktemp("run2"))
+    return bench_endpoint(sims["acc"].url, opts, log_path=sims["acc"].log, compare_endpoint=sims["off"].url)
+
+
+def _arm(result: dict[str, Any], role: str) -> dict[str, Any]:
+    return next(a for a in result["arms"] if a["config"]["role"] == role)
+
+
+def _median(result: dict[str, Any], role: str, cls: str) -> float:
+    return _arm(result, role)["results"]["decode"]["classes"][cls]["decode_tok_s"]["median"]
+
+
+# --------------------------------------------------------------------------- decode
+
+def test_decode_medians_match_configured_rates(run_off_on, truth):
+    assert run_off_on["status"] == "complete" and not run_off_on["errors"]
+    off_rate = truth["off"]["decode_tps"]
+    on = truth["on"]
+    on_rate = on["decode_tps"] * 8 / on["verify_cost"]        # all 8 drafts accepted every step
+    for cls in ("code", "prose"):
+        assert _median(run_off_on, "OFF", cls) == pytest.approx(off_rate, rel=0.02)
+        assert _median(run_off_on, "ON", cls) == pytest.approx(on_rate, rel=0.02)
+        r = run_off_on["comparison"]["decode"][cls]
+        assert r["ratio"] == pytest.approx(r["on"] / r["off"], rel=1e-3)
+        assert r["ratio"] == pytest.approx(on_rate / off_rate, rel=0.03)
+    runs = _arm(run_off_on, "OFF")["results"]["decode"]["classes"]["code"]["runs"]
+    assert len(runs) == 3 and all(r["completion_tokens"] == 241 for r in runs)
+
+
+def test_cold_request_reported_apart(run_off_on):
+    for role in ("ON", "OFF"):
+        res = _arm(run_off_on, role)["results"]
+        assert res["cold"]["first_request"]["latency_s"] > 0
+        assert len(res["decode"]["classes"]["code"]["runs"]) == 3   # the cold run is not among them
+
+
+# --------------------------------------------------------------------------- TTFT
+
+def test_ttft_known_answer_cached_repeat_and_window(run_off_on, truth):
+    t = _arm(run_off_on, "OFF")["results"]["ttft"]
+    off = truth["off"]
+    measured = [e for e in t["sizes"] if e["status"] == "measured"]
+    assert [e["target_tokens"] for e in measured] == [1000, 3000]
+    for e in measured:
+        run = e["runs"][0]
+        uncached = run["prompt_tokens"] - (run["cached_tokens"] or 0)
+        assert abs(run["prompt_tokens"] - e["target_tokens"]) <= 0.02 * e["target_tokens"]  # calibrated size
+        assert run["ttft_s"] == pytest.approx(off["ttft_base_s"] + uncached / off["prefill_tps"], abs=0.020)
+        assert e["prefill_tok_s"]["median"] == pytest.approx(run["prompt_tokens"] / run["ttft_s"], rel=1e-2)
+    big = next(e for e in t["sizes"] if e["target_tokens"] == 8000)
+    assert big["status"] == "unmeasurable" and "unmeasurable at this window" in big["note"]
+    c = t["cached_repeat"]
+    assert c["radix_cached"] is True and "cached" in c["basis"] and c["target_tokens"] == 1000
+    assert c["ttft_s"]["median"] < measured[0]["ttft_s"]["median"]
+    assert c["ttft_s"]["median"] == pytest.approx(off["ttft_base_s"], abs=0.020)
+
+
+# --------------------------------------------------------------------------- concurrency
+
+def test_serialization_detected_when_max_running_requests_is_1(run_off_on):
+    c = _arm(run_off_on, "OFF")["results"]["concurrency"]
+    assert c["max_running_requests"] == 1
+    c2 = next(lv for lv in c["levels"] if lv["concurrency"] == 2)
+    ser = c2["serialization"]
+    assert ser["serialized"] is True
+    assert any("resolved to 1" in e for e in ser["evidence"])
+    assert any("#running-req never above 1" in e for e in ser["evidence"])
+    assert c2["total_completion_tokens"] == 2 * 241
+
+
+def test_concurrent_server_not_flagged(run_acc_off):
+    c = _arm(run_acc_off, "ON")["results"]["concurrency"]
+    c2 = next(lv for lv in c["levels"] if lv["concurrency"] == 2)
+    assert c2["serialization"]["serialized"] is False and c2["log_max_running_req"] == 2
+    assert c2["vs_c1"] > 1.5
+
+
+# --------------------------------------------------------------------------- acceptance
+
+def test_acceptance_ranges_equal_the_emulated_log(sims):
+    """The bench's window is exactly the code runs: compare with the log bytes they appended."""
+    sim = sims["acc"]
+    arm = arm_from_endpoint(sim.url, log_path=sim.log)
+    before = sim.log.stat().st_size
+    d = measure.measure_decode(arm, {"code": decode_prompts()["code"]}, runs=2, max_tokens=161)
+    after = sim.log.stat().st_size
+    with open(sim.log, "rb") as fh:
+        fh.seek(before)
+        window = fh.read(after - before).decode()
+    lens, rates = [], []
+    for line in window.splitlines():
+        m = re.search(r"Decode batch, #running-req: (\d+),.*accept len: ([\d.]+), accept rate: ([\d.]+)", line)
+        if m and int(m.group(1)) >= 1:
+            lens.append(float(m.group(2)))
+            rates.append(float(m.group(3)))
+    assert len(lens) >= 3
+    got = d["classes"]["code"]["scheduler_log"]["decode"]
+    assert tuple(got["accept_len"]) == (min(lens), max(lens))
+    assert tuple(got["accept_rate"]) == (min(rates), max(rates))
+    assert 1.0 <= min(lens) and max(lens) <= 8
+    arm.client.close()
+
+
+def test_acceptance_in_the_bench(run_acc_off):
+    acc = _arm(run_acc_off, "ON")["results"]["acceptance"]
+    assert acc["log"]["source"] == "scheduler decode-batch log, during active code decode"
+    lo, hi = acc["log"]["accept_len"]
+    assert 1 <= lo <= hi <= 8 and acc["draft_tokens"] == 8 and acc["sglang_version"]
+    gen = acc["generate"]
+    assert gen["source"].startswith("/generate meta_info") and gen["accept_len"]["n"] == 2
+    assert 1 < gen["accept_len"]["median"] <= 8
+    assert _arm(run_acc_off, "OFF")["results"]["acceptance"]["status"] == "no speculative decoding on this arm"
+
+
+# --------------------------------------------------------------------------- G6
+
+def test_g6_identical_when_nothing_diverges(run_off_on):
+    g = run_off_on["g6"]
+    assert (g["on"], g["off"], g["n"], g["identical"]) == ("ON", "OFF", 5, 5) and g["all_identical"]
+
+
+def _expected_whitespace_index(prompt_text: str, diverge_at: int, n: int) -> int:
+    """From the emulator's documented model (sparkctl/sim/decoding.py): render both token streams."""
+    from sparkctl.sim.decoding import TokenPlan, chat_prompt_text, render
+
+    text = chat_prompt_text([{"role": "user", "content": prompt_text}])
+    kw = dict(thinking=True, reasoning_range=(24, 64), content_range=(1500, 3000))
+    off = render(TokenPlan(text, **kw).tokens(0, n)).split()
+    on = render(TokenPlan(text, diverge_at=diverge_at, **kw).tokens(0, n)).split()
+    return next(i for i, (a, b) in enumerate(zip(on, off)) if a != b)
+
+
+def test_g6_reasoning_only_outputs_compared_and_divergence_exact(run_acc_off, truth):
+    from sparkctl.bench.prompts import g6_prompts
+
+    g = run_acc_off["g6"]
+    assert g["n"] == 20 and g["identical"] == 19 and g["diverged"] == 1 and g["void"] == 0
+    assert g["summary"].startswith("19/20 identical") and "lossless" not in g["summary"].lower()
+    for p in g["prompts"]:
+        # 10 tokens: all reasoning, no content; captured, so comparable (the seed's VOID came from here)
+        assert p["on_output"]["content"] == "" and p["on_output"]["reasoning"]
+    div = next(p for p in g["prompts"] if p["status"] == "diverged")
+    assert div["prompt_id"] == "fact-capital" and div["channel"] == "reasoning"
+    text = next(p.text for p in g6_prompts() if p.id == "fact-capital")
+    expected = _expected_whitespace_index(text, truth["diverge_at"], 10)
+    assert div["index"] == expected <= truth["diverge_at"]   # punctuation tokens attach to words
+    assert "[[" in div["on_context"] and "[[" in div["off_context"]
+    card = Path(run_acc_off["files"]["markdown"]).read_text()
+    assert "lossless" not in card.lower() and "19/20 identical" in card
+
+
+# --------------------------------------------------------------------------- the card
+
+def _json_numbers(obj: Any) -> Iterator[float]:
+    if isinstance(obj, bool):
+        return
+    if isinstance(obj, (int, float)):
+        yield float(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _json_numbers(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _json_numbers(v)
+
+
+def _card_numbers(card: str, section_titles: tuple[str, ...]) -> list[str]:
+    out = []
+    for block in card.split("\n## ")[1:]:
+        if block.startswith(section_titles):
+            body = block.split("\n", 1)[1]
+            body = re.sub(r"`[^`]*`|https?://\S+|PR #\d+|c\d\b|~[\d,]+|\b2%|SGLang [\w.+-]+", " ", body)
+            out += re.findall(r"\d[\d,]*(?:\.\d+)?", body)
+    return out
+
+
+@pytest.mark.parametrize("which", ["run_off_on", "run_acc_off"])
+def test_card_numbers_equal_the_json(which, request):
+    result = request.getfixturevalue(which)
+    saved = json.loads(Path(result["files"]["json"]).read_text())
+    card = Path(result["files"]["markdown"]).read_text()
+    assert card == render_card(saved)                    # the card is a rendering of the saved JSON
+    nums = list(_json_numbers(saved))
+    tokens = _card_numbers(card, ("Decode", "TTFT", "Concurrency", "Acceptance", "Cold"))
+    assert len(tokens) > 10
+    for tok in tokens:
+        value = float(tok.replace(",", ""))
+        decimals = len(tok.split(".")[1]) if "." in tok else 0
+        assert any(round(v, decimals) == value for v in nums), (tok, [ln for ln in card.splitlines() if tok in ln])
+
+
+def test_emulated_labelled_in_card_and_json(run_off_on):
+    assert run_off_on["emulated"] is True and all(a["config"]["emulated"] for a in run_off_on["arms"])
+    card = Path(run_off_on["files"]["markdown"]).read_text()
+    assert "**EMULATED**" in card and "(emulated)" in card
+    cfg = _arm(run_off_on, "OFF")["config"]
+    assert cfg["clocks_policy"] == "unknown" and cfg["sglang_version"] and cfg["server_info"]["launch_command"]
+    assert run_off_on["started"] and run_off_on["finished"] and run_off_on["prompt_set"]
+    assert "gauge peak" in card
+    svg = Path(run_off_on["files"]["chart"]).read_text()
+    assert svg.startswith("<svg") and "EMULATED" in svg and "decode.svg" in card
+
+
+def test_cli_endpoint_json_and_exit_code(sims, cli, state_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("SPARKCTL_INVENTORY", raising=False)
+    code, out, err = cli("bench", "--endpoint", sims["on"].url, "--gates", "decode", "--runs", "2",
+                         "--max-tokens", "81", "--warmup", "0", "--out", str(tmp_path), "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["emulated"] is True and res["mode"] == "endpoint"
+    assert (tmp_path / "report.md").exists() and (tmp_path / "report.json").stat().st_mode & 0o777 == 0o600
+    assert "EMULATED" in err and "OFF | ratio" in (tmp_path / "report.md").read_text()
+    code, out, err = cli("bench", "--endpoint", sims["on"].url, "--gates", "decod")
+    assert code == 2 and "did you mean" in err
+
+
+def test_static_capture_as_log_is_analysed_whole_and_labelled(sims, tmp_path):
+    capture = Path(__file__).resolve().parents[1] / "fixtures" / "captures" / "sglang" / \
+        "decode-batch-old-period-form-eagle3-accept.txt"
+    opts = BenchOptions(gates=("acceptance",), runs=1, max_tokens=41, warmup=0, acceptance_runs=1, out_dir=tmp_path)
+    res = bench_endpoint(sims["acc"].url, opts, log_path=capture)
+    acc = res["arms"][0]["results"]["acceptance"]
+    assert acc["log"]["accept_len"] is None and "no Decode batch line" in acc["log"]["note"]
+    wf = acc["log_whole_file"]
+    assert tuple(wf["accept_len"]) == (1.80, 2.17) and tuple(wf["accept_rate"]) == (0.45, 0.54)
+    assert "not windowed" in (tmp_path / "report.md").read_text()
