@@ -158,8 +158,16 @@ class ContainerConfig:
         return out
 
 
+def sim_env(knobs: dict[str, Any]) -> dict[str, str]:
+    """Emulator knobs (inventory `sparkctl_sim`) as SPARKCTL_SIM_* env: only for clusters whose engine image is
+    sparkctl's emulator (test clusters); empty for real Sparks."""
+    from sparkctl.nodes.process import sim_env as _sim_env
+    return _sim_env(knobs)
+
+
 def container_config(spec: LaunchSpec, node: "Node", *, cluster: str, deployment_id: str, image: str,
-                     infiniband: bool = False, identity: str | None = None, memlock: str = "-1") -> ContainerConfig:
+                     infiniband: bool = False, identity: str | None = None, memlock: str = "-1",
+                     extra_env: dict[str, str] | None = None) -> ContainerConfig:
     """Build the `docker run` parameters for one rank (pure: no daemon, no SSH). Example::
 
         cfg = container_config(spec, node, cluster="desk", deployment_id="d1", image="sglang-gb10:1")
@@ -189,6 +197,7 @@ def container_config(spec: LaunchSpec, node: "Node", *, cluster: str, deployment
             continue
         mounts.append({"source": f"{cache}/{sub}", "target": target, "read_only": False})
         host_dirs.append(f"{cache}/{sub}")
+    env.update(extra_env or {})            # e.g. emulator knobs of a cluster whose engine is the emulator
     env.update(spec.env)                   # the LaunchSpec wins over our defaults
     for k, v in env.items():
         if not _ENV_KEY.match(k) or any(c in v for c in "\n\r\0"):
@@ -319,7 +328,8 @@ class DockerRuntime:
         exactly this launch (rollback's fast path); otherwise replaces it."""
         image = resolve_image(spec, self.environ)
         cfg = container_config(spec, self.node, cluster=self.cluster, deployment_id=deployment_id, image=image,
-                               infiniband=self.has_infiniband(), memlock=self.environ.get(MEMLOCK_ENV) or "-1")
+                               infiniband=self.has_infiniband(), memlock=self.environ.get(MEMLOCK_ENV) or "-1",
+                               extra_env=sim_env(self.inventory.cluster.sim))
         secrets = spec.secret_values
         old = self._inspect(cfg.name)
         if old is not None:

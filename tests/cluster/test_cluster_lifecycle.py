@@ -1,0 +1,183 @@
+"""`sparkctl up` for real over SSH and Docker on the two-node test cluster (tests/cluster/conftest.py).
+
+Each node is a network namespace with its own sshd and dockerd; the engine image's
+`python3 -m sglang.launch_server` is sparkctl's emulator, so only the GPU engine is a stand-in.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparkctl.config.inventory import load_inventory
+from sparkctl.nodes.docker_runtime import MEMLOCK_ENV
+from sparkctl.state.ledger import Ledger
+from sparkctl.testing.cluster import TestCluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+
+SIM = {"boot_s": 3.0, "decode_tps": 2000, "peer_timeout_s": 5}
+FABRIC = "enp1s0f0np0"
+
+
+def _derived_inventory(test_cluster: TestCluster, tmp_path: Path, name: str = "inv.yml", **host_overrides) -> Path:
+    """The cluster's generated inventory plus fast emulator knobs (and optional per-host overrides)."""
+    doc = yaml.safe_load(Path(test_cluster.inventory_path).read_text())
+    doc["all"]["vars"]["sparkctl_sim"] = SIM
+    doc["all"]["vars"]["sparkctl_cluster"] = f"{doc['all']['vars']['sparkctl_cluster']}-{tmp_path.name[-12:]}"
+    for host, overrides in host_overrides.items():
+        doc["all"]["children"]["sparks"]["hosts"][host].update(overrides)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def cluster_env(test_cluster: TestCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path):
+    """Point sparkctl at the test cluster; stop every engine container this test created at teardown."""
+    inv = _derived_inventory(test_cluster, tmp_path)
+    monkeypatch.setenv("SPARKCTL_INVENTORY", str(inv))
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    if hard != resource.RLIM_INFINITY:  # this sandbox's dockerd cannot raise RLIMIT_MEMLOCK
+        monkeypatch.setenv(MEMLOCK_ENV, str(hard))
+    yield inv
+    for node in ("spark-a", "spark-b"):
+        test_cluster.link_up(node)
+    cluster = load_inventory(inv).cluster.name
+    for node in ("spark-a", "spark-b"):
+        ids = _docker(test_cluster, node, "ps", "-aq", "--filter", f"label=sparkctl.cluster={cluster}").split()
+        if ids:
+            _docker(test_cluster, node, "rm", "-f", *ids)
+
+
+def _docker(test_cluster: TestCluster, node: str, *args: str) -> str:
+    res = test_cluster.run_on(node, ["docker", "-H", test_cluster.docker_host(node), *args], check=False)
+    return res.stdout
+
+
+def _running(test_cluster: TestCluster, node: str, cluster: str) -> list[str]:
+    out = _docker(test_cluster, node, "ps", "--filter", f"label=sparkctl.cluster={cluster}",
+                  "--format", '{{.Names}} {{.Label "sparkctl.deployment"}}')
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def _up(cli, *args: str) -> tuple[int, dict | None, str]:
+    code, out, err = cli("up", *args, "--yes", "--json")
+    return code, (json.loads(out) if out.strip() else None), err
+
+
+def test_up_status_rollback_down_over_ssh_and_docker(cli, test_cluster, cluster_env):
+    code, first, err = _up(cli, "--profile", "d5")
+    assert code == 0, err
+    assert first["outcome"] == "deployed" and first["emulated"] is True
+    assert first["endpoint"] == "http://198.19.0.1:30000" or first["endpoint"].endswith(":30000")
+    assert all(g["ok"] for g in first["gates"])
+    assert err.index("[spark-b] rank 1 started") < err.index("[spark-a] rank 0 started")
+    code, out, err = cli("status", "--json")
+    st = json.loads(out)
+    assert code == 0 and st["healthy"] and st["profile"] == "d5" and st["speculative_algorithm"] == "DFLASH"
+    assert [r["alive"] for r in st["ranks"]] == [True, True]
+
+    code, off, err = _up(cli, "--profile", "dflash-off")
+    assert code == 0 and off["outcome"] == "deployed", err
+    cluster = load_inventory(cluster_env).cluster.name
+    # the previous engine's containers are kept stopped (not removed) so rollback can restart them
+    stopped = _docker(test_cluster, "spark-a", "ps", "-a", "--filter", f"label=sparkctl.deployment={first['deployment']}",
+                      "--format", "{{.State}}").split()
+    assert stopped == ["exited"]
+
+    code, out, err = cli("rollback", "--yes", "--json")
+    assert code == 0, err
+    code, out, err = cli("status", "--json")
+    assert json.loads(out)["profile"] == "d5" and json.loads(out)["healthy"]
+    code, out, err = cli("logs", "--rank", "1", "--tail", "20")
+    assert code == 0 and "Dummy health check server started" in out
+
+    code, out, err = cli("down", "--yes", "--json")
+    assert code == 0 and json.loads(out)["changed"]
+    assert _running(test_cluster, "spark-a", cluster) == [] and _running(test_cluster, "spark-b", cluster) == []
+
+
+def _when_rank1_container_runs(test_cluster: TestCluster, cluster: str, exclude: str | None, action) -> threading.Thread:
+    """Run `action(container_name)` once a rank-1 container of a new deployment runs on spark-b (bounded wait)."""
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for line in _running(test_cluster, "spark-b", cluster):
+                name, _, dep = line.partition(" ")
+                if "rank1" in name and dep != exclude:
+                    action(name)
+                    return
+            time.sleep(0.2)
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def test_rank1_container_killed_during_boot_fails_and_rolls_back(cli, test_cluster, cluster_env):
+    code, prev, err = _up(cli, "--profile", "dflash-off")
+    assert code == 0, err
+    cluster = load_inventory(cluster_env).cluster.name
+    killer = _when_rank1_container_runs(test_cluster, cluster, prev["deployment"],
+                                        lambda name: _docker(test_cluster, "spark-b", "kill", name))
+    code, _, err = _up(cli, "--profile", "d5")
+    killer.join(timeout=5)
+    assert code == 4, err
+    assert "spark-b" in err and "rank 1" in err and f"restored {prev['deployment']}" in err
+    code, out, _ = cli("status", "--json")
+    st = json.loads(out)
+    assert st["active"] == prev["deployment"] and st["healthy"]
+
+
+def test_fabric_link_down_during_boot_times_out_with_evidence_then_preflight_reports_it(cli, test_cluster,
+                                                                                         cluster_env):
+    cluster = load_inventory(cluster_env).cluster.name
+    cutter = _when_rank1_container_runs(test_cluster, cluster, None,
+                                        lambda name: test_cluster.link_down("spark-b", FABRIC))
+    t0 = time.monotonic()
+    code, _, err = _up(cli, "--profile", "d5", "--boot-timeout", "40")
+    cutter.join(timeout=5)
+    assert code == 4, err
+    assert time.monotonic() - t0 < 120
+    assert "log tail" in err and ("nccl" in err.lower() or "not ready within" in err)
+    # second try: preflight (read-only) names the node and the fabric problem; nothing is started
+    code, _, err = _up(cli, "--profile", "d5")
+    assert code == 3, err
+    assert FABRIC in err and ("spark-b" in err or "spark-a" in err) and "preflight" in err
+    assert _running(test_cluster, "spark-a", cluster) == [] and _running(test_cluster, "spark-b", cluster) == []
+
+
+def test_wrong_fabric_interface_is_a_preflight_error(cli, test_cluster, cluster_env, tmp_path, monkeypatch):
+    inv = _derived_inventory(test_cluster, tmp_path, "wrong.yml", **{"spark-b": {"fabric_interface": "enp9s9f9np9"}})
+    monkeypatch.setenv("SPARKCTL_INVENTORY", str(inv))
+    code, _, err = _up(cli, "--profile", "d5")
+    assert code == 3 and "[spark-b] preflight" in err and "enp9s9f9np9" in err
+
+
+def test_changed_host_key_is_refused(cli, test_cluster, cluster_env):
+    test_cluster.rotate_host_key("spark-b")
+    try:
+        code, _, err = _up(cli, "--profile", "d5")
+        assert code == 3, err
+        assert "spark-b" in err and "host key" in err.lower() and "ssh-keygen -R" in err
+    finally:
+        test_cluster.restore_known_hosts()
+
+
+def test_node_ssh_down_is_named_and_nothing_starts_elsewhere(cli, test_cluster, cluster_env):
+    cluster = load_inventory(cluster_env).cluster.name
+    test_cluster.stop_sshd("spark-b")
+    try:
+        t0 = time.monotonic()
+        code, _, err = _up(cli, "--profile", "d5")
+        assert code == 3, err
+        assert "[spark-b]" in err and "198.19." in err and time.monotonic() - t0 < 60
+        assert _running(test_cluster, "spark-a", cluster) == []
+    finally:
+        test_cluster.start_sshd("spark-b")
+    assert Ledger.for_cluster(cluster).index()["active"] is None
