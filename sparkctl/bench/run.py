@@ -378,6 +378,10 @@ def bench_deployment(deployer: Any, opts: BenchOptions, *, primary_profile: Any 
             if compare_profile is not None and not compare_endpoint:
                 result["restore"] = _restore(deployer, original, progress)
 
+    if compare_profile is not None and not compare_endpoint:
+        # Hold the cluster lock for the whole comparison: no other `up` may redeploy between the arms.
+        with deployer.ledger.lock("bench --compare"):
+            return _run(result, body, out)
     return _run(result, body, out)
 
 

@@ -153,11 +153,24 @@ class Ledger:
         return None
 
     # -- lock ----------------------------------------------------------------------------------------------------
+    _held: dict[str, int] = {}   # lock paths this process holds -> depth (re-entrant within one process)
+
     @contextmanager
     def lock(self, command: str) -> Iterator[None]:
-        """Exclusive cluster lock; a second holder gets LockHeldError saying who holds it."""
+        """Exclusive cluster lock; a second holder gets LockHeldError saying who holds it.
+
+        Re-entrant within one process, so a command that holds it (bench --compare) can call `up` inside.
+        """
         from filelock import FileLock, Timeout
 
+        key = str(self.root.resolve())
+        if Ledger._held.get(key):
+            Ledger._held[key] += 1
+            try:
+                yield
+            finally:
+                Ledger._held[key] -= 1
+            return
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         lock = FileLock(str(self.root / "lock"), mode=0o600)
         holder_path = self.root / "lock.holder"
@@ -173,11 +186,13 @@ class Ledger:
             raise LockHeldError(f"cluster is locked by {who}", where=str(self.root),
                                 hint="wait for that command to finish (or stop it); the lock frees itself "
                                      "when its process exits") from None
+        Ledger._held[key] = 1
         try:
             write_json_atomic(holder_path, {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
                                             "since": now_iso(), "argv": sys.argv[1:]})
             yield
         finally:
+            Ledger._held.pop(key, None)
             try:
                 holder_path.unlink()
             except FileNotFoundError:

@@ -135,10 +135,20 @@ def test_never_healthy_fails_and_rolls_back(cli, local_cluster, faulty_profile):
 
 
 def test_second_concurrent_up_gets_a_lock_error(cli, local_cluster):
+    """A first `up` (another process) holds the lock: the second says who holds it and changes nothing."""
+    first = subprocess.Popen([sys.executable, "-m", "sparkctl", "up", "--profile", "d5", "--yes"],
+                             env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     ledger = _ledger(local_cluster)
-    with ledger.lock("up"):
-        code, _, err = cli("up", "--profile", "d5", "--yes")
-    assert code == 5 and "cluster is locked by pid" in err and f"{os.getpid()}" in err
+    try:
+        deadline = time.monotonic() + 30
+        while not (ledger.root / "lock.holder").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        code, _, err = cli("up", "--profile", "dflash-off", "--yes")
+        assert code == 5 and f"cluster is locked by pid {first.pid}" in err and "sparkctl up" in err
+    finally:
+        _, first_err = first.communicate(timeout=120)
+    assert first.returncode == 0, first_err
+    assert _status(cli)["profile"] == "d5"
 
 
 def test_port_in_use_is_a_preflight_error(cli, local_cluster):

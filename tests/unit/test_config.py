@@ -138,3 +138,34 @@ def test_yaml_syntax_error_names_line(tmp_path):
     with pytest.raises(ConfigError) as exc:
         load_inventory(inv)
     assert f"{inv}:" in exc.value.where
+
+
+def test_ledger_lock_is_exclusive_across_processes_and_reentrant_within_one(tmp_path):
+    import subprocess
+    import sys
+
+    from sparkctl.state.ledger import Ledger
+    ledger = Ledger(tmp_path / "c")
+    probe = ("import sys; from pathlib import Path; from sparkctl.state.ledger import Ledger\n"
+             "from sparkctl.errors import LockHeldError\n"
+             "try:\n    Ledger(Path(sys.argv[1])).lock('probe').__enter__()\nexcept LockHeldError as e:\n"
+             "    print(e.message); sys.exit(5)\n")
+    with ledger.lock("outer"):
+        with ledger.lock("inner"):  # same process: re-entrant
+            res = subprocess.run([sys.executable, "-c", probe, str(ledger.root)], capture_output=True, text=True)
+            assert res.returncode == 5 and "running `sparkctl outer`" in res.stdout
+        res = subprocess.run([sys.executable, "-c", probe, str(ledger.root)], capture_output=True, text=True)
+        assert res.returncode == 5  # still held after the inner exit
+    res = subprocess.run([sys.executable, "-c", probe, str(ledger.root)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_corrupt_record_is_reported_not_replaced(tmp_path):
+    from sparkctl.errors import LedgerError
+    from sparkctl.state.ledger import Ledger
+    ledger = Ledger(tmp_path / "c")
+    ledger.set_active(None)
+    ledger.index_path.write_text("{not json")
+    with pytest.raises(LedgerError) as exc:
+        ledger.active()
+    assert "corrupt" in exc.value.message and ledger.index_path.read_text() == "{not json"
