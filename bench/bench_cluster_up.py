@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import resource
 import subprocess
 import sys
@@ -27,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from sparkctl.nodes.docker_runtime import MEMLOCK_ENV  # noqa: E402
 from sparkctl.testing.cluster import TestCluster  # noqa: E402
+from sparkctl.testing.embedded import write_embedded_inventory  # noqa: E402
 
 
 def _up(env: dict[str, str], profile: str) -> tuple[float, dict]:
@@ -58,14 +58,7 @@ def main() -> None:
             doc["all"]["vars"]["sparkctl_sim"] = sim
             docker_inv = tmp / "docker.yml"
             docker_inv.write_text(yaml.safe_dump(doc))
-            a, b = random.randint(1, 250), random.randint(1, 250)
-            local_inv = tmp / "local.yml"
-            local_inv.write_text(yaml.safe_dump({"all": {"vars": {
-                "sparkctl_cluster": f"bench{a}x{b}", "ansible_connection": "local", "sparkctl_sim": sim},
-                "hosts": {f"spark-{x}": {"ansible_host": f"127.{a}.{b}.{n}", "sparkctl_rank": n - 2,
-                                          "fabric_interface": "lo", "fabric_address": f"127.{a}.{b}.{n}",
-                                          "api_bind": f"127.{a}.{b}.{n}", "runtime": "process", "gpu_runtime": "none"}
-                          for x, n in (("a", 2), ("b", 3))}}}))
+            local_inv = write_embedded_inventory(tmp / "local.yml", sim, prefix="bench")
             base = dict(os.environ, SPARKCTL_STATE_DIR=str(tmp / "state"))
             hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
             if hard != resource.RLIM_INFINITY:

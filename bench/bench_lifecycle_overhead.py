@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -23,23 +22,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 
 def _inventory(tmp: Path, boot_s: float, decode_tps: float) -> Path:
-    a, b = random.randint(1, 250), random.randint(1, 250)
-    sim = json.dumps({"boot_s": boot_s, "decode_tps": decode_tps})
-    inv = tmp / "inventory.yml"
-    inv.write_text(f"""all:
-  vars: {{sparkctl_cluster: bench{a}x{b}, ansible_connection: local, sparkctl_sim: {sim}}}
-  children:
-    sparks:
-      hosts:
-        spark-a: {{ansible_host: 127.{a}.{b}.2, sparkctl_rank: 0, fabric_interface: lo, fabric_address: 127.{a}.{b}.2,
-                  api_bind: 127.{a}.{b}.2, runtime: process, gpu_runtime: none}}
-        spark-b: {{ansible_host: 127.{a}.{b}.3, sparkctl_rank: 1, fabric_interface: lo, fabric_address: 127.{a}.{b}.3,
-                  api_bind: 127.{a}.{b}.3, runtime: process, gpu_runtime: none}}
-""")
-    return inv
+    from sparkctl.testing.embedded import write_embedded_inventory
+    return write_embedded_inventory(tmp / "inventory.yml", {"boot_s": boot_s, "decode_tps": decode_tps}, prefix="bench")
 
 
 def _sparkctl(env: dict[str, str], *args: str) -> tuple[float, dict]:
@@ -75,7 +63,6 @@ def main() -> None:
                 assert res["outcome"] == "unchanged", res
                 noops.append(wall)
             # in-process no-op (interpreter start-up excluded)
-            sys.path.insert(0, str(REPO))
             os.environ.update(env)
             from sparkctl.config.inventory import resolve_inventory
             from sparkctl.config.profile import load_profile

@@ -34,3 +34,24 @@ def profiles_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path.mkdir()
     monkeypatch.setenv("SPARKCTL_PROFILES_DIR", str(path))
     return path
+
+
+FAST_SIM = {"boot_s": 0.4, "decode_tps": 4000, "peer_timeout_s": 2}
+
+
+@pytest.fixture
+def local_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path):
+    """An embedded two-rank cluster on fresh loopback addresses with a fast emulator; yields its inventory path.
+
+    Every engine the test started is stopped at teardown through the ledger (never by name).
+    """
+    import os
+
+    from sparkctl.testing.embedded import stop_recorded_engines, write_embedded_inventory
+
+    inv = write_embedded_inventory(tmp_path / "inventory.yml", FAST_SIM)
+    monkeypatch.setenv("SPARKCTL_INVENTORY", str(inv))
+    for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
+        monkeypatch.delenv(key)
+    yield inv
+    stop_recorded_engines(inv)

@@ -105,47 +105,13 @@ def truth() -> dict[str, object]:
 
 
 @pytest.fixture
-def embedded_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path):
-    """An embedded two-rank cluster (like inventory/local.yml) on fresh loopback addresses, fast emulator.
-
-    Teardown stops every engine recorded in the ledger through its runtime (by PID, never by name).
-    """
-    import json
-    import random
-
+def embedded_cluster(local_cluster: Path, state_dir: Path):
+    """The shared embedded two-rank cluster (tests/conftest.py `local_cluster`); `down` first at teardown."""
+    yield local_cluster
     from sparkctl.config.inventory import load_inventory
     from sparkctl.deploy.lifecycle import Deployer
     from sparkctl.deploy.progress import Reporter
-    from sparkctl.state.ledger import Ledger
-
-    a, b = random.randint(1, 250), random.randint(1, 250)
-    sim = json.dumps({"boot_s": 0.3, "decode_tps": 2000, "peer_timeout_s": 2})
-    inv = tmp_path / "inventory.yml"
-    inv.write_text(f"""all:
-  vars: {{sparkctl_cluster: b{a}x{b}, ansible_connection: local, sparkctl_sim: {sim}}}
-  children:
-    sparks:
-      hosts:
-        spark-a: {{ansible_host: 127.{a}.{b}.2, sparkctl_rank: 0, fabric_interface: lo, fabric_address: 127.{a}.{b}.2,
-                  api_bind: 127.{a}.{b}.2, runtime: process, gpu_runtime: none}}
-        spark-b: {{ansible_host: 127.{a}.{b}.3, sparkctl_rank: 1, fabric_interface: lo, fabric_address: 127.{a}.{b}.3,
-                  api_bind: 127.{a}.{b}.3, runtime: process, gpu_runtime: none}}
-""")
-    monkeypatch.setenv("SPARKCTL_INVENTORY", str(inv))
-    for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
-        monkeypatch.delenv(key)
-    yield inv
-    inventory = load_inventory(inv)
-    ledger = Ledger.for_cluster(inventory.cluster.name)
-    d = Deployer(inventory, Reporter(quiet=True), ledger)
     try:
-        d.down()
-    except Exception:  # noqa: BLE001 - teardown: still stop everything recorded below
+        Deployer(load_inventory(local_cluster), Reporter(quiet=True)).down()
+    except Exception:  # noqa: BLE001 - teardown: local_cluster still stops every recorded engine
         pass
-    for dep_id in ledger.index()["history"]:
-        try:
-            rec = ledger.load(dep_id)
-        except Exception:  # noqa: BLE001
-            continue
-        for h in rec.get("handles") or []:
-            d._runtimes(dep_id).for_node(h["node"]).stop(h, timeout_s=3)
