@@ -93,7 +93,7 @@ _HINTS = {
 
 
 def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deployment_id: str, reporter: Reporter,
-         *, timeout_s: float, worker_grace_s: float = 1.0, poll_s: float = 0.1,
+         *, timeout_s: float, worker_grace_s: float = 0.3, poll_s: float = 0.1,
          started: list[tuple[Runtime, Handle]] | None = None,
          ready_probe: Callable[[], bool] | None = None) -> BootResult:
     """Start ranks (highest first, rank 0 last) and wait for rank 0 to be ready.
