@@ -81,7 +81,7 @@ class Dialect:
 
     def argparser(self, prog: str = "launch_server.py") -> argparse.ArgumentParser:
         """An argparse parser accepting exactly this version's launch_server flags."""
-        parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False)
+        parser = argparse.ArgumentParser(prog=prog)  # abbreviations on, as in SGLang (unique prefixes accepted)
         for f in self.flags:
             kwargs: dict[str, Any] = {"dest": f.dest, "help": f.help or None, "default": f.default}
             if f.kind == "store_true":
