@@ -332,9 +332,24 @@ class Deployer:
                 self.reporter.event(f"could not stop rank {handle['rank']}: {exc}", handle["node"])
 
     def _mark_superseded(self, old: dict[str, Any], new_id: str) -> None:
+        """The old deployment stays stopped-but-restartable; the ones superseded before it are removed."""
         old = self.ledger.load(old["id"])
         old.update(status="superseded", superseded_by=new_id, stopped=now_iso())
         self.ledger.save(old)
+        for dep_id in self.ledger.index()["history"]:
+            if dep_id in (old["id"], new_id):
+                continue
+            try:
+                rec = self.ledger.load(dep_id)
+            except SparkctlError:
+                continue  # a damaged record is reported by the commands that read it; never rewritten here
+            if rec.get("status") == "superseded" and not rec.get("engines_removed") and rec.get("handles"):
+                try:
+                    self._stop_record(rec, keep=False)
+                    rec["engines_removed"] = now_iso()
+                    self.ledger.save(rec)
+                except SparkctlError as exc:
+                    self.reporter.event(f"could not remove the engines of {dep_id}: {exc.message}")
 
     def _restore(self, previous: dict[str, Any], failed: dict[str, Any]) -> str | None:
         """Bring a stopped known deployment back: restart its ranks, wait ready, verify. Returns its id."""

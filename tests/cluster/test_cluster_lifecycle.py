@@ -95,6 +95,11 @@ def test_up_status_rollback_down_over_ssh_and_docker(cli, test_cluster, cluster_
     assert code == 0, err
     code, out, err = cli("status", "--json")
     assert json.loads(out)["profile"] == "d5" and json.loads(out)["healthy"]
+    # only the deployment just superseded (dflash-off) stays stopped for a fast rollback; older ones are removed
+    def states(dep: str) -> list[str]:
+        return _docker(test_cluster, "spark-b", "ps", "-a", "--filter", f"label=sparkctl.deployment={dep}",
+                       "--format", "{{.State}}").split()
+    assert states(off["deployment"]) == ["exited"] and states(first["deployment"]) == []
     code, out, err = cli("logs", "--rank", "1", "--tail", "20")
     assert code == 0 and "Dummy health check server started" in out
 
