@@ -75,6 +75,19 @@ def register(app: typer.Typer) -> None:
         _emit(result, as_json, _up_human)
 
     @app.command()
+    def preflight(profile: str = typer.Option(..., "--profile", "-p", help="Profile whose ranks are checked."),
+                  inventory: Optional[str] = INVENTORY_OPT,
+                  as_json: bool = typer.Option(False, "--json", help="Checks as JSON on stdout.")) -> None:
+        """Read-only checks on every node (what `up` runs first): nothing is changed."""
+        from sparkctl.config.profile import load_profile
+
+        d = _deployer(inventory, quiet=as_json)
+        checks = d.preflight(load_profile(profile))
+        _emit({"ok": True, "checks": [c.as_dict() for c in checks]}, as_json,
+              lambda r: print(f"preflight passed: {len(r['checks'])} checks on "
+                              f"{len({c['node'] for c in r['checks']})} nodes"))
+
+    @app.command()
     def rollback(to: Optional[str] = typer.Option(None, "--to", help="Profile to roll back to (e.g. dflash-off); "
                                                                       "default: the previous known-good deployment."),
                  inventory: Optional[str] = INVENTORY_OPT,

@@ -390,6 +390,12 @@ class Deployer:
             self.ledger.set_active(None)
             return None
 
+    def preflight(self, profile: Profile) -> list[Check]:
+        """Read-only checks on every node for this profile (what `up` runs first); raises PreflightError."""
+        result = self._render(profile)
+        self.reporter.stage("preflight", f"profile {profile.name}: {len(result.specs)} nodes in parallel")
+        return self._preflight(result, self._runtimes("preflight"), self._own_ports(self.ledger.active()))
+
     # -- rollback / down / status ------------------------------------------------------------------------------------
     def rollback_target(self) -> dict[str, Any]:
         active_id = self.ledger.index().get("active")

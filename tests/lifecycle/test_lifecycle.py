@@ -187,3 +187,16 @@ def test_sigint_during_up_releases_lock_and_leaves_nothing_running(local_cluster
     assert ledger.index()["active"] is None
     with ledger.lock("check"):  # the lock is free again
         pass
+
+
+def test_preflight_command_is_read_only(cli, local_cluster):
+    code, out, err = cli("preflight", "--profile", "d5", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["ok"] and {c["node"] for c in data["checks"]} == {"spark-a", "spark-b"}
+    assert _ledger(local_cluster).index()["history"] == []
+    inv = load_inventory(local_cluster)
+    with socket.socket() as s:
+        s.bind((inv.nodes[1].api_bind, 30000))
+        s.listen()
+        code, _, err = cli("preflight", "--profile", "d5")
+    assert code == 3 and "[spark-b] preflight" in err and "already in use" in err
