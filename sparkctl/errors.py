@@ -67,6 +67,12 @@ class LedgerError(SparkctlError):
     exit_code = 6
 
 
+class CancelledError(SparkctlError):
+    """The user declined at the confirmation prompt; nothing was changed."""
+
+    exit_code = 1
+
+
 class NodeError(SparkctlError):
     """A command on a node failed (SSH, docker, process)."""
 

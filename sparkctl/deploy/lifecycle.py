@@ -21,7 +21,7 @@ from sparkctl.deploy.preflight import Check, ports_of, run_preflight
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.runtimes import Runtimes
 from sparkctl.deploy.warmup import warm_up
-from sparkctl.errors import DeployError, PreflightError, SparkctlError
+from sparkctl.errors import CancelledError, DeployError, PreflightError, SparkctlError
 from sparkctl.nodes.runtime import Handle, Runtime
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.launch import LaunchSpec
@@ -37,10 +37,6 @@ class UpOptions:
     no_rollback: bool = False
     boot_timeout_s: float | None = None
     confirm: Callable[[Plan], bool] | None = None   # None: proceed without asking
-
-
-class Cancelled(SparkctlError):
-    exit_code = 1
 
 
 class Deployer:
@@ -135,7 +131,7 @@ class Deployer:
         if opts.dry_run:
             return {**base, "changed": False, "outcome": "dry-run"}
         if opts.confirm is not None and not opts.confirm(plan):
-            raise Cancelled("cancelled at the confirmation prompt; nothing was changed")
+            raise CancelledError("cancelled at the confirmation prompt; nothing was changed")
         with self.ledger.lock(kind):
             # Re-plan under the lock: another command may have changed the cluster meanwhile.
             result, plan = self.plan(profile)

@@ -200,3 +200,34 @@ def test_preflight_command_is_read_only(cli, local_cluster):
         s.listen()
         code, _, err = cli("preflight", "--profile", "d5")
     assert code == 3 and "[spark-b] preflight" in err and "already in use" in err
+
+
+def test_terminal_prompt_declined_changes_nothing(local_cluster):
+    """On a terminal `up` asks before changing anything; answering no cancels with nothing started."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # child: sparkctl on a pseudo-terminal
+        os.execvpe(sys.executable, [sys.executable, "-m", "sparkctl", "up", "--profile", "d5"], dict(os.environ))
+    seen, deadline = b"", time.monotonic() + 60
+    try:
+        while b"deploy d5?" not in seen and time.monotonic() < deadline:
+            try:
+                seen += os.read(fd, 4096)
+            except OSError:
+                break
+        assert b"deploy d5?" in seen, seen.decode(errors="replace")
+        os.write(fd, b"n\n")
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 1 and b"nothing was changed" in seen
+    assert _ledger(local_cluster).index()["history"] == []

@@ -142,3 +142,12 @@ def test_cli_json_shape_and_rank_filter(cli):
     assert code == 0 and [r["rank"] for r in data["ranks"]] == [1]
     code, _, err = cli("render", "--profile", "d5", "--rank", "5")
     assert code == 2 and "ranks 0..1" in err
+
+
+def test_deprecated_flag_renders_with_a_warning(cli, profiles_dir):
+    _variant(profiles_dir, "extends: d5\nserver: {disable_cuda_graph: true}\n")
+    res = render(load_profile("v"), load_inventory(INVENTORIES["sparks"]), environ={})
+    assert "--disable-cuda-graph" in res.specs[0].argv
+    assert any("--disable-cuda-graph is deprecated in SGLang 0.5.23" in w for w in res.warnings)
+    code, _, err = cli("render", "--profile", "v", "--inventory", str(INVENTORIES["sparks"]))
+    assert code == 0 and "warning: server.disable_cuda_graph: --disable-cuda-graph is deprecated" in err
