@@ -195,7 +195,7 @@ class Deployer:
             checks = self._stage(record, "preflight", lambda: self._preflight(result, rts, own),
                                  f"{len(result.specs)} nodes in parallel")
             record["preflight"] = [c.as_dict() for c in checks]
-            self._stage(record, "image", lambda: self._image(result, rts))
+            record["image_ids"] = self._stage(record, "image", lambda: self._image(result, rts))
             if active:
                 self._stage(record, "stop-old", lambda: self._stop_record(active, keep=True),
                             f"stopping {active['id']} (kept restartable)")
@@ -276,14 +276,21 @@ class Deployer:
             self.reporter.event(f"{c.name}: {c.seen}", c.node)
         return checks
 
-    def _image(self, result: RenderResult, rts: Runtimes) -> None:
+    def _image(self, result: RenderResult, rts: Runtimes) -> dict[str, str]:
+        """The same engine image (by ID) on every docker node: copied where missing, refused when they differ."""
+        from sparkctl.images.distribute import ensure_same_image
+
+        docker: dict[str, Any] = {}
         for spec in result.specs:
             rt = rts.for_node(spec.node)
-            ensure = getattr(rt, "ensure_image", None)
-            if ensure is None:
-                self.reporter.event("no image: the process runtime runs the emulator in place", spec.node)
+            if rt.kind == "docker":
+                docker[spec.node] = rt
             else:
-                self.reporter.event(ensure(spec), spec.node)
+                self.reporter.event("no image: the process runtime runs the emulator in place", spec.node)
+        if not docker:
+            return {}
+        image = result.specs[0].image or ""
+        return ensure_same_image(image, docker, lambda msg, node: self.reporter.event(msg, node))
 
     def _verify(self, profile: Profile, client: SGLangClient, booted: BootResult,
                 record: dict[str, Any]) -> list[Gate]:
@@ -426,5 +433,6 @@ class Deployer:
                 "speculative_algorithm": active.get("speculative_algorithm"), "identity": active["identity"],
                 "sglang_version": active.get("sglang_version"),
                 "images": sorted({s.get("image") for s in active["specs"] if s.get("image")}),
+                "image_ids": active.get("image_ids") or {},
                 "since": active.get("handed_off") or active.get("restored_at") or active.get("created"),
                 "capacity": active.get("capacity"), "emulated": active.get("emulated", False), "detail": detail}

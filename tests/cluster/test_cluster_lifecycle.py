@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import resource
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -186,3 +187,36 @@ def test_node_ssh_down_is_named_and_nothing_starts_elsewhere(cli, test_cluster, 
     finally:
         test_cluster.start_sshd("spark-b")
     assert Ledger.for_cluster(cluster).index()["active"] is None
+
+
+def test_image_missing_on_one_node_is_copied_and_a_mismatch_is_refused(cli, test_cluster, cluster_env):
+    image, original = test_cluster.engine_image, test_cluster.engine_image_id
+    cluster = load_inventory(cluster_env).cluster.name
+
+    def image_id(node: str) -> str:
+        return _docker(test_cluster, node, "image", "inspect", "--format", "{{.Id}}", image).strip()
+    try:
+        # A different image under the same tag on spark-b (the docker client reaches that node's daemon by its
+        # socket): refused before anything starts.
+        res = subprocess.run(["docker", "-H", test_cluster.docker_host("spark-b"), "build", "-q", "-t", image, "-"],
+                             input=f"FROM {original}\nLABEL sparkctl.test=odd\n", capture_output=True, text=True,
+                             timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert image_id("spark-b") != original
+        code, _, err = _up(cli, "--profile", "d5")
+        assert code == 3, err
+        assert "differs between nodes" in err and "spark-b" in err
+        assert _running(test_cluster, "spark-a", cluster) == [] and _running(test_cluster, "spark-b", cluster) == []
+        # Missing on spark-b: streamed from spark-a, then the deployment runs with one image ID on both nodes.
+        _docker(test_cluster, "spark-b", "rmi", "-f", image)
+        code, out, err = _up(cli, "--profile", "d5")
+        assert code == 0, err
+        assert "copying it from spark-a" in err and "image copied from spark-a" in err
+        assert image_id("spark-a") == image_id("spark-b") == original
+        code, out, _ = cli("status", "--json")
+        assert set(json.loads(out)["image_ids"].values()) == {original}
+        cli("down", "--yes")
+    finally:
+        if image_id("spark-b") != original:
+            _docker(test_cluster, "spark-b", "rmi", "-f", image)
+            test_cluster.ensure_engine_image()
