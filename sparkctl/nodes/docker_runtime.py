@@ -165,6 +165,28 @@ def sim_env(knobs: dict[str, Any]) -> dict[str, str]:
     return _sim_env(knobs)
 
 
+def gpu_idle_check(node: str, smi: facts.NvidiaSmi, *, ours_running: bool) -> "Check":
+    """The GPU must be idle before boot (unified memory: another compute process shrinks what the engine gets).
+
+    Graphics processes (Xorg, gnome-shell on a desktop Spark) only warn. When sparkctl's own deployment runs,
+    its engine is expected on the GPU (it is stopped before the new boot), so compute processes only warn.
+    """
+    from sparkctl.deploy.preflight import Check
+
+    compute = smi.compute_processes
+    shown = ", ".join(f"pid {p.pid} {p.name} ({p.memory_mib} MiB)" for p in compute)
+    graphics = [p for p in smi.processes if p not in compute]
+    if not compute:
+        extra = f" ({len(graphics)} graphics processes: {', '.join(p.name for p in graphics)})" if graphics else ""
+        return Check(node, "gpu idle", True, (WARN if graphics else "") + "no compute process on the GPU"
+                     + extra)
+    if ours_running:
+        return Check(node, "gpu idle", True, f"{WARN}in use by {shown} (the active deployment's engine is "
+                                             f"expected here; it is stopped before the new boot)")
+    return Check(node, "gpu idle", False, f"GPU busy: {shown}",
+                 f"stop those processes on {node} first: on unified memory they take what the engine needs")
+
+
 def container_config(spec: LaunchSpec, node: "Node", *, cluster: str, deployment_id: str, image: str,
                      infiniband: bool = False, identity: str | None = None, memlock: str = "-1",
                      extra_env: dict[str, str] | None = None) -> ContainerConfig:
@@ -505,7 +527,8 @@ class DockerRuntime:
         model = _model_path(spec.argv)
         named: list[tuple[str, facts.Fact[Any]]] = [
             ("docker", facts.docker_info()), ("ip", facts.ip_addr()), ("mem", facts.meminfo()),
-            ("ss", facts.listening()), ("gpu", facts.gpu_query()), ("ib", facts.dir_entries("/dev/infiniband"))]
+            ("ss", facts.listening()), ("gpu", facts.gpu_query()), ("smi", facts.nvidia_smi()),
+            ("ib", facts.dir_entries("/dev/infiniband"))]
         if n.roce_hcas:
             named.append(("ibdev", facts.ibdev2netdev()))
         if model:
@@ -520,6 +543,9 @@ class DockerRuntime:
 
         checks += self._check_docker(results["docker"])
         checks += self._check_gpu(results["gpu"], results["docker"])
+        smi = value("smi")
+        if smi is not None:   # no nvidia-smi: the gpu check above already said so
+            checks.append(gpu_idle_check(name, smi, ours_running=bool(own_ports)))
         iface = self._fabric_checks(checks, results["ip"])
         checks += self._check_peers(peers, iface, {p.name: results[f"ping:{p.name}"] for p in peers})
         listeners = value("ss")
