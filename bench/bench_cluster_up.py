@@ -55,6 +55,9 @@ def main() -> None:
         bring_up = time.perf_counter() - t0
         try:
             doc = yaml.safe_load(Path(cluster.inventory_path).read_text())
+            for host in doc["all"]["children"]["sparks"]["hosts"].values():   # the model + drafter dirs
+                for name in ("GLM-5.3-Flash-NVFP4", "GLM-5.3-Flash-DFlash2"):
+                    Path(host["host_paths"]["models"], name).mkdir(parents=True, exist_ok=True)
             doc["all"]["vars"]["sparkctl_sim"] = sim
             docker_inv = tmp / "docker.yml"
             docker_inv.write_text(yaml.safe_dump(doc))

@@ -34,7 +34,7 @@ class ImageSettings(BaseModel):
 
 class ModelSettings(BaseModel):
     model_config = _STRICT
-    path: str = Field(description="Model path inside the engine (under the node's models mount).")
+    path: str = Field(description="Model path inside the engine: /models/... is each node's host_paths.models.")
     served_name: str | None = Field(None, description="--served-model-name: the id clients ask for.")
     reasoning_parser: str | None = Field(None, description="--reasoning-parser, e.g. glm45.")
     tool_call_parser: str | None = Field(None, description="--tool-call-parser.")
@@ -71,7 +71,8 @@ class ServerSettings(BaseModel):
 class SpeculativeSettings(BaseModel):
     model_config = _STRICT
     algorithm: str = Field(description="--speculative-algorithm: DFLASH, EAGLE, EAGLE3, NEXTN ...")
-    draft_model_path: str | None = Field(None, description="--speculative-draft-model-path.")
+    draft_model_path: str | None = Field(None, description="--speculative-draft-model-path (/models/... as for "
+                                                             "model.path).")
     num_draft_tokens: int | None = Field(None, ge=1, description="--speculative-num-draft-tokens.")
     num_steps: int | None = Field(None, ge=1, description="--speculative-num-steps (DFLASH forces 1).")
     eagle_topk: int | None = Field(None, ge=1, description="--speculative-eagle-topk (DFLASH forces 1).")

@@ -71,6 +71,7 @@ from sparkctl.nodes import facts
 from sparkctl.nodes.runtime import Handle, Liveness
 from sparkctl.nodes.ssh import CommandResult, SSHConnector, connector_for
 from sparkctl.sglang.launch import LaunchSpec
+from sparkctl.sglang.render import MODELS_MOUNT
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Inventory, Node
@@ -524,15 +525,16 @@ class DockerRuntime:
             return [Check(name, "ssh", False, exc.message, exc.hint or "")]
         checks = [Check(name, "ssh", True, f"{self.ssh.address} reachable")]
         peers = [p for p in self.inventory.nodes if p.name != name]
-        model = _model_path(spec.argv)
+        models = _model_paths(spec.argv)
         named: list[tuple[str, facts.Fact[Any]]] = [
             ("docker", facts.docker_info()), ("ip", facts.ip_addr()), ("mem", facts.meminfo()),
             ("ss", facts.listening()), ("gpu", facts.gpu_query()), ("smi", facts.nvidia_smi()),
             ("ib", facts.dir_entries("/dev/infiniband"))]
         if n.roce_hcas:
             named.append(("ibdev", facts.ibdev2netdev()))
-        if model:
-            named.append(("model", facts.Fact("model", ("ls", "-d", "--", model), lambda t: t.strip())))
+        for what, path in models:
+            host = host_model_path(path, n.host_paths.models) or path
+            named.append((what, facts.Fact(what, ("ls", "-d", "--", host), lambda t: t.strip())))
         named += [(f"ping:{p.name}", facts.ping(p.fabric_address, dont_fragment=False)) for p in peers]
         results = dict(zip([k for k, _ in named], self.ssh.run_many([list(f.argv) for _, f in named])))
         fact_of = dict(named)
@@ -582,8 +584,8 @@ class DockerRuntime:
                                 else "no /dev/infiniband (NCCL over TCP sockets)"))
         if n.roce_hcas:
             checks.append(self._check_hcas(results["ibdev"]))
-        if model:
-            checks.append(self._check_model(model, results["model"]))
+        for what, path in models:
+            checks.append(self._check_model(what, path, results[what]))
         return checks
 
     def _check_docker(self, res: CommandResult) -> list["Check"]:
@@ -738,26 +740,34 @@ class DockerRuntime:
                          "set roce_hcas to the HCAs of the cabled port (ibdev2netdev shows which are Up)")
         return Check(n.name, "roce hcas", True, ", ".join(f"{h} -> {links[h].netdev} (Up)" for h in n.roce_hcas))
 
-    def _check_model(self, model: str, res: CommandResult) -> "Check":
+    def _check_model(self, what: str, path: str, res: CommandResult) -> "Check":
         from sparkctl.deploy.preflight import Check
         n = self.node
-        models = n.host_paths.models.rstrip("/")
-        inside = model == models or model.startswith(models + "/")
+        host = host_model_path(path, n.host_paths.models)
+        if host is None:
+            return Check(n.name, what, True, WARN + f"{path} is not under {MODELS_MOUNT}, so no host directory is "
+                                                    f"mounted there; the engine will not see it")
         if res.returncode == 0:
-            return Check(n.name, "model", True, f"{model} present" + ("" if inside else
-                         f" ({WARN.strip()} not under host_paths.models {models}, so not mounted into the container)"))
-        if inside:
-            return Check(n.name, "model", False, f"{model} not found on {n.name}",
-                         "sync the model to this node (same path on every node)")
-        return Check(n.name, "model", True, WARN + f"{model} is not on {n.name} and not under host_paths.models "
-                                                   f"({models}); the engine will not see it")
+            return Check(n.name, what, True, f"{path} present ({host} on {n.name})")
+        return Check(n.name, what, False, f"{path} not found: {host} does not exist on {n.name}",
+                     f"sync it to {host} on this node (every node mounts host_paths.models at {MODELS_MOUNT})")
 
 
-def _model_path(argv: list[str]) -> str | None:
-    """The ``--model-path`` value when it is a local absolute path (a hub id like org/name is not checked)."""
-    for flag in ("--model-path", "--model"):
-        if flag in argv:
-            i = argv.index(flag) + 1
-            if i < len(argv) and argv[i].startswith("/"):
-                return argv[i]
+def host_model_path(path: str, host_models: str) -> str | None:
+    """Where a /models/... path of the engine lives on the node (its host_paths.models), or None if elsewhere."""
+    if path == MODELS_MOUNT or path.startswith(MODELS_MOUNT + "/"):
+        return host_models.rstrip("/") + path[len(MODELS_MOUNT):]
     return None
+
+
+def _model_paths(argv: list[str]) -> list[tuple[str, str]]:
+    """(check name, path) for the model and the drafter when they are local absolute paths (hub ids are not)."""
+    out = []
+    for what, flags in (("model", ("--model-path", "--model")), ("drafter", ("--speculative-draft-model-path",))):
+        for flag in flags:
+            if flag in argv:
+                i = argv.index(flag) + 1
+                if i < len(argv) and argv[i].startswith("/"):
+                    out.append((what, argv[i]))
+                break
+    return out

@@ -23,6 +23,7 @@ from sparkctl.sglang.launch import LaunchSpec
 log = logging.getLogger("sparkctl.render")
 
 LAUNCH_PREFIX = ["python3", "-m", "sglang.launch_server"]
+MODELS_MOUNT = "/models"   # every node's host_paths.models appears here in the engine (profiles use /models/...)
 
 # Flags sparkctl sets itself; extra_args may not override them.
 MANAGED = {"model_path": "model.path", "tp_size": "server.tp_size", "nnodes": "the inventory",
@@ -192,7 +193,7 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
             env["NCCL_IB_HCA"] = ",".join(node.roce_hcas)
         if hf_token:
             env["HF_TOKEN"] = hf_token
-        mounts = [{"source": node.host_paths.models, "target": node.host_paths.models, "read_only": True},
+        mounts = [{"source": node.host_paths.models, "target": MODELS_MOUNT, "read_only": True},
                   {"source": node.host_paths.cache, "target": "/root/.cache", "read_only": False}]
         specs.append(LaunchSpec(rank=rank, node=node.name, argv=LAUNCH_PREFIX + b.argv, env=env,
                                 sglang_version=dialect.version, api_host=api_address(node, bind),

@@ -42,6 +42,9 @@ def _derived_inventory(test_cluster: TestCluster, tmp_path: Path, name: str = "i
 def cluster_env(test_cluster: TestCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path):
     """Point sparkctl at the test cluster; stop every engine container this test created at teardown."""
     inv = _derived_inventory(test_cluster, tmp_path)
+    for node in load_inventory(inv).nodes:   # the shipped profiles' model and drafter, as empty directories
+        for name in ("GLM-5.3-Flash-NVFP4", "GLM-5.3-Flash-DFlash2"):
+            Path(node.host_paths.models, name).mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("SPARKCTL_INVENTORY", str(inv))
     hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
     if hard != resource.RLIM_INFINITY:  # this sandbox's dockerd cannot raise RLIMIT_MEMLOCK
@@ -220,3 +223,10 @@ def test_image_missing_on_one_node_is_copied_and_a_mismatch_is_refused(cli, test
         if image_id("spark-b") != original:
             _docker(test_cluster, "spark-b", "rmi", "-f", image)
             test_cluster.ensure_engine_image()
+
+
+def test_missing_drafter_is_a_preflight_error(cli, test_cluster, cluster_env, profiles_dir):
+    (profiles_dir / "nodrafter.yml").write_text("extends: d5\nspeculative: {draft_model_path: /models/absent}\n")
+    code, _, err = _up(cli, "--profile", "nodrafter")
+    assert code == 3, err
+    assert "drafter: /models/absent not found" in err and "srv/spark-" in err

@@ -131,6 +131,7 @@ def test_ssh_down_is_a_named_fast_failure(test_cluster: TestCluster, inv: Invent
 # ------------------------------------------------------------------------------------------------ preflight
 def _spec(inv: Inventory, node: str, *, port: int, image: str | None, rank: int = 0) -> LaunchSpec:
     n = inv.node(node)
+    Path(n.host_paths.models, "emulated").mkdir(parents=True, exist_ok=True)  # /models/emulated on the node
     return LaunchSpec(rank=rank, node=node,
                       argv=["python3", "-m", "sglang.launch_server", "--model-path", "/models/emulated",
                             "--served-model-name", "emu; name with spaces", "--tp-size", "1", "--nnodes", "1",
@@ -138,7 +139,7 @@ def _spec(inv: Inventory, node: str, *, port: int, image: str | None, rank: int 
                       env={"SPARKCTL_SIM_BOOT_S": "1", "HF_TOKEN": SECRET,
                            "SGLANG_HOST_IP": n.fabric_address, "NCCL_SOCKET_IFNAME": n.fabric_interface},
                       sglang_version="0.5.23", image=image,
-                      mounts=[{"source": n.host_paths.models, "target": n.host_paths.models, "read_only": True},
+                      mounts=[{"source": n.host_paths.models, "target": "/models", "read_only": True},
                               {"source": n.host_paths.cache, "target": "/root/.cache", "read_only": False}],
                       secret_values=frozenset({SECRET}))
 
@@ -162,6 +163,7 @@ def test_preflight_healthy_cluster(test_cluster: TestCluster, inv: Inventory) ->
         by = {c.name: c for c in checks}
         assert "mtu 9000" in by["fabric mtu"].seen and "9000-byte packets pass" in by[f"fabric peer {peer}"].seen
         assert by["gpu"].seen.startswith("warning: no nvidia-smi")     # a test node: warning, not a failure
+        assert by["model"].seen.startswith("/models/emulated present")
 
 
 def test_preflight_wrong_fabric_interface_name(test_cluster: TestCluster, inv: Inventory) -> None:
