@@ -44,15 +44,17 @@ class ConfigError(SparkctlError):
 
 
 class PreflightError(SparkctlError):
-    """A read-only check on a node failed before anything was changed."""
+    """A read-only check on a node failed before anything was changed; `checks` holds every check's result."""
 
     exit_code = 3
+    checks: list = []  # noqa: RUF012 - replaced per instance by whoever ran the checks
 
 
 class DeployError(SparkctlError):
-    """Boot, warm-up or verify failed (the lifecycle may have rolled back)."""
+    """Boot, warm-up or verify failed (the lifecycle may have rolled back); `node` names the failing node."""
 
     exit_code = 4
+    node: str | None = None
 
 
 class LockHeldError(SparkctlError):

@@ -128,7 +128,7 @@ def arm_from_record(deployer: Any, record: dict[str, Any], *, log_path: Path | N
         src = FileLog(log_path)
     else:
         h0 = next((h for h in record.get("handles") or [] if h.get("rank") == 0), None)
-        src = RuntimeLog(deployer._runtimes(record["id"]).for_node(h0["node"]), h0) if h0 else None
+        src = RuntimeLog(deployer.runtimes(record["id"]).for_node(h0["node"]), h0) if h0 else None
     endpoint = record["endpoint"].rstrip("/")
     arm = Arm(name=record.get("profile") or record["id"], client=SGLangClient(endpoint, api_key=api_key,
                                                                               timeout=timeout),

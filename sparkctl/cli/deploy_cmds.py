@@ -158,7 +158,7 @@ def register(app: typer.Typer) -> None:
         if handle is None:
             raise SparkctlError(f"deployment {record['id']} has no rank {rank}",
                                 hint=f"ranks: {[h['rank'] for h in record.get('handles') or []]}")
-        rt = d._runtimes(record["id"]).for_node(handle["node"])
+        rt = d.runtimes(record["id"]).for_node(handle["node"])
         text, offset = rt.read_log(handle, 0)
         lines = text.splitlines()
         sys.stdout.write("\n".join(lines[-tail:] if tail else lines) + ("\n" if lines else ""))

@@ -106,6 +106,11 @@ class Inventory(BaseModel):
         return self
 
     @property
+    def emulated(self) -> bool:
+        """Its engine is sparkctl's emulator: the embedded cluster, or any node on the process runtime."""
+        return self.embedded or any(n.runtime == "process" for n in self.nodes)
+
+    @property
     def rank0(self) -> Node:
         return self.nodes[0]
 

@@ -78,7 +78,7 @@ def _fail(watch: RankWatch, message: str, hint: str, elapsed: float) -> DeployEr
     evidence.append(log_tail(watch.full_log(), 25))
     err = DeployError(f"boot failed on rank {watch.spec.rank} ({watch.spec.node}) after {elapsed:.1f}s: {message}",
                       where=f"[{watch.spec.node}] boot", hint=hint, evidence="\n".join(evidence))
-    err.node = watch.spec.node  # type: ignore[attr-defined]
+    err.node = watch.spec.node
     return err
 
 

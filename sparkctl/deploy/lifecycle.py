@@ -51,22 +51,21 @@ class Deployer:
         self.ledger = ledger or Ledger.for_cluster(inventory.cluster.name)
 
     # -- helpers ---------------------------------------------------------------------------------------------------
-    def _runtimes(self, dep_id: str) -> Runtimes:
+    def runtimes(self, dep_id: str) -> Runtimes:
+        """The runtime of each node, for the engines of deployment `dep_id` (logs, liveness, stop)."""
         return Runtimes(self.inventory, self.ledger, dep_id)
 
-    def _client(self, spec0: LaunchSpec | dict[str, Any], timeout: float = 60.0,
-                key_env: str | None = None) -> SGLangClient:
+    @staticmethod
+    def _client(spec0: LaunchSpec | dict[str, Any], key_env: str | None, timeout: float = 60.0) -> SGLangClient:
         """Client for rank 0's API; the API key comes from the environment variable the profile names."""
         host = spec0.api_host if isinstance(spec0, LaunchSpec) else spec0["api_host"]
         port = spec0.api_port if isinstance(spec0, LaunchSpec) else spec0["api_port"]
-        key = os.environ.get(key_env) if key_env else self._api_key
+        key = os.environ.get(key_env) if key_env else None
         return SGLangClient(f"http://{host}:{port}", api_key=key or None, timeout=timeout)
 
-    _api_key: str | None = None
-
-    def _health_probe(self, spec0: LaunchSpec) -> Callable[[], bool]:
+    def _health_probe(self, spec0: LaunchSpec, key_env: str | None) -> Callable[[], bool]:
         """True once rank 0's /health answers 200 (connection refused or 503 = not yet)."""
-        client = self._client(spec0, timeout=5)
+        client = self._client(spec0, key_env, timeout=5)
 
         def probe() -> bool:
             try:
@@ -77,7 +76,7 @@ class Deployer:
 
     def health_of(self, record: dict[str, Any]) -> tuple[bool, str, list[dict[str, Any]]]:
         """Live health of a recorded deployment: every rank alive, rank 0 /health 200."""
-        rts = self._runtimes(record["id"])
+        rts = self.runtimes(record["id"])
         ranks, healthy = [], True
         for handle in record.get("handles") or []:
             live = rts.for_node(handle["node"]).liveness(handle)
@@ -85,7 +84,7 @@ class Deployer:
             if handle["rank"] == 0 and live.alive:
                 try:
                     key_env = ((record.get("profile_data") or {}).get("api") or {}).get("api_key_env")
-                    with self._client(record["specs"][0], timeout=5, key_env=key_env) as c:
+                    with self._client(record["specs"][0], key_env, timeout=5) as c:
                         code = c.health()
                     entry["health"] = code
                     live_ok = code == 200
@@ -103,9 +102,7 @@ class Deployer:
         return healthy, detail, ranks
 
     def _render(self, profile: Profile) -> RenderResult:
-        result = render(profile, self.inventory)
-        self._api_key = os.environ.get(profile.api.api_key_env) if profile.api.api_key_env else None
-        return result
+        return render(profile, self.inventory)
 
     def plan(self, profile: Profile) -> tuple[RenderResult, Plan]:
         result = self._render(profile)
@@ -123,7 +120,7 @@ class Deployer:
             r.event(f"warning: {w}")
         for line in plan.lines():
             r.event(line)
-        base = {"profile": profile.name, "plan": plan.as_dict(), "emulated": self.inventory.embedded,
+        base = {"profile": profile.name, "plan": plan.as_dict(), "emulated": self.inventory.emulated,
                 "cluster": self.inventory.cluster.name}
         if plan.noop:
             return {**base, "changed": False, "outcome": "unchanged", "reason": plan.noop_reason,
@@ -150,7 +147,7 @@ class Deployer:
             "id": self.ledger.new_id(profile.name), "kind": kind, "profile": profile.name,
             "profile_data": profile.model_dump(mode="json"), "inventory": self.inventory.path,
             "cluster": self.inventory.cluster.name,
-            "emulated": self.inventory.embedded or any(n.runtime == "process" for n in self.inventory.nodes),
+            "emulated": self.inventory.emulated,
             "identity": plan.identity, "sglang_version": profile.image.sglang_version,
             "specs": [s.redacted() for s in result.specs], "warnings": result.warnings,
             "status": "running", "known_good": False, "created": now_iso(), "stages": [], "gates": [],
@@ -186,7 +183,7 @@ class Deployer:
         self.ledger.save(record)
         self.ledger.add_to_history(dep_id)
         active = self.ledger.active()
-        rts = self._runtimes(dep_id)
+        rts = self.runtimes(dep_id)
         started: list[tuple[Runtime, Handle]] = []
         stopped_previous = False
         total = Stopwatch()
@@ -203,15 +200,16 @@ class Deployer:
             timeout = opts.boot_timeout_s or profile.lifecycle.boot_timeout_s
             booted: BootResult = self._stage(
                 record, "boot", lambda: boot(result.specs, rts.for_node, dep_id, self.reporter, timeout_s=timeout,
-                                             started=started, ready_probe=self._health_probe(result.specs[0])),
+                                             started=started,
+                                             ready_probe=self._health_probe(result.specs[0], profile.api.api_key_env)),
                 f"rank {len(result.specs) - 1} first, rank 0 last (timeout {timeout:.0f}s)")
             record["handles"] = booted.handles
             record["capacity"] = booted.capacity()
-            client = self._client(result.specs[0], timeout=profile.warmup.timeout_s)
+            client = self._client(result.specs[0], profile.api.api_key_env, timeout=profile.warmup.timeout_s)
             with client:
                 record["warmup"] = self._stage(record, "warm-up",
                                                lambda: warm_up(profile, client, self.reporter, result.specs[0].node))
-                gates: list[Gate] = self._stage(record, "verify", lambda: self._verify(profile, client, booted, record))
+                self._stage(record, "verify", lambda: self._verify(profile, client, booted, record))
             record.update(status="successful", known_good=True, finished=now_iso(),
                           elapsed_s=total.elapsed(), handed_off=now_iso())
             self.ledger.save(record)
@@ -227,7 +225,7 @@ class Deployer:
         except PreflightError as exc:
             record.update(status="failed", finished=now_iso(), elapsed_s=total.elapsed(),
                           failure={"stage": "preflight", "message": exc.render()},
-                          preflight=[c.as_dict() for c in getattr(exc, "checks", [])])
+                          preflight=[c.as_dict() for c in exc.checks])
             self.ledger.save(record)
             raise
         except (Exception, KeyboardInterrupt) as exc:
@@ -313,7 +311,7 @@ class Deployer:
         """Stop every rank of a deployment, all nodes in parallel."""
         from concurrent.futures import ThreadPoolExecutor
 
-        rts = self._runtimes(record["id"])
+        rts = self.runtimes(record["id"])
         handles = sorted(record.get("handles") or [], key=lambda h: h["rank"])
 
         def stop(handle: Handle) -> None:
@@ -339,14 +337,18 @@ class Deployer:
         old = self.ledger.load(old["id"])
         old.update(status="superseded", superseded_by=new_id, stopped=now_iso())
         self.ledger.save(old)
-        for dep_id in self.ledger.index()["history"]:
+        # Every hand-off prunes all older superseded engines, so walking back from the newest record can stop at
+        # the first one already pruned: the scan stays a few records long however long the history grows.
+        for dep_id in reversed(self.ledger.index()["history"]):
             if dep_id in (old["id"], new_id):
                 continue
             try:
                 rec = self.ledger.load(dep_id)
             except SparkctlError:
                 continue  # a damaged record is reported by the commands that read it; never rewritten here
-            if rec.get("status") == "superseded" and not rec.get("engines_removed") and rec.get("handles"):
+            if rec.get("engines_removed"):
+                break
+            if rec.get("status") == "superseded" and rec.get("handles"):
                 try:
                     self._stop_record(rec, keep=False)
                     rec["engines_removed"] = now_iso()
@@ -363,12 +365,12 @@ class Deployer:
             if launch_identity(result) != previous.get("identity"):
                 self.reporter.event("note: re-rendered launch identity differs from the record "
                                     "(inventory or secrets changed); restoring the re-rendered launch")
-            rts = self._runtimes(previous["id"])
+            rts = self.runtimes(previous["id"])
             started: list[tuple[Runtime, Handle]] = []
             booted = boot(result.specs, rts.for_node, previous["id"], self.reporter,
                           timeout_s=profile.lifecycle.boot_timeout_s, started=started,
-                          ready_probe=self._health_probe(result.specs[0]))
-            with self._client(result.specs[0]) as client:
+                          ready_probe=self._health_probe(result.specs[0], profile.api.api_key_env))
+            with self._client(result.specs[0], profile.api.api_key_env) as client:
                 gates = run_gates(profile, client, booted.watches)
             bad = [g.name for g in gates if not g.ok]
             for g in gates:
@@ -397,7 +399,7 @@ class Deployer:
         """Read-only checks on every node for this profile (what `up` runs first); raises PreflightError."""
         result = self._render(profile)
         self.reporter.stage("preflight", f"profile {profile.name}: {len(result.specs)} nodes in parallel")
-        return self._preflight(result, self._runtimes("preflight"), self._own_ports(self.ledger.active()))
+        return self._preflight(result, self.runtimes("preflight"), self._own_ports(self.ledger.active()))
 
     # -- rollback / down / status ------------------------------------------------------------------------------------
     def rollback_target(self) -> dict[str, Any]:
@@ -426,7 +428,7 @@ class Deployer:
         if not active:
             idx = self.ledger.index()
             return {"cluster": self.inventory.cluster.name, "active": None, "history": len(idx["history"]),
-                    "emulated": self.inventory.embedded}
+                    "emulated": self.inventory.emulated}
         healthy, detail, ranks = self.health_of(active)
         return {"cluster": self.inventory.cluster.name, "active": active["id"], "profile": active["profile"],
                 "healthy": healthy, "ranks": ranks, "endpoint": active["endpoint"],

@@ -49,7 +49,7 @@ def run_preflight(specs: list[LaunchSpec], checks_for: Callable[[LaunchSpec], li
         err = PreflightError(f"{first.name}: {first.seen}", where=f"[{first.node}] preflight", hint=first.fix or None,
                              evidence="\n".join(f"[{c.node}] {c.name}: {c.seen}" + (f" -> {c.fix}" if c.fix else "")
                                                 for c in failed[1:]) or None)
-        err.checks = checks  # type: ignore[attr-defined]
+        err.checks = checks
         raise err
     return checks
 

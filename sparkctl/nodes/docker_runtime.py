@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkctl.errors import ConfigError, NodeError, PreflightError
 from sparkctl.nodes import facts
-from sparkctl.nodes.runtime import Handle, Liveness
+from sparkctl.nodes.runtime import Handle, Liveness, sim_env
 from sparkctl.nodes.ssh import CommandResult, SSHConnector, connector_for
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import MODELS_MOUNT
@@ -157,13 +157,6 @@ class ContainerConfig:
                     v = v.replace(s, "***")
             out[k] = v
         return out
-
-
-def sim_env(knobs: dict[str, Any]) -> dict[str, str]:
-    """Emulator knobs (inventory `sparkctl_sim`) as SPARKCTL_SIM_* env: only for clusters whose engine image is
-    sparkctl's emulator (test clusters); empty for real Sparks."""
-    from sparkctl.nodes.process import sim_env as _sim_env
-    return _sim_env(knobs)
 
 
 def gpu_idle_check(node: str, smi: facts.NvidiaSmi, *, ours_running: bool) -> "Check":

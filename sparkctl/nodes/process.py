@@ -8,7 +8,6 @@ time so a recycled PID is never mistaken for our engine.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,38 +16,26 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparkctl.nodes.runtime import Handle, Liveness
+from sparkctl.nodes.runtime import Handle, Liveness, sim_env
 from sparkctl.sglang.launch import LaunchSpec
 
 if TYPE_CHECKING:
     from sparkctl.deploy.preflight import Check
 
-SIM_ENV_PREFIX = "SPARKCTL_SIM_"
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, kernel start time) of a process from one read of /proc/PID/stat, or None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()   # after the comm field: state is field 3, starttime field 22
+    return fields[0], int(fields[19])
 
 
 def _proc_start_ticks(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return int(fields[19])  # field 22 (starttime), counted after the comm field
-
-
-def _proc_state(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2:].split()[0]
-
-
-def sim_env(knobs: dict[str, Any]) -> dict[str, str]:
-    """Inventory `sparkctl_sim` knobs as the emulator's SPARKCTL_SIM_<KNOB> environment."""
-    out = {}
-    for key, value in knobs.items():
-        out[SIM_ENV_PREFIX + key.upper()] = json.dumps(value) if isinstance(value, (dict, list, bool)) else str(value)
-    return out
+    stat = _proc_stat(pid)
+    return stat[1] if stat else None
 
 
 class ProcessRuntime:
@@ -89,8 +76,9 @@ class ProcessRuntime:
                 "spec": spec.redacted()}
 
     def _ours(self, handle: Handle) -> bool:
-        pid = handle.get("pid")
-        return bool(pid) and _proc_start_ticks(pid) == handle.get("start_ticks") and _proc_state(pid) != "Z"
+        """The handle's process still runs (same PID *and* start time: a recycled PID is not ours; a zombie is dead)."""
+        stat = _proc_stat(handle["pid"]) if handle.get("pid") else None
+        return stat is not None and stat[1] == handle.get("start_ticks") and stat[0] != "Z"
 
     def liveness(self, handle: Handle) -> Liveness:
         pid = handle.get("pid")

@@ -7,6 +7,7 @@ command (status, logs, down, rollback) can find the engine again.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -35,13 +36,25 @@ class Runtime(Protocol):
         """Log text from byte offset `offset` (for following) and the next offset."""
 
     def stop(self, handle: Handle, *, timeout_s: float = 15.0) -> None:
-        """Stop the engine, keeping what is needed to restart it (idempotent)."""
-
-    def restart(self, handle: Handle) -> Handle:
-        """Start a stopped engine again from its handle (rollback's fast path)."""
+        """Stop the engine, keeping what is needed to restart it (idempotent). Starting the same spec under the
+        same deployment id again is the restart: a docker runtime reuses the stopped container (rollback's fast
+        path), a process runtime starts a fresh process."""
 
     def remove(self, handle: Handle) -> None:
         """Forget a stopped engine for good (containers removed; logs stay)."""
+
+
+SIM_ENV_PREFIX = "SPARKCTL_SIM_"
+
+
+def sim_env(knobs: dict[str, Any]) -> dict[str, str]:
+    """Emulator knobs (inventory `sparkctl_sim`) as SPARKCTL_SIM_<KNOB> environment for the engine.
+
+    Only clusters whose engine is sparkctl's emulator set knobs (the embedded cluster, test clusters);
+    real Sparks have none, so nothing is added there.
+    """
+    return {SIM_ENV_PREFIX + k.upper(): json.dumps(v) if isinstance(v, (dict, list, bool)) else str(v)
+            for k, v in knobs.items()}
 
 
 def log_tail(text: str, lines: int = 30, width: int = 400) -> str:

@@ -47,4 +47,4 @@ def stop_recorded_engines(inventory_path: Path) -> None:
         except Exception:  # noqa: BLE001 - teardown: stop whatever else is recorded
             continue
         for handle in record.get("handles") or []:
-            d._runtimes(dep_id).for_node(handle["node"]).stop(handle, timeout_s=3)
+            d.runtimes(dep_id).for_node(handle["node"]).stop(handle, timeout_s=3)

@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.state.ledger import Ledger
