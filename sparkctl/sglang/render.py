@@ -50,7 +50,7 @@ class RenderResult:
     def to_json(self, rank: int | None = None) -> dict[str, Any]:
         ranks = [s.redacted() for s in self.specs if rank is None or s.rank == rank]
         return {"profile": self.profile.name, "sglang_version": self.profile.image.sglang_version,
-                "inventory": self.inventory.path, "emulated": self.inventory.embedded,
+                "inventory": self.inventory.path, "emulated": self.inventory.emulated,
                 "ranks": [{k: r[k] for k in ("rank", "node", "argv", "env")} for r in ranks],
                 "warnings": list(self.warnings)}
 
