@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from sparkctl.nodes.handles import Handle
 from sparkctl.sglang.logparse import EventKind, LogFollower, decode_stats, parse_line
 
 __all__ = ["LogSource", "FileLog", "RuntimeLog", "scheduler_summary", "prefill_events", "capacity_from_log"]
@@ -78,10 +79,10 @@ class FileLog(LogSource):
 class RuntimeLog(LogSource):
     """Rank N's engine log of a deployment, through its runtime's ``read_log(handle, offset)``."""
 
-    def __init__(self, runtime: Any, handle: dict[str, Any], *, settle_s: float = 0.5) -> None:
+    def __init__(self, runtime: Any, handle: Handle, *, settle_s: float = 0.5) -> None:
         super().__init__(lambda off: runtime.read_log(handle, off),
-                         f"rank {handle.get('rank', 0)} log of deployment {handle.get('deployment', '?')} "
-                         f"[{handle.get('node', '?')}]", settle_s=settle_s)
+                         f"rank {handle.rank} log of deployment {handle.deployment} [{handle.node}]",
+                         settle_s=settle_s)
 
 
 def prefill_events(lines: Iterable[str]) -> list[dict[str, Any]]:

@@ -24,7 +24,8 @@ from typing import Any, Callable, Sequence
 
 from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
-from sparkctl.state.ledger import Ledger, now_iso, write_json_atomic
+from sparkctl.state.ledger import Ledger, now_iso, write_json_atomic, write_text_atomic
+from sparkctl.state.records import DeploymentRecord, RunRecord, Status
 
 from sparkctl.bench import losslessness, measure
 from sparkctl.bench.logsource import FileLog, LogSource, RuntimeLog, capacity_from_log, scheduler_summary
@@ -115,23 +116,22 @@ def arm_from_endpoint(url: str, *, api_key: str | None = None, log_path: Path | 
     return arm
 
 
-def arm_from_record(deployer: Any, record: dict[str, Any], *, log_path: Path | None = None,
+def arm_from_record(deployer: Any, record: DeploymentRecord, *, log_path: Path | None = None,
                     timeout_s: float | None = None) -> Arm:
     """The arm of a deployment record: its endpoint, its API key (from the env var the profile names),
     rank 0's log through the runtime (or ``log_path``)."""
-    prof = record.get("profile_data") or {}
-    key_env = (prof.get("api") or {}).get("api_key_env")
+    prof = record.profile_data
+    key_env = record.api_key_env
     api_key = os.environ.get(key_env) if key_env else None
     timeout = timeout_s or float((prof.get("warmup") or {}).get("timeout_s") or 900)
     src: LogSource | None
     if log_path:
         src = FileLog(log_path)
     else:
-        h0 = next((h for h in record.get("handles") or [] if h.get("rank") == 0), None)
-        src = RuntimeLog(deployer.runtimes(record["id"]).for_node(h0["node"]), h0) if h0 else None
-    endpoint = record["endpoint"].rstrip("/")
-    arm = Arm(name=record.get("profile") or record["id"], client=SGLangClient(endpoint, api_key=api_key,
-                                                                              timeout=timeout),
+        h0 = record.handle_of(0)
+        src = RuntimeLog(deployer.runtimes(record.id).for_node(h0.node), h0) if h0 else None
+    endpoint = record.endpoint.rstrip("/")
+    arm = Arm(name=record.profile or record.id, client=SGLangClient(endpoint, api_key=api_key, timeout=timeout),
               endpoint=endpoint, model=(prof.get("model") or {}).get("served_name"), log=src, record=record,
               api_key=api_key, timeout_s=timeout)
     _check_reachable(arm)
@@ -166,7 +166,7 @@ def measure_arm(arm: Arm, opts: BenchOptions, run_tag: str, *, primary: bool, g6
     if "cold" in gates:
         _gate(results, "cold", lambda: {
             "first_request": measure.first_request(arm, code, opts.warmup_max_tokens or opts.max_tokens),
-            "at_boot": ((arm.record or {}).get("warmup") or {}).get("cold"),
+            "at_boot": ((arm.record.warmup if arm.record else None) or {}).get("cold"),
             "note": "excluded from every median; the first request of this bench is cold only if nothing ran "
                     "since boot (a deployment's own warm-up at boot is reported as at_boot)"}, say)
         say(f"first request: {((results.get('cold') or {}).get('first_request') or {}).get('latency_s')} s")
@@ -250,21 +250,20 @@ def _compare(arms: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _new_result(mode: str, opts: BenchOptions, run_id: str) -> dict[str, Any]:
-    return {"schema": SCHEMA, "run_id": run_id, "mode": mode, "status": "running", "started": now_iso(),
-            "options": opts.as_dict(), "prompt_set": prompt_set_digest(), "arms": [], "comparison": {},
-            "g6": None, "reference": list(opts.reference), "emulated": False, "errors": []}
+def _new_result(mode: str, opts: BenchOptions, run_id: str) -> RunRecord:
+    return RunRecord(schema=SCHEMA, run_id=run_id, mode=mode, started=now_iso(), options=opts.as_dict(),
+                     prompt_set=prompt_set_digest(), reference=list(opts.reference))
 
 
-def _finish(result: dict[str, Any], arms: list[Arm]) -> None:
-    result["emulated"] = any(a["config"]["emulated"] for a in result["arms"]) or any(a.emulated for a in arms)
-    result["finished"] = now_iso()
+def _finish(result: RunRecord, arms: list[Arm]) -> None:
+    result.emulated = any(a["config"]["emulated"] for a in result.arms) or any(a.emulated for a in arms)
+    result.finished = now_iso()
 
 
-def _measure_all(result: dict[str, Any], arms_in_order: list[Callable[[], Arm]], opts: BenchOptions,
+def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts: BenchOptions,
                  progress: Progress) -> None:
     """Build and measure the arms one after another (a later arm may need an earlier one torn down)."""
-    run_tag = result["run_id"]
+    run_tag = result.run_id
     g6 = len(arms_in_order) == 2
     captures: list[list[losslessness.Capture] | None] = []
     built: list[Arm] = []
@@ -273,20 +272,20 @@ def _measure_all(result: dict[str, Any], arms_in_order: list[Callable[[], Arm]],
         built.append(arm)
         arm.role = ("A", "B")[i] if len(arms_in_order) == 2 else "ON" if arm.speculative else "OFF"
         res, caps = measure_arm(arm, opts, f"{run_tag}/{i}", primary=(i == 0), g6=g6, progress=progress)
-        result["arms"].append({"config": arm.config(), "results": res})
+        result.arms.append({"config": arm.config(), "results": res})
         captures.append(caps)
         arm.client.close()
     if len(built) == 2:
         arm_role(built)
-        for entry, arm in zip(result["arms"], built):
+        for entry, arm in zip(result.arms, built):
             entry["config"]["role"] = arm.role
-        result["comparison"] = _compare(result["arms"])
+        result.comparison = _compare(result.arms)
         if captures[0] is not None and captures[1] is not None:
             on_i = 0 if built[0].role in ("ON", "A") else 1
             plist = g6_prompts()[: opts.g6_limit] if opts.g6_limit else g6_prompts()
             verdicts = [losslessness.compare(p.id, a, b)
                         for p, a, b in zip(plist, captures[on_i], captures[1 - on_i])]
-            result["g6"] = {"on": built[on_i].role, "off": built[1 - on_i].role,
+            result.g6 = {"on": built[on_i].role, "off": built[1 - on_i].role,
                             "max_tokens": opts.g6_max_tokens or opts.max_tokens, "temperature": 0,
                             "captured": "reasoning_content + content (+ tool calls); server tokens when logprobs "
                                         "cover the completion, else whitespace tokens",
@@ -296,18 +295,18 @@ def _measure_all(result: dict[str, Any], arms_in_order: list[Callable[[], Arm]],
     _finish(result, built)
 
 
-def _run(result: dict[str, Any], body: Callable[[], None], out_dir: Path) -> dict[str, Any]:
+def _run(result: RunRecord, body: Callable[[], None], out_dir: Path) -> dict[str, Any]:
+    """Run `body`, record how it ended (successful, failed, canceled), write the report either way."""
     try:
         body()
-        result["status"] = "complete"
+        result.status = Status.SUCCESSFUL
     except (Exception, KeyboardInterrupt) as exc:
-        result["status"] = "canceled" if isinstance(exc, KeyboardInterrupt) else "failed"
-        result["errors"].append(exc.render() if isinstance(exc, SparkctlError) else f"{type(exc).__name__}: {exc}")
-        result.setdefault("finished", now_iso())
+        result.status = Status.CANCELED if isinstance(exc, KeyboardInterrupt) else Status.FAILED
+        result.errors.append(exc.render() if isinstance(exc, SparkctlError) else f"{type(exc).__name__}: {exc}")
+        result.finished = result.finished or now_iso()
         write_report(result, out_dir)
         raise
-    write_report(result, out_dir)
-    return result
+    return write_report(result, out_dir)
 
 
 def _out_dir(opts: BenchOptions, ledger: Ledger | None, run_id: str) -> Path:
@@ -352,12 +351,12 @@ def bench_deployment(deployer: Any, opts: BenchOptions, *, primary_profile: Any 
     if original is None:
         raise SparkctlError("no active deployment to measure", where=str(deployer.ledger.root),
                             hint="deploy one (sparkctl up --profile NAME) or measure any server with --endpoint URL")
-    if compare_profile is not None and compare_profile.name == original.get("profile"):
+    if compare_profile is not None and compare_profile.name == original.profile:
         raise ConfigError(f"--compare {compare_profile.name} is the profile already deployed",
                           hint="compare against a different profile, e.g. --compare dflash-off")
-    run_id = Ledger.new_id(f"bench-{original.get('profile')}")
+    run_id = Ledger.new_id(f"bench-{original.profile}")
     result = _new_result("deployment", opts, run_id)
-    result["deployment"] = original["id"]
+    result.deployment = original.id
     out = _out_dir(opts, deployer.ledger, run_id)
     makers: list[Callable[[], Arm]] = [lambda: arm_from_record(deployer, original, log_path=log_path)]
     if compare_endpoint:
@@ -367,7 +366,7 @@ def bench_deployment(deployer: Any, opts: BenchOptions, *, primary_profile: Any 
         def deploy_other() -> Arm:
             progress(f"deploying {compare_profile.name} for the comparison arm (the original is restored after)")
             up = deployer.up(compare_profile, UpOptions(), kind="bench-compare")
-            result["compare_deployment"] = {k: up.get(k) for k in ("deployment", "outcome", "endpoint")}
+            result.compare_deployment = {k: up.get(k) for k in ("deployment", "outcome", "endpoint")}
             return arm_from_record(deployer, deployer.ledger.load(up["deployment"]), log_path=compare_log_path)
         makers.append(deploy_other)
 
@@ -376,7 +375,7 @@ def bench_deployment(deployer: Any, opts: BenchOptions, *, primary_profile: Any 
             _measure_all(result, makers, opts, progress)
         finally:
             if compare_profile is not None and not compare_endpoint:
-                result["restore"] = _restore(deployer, original, progress)
+                result.restore = _restore(deployer, original, progress)
 
     if compare_profile is not None and not compare_endpoint:
         # Hold the cluster lock for the whole comparison: no other `up` may redeploy between the arms.
@@ -385,17 +384,17 @@ def bench_deployment(deployer: Any, opts: BenchOptions, *, primary_profile: Any 
     return _run(result, body, out)
 
 
-def _restore(deployer: Any, original: dict[str, Any], progress: Progress) -> dict[str, Any]:
+def _restore(deployer: Any, original: DeploymentRecord, progress: Progress) -> dict[str, Any]:
     from sparkctl.config.profile import Profile
     from sparkctl.deploy.lifecycle import UpOptions
 
-    progress(f"restoring the original deployment ({original.get('profile')})")
+    progress(f"restoring the original deployment ({original.profile})")
     try:
-        up = deployer.up(Profile.model_validate(original["profile_data"]), UpOptions(), kind="bench-restore")
+        up = deployer.up(Profile.model_validate(original.profile_data), UpOptions(), kind="bench-restore")
     except SparkctlError as exc:
         progress(f"restore FAILED: {exc.message}")
-        return {"ok": False, "error": exc.render(), "profile": original.get("profile")}
-    return {"ok": True, "profile": original.get("profile"), "outcome": up.get("outcome"),
+        return {"ok": False, "error": exc.render(), "profile": original.profile}
+    return {"ok": True, "profile": original.profile, "outcome": up.get("outcome"),
             "deployment": up.get("deployment"), "endpoint": up.get("endpoint")}
 
 
@@ -410,7 +409,7 @@ def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -
         lines = src.whole()
         sch = scheduler_summary(lines)
         d = sch["decode"]
-        result["log_only"] = {
+        result.log_only = {
             "log": str(path), "scope": "whole captured log (not windowed to a run of this bench)",
             "source": "scheduler decode-batch log, lines with #running-req >= 1",
             "accept_len": d["accept_len"], "accept_rate": d["accept_rate"], "active_batches": d["active_batches"],
@@ -419,31 +418,28 @@ def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -
             "sglang_version": "unknown (not printed in the log)",
             "capacity": capacity_from_log(lines) or None,
             "prefill": {k: v for k, v in sch.items() if k != "decode"}}
-        result["finished"] = now_iso()
+        result.finished = now_iso()
 
     return _run(result, body, out)
 
 
 # --------------------------------------------------------------------------- files
 
-def write_report(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:
-    """``report.json``, ``report.md`` (rendered from the same dict) and ``decode.svg``, atomically, mode 0600."""
+def write_report(result: RunRecord, out_dir: Path) -> dict[str, Any]:
+    """``report.json``, ``report.md`` (rendered from the same JSON) and ``decode.svg``, atomically, mode 0600.
+
+    Returns the record's JSON (what ``report.json`` holds), with ``files`` naming the files written.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / "report.json", out_dir / "report.md"
-    result["files"] = {"json": str(json_path), "markdown": str(md_path)}
-    svg = decode_svg(result)
+    files = {"json": str(json_path), "markdown": str(md_path)}
+    svg = decode_svg(result.as_json())
     if svg is not None:
         svg_path = out_dir / "decode.svg"
-        _write_text_atomic(svg_path, svg)
-        result["files"]["chart"] = str(svg_path)
-    write_json_atomic(json_path, result)
-    _write_text_atomic(md_path, render_card(result))
-    return {k: Path(v) for k, v in result["files"].items()}
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+        write_text_atomic(svg_path, svg)
+        files["chart"] = str(svg_path)
+    result.files = files
+    data = result.as_json()
+    write_json_atomic(json_path, data)
+    write_text_atomic(md_path, render_card(data))
+    return data

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient, parse_server_info
+from sparkctl.state.records import DeploymentRecord
 
 from sparkctl.bench.logsource import LogSource
 
@@ -85,7 +86,7 @@ class Arm:
     model: str | None = None          # served model name sent with each request
     log: LogSource | None = None
     server_info: dict[str, Any] = field(default_factory=dict)
-    record: dict[str, Any] | None = None    # the ledger's deployment record, when deployed by sparkctl
+    record: DeploymentRecord | None = None  # the ledger's deployment record, when deployed by sparkctl
     role: str = "?"                   # ON | OFF (speculation), or A | B when that does not tell them apart
     api_key: str | None = field(default=None, repr=False)
     timeout_s: float = 900.0
@@ -99,7 +100,7 @@ class Arm:
     def speculative_algorithm(self) -> str | None:
         alg = self.server_info.get("speculative_algorithm")
         if alg is None and self.record is not None:
-            alg = self.record.get("speculative_algorithm")
+            alg = self.record.speculative_algorithm
         return alg or None
 
     @property
@@ -110,24 +111,25 @@ class Arm:
     def draft_tokens(self) -> int | None:
         v = self.server_info.get("speculative_num_draft_tokens")
         if v is None and self.record:
-            v = (((self.record.get("profile_data") or {}).get("speculative") or {}).get("num_draft_tokens"))
+            v = (self.record.profile_data.get("speculative") or {}).get("num_draft_tokens")
         return int(v) if isinstance(v, (int, float)) else None
 
     @property
     def emulated(self) -> bool:
-        return bool(self.server_info.get("emulated")) or bool((self.record or {}).get("emulated"))
+        return bool(self.server_info.get("emulated")) or bool(self.record and self.record.emulated)
 
     @property
     def version(self) -> str | None:
-        return self.server_info.get("version") or (self.record or {}).get("sglang_version")
+        return self.server_info.get("version") or (self.record.sglang_version if self.record else None)
 
     @property
     def context_length(self) -> int | None:
         """The context window: /server_info context_length, else the record's capacity, else the profile."""
         s = parse_server_info(self.server_info) if self.server_info else None
+        rec = self.record
         for v in ((s.context_length if s else None),
-                  ((self.record or {}).get("capacity") or {}).get("context_len"),
-                  (((self.record or {}).get("profile_data") or {}).get("server") or {}).get("context_length")):
+                  ((rec.capacity or {}).get("context_len") if rec else None),
+                  ((rec.profile_data.get("server") or {}).get("context_length") if rec else None)):
             if isinstance(v, int) and v > 0:
                 return v
         return None
@@ -138,7 +140,7 @@ class Arm:
         s = parse_server_info(self.server_info) if self.server_info else None
         if s and s.effective_max_running_requests is not None:
             return s.effective_max_running_requests, "/server_info internal_states effective_max_running_requests_per_dp"
-        cap = (self.record or {}).get("capacity") or {}
+        cap = (self.record.capacity if self.record else None) or {}
         if isinstance(cap.get("max_running_requests"), int):
             return cap["max_running_requests"], "boot log capacity line (ledger record)"
         if s and s.max_running_requests is not None:
@@ -163,21 +165,21 @@ class Arm:
 
     def config(self) -> dict[str, Any]:
         """Everything this arm's numbers must be recorded with."""
-        rec = self.record or {}
-        specs = rec.get("specs") or []
+        rec = self.record
+        specs = rec.specs if rec else []
         return {
             "name": self.name, "role": self.role, "endpoint": self.endpoint, "model": self.model,
             "emulated": self.emulated, "sglang_version": self.version,
             "speculative_algorithm": self.speculative_algorithm, "draft_tokens": self.draft_tokens,
             "context_length": self.context_length,
             "max_running_requests": dict(zip(("value", "source"), self.max_running_requests)),
-            "deployment": rec.get("id"), "profile": rec.get("profile"), "profile_data": rec.get("profile_data"),
-            "identity": rec.get("identity"),
+            "deployment": rec.id if rec else None, "profile": rec.profile if rec else None,
+            "profile_data": rec.profile_data if rec else None, "identity": rec.identity if rec else None,
             "images": sorted({s.get("image") for s in specs if s.get("image")}) or None,
             "argv_per_rank": {str(s.get("rank")): s.get("argv") for s in specs} or None,   # redacted in the ledger
             "env_per_rank": {str(s.get("rank")): s.get("env") for s in specs} or None,
-            "capacity": rec.get("capacity"),
-            "warmup_at_boot": rec.get("warmup"),
+            "capacity": rec.capacity if rec else None,
+            "warmup_at_boot": rec.warmup if rec else None,
             "server_info": describe_server(self.server_info) if self.server_info else None,
             "log": self.log.label if self.log else None,
             "clocks_policy": "unknown",          # not measured by sparkctl (yet)

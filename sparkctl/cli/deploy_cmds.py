@@ -103,8 +103,8 @@ def register(app: typer.Typer) -> None:
             prof = load_profile(to)
         else:
             target = d.rollback_target()
-            print(f"sparkctl: rolling back to {target['id']} ({target['profile']})", file=sys.stderr)
-            prof = Profile.model_validate(target["profile_data"])
+            print(f"sparkctl: rolling back to {target.id} ({target.profile})", file=sys.stderr)
+            prof = Profile.model_validate(target.profile_data)
         result = d.up(prof, UpOptions(boot_timeout_s=boot_timeout, confirm=_confirm(yes, f"roll back to {prof.name}")),
                       kind="rollback")
         _emit(result, as_json, _up_human)
@@ -116,7 +116,7 @@ def register(app: typer.Typer) -> None:
         """Stop the active deployment on every node."""
         d = _deployer(inventory)
         active = d.ledger.active()
-        if active and not _confirm(yes, f"stop {active['id']} ({active['profile']})")(None):
+        if active and not _confirm(yes, f"stop {active.id} ({active.profile})")(None):
             raise typer.Abort()
         result = d.down()
         _emit(result, as_json, lambda r: print(f"stopped {r['stopped']}" if r.get("changed") else r["reason"]))
@@ -154,11 +154,11 @@ def register(app: typer.Typer) -> None:
         record = d.ledger.active() or d.ledger.known_good()
         if record is None:
             raise SparkctlError("no deployment recorded yet", hint="run sparkctl up --profile NAME")
-        handle = next((h for h in record.get("handles") or [] if h["rank"] == rank), None)
+        handle = record.handle_of(rank)
         if handle is None:
-            raise SparkctlError(f"deployment {record['id']} has no rank {rank}",
-                                hint=f"ranks: {[h['rank'] for h in record.get('handles') or []]}")
-        rt = d.runtimes(record["id"]).for_node(handle["node"])
+            raise SparkctlError(f"deployment {record.id} has no rank {rank}",
+                                hint=f"ranks: {[h.rank for h in record.handles]}")
+        rt = d.runtimes(record.id).for_node(handle.node)
         text, offset = rt.read_log(handle, 0)
         lines = text.splitlines()
         sys.stdout.write("\n".join(lines[-tail:] if tail else lines) + ("\n" if lines else ""))

@@ -74,7 +74,7 @@ def _fail(watch: RankWatch, message: str, hint: str, elapsed: float) -> DeployEr
     evidence = []
     if f is not None:
         evidence.append(f"first error ({f.kind.value}): {f.first_line}")
-    evidence.append(f"log tail ({watch.handle.get('log') or watch.handle.get('container')}):")
+    evidence.append(f"log tail ({watch.handle.log_ref}):")
     evidence.append(log_tail(watch.full_log(), 25))
     err = DeployError(f"boot failed on rank {watch.spec.rank} ({watch.spec.node}) after {elapsed:.1f}s: {message}",
                       where=f"[{watch.spec.node}] boot", hint=hint, evidence="\n".join(evidence))
@@ -110,8 +110,7 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
         started.append((rt, handle))
         watch = RankWatch(spec, rt, handle, reporter)
         watches.append(watch)
-        where = f"pid {handle['pid']}" if "pid" in handle else f"container {handle.get('container')}"
-        reporter.event(f"rank {spec.rank} started ({where})", spec.node)
+        reporter.event(f"rank {spec.rank} started ({handle.where})", spec.node)
         if spec.rank != 0:
             # Give the worker a moment: a rank that dies at once (bad flag, missing model) is caught here.
             # It may go on as soon as SGLang accepted its arguments (the server_args line), at most the grace.

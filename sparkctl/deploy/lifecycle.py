@@ -27,6 +27,7 @@ from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult, render
 from sparkctl.state.ledger import Ledger, Stopwatch, now_iso
+from sparkctl.state.records import DeploymentRecord, Failure, RestoreEntry, StageEntry, Status
 
 log = logging.getLogger("sparkctl.deploy")
 
@@ -74,17 +75,16 @@ class Deployer:
                 return False
         return probe
 
-    def health_of(self, record: dict[str, Any]) -> tuple[bool, str, list[dict[str, Any]]]:
+    def health_of(self, record: DeploymentRecord) -> tuple[bool, str, list[dict[str, Any]]]:
         """Live health of a recorded deployment: every rank alive, rank 0 /health 200."""
-        rts = self.runtimes(record["id"])
+        rts = self.runtimes(record.id)
         ranks, healthy = [], True
-        for handle in record.get("handles") or []:
-            live = rts.for_node(handle["node"]).liveness(handle)
-            entry = {"rank": handle["rank"], "node": handle["node"], "alive": live.alive, "state": live.detail}
-            if handle["rank"] == 0 and live.alive:
+        for handle in record.handles:
+            live = rts.for_node(handle.node).liveness(handle)
+            entry = {"rank": handle.rank, "node": handle.node, "alive": live.alive, "state": live.detail}
+            if handle.rank == 0 and live.alive:
                 try:
-                    key_env = ((record.get("profile_data") or {}).get("api") or {}).get("api_key_env")
-                    with self._client(record["specs"][0], key_env, timeout=5) as c:
+                    with self._client(record.specs[0], record.api_key_env, timeout=5) as c:
                         code = c.health()
                     entry["health"] = code
                     live_ok = code == 200
@@ -140,46 +140,42 @@ class Deployer:
     def _endpoint(self, spec0: LaunchSpec) -> str:
         return f"http://{spec0.api_host}:{spec0.api_port}"
 
-    def _new_record(self, profile: Profile, result: RenderResult, plan: Plan, kind: str) -> dict[str, Any]:
+    def _new_record(self, profile: Profile, result: RenderResult, plan: Plan, kind: str) -> DeploymentRecord:
         active = self.ledger.active()
         prev_good = self.ledger.known_good()
-        return {
-            "id": self.ledger.new_id(profile.name), "kind": kind, "profile": profile.name,
-            "profile_data": profile.model_dump(mode="json"), "inventory": self.inventory.path,
-            "cluster": self.inventory.cluster.name,
-            "emulated": self.inventory.emulated,
-            "identity": plan.identity, "sglang_version": profile.image.sglang_version,
-            "specs": [s.redacted() for s in result.specs], "warnings": result.warnings,
-            "status": "running", "known_good": False, "created": now_iso(), "stages": [], "gates": [],
-            "previous": active["id"] if active else None,
-            "previous_known_good": prev_good["id"] if prev_good else None,
-            "handles": [], "capacity": None, "warmup": None, "failure": None, "restored": None,
-            "endpoint": self._endpoint(result.specs[0]),
-            "speculative_algorithm": profile.speculative.algorithm if profile.speculative else None,
-        }
+        return DeploymentRecord(
+            id=self.ledger.new_id(profile.name), kind=kind, profile=profile.name,
+            profile_data=profile.model_dump(mode="json"), inventory=self.inventory.path,
+            cluster=self.inventory.cluster.name, emulated=self.inventory.emulated,
+            identity=plan.identity, sglang_version=profile.image.sglang_version,
+            specs=[s.redacted() for s in result.specs], warnings=result.warnings, created=now_iso(),
+            previous=active.id if active else None, previous_known_good=prev_good.id if prev_good else None,
+            endpoint=self._endpoint(result.specs[0]),
+            speculative_algorithm=profile.speculative.algorithm if profile.speculative else None,
+        )
 
-    def _stage(self, record: dict[str, Any], name: str, fn: Callable[[], Any], message: str = "") -> Any:
+    def _stage(self, record: DeploymentRecord, name: str, fn: Callable[[], Any], message: str = "") -> Any:
         self.reporter.stage(name, message)
         sw = Stopwatch()
-        entry = {"name": name, "started": now_iso(), "status": "running"}
-        record["stages"].append(entry)
+        entry = StageEntry(name=name, started=now_iso())
+        record.stages.append(entry)
         self.ledger.save(record)
         try:
             value = fn()
         except BaseException as exc:
-            entry.update(status="failed", elapsed_s=sw.elapsed(),
-                         error=exc.render() if isinstance(exc, SparkctlError) else f"{type(exc).__name__}: {exc}")
+            entry.status, entry.elapsed_s = "failed", sw.elapsed()
+            entry.error = exc.render() if isinstance(exc, SparkctlError) else f"{type(exc).__name__}: {exc}"
             self.ledger.save(record)
             raise
-        entry.update(status="ok", elapsed_s=sw.elapsed())
-        self.reporter.event(f"done in {entry['elapsed_s']:.2f}s")
+        entry.status, entry.elapsed_s = "ok", sw.elapsed()
+        self.reporter.event(f"done in {entry.elapsed_s:.2f}s")
         self.ledger.save(record)
         return value
 
     def _apply(self, profile: Profile, result: RenderResult, plan: Plan, opts: UpOptions,
                kind: str) -> dict[str, Any]:
         record = self._new_record(profile, result, plan, kind)
-        dep_id = record["id"]
+        dep_id = record.id
         self.ledger.save(record)
         self.ledger.add_to_history(dep_id)
         active = self.ledger.active()
@@ -191,11 +187,11 @@ class Deployer:
             own = self._own_ports(active)
             checks = self._stage(record, "preflight", lambda: self._preflight(result, rts, own),
                                  f"{len(result.specs)} nodes in parallel")
-            record["preflight"] = [c.as_dict() for c in checks]
-            record["image_ids"] = self._stage(record, "image", lambda: self._image(result, rts))
+            record.preflight = [c.as_dict() for c in checks]
+            record.image_ids = self._stage(record, "image", lambda: self._image(result, rts))
             if active:
                 self._stage(record, "stop-old", lambda: self._stop_record(active, keep=True),
-                            f"stopping {active['id']} (kept restartable)")
+                            f"stopping {active.id} (kept restartable)")
                 stopped_previous = True
             timeout = opts.boot_timeout_s or profile.lifecycle.boot_timeout_s
             booted: BootResult = self._stage(
@@ -203,66 +199,66 @@ class Deployer:
                                              started=started,
                                              ready_probe=self._health_probe(result.specs[0], profile.api.api_key_env)),
                 f"rank {len(result.specs) - 1} first, rank 0 last (timeout {timeout:.0f}s)")
-            record["handles"] = booted.handles
-            record["capacity"] = booted.capacity()
+            record.handles = booted.handles
+            record.capacity = booted.capacity()
             client = self._client(result.specs[0], profile.api.api_key_env, timeout=profile.warmup.timeout_s)
             with client:
-                record["warmup"] = self._stage(record, "warm-up",
-                                               lambda: warm_up(profile, client, self.reporter, result.specs[0].node))
+                record.warmup = self._stage(record, "warm-up",
+                                            lambda: warm_up(profile, client, self.reporter, result.specs[0].node))
                 self._stage(record, "verify", lambda: self._verify(profile, client, booted, record))
-            record.update(status="successful", known_good=True, finished=now_iso(),
-                          elapsed_s=total.elapsed(), handed_off=now_iso())
+            record.status, record.finished = Status.SUCCESSFUL, now_iso()
+            record.elapsed_s, record.handed_off = total.elapsed(), now_iso()
             self.ledger.save(record)
-            if active and active["id"] != dep_id:
+            if active and active.id != dep_id:
                 self._mark_superseded(active, dep_id)
             self.ledger.set_active(dep_id)
-            self.reporter.stage("hand-off", f"{record['endpoint']} serves {profile.model.served_name} "
+            self.reporter.stage("hand-off", f"{record.endpoint} serves {profile.model.served_name} "
                                             f"({profile.name}, deployment {dep_id})")
-            return {"changed": True, "outcome": "deployed", "deployment": dep_id, "endpoint": record["endpoint"],
-                    "emulated": record["emulated"],
-                    "capacity": record["capacity"], "gates": record["gates"], "stages": record["stages"],
-                    "warmup": record["warmup"], "elapsed_s": record["elapsed_s"]}
+            return {"changed": True, "outcome": "deployed", "deployment": dep_id, "endpoint": record.endpoint,
+                    "emulated": record.emulated, "capacity": record.capacity, "gates": record.gates,
+                    "stages": [s.model_dump(mode="json") for s in record.stages],
+                    "warmup": record.warmup, "elapsed_s": record.elapsed_s}
         except PreflightError as exc:
-            record.update(status="failed", finished=now_iso(), elapsed_s=total.elapsed(),
-                          failure={"stage": "preflight", "message": exc.render()},
-                          preflight=[c.as_dict() for c in exc.checks])
+            record.status, record.finished, record.elapsed_s = Status.FAILED, now_iso(), total.elapsed()
+            record.failure = Failure(stage="preflight", message=exc.render())
+            record.preflight = [c.as_dict() for c in exc.checks]
             self.ledger.save(record)
             raise
         except (Exception, KeyboardInterrupt) as exc:
             interrupted = isinstance(exc, KeyboardInterrupt)
-            stage = next((s["name"] for s in reversed(record["stages"]) if s.get("status") != "ok"), "unknown")
+            stage = next((s.name for s in reversed(record.stages) if s.status != "ok"), "unknown")
             message = "interrupted (SIGINT)" if interrupted else (
                 exc.render() if isinstance(exc, SparkctlError) else f"{type(exc).__name__}: {exc}")
-            record.update(status="canceled" if interrupted else "failed", finished=now_iso(),
-                          elapsed_s=total.elapsed(), failure={"stage": stage, "message": message,
-                                                              "node": getattr(exc, "node", None)})
-            record["handles"] = record["handles"] or [h for _, h in started]
+            record.status = Status.CANCELED if interrupted else Status.FAILED
+            record.finished, record.elapsed_s = now_iso(), total.elapsed()
+            record.failure = Failure(stage=stage, message=message, node=getattr(exc, "node", None))
+            record.handles = record.handles or [h for _, h in started]
             self.ledger.save(record)
             if opts.no_rollback and not interrupted:
                 self.reporter.event("--no-rollback: leaving the failed engines as they are for inspection")
-                record["rollback"] = "skipped (--no-rollback)"
+                record.rollback = "skipped (--no-rollback)"
                 self.ledger.save(record)
                 raise
             self._cleanup(started)
-            record["rollback"] = "new engines stopped"
+            record.rollback = "new engines stopped"
             if stopped_previous and active:
-                record["restored"] = self._restore(active, record)
+                record.restored = self._restore(active, record)
             self.ledger.save(record)
             if interrupted:
                 raise
             if isinstance(exc, SparkctlError):
-                restored = f"; restored {record['restored']}" if record.get("restored") else (
+                restored = f"; restored {record.restored}" if record.restored else (
                     "; nothing to restore (no previous deployment)" if not active else "")
                 exc.message += restored
                 raise
             raise DeployError(f"{stage} failed: {message}", where=f"deployment {dep_id}") from exc
 
     # -- stages ------------------------------------------------------------------------------------------------------
-    def _own_ports(self, active: dict[str, Any] | None) -> set[tuple[str, int]]:
+    def _own_ports(self, active: DeploymentRecord | None) -> set[tuple[str, int]]:
         if not active:
             return set()
         out: set[tuple[str, int]] = set()
-        for s in active.get("specs") or []:
+        for s in active.specs:
             spec = LaunchSpec(rank=s["rank"], node=s["node"], argv=s["argv"], env=s["env"],
                               sglang_version=s["sglang_version"])
             out.update((a, p) for a, p, _ in ports_of(spec))
@@ -291,11 +287,11 @@ class Deployer:
         return ensure_same_image(image, docker, lambda msg, node: self.reporter.event(msg, node))
 
     def _verify(self, profile: Profile, client: SGLangClient, booted: BootResult,
-                record: dict[str, Any]) -> list[Gate]:
+                record: DeploymentRecord) -> list[Gate]:
         gates = run_gates(profile, client, booted.watches)
-        record["gates"] = [g.as_dict() for g in gates]
+        record.gates = [g.as_dict() for g in gates]
         try:  # the engine says whether it is the emulator (sparkctl.sim sets "emulated": true)
-            record["emulated"] = bool(record["emulated"] or client.server_info().get("emulated"))
+            record.emulated = bool(record.emulated or client.server_info().get("emulated"))
         except SGLangAPIError:
             pass
         for g in gates:
@@ -307,67 +303,67 @@ class Deployer:
                               evidence="\n".join(f"{g.name}: {g.evidence}" for g in failed))
         return gates
 
-    def _stop_record(self, record: dict[str, Any], *, keep: bool) -> None:
+    def _stop_record(self, record: DeploymentRecord, *, keep: bool) -> None:
         """Stop every rank of a deployment, all nodes in parallel."""
         from concurrent.futures import ThreadPoolExecutor
 
-        rts = self.runtimes(record["id"])
-        handles = sorted(record.get("handles") or [], key=lambda h: h["rank"])
+        rts = self.runtimes(record.id)
+        handles = sorted(record.handles, key=lambda h: h.rank)
 
         def stop(handle: Handle) -> None:
-            rt = rts.for_node(handle["node"])
+            rt = rts.for_node(handle.node)
             rt.stop(handle)
             if not keep:
                 rt.remove(handle)
-            self.reporter.event(f"rank {handle['rank']} stopped", handle["node"])
+            self.reporter.event(f"rank {handle.rank} stopped", handle.node)
         with ThreadPoolExecutor(max_workers=max(1, len(handles))) as pool:
             list(pool.map(stop, handles))
 
     def _cleanup(self, started: list[tuple[Runtime, Handle]]) -> None:
-        for rt, handle in sorted(started, key=lambda x: x[1]["rank"]):
+        for rt, handle in sorted(started, key=lambda x: x[1].rank):
             try:
                 rt.stop(handle)
                 rt.remove(handle)
-                self.reporter.event(f"rank {handle['rank']} of the failed deployment stopped", handle["node"])
+                self.reporter.event(f"rank {handle.rank} of the failed deployment stopped", handle.node)
             except Exception as exc:  # noqa: BLE001 - keep cleaning the other ranks
-                self.reporter.event(f"could not stop rank {handle['rank']}: {exc}", handle["node"])
+                self.reporter.event(f"could not stop rank {handle.rank}: {exc}", handle.node)
 
-    def _mark_superseded(self, old: dict[str, Any], new_id: str) -> None:
+    def _mark_superseded(self, old: DeploymentRecord, new_id: str) -> None:
         """The old deployment stays stopped-but-restartable; the ones superseded before it are removed."""
-        old = self.ledger.load(old["id"])
-        old.update(status="superseded", superseded_by=new_id, stopped=now_iso())
+        old = self.ledger.load(old.id)
+        old.status, old.superseded_by, old.stopped = Status.SUPERSEDED, new_id, now_iso()
         self.ledger.save(old)
         # Every hand-off prunes all older superseded engines, so walking back from the newest record can stop at
         # the first one already pruned: the scan stays a few records long however long the history grows.
         for dep_id in reversed(self.ledger.index()["history"]):
-            if dep_id in (old["id"], new_id):
+            if dep_id in (old.id, new_id):
                 continue
             try:
                 rec = self.ledger.load(dep_id)
             except SparkctlError:
                 continue  # a damaged record is reported by the commands that read it; never rewritten here
-            if rec.get("engines_removed"):
+            if rec.engines_removed:
                 break
-            if rec.get("status") == "superseded" and rec.get("handles"):
+            if rec.status == Status.SUPERSEDED and rec.handles:
                 try:
                     self._stop_record(rec, keep=False)
-                    rec["engines_removed"] = now_iso()
+                    rec.engines_removed = now_iso()
                     self.ledger.save(rec)
                 except SparkctlError as exc:
                     self.reporter.event(f"could not remove the engines of {dep_id}: {exc.message}")
 
-    def _restore(self, previous: dict[str, Any], failed: dict[str, Any]) -> str | None:
+    def _restore(self, previous: DeploymentRecord, failed: DeploymentRecord) -> str | None:
         """Bring a stopped known deployment back: restart its ranks, wait ready, verify. Returns its id."""
-        self.reporter.stage("rollback", f"restoring {previous['id']} ({previous['profile']})")
+        self.reporter.stage("rollback", f"restoring {previous.id} ({previous.profile})")
         try:
-            profile = Profile.model_validate(previous["profile_data"])
+            profile = Profile.model_validate(previous.profile_data)
             result = self._render(profile)
-            if launch_identity(result) != previous.get("identity"):
+            if launch_identity(result) != previous.identity:
                 self.reporter.event("note: re-rendered launch identity differs from the record "
                                     "(inventory or secrets changed); restoring the re-rendered launch")
-            rts = self.runtimes(previous["id"])
+            rts = self.runtimes(previous.id)
             started: list[tuple[Runtime, Handle]] = []
-            booted = boot(result.specs, rts.for_node, previous["id"], self.reporter,
+            booted = boot(result.specs, rts.for_node, previous.id, self.reporter,
                           timeout_s=profile.lifecycle.boot_timeout_s, started=started,
                           ready_probe=self._health_probe(result.specs[0], profile.api.api_key_env))
             with self._client(result.specs[0], profile.api.api_key_env) as client:
@@ -376,22 +372,22 @@ class Deployer:
             for g in gates:
                 if not g.ok:
                     self.reporter.event(f"FAIL {g.name}: {g.evidence}")
-            prev = self.ledger.load(previous["id"])
-            prev.update(handles=booted.handles, status="successful" if not bad else "failed",
-                        restored_at=now_iso(), restored_after=failed["id"])
-            prev.setdefault("restores", []).append({"at": now_iso(), "after": failed["id"],
-                                                    "gates": [g.as_dict() for g in gates]})
+            prev = self.ledger.load(previous.id)
+            prev.handles = booted.handles
+            prev.status = Status.SUCCESSFUL if not bad else Status.FAILED
+            prev.restored_at, prev.restored_after = now_iso(), failed.id
+            prev.restores.append(RestoreEntry(at=now_iso(), after=failed.id, gates=[g.as_dict() for g in gates]))
             self.ledger.save(prev)
             if bad:
                 self.reporter.event(f"restored deployment failed gates: {', '.join(bad)}")
                 self._cleanup(started)
                 self.ledger.set_active(None)
                 return None
-            self.ledger.set_active(previous["id"])
-            self.reporter.event(f"restored {previous['id']}: serving again at {prev['endpoint']}")
-            return previous["id"]
+            self.ledger.set_active(previous.id)
+            self.reporter.event(f"restored {previous.id}: serving again at {prev.endpoint}")
+            return previous.id
         except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - report, keep the ledger consistent
-            self.reporter.event(f"restore of {previous['id']} failed: {exc}")
+            self.reporter.event(f"restore of {previous.id} failed: {exc}")
             self.ledger.set_active(None)
             return None
 
@@ -402,7 +398,7 @@ class Deployer:
         return self._preflight(result, self.runtimes("preflight"), self._own_ports(self.ledger.active()))
 
     # -- rollback / down / status ------------------------------------------------------------------------------------
-    def rollback_target(self) -> dict[str, Any]:
+    def rollback_target(self) -> DeploymentRecord:
         active_id = self.ledger.index().get("active")
         target = self.ledger.known_good(exclude=active_id)
         if target is None:
@@ -415,13 +411,13 @@ class Deployer:
             active = self.ledger.active()
             if not active:
                 return {"changed": False, "reason": "no active deployment"}
-            self.reporter.stage("down", f"stopping {active['id']} ({active['profile']})")
+            self.reporter.stage("down", f"stopping {active.id} ({active.profile})")
             self._stop_record(active, keep=False)
-            rec = self.ledger.load(active["id"])
-            rec.update(status="stopped", stopped=now_iso())
+            rec = self.ledger.load(active.id)
+            rec.status, rec.stopped = Status.STOPPED, now_iso()
             self.ledger.save(rec)
             self.ledger.set_active(None)
-            return {"changed": True, "stopped": active["id"]}
+            return {"changed": True, "stopped": active.id}
 
     def status(self) -> dict[str, Any]:
         active = self.ledger.active()
@@ -430,11 +426,11 @@ class Deployer:
             return {"cluster": self.inventory.cluster.name, "active": None, "history": len(idx["history"]),
                     "emulated": self.inventory.emulated}
         healthy, detail, ranks = self.health_of(active)
-        return {"cluster": self.inventory.cluster.name, "active": active["id"], "profile": active["profile"],
-                "healthy": healthy, "ranks": ranks, "endpoint": active["endpoint"],
-                "speculative_algorithm": active.get("speculative_algorithm"), "identity": active["identity"],
-                "sglang_version": active.get("sglang_version"),
-                "images": sorted({s.get("image") for s in active["specs"] if s.get("image")}),
-                "image_ids": active.get("image_ids") or {},
-                "since": active.get("handed_off") or active.get("restored_at") or active.get("created"),
-                "capacity": active.get("capacity"), "emulated": active.get("emulated", False), "detail": detail}
+        return {"cluster": self.inventory.cluster.name, "active": active.id, "profile": active.profile,
+                "healthy": healthy, "ranks": ranks, "endpoint": active.endpoint,
+                "speculative_algorithm": active.speculative_algorithm, "identity": active.identity,
+                "sglang_version": active.sglang_version,
+                "images": sorted({s.get("image") for s in active.specs if s.get("image")}),
+                "image_ids": active.image_ids,
+                "since": active.handed_off or active.restored_at or active.created,
+                "capacity": active.capacity, "emulated": active.emulated, "detail": detail}

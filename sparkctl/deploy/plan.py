@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkctl.sglang.render import RenderResult
+from sparkctl.state.records import DeploymentRecord
 
 
 def launch_identity(result: RenderResult) -> str:
@@ -38,13 +39,13 @@ class Plan:
                 "noop_reason": self.noop_reason, "active": self.active_id}
 
 
-def make_plan(result: RenderResult, active: dict[str, Any] | None, active_healthy: bool, health_detail: str,
+def make_plan(result: RenderResult, active: DeploymentRecord | None, active_healthy: bool, health_detail: str,
               kind: str = "up") -> Plan:
     identity = launch_identity(result)
-    plan = Plan(profile=result.profile.name, identity=identity, active_id=active["id"] if active else None)
-    if active and active.get("identity") == identity:
+    plan = Plan(profile=result.profile.name, identity=identity, active_id=active.id if active else None)
+    if active and active.identity == identity:
         if active_healthy:
-            plan.noop_reason = (f"deployment {active['id']} already runs profile {result.profile.name} with the same "
+            plan.noop_reason = (f"deployment {active.id} already runs profile {result.profile.name} with the same "
                                 f"launch identity {identity} and is healthy ({health_detail})")
             return plan
     nodes = result.inventory.nodes
@@ -53,13 +54,13 @@ def make_plan(result: RenderResult, active: dict[str, Any] | None, active_health
     if "docker" in kinds:
         plan.steps.append(f"image: ensure {result.specs[0].image or 'the engine image'} is on every node")
     if active:
-        why = "unhealthy, same identity" if active.get("identity") == identity else f"profile {active.get('profile')}"
-        plan.steps.append(f"stop deployment {active['id']} ({why}); kept restartable for rollback  [not idempotent]")
+        why = "unhealthy, same identity" if active.identity == identity else f"profile {active.profile}"
+        plan.steps.append(f"stop deployment {active.id} ({why}); kept restartable for rollback  [not idempotent]")
     for spec in sorted(result.specs, key=lambda s: -s.rank):
         plan.steps.append(f"start rank {spec.rank} on {spec.node} (SGLang {spec.sglang_version})  [not idempotent]")
     w = result.profile.warmup
     plan.steps.append(f"warm-up: {w.requests} x {w.max_tokens} tokens (first request timed apart as cold)")
     plan.steps.append("verify: health, models, settings in force, capacity, workers alive, smoke generation")
     plan.steps.append(f"hand off http://{result.specs[0].api_host}:{result.specs[0].api_port} "
-                      f"(on failure: {'roll back to ' + active['id'] if active else 'stop the new engines'})")
+                      f"(on failure: {'roll back to ' + active.id if active else 'stop the new engines'})")
     return plan

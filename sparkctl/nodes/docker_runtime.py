@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkctl.errors import ConfigError, NodeError, PreflightError
 from sparkctl.nodes import facts
-from sparkctl.nodes.runtime import Handle, Liveness, sim_env
+from sparkctl.nodes.runtime import DockerHandle, Liveness, sim_env
 from sparkctl.nodes.ssh import CommandResult, SSHConnector, connector_for
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import MODELS_MOUNT
@@ -293,7 +293,7 @@ class DockerRuntime:
     """Runtime protocol for one node's engine container (see module docstring). Example::
 
         rt = DockerRuntime(inv, inv.node("spark-a"), cluster=inv.cluster.name)
-        h = rt.start(spec, dep_id); rt.liveness(h); rt.stop(h); h = rt.restart(h); rt.remove(h)
+        h = rt.start(spec, dep_id); rt.liveness(h); rt.stop(h); h = rt.start(spec, dep_id); rt.remove(h)
     """
 
     kind = "docker"
@@ -333,13 +333,13 @@ class DockerRuntime:
         return self._infiniband
 
     def _handle(self, spec_rank: int, deployment_id: str, cfg_name: str, state: facts.ContainerState, image: str,
-                log_since: str | None) -> Handle:
-        return {"kind": self.kind, "node": self.node.name, "rank": spec_rank, "cluster": self.cluster,
-                "container": cfg_name, "container_id": state.id, "image": image, "image_id": state.image_id,
-                "deployment": deployment_id, "log": None, "log_since": log_since, "started_at": state.started_at}
+                log_since: str | None) -> DockerHandle:
+        return DockerHandle(node=self.node.name, rank=spec_rank, cluster=self.cluster, container=cfg_name,
+                            container_id=state.id, image=image, image_id=state.image_id, deployment=deployment_id,
+                            log_since=log_since, started_at=state.started_at)
 
     # -- Runtime protocol --------------------------------------------------------------------------------------
-    def start(self, spec: LaunchSpec, deployment_id: str) -> Handle:
+    def start(self, spec: LaunchSpec, deployment_id: str) -> DockerHandle:
         """Start the rank's container (detached). Reuses a stopped container of the same deployment when it runs
         exactly this launch (rollback's fast path); otherwise replaces it."""
         image = resolve_image(spec, self.environ)
@@ -387,20 +387,20 @@ class DockerRuntime:
             return False
         return {f"{k}={v}" for k, v in cfg.env.items()} <= set(old.env)
 
-    def liveness(self, handle: Handle) -> Liveness:
-        state = self._inspect(handle["container_id"])
+    def liveness(self, handle: DockerHandle) -> Liveness:
+        state = self._inspect(handle.container_id)
         if state is None:
-            return Liveness(False, f"container {handle['container']} is gone (removed)")
+            return Liveness(False, f"container {handle.container} is gone (removed)")
         if state.running:
-            return Liveness(True, f"container {handle['container']} running")
-        return Liveness(False, f"container {handle['container']} {state.status} ({state.exit_code})"
+            return Liveness(True, f"container {handle.container} running")
+        return Liveness(False, f"container {handle.container} {state.status} ({state.exit_code})"
                                + (" OOM-killed" if state.oom_killed else "")
                                + (f": {state.error}" if state.error else ""), state.exit_code)
 
-    def read_log(self, handle: Handle, offset: int = 0) -> tuple[str, int]:
+    def read_log(self, handle: DockerHandle, offset: int = 0) -> tuple[str, int]:
         """Complete log lines from byte ``offset`` of this run's log, and the next offset (see module docstring)."""
-        cid = handle["container_id"]
-        base_ns = _ts_ns(handle["log_since"]) if handle.get("log_since") else 0
+        cid = handle.container_id
+        base_ns = _ts_ns(handle.log_since) if handle.log_since else 0
         with self._lock:
             cur = self._cursors.get(cid)
         if cur is not None and cur.offset == offset and offset > 0:
@@ -449,42 +449,30 @@ class DockerRuntime:
                             where=f"[{self.node.name}] docker", evidence=res.output[-2000:])
         return parse_log_lines(res.stdout)
 
-    def stop(self, handle: Handle, *, timeout_s: float = 15.0) -> None:
+    def stop(self, handle: DockerHandle, *, timeout_s: float = 15.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout_s``; the container stays (stopped) for a fast restart."""
-        res = self._docker("stop", "--time", str(max(0, int(round(timeout_s)))), handle["container_id"],
+        res = self._docker("stop", "--time", str(max(0, int(round(timeout_s)))), handle.container_id,
                            check=False, timeout=timeout_s + 60)
         if res.returncode != 0 and "no such container" not in res.stderr.lower():
             res.check()
 
-    def restart(self, handle: Handle) -> Handle:
-        """``docker start`` a stopped container; the new handle's log starts at this start."""
-        state = self._inspect(handle["container_id"])
-        if state is None:
-            raise NodeError(f"container {handle['container']} was removed; it cannot be restarted",
-                            where=f"[{self.node.name}] docker", hint="deploy again (sparkctl up)")
-        if not state.running:
-            self._docker("start", state.id)
-            state = self._inspect(state.id) or state
-        return {**handle, "container_id": state.id, "image_id": state.image_id, "started_at": state.started_at,
-                "log_since": state.started_at}
-
-    def remove(self, handle: Handle) -> None:
+    def remove(self, handle: DockerHandle) -> None:
         """Remove the container for good (idempotent); its log is archived to ``log_dir`` first when set."""
         if self.log_dir is not None:
             try:
-                text, _ = self.read_log({**handle, "log_since": None}, 0)
+                text, _ = self.read_log(handle.model_copy(update={"log_since": None}), 0)
                 if text:
                     self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-                    path = self.log_dir / f"rank{handle['rank']}-{handle['container']}.log"
+                    path = self.log_dir / f"rank{handle.rank}-{handle.container}.log"
                     path.write_text(text)
                     path.chmod(0o600)
             except NodeError as exc:
-                log.warning("[%s] could not archive the log of %s: %s", self.node.name, handle["container"], exc)
-        res = self._docker("rm", "--force", handle["container_id"], check=False)
+                log.warning("[%s] could not archive the log of %s: %s", self.node.name, handle.container, exc)
+        res = self._docker("rm", "--force", handle.container_id, check=False)
         if res.returncode != 0 and "no such container" not in res.stderr.lower():
             res.check()
         with self._lock:
-            self._cursors.pop(handle["container_id"], None)
+            self._cursors.pop(handle.container_id, None)
 
     # -- image -------------------------------------------------------------------------------------------------
     def image_id(self, image: str) -> str | None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparkctl.nodes.runtime import Handle, Liveness, sim_env
+from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
 from sparkctl.sglang.launch import LaunchSpec
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class ProcessRuntime:
     def _command(self, spec: LaunchSpec) -> list[str]:
         return [sys.executable, "-m", "sparkctl.sim", *spec.argv[3:]]
 
-    def start(self, spec: LaunchSpec, deployment_id: str) -> Handle:
+    def start(self, spec: LaunchSpec, deployment_id: str) -> ProcessHandle:
         self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         log_path = self.log_dir / f"rank{spec.rank}.log"
         env = dict(os.environ)
@@ -71,18 +71,17 @@ class ProcessRuntime:
         finally:
             os.close(fd)
         self._children[proc.pid] = proc
-        return {"kind": self.kind, "node": spec.node, "rank": spec.rank, "pid": proc.pid,
-                "start_ticks": _proc_start_ticks(proc.pid), "log": str(log_path), "deployment": deployment_id,
-                "spec": spec.redacted()}
+        return ProcessHandle(node=spec.node, rank=spec.rank, pid=proc.pid, start_ticks=_proc_start_ticks(proc.pid),
+                             log=str(log_path), deployment=deployment_id, spec=spec.redacted())
 
-    def _ours(self, handle: Handle) -> bool:
+    def _ours(self, handle: ProcessHandle) -> bool:
         """The handle's process still runs (same PID *and* start time: a recycled PID is not ours; a zombie is dead)."""
-        stat = _proc_stat(handle["pid"]) if handle.get("pid") else None
-        return stat is not None and stat[1] == handle.get("start_ticks") and stat[0] != "Z"
+        stat = _proc_stat(handle.pid)
+        return stat is not None and stat[1] == handle.start_ticks and stat[0] != "Z"
 
-    def liveness(self, handle: Handle) -> Liveness:
-        pid = handle.get("pid")
-        child = self._children.get(pid) if pid else None
+    def liveness(self, handle: ProcessHandle) -> Liveness:
+        pid = handle.pid
+        child = self._children.get(pid)
         if child is not None:
             code = child.poll()
             if code is not None:
@@ -91,9 +90,9 @@ class ProcessRuntime:
             return Liveness(True, f"running (pid {pid})")
         return Liveness(False, f"not running (pid {pid} gone)")
 
-    def read_log(self, handle: Handle, offset: int = 0) -> tuple[str, int]:
+    def read_log(self, handle: ProcessHandle, offset: int = 0) -> tuple[str, int]:
         try:
-            with open(handle["log"], "rb") as fh:
+            with open(handle.log, "rb") as fh:
                 fh.seek(offset)
                 data = fh.read()
         except FileNotFoundError:
@@ -102,11 +101,11 @@ class ProcessRuntime:
         cut = data.rfind(b"\n") + 1
         return data[:cut].decode("utf-8", "replace"), offset + cut
 
-    def stop(self, handle: Handle, *, timeout_s: float = 15.0) -> None:
+    def stop(self, handle: ProcessHandle, *, timeout_s: float = 15.0) -> None:
         if not self._ours(handle):
             self._reap(handle)
             return
-        pid = handle["pid"]
+        pid = handle.pid
         for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(pid, sig)
@@ -120,12 +119,12 @@ class ProcessRuntime:
                 time.sleep(0.05)
         self._reap(handle)
 
-    def _reap(self, handle: Handle) -> None:
-        child = self._children.get(handle.get("pid") or -1)
+    def _reap(self, handle: ProcessHandle) -> None:
+        child = self._children.get(handle.pid)
         if child is not None:
             child.poll()
 
-    def remove(self, handle: Handle) -> None:
+    def remove(self, handle: ProcessHandle) -> None:
         self.stop(handle)
 
     def preflight(self, spec: LaunchSpec, own_ports: set[tuple[str, int]]) -> list["Check"]:

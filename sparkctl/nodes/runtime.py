@@ -2,8 +2,8 @@
 
 Two runtimes implement this: `process` (the embedded cluster: a local emulator
 process per rank) and `docker` (a real Spark: the engine container over SSH).
-A handle is plain JSON data stored in the deployment record, so a later sparkctl
-command (status, logs, down, rollback) can find the engine again.
+A handle (`sparkctl.nodes.handles`) is stored in the deployment record, so a later
+sparkctl command (status, logs, down, rollback) can find the engine again.
 """
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sparkctl.nodes.handles import DockerHandle, Handle, ProcessHandle
 from sparkctl.sglang.launch import LaunchSpec
 
-Handle = dict[str, Any]
+__all__ = ["DockerHandle", "Handle", "Liveness", "ProcessHandle", "Runtime", "log_tail", "sim_env"]
 
 
 @dataclass(frozen=True)

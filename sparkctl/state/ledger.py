@@ -9,8 +9,9 @@ Layout (all files mode 0600, directories 0700)::
         logs/<id>/rank<N>.log     engine logs of the process runtime
         lock, lock.holder         the cluster lock and who holds it
 
-Writes are atomic (temp file + fsync + rename). A corrupt or missing record is
-reported as a LedgerError, never silently replaced.
+Writes are atomic (temp file + fsync + rename). Records are typed (`sparkctl.state.records`): a missing
+record, a file that is not JSON, or JSON of the wrong shape is reported as a LedgerError naming the file, never
+silently replaced or read as "nothing recorded".
 """
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from pydantic import ValidationError
+
 from sparkctl.errors import LedgerError, LockHeldError
+from sparkctl.state.records import DeploymentRecord, RunRecord
 
 
 def default_state_root() -> Path:
@@ -40,22 +44,26 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to path atomically with mode 0600."""
+def write_text_atomic(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write text to path atomically (temp file, fsync, rename) with `mode`; a crash leaves old or new, never half."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True, default=str)
-            fh.write("\n")
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o600)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to path atomically with mode 0600."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def read_json(path: Path) -> Any:
@@ -69,6 +77,16 @@ def read_json(path: Path) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise LedgerError(f"record is corrupt ({exc.msg} at line {exc.lineno})", where=str(path),
+                          hint="move the file aside or repair it by hand; sparkctl will not overwrite it") from None
+
+
+def _validated(model: type[Any], data: Any, path: Path) -> Any:
+    """`data` as a `model`, or LedgerError naming the file and the first fields that do not fit."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        fields = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'record'}: {e['msg']}" for e in exc.errors()[:3])
+        raise LedgerError(f"record is corrupt (not a {model.__name__}: {fields})", where=str(path),
                           hint="move the file aside or repair it by hand; sparkctl will not overwrite it") from None
 
 
@@ -105,7 +123,9 @@ class Ledger:
         if not self.index_path.exists():
             return {"active": None, "history": []}
         data = read_json(self.index_path)
-        if not isinstance(data, dict) or "history" not in data:
+        if not (isinstance(data, dict) and isinstance(data.get("history"), list)
+                and all(isinstance(h, str) for h in data["history"])
+                and (data.get("active") is None or isinstance(data.get("active"), str))):
             raise LedgerError("cluster index has an unexpected shape", where=str(self.index_path),
                               hint="repair or move it aside; sparkctl will not overwrite it")
         return data
@@ -128,29 +148,32 @@ class Ledger:
     def new_id(profile: str) -> str:
         return f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{profile}-{secrets.token_hex(2)}"
 
-    def save(self, record: dict[str, Any]) -> None:
-        record["updated"] = now_iso()
-        write_json_atomic(self.deployment_path(record["id"]), record)
+    def save(self, record: DeploymentRecord) -> None:
+        record.updated = now_iso()
+        write_json_atomic(self.deployment_path(record.id), record.as_json())
 
-    def load(self, dep_id: str) -> dict[str, Any]:
-        return read_json(self.deployment_path(dep_id))
+    def load(self, dep_id: str) -> DeploymentRecord:
+        path = self.deployment_path(dep_id)
+        return _validated(DeploymentRecord, read_json(path), path)
 
-    def active(self) -> dict[str, Any] | None:
+    def active(self) -> DeploymentRecord | None:
         dep_id = self.index().get("active")
         return self.load(dep_id) if dep_id else None
 
-    def known_good(self, *, before: str | None = None, exclude: str | None = None) -> dict[str, Any] | None:
-        """The newest known-good deployment (older than `before` when given, never `exclude`)."""
-        history = self.index()["history"]
-        if before and before in history:
-            history = history[: history.index(before)]
-        for dep_id in reversed(history):
+    def known_good(self, *, exclude: str | None = None) -> DeploymentRecord | None:
+        """The newest known-good deployment (never `exclude`)."""
+        for dep_id in reversed(self.index()["history"]):
             if dep_id == exclude:
                 continue
             rec = self.load(dep_id)
-            if rec.get("known_good"):
+            if rec.known_good:
                 return rec
         return None
+
+    # -- bench runs ----------------------------------------------------------------------------------------------
+    def load_run(self, run_id: str) -> RunRecord:
+        path = self.root / "runs" / run_id / "report.json"
+        return _validated(RunRecord, read_json(path), path)
 
     # -- lock ----------------------------------------------------------------------------------------------------
     _held: dict[str, int] = {}   # lock paths this process holds -> depth (re-entrant within one process)

@@ -46,5 +46,5 @@ def stop_recorded_engines(inventory_path: Path) -> None:
             record = ledger.load(dep_id)
         except Exception:  # noqa: BLE001 - teardown: stop whatever else is recorded
             continue
-        for handle in record.get("handles") or []:
-            d.runtimes(dep_id).for_node(handle["node"]).stop(handle, timeout_s=3)
+        for handle in record.handles:
+            d.runtimes(dep_id).for_node(handle.node).stop(handle, timeout_s=3)

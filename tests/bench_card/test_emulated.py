@@ -45,7 +45,7 @@ def _median(result: dict[str, Any], role: str, cls: str) -> float:
 # --------------------------------------------------------------------------- decode
 
 def test_decode_medians_match_configured_rates(run_off_on, truth):
-    assert run_off_on["status"] == "complete" and not run_off_on["errors"]
+    assert run_off_on["status"] == "successful" and not run_off_on["errors"]
     off_rate = truth["off"]["decode_tps"]
     on = truth["on"]
     on_rate = on["decode_tps"] * 8 / on["verify_cost"]        # all 8 drafts accepted every step

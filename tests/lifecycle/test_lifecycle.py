@@ -61,7 +61,7 @@ def test_full_lifecycle_up_status_rollback_down(cli, local_cluster):
     off = json.loads(out)
     st = _status(cli)
     assert st["profile"] == "dflash-off" and st["speculative_algorithm"] is None and st["healthy"]
-    old_pids = [h["pid"] for h in _ledger(local_cluster).load(first["deployment"])["handles"]]
+    old_pids = [h.pid for h in _ledger(local_cluster).load(first["deployment"]).handles]
     assert not any(_alive(p) for p in old_pids)
 
     code, out, err = cli("rollback", "--yes", "--json")
@@ -103,8 +103,8 @@ def test_rank1_crash_during_boot_rolls_back_to_previous(cli, local_cluster, faul
     st = _status(cli)
     assert st["active"] == prev["deployment"] and st["healthy"]
     failed = _ledger(local_cluster).load(_ledger(local_cluster).index()["history"][-1])
-    assert failed["status"] == "failed" and failed["restored"] == prev["deployment"]
-    assert not any(_alive(h["pid"]) for h in failed["handles"])
+    assert failed.status == "failed" and failed.restored == prev["deployment"] and not failed.known_good
+    assert not any(_alive(h.pid) for h in failed.handles)
 
 
 def test_oom_fails_fast_without_waiting_for_the_timeout(cli, local_cluster, faulty_profile):
@@ -167,12 +167,12 @@ def test_sigint_during_up_releases_lock_and_leaves_nothing_running(local_cluster
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ledger = _ledger(local_cluster)
     deadline = time.monotonic() + 30
-    handles: list[dict] = []
+    handles: list = []
     while time.monotonic() < deadline:
         hist = ledger.index()["history"] if ledger.index_path.exists() else []
         if hist:
             rec = ledger.load(hist[-1])
-            if any(s["name"] == "boot" for s in rec["stages"]):
+            if any(s.name == "boot" for s in rec.stages):
                 break
         time.sleep(0.1)
     time.sleep(1.0)  # both ranks started, boot in progress
@@ -180,9 +180,9 @@ def test_sigint_during_up_releases_lock_and_leaves_nothing_running(local_cluster
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     rec = ledger.load(ledger.index()["history"][-1])
-    assert rec["status"] == "canceled" and rec["failure"]["message"].startswith("interrupted")
-    handles = rec["handles"]
-    assert handles and not any(_alive(h["pid"]) for h in handles)
+    assert rec.status == "canceled" and rec.failure.message.startswith("interrupted")
+    handles = rec.handles
+    assert handles and not any(_alive(h.pid) for h in handles)
     assert ledger.index()["active"] is None
     with ledger.lock("check"):  # the lock is free again
         pass

@@ -9,6 +9,7 @@ from sparkctl.config.inventory import Cluster, HostPaths, Inventory, Node, SSHSe
 from sparkctl.errors import ConfigError
 from sparkctl.nodes.docker_runtime import (
     DockerRuntime, LogEntry, _ts_ns, container_config, container_name, parse_log_lines, resolve_image)
+from sparkctl.nodes.handles import DockerHandle
 from sparkctl.nodes.ssh import CommandResult
 from sparkctl.sglang.launch import LaunchSpec
 
@@ -187,9 +188,9 @@ def test_start_handle_is_redacted_and_env_goes_over_stdin() -> None:
     })
     rt = DockerRuntime(inv, node, cluster="desk", connector=fake, environ={})  # type: ignore[arg-type]
     handle = rt.start(_spec(), "dep1")
-    assert handle["kind"] == "docker" and handle["container"] == name and handle["container_id"] == "c" * 64
-    assert handle["log"] is None and handle["rank"] == 0 and handle["node"] == "spark-a"
-    dumped = json.dumps(handle)
+    assert handle.kind == "docker" and handle.container == name and handle.container_id == "c" * 64
+    assert handle.log is None and handle.rank == 0 and handle.node == "spark-a"
+    dumped = handle.model_dump_json()
     assert API_KEY not in dumped and HF_TOKEN not in dumped
     run_argv, stdin = next(c for c in fake.calls if c[0][:2] == ["docker", "run"])
     assert HF_TOKEN not in " ".join(run_argv) and HF_TOKEN in str(stdin)
@@ -212,7 +213,7 @@ def test_read_log_follows_incrementally_without_duplicates() -> None:
 
     fake = LogConnector({})
     rt = DockerRuntime(inv, node, cluster="desk", connector=fake, environ={})  # type: ignore[arg-type]
-    h = {"container_id": "c" * 64, "container": "x", "log_since": None}
+    h = DockerHandle(node="spark-a", rank=0, deployment="dep1", cluster="desk", container="x", container_id="c" * 64)
     text, off = rt.read_log(h, 0)
     assert text == "a\nb\nc\n" and off == 6
     log.append("2026-01-01T00:00:02.000000000Z d")       # same timestamp as the last line seen

@@ -1,0 +1,70 @@
+"""Handles: how a later sparkctl command finds an engine again (stored in the deployment record).
+
+A runtime's `start` returns one; `liveness`, `read_log`, `stop` and `remove` take it back. The two kinds are
+told apart by `kind` (a discriminated union), so a record read from disk comes back as the right class.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _HandleBase(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)   # extra: keys a newer sparkctl wrote survive a re-save
+
+    node: str
+    rank: int
+    deployment: str
+
+    @property
+    def where(self) -> str:
+        """Where the engine runs, for messages: 'pid 123' or 'container sparkctl-...'."""
+        raise NotImplementedError
+
+    @property
+    def log_ref(self) -> str:
+        raise NotImplementedError
+
+
+class ProcessHandle(_HandleBase):
+    """A local emulator process: PID plus its kernel start time (a recycled PID is never taken for ours)."""
+
+    kind: Literal["process"] = "process"
+    pid: int
+    start_ticks: int | None = None
+    log: str
+    spec: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        return f"pid {self.pid}"
+
+    @property
+    def log_ref(self) -> str:
+        return self.log
+
+
+class DockerHandle(_HandleBase):
+    """An engine container on a node: name and ID, image, and where this run's log starts."""
+
+    kind: Literal["docker"] = "docker"
+    cluster: str
+    container: str
+    container_id: str
+    image: str | None = None
+    image_id: str | None = None
+    log: None = None
+    log_since: str | None = None      # docker timestamp of this start (a reused container's log starts here)
+    started_at: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"container {self.container}"
+
+    @property
+    def log_ref(self) -> str:
+        return self.container
+
+
+Handle = Annotated[Union[ProcessHandle, DockerHandle], Field(discriminator="kind")]

@@ -1,0 +1,157 @@
+"""Typed ledger records: one deployment (`up` / `rollback`) and one bench run.
+
+The ledger reads and writes these, never loose dicts: a file of the wrong shape is a LedgerError naming the
+file, not a deployment that silently lacks fields. Statuses share one vocabulary (`Status`); whether a deployment
+is known-good is derived from its status, never stored apart from it.
+
+Extending a record: add a field with a default (old files stay readable). Crash recovery, for example, adds a
+list of engine intents beside `handles` (which engine is about to start where, with its label or PID and the
+controller's PID), each an entry of its own model like the handles.
+"""
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+
+from sparkctl.nodes.handles import Handle
+
+
+class Status(StrEnum):
+    """Where a deployment or a bench run stands. A bench run ends successful, failed or canceled."""
+
+    RUNNING = "running"
+    SUCCESSFUL = "successful"
+    FAILED = "failed"
+    CANCELED = "canceled"          # Ctrl-C
+    SUPERSEDED = "superseded"      # a newer deployment took over; stopped but restartable
+    STOPPED = "stopped"            # `sparkctl down`
+
+
+DeploymentStatus = Status
+KNOWN_GOOD = frozenset({Status.SUCCESSFUL, Status.SUPERSEDED, Status.STOPPED})
+
+
+class _Record(BaseModel):
+    # extra="allow": keys written by a newer sparkctl survive a load/save round trip instead of being dropped.
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+
+class StageEntry(_Record):
+    name: str
+    started: str
+    status: str = "running"          # running | ok | failed
+    elapsed_s: float | None = None
+    error: str | None = None
+
+
+class Failure(_Record):
+    stage: str
+    message: str
+    node: str | None = None
+
+
+class RestoreEntry(_Record):
+    at: str
+    after: str
+    gates: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class DeploymentRecord(_Record):
+    """One `up`, `rollback` or bench-driven deployment, from plan to hand-off (or failure and restore)."""
+
+    id: str
+    kind: str = "up"
+    profile: str
+    profile_data: dict[str, Any]
+    inventory: str | None = None
+    cluster: str
+    emulated: bool = False
+    identity: str
+    sglang_version: str | None = None
+    specs: list[dict[str, Any]] = Field(default_factory=list)      # LaunchSpec.redacted() per rank
+    warnings: list[str] = Field(default_factory=list)
+    status: Status = Status.RUNNING
+    created: str
+    updated: str | None = None
+    stages: list[StageEntry] = Field(default_factory=list)
+    preflight: list[dict[str, Any]] = Field(default_factory=list)
+    image_ids: dict[str, str] = Field(default_factory=dict)
+    gates: list[dict[str, Any]] = Field(default_factory=list)
+    previous: str | None = None
+    previous_known_good: str | None = None
+    handles: list[Handle] = Field(default_factory=list)
+    capacity: dict[str, Any] | None = None
+    warmup: dict[str, Any] | None = None
+    endpoint: str
+    speculative_algorithm: str | None = None
+    finished: str | None = None
+    elapsed_s: float | None = None
+    handed_off: str | None = None
+    failure: Failure | None = None
+    rollback: str | None = None              # what happened after a failure: "new engines stopped", "skipped ..."
+    restored: str | None = None              # the deployment restored after this one failed
+    restore_error: str | None = None         # why restoring the previous deployment failed
+    superseded_by: str | None = None
+    stopped: str | None = None
+    engines_removed: str | None = None
+    restored_at: str | None = None
+    restored_after: str | None = None
+    restores: list[RestoreEntry] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_derived(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "known_good" in data:
+            data = {k: v for k, v in data.items() if k != "known_good"}
+        return data
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def known_good(self) -> bool:
+        """It served and passed every gate (and was not found broken since): a rollback target."""
+        return self.status in KNOWN_GOOD
+
+    def handle_of(self, rank: int) -> Handle | None:
+        return next((h for h in self.handles if h.rank == rank), None)
+
+    @property
+    def api_key_env(self) -> str | None:
+        """The environment variable holding the API key, as the recorded profile names it."""
+        return (self.profile_data.get("api") or {}).get("api_key_env")
+
+    def as_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class RunRecord(_Record):
+    """One `sparkctl bench` run: what was measured (arms, comparison, G6) and how it ended.
+
+    The measured sections stay JSON data: the card (report.md) is rendered from this record's JSON.
+    """
+
+    schema_: str = Field(alias="schema")
+    run_id: str
+    mode: str                                   # deployment | endpoint | log-only
+    status: Status = Status.RUNNING
+    started: str
+    finished: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    prompt_set: str | None = None
+    arms: list[dict[str, Any]] = Field(default_factory=list)
+    comparison: dict[str, Any] = Field(default_factory=dict)
+    g6: dict[str, Any] | None = None
+    reference: list[str] = Field(default_factory=list)
+    emulated: bool = False
+    errors: list[str] = Field(default_factory=list)
+    deployment: str | None = None
+    compare_deployment: dict[str, Any] | None = None
+    restore: dict[str, Any] | None = None
+    log_only: dict[str, Any] | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, populate_by_name=True)
+
+    def as_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=False)

@@ -1,0 +1,82 @@
+"""Typed ledger records: strict reading, one status vocabulary, known-good derived from status, old JSON read."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sparkctl.errors import LedgerError
+from sparkctl.nodes.handles import DockerHandle, ProcessHandle
+from sparkctl.state.ledger import Ledger
+from sparkctl.state.records import DeploymentRecord, Status
+
+
+def _record(dep_id: str = "20260101T000000Z-d5-abcd", **kw) -> DeploymentRecord:
+    base = dict(id=dep_id, profile="d5", profile_data={"api": {"api_key_env": "KEY"}}, cluster="c",
+                identity="i" * 16, created="2026-01-01T00:00:00Z", endpoint="http://127.0.0.1:30000")
+    return DeploymentRecord(**{**base, **kw})
+
+
+@pytest.mark.parametrize("text", ["[]", "{}", '{"id": 3}', "null", '"text"'])
+def test_a_record_of_the_wrong_shape_is_a_ledger_error_naming_the_file(tmp_path, text):
+    ledger = Ledger(tmp_path / "c")
+    ledger.set_active("dep")
+    path = ledger.deployment_path("dep")
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    with pytest.raises(LedgerError) as exc:
+        ledger.active()                      # never "no active deployment"
+    assert exc.value.where == str(path) and "corrupt" in exc.value.message
+    assert path.read_text() == text          # reported, not replaced
+
+
+@pytest.mark.parametrize("text", ["[]", "{}", '{"history": "x"}', '{"history": [], "active": 5}'])
+def test_a_cluster_index_of_the_wrong_shape_is_a_ledger_error(tmp_path, text):
+    ledger = Ledger(tmp_path / "c")
+    ledger.root.mkdir(parents=True)
+    ledger.index_path.write_text(text)
+    with pytest.raises(LedgerError) as exc:
+        ledger.active()
+    assert exc.value.where == str(ledger.index_path)
+
+
+def test_known_good_follows_the_status():
+    assert {s for s in Status if _record(status=s).known_good} == {Status.SUCCESSFUL, Status.SUPERSEDED,
+                                                                 Status.STOPPED}
+    # a stored known_good flag is derived data: the status decides (a restore that failed its gates is not good)
+    assert not DeploymentRecord.model_validate({**_record().as_json(), "status": "failed", "known_good": True}).known_good
+
+
+def test_handles_come_back_as_their_kind_and_the_file_stays_compatible(tmp_path):
+    ledger = Ledger(tmp_path / "c")
+    rec = _record(status=Status.SUCCESSFUL, handles=[
+        ProcessHandle(node="a", rank=1, deployment="d", pid=12, start_ticks=34, log="/l/rank1.log"),
+        DockerHandle(node="b", rank=0, deployment="d", cluster="c", container="sparkctl-c-rank0-x",
+                     container_id="f" * 64, log_since="2026-01-01T00:00:00.1Z")])
+    ledger.save(rec)
+    ledger.set_active(rec.id)
+    data = json.loads(ledger.deployment_path(rec.id).read_text())
+    assert data["status"] == "successful" and data["known_good"] is True and data["handles"][0]["pid"] == 12
+    assert ledger.deployment_path(rec.id).stat().st_mode & 0o777 == 0o600
+    back = ledger.active()
+    assert isinstance(back.handles[0], ProcessHandle) and isinstance(back.handles[1], DockerHandle)
+    assert back.handle_of(0).container == "sparkctl-c-rank0-x" and back.api_key_env == "KEY"
+    assert ledger.known_good() == back
+
+
+def test_known_good_skips_failed_and_excluded(tmp_path):
+    ledger = Ledger(tmp_path / "c")
+    for dep_id, status in (("a", Status.STOPPED), ("b", Status.SUCCESSFUL), ("c", Status.FAILED)):
+        ledger.save(_record(dep_id, status=status))
+        ledger.add_to_history(dep_id)
+    assert ledger.known_good().id == "b"
+    assert ledger.known_good(exclude="b").id == "a"
+
+
+def test_keys_a_newer_sparkctl_wrote_survive_a_round_trip(tmp_path):
+    ledger = Ledger(tmp_path / "c")
+    ledger.deployment_path("x").parent.mkdir(parents=True)
+    ledger.deployment_path("x").write_text(json.dumps({**_record("x").as_json(), "intents": [{"rank": 0}]}))
+    rec = ledger.load("x")
+    ledger.save(rec)
+    assert json.loads(ledger.deployment_path("x").read_text())["intents"] == [{"rank": 0}]
