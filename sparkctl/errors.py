@@ -6,7 +6,11 @@ plus optional evidence (a log tail, a command's output) so a failure explains it
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+_E = TypeVar("_E", bound="SparkctlError")
 
 
 class SparkctlError(Exception):
@@ -21,6 +25,14 @@ class SparkctlError(Exception):
         self.where = where
         self.hint = hint
         self.evidence = evidence
+
+    def amended(self: _E, *, message: str | None = None, where: str | None = None) -> _E:
+        """A copy with a new message or place (raise it `from` this one); a raised error is never changed."""
+        new = copy.copy(self)
+        new.message = self.message if message is None else message
+        new.where = self.where if where is None else where
+        new.args = (new.message,)
+        return new
 
     def render(self) -> str:
         parts = []
@@ -44,17 +56,24 @@ class ConfigError(SparkctlError):
 
 
 class PreflightError(SparkctlError):
-    """A read-only check on a node failed before anything was changed; `checks` holds every check's result."""
+    """A read-only check on a node failed before anything was changed; `checks` holds every check's result
+    (empty when the failure was not a node check, e.g. the image stage)."""
 
     exit_code = 3
-    checks: list = []  # noqa: RUF012 - replaced per instance by whoever ran the checks
+
+    def __init__(self, message: str, *, checks: list[Any] | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.checks: list[Any] = list(checks or [])
 
 
 class DeployError(SparkctlError):
     """Boot, warm-up or verify failed (the lifecycle may have rolled back); `node` names the failing node."""
 
     exit_code = 4
-    node: str | None = None
+
+    def __init__(self, message: str, *, node: str | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.node = node
 
 
 class LockHeldError(SparkctlError):

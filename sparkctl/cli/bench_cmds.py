@@ -108,10 +108,9 @@ def register(app: typer.Typer) -> None:
             from sparkctl.config.profile import load_profile
             from sparkctl.deploy.lifecycle import Deployer
 
-            if inv.embedded:
-                print(f"sparkctl: using the embedded local cluster ({inv.path}); its engine is the sparkctl "
-                      f"emulator, and everything it reports is emulated", file=sys.stderr)
             deployer = Deployer(inv, reporter, ledger)
+            if deployer.embedded_notice:
+                print(f"sparkctl: {deployer.embedded_notice}", file=sys.stderr)
             result = bench_run.bench_deployment(
                 deployer, opts, primary_profile=load_profile(profile) if profile else None,
                 compare_profile=load_profile(compare) if compare else None, compare_endpoint=compare_endpoint,

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from typing import Any, Optional
 
 import typer
@@ -16,11 +15,10 @@ def _deployer(inventory: Optional[str], quiet: bool = False) -> Any:
     from sparkctl.deploy.lifecycle import Deployer
     from sparkctl.deploy.progress import Reporter
 
-    inv = resolve_inventory(inventory)
-    if inv.embedded and not quiet:
-        print(f"sparkctl: using the embedded local cluster ({inv.path}); its engine is the sparkctl emulator, "
-              f"and everything it reports is emulated", file=sys.stderr)
-    return Deployer(inv, Reporter(quiet=quiet))
+    d = Deployer(resolve_inventory(inventory), Reporter(quiet=quiet))
+    if d.embedded_notice and not quiet:
+        print(f"sparkctl: {d.embedded_notice}", file=sys.stderr)
+    return d
 
 
 def _confirm(assume_yes: bool, action: str) -> Any:
@@ -95,18 +93,13 @@ def register(app: typer.Typer) -> None:
                  boot_timeout: Optional[float] = typer.Option(None, "--boot-timeout", help="Seconds."),
                  as_json: bool = typer.Option(False, "--json", help="Result as JSON on stdout.")) -> None:
         """Roll back: to a profile, or to the previous known-good deployment."""
-        from sparkctl.config.profile import Profile, load_profile
+        from sparkctl.config.profile import load_profile
         from sparkctl.deploy.lifecycle import UpOptions
 
         d = _deployer(inventory)
-        if to:
-            prof = load_profile(to)
-        else:
-            target = d.rollback_target()
-            print(f"sparkctl: rolling back to {target.id} ({target.profile})", file=sys.stderr)
-            prof = Profile.model_validate(target.profile_data)
-        result = d.up(prof, UpOptions(boot_timeout_s=boot_timeout, confirm=_confirm(yes, f"roll back to {prof.name}")),
-                      kind="rollback")
+        prof = load_profile(to) if to else None
+        what = prof.name if prof else "the previous known-good deployment"
+        result = d.rollback(prof, UpOptions(boot_timeout_s=boot_timeout, confirm=_confirm(yes, f"roll back to {what}")))
         _emit(result, as_json, _up_human)
 
     @app.command()
@@ -148,23 +141,7 @@ def register(app: typer.Typer) -> None:
              follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (Ctrl-C stops)."),
              inventory: Optional[str] = INVENTORY_OPT) -> None:
         """Print a rank's engine log of the active deployment."""
-        from sparkctl.errors import SparkctlError
-
         d = _deployer(inventory, quiet=True)
-        record = d.ledger.active() or d.ledger.known_good()
-        if record is None:
-            raise SparkctlError("no deployment recorded yet", hint="run sparkctl up --profile NAME")
-        handle = record.handle_of(rank)
-        if handle is None:
-            raise SparkctlError(f"deployment {record.id} has no rank {rank}",
-                                hint=f"ranks: {[h.rank for h in record.handles]}")
-        rt = d.runtimes(record.id).for_node(handle.node)
-        text, offset = rt.read_log(handle, 0)
-        lines = text.splitlines()
-        sys.stdout.write("\n".join(lines[-tail:] if tail else lines) + ("\n" if lines else ""))
-        while follow:
-            time.sleep(0.5)
-            text, offset = rt.read_log(handle, offset)
-            if text:
-                sys.stdout.write(text)
-                sys.stdout.flush()
+        for text in d.follow_log(rank, tail=tail, follow=follow):
+            sys.stdout.write(text)
+            sys.stdout.flush()

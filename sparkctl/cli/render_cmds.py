@@ -17,6 +17,7 @@ def register(app: typer.Typer) -> None:
         """Print the exact argv and env of every rank; nothing is started. Secrets print as ***."""
         from sparkctl.config.inventory import resolve_inventory
         from sparkctl.config.profile import load_profile
+        from sparkctl.deploy.runtimes import embedded_notice
         from sparkctl.errors import ConfigError
         from sparkctl.sglang.render import render as do_render
 
@@ -24,9 +25,9 @@ def register(app: typer.Typer) -> None:
         result = do_render(load_profile(profile), inv)
         if rank is not None and not any(s.rank == rank for s in result.specs):
             raise ConfigError(f"--rank {rank}: the inventory has ranks 0..{len(result.specs) - 1}", where=inv.path)
-        if inv.embedded:
-            print(f"sparkctl: using the embedded local cluster ({inv.path}); the engine there is emulated",
-                  file=sys.stderr)
+        notice = embedded_notice(inv)
+        if notice:
+            print(f"sparkctl: {notice}", file=sys.stderr)
         for w in result.warnings:
             print(f"warning: {w}", file=sys.stderr)
         if as_json:

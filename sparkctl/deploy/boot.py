@@ -76,10 +76,8 @@ def _fail(watch: RankWatch, message: str, hint: str, elapsed: float) -> DeployEr
         evidence.append(f"first error ({f.kind.value}): {f.first_line}")
     evidence.append(f"log tail ({watch.handle.log_ref}):")
     evidence.append(log_tail(watch.full_log(), 25))
-    err = DeployError(f"boot failed on rank {watch.spec.rank} ({watch.spec.node}) after {elapsed:.1f}s: {message}",
-                      where=f"[{watch.spec.node}] boot", hint=hint, evidence="\n".join(evidence))
-    err.node = watch.spec.node
-    return err
+    return DeployError(f"boot failed on rank {watch.spec.rank} ({watch.spec.node}) after {elapsed:.1f}s: {message}",
+                       where=f"[{watch.spec.node}] boot", hint=hint, evidence="\n".join(evidence), node=watch.spec.node)
 
 
 _HINTS = {

@@ -13,6 +13,7 @@ from typing import Any
 
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import RankWatch
+from sparkctl.errors import SparkctlError
 from sparkctl.sglang.logparse import BootState
 
 
@@ -56,8 +57,8 @@ def run_gates(profile: Profile, client: Any, watches: list[RankWatch], *, smoke_
     def gate(name: str, fn: Any) -> Any:
         try:
             ok, evidence, value = fn()
-        except Exception as exc:  # noqa: BLE001 - a gate that raises is a failed gate with its reason
-            ok, evidence, value = False, f"{type(exc).__name__}: {exc}", None
+        except SparkctlError as exc:  # the engine did not answer as it must: a failed gate with its reason
+            ok, evidence, value = False, exc.message, None     # (a bug in sparkctl propagates instead)
         gates.append(Gate(name, ok, evidence))
         return value
 

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import BootResult, boot
 from sparkctl.deploy.gates import Gate, run_gates
-from sparkctl.deploy.plan import Plan, launch_identity, make_plan
+from sparkctl.deploy.plan import Plan, make_plan
 from sparkctl.deploy.preflight import Check, ports_of, run_preflight
 from sparkctl.deploy.progress import Reporter
-from sparkctl.deploy.runtimes import Runtimes
+from sparkctl.deploy.rollback import (mark_superseded, restore, rollback_target, stop_engines, stop_started)
+from sparkctl.deploy.runtimes import Runtimes, embedded_notice
 from sparkctl.deploy.warmup import warm_up
 from sparkctl.errors import CancelledError, DeployError, PreflightError, SparkctlError
 from sparkctl.nodes.runtime import Handle, Runtime
@@ -27,7 +29,7 @@ from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult, render
 from sparkctl.state.ledger import Ledger, Stopwatch, now_iso
-from sparkctl.state.records import DeploymentRecord, Failure, RestoreEntry, StageEntry, Status
+from sparkctl.state.records import DeploymentRecord, Failure, StageEntry, Status
 
 log = logging.getLogger("sparkctl.deploy")
 
@@ -57,16 +59,16 @@ class Deployer:
         return Runtimes(self.inventory, self.ledger, dep_id)
 
     @staticmethod
-    def _client(spec0: LaunchSpec | dict[str, Any], key_env: str | None, timeout: float = 60.0) -> SGLangClient:
+    def client(spec0: LaunchSpec | dict[str, Any], key_env: str | None, timeout: float = 60.0) -> SGLangClient:
         """Client for rank 0's API; the API key comes from the environment variable the profile names."""
         host = spec0.api_host if isinstance(spec0, LaunchSpec) else spec0["api_host"]
         port = spec0.api_port if isinstance(spec0, LaunchSpec) else spec0["api_port"]
         key = os.environ.get(key_env) if key_env else None
         return SGLangClient(f"http://{host}:{port}", api_key=key or None, timeout=timeout)
 
-    def _health_probe(self, spec0: LaunchSpec, key_env: str | None) -> Callable[[], bool]:
+    def health_probe(self, spec0: LaunchSpec, key_env: str | None) -> Callable[[], bool]:
         """True once rank 0's /health answers 200 (connection refused or 503 = not yet)."""
-        client = self._client(spec0, key_env, timeout=5)
+        client = self.client(spec0, key_env, timeout=5)
 
         def probe() -> bool:
             try:
@@ -84,7 +86,7 @@ class Deployer:
             entry = {"rank": handle.rank, "node": handle.node, "alive": live.alive, "state": live.detail}
             if handle.rank == 0 and live.alive:
                 try:
-                    with self._client(record.specs[0], record.api_key_env, timeout=5) as c:
+                    with self.client(record.specs[0], record.api_key_env, timeout=5) as c:
                         code = c.health()
                     entry["health"] = code
                     live_ok = code == 200
@@ -101,17 +103,31 @@ class Deployer:
                            for r in ranks) or "no ranks recorded"
         return healthy, detail, ranks
 
-    def _render(self, profile: Profile) -> RenderResult:
+    def render(self, profile: Profile) -> RenderResult:
+        """Every rank's launch for this profile on this cluster (ConfigError when the profile cannot run here)."""
         return render(profile, self.inventory)
 
+    @property
+    def embedded_notice(self) -> str | None:
+        """One line telling the user the cluster is the embedded one (emulated engine), or None."""
+        return embedded_notice(self.inventory)
+
     def plan(self, profile: Profile) -> tuple[RenderResult, Plan]:
-        result = self._render(profile)
+        """What `up` would do: the rendered launch and the steps against what runs now (or a no-op)."""
+        result = self.render(profile)
         active = self.ledger.active()
         healthy, detail = (self.health_of(active)[:2] if active else (False, ""))
         return result, make_plan(result, active, healthy, detail)
 
     # -- up --------------------------------------------------------------------------------------------------------
     def up(self, profile: Profile, opts: UpOptions, *, kind: str = "up") -> dict[str, Any]:
+        """Deploy `profile`: plan, preflight, image, stop the old one, boot, warm-up, verify, hand off.
+
+        A no-op (outcome "unchanged") when the same launch already runs healthy. On failure after the old
+        deployment was stopped, the new engines are stopped and the old one restored (unless
+        opts.no_rollback); the error says what was restored. Raises PreflightError (nothing changed),
+        DeployError, LockHeldError, CancelledError.
+        """
         r = self.reporter
         r.stage("plan", f"profile {profile.name} on cluster {self.inventory.cluster.name}"
                         + (" (embedded, emulated engine)" if self.inventory.embedded else ""))
@@ -190,18 +206,18 @@ class Deployer:
             record.preflight = [c.as_dict() for c in checks]
             record.image_ids = self._stage(record, "image", lambda: self._image(result, rts))
             if active:
-                self._stage(record, "stop-old", lambda: self._stop_record(active, keep=True),
+                self._stage(record, "stop-old", lambda: stop_engines(self, active, keep=True),
                             f"stopping {active.id} (kept restartable)")
                 stopped_previous = True
             timeout = opts.boot_timeout_s or profile.lifecycle.boot_timeout_s
             booted: BootResult = self._stage(
                 record, "boot", lambda: boot(result.specs, rts.for_node, dep_id, self.reporter, timeout_s=timeout,
                                              started=started,
-                                             ready_probe=self._health_probe(result.specs[0], profile.api.api_key_env)),
+                                             ready_probe=self.health_probe(result.specs[0], profile.api.api_key_env)),
                 f"rank {len(result.specs) - 1} first, rank 0 last (timeout {timeout:.0f}s)")
             record.handles = booted.handles
             record.capacity = booted.capacity()
-            client = self._client(result.specs[0], profile.api.api_key_env, timeout=profile.warmup.timeout_s)
+            client = self.client(result.specs[0], profile.api.api_key_env, timeout=profile.warmup.timeout_s)
             with client:
                 record.warmup = self._stage(record, "warm-up",
                                             lambda: warm_up(profile, client, self.reporter, result.specs[0].node))
@@ -210,7 +226,7 @@ class Deployer:
             record.elapsed_s, record.handed_off = total.elapsed(), now_iso()
             self.ledger.save(record)
             if active and active.id != dep_id:
-                self._mark_superseded(active, dep_id)
+                mark_superseded(self, active, dep_id)
             self.ledger.set_active(dep_id)
             self.reporter.stage("hand-off", f"{record.endpoint} serves {profile.model.served_name} "
                                             f"({profile.name}, deployment {dep_id})")
@@ -218,17 +234,18 @@ class Deployer:
                     "emulated": record.emulated, "capacity": record.capacity, "gates": record.gates,
                     "stages": [s.model_dump(mode="json") for s in record.stages],
                     "warmup": record.warmup, "elapsed_s": record.elapsed_s}
-        except PreflightError as exc:
+        except PreflightError as exc:   # preflight or image: nothing was changed yet
             record.status, record.finished, record.elapsed_s = Status.FAILED, now_iso(), total.elapsed()
-            record.failure = Failure(stage="preflight", message=exc.render())
-            record.preflight = [c.as_dict() for c in exc.checks]
+            record.failure = Failure(stage=self._failed_stage(record), message=exc.render())
+            if exc.checks:
+                record.preflight = [c.as_dict() for c in exc.checks]
             self.ledger.save(record)
             raise
         except (Exception, KeyboardInterrupt) as exc:
             interrupted = isinstance(exc, KeyboardInterrupt)
-            stage = next((s.name for s in reversed(record.stages) if s.status != "ok"), "unknown")
+            stage = self._failed_stage(record)
             message = "interrupted (SIGINT)" if interrupted else (
-                exc.render() if isinstance(exc, SparkctlError) else f"{type(exc).__name__}: {exc}")
+                exc.render() if isinstance(exc, SparkctlError) else f"internal error: {type(exc).__name__}: {exc}")
             record.status = Status.CANCELED if interrupted else Status.FAILED
             record.finished, record.elapsed_s = now_iso(), total.elapsed()
             record.failure = Failure(stage=stage, message=message, node=getattr(exc, "node", None))
@@ -239,19 +256,27 @@ class Deployer:
                 record.rollback = "skipped (--no-rollback)"
                 self.ledger.save(record)
                 raise
-            self._cleanup(started)
+            stop_started(self.reporter, started)
             record.rollback = "new engines stopped"
-            if stopped_previous and active:
-                record.restored = self._restore(active, record)
-            self.ledger.save(record)
-            if interrupted:
-                raise
-            if isinstance(exc, SparkctlError):
-                restored = f"; restored {record.restored}" if record.restored else (
-                    "; nothing to restore (no previous deployment)" if not active else "")
-                exc.message += restored
-                raise
-            raise DeployError(f"{stage} failed: {message}", where=f"deployment {dep_id}") from exc
+            try:
+                if stopped_previous and active:
+                    outcome = restore(self, active, record)
+                    record.restored, record.restore_error = outcome.restored, outcome.error
+            finally:
+                self.ledger.save(record)
+            if interrupted or not isinstance(exc, SparkctlError):
+                raise   # Ctrl-C, or a bug in sparkctl: its traceback goes to the CLI's debug log
+            if record.restored:
+                said = f"; restored {record.restored}"
+            elif record.restore_error:
+                said = f"; restoring {active.id if active else '?'} FAILED: {record.restore_error}"
+            else:
+                said = "; nothing to restore (no previous deployment)" if not active else ""
+            raise exc.amended(message=exc.message + said) from exc
+
+    @staticmethod
+    def _failed_stage(record: DeploymentRecord) -> str:
+        return next((s.name for s in reversed(record.stages) if s.status != "ok"), "unknown")
 
     # -- stages ------------------------------------------------------------------------------------------------------
     def _own_ports(self, active: DeploymentRecord | None) -> set[tuple[str, int]]:
@@ -303,116 +328,58 @@ class Deployer:
                               evidence="\n".join(f"{g.name}: {g.evidence}" for g in failed))
         return gates
 
-    def _stop_record(self, record: DeploymentRecord, *, keep: bool) -> None:
-        """Stop every rank of a deployment, all nodes in parallel."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        rts = self.runtimes(record.id)
-        handles = sorted(record.handles, key=lambda h: h.rank)
-
-        def stop(handle: Handle) -> None:
-            rt = rts.for_node(handle.node)
-            rt.stop(handle)
-            if not keep:
-                rt.remove(handle)
-            self.reporter.event(f"rank {handle.rank} stopped", handle.node)
-        with ThreadPoolExecutor(max_workers=max(1, len(handles))) as pool:
-            list(pool.map(stop, handles))
-
-    def _cleanup(self, started: list[tuple[Runtime, Handle]]) -> None:
-        for rt, handle in sorted(started, key=lambda x: x[1].rank):
-            try:
-                rt.stop(handle)
-                rt.remove(handle)
-                self.reporter.event(f"rank {handle.rank} of the failed deployment stopped", handle.node)
-            except Exception as exc:  # noqa: BLE001 - keep cleaning the other ranks
-                self.reporter.event(f"could not stop rank {handle.rank}: {exc}", handle.node)
-
-    def _mark_superseded(self, old: DeploymentRecord, new_id: str) -> None:
-        """The old deployment stays stopped-but-restartable; the ones superseded before it are removed."""
-        old = self.ledger.load(old.id)
-        old.status, old.superseded_by, old.stopped = Status.SUPERSEDED, new_id, now_iso()
-        self.ledger.save(old)
-        # Every hand-off prunes all older superseded engines, so walking back from the newest record can stop at
-        # the first one already pruned: the scan stays a few records long however long the history grows.
-        for dep_id in reversed(self.ledger.index()["history"]):
-            if dep_id in (old.id, new_id):
-                continue
-            try:
-                rec = self.ledger.load(dep_id)
-            except SparkctlError:
-                continue  # a damaged record is reported by the commands that read it; never rewritten here
-            if rec.engines_removed:
-                break
-            if rec.status == Status.SUPERSEDED and rec.handles:
-                try:
-                    self._stop_record(rec, keep=False)
-                    rec.engines_removed = now_iso()
-                    self.ledger.save(rec)
-                except SparkctlError as exc:
-                    self.reporter.event(f"could not remove the engines of {dep_id}: {exc.message}")
-
-    def _restore(self, previous: DeploymentRecord, failed: DeploymentRecord) -> str | None:
-        """Bring a stopped known deployment back: restart its ranks, wait ready, verify. Returns its id."""
-        self.reporter.stage("rollback", f"restoring {previous.id} ({previous.profile})")
-        try:
-            profile = Profile.model_validate(previous.profile_data)
-            result = self._render(profile)
-            if launch_identity(result) != previous.identity:
-                self.reporter.event("note: re-rendered launch identity differs from the record "
-                                    "(inventory or secrets changed); restoring the re-rendered launch")
-            rts = self.runtimes(previous.id)
-            started: list[tuple[Runtime, Handle]] = []
-            booted = boot(result.specs, rts.for_node, previous.id, self.reporter,
-                          timeout_s=profile.lifecycle.boot_timeout_s, started=started,
-                          ready_probe=self._health_probe(result.specs[0], profile.api.api_key_env))
-            with self._client(result.specs[0], profile.api.api_key_env) as client:
-                gates = run_gates(profile, client, booted.watches)
-            bad = [g.name for g in gates if not g.ok]
-            for g in gates:
-                if not g.ok:
-                    self.reporter.event(f"FAIL {g.name}: {g.evidence}")
-            prev = self.ledger.load(previous.id)
-            prev.handles = booted.handles
-            prev.status = Status.SUCCESSFUL if not bad else Status.FAILED
-            prev.restored_at, prev.restored_after = now_iso(), failed.id
-            prev.restores.append(RestoreEntry(at=now_iso(), after=failed.id, gates=[g.as_dict() for g in gates]))
-            self.ledger.save(prev)
-            if bad:
-                self.reporter.event(f"restored deployment failed gates: {', '.join(bad)}")
-                self._cleanup(started)
-                self.ledger.set_active(None)
-                return None
-            self.ledger.set_active(previous.id)
-            self.reporter.event(f"restored {previous.id}: serving again at {prev.endpoint}")
-            return previous.id
-        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - report, keep the ledger consistent
-            self.reporter.event(f"restore of {previous.id} failed: {exc}")
-            self.ledger.set_active(None)
-            return None
-
     def preflight(self, profile: Profile) -> list[Check]:
         """Read-only checks on every node for this profile (what `up` runs first); raises PreflightError."""
-        result = self._render(profile)
+        result = self.render(profile)
         self.reporter.stage("preflight", f"profile {profile.name}: {len(result.specs)} nodes in parallel")
         return self._preflight(result, self.runtimes("preflight"), self._own_ports(self.ledger.active()))
 
     # -- rollback / down / status ------------------------------------------------------------------------------------
     def rollback_target(self) -> DeploymentRecord:
-        active_id = self.ledger.index().get("active")
-        target = self.ledger.known_good(exclude=active_id)
-        if target is None:
-            raise DeployError("no earlier known-good deployment to roll back to", where=str(self.ledger.root),
-                              hint="use `sparkctl rollback --to PROFILE` (e.g. dflash-off)")
-        return target
+        """The deployment `rollback` without --to returns to: the newest known-good one other than the active."""
+        return rollback_target(self.ledger)
+
+    def rollback(self, to: Profile | None, opts: UpOptions) -> dict[str, Any]:
+        """Deploy `to` (a profile), or the profile of the previous known-good deployment when None.
+
+        Same stages and guarantees as `up` (kind "rollback"); a stopped deployment of the same launch restarts
+        its kept containers (the fast path).
+        """
+        if to is None:
+            target = self.rollback_target()
+            self.reporter.stage("rollback", f"rolling back to {target.id} ({target.profile})")
+            to = Profile.model_validate(target.profile_data)
+        return self.up(to, opts, kind="rollback")
+
+    def follow_log(self, rank: int, *, tail: int = 50, follow: bool = False,
+                   poll_s: float = 0.5) -> Iterator[str]:
+        """Rank `rank`'s engine log of the active deployment (else the newest known-good one): the last `tail`
+        lines (0: all), then with `follow` each new piece of complete lines as it comes, until the caller stops."""
+        record = self.ledger.active() or self.ledger.known_good()
+        if record is None:
+            raise SparkctlError("no deployment recorded yet", hint="run sparkctl up --profile NAME")
+        handle = record.handle_of(rank)
+        if handle is None:
+            raise SparkctlError(f"deployment {record.id} has no rank {rank}",
+                                hint=f"ranks: {[h.rank for h in record.handles]}")
+        rt = self.runtimes(record.id).for_node(handle.node)
+        text, offset = rt.read_log(handle, 0)
+        lines = text.splitlines()
+        yield "\n".join(lines[-tail:] if tail else lines) + ("\n" if lines else "")
+        while follow:
+            time.sleep(poll_s)
+            text, offset = rt.read_log(handle, offset)
+            if text:
+                yield text
 
     def down(self) -> dict[str, Any]:
+        """Stop the active deployment on every node (containers removed, logs kept); a no-op when none runs."""
         with self.ledger.lock("down"):
             active = self.ledger.active()
             if not active:
                 return {"changed": False, "reason": "no active deployment"}
             self.reporter.stage("down", f"stopping {active.id} ({active.profile})")
-            self._stop_record(active, keep=False)
+            stop_engines(self, active, keep=False)
             rec = self.ledger.load(active.id)
             rec.status, rec.stopped = Status.STOPPED, now_iso()
             self.ledger.save(rec)
@@ -420,6 +387,7 @@ class Deployer:
             return {"changed": True, "stopped": active.id}
 
     def status(self) -> dict[str, Any]:
+        """The active deployment: profile, identity, live health per rank, endpoint, since when."""
         active = self.ledger.active()
         if not active:
             idx = self.ledger.index()

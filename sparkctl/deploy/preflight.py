@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from sparkctl.errors import PreflightError
+from sparkctl.errors import PreflightError, SparkctlError
 from sparkctl.sglang.launch import LaunchSpec
 
 
@@ -46,18 +46,18 @@ def run_preflight(specs: list[LaunchSpec], checks_for: Callable[[LaunchSpec], li
     failed = [c for c in checks if not c.ok]
     if failed:
         first = failed[0]
-        err = PreflightError(f"{first.name}: {first.seen}", where=f"[{first.node}] preflight", hint=first.fix or None,
+        raise PreflightError(f"{first.name}: {first.seen}", where=f"[{first.node}] preflight", hint=first.fix or None,
                              evidence="\n".join(f"[{c.node}] {c.name}: {c.seen}" + (f" -> {c.fix}" if c.fix else "")
-                                                for c in failed[1:]) or None)
-        err.checks = checks
-        raise err
+                                                for c in failed[1:]) or None, checks=checks)
     return checks
 
 
 def _safe(fn: Callable[[LaunchSpec], list[Check]]) -> Callable[[LaunchSpec], list[Check]]:
+    """A known failure on one node (SSH refused, a command failed) is that node's failed check; anything else is
+    a sparkctl bug and propagates to the CLI's debug-log boundary."""
     def run(spec: LaunchSpec) -> list[Check]:
         try:
             return fn(spec)
-        except Exception as exc:  # noqa: BLE001 - one node's crash is that node's failed check
-            return [Check(spec.node, "preflight", False, f"{type(exc).__name__}: {exc}", "see the message")]
+        except SparkctlError as exc:
+            return [Check(spec.node, "preflight", False, exc.message, exc.hint or "see the message")]
     return run

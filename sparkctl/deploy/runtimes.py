@@ -7,6 +7,14 @@ from sparkctl.nodes.runtime import Runtime
 from sparkctl.state.ledger import Ledger
 
 
+def embedded_notice(inventory: Inventory) -> str | None:
+    """The one line every command prints on the embedded cluster (its engine is the emulator), or None."""
+    if not inventory.embedded:
+        return None
+    return (f"using the embedded local cluster ({inventory.path}); its engine is the sparkctl emulator, "
+            f"and everything it reports is emulated")
+
+
 class Runtimes:
     """One runtime object per node, created lazily (docker/SSH imports stay out of `--help`)."""
 

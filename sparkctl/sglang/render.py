@@ -145,9 +145,8 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
     try:
         dialect = load_dialect(profile.image.sglang_version)
     except ConfigError as exc:
-        exc.where = profile.origin_of("image.sglang_version")
-        exc.message = f"image.sglang_version: {exc.message}"
-        raise
+        raise exc.amended(where=profile.origin_of("image.sglang_version"),
+                          message=f"image.sglang_version: {exc.message}") from None
     _check_topology(profile, inventory)
     rank0 = inventory.rank0
     secrets: set[str] = set()

@@ -230,3 +230,21 @@ def test_terminal_prompt_declined_changes_nothing(local_cluster):
         os.close(fd)
     assert os.waitstatus_to_exitcode(status) == 1 and b"nothing was changed" in seen
     assert _ledger(local_cluster).index()["history"] == []
+
+
+def test_why_a_restore_failed_reaches_the_error_and_the_ledger(cli, local_cluster, faulty_profile, profiles_dir,
+                                                               tmp_path):
+    prev = _up_ok(cli, faulty_profile({}))              # boots clean; its fault file is read again at restore
+    (tmp_path / "sim-faults.json").write_text(json.dumps({"fail_load_oom": True}))
+    bad = tmp_path / "bad-faults.json"
+    bad.write_text(json.dumps({"ranks": {"1": {"crash_after_s": 0.3, "boot_s": 3.0}}}))
+    (profiles_dir / "bad.yml").write_text(f"extends: dflash-off\nenv: {{SPARKCTL_SIM_CONFIG: '{bad}'}}\n")
+    code, _, err = cli("up", "--profile", "bad", "--yes", "--boot-timeout", "30")
+    assert code == 4, err
+    assert f"restoring {prev['deployment']} FAILED" in err and "oom" in err.lower()
+    ledger = _ledger(local_cluster)
+    failed = ledger.load(ledger.index()["history"][-1])
+    assert failed.status == "failed" and failed.failure.stage == "boot" and failed.restored is None
+    assert "oom" in failed.restore_error.lower()
+    assert ledger.index()["active"] is None
+    assert not any(_alive(h.pid) for h in ledger.load(prev["deployment"]).handles)
