@@ -37,7 +37,7 @@ from sparkctl.bench.target import Arm, arm_role
 
 log = logging.getLogger("sparkctl.bench")
 
-__all__ = ["GATES", "BenchOptions", "parse_gates", "bench_deployment", "bench_endpoint", "bench_log",
+__all__ = ["GATES", "BenchOptions", "parse_gates", "bench", "bench_deployment", "bench_endpoint", "bench_log",
            "write_report", "SCHEMA"]
 
 SCHEMA = "sparkctl.bench/1"
@@ -421,6 +421,43 @@ def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -
         result.finished = now_iso()
 
     return _run(result, body, out)
+
+
+def bench(inventory: Any, opts: BenchOptions, *, reporter: Any = None, profile: Any = None, compare: Any = None,
+          endpoint: str | None = None, compare_endpoint: str | None = None, log: Path | None = None,
+          compare_log: Path | None = None, log_only: bool = False, api_key: str | None = None,
+          progress: Progress = _noop) -> dict[str, Any]:
+    """`sparkctl bench`: pick the mode from what is given, run it, return the run record's JSON.
+
+    ``endpoint``: measure that server (and ``compare_endpoint``). ``log_only``, or a ``log`` with nothing
+    deployed and nothing else named: log-only analysis. Otherwise the inventory's active deployment
+    (``profile`` deployed first when given; ``compare`` deployed for the second arm, then the original restored).
+    ``api_key`` is for the endpoints given by URL (deployments use the env var their profile names).
+    """
+    from sparkctl.deploy.lifecycle import Deployer
+
+    if endpoint and (compare or profile):
+        raise ConfigError("--endpoint measures a running server; --profile/--compare deploy profiles",
+                          hint="use --compare-endpoint URL with --endpoint")
+    if compare and compare_endpoint:
+        raise ConfigError("--compare and --compare-endpoint both name the second arm", hint="pick one")
+    for p in (log, compare_log):
+        if p is not None and not p.is_file():
+            raise ConfigError(f"no such log file: {p}", where="--log")
+    ledger = Ledger.for_cluster(inventory.cluster.name)
+    if log_only or (log and not endpoint and not profile and not compare and ledger.active() is None):
+        if not log:
+            raise ConfigError("--log-only needs --log FILE")
+        return bench_log(log, opts, ledger=ledger)
+    if endpoint:
+        return bench_endpoint(endpoint, opts, ledger=ledger, api_key=api_key, log_path=log,
+                              compare_endpoint=compare_endpoint, compare_log_path=compare_log, progress=progress)
+    deployer = Deployer(inventory, reporter, ledger)
+    if deployer.embedded_notice:
+        progress(deployer.embedded_notice)
+    return bench_deployment(deployer, opts, primary_profile=profile, compare_profile=compare,
+                            compare_endpoint=compare_endpoint, log_path=log, compare_log_path=compare_log,
+                            compare_api_key=api_key, progress=progress)
 
 
 # --------------------------------------------------------------------------- files

@@ -69,53 +69,26 @@ def register(app: typer.Typer) -> None:
         it loads the server; --compare redeploys twice)."""
         from sparkctl.bench import run as bench_run
         from sparkctl.config.inventory import resolve_inventory
+        from sparkctl.config.profile import load_profile
         from sparkctl.deploy.progress import Reporter
-        from sparkctl.errors import ConfigError
-        from sparkctl.state.ledger import Ledger
 
-        if endpoint and (compare or profile):
-            raise ConfigError("--endpoint measures a running server; --profile/--compare deploy profiles",
-                              hint="use --compare-endpoint URL with --endpoint")
-        if compare and compare_endpoint:
-            raise ConfigError("--compare and --compare-endpoint both name the second arm", hint="pick one")
         opts = bench_run.BenchOptions(
             gates=bench_run.parse_gates(gates), runs=runs, max_tokens=max_tokens, warmup=warmup,
             ttft_sizes=_int_list(ttft_sizes, "--ttft-sizes"), concurrency=_int_list(concurrency, "--concurrency"),
             g6_max_tokens=g6_max_tokens, out_dir=out,
             reference=[ln.strip() for ln in reference.read_text(encoding="utf-8").splitlines() if ln.strip()]
             if reference else [])
-        for p in (log, compare_log):
-            if p is not None and not p.is_file():
-                raise ConfigError(f"no such log file: {p}", where="--log")
         reporter = Reporter()
         reporter.stage("bench")
+
         def progress(message: str) -> None:
             reporter.stage_name = "bench"     # the lifecycle's stages (--compare) rename it meanwhile
             reporter.event(message)
-        inv = resolve_inventory(inventory)
-        ledger = Ledger.for_cluster(inv.cluster.name)
-
-        if log_only or (log and not endpoint and not profile and not compare and ledger.active() is None):
-            if not log:
-                raise ConfigError("--log-only needs --log FILE")
-            result = bench_run.bench_log(log, opts, ledger=ledger)
-        elif endpoint:
-            key = os.environ.get(api_key_env) or None
-            result = bench_run.bench_endpoint(endpoint, opts, ledger=ledger, api_key=key, log_path=log,
-                                              compare_endpoint=compare_endpoint, compare_log_path=compare_log,
-                                              progress=progress)
-        else:
-            from sparkctl.config.profile import load_profile
-            from sparkctl.deploy.lifecycle import Deployer
-
-            deployer = Deployer(inv, reporter, ledger)
-            if deployer.embedded_notice:
-                print(f"sparkctl: {deployer.embedded_notice}", file=sys.stderr)
-            result = bench_run.bench_deployment(
-                deployer, opts, primary_profile=load_profile(profile) if profile else None,
-                compare_profile=load_profile(compare) if compare else None, compare_endpoint=compare_endpoint,
-                log_path=log, compare_log_path=compare_log, compare_api_key=os.environ.get(api_key_env) or None,
-                progress=progress)
+        result = bench_run.bench(resolve_inventory(inventory), opts, reporter=reporter,
+                                 profile=load_profile(profile) if profile else None,
+                                 compare=load_profile(compare) if compare else None,
+                                 endpoint=endpoint, compare_endpoint=compare_endpoint, log=log, compare_log=compare_log,
+                                 log_only=log_only, api_key=os.environ.get(api_key_env) or None, progress=progress)
         files = result.get("files") or {}
         if as_json:
             print(json.dumps(result, indent=2, default=str))
