@@ -91,7 +91,7 @@ _HINTS = {
 
 
 def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deployment_id: str, reporter: Reporter,
-         *, timeout_s: float, worker_grace_s: float = 0.3, poll_s: float = 0.1,
+         *, timeout_s: float, worker_grace_s: float = 0.3,
          started: list[tuple[Runtime, Handle]] | None = None,
          ready_probe: Callable[[], bool] | None = None) -> BootResult:
     """Start ranks (highest first, rank 0 last) and wait for rank 0 to be ready.
@@ -117,7 +117,7 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
                 _check(watch, t0)
                 if EventKind.SERVER_ARGS in watch.follower.milestones:
                     break
-                time.sleep(getattr(rt, "poll_interval_s", poll_s))
+                time.sleep(rt.poll_interval_s)
     rank0 = next(w for w in watches if w.spec.rank == 0)
     deadline = t0 + timeout_s
     while True:
@@ -135,7 +135,7 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
                     if EventKind.SPANS_ACROSS_NODES not in rank0.follower.milestones and len(specs) > 1 else
                     "raise lifecycle.boot_timeout_s if this model needs longer, or read the log for the stall")
             raise _fail(rank0, stuck, hint, elapsed)
-        time.sleep(max(getattr(w.runtime, "poll_interval_s", poll_s) for w in watches))
+        time.sleep(max(w.runtime.poll_interval_s for w in watches))
 
 
 def _check(watch: RankWatch, t0: float) -> None:

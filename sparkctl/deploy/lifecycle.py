@@ -19,6 +19,7 @@ from sparkctl.deploy.boot import BootResult, boot
 from sparkctl.deploy.gates import Gate, run_gates
 from sparkctl.deploy.plan import Plan, make_plan
 from sparkctl.deploy.preflight import Check, ports_of, run_preflight
+from sparkctl.deploy.preflight_rules import evaluate
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.rollback import (mark_superseded, restore, rollback_target, stop_engines, stop_started)
 from sparkctl.deploy.runtimes import Runtimes, embedded_notice
@@ -290,9 +291,10 @@ class Deployer:
         return out
 
     def _preflight(self, result: RenderResult, rts: Runtimes, own: set[tuple[str, int]]) -> list[Check]:
-        checks = run_preflight(result.specs, lambda spec: rts.for_node(spec.node).preflight(spec, own))
+        checks = run_preflight(result.specs,
+                               lambda spec: evaluate(self.inventory, spec, rts.for_node(spec.node).gather(spec), own))
         for c in checks:
-            self.reporter.event(f"{c.name}: {c.seen}", c.node)
+            self.reporter.event(c.line, c.node)
         return checks
 
     def _image(self, result: RenderResult, rts: Runtimes) -> dict[str, str]:
@@ -302,7 +304,7 @@ class Deployer:
         docker: dict[str, Any] = {}
         for spec in result.specs:
             rt = rts.for_node(spec.node)
-            if rt.kind == "docker":
+            if rt.needs_image:
                 docker[spec.node] = rt
             else:
                 self.reporter.event("no image: the process runtime runs the emulator in place", spec.node)

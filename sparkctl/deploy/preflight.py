@@ -1,41 +1,64 @@
 """Preflight: read-only checks on every node, in parallel, before anything changes.
 
 Each check names the node, what was checked, what was seen and what to do. The
-runtime of a node supplies its checks (`runtime.preflight(...)`); this module runs
-them on all nodes at once and raises one PreflightError listing every failure.
+runtime of a node gathers its facts (`runtime.gather(spec)`), `preflight_rules.evaluate`
+judges them; this module runs that on all nodes at once and raises one PreflightError
+listing every failure.
 """
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Callable
 
 from sparkctl.errors import PreflightError, SparkctlError
 from sparkctl.sglang.launch import LaunchSpec
 
 
-@dataclass
+class Severity(StrEnum):
+    OK = "ok"
+    WARN = "warning"      # passes, but worth reading (a test node without nvidia-smi, a small MTU)
+    FAIL = "failed"       # blocks the deployment
+
+
+@dataclass(frozen=True)
 class Check:
     node: str
     name: str
-    ok: bool
+    severity: Severity
     seen: str
     fix: str = ""
 
+    @classmethod
+    def passing(cls, node: str, name: str, seen: str) -> "Check":
+        return cls(node, name, Severity.OK, seen)
+
+    @classmethod
+    def warning(cls, node: str, name: str, seen: str) -> "Check":
+        return cls(node, name, Severity.WARN, seen)
+
+    @classmethod
+    def failing(cls, node: str, name: str, seen: str, fix: str) -> "Check":
+        return cls(node, name, Severity.FAIL, seen, fix)
+
+    @property
+    def ok(self) -> bool:
+        return self.severity is not Severity.FAIL
+
+    @property
+    def line(self) -> str:
+        """`name: seen`, with `warning:` before a warning's text."""
+        return f"{self.name}: " + ("warning: " if self.severity is Severity.WARN else "") + self.seen
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"node": self.node, "name": self.name, "ok": self.ok, "severity": self.severity.value,
+                "seen": self.seen, "fix": self.fix}
 
 
 def ports_of(spec: LaunchSpec) -> list[tuple[str, int, str]]:
-    """(bind address, port, what) this rank will listen on."""
-    argv = spec.argv
-    host = argv[argv.index("--host") + 1] if "--host" in argv else "127.0.0.1"
-    port = int(argv[argv.index("--port") + 1]) if "--port" in argv else 30000
-    out = [(host, port, "HTTP API" if spec.rank == 0 else "dummy health server")]
-    if spec.rank == 0 and "--dist-init-addr" in argv:
-        addr, _, dport = argv[argv.index("--dist-init-addr") + 1].rpartition(":")
-        out.append((addr, int(dport), "TCP store (--dist-init-addr)"))
-    return out
+    """(bind address, port, what) this rank will listen on (the LaunchSpec answers: `spec.listen_ports()`)."""
+    return spec.listen_ports()
 
 
 def run_preflight(specs: list[LaunchSpec], checks_for: Callable[[LaunchSpec], list[Check]]) -> list[Check]:
@@ -59,5 +82,5 @@ def _safe(fn: Callable[[LaunchSpec], list[Check]]) -> Callable[[LaunchSpec], lis
         try:
             return fn(spec)
         except SparkctlError as exc:
-            return [Check(spec.node, "preflight", False, exc.message, exc.hint or "see the message")]
+            return [Check.failing(spec.node, "preflight", exc.message, exc.hint or "see the message")]
     return run

@@ -49,7 +49,7 @@ log is then archived there first).
 Example::
 
     rt = DockerRuntime(inventory, inventory.node("spark-b"), cluster="desk")
-    rt.ensure_image(spec)                  # "image sglang-gb10:ab12 present on spark-b (sha256:...)"
+    rt.image_id("sglang-gb10:ab12")        # "sha256:..." or None
     handle = rt.start(spec, "20260101T000000Z-d5-ab12")
     text, offset = rt.read_log(handle, 0)
 """
@@ -66,16 +66,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparkctl.errors import ConfigError, NodeError, PreflightError
+from sparkctl.errors import ConfigError, NodeError
 from sparkctl.nodes import facts
+from sparkctl.nodes.node_facts import NodeFacts, gather_over_ssh
 from sparkctl.nodes.runtime import DockerHandle, Liveness, sim_env
 from sparkctl.nodes.ssh import CommandResult, SSHConnector, connector_for
 from sparkctl.sglang.launch import LaunchSpec
-from sparkctl.sglang.render import MODELS_MOUNT
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Inventory, Node
-    from sparkctl.deploy.preflight import Check
 
 log = logging.getLogger("sparkctl.nodes.docker")
 
@@ -83,8 +82,6 @@ IMAGE_ENV = "SPARKCTL_ENGINE_IMAGE"
 MEMLOCK_ENV = "SPARKCTL_DOCKER_MEMLOCK"        # override memlock=-1 (a daemon without CAP_SYS_RESOURCE)
 CONTAINER_HOME = "/root"                      # the SGLang images run as root
 LOG_LOOKBACK_NS = 2_000_000_000               # overlap re-read when following (see module docstring)
-WARN = "warning: "                            # Check.seen prefix of a warning (ok=True, but worth reading)
-MIN_FABRIC_MTU = 9000
 # JIT caches the engine fills at first use: (directory under host_paths.cache, path in the container, env var)
 JIT_CACHES = (
     ("tilelang", f"{CONTAINER_HOME}/.tilelang", None),
@@ -157,28 +154,6 @@ class ContainerConfig:
                     v = v.replace(s, "***")
             out[k] = v
         return out
-
-
-def gpu_idle_check(node: str, smi: facts.NvidiaSmi, *, ours_running: bool) -> "Check":
-    """The GPU must be idle before boot (unified memory: another compute process shrinks what the engine gets).
-
-    Graphics processes (Xorg, gnome-shell on a desktop Spark) only warn. When sparkctl's own deployment runs,
-    its engine is expected on the GPU (it is stopped before the new boot), so compute processes only warn.
-    """
-    from sparkctl.deploy.preflight import Check
-
-    compute = smi.compute_processes
-    shown = ", ".join(f"pid {p.pid} {p.name} ({p.memory_mib} MiB)" for p in compute)
-    graphics = [p for p in smi.processes if p not in compute]
-    if not compute:
-        extra = f" ({len(graphics)} graphics processes: {', '.join(p.name for p in graphics)})" if graphics else ""
-        return Check(node, "gpu idle", True, (WARN if graphics else "") + "no compute process on the GPU"
-                     + extra)
-    if ours_running:
-        return Check(node, "gpu idle", True, f"{WARN}in use by {shown} (the active deployment's engine is "
-                                             f"expected here; it is stopped before the new boot)")
-    return Check(node, "gpu idle", False, f"GPU busy: {shown}",
-                 f"stop those processes on {node} first: on unified memory they take what the engine needs")
 
 
 def container_config(spec: LaunchSpec, node: "Node", *, cluster: str, deployment_id: str, image: str,
@@ -297,6 +272,7 @@ class DockerRuntime:
     """
 
     kind = "docker"
+    needs_image = True
     poll_interval_s = 0.5   # each read_log/liveness is an SSH round-trip (~0.2 s here)
 
     def __init__(self, inventory: "Inventory", node: "Node", *, cluster: str, connector: SSHConnector | None = None,
@@ -480,275 +456,10 @@ class DockerRuntime:
         res = self.ssh.run(list(fact.argv))
         return fact.parse(res.stdout) if res.returncode == 0 else None
 
-    def ensure_image(self, spec: LaunchSpec) -> str:
-        """Check the engine image is on this node; PreflightError naming node and image when it is not."""
-        image = resolve_image(spec, self.environ)
-        found = self.image_id(image)
-        if found is None:
-            peers = [n.name for n in self.inventory.nodes if n.name != self.node.name]
-            raise PreflightError(
-                f"image {image} is not on {self.node.name}", where=f"[{self.node.name}] image",
-                hint=f"build it there, or copy it from a node that has it: docker save {image} | "
-                     f"ssh {self.node.ssh.user}@{self.node.ssh.host} docker load"
-                     + (f" (peers: {', '.join(peers)})" if peers else ""))
-        return f"image {image} present on {self.node.name} ({found})"
-
     # -- preflight ---------------------------------------------------------------------------------------------
-    def preflight(self, spec: LaunchSpec, own_ports: set[tuple[str, int]]) -> list["Check"]:
-        """Read-only checks of this node over SSH, in two round-trips of parallel commands."""
-        from sparkctl.deploy.preflight import Check, ports_of
-
-        n = self.node
-        name = n.name
-        try:
-            self.ssh.connect()
-        except NodeError as exc:
-            return [Check(name, "ssh", False, exc.message, exc.hint or "")]
-        checks = [Check(name, "ssh", True, f"{self.ssh.address} reachable")]
-        peers = [p for p in self.inventory.nodes if p.name != name]
-        models = _model_paths(spec.argv)
-        named: list[tuple[str, facts.Fact[Any]]] = [
-            ("docker", facts.docker_info()), ("ip", facts.ip_addr()), ("mem", facts.meminfo()),
-            ("ss", facts.listening()), ("gpu", facts.gpu_query()), ("smi", facts.nvidia_smi()),
-            ("ib", facts.dir_entries("/dev/infiniband"))]
-        if n.roce_hcas:
-            named.append(("ibdev", facts.ibdev2netdev()))
-        for what, path in models:
-            host = host_model_path(path, n.host_paths.models) or path
-            named.append((what, facts.Fact(what, ("ls", "-d", "--", host), lambda t: t.strip())))
-        named += [(f"ping:{p.name}", facts.ping(p.fabric_address, dont_fragment=False)) for p in peers]
-        results = dict(zip([k for k, _ in named], self.ssh.run_many([list(f.argv) for _, f in named])))
-        fact_of = dict(named)
-
-        def value(key: str) -> Any:
-            res = results[key]
-            return fact_of[key].parse(res.stdout) if res.returncode == 0 else None
-
-        checks += self._check_docker(results["docker"])
-        checks += self._check_gpu(results["gpu"], results["docker"])
-        smi = value("smi")
-        if smi is not None:   # no nvidia-smi: the gpu check above already said so
-            checks.append(gpu_idle_check(name, smi, ours_running=bool(own_ports)))
-        iface = self._fabric_checks(checks, results["ip"])
-        checks += self._check_peers(peers, iface, {p.name: results[f"ping:{p.name}"] for p in peers})
-        listeners = value("ss")
-        for addr, port, what in ports_of(spec):
-            if (addr, port) in own_ports:
-                checks.append(Check(name, f"port {port}", True, f"{addr}:{port} held by the active deployment"))
-            elif listeners is None:
-                checks.append(Check(name, f"port {port}", False, f"ss failed: {results['ss'].output.strip()}",
-                                    "install iproute2 on the node"))
-            elif (hit := facts.port_conflict(listeners, addr, port)) is not None:
-                checks.append(Check(name, f"port {port}", False,
-                                    f"{addr}:{port} ({what}) is in use (listener on {hit.address}:{hit.port})",
-                                    f"stop what listens there (ssh {n.ssh.host} ss -ltnp 'sport = :{port}') or "
-                                    "change api.port / api.dist_port in the profile"))
-            else:
-                checks.append(Check(name, f"port {port}", True, f"{addr}:{port} free"))
-        mem = value("mem")
-        if mem is None:
-            checks.append(Check(name, "memory", False, "cannot read /proc/meminfo", "check the node"))
-        else:
-            gib = mem.available / 2**30
-            low = mem.available < mem.total * 0.25
-            checks.append(Check(name, "memory", True, (WARN if low else "")
-                                + f"{gib:.1f} GiB available of {mem.total / 2**30:.1f} GiB"
-                                + (" (less than a quarter free: page cache and other programs share the GPU's "
-                                   "memory)" if low else "")))
-        ib = results["ib"].returncode == 0
-        self._infiniband = ib
-        if n.roce_hcas and not ib:
-            checks.append(Check(name, "infiniband", False, "roce_hcas is set but /dev/infiniband is missing",
-                                "install the MLNX/rdma-core drivers, or clear roce_hcas to use TCP sockets"))
-        else:
-            checks.append(Check(name, "infiniband", True, "/dev/infiniband present (passed to the container)" if ib
-                                else "no /dev/infiniband (NCCL over TCP sockets)"))
-        if n.roce_hcas:
-            checks.append(self._check_hcas(results["ibdev"]))
-        for what, path in models:
-            checks.append(self._check_model(what, path, results[what]))
-        return checks
-
-    def _check_docker(self, res: CommandResult) -> list["Check"]:
-        from sparkctl.deploy.preflight import Check
-        name = self.node.name
-        info = None
-        try:
-            info = facts.parse_docker_info_json(res.stdout)
-        except ValueError:
-            pass
-        if info is None or not info.answering:
-            why = (res.stderr.strip() or res.stdout.strip() or f"exit {res.returncode}").splitlines()[-1]
-            return [Check(name, "docker", False, f"docker daemon does not answer: {why}",
-                          "start it (sudo systemctl start docker) and make sure the SSH user may use it "
-                          "(member of the docker group)")]
-        out = [Check(name, "docker", True, f"docker {info.server_version} on {info.name or '?'} "
-                                           f"({info.architecture or '?'}; runtimes {', '.join(info.runtimes)}; "
-                                           f"default {info.default_runtime})")]
-        want = self.node.gpu_runtime
-        if want == "nvidia":
-            if "nvidia" in info.runtimes:
-                alias = info.runtime_is_runc_alias("nvidia")
-                out.append(Check(name, "gpu runtime", True, "nvidia runtime registered"
-                                 + (" (mapped to plain runc: test node, no GPU)" if alias else "")))
-            else:
-                out.append(Check(name, "gpu runtime", False,
-                                 f"the nvidia runtime is not registered with docker (runtimes: "
-                                 f"{', '.join(info.runtimes)})",
-                                 "sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker "
-                                 "(or set gpu_runtime: gpus-all for this node)"))
-        elif want == "gpus-all":
-            out.append(Check(name, "gpu runtime", True, "--gpus all (needs nvidia-container-toolkit; not checked)"))
-        else:
-            out.append(Check(name, "gpu runtime", True, "gpu_runtime none: the container gets no GPU"))
-        return out
-
-    def _check_gpu(self, res: CommandResult, docker_res: CommandResult) -> list["Check"]:
-        """GPU model/driver. No nvidia-smi is a failure on a real node, a warning on a test node (whose
-        nvidia runtime is plain runc) or when gpu_runtime is none."""
-        from sparkctl.deploy.preflight import Check
-        name = self.node.name
-        if res.returncode != 0:
-            try:
-                test_node = facts.parse_docker_info_json(docker_res.stdout).runtime_is_runc_alias("nvidia")
-            except ValueError:
-                test_node = False
-            missing = res.returncode == 127 or "not found" in res.stderr
-            seen = ("no nvidia-smi (not a GB10?)" if missing else
-                    f"nvidia-smi failed: {res.output.strip().splitlines()[-1] if res.output.strip() else res.returncode}")
-            if self.node.gpu_runtime == "none" or test_node:
-                return [Check(name, "gpu", True, WARN + seen)]
-            return [Check(name, "gpu", False, seen, "install the NVIDIA driver (DGX OS ships it) and check "
-                                                    "`nvidia-smi` works on the node")]
-        gpus = facts.parse_gpu_query(res.stdout)
-        if not gpus:
-            return [Check(name, "gpu", False, "nvidia-smi lists no GPU", "check the driver (nvidia-smi) on the node")]
-        g = gpus[0]
-        notes = []
-        if not g.is_gb10:
-            notes.append("not a GB10")
-        if g.driver_version and g.driver_version.startswith("590."):
-            notes.append("driver 590 deadlocks in CUDA-graph capture on GB10 in one report; 580.x is known good")
-        return [Check(name, "gpu", True, (WARN if notes else "") + f"{g.name}, driver {g.driver_version or '?'}"
-                      + (f" ({'; '.join(notes)})" if notes else ""))]
-
-    def _fabric_checks(self, checks: list["Check"], res: CommandResult) -> facts.Interface | None:
-        from sparkctl.deploy.preflight import Check
-        n = self.node
-        if res.returncode != 0:
-            checks.append(Check(n.name, "fabric interface", False, f"ip failed: {res.output.strip()}",
-                                "install iproute2 on the node"))
-            return None
-        ifaces = facts.parse_ip_addr_json(res.stdout)
-        iface = ifaces.get(n.fabric_interface)
-        if iface is None:
-            others = ", ".join(f"{i.name} ({', '.join(i.ipv4) or 'no IPv4'})" for i in ifaces.values()
-                               if i.name != "lo")
-            checks.append(Check(n.name, "fabric interface", False,
-                                f"interface {n.fabric_interface} does not exist on {n.name} (interfaces: {others})",
-                                f"set fabric_interface for {n.name} in the inventory to the cabled CX-7 netdev "
-                                f"(see `ibdev2netdev` on the node)"))
-            return None
-        ok = True
-        if not iface.up:
-            ok = False
-            checks.append(Check(n.name, "fabric interface", False,
-                                f"{n.fabric_interface} on {n.name} is not up: {iface.describe()}",
-                                f"check the QSFP cable and `ip link set {n.fabric_interface} up` on {n.name}"
-                                + (" (NO-CARRIER: the link or the peer's port is down)"
-                                   if iface.state == "LOWERLAYERDOWN" or "NO-CARRIER" in iface.flags else "")))
-        if n.fabric_address not in iface.ipv4:
-            ok = False
-            checks.append(Check(n.name, "fabric address", False,
-                                f"{n.fabric_interface} on {n.name} has {', '.join(iface.ipv4) or 'no IPv4 address'}, "
-                                f"not the inventory's fabric_address {n.fabric_address}",
-                                f"configure {n.fabric_address} on {n.fabric_interface} (netplan), or fix "
-                                f"fabric_address in the inventory"))
-        if ok:
-            checks.append(Check(n.name, "fabric interface", True, iface.describe()))
-        if iface.mtu is not None:
-            small = iface.mtu < MIN_FABRIC_MTU
-            checks.append(Check(n.name, "fabric mtu", True, (WARN if small else "") + f"mtu {iface.mtu}"
-                                + (f" (the community default is {MIN_FABRIC_MTU} on both ends)" if small else "")))
-        return iface if iface.up else None
-
-    def _check_peers(self, peers: list["Node"], iface: facts.Interface | None,
-                     small: dict[str, CommandResult]) -> list["Check"]:
-        """Each peer's fabric address answers a ping; then a don't-fragment ping of the full MTU (2nd round-trip)."""
-        from sparkctl.deploy.preflight import Check
-        name = self.node.name
-        out: list[Check] = []
-        big_for = []
-        for p in peers:
-            r = facts.parse_ping(small[p.name].output)
-            if not r.ok:
-                out.append(Check(name, f"fabric peer {p.name}", False,
-                                 f"{p.name}'s fabric address {p.fabric_address} does not answer from {name}"
-                                 + (f" ({r.error})" if r.error else ""),
-                                 f"check the cable and both ends' fabric_interface/fabric_address; "
-                                 f"`ping {p.fabric_address}` on {name}"))
-            else:
-                big_for.append((p, r))
-        if iface is not None and iface.mtu and big_for:
-            size = iface.mtu - 28
-            bigs = self.ssh.run_many([list(facts.ping(p.fabric_address, size=size).argv) for p, _ in big_for])
-            for (p, r), res in zip(big_for, bigs):
-                b = facts.parse_ping(res.output)
-                if b.ok:
-                    out.append(Check(name, f"fabric peer {p.name}", True,
-                                     f"{p.fabric_address} answers ({r.rtt_ms} ms; {iface.mtu}-byte packets pass "
-                                     f"unfragmented)"))
-                else:
-                    out.append(Check(name, f"fabric peer {p.name}", False,
-                                     f"{p.fabric_address} answers small pings but not {iface.mtu}-byte packets with "
-                                     f"don't-fragment" + (f" ({b.error})" if b.error else ""),
-                                     "set the same MTU on both ends of the fabric (and any switch between)"))
-        else:
-            out += [Check(name, f"fabric peer {p.name}", True, f"{p.fabric_address} answers ({r.rtt_ms} ms)")
-                    for p, r in big_for]
-        return out
-
-    def _check_hcas(self, res: CommandResult) -> "Check":
-        from sparkctl.deploy.preflight import Check
-        n = self.node
-        if res.returncode != 0:
-            return Check(n.name, "roce hcas", True, WARN + "ibdev2netdev not available; roce_hcas not verified")
-        links = {ln.hca: ln for ln in facts.parse_ibdev2netdev(res.stdout)}
-        bad = [h for h in n.roce_hcas if h not in links or not links[h].up]
-        if bad:
-            return Check(n.name, "roce hcas", False,
-                         "; ".join(f"{h}: " + (f"{links[h].netdev} down" if h in links else "not present") for h in bad),
-                         "set roce_hcas to the HCAs of the cabled port (ibdev2netdev shows which are Up)")
-        return Check(n.name, "roce hcas", True, ", ".join(f"{h} -> {links[h].netdev} (Up)" for h in n.roce_hcas))
-
-    def _check_model(self, what: str, path: str, res: CommandResult) -> "Check":
-        from sparkctl.deploy.preflight import Check
-        n = self.node
-        host = host_model_path(path, n.host_paths.models)
-        if host is None:
-            return Check(n.name, what, True, WARN + f"{path} is not under {MODELS_MOUNT}, so no host directory is "
-                                                    f"mounted there; the engine will not see it")
-        if res.returncode == 0:
-            return Check(n.name, what, True, f"{path} present ({host} on {n.name})")
-        return Check(n.name, what, False, f"{path} not found: {host} does not exist on {n.name}",
-                     f"sync it to {host} on this node (every node mounts host_paths.models at {MODELS_MOUNT})")
-
-
-def host_model_path(path: str, host_models: str) -> str | None:
-    """Where a /models/... path of the engine lives on the node (its host_paths.models), or None if elsewhere."""
-    if path == MODELS_MOUNT or path.startswith(MODELS_MOUNT + "/"):
-        return host_models.rstrip("/") + path[len(MODELS_MOUNT):]
-    return None
-
-
-def _model_paths(argv: list[str]) -> list[tuple[str, str]]:
-    """(check name, path) for the model and the drafter when they are local absolute paths (hub ids are not)."""
-    out = []
-    for what, flags in (("model", ("--model-path", "--model")), ("drafter", ("--speculative-draft-model-path",))):
-        for flag in flags:
-            if flag in argv:
-                i = argv.index(flag) + 1
-                if i < len(argv) and argv[i].startswith("/"):
-                    out.append((what, argv[i]))
-                break
-    return out
+    def gather(self, spec: LaunchSpec) -> NodeFacts:
+        """Read-only facts of this node over SSH (two round-trips of parallel commands); judged in deploy/."""
+        nf = gather_over_ssh(self.ssh, self.node, [p for p in self.inventory.nodes if p.name != self.node.name], spec)
+        if "ib" in nf.outputs:
+            self._infiniband = nf.outputs["ib"].returncode == 0
+        return nf

@@ -14,13 +14,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sparkctl.nodes.node_facts import NodeFacts
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
 from sparkctl.sglang.launch import LaunchSpec
-
-if TYPE_CHECKING:
-    from sparkctl.deploy.preflight import Check
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
@@ -46,6 +44,8 @@ class ProcessRuntime:
     """
 
     kind = "process"
+    needs_image = False       # the emulator runs in place
+    poll_interval_s = 0.1
 
     def __init__(self, log_dir: Path, sim_knobs: dict[str, Any] | None = None) -> None:
         self.log_dir = log_dir
@@ -127,27 +127,15 @@ class ProcessRuntime:
     def remove(self, handle: ProcessHandle) -> None:
         self.stop(handle)
 
-    def preflight(self, spec: LaunchSpec, own_ports: set[tuple[str, int]]) -> list["Check"]:
-        """Local checks: the emulator imports, and the rank's ports are free (or held by our own deployment)."""
-        from sparkctl.deploy.preflight import Check, ports_of
-        checks = []
+    def gather(self, spec: LaunchSpec) -> NodeFacts:
+        """Local facts: does the emulator import, are the rank's ports free here (judged in deploy/)."""
+        nf = NodeFacts(spec.node, self.kind)
         try:
             import sparkctl.sim  # noqa: F401
-            checks.append(Check(spec.node, "engine", True, "sparkctl emulator importable (process runtime)"))
         except ImportError as exc:
-            checks.append(Check(spec.node, "engine", False, f"emulator not importable: {exc}",
-                                "reinstall sparkctl"))
-        for addr, port, what in ports_of(spec):
-            if (addr, port) in own_ports:
-                checks.append(Check(spec.node, f"port {port}", True, f"{addr}:{port} held by the active deployment"))
-            elif local_port_free(addr, port):
-                checks.append(Check(spec.node, f"port {port}", True, f"{addr}:{port} free"))
-            else:
-                checks.append(Check(spec.node, f"port {port}", False,
-                                    f"{addr}:{port} ({what}) is already in use by another program",
-                                    f"stop what listens there (ss -ltnp 'sport = :{port}') or change api.port / "
-                                    f"api.dist_port in the profile"))
-        return checks
+            nf.engine_error = str(exc)
+        nf.ports_free = {(addr, port): local_port_free(addr, port) for addr, port, _ in spec.listen_ports()}
+        return nf
 
 
 def local_port_free(address: str, port: int) -> bool:

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sparkctl.nodes.handles import DockerHandle, Handle, ProcessHandle
+from sparkctl.nodes.node_facts import NodeFacts
 from sparkctl.sglang.launch import LaunchSpec
 
-__all__ = ["DockerHandle", "Handle", "Liveness", "ProcessHandle", "Runtime", "log_tail", "sim_env"]
+__all__ = ["DockerHandle", "Handle", "Liveness", "NodeFacts", "ProcessHandle", "Runtime", "log_tail", "sim_env"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,11 @@ class Liveness:
 
 class Runtime(Protocol):
     kind: str
+    needs_image: bool          # the engine runs from an image that the image stage must put on the node
+    poll_interval_s: float     # how often boot polls its log and liveness (an SSH round-trip costs ~0.2 s)
+
+    def gather(self, spec: LaunchSpec) -> NodeFacts:
+        """Read-only facts of the node for rank `spec` (judged by deploy.preflight_rules.evaluate)."""
 
     def start(self, spec: LaunchSpec, deployment_id: str) -> Handle:
         """Start the rank's engine (detached: it outlives the sparkctl command)."""

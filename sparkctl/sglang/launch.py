@@ -33,6 +33,18 @@ class LaunchSpec:
     mounts: list[dict[str, Any]] = field(default_factory=list)  # {"source","target","read_only"}
     secret_values: frozenset[str] = frozenset()  # values to redact wherever printed
 
+    def listen_ports(self) -> list[tuple[str, int, str]]:
+        """(bind address, port, what) this rank listens on, read from its own argv (SGLang's defaults when a flag
+        is absent: --host 127.0.0.1, --port 30000)."""
+        argv = self.argv
+        host = argv[argv.index("--host") + 1] if "--host" in argv else "127.0.0.1"
+        port = int(argv[argv.index("--port") + 1]) if "--port" in argv else 30000
+        out = [(host, port, "HTTP API" if self.rank == 0 else "dummy health server")]
+        if self.rank == 0 and "--dist-init-addr" in argv:
+            addr, _, dport = argv[argv.index("--dist-init-addr") + 1].rpartition(":")
+            out.append((addr, int(dport), "TCP store (--dist-init-addr)"))
+        return out
+
     def redact_text(self, text: str) -> str:
         for value in self.secret_values:
             if value:

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from sparkctl.config.inventory import Inventory, load_inventory
+from sparkctl.deploy.preflight import Check, Severity
+from sparkctl.deploy.preflight_rules import evaluate
 from sparkctl.errors import NodeError
 from sparkctl.nodes.docker_runtime import MEMLOCK_ENV, DockerRuntime
 from sparkctl.nodes.ssh import SSHConnector, run_all
@@ -122,7 +124,7 @@ def test_ssh_down_is_a_named_fast_failure(test_cluster: TestCluster, inv: Invent
         res = run_all(inv.nodes, lambda n: _fresh(inv, n.name).run(["true"], check=True))
         assert set(res.failed) == {"spark-b"} and set(res.succeeded) == {"spark-a"}
         rt = DockerRuntime(inv, inv.node("spark-b"), cluster=inv.cluster.name, connector=_fresh(inv, "spark-b"))
-        checks = rt.preflight(_spec(inv, "spark-b", port=30000, image=None), set())
+        checks = _preflight(inv, rt, _spec(inv, "spark-b", port=30000, image=None), set())
         assert [(c.name, c.ok) for c in checks] == [("ssh", False)]
     finally:
         test_cluster.start_sshd("spark-b")
@@ -149,9 +151,14 @@ def _runtime(inv: Inventory, node: str, tmp: Path | None = None) -> DockerRuntim
                          log_dir=tmp, environ=_environ())
 
 
+def _preflight(inv: Inventory, rt: DockerRuntime, spec: LaunchSpec, own: set) -> list[Check]:
+    """What `up` does per node: the runtime gathers, deploy judges."""
+    return evaluate(inv, spec, rt.gather(spec), own)
+
+
 def test_preflight_healthy_cluster(test_cluster: TestCluster, inv: Inventory) -> None:
-    res = run_all(inv.nodes, lambda n: _runtime(inv, n.name).preflight(
-        _spec(inv, n.name, port=30000, image=test_cluster.engine_image), set()))
+    res = run_all(inv.nodes, lambda n: _preflight(inv, _runtime(inv, n.name),
+                                                  _spec(inv, n.name, port=30000, image=test_cluster.engine_image), set()))
     res.raise_for_failures()
     for node, checks in res.items():
         failed = [c for c in checks if not c.ok]
@@ -162,7 +169,7 @@ def test_preflight_healthy_cluster(test_cluster: TestCluster, inv: Inventory) ->
         assert f"fabric peer {peer}" in names
         by = {c.name: c for c in checks}
         assert "mtu 9000" in by["fabric mtu"].seen and "9000-byte packets pass" in by[f"fabric peer {peer}"].seen
-        assert by["gpu"].seen.startswith("warning: no nvidia-smi")     # a test node: warning, not a failure
+        assert by["gpu"].severity is Severity.WARN and by["gpu"].seen.startswith("no nvidia-smi")  # a test node
         assert by["model"].seen.startswith("/models/emulated present")
 
 
@@ -171,7 +178,7 @@ def test_preflight_wrong_fabric_interface_name(test_cluster: TestCluster, inv: I
     nodes = [node if n.name == "spark-a" else n for n in inv.nodes]
     bad = inv.model_copy(update={"nodes": nodes})
     rt = DockerRuntime(bad, node, cluster=inv.cluster.name, connector=SSHConnector(node, inv.cluster))
-    checks = rt.preflight(_spec(inv, "spark-a", port=30000, image=None), set())
+    checks = _preflight(bad, rt, _spec(inv, "spark-a", port=30000, image=None), set())
     failed = [c for c in checks if not c.ok]
     assert [c.name for c in failed] == ["fabric interface"]
     assert "enp9s9f9np9" in failed[0].seen and "spark-a" in failed[0].seen
@@ -182,8 +189,8 @@ def test_preflight_wrong_fabric_interface_name(test_cluster: TestCluster, inv: I
 def test_preflight_detects_a_downed_fabric_link(test_cluster: TestCluster, inv: Inventory) -> None:
     test_cluster.link_down("spark-b")
     try:
-        res = run_all(inv.nodes, lambda n: _runtime(inv, n.name).preflight(_spec(inv, n.name, port=30000, image=None),
-                                                                         set()))
+        res = run_all(inv.nodes, lambda n: _preflight(inv, _runtime(inv, n.name),
+                                                      _spec(inv, n.name, port=30000, image=None), set()))
         failed = {node: {c.name: c for c in checks if not c.ok} for node, checks in res.items()}
         assert "fabric interface" in failed["spark-b"] and "DOWN" in failed["spark-b"]["fabric interface"].seen
         assert "fabric peer spark-b" in failed["spark-a"]                # the peer does not answer over the fabric
@@ -198,9 +205,9 @@ def test_preflight_port_in_use(test_cluster: TestCluster, inv: Inventory) -> Non
     host = inv.node("spark-a").ssh.host
     spec = _spec(inv, "spark-a", port=22, image=None)
     spec = dataclasses.replace(spec, argv=[a if a != "127.0.0.1" else host for a in spec.argv])
-    checks = {c.name: c for c in _runtime(inv, "spark-a").preflight(spec, set())}
+    checks = {c.name: c for c in _preflight(inv, _runtime(inv, "spark-a"), spec, set())}
     assert not checks["port 22"].ok and "in use" in checks["port 22"].seen
-    checks = {c.name: c for c in _runtime(inv, "spark-a").preflight(spec, {(host, 22)})}
+    checks = {c.name: c for c in _preflight(inv, _runtime(inv, "spark-a"), spec, {(host, 22)})}
     assert checks["port 22"].ok
 
 
@@ -219,14 +226,10 @@ def _wait_log(rt: DockerRuntime, handle: dict, needle: str, offset: int, timeout
     raise AssertionError(f"{needle!r} not seen within {timeout}s:\n{seen[-3000:]}")
 
 
-def test_ensure_image(test_cluster: TestCluster, inv: Inventory) -> None:
+def test_image_id(test_cluster: TestCluster, inv: Inventory) -> None:
     rt = _runtime(inv, "spark-b")
-    msg = rt.ensure_image(_spec(inv, "spark-b", port=30000, image=test_cluster.engine_image))
-    assert msg.startswith(f"image {test_cluster.engine_image} present on spark-b (sha256:")
-    assert test_cluster.engine_image_id in msg
-    from sparkctl.errors import PreflightError
-    with pytest.raises(PreflightError, match="not on spark-b"):
-        rt.ensure_image(_spec(inv, "spark-b", port=30000, image="sparkctl-test-engine:absent"))
+    assert rt.image_id(test_cluster.engine_image) == test_cluster.engine_image_id
+    assert rt.image_id("sparkctl-test-engine:absent") is None
 
 
 def test_engine_container_lifecycle(test_cluster: TestCluster, inv: Inventory, tmp_path: Path) -> None:

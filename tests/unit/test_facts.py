@@ -255,14 +255,3 @@ def test_container_inspect() -> None:
     assert st is not None and st.name == "sparkctl-desk-rank0-1" and st.exit_code == 137 and st.oom_killed
     assert st.describe() == "container exited (137) (OOM-killed)"
     assert facts.parse_container_inspect("") is None
-
-
-def test_gpu_idle_check_on_captured_nvidia_smi() -> None:
-    from sparkctl.nodes.docker_runtime import gpu_idle_check
-    busy = facts.parse_nvidia_smi(capture_text(f"{SPARK}/nvidia-smi-gb10-580.82-processes.txt"))
-    check = gpu_idle_check("spark-a", busy, ours_running=False)
-    assert not check.ok and "pid 214921" in check.seen and "196 MiB" in check.seen and "spark-a" in check.fix
-    assert gpu_idle_check("spark-a", busy, ours_running=True).ok
-    idle = facts.parse_nvidia_smi(capture_text(f"{SPARK}/nvidia-smi-gb10-580.95-idle.txt"))
-    check = gpu_idle_check("spark-b", idle, ours_running=False)
-    assert check.ok and "no compute process" in check.seen

@@ -1,0 +1,282 @@
+"""Preflight rules: judge one node's gathered facts (`NodeFacts`) against the inventory and the rank's launch.
+
+Pure functions, no I/O: `evaluate(...)` returns every check with its severity (ok, warning, failure), what
+was seen and what to do. Tested on captured output of real Sparks (tests/fixtures/captures/spark/).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sparkctl.deploy.preflight import Check, ports_of
+from sparkctl.nodes import facts
+from sparkctl.nodes.node_facts import NodeFacts, host_model_path, model_paths
+from sparkctl.nodes.ssh import CommandResult
+from sparkctl.sglang.launch import LaunchSpec
+from sparkctl.sglang.render import MODELS_MOUNT
+
+if TYPE_CHECKING:
+    from sparkctl.config.inventory import Inventory, Node
+
+MIN_FABRIC_MTU = 9000
+
+
+def evaluate(inventory: "Inventory", spec: LaunchSpec, nf: NodeFacts,
+             own_ports: set[tuple[str, int]]) -> list[Check]:
+    """Every check for rank `spec` on its node; `own_ports` are held by the active deployment (not a conflict)."""
+    if nf.runtime == "process":
+        return _process_checks(spec, nf, own_ports)
+    node = inventory.node(spec.node)
+    name = node.name
+    if nf.unreachable is not None:
+        return [Check.failing(name, "ssh", nf.unreachable.message, nf.unreachable.hint or "")]
+    peers = [p for p in inventory.nodes if p.name != name]
+    out = nf.outputs
+    checks = [Check.passing(name, "ssh", f"{nf.reached} reachable")]
+    checks += docker_checks(node, out["docker"])
+    checks += gpu_checks(node, out["gpu"], out["docker"])
+    smi = nf.parsed("smi", facts.parse_nvidia_smi)
+    if smi is not None:   # no nvidia-smi: the gpu check above already said so
+        checks.append(gpu_idle_check(name, smi, ours_running=bool(own_ports)))
+    iface = fabric_checks(node, checks, out["ip"])
+    checks += peer_checks(name, peers, iface, out)
+    checks += port_checks(node, spec, nf.parsed("ss", facts.parse_ss_listen), out["ss"], own_ports)
+    checks.append(memory_check(name, nf.parsed("mem", facts.parse_meminfo)))
+    ib = out["ib"].returncode == 0
+    if node.roce_hcas and not ib:
+        checks.append(Check.failing(name, "infiniband", "roce_hcas is set but /dev/infiniband is missing",
+                                 "install the MLNX/rdma-core drivers, or clear roce_hcas to use TCP sockets"))
+    else:
+        checks.append(Check.passing(name, "infiniband", "/dev/infiniband present (passed to the container)" if ib
+                               else "no /dev/infiniband (NCCL over TCP sockets)"))
+    if node.roce_hcas:
+        checks.append(hca_check(node, out["ibdev"]))
+    for what, path in model_paths(spec.argv):
+        checks.append(model_check(node, what, path, out[what]))
+    return checks
+
+
+def _process_checks(spec: LaunchSpec, nf: NodeFacts, own_ports: set[tuple[str, int]]) -> list[Check]:
+    """The embedded cluster: the emulator imports, and the rank's ports are free (or held by our deployment)."""
+    node = spec.node
+    checks = [Check.passing(node, "engine", "sparkctl emulator importable (process runtime)") if nf.engine_error is None
+              else Check.failing(node, "engine", f"emulator not importable: {nf.engine_error}", "reinstall sparkctl")]
+    for addr, port, what in ports_of(spec):
+        if (addr, port) in own_ports:
+            checks.append(Check.passing(node, f"port {port}", f"{addr}:{port} held by the active deployment"))
+        elif nf.ports_free.get((addr, port)):
+            checks.append(Check.passing(node, f"port {port}", f"{addr}:{port} free"))
+        else:
+            checks.append(Check.failing(node, f"port {port}", f"{addr}:{port} ({what}) is already in use by another "
+                                     f"program", f"stop what listens there (ss -ltnp 'sport = :{port}') or change "
+                                     f"api.port / api.dist_port in the profile"))
+    return checks
+
+
+def docker_checks(node: "Node", res: CommandResult) -> list[Check]:
+    """The daemon answers (`docker info` JSON) and the node's gpu_runtime is registered."""
+    name = node.name
+    info = None
+    try:
+        info = facts.parse_docker_info_json(res.stdout)
+    except ValueError:
+        pass
+    if info is None or not info.answering:
+        why = (res.stderr.strip() or res.stdout.strip() or f"exit {res.returncode}").splitlines()[-1]
+        return [Check.failing(name, "docker", f"docker daemon does not answer: {why}",
+                           "start it (sudo systemctl start docker) and make sure the SSH user may use it "
+                           "(member of the docker group)")]
+    out = [Check.passing(name, "docker", f"docker {info.server_version} on {info.name or '?'} "
+                                    f"({info.architecture or '?'}; runtimes {', '.join(info.runtimes)}; "
+                                    f"default {info.default_runtime})")]
+    want = node.gpu_runtime
+    if want == "nvidia":
+        if "nvidia" in info.runtimes:
+            alias = info.runtime_is_runc_alias("nvidia")
+            out.append(Check.passing(name, "gpu runtime", "nvidia runtime registered"
+                                + (" (mapped to plain runc: test node, no GPU)" if alias else "")))
+        else:
+            out.append(Check.failing(name, "gpu runtime", f"the nvidia runtime is not registered with docker "
+                                  f"(runtimes: {', '.join(info.runtimes)})",
+                                  "sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart "
+                                  "docker (or set gpu_runtime: gpus-all for this node)"))
+    elif want == "gpus-all":
+        out.append(Check.passing(name, "gpu runtime", "--gpus all (needs nvidia-container-toolkit; not checked)"))
+    else:
+        out.append(Check.passing(name, "gpu runtime", "gpu_runtime none: the container gets no GPU"))
+    return out
+
+
+def gpu_checks(node: "Node", res: CommandResult, docker_res: CommandResult) -> list[Check]:
+    """GPU model/driver. No nvidia-smi is a failure on a real node, a warning on a test node (whose nvidia
+    runtime is plain runc) or when gpu_runtime is none."""
+    name = node.name
+    if res.returncode != 0:
+        try:
+            test_node = facts.parse_docker_info_json(docker_res.stdout).runtime_is_runc_alias("nvidia")
+        except (ValueError, AttributeError):
+            test_node = False
+        missing = res.returncode == 127 or "not found" in res.stderr
+        seen = ("no nvidia-smi (not a GB10?)" if missing else
+                f"nvidia-smi failed: {res.output.strip().splitlines()[-1] if res.output.strip() else res.returncode}")
+        if node.gpu_runtime == "none" or test_node:
+            return [Check.warning(name, "gpu", seen)]
+        return [Check.failing(name, "gpu", seen, "install the NVIDIA driver (DGX OS ships it) and check `nvidia-smi` "
+                                              "works on the node")]
+    gpus = facts.parse_gpu_query(res.stdout)
+    if not gpus:
+        return [Check.failing(name, "gpu", "nvidia-smi lists no GPU", "check the driver (nvidia-smi) on the node")]
+    g = gpus[0]
+    notes = []
+    if not g.is_gb10:
+        notes.append("not a GB10")
+    if g.driver_version and g.driver_version.startswith("590."):
+        # sglang issue reports: driver 590 deadlocks in CUDA-graph capture on GB10
+        notes.append("driver 590 deadlocks in CUDA-graph capture on GB10 in one report; 580.x is known good")
+    seen = f"{g.name}, driver {g.driver_version or '?'}" + (f" ({'; '.join(notes)})" if notes else "")
+    return [Check.warning(name, "gpu", seen) if notes else Check.passing(name, "gpu", seen)]
+
+
+def gpu_idle_check(node: str, smi: facts.NvidiaSmi, *, ours_running: bool) -> Check:
+    """The GPU must be idle before boot (unified memory: another compute process shrinks what the engine gets).
+
+    Graphics processes (Xorg, gnome-shell on a desktop Spark) only warn. When sparkctl's own deployment runs,
+    its engine is expected on the GPU (it is stopped before the new boot), so compute processes only warn.
+    """
+    compute = smi.compute_processes
+    shown = ", ".join(f"pid {p.pid} {p.name} ({p.memory_mib} MiB)" for p in compute)
+    graphics = [p for p in smi.processes if p not in compute]
+    if not compute:
+        if graphics:
+            return Check.warning(node, "gpu idle", f"no compute process on the GPU ({len(graphics)} graphics "
+                                                f"processes: {', '.join(p.name for p in graphics)})")
+        return Check.passing(node, "gpu idle", "no compute process on the GPU")
+    if ours_running:
+        return Check.warning(node, "gpu idle", f"in use by {shown} (the active deployment's engine is expected here; "
+                                            f"it is stopped before the new boot)")
+    return Check.failing(node, "gpu idle", f"GPU busy: {shown}",
+                      f"stop those processes on {node} first: on unified memory they take what the engine needs")
+
+
+def fabric_checks(node: "Node", checks: list[Check], res: CommandResult) -> facts.Interface | None:
+    """The fabric interface exists, is up, carries fabric_address; its MTU. Returns it when up."""
+    n = node
+    if res.returncode != 0:
+        checks.append(Check.failing(n.name, "fabric interface", f"ip failed: {res.output.strip()}",
+                                 "install iproute2 on the node"))
+        return None
+    ifaces = facts.parse_ip_addr_json(res.stdout)
+    iface = ifaces.get(n.fabric_interface)
+    if iface is None:
+        others = ", ".join(f"{i.name} ({', '.join(i.ipv4) or 'no IPv4'})" for i in ifaces.values() if i.name != "lo")
+        checks.append(Check.failing(n.name, "fabric interface",
+                                 f"interface {n.fabric_interface} does not exist on {n.name} (interfaces: {others})",
+                                 f"set fabric_interface for {n.name} in the inventory to the cabled CX-7 netdev "
+                                 f"(see `ibdev2netdev` on the node)"))
+        return None
+    ok = True
+    if not iface.up:
+        ok = False
+        checks.append(Check.failing(n.name, "fabric interface", f"{n.fabric_interface} on {n.name} is not up: "
+                                 f"{iface.describe()}",
+                                 f"check the QSFP cable and `ip link set {n.fabric_interface} up` on {n.name}"
+                                 + (" (NO-CARRIER: the link or the peer's port is down)"
+                                    if iface.state == "LOWERLAYERDOWN" or "NO-CARRIER" in iface.flags else "")))
+    if n.fabric_address not in iface.ipv4:
+        ok = False
+        checks.append(Check.failing(n.name, "fabric address",
+                                 f"{n.fabric_interface} on {n.name} has {', '.join(iface.ipv4) or 'no IPv4 address'}, "
+                                 f"not the inventory's fabric_address {n.fabric_address}",
+                                 f"configure {n.fabric_address} on {n.fabric_interface} (netplan), or fix "
+                                 f"fabric_address in the inventory"))
+    if ok:
+        checks.append(Check.passing(n.name, "fabric interface", iface.describe()))
+    if iface.mtu is not None:
+        if iface.mtu < MIN_FABRIC_MTU:
+            checks.append(Check.warning(n.name, "fabric mtu", f"mtu {iface.mtu} (the community default is "
+                                                            f"{MIN_FABRIC_MTU} on both ends)"))
+        else:
+            checks.append(Check.passing(n.name, "fabric mtu", f"mtu {iface.mtu}"))
+    return iface if iface.up else None
+
+
+def peer_checks(name: str, peers: list["Node"], iface: facts.Interface | None,
+                out: dict[str, CommandResult]) -> list[Check]:
+    """Each peer's fabric address answers a ping, and full-MTU packets pass unfragmented when they were tried."""
+    checks: list[Check] = []
+    for p in peers:
+        r = facts.parse_ping(out[f"ping:{p.name}"].output)
+        if not r.ok:
+            checks.append(Check.failing(name, f"fabric peer {p.name}",
+                                     f"{p.name}'s fabric address {p.fabric_address} does not answer from {name}"
+                                     + (f" ({r.error})" if r.error else ""),
+                                     f"check the cable and both ends' fabric_interface/fabric_address; "
+                                     f"`ping {p.fabric_address}` on {name}"))
+            continue
+        big = out.get(f"bigping:{p.name}")
+        if big is None or iface is None:
+            checks.append(Check.passing(name, f"fabric peer {p.name}", f"{p.fabric_address} answers ({r.rtt_ms} ms)"))
+            continue
+        b = facts.parse_ping(big.output)
+        if b.ok:
+            checks.append(Check.passing(name, f"fabric peer {p.name}", f"{p.fabric_address} answers ({r.rtt_ms} ms; "
+                                   f"{iface.mtu}-byte packets pass unfragmented)"))
+        else:
+            checks.append(Check.failing(name, f"fabric peer {p.name}",
+                                     f"{p.fabric_address} answers small pings but not {iface.mtu}-byte packets with "
+                                     f"don't-fragment" + (f" ({b.error})" if b.error else ""),
+                                     "set the same MTU on both ends of the fabric (and any switch between)"))
+    return checks
+
+
+def port_checks(node: "Node", spec: LaunchSpec, listeners: list[facts.Listener] | None, ss: CommandResult,
+                own_ports: set[tuple[str, int]]) -> list[Check]:
+    checks = []
+    for addr, port, what in ports_of(spec):
+        if (addr, port) in own_ports:
+            checks.append(Check.passing(node.name, f"port {port}", f"{addr}:{port} held by the active deployment"))
+        elif listeners is None:
+            checks.append(Check.failing(node.name, f"port {port}", f"ss failed: {ss.output.strip()}",
+                                     "install iproute2 on the node"))
+        elif (hit := facts.port_conflict(listeners, addr, port)) is not None:
+            checks.append(Check.failing(node.name, f"port {port}",
+                                     f"{addr}:{port} ({what}) is in use (listener on {hit.address}:{hit.port})",
+                                     f"stop what listens there (ssh {node.ssh.host} ss -ltnp 'sport = :{port}') or "
+                                     "change api.port / api.dist_port in the profile"))
+        else:
+            checks.append(Check.passing(node.name, f"port {port}", f"{addr}:{port} free"))
+    return checks
+
+
+def memory_check(name: str, mem: facts.Memory | None) -> Check:
+    if mem is None:
+        return Check.failing(name, "memory", "cannot read /proc/meminfo", "check the node")
+    seen = f"{mem.available / 2**30:.1f} GiB available of {mem.total / 2**30:.1f} GiB"
+    if mem.available < mem.total * 0.25:
+        return Check.warning(name, "memory", seen + " (less than a quarter free: page cache and other programs share "
+                                                 "the GPU's memory)")
+    return Check.passing(name, "memory", seen)
+
+
+def hca_check(node: "Node", res: CommandResult) -> Check:
+    n = node
+    if res.returncode != 0:
+        return Check.warning(n.name, "roce hcas", "ibdev2netdev not available; roce_hcas not verified")
+    links = {ln.hca: ln for ln in facts.parse_ibdev2netdev(res.stdout)}
+    bad = [h for h in n.roce_hcas if h not in links or not links[h].up]
+    if bad:
+        return Check.failing(n.name, "roce hcas",
+                          "; ".join(f"{h}: " + (f"{links[h].netdev} down" if h in links else "not present") for h in bad),
+                          "set roce_hcas to the HCAs of the cabled port (ibdev2netdev shows which are Up)")
+    return Check.passing(n.name, "roce hcas", ", ".join(f"{h} -> {links[h].netdev} (Up)" for h in n.roce_hcas))
+
+
+def model_check(node: "Node", what: str, path: str, res: CommandResult) -> Check:
+    n = node
+    host = host_model_path(path, n.host_paths.models)
+    if host is None:
+        return Check.warning(n.name, what, f"{path} is not under {MODELS_MOUNT}, so no host directory is mounted "
+                                        f"there; the engine will not see it")
+    if res.returncode == 0:
+        return Check.passing(n.name, what, f"{path} present ({host} on {n.name})")
+    return Check.failing(n.name, what, f"{path} not found: {host} does not exist on {n.name}",
+                      f"sync it to {host} on this node (every node mounts host_paths.models at {MODELS_MOUNT})")

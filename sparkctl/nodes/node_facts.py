@@ -1,0 +1,89 @@
+"""What preflight needs to know about one node, gathered read-only: `NodeFacts`.
+
+A runtime's `gather(spec)` fills this (the docker runtime over SSH in two round-trips of parallel
+commands, the process runtime locally); `sparkctl.deploy.preflight_rules.evaluate` judges it. Command
+outputs are kept as they came (exit code, stdout, stderr), so the rules are pure functions of text and are
+tested on captured output from real Sparks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sparkctl.errors import NodeError
+from sparkctl.nodes import facts
+from sparkctl.sglang.launch import LaunchSpec
+from sparkctl.sglang.render import MODELS_MOUNT
+
+if TYPE_CHECKING:
+    from sparkctl.config.inventory import Node
+    from sparkctl.nodes.ssh import CommandResult, SSHConnector
+
+
+@dataclass
+class NodeFacts:
+    """Everything preflight read on one node. `outputs` keys: docker, ip, mem, ss, gpu, smi, ib, ibdev, model,
+    drafter, ping:<peer>, bigping:<peer> (docker runtime); `ports_free` and `engine_error` (process runtime)."""
+
+    node: str
+    runtime: str                                   # "docker" | "process"
+    reached: str | None = None                     # "198.18.1.2:22" when SSH connected
+    unreachable: NodeError | None = None           # why SSH did not connect (then nothing else was read)
+    outputs: dict[str, CommandResult] = field(default_factory=dict)
+    ports_free: dict[tuple[str, int], bool] = field(default_factory=dict)
+    engine_error: str | None = None                # the emulator does not import (process runtime)
+
+    def parsed(self, key: str, parse: Any) -> Any:
+        """`parse(stdout)` of a command that exited 0, else None."""
+        res = self.outputs.get(key)
+        return parse(res.stdout) if res is not None and res.returncode == 0 else None
+
+
+def host_model_path(path: str, host_models: str) -> str | None:
+    """Where a /models/... path of the engine lives on the node (its host_paths.models), or None if elsewhere."""
+    if path == MODELS_MOUNT or path.startswith(MODELS_MOUNT + "/"):
+        return host_models.rstrip("/") + path[len(MODELS_MOUNT):]
+    return None
+
+
+def model_paths(argv: list[str]) -> list[tuple[str, str]]:
+    """(check name, path) for the model and the drafter when they are local absolute paths (hub ids are not)."""
+    out = []
+    for what, flags in (("model", ("--model-path", "--model")), ("drafter", ("--speculative-draft-model-path",))):
+        for flag in flags:
+            if flag in argv:
+                i = argv.index(flag) + 1
+                if i < len(argv) and argv[i].startswith("/"):
+                    out.append((what, argv[i]))
+                break
+    return out
+
+
+def gather_over_ssh(ssh: SSHConnector, node: "Node", peers: list["Node"], spec: LaunchSpec) -> NodeFacts:
+    """Read a Spark's facts: one round-trip of parallel commands, then full-MTU don't-fragment pings to the
+    peers that answered a small ping (what to ask second depends on the first answers, nothing is judged here)."""
+    out = NodeFacts(node.name, "docker")
+    try:
+        ssh.connect()
+    except NodeError as exc:
+        out.unreachable = exc
+        return out
+    out.reached = ssh.address
+    named: list[tuple[str, facts.Fact[Any]]] = [
+        ("docker", facts.docker_info()), ("ip", facts.ip_addr()), ("mem", facts.meminfo()),
+        ("ss", facts.listening()), ("gpu", facts.gpu_query()), ("smi", facts.nvidia_smi()),
+        ("ib", facts.dir_entries("/dev/infiniband"))]
+    if node.roce_hcas:
+        named.append(("ibdev", facts.ibdev2netdev()))
+    for what, path in model_paths(spec.argv):
+        host = host_model_path(path, node.host_paths.models) or path
+        named.append((what, facts.Fact(what, ("ls", "-d", "--", host), lambda t: t.strip())))
+    named += [(f"ping:{p.name}", facts.ping(p.fabric_address, dont_fragment=False)) for p in peers]
+    out.outputs = dict(zip([k for k, _ in named], ssh.run_many([list(f.argv) for _, f in named])))
+    iface = (out.parsed("ip", facts.parse_ip_addr_json) or {}).get(node.fabric_interface)
+    answered = [p for p in peers if facts.parse_ping(out.outputs[f"ping:{p.name}"].output).ok]
+    if iface is not None and iface.up and iface.mtu and answered:
+        size = iface.mtu - 28
+        bigs = ssh.run_many([list(facts.ping(p.fabric_address, size=size).argv) for p in answered])
+        out.outputs.update({f"bigping:{p.name}": res for p, res in zip(answered, bigs)})
+    return out
