@@ -35,7 +35,7 @@ def _status(cli) -> dict:
     return json.loads(out)
 
 
-def test_full_lifecycle_up_status_rollback_down(cli, local_cluster):
+def test_up_deploys_rank1_first_and_passes_every_gate(cli, local_cluster):
     code, out, err = cli("up", "--profile", "d5", "--yes", "--json")
     assert code == 0, err
     first = json.loads(out)
@@ -44,41 +44,72 @@ def test_full_lifecycle_up_status_rollback_down(cli, local_cluster):
         {"health", "models", "settings", "capacity", "workers", "smoke"}
     assert [s["name"] for s in first["stages"]] == ["preflight", "image", "boot", "warm-up", "verify"]
     assert first["capacity"]["max_total_num_tokens"] > 0 and first["warmup"]["cold"]["completion_tokens"] > 0
-    # progress on stderr: rank 1 started before rank 0
-    assert err.index("rank 1 started") < err.index("rank 0 started")
-
+    assert err.index("rank 1 started") < err.index("rank 0 started")     # progress on stderr
     st = _status(cli)
     assert st["healthy"] and st["profile"] == "d5" and st["speculative_algorithm"] == "DFLASH"
-    assert [r["alive"] for r in st["ranks"]] == [True, True]
+    assert st["active"] == first["deployment"] and [r["alive"] for r in st["ranks"]] == [True, True]
+    rec = _ledger(local_cluster).load(first["deployment"])
+    assert rec.status == "successful" and rec.known_good and [h.rank for h in rec.handles] == [1, 0]
 
-    # idempotent: same profile on a healthy deployment changes nothing and says why
+
+def test_same_profile_on_a_healthy_deployment_changes_nothing(cli, local_cluster):
+    first = _up_ok(cli)
     code, out, err = cli("up", "--profile", "d5", "--yes", "--json")
     again = json.loads(out)
     assert code == 0 and again["outcome"] == "unchanged" and "already runs profile d5" in again["reason"]
+    assert again["deployment"] == first["deployment"] and _ledger(local_cluster).index()["history"] == \
+        [first["deployment"]]
 
+
+def test_rollback_to_a_profile_replaces_the_engines(cli, local_cluster):
+    first = _up_ok(cli)
     code, out, err = cli("rollback", "--to", "dflash-off", "--yes", "--json")
     assert code == 0, err
     off = json.loads(out)
     st = _status(cli)
-    assert st["profile"] == "dflash-off" and st["speculative_algorithm"] is None and st["healthy"]
-    old_pids = [h.pid for h in _ledger(local_cluster).load(first["deployment"]).handles]
-    assert not any(_alive(p) for p in old_pids)
+    assert st["active"] == off["deployment"] and st["profile"] == "dflash-off" and st["healthy"]
+    assert st["speculative_algorithm"] is None
+    old = _ledger(local_cluster).load(first["deployment"])
+    assert old.status == "superseded" and old.superseded_by == off["deployment"]
+    assert not any(_alive(h.pid) for h in old.handles)
 
+
+def test_rollback_without_to_returns_to_the_previous_known_good(cli, local_cluster):
+    first = _up_ok(cli)
+    _up_ok(cli, "dflash-off")
     code, out, err = cli("rollback", "--yes", "--json")
     assert code == 0, err
+    back = json.loads(out)
+    assert f"rolling back to {first['deployment']} (d5)" in err
     st = _status(cli)
-    assert st["profile"] == "d5" and st["healthy"]
+    assert st["profile"] == "d5" and st["healthy"] and st["active"] == back["deployment"] != first["deployment"]
 
+
+def test_logs_prints_the_tail_of_that_ranks_log(cli, local_cluster):
+    first = _up_ok(cli)
+    handle = _ledger(local_cluster).load(first["deployment"]).handle_of(1)
     code, out, err = cli("logs", "--rank", "1", "--tail", "5")
-    assert code == 0 and out.strip()
+    assert code == 0, err
+    on_disk = Path(handle.log).read_text().splitlines()
+    assert out.splitlines() == on_disk[-5:] and len(on_disk) > 5
+    code, _, err = cli("logs", "--rank", "7")
+    assert code == 1 and "has no rank 7" in err and "ranks: [1, 0]" in err
 
+
+def test_down_stops_every_rank_and_keeps_the_history(cli, local_cluster):
+    first = _up_ok(cli)
     code, out, err = cli("down", "--yes", "--json")
-    assert code == 0 and json.loads(out)["changed"]
+    assert code == 0 and json.loads(out) == {"changed": True, "stopped": first["deployment"]}
     assert _status(cli)["active"] is None
-    idx = _ledger(local_cluster).index()
-    assert first["deployment"] in idx["history"] and off["deployment"] in idx["history"]
-    for p in (_ledger(local_cluster).root / "deployments").iterdir():
+    ledger = _ledger(local_cluster)
+    rec = ledger.load(first["deployment"])
+    assert rec.status == "stopped" and rec.known_good          # still a rollback target
+    assert not any(_alive(h.pid) for h in rec.handles)
+    assert ledger.index()["history"] == [first["deployment"]]
+    for p in (ledger.root / "deployments").iterdir():
         assert p.stat().st_mode & 0o777 == 0o600
+    code, out, _ = cli("down", "--yes", "--json")
+    assert code == 0 and json.loads(out) == {"changed": False, "reason": "no active deployment"}
 
 
 def test_dry_run_changes_nothing(cli, local_cluster):

@@ -8,7 +8,7 @@ import pytest
 from sparkctl.config.inventory import Cluster, HostPaths, Inventory, Node, SSHSettings
 from sparkctl.errors import ConfigError
 from sparkctl.nodes.docker_runtime import (
-    DockerRuntime, LogEntry, _ts_ns, container_config, container_name, parse_log_lines, resolve_image)
+    DockerRuntime, _ts_ns, container_config, container_name, parse_log_lines, resolve_image)
 from sparkctl.nodes.handles import DockerHandle
 from sparkctl.nodes.ssh import CommandResult
 from sparkctl.sglang.launch import LaunchSpec
@@ -153,19 +153,24 @@ def test_log_timestamps_and_lines() -> None:
 
 
 class FakeConnector:
-    """Stands in for the SSH connector: records argv/stdin, answers from a script of results."""
+    """Stands in for the SSH connector, strictly: it expects exactly these commands in this order (each given by
+    an argv prefix) and answers each with its scripted result; any other or extra command fails the test."""
 
-    def __init__(self, answers: dict[str, CommandResult]) -> None:
-        self.answers = answers
+    def __init__(self, script: list[tuple[list[str], CommandResult]]) -> None:
+        self.script = list(script)
         self.calls: list[tuple[list[str], object]] = []
         self.address = "root@198.19.0.1:22"
 
     def run(self, argv, *, check=False, timeout=None, stdin=None, merge_stderr=False, secrets=()):  # noqa: ANN001
-        self.calls.append((list(argv), stdin))
-        for prefix, res in self.answers.items():
-            if " ".join(argv).startswith(prefix):
-                return res.check() if check else res
-        return CommandResult("spark-a", list(argv), 0, "", "", 0.0)
+        argv = list(argv)
+        self.calls.append((argv, stdin))
+        assert self.script, f"unexpected command after the script ended: {argv}"
+        want, res = self.script.pop(0)
+        assert argv[:len(want)] == want, f"expected a command starting {want}, got {argv}"
+        return res.check() if check else res
+
+    def assert_done(self) -> None:
+        assert not self.script, f"commands expected but never run: {[w for w, _ in self.script]}"
 
 
 def _inspect_json(status: str = "running") -> str:
@@ -179,15 +184,19 @@ def test_start_handle_is_redacted_and_env_goes_over_stdin() -> None:
     node = _node()
     inv = Inventory(path="x", cluster=Cluster(name="desk"), nodes=[node])
     name = container_name("desk", 0, "dep1")
-    fake = FakeConnector({
-        "ls -1A /dev/infiniband": CommandResult("spark-a", [], 2, "", "No such file", 0.0),
-        f"docker container inspect --format {{{{json .}}}} {name}": CommandResult("spark-a", [], 1, "",
-                                                                                  "Error: No such container", 0.0),
-        "docker run": CommandResult("spark-a", [], 0, "c" * 64 + "\n", "", 0.0),
-        "docker container inspect": CommandResult("spark-a", [], 0, _inspect_json(), "", 0.0),
-    })
+    fake = FakeConnector([
+        (["ls", "-1A", "/dev/infiniband"], CommandResult("spark-a", [], 2, "", "No such file", 0.0)),
+        (["docker", "container", "inspect", "--format", "{{json .}}", name],
+         CommandResult("spark-a", [], 1, "", "Error: No such container", 0.0)),
+        (["mkdir", "-p", "--"], CommandResult("spark-a", [], 0, "", "", 0.0)),
+        (["docker", "run", "--detach", "--pull", "never", "--name", name],
+         CommandResult("spark-a", [], 0, "c" * 64 + "\n", "", 0.0)),
+        (["docker", "container", "inspect", "--format", "{{json .}}", "c" * 64],
+         CommandResult("spark-a", [], 0, _inspect_json(), "", 0.0)),
+    ])
     rt = DockerRuntime(inv, node, cluster="desk", connector=fake, environ={})  # type: ignore[arg-type]
     handle = rt.start(_spec(), "dep1")
+    fake.assert_done()
     assert handle.kind == "docker" and handle.container == name and handle.container_id == "c" * 64
     assert handle.log is None and handle.rank == 0 and handle.node == "spark-a"
     dumped = handle.model_dump_json()
@@ -204,14 +213,21 @@ def test_read_log_follows_incrementally_without_duplicates() -> None:
     inv = Inventory(path="x", cluster=Cluster(name="desk"), nodes=[node])
     log = ["2026-01-01T00:00:01.000000000Z a", "2026-01-01T00:00:01.000000000Z b", "2026-01-01T00:00:02.000000000Z c"]
 
-    class LogConnector(FakeConnector):
+    class LogConnector:
+        """Answers `docker logs --timestamps [--since T] ID` from `log` like the daemon; nothing else is expected."""
+        address = "root@198.19.0.1:22"
+
+        def __init__(self) -> None:
+            self.calls: list[tuple[list[str], object]] = []
+
         def run(self, argv, **kw):  # noqa: ANN001, ANN003
             self.calls.append((list(argv), None))
+            assert argv[:3] == ["docker", "logs", "--timestamps"] and argv[-1] == "c" * 64, argv
             since = argv[argv.index("--since") + 1] if "--since" in argv else None
             lines = [ln for ln in log if since is None or _ts_ns(ln.split(" ")[0]) >= int(float(since) * 1e9) - 1]
             return CommandResult("spark-a", list(argv), 0, "".join(ln + "\n" for ln in lines), "", 0.0)
 
-    fake = LogConnector({})
+    fake = LogConnector()
     rt = DockerRuntime(inv, node, cluster="desk", connector=fake, environ={})  # type: ignore[arg-type]
     h = DockerHandle(node="spark-a", rank=0, deployment="dep1", cluster="desk", container="x", container_id="c" * 64)
     text, off = rt.read_log(h, 0)
@@ -224,4 +240,3 @@ def test_read_log_follows_incrementally_without_duplicates() -> None:
     assert rt.read_log(h, off2) == ("", off2)
     assert rt.read_log(h, 0)[0] == "a\nb\nc\nd\ne\n"      # offset 0: the whole log again
     assert rt.read_log(h, 4)[0] == "c\nd\ne\n"            # any other offset: sliced from a full read
-    assert isinstance(LogEntry(0, ""), LogEntry)
