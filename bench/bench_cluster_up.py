@@ -24,7 +24,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sparkctl.nodes.docker_runtime import MEMLOCK_ENV  # noqa: E402
+from sparkctl.nodes.container import MEMLOCK_ENV  # noqa: E402
 from sparkctl.testing.cluster import TestCluster  # noqa: E402
 from sparkctl.testing.embedded import write_embedded_inventory  # noqa: E402
 

@@ -118,7 +118,10 @@ class Deployer:
         result = self.render(profile)
         active = self.ledger.active()
         healthy, detail = (self.health_of(active)[:2] if active else (False, ""))
-        return result, make_plan(result, active, healthy, detail)
+        dep_id = self.ledger.new_id(profile.name)
+        rts = self.runtimes(dep_id)
+        return result, make_plan(result, active, healthy, detail, deployment_id=dep_id,
+                                 start_preview=lambda spec: rts.for_node(spec.node).launch_argv(spec, dep_id))
 
     # -- up --------------------------------------------------------------------------------------------------------
     def up(self, profile: Profile, opts: UpOptions, *, kind: str = "up") -> dict[str, Any]:
@@ -135,7 +138,7 @@ class Deployer:
         result, plan = self.plan(profile)
         for w in result.warnings:
             r.event(f"warning: {w}")
-        for line in plan.lines():
+        for line in plan.lines(commands=opts.dry_run):
             r.event(line)
         base = {"profile": profile.name, "plan": plan.as_dict(), "emulated": self.inventory.emulated,
                 "cluster": self.inventory.cluster.name}
@@ -161,7 +164,7 @@ class Deployer:
         active = self.ledger.active()
         prev_good = self.ledger.known_good()
         return DeploymentRecord(
-            id=self.ledger.new_id(profile.name), kind=kind, profile=profile.name,
+            id=plan.deployment_id, kind=kind, profile=profile.name,
             profile_data=profile.model_dump(mode="json"), inventory=self.inventory.path,
             cluster=self.inventory.cluster.name, emulated=self.inventory.emulated,
             identity=plan.identity, sglang_version=profile.image.sglang_version,
@@ -191,6 +194,7 @@ class Deployer:
 
     def _apply(self, profile: Profile, result: RenderResult, plan: Plan, opts: UpOptions,
                kind: str) -> dict[str, Any]:
+        """Run `plan.steps` in order, each as a recorded stage; on failure stop what started, restore the old."""
         record = self._new_record(profile, result, plan, kind)
         dep_id = record.id
         self.ledger.save(record)
@@ -200,37 +204,52 @@ class Deployer:
         started: list[tuple[Runtime, Handle]] = []
         stopped_previous = False
         total = Stopwatch()
-        try:
-            own = self._own_ports(active)
-            checks = self._stage(record, "preflight", lambda: self._preflight(result, rts, own),
-                                 f"{len(result.specs)} nodes in parallel")
-            record.preflight = [c.as_dict() for c in checks]
-            record.image_ids = self._stage(record, "image", lambda: self._image(result, rts))
-            if active:
-                self._stage(record, "stop-old", lambda: stop_engines(self, active, keep=True),
-                            f"stopping {active.id} (kept restartable)")
-                stopped_previous = True
-            timeout = opts.boot_timeout_s or profile.lifecycle.boot_timeout_s
-            booted: BootResult = self._stage(
-                record, "boot", lambda: boot(result.specs, rts.for_node, dep_id, self.reporter, timeout_s=timeout,
-                                             started=started,
-                                             ready_probe=self.health_probe(result.specs[0], profile.api.api_key_env)),
-                f"rank {len(result.specs) - 1} first, rank 0 last (timeout {timeout:.0f}s)")
-            record.handles = booted.handles
-            record.capacity = booted.capacity()
-            client = self.client(result.specs[0], profile.api.api_key_env, timeout=profile.warmup.timeout_s)
-            with client:
-                record.warmup = self._stage(record, "warm-up",
-                                            lambda: warm_up(profile, client, self.reporter, result.specs[0].node))
-                self._stage(record, "verify", lambda: self._verify(profile, client, booted, record))
+        timeout = opts.boot_timeout_s or profile.lifecycle.boot_timeout_s
+        spec0 = result.specs[0]
+        booted: list[BootResult] = []
+
+        def preflight() -> None:
+            record.preflight = [c.as_dict() for c in self._preflight(result, rts, self._own_ports(active))]
+
+        def image() -> None:
+            record.image_ids = self._image(result, rts)
+
+        def stop_old() -> None:
+            nonlocal stopped_previous
+            assert active is not None
+            stopped_previous = True
+            stop_engines(self, active, keep=True)
+
+        def start_and_wait() -> None:
+            b = boot(result.specs, rts.for_node, dep_id, self.reporter, timeout_s=timeout, started=started,
+                     ready_probe=self.health_probe(spec0, profile.api.api_key_env))
+            booted.append(b)
+            record.handles, record.capacity = b.handles, b.capacity()
+
+        def warm() -> None:
+            with self.client(spec0, profile.api.api_key_env, timeout=profile.warmup.timeout_s) as client:
+                record.warmup = warm_up(profile, client, self.reporter, spec0.node)
+
+        def verify() -> None:
+            with self.client(spec0, profile.api.api_key_env, timeout=profile.warmup.timeout_s) as client:
+                self._verify(profile, client, booted[0], record)
+
+        def hand_off() -> None:
             record.status, record.finished = Status.SUCCESSFUL, now_iso()
             record.elapsed_s, record.handed_off = total.elapsed(), now_iso()
             self.ledger.save(record)
             if active and active.id != dep_id:
                 mark_superseded(self, active, dep_id)
             self.ledger.set_active(dep_id)
-            self.reporter.stage("hand-off", f"{record.endpoint} serves {profile.model.served_name} "
-                                            f"({profile.name}, deployment {dep_id})")
+            self.reporter.event(f"{record.endpoint} serves {profile.model.served_name} ({profile.name}, "
+                                f"deployment {dep_id})")
+
+        actions: dict[str, Callable[[], None]] = {
+            "preflight": preflight, "image": image, "stop-old": stop_old, "boot": start_and_wait,
+            "warm-up": warm, "verify": verify, "hand-off": hand_off}
+        try:
+            for step in plan.steps:
+                self._stage(record, step.name, actions[step.name], step.what)
             return {"changed": True, "outcome": "deployed", "deployment": dep_id, "endpoint": record.endpoint,
                     "emulated": record.emulated, "capacity": record.capacity, "gates": record.gates,
                     "stages": [s.model_dump(mode="json") for s in record.stages],

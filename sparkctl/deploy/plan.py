@@ -1,13 +1,22 @@
-"""Plan: the desired deployment vs what runs now, as ordered steps (or a no-op with its reason)."""
+"""Plan: the desired deployment vs what runs now, as the ordered steps `up` will run (or a no-op with its reason).
+
+The steps are the program: `Deployer._apply` runs exactly `plan.steps`, in order, each recorded in the ledger
+as a stage under the step's name, so what `--dry-run` prints cannot drift from what `up` does. A step that
+starts engines carries a preview of each command it runs (the `docker run` argv per rank), shown by
+`--dry-run`.
+"""
 from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from sparkctl.sglang.render import RenderResult
 from sparkctl.state.records import DeploymentRecord
+
+Preview = Callable[[], list[tuple[str, list[str]]]]   # -> [(node, argv)] of the commands a step runs
 
 
 def launch_identity(result: RenderResult) -> str:
@@ -18,10 +27,28 @@ def launch_identity(result: RenderResult) -> str:
 
 
 @dataclass
+class Step:
+    """One step of `up`: `name` is also the stage name in the ledger; `node` None means every node."""
+
+    name: str
+    what: str
+    idempotent: bool = True
+    node: str | None = None
+    preview: Preview | None = field(default=None, repr=False)
+
+    def commands(self) -> list[tuple[str, list[str]]]:
+        return self.preview() if self.preview else []
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "what": self.what, "idempotent": self.idempotent, "node": self.node}
+
+
+@dataclass
 class Plan:
     profile: str
     identity: str
-    steps: list[str] = field(default_factory=list)
+    deployment_id: str                     # the id the new deployment gets (names its containers)
+    steps: list[Step] = field(default_factory=list)
     noop_reason: str | None = None
     active_id: str | None = None
 
@@ -29,38 +56,56 @@ class Plan:
     def noop(self) -> bool:
         return self.noop_reason is not None
 
-    def lines(self) -> list[str]:
+    def lines(self, *, commands: bool = False) -> list[str]:
+        """Numbered steps; with `commands`, each command a step runs under it (argv quoted as a shell would)."""
         if self.noop:
             return [f"nothing to do: {self.noop_reason}"]
-        return [f"{i}. {s}" for i, s in enumerate(self.steps, 1)]
+        out = []
+        for i, s in enumerate(self.steps, 1):
+            out.append(f"{i}. {s.what}" + ("" if s.idempotent else "  [not idempotent]"))
+            if commands:
+                try:
+                    out += [f"     [{node}] $ {shlex.join(argv)}" for node, argv in s.commands()]
+                except Exception as exc:  # noqa: BLE001 - a preview is information, never a reason to fail
+                    out.append(f"     (commands not shown: {exc})")
+        return out
 
     def as_dict(self) -> dict[str, Any]:
-        return {"profile": self.profile, "identity": self.identity, "steps": self.steps,
-                "noop_reason": self.noop_reason, "active": self.active_id}
+        return {"profile": self.profile, "identity": self.identity, "deployment": self.deployment_id,
+                "steps": [s.as_dict() for s in self.steps], "noop_reason": self.noop_reason,
+                "active": self.active_id}
 
 
 def make_plan(result: RenderResult, active: DeploymentRecord | None, active_healthy: bool, health_detail: str,
-              kind: str = "up") -> Plan:
+              *, deployment_id: str, start_preview: Callable[[Any], list[str]] | None = None) -> Plan:
+    """The steps from what runs now (`active`) to `result`. `start_preview(spec)` gives the argv that starts a
+    rank (the runtime's `launch_argv`), shown under the boot step by `--dry-run`."""
     identity = launch_identity(result)
-    plan = Plan(profile=result.profile.name, identity=identity, active_id=active.id if active else None)
-    if active and active.identity == identity:
-        if active_healthy:
-            plan.noop_reason = (f"deployment {active.id} already runs profile {result.profile.name} with the same "
-                                f"launch identity {identity} and is healthy ({health_detail})")
-            return plan
+    plan = Plan(profile=result.profile.name, identity=identity, deployment_id=deployment_id,
+                active_id=active.id if active else None)
+    if active and active.identity == identity and active_healthy:
+        plan.noop_reason = (f"deployment {active.id} already runs profile {result.profile.name} with the same "
+                            f"launch identity {identity} and is healthy ({health_detail})")
+        return plan
     nodes = result.inventory.nodes
-    plan.steps.append(f"preflight on {', '.join(n.name for n in nodes)} (read-only)")
-    kinds = {n.runtime for n in nodes}
-    if "docker" in kinds:
-        plan.steps.append(f"image: ensure {result.specs[0].image or 'the engine image'} is on every node")
+    add = plan.steps.append
+    add(Step("preflight", f"preflight on {', '.join(n.name for n in nodes)} (read-only)"))
+    if any(n.runtime == "docker" for n in nodes):
+        add(Step("image", f"image: ensure {result.specs[0].image or 'the engine image'} is on every node (same ID)"))
+    else:
+        add(Step("image", "image: none needed (the process runtime runs the emulator in place)"))
     if active:
         why = "unhealthy, same identity" if active.identity == identity else f"profile {active.profile}"
-        plan.steps.append(f"stop deployment {active.id} ({why}); kept restartable for rollback  [not idempotent]")
-    for spec in sorted(result.specs, key=lambda s: -s.rank):
-        plan.steps.append(f"start rank {spec.rank} on {spec.node} (SGLang {spec.sglang_version})  [not idempotent]")
+        add(Step("stop-old", f"stop deployment {active.id} ({why}); kept restartable for rollback",
+                 idempotent=False))
+    order = sorted(result.specs, key=lambda s: -s.rank)
+    starts = ", then ".join(f"start rank {s.rank} on {s.node}" for s in order)
+    add(Step("boot", f"{starts} (SGLang {order[0].sglang_version}); wait until rank 0 is ready", idempotent=False,
+             preview=(lambda: [(s.node, start_preview(s)) for s in order]) if start_preview else None))
     w = result.profile.warmup
-    plan.steps.append(f"warm-up: {w.requests} x {w.max_tokens} tokens (first request timed apart as cold)")
-    plan.steps.append("verify: health, models, settings in force, capacity, workers alive, smoke generation")
-    plan.steps.append(f"hand off http://{result.specs[0].api_host}:{result.specs[0].api_port} "
-                      f"(on failure: {'roll back to ' + active.id if active else 'stop the new engines'})")
+    add(Step("warm-up", f"warm-up: {w.requests} x {w.max_tokens} tokens (first request timed apart as cold)"))
+    add(Step("verify", "verify: health, models, settings in force, capacity, workers alive, smoke generation"))
+    add(Step("hand-off", f"hand off http://{result.specs[0].api_host}:{result.specs[0].api_port} "
+                         f"(on failure: {'roll back to ' + active.id if active else 'stop the new engines'})",
+             idempotent=False))
     return plan

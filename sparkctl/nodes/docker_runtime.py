@@ -55,19 +55,16 @@ Example::
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-import re
 import threading
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from sparkctl.errors import ConfigError, NodeError
+from sparkctl.errors import NodeError
 from sparkctl.nodes import facts
+from sparkctl.nodes.container import MEMLOCK_ENV, ContainerConfig, container_config, resolve_image
+from sparkctl.nodes.docker_logs import LOG_LOOKBACK_NS, LogEntry, _Cursor, _since_arg, _ts_ns, parse_log_lines
 from sparkctl.nodes.node_facts import NodeFacts, gather_over_ssh
 from sparkctl.nodes.runtime import DockerHandle, Liveness, sim_env
 from sparkctl.nodes.ssh import CommandResult, SSHConnector, connector_for
@@ -77,191 +74,6 @@ if TYPE_CHECKING:
     from sparkctl.config.inventory import Inventory, Node
 
 log = logging.getLogger("sparkctl.nodes.docker")
-
-IMAGE_ENV = "SPARKCTL_ENGINE_IMAGE"
-MEMLOCK_ENV = "SPARKCTL_DOCKER_MEMLOCK"        # override memlock=-1 (a daemon without CAP_SYS_RESOURCE)
-CONTAINER_HOME = "/root"                      # the SGLang images run as root
-LOG_LOOKBACK_NS = 2_000_000_000               # overlap re-read when following (see module docstring)
-# JIT caches the engine fills at first use: (directory under host_paths.cache, path in the container, env var)
-JIT_CACHES = (
-    ("tilelang", f"{CONTAINER_HOME}/.tilelang", None),
-    ("triton", f"{CONTAINER_HOME}/.triton", None),
-    ("flashinfer", f"{CONTAINER_HOME}/.cache/flashinfer", None),
-    ("torchinductor", f"{CONTAINER_HOME}/.cache/torchinductor", "TORCHINDUCTOR_CACHE_DIR"),
-)
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-# ------------------------------------------------------------------------------------------------ pure part
-def container_name(cluster: str, rank: int, deployment_id: str) -> str:
-    """``sparkctl-<cluster>-rank<N>-<10 hex of sha256(deployment id)>`` (Docker's name charset)."""
-    safe = re.sub(r"[^a-zA-Z0-9_.-]+", "-", cluster).strip("-.") or "cluster"
-    short = hashlib.sha256(deployment_id.encode()).hexdigest()[:10]
-    return f"sparkctl-{safe}-rank{rank}-{short}"
-
-
-def spec_identity(spec: LaunchSpec, image: str) -> str:
-    """Content hash of what this rank runs (redacted argv/env, image, mounts): same hash = same launch."""
-    data = {**spec.redacted(), "image": image}
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def resolve_image(spec: LaunchSpec, environ: dict[str, str] | None = None) -> str:
-    """The engine image: ``spec.image``, else ``$SPARKCTL_ENGINE_IMAGE``; ConfigError when neither is set."""
-    env = os.environ if environ is None else environ
-    image = spec.image or env.get(IMAGE_ENV)
-    if not image:
-        raise ConfigError(f"no engine image for rank {spec.rank} ({spec.node})", where=f"[{spec.node}] docker",
-                          hint=f"set the image in the profile (render fills LaunchSpec.image), or export "
-                               f"{IMAGE_ENV}=REPO:TAG")
-    return image
-
-
-def _check_path(path: str, what: str, node: str) -> str:
-    if not path.startswith("/") or any(c in path for c in ",\n\r\0"):
-        raise ConfigError(f"{what} {path!r} must be an absolute path without commas or newlines",
-                          where=f"[{node}] docker", hint="fix host_paths / the model path")
-    return path.rstrip("/") or "/"
-
-
-def _covered(target: str, targets: list[str]) -> bool:
-    return any(target == t or target.startswith(t.rstrip("/") + "/") for t in targets)
-
-
-@dataclass(frozen=True)
-class ContainerConfig:
-    """Everything `docker run` gets for one rank: the argv (no secrets) and the env file (may hold secrets)."""
-
-    name: str
-    image: str
-    argv: list[str]
-    env: dict[str, str]
-    labels: dict[str, str]
-    mounts: list[dict[str, Any]]
-    host_dirs: list[str]                 # writable host directories to create before the container starts
-    secret_values: frozenset[str] = frozenset()
-
-    @property
-    def env_file(self) -> str:
-        """``KEY=VALUE`` lines for ``--env-file /dev/stdin`` (values verbatim: Docker does not unquote them)."""
-        return "".join(f"{k}={v}\n" for k, v in sorted(self.env.items()))
-
-    def redacted_env(self) -> dict[str, str]:
-        out = {}
-        for k, v in sorted(self.env.items()):
-            for s in self.secret_values:
-                if s:
-                    v = v.replace(s, "***")
-            out[k] = v
-        return out
-
-
-def container_config(spec: LaunchSpec, node: "Node", *, cluster: str, deployment_id: str, image: str,
-                     infiniband: bool = False, identity: str | None = None, memlock: str = "-1",
-                     extra_env: dict[str, str] | None = None) -> ContainerConfig:
-    """Build the `docker run` parameters for one rank (pure: no daemon, no SSH). Example::
-
-        cfg = container_config(spec, node, cluster="desk", deployment_id="d1", image="sglang-gb10:1")
-        cfg.argv   # ['docker', 'run', '--detach', '--name', 'sparkctl-desk-rank0-...', ..., 'python3', '-m', ...]
-    """
-    name = container_name(cluster, spec.rank, deployment_id)
-    labels = {"sparkctl.cluster": cluster, "sparkctl.deployment": deployment_id, "sparkctl.rank": str(spec.rank),
-              "sparkctl.node": node.name, "sparkctl.profile-identity": identity or spec_identity(spec, image)}
-    mounts: list[dict[str, Any]] = []
-    host_dirs: list[str] = []
-    for m in spec.mounts:
-        src = _check_path(str(m["source"]), "mount source", node.name)
-        dst = _check_path(str(m["target"]), "mount target", node.name)
-        ro = bool(m.get("read_only"))
-        mounts.append({"source": src, "target": dst, "read_only": ro})
-        if not ro:
-            host_dirs.append(src)
-    env: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
-    if node.gpu_runtime == "nvidia":
-        env.update(NVIDIA_VISIBLE_DEVICES="all", NVIDIA_DRIVER_CAPABILITIES="compute,utility")
-    cache = _check_path(node.host_paths.cache, "host_paths.cache", node.name)
-    targets = [m["target"] for m in mounts]
-    for sub, target, env_var in JIT_CACHES:
-        if env_var:
-            env[env_var] = target
-        if _covered(target, targets):      # e.g. render mounts host_paths.cache at ~/.cache already
-            continue
-        mounts.append({"source": f"{cache}/{sub}", "target": target, "read_only": False})
-        host_dirs.append(f"{cache}/{sub}")
-    env.update(extra_env or {})            # e.g. emulator knobs of a cluster whose engine is the emulator
-    env.update(spec.env)                   # the LaunchSpec wins over our defaults
-    for k, v in env.items():
-        if not _ENV_KEY.match(k) or any(c in v for c in "\n\r\0"):
-            raise ConfigError(f"environment variable {k!r} cannot be passed to a container (bad name, or a newline "
-                              f"in its value)", where=f"[{node.name}] docker", hint="fix the profile's env")
-    argv = ["docker", "run", "--detach", "--pull", "never", "--name", name]
-    for k, v in labels.items():
-        argv += ["--label", f"{k}={v}"]
-    argv += ["--network", "host", "--ipc", "host", "--init"]
-    if node.gpu_runtime == "nvidia":
-        argv += ["--runtime", "nvidia"]
-    elif node.gpu_runtime == "gpus-all":
-        argv += ["--gpus", "all"]
-    if not re.fullmatch(r"-1|\d+(:\d+)?", memlock):
-        raise ConfigError(f"{MEMLOCK_ENV}={memlock!r} is not a memlock limit", hint="use -1 (unlimited) or bytes")
-    argv += ["--ulimit", f"memlock={memlock}", "--ulimit", "stack=67108864"]
-    if infiniband:
-        argv += ["--device", "/dev/infiniband"]
-    for m in mounts:
-        argv += ["--mount", f"type=bind,source={m['source']},target={m['target']}" + (",readonly" if m["read_only"]
-                                                                                         else "")]
-    # A hash of the whole (redacted) run command: a stopped container is reused only for exactly this launch.
-    shown = [spec.redact_text(a) for a in argv + [image, *spec.argv]]
-    labels["sparkctl.config-hash"] = hashlib.sha256(json.dumps(shown).encode()).hexdigest()[:16]
-    argv[argv.index("--network"):argv.index("--network")] = ["--label", f"sparkctl.config-hash={labels['sparkctl.config-hash']}"]
-    argv += ["--env-file", "/dev/stdin", image, *spec.argv]
-    return ContainerConfig(name=name, image=image, argv=argv, env=env, labels=labels, mounts=mounts,
-                           host_dirs=sorted(set(host_dirs)), secret_values=spec.secret_values)
-
-
-# ------------------------------------------------------------------------------------------------ log timestamps
-def _ts_ns(ts: str) -> int:
-    """RFC 3339 with nanoseconds (``2026-01-01T10:00:00.123456789Z``) -> ns since the epoch."""
-    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)", ts)
-    if not m:
-        raise ValueError(f"not a docker log timestamp: {ts!r}")
-    tz = "+00:00" if m.group(3) == "Z" else m.group(3)
-    base = datetime.fromisoformat(m.group(1) + tz)
-    return int(base.timestamp()) * 1_000_000_000 + int((m.group(2) or "0").ljust(9, "0"))
-
-
-def _since_arg(ns: int) -> str:
-    return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
-
-
-@dataclass(frozen=True)
-class LogEntry:
-    ts_ns: int
-    text: str            # the line, ending in "\n"
-
-
-def parse_log_lines(output: str) -> list[LogEntry]:
-    """Split ``docker logs --timestamps`` output into entries; a line without a timestamp joins the previous one."""
-    entries: list[LogEntry] = []
-    for ln in output.split("\n"):
-        head, sep, rest = ln.partition(" ")
-        try:
-            ts = _ts_ns(head)
-        except ValueError:
-            if entries and ln:
-                last = entries[-1]
-                entries[-1] = LogEntry(last.ts_ns, last.text + ln + "\n")
-            continue
-        entries.append(LogEntry(ts, rest + "\n"))
-    return entries
-
-
-@dataclass
-class _Cursor:
-    offset: int
-    last_ns: int
-    window: list[LogEntry] = field(default_factory=list)   # entries handed out with ts >= last_ns - lookback
-
 
 # ------------------------------------------------------------------------------------------------ runtime
 class DockerRuntime:
@@ -315,13 +127,22 @@ class DockerRuntime:
                             log_since=log_since, started_at=state.started_at)
 
     # -- Runtime protocol --------------------------------------------------------------------------------------
+    def _config(self, spec: LaunchSpec, deployment_id: str) -> ContainerConfig:
+        return container_config(spec, self.node, cluster=self.cluster, deployment_id=deployment_id,
+                                image=resolve_image(spec, self.environ), infiniband=self.has_infiniband(),
+                                memlock=self.environ.get(MEMLOCK_ENV) or "-1",
+                                extra_env=sim_env(self.inventory.cluster.sim))
+
+    def launch_argv(self, spec: LaunchSpec, deployment_id: str) -> list[str]:
+        """The `docker run` argv `start` runs for this rank when no stopped container of the same launch exists
+        (redacted: an --api-key in the engine's argv prints as ***; the environment goes over stdin)."""
+        return [spec.redact_text(a) for a in self._config(spec, deployment_id).argv]
+
     def start(self, spec: LaunchSpec, deployment_id: str) -> DockerHandle:
         """Start the rank's container (detached). Reuses a stopped container of the same deployment when it runs
         exactly this launch (rollback's fast path); otherwise replaces it."""
-        image = resolve_image(spec, self.environ)
-        cfg = container_config(spec, self.node, cluster=self.cluster, deployment_id=deployment_id, image=image,
-                               infiniband=self.has_infiniband(), memlock=self.environ.get(MEMLOCK_ENV) or "-1",
-                               extra_env=sim_env(self.inventory.cluster.sim))
+        cfg = self._config(spec, deployment_id)
+        image = cfg.image
         secrets = spec.secret_values
         old = self._inspect(cfg.name)
         if old is not None:

@@ -55,6 +55,10 @@ class ProcessRuntime:
     def _command(self, spec: LaunchSpec) -> list[str]:
         return [sys.executable, "-m", "sparkctl.sim", *spec.argv[3:]]
 
+    def launch_argv(self, spec: LaunchSpec, deployment_id: str) -> list[str]:
+        """The command `start` runs: the LaunchSpec's SGLang arguments, given to sparkctl's emulator (redacted)."""
+        return [spec.redact_text(a) for a in self._command(spec)]
+
     def start(self, spec: LaunchSpec, deployment_id: str) -> ProcessHandle:
         self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         log_path = self.log_dir / f"rank{spec.rank}.log"

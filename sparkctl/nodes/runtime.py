@@ -33,6 +33,9 @@ class Runtime(Protocol):
     def gather(self, spec: LaunchSpec) -> NodeFacts:
         """Read-only facts of the node for rank `spec` (judged by deploy.preflight_rules.evaluate)."""
 
+    def launch_argv(self, spec: LaunchSpec, deployment_id: str) -> list[str]:
+        """The command `start` runs for this rank, secrets redacted (shown by `up --dry-run`)."""
+
     def start(self, spec: LaunchSpec, deployment_id: str) -> Handle:
         """Start the rank's engine (detached: it outlives the sparkctl command)."""
 

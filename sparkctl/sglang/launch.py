@@ -13,6 +13,14 @@ from typing import Any
 REDACTED = "***"
 
 
+def redact(text: str, secrets: "frozenset[str] | set[str] | list[str] | tuple[str, ...]") -> str:
+    """`text` with every (non-empty) secret value replaced by '***': the one redaction rule of sparkctl."""
+    for value in secrets:
+        if value:
+            text = text.replace(value, REDACTED)
+    return text
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """Everything needed to start one rank. Example::
@@ -46,10 +54,7 @@ class LaunchSpec:
         return out
 
     def redact_text(self, text: str) -> str:
-        for value in self.secret_values:
-            if value:
-                text = text.replace(value, REDACTED)
-        return text
+        return redact(text, self.secret_values)
 
     def redacted(self) -> dict[str, Any]:
         """JSON-safe view with every secret replaced by '***' (for printing and the ledger)."""

@@ -109,9 +109,8 @@ class Ledger:
         return self.root / "deployments" / f"{dep_id}.json"
 
     def log_dir(self, dep_id: str) -> Path:
-        path = self.root / "logs" / dep_id
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return path
+        """Where the engine logs of deployment `dep_id` go (created, mode 0700, by whoever writes there first)."""
+        return self.root / "logs" / dep_id
 
     def run_dir(self, run_id: str) -> Path:
         path = self.root / "runs" / run_id

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from sparkctl.config.inventory import load_inventory
-from sparkctl.nodes.docker_runtime import MEMLOCK_ENV
+from sparkctl.nodes.container import MEMLOCK_ENV
 from sparkctl.state.ledger import Ledger
 from sparkctl.testing.cluster import TestCluster
 

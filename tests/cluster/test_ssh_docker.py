@@ -17,7 +17,8 @@ from sparkctl.config.inventory import Inventory, load_inventory
 from sparkctl.deploy.preflight import Check, Severity
 from sparkctl.deploy.preflight_rules import evaluate
 from sparkctl.errors import NodeError
-from sparkctl.nodes.docker_runtime import MEMLOCK_ENV, DockerRuntime
+from sparkctl.nodes.container import MEMLOCK_ENV
+from sparkctl.nodes.docker_runtime import DockerRuntime
 from sparkctl.nodes.ssh import SSHConnector, run_all
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.testing.cluster import TestCluster

@@ -42,7 +42,7 @@ def test_up_deploys_rank1_first_and_passes_every_gate(cli, local_cluster):
     assert first["outcome"] == "deployed" and first["emulated"] is True
     assert all(g["ok"] for g in first["gates"]) and {g["name"] for g in first["gates"]} == \
         {"health", "models", "settings", "capacity", "workers", "smoke"}
-    assert [s["name"] for s in first["stages"]] == ["preflight", "image", "boot", "warm-up", "verify"]
+    assert [s["name"] for s in first["stages"]] == ["preflight", "image", "boot", "warm-up", "verify", "hand-off"]
     assert first["capacity"]["max_total_num_tokens"] > 0 and first["warmup"]["cold"]["completion_tokens"] > 0
     assert err.index("rank 1 started") < err.index("rank 0 started")     # progress on stderr
     st = _status(cli)
@@ -112,11 +112,21 @@ def test_down_stops_every_rank_and_keeps_the_history(cli, local_cluster):
     assert code == 0 and json.loads(out) == {"changed": False, "reason": "no active deployment"}
 
 
-def test_dry_run_changes_nothing(cli, local_cluster):
+def test_dry_run_prints_the_steps_and_commands_and_changes_nothing(cli, local_cluster, monkeypatch):
+    monkeypatch.setenv("SPARKCTL_API_KEY", "sk-dry-run-secret")
     code, out, err = cli("up", "--profile", "d5", "--dry-run", "--json")
-    assert code == 0 and json.loads(out)["outcome"] == "dry-run"
-    assert "start rank 1 on spark-b" in err and "start rank 0 on spark-a" in err
-    assert _ledger(local_cluster).index()["history"] == []
+    assert "sk-dry-run-secret" not in err + out and "--api-key '***'" in err
+    result = json.loads(out)
+    assert code == 0 and result["outcome"] == "dry-run"
+    assert [s["name"] for s in result["plan"]["steps"]] == ["preflight", "image", "boot", "warm-up", "verify",
+                                                            "hand-off"]
+    assert "start rank 1 on spark-b, then start rank 0 on spark-a" in err and "[not idempotent]" in err
+    # the command each rank's start runs, one line per rank, rank 1 first
+    starts = [ln for ln in err.splitlines() if "$ " in ln and "sparkctl.sim" in ln]
+    assert ["[spark-b]" in starts[0], "[spark-a]" in starts[1]] == [True, True] and len(starts) == 2
+    assert "--node-rank 1" in starts[0] and "--node-rank 0" in starts[1]
+    ledger = _ledger(local_cluster)
+    assert ledger.index()["history"] == [] and not (ledger.root / "logs").exists()
 
 
 def _up_ok(cli, profile="d5") -> dict:

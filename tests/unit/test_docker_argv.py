@@ -7,8 +7,9 @@ import pytest
 
 from sparkctl.config.inventory import Cluster, HostPaths, Inventory, Node, SSHSettings
 from sparkctl.errors import ConfigError
-from sparkctl.nodes.docker_runtime import (
-    DockerRuntime, _ts_ns, container_config, container_name, parse_log_lines, resolve_image)
+from sparkctl.nodes.container import container_config, container_name, resolve_image
+from sparkctl.nodes.docker_logs import _ts_ns, parse_log_lines
+from sparkctl.nodes.docker_runtime import DockerRuntime
 from sparkctl.nodes.handles import DockerHandle
 from sparkctl.nodes.ssh import CommandResult
 from sparkctl.sglang.launch import LaunchSpec
