@@ -1,5 +1,5 @@
 """Load captured real SGLang output from tests/fixtures/captures/ (byte-identical copies of
-shared/reference/captures). Each file has 3 header lines (# source/# what/# note) that are
+the project's reference captures, each naming its source). Each file has 3 header lines (# source/# what/# note) that are
 not printed output: the helpers strip them. ``[...]`` lines are cut marks, kept unless asked."""
 from __future__ import annotations
 

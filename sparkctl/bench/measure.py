@@ -1,6 +1,6 @@
 """The measurements, one function each, against one arm. Every function returns plain JSON-able data.
 
-Rules from ``shared/reference/measurement.md`` this code keeps:
+The measurement rules this code keeps:
 
 * decode tok/s = (N-1)/(t_last - t_first) over the stream, N = ``usage.completion_tokens`` (never the
   chunk count); a run without usage gives no number (and says so);

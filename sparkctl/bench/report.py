@@ -1,6 +1,6 @@
 """The measurement card (Markdown), rendered only from the result JSON, so the card's numbers are the JSON's.
 
-Sections follow the seed card (``shared/seeds/000_f05a3807aa0eb8c5.txt``): serving config, cold start,
+Sections follow the hand-written measurement card this reproduces: serving config, cold start,
 decode throughput (ON / OFF / ratio, with the scheduler gauge peak labelled as a gauge), acceptance
 (saying which source), the G6 greedy comparison, TTFT, concurrency, and the reference-comparison slot.
 Emulated results say so at the top and on every arm. Display rounding: tok/s 1 decimal, seconds

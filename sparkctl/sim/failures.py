@@ -1,4 +1,4 @@
-"""The text of the emulator's failures, shaped after real captures (see reference/captures/sglang/).
+"""The text of the emulator's failures, shaped after real captures (tests/fixtures/captures/sglang/).
 
 * ``oom_at_load``      CUDA OOM raised while loading weights (scheduler traceback, then the launcher's
                        "Rank 0 scheduler is dead" / "Exit code" / EOFError tail of

@@ -1,5 +1,5 @@
 """Fact parsers fed with REAL captured output (tests/fixtures/captures/spark, byte-identical copies of
-shared/reference/captures/spark). Each capture's 3 header lines are stripped by `capture_text`; the `[...]`
+real output, each naming its source in its header). Each capture's 3 header lines are stripped by `capture_text`; the `[...]`
 cut marks stay in, so every parser must tolerate them. Live-only forms (JSON, ss, ping) use output captured
 from iproute2/iputils/docker on the test cluster (marked as such)."""
 from __future__ import annotations
