@@ -1,0 +1,211 @@
+"""One arm of `sparkctl bench`: the workload options, building an arm (an endpoint or a deployment record), and
+measuring it section by section (cold, decode, acceptance, TTFT, concurrency, G6 captures).
+
+`sparkctl.bench.run` puts arms together into a run and writes the card.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from sparkctl.errors import ConfigError, SparkctlError
+from sparkctl.sglang.client import SGLangAPIError, SGLangClient
+from sparkctl.state.records import DeploymentRecord
+
+from sparkctl.bench import losslessness, measure
+from sparkctl.bench.logsource import FileLog, LogSource, RuntimeLog, capacity_from_log, scheduler_summary
+from sparkctl.bench.prompts import decode_prompts, g6_prompts
+from sparkctl.bench.target import Arm
+
+log = logging.getLogger("sparkctl.bench")
+
+GATES = ("cold", "decode", "acceptance", "ttft", "concurrency", "g6")
+Progress = Callable[[str], None]
+
+
+def parse_gates(text: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``"decode,g6"`` -> ("decode", "g6"); ``all`` or None -> every gate. Unknown names: ConfigError."""
+    if text is None:
+        return GATES
+    items = [g.strip().lower() for g in (text.split(",") if isinstance(text, str) else text) if g.strip()]
+    if items == ["all"]:
+        return GATES
+    bad = [g for g in items if g not in GATES]
+    if bad:
+        from sparkctl.config.loader import did_you_mean
+        hints = [f"{b} -> {did_you_mean(b, list(GATES))}" for b in bad if did_you_mean(b, list(GATES))]
+        raise ConfigError(f"unknown gate(s): {', '.join(bad)}", where="--gates",
+                          hint=(f"did you mean {', '.join(hints)}? " if hints else "") + f"gates: {', '.join(GATES)}")
+    return tuple(g for g in GATES if g in items)
+
+
+@dataclass
+class BenchOptions:
+    """The workload. Defaults are the seed card's protocol (800 tokens, n=5, 2 x 800 warm-up, 20 G6 prompts)."""
+
+    gates: tuple[str, ...] = GATES
+    runs: int = 5
+    max_tokens: int = 800
+    classes: tuple[str, ...] = ("code", "prose")
+    warmup: int = 2
+    warmup_max_tokens: int | None = None          # None: max_tokens
+    acceptance_runs: int = 3
+    ttft_sizes: tuple[int, ...] = (4096, 16384, 65536)
+    ttft_runs: int = 1
+    ttft_max_tokens: int = 8
+    concurrency: tuple[int, ...] = (1, 2)
+    g6_max_tokens: int | None = None               # None: max_tokens
+    g6_limit: int | None = None                    # use only the first N G6 prompts (tests); None = all 20
+    reference: list[str] = field(default_factory=list)   # lines for the reference-comparison slot
+    out_dir: Path | None = None
+    timeout_s: float = 900.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["out_dir"] = str(self.out_dir) if self.out_dir else None
+        return d
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+# --------------------------------------------------------------------------- arms
+
+def _check_reachable(arm: Arm) -> None:
+    try:
+        code = arm.client.health()
+    except SGLangAPIError as exc:
+        raise SparkctlError(f"cannot reach {arm.endpoint}: {exc.message}", where=f"bench arm {arm.name}",
+                            hint="is the server running? `sparkctl status` for a deployment") from None
+    if code != 200:
+        raise SparkctlError(f"{arm.endpoint}/health answered {code}", where=f"bench arm {arm.name}",
+                            hint="the server is not ready yet; wait for it or check its log")
+
+
+def arm_from_endpoint(url: str, *, api_key: str | None = None, log_path: Path | None = None,
+                      timeout_s: float = 900.0) -> Arm:
+    url = url.rstrip("/")
+    client = SGLangClient(url, api_key=api_key, timeout=timeout_s)
+    arm = Arm(name=url, client=client, endpoint=url, log=FileLog(log_path) if log_path else None,
+              api_key=api_key, timeout_s=timeout_s)
+    _check_reachable(arm)
+    arm.refresh()
+    return arm
+
+
+def arm_from_record(deployer: Any, record: DeploymentRecord, *, log_path: Path | None = None,
+                    timeout_s: float | None = None) -> Arm:
+    """The arm of a deployment record: its endpoint, its API key (from the env var the profile names),
+    rank 0's log through the runtime (or ``log_path``)."""
+    prof = record.profile_data
+    key_env = record.api_key_env
+    api_key = os.environ.get(key_env) if key_env else None
+    timeout = timeout_s or float((prof.get("warmup") or {}).get("timeout_s") or 900)
+    src: LogSource | None
+    if log_path:
+        src = FileLog(log_path)
+    else:
+        h0 = record.handle_of(0)
+        src = RuntimeLog(deployer.runtimes(record.id).for_node(h0.node), h0) if h0 else None
+    endpoint = record.endpoint.rstrip("/")
+    arm = Arm(name=record.profile or record.id, client=SGLangClient(endpoint, api_key=api_key, timeout=timeout),
+              endpoint=endpoint, model=(prof.get("model") or {}).get("served_name"), log=src, record=record,
+              api_key=api_key, timeout_s=timeout)
+    _check_reachable(arm)
+    arm.refresh()
+    return arm
+
+
+# --------------------------------------------------------------------------- one arm
+
+def _gate(results: dict[str, Any], name: str, fn: Callable[[], Any], progress: Progress) -> Any:
+    """Run one measurement; a known failure is recorded under the gate and the bench goes on."""
+    try:
+        value = fn()
+    except SparkctlError as exc:
+        progress(f"{name}: FAILED: {exc.message}")
+        results[name] = {"error": exc.render()}
+        return None
+    results[name] = value
+    return value
+
+
+def measure_arm(arm: Arm, opts: BenchOptions, run_tag: str, *, primary: bool, g6: bool,
+                progress: Progress = _noop) -> tuple[dict[str, Any], list[losslessness.Capture] | None]:
+    """Every selected measurement on one arm (TTFT and concurrency on the primary arm only)."""
+    gates = set(opts.gates)
+    prompts = {c: p for c, p in decode_prompts().items() if c in opts.classes}
+    code = decode_prompts()["code"]
+    results: dict[str, Any] = {}
+    say = (lambda m: progress(f"[{arm.role} {arm.name}] {m}"))
+    if arm.log is not None:
+        results["boot_log_capacity"] = capacity_from_log(arm.log.whole()) or None
+    if "cold" in gates:
+        _gate(results, "cold", lambda: {
+            "first_request": measure.first_request(arm, code, opts.warmup_max_tokens or opts.max_tokens),
+            "at_boot": ((arm.record.warmup if arm.record else None) or {}).get("cold"),
+            "note": "excluded from every median; the first request of this bench is cold only if nothing ran "
+                    "since boot (a deployment's own warm-up at boot is reported as at_boot)"}, say)
+        say(f"first request: {((results.get('cold') or {}).get('first_request') or {}).get('latency_s')} s")
+    needs_decode = gates & {"decode", "acceptance"}
+    if needs_decode and opts.warmup:
+        _gate(results, "warmup", lambda: measure.warm_up(arm, code, opts.warmup, opts.warmup_max_tokens
+                                                          or opts.max_tokens), say)
+    if needs_decode:
+        wanted = prompts if "decode" in gates else {"code": code}
+        _gate(results, "decode", lambda: measure.measure_decode(arm, wanted, runs=opts.runs,
+                                                                 max_tokens=opts.max_tokens, progress=say), say)
+    if "acceptance" in gates:
+        results["acceptance"] = _acceptance(arm, results.get("decode"), opts, say)
+    if "ttft" in gates and primary:
+        _gate(results, "ttft", lambda: measure.measure_ttft(arm, opts.ttft_sizes, runs=opts.ttft_runs,
+                                                             run_tag=run_tag, max_tokens=opts.ttft_max_tokens,
+                                                             progress=say), say)
+    if "concurrency" in gates and primary:
+        _gate(results, "concurrency", lambda: measure.measure_concurrency(arm, code, opts.concurrency,
+                                                                          max_tokens=opts.max_tokens,
+                                                                          progress=say), say)
+    captures = None
+    if "g6" in gates and g6:
+        plist = g6_prompts()[: opts.g6_limit] if opts.g6_limit else g6_prompts()
+        captures = losslessness.run_g6_arm(arm.client, plist, max_tokens=opts.g6_max_tokens or opts.max_tokens,
+                                           model=arm.model, progress=say)
+    return results, captures
+
+
+def _acceptance(arm: Arm, decode: dict[str, Any] | None, opts: BenchOptions, say: Progress) -> dict[str, Any]:
+    out: dict[str, Any] = {"speculative_algorithm": arm.speculative_algorithm, "draft_tokens": arm.draft_tokens,
+                           "sglang_version": arm.version}
+    if not arm.speculative:
+        out["status"] = "no speculative decoding on this arm"
+        return out
+    code = ((decode or {}).get("classes") or {}).get("code") or {}
+    sch = code.get("scheduler_log")
+    if sch is not None:
+        d = sch["decode"]
+        out["log"] = {"source": "scheduler decode-batch log, during active code decode",
+                      "log": arm.log.label if arm.log else None, "accept_len": d["accept_len"],
+                      "accept_rate": d["accept_rate"], "active_batches": d["active_batches"],
+                      "gauge_peak_gen_throughput": d["peak_gen_throughput"], "dialects": d["dialects"]}
+        if not d["accept_len"]:
+            out["log"]["note"] = "no Decode batch line with accept len during the code runs"
+            if isinstance(arm.log, FileLog):
+                # a capture that did not grow during the run: analyse all of it, and say so
+                whole = scheduler_summary(arm.log.whole())["decode"]
+                if whole["accept_len"]:
+                    out["log_whole_file"] = {
+                        "source": "scheduler decode-batch log, lines with #running-req >= 1",
+                        "scope": "whole captured log (not windowed to a run of this bench)",
+                        "log": arm.log.label, "accept_len": whole["accept_len"],
+                        "accept_rate": whole["accept_rate"], "active_batches": whole["active_batches"],
+                        "gauge_peak_gen_throughput": whole["peak_gen_throughput"]}
+    else:
+        out["log"] = {"note": "no scheduler log available for this arm (use --log FILE)"}
+    out["generate"] = measure.acceptance_from_generate(arm, decode_prompts()["code"], runs=opts.acceptance_runs,
+                                                       max_tokens=opts.max_tokens)
+    say(f"acceptance: log {out['log'].get('accept_len')}, /generate {(out['generate'].get('accept_len') or {}).get('median')}")
+    return out
