@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sparkctl.sglang.realparser import (  # noqa: E402
+from sparkctl.testing.realparser import (  # noqa: E402
     RealParserError,
     dump_real_parser,
     ensure_sglang_venv,

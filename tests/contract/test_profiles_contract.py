@@ -9,7 +9,7 @@ import pytest
 from testenv import in_ci
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import Profile, load_profile
-from sparkctl.sglang.realparser import RealParserUnavailable, ensure_sglang_venv, parse_with_real_sglang
+from sparkctl.testing.realparser import RealParserUnavailable, ensure_sglang_venv, parse_with_real_sglang
 from sparkctl.sglang.render import render
 
 pytestmark = [pytest.mark.contract, pytest.mark.timeout(1800)]
@@ -74,7 +74,7 @@ def test_d5_is_the_seed_envelope_as_sglang_0_5_23_reads_it():
 @pytest.mark.parametrize("version", ["0.5.3.post3"])
 def test_real_parser_agrees_with_our_refusals_on_the_spark_image(version):
     """What sparkctl refuses on 0.5.3.post3 (DFLASH, KV bf16), SGLang's own parser refuses too."""
-    from sparkctl.sglang.realparser import RealParserError
+    from sparkctl.testing.realparser import RealParserError
     _need_real_parser(version)
     for argv in (["--model-path", "/m", "--speculative-algorithm", "DFLASH"],
                  ["--model-path", "/m", "--kv-cache-dtype", "bf16"]):

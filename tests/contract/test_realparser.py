@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from sparkctl.sglang.realparser import (
+from sparkctl.testing.realparser import (
     RealParserError,
     RealParserUnavailable,
     dump_real_parser,

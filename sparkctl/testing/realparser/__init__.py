@@ -37,7 +37,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from email.parser import Parser as _EmailParser
@@ -74,93 +73,24 @@ _DIST_OF_MODULE = {"zmq": "pyzmq", "PIL": "pillow", "yaml": "PyYAML", "IPython":
                    "google": "protobuf", "cv2": "opencv-python-headless", "pynvml": "nvidia-ml-py",
                    "sklearn": "scikit-learn", "dateutil": "python-dateutil", "jwt": "PyJWT",
                    "multipart": "python-multipart", "huggingface_hub": "huggingface-hub"}
-# Stub packages: minimal modules that satisfy import-time use only (relative path -> source).
-_TRITON_STUB = '''"""Stub written by sparkctl: SGLang's CLI parsing imports triton; nothing is compiled."""
-__version__ = "0.0.0"
 
 
-def jit(fn=None, **_):
-    return fn if fn is not None else (lambda f: f)
-
-
-def autotune(*_a, **_k):
-    return lambda f: f
-
-
-heuristics = autotune
-
-
-class Config:
-    def __init__(self, *_a, **_k):
-        pass
-
-
-from triton import language  # noqa: E402  (torch._dynamo reads triton.language.dtype)
-'''
-_TRITON_LANGUAGE_STUB = '''"""Stub: see triton/__init__.py."""
-constexpr = int
-
-
-class dtype:
-    pass
-'''
 
 # Generic inert package for imports nothing calls while parsing: every attribute and submodule is a
 # placeholder class. Used for torchvision: 0.5.11 imports `torchvision.io.decode_jpeg` and transformers
 # 5.x imports torchvision.transforms when it finds torchvision; PyPI's torchvision is a CUDA build whose
 # C ops fail to load against the CPU torch ("operator torchvision::nms does not exist").
-_PERMISSIVE_STUB = '''"""Stub written by sparkctl: imported at import time by SGLang/transformers, never used to parse CLI args.
 
-Every attribute and submodule of this package resolves to an inert placeholder class."""
-import importlib.abc
-import importlib.machinery
-import sys
-
-__version__ = "0.0.0"
-
-
-class _Meta(type):
-    def __getattr__(cls, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _placeholder(f"{cls.__qualname__}.{name}")
-
-    def __getitem__(cls, key):
-        return cls
-
-
-def _placeholder(name):
-    return _Meta(name.rsplit(".", 1)[-1], (), {"__qualname__": name, "__module__": __name__})
-
-
-def _module_getattr(prefix):
-    def __getattr__(name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _placeholder(f"{prefix}.{name}")
-    return __getattr__
-
-
-class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname, path, target=None):
-        if fullname.startswith(__name__ + "."):
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        return None
-
-    def exec_module(self, module):
-        module.__path__ = []
-        module.__getattr__ = _module_getattr(module.__name__)
-
-
-sys.meta_path.append(_Finder())
-__getattr__ = _module_getattr(__name__)
-'''
+# Stub packages (files under stubs/): minimal modules that satisfy import-time use only, written into a
+# venv's site-packages (path there -> file here). `permissive` is a generic inert package for imports
+# nothing calls while parsing: every attribute and submodule is a placeholder class. Used for torchvision:
+# 0.5.11 imports `torchvision.io.decode_jpeg` and transformers 5.x imports torchvision.transforms when it
+# finds torchvision; PyPI's torchvision is a CUDA build whose C ops fail to load against the CPU torch
+# ("operator torchvision::nms does not exist").
+STUB_DIR = Path(__file__).parent / "stubs"
 STUBS: dict[str, dict[str, str]] = {
-    "triton": {"triton/__init__.py": _TRITON_STUB, "triton/language/__init__.py": _TRITON_LANGUAGE_STUB},
-    "torchvision": {"torchvision/__init__.py": _PERMISSIVE_STUB},
+    "triton": {"triton/__init__.py": "triton/__init__.py", "triton/language/__init__.py": "triton/language/__init__.py"},
+    "torchvision": {"torchvision/__init__.py": "permissive/__init__.py"},
 }
 # Stubs that give way to the real package when torch itself goes deeper into it: 0.5.11 and
 # 0.5.3.post3 import transformers, which imports torch._dynamo, which imports triton.backends.compiler.
@@ -309,10 +239,10 @@ def _build_venv(version: str, venv: Path) -> None:
 
 
 def _write_stub(site: Path, name: str, done: list[str]) -> None:
-    for rel, text in STUBS[name].items():
+    for rel, source in STUBS[name].items():
         path = site / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        path.write_text((STUB_DIR / source).read_text(encoding="utf-8"))
     done.append(name)
 
 
@@ -357,93 +287,17 @@ def _tail(text: str, n: int) -> str:
 
 
 # --- running SGLang inside the venv -------------------------------------------------------------
-# The driver runs with the venv's python; it reads one JSON request on stdin and prints one JSON
-# result line (prefixed, since SGLang may print to stdout too).
-_DRIVER = r'''
-import argparse, dataclasses, io, json, logging, re, sys, traceback
-PREFIX = sys.argv[1]
-req = json.load(sys.stdin)
-def emit(obj):
-    print(PREFIX + json.dumps(obj, default=repr))
-try:
-    from sglang.srt import server_args as sa
-except BaseException as exc:
-    traceback.print_exc(); emit({"ok": False, "kind": "import", "message": repr(exc)}); sys.exit(0)
-SA = sa.ServerArgs
-def field_names():
-    if hasattr(SA, "__struct_fields__"): return list(SA.__struct_fields__)
-    return [f.name for f in dataclasses.fields(SA)]
-def plain(v):
-    try: json.dumps(v); return v
-    except (TypeError, ValueError): pass
-    if isinstance(v, (set, frozenset)): return sorted((plain(x) for x in v), key=repr)  # stable output
-    if isinstance(v, (list, tuple)): return [plain(x) for x in v]
-    if isinstance(v, dict): return {str(k): plain(x) for k, x in v.items()}
-    if hasattr(v, "value"): return plain(v.value)
-    return repr(v)
+# driver.py runs with the venv's python (as `python -c TEXT`, so nothing of sparkctl is on its path); it
+# reads one JSON request on stdin and prints one JSON result line (prefixed: SGLang may print too).
+DRIVER = Path(__file__).parent / "driver.py"
 
-def probe_deprecated(parser, action):
-    """Invoke a Deprecated* action once and capture what it says: warning, parser error or raise."""
-    buf = io.StringIO(); handler = logging.StreamHandler(buf); logging.getLogger().addHandler(handler)
-    class _Err(Exception): pass
-    def error(message): raise _Err(message)
-    real_error, parser.error = parser.error, error
-    nargs = action.nargs
-    value = [] if nargs == 0 else (list(action.choices)[0] if action.choices else "x")
-    if nargs in ("+", "*") : value = [value]
-    effect, text = "warn", ""
-    try:
-        action(parser, argparse.Namespace(), value, action.option_strings[0])
-    except _Err as exc: effect, text = "parser.error", str(exc)
-    except Exception as exc: effect, text = "raise " + type(exc).__name__, str(exc)
-    finally:
-        parser.error = real_error; logging.getLogger().removeHandler(handler)
-    text = text or buf.getvalue()
-    return effect, re.sub(r"\x1b\[[0-9;]*m", "", text).strip() or None
-
-def dump():
-    parser = argparse.ArgumentParser()
-    SA.add_cli_args(parser)
-    out = []
-    for a in parser._actions:
-        if isinstance(a, argparse._HelpAction): continue
-        t = a.type
-        rec = {"options": list(a.option_strings), "dest": a.dest, "action": type(a).__name__,
-               "nargs": a.nargs, "const": plain(a.const), "type": None if t is None else getattr(t, "__name__", repr(t)),
-               "choices": None if a.choices is None else [str(c) for c in plain(a.choices)],
-               "default": plain(None if a.default is argparse.SUPPRESS else a.default),
-               "help": a.help or "", "required": a.required}
-        if type(a).__name__.startswith("Deprecated"):
-            rec["probe"] = probe_deprecated(parser, a)
-        out.append(rec)
-    return {"ok": True, "actions": out, "fields": field_names(), "version": getattr(__import__("sglang"), "__version__", None)}
-
-def parse(argv):
-    # as `python3 -m sglang.launch_server ARGV` sees it (argparse's default prog is argv[0]'s basename)
-    import importlib.util
-    sys.argv = [importlib.util.find_spec("sglang.launch_server").origin] + list(argv)
-    method = "prepare_server_args"
-    if not hasattr(SA, "resolve_once"):
-        SA.__post_init__ = lambda self: None
-        method += " (ServerArgs.__post_init__ skipped)"
-    try:
-        args = sa.prepare_server_args(argv)
-    except SystemExit as exc:
-        return {"ok": False, "kind": "argparse", "code": exc.code}
-    except Exception as exc:
-        traceback.print_exc()
-        return {"ok": False, "kind": "exception", "message": "%s: %s" % (type(exc).__name__, exc)}
-    return {"ok": True, "method": method, "values": {n: plain(getattr(args, n, None)) for n in field_names()}}
-
-emit(dump() if req["mode"] == "dump" else parse(req["argv"]))
-'''
 
 
 def _drive(version: str, request: dict[str, Any], timeout: float = 300.0) -> tuple[dict[str, Any], str]:
     """Run the driver in the version's venv; return (result JSON, stderr)."""
     venv = ensure_sglang_venv(version)
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([str(venv / "bin" / "python"), "-c", _DRIVER, _RESULT_PREFIX],
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", DRIVER.read_text(encoding="utf-8"), _RESULT_PREFIX],
                           input=json.dumps(request), capture_output=True, text=True, timeout=timeout, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_RESULT_PREFIX)]
     if not lines:
@@ -485,8 +339,3 @@ def dump_real_parser(version: str) -> dict[str, Any]:
     """
     result, _ = _drive(version, {"mode": "dump"})
     return result
-
-
-if __name__ == "__main__":  # pragma: no cover - manual check: python -m sparkctl.sglang.realparser VER ARGV...
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    print(json.dumps(parse_with_real_sglang(sys.argv[1], sys.argv[2:]), indent=1, sort_keys=True))

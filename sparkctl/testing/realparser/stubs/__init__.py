@@ -1,0 +1,1 @@
+"""Stub packages copied into real-parser venvs (never imported from here)."""
