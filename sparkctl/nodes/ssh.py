@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, Generic, Iterable, Sequence, TypeVar
 
 from sparkctl.errors import CommandFailed, NodeError
-from sparkctl.sglang.launch import REDACTED
+from sparkctl.sglang.launch import redact
 
 if TYPE_CHECKING:  # heavy imports stay lazy: `sparkctl --help` must not import paramiko
     import paramiko
@@ -491,13 +491,8 @@ class SSHConnector:
 
 
 def _redactor(secrets: Iterable[str]) -> Callable[[str], str]:
-    values = sorted({s for s in secrets if s}, key=len, reverse=True)
-
-    def hide(text: str) -> str:
-        for v in values:
-            text = text.replace(v, REDACTED)
-        return text
-    return hide
+    values = frozenset(secrets)
+    return lambda text: redact(text, values)
 
 
 _POOL: dict[tuple[str, str, int, str, str], SSHConnector] = {}

@@ -26,6 +26,7 @@ from typing import Any, Generator, Iterable, Iterator, Mapping
 import httpx
 
 from sparkctl.errors import NodeError
+from sparkctl.sglang.launch import redact
 
 log = logging.getLogger("sparkctl.sglang")
 
@@ -431,7 +432,7 @@ class SGLangClient:
         return f"{self.base_url}{path}"
 
     def _redact(self, text: str) -> str:
-        return text.replace(self._api_key, "***") if self._api_key else text
+        return redact(text, {self._api_key}) if self._api_key else text
 
     def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
         url = self._url(path)

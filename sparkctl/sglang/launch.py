@@ -14,10 +14,10 @@ REDACTED = "***"
 
 
 def redact(text: str, secrets: "frozenset[str] | set[str] | list[str] | tuple[str, ...]") -> str:
-    """`text` with every (non-empty) secret value replaced by '***': the one redaction rule of sparkctl."""
-    for value in secrets:
-        if value:
-            text = text.replace(value, REDACTED)
+    """`text` with every (non-empty) secret value replaced by '***': the one redaction rule of sparkctl.
+    Longest first, so a secret that contains another is hidden whole."""
+    for value in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = text.replace(value, REDACTED)
     return text
 
 

@@ -45,6 +45,7 @@ from typing import Any
 from zipfile import ZipFile
 
 from sparkctl.errors import ConfigError, SparkctlError
+from sparkctl.state.ledger import write_json_atomic
 
 log = logging.getLogger("sparkctl")
 
@@ -231,9 +232,7 @@ def _build_venv(version: str, venv: Path) -> None:
             "import_deps": installed, "stubs": stubs,
             "pip_freeze": _run([vpy, "-m", "pip", "freeze", "--all"], what="pip freeze").split(),
             "build_seconds": round(time.monotonic() - started, 1)}
-    tmp = venv / (MARKER + ".tmp")
-    tmp.write_text(json.dumps(info, indent=2) + "\n")
-    tmp.rename(venv / MARKER)
+    write_json_atomic(venv / MARKER, info)   # written last: a partial build has no marker
     log.info("sglang==%s: venv ready in %.0fs (import deps: %s)", version, info["build_seconds"],
              ", ".join(installed) or "none")
 
