@@ -23,10 +23,7 @@ from typing import Any, Callable, Generic, TypeVar
 
 T = TypeVar("T")
 
-# Units of `free -h` / `numfmt --to=iec`: powers of 1024 (free prints Ki/Mi/Gi; B for bytes).
-_IEC = {"B": 1, "K": 1024, "Ki": 1024, "M": 1024**2, "Mi": 1024**2, "G": 1024**3, "Gi": 1024**3,
-        "T": 1024**4, "Ti": 1024**4, "P": 1024**5, "Pi": 1024**5}
-_SIZE = re.compile(r"^(\d+(?:[.,]\d+)?)(B|Ki|Mi|Gi|Ti|Pi|K|M|G|T|P)?$")
+
 _SEPARATOR = "[...]"   # cut marker of the capture files; never printed by a tool
 
 
@@ -37,10 +34,6 @@ class Fact(Generic[T]):
     name: str
     argv: tuple[str, ...]
     parse: Callable[[str], T]
-
-
-def _lines(text: str) -> list[str]:
-    return [ln for ln in text.splitlines() if ln.strip() != _SEPARATOR]
 
 
 # ------------------------------------------------------------------------------------------------ docker
@@ -86,32 +79,6 @@ def parse_docker_info_json(text: str) -> DockerInfo:
                       default_runtime=data.get("DefaultRuntime") or None, runtime_paths=paths,
                       name=data.get("Name") or None, architecture=data.get("Architecture") or None,
                       logging_driver=data.get("LoggingDriver") or None, errors=errors)
-
-
-def parse_docker_info_text(text: str) -> DockerInfo:
-    """Parse the human ``docker info`` text (Server section): version, runtimes, default runtime, name."""
-    in_server = False
-    fields: dict[str, str] = {}
-    errors: list[str] = []
-    for ln in _lines(text):
-        if ln.startswith("Server:"):
-            in_server = True
-            continue
-        if not in_server:
-            continue
-        if ln and not ln.startswith(" "):   # next top-level section, or a prompt line after the output
-            if ln.startswith("ERROR:") or ln.startswith("Cannot connect"):
-                errors.append(ln)
-                continue
-            break
-        m = re.match(r"^ (\S[^:]*):\s*(.*)$", ln)   # exactly one leading space: a Server-level key
-        if m:
-            fields[m.group(1)] = m.group(2).strip()
-    runtimes = tuple(sorted(fields.get("Runtimes", "").split()))
-    return DockerInfo(server_version=fields.get("Server Version") or None, runtimes=runtimes,
-                      default_runtime=fields.get("Default Runtime") or None, name=fields.get("Name") or None,
-                      architecture=fields.get("Architecture") or None,
-                      logging_driver=fields.get("Logging Driver") or None, errors=tuple(errors))
 
 
 def image_id(ref: str) -> Fact[str | None]:
@@ -210,40 +177,6 @@ def parse_meminfo(text: str) -> Memory:
     return Memory(values["MemTotal"], values["MemAvailable"], values.get("SwapTotal"), values.get("SwapFree"))
 
 
-def parse_size(token: str) -> int:
-    """``121Gi`` -> bytes (``free -h`` / IEC units; ``0B``; a bare number is KiB as plain ``free`` prints)."""
-    m = _SIZE.match(token)
-    if not m:
-        raise ValueError(f"not a size: {token!r}")
-    number = float(m.group(1).replace(",", "."))
-    return int(number * (_IEC[m.group(2)] if m.group(2) else 1024))
-
-
-def parse_free(text: str) -> Memory:
-    """Parse ``free`` / ``free -h`` in any locale: rows are found by shape, not by their labels.
-
-    The first row of 6 sizes is memory (total used free shared buff/cache available), the next row of
-    3 sizes is swap; row labels (``Mem:``, ``内存：``) and the header are ignored.
-    """
-    rows: list[list[int]] = []
-    for ln in _lines(text):
-        tokens = ln.split()
-        if len(tokens) < 4:
-            continue
-        try:
-            sizes = [parse_size(t) for t in tokens[1:]]
-        except ValueError:
-            continue
-        rows.append(sizes)
-    mem = next((r for r in rows if len(r) == 6), None)
-    if mem is None:
-        raise ValueError("no memory row (6 sizes) in free output")
-    after = rows[rows.index(mem) + 1:]
-    swap = next((r for r in after if len(r) == 3), None)
-    return Memory(total=mem[0], available=mem[5], swap_total=swap[0] if swap else None,
-                  swap_free=swap[2] if swap else None)
-
-
 # ------------------------------------------------------------------------------------------------ network
 @dataclass(frozen=True)
 class Interface:
@@ -292,65 +225,6 @@ def parse_ip_addr_json(text: str) -> dict[str, Interface]:
         addrs = tuple(f"{a['local']}/{a['prefixlen']}" for a in d.get("addr_info") or () if "local" in a)
         out[d["ifname"]] = Interface(name=d["ifname"], state=d.get("operstate", "UNKNOWN"), mtu=d.get("mtu"),
                                      flags=tuple(d.get("flags") or ()), mac=d.get("address"), addresses=addrs)
-    return out
-
-
-_LINK_HEAD = re.compile(r"^\d+:\s+(?P<name>[^:@\s]+)(?:@[^:\s]+)?:\s+<(?P<flags>[^>]*)>\s+(?P<rest>.*)$")
-
-
-def parse_ip_link(text: str) -> dict[str, Interface]:
-    """Parse ``ip link show`` / ``ip addr show`` text: state, flags, MTU, MAC and inet addresses."""
-    out: dict[str, Interface] = {}
-    cur: dict[str, Any] | None = None
-
-    def flush() -> None:
-        if cur:
-            out[cur["name"]] = Interface(cur["name"], cur["state"], cur["mtu"], cur["flags"], cur["mac"],
-                                         tuple(cur["addresses"]))
-    for ln in _lines(text):
-        m = _LINK_HEAD.match(ln)
-        if m:
-            flush()
-            rest = m.group("rest").split()
-            kv = {rest[i]: rest[i + 1] for i in range(len(rest) - 1)}
-            cur = {"name": m.group("name"), "flags": tuple(f for f in m.group("flags").split(",") if f),
-                   "mtu": int(kv["mtu"]) if "mtu" in kv else None, "state": kv.get("state", "UNKNOWN"),
-                   "mac": None, "addresses": []}
-            continue
-        if cur is None:
-            continue
-        parts = ln.split()
-        if len(parts) >= 2 and parts[0].startswith("link/"):
-            cur["mac"] = parts[1]
-        elif len(parts) >= 2 and parts[0] in ("inet", "inet6"):
-            cur["addresses"].append(parts[1])
-    flush()
-    return out
-
-
-_BRIEF_STATES = ("UP", "DOWN", "UNKNOWN", "LOWERLAYERDOWN", "DORMANT", "NOTPRESENT", "TESTING")
-
-
-def parse_ip_brief(text: str) -> dict[str, Interface]:
-    """Parse ``ip -br addr`` (name, state, addresses) or ``ip -br link`` (name, state, MAC, <flags>)."""
-    out: dict[str, Interface] = {}
-    for ln in _lines(text):
-        parts = ln.split()
-        if len(parts) < 2 or parts[1] not in _BRIEF_STATES:
-            continue
-        name = parts[0].split("@")[0]
-        rest = parts[2:]
-        flags: tuple[str, ...] = ()
-        mac = None
-        addrs: list[str] = []
-        for tok in rest:
-            if tok.startswith("<") and tok.endswith(">"):
-                flags = tuple(f for f in tok[1:-1].split(",") if f)
-            elif re.fullmatch(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}", tok):
-                mac = tok
-            else:
-                addrs.append(tok)
-        out[name] = Interface(name, parts[1], None, flags, mac, tuple(addrs))
     return out
 
 
@@ -441,10 +315,6 @@ def parse_ibdev2netdev(text: str) -> list[RoceLink]:
         if m:
             out.append(RoceLink(m.group(1), int(m.group(2)), m.group(3), m.group(4).lower() == "up"))
     return out
-
-
-def hcas_for(links: list[RoceLink], netdev: str) -> list[str]:
-    return [ln.hca for ln in links if ln.netdev == netdev]
 
 
 def dir_entries(path: str) -> Fact[list[str]]:

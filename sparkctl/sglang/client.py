@@ -477,10 +477,6 @@ class SGLangClient:
         """``GET /health`` status code (200 ready, 503 starting). Raises only when nothing answers."""
         return self._send("GET", "/health").status_code
 
-    def health_generate(self, timeout: float = 30.0) -> int:
-        """``GET /health_generate``: the server runs a 1-token generation (200 = it can generate)."""
-        return self._send("GET", "/health_generate", timeout=timeout).status_code
-
     def models(self) -> list[dict[str, Any]]:
         return parse_models(self._json("GET", "/v1/models"))
 
@@ -488,34 +484,12 @@ class SGLangClient:
         """Raw server-info JSON: ``/server_info``, falling back to ``/get_server_info`` (0.5.3) on 404."""
         return self._get_with_fallback("/server_info", "/get_server_info")
 
-    def server_summary(self) -> ServerInfo:
-        return parse_server_info(self.server_info())
-
-    def model_info(self) -> dict[str, Any]:
-        return self._get_with_fallback("/model_info", "/get_model_info")
-
-    def metrics(self) -> dict[str, float]:
-        """``/metrics`` (needs ``--enable-metrics``) as {sglang:name: value}."""
-        r = self._send("GET", "/metrics")
-        if r.status_code != 200:
-            raise self._error(r, "/metrics")
-        return parse_prometheus(r.text)
-
     def flush_cache(self) -> str:
         """``POST /flush_cache`` (radix cache); returns the server's message. 400 = requests in flight."""
         r = self._send("POST", "/flush_cache")
         if r.status_code != 200:
             raise self._error(r, "/flush_cache")
         return r.text
-
-    def probe_role(self) -> NodeRole:
-        """API server (rank 0) or dummy-health worker (node rank > 0)? Never raises."""
-        def status(path: str) -> int | None:
-            try:
-                return self._send("GET", path).status_code
-            except SGLangAPIError:
-                return None
-        return detect_role(status("/v1/models"), status("/health"))
 
     def generate(self, text: str, sampling_params: Mapping[str, Any] | None = None, *,
                  extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -63,7 +63,6 @@ class EventKind(enum.Enum):
         return self in FATAL_KINDS
 
 
-Milestone = EventKind  # the brief's alternative name
 
 FATAL_KINDS = frozenset({EventKind.OOM, EventKind.NCCL_ERROR, EventKind.NCCL_WATCHDOG_TIMEOUT,
                          EventKind.SCHEDULER_EXCEPTION, EventKind.TRACEBACK})
