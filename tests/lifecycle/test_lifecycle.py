@@ -181,6 +181,9 @@ def test_sigint_during_up_releases_lock_and_leaves_nothing_running(local_cluster
     assert proc.returncode == 130, err
     rec = ledger.load(ledger.index()["history"][-1])
     assert rec["status"] == "canceled" and rec["failure"]["message"].startswith("interrupted")
+    # The fault (boot_s: 30, from the profile's SPARKCTL_SIM_CONFIG) reached the engines: the SIGINT
+    # landed in boot, not after it (it once did not: the inventory's knobs shadowed the file).
+    assert rec["failure"]["stage"] == "boot", rec["failure"]
     handles = rec["handles"]
     assert handles and not any(_alive(h["pid"]) for h in handles)
     assert ledger.index()["active"] is None
