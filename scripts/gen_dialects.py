@@ -207,7 +207,7 @@ def speculative_algorithms(wheel: Path) -> dict[str, Any]:
                                                     for t in node.targets):
                 aliases.update({c.value: _alias_target(enum) for c in ast.walk(node.value)
                                 if isinstance(c, ast.Constant) and isinstance(c.value, str)})
-    if server_args is not None:  # before: if self.speculative_algorithm == "NEXTN": self.speculative_algorithm = "EAGLE"
+    if server_args is not None:  # before 0.5.23: `if self.speculative_algorithm == "NEXTN": ... = "EAGLE"`
         for node in ast.walk(ast.parse(server_args)):
             alias = _renamed_in(node)
             if alias and alias[0] not in members:

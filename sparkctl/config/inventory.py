@@ -215,9 +215,9 @@ def load_inventory(path: Path, *, embedded: bool = False) -> Inventory:
     if any("rank" in n for n in nodes):
         for n in nodes:
             if not isinstance(n.get("rank"), int) or isinstance(n.get("rank"), bool):
-                raise ConfigError(f"hosts.{n['name']}.sparkctl_rank: " + ("missing (other hosts set it)" if "rank" not in n
-                                                                         else f"not an integer (got {n['rank']!r})"),
-                                  where=where, hint="set sparkctl_rank on all nodes (0 for rank 0, 1, ...), or on none")
+                problem = "missing (other hosts set it)" if "rank" not in n else f"not an integer (got {n['rank']!r})"
+                raise ConfigError(f"hosts.{n['name']}.sparkctl_rank: {problem}", where=where,
+                                  hint="set sparkctl_rank on all nodes (0 for rank 0, 1, ...), or on none")
         ranks = [n["rank"] for n in nodes]
         if sorted(ranks) != list(range(len(nodes))):
             raise ConfigError(f"sparkctl_rank: the {len(nodes)} hosts must have ranks 0..{len(nodes) - 1} once each "
@@ -231,9 +231,10 @@ def load_inventory(path: Path, *, embedded: bool = False) -> Inventory:
     for n in inventory.nodes:
         first = seen_fabric.setdefault(n.fabric_address, n.name)
         if first != n.name:
-            raise ConfigError(f"hosts.{n.name}.fabric_address: {n.fabric_address} is also hosts.{first}.fabric_address",
-                              where=where, hint="give every node its own address on the fabric link (rank 0's is "
-                                                "the rendezvous address the other ranks dial)")
+            raise ConfigError(f"hosts.{n.name}.fabric_address: {n.fabric_address} is also "
+                              f"hosts.{first}.fabric_address", where=where,
+                              hint="give every node its own address on the fabric link (rank 0's is the rendezvous "
+                                   "address the other ranks dial)")
     return inventory
 
 

@@ -36,7 +36,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-_TEXT_HINT = "profiles and inventories are UTF-8 YAML text: check that this is the file you meant (or re-save it as UTF-8)"
+_TEXT_HINT = ("profiles and inventories are UTF-8 YAML text: check that this is the file you meant "
+              "(or re-save it as UTF-8)")
 
 
 def read_yaml(path: Path) -> Any:
