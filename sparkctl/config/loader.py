@@ -146,7 +146,7 @@ def config_error_from(exc: ValidationError, model: type[BaseModel], where: str,
             hint = f"add '{loc[-1]}'"
         else:
             msg = err["msg"]
-            if "input" in err and not isinstance(err["input"], (dict, list)):
+            if "input" in err and not isinstance(err["input"], (dict, list)) and err["type"] != "sparkctl_refusal":
                 msg += f" (got {err['input']!r})"
             ctx_hint = (err.get("ctx") or {}).get("hint") if isinstance(err.get("ctx"), dict) else None
             hint = ctx_hint or _described(model, loc)

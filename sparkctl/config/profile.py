@@ -135,20 +135,11 @@ class ApiSettings(BaseModel):
     model_config = _STRICT
     host: str | None = Field(None, description="--host; default: the node's api_bind from the inventory.")
     port: int = Field(30000, ge=1, le=65535, description="--port of rank 0's HTTP API.")
-    dist_port: int = Field(25000, ge=1, le=65535, validate_default=True,
+    dist_port: int = Field(25000, ge=1, le=65535,
                            description="Port of rank 0's TCP store in --dist-init-addr (not api.port).")
     api_key_env: str | None = Field(None, description="Environment variable holding the API key (never stored).")
     hf_token_env: str | None = Field("HF_TOKEN", description="Environment variable holding the HF token (passed "
                                                                "to the engine, never stored).")
-
-
-    @field_validator("dist_port")
-    @classmethod
-    def _ports_differ(cls, value: int, info: ValidationInfo) -> int:
-        if value == info.data.get("port"):
-            raise refusal(f"{value} is also api.port: rank 0 cannot serve HTTP and the rendezvous store on one port",
-                          "give api.port and api.dist_port different values (defaults: 30000 and 25000)")
-        return value
 
 
 class LifecycleSettings(BaseModel):
@@ -290,6 +281,19 @@ def _check_env(env: Any, origin: dict[str, str], default: str) -> None:
                                    "under /models and pass its path")
 
 
+def _check_ports(profile: Profile, leaf: str) -> None:
+    """api.port and api.dist_port are both bound on rank 0; blame the one the profile itself set (else api.port)."""
+    api = profile.api
+    if api.port != api.dist_port:
+        return
+    key = "api.dist_port" if profile.origin_of("api.dist_port") == leaf != profile.origin_of("api.port") \
+        else "api.port"
+    other = "api.port" if key == "api.dist_port" else "api.dist_port"
+    raise ConfigError(f"{key}: {api.port} is also {other} (set in {profile.origin_of(other)}): rank 0 cannot serve "
+                      f"HTTP and the rendezvous store on one port", where=profile.origin_of(key),
+                      hint="give api.port and api.dist_port different values (defaults: 30000 and 25000)")
+
+
 def load_profile(name_or_path: str) -> Profile:
     """Load a profile by name or path, resolve `extends:`, validate. Raises ConfigError."""
     path = find_profile(name_or_path)
@@ -302,6 +306,7 @@ def load_profile(name_or_path: str) -> Profile:
     except ValidationError as exc:
         raise config_error_from(exc, Profile, str(path), origin=origin) from None
     profile._origins.update(origin)
+    _check_ports(profile, str(path))
     return profile
 
 

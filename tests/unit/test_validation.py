@@ -46,8 +46,10 @@ PROFILE_CASES = [
      "less than or equal to 64 (got 1000)", "tokens verified per step, 1..64"),
     ("extends: d5\nspeculative: {num_draft_tokens: 0}\n", "speculative.num_draft_tokens",
      "greater than or equal to 1 (got 0)", "tokens verified per step, 1..64"),
-    ("extends: d5\napi: {port: 25000, dist_port: 25000}\n", "api.dist_port",
-     "25000 is also api.port", "give api.port and api.dist_port different values"),
+    ("extends: d5\napi: {port: 25000}\n", "api.port", "25000 is also api.dist_port (set in "
+     + str(REPO / "profiles" / "base.yml"), "give api.port and api.dist_port different values"),
+    ("extends: d5\napi: {dist_port: 30000}\n", "api.dist_port", "30000 is also api.port",
+     "give api.port and api.dist_port different values"),
     ('extends: d5\nenv: {NCCL_DEBUG: "INFO\\nLD_PRELOAD=/tmp/x.so"}\n', "env.NCCL_DEBUG",
      "value contains '\\n'", "environment values must be one line"),
     ('extends: d5\nenv: {NCCL_DEBUG: "INFO\\0"}\n', "env.NCCL_DEBUG", "value contains '\\x00'", "without NUL"),
