@@ -9,16 +9,30 @@ flag schema, plus notes on facts measured by running the real parser on probe ar
 
 Re-runnable: venvs are cached under ~/.cache/sparkctl/sglang-venvs/<version>; output is
 deterministic for a given wheel.
+
+The speculative algorithm names are not in the parser (0.5.23's --speculative-algorithm is
+free-form): they are read from the wheel's source, ``sglang/srt/speculative/spec_info.py``
+(``SpeculativeAlgorithm`` members) plus its aliases (``_RESERVED_ALIASES`` in
+``spec_registry.py`` on 0.5.23; ``if self.speculative_algorithm == "NEXTN": ... = "EAGLE"`` in
+``server_args.py`` before). Only those (no venv needed; the wheel is cached under
+~/.cache/sparkctl/wheels)::
+
+    python scripts/gen_dialects.py --algorithms-only
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import hashlib
 import json
 import logging
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from zipfile import ZipFile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -141,6 +155,122 @@ def _probe(version: str, argv: list[str]) -> str:
     return "accepted" + (f", values {values}" if values else "") + (f", warning: {warnings[-1]}" if warnings else "")
 
 
+SPEC_INFO = "sglang/srt/speculative/spec_info.py"
+SPEC_REGISTRY = "sglang/srt/speculative/spec_registry.py"
+SERVER_ARGS = "sglang/srt/server_args.py"
+
+
+def wheels_root() -> Path:
+    """Where downloaded sglang wheels are kept (``SPARKCTL_SGLANG_WHEELS`` or ``~/.cache/sparkctl/wheels``)."""
+    env = os.environ.get("SPARKCTL_SGLANG_WHEELS")
+    return Path(env) if env else Path.home() / ".cache" / "sparkctl" / "wheels"
+
+
+def sglang_wheel(version: str) -> Path:
+    """The released wheel of sglang==version, downloaded once with pip (``pip download --no-deps``)."""
+    found = sorted(wheels_root().glob(f"sglang-{version}-*.whl"))
+    if found:
+        return found[0]
+    wheels_root().mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels_root()),
+                    f"sglang=={version}"], check=True, timeout=900)
+    found = sorted(wheels_root().glob(f"sglang-{version}-*.whl"))
+    if not found:
+        raise FileNotFoundError(f"pip download left no sglang-{version}-*.whl in {wheels_root()}")
+    return found[0]
+
+
+def speculative_algorithms(wheel: Path) -> dict[str, Any]:
+    """Names ``--speculative-algorithm`` resolves to at start-up, read from the wheel's source (never imported).
+
+    ``names``: ``SpeculativeAlgorithm`` members except NONE, then the aliases; ``aliases``: alias -> member;
+    ``unknown_error``: the exception line ``SpeculativeAlgorithm.from_string`` raises for any other name (None
+    when that version has no such raise: there argparse ``choices`` refuse first).
+    """
+    with ZipFile(wheel) as zf:
+        listed = set(zf.namelist())
+
+        def read(name: str) -> str | None:
+            return zf.read(name).decode("utf-8") if name in listed else None
+
+        spec_info, registry, server_args = read(SPEC_INFO), read(SPEC_REGISTRY), read(SERVER_ARGS)
+    if spec_info is None:
+        raise ValueError(f"{wheel.name}: no {SPEC_INFO}")
+    enum = next(n for n in ast.walk(ast.parse(spec_info))
+                if isinstance(n, ast.ClassDef) and n.name == "SpeculativeAlgorithm")
+    members = [t.id for st in enum.body if isinstance(st, ast.Assign)
+               for t in st.targets if isinstance(t, ast.Name) and t.id.isupper() and t.id != "NONE"]
+    aliases: dict[str, str] = {}
+    if registry is not None:  # 0.5.23: _RESERVED_ALIASES = frozenset({"NEXTN"}); from_string returns cls.EAGLE
+        for node in ast.walk(ast.parse(registry)):
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_RESERVED_ALIASES"
+                                                    for t in node.targets):
+                aliases.update({c.value: _alias_target(enum) for c in ast.walk(node.value)
+                                if isinstance(c, ast.Constant) and isinstance(c.value, str)})
+    if server_args is not None:  # before 0.5.23: `if self.speculative_algorithm == "NEXTN": ... = "EAGLE"`
+        for node in ast.walk(ast.parse(server_args)):
+            alias = _renamed_in(node)
+            if alias and alias[0] not in members:
+                aliases[alias[0]] = alias[1]
+    return {"names": members + sorted(aliases), "aliases": dict(sorted(aliases.items())),
+            "unknown_error": _unknown_error(enum),
+            "from": f"{SPEC_INFO} (SpeculativeAlgorithm) and its aliases"}
+
+
+def _is_algorithm_attr(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "speculative_algorithm"
+
+
+def _renamed_in(node: ast.AST) -> tuple[str, str] | None:
+    """`if self.speculative_algorithm == "A": self.speculative_algorithm = "B"` -> ("A", "B")."""
+    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and _is_algorithm_attr(node.test.left)
+            and isinstance(node.test.ops[0], ast.Eq) and isinstance(node.test.comparators[0], ast.Constant)):
+        return None
+    for st in node.body:
+        if isinstance(st, ast.Assign) and _is_algorithm_attr(st.targets[0]) and isinstance(st.value, ast.Constant):
+            return str(node.test.comparators[0].value), str(st.value.value)
+    return None
+
+
+def _alias_target(enum: ast.ClassDef) -> str:
+    """The member from_string returns for a reserved alias (`return cls.EAGLE` after the alias test)."""
+    for node in ast.walk(enum):
+        if isinstance(node, ast.If) and "_RESERVED_ALIASES" in ast.unparse(node.test):
+            ret = node.body[0]
+            if isinstance(ret, ast.Return) and isinstance(ret.value, ast.Attribute):
+                return ret.value.attr
+    return "EAGLE"
+
+
+def _unknown_error(enum: ast.ClassDef) -> str | None:
+    """`raise ValueError(f"Unknown speculative algorithm name: {name}")` in from_string -> its text, {name} kept."""
+    for fn in enum.body:
+        if isinstance(fn, ast.FunctionDef) and fn.name == "from_string":
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args:
+                    arg = node.exc.args[0]
+                    text = "".join(v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
+                                   for v in arg.values) if isinstance(arg, ast.JoinedStr) else ast.literal_eval(arg)
+                    return f"{ast.unparse(node.exc.func)}: {text}"
+    return None
+
+
+def wheel_sha256(wheel: Path) -> str:
+    return hashlib.sha256(wheel.read_bytes()).hexdigest()
+
+
+def update_algorithms(version: str, out_dir: Path) -> Path:
+    """Rewrite only `speculative_algorithms` of an existing <version>.json, from the wheel (no venv)."""
+    path = out_dir / f"{version}.json"
+    doc = json.loads(path.read_text())
+    wheel = sglang_wheel(version)
+    if wheel_sha256(wheel) not in doc.get("source", ""):
+        raise SystemExit(f"{path}: generated from another wheel than {wheel.name}; regenerate it fully")
+    doc["speculative_algorithms"] = speculative_algorithms(wheel)
+    path.write_text(_dumps(doc))
+    return path
+
+
 def generate(version: str, out_dir: Path) -> Path:
     """Build/reuse the venv, dump the parser, write <out_dir>/<version>.json; return its path."""
     ensure_sglang_venv(version)
@@ -152,6 +282,7 @@ def generate(version: str, out_dir: Path) -> Path:
         "generated_by": "scripts/gen_dialects.py",
         "source": f"sglang=={version} wheel from PyPI (sha256 of the wheel: {info.get('sha256', 'unknown')})",
         "notes": notes_for(version, flags, dump),
+        "speculative_algorithms": speculative_algorithms(sglang_wheel(version)),
         "flags": flags,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -172,8 +303,16 @@ def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_argument("--versions", nargs="+", default=DEFAULT_VERSIONS)
     cli.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "sparkctl/sglang/dialects")
+    cli.add_argument("--algorithms-only", action="store_true",
+                     help="only refresh speculative_algorithms from the wheels (no venv build)")
     args = cli.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    if args.algorithms_only:
+        for version in args.versions:
+            path = update_algorithms(version, args.out)
+            names = json.loads(path.read_text())["speculative_algorithms"]["names"]
+            print(f"sglang=={version}: speculative algorithms {', '.join(names)} -> {path}")
+        return 0
     for version in args.versions:
         path = generate(version, args.out)
         doc = json.loads(path.read_text())

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sparkctl.config.loader import config_error_from, did_you_mean, read_yaml, repo_root
+from sparkctl.config.loader import config_error_from, did_you_mean, read_yaml, refusal, repo_root
 from sparkctl.errors import ConfigError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
+_CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 class SSHSettings(BaseModel):
@@ -78,7 +80,8 @@ class Cluster(BaseModel):
     """Cluster-wide settings (Ansible `all.vars` with the `sparkctl_` prefix)."""
 
     model_config = _STRICT
-    name: str = Field("default", description="Cluster name; names containers and the state directory.")
+    name: str = Field("default", description="Cluster name (letters, digits, '-' and '_'; at most 64); names "
+                                             "containers and the state directory <state root>/<name>.")
     known_hosts: str | None = Field(None, description="known_hosts file used to verify node host keys.")
     host_key_policy: Literal["accept-new", "pinned"] = Field(
         "accept-new", description="accept-new: trust a host key on first contact; pinned: only keys in known_hosts.")
@@ -86,6 +89,16 @@ class Cluster(BaseModel):
                                                        "the profile's image; e.g. a test cluster's emulator image).")
     sim: dict[str, Any] = Field(default_factory=dict,
                                 description="Emulator knobs for the embedded cluster (see sparkctl/sim/README.md).")
+
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if not _CLUSTER_NAME.fullmatch(value):
+            raise refusal(f"{value!r} is not a plain cluster name",
+                          "use letters, digits, '-' and '_' only (no '/', '..' or leading '-'), e.g. desk; "
+                          "it becomes a directory under the state root and part of container names")
+        return value
 
 
 class Inventory(BaseModel):
@@ -200,19 +213,37 @@ def load_inventory(path: Path, *, embedded: bool = False) -> Inventory:
                               hint=f"did you mean '{guess}'?" if guess else f"known: {', '.join(sorted(_CLUSTER_KEYS))}")
     nodes = [_node_from_vars(n, v, where) for n, v in hosts]
     if any("rank" in n for n in nodes):
-        ranks = [n.get("rank") for n in nodes]
-        if None in ranks or sorted(ranks) != list(range(len(nodes))):
-            raise ConfigError(f"sparkctl_rank must be set on every node and be 0..{len(nodes) - 1} once each "
-                              f"(got {ranks})", where=where, hint="set sparkctl_rank on all nodes, or on none")
+        for n in nodes:
+            if not isinstance(n.get("rank"), int) or isinstance(n.get("rank"), bool):
+                problem = "missing (other hosts set it)" if "rank" not in n else f"not an integer (got {n['rank']!r})"
+                raise ConfigError(f"hosts.{n['name']}.sparkctl_rank: {problem}", where=where,
+                                  hint="set sparkctl_rank on all nodes (0 for rank 0, 1, ...), or on none")
+        ranks = [n["rank"] for n in nodes]
+        if sorted(ranks) != list(range(len(nodes))):
+            raise ConfigError(f"sparkctl_rank: the {len(nodes)} hosts must have ranks 0..{len(nodes) - 1} once each "
+                              f"(got {ranks})", where=where, hint="number the hosts 0, 1, ... without gaps or repeats")
         nodes.sort(key=lambda n: n["rank"])
     try:
-        return Inventory(path=where, cluster=cluster, nodes=nodes, embedded=embedded)
+        inventory = Inventory(path=where, cluster=cluster, nodes=nodes, embedded=embedded)
     except ValidationError as exc:
         raise _inventory_error(exc, where, nodes) from None
+    seen_fabric: dict[str, str] = {}
+    for n in inventory.nodes:
+        first = seen_fabric.setdefault(n.fabric_address, n.name)
+        if first != n.name:
+            raise ConfigError(f"hosts.{n.name}.fabric_address: {n.fabric_address} is also "
+                              f"hosts.{first}.fabric_address", where=where,
+                              hint="give every node its own address on the fabric link (rank 0's is the rendezvous "
+                                   "address the other ranks dial)")
+    return inventory
 
 
 def _inventory_error(exc: ValidationError, where: str, nodes: list[dict[str, Any]]) -> ConfigError:
     err = config_error_from(exc, Inventory, where)
+    # Show the key the user wrote: 'all.vars.sparkctl_cluster' rather than 'cluster.name'.
+    for var, key in _CLUSTER_KEYS.items():
+        if err.message.startswith(f"cluster.{key}:"):
+            err.message = f"all.vars.{var}:" + err.message[len(f"cluster.{key}:"):]
     # Show 'hosts.spark-a.fabric_address' rather than 'nodes[0].fabric_address'.
     for i, n in enumerate(nodes):
         err.message = err.message.replace(f"nodes[{i}].ssh.", f"hosts.{n['name']}.").replace(

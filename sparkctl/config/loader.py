@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticCustomError
 
 from sparkctl.errors import ConfigError
 
@@ -35,10 +36,17 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+_TEXT_HINT = ("profiles and inventories are UTF-8 YAML text: check that this is the file you meant "
+              "(or re-save it as UTF-8)")
+
+
 def read_yaml(path: Path) -> Any:
     """Read one YAML document; a missing file or a syntax error is a ConfigError."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})", where=str(path),
+                          hint=_TEXT_HINT) from None
     except FileNotFoundError:
         raise ConfigError("file not found", where=str(path),
                           hint="check the path (or the name passed to --profile / --inventory)") from None
@@ -46,6 +54,9 @@ def read_yaml(path: Path) -> Any:
         raise ConfigError(f"cannot read: {exc.strerror}", where=str(path)) from None
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.reader.ReaderError as exc:  # a binary file that happens to decode: NUL and other control characters
+        raise ConfigError(f"not a YAML text file: control character #x{exc.character:04x} at offset {exc.position}",
+                          where=str(path), hint=_TEXT_HINT) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -53,6 +64,22 @@ def read_yaml(path: Path) -> Any:
         hint = ("each key may appear once in a mapping: rename or merge the duplicates" if "duplicate key" in problem
                 else "fix the YAML syntax at that line")
         raise ConfigError(f"invalid YAML: {problem}", where=loc, hint=hint) from None
+
+
+def refusal(message: str, hint: str) -> PydanticCustomError:
+    """Raise from a pydantic validator: `message` becomes the error, `hint` its `fix:` line (config_error_from)."""
+    return PydanticCustomError("sparkctl_refusal", message.replace("{", "{{").replace("}", "}}"), {"hint": hint})
+
+
+def origin_of(origin: dict[str, str], key: str, default: str) -> str:
+    """The file that set `key` (a.b.c), else the file that set its nearest parent, else `default`."""
+    parts = key.split(".")
+    while parts:
+        found = origin.get(".".join(parts))
+        if found:
+            return found
+        parts.pop()
+    return default
 
 
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -77,6 +104,13 @@ def _first_model(ann: Any) -> Any:
         if found is not None:
             return found
     return None
+
+
+def _described(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+    """The key's own description as the fix for an out-of-range or wrong-type value."""
+    holder = _model_at(model, loc)
+    field = holder.model_fields.get(str(loc[-1])) if holder and loc else None
+    return f"{loc[-1]} is {field.description}" if field and field.description else None
 
 
 def key_path(loc: tuple[Any, ...]) -> str:
@@ -112,11 +146,11 @@ def config_error_from(exc: ValidationError, model: type[BaseModel], where: str,
             hint = f"add '{loc[-1]}'"
         else:
             msg = err["msg"]
-            if "input" in err and not isinstance(err["input"], (dict, list)):
+            if "input" in err and not isinstance(err["input"], (dict, list)) and err["type"] != "sparkctl_refusal":
                 msg += f" (got {err['input']!r})"
             ctx_hint = (err.get("ctx") or {}).get("hint") if isinstance(err.get("ctx"), dict) else None
-            hint = ctx_hint
-        src = (origin or {}).get(key_path(prefix + loc)) or where
+            hint = ctx_hint or _described(model, loc)
+        src = origin_of(origin or {}, key_path(prefix + loc), where)
         text = f"{path}: {msg}"
         messages.append(text)
         if first is None:

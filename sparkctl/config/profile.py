@@ -8,12 +8,13 @@ names (server_args dests); the renderer spells them for the profile's version.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 
-from sparkctl.config.loader import config_error_from, key_path, read_yaml, repo_root
+from sparkctl.config.loader import config_error_from, key_path, origin_of, read_yaml, refusal, repo_root
 from sparkctl.errors import ConfigError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -68,12 +69,27 @@ class ServerSettings(BaseModel):
                                   description="Further SGLang flags, passed through but checked against the dialect.")
 
 
+# Algorithms whose drafter is a separate checkpoint: SGLang 0.5.23 raises "DFLASH speculative decoding requires
+# setting --speculative-draft-model-path" at start-up (arg_groups/speculative_hook.py); EAGLE/EAGLE3/STANDALONE
+# load speculative_draft_model_path as the draft model (it falls back to model_path only for a model's own MTP
+# layers, which is what algorithm NEXTN names).
+NEEDS_DRAFTER = ("DFLASH", "EAGLE", "EAGLE3", "STANDALONE")
+MAX_DRAFT_TOKENS = 64
+
+
 class SpeculativeSettings(BaseModel):
     model_config = _STRICT
-    algorithm: str = Field(description="--speculative-algorithm: DFLASH, EAGLE, EAGLE3, NEXTN ...")
-    draft_model_path: str | None = Field(None, description="--speculative-draft-model-path (/models/... as for "
-                                                             "model.path).")
-    num_draft_tokens: int | None = Field(None, ge=1, description="--speculative-num-draft-tokens.")
+    algorithm: str = Field(description="--speculative-algorithm: a name SGLang's SpeculativeAlgorithm knows in the "
+                                       "profile's version (DFLASH, EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM ...; "
+                                       "render checks it against the version's dialect).")
+    draft_model_path: str | None = Field(None, validate_default=True, description=(
+        "--speculative-draft-model-path (/models/... as for model.path); required for DFLASH, EAGLE, EAGLE3 "
+        "and STANDALONE (use NEXTN for a model's built-in MTP layers)."))
+    num_draft_tokens: int | None = Field(None, ge=1, le=MAX_DRAFT_TOKENS, description=(
+        "--speculative-num-draft-tokens: tokens verified per step, 1..64. SGLang itself only needs a positive "
+        "integer; its defaults are the drafter's block size for DFLASH (16 when the drafter config has none), "
+        "num_steps+1 for EAGLE with topk 1, 12 for NGRAM, and its documented EAGLE trees stay within 64. Every "
+        "verify step computes this many tokens per request, so a larger value only adds work."))
     num_steps: int | None = Field(None, ge=1, description="--speculative-num-steps (DFLASH forces 1).")
     eagle_topk: int | None = Field(None, ge=1, description="--speculative-eagle-topk (DFLASH forces 1).")
     draft_attention_backend: str | None = Field(None, description="--speculative-draft-attention-backend.")
@@ -84,6 +100,17 @@ class SpeculativeSettings(BaseModel):
         if value.upper() == "DFLASH2":
             raise ValueError("'DFLASH2' is not an SGLang algorithm name; DFlash2 drafters run under "
                              "algorithm DFLASH (set algorithm: DFLASH and draft_model_path to the DFlash2 drafter)")
+        return value
+
+    @field_validator("draft_model_path")
+    @classmethod
+    def _drafter_given(cls, value: str | None, info: ValidationInfo) -> str | None:
+        algorithm = str(info.data.get("algorithm") or "").upper()
+        if value is None and algorithm in NEEDS_DRAFTER:
+            raise refusal(f"algorithm {algorithm} needs a draft model, and none is set",
+                          "set speculative.draft_model_path to the drafter under /models"
+                          + (", or use algorithm: NEXTN for the model's own MTP layers" if "EAGLE" in algorithm
+                             else ""))
         return value
 
 
@@ -108,7 +135,8 @@ class ApiSettings(BaseModel):
     model_config = _STRICT
     host: str | None = Field(None, description="--host; default: the node's api_bind from the inventory.")
     port: int = Field(30000, ge=1, le=65535, description="--port of rank 0's HTTP API.")
-    dist_port: int = Field(25000, ge=1, le=65535, description="Port of rank 0's TCP store in --dist-init-addr.")
+    dist_port: int = Field(25000, ge=1, le=65535,
+                           description="Port of rank 0's TCP store in --dist-init-addr (not api.port).")
     api_key_env: str | None = Field(None, description="Environment variable holding the API key (never stored).")
     hf_token_env: str | None = Field("HF_TOKEN", description="Environment variable holding the HF token (passed "
                                                                "to the engine, never stored).")
@@ -142,13 +170,7 @@ class Profile(BaseModel):
 
     def origin_of(self, key: str) -> str:
         """The file that set a key path (e.g. 'server.kv_cache_dtype'), walking up to the nearest set parent."""
-        parts = key.split(".")
-        while parts:
-            found = self._origins.get(".".join(parts))
-            if found:
-                return found
-            parts.pop()
-        return self.path
+        return origin_of(self._origins, key, self.path)
 
     @field_validator("env", mode="before")
     @classmethod
@@ -222,11 +244,54 @@ def _load_raw(path: Path, chain: list[Path], origin: dict[str, str]) -> tuple[di
     if parent is not None:
         if not isinstance(parent, str):
             raise ConfigError("extends: must be one profile name", where=str(path), hint="e.g. extends: base")
-        parent_path = find_profile(parent) if not (path.parent / f"{parent}.yml").is_file() else path.parent / f"{parent}.yml"
+        if (path.parent / f"{parent}.yml").is_file():
+            parent_path = path.parent / f"{parent}.yml"
+        else:
+            try:
+                parent_path = find_profile(parent)
+            except ConfigError as exc:  # name the file holding the `extends:`, not only the directories searched
+                raise ConfigError(f"extends: {exc.message} (searched {exc.where})", where=str(path),
+                                  hint=exc.hint) from None
         merged, parents = _load_raw(parent_path, chain + [path], origin)
         parents = [parent] + parents
     merged = _merge(merged, data, origin, str(path), ())
     return merged, parents
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_env(env: Any, origin: dict[str, str], default: str) -> None:
+    """Environment names are POSIX names; values are one line (a newline would read as a second variable)."""
+    if not isinstance(env, dict):
+        return  # pydantic reports the wrong type
+    for name, value in env.items():
+        key = f"env.{name}"
+        where = origin_of(origin, key, default)
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise ConfigError(f"env[{str(name)!r}]: not an environment variable name", where=where,
+                              hint="use letters, digits and underscores, not starting with a digit (e.g. NCCL_DEBUG)")
+        if value is None or isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}: needs a single value (got {value!r})", where=where,
+                              hint=f'give a string, e.g. {name}: "1" (an empty value is {name}: "")')
+        bad = next((c for c in ("\n", "\r", "\0") if c in str(value)), None)
+        if bad is not None:
+            raise ConfigError(f"{key}: value contains {bad!r}", where=where,
+                              hint="environment values must be one line without NUL; put multi-line data in a file "
+                                   "under /models and pass its path")
+
+
+def _check_ports(profile: Profile, leaf: str) -> None:
+    """api.port and api.dist_port are both bound on rank 0; blame the one the profile itself set (else api.port)."""
+    api = profile.api
+    if api.port != api.dist_port:
+        return
+    key = "api.dist_port" if profile.origin_of("api.dist_port") == leaf != profile.origin_of("api.port") \
+        else "api.port"
+    other = "api.port" if key == "api.dist_port" else "api.dist_port"
+    raise ConfigError(f"{key}: {api.port} is also {other} (set in {profile.origin_of(other)}): rank 0 cannot serve "
+                      f"HTTP and the rendezvous store on one port", where=profile.origin_of(key),
+                      hint="give api.port and api.dist_port different values (defaults: 30000 and 25000)")
 
 
 def load_profile(name_or_path: str) -> Profile:
@@ -235,11 +300,13 @@ def load_profile(name_or_path: str) -> Profile:
     origin: dict[str, str] = {}
     raw, parents = _load_raw(path, [], origin)
     raw.update(name=path.stem, path=str(path), extends=parents)
+    _check_env(raw.get("env"), origin, str(path))
     try:
         profile = Profile.model_validate(raw)
     except ValidationError as exc:
         raise config_error_from(exc, Profile, str(path), origin=origin) from None
     profile._origins.update(origin)
+    _check_ports(profile, str(path))
     return profile
 
 

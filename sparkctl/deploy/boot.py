@@ -140,13 +140,18 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
 
 def _check(watch: RankWatch, t0: float) -> None:
     watch.poll()
+    _raise_if_failed(watch, t0)
+    live = watch.runtime.liveness(watch.handle)
+    if not live.alive:
+        watch.poll()
+        _raise_if_failed(watch, t0)  # it printed its error and exited between the two reads: name the error
+        raise _fail(watch, f"rank {watch.spec.rank} died: {live.detail}", "read the log tail below",
+                    time.monotonic() - t0)
+
+
+def _raise_if_failed(watch: RankWatch, t0: float) -> None:
     verdict = watch.follower.classify(final=False)
     if verdict.state is BootState.FAILED:
         kind = verdict.kind
         raise _fail(watch, verdict.detail, _HINTS.get(kind, "read the log tail below"), time.monotonic() - t0)
-    live = watch.runtime.liveness(watch.handle)
-    if not live.alive:
-        watch.poll()
-        raise _fail(watch, f"rank {watch.spec.rank} died: {live.detail}", "read the log tail below",
-                    time.monotonic() - t0)
 

@@ -58,13 +58,14 @@ SIM_ENV_PREFIX = "SPARKCTL_SIM_"
 
 
 def sim_env(knobs: dict[str, Any]) -> dict[str, str]:
-    """Emulator knobs (inventory `sparkctl_sim`) as SPARKCTL_SIM_<KNOB> environment for the engine.
+    """Emulator knobs (inventory `sparkctl_sim`) as the engine's SPARKCTL_SIM_CLUSTER (one JSON mapping).
 
-    Only clusters whose engine is sparkctl's emulator set knobs (the embedded cluster, test clusters);
-    real Sparks have none, so nothing is added there.
+    One variable, read by the emulator as its lowest layer (sparkctl/sim/config.py): a deployment's own
+    SPARKCTL_SIM_CONFIG (fault injection in a profile's env) and per-knob SPARKCTL_SIM_<KNOB> variables win
+    over it. Only clusters whose engine is sparkctl's emulator set knobs (the embedded cluster, test
+    clusters); real Sparks have none, so nothing is added there.
     """
-    return {SIM_ENV_PREFIX + k.upper(): json.dumps(v) if isinstance(v, (dict, list, bool)) else str(v)
-            for k, v in knobs.items()}
+    return {SIM_ENV_PREFIX + "CLUSTER": json.dumps(knobs)} if knobs else {}
 
 
 def log_tail(text: str, lines: int = 30, width: int = 400) -> str:

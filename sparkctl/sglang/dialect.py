@@ -57,6 +57,12 @@ class Dialect:
     version: str
     flags: tuple[Flag, ...]
     notes: tuple[str, ...] = ()
+    # Names SGLang's SpeculativeAlgorithm accepts (enum members and aliases such as NEXTN, from the wheel's
+    # speculative/spec_info.py); None for a schema generated before they were recorded.
+    speculative_algorithms: tuple[str, ...] | None = None
+    # What SGLang raises at start-up for any other name ("ValueError: Unknown speculative algorithm name: {name}"),
+    # None where argparse choices refuse it first.
+    speculative_unknown_error: str | None = None
     _by_dest: dict[str, Flag] = field(default_factory=dict, compare=False, repr=False)
     _by_option: dict[str, Flag] = field(default_factory=dict, compare=False, repr=False)
 
@@ -134,4 +140,7 @@ def load_dialect(version: str = DEFAULT_VERSION) -> Dialect:
              default=d.get("default"), deprecated=bool(d.get("deprecated")),
              deprecation_message=d.get("deprecation_message"), help=d.get("help") or "")
         for d in data["flags"])
-    return Dialect(version=data["version"], flags=flags, notes=tuple(data.get("notes") or ()))
+    algorithms = data.get("speculative_algorithms")
+    return Dialect(version=data["version"], flags=flags, notes=tuple(data.get("notes") or ()),
+                   speculative_algorithms=tuple(algorithms["names"]) if algorithms else None,
+                   speculative_unknown_error=(algorithms or {}).get("unknown_error"))

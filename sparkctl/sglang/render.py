@@ -127,11 +127,34 @@ def _check_topology(profile: Profile, inventory: Inventory) -> None:
     gpus = sum(n.gpus for n in inventory.nodes)
     tp = profile.server.tp_size
     per_node = {n.gpus for n in inventory.nodes}
-    if tp != gpus or len(per_node) != 1:
+    if tp == gpus and len(per_node) == 1:
+        return
+    tp_file = profile.origin_of("server.tp_size")
+    if len(inventory.nodes) != 2 or per_node != {1}:  # not the two single-GPU Sparks sparkctl is built for
         raise ConfigError(
-            f"server.tp_size: {tp} ranks cannot be held by {len(inventory.nodes)} node(s) with {gpus} GPU(s) in all "
-            f"(inventory {inventory.path})", where=profile.origin_of("server.tp_size"),
-            hint=f"set tp_size to {gpus}, or list {tp} single-GPU nodes in the inventory")
+            f"hosts: {len(inventory.nodes)} node(s) with {gpus} GPU(s) cannot hold the {tp} ranks of server.tp_size "
+            f"(set in {tp_file})", where=inventory.path,
+            hint=f"list {tp} single-GPU nodes under all.children.<group>.hosts (ranks 0..{tp - 1}), or use an "
+                 f"inventory for this cluster")
+    raise ConfigError(
+        f"server.tp_size: {tp} ranks cannot be held by {len(inventory.nodes)} node(s) with {gpus} GPU(s) in all "
+        f"(inventory {inventory.path})", where=tp_file,
+        hint=f"set tp_size to {gpus}, or list {tp} single-GPU nodes in the inventory")
+
+
+def _check_speculative(profile: Profile, dialect: Dialect) -> None:
+    """The algorithm must be one SGLang's SpeculativeAlgorithm knows in this version (argparse takes any string
+    on 0.5.23, and the engine only fails at start-up with "Unknown speculative algorithm name")."""
+    names = dialect.speculative_algorithms
+    if profile.speculative is None or names is None or profile.speculative.algorithm in names:
+        return
+    from sparkctl.config.loader import did_you_mean
+    value = profile.speculative.algorithm
+    guess = value.upper() if value.upper() in names else did_you_mean(value.upper(), list(names))
+    raise ConfigError(f"speculative.algorithm: {value!r} is not accepted by SGLang {dialect.version} "
+                      f"(not one of its speculative algorithms)",
+                      where=profile.origin_of("speculative.algorithm"),
+                      hint=(f"did you mean '{guess}'? " if guess else "") + f"known: {', '.join(names)}")
 
 
 def api_address(node: Node, bind: str) -> str:
@@ -148,6 +171,7 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
         raise exc.amended(where=profile.origin_of("image.sglang_version"),
                           message=f"image.sglang_version: {exc.message}") from None
     _check_topology(profile, inventory)
+    _check_speculative(profile, dialect)
     rank0 = inventory.rank0
     secrets: set[str] = set()
     api_key = environ.get(profile.api.api_key_env) if profile.api.api_key_env else None

@@ -35,6 +35,25 @@ def build_parser(version: str) -> tuple[argparse.ArgumentParser, str | None]:
                                f"using the emulator's minimal stand-in parser")
 
 
+def startup_error(ns: argparse.Namespace, version: str) -> str | None:
+    """What SGLang's launcher dies with before starting anything, for argv its parser accepted; None if nothing.
+
+    Today: an unknown --speculative-algorithm on versions whose parser takes any string (0.5.23); the name
+    is upper-cased and looked up among SpeculativeAlgorithm's members and aliases, as from_string does.
+    """
+    from sparkctl.sglang.dialect import load_dialect
+    from sparkctl.sim.failures import unknown_speculative_algorithm
+    name = getattr(ns, "speculative_algorithm", None)
+    try:
+        dialect = load_dialect(version)
+    except Exception:  # noqa: BLE001 - no schema: the stand-in parser has no algorithm list either
+        return None
+    known, error = dialect.speculative_algorithms, dialect.speculative_unknown_error
+    if name is None or known is None or error is None or str(name).upper() in known:
+        return None
+    return unknown_speculative_algorithm(error.replace("{name}", str(name)))
+
+
 def _standin_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="launch_server.py", allow_abbrev=False)
     s = p.add_argument

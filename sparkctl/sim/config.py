@@ -2,13 +2,16 @@
 
 Sources, later wins:
   1. the defaults below (``KNOBS``),
-  2. the file named by ``SPARKCTL_SIM_CONFIG`` (JSON, or YAML when the name ends in .yml/.yaml),
+  2. ``SPARKCTL_SIM_CLUSTER``: the cluster's knobs (the inventory's ``sparkctl_sim``) as one JSON mapping,
+     set by the node runtime for every engine of an emulated cluster,
+  3. the file named by ``SPARKCTL_SIM_CONFIG`` (JSON, or YAML when the name ends in .yml/.yaml),
      top-level knobs plus per-rank overrides under ``ranks: {"1": {...}}``,
-  3. environment variables ``SPARKCTL_SIM_<KNOB>`` (upper-case knob name; the value is read as
+  4. environment variables ``SPARKCTL_SIM_<KNOB>`` (upper-case knob name; the value is read as
      JSON when it parses, else as a string: ``SPARKCTL_SIM_BOOT_S=0.3``,
      ``SPARKCTL_SIM_DIVERGENCE='{"3fa1c2": 17}'``).
 
-Unknown knob names are an error (with a did-you-mean), so a typo never silently runs defaults.
+A deployment's own config file (fault injection in a profile's ``env``) therefore beats the cluster's
+defaults, and a knob set in the caller's environment beats both. Unknown knob names are an error (with a did-you-mean), so a typo never silently runs defaults.
 The knob table (name -> default, meaning) is in ``KNOBS`` and in ``sparkctl/sim/README.md``.
 """
 from __future__ import annotations
@@ -21,11 +24,12 @@ from typing import Any
 
 ENV_PREFIX = "SPARKCTL_SIM_"
 ENV_CONFIG = "SPARKCTL_SIM_CONFIG"
+ENV_CLUSTER = "SPARKCTL_SIM_CLUSTER"
 ENV_VERSION = "SPARKCTL_SIM_SGLANG_VERSION"
 DEFAULT_SGLANG_VERSION = "0.5.23"
 
 # Env vars with the prefix that are not knobs.
-_NOT_KNOBS = {"CONFIG", "SGLANG_VERSION"}
+_NOT_KNOBS = {"CONFIG", "CLUSTER", "SGLANG_VERSION"}
 
 
 class KnobError(ValueError):
@@ -140,6 +144,17 @@ def load_knobs(node_rank: int = 0, environ: dict[str, str] | None = None) -> Kno
     """Resolve the knobs for one rank from defaults, the config file and the environment."""
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
+    cluster = env.get(ENV_CLUSTER)
+    if cluster:
+        try:
+            data = json.loads(cluster)
+        except ValueError as e:
+            raise KnobError(f"{ENV_CLUSTER}: not JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise KnobError(f"{ENV_CLUSTER}: must be a JSON mapping of knobs")
+        for k, v in data.items():
+            _check_name(k, ENV_CLUSTER)
+            values[k] = v
     path = env.get(ENV_CONFIG)
     if path:
         data = _read_file(path)

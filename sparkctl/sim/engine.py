@@ -25,7 +25,7 @@ import threading
 import time
 
 from sparkctl.sim import failures
-from sparkctl.sim.args import Resolved, build_parser, resolve, server_args_repr, torch_dtype
+from sparkctl.sim.args import Resolved, build_parser, resolve, server_args_repr, startup_error, torch_dtype
 from sparkctl.sim.config import Knobs, KnobError, load_knobs, sglang_version
 from sparkctl.sim.dist import DistError, StoreClient, StoreServer
 from sparkctl.sim.logfmt import EngineLog
@@ -336,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         ns = parser.parse_args(argv)
     except SystemExit as e:  # argparse already printed "launch_server.py: error: ..."
         return int(e.code) if isinstance(e.code, int) else 2
+    failure = startup_error(ns, version)
+    if failure:  # SGLang's launcher raises before it starts a process: traceback on stderr, exit 1
+        print(failure, file=sys.stderr, flush=True)
+        return 1
     try:
         knobs = load_knobs(int(getattr(ns, "node_rank", 0) or 0))
     except KnobError as e:

@@ -6,6 +6,9 @@
 * ``scheduler_crash``  an exception in the running scheduler, then "Received sigquit from a child process".
 * ``nccl_watchdog``    the ProcessGroupNCCL watchdog timeout (nccl-watchdog-timeout-*.txt) and the
                        ``c10::DistBackendError`` terminate (nccl-watchdog-terminate-*.txt).
+* ``unknown_speculative_algorithm``  SGLang 0.5.23 resolving an unknown ``--speculative-algorithm`` in the
+                       launcher (argparse takes any string): the uncaught ValueError of
+                       ``SpeculativeAlgorithm.from_string``, exit 1, before any process starts.
 * ``store_connect``    rank > 0 cannot reach the store: c10d socket warnings + NCCL WARN socketPollConnect
                        + DistNetworkError (multinode-rank1-nccl-bootstrap-wrong-interface.txt).
 """
@@ -135,3 +138,23 @@ def store_wait(log: EngineLog, timeout_s: float, joined: int, nnodes: int) -> No
            f"torch.distributed.DistStoreError: Timed out after {int(timeout_s)} seconds waiting for clients. "
            f"{joined}/{nnodes} clients joined.\n")
     _launcher_tail(log, -3)
+
+
+def unknown_speculative_algorithm(error: str) -> str:
+    """The launcher's traceback for an unknown algorithm, frames as in the sglang 0.5.23 wheel: launch_server.py
+    run_server -> ServerArgs.resolve_once -> the resolution pipeline's speculative hook -> from_string's raise.
+    `error` is the dialect's line with the name filled in ("ValueError: Unknown speculative algorithm name: X")."""
+    return "\n".join(["Traceback (most recent call last):",
+                       '  File "<frozen runpy>", line 198, in _run_module_as_main',
+                       '  File "<frozen runpy>", line 88, in _run_code'] + _frames([
+        (f"{_SITE}/sglang/launch_server.py", 84, "<module>", "run_server(server_args)"),
+        (f"{_SITE}/sglang/launch_server.py", 29, "run_server", "server_args.resolve_once()"),
+        (f"{_SG}/server_args.py", 277, "resolve_once", "run_resolution_pipeline(self)"),
+        (f"{_SG}/arg_groups/pipeline.py", 306, "run_resolution_pipeline",
+         "run_hook(handle_speculative_decoding, server_args)"),
+        (f"{_SG}/arg_groups/resolution_hooks.py", 139, "run_hook", "step(server_args)"),
+        (f"{_SG}/arg_groups/speculative_hook.py", 242, "handle_speculative_decoding",
+         "algo = SpeculativeAlgorithm.from_string(cfg.speculative_algorithm)"),
+        (f"{_SG}/speculative/spec_info.py", 65, "from_string",
+         'raise ValueError(f"Unknown speculative algorithm name: {name}")'),
+    ]) + [error])

@@ -6,7 +6,10 @@ under CI=true, where a missing real parser is a failure.
 """
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +25,7 @@ from sparkctl.testing.realparser import (
 pytestmark = [pytest.mark.contract, pytest.mark.timeout(1800)]
 
 VERSIONS = ["0.5.23", "0.5.11", "0.5.3.post3"]
+ROOT = Path(__file__).resolve().parents[2]
 BASE = ["--model-path", "/m"]
 
 
@@ -133,19 +137,47 @@ def test_prog_name_is_launch_server_on_spark_image_version(real_sglang):
     assert _rejected("0.5.3.post3", ["--no-such-flag"]).message.startswith("launch_server.py: error:")
 
 
+def _gen_dialects():
+    """scripts/gen_dialects.py as a module (the generator the committed dialects come from)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_dialects", ROOT / "scripts" / "gen_dialects.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    return gen
+
+
+def _committed(version: str) -> dict:
+    return json.loads((ROOT / "sparkctl" / "sglang" / "dialects" / f"{version}.json").read_text())
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_committed_dialect_matches_the_real_parser(real_sglang, version):
     """sparkctl/sglang/dialects/<version>.json is what scripts/gen_dialects.py makes of the real parser."""
     real_sglang(version)
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("gen_dialects", root / "scripts" / "gen_dialects.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    committed = json.loads((root / "sparkctl" / "sglang" / "dialects" / f"{version}.json").read_text())
-    fresh = sorted((gen.flag_of(a) for a in dump_real_parser(version)["actions"]),
+    fresh = sorted((_gen_dialects().flag_of(a) for a in dump_real_parser(version)["actions"]),
                    key=lambda f: (f["dest"], f["options"]))
-    assert committed["flags"] == fresh, "regenerate: python scripts/gen_dialects.py"
+    assert _committed(version)["flags"] == fresh, "regenerate: python scripts/gen_dialects.py"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_committed_speculative_algorithms_match_the_wheel_source(version):
+    """The algorithm names in the dialect are the wheel's SpeculativeAlgorithm members and aliases, read from
+    sglang/srt/speculative/spec_info.py of the very wheel the flags came from; where argparse has choices for
+    --speculative-algorithm (before 0.5.23) they are the same names."""
+    gen = _gen_dialects()
+    try:
+        wheel = gen.sglang_wheel(version)
+    except (OSError, subprocess.SubprocessError) as exc:
+        message = f"sglang=={version} wheel unavailable: {exc}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    committed = _committed(version)
+    assert gen.wheel_sha256(wheel) in committed["source"], "dialect generated from another wheel: regenerate"
+    fresh = gen.speculative_algorithms(wheel)
+    assert committed["speculative_algorithms"] == fresh, \
+        "regenerate: python scripts/gen_dialects.py --algorithms-only"
+    choices = next(f["choices"] for f in committed["flags"] if f["dest"] == "speculative_algorithm")
+    assert choices is None or sorted(choices) == sorted(fresh["names"])
+    assert ("DFLASH" in fresh["names"]) == (version != "0.5.3.post3")

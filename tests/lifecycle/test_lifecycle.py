@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -205,23 +206,37 @@ def test_sigint_during_up_releases_lock_and_leaves_nothing_running(local_cluster
     name = faulty_profile({"boot_s": 30})
     env = dict(os.environ)
     proc = subprocess.Popen([sys.executable, "-m", "sparkctl", "up", "--profile", name, "--yes"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     ledger = _ledger(local_cluster)
-    deadline = time.monotonic() + 30
-    handles: list = []
-    while time.monotonic() < deadline:
-        hist = ledger.index()["history"] if ledger.index_path.exists() else []
-        if hist:
-            rec = ledger.load(hist[-1])
-            if any(s.name == "boot" for s in rec.stages):
-                break
-        time.sleep(0.1)
-    time.sleep(1.0)  # both ranks started, boot in progress
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    # Interrupt once both ranks are started (rank 0 starts last), read from the progress on stderr: a fixed sleep
+    # after the boot stage appeared was sometimes too short on a loaded machine (SIGINT before rank 1 existed).
+    lines: list[str] = []
+    both_started = threading.Event()
+
+    def read_progress() -> None:
+        for line in proc.stderr:
+            lines.append(line)
+            if "rank 0 started" in line:
+                both_started.set()
+
+    reader = threading.Thread(target=read_progress, daemon=True)
+    reader.start()
+    try:
+        assert both_started.wait(120), "".join(lines)
+        proc.send_signal(signal.SIGINT)  # boot_s: 30, so the ranks are still booting
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=10)
+    err = "".join(lines)
     assert proc.returncode == 130, err
     rec = ledger.load(ledger.index()["history"][-1])
     assert rec.status == "canceled" and rec.failure.message.startswith("interrupted")
+    # The fault (boot_s: 30, from the profile's SPARKCTL_SIM_CONFIG) reached the engines: the SIGINT
+    # landed in boot, not after it (it once did not: the inventory's knobs shadowed the file).
+    assert rec.failure.stage == "boot", rec.failure
     handles = rec.handles
     assert handles and not any(_alive(h.pid) for h in handles)
     assert ledger.index()["active"] is None

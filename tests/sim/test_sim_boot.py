@@ -1,6 +1,8 @@
 """Single-node boot: milestones in order, health, argv rejection, clean shutdown."""
 from __future__ import annotations
 
+import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -61,6 +63,31 @@ def test_unknown_flag_rejected_like_argparse():
                        capture_output=True, text=True, cwd=str(REPO), timeout=30)
     assert r.returncode == 2
     assert "launch_server.py: error: unrecognized arguments: --bogus-flag 1" in r.stderr
+
+
+def _launch(argv: list[str], version: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKCTL_SIM_")}
+    env["SPARKCTL_SIM_SGLANG_VERSION"] = version
+    return subprocess.run([sys.executable, "-m", "sparkctl.sim", "--model-path", "m", *argv],
+                          capture_output=True, text=True, cwd=str(REPO), timeout=30, env=env)
+
+
+def test_unknown_speculative_algorithm_fails_start_up_like_sglang():
+    """0.5.23's parser takes any string; its launcher dies resolving the name (SpeculativeAlgorithm.from_string),
+    exit 1, before any process or port; a known name in any case resolves (from_string upper-cases it)."""
+    r = _launch(["--speculative-algorithm", "FOOBAR"], "0.5.23")
+    assert r.returncode == 1 and r.stdout == ""
+    lines = r.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert lines[-1] == "ValueError: Unknown speculative algorithm name: FOOBAR"
+    assert 'speculative/spec_info.py", line 65, in from_string' in lines[-3]
+    assert "in handle_speculative_decoding" in r.stderr and "server_args.resolve_once()" in r.stderr
+    from sparkctl.sim.args import startup_error
+    for name in ("DFLASH", "dflash", "NEXTN", "FROZEN_KV_MTP"):
+        assert startup_error(argparse.Namespace(speculative_algorithm=name), "0.5.23") is None
+    # 0.5.11 and 0.5.3.post3 have argparse choices: refused by the parser (exit 2), as the real one does
+    r = _launch(["--speculative-algorithm", "FOOBAR"], "0.5.11")
+    assert r.returncode == 2 and "argument --speculative-algorithm: invalid choice: 'FOOBAR'" in r.stderr
 
 
 def test_sigterm_shuts_down_cleanly(sim):

@@ -20,6 +20,24 @@ def test_knobs_file_rank_override_and_env(tmp_path):
     assert load_knobs(0, {"SPARKCTL_SIM_DIVERGENCE": '{"abcd": 3}'}).divergence == {"abcd": 3}
 
 
+def test_knobs_layers_cluster_then_file_then_env(tmp_path):
+    """A deployment's SPARKCTL_SIM_CONFIG beats the cluster's knobs (SPARKCTL_SIM_CLUSTER, from the inventory);
+    a per-knob variable beats both. Before this layer existed the inventory's knobs arrived as per-knob
+    variables and silently beat every fault file (the flaky SIGINT test's boot_s: 30 never reached an engine)."""
+    from sparkctl.nodes.runtime import sim_env
+
+    cfg = tmp_path / "fault.json"
+    cfg.write_text(json.dumps({"boot_s": 30, "ranks": {"1": {"decode_tps": 7}}}))
+    env = {**sim_env({"boot_s": 0.4, "decode_tps": 4000, "peer_timeout_s": 2}), "SPARKCTL_SIM_CONFIG": str(cfg)}
+    assert set(sim_env({"boot_s": 0.4})) == {"SPARKCTL_SIM_CLUSTER"} and sim_env({}) == {}
+    k0, k1 = load_knobs(0, env), load_knobs(1, env)
+    assert (k0.boot_s, k0.decode_tps, k0.peer_timeout_s) == (30.0, 4000.0, 2.0)
+    assert (k1.boot_s, k1.decode_tps) == (30.0, 7.0)
+    assert load_knobs(0, {**env, "SPARKCTL_SIM_BOOT_S": "1.5"}).boot_s == 1.5
+    with pytest.raises(KnobError, match="SPARKCTL_SIM_CLUSTER: unknown knob 'boot'"):
+        load_knobs(0, {"SPARKCTL_SIM_CLUSTER": '{"boot": 1}'})
+
+
 def test_knobs_yaml(tmp_path):
     cfg = tmp_path / "sim.yaml"
     cfg.write_text("never_healthy: true\nreasoning_tokens: [1, 2]\n")
