@@ -17,6 +17,7 @@ from sparkctl.config.profile import load_profile
 from sparkctl.deploy.boot import boot
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import DeployError
+from sparkctl.nodes.handles import ProcessHandle
 from sparkctl.nodes.runtime import Liveness
 from sparkctl.sglang.render import render
 from sparkctl.sim.failures import oom_at_load
@@ -37,7 +38,7 @@ class _DiesBetweenReads:
         self.reads = 0
 
     def start(self, spec, deployment_id):
-        return {"kind": "fake", "node": spec.node, "rank": spec.rank, "pid": 1, "log": "-"}
+        return ProcessHandle(node=spec.node, rank=spec.rank, deployment=deployment_id, pid=1, log="-")
 
     def liveness(self, handle):
         return Liveness(False, "exited with code 1", 1)
