@@ -100,7 +100,6 @@ def test_two_requests_run_together_when_allowed(sim):
     p = sim(["--max-running-requests", "2", "--decode-log-interval", "5"],
             knobs={"decode_tps": 200.0, "prefill_tps": 1e6, "ttft_base_s": 0.001})
     p.wait_ready()
-    t0 = time.monotonic()
     threads = [threading.Thread(target=httpx.post, args=(p.url("/v1/chat/completions"),),
                                 kwargs={"json": chat_body(f"q {i}", max_tokens=100, **NO_THINK), "timeout": 30})
                for i in range(2)]
@@ -108,7 +107,7 @@ def test_two_requests_run_together_when_allowed(sim):
         t.start()
     for t in threads:
         t.join()
-    assert time.monotonic() - t0 < 0.8
+    # The decode log is the evidence that both ran in one batch (a wall-clock bound failed on a loaded machine).
     assert "#running-req: 2" in p.text
 
 
