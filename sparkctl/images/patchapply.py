@@ -15,9 +15,11 @@ is ``/sgl-workspace/sglang/python/sglang`` in lmsysorg images and ``.../site-pac
 Series file: ``#`` comments, then ``sglang==<version>`` (the release the diffs are against), then one patch
 file name per line, in order. Text before a patch's first ``--- `` line is its header (what/why/hardware).
 
-Command line (what the engine Dockerfile runs)::
+Command line (what the engine Dockerfile runs; without ``--package-dir`` the package is located the way
+``python3 -c 'import sglang, os; print(os.path.dirname(sglang.__file__))'`` would, but with
+``importlib.util.find_spec`` so SGLang's import-time code, which may probe CUDA, does not run at build time)::
 
-    python3 patchapply.py --series DIR/series --package-dir /sgl-workspace/sglang/python/sglang --compile
+    python3 patchapply.py --series DIR/series [--package-dir /sgl-workspace/sglang/python/sglang] --compile
 """
 from __future__ import annotations
 
@@ -242,14 +244,47 @@ def apply_series(series_file: Path, package_dir: Path, *, write: bool = True,
     return results
 
 
+def locate_package() -> Path:
+    """Directory of the ``sglang`` package this interpreter imports (without importing it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise SeriesError(f"no 'sglang' package importable by {sys.executable} in this image")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+_VERSION = re.compile(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", re.M)
+
+
+def installed_version(package_dir: Path) -> str | None:
+    """SGLang's version from ``_version.py`` (setuptools-scm, in wheels and source installs); None if absent."""
+    try:
+        m = _VERSION.search((package_dir / "_version.py").read_text())
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="patchapply", description=__doc__.split("\n", 1)[0])
     parser.add_argument("--series", type=Path, required=True)
-    parser.add_argument("--package-dir", type=Path, required=True, help="directory of the installed sglang package")
+    parser.add_argument("--package-dir", type=Path, help="directory of the installed sglang package (default: locate)")
     parser.add_argument("--compile", action="store_true", help="byte-compile the patched files")
     parser.add_argument("--json", action="store_true", help="one JSON line per patch")
     args = parser.parse_args(argv)
     try:
+        if args.package_dir is None:
+            args.package_dir = locate_package()
+            print(f"sparkctl-patch: sglang package at {args.package_dir}")
+        wanted, _ = read_series(args.series)
+        found = installed_version(args.package_dir)
+        if found is None:
+            print(f"sparkctl-patch: warning: no _version.py in {args.package_dir}; the patches' context decides")
+        elif found != wanted:
+            print(f"sparkctl-patch: ERROR series {args.series.parent.name} is for SGLang {wanted}, the image carries "
+                  f"SGLang {found} ({args.package_dir})", file=sys.stderr)
+            return 3
         results = apply_series(args.series, args.package_dir, compile_files=args.compile)
     except (SeriesError, OSError) as exc:
         print(f"sparkctl-patch: ERROR {exc}", file=sys.stderr)

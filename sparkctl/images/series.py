@@ -21,16 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkctl.config.loader import repo_root
-from sparkctl.errors import ConfigError, SparkctlError
+from sparkctl.errors import ConfigError, ImageError, SparkctlError
 from sparkctl.images import patchapply
 
 log = logging.getLogger("sparkctl.images")
 
 
-class PatchCheckError(SparkctlError):
+class PatchCheckError(ImageError):
     """A patch of a series does not apply (or the patched source does not compile)."""
-
-    exit_code = 4
 
 
 def patches_dir() -> Path:
