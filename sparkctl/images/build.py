@@ -26,6 +26,7 @@ from sparkctl.images.plan import INPUTS_LABEL, BaseImage, ImagePlan, inspect_bas
 
 log = logging.getLogger("sparkctl.images")
 _PATCH_FAILED = re.compile(r"^sparkctl-patch: (FAILED|ERROR) .*$", re.M)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")        # the legacy builder colours a RUN step's stderr
 
 
 @dataclass
@@ -94,12 +95,13 @@ def build_image(conn: Any, *, role: str, tag: str, context: bytes, inputs_sha256
     r = conn.run(["env", "DOCKER_BUILDKIT=0", "docker", "build", "--force-rm", "-t", tag, "-"], stdin=context,
                  timeout=timeout, merge_stderr=True)
     seconds = time.monotonic() - t0
+    output = _ANSI.sub("", r.stdout).replace("\r", "")
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
         path = log_dir / f"{role}-{tag.rsplit(':', 1)[-1]}-{int(time.time())}.log"
-        path.write_text(r.stdout)
+        path.write_text(output)
     if r.returncode != 0:
-        failed = _PATCH_FAILED.findall(r.stdout) and [m.group(0) for m in _PATCH_FAILED.finditer(r.stdout)]
+        failed = [m.group(0) for m in _PATCH_FAILED.finditer(output)]
         message = (f"{role} image build failed on {node}: " + "; ".join(s.removeprefix("sparkctl-patch: ")
                                                                          for s in failed)) if failed else \
             f"{role} image build failed on {node} (docker build exit {r.returncode})"
@@ -107,7 +109,7 @@ def build_image(conn: Any, *, role: str, tag: str, context: bytes, inputs_sha256
                          hint=("rebase the patch onto the base image's SGLang source (sparkctl patches check), "
                                "or change image.base_image / image.patch_series") if failed else
                               "see the build log" + (f" under {log_dir}" if log_dir else ""),
-                         evidence="\n".join(r.stdout.rstrip().splitlines()[-25:]))
+                         evidence="\n".join(output.rstrip().splitlines()[-25:]))
     found = _check_existing(conn, tag, inputs_sha256, node)
     if not found:
         raise ImageError(f"{role} image {tag} missing on {node} right after its build", where=f"[{node}] image build",

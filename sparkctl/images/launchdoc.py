@@ -68,11 +68,35 @@ def launch_doc(specs: Sequence[LaunchSpec], *, profile: str) -> dict[str, Any]:
 
 
 def rank_environment(doc: dict[str, Any], spec: LaunchSpec) -> dict[str, str]:
-    """The environment one rank's container needs on top of the image: placeholder values + ``rank_env``."""
-    out = {}
-    for i, item in enumerate(doc["argv"]):
-        if isinstance(item, dict):
-            out[item["env"]] = spec.argv[i]
+    """The environment one rank's container needs on top of the image: placeholder values + ``rank_env``.
+
+    Walks the document's argv against the rank's rendered argv, so a spec that the image cannot reproduce
+    (another profile, another render) is refused instead of started with the wrong flags.
+    """
+    out: dict[str, str] = {}
+    argv, items, j, skip = spec.argv, doc["argv"], 0, False
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            if j < len(argv) and argv[j] == item:
+                j += 1
+                continue
+            following = items[i + 1] if i + 1 < len(items) else None
+            if isinstance(following, dict) and following.get("optional"):
+                skip = True                       # an optional (secret) flag this render left out
+                continue
+        elif skip:
+            skip = False
+            continue
+        elif j < len(argv):
+            out[item["env"]] = argv[j]
+            j += 1
+            continue
+        raise ConfigError(f"rank {spec.rank}'s argv does not match the launch image of profile {doc['profile']} "
+                          f"(at {item!r}, argv[{j}] = {argv[j] if j < len(argv) else 'end'!r})",
+                          hint="build the launch image from the same profile and inventory (sparkctl image build)")
+    if j != len(argv):
+        raise ConfigError(f"rank {spec.rank}'s argv has {len(argv) - j} token(s) the launch image lacks: {argv[j:]}",
+                          hint="build the launch image from the same profile and inventory (sparkctl image build)")
     out.update({k: spec.env[k] for k in [*doc["rank_env"], *doc["optional_env"]] if k in spec.env})
     return {k: v for k, v in out.items() if v != SECRET_PLACEHOLDER}
 
