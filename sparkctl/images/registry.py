@@ -39,10 +39,39 @@ log = logging.getLogger("sparkctl.images")
 PORT = int(os.environ.get("SPARKCTL_REGISTRY_PORT", "5055"))
 REGISTRY_BINARY = "docker-registry"
 CERTS_D = "/etc/docker/certs.d"
-_START = 'exec "$0" serve "$1" >"$2" 2>&1 </dev/null & echo $!'   # fixed script; values are positional args
+# Fixed shell scripts (one SSH round trip each); every value reaches them as a positional argument, never as text.
 _WAIT = ("import socket,sys,time\nend=time.time()+float(sys.argv[3])\nwhile time.time()<end:\n"
          "    try:\n        socket.create_connection((sys.argv[1],int(sys.argv[2])),1).close();sys.exit(0)\n"
          "    except OSError:\n        time.sleep(0.1)\nsys.exit(1)\n")
+_UP = r"""set -e
+command -v "$0" >/dev/null || { echo "NO-REGISTRY"; exit 3; }
+tmp=$(mktemp -d /tmp/sparkctl-registry.XXXXXX)
+mkdir -p "$1" "$4"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=sparkctl-registry \
+  -addext "subjectAltName=IP:$2" -keyout "$tmp/key.pem" -out "$tmp/cert.pem" 2>"$tmp/openssl.log"
+printf 'version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s:%s\n  tls:\n    certificate: %s/cert.pem\n    key: %s/key.pem\n' \
+  "$1" "$2" "$3" "$tmp" "$tmp" >"$tmp/config.yml"
+cp "$tmp/cert.pem" "$4/ca.crt"
+"$0" serve "$tmp/config.yml" >"$tmp/registry.log" 2>&1 </dev/null &
+echo "TMP $tmp $!"
+python3 -c "$5" "$2" "$3" 15 || { echo "NOT-READY"; tail -n 20 "$tmp/registry.log"; exit 4; }
+cat "$tmp/cert.pem"
+"""
+_TRUST = 'mkdir -p "$0" && cat >"$0/ca.crt"'
+_DOWN = 'kill "$0" 2>/dev/null; rm -rf "$1" "$2"; true'
+_PUSH = 'docker tag "$0" "$1" && docker push "$1" 2>&1; rc=$?; docker rmi "$1" >/dev/null 2>&1; exit $rc'
+_MANIFEST = 'l=$(cat "$1/repositories/$0/current/link") && h=${l#sha256:} && cat "$1/blobs/sha256/${h%"${h#??}"}/$h/data"'
+_PULL = r"""cat /proc/net/dev
+echo "===START $(date +%s.%N)"
+docker pull "$0" 2>&1; rc=$?
+echo "===END $rc $(date +%s.%N)"
+cat /proc/net/dev
+if [ $rc = 0 ]; then docker tag "$0" "$1" && docker image inspect --format '===ID {{.Id}}' "$1"; fi
+docker rmi "$0" >/dev/null 2>&1
+exit $rc
+"""
+_IDS = 'for r; do docker image inspect --format "{{.Id}}" "$r" 2>/dev/null || echo -; done'
+
 _NO_SPACE = re.compile(r"no space left on device", re.I)
 
 
@@ -90,25 +119,35 @@ class Transfer:
         sent = [x for x in self.layers if x.sent]
         rate = self.rx_bytes / self.seconds / 1e6 if self.seconds else 0.0
         return (f"{self.node} <- {self.image}: {len(sent)} of {len(self.layers)} layers sent, "
-                f"{self.sent_bytes / 1e6:.1f} MB compressed, {self.rx_bytes / 1e6:.1f} MB on the fabric in "
-                f"{self.seconds:.1f}s ({rate:.0f} MB/s)")
+                f"{human(self.sent_bytes)} compressed, {human(self.rx_bytes)} on the fabric in "
+                f"{self.seconds:.1f}s ({rate:.1f} MB/s)")
 
 
-def image_id(conn: Any, ref: str) -> str | None:
-    r = conn.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], timeout=30)
-    return r.stdout.strip() if r.returncode == 0 else None
+def human(n: int) -> str:
+    """``1234567`` -> ``'1.2 MB'`` (decimal units, as docker prints)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
-def rx_bytes(ep: Endpoint) -> int:
-    """Bytes received so far on the node's fabric interface (``/proc/net/dev``: per network namespace, unlike
-    ``/sys/class/net`` in a process that entered only a network namespace)."""
-    r = ep.conn.run(["cat", "/proc/net/dev"], timeout=15)
-    for line in r.stdout.splitlines():
+def _rx(proc_net_dev: str, iface: str) -> int | None:
+    """Received bytes of ``iface`` in a ``/proc/net/dev`` text (per network namespace, unlike /sys/class/net in a
+    process that entered only a network namespace)."""
+    for line in proc_net_dev.splitlines():
         name, _, counters = line.partition(":")
-        if name.strip() == ep.fabric_iface and counters.split():
+        if name.strip() == iface and counters.split():
             return int(counters.split()[0])
-    raise ImageError(f"fabric interface {ep.fabric_iface} not found on {ep.name}", where=f"[{ep.name}] fabric",
-                     hint="check fabric_interface in the inventory", evidence=r.output[-800:])
+    return None
+
+
+def image_ids(conn: Any, refs: list[str]) -> dict[str, str | None]:
+    """{ref: image id or None} on one node, in one round trip."""
+    r = conn.run(["sh", "-c", _IDS, "sh", *refs], timeout=60)
+    values = r.stdout.split()
+    if r.returncode != 0 or len(values) != len(refs):
+        raise ImageError(f"docker image inspect failed on {getattr(conn, 'name', '?')}", evidence=r.output[-800:])
+    return {ref: (v if v != "-" else None) for ref, v in zip(refs, values)}
 
 
 class Registry:
@@ -123,98 +162,86 @@ class Registry:
 
     def __enter__(self) -> "Registry":
         s = self.source
-        if s.conn.run(["sh", "-c", 'command -v "$0"', REGISTRY_BINARY], timeout=15).returncode != 0:
+        certs = f"{CERTS_D}/{self.host}"
+        r = s.conn.run(["sh", "-c", _UP, REGISTRY_BINARY, self.storage, s.fabric_address, str(self.port), certs, _WAIT],
+                       timeout=90)
+        head = r.stdout.split("\n", 1)[0].split()
+        if len(head) == 3 and head[0] == "TMP":
+            self.tmp, self.pid = head[1], head[2]
+        if "NO-REGISTRY" in r.stdout:
             raise ImageError(f"{REGISTRY_BINARY} is not installed on {s.name}", where=f"[{s.name}] image copy",
                              hint=f"apt-get install docker-registry on {s.name} (Debian/Ubuntu package: the copy "
                                   "to the peer runs it for a few seconds on the fabric address)")
-        self.tmp = s.conn.run(["mktemp", "-d", "/tmp/sparkctl-registry.XXXXXX"], check=True).stdout.strip()
         try:
-            s.conn.run(["mkdir", "-p", self.storage], check=True)
-            s.conn.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                        "/CN=sparkctl-registry", "-addext", f"subjectAltName=IP:{s.fabric_address}",
-                        "-keyout", f"{self.tmp}/key.pem", "-out", f"{self.tmp}/cert.pem"], check=True, timeout=60)
-            cert = s.conn.run(["cat", f"{self.tmp}/cert.pem"], check=True).stdout
-            config = (f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {self.storage}\n"
-                      f"http:\n  addr: {self.host}\n  tls:\n    certificate: {self.tmp}/cert.pem\n"
-                      f"    key: {self.tmp}/key.pem\n")
-            s.conn.put(io.BytesIO(config.encode()), f"{self.tmp}/config.yml")
-            for ep in (s, *self.peers):
-                ep.conn.run(["mkdir", "-p", f"{CERTS_D}/{self.host}"], check=True)
-                ep.conn.put(io.BytesIO(cert.encode()), f"{CERTS_D}/{self.host}/ca.crt")
-            self.pid = s.conn.run(["sh", "-c", _START, REGISTRY_BINARY, f"{self.tmp}/config.yml",
-                                   f"{self.tmp}/registry.log"], check=True).stdout.strip()
-            ready = s.conn.run(["python3", "-c", _WAIT, s.fabric_address, str(self.port), "15"], timeout=30)
-            if ready.returncode != 0:
-                logtail = s.conn.run(["tail", "-n", "20", f"{self.tmp}/registry.log"]).stdout
+            if r.returncode != 0 or "-----BEGIN CERTIFICATE-----" not in r.stdout:
                 raise ImageError(f"the registry did not come up on {self.host}", where=f"[{s.name}] image copy",
-                                 hint=f"is port {self.port} free on {s.fabric_address}? "
-                                      "(SPARKCTL_REGISTRY_PORT picks another)", evidence=logtail)
+                                 hint=f"is port {self.port} free on {s.fabric_address}? (SPARKCTL_REGISTRY_PORT "
+                                      "picks another); is openssl installed?", evidence=r.output[-1500:])
+            cert = r.stdout[r.stdout.index("-----BEGIN CERTIFICATE-----"):]
+            for ep in self.peers:
+                ep.conn.run(["sh", "-c", _TRUST, certs], stdin=cert, check=True, timeout=30)
         except BaseException:
             self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        s = self.source
-        if self.pid.isdigit():
-            s.conn.run(["kill", self.pid], timeout=15)
-        for ep in (s, *self.peers):
-            ep.conn.run(["rm", "-rf", f"{CERTS_D}/{self.host}"], timeout=15)
-        if self.tmp.startswith("/tmp/sparkctl-registry."):
-            s.conn.run(["rm", "-rf", self.tmp], timeout=15)
+        certs = f"{CERTS_D}/{self.host}"
+        tmp = self.tmp if self.tmp.startswith("/tmp/sparkctl-registry.") else ""
+        self.source.conn.run(["sh", "-c", _DOWN, self.pid if self.pid.isdigit() else "", tmp, certs], timeout=30)
+        for ep in self.peers:
+            ep.conn.run(["rm", "-rf", certs], timeout=15)
 
     def ref(self, image: str) -> str:
         return f"{self.host}/{image}"
 
     def push(self, image: str) -> None:
-        s, ref = self.source, self.ref(image)
-        s.conn.run(["docker", "tag", image, ref], check=True)
-        try:
-            r = s.conn.run(["docker", "push", ref], timeout=7200, merge_stderr=True)
-        finally:
-            s.conn.run(["docker", "rmi", ref], timeout=60)
+        s = self.source
+        r = s.conn.run(["sh", "-c", _PUSH, image, self.ref(image)], timeout=7200)
         if r.returncode != 0:
             hint = ("free disk space on the building node (registry cache " + self.storage + ")"
-                    if _NO_SPACE.search(r.stdout) else "see the evidence")
+                    if _NO_SPACE.search(r.output) else "see the evidence")
             raise ImageError(f"pushing {image} to the fabric registry on {s.name} failed",
-                             where=f"[{s.name}] image copy", hint=hint, evidence=r.stdout[-1500:])
+                             where=f"[{s.name}] image copy", hint=hint, evidence=r.output[-1500:])
 
     def manifest_layers(self, image: str) -> list[tuple[str, int]]:
         """(digest, compressed size) of each layer of ``image`` as the registry stores it."""
         repo, tag = image.rsplit(":", 1)
-        root = f"{self.storage}/docker/registry/v2"
-        link = self.source.conn.run(["cat", f"{root}/repositories/{repo}/_manifests/tags/{tag}/current/link"],
-                                    check=True).stdout.strip()
-        hexd = link.split(":", 1)[1]
-        data = self.source.conn.run(["cat", f"{root}/blobs/sha256/{hexd[:2]}/{hexd}/data"], check=True).stdout
-        return [(layer["digest"], int(layer["size"])) for layer in json.loads(data)["layers"]]
+        r = self.source.conn.run(["sh", "-c", _MANIFEST, f"{repo}/_manifests/tags/{tag}",
+                                  f"{self.storage}/docker/registry/v2"], check=True, timeout=30)
+        return [(layer["digest"], int(layer["size"])) for layer in json.loads(r.stdout)["layers"]]
 
     def pull(self, peer: Endpoint, image: str, source_id: str) -> Transfer:
-        ref = self.ref(image)
         layers = self.manifest_layers(image)
-        before, t0 = rx_bytes(peer), time.monotonic()
-        r = peer.conn.run(["docker", "pull", ref], timeout=7200, merge_stderr=True)
-        seconds, after = time.monotonic() - t0, rx_bytes(peer)
+        r = peer.conn.run(["sh", "-c", _PULL, self.ref(image), image], timeout=7200)
+        before_text, _, rest = r.stdout.partition("===START ")
+        started, _, rest = rest.partition("\n")
+        pull_out, _, rest = rest.partition("===END ")
+        end_line, _, after_text = rest.partition("\n")
+        end = end_line.split()
+        before, after = _rx(before_text, peer.fabric_iface), _rx(after_text, peer.fabric_iface)
         if r.returncode != 0:
-            peer.conn.run(["docker", "rmi", ref], timeout=60)
-            if _NO_SPACE.search(r.stdout):
+            text = pull_out or r.output
+            if _NO_SPACE.search(text):
                 raise ImageError(f"{peer.name} ran out of disk space while receiving {image}",
                                  where=f"[{peer.name}] image copy",
                                  hint=f"free space in {peer.name}'s docker data root (docker system df; sparkctl "
                                       "image prune), then run again; the running deployment is untouched",
-                                 evidence=r.stdout[-1500:])
+                                 evidence=text[-1500:])
             raise ImageError(f"{peer.name} could not pull {image} from {self.host}", where=f"[{peer.name}] image copy",
                              hint="check the fabric link between the nodes (ping the fabric address)",
-                             evidence=r.stdout[-1500:])
-        present = {m.group(1) for m in re.finditer(r"^([0-9a-f]{12}): Already exists", r.stdout, re.M)}
-        moves = [LayerMove(d, size, d.split(":", 1)[1][:12] not in present) for d, size in layers]
-        peer.conn.run(["docker", "tag", ref, image], check=True)
-        peer.conn.run(["docker", "rmi", ref], timeout=60)
-        got = image_id(peer.conn, image)
+                             evidence=text[-1500:])
+        if before is None or after is None:
+            raise ImageError(f"fabric interface {peer.fabric_iface} not found on {peer.name}",
+                             where=f"[{peer.name}] fabric", hint="check fabric_interface in the inventory")
+        got = next((ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("===ID ")), None)
         if got != source_id:
             raise ImageError(f"{image} on {peer.name} has ID {str(got)[:19]} after the copy, {self.source.name} has "
                              f"{source_id[:19]}", where=f"[{peer.name}] image copy",
                              hint=f"docker rmi {image} on {peer.name} and run again")
+        fetched = {m.group(1) for m in re.finditer(r"^([0-9a-f]{12}): Pull complete", pull_out, re.M)}
+        moves = [LayerMove(d, size, d.split(":", 1)[1][:12] in fetched) for d, size in layers]
+        seconds = float(end[1]) - float(started) if len(end) == 2 else 0.0
         return Transfer(peer.name, image, got, moves, after - before, round(seconds, 3))
 
 
@@ -225,17 +252,17 @@ def distribute(images: list[str], source: Endpoint, peers: list[Endpoint], *,
     No-op with a reason for a peer that already has them all; otherwise one short-lived registry on the
     source's fabric address serves every peer, and only missing layers cross the fabric.
     """
-    ids = {}
-    for image in images:
-        ids[image] = image_id(source.conn, image)
-        if not ids[image]:
+    ids = image_ids(source.conn, images)
+    for image, iid in ids.items():
+        if not iid:
             raise ImageError(f"image {image} is not on {source.name}, the building node", where=f"[{source.name}] image",
                              hint="sparkctl image build first")
     transfers: list[Transfer] = []
     todo: list[tuple[Endpoint, str]] = []
     for peer in peers:
+        have_ids = image_ids(peer.conn, images)
         for image in images:
-            have = image_id(peer.conn, image)
+            have = have_ids[image]
             if have == ids[image]:
                 transfers.append(Transfer(peer.name, image, have, skipped=f"{peer.name} has {have[:19]}"))
             elif have:
@@ -253,9 +280,9 @@ def distribute(images: list[str], source: Endpoint, peers: list[Endpoint], *,
             reg.push(image)
         for peer, image in todo:
             report(f"{peer.name} <- {image}: pulling from {reg.host} over the fabric")
-            t = reg.pull(peer, image, ids[image])
+            t = reg.pull(peer, image, str(ids[image]))
             for layer in t.layers:
-                report(f"  {layer.digest[:19]} {layer.size / 1e6:9.1f} MB  {'sent' if layer.sent else 'present'}")
+                report(f"  {layer.digest[:19]} {human(layer.size):>9}  {'sent' if layer.sent else 'present on ' + peer.name}")
             report(t.line())
             transfers.append(t)
     return transfers
