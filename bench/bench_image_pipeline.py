@@ -7,7 +7,8 @@ default `bimg`/6), builds the SGLang 0.5.23 test base on spark-a, then measures:
   2. flag-only: one SGLang flag changed -> launch build + copy;
   3. bytes on spark-b's fabric interface for the flag-only copy vs the launch image's size;
   4. the full copy's throughput (fabric bytes / pull time, which includes spark-b unpacking the layers) vs a raw
-     TCP stream of the same registry blobs between the same fabric addresses (what the link alone gives);
+     TCP stream of the same registry blobs between the same fabric addresses (what the link alone gives), and vs
+     spark-b's own `docker load` of the same image from local disk (the unpack ceiling, no network);
   5. for reference, the old way: `docker save | docker load` of the whole launch image through the controller.
 Run:  SPARKCTL_TEST_CLUSTER_PREFIX=pa SPARKCTL_TEST_CLUSTER_NET=3 .venv/bin/python bench/bench_image_pipeline.py
 """
@@ -66,8 +67,8 @@ def main() -> None:
             a, b = conns["spark-a"], conns["spark-b"]
             base_tag = EngineImages(cluster).ensure_sglang_base("spark-a")
             src, dst = Endpoint.of(inv, inv.node("spark-a")), Endpoint.of(inv, inv.node("spark-b"))
-            manage.prune_images(conns, keep=set())                       # clean state
-            b.run(["docker", "rmi", base_tag])
+            manage.prune_images(conns, keep=set())                       # clean state: spark-b holds no image
+            b.run(["docker", "image", "prune", "-af"], timeout=600, check=True)
             a.run(["rm", "-rf", f"{src.cache_dir}/sparkctl-registry"])
             run = int(time.time()) % 100_000
 
@@ -89,8 +90,18 @@ def main() -> None:
             raw_bytes, raw_s = (float(x) for x in b.run(["python3", "-c", _RECV, src.fabric_address, port],
                                                         check=True, timeout=600).stdout.split())
 
+            # unpack ceiling on spark-b: docker load of the same image from its own disk (no network, no gzip)
+            b.run(["docker", "save", "-o", "/tmp/sparkctl-bench.tar", plan2.launch_tag], check=True, timeout=600)
+            b.run(["docker", "image", "prune", "-af"], timeout=600, check=True)
+            b.run(["docker", "rmi", plan2.launch_tag, plan2.engine_tag, plan1.launch_tag], timeout=600)
+            t0 = time.perf_counter()
+            b.run(["docker", "load", "-q", "-i", "/tmp/sparkctl-bench.tar"], check=True, timeout=600)
+            load_s = time.perf_counter() - t0
+            b.run(["rm", "-f", "/tmp/sparkctl-bench.tar"])
+
             # the old way, for reference: whole launch image, docker save | docker load through the controller
-            b.run(["docker", "rmi", plan2.launch_tag], check=True)
+            b.run(["docker", "rmi", plan2.launch_tag], timeout=600)
+            b.run(["docker", "image", "prune", "-af"], timeout=600)
             t0 = time.perf_counter()
             moved, _, _ = a.pipe_to(b, ["docker", "save", plan2.launch_tag], ["docker", "load"])
             old_s = time.perf_counter() - t0
@@ -114,6 +125,8 @@ def main() -> None:
                 "raw_tcp_same_blobs": {"bytes": int(raw_bytes), "seconds": round(raw_s, 3),
                                        "MB_s": round(raw_rate / 1e6, 1)},
                 "pull_vs_raw_throughput": round(pull_rate / raw_rate, 4),
+                "pull_image_bytes_per_s_vs_local_docker_load": round((size / full_pull.seconds) / (size / load_s), 3),
+                "local_docker_load_s": round(load_s, 2),
                 "old_save_load_via_controller": {"bytes": moved, "seconds": round(old_s, 2),
                                                  "MB_s": round(moved / old_s / 1e6, 1)},
             }
