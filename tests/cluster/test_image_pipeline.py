@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -219,3 +220,50 @@ def test_ls_and_prune_keep_what_the_ledger_uses(env, built, tmp_path):
     would = manage.prune_images(env["conns"], keep, dry_run=True)
     gone = {t for r in would for t in r["tags"]}
     assert plan.launch_tag not in gone and plan.engine_tag not in gone     # kept launch keeps its engine
+
+
+def test_peer_disk_full_mid_copy_names_node_image_and_fix(env, test_cluster):
+    """A real ENOSPC on spark-b: its daemon downloads layer blobs into <data-root>/tmp, here a 1 MB tmpfs."""
+    from sparkctl.testing.cluster import DATA_ROOT
+
+    tag = f"sparkctl-test-incompressible:{RUN}"
+    env["a"].run(["env", "DOCKER_BUILDKIT=0", "docker", "build", "-q", "-t", tag, "-"], timeout=300, check=True,
+                 stdin=f"FROM {test_cluster.engine_image}\nRUN head -c 3000000 /dev/urandom > /blob\n")
+    tmp = DATA_ROOT / test_cluster.node("spark-b").netns / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(tmp)], check=True)
+    try:
+        src, dst = _endpoints(env)
+        with pytest.raises(ImageError, match=rf"spark-b ran out of disk space while receiving {tag}") as err:
+            distribute([tag], src, [dst])
+        assert "free space in spark-b's docker data root" in err.value.hint
+        assert "no space left on device" in err.value.evidence
+    finally:
+        subprocess.run(["umount", str(tmp)], check=False)
+        for conn in (env["a"], env["b"]):
+            conn.run(["docker", "rmi", tag])
+    assert env["b"].run(["docker", "image", "inspect", tag]).returncode != 0      # nothing half-tagged on the peer
+
+
+def test_cli_plan_build_ls_verify_prune(env, tmp_path, monkeypatch, capsys):
+    from sparkctl.cli.main import main as cli
+
+    profile = tmp_path / "d5-testbase.yml"
+    profile.write_text(f"extends: d5\nimage:\n  base_image: {env['base_tag']}\nserver:\n  watchdog_timeout: {700 + RUN}\n")
+    monkeypatch.setenv("SPARKCTL_INVENTORY", str(env["cluster"].inventory_path))
+    monkeypatch.setenv("SPARKCTL_STATE_DIR", str(tmp_path / "state"))
+    assert cli(["image", "plan", "--profile", str(profile), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert set(plan) >= {"engine", "launch"} and plan["engine"]["inputs"]["series"] == "gb10-0.5.23"
+    assert plan["launch"]["inputs"]["engine_tag"] == plan["engine"]["tag"]
+    assert cli(["image", "build", "--profile", str(profile)]) == 0
+    out = capsys.readouterr().out
+    assert f"launch {plan['launch']['tag']} built in" in out and "spark-b <- " in out
+    assert list((tmp_path / "state").glob("*/builds/launch-*.log"))                  # build log kept
+    assert cli(["image", "verify", "--profile", str(profile)]) == 0
+    assert f"ok {plan['launch']['tag']}: spark-a, spark-b" in capsys.readouterr().out
+    assert cli(["image", "ls", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["node"] for r in rows if plan["launch"]["tag"] in r["tags"]} == {"spark-a", "spark-b"}
+    assert cli(["image", "prune", "--dry-run"]) == 0
+    assert f"would remove {plan['launch']['tag']}" in capsys.readouterr().out         # no deployment uses it
