@@ -267,3 +267,18 @@ def test_cli_plan_build_ls_verify_prune(env, tmp_path, monkeypatch, capsys):
     assert {r["node"] for r in rows if plan["launch"]["tag"] in r["tags"]} == {"spark-a", "spark-b"}
     assert cli(["image", "prune", "--dry-run"]) == 0
     assert f"would remove {plan['launch']['tag']}" in capsys.readouterr().out         # no deployment uses it
+
+
+def test_series_for_another_version_than_the_base_image_fails_the_build(env, tmp_path, monkeypatch):
+    """Profile and series agree on 0.5.11, but the base image carries 0.5.23: the build says so."""
+    series = tmp_path / "gb10-0.5.11"
+    shutil.copytree(REPO / "patches" / "gb10-0.5.23", series)
+    (series / "series").write_text((series / "series").read_text().replace("sglang==0.5.23", "sglang==0.5.11"))
+    monkeypatch.setenv("SPARKCTL_PATCHES_DIR", str(tmp_path))
+    prof = load_profile("base")
+    prof = prof.model_copy(update={"image": prof.image.model_copy(update={
+        "base_image": env["base_tag"], "sglang_version": "0.5.11", "patch_series": "gb10-0.5.11"})})
+    plan = plan_images(prof, env["inv"], ensure_base(env["a"], env["base_tag"], node="spark-a", pull=False))
+    with pytest.raises(ImageError, match=r"ERROR series gb10-0.5.11 is for SGLang 0.5.11, the image carries SGLang "
+                                         r"0.5.23 \(/sgl-workspace/sglang/python/sglang\)"):
+        build_images(plan, env["a"])
