@@ -79,15 +79,17 @@ def test_series_is_applied_for_real_in_docker_build(env, built):
         "p = sys.argv[1]",
         "k = open(p + '/kernels/ops/attention/dsa/tilelang_kernel.py').read()",
         "u = open(p + '/srt/model_loader/utils.py').read()",
+        "e = open(p + '/srt/layers/deep_gemm_wrapper/entrypoint.py').read()",
         "c = p + '/kernels/ops/attention/dsa/__pycache__'",
         "pyc = os.path.isdir(c) and any(f.startswith('tilelang_kernel.') for f in os.listdir(c))",
-        "print(int('_v1_tile_for_major' in k), int('get_device_sm() in (120, 121)' in u), int(pyc))"])
+        "print(int('_v1_tile_for_major' in k), int('get_device_sm() in (120, 121)' in u),"
+        "      int('    import deep_gemm  # module-level' in e), int(pyc))"])
     r = env["a"].run(["docker", "run", "--rm", "--entrypoint", "python3", plan.engine_tag, "-c", script,
                       SGLANG_WORKSPACE_PACKAGE], timeout=120, check=True)
-    assert r.stdout.split() == ["1", "1", "1"]        # both patches in the image's SGLang source, byte-compiled
+    assert r.stdout.split() == ["1", "1", "1", "1"]   # the three patches in the image's SGLang source, compiled
     base = env["a"].run(["docker", "run", "--rm", "--entrypoint", "python3", env["base_tag"], "-c", script,
                          SGLANG_WORKSPACE_PACKAGE], timeout=120)
-    assert base.stdout.split() == ["0", "0", "0"]     # the base image carries the unpatched release
+    assert base.stdout.split() == ["0", "0", "0", "0"]   # the base image carries the unpatched release
     labels = json.loads(env["a"].run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}",
                                       plan.engine_tag], check=True).stdout)
     assert labels["org.sparkctl.patch-series"] == "gb10-0.5.23"
