@@ -8,7 +8,8 @@ default `bimg`/6), builds the SGLang 0.5.23 test base on spark-a, then measures:
   3. bytes on spark-b's fabric interface for the flag-only copy vs the launch image's size;
   4. the full copy's throughput (fabric bytes / pull time, which includes spark-b unpacking the layers) vs a raw
      TCP stream of the same registry blobs between the same fabric addresses (what the link alone gives), and vs
-     spark-b's own `docker load` of the same image from local disk (the unpack ceiling, no network);
+     spark-b's own `docker load` of the same image from local disk (the unpack ceiling, no network); the pull is
+     also measured over its wire window (first to last byte on spark-b's fabric interface, sampled every 5 ms);
   5. for reference, the old way: `docker save | docker load` of the whole launch image through the controller.
 Run:  SPARKCTL_TEST_CLUSTER_PREFIX=pa SPARKCTL_TEST_CLUSTER_NET=3 .venv/bin/python bench/bench_image_pipeline.py
 """
@@ -121,10 +122,14 @@ def main() -> None:
                 "flag_vs_full_time": round((flag_build + flag_copy) / (full_build + full_copy), 4),
                 "launch_image_bytes": size, "flag_bytes_vs_image_size": round(flag_rx / size, 6),
                 "pull": {"fabric_bytes": full_pull.rx_bytes, "seconds": full_pull.seconds,
-                         "MB_s": round(pull_rate / 1e6, 1)},
+                         "MB_s": round(pull_rate / 1e6, 1), "wire_window_s": full_pull.wire_seconds,
+                         "wire_MB_s": round(full_pull.rx_bytes / full_pull.wire_seconds / 1e6, 1)
+                         if full_pull.wire_seconds else None},
                 "raw_tcp_same_blobs": {"bytes": int(raw_bytes), "seconds": round(raw_s, 3),
                                        "MB_s": round(raw_rate / 1e6, 1)},
                 "pull_vs_raw_throughput": round(pull_rate / raw_rate, 4),
+                "pull_wire_window_vs_raw_throughput": round(full_pull.rx_bytes / full_pull.wire_seconds / raw_rate, 3)
+                if full_pull.wire_seconds else None,
                 "pull_image_bytes_per_s_vs_local_docker_load": round((size / full_pull.seconds) / (size / load_s), 3),
                 "local_docker_load_s": round(load_s, 2),
                 "old_save_load_via_controller": {"bytes": moved, "seconds": round(old_s, 2),

@@ -61,10 +61,19 @@ _TRUST = 'mkdir -p "$0" && cat >"$0/ca.crt"'
 _DOWN = 'kill "$0" 2>/dev/null; rm -rf "$1" "$2"; true'
 _PUSH = 'docker tag "$0" "$1" && docker push "$1" 2>&1; rc=$?; docker rmi "$1" >/dev/null 2>&1; exit $rc'
 _MANIFEST = 'l=$(cat "$1/repositories/$0/current/link") && h=${l#sha256:} && cat "$1/blobs/sha256/${h%"${h#??}"}/$h/data"'
+_SAMPLE = ("import sys,time\nf=open('/proc/net/dev');last=None\nwhile True:\n    f.seek(0)\n"
+           "    for ln in f.read().splitlines():\n        n,_,c=ln.partition(':')\n"
+           "        if n.strip()==sys.argv[1] and c.split():\n            v=c.split()[0]\n"
+           "            if v!=last:\n                print(time.time(),v,flush=True);last=v\n"
+           "    time.sleep(0.005)\n")
 _PULL = r"""cat /proc/net/dev
+s=$(mktemp /tmp/sparkctl-rx.XXXXXX)
+python3 -c "$3" "$2" >"$s" 2>/dev/null & sampler=$!
 echo "===START $(date +%s.%N)"
 docker pull "$0" 2>&1; rc=$?
 echo "===END $rc $(date +%s.%N)"
+kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
+echo "===RX"; cat "$s"; rm -f "$s"; echo "===RXEND"
 cat /proc/net/dev
 if [ $rc = 0 ]; then docker tag "$0" "$1" && docker image inspect --format '===ID {{.Id}}' "$1"; fi
 docker rmi "$0" >/dev/null 2>&1
@@ -106,8 +115,9 @@ class Transfer:
     image_id: str
     layers: list[LayerMove] = field(default_factory=list)
     rx_bytes: int = 0           # what the peer's fabric interface received during the pull (all traffic)
-    seconds: float = 0.0
+    seconds: float = 0.0        # the whole pull: download + decompress + unpack on the peer
     skipped: str | None = None
+    wire_seconds: float = 0.0   # first to last byte received on the fabric interface (sampled every 5 ms)
 
     @property
     def sent_bytes(self) -> int:
@@ -139,6 +149,17 @@ def _rx(proc_net_dev: str, iface: str) -> int | None:
         if name.strip() == iface and counters.split():
             return int(counters.split()[0])
     return None
+
+
+def _wire_window(samples: str, before: int | None, after: int | None) -> float:
+    """Seconds from the sample that first saw rx above ``before`` to the first that saw 99% of the pull's bytes."""
+    if before is None or after is None or after <= before:
+        return 0.0
+    points = [(float(t), int(v)) for t, v in (ln.split() for ln in samples.splitlines() if len(ln.split()) == 2)]
+    target = before + 0.99 * (after - before)
+    first = next((t for t, v in points if v > before), None)
+    last = next((t for t, v in points if v >= target), None)
+    return round(last - first, 4) if first is not None and last is not None and last > first else 0.0
 
 
 def image_ids(conn: Any, refs: list[str]) -> dict[str, str | None]:
@@ -213,11 +234,12 @@ class Registry:
 
     def pull(self, peer: Endpoint, image: str, source_id: str) -> Transfer:
         layers = self.manifest_layers(image)
-        r = peer.conn.run(["sh", "-c", _PULL, self.ref(image), image], timeout=7200)
+        r = peer.conn.run(["sh", "-c", _PULL, self.ref(image), image, peer.fabric_iface, _SAMPLE], timeout=7200)
         before_text, _, rest = r.stdout.partition("===START ")
         started, _, rest = rest.partition("\n")
         pull_out, _, rest = rest.partition("===END ")
-        end_line, _, after_text = rest.partition("\n")
+        end_line, _, rest = rest.partition("\n")
+        samples, _, after_text = rest.partition("===RX\n")[2].partition("===RXEND\n")
         end = end_line.split()
         before, after = _rx(before_text, peer.fabric_iface), _rx(after_text, peer.fabric_iface)
         if r.returncode != 0:
@@ -242,7 +264,8 @@ class Registry:
         fetched = {m.group(1) for m in re.finditer(r"^([0-9a-f]{12}): Pull complete", pull_out, re.M)}
         moves = [LayerMove(d, size, d.split(":", 1)[1][:12] in fetched) for d, size in layers]
         seconds = float(end[1]) - float(started) if len(end) == 2 else 0.0
-        return Transfer(peer.name, image, got, moves, after - before, round(seconds, 3))
+        return Transfer(peer.name, image, got, moves, after - before, round(seconds, 3),
+                        wire_seconds=_wire_window(samples, before, after))
 
 
 def distribute(images: list[str], source: Endpoint, peers: list[Endpoint], *,
