@@ -77,6 +77,7 @@ class Knobs:
     fail_load_oom: bool = False              # CUDA OOM traceback during weight load, then exit 1
     hang_at_init: bool = False               # stop after the Gloo handshake, never progress
     crash_after_s: float | None = None       # scheduler exception and exit 1 this long after start
+    crash_after_ready_s: float | None = None  # the same, this long after serving began (no race with boot)
     never_healthy: bool = False              # serve, but warm-up never ends: /health stays 503
 
     def heartbeat_period(self) -> float:
@@ -99,7 +100,7 @@ def _coerce(name: str, value: Any) -> Any:
                     return None if name == "hybrid" else False
                 return low in ("1", "true", "yes", "on")
             return bool(value)
-        if isinstance(default, float) or name in ("crash_after_s", "heartbeat_s"):
+        if isinstance(default, float) or name in ("crash_after_s", "crash_after_ready_s", "heartbeat_s"):
             return float(value)
         if isinstance(default, int):
             return int(value)

@@ -86,6 +86,13 @@ class Engine:
     def _seq(self) -> int:
         return _BOOT_COLLECTIVES + (self.sched.forward_ct if self.sched else 0)
 
+    def _set_ready(self) -> None:
+        self.ready = True
+        if self.knobs.crash_after_ready_s is not None:
+            timer = threading.Timer(self.knobs.crash_after_ready_s, self._crash)
+            timer.daemon = True
+            timer.start()
+
     def _crash(self) -> None:
         if self.stopping.is_set():
             return
@@ -282,7 +289,7 @@ class Engine:
             self.finish(EXIT_FAILURE)
             raise _Stop from None
         self.log.main(f"Dummy health check server started in background thread at {r.host}:{r.port}")
-        self.ready = True
+        self._set_ready()
 
     def _serve_rank0(self, kv_gb: float, graph_gb: float) -> None:
         from sparkctl.sim import decoding as dec
@@ -319,7 +326,7 @@ class Engine:
         log.main(f'INFO:     127.0.0.1:{30001 + os.getpid() % 30000} - "POST /generate HTTP/1.1" 200 OK')
         self._pause(0.05)
         log.main("The server is fired up and ready to roll!")
-        self.ready = True
+        self._set_ready()
         state.ready.set()
 
 

@@ -144,6 +144,9 @@ class _ApiHandler(_BaseHandler):
         self._route("GET")
 
     def do_POST(self) -> None:  # noqa: N802
+        # The request's clock starts when its headers have been read, like SGLang's tokenizer manager
+        # stamping created_time: tokenizing a long prompt here is part of TTFT, not added on top of it.
+        self._arrived = time.monotonic()
         self._route("POST")
 
     def _route(self, method: str) -> None:
@@ -241,7 +244,8 @@ class _ApiHandler(_BaseHandler):
         plan = dec.make_plan(text, thinking=thinking, knobs=st.knobs, spec_on=st.res.speculative,
                              temperature=temperature or 0.0)
         req = Request(prompt_tokens=prompt_tokens, plan=plan,
-                      max_new_tokens=max_new if max_new is not None else max(1, ctx - n))
+                      max_new_tokens=max_new if max_new is not None else max(1, ctx - n),
+                      created=getattr(self, "_arrived", None) or time.monotonic())
         st.sched.submit(req)
         return req
 
@@ -309,15 +313,17 @@ class _ApiHandler(_BaseHandler):
                     if self.state.sched._stop.is_set():
                         return
                     continue
-                if item is None:
+                item, finished = _drain(req.out, item)
+                if item is not None:
+                    reasoning, content = view.pieces(*item)
+                    if reasoning:
+                        self._sse(frame({"role": None, "content": None, "reasoning_content": reasoning,
+                                         "tool_calls": None}))
+                    if content:
+                        self._sse(frame({"role": None, "content": content, "reasoning_content": None,
+                                         "tool_calls": None}))
+                if finished:
                     break
-                reasoning, content = view.pieces(*item)
-                if reasoning:
-                    self._sse(frame({"role": None, "content": None, "reasoning_content": reasoning,
-                                     "tool_calls": None}))
-                if content:
-                    self._sse(frame({"role": None, "content": content, "reasoning_content": None,
-                                     "tool_calls": None}))
             self._sse(frame({"role": None, "content": None, "reasoning_content": None, "tool_calls": None},
                             req.finish_reason))
             if include_usage:
@@ -341,7 +347,7 @@ class _ApiHandler(_BaseHandler):
         req = self._admit(text, dec.tokenize(text), max_new, sp.get("temperature"), thinking=False)
         if req is None:
             return
-        t0 = time.monotonic()
+        t0 = req.created                      # e2e_latency from the request's arrival, as SGLang reports it
         if body.get("stream"):
             try:
                 self._start_stream()
@@ -352,9 +358,11 @@ class _ApiHandler(_BaseHandler):
                         if st.sched._stop.is_set():
                             return
                         continue
-                    if item is None:
+                    item, finished = _drain(req.out, item)
+                    if item is not None:
+                        self._sse(_generate_out(req, t0, done=False))
+                    if finished:
                         break
-                    self._sse(_generate_out(req, t0, done=False))
                 self._sse(_generate_out(req, t0, done=True))
                 self._sse("[DONE]")
                 self._chunk(b"")
@@ -402,6 +410,26 @@ class _ChatView:
 
     def content_text(self) -> str:
         return self.pieces(0, self.req.generated)[1]
+
+
+def _drain(out: queue.Queue, item: tuple[int, int] | None) -> tuple[tuple[int, int] | None, bool]:
+    """Merge ``item`` with every token range already queued behind it: one frame for all of them.
+
+    SGLang's detokenizer also sends whatever accumulated since its last send; here it keeps a CPU-starved
+    emulator from falling further behind its schedule by writing one frame per token. Returns the merged
+    range (None if there was none) and whether the end-of-request marker was reached."""
+    start = end = None
+    if item is not None:
+        start, end = item
+    while item is not None:
+        try:
+            item = out.get_nowait()
+        except queue.Empty:
+            return ((start, end) if start is not None else None), False
+        if item is not None:
+            start = item[0] if start is None else start
+            end = item[1]
+    return ((start, end) if start is not None else None), True
 
 
 def _usage(req: Request) -> dict[str, Any]:

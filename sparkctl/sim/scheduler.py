@@ -5,8 +5,14 @@ One thread runs the engine like SGLang's event loop: while requests wait and few
 first token comes out of prefill); otherwise it runs one decode step for every running request.
 A step costs ``1/decode_tps`` (spec off) or ``verify_cost/decode_tps`` (spec on, each request
 accepting L tokens), times ``running/batch_no_slowdown`` when the batch is larger than that knob.
-Steps are scheduled against absolute deadlines on ``time.monotonic()`` (deadline += cost), so the
-rate does not drift when a wake-up is late: the next sleeps are shorter.
+Steps are scheduled against absolute deadlines on ``time.monotonic()`` (deadline += cost): the
+deadlines are the engine's clock. A late wake-up (a CPU-starved machine) makes the next sleeps
+shorter, and while any request is in flight the schedule is never reset, so a request that was
+delayed catches up instead of losing the delay for good: what a client measures over a request is
+the configured cost. An idle engine restarts its clock at the arrival of the first request it
+admits (its HTTP arrival, before tokenizing), so the time this process spent tokenizing or waiting
+for a CPU is inside the modelled TTFT, not added to it. Decode steps are paced from the moment the
+first token actually came out, so a late first token is not followed by a catch-up burst.
 """
 from __future__ import annotations
 
@@ -21,7 +27,6 @@ from sparkctl.sim.config import Knobs
 from sparkctl.sim.decoding import AcceptanceModel, RadixCache, TokenPlan
 from sparkctl.sim.logfmt import EngineLog
 
-_MAX_LAG_S = 0.25   # a schedule further behind than this is reset (idle gaps, a stopped debugger)
 TTFT_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 120.0, 160.0)
 
 
@@ -149,9 +154,9 @@ class Scheduler:
                 room = self.res.max_running_requests - len(self.running)
                 batch = self.waiting[:room] if room > 0 else []
                 del self.waiting[:len(batch)]
-            now = time.monotonic()
-            if deadline is None or deadline < now - _MAX_LAG_S:
-                deadline = now
+            if deadline is None:       # idle until now: the clock starts at the oldest admitted arrival
+                now = time.monotonic()
+                deadline = min([now] + [r.created for r in batch])
             if batch:
                 deadline = self._prefill(batch, deadline)
             else:
@@ -185,7 +190,9 @@ class Scheduler:
                 self._finish(r, now)
         with self._cv:
             self.running.extend(r for r in batch if r.finish_reason is None and not r.aborted)
-        return deadline
+        # Decode steps are paced from when the first token actually came out: a first token that was late
+        # (a starved process) is not followed by a burst that would make the stream look faster than modelled.
+        return max(deadline, now)
 
     def _decode_step(self, deadline: float) -> float:
         with self._cv:

@@ -13,6 +13,8 @@ from typing import Iterator
 import httpx
 import pytest
 
+from sparkctl.testing.priority import raise_priority, raised_priority
+
 CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "captures" / "sglang"
 
 
@@ -40,6 +42,7 @@ def start_sim(tmp: Path, name: str, knobs: dict[str, object], extra_argv: list[s
     argv = [sys.executable, "-m", "sparkctl.sim", "--model-path", "/m", "--served-model-name", "x",
             "--host", "127.0.0.1", "--port", str(port), "--tp-size", "1", "--reasoning-parser", "glm45", *extra_argv]
     proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+    raise_priority(proc.pid)          # before its threads start; they inherit it (sparkctl/testing/priority.py)
     fh.close()
     return Sim(f"http://127.0.0.1:{port}", log, {k: str(v) for k, v in knobs.items()}, proc)
 
@@ -71,11 +74,14 @@ def stop_sim(sim: Sim) -> None:
 SPEC = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "/d",
         "--speculative-num-draft-tokens", "8"]
 
-# Known truth. OFF: 800 tok/s, TTFT = 0.05 s + uncached tokens/20,000, one request at a time, 4,096 window.
-OFF = {"decode_tps": 800, "ttft_base_s": 0.05, "prefill_tps": 20000}
+# Known truth. OFF: 400 tok/s, TTFT = 0.05 s + uncached tokens/20,000, one request at a time, 4,096 window.
+# The decode rates keep each timed window >= 0.3 s (240 tokens): a client's timestamps of the first and last
+# token move by a few ms on a loaded machine, and the checks allow 2% (at 1,600 tok/s the window was 0.15 s
+# and 5-7 ms of delivery jitter failed them).
+OFF = {"decode_tps": 400, "ttft_base_s": 0.05, "prefill_tps": 20000}
 OFF_ARGV = ["--max-running-requests", "1", "--context-length", "4096", "--decode-log-interval", "4"]
-# ON (deterministic): every verify step accepts all 8 drafts: 200 * 8 / 1.0 = 1,600 tok/s.
-ON = {"decode_tps": 200, "verify_cost": 1.0, "accept_len_code": 8, "accept_len_prose": 8,
+# ON (deterministic): every verify step accepts all 8 drafts: 100 * 8 / 1.0 = 800 tok/s.
+ON = {"decode_tps": 100, "verify_cost": 1.0, "accept_len_code": 8, "accept_len_prose": 8,
       "ttft_base_s": 0.05, "prefill_tps": 20000}
 # ON with partial acceptance (ranges in the log), one G6 prompt diverging at a known token.
 DIVERGE_AT = 5
@@ -92,7 +98,8 @@ def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Sim]]:
     try:
         for s in started.values():
             wait_ready(s)
-        yield started
+        with raised_priority():       # the bench (the measuring client) runs in this thread and its workers
+            yield started
     finally:
         for s in started.values():
             stop_sim(s)

@@ -7,6 +7,8 @@ import pytest
 
 from simhelpers import MODEL, SimProc, free_port
 
+from sparkctl.testing.priority import raised_priority
+
 
 @pytest.fixture
 def sim(tmp_path):
@@ -30,7 +32,8 @@ def sim(tmp_path):
         procs.append(p)
         return p
 
-    yield start
+    with raised_priority():              # the client side of the timing tests measures in this thread
+        yield start
     for p in procs:
         p.close()
 

@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+from sparkctl.testing.priority import raise_priority
+
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "/models/GLM-5.3-Flash-NVFP4"
 
@@ -34,6 +36,7 @@ class SimProc:
         full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen([sys.executable, "-m", "sparkctl.sim", *argv], env=full_env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO))
+        raise_priority(self.proc.pid)      # before its threads start; they inherit it
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 

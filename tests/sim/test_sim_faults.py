@@ -25,7 +25,8 @@ def test_hang_at_init_single_node(sim):
 
 
 def test_crash_after_s(sim):
-    p = sim(knobs={"crash_after_s": 1.0})
+    # crash_after_s counts from process start: at load 13 the boot took longer than 1 s and the crash came first.
+    p = sim(knobs={"crash_after_ready_s": 0.3})
     p.wait_ready()
     assert p.wait_exit(10) != 0
     assert "Scheduler hit an exception: Traceback (most recent call last):" in p.text

@@ -1,6 +1,7 @@
 """Two ranks over loopback: rank 0 on 127.0.0.2 hosts the store, rank 1 on 127.0.0.3 joins."""
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -51,15 +52,14 @@ def test_killing_rank1_fails_rank0_within_peer_timeout(sim):
     r1 = sim(_argv(store, 1), host=R1, port=port, knobs={"peer_timeout_s": 2})
     r0.wait_ready()
     r1.wait_for("Dummy health check server started")
-    t0 = time.monotonic()
     r1.kill()
-    rc = r0.wait_exit(timeout=6)
-    elapsed = time.monotonic() - t0
-    assert rc != 0
-    assert elapsed <= 2.0 + 1.0, elapsed
+    assert r0.wait_exit(timeout=6) != 0               # the default --dist-timeout would be 600 s
     line = r0.wait_for(r"Watchdog caught collective operation timeout")
     assert "WorkNCCL(SeqNum=" in line and "OpType=ALLREDUCE" in line and "Timeout(ms)=2000" in line
-    assert "milliseconds before timing out." in line
+    # The watchdog's own account of how long the collective waited (not the test's wall clock, which also
+    # counted the process exiting and its log being read on a loaded machine: 3.1 s seen at load 12).
+    ran_ms = int(re.search(r"ran for (\d+) milliseconds before timing out\.", line).group(1))
+    assert 2000 <= ran_ms < 3000, ran_ms
     assert "terminate called after throwing an instance of 'c10::DistBackendError'" in r0.text
 
 
