@@ -15,9 +15,14 @@ def _deployer(inventory: Optional[str], quiet: bool = False) -> Any:
     from sparkctl.deploy.lifecycle import Deployer
     from sparkctl.deploy.progress import Reporter
 
+    from sparkctl.state.ledger import check_state_root
+
     d = Deployer(resolve_inventory(inventory), Reporter(quiet=quiet))
     if d.embedded_notice and not quiet:
         print(f"sparkctl: {d.embedded_notice}", file=sys.stderr)
+    warning = check_state_root(d.ledger.root.parent)
+    if warning:
+        print(f"sparkctl: warning: {warning}", file=sys.stderr)
     return d
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 
@@ -32,8 +31,20 @@ bench_cmds.register(app)
 
 
 def _debug_log_path() -> Path:
-    base = Path(os.environ.get("SPARKCTL_STATE_DIR") or tempfile.gettempdir())
-    return base / "sparkctl-debug.log"
+    """Tracebacks of internal errors go to the state directory (private: 0700), never a shared /tmp file."""
+    from sparkctl.state.ledger import default_state_root
+    return default_state_root() / "debug.log"
+
+
+def _write_debug_log(text: str) -> Path:
+    from sparkctl.state.ledger import private_dir
+    path = _debug_log_path()
+    private_dir(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        fh.write(text)
+    os.chmod(path, 0o600)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,13 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, typer.TyperException):  # usage errors: bad option, missing argument
             exc.show()
             return int(getattr(exc, "exit_code", 2) or 2)
-        path = _debug_log_path()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write(traceback.format_exc())
-            where = f"traceback written to {path}"
-        except OSError:
+            where = f"traceback written to {_write_debug_log(traceback.format_exc())}"
+        except (OSError, SparkctlError):
             where = "traceback could not be written"
         print(f"sparkctl: internal error: {type(exc).__name__}: {exc} ({where}); please report it", file=sys.stderr)
         return 70

@@ -116,7 +116,7 @@ def test_down_stops_every_rank_and_keeps_the_history(cli, local_cluster):
 def test_dry_run_prints_the_steps_and_commands_and_changes_nothing(cli, local_cluster, monkeypatch):
     monkeypatch.setenv("SPARKCTL_API_KEY", "sk-dry-run-secret")
     code, out, err = cli("up", "--profile", "d5", "--dry-run", "--json")
-    assert "sk-dry-run-secret" not in err + out and "--api-key '***'" in err
+    assert "sk-dry-run-secret" not in err + out and "--config /run/sparkctl-secrets/engine-secrets.yaml" in err
     result = json.loads(out)
     assert code == 0 and result["outcome"] == "dry-run"
     assert [s["name"] for s in result["plan"]["steps"]] == ["preflight", "image", "boot", "warm-up", "verify",

@@ -1,0 +1,67 @@
+"""SGLang's ``--config FILE.yaml``: the YAML's keys merged into argv before parsing, as SGLang does it.
+
+A port of ``ConfigArgumentMerger`` (``sglang/srt/utils/server_args_config_parser.py`` in 0.5.23;
+``sglang/srt/server_args_config_parser.py`` in 0.5.3.post3 and 0.5.11), called by ``prepare_server_args`` when
+``--config`` is in argv: keys may use the dest or any long spelling of a flag (``-`` or ``_``); ``true`` adds a
+store_true flag, ``false`` skips it; lists become ``--key v1 v2``; scalars ``--key str(value)``. The config's
+arguments go first and ``--config FILE`` is removed, so a flag on the command line wins. Errors are SGLang's
+ValueErrors (missing file, not .yaml/.yml, a root that is not a mapping, two ``--config``), raised from
+``launch_server.py`` before anything starts: a traceback on stderr and exit 1.
+
+sparkctl uses it to hand the engine its API key from a 0400 file instead of argv (``sparkctl.sglang.render``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+import yaml
+
+from sparkctl.sim.failures import launcher_value_error
+
+
+class ConfigFileError(ValueError):
+    """What SGLang's merger raises; ``traceback`` is the launcher's stderr for it."""
+
+    @property
+    def traceback(self) -> str:
+        return launcher_value_error(str(self))
+
+
+def _keys(action: argparse.Action) -> set[str]:
+    return {action.dest} | {o[2:].replace("-", "_") for o in action.option_strings if o.startswith("--")}
+
+
+def merge_config_args(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``argv`` with the ``--config`` file's settings merged in (unchanged when there is no ``--config``)."""
+    where = [i for i, a in enumerate(argv) if a == "--config"]
+    if not where:
+        return argv
+    if len(where) > 1:
+        raise ConfigFileError("Multiple config files specified! Only one allowed.")
+    i = where[0]
+    if i == len(argv) - 1:
+        raise ConfigFileError("No config file specified after --config flag!")
+    path = Path(argv[i + 1])
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise ConfigFileError(f"Config file must be YAML format, got: {path.suffix}")
+    if not path.exists():
+        raise ConfigFileError(f"Config file not found: {argv[i + 1]}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigFileError("Config file must contain a dictionary at root level")
+    store_true = {k for a in parser._actions if isinstance(a, argparse._StoreTrueAction) for k in _keys(a)}
+    out: list[str] = []
+    for key, value in data.items():
+        if isinstance(value, bool):
+            if str(key).replace("-", "_") in store_true:
+                out += [f"--{key}"] if value else []
+            else:
+                out += [f"--{key}", str(value).lower()]
+        elif isinstance(value, list):
+            out += [f"--{key}", *(str(v) for v in value)] if value else []
+        elif isinstance(value, dict):
+            out += [f"--{key}", json.dumps(value)]
+        else:
+            out += [f"--{key}", str(value)]
+    return out + argv[:i] + argv[i + 2:]
