@@ -13,14 +13,28 @@ from pathlib import Path
 
 import typer
 
+from sparkctl.cli.options import flag
+
 from sparkctl.cli import bench_cmds, deploy_cmds, render_cmds
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deploy SGLang across two DGX Sparks (TP=2), verify it, roll back, measure it.")
 
 
+VERBOSE = ("-v", "--verbose")
+
+
+def _hoist_verbose(argv: list[str]) -> list[str]:
+    """`-v` / `--verbose` anywhere before a `--` (e.g. `sparkctl up -v --profile d5`) moved in front of the
+    subcommand, where the root option is parsed: no subcommand has a `-v` of its own."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    rest = [a for a in argv[:end] if a not in VERBOSE]
+    return (["--verbose"] if len(rest) < end else []) + rest + argv[end:]
+
+
 @app.callback()
-def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details to stderr.")) -> None:
+def _root(verbose: bool = flag(*VERBOSE[::-1], help="Log progress details to stderr (before or after the "
+                                                      "subcommand).")) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
 
@@ -51,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `sparkctl` console script."""
     from sparkctl.errors import SparkctlError
     try:
+        argv = _hoist_verbose(list(sys.argv[1:] if argv is None else argv))
         rv = app(args=argv, prog_name="sparkctl", standalone_mode=False)
         if rv == 130:  # typer turns Ctrl-C into Exit(130) and, non-standalone, returns the code
             print("sparkctl: interrupted", file=sys.stderr)

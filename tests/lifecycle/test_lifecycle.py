@@ -93,8 +93,9 @@ def test_logs_prints_the_tail_of_that_ranks_log(cli, local_cluster):
     assert code == 0, err
     on_disk = Path(handle.log).read_text().splitlines()
     assert out.splitlines() == on_disk[-5:] and len(on_disk) > 5
-    code, _, err = cli("logs", "--rank", "7")
-    assert code == 1 and "has no rank 7" in err and "ranks: [1, 0]" in err
+    code, out, err = cli("logs", "--rank", "7")
+    assert code == 2 and out == "" and f"--rank 7: deployment {first['deployment']} has no rank 7" in err
+    assert "fix: use one of its ranks: 0, 1 (e.g. --rank 0)" in err
 
 
 def test_down_stops_every_rank_and_keeps_the_history(cli, local_cluster):
