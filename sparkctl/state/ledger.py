@@ -1,12 +1,14 @@
 """The ledger: one state directory per cluster holding every deployment and run as records.
 
-Layout (all files mode 0600, directories 0700)::
+Layout (all files mode 0600, directories 0700; `private_dir` tightens sparkctl's own directories)::
 
+    $SPARKCTL_STATE_DIR/debug.log         tracebacks of internal errors (exit 70)
     $SPARKCTL_STATE_DIR/<cluster>/
         cluster.json              {"active": id|null, "history": [ids, oldest first]}
         deployments/<id>.json     one record per `up` / `rollback`
         runs/<id>/                bench runs (report.md, report.json)
-        logs/<id>/rank<N>.log     engine logs of the process runtime
+        logs/<id>/rank<N>.log     engine logs of the process runtime (secrets redacted), archived docker logs
+        secrets/<id>/rank<N>/     the process runtime's secret files (0400), removed with the engine
         lock, lock.holder         the cluster lock and who holds it
 
 Writes are atomic (temp file + fsync + rename). Records are typed (`sparkctl.state.records`): a missing
