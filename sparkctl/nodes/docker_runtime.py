@@ -46,7 +46,8 @@ whole log and slices it. A restarted container's log starts at its new start tim
 
 Limits (documented, not hidden): anyone with docker access on a node is root there and can read
 the secret files (or exec into the engine); the engine prints its ServerArgs with the API key
-into the Docker log on the node (sparkctl redacts it in everything it reads, prints or archives); lines longer than 16 KiB are split by Docker's log driver into
+into the Docker log on the node (sparkctl redacts it in everything it reads, prints or archives);
+lines longer than 16 KiB are split by Docker's log driver into
 several lines; removing a container deletes its Docker log unless ``log_dir`` is set (the
 log is then archived there first).
 

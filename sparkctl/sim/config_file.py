@@ -2,8 +2,9 @@
 
 A port of ``ConfigArgumentMerger`` (``sglang/srt/utils/server_args_config_parser.py`` in 0.5.23;
 ``sglang/srt/server_args_config_parser.py`` in 0.5.3.post3 and 0.5.11), called by ``prepare_server_args`` when
-``--config`` is in argv: keys may use the dest or any long spelling of a flag (``-`` or ``_``); ``true`` adds a
-store_true flag, ``false`` skips it; lists become ``--key v1 v2``; scalars ``--key str(value)``. The config's
+``--config`` is in argv: each key becomes ``--KEY`` verbatim (so ``tp_size: 4`` is ``--tp_size``, which argparse
+rejects, as SGLang does); ``true`` adds a store_true flag, ``false`` skips it; lists become ``--key v1 v2``;
+scalars ``--key str(value)``; a key of an action other than store/store_true (e.g. store_false) is refused. The config's
 arguments go first and ``--config FILE`` is removed, so a flag on the command line wins. Errors are SGLang's
 ValueErrors (missing file, not .yaml/.yml, a root that is not a mapping, two ``--config``), raised from
 ``launch_server.py`` before anything starts: a traceback on stderr and exit 1.
@@ -51,8 +52,19 @@ def merge_config_args(parser: argparse.ArgumentParser, argv: list[str]) -> list[
     if not isinstance(data, dict):
         raise ConfigFileError("Config file must contain a dictionary at root level")
     store_true = {k for a in parser._actions if isinstance(a, argparse._StoreTrueAction) for k in _keys(a)}
+    supported = [a for a in parser._actions if isinstance(a, (argparse._StoreTrueAction, argparse._StoreAction))
+                 or a.nargs is None]
+    supported_keys = {k for a in supported for k in _keys(a)}
+    exempt = {"--config", "--help", "-h"}
+    unsupported = {k: a for a in parser._actions
+                   if a.option_strings and a not in supported and not exempt & set(a.option_strings)
+                   for k in _keys(a) if k not in supported_keys}
     out: list[str] = []
     for key, value in data.items():
+        norm = str(key).replace("-", "_")
+        if norm in unsupported:     # e.g. a store_false flag
+            raise ConfigFileError(f"Unsupported config option '{norm}' with action "
+                                  f"'{unsupported[norm].__class__.__name__}'")
         if isinstance(value, bool):
             if str(key).replace("-", "_") in store_true:
                 out += [f"--{key}"] if value else []

@@ -43,3 +43,17 @@ def test_missing_or_non_mapping_config_fails_like_sglang(tmp_path):
         "ValueError: Config file must contain a dictionary at root level")
     res = _run_sim("--config", str(tmp_path / "x.json"))
     assert res.returncode == 1 and "ValueError: Config file must be YAML format, got: .json" in res.stderr
+
+
+def test_a_key_of_an_unsupported_action_is_refused_like_sglang(tmp_path):
+    import argparse
+
+    import pytest
+
+    from sparkctl.sim.config_file import ConfigFileError
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("no-warmup: true\n")
+    with pytest.raises(ConfigFileError, match="Unsupported config option 'no_warmup' with action '_StoreFalseAction'"):
+        merge_config_args(parser, ["--config", str(cfg)])
