@@ -144,7 +144,12 @@ class ProcessRuntime:
 
     def remove(self, handle: ProcessHandle) -> None:
         self.stop(handle)
-        shutil.rmtree(self.secrets_dir(handle.deployment, handle.rank), ignore_errors=True)
+        sdir = self.secrets_dir(handle.deployment, handle.rank)
+        shutil.rmtree(sdir, ignore_errors=True)
+        try:
+            sdir.parent.rmdir()          # the deployment's directory, once its last rank is gone
+        except OSError:
+            pass
 
     def gather(self, spec: LaunchSpec) -> NodeFacts:
         """Local facts: does the emulator import, are the rank's ports free here (judged in deploy/)."""
