@@ -13,11 +13,11 @@ from pathlib import Path
 
 import typer
 
-from sparkctl.cli.options import flag
+from sparkctl.cli.options import PlainFlagsGroup, flag, plain_flags
 
 from sparkctl.cli import bench_cmds, deploy_cmds, render_cmds
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(cls=PlainFlagsGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deploy SGLang across two DGX Sparks (TP=2), verify it, roll back, measure it.")
 
 
@@ -42,6 +42,7 @@ def _root(verbose: bool = flag(*VERBOSE[::-1], help="Log progress details to std
 render_cmds.register(app)
 deploy_cmds.register(app)
 bench_cmds.register(app)
+plain_flags(app)
 
 
 def _debug_log_path() -> Path:

@@ -12,9 +12,11 @@ SPARKS = str(REPO / "inventory" / "sparks.example.yml")
 def test_help_shows_flags_without_a_value_and_yes_takes_none(cli):
     code, out, _ = cli("up", "--help")
     assert code == 0
-    for name in ("--yes", "--dry-run", "--json", "--no-rollback"):
+    for name in ("--yes", "--dry-run", "--json", "--no-rollback", "--help"):
         line = next(ln for ln in out.splitlines() if name in ln)
         assert "<bool>" not in line, line
+    code, out, _ = cli("--help")
+    assert code == 0 and "<bool>" not in out
     code, _, err = cli("up", "--profile", "d5", "--yes", "true")
     assert code == 2 and "unexpected extra argument" in err.lower()
 
