@@ -88,6 +88,10 @@ class LedgerError(SparkctlError):
     exit_code = 6
 
 
+class StateDirError(LedgerError):
+    """The state directory cannot be created or written (permissions, read-only file system, a file in the way)."""
+
+
 class CancelledError(SparkctlError):
     """The user declined at the confirmation prompt; nothing was changed."""
 

@@ -9,7 +9,30 @@ from typing import Any, Optional
 
 import typer
 
+from sparkctl.cli.options import flag
+
 INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory file (default: see README).")
+
+
+def _url(value: str | None, option: str) -> str | None:
+    """An http(s) base URL with a host, else ConfigError (exit 2) before anything is sent."""
+    from urllib.parse import urlsplit
+
+    from sparkctl.errors import ConfigError
+
+    if value is None:
+        return None
+    try:
+        parts = urlsplit(value)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        _ = parts.port                   # ValueError for a port that is not a number
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"{value!r} is not a URL", where=option,
+                          hint=f"give the server's base URL with http:// or https://, e.g. {option} "
+                               f"http://spark-a:30000")
+    return value
 
 
 def _int_list(text: str, option: str) -> tuple[int, ...]:
@@ -60,11 +83,11 @@ def register(app: typer.Typer) -> None:
                                                        "number per line (source, stack) for the card's slot."),
               api_key_env: str = typer.Option("SPARKCTL_API_KEY", "--api-key-env", help="Env var holding the API "
                                               "key for --endpoint/--compare-endpoint (never stored)."),
-              log_only: bool = typer.Option(False, "--log-only", help="Analyse --log alone; send no request."),
+              log_only: bool = flag("--log-only", help="Analyse --log alone; send no request."),
               out: Optional[Path] = typer.Option(None, "--out", help="Directory for report.md/report.json "
                                                  "(default: the run's record in the ledger)."),
               inventory: Optional[str] = INVENTORY_OPT,
-              as_json: bool = typer.Option(False, "--json", help="The full result JSON on stdout.")) -> None:
+              as_json: bool = flag("--json", help="The full result JSON on stdout.")) -> None:
         """The measurement card: cold start, decode ON/OFF, acceptance, TTFT, concurrency, G6 (not idempotent:
         it loads the server; --compare redeploys twice)."""
         from sparkctl.bench import run as bench_run
@@ -72,6 +95,8 @@ def register(app: typer.Typer) -> None:
         from sparkctl.config.profile import load_profile
         from sparkctl.deploy.progress import Reporter
 
+        endpoint = _url(endpoint, "--endpoint")
+        compare_endpoint = _url(compare_endpoint, "--compare-endpoint")
         opts = bench_run.BenchOptions(
             gates=bench_run.parse_gates(gates), runs=runs, max_tokens=max_tokens, warmup=warmup,
             ttft_sizes=_int_list(ttft_sizes, "--ttft-sizes"), concurrency=_int_list(concurrency, "--concurrency"),

@@ -7,6 +7,8 @@ from typing import Any, Optional
 
 import typer
 
+from sparkctl.cli.options import flag
+
 INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory file (default: see README).")
 
 
@@ -15,17 +17,34 @@ def _deployer(inventory: Optional[str], quiet: bool = False) -> Any:
     from sparkctl.deploy.lifecycle import Deployer
     from sparkctl.deploy.progress import Reporter
 
+    from sparkctl.state.ledger import check_state_root
+
     d = Deployer(resolve_inventory(inventory), Reporter(quiet=quiet))
     if d.embedded_notice and not quiet:
         print(f"sparkctl: {d.embedded_notice}", file=sys.stderr)
+    warning = check_state_root(d.ledger.root.parent)
+    if warning:
+        print(f"sparkctl: warning: {warning}", file=sys.stderr)
     return d
 
 
-def _confirm(assume_yes: bool, action: str) -> Any:
-    """Ask on a terminal; --yes or a non-interactive stdin never prompts (and never hangs)."""
+def _confirm(assume_yes: bool, action: str, d: Any, command: str) -> Any:
+    """Ask on a terminal. Without a terminal, never prompt (and never hang): refuse with "add --yes" (exit 2),
+    like `terraform apply` without -auto-approve, unless --yes was given or every node of the inventory runs
+    the process runtime (the embedded cluster: emulator processes on this machine's loopback, nothing
+    elsewhere can break), so README's `./bin/sparkctl up --profile d5` works in scripts as well."""
+    from sparkctl.errors import ConfigError
+
+    local = all(n.runtime == "process" for n in d.inventory.nodes)
+
     def ask(plan: Any) -> bool:
-        if assume_yes or not sys.stdin.isatty():
+        if assume_yes or (local and not sys.stdin.isatty()):
             return True
+        if not sys.stdin.isatty():
+            raise ConfigError(f"refusing to {action} without confirmation: stdin is not a terminal, so sparkctl "
+                              f"cannot ask; nothing was changed",
+                              hint=f"add --yes to confirm non-interactively (sparkctl {command} ... --yes), or run it "
+                                   f"on a terminal to be asked")
         return typer.confirm(f"{action}?", default=False)
     return ask
 
@@ -56,12 +75,12 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def up(profile: str = typer.Option(..., "--profile", "-p", help="Profile to deploy."),
            inventory: Optional[str] = INVENTORY_OPT,
-           dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and stop."),
-           yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-           no_rollback: bool = typer.Option(False, "--no-rollback", help="On failure, leave the new engines for "
+           dry_run: bool = flag("--dry-run", help="Print the plan and stop."),
+           yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
+           no_rollback: bool = flag("--no-rollback", help="On failure, leave the new engines for "
                                                                          "inspection instead of rolling back."),
            boot_timeout: Optional[float] = typer.Option(None, "--boot-timeout", help="Seconds (default: profile)."),
-           as_json: bool = typer.Option(False, "--json", help="Result as JSON on stdout.")) -> None:
+           as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Deploy a profile: plan, preflight, image, boot (rank 1 then rank 0), warm-up, verify, hand off."""
         from sparkctl.config.profile import load_profile
         from sparkctl.deploy.lifecycle import UpOptions
@@ -69,13 +88,13 @@ def register(app: typer.Typer) -> None:
         d = _deployer(inventory)
         prof = load_profile(profile)
         result = d.up(prof, UpOptions(dry_run=dry_run, no_rollback=no_rollback, boot_timeout_s=boot_timeout,
-                                      confirm=_confirm(yes, f"deploy {prof.name}")))
+                                      confirm=_confirm(yes, f"deploy {prof.name}", d, "up")))
         _emit(result, as_json, _up_human)
 
     @app.command()
     def preflight(profile: str = typer.Option(..., "--profile", "-p", help="Profile whose ranks are checked."),
                   inventory: Optional[str] = INVENTORY_OPT,
-                  as_json: bool = typer.Option(False, "--json", help="Checks as JSON on stdout.")) -> None:
+                  as_json: bool = flag("--json", help="Checks as JSON on stdout.")) -> None:
         """Read-only checks on every node (what `up` runs first): nothing is changed."""
         from sparkctl.config.profile import load_profile
 
@@ -89,9 +108,9 @@ def register(app: typer.Typer) -> None:
     def rollback(to: Optional[str] = typer.Option(None, "--to", help="Profile to roll back to (e.g. dflash-off); "
                                                                       "default: the previous known-good deployment."),
                  inventory: Optional[str] = INVENTORY_OPT,
-                 yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+                 yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
                  boot_timeout: Optional[float] = typer.Option(None, "--boot-timeout", help="Seconds."),
-                 as_json: bool = typer.Option(False, "--json", help="Result as JSON on stdout.")) -> None:
+                 as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Roll back: to a profile, or to the previous known-good deployment."""
         from sparkctl.config.profile import load_profile
         from sparkctl.deploy.lifecycle import UpOptions
@@ -99,24 +118,25 @@ def register(app: typer.Typer) -> None:
         d = _deployer(inventory)
         prof = load_profile(to) if to else None
         what = prof.name if prof else "the previous known-good deployment"
-        result = d.rollback(prof, UpOptions(boot_timeout_s=boot_timeout, confirm=_confirm(yes, f"roll back to {what}")))
+        confirm = _confirm(yes, f"roll back to {what}", d, "rollback")
+        result = d.rollback(prof, UpOptions(boot_timeout_s=boot_timeout, confirm=confirm))
         _emit(result, as_json, _up_human)
 
     @app.command()
     def down(inventory: Optional[str] = INVENTORY_OPT,
-             yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-             as_json: bool = typer.Option(False, "--json", help="Result as JSON on stdout.")) -> None:
+             yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
+             as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Stop the active deployment on every node."""
         d = _deployer(inventory)
         active = d.ledger.active()
-        if active and not _confirm(yes, f"stop {active.id} ({active.profile})")(None):
+        if active and not _confirm(yes, f"stop {active.id} ({active.profile})", d, "down")(None):
             raise typer.Abort()
         result = d.down()
         _emit(result, as_json, lambda r: print(f"stopped {r['stopped']}" if r.get("changed") else r["reason"]))
 
     @app.command()
     def status(inventory: Optional[str] = INVENTORY_OPT,
-               as_json: bool = typer.Option(False, "--json", help="Status as JSON on stdout.")) -> None:
+               as_json: bool = flag("--json", help="Status as JSON on stdout.")) -> None:
         """Profile, deployment, health per rank, endpoint, speculative algorithm, identity, since when."""
         d = _deployer(inventory, quiet=as_json)
         result = d.status()
@@ -138,7 +158,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def logs(rank: int = typer.Option(0, "--rank", help="Rank whose engine log to show."),
              tail: int = typer.Option(50, "--tail", help="Last N lines (0: all)."),
-             follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (Ctrl-C stops)."),
+             follow: bool = flag("--follow", "-f", help="Keep printing new lines (Ctrl-C stops)."),
              inventory: Optional[str] = INVENTORY_OPT) -> None:
         """Print a rank's engine log of the active deployment."""
         d = _deployer(inventory, quiet=True)

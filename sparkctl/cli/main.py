@@ -8,20 +8,32 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 
 import typer
 
 from sparkctl.cli import bench_cmds, deploy_cmds, image_cmds, render_cmds
+from sparkctl.cli.options import PlainFlagsGroup, flag, plain_flags
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(cls=PlainFlagsGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deploy SGLang across two DGX Sparks (TP=2), verify it, roll back, measure it.")
 
 
+VERBOSE = ("-v", "--verbose")
+
+
+def _hoist_verbose(argv: list[str]) -> list[str]:
+    """`-v` / `--verbose` anywhere before a `--` (e.g. `sparkctl up -v --profile d5`) moved in front of the
+    subcommand, where the root option is parsed: no subcommand has a `-v` of its own."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    rest = [a for a in argv[:end] if a not in VERBOSE]
+    return (["--verbose"] if len(rest) < end else []) + rest + argv[end:]
+
+
 @app.callback()
-def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details to stderr.")) -> None:
+def _root(verbose: bool = flag(*VERBOSE[::-1], help="Log progress details to stderr (before or after the "
+                                                      "subcommand).")) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
 
@@ -30,17 +42,31 @@ render_cmds.register(app)
 deploy_cmds.register(app)
 bench_cmds.register(app)
 image_cmds.register(app)
+plain_flags(app)
 
 
 def _debug_log_path() -> Path:
-    base = Path(os.environ.get("SPARKCTL_STATE_DIR") or tempfile.gettempdir())
-    return base / "sparkctl-debug.log"
+    """Tracebacks of internal errors go to the state directory (private: 0700), never a shared /tmp file."""
+    from sparkctl.state.ledger import default_state_root
+    return default_state_root() / "debug.log"
+
+
+def _write_debug_log(text: str) -> Path:
+    from sparkctl.state.ledger import private_dir
+    path = _debug_log_path()
+    private_dir(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        fh.write(text)
+    os.chmod(path, 0o600)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `sparkctl` console script."""
     from sparkctl.errors import SparkctlError
     try:
+        argv = _hoist_verbose(list(sys.argv[1:] if argv is None else argv))
         rv = app(args=argv, prog_name="sparkctl", standalone_mode=False)
         if rv == 130:  # typer turns Ctrl-C into Exit(130) and, non-standalone, returns the code
             print("sparkctl: interrupted", file=sys.stderr)
@@ -62,13 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, typer.TyperException):  # usage errors: bad option, missing argument
             exc.show()
             return int(getattr(exc, "exit_code", 2) or 2)
-        path = _debug_log_path()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write(traceback.format_exc())
-            where = f"traceback written to {path}"
-        except OSError:
+            where = f"traceback written to {_write_debug_log(traceback.format_exc())}"
+        except (OSError, SparkctlError):
             where = "traceback could not be written"
         print(f"sparkctl: internal error: {type(exc).__name__}: {exc} ({where}); please report it", file=sys.stderr)
         return 70

@@ -24,7 +24,7 @@ from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.rollback import (mark_superseded, restore, rollback_target, stop_engines, stop_started)
 from sparkctl.deploy.runtimes import Runtimes, embedded_notice
 from sparkctl.deploy.warmup import warm_up
-from sparkctl.errors import CancelledError, DeployError, PreflightError, SparkctlError
+from sparkctl.errors import CancelledError, ConfigError, DeployError, PreflightError, SparkctlError
 from sparkctl.nodes.runtime import Handle, Runtime
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.launch import LaunchSpec
@@ -381,8 +381,9 @@ class Deployer:
             raise SparkctlError("no deployment recorded yet", hint="run sparkctl up --profile NAME")
         handle = record.handle_of(rank)
         if handle is None:
-            raise SparkctlError(f"deployment {record.id} has no rank {rank}",
-                                hint=f"ranks: {[h.rank for h in record.handles]}")
+            ranks = sorted(h.rank for h in record.handles)
+            raise ConfigError(f"--rank {rank}: deployment {record.id} has no rank {rank}",
+                              hint=f"use one of its ranks: {', '.join(map(str, ranks))} (e.g. --rank {ranks[0]})")
         rt = self.runtimes(record.id).for_node(handle.node)
         text, offset = rt.read_log(handle, 0)
         lines = text.splitlines()

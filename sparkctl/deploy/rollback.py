@@ -15,7 +15,7 @@ from sparkctl.deploy.boot import boot
 from sparkctl.deploy.gates import run_gates
 from sparkctl.deploy.plan import launch_identity
 from sparkctl.deploy.progress import Reporter
-from sparkctl.errors import DeployError, SparkctlError
+from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.nodes.runtime import Handle, Runtime
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, RestoreEntry, Status
@@ -131,9 +131,12 @@ def restore(d: "Deployer", previous: DeploymentRecord, failed: DeploymentRecord)
 
 
 def rollback_target(ledger: Ledger) -> DeploymentRecord:
-    """The newest known-good deployment other than the active one; DeployError when there is none."""
+    """The newest known-good deployment other than the active one; ConfigError (exit 2: the command needs
+    `--to`, nothing was changed) when there is none."""
     target = ledger.known_good(exclude=ledger.index().get("active"))
     if target is None:
-        raise DeployError("no earlier known-good deployment to roll back to", where=str(ledger.root),
-                          hint="use `sparkctl rollback --to PROFILE` (e.g. dflash-off)")
+        raise ConfigError("nothing to roll back to: no earlier known-good deployment is recorded; nothing was "
+                          "changed", where=str(ledger.root),
+                          hint="name the profile to go to: sparkctl rollback --to PROFILE (e.g. dflash-off; "
+                               "`sparkctl profiles` lists them)")
     return target

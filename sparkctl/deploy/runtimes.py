@@ -33,7 +33,8 @@ class Runtimes:
     def _make(self, node: Node) -> Runtime:
         if node.runtime == "process":
             from sparkctl.nodes.process import ProcessRuntime
-            return ProcessRuntime(self.ledger.log_dir(self.deployment_id), self.inventory.cluster.sim)
+            return ProcessRuntime(self.ledger.log_dir(self.deployment_id), self.inventory.cluster.sim,
+                                  secrets_root=self.ledger.root / "secrets")
         if node.runtime == "docker":
             try:
                 from sparkctl.nodes.docker_runtime import DockerRuntime

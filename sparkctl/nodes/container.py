@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.errors import ConfigError
-from sparkctl.sglang.launch import LaunchSpec, redact
+from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec, redact
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Node
@@ -29,6 +29,9 @@ JIT_CACHES = (
     ("flashinfer", f"{CONTAINER_HOME}/.cache/flashinfer", None),
     ("torchinductor", f"{CONTAINER_HOME}/.cache/torchinductor", "TORCHINDUCTOR_CACHE_DIR"),
 )
+# Where a rank's secret files live on the node: tmpfs (never on disk; gone at reboot, rewritten before every
+# start), a 0700 directory per container, files 0400, bind-mounted read-only at SECRETS_MOUNT.
+SECRETS_HOST_ROOT = "/dev/shm/sparkctl-secrets"
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -79,6 +82,7 @@ class ContainerConfig:
     mounts: list[dict[str, Any]]
     host_dirs: list[str]                 # writable host directories to create before the container starts
     secret_values: frozenset[str] = frozenset()
+    secrets_dir: str | None = None       # node directory of the rank's secret files (mounted at SECRETS_MOUNT)
 
     @property
     def env_file(self) -> str:
@@ -121,6 +125,10 @@ def container_config(spec: LaunchSpec, node: "Node", *, cluster: str, deployment
             continue
         mounts.append({"source": f"{cache}/{sub}", "target": target, "read_only": False})
         host_dirs.append(f"{cache}/{sub}")
+    secrets_dir = None
+    if spec.secret_files:
+        secrets_dir = f"{SECRETS_HOST_ROOT}/{name}"
+        mounts.append({"source": secrets_dir, "target": SECRETS_MOUNT, "read_only": True})
     env.update(extra_env or {})            # e.g. emulator knobs of a cluster whose engine is the emulator
     env.update(spec.env)                   # the LaunchSpec wins over our defaults
     for k, v in env.items():
@@ -149,4 +157,5 @@ def container_config(spec: LaunchSpec, node: "Node", *, cluster: str, deployment
     argv[argv.index("--network"):argv.index("--network")] = ["--label", f"sparkctl.config-hash={labels['sparkctl.config-hash']}"]
     argv += ["--env-file", "/dev/stdin", image, *spec.argv]
     return ContainerConfig(name=name, image=image, argv=argv, env=env, labels=labels, mounts=mounts,
-                           host_dirs=sorted(set(host_dirs)), secret_values=spec.secret_values)
+                           host_dirs=sorted(set(host_dirs)), secret_values=spec.secret_values,
+                           secrets_dir=secrets_dir)

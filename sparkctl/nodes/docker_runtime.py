@@ -11,8 +11,13 @@
   the docker CLI must be there anyway, and it opens its own SSH connection per client.
 * Commands are data. Every container operation is an argv list (`ContainerConfig.argv`)
   that unit tests compare without a daemon, `render`-style, and that a user can paste.
-* Secrets stay off command lines: the environment goes through ``--env-file /dev/stdin``
-  (fed over the SSH channel), so HF_TOKEN is never in an argv, a process list or a log.
+* Secrets stay off command lines and out of ``docker inspect``: the API key and the HF token are
+  files (`LaunchSpec.secret_files`: an SGLang ``--config`` YAML, a token file named by
+  ``HF_TOKEN_PATH``) written over the SSH channel's stdin with ``install -m 0400 /dev/stdin PATH``
+  into a 0700 directory on the node's tmpfs (``/dev/shm/sparkctl-secrets/<container>``), bind-mounted
+  read-only at ``/run/sparkctl-secrets``; rewritten before every start (tmpfs does not survive a
+  reboot) and removed with the container. The rest of the environment goes through
+  ``--env-file /dev/stdin``.
 
 Cost: one SSH channel per docker call (~0.2 s on the test cluster, dominated by the
 remote session start); the preflight runs its commands as parallel channels on one
@@ -39,10 +44,10 @@ dropping the overlap, so no line is duplicated or lost; any other offset re-read
 whole log and slices it. A restarted container's log starts at its new start time
 (``log_since`` in the handle), so old "ready" lines never count for a new boot.
 
-Limits (documented, not hidden): ``docker inspect`` on the node shows the container's
-environment and command line, so anyone with docker access on a node can read HF_TOKEN
-and an ``--api-key`` that render puts in the argv (the engine's own command line shows
-the key in ``ps`` too); lines longer than 16 KiB are split by Docker's log driver into
+Limits (documented, not hidden): anyone with docker access on a node is root there and can read
+the secret files (or exec into the engine); the engine prints its ServerArgs with the API key
+into the Docker log on the node (sparkctl redacts it in everything it reads, prints or archives);
+lines longer than 16 KiB are split by Docker's log driver into
 several lines; removing a container deletes its Docker log unless ``log_dir`` is set (the
 log is then archived there first).
 
@@ -63,12 +68,14 @@ from typing import TYPE_CHECKING
 
 from sparkctl.errors import NodeError
 from sparkctl.nodes import facts
-from sparkctl.nodes.container import MEMLOCK_ENV, ContainerConfig, container_config, resolve_image
+from sparkctl.nodes.container import (MEMLOCK_ENV, SECRETS_HOST_ROOT, ContainerConfig, container_config,
+                                      resolve_image)
 from sparkctl.nodes.docker_logs import LOG_LOOKBACK_NS, LogEntry, _Cursor, _since_arg, _ts_ns, parse_log_lines
 from sparkctl.nodes.node_facts import NodeFacts, gather_over_ssh
 from sparkctl.nodes.runtime import DockerHandle, Liveness, sim_env
 from sparkctl.nodes.ssh import CommandResult, SSHConnector, connector_for
-from sparkctl.sglang.launch import LaunchSpec
+from sparkctl.sglang.launch import LaunchSpec, redact
+from sparkctl.state.ledger import write_text_atomic
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Inventory, Node
@@ -98,6 +105,7 @@ class DockerRuntime:
         self._cursors: dict[str, _Cursor] = {}
         self._lock = threading.Lock()
         self._infiniband: bool | None = None
+        self.secret_values: set[str] = set()    # redacted from every log line read (grows with each start)
 
     # -- helpers -----------------------------------------------------------------------------------------------
     def _docker(self, *args: str, check: bool = True, timeout: float = 60.0, stdin: str | None = None,
@@ -135,7 +143,7 @@ class DockerRuntime:
 
     def launch_argv(self, spec: LaunchSpec, deployment_id: str) -> list[str]:
         """The `docker run` argv `start` runs for this rank when no stopped container of the same launch exists
-        (redacted: an --api-key in the engine's argv prints as ***; the environment goes over stdin)."""
+        (secrets are files mounted at /run/sparkctl-secrets; the environment goes over stdin)."""
         return [spec.redact_text(a) for a in self._config(spec, deployment_id).argv]
 
     def start(self, spec: LaunchSpec, deployment_id: str) -> DockerHandle:
@@ -144,10 +152,12 @@ class DockerRuntime:
         cfg = self._config(spec, deployment_id)
         image = cfg.image
         secrets = spec.secret_values
+        self.secret_values.update(secrets)
         old = self._inspect(cfg.name)
         if old is not None:
             if old.status == "exited" and self._same_launch(old, cfg, spec):
                 log.info("[%s] reusing stopped container %s (same launch)", self.node.name, cfg.name)
+                self._write_secrets(cfg, spec)
                 self._docker("start", old.id, secrets=secrets)
                 state = self._inspect(old.id)
                 if state is None:
@@ -157,6 +167,7 @@ class DockerRuntime:
             self._docker("rm", "--force", old.id)
         if cfg.host_dirs:
             self.ssh.run(["mkdir", "-p", "--", *cfg.host_dirs], check=True)
+        self._write_secrets(cfg, spec)
         res = self._docker(*cfg.argv[1:], stdin=cfg.env_file, secrets=secrets, timeout=120, check=False)
         if res.returncode != 0:
             low = res.stderr.lower()
@@ -169,12 +180,25 @@ class DockerRuntime:
             else:
                 hint = "read the docker error below"
             self._docker("rm", "--force", cfg.name, check=False)   # docker run leaves the created container behind
+            self._remove_secrets(cfg.name)
             raise NodeError(f"docker run failed for rank {spec.rank} ({cfg.name}), exit {res.returncode}",
                             where=f"[{self.node.name}] docker", hint=hint, evidence=res.output[-2000:])
         state = self._inspect(res.stdout.strip().splitlines()[-1] if res.stdout.strip() else cfg.name)
         if state is None:
             raise NodeError(f"container {cfg.name} not found right after docker run", where=f"[{self.node.name}]")
         return self._handle(spec.rank, deployment_id, cfg.name, state, image, None)
+
+    def _write_secrets(self, cfg: ContainerConfig, spec: LaunchSpec) -> None:
+        """The rank's secret files on the node: content over stdin (never in an argv), dir 0700, files 0400."""
+        if not cfg.secrets_dir:
+            return
+        self.ssh.run(["install", "-d", "-m", "0700", "--", SECRETS_HOST_ROOT, cfg.secrets_dir], check=True)
+        for name, content in sorted(spec.secret_files.items()):
+            self.ssh.run(["install", "-m", "0400", "/dev/stdin", f"{cfg.secrets_dir}/{name}"], stdin=content,
+                         secrets=spec.secret_values, check=True)
+
+    def _remove_secrets(self, container: str) -> None:
+        self.ssh.run(["rm", "-rf", "--", f"{SECRETS_HOST_ROOT}/{container}"], check=False)
 
     def _same_launch(self, old: facts.ContainerState, cfg: ContainerConfig, spec: LaunchSpec) -> bool:
         """Same labels (identity), command and environment (compared in memory; secrets never leave it)."""
@@ -244,7 +268,8 @@ class DockerRuntime:
                 return None
             raise NodeError(f"docker logs failed for {cid[:12]} (exit {res.returncode})",
                             where=f"[{self.node.name}] docker", evidence=res.output[-2000:])
-        return parse_log_lines(res.stdout)
+        # The engine prints its ServerArgs (api_key='...'): nothing sparkctl reads from a log keeps a secret.
+        return parse_log_lines(redact(res.stdout, self.secret_values))
 
     def stop(self, handle: DockerHandle, *, timeout_s: float = 15.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout_s``; the container stays (stopped) for a fast restart."""
@@ -259,15 +284,13 @@ class DockerRuntime:
             try:
                 text, _ = self.read_log(handle.model_copy(update={"log_since": None}), 0)
                 if text:
-                    self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-                    path = self.log_dir / f"rank{handle.rank}-{handle.container}.log"
-                    path.write_text(text)
-                    path.chmod(0o600)
+                    write_text_atomic(self.log_dir / f"rank{handle.rank}-{handle.container}.log", text)
             except NodeError as exc:
                 log.warning("[%s] could not archive the log of %s: %s", self.node.name, handle.container, exc)
         res = self._docker("rm", "--force", handle.container_id, check=False)
         if res.returncode != 0 and "no such container" not in res.stderr.lower():
             res.check()
+        self._remove_secrets(handle.container)
         with self._lock:
             self._cursors.pop(handle.container_id, None)
 

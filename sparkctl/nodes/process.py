@@ -3,12 +3,16 @@
 The LaunchSpec's argv (`python3 -m sglang.launch_server ...`) runs unchanged except
 for the program: `python -m sparkctl.sim`, sparkctl's SGLang emulator. The process
 is detached (own session) so it outlives `sparkctl up`, its output goes to a log
-file in the state directory, and the handle records the PID plus its kernel start
-time so a recycled PID is never mistaken for our engine.
+file in the state directory through `sparkctl.nodes.logpipe` (secrets redacted line by line;
+the recorded PID is that parent's), and the handle records the PID plus its kernel start
+time so a recycled PID is never mistaken for our engine. Secret files (API key, HF token)
+are written to ``<state>/secrets/<deployment>/rank<N>/`` (0700, files 0400) and removed
+with the engine (`remove`).
 """
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +22,8 @@ from typing import Any
 
 from sparkctl.nodes.node_facts import NodeFacts
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
-from sparkctl.sglang.launch import LaunchSpec
+from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec, redact
+from sparkctl.state.ledger import private_dir
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
@@ -47,33 +52,42 @@ class ProcessRuntime:
     needs_image = False       # the emulator runs in place
     poll_interval_s = 0.1
 
-    def __init__(self, log_dir: Path, sim_knobs: dict[str, Any] | None = None) -> None:
+    def __init__(self, log_dir: Path, sim_knobs: dict[str, Any] | None = None, *,
+                 secrets_root: Path | None = None) -> None:
         self.log_dir = log_dir
         self.sim_knobs = dict(sim_knobs or {})
+        self.secrets_root = secrets_root or log_dir.parent / "secrets"
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
-    def _command(self, spec: LaunchSpec) -> list[str]:
-        return [sys.executable, "-m", "sparkctl.sim", *spec.argv[3:]]
+    def secrets_dir(self, deployment_id: str, rank: int) -> Path:
+        """The rank's private directory standing in for SECRETS_MOUNT (0700, files 0400; gone with the engine)."""
+        return self.secrets_root / deployment_id / f"rank{rank}"
+
+    def _command(self, spec: LaunchSpec, secrets_dir: Path | None = None) -> list[str]:
+        return [sys.executable, "-m", "sparkctl.sim", *(_local(a, secrets_dir) for a in spec.argv[3:])]
 
     def launch_argv(self, spec: LaunchSpec, deployment_id: str) -> list[str]:
         """The command `start` runs: the LaunchSpec's SGLang arguments, given to sparkctl's emulator (redacted)."""
         return [spec.redact_text(a) for a in self._command(spec)]
 
     def start(self, spec: LaunchSpec, deployment_id: str) -> ProcessHandle:
-        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(self.log_dir)
         log_path = self.log_dir / f"rank{spec.rank}.log"
-        env = dict(os.environ)
+        # The caller's environment, minus any variable holding one of the rank's secrets (HF_TOKEN, the API key's
+        # variable): the engine gets those from its secret files only.
+        env = {k: v for k, v in os.environ.items() if v not in spec.secret_values}
         # Knobs the caller's environment sets (tests, fault injection) win over the inventory's.
         env.update({k: v for k, v in sim_env(self.sim_knobs).items() if k not in os.environ})
         env.setdefault("SPARKCTL_SIM_SGLANG_VERSION", spec.sglang_version)
-        env.update(spec.env)
+        sdir = self.secrets_dir(deployment_id, spec.rank)
+        if spec.secret_files:
+            write_secret_files(sdir, spec.secret_files)
+        env.update({k: _local(v, sdir) for k, v in spec.env.items()})
         env["PYTHONUNBUFFERED"] = "1"
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            proc = subprocess.Popen(self._command(spec), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env=env,
-                                    start_new_session=True, close_fds=True)
-        finally:
-            os.close(fd)
+        # The engine's output reaches the log through sparkctl.nodes.logpipe, which redacts secrets line by line.
+        pipe = [sys.executable, "-m", "sparkctl.nodes.logpipe", str(log_path), str(sdir), "--"]
+        proc = subprocess.Popen(pipe + self._command(spec, sdir), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env=env, start_new_session=True, close_fds=True)
         self._children[proc.pid] = proc
         return ProcessHandle(node=spec.node, rank=spec.rank, pid=proc.pid, start_ticks=_proc_start_ticks(proc.pid),
                              log=str(log_path), deployment=deployment_id, spec=spec.redacted())
@@ -103,7 +117,7 @@ class ProcessRuntime:
             return "", offset
         # Only hand out complete lines; a partial last line waits for the next read.
         cut = data.rfind(b"\n") + 1
-        return data[:cut].decode("utf-8", "replace"), offset + cut
+        return redact(data[:cut].decode("utf-8", "replace"), ()), offset + cut   # logpipe redacted the values
 
     def stop(self, handle: ProcessHandle, *, timeout_s: float = 15.0) -> None:
         if not self._ours(handle):
@@ -130,6 +144,12 @@ class ProcessRuntime:
 
     def remove(self, handle: ProcessHandle) -> None:
         self.stop(handle)
+        sdir = self.secrets_dir(handle.deployment, handle.rank)
+        shutil.rmtree(sdir, ignore_errors=True)
+        try:
+            sdir.parent.rmdir()          # the deployment's directory, once its last rank is gone
+        except OSError:
+            pass
 
     def gather(self, spec: LaunchSpec) -> NodeFacts:
         """Local facts: does the emulator import, are the rank's ports free here (judged in deploy/)."""
@@ -140,6 +160,25 @@ class ProcessRuntime:
             nf.engine_error = str(exc)
         nf.ports_free = {(addr, port): local_port_free(addr, port) for addr, port, _ in spec.listen_ports()}
         return nf
+
+
+def _local(value: str, secrets_dir: Path | None) -> str:
+    """A SECRETS_MOUNT path of the LaunchSpec rewritten into the rank's local secrets directory."""
+    if secrets_dir is not None and (value == SECRETS_MOUNT or value.startswith(SECRETS_MOUNT + "/")):
+        return str(secrets_dir) + value[len(SECRETS_MOUNT):]
+    return value
+
+
+def write_secret_files(directory: Path, files: dict[str, str]) -> None:
+    """Write `files` (name -> content) into `directory`: the directory 0700, each file 0400, created with those
+    modes (never readable by others, not even for a moment); an existing file is replaced."""
+    private_dir(directory)
+    for name, content in files.items():
+        path = directory / name
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(content)
 
 
 def local_port_free(address: str, port: int) -> bool:

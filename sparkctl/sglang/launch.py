@@ -2,15 +2,25 @@
 
 `render` produces one LaunchSpec per rank from a Profile and an Inventory. It is
 plain data: tests compare it, `sparkctl render` prints it, runtimes (local process,
-docker on a node) execute it. Secret values (API key, HF token) live in the spec
-so the engine can be started, but every printable or storable view is redacted.
+docker on a node) execute it. Secret values (API key, HF token) never enter argv
+or env: they travel as `secret_files` (an SGLang `--config` YAML and an HF token file) that the runtime writes
+to a private directory and the engine reads at start-up; every printable or storable view is redacted.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 REDACTED = "***"
+# Where an engine finds its secret files (the runtime puts the directory there: a read-only bind mount in a
+# container, the same path rewritten to a private local directory by the process runtime).
+SECRETS_MOUNT = "/run/sparkctl-secrets"
+ENGINE_SECRETS_FILE = "engine-secrets.yaml"   # SGLang `--config` YAML holding `api-key: KEY`
+HF_TOKEN_FILE = "hf-token"                    # read by huggingface_hub through HF_TOKEN_PATH
+# SGLang prints its ServerArgs repr at start-up (`server_args=ServerArgs(..., api_key='KEY', ...)`): the values of
+# these fields are hidden even when the value itself is not known to sparkctl.
+_SECRET_FIELDS = re.compile(r"\b((?:admin_)?api_key|hf_token|ssl_keyfile_password)=(['\"])(.*?)\2")
 
 
 def redact(text: str, secrets: "frozenset[str] | set[str] | list[str] | tuple[str, ...]") -> str:
@@ -18,7 +28,7 @@ def redact(text: str, secrets: "frozenset[str] | set[str] | list[str] | tuple[st
     Longest first, so a secret that contains another is hidden whole."""
     for value in sorted({s for s in secrets if s}, key=len, reverse=True):
         text = text.replace(value, REDACTED)
-    return text
+    return _SECRET_FIELDS.sub(lambda m: f"{m.group(1)}={m.group(2)}{REDACTED}{m.group(2)}", text)
 
 
 @dataclass(frozen=True)
@@ -39,7 +49,10 @@ class LaunchSpec:
     api_port: int = 30000
     image: str | None = None      # engine image reference (docker runtime)
     mounts: list[dict[str, Any]] = field(default_factory=list)  # {"source","target","read_only"}
-    secret_values: frozenset[str] = frozenset()  # values to redact wherever printed
+    secret_values: frozenset[str] = field(default=frozenset(), repr=False)  # values to redact wherever printed
+    # File name -> content of the files the runtime writes (0400, in a private 0700 directory) at SECRETS_MOUNT
+    # before the engine starts: the API key and HF token reach the engine there, never in its argv or env.
+    secret_files: dict[str, str] = field(default_factory=dict, repr=False)
 
     def listen_ports(self) -> list[tuple[str, int, str]]:
         """(bind address, port, what) this rank listens on, read from its own argv (SGLang's defaults when a flag

@@ -14,11 +14,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import yaml
+
 from sparkctl.config.inventory import Inventory, Node
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
 from sparkctl.sglang.dialect import Dialect, load_dialect
-from sparkctl.sglang.launch import LaunchSpec
+from sparkctl.sglang.launch import ENGINE_SECRETS_FILE, HF_TOKEN_FILE, SECRETS_MOUNT, LaunchSpec
 
 log = logging.getLogger("sparkctl.render")
 
@@ -28,7 +30,8 @@ MODELS_MOUNT = "/models"   # every node's host_paths.models appears here in the 
 # Flags sparkctl sets itself; extra_args may not override them.
 MANAGED = {"model_path": "model.path", "tp_size": "server.tp_size", "nnodes": "the inventory",
            "node_rank": "the inventory", "dist_init_addr": "the inventory and api.dist_port",
-           "host": "api.host", "port": "api.port", "api_key": "api.api_key_env"}
+           "host": "api.host", "port": "api.port", "api_key": "api.api_key_env",
+           "config": "the profile (sparkctl passes the API key in its own --config file)"}
 
 _SERVER_ORDER = ["mem_fraction_static", "max_total_tokens", "mamba_full_memory_ratio", "max_mamba_cache_size",
                  "context_length", "kv_cache_dtype", "dsa_prefill_backend", "dsa_decode_backend",
@@ -201,9 +204,18 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
         if profile.speculative is not None:
             for attr, dest in _SPEC_FIELDS:
                 b.add(f"speculative.{attr}", dest, getattr(profile.speculative, attr))
-        if api_key:
-            b.add("api.api_key_env", "api_key", api_key)
         b.add_extra(profile.server.extra_args)
+        secret_files: dict[str, str] = {}
+        if api_key:
+            # Not `--api-key KEY` (ps, docker inspect and /proc/PID/cmdline show argv): SGLang's
+            # prepare_server_args merges a `--config` YAML into argv in-process (ConfigArgumentMerger, SGLang
+            # 0.5.3+; keys in any long spelling), so the key reaches ServerArgs.api_key from a 0400 file.
+            for dest in ("api_key", "config"):
+                if dialect.flag(dest) is None:
+                    raise b._refuse("api.api_key_env", f"SGLang {dialect.version} has no --{dest.replace('_', '-')}",
+                                    "unset api.api_key_env, or use an image.sglang_version that has it")
+            b.argv += ["--config", f"{SECRETS_MOUNT}/{ENGINE_SECRETS_FILE}"]
+            secret_files[ENGINE_SECRETS_FILE] = yaml.safe_dump({"api-key": api_key})
 
         env = dict(profile.env)
         env.update({
@@ -215,13 +227,16 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
         if node.roce_hcas:
             env["NCCL_IB_HCA"] = ",".join(node.roce_hcas)
         if hf_token:
-            env["HF_TOKEN"] = hf_token
+            # Not HF_TOKEN=... (docker inspect shows a container's env): huggingface_hub reads the token file
+            # named by HF_TOKEN_PATH (huggingface_hub constants.HF_TOKEN_PATH, 0.x and 1.x).
+            env["HF_TOKEN_PATH"] = f"{SECRETS_MOUNT}/{HF_TOKEN_FILE}"
+            secret_files[HF_TOKEN_FILE] = hf_token
         mounts = [{"source": node.host_paths.models, "target": MODELS_MOUNT, "read_only": True},
                   {"source": node.host_paths.cache, "target": "/root/.cache", "read_only": False}]
         specs.append(LaunchSpec(rank=rank, node=node.name, argv=LAUNCH_PREFIX + b.argv, env=env,
                                 sglang_version=dialect.version, api_host=api_address(node, bind),
                                 api_port=profile.api.port, mounts=mounts, secret_values=frozenset(secrets),
-                                image=image))
+                                image=image, secret_files=secret_files))
         if rank == 0:
             warnings = b.warnings
     for w in warnings:

@@ -26,6 +26,7 @@ import time
 
 from sparkctl.sim import failures
 from sparkctl.sim.args import Resolved, build_parser, resolve, server_args_repr, startup_error, torch_dtype
+from sparkctl.sim.config_file import ConfigFileError, merge_config_args
 from sparkctl.sim.config import Knobs, KnobError, load_knobs, sglang_version
 from sparkctl.sim.dist import DistError, StoreClient, StoreServer
 from sparkctl.sim.logfmt import EngineLog
@@ -339,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - unknown version etc.: one clear line
         print(f"sparkctl-sim: {e}", file=sys.stderr, flush=True)
         return 2
+    try:
+        argv = merge_config_args(parser, argv)
+    except ConfigFileError as e:  # SGLang's prepare_server_args raises before parsing: traceback, exit 1
+        print(e.traceback, file=sys.stderr, flush=True)
+        return 1
     try:
         ns = parser.parse_args(argv)
     except SystemExit as e:  # argparse already printed "launch_server.py: error: ..."

@@ -140,6 +140,17 @@ def store_wait(log: EngineLog, timeout_s: float, joined: int, nnodes: int) -> No
     _launcher_tail(log, -3)
 
 
+def launcher_value_error(message: str) -> str:
+    """The launcher's traceback for a ValueError of SGLang 0.5.23's --config merger (prepare_server_args, before
+    any process starts), e.g. "Config file not found: /x.yaml"."""
+    return "\n".join(["Traceback (most recent call last):",
+                       '  File "<frozen runpy>", line 198, in _run_module_as_main',
+                       '  File "<frozen runpy>", line 88, in _run_code'] + _frames([
+        (f"{_SITE}/sglang/launch_server.py", 81, "<module>", "server_args = prepare_server_args(sys.argv[1:])"),
+        (f"{_SG}/server_args.py", 689, "prepare_server_args", "argv = config_merger.merge_config_with_args(argv)"),
+    ]) + [f"ValueError: {message}"])
+
+
 def unknown_speculative_algorithm(error: str) -> str:
     """The launcher's traceback for an unknown algorithm, frames as in the sglang 0.5.23 wheel: launch_server.py
     run_server -> ServerArgs.resolve_once -> the resolution pipeline's speculative hook -> from_string's raise.

@@ -1,12 +1,14 @@
 """The ledger: one state directory per cluster holding every deployment and run as records.
 
-Layout (all files mode 0600, directories 0700)::
+Layout (all files mode 0600, directories 0700; `private_dir` tightens sparkctl's own directories)::
 
+    $SPARKCTL_STATE_DIR/debug.log         tracebacks of internal errors (exit 70)
     $SPARKCTL_STATE_DIR/<cluster>/
         cluster.json              {"active": id|null, "history": [ids, oldest first]}
         deployments/<id>.json     one record per `up` / `rollback`
         runs/<id>/                bench runs (report.md, report.json)
-        logs/<id>/rank<N>.log     engine logs of the process runtime
+        logs/<id>/rank<N>.log     engine logs of the process runtime (secrets redacted), archived docker logs
+        secrets/<id>/rank<N>/     the process runtime's secret files (0400), removed with the engine
         lock, lock.holder         the cluster lock and who holds it
 
 Writes are atomic (temp file + fsync + rename). Records are typed (`sparkctl.state.records`): a missing
@@ -19,6 +21,7 @@ import json
 import os
 import secrets
 import socket
+import stat
 import sys
 import time
 from contextlib import contextmanager
@@ -28,7 +31,7 @@ from typing import Any, Iterator
 
 from pydantic import ValidationError
 
-from sparkctl.errors import LedgerError, LockHeldError
+from sparkctl.errors import LedgerError, LockHeldError, StateDirError
 from sparkctl.state.records import DeploymentRecord, RunRecord
 
 
@@ -44,11 +47,57 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def private_dir(path: Path) -> Path:
+    """`path` as a private directory of sparkctl: created (with any missing parents) mode 0700, an existing one
+    with looser modes tightened to 0700 (call it only for sparkctl's own directories). StateDirError, naming the
+    directory and the fix, when it cannot be created or changed (permissions, read-only file system)."""
+    try:
+        missing = []
+        p = path
+        while not p.exists() and p != p.parent:
+            missing.append(p)
+            p = p.parent
+        for d in reversed(missing):
+            d.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(d, 0o700)                       # mkdir's mode is masked by the umask
+        if stat.S_IMODE(path.stat().st_mode) & 0o077:
+            os.chmod(path, 0o700)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied", str(path))
+    except OSError as exc:
+        raise _state_dir_error(path, exc) from None
+    return path
+
+
+def _state_dir_error(path: Path, exc: OSError) -> StateDirError:
+    why = exc.strerror or str(exc)
+    where = exc.filename or str(path)
+    return StateDirError(f"the state directory is not usable: {why}", where=str(where),
+                         hint="make it writable by this user, or point SPARKCTL_STATE_DIR at a directory you own "
+                              "(e.g. export SPARKCTL_STATE_DIR=$HOME/.local/state/sparkctl)")
+
+
+def check_state_root(root: Path) -> str | None:
+    """A warning when the state root (not sparkctl's to change: it may be a directory the user chose) lets group
+    or others in; None when it is private or does not exist yet (sparkctl then creates it 0700)."""
+    try:
+        mode = stat.S_IMODE(root.stat().st_mode)
+    except OSError:
+        return None
+    if mode & 0o077:
+        return (f"state directory {root} has mode {mode:04o}: others on this machine can list the deployments "
+                f"and logs sparkctl keeps there (files are 0600); chmod 700 {root}")
+    return None
+
+
 def write_text_atomic(path: Path, text: str, mode: int = 0o600) -> None:
     """Write text to path atomically (temp file, fsync, rename) with `mode`; a crash leaves old or new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    except OSError as exc:
+        raise _state_dir_error(path.parent, exc) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -113,9 +162,7 @@ class Ledger:
         return self.root / "logs" / dep_id
 
     def run_dir(self, run_id: str) -> Path:
-        path = self.root / "runs" / run_id
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return path
+        return private_dir(self.root / "runs" / run_id)
 
     # -- index ---------------------------------------------------------------------------------------------------
     def index(self) -> dict[str, Any]:
@@ -193,11 +240,16 @@ class Ledger:
             finally:
                 Ledger._held[key] -= 1
             return
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(self.root)
         lock = FileLock(str(self.root / "lock"), mode=0o600)
         holder_path = self.root / "lock.holder"
         try:
-            lock.acquire(timeout=0)
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                raise
+            except OSError as exc:   # the lock file cannot be created (Timeout is an OSError too: re-raised above)
+                raise _state_dir_error(self.root, exc) from None
         except Timeout:
             who = "unknown holder"
             try:

@@ -234,3 +234,41 @@ def test_missing_drafter_is_a_preflight_error(cli, test_cluster, cluster_env, pr
     code, _, err = _up(cli, "--profile", "nodrafter")
     assert code == 3, err
     assert "drafter: /models/absent not found" in err and "srv/spark-" in err
+
+
+def test_api_key_and_hf_token_never_in_docker_inspect_ps_or_logs(cli, test_cluster, cluster_env, monkeypatch,
+                                                                  state_dir):
+    """Secrets reach the engine container as 0400 files on the node's tmpfs (bind-mounted read-only), not as argv
+    or env: `docker inspect`, the node's process table, `sparkctl logs`, archived logs and the ledger hold none."""
+    key, token = "sk-cluster-5a4b3c2d1e", "hf_CLUSTERtoken9876543210"
+    monkeypatch.setenv("SPARKCTL_API_KEY", key)
+    monkeypatch.setenv("HF_TOKEN", token)
+    code, first, err = _up(cli, "--profile", "d5")
+    assert code == 0, err
+    cluster = load_inventory(cluster_env).cluster.name
+    for node in ("spark-a", "spark-b"):
+        names = [ln.split()[0] for ln in _running(test_cluster, node, cluster)]
+        assert len(names) == 1
+        inspect = _docker(test_cluster, node, "inspect", names[0])
+        assert inspect and key not in inspect and token not in inspect
+        info = json.loads(inspect)[0]
+        assert "HF_TOKEN_PATH=/run/sparkctl-secrets/hf-token" in info["Config"]["Env"]
+        assert "--config" in info["Config"]["Cmd"] and "--api-key" not in info["Config"]["Cmd"]
+        mount = next(m for m in info["Mounts"] if m["Destination"] == "/run/sparkctl-secrets")
+        assert mount["RW"] is False and mount["Source"] == f"/dev/shm/sparkctl-secrets/{names[0]}"
+        modes = test_cluster.run_on(node, ["stat", "-c", "%a %n", mount["Source"], f"{mount['Source']}/hf-token",
+                                           f"{mount['Source']}/engine-secrets.yaml"]).stdout.split("\n")
+        assert [m.split()[0] for m in modes if m] == ["700", "400", "400"]
+        ps = test_cluster.run_on(node, ["ps", "-eo", "args"]).stdout
+        assert "sglang.launch_server" in ps and key not in ps and token not in ps
+    code, logs_out, err = cli("logs", "--rank", "0", "--tail", "0")
+    assert code == 0 and "server_args=" in logs_out and "api_key='***'" in logs_out and key not in logs_out
+    code, out, err = cli("down", "--yes")
+    assert code == 0, err
+    for node in ("spark-a", "spark-b"):
+        assert test_cluster.run_on(node, ["ls", "/dev/shm/sparkctl-secrets"], check=False).stdout.strip() == ""
+    stored = [p for p in state_dir.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".log" for p in stored)          # the archived engine logs
+    for p in stored:
+        text = p.read_text(errors="replace")
+        assert key not in text and token not in text, p

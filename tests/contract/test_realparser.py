@@ -181,3 +181,25 @@ def test_committed_speculative_algorithms_match_the_wheel_source(version):
     choices = next(f["choices"] for f in committed["flags"] if f["dest"] == "speculative_algorithm")
     assert choices is None or sorted(choices) == sorted(fresh["names"])
     assert ("DFLASH" in fresh["names"]) == (version != "0.5.3.post3")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_api_key_from_the_rendered_config_file_reaches_server_args(real_sglang, version, tmp_path, monkeypatch):
+    """sparkctl renders `--config <secrets>/engine-secrets.yaml` instead of `--api-key KEY`: the real parser
+    reads the key from that file (prepare_server_args merges the YAML in-process); no key in argv."""
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.config.profile import load_profile
+    from sparkctl.sglang.launch import SECRETS_MOUNT
+    from sparkctl.sglang.render import render
+
+    real_sglang(version)
+    monkeypatch.setenv("SPARKCTL_API_KEY", "sk-contract-1e3")       # a key YAML would read as a float unquoted
+    spec = render(load_profile("d5"), load_inventory(ROOT / "inventory" / "sparks.example.yml")).specs[0]
+    for name, content in spec.secret_files.items():
+        (tmp_path / name).write_text(content)
+    argv = [a.replace(SECRETS_MOUNT, str(tmp_path)) for a in ["--config", f"{SECRETS_MOUNT}/engine-secrets.yaml"]]
+    assert "sk-contract-1e3" not in " ".join(spec.argv)
+    assert parse_with_real_sglang(version, BASE + argv)["api_key"] == "sk-contract-1e3"
+    # SGLang's errors for a missing file, as the emulator reproduces them
+    err = _rejected(version, ["--config", str(tmp_path / "missing.yaml")])
+    assert err.kind == "exception" and f"Config file not found: {tmp_path / 'missing.yaml'}" in err.message

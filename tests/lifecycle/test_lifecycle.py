@@ -93,8 +93,9 @@ def test_logs_prints_the_tail_of_that_ranks_log(cli, local_cluster):
     assert code == 0, err
     on_disk = Path(handle.log).read_text().splitlines()
     assert out.splitlines() == on_disk[-5:] and len(on_disk) > 5
-    code, _, err = cli("logs", "--rank", "7")
-    assert code == 1 and "has no rank 7" in err and "ranks: [1, 0]" in err
+    code, out, err = cli("logs", "--rank", "7")
+    assert code == 2 and out == "" and f"--rank 7: deployment {first['deployment']} has no rank 7" in err
+    assert "fix: use one of its ranks: 0, 1 (e.g. --rank 0)" in err
 
 
 def test_down_stops_every_rank_and_keeps_the_history(cli, local_cluster):
@@ -116,7 +117,7 @@ def test_down_stops_every_rank_and_keeps_the_history(cli, local_cluster):
 def test_dry_run_prints_the_steps_and_commands_and_changes_nothing(cli, local_cluster, monkeypatch):
     monkeypatch.setenv("SPARKCTL_API_KEY", "sk-dry-run-secret")
     code, out, err = cli("up", "--profile", "d5", "--dry-run", "--json")
-    assert "sk-dry-run-secret" not in err + out and "--api-key '***'" in err
+    assert "sk-dry-run-secret" not in err + out and "--config /run/sparkctl-secrets/engine-secrets.yaml" in err
     result = json.loads(out)
     assert code == 0 and result["outcome"] == "dry-run"
     assert [s["name"] for s in result["plan"]["steps"]] == ["preflight", "image", "boot", "warm-up", "verify",

@@ -241,3 +241,40 @@ def test_read_log_follows_incrementally_without_duplicates() -> None:
     assert rt.read_log(h, off2) == ("", off2)
     assert rt.read_log(h, 0)[0] == "a\nb\nc\nd\ne\n"      # offset 0: the whole log again
     assert rt.read_log(h, 4)[0] == "c\nd\ne\n"            # any other offset: sliced from a full read
+
+
+def test_secret_files_are_a_read_only_mount_of_a_tmpfs_dir_per_container() -> None:
+    from sparkctl.nodes.container import SECRETS_HOST_ROOT
+    from sparkctl.sglang.launch import SECRETS_MOUNT
+    spec = _spec(argv=["python3", "-m", "sglang.launch_server", "--config", f"{SECRETS_MOUNT}/engine-secrets.yaml"],
+                 env={"HF_TOKEN_PATH": f"{SECRETS_MOUNT}/hf-token"},
+                 secret_files={"engine-secrets.yaml": f"api-key: {API_KEY}\n", "hf-token": HF_TOKEN})
+    cfg = _cfg(spec=spec)
+    assert cfg.secrets_dir == f"{SECRETS_HOST_ROOT}/{cfg.name}" and SECRETS_HOST_ROOT == "/dev/shm/sparkctl-secrets"
+    assert f"type=bind,source={cfg.secrets_dir},target={SECRETS_MOUNT},readonly" in cfg.argv
+    assert cfg.secrets_dir not in cfg.host_dirs                      # not created writable by mkdir -p
+    shown = json.dumps(cfg.argv) + cfg.env_file + json.dumps(cfg.labels)
+    assert API_KEY not in shown and HF_TOKEN not in shown
+    assert _cfg(spec=_spec(secret_files={})).secrets_dir is None
+
+
+def test_secret_files_go_over_ssh_stdin_into_a_private_dir(monkeypatch) -> None:
+    """`install -d -m 0700` then `install -m 0400 /dev/stdin PATH` per file: the content never in an argv."""
+    from sparkctl.nodes.container import SECRETS_HOST_ROOT
+    calls: list[tuple[list[str], object]] = []
+
+    class FakeSSH:
+        def run(self, argv, *, stdin=None, check=False, secrets=(), **_kw):
+            calls.append((list(argv), stdin))
+            return CommandResult(node="spark-a", argv=list(argv), returncode=0, stdout="", stderr="", elapsed_s=0.0)
+
+    inv = Inventory(path="x", cluster=Cluster(name="desk"), nodes=[_node()])
+    rt = DockerRuntime(inv, inv.nodes[0], cluster="desk", connector=FakeSSH(), environ={})  # type: ignore[arg-type]
+    spec = _spec(secret_files={"engine-secrets.yaml": f"api-key: {API_KEY}\n", "hf-token": HF_TOKEN})
+    cfg = _cfg(spec=spec)
+    rt._write_secrets(cfg, spec)
+    assert calls[0] == (["install", "-d", "-m", "0700", "--", SECRETS_HOST_ROOT, cfg.secrets_dir], None)
+    assert calls[1:] == [(["install", "-m", "0400", "/dev/stdin", f"{cfg.secrets_dir}/engine-secrets.yaml"],
+                          f"api-key: {API_KEY}\n"),
+                         (["install", "-m", "0400", "/dev/stdin", f"{cfg.secrets_dir}/hf-token"], HF_TOKEN)]
+    assert all(API_KEY not in " ".join(argv) and HF_TOKEN not in " ".join(argv) for argv, _ in calls)

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
@@ -120,16 +121,44 @@ def test_shell_metacharacters_stay_one_argv_element(profiles_dir):
     assert _flag(argv, "--served-model-name") == "glm; rm -rf / 'x' $(id)"
 
 
-def test_secrets_are_in_the_spec_but_redacted_everywhere_printed(cli, monkeypatch):
+def test_secrets_travel_as_files_never_in_argv_env_or_anything_printed(cli, monkeypatch):
     monkeypatch.setenv("SPARKCTL_API_KEY", "sk-very-secret")
     monkeypatch.setenv("HF_TOKEN", "hf_secret_token")
     res = render(load_profile("d5"), load_inventory(INVENTORIES["sparks"]))
-    spec = res.specs[0]
-    assert _flag(spec.argv, "--api-key") == "sk-very-secret" and spec.env["HF_TOKEN"] == "hf_secret_token"
+    for spec in res.specs:
+        assert _flag(spec.argv, "--config") == "/run/sparkctl-secrets/engine-secrets.yaml"
+        assert "--api-key" not in spec.argv and "HF_TOKEN" not in spec.env
+        assert spec.env["HF_TOKEN_PATH"] == "/run/sparkctl-secrets/hf-token"
+        assert yaml.safe_load(spec.secret_files["engine-secrets.yaml"]) == {"api-key": "sk-very-secret"}
+        assert spec.secret_files["hf-token"] == "hf_secret_token"
+        assert "sk-very-secret" not in json.dumps(spec.redacted()) + repr(spec)
     shown = json.dumps(res.to_json())
-    assert "sk-very-secret" not in shown and "hf_secret_token" not in shown and "***" in shown
+    assert "sk-very-secret" not in shown and "hf_secret_token" not in shown
     code, out, err = cli("render", "--profile", "d5", "--json", "--inventory", str(INVENTORIES["sparks"]))
     assert code == 0 and "sk-very-secret" not in out + err and "hf_secret_token" not in out + err
+
+
+def test_an_api_key_that_yaml_would_read_as_another_type_stays_a_string(monkeypatch):
+    for key in ("true", "1e3", "0x10", "null", "key: with colon", "'quoted\""):
+        monkeypatch.setenv("SPARKCTL_API_KEY", key)
+        spec = render(load_profile("d5"), load_inventory(INVENTORIES["sparks"])).specs[0]
+        assert yaml.safe_load(spec.secret_files["engine-secrets.yaml"]) == {"api-key": key}
+
+
+def test_extra_args_may_not_carry_their_own_config_file(tmp_path, monkeypatch, profiles_dir):
+    (profiles_dir / "cfg.yml").write_text("extends: d5\nserver: {extra_args: ['--config', '/x.yaml']}\n")
+    with pytest.raises(ConfigError) as e:
+        render(load_profile("cfg"), load_inventory(INVENTORIES["sparks"]))
+    assert "--config is set by sparkctl" in e.value.message
+
+
+def test_redact_hides_known_values_and_server_args_fields():
+    from sparkctl.sglang.launch import redact
+    line = "server_args=ServerArgs(model_path='/m', api_key='unknown-key', admin_api_key=\"k2\", port=30000)"
+    assert redact(line, ()) == ("server_args=ServerArgs(model_path='/m', api_key='***', admin_api_key=\"***\", "
+                                "port=30000)")
+    assert redact("token abc-123 and abc", {"abc", "abc-123"}) == "token *** and ***"
+    assert redact("api_key=None", ()) == "api_key=None"
 
 
 def test_cli_json_shape_and_rank_filter(cli):

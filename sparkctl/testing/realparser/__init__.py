@@ -59,8 +59,10 @@ _RESULT_PREFIX = "@@SPARKCTL-REALPARSER@@"
 # Packages found by trial to be needed by the import (installed up front to save trial rounds;
 # the trial loop still covers anything a version needs beyond these).
 IMPORT_DEPS: dict[str, tuple[str, ...]] = {
+    # PyYAML: `--config FILE.yaml` imports it inside prepare_server_args (transformers requires it in a real
+    # install; the import probe does not reach it)
     "0.5.23": ("numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pillow",
-               "starlette", "msgspec", "pyzmq", "tqdm", "ipython", "pydantic", "aiohttp"),
+               "starlette", "msgspec", "pyzmq", "tqdm", "ipython", "pydantic", "aiohttp", "PyYAML"),
     "0.5.11": ("numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pillow", "starlette",
                "tqdm", "ipython", "pydantic", "aiohttp", "transformers", "pyzmq", "triton", "openai",
                "partial_json_parser", "dill", "sentencepiece"),
@@ -150,17 +152,35 @@ def ensure_sglang_venv(version: str) -> Path:
     from filelock import FileLock, Timeout
 
     venv = venvs_root() / version
-    if (venv / MARKER).is_file():
+    if (venv / MARKER).is_file() and not _missing_seeds(version):
         return venv
     venv.parent.mkdir(parents=True, exist_ok=True)
     try:
         with FileLock(str(venv.parent / f"{version}.lock"), timeout=LOCK_TIMEOUT_S):
             if not (venv / MARKER).is_file():
                 _build_venv(version, venv)
+            elif _missing_seeds(version):
+                _top_up(version, venv)
     except Timeout as exc:
         raise RealParserUnavailable(f"another process has been building the sglang=={version} venv "
                                     f"for over {LOCK_TIMEOUT_S:.0f}s", where=str(venv)) from exc
     return venv
+
+
+def _missing_seeds(version: str) -> list[str]:
+    """IMPORT_DEPS of `version` a venv built before they were listed does not have (by its marker)."""
+    have = {_norm(re.split(r"[=<>!~ ]", d, maxsplit=1)[0]) for d in (venv_info(version) or {}).get("import_deps", [])}
+    return [d for d in IMPORT_DEPS.get(version, ()) if _norm(d) not in have]
+
+
+def _top_up(version: str, venv: Path) -> None:
+    """Install seeds added to IMPORT_DEPS since the venv was built, and record them in its marker."""
+    missing = _missing_seeds(version)
+    log.info("sglang==%s: adding %s to %s", version, ", ".join(missing), venv)
+    _pip(str(venv / "bin" / "python"), "install", TORCH_REQUIREMENT, *(_requirement(d, {}) for d in missing))
+    info = venv_info(version) or {}
+    info["import_deps"] = list(info.get("import_deps", [])) + missing
+    write_json_atomic(venv / MARKER, info)
 
 
 def _build_venv(version: str, venv: Path) -> None:
