@@ -7,8 +7,10 @@ from typing import Optional
 
 import typer
 
-patches_app = typer.Typer(no_args_is_help=True, help="GB10 patch series (patches/<series>/).")
-image_app = typer.Typer(no_args_is_help=True, help="Engine and launch images: plan, build, list, verify, prune.")
+from sparkctl.cli.options import PlainFlagsGroup, flag
+
+patches_app = typer.Typer(cls=PlainFlagsGroup, no_args_is_help=True, help="GB10 patch series (patches/<series>/).")
+image_app = typer.Typer(cls=PlainFlagsGroup, no_args_is_help=True, help="Engine and launch images: plan, build, list, verify, prune.")
 
 
 def register(app: typer.Typer) -> None:
@@ -20,7 +22,7 @@ def register(app: typer.Typer) -> None:
 def patches_check(series: Optional[str] = typer.Option(None, "--series", "-s", help="One series (default: all)."),
                   profile: Optional[str] = typer.Option(None, "--profile", "-p",
                                                         help="Check the profile's series against its SGLang version."),
-                  as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout.")) -> None:
+                  as_json: bool = flag("--json", help="Print JSON on stdout.")) -> None:
     """Apply every patch to the released SGLang wheel of the series' version (cached); report each patch."""
     from sparkctl.errors import ConfigError
     from sparkctl.images.series import check_series, list_series
@@ -60,7 +62,7 @@ def _ctx(profile: str | None, inventory: str | None):
 
 _PROFILE = typer.Option(..., "--profile", "-p", help="Profile name (profiles/NAME.yml) or path.")
 _INVENTORY = typer.Option(None, "--inventory", "-i", help="Ansible inventory file.")
-_JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
+_JSON = flag("--json", help="Print JSON on stdout.")
 
 
 @image_app.command("plan")
@@ -78,7 +80,7 @@ def image_plan(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY, a
 
 @image_app.command("build")
 def image_build(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY,
-                copy: bool = typer.Option(True, "--copy/--no-copy", help="Copy to the other nodes over the fabric."),
+                copy: bool = typer.Option(True, "--copy/--no-copy", metavar="", help="Copy to the other nodes over the fabric."),
                 as_json: bool = _JSON) -> None:
     """Build the engine + launch images on the rank-0 node (no-op when present), copy them, verify them."""
     from sparkctl.images import pipeline
@@ -129,7 +131,7 @@ def image_verify(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY,
 
 @image_app.command("prune")
 def image_prune(inventory: Optional[str] = _INVENTORY,
-                dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be removed."),
+                dry_run: bool = flag("--dry-run", help="Only say what would be removed."),
                 as_json: bool = _JSON) -> None:
     """Remove sparkctl-built images that no deployment in the ledger uses (base images are never touched)."""
     from sparkctl.images import manage, pipeline

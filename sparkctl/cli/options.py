@@ -35,3 +35,6 @@ def plain_flags(app: typer.Typer) -> None:
     for info in app.registered_commands:
         if info.cls in (None, TyperCommand):
             info.cls = PlainFlagsCommand
+    for group in app.registered_groups:          # sub-apps (`image ...`, `patches ...`) too
+        if group.typer_instance is not None:
+            plain_flags(group.typer_instance)
