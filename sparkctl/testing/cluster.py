@@ -613,7 +613,8 @@ class TestCluster:
             "host_paths": {"models": str(n.host_root / "models"), "cache": str(n.host_root / "cache")},
             "runtime": "docker", "gpu_runtime": "nvidia"} for n in self.nodes.values()}
         cluster_vars: dict[str, object] = {"sparkctl_cluster": f"testcluster-{self.name_prefix}",
-                                           "sparkctl_known_hosts": str(self.known_hosts_path)}
+                                           "sparkctl_known_hosts": str(self.known_hosts_path),
+                                           **rootfs.INVENTORY_VARS}   # the playbooks' hardware stand-ins
         if self.engine_image:
             cluster_vars["sparkctl_engine_image"] = self.engine_image
         doc = {"all": {"vars": cluster_vars,

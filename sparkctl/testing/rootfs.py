@@ -44,6 +44,7 @@ NODE_PACKAGES = ("python3", "python3-yaml", "openssh-server", "openssh-sftp-serv
                  "iputils-ping", "procps", "netplan.io", "ca-certificates")
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sparkctl" / "node-rootfs"
 STANDIN_DIR = "/opt/sparkctl-standins/bin"
+INVENTORY_VARS = {"prepare_path_prefix": STANDIN_DIR}   # playbook runs put the stand-ins first on PATH
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 CAPTURES = PROJECT_DIR / "tests" / "fixtures" / "captures" / "spark"
 STANDIN_CAPTURES = {"nvidia-smi": "nvidia-smi-gb10-580.95-idle.txt",
@@ -144,12 +145,15 @@ class NodeRoot:
         """Mount (or copy) the node's root and write its node-specific files. ``daemon_json`` (the file the
         node's dockerd reads) becomes a symlink to the node's /etc/docker/daemon.json."""
         lower = ensure_lower(log_dir)
-        self.root.mkdir(parents=True, exist_ok=True)
         upper, work = self.overlay_dirs
+        for stale in (self.root, upper, work):   # a fresh node at every bring-up
+            if not mounted(stale):
+                shutil.rmtree(stale, ignore_errors=True)
+        self.root.mkdir(parents=True, exist_ok=True)
         upper.mkdir(exist_ok=True)
         work.mkdir(exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.record.write_text(f"{self.root}\n")
+        self.record.write_text(json.dumps({"root": str(self.root), "daemon_json": str(daemon_json)}) + "\n")
         res = _run(["mount", "-t", "overlay", "overlay", "-o",
                     f"lowerdir={lower},upperdir={upper},workdir={work}", str(self.root)], check=False)
         if res.returncode:
@@ -227,9 +231,15 @@ def release(state_dir: Path, name: str) -> None:
         mntns.unlink(missing_ok=True)
     record = state_dir / f"{name}.root"
     if record.exists():
-        root = record.read_text().strip()
-        if root:
-            _unmount(root)
+        try:
+            rec = json.loads(record.read_text())
+        except ValueError:
+            rec = {}
+        if rec.get("root"):
+            _unmount(rec["root"])
+        link = Path(rec.get("daemon_json") or "/nonexistent")
+        if link.is_symlink():   # the next bring-up writes a fresh file there
+            link.unlink()
         record.unlink()
 
 
