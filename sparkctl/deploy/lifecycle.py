@@ -269,7 +269,14 @@ class Deployer:
         return out
 
     def _preflight(self, result: RenderResult, rts: Runtimes, own: set[tuple[str, int]]) -> list[Check]:
-        checks = run_preflight(result.specs, lambda spec: rts.for_node(spec.node).preflight(spec, own))
+        from sparkctl.deploy.host_checks import CrossNodeChecks
+        cross = CrossNodeChecks(self.inventory)   # model parity, fabric MTU equal, fabric SSH (host preparation)
+
+        def node_checks(spec: LaunchSpec) -> list[Check]:
+            checks = rts.for_node(spec.node).preflight(spec, own)
+            cross.collect(spec, rts.for_node(spec.node))
+            return checks
+        checks = run_preflight(result.specs, node_checks, then=cross.checks)
         for c in checks:
             self.reporter.event(f"{c.name}: {c.seen}", c.node)
         return checks

@@ -32,7 +32,8 @@ class Manifest:
 
     @property
     def present(self) -> bool:
-        return self.status != "missing" and bool(self.files)
+        """The directory exists (it may be empty: an emulated engine needs no weights)."""
+        return self.status != "missing"
 
 
 def model_manifest(directory: str) -> Fact[Manifest]:
