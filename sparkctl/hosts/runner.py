@@ -128,8 +128,10 @@ def ssh_common_args(inv: Inventory) -> str:
 
 def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: list[str] | None = None,
                  extravars: dict[str, Any] | None = None, become_password: str | None = None,
-                 on_event: Callable[[TaskResult], None] | None = None, forks: int = 10) -> PlaybookRun:
-    """Run ``playbooks/<playbook>`` on every node of ``inv``; returns what happened, per host and task."""
+                 on_event: Callable[[TaskResult], None] | None = None, forks: int = 10,
+                 env: dict[str, str] | None = None) -> PlaybookRun:
+    """Run ``playbooks/<playbook>`` on every node of ``inv``; returns what happened, per host and task.
+    ``env`` overrides Ansible settings (e.g. the benchmark's ``ANSIBLE_PIPELINING=False``)."""
     if playbook not in PLAYBOOKS:
         raise ConfigError(f"unknown playbook {playbook!r}", hint=f"one of {', '.join(PLAYBOOKS)}")
     if inv.embedded:
