@@ -144,8 +144,9 @@ def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: li
                           "(ansible-core + ansible-runner; bin/_bootstrap installs them)") from None
     bindir = str(Path(_ansible_playbook()).parent)
     base = state_dir(inv)
-    (base / "cp").mkdir(parents=True, exist_ok=True, mode=0o700)
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
     base.chmod(0o700)
+    control_dir = _control_dir(base)
     run = PlaybookRun(playbook, check)
     cmdline = ["--check", "--diff"] if check else ["--diff"]
     if become_password is not None:
@@ -153,12 +154,13 @@ def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: li
     envvars = {
         "ANSIBLE_PIPELINING": "True", "ANSIBLE_HOST_KEY_CHECKING": "True",
         "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=60s",
-        "ANSIBLE_SSH_CONTROL_PATH_DIR": str(base / "cp"),
+        "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control_dir),
         "ANSIBLE_SSH_COMMON_ARGS": ssh_common_args(inv),
         "ANSIBLE_GATHERING": "smart",   # the playbooks gather no facts at all; runner caches per run
         "PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         "ANSIBLE_RETRY_FILES_ENABLED": "False", "ANSIBLE_NOCOLOR": "True", "ANSIBLE_TIMEOUT": "10",
-        "ANSIBLE_PYTHON_INTERPRETER": "auto_silent", "ANSIBLE_LOCAL_TEMP": str(base / "tmp"),
+        "ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3",   # DGX OS; no discovery round-trip
+        "ANSIBLE_LOCAL_TEMP": str(base / "tmp"),
     }
 
     def handler(event: dict[str, Any]) -> bool:
@@ -186,6 +188,22 @@ def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: li
     return run
 
 
+def _control_dir(base: Path) -> Path:
+    """A short private directory for SSH control sockets (a Unix socket path must fit in 108 bytes, and state
+    directories can be deep): ``/tmp/sparkctl-<uid>/<hash of the state dir>``, mode 0700, ours."""
+    import hashlib
+    import tempfile
+
+    top = Path(tempfile.gettempdir()) / f"sparkctl-{os.getuid()}"
+    top.mkdir(mode=0o700, exist_ok=True)
+    st = top.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise ConfigError(f"{top} is not a private directory of this user", hint=f"remove {top} and re-run")
+    path = top / hashlib.sha256(str(base).encode()).hexdigest()[:10]
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
 def _ansible_playbook() -> str:
     """ansible-playbook next to this Python (the venv) or on PATH."""
     import shutil
@@ -211,5 +229,7 @@ def _result_of(event: dict[str, Any]) -> TaskResult | None:
     res = data.get("res") or {}
     if status == "ok" and res.get("changed"):
         status = "changed"
+    if res.get("unreachable") is True:     # a loop's items report an unreachable host as a failed item
+        status = "unreachable"
     return TaskResult(host=str(data.get("host", "?")), task=str(data.get("task", "?")), status=status, res=res,
                       ignored=bool(data.get("ignore_errors")))

@@ -171,6 +171,20 @@ def test_models_synced_node_to_node_then_preflight_compares_manifests(test_clust
     assert _digests(a / MODEL) == _digests(b / MODEL) and _digests(a / DRAFTER) == _digests(b / DRAFTER)
 
 
+def test_facts_per_node(test_cluster, env, cli):
+    code, out, err = cli("facts", "--profile", "d5", "--json")
+    assert code == 0, err
+    found = json.loads(out)
+    for n in ("spark-a", "spark-b"):
+        f = found[n]
+        assert f["gpu"] == {"name": "NVIDIA GB10", "driver": "580.95.05", "cuda": "13.0"}   # stand-in: a capture
+        assert f["fabric"] == {"interface": FABRIC, "state": "UP", "mtu": 9000,
+                               "ipv4": [test_cluster.node(n).fabric_address]}               # real: the veth
+        assert "nvidia" in f["docker"]["runtimes"] and f["memory_gib"] > 0
+        assert {(r["hca"], r["up"]) for r in f["roce"]} >= {("rocep1s0f0", True)}
+        assert f["models"][MODEL]["status"] == "cached" and f["models"][MODEL]["files"] == 3
+
+
 def test_preflight_warns_when_the_fabric_key_is_missing(test_cluster, env, cli):
     test_cluster.run_in_root("spark-a", ["mv", "/root/.ssh/sparkctl_fabric_ed25519", "/root/fabric.moved"])
     try:
@@ -199,7 +213,7 @@ def test_unreachable_host_named_and_a_rerun_picks_up(test_cluster, env, monkeypa
             prepare(env["inv"], tags=["docker"])
         err = exc.value
         assert err.where == "[spark-b] prepare.yml" and "spark-b is up and its sshd answers" in (err.hint or "")
-        assert "Failed to connect to the host via ssh" in err.render()
+        assert f"{test_cluster.node('spark-b').mgmt_address} port 22: Connection refused" in err.render()
     finally:
         test_cluster.start_sshd("spark-b")
     again = prepare(env["inv"], tags=["docker"])
@@ -212,6 +226,10 @@ def test_sudo_password_needed_and_not_given(test_cluster, env):
     test_cluster.run_in_root(node, ["useradd", "--create-home", "--shell", "/bin/bash", "deploy"])
     test_cluster.run_in_root(node, ["chpasswd"], input="deploy:s3cret-test\n")
     test_cluster.run_in_root(node, ["tee", "/etc/sudoers.d/deploy"], input="deploy ALL=(ALL:ALL) ALL\n")
+    pub = test_cluster.ssh_key_path.with_suffix(".pub").read_text()
+    test_cluster.run_in_root(node, ["install", "-d", "-o", "deploy", "-m", "700", "/home/deploy/.ssh"])
+    test_cluster.run_in_root(node, ["tee", "/home/deploy/.ssh/authorized_keys"], input=pub)
+    test_cluster.run_in_root(node, ["chown", "deploy", "/home/deploy/.ssh/authorized_keys"])
     doc = yaml.safe_load(env["path"].read_text())
     doc["all"]["children"]["sparks"]["hosts"][node]["ansible_user"] = "deploy"
     path = env["tmp"] / "deploy-inventory.yml"
