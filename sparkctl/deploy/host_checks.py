@@ -19,6 +19,7 @@ from sparkctl.nodes import facts, host_facts
 from sparkctl.nodes.host_facts import FabricSsh, Manifest
 
 WARN = "warning: "          # Check.seen prefix of a warning (as sparkctl.nodes.docker_runtime.WARN)
+MANIFEST_TIMEOUT_S = 1800.0
 PREPARE_MODELS = "sparkctl prepare --tags models --profile PROFILE"
 PREPARE_FABRIC = "sparkctl prepare --tags fabric"
 PREPARE_SSH = "sparkctl prepare --tags fabric-ssh"
@@ -163,7 +164,9 @@ class CrossNodeChecks:
                 if (host := host_model_path(path, node.host_paths.models)) is not None]
         peers = [p for p in self.inventory.nodes if p.name != node.name]
         try:
-            self.facts[node.name] = gather(ssh.run_many, node, peers, dirs, rank0=node is self.inventory.nodes[0])
+            # a first manifest of a big model reads every byte: allow for it (later runs compare only)
+            self.facts[node.name] = gather(lambda argvs: ssh.run_many(argvs, timeout=MANIFEST_TIMEOUT_S), node,
+                                           peers, dirs, rank0=node is self.inventory.nodes[0])
         except SparkctlError:
             return          # unreachable: the node's own ssh check already failed
 

@@ -46,7 +46,9 @@ class TaskResult:
         for key in ("stderr", "stdout", "module_stderr"):
             text = str(res.get(key) or "").strip()
             if text and text not in parts[0]:
-                parts.append("\n".join(text.splitlines()[-6:]))
+                lines = text.splitlines()
+                telling = [ln for ln in lines if any(w in ln.lower() for w in ("error", "failed", "denied", "no space"))]
+                parts.append("\n".join((telling or lines[-6:])[:6]))
                 break
         if not any(parts) and res.get("results"):
             failed = [r for r in res["results"] if r.get("failed")]
@@ -96,7 +98,7 @@ class PlaybookRun:
 
 def fix_for(result: TaskResult) -> str:
     """What to do about a failed task, by what the failure says."""
-    text = result.message.lower()
+    text = " ".join([result.message, *(str(result.res.get(k) or "") for k in ("stderr", "stdout"))]).lower()
     if result.status == "unreachable":
         return (f"check that {result.host} is up and its sshd answers (ssh to the ansible_host of {result.host}); "
                 f"nothing was changed on it; re-run prepare once it answers")

@@ -270,12 +270,26 @@ def test_netplan_that_does_not_validate_keeps_the_previous_file(test_cluster, en
     assert prepare(env["inv"], tags=["fabric"]).stats[node]["failed"] == 0
 
 
+def _digests_in(cluster: TestCluster, node: str, path: Path) -> dict[str, str]:
+    """Checksums of the files under ``path`` as the node sees them (a mount inside the node is not visible
+    from the controller)."""
+    out = cluster.run_in_root(node, ["sh", "-c", 'cd "$1" && find . -type f -not -path "./.rsync-partial/*" '
+                                     "-exec sha256sum {} +", "_", str(path)]).stdout
+    return {ln.split("  ", 1)[1][2:]: ln.split("  ", 1)[0] for ln in out.splitlines() if ln.strip()}
+
+
 def test_disk_full_during_model_sync_then_a_rerun_finishes(test_cluster, env, cli):
+    prepare(env["inv"], tags=["fabric-ssh"])          # the fabric key (already there when run in module order)
     a, b = _models(test_cluster, "spark-a"), _models(test_cluster, "spark-b")
-    big = "GLM-5.3-Flash-NVFP4"
+    big = MODEL
+    (a / big).mkdir(parents=True, exist_ok=True)
     for i in range(4):
         (a / big / f"shard-{i}.safetensors").write_bytes(os.urandom(600_000))
+    (a / DRAFTER).mkdir(parents=True, exist_ok=True)             # the profile's drafter (present in module order)
+    (a / DRAFTER / "draft.safetensors").write_bytes(b"d" * 1000)
     target = b / big
+    target.mkdir(parents=True, exist_ok=True)
+    # a small tmpfs over the model directory inside spark-b's own mount namespace: the disk fills mid-sync
     test_cluster.run_in_root("spark-b", ["mount", "-t", "tmpfs", "-o", "size=1500k", "tmpfs", str(target)])
     try:
         code, _, err = cli("prepare", "--profile", "d5", "--tags", "models")
@@ -283,15 +297,16 @@ def test_disk_full_during_model_sync_then_a_rerun_finishes(test_cluster, env, cl
         assert "[spark-a] models.yml: task 'Rsync over the fabric' failed" in err
         assert "No space left on device" in err and "free space under host_paths.models" in err
         src = _digests(a / big)
-        for rel, digest in _digests(target).items():     # nothing half-written under a final name
+        partial = _digests_in(test_cluster, "spark-b", target)
+        for rel, digest in partial.items():     # nothing half-written under a final name
             assert src.get(rel) == digest, rel
-        copied = len(_digests(target))
+        assert 0 < len(partial) < len(src), partial
         test_cluster.run_in_root("spark-b", ["mount", "-o", "remount,size=8m", str(target)])
         code, _, err = cli("prepare", "--profile", "d5", "--tags", "models")
         assert code == 0, err
         sent = _cat(test_cluster, "spark-a", f"/var/lib/sparkctl/prepare/sync-{big}-spark-b.list").split()
-        assert len(sent) == len(src) - copied and copied > 0, (sent, copied)   # only the rest was sent
-        assert _digests(target) == src
+        assert sorted(sent) == sorted(set(src) - set(partial))     # only the rest was sent
+        assert _digests_in(test_cluster, "spark-b", target) == src
     finally:
         test_cluster.run_in_root("spark-b", ["umount", str(target)], check=False)
 
