@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from sparkctl.cli import bench_cmds, deploy_cmds, image_cmds, render_cmds
+from sparkctl.cli import bench_cmds, deploy_cmds, image_cmds, prepare_cmds, render_cmds
 from sparkctl.cli.options import PlainFlagsGroup, flag, plain_flags
 
 app = typer.Typer(cls=PlainFlagsGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -42,6 +42,7 @@ render_cmds.register(app)
 deploy_cmds.register(app)
 bench_cmds.register(app)
 image_cmds.register(app)
+prepare_cmds.register(app)
 plain_flags(app)
 
 

@@ -169,8 +169,8 @@ def _node_from_vars(name: str, hvars: dict[str, Any], where: str) -> dict[str, A
             node["rank"] = value
         elif key in _NODE_KEYS:
             node[key] = value
-        elif key.startswith("ansible_") or key in _CLUSTER_KEYS:
-            continue  # Ansible's own variables, or cluster vars inherited from all.vars
+        elif key.startswith(("ansible_", "prepare_")) or key in _CLUSTER_KEYS:
+            continue  # Ansible's own variables, the playbooks' (playbooks/README.md), inherited cluster vars
         else:
             guess = did_you_mean(key, sorted(_NODE_KEYS | set(_ANSIBLE_KEYS)))
             raise ConfigError(f"hosts.{name}.{key}: unknown host variable", where=where,

@@ -310,8 +310,15 @@ class Deployer:
         return out
 
     def _preflight(self, result: RenderResult, rts: Runtimes, own: set[tuple[str, int]]) -> list[Check]:
-        checks = run_preflight(result.specs,
-                               lambda spec: evaluate(self.inventory, spec, rts.for_node(spec.node).gather(spec), own))
+        from sparkctl.deploy.host_checks import CrossNodeChecks
+        cross = CrossNodeChecks(self.inventory)   # model parity, fabric MTU equal, fabric SSH (host preparation)
+
+        def node_checks(spec: LaunchSpec) -> list[Check]:
+            rt = rts.for_node(spec.node)
+            checks = evaluate(self.inventory, spec, rt.gather(spec), own)
+            cross.collect(spec, rt)
+            return checks
+        checks = run_preflight(result.specs, node_checks, then=cross.checks)
         for c in checks:
             self.reporter.event(c.line, c.node)
         return checks

@@ -61,11 +61,15 @@ def ports_of(spec: LaunchSpec) -> list[tuple[str, int, str]]:
     return spec.listen_ports()
 
 
-def run_preflight(specs: list[LaunchSpec], checks_for: Callable[[LaunchSpec], list[Check]]) -> list[Check]:
-    """Run every node's checks in parallel; raise PreflightError naming each failed node and check."""
+def run_preflight(specs: list[LaunchSpec], checks_for: Callable[[LaunchSpec], list[Check]],
+                  then: Callable[[], list[Check]] | None = None) -> list[Check]:
+    """Run every node's checks in parallel, then the cross-node ones (``then``, e.g.
+    ``sparkctl.deploy.host_checks.CrossNodeChecks.checks``); raise PreflightError naming each failed node and check."""
     with ThreadPoolExecutor(max_workers=max(1, len(specs))) as pool:
         results = list(pool.map(_safe(checks_for), specs))
     checks = [c for per_node in results for c in per_node]
+    if then is not None:
+        checks += then()
     failed = [c for c in checks if not c.ok]
     if failed:
         first = failed[0]

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from sparkctl.errors import SparkctlError
+from sparkctl.testing import rootfs
 
 log = logging.getLogger("sparkctl.testing")
 
@@ -61,7 +62,7 @@ BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates", "p
 ENGINE_REPO = "sparkctl-test-engine"
 BASE_REPO = "sparkctl-test-base"
 
-REQUIRED_COMMANDS = ("ip", "nsenter", "unshare", "umount", "hostname", "dockerd", "docker", "runc", "/usr/sbin/sshd", "ssh", "ssh-keygen",
+REQUIRED_COMMANDS = ("ip", "nsenter", "unshare", "mount", "umount", "pivot_root", "tar", "hostname", "dockerd", "docker", "runc", "/usr/sbin/sshd", "ssh", "ssh-keygen",
                      "ssh-keyscan", "ping")
 
 
@@ -72,7 +73,8 @@ class ClusterError(SparkctlError):
 def missing_prerequisites(*, need_image_build: bool = True) -> list[str]:
     """What this machine lacks to run the cluster (empty when ready). Example: ``['not root']``."""
     missing = [] if os.geteuid() == 0 else ["not root (network namespaces and dockerd need root)"]
-    commands = REQUIRED_COMMANDS + (("mmdebstrap",) if need_image_build and not _rootfs_path().exists() else ())
+    commands = REQUIRED_COMMANDS + (("mmdebstrap",) if (need_image_build and not _rootfs_path().exists())
+                                    or not rootfs.lower_dir().exists() else ())
     missing += [f"command {c!r} not found (apt-get install -y docker.io openssh-server openssh-client "
                 f"mmdebstrap iproute2 iputils-ping util-linux)" for c in commands if shutil.which(c) is None]
     return missing
@@ -142,6 +144,9 @@ class TestCluster:
                 fabric_address=f"198.18.{self.net_index}.{rank + 1}",
                 fabric_iface=FABRIC_IFACE, docker_socket=Path(f"/run/docker-{netns}.sock"),
                 host_root=self.workdir / "srv" / name, dir=self.workdir / name)
+        self.roots = {n.name: rootfs.NodeRoot(n.name, n.netns, n.dir / "root", self.state_dir, self._enter(n),
+                                              [n.host_root, n.dir, self.authorized_keys_path, self.state_dir])
+                      for n in self.nodes.values()}
 
     # ----------------------------------------------------------------- paths
     @property
@@ -205,12 +210,17 @@ class TestCluster:
                 self._make_keys()
             with self._timed("network"):
                 self._make_network()
+            with self._timed("rootfs"):
+                for node in self.nodes.values():
+                    self._make_root(node)
             with self._timed("daemons"):
                 for node in self.nodes.values():
                     self._start_dockerd(node)
-                    self._start_sshd(node)
                 for node in self.nodes.values():
                     self._wait_dockerd(node, timeout)
+                    self._enter_root(node)   # binds dockerd's socket: after it exists
+                    self._start_sshd(node)
+                for node in self.nodes.values():
                     self._wait_sshd(node, timeout)
             with self._timed("known_hosts+inventory"):
                 self._write_known_hosts()
@@ -239,6 +249,7 @@ class TestCluster:
             for path in (self._pidfile(node, "dockerd"), self._pidfile(node, "sshd"), node.docker_socket,
                          Path(f"/run/docker-{node.netns}.pid")):
                 path.unlink(missing_ok=True)
+            rootfs.release(self.state_dir, node.name)
             host_end = f"{self.name_prefix}-{node.name}"
             if _link_exists(host_end):   # before the netns: its deletion removes the veth asynchronously
                 _run(["ip", "link", "delete", host_end], check=False)
@@ -251,6 +262,7 @@ class TestCluster:
                 uts.unlink()
         if _link_exists(self.bridge):
             _run(["ip", "link", "delete", self.bridge], check=False)
+        rootfs.release_dir(self.state_dir)
         if self.state_dir.is_dir() and not any(self.state_dir.iterdir()):
             self.state_dir.rmdir()
 
@@ -275,6 +287,16 @@ class TestCluster:
         env = {**os.environ, "DOCKER_HOST": n.docker_host}
         return _run([*self._enter(n), *argv], timeout=timeout, check=check,
                     env=env, input=input)
+
+    def run_in_root(self, node: str, argv: Sequence[str], *, timeout: float = 60.0, check: bool = True,
+                    input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` inside a node with its own root filesystem too (what an SSH session on it sees).
+
+        Example: ``cluster.run_in_root("spark-b", ["cat", "/etc/docker/daemon.json"])``.
+        """
+        n = self.node(node)
+        return _run([*self.roots[n.name].nsenter(), *argv], timeout=timeout, check=check, input=input,
+                    env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"})
 
     def link_down(self, node: str, iface: str = FABRIC_IFACE) -> None:
         """Take an interface down inside a node (e.g. pull the fabric cable on one side)."""
@@ -369,10 +391,11 @@ class TestCluster:
             node.sshd_config.write_text("\n".join([
                 "# sshd for one emulated Spark (sparkctl test cluster)",
                 "Port 22", f"ListenAddress {node.mgmt_address}",
+                f"ListenAddress {node.fabric_address}",   # node-to-node copies over the fabric (prepare)
                 f"HostKey {node.host_key}", f"PidFile {self._pidfile(node, 'sshd')}",
                 "UsePAM no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
                 "PubkeyAuthentication yes", "PermitRootLogin prohibit-password",
-                f"AuthorizedKeysFile {self.authorized_keys_path}",
+                f"AuthorizedKeysFile {self.authorized_keys_path} .ssh/authorized_keys",
                 # StrictModes would reject an AuthorizedKeysFile below a world-writable /tmp (pytest's tmp dirs).
                 "StrictModes no",
                 f"SetEnv DOCKER_HOST={node.docker_host}",
@@ -402,12 +425,25 @@ class TestCluster:
             _run([*ns, "addr", "add", f"{n.fabric_address}/24", "dev", FABRIC_IFACE])
             _run([*ns, "link", "set", FABRIC_IFACE, "up"])
 
-    def _spawn(self, node: Node, what: str, argv: list[str]) -> int:
+    def _make_root(self, node: Node) -> None:
+        try:
+            self.roots[node.name].make(log_dir=self.workdir / "logs", daemon_json=node.dir / "daemon.json",
+                                       hostname=node.name)
+        except rootfs.RootfsError as exc:
+            raise ClusterError("node root filesystem failed", where=node.name, evidence=str(exc)) from None
+
+    def _enter_root(self, node: Node) -> None:
+        try:
+            self.roots[node.name].enter_namespace(node.docker_socket)
+        except rootfs.RootfsError as exc:
+            raise ClusterError("node mount namespace failed", where=node.name, evidence=str(exc)) from None
+
+    def _spawn(self, node: Node, what: str, argv: list[str], enter: list[str] | None = None) -> int:
         """Start a long-running process in the node's netns, detached (own session), logging to a file."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         logfile = self.workdir / "logs" / f"{node.name}-{what}.log"
         with open(logfile, "ab") as out:
-            proc = subprocess.Popen([*self._enter(node), *argv], stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen([*(enter or self._enter(node)), *argv], stdin=subprocess.DEVNULL,
                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self._pidfile(node, what).write_text(f"{proc.pid}\n")   # nsenter execs argv: same PID
         return proc.pid
@@ -425,7 +461,8 @@ class TestCluster:
         check = _run(["/usr/sbin/sshd", "-t", "-f", str(node.sshd_config)], check=False)
         if check.returncode:
             raise ClusterError("sshd rejected its config", where=node.name, evidence=check.stderr)
-        node.sshd_pid = self._spawn(node, "sshd", ["/usr/sbin/sshd", "-D", "-e", "-f", str(node.sshd_config)])
+        node.sshd_pid = self._spawn(node, "sshd", ["/usr/sbin/sshd", "-D", "-e", "-f", str(node.sshd_config)],
+                                    enter=self.roots[node.name].nsenter())   # in the node's own root
 
     def _wait_dockerd(self, node: Node, timeout: float) -> None:
         self._wait(node, "dockerd", lambda: _docker_ping(node.docker_socket), timeout)
@@ -465,7 +502,8 @@ class TestCluster:
             "host_paths": {"models": str(n.host_root / "models"), "cache": str(n.host_root / "cache")},
             "runtime": "docker", "gpu_runtime": "nvidia"} for n in self.nodes.values()}
         cluster_vars: dict[str, object] = {"sparkctl_cluster": f"testcluster-{self.name_prefix}",
-                                           "sparkctl_known_hosts": str(self.known_hosts_path)}
+                                           "sparkctl_known_hosts": str(self.known_hosts_path),
+                                           **rootfs.INVENTORY_VARS}   # the playbooks' hardware stand-ins
         if self.engine_image:
             cluster_vars["sparkctl_engine_image"] = self.engine_image
         doc = {"all": {"vars": cluster_vars,

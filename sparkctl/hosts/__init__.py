@@ -1,0 +1,1 @@
+"""Host preparation: Ansible playbooks (playbooks/) run through ansible-runner, and the facts they gather."""
