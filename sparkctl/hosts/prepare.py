@@ -21,7 +21,7 @@ MODELS_MOUNT = "/models"
 def profile_models(profile_name: str, inv: Inventory) -> list[str]:
     """Model and drafter directories of a profile, relative to host_paths.models (``/models/X`` -> ``X``)."""
     from sparkctl.config.profile import load_profile
-    from sparkctl.nodes.docker_runtime import _model_paths   # the one reading of --model-path & co.
+    from sparkctl.nodes.node_facts import model_paths as _model_paths   # the one reading of --model-path & co.
     from sparkctl.sglang.render import render
 
     result = render(load_profile(profile_name), inv)
