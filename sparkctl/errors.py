@@ -113,3 +113,10 @@ class CommandFailed(NodeError):
         tail = "\n".join(self.output.rstrip().splitlines()[-20:])
         NodeError.__init__(self, f"command {self.argv!r} exited {self.returncode}",
                            where=f"[{self.node}]" if self.node else None, evidence=tail or None)
+
+
+class ImageError(SparkctlError):
+    """The image pipeline failed: a patch does not apply, a build or a copy to a node failed, a tag or an image
+    ID does not match (exit 4, like a failed deploy: the running deployment is untouched)."""
+
+    exit_code = 4

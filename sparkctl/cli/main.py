@@ -14,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from sparkctl.cli import bench_cmds, deploy_cmds, render_cmds
+from sparkctl.cli import bench_cmds, deploy_cmds, image_cmds, render_cmds
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deploy SGLang across two DGX Sparks (TP=2), verify it, roll back, measure it.")
@@ -29,6 +29,7 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progr
 render_cmds.register(app)
 deploy_cmds.register(app)
 bench_cmds.register(app)
+image_cmds.register(app)
 
 
 def _debug_log_path() -> Path:

@@ -4,7 +4,8 @@ The image stage of `up` (design step 3). Identity is the image ID (content hash)
 whose tags point at different IDs would run different engines, so sparkctl refuses to launch (as
 spark-vllm-docker does). A node that lacks the image gets it streamed from a node that has it
 (`docker save` there -> `docker load` here, through the controller's SSH connections), then the IDs are
-compared again. Building the image is the image pipeline's job (not built yet).
+compared again. The image pipeline (`sparkctl.images.pipeline`) builds images and copies only missing layers
+node to node over the fabric (`sparkctl.images.registry`); `up` still uses this whole-image copy until it is wired in.
 """
 from __future__ import annotations
 

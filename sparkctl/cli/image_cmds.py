@@ -1,0 +1,147 @@
+"""Image pipeline commands: `patches check`, `image plan|build|ls|verify|prune` (thin; the work is in sparkctl.images)."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+
+patches_app = typer.Typer(no_args_is_help=True, help="GB10 patch series (patches/<series>/).")
+image_app = typer.Typer(no_args_is_help=True, help="Engine and launch images: plan, build, list, verify, prune.")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(patches_app, name="patches")
+    app.add_typer(image_app, name="image")
+
+
+@patches_app.command("check")
+def patches_check(series: Optional[str] = typer.Option(None, "--series", "-s", help="One series (default: all)."),
+                  profile: Optional[str] = typer.Option(None, "--profile", "-p",
+                                                        help="Check the profile's series against its SGLang version."),
+                  as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout.")) -> None:
+    """Apply every patch to the released SGLang wheel of the series' version (cached); report each patch."""
+    from sparkctl.errors import ConfigError
+    from sparkctl.images.series import check_series, list_series
+
+    expect = None
+    if profile is not None:
+        from sparkctl.config.profile import load_profile
+        prof = load_profile(profile)
+        if not prof.image.patch_series and series is None:
+            raise ConfigError(f"profile {prof.name} names no patch series", where=prof.origin_of("image.patch_series"),
+                              hint="set image.patch_series, or pass --series")
+        series = series or prof.image.patch_series
+        expect = prof.image.sglang_version
+    names = [series] if series else list_series()
+    if not names:
+        raise ConfigError("no patch series under patches/", hint="add patches/<series>/series")
+    reports = [check_series(n, expect_version=expect) for n in names]
+    if as_json:
+        print(json.dumps([r.to_json() for r in reports], indent=2))
+    else:
+        for r in reports:
+            print("\n".join(r.lines()))
+    for r in reports:
+        if not r.ok:
+            if as_json:
+                print(f"sparkctl: patch series {r.series.name} does not apply", file=sys.stderr)
+            r.raise_for_failure()
+
+
+def _ctx(profile: str | None, inventory: str | None):
+    from sparkctl.config.inventory import resolve_inventory
+    from sparkctl.config.profile import load_profile
+
+    inv = resolve_inventory(inventory)
+    return (load_profile(profile) if profile else None), inv
+
+
+_PROFILE = typer.Option(..., "--profile", "-p", help="Profile name (profiles/NAME.yml) or path.")
+_INVENTORY = typer.Option(None, "--inventory", "-i", help="Ansible inventory file.")
+_JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
+
+
+@image_app.command("plan")
+def image_plan(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY, as_json: bool = _JSON) -> None:
+    """Print the engine and launch image tags and their inputs, without building."""
+    from sparkctl.images import pipeline
+
+    prof, inv = _ctx(profile, inventory)
+    p = pipeline.plan(prof, inv)
+    if as_json:
+        print(json.dumps(p.to_json(), indent=2))
+        return
+    print(f"engine {p.engine_tag}\nlaunch {p.launch_tag}\n(built on {p.builder}; inputs: --json)")
+
+
+@image_app.command("build")
+def image_build(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY,
+                copy: bool = typer.Option(True, "--copy/--no-copy", help="Copy to the other nodes over the fabric."),
+                as_json: bool = _JSON) -> None:
+    """Build the engine + launch images on the rank-0 node (no-op when present), copy them, verify them."""
+    from sparkctl.images import pipeline
+    from sparkctl.state.ledger import Ledger
+
+    prof, inv = _ctx(profile, inventory)
+    say = (lambda m: print(m, file=sys.stderr)) if as_json else print
+    log_dir = Ledger.for_cluster(inv.cluster.name).root / "builds"
+    p, steps = pipeline.build(prof, inv, log_dir=log_dir, report=say)
+    transfers = pipeline.distribute_plan(p, inv, report=say) if copy else []
+    ids = pipeline.verify(p, inv) if copy else {}
+    if as_json:
+        print(json.dumps({**p.to_json(), "steps": [s.__dict__ for s in steps],
+                          "transfers": [{"node": t.node, "image": t.image, "skipped": t.skipped,
+                                         "layers": [x.__dict__ for x in t.layers], "rx_bytes": t.rx_bytes,
+                                         "seconds": t.seconds} for t in transfers], "ids": ids}, indent=2))
+
+
+@image_app.command("ls")
+def image_ls(inventory: Optional[str] = _INVENTORY, as_json: bool = _JSON) -> None:
+    """Per node: the sparkctl-built images (tags, IDs, role, labels, sizes)."""
+    from sparkctl.images import manage, pipeline
+
+    _, inv = _ctx(None, inventory)
+    rows = manage.list_images(pipeline.connections(inv))
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        print(f"{r['node']:<10} {r['role'] or '?':<7} {r['id'][7:19]} {r['size'] / 1e6:9.1f} MB  "
+              f"{', '.join(r['tags']) or '<untagged>'}")
+
+
+@image_app.command("verify")
+def image_verify(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY, as_json: bool = _JSON) -> None:
+    """Check every node holds the profile's planned engine + launch images with one ID each (what up checks)."""
+    from sparkctl.images import pipeline
+
+    prof, inv = _ctx(profile, inventory)
+    p = pipeline.plan(prof, inv)
+    ids = pipeline.verify(p, inv)
+    if as_json:
+        print(json.dumps(ids, indent=2))
+        return
+    for tag, per_node in ids.items():
+        print(f"ok {tag}: {', '.join(per_node)} ({next(iter(per_node.values()))[7:19]})")
+
+
+@image_app.command("prune")
+def image_prune(inventory: Optional[str] = _INVENTORY,
+                dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be removed."),
+                as_json: bool = _JSON) -> None:
+    """Remove sparkctl-built images that no deployment in the ledger uses (base images are never touched)."""
+    from sparkctl.images import manage, pipeline
+    from sparkctl.state.ledger import Ledger
+
+    _, inv = _ctx(None, inventory)
+    keep = manage.images_in_use([Ledger.for_cluster(inv.cluster.name).root])
+    rows = manage.prune_images(pipeline.connections(inv), keep, dry_run=dry_run)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        state = "would remove" if dry_run else ("FAILED to remove" if r.get("error") else "removed")
+        print(f"{r['node']:<10} {state} {', '.join(r['tags']) or r['id'][7:19]}" + (f": {r['error']}" if r.get("error") else ""))
+    print(f"{len(rows)} image(s); kept {len(keep)} reference(s) used by the ledger's deployments")

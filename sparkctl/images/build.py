@@ -1,0 +1,141 @@
+"""Build the planned engine and launch images on the building node, over its SSH connection.
+
+``docker build -`` reads the build context (a small tar: Dockerfile, patch applier + series, or launch document
++ entrypoint) from stdin over the node's SSH channel; the legacy builder (``DOCKER_BUILDKIT=0``) is used because
+it needs no buildx plugin on the node and its layer-per-instruction output is what the layer tests check. Each
+step is a no-op with a reason when the tag is already there with the planned content (label
+``org.sparkctl.inputs-sha256``); a tag that exists with other content is refused, never overwritten. Build
+logs are written to ``log_dir`` when given. Example::
+
+    plan = plan_images(profile, inv, ensure_base(conn, profile.image.base_image, node="spark-a"))
+    for step in build_images(plan, conn, log_dir=state / "builds"):
+        print(step.line())       # "engine sparkctl/sglang-gb10:... built in 41.2s (sha256:...)"
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from sparkctl.errors import ImageError
+from sparkctl.images.plan import INPUTS_LABEL, BaseImage, ImagePlan, inspect_base
+
+log = logging.getLogger("sparkctl.images")
+_PATCH_FAILED = re.compile(r"^sparkctl-patch: (FAILED|ERROR) .*$", re.M)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")        # the legacy builder colours a RUN step's stderr
+
+
+@dataclass
+class BuildStep:
+    role: str                    # "engine" | "launch"
+    tag: str
+    image_id: str
+    built: bool
+    seconds: float
+    reason: str
+
+    def line(self) -> str:
+        what = f"built in {self.seconds:.1f}s" if self.built else f"no build ({self.reason})"
+        return f"{self.role} {self.tag} {what} ({self.image_id[:19]})"
+
+
+def image_labels(conn: Any, ref: str) -> tuple[str, dict[str, str]] | None:
+    """(image id, labels) of ``ref`` on the node, or None when absent."""
+    r = conn.run(["docker", "image", "inspect", "--format", "{{json .Id}} {{json .Config.Labels}}", ref], timeout=30)
+    if r.returncode != 0:
+        return None
+    image_id, labels = r.stdout.strip().split(" ", 1)
+    return json.loads(image_id), json.loads(labels) or {}
+
+
+def ensure_base(conn: Any, ref: str, *, node: str, pull: bool = True, timeout: float = 3600) -> BaseImage:
+    """The base image on the building node: inspected, or pulled once when missing; ImageError if neither."""
+    base = inspect_base(conn, ref)
+    if base is not None:
+        return base
+    if pull:
+        log.info("[%s] base image %s missing: docker pull", node, ref)
+        r = conn.run(["docker", "pull", ref], timeout=timeout, merge_stderr=True)
+        base = inspect_base(conn, ref) if r.returncode == 0 else None
+        if base is not None:
+            return base
+        evidence = r.stdout[-1500:]
+    else:
+        evidence = None
+    raise ImageError(f"base image {ref} is missing on {node} and could not be pulled", where=f"[{node}] image build",
+                     hint=f"docker pull {ref} on {node} (registry access), or docker load it there; or set "
+                          f"image.base_image to an image {node} has", evidence=evidence)
+
+
+def _check_existing(conn: Any, tag: str, inputs_sha256: str, node: str) -> str | None:
+    found = image_labels(conn, tag)
+    if found is None:
+        return None
+    image_id, labels = found
+    if labels.get(INPUTS_LABEL) != inputs_sha256:
+        raise ImageError(f"tag {tag} on {node} holds other content (label {INPUTS_LABEL}="
+                         f"{labels.get(INPUTS_LABEL) or 'none'}, planned {inputs_sha256[:16]}...)",
+                         where=f"[{node}] image {tag}",
+                         hint=f"someone built or loaded another image under this tag: docker rmi {tag} on {node}, "
+                              f"then build again")
+    return image_id
+
+
+def build_image(conn: Any, *, role: str, tag: str, context: bytes, inputs_sha256: str, node: str,
+                log_dir: Path | None = None, timeout: float = 7200) -> BuildStep:
+    """Build one image from a tar context on the node (no-op when the tag holds the planned content)."""
+    existing = _check_existing(conn, tag, inputs_sha256, node)
+    if existing:
+        return BuildStep(role, tag, existing, False, 0.0, "tag present with the planned inputs")
+    t0 = time.monotonic()
+    r = conn.run(["env", "DOCKER_BUILDKIT=0", "docker", "build", "--force-rm", "-t", tag, "-"], stdin=context,
+                 timeout=timeout, merge_stderr=True)
+    seconds = time.monotonic() - t0
+    output = _ANSI.sub("", r.stdout).replace("\r", "")
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        path = log_dir / f"{role}-{tag.rsplit(':', 1)[-1]}-{int(time.time())}.log"
+        path.write_text(output)
+    if r.returncode != 0:
+        failed = [m.group(0) for m in _PATCH_FAILED.finditer(output)]
+        message = (f"{role} image build failed on {node}: " + "; ".join(s.removeprefix("sparkctl-patch: ")
+                                                                         for s in failed)) if failed else \
+            f"{role} image build failed on {node} (docker build exit {r.returncode})"
+        raise ImageError(message, where=f"[{node}] image {tag}",
+                         hint=("rebase the patch onto the base image's SGLang source (sparkctl patches check), "
+                               "or change image.base_image / image.patch_series") if failed else
+                              "see the build log" + (f" under {log_dir}" if log_dir else ""),
+                         evidence="\n".join(output.rstrip().splitlines()[-25:]))
+    found = _check_existing(conn, tag, inputs_sha256, node)
+    if not found:
+        raise ImageError(f"{role} image {tag} missing on {node} right after its build", where=f"[{node}] image build",
+                         hint="look at the node's docker daemon (disk space, concurrent prune)")
+    return BuildStep(role, tag, found, True, round(seconds, 2), "built")
+
+
+def build_images(plan: ImagePlan, conn: Any, *, log_dir: Path | None = None,
+                 report: Callable[[str], None] = lambda _: None) -> list[BuildStep]:
+    """Engine then launch image on ``plan.builder`` (each a no-op with a reason when already there)."""
+    node = plan.builder
+    current = inspect_base(conn, plan.base.ref)
+    if current is None or current.pinned != plan.base.pinned:
+        raise ImageError(f"base image {plan.base.ref} changed on {node} since the plan "
+                         f"({plan.base.pinned[:26]} -> {current.pinned[:26] if current else 'missing'})",
+                         where=f"[{node}] image build", hint="plan again (sparkctl image build re-plans)")
+    steps = []
+    for role, tag, context, sha in (("engine", plan.engine_tag, plan.engine_context, plan.engine_inputs_sha256),
+                                    ("launch", plan.launch_tag, plan.launch_context, plan.launch_inputs_sha256)):
+        step = build_image(conn, role=role, tag=tag, context=context(), inputs_sha256=sha, node=node, log_dir=log_dir)
+        report(step.line())
+        steps.append(step)
+    return steps
+
+
+def image_layers(conn: Any, ref: str) -> list[str]:
+    """The image's layer diff IDs (RootFS.Layers), bottom first."""
+    r = conn.run(["docker", "image", "inspect", "--format", "{{json .RootFS.Layers}}", ref], timeout=30, check=True)
+    return list(json.loads(r.stdout))

@@ -1,0 +1,110 @@
+"""The launch image's ``/etc/sparkctl/launch.json``: the rank-independent part of the rendered LaunchSpecs.
+
+`launch_doc(specs)` compares every rank's argv and env (render builds them in the same order): what is equal
+on every rank and not secret goes into the image; a value that differs between ranks (``--node-rank``,
+``--host``) or is secret (``--api-key``) becomes a placeholder ``{"env": "SPARKCTL_ARG_NODE_RANK"}`` that the
+entrypoint (`sparkctl.images.entrypoint`) fills from the container's environment, and env keys that differ
+(``SGLANG_HOST_IP``, ``NCCL_SOCKET_IFNAME`` ...) or are secret (``HF_TOKEN``) are listed in ``rank_env``: the
+container must carry them. `rank_environment(doc, spec)` is what a runtime passes to one rank's container.
+The document holds no secret: its hash names the launch image. Example::
+
+    doc = launch_doc(render(profile, inventory, environ=SECRET_PLACEHOLDERS).specs, profile="d5")
+    doc["argv"][:3]                              # ['python3', '-m', 'sglang.launch_server']
+    rank_environment(doc, specs[1])["SPARKCTL_ARG_NODE_RANK"]   # '1'
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any, Sequence
+
+from sparkctl.errors import ConfigError
+from sparkctl.sglang.launch import LaunchSpec
+
+LAUNCH_JSON = "/etc/sparkctl/launch.json"
+SCHEMA = 1
+ARG_ENV_PREFIX = "SPARKCTL_ARG_"
+SECRET_PLACEHOLDER = "sparkctl-secret-placeholder"   # rendered in place of API key / HF token for the image
+
+
+def _arg_env(flag: str) -> str:
+    return ARG_ENV_PREFIX + re.sub(r"[^A-Z0-9]+", "_", flag.lstrip("-").upper())
+
+
+def launch_doc(specs: Sequence[LaunchSpec], *, profile: str) -> dict[str, Any]:
+    """The rank-independent launch document of ``specs`` (one per rank, from one render)."""
+    if not specs:
+        raise ConfigError("no ranks to build a launch image for")
+    argvs = [s.argv for s in specs]
+    if len({len(a) for a in argvs}) != 1:
+        raise ConfigError("ranks differ in argv length; a launch image needs the same flags on every rank",
+                          hint="per-rank extra_args are not supported in launch images")
+    secrets = set().union(*(s.secret_values for s in specs))
+    argv: list[Any] = []
+    for i, tokens in enumerate(zip(*argvs)):
+        if len(set(tokens)) == 1 and not any(t in secrets for t in tokens):
+            argv.append(tokens[0])
+            continue
+        flag = argvs[0][i - 1] if i else ""
+        if not flag.startswith("--") or any(t.startswith("--") for t in tokens):
+            raise ConfigError(f"rank-specific token {tokens[0]!r} at argv[{i}] is not a flag value",
+                              hint="only flag values may differ between ranks")
+        secret = any(t in secrets for t in tokens)
+        # a secret flag is dropped with its value when the container has no value for it (as render does)
+        argv.append({"env": _arg_env(flag), **({"optional": True} if secret else {})})
+    keys = set().union(*(s.env for s in specs))
+    env, rank_env, optional_env = {}, [], []
+    for key in sorted(keys):
+        values = {s.env.get(key) for s in specs}
+        if values & secrets:
+            optional_env.append(key)
+        elif len(values) == 1 and None not in values:
+            env[key] = values.pop()
+        else:
+            rank_env.append(key)
+    return {"schema": SCHEMA, "profile": profile, "sglang_version": specs[0].sglang_version,
+            "argv": argv, "env": env, "rank_env": rank_env, "optional_env": optional_env}
+
+
+def rank_environment(doc: dict[str, Any], spec: LaunchSpec) -> dict[str, str]:
+    """The environment one rank's container needs on top of the image: placeholder values + ``rank_env``.
+
+    Walks the document's argv against the rank's rendered argv, so a spec that the image cannot reproduce
+    (another profile, another render) is refused instead of started with the wrong flags.
+    """
+    out: dict[str, str] = {}
+    argv, items, j, skip = spec.argv, doc["argv"], 0, False
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            if j < len(argv) and argv[j] == item:
+                j += 1
+                continue
+            following = items[i + 1] if i + 1 < len(items) else None
+            if isinstance(following, dict) and following.get("optional"):
+                skip = True                       # an optional (secret) flag this render left out
+                continue
+        elif skip:
+            skip = False
+            continue
+        elif j < len(argv):
+            out[item["env"]] = argv[j]
+            j += 1
+            continue
+        raise ConfigError(f"rank {spec.rank}'s argv does not match the launch image of profile {doc['profile']} "
+                          f"(at {item!r}, argv[{j}] = {argv[j] if j < len(argv) else 'end'!r})",
+                          hint="build the launch image from the same profile and inventory (sparkctl image build)")
+    if j != len(argv):
+        raise ConfigError(f"rank {spec.rank}'s argv has {len(argv) - j} token(s) the launch image lacks: {argv[j:]}",
+                          hint="build the launch image from the same profile and inventory (sparkctl image build)")
+    out.update({k: spec.env[k] for k in [*doc["rank_env"], *doc["optional_env"]] if k in spec.env})
+    return {k: v for k, v in out.items() if v != SECRET_PLACEHOLDER}
+
+
+def doc_bytes(doc: dict[str, Any]) -> bytes:
+    """Canonical JSON of the document (what goes into the image and into its hash)."""
+    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+
+
+def doc_sha256(doc: dict[str, Any]) -> str:
+    return hashlib.sha256(doc_bytes(doc)).hexdigest()

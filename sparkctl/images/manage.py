@@ -1,0 +1,101 @@
+"""What images the nodes hold: list (``image ls``), check identity before boot (``image verify``), prune.
+
+Only images sparkctl built (label ``org.sparkctl.role`` = engine | launch) are listed or pruned; base images
+and anything else on the node are never touched. Example::
+
+    rows = list_images({"spark-a": conn_a, "spark-b": conn_b})
+    verify_images(plan, {"spark-a": conn_a, "spark-b": conn_b})      # ImageError naming node and image
+    prune_images(conns, keep=images_in_use(ledger) | {plan.engine_tag, plan.launch_tag})
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sparkctl.errors import ImageError
+from sparkctl.images.build import image_labels
+from sparkctl.images.plan import INPUTS_LABEL, ROLE_LABEL, ImagePlan
+
+
+def list_images(conns: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (node, sparkctl image): tags, ID, role, labels, size in bytes."""
+    rows = []
+    for node, conn in conns.items():
+        r = conn.run(["docker", "images", "--no-trunc", "--filter", f"label={ROLE_LABEL}", "--format", "{{.ID}}"],
+                     timeout=60, check=True)
+        ids = list(dict.fromkeys(r.stdout.split()))
+        if not ids:
+            continue
+        r = conn.run(["docker", "image", "inspect", *ids], timeout=60, check=True)
+        for img in json.loads(r.stdout):
+            labels = img.get("Config", {}).get("Labels") or {}
+            rows.append({"node": node, "id": img["Id"], "tags": img.get("RepoTags") or [],
+                         "role": labels.get(ROLE_LABEL), "size": img.get("Size"), "created": img.get("Created"),
+                         "labels": {k: v for k, v in labels.items() if k.startswith("org.sparkctl.")}})
+    return rows
+
+
+def verify_images(plan: ImagePlan, conns: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Every node has the plan's engine and launch images, with the planned inputs and one ID per image.
+
+    Returns {image: {node: id}}; ImageError naming the node and image otherwise (what ``up`` checks before boot).
+    """
+    out: dict[str, dict[str, str]] = {}
+    for tag, sha in ((plan.engine_tag, plan.engine_inputs_sha256), (plan.launch_tag, plan.launch_inputs_sha256)):
+        out[tag] = {}
+        for node, conn in conns.items():
+            found = image_labels(conn, tag)
+            if found is None:
+                raise ImageError(f"image {tag} is missing on {node}", where=f"[{node}] image verify",
+                                 hint="sparkctl image build (builds on the rank-0 node and copies over the fabric)")
+            image_id, labels = found
+            if labels.get(INPUTS_LABEL) != sha:
+                raise ImageError(f"image {tag} on {node} was not built from this plan (inputs "
+                                 f"{(labels.get(INPUTS_LABEL) or 'none')[:16]}, planned {sha[:16]})",
+                                 where=f"[{node}] image verify", hint=f"docker rmi {tag} on {node}, then image build")
+            out[tag][node] = image_id
+        if len(set(out[tag].values())) > 1:
+            shown = ", ".join(f"{n}={i[:19]}" for n, i in out[tag].items())
+            raise ImageError(f"image {tag} differs between nodes ({shown})", where="image verify",
+                             hint="both ranks must run the same image: docker rmi the odd one, then image build")
+    return out
+
+
+def images_in_use(state_dirs: list[Path]) -> set[str]:
+    """Image references and IDs named by any deployment record under the ledgers' state directories."""
+    keep: set[str] = set()
+    for root in state_dirs:
+        for path in root.glob("**/*.json"):
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(record, dict):
+                continue
+            keep.update(s.get("image") for s in record.get("specs", []) if isinstance(s, dict) and s.get("image"))
+            keep.update(v for v in (record.get("image_ids") or {}).values() if isinstance(v, str))
+    return keep
+
+
+def prune_images(conns: dict[str, Any], keep: set[str], *, dry_run: bool = False) -> list[dict[str, Any]]:
+    """Remove sparkctl-built images on every node unless a tag or ID of theirs is in ``keep``.
+
+    Launch images go before engine images (a launch image is a child of its engine). Returns what was
+    (or, with ``dry_run``, would be) removed.
+    """
+    removed = []
+    rows = sorted(list_images(conns), key=lambda r: r["role"] != "launch")
+    keep = set(keep)
+    for row in rows:   # a kept launch image keeps its engine image
+        if row["role"] == "launch" and (row["id"] in keep or any(t in keep for t in row["tags"])):
+            keep.add(row["labels"].get("org.sparkctl.engine-image", ""))
+    for row in rows:
+        if row["id"] in keep or any(t in keep for t in row["tags"]):
+            continue
+        if not dry_run:
+            r = conns[row["node"]].run(["docker", "rmi", *(row["tags"] or [row["id"]])], timeout=300)
+            if r.returncode != 0:
+                row["error"] = r.output.strip()[-300:]
+        removed.append(row)
+    return removed

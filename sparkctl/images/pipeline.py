@@ -1,0 +1,83 @@
+"""The image pipeline as `up` (and the `sparkctl image` commands) call it: plan -> build -> distribute -> verify.
+
+Each step takes the Inventory and the Profile and talks to the nodes over their verified SSH connections
+(`sparkctl.nodes.ssh.connector_for`); each is a no-op with a reason when already satisfied. The building node
+is rank 0; the other nodes receive the images from it over the fabric (`sparkctl.images.registry`).
+Example (what `up`'s image stage becomes)::
+
+    plan = prepare(profile, inventory, log_dir=ledger.root / "builds", report=lambda m: reporter.stage("image", m))
+    # then run plan.launch_tag on every node, with launchdoc.rank_environment(plan.launch_doc, spec) per rank
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from sparkctl.config.inventory import Inventory
+from sparkctl.config.profile import Profile
+from sparkctl.errors import ConfigError, ImageError
+from sparkctl.images.build import BuildStep, build_images, ensure_base
+from sparkctl.images.manage import verify_images
+from sparkctl.images.plan import ImagePlan, inspect_base, plan_images
+from sparkctl.images.registry import Endpoint, Transfer, distribute
+
+Report = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def connections(inventory: Inventory) -> dict[str, Any]:
+    """{node name: SSH connection} of a docker inventory (rank order); ConfigError for process-runtime nodes."""
+    from sparkctl.nodes.ssh import connector_for
+
+    odd = [n.name for n in inventory.nodes if n.runtime != "docker"]
+    if odd:
+        raise ConfigError(f"node(s) {', '.join(odd)} run the engine as a local process, not in Docker: there are no "
+                          f"images to build", where=inventory.path,
+                          hint="use an inventory of docker nodes (inventory/sparks.yml or the test cluster)")
+    return {n.name: connector_for(inventory, n) for n in inventory.nodes}
+
+
+def plan(profile: Profile, inventory: Inventory, *, pull: bool = False) -> ImagePlan:
+    """The plan, with the base image as the building node knows it (pulled first only when ``pull``)."""
+    builder = inventory.rank0.name
+    conn = connections(inventory)[builder]
+    ref = profile.image.base_image
+    base = ensure_base(conn, ref, node=builder) if pull else inspect_base(conn, ref)
+    if base is None:
+        raise ImageError(f"base image {ref} is not on {builder} (the building node): its digest pins the engine tag",
+                         where=f"[{builder}] image plan",
+                         hint=f"sparkctl image build --profile {profile.name} pulls it, or docker pull {ref} there")
+    return plan_images(profile, inventory, base, builder=builder)
+
+
+def build(profile: Profile, inventory: Inventory, *, log_dir: Path | None = None,
+          report: Report = _quiet) -> tuple[ImagePlan, list[BuildStep]]:
+    """Pull the base if missing, plan, build engine then launch image on the building node."""
+    p = plan(profile, inventory, pull=True)
+    return p, build_images(p, connections(inventory)[p.builder], log_dir=log_dir, report=report)
+
+
+def distribute_plan(p: ImagePlan, inventory: Inventory, *, report: Report = _quiet) -> list[Transfer]:
+    """Copy the plan's images from the building node to every other node (missing layers only)."""
+    source = Endpoint.of(inventory, inventory.node(p.builder))
+    peers = [Endpoint.of(inventory, n) for n in inventory.nodes if n.name != p.builder]
+    return distribute([p.engine_tag, p.launch_tag], source, peers, report=report)
+
+
+def verify(p: ImagePlan, inventory: Inventory) -> dict[str, dict[str, str]]:
+    """Identity before boot: the plan's images on every node, planned inputs, one ID each."""
+    return verify_images(p, connections(inventory))
+
+
+def prepare(profile: Profile, inventory: Inventory, *, log_dir: Path | None = None,
+            report: Report = _quiet) -> ImagePlan:
+    """build (when missing) -> distribute -> verify; returns the plan whose launch image the ranks run."""
+    p, _ = build(profile, inventory, log_dir=log_dir, report=report)
+    distribute_plan(p, inventory, report=report)
+    ids = verify(p, inventory)
+    for tag, per_node in ids.items():
+        report(f"{tag}: same ID on {', '.join(per_node)} ({next(iter(per_node.values()))[:19]})")
+    return p

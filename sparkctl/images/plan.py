@@ -1,0 +1,174 @@
+"""Plan the engine and launch images of a profile: content-addressed tags, inputs, Dockerfiles, build contexts.
+
+Pure except for `inspect_base` (one ``docker image inspect`` on the building node). Example::
+
+    base = inspect_base(connector_for(inv, inv.rank0), profile.image.base_image)
+    plan = plan_images(profile, inv, base)
+    plan.to_json()   # {"engine": {"tag": "sparkctl/sglang-gb10:0.5.23-gb10-0.5.23-1a2b3c4d5e6f", "inputs": {...}},
+                     #  "launch": {"tag": "sparkctl/sglang-gb10-launch:d5-...", "inputs": {...}}}
+
+Engine tag = hash(base digest, series content, engine template, patch applier); launch tag = hash(engine tag,
+launch document, launch template, entrypoint). Nothing changed: same tags, nothing to build; a flag change
+changes only the launch document, so only the launch image (one thin layer) is new.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkctl.config.inventory import Inventory
+from sparkctl.config.loader import repo_root
+from sparkctl.config.profile import Profile
+from sparkctl.errors import ConfigError
+from sparkctl.images import entrypoint, launchdoc, patchapply
+from sparkctl.images.series import Series, load_series
+
+ENGINE_REPO = "sparkctl/sglang-gb10"
+LAUNCH_REPO = "sparkctl/sglang-gb10-launch"
+ROLE_LABEL = "org.sparkctl.role"
+INPUTS_LABEL = "org.sparkctl.inputs-sha256"
+
+
+def templates_dir() -> Path:
+    return repo_root() / "images"
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    """The base image as the building node knows it: the ref, its local ID and (if pulled) its repo digest."""
+
+    ref: str
+    image_id: str
+    digest: str | None = None          # "lmsysorg/sglang@sha256:..." when the node pulled it from a registry
+
+    @property
+    def pinned(self) -> str:
+        """What identifies the base: the registry digest when known, else the local image ID."""
+        return self.digest or self.image_id
+
+    @property
+    def from_ref(self) -> str:
+        """The FROM line's reference: pinned by digest when the node knows one."""
+        return self.digest or self.ref
+
+
+def inspect_base(conn: Any, ref: str) -> BaseImage | None:
+    """``docker image inspect`` of ``ref`` on a node connection (``.run(argv)``); None when the node lacks it."""
+    r = conn.run(["docker", "image", "inspect", "--format", "{{json .Id}} {{json .RepoDigests}}", ref], timeout=30)
+    if r.returncode != 0:
+        return None
+    image_id, digests = r.stdout.strip().split(" ", 1)
+    repo = ref.split("@", 1)[0].rsplit(":", 1)[0] if ":" in ref.rsplit("/", 1)[-1] else ref.split("@", 1)[0]
+    repo_digests = json.loads(digests) or []
+    digest = next((d for d in repo_digests if d.split("@", 1)[0] == repo), repo_digests[0] if repo_digests else None)
+    return BaseImage(ref, json.loads(image_id), digest)
+
+
+def _sha256(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()
+
+
+def _render(template: str, **values: Any) -> str:
+    import jinja2   # lazy: only the image commands need it
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, autoescape=False)
+    return env.get_template(template).render(**values)
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    """A build context as an uncompressed tar with fixed metadata (same files -> same bytes)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(files[name]), 0o644, 0
+            tf.addfile(info, io.BytesIO(files[name]))
+    return buf.getvalue()
+
+
+@dataclass
+class ImagePlan:
+    builder: str
+    base: BaseImage
+    series: Series | None
+    engine_tag: str
+    engine_inputs: dict[str, Any]
+    engine_inputs_sha256: str
+    engine_dockerfile: str
+    launch_tag: str
+    launch_inputs: dict[str, Any]
+    launch_inputs_sha256: str
+    launch_dockerfile: str
+    launch_doc: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"builder": self.builder,
+                "engine": {"tag": self.engine_tag, "inputs": self.engine_inputs,
+                           "inputs_sha256": self.engine_inputs_sha256},
+                "launch": {"tag": self.launch_tag, "inputs": self.launch_inputs,
+                           "inputs_sha256": self.launch_inputs_sha256}}
+
+    def engine_context(self) -> bytes:
+        files = {"Dockerfile": self.engine_dockerfile.encode()}
+        if self.series is not None:
+            files["sparkctl-build/patchapply.py"] = Path(patchapply.__file__).read_bytes()
+            for path in (self.series.dir / "series", *self.series.patches):
+                files[f"sparkctl-build/{self.series.name}/{path.name}"] = path.read_bytes()
+        return _tar(files)
+
+    def launch_context(self) -> bytes:
+        return _tar({"Dockerfile": self.launch_dockerfile.encode(),
+                     "etc-sparkctl/launch.json": launchdoc.doc_bytes(self.launch_doc),
+                     "etc-sparkctl/entrypoint.py": Path(entrypoint.__file__).read_bytes()})
+
+
+def plan_images(profile: Profile, inventory: Inventory, base: BaseImage, *, builder: str | None = None) -> ImagePlan:
+    """Tags, inputs and Dockerfiles of the profile's engine and launch images (nothing is built)."""
+    from sparkctl.sglang.render import render
+
+    img = profile.image
+    if img.ref:
+        raise ConfigError(f"image.ref is set ({img.ref}): the image pipeline builds from image.base_image",
+                          where=profile.origin_of("image.ref"), hint="remove image.ref to let sparkctl build images")
+    series = (load_series(img.patch_series, expect_version=img.sglang_version,
+                          where=profile.origin_of("image.patch_series")) if img.patch_series else None)
+    engine_template = templates_dir() / "engine" / "Dockerfile.j2"
+    engine_inputs = {"base_image": img.base_image, "base_digest": base.pinned, "sglang_version": img.sglang_version,
+                     "series": series.name if series else None,
+                     "series_sha256": series.content_hash() if series else None,
+                     "template_sha256": _sha256(engine_template.read_bytes(),
+                                                Path(patchapply.__file__).read_bytes())}
+    engine_sha = _sha256(json.dumps(engine_inputs, sort_keys=True).encode())
+    engine_tag = f"{ENGINE_REPO}:{img.sglang_version}-{series.name if series else 'unpatched'}-{engine_sha[:12]}"
+    engine_dockerfile = _render("engine/Dockerfile.j2", base_ref=base.from_ref, base_image=img.base_image,
+                                base_digest=base.pinned, sglang_version=img.sglang_version,
+                                series=series.name if series else None,
+                                series_sha256=engine_inputs["series_sha256"], inputs_sha256=engine_sha)
+
+    placeholders = {k: launchdoc.SECRET_PLACEHOLDER for k in (profile.api.api_key_env, profile.api.hf_token_env) if k}
+    doc = launchdoc.launch_doc(render(profile, inventory, environ=placeholders).specs, profile=profile.name)
+    launch_template = templates_dir() / "launch" / "Dockerfile.j2"
+    launch_inputs = {"engine_tag": engine_tag, "profile": profile.name,
+                     "launch_spec_sha256": launchdoc.doc_sha256(doc),
+                     "template_sha256": _sha256(launch_template.read_bytes(), Path(entrypoint.__file__).read_bytes())}
+    launch_sha = _sha256(json.dumps(launch_inputs, sort_keys=True).encode())
+    launch_tag = f"{LAUNCH_REPO}:{_tag_safe(profile.name)}-{launch_sha[:12]}"
+    launch_dockerfile = _render("launch/Dockerfile.j2", engine_tag=engine_tag, profile=profile.name,
+                                launch_spec_sha256=launch_inputs["launch_spec_sha256"],
+                                sglang_version=img.sglang_version, inputs_sha256=launch_sha)
+    return ImagePlan(builder or inventory.rank0.name, base, series, engine_tag, engine_inputs, engine_sha,
+                     engine_dockerfile, launch_tag, launch_inputs, launch_sha, launch_dockerfile, doc)
+
+
+def _tag_safe(name: str) -> str:
+    import re
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name)[:64] or "profile"

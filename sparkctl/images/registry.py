@@ -1,0 +1,311 @@
+"""Copy images node to node over the fabric, moving only the layers the peer lacks (a short-lived registry).
+
+Every Spark project we know pipes the whole image through ``docker save | ssh docker load`` each time. Here the
+building node runs Debian/Ubuntu's ``docker-registry`` (the CNCF distribution registry, ``apt-get install
+docker-registry``) for the duration of one copy, bound to its **fabric address** only, and the peer's own
+daemon ``docker pull``s from it: Docker asks only for the layers it does not have, directly node to node over
+the CX-7 link, never through the controller. Details:
+
+* TLS with a certificate made for this run (``openssl`` on the building node, subjectAltName = its fabric
+  address), trusted by the two daemons through ``/etc/docker/certs.d/<addr>:<port>/ca.crt`` (read per pull:
+  no daemon restart, no ``insecure-registries``); removed when the copy ends.
+* The registry's storage is a cache on the building node (``<host_paths.cache>/sparkctl-registry``): a push
+  compresses and stores only layers it has not stored before, so a flag-only change pushes one thin layer.
+* Progress per layer (compressed size, sent or already present) and the bytes the peer's fabric interface
+  actually received (``/proc/net/dev``) are reported.
+* Identity: the peer's image ID must equal the building node's after the pull (the ID is the config digest,
+  which a registry round trip keeps), else ImageError.
+
+Example::
+
+    src = Endpoint.of(inventory, inventory.node("spark-a")); dst = Endpoint.of(inventory, inventory.node("spark-b"))
+    for t in distribute([plan.engine_tag, plan.launch_tag], src, [dst], report=print):
+        print(t.line())     # "spark-b <- sparkctl/sglang-gb10-launch:d5-...: 1 of 9 layers sent, 4.1 kB ..."
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from sparkctl.errors import ImageError
+
+log = logging.getLogger("sparkctl.images")
+PORT = int(os.environ.get("SPARKCTL_REGISTRY_PORT", "5055"))
+REGISTRY_BINARY = "docker-registry"
+CERTS_D = "/etc/docker/certs.d"
+# Fixed shell scripts (one SSH round trip each); every value reaches them as a positional argument, never as text.
+_WAIT = ("import socket,sys,time\nend=time.time()+float(sys.argv[3])\nwhile time.time()<end:\n"
+         "    try:\n        socket.create_connection((sys.argv[1],int(sys.argv[2])),1).close();sys.exit(0)\n"
+         "    except OSError:\n        time.sleep(0.1)\nsys.exit(1)\n")
+_UP = r"""set -e
+command -v "$0" >/dev/null || { echo "NO-REGISTRY"; exit 3; }
+tmp=$(mktemp -d /tmp/sparkctl-registry.XXXXXX)
+mkdir -p "$1" "$4"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=sparkctl-registry \
+  -addext "subjectAltName=IP:$2" -keyout "$tmp/key.pem" -out "$tmp/cert.pem" 2>"$tmp/openssl.log"
+printf 'version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s:%s\n  tls:\n    certificate: %s/cert.pem\n    key: %s/key.pem\n' \
+  "$1" "$2" "$3" "$tmp" "$tmp" >"$tmp/config.yml"
+cp "$tmp/cert.pem" "$4/ca.crt"
+"$0" serve "$tmp/config.yml" >"$tmp/registry.log" 2>&1 </dev/null &
+echo "TMP $tmp $!"
+python3 -c "$5" "$2" "$3" 15 || { echo "NOT-READY"; tail -n 20 "$tmp/registry.log"; exit 4; }
+cat "$tmp/cert.pem"
+"""
+_TRUST = 'mkdir -p "$0" && cat >"$0/ca.crt"'
+_DOWN = 'kill "$0" 2>/dev/null; rm -rf "$1" "$2"; true'
+_PUSH = 'docker tag "$0" "$1" && docker push "$1" 2>&1; rc=$?; docker rmi "$1" >/dev/null 2>&1; exit $rc'
+_MANIFEST = 'l=$(cat "$1/repositories/$0/current/link") && h=${l#sha256:} && cat "$1/blobs/sha256/${h%"${h#??}"}/$h/data"'
+_SAMPLE = ("import sys,time\nf=open('/proc/net/dev');last=None\nwhile True:\n    f.seek(0)\n"
+           "    for ln in f.read().splitlines():\n        n,_,c=ln.partition(':')\n"
+           "        if n.strip()==sys.argv[1] and c.split():\n            v=c.split()[0]\n"
+           "            if v!=last:\n                print(time.time(),v,flush=True);last=v\n"
+           "    time.sleep(0.005)\n")
+_PULL = r"""cat /proc/net/dev
+s=$(mktemp /tmp/sparkctl-rx.XXXXXX)
+python3 -c "$3" "$2" >"$s" 2>/dev/null & sampler=$!
+echo "===START $(date +%s.%N)"
+docker pull "$0" 2>&1; rc=$?
+echo "===END $rc $(date +%s.%N)"
+kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
+echo "===RX"; cat "$s"; rm -f "$s"; echo "===RXEND"
+cat /proc/net/dev
+if [ $rc = 0 ]; then docker tag "$0" "$1" && docker image inspect --format '===ID {{.Id}}' "$1"; fi
+docker rmi "$0" >/dev/null 2>&1
+exit $rc
+"""
+_IDS = 'for r; do docker image inspect --format "{{.Id}}" "$r" 2>/dev/null || echo -; done'
+
+_NO_SPACE = re.compile(r"no space left on device", re.I)
+
+
+@dataclass
+class Endpoint:
+    """A node as the copy sees it: its connection (``.run``/``.put``), fabric address and interface, cache dir."""
+
+    name: str
+    conn: Any
+    fabric_address: str
+    fabric_iface: str
+    cache_dir: str
+
+    @classmethod
+    def of(cls, inventory: Any, node: Any) -> "Endpoint":
+        from sparkctl.nodes.ssh import connector_for
+        return cls(node.name, connector_for(inventory, node), node.fabric_address, node.fabric_interface,
+                   node.host_paths.cache)
+
+
+@dataclass
+class LayerMove:
+    digest: str                 # compressed blob digest in the registry
+    size: int                   # compressed bytes
+    sent: bool
+
+
+@dataclass
+class Transfer:
+    node: str
+    image: str
+    image_id: str
+    layers: list[LayerMove] = field(default_factory=list)
+    rx_bytes: int = 0           # what the peer's fabric interface received during the pull (all traffic)
+    seconds: float = 0.0        # the whole pull: download + decompress + unpack on the peer
+    skipped: str | None = None
+    wire_seconds: float = 0.0   # first to last byte received on the fabric interface (sampled every 5 ms)
+
+    @property
+    def sent_bytes(self) -> int:
+        return sum(layer.size for layer in self.layers if layer.sent)
+
+    def line(self) -> str:
+        if self.skipped:
+            return f"{self.node} <- {self.image}: nothing to send ({self.skipped})"
+        sent = [x for x in self.layers if x.sent]
+        rate = self.rx_bytes / self.seconds / 1e6 if self.seconds else 0.0
+        return (f"{self.node} <- {self.image}: {len(sent)} of {len(self.layers)} layers sent, "
+                f"{human(self.sent_bytes)} compressed, {human(self.rx_bytes)} on the fabric in "
+                f"{self.seconds:.1f}s ({rate:.1f} MB/s)")
+
+
+def human(n: int) -> str:
+    """``1234567`` -> ``'1.2 MB'`` (decimal units, as docker prints)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _rx(proc_net_dev: str, iface: str) -> int | None:
+    """Received bytes of ``iface`` in a ``/proc/net/dev`` text (per network namespace, unlike /sys/class/net in a
+    process that entered only a network namespace)."""
+    for line in proc_net_dev.splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == iface and counters.split():
+            return int(counters.split()[0])
+    return None
+
+
+def _wire_window(samples: str, before: int | None, after: int | None) -> float:
+    """Seconds from the sample that first saw rx above ``before`` to the first that saw 99% of the pull's bytes."""
+    if before is None or after is None or after <= before:
+        return 0.0
+    points = [(float(t), int(v)) for t, v in (ln.split() for ln in samples.splitlines() if len(ln.split()) == 2)]
+    target = before + 0.99 * (after - before)
+    first = next((t for t, v in points if v > before), None)
+    last = next((t for t, v in points if v >= target), None)
+    return round(last - first, 4) if first is not None and last is not None and last > first else 0.0
+
+
+def image_ids(conn: Any, refs: list[str]) -> dict[str, str | None]:
+    """{ref: image id or None} on one node, in one round trip."""
+    r = conn.run(["sh", "-c", _IDS, "sh", *refs], timeout=60)
+    values = r.stdout.split()
+    if r.returncode != 0 or len(values) != len(refs):
+        raise ImageError(f"docker image inspect failed on {getattr(conn, 'name', '?')}", evidence=r.output[-800:])
+    return {ref: (v if v != "-" else None) for ref, v in zip(refs, values)}
+
+
+class Registry:
+    """The short-lived TLS registry on ``source``'s fabric address (a context manager; stops and cleans up)."""
+
+    def __init__(self, source: Endpoint, peers: list[Endpoint], port: int = PORT) -> None:
+        self.source, self.peers, self.port = source, peers, port
+        self.host = f"{source.fabric_address}:{port}"
+        self.storage = f"{source.cache_dir.rstrip('/')}/sparkctl-registry"
+        self.tmp = ""
+        self.pid = ""
+
+    def __enter__(self) -> "Registry":
+        s = self.source
+        certs = f"{CERTS_D}/{self.host}"
+        r = s.conn.run(["sh", "-c", _UP, REGISTRY_BINARY, self.storage, s.fabric_address, str(self.port), certs, _WAIT],
+                       timeout=90)
+        head = r.stdout.split("\n", 1)[0].split()
+        if len(head) == 3 and head[0] == "TMP":
+            self.tmp, self.pid = head[1], head[2]
+        if "NO-REGISTRY" in r.stdout:
+            raise ImageError(f"{REGISTRY_BINARY} is not installed on {s.name}", where=f"[{s.name}] image copy",
+                             hint=f"apt-get install docker-registry on {s.name} (Debian/Ubuntu package: the copy "
+                                  "to the peer runs it for a few seconds on the fabric address)")
+        try:
+            if r.returncode != 0 or "-----BEGIN CERTIFICATE-----" not in r.stdout:
+                raise ImageError(f"the registry did not come up on {self.host}", where=f"[{s.name}] image copy",
+                                 hint=f"is port {self.port} free on {s.fabric_address}? (SPARKCTL_REGISTRY_PORT "
+                                      "picks another); is openssl installed?", evidence=r.output[-1500:])
+            cert = r.stdout[r.stdout.index("-----BEGIN CERTIFICATE-----"):]
+            for ep in self.peers:
+                ep.conn.run(["sh", "-c", _TRUST, certs], stdin=cert, check=True, timeout=30)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        certs = f"{CERTS_D}/{self.host}"
+        tmp = self.tmp if self.tmp.startswith("/tmp/sparkctl-registry.") else ""
+        self.source.conn.run(["sh", "-c", _DOWN, self.pid if self.pid.isdigit() else "", tmp, certs], timeout=30)
+        for ep in self.peers:
+            ep.conn.run(["rm", "-rf", certs], timeout=15)
+
+    def ref(self, image: str) -> str:
+        return f"{self.host}/{image}"
+
+    def push(self, image: str) -> None:
+        s = self.source
+        r = s.conn.run(["sh", "-c", _PUSH, image, self.ref(image)], timeout=7200)
+        if r.returncode != 0:
+            hint = ("free disk space on the building node (registry cache " + self.storage + ")"
+                    if _NO_SPACE.search(r.output) else "see the evidence")
+            raise ImageError(f"pushing {image} to the fabric registry on {s.name} failed",
+                             where=f"[{s.name}] image copy", hint=hint, evidence=r.output[-1500:])
+
+    def manifest_layers(self, image: str) -> list[tuple[str, int]]:
+        """(digest, compressed size) of each layer of ``image`` as the registry stores it."""
+        repo, tag = image.rsplit(":", 1)
+        r = self.source.conn.run(["sh", "-c", _MANIFEST, f"{repo}/_manifests/tags/{tag}",
+                                  f"{self.storage}/docker/registry/v2"], check=True, timeout=30)
+        return [(layer["digest"], int(layer["size"])) for layer in json.loads(r.stdout)["layers"]]
+
+    def pull(self, peer: Endpoint, image: str, source_id: str) -> Transfer:
+        layers = self.manifest_layers(image)
+        r = peer.conn.run(["sh", "-c", _PULL, self.ref(image), image, peer.fabric_iface, _SAMPLE], timeout=7200)
+        before_text, _, rest = r.stdout.partition("===START ")
+        started, _, rest = rest.partition("\n")
+        pull_out, _, rest = rest.partition("===END ")
+        end_line, _, rest = rest.partition("\n")
+        samples, _, after_text = rest.partition("===RX\n")[2].partition("===RXEND\n")
+        end = end_line.split()
+        before, after = _rx(before_text, peer.fabric_iface), _rx(after_text, peer.fabric_iface)
+        if r.returncode != 0:
+            text = pull_out or r.output
+            if _NO_SPACE.search(text):
+                raise ImageError(f"{peer.name} ran out of disk space while receiving {image}",
+                                 where=f"[{peer.name}] image copy",
+                                 hint=f"free space in {peer.name}'s docker data root (docker system df; sparkctl "
+                                      "image prune), then run again; the running deployment is untouched",
+                                 evidence=text[-1500:])
+            raise ImageError(f"{peer.name} could not pull {image} from {self.host}", where=f"[{peer.name}] image copy",
+                             hint="check the fabric link between the nodes (ping the fabric address)",
+                             evidence=text[-1500:])
+        if before is None or after is None:
+            raise ImageError(f"fabric interface {peer.fabric_iface} not found on {peer.name}",
+                             where=f"[{peer.name}] fabric", hint="check fabric_interface in the inventory")
+        got = next((ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("===ID ")), None)
+        if got != source_id:
+            raise ImageError(f"{image} on {peer.name} has ID {str(got)[:19]} after the copy, {self.source.name} has "
+                             f"{source_id[:19]}", where=f"[{peer.name}] image copy",
+                             hint=f"docker rmi {image} on {peer.name} and run again")
+        fetched = {m.group(1) for m in re.finditer(r"^([0-9a-f]{12}): Pull complete", pull_out, re.M)}
+        moves = [LayerMove(d, size, d.split(":", 1)[1][:12] in fetched) for d, size in layers]
+        seconds = float(end[1]) - float(started) if len(end) == 2 else 0.0
+        return Transfer(peer.name, image, got, moves, after - before, round(seconds, 3),
+                        wire_seconds=_wire_window(samples, before, after))
+
+
+def distribute(images: list[str], source: Endpoint, peers: list[Endpoint], *,
+               report: Callable[[str], None] = lambda _: None, port: int = PORT) -> list[Transfer]:
+    """Give every peer ``images`` (in order, e.g. engine then launch) with the source's image IDs.
+
+    No-op with a reason for a peer that already has them all; otherwise one short-lived registry on the
+    source's fabric address serves every peer, and only missing layers cross the fabric.
+    """
+    ids = image_ids(source.conn, images)
+    for image, iid in ids.items():
+        if not iid:
+            raise ImageError(f"image {image} is not on {source.name}, the building node", where=f"[{source.name}] image",
+                             hint="sparkctl image build first")
+    transfers: list[Transfer] = []
+    todo: list[tuple[Endpoint, str]] = []
+    for peer in peers:
+        have_ids = image_ids(peer.conn, images)
+        for image in images:
+            have = have_ids[image]
+            if have == ids[image]:
+                transfers.append(Transfer(peer.name, image, have, skipped=f"{peer.name} has {have[:19]}"))
+            elif have:
+                raise ImageError(f"{image} on {peer.name} is {have[:19]}, on {source.name} {ids[image][:19]}",
+                                 where=f"[{peer.name}] image", hint=f"docker rmi {image} on {peer.name} and run again "
+                                                                    "(a tag names one content; someone retagged it)")
+            else:
+                todo.append((peer, image))
+    for t in transfers:
+        report(t.line())
+    if not todo:
+        return transfers
+    with Registry(source, sorted({p.name: p for p, _ in todo}.values(), key=lambda p: p.name), port) as reg:
+        for image in dict.fromkeys(i for _, i in todo):
+            reg.push(image)
+        for peer, image in todo:
+            report(f"{peer.name} <- {image}: pulling from {reg.host} over the fabric")
+            t = reg.pull(peer, image, str(ids[image]))
+            for layer in t.layers:
+                report(f"  {layer.digest[:19]} {human(layer.size):>9}  {'sent' if layer.sent else 'present on ' + peer.name}")
+            report(t.line())
+            transfers.append(t)
+    return transfers

@@ -1,0 +1,286 @@
+"""Image pipeline on the real test cluster: the patch series applied in a real `docker build` to the real SGLang
+0.5.23 source, content-addressed engine/launch images, layer-aware copy over the fabric, identity, bad input.
+
+The base is the test base image (`sparkctl.testing.engine_image`): the emulator image + SGLang 0.5.23's source at
+/sgl-workspace/sglang/python/sglang, on spark-a only. Flag changes use a per-run value so that images left in the
+nodes' cached data roots by an earlier run cannot turn a "build and copy" into a no-op.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkctl.config.inventory import load_inventory
+from sparkctl.config.profile import load_profile
+from sparkctl.errors import ConfigError, ImageError
+from sparkctl.images import launchdoc, manage, pipeline
+from sparkctl.images.build import build_images, ensure_base, image_layers
+from sparkctl.images.plan import plan_images
+from sparkctl.images.registry import Endpoint, distribute
+from sparkctl.sglang.render import render
+from sparkctl.testing.engine_image import SGLANG_WORKSPACE_PACKAGE, EngineImages
+from testenv import in_ci
+
+pytestmark = pytest.mark.cluster
+REPO = Path(__file__).resolve().parents[2]
+RUN = int(time.time()) % 1_000_000
+
+
+@pytest.fixture(scope="module")
+def env(test_cluster):
+    missing = [c for c in ("docker-registry", "openssl") if shutil.which(c) is None]
+    if missing:   # the nodes share this machine's binaries
+        msg = f"{', '.join(missing)} not installed (apt-get install -y docker-registry openssl)"
+        if in_ci():
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    inv = load_inventory(test_cluster.inventory_path)
+    base_tag = EngineImages(test_cluster).ensure_sglang_base("spark-a", "0.5.23")
+    conns = pipeline.connections(inv)
+    yield {"cluster": test_cluster, "inv": inv, "base_tag": base_tag, "a": conns["spark-a"], "b": conns["spark-b"],
+           "conns": conns}
+    manage.prune_images(conns, keep=set())          # leave no pipeline image in the cached data roots
+
+
+def _profile(env, **server):
+    prof = load_profile("d5")
+    prof = prof.model_copy(update={"image": prof.image.model_copy(update={"base_image": env["base_tag"]})})
+    if server:
+        prof = prof.model_copy(update={"server": prof.server.model_copy(update=server)})
+    return prof
+
+
+def _plan(env, **server):
+    base = ensure_base(env["a"], env["base_tag"], node="spark-a", pull=False)
+    return plan_images(_profile(env, **server), env["inv"], base)
+
+
+def _endpoints(env):
+    return Endpoint.of(env["inv"], env["inv"].node("spark-a")), Endpoint.of(env["inv"], env["inv"].node("spark-b"))
+
+
+@pytest.fixture(scope="module")
+def built(env):
+    plan = _plan(env, watchdog_timeout=600 + RUN)
+    steps = build_images(plan, env["a"], log_dir=env["cluster"].workdir / "builds")
+    return plan, steps
+
+
+def test_series_is_applied_for_real_in_docker_build(env, built):
+    plan, steps = built
+    assert [s.role for s in steps] == ["engine", "launch"]
+    script = "\n".join([
+        "import os, sys",
+        "p = sys.argv[1]",
+        "k = open(p + '/kernels/ops/attention/dsa/tilelang_kernel.py').read()",
+        "u = open(p + '/srt/model_loader/utils.py').read()",
+        "e = open(p + '/srt/layers/deep_gemm_wrapper/entrypoint.py').read()",
+        "c = p + '/kernels/ops/attention/dsa/__pycache__'",
+        "pyc = os.path.isdir(c) and any(f.startswith('tilelang_kernel.') for f in os.listdir(c))",
+        "print(int('_v1_tile_for_major' in k), int('get_device_sm() in (120, 121)' in u),"
+        "      int('    import deep_gemm  # module-level' in e), int(pyc))"])
+    r = env["a"].run(["docker", "run", "--rm", "--entrypoint", "python3", plan.engine_tag, "-c", script,
+                      SGLANG_WORKSPACE_PACKAGE], timeout=120, check=True)
+    assert r.stdout.split() == ["1", "1", "1", "1"]   # the three patches in the image's SGLang source, compiled
+    base = env["a"].run(["docker", "run", "--rm", "--entrypoint", "python3", env["base_tag"], "-c", script,
+                         SGLANG_WORKSPACE_PACKAGE], timeout=120)
+    assert base.stdout.split() == ["0", "0", "0", "0"]   # the base image carries the unpatched release
+    labels = json.loads(env["a"].run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}",
+                                      plan.engine_tag], check=True).stdout)
+    assert labels["org.sparkctl.patch-series"] == "gb10-0.5.23"
+    assert labels["org.sparkctl.series-sha256"] == plan.engine_inputs["series_sha256"]
+    assert labels["org.sparkctl.sglang-version"] == "0.5.23"
+    assert labels["org.sparkctl.base-digest"] == plan.base.pinned
+
+
+def test_nothing_changed_builds_nothing(env, built):
+    plan, _ = built
+    again = build_images(_plan(env, watchdog_timeout=600 + RUN), env["a"])
+    assert [(s.tag, s.built) for s in again] == [(plan.engine_tag, False), (plan.launch_tag, False)]
+    assert all(s.reason == "tag present with the planned inputs" for s in again)
+
+
+def test_flag_only_change_rebuilds_only_the_launch_layer(env, built):
+    plan, _ = built
+    changed = _plan(env, watchdog_timeout=601 + RUN)
+    assert changed.engine_tag == plan.engine_tag and changed.launch_tag != plan.launch_tag
+    steps = build_images(changed, env["a"])
+    assert [(s.role, s.built) for s in steps] == [("engine", False), ("launch", True)]
+    engine = image_layers(env["a"], plan.engine_tag)
+    old, new = image_layers(env["a"], plan.launch_tag), image_layers(env["a"], changed.launch_tag)
+    assert old[:-1] == engine and new[:-1] == engine      # both launch images = engine + one layer
+    assert old[-1] != new[-1]
+
+
+def test_launch_image_entrypoint_rebuilds_each_ranks_argv(env, built):
+    plan, _ = built
+    specs = render(_profile(env, watchdog_timeout=600 + RUN), env["inv"], environ={}).specs
+    for spec in specs:
+        flags = [a for k, v in launchdoc.rank_environment(plan.launch_doc, spec).items() for a in ("-e", f"{k}={v}")]
+        r = env["a"].run(["docker", "run", "--rm", *flags, plan.launch_tag, "--print"], timeout=120, check=True)
+        shown = json.loads(r.stdout)
+        assert shown["argv"] == spec.argv
+        assert {k: shown["env"][k] for k in spec.env} == spec.env
+    r = env["a"].run(["docker", "run", "--rm", plan.launch_tag, "--print"], timeout=120)
+    assert r.returncode == 2 and "lacks SPARKCTL_ARG_NODE_RANK" in r.stderr
+
+
+def test_peer_receives_only_missing_layers_and_nothing_when_it_has_them(env, built):
+    plan, _ = built
+    src, dst = _endpoints(env)
+    distribute([plan.engine_tag, plan.launch_tag], src, [dst])       # whatever spark-b lacked
+    assert manage.verify_images(plan, env["conns"])                   # same IDs on both nodes
+
+    changed = _plan(env, watchdog_timeout=601 + RUN)
+    build_images(changed, env["a"])
+    lines: list[str] = []
+    transfers = distribute([changed.engine_tag, changed.launch_tag], src, [dst], report=lines.append)
+    engine_t = next(t for t in transfers if t.image == changed.engine_tag)
+    launch_t = next(t for t in transfers if t.image == changed.launch_tag)
+    assert engine_t.skipped and engine_t.rx_bytes == 0
+    assert [layer.sent for layer in launch_t.layers].count(True) == 1 and not launch_t.skipped
+    size = int(env["a"].run(["docker", "image", "inspect", "--format", "{{.Size}}", changed.launch_tag]).stdout)
+    assert launch_t.sent_bytes < 100_000 < 100_000_000 < size       # one thin layer of a >100 MB image
+    assert launch_t.rx_bytes < 1_000_000                              # measured on spark-b's fabric interface
+    assert any("sent" in ln for ln in lines) and any("present" in ln for ln in lines)   # per-layer progress
+    assert manage.verify_images(changed, env["conns"])
+
+    again = distribute([changed.engine_tag, changed.launch_tag], src, [dst])
+    assert all(t.skipped for t in again) and sum(t.rx_bytes for t in again) == 0
+
+
+def test_broken_patch_fails_the_build_naming_patch_and_hunk(env, tmp_path, monkeypatch):
+    shutil.copytree(REPO / "patches" / "gb10-0.5.23", tmp_path / "gb10-0.5.23")
+    p = tmp_path / "gb10-0.5.23" / "0002-deepgemm-ue8m0-requant-sm121.patch"
+    p.write_text(p.read_text().replace("         and weight_block_size is not None",
+                                       f"         and weight_block_size is not None  # {RUN}"))
+    monkeypatch.setenv("SPARKCTL_PATCHES_DIR", str(tmp_path))
+    plan = _plan(env)
+    with pytest.raises(ImageError) as err:
+        build_images(plan, env["a"])
+    msg = err.value.render()
+    assert "engine image build failed on spark-a" in msg
+    assert "0002-deepgemm-ue8m0-requant-sm121.patch: hunk #1 of python/sglang/srt/model_loader/utils.py" in msg
+    assert "sparkctl patches check" in msg and "@@ -279,9 +279,9 @@" in msg
+    assert env["a"].run(["docker", "image", "inspect", plan.engine_tag]).returncode != 0   # nothing tagged
+
+
+def test_tag_holding_other_content_is_refused(env, built):
+    plan = _plan(env, watchdog_timeout=602 + RUN)
+    env["a"].run(["docker", "tag", env["cluster"].engine_image, plan.launch_tag], check=True)
+    try:
+        with pytest.raises(ImageError, match=r"tag sparkctl/sglang-gb10-launch:d5-\w+ on spark-a holds other content"
+                           ) as err:
+            build_images(plan, env["a"])
+        assert f"docker rmi {plan.launch_tag} on spark-a" in err.value.hint
+    finally:
+        env["a"].run(["docker", "rmi", plan.launch_tag])
+
+
+def test_identity_mismatch_is_refused_before_boot(env, built):
+    plan, _ = built
+    src, dst = _endpoints(env)
+    distribute([plan.engine_tag, plan.launch_tag], src, [dst])
+    right = env["b"].run(["docker", "image", "inspect", "--format", "{{.Id}}", plan.launch_tag], check=True).stdout.strip()
+    env["b"].run(["docker", "tag", env["cluster"].engine_image, plan.launch_tag], check=True)
+    try:
+        with pytest.raises(ImageError, match=r"image sparkctl/sglang-gb10-launch:\S+ on spark-b was not built from "
+                                             r"this plan"):
+            manage.verify_images(plan, env["conns"])
+        with pytest.raises(ImageError, match=r"on spark-b is sha256:\w+, on spark-a sha256:"):
+            distribute([plan.engine_tag, plan.launch_tag], src, [dst])
+    finally:
+        env["b"].run(["docker", "tag", right, plan.launch_tag], check=True)
+    assert manage.verify_images(plan, env["conns"])
+
+
+def test_base_image_missing_and_not_pullable(env, test_cluster):
+    ref = f"198.18.{test_cluster.net_index}.99:5999/sparkctl-absent:never"
+    with pytest.raises(ImageError, match=rf"base image {ref} is missing on spark-a and could not be pulled") as err:
+        ensure_base(env["a"], ref, node="spark-a")
+    assert "docker pull" in err.value.hint
+
+
+def test_process_inventory_has_no_images():
+    with pytest.raises(ConfigError, match="not in Docker"):
+        pipeline.connections(load_inventory(REPO / "inventory" / "local.yml"))
+
+
+def test_ls_and_prune_keep_what_the_ledger_uses(env, built, tmp_path):
+    plan, _ = built
+    rows = manage.list_images(env["conns"])
+    assert {(r["node"], r["role"]) for r in rows if plan.launch_tag in r["tags"]} >= {("spark-a", "launch")}
+    ledger = tmp_path / "state" / "deployments"
+    ledger.mkdir(parents=True)
+    (ledger / "x.json").write_text(json.dumps({"specs": [{"image": plan.launch_tag}]}))
+    keep = manage.images_in_use([tmp_path / "state"])
+    would = manage.prune_images(env["conns"], keep, dry_run=True)
+    gone = {t for r in would for t in r["tags"]}
+    assert plan.launch_tag not in gone and plan.engine_tag not in gone     # kept launch keeps its engine
+
+
+def test_peer_disk_full_mid_copy_names_node_image_and_fix(env, test_cluster):
+    """A real ENOSPC on spark-b: its daemon downloads layer blobs into <data-root>/tmp, here a 1 MB tmpfs."""
+    from sparkctl.testing.cluster import DATA_ROOT
+
+    tag = f"sparkctl-test-incompressible:{RUN}"
+    env["a"].run(["env", "DOCKER_BUILDKIT=0", "docker", "build", "-q", "-t", tag, "-"], timeout=300, check=True,
+                 stdin=f"FROM {test_cluster.engine_image}\nRUN head -c 3000000 /dev/urandom > /blob\n")
+    tmp = DATA_ROOT / test_cluster.node("spark-b").netns / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(tmp)], check=True)
+    try:
+        src, dst = _endpoints(env)
+        with pytest.raises(ImageError, match=rf"spark-b ran out of disk space while receiving {tag}") as err:
+            distribute([tag], src, [dst])
+        assert "free space in spark-b's docker data root" in err.value.hint
+        assert "no space left on device" in err.value.evidence
+    finally:
+        subprocess.run(["umount", str(tmp)], check=False)
+        for conn in (env["a"], env["b"]):
+            conn.run(["docker", "rmi", tag])
+    assert env["b"].run(["docker", "image", "inspect", tag]).returncode != 0      # nothing half-tagged on the peer
+
+
+def test_cli_plan_build_ls_verify_prune(env, tmp_path, monkeypatch, capsys):
+    from sparkctl.cli.main import main as cli
+
+    profile = tmp_path / "d5-testbase.yml"
+    profile.write_text(f"extends: d5\nimage:\n  base_image: {env['base_tag']}\nserver:\n  watchdog_timeout: {700 + RUN}\n")
+    monkeypatch.setenv("SPARKCTL_INVENTORY", str(env["cluster"].inventory_path))
+    monkeypatch.setenv("SPARKCTL_STATE_DIR", str(tmp_path / "state"))
+    assert cli(["image", "plan", "--profile", str(profile), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert set(plan) >= {"engine", "launch"} and plan["engine"]["inputs"]["series"] == "gb10-0.5.23"
+    assert plan["launch"]["inputs"]["engine_tag"] == plan["engine"]["tag"]
+    assert cli(["image", "build", "--profile", str(profile)]) == 0
+    out = capsys.readouterr().out
+    assert f"launch {plan['launch']['tag']} built in" in out and "spark-b <- " in out
+    assert list((tmp_path / "state").glob("*/builds/launch-*.log"))                  # build log kept
+    assert cli(["image", "verify", "--profile", str(profile)]) == 0
+    assert f"ok {plan['launch']['tag']}: spark-a, spark-b" in capsys.readouterr().out
+    assert cli(["image", "ls", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["node"] for r in rows if plan["launch"]["tag"] in r["tags"]} == {"spark-a", "spark-b"}
+    assert cli(["image", "prune", "--dry-run"]) == 0
+    assert f"would remove {plan['launch']['tag']}" in capsys.readouterr().out         # no deployment uses it
+
+
+def test_series_for_another_version_than_the_base_image_fails_the_build(env, tmp_path, monkeypatch):
+    """Profile and series agree on 0.5.11, but the base image carries 0.5.23: the build says so."""
+    series = tmp_path / "gb10-0.5.11"
+    shutil.copytree(REPO / "patches" / "gb10-0.5.23", series)
+    (series / "series").write_text((series / "series").read_text().replace("sglang==0.5.23", "sglang==0.5.11"))
+    monkeypatch.setenv("SPARKCTL_PATCHES_DIR", str(tmp_path))
+    prof = load_profile("base")
+    prof = prof.model_copy(update={"image": prof.image.model_copy(update={
+        "base_image": env["base_tag"], "sglang_version": "0.5.11", "patch_series": "gb10-0.5.11"})})
+    plan = plan_images(prof, env["inv"], ensure_base(env["a"], env["base_tag"], node="spark-a", pull=False))
+    with pytest.raises(ImageError, match=r"ERROR series gb10-0.5.11 is for SGLang 0.5.11, the image carries SGLang "
+                                         r"0.5.23 \(/sgl-workspace/sglang/python/sglang\)"):
+        build_images(plan, env["a"])
