@@ -174,7 +174,12 @@ class ImageStage:
             self._say(self.survey.steps()[0][1])
             return
         from sparkctl.images import pipeline
-        self.plan, steps = pipeline.build(self.profile, self.inventory, log_dir=self.log_dir, report=self._say)
+        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            self.plan, steps = pipeline.build(self.profile, self.inventory, log_dir=self.log_dir, report=self._say)
+        finally:
+            for path in self.log_dir.glob("*.log"):     # state files are private, build logs included
+                path.chmod(0o600)
         if any(s.built for s in steps):
             self._say(f"build logs: {self.log_dir}")
 
