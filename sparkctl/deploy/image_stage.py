@@ -104,9 +104,9 @@ class ImageSurvey:
                     build = (f"build engine image {p.engine_tag} ({p.base.ref} + {series}) and launch image "
                              f"{p.launch_tag} on {p.builder}")
                 builder = p.builder
-                lacking = [n for n, v in self.present.items() if n != builder and not all(v.get(t) for t in tags)]
-                dist = (f"copy what {', '.join(lacking)} lack(s) of {', '.join(tags)} from {builder} "
-                        f"(missing layers, over the fabric)" if lacking else
+                lacks = {n: [t for t in tags if not v.get(t)] for n, v in self.present.items() if n != builder}
+                shown = "; ".join(f"{n} <- {', '.join(ts)}" for n, ts in lacks.items() if ts)
+                dist = (f"copy from {builder}: {shown} (missing layers only, over the fabric)" if shown else
                         f"no-op (every node has {', '.join(tags)})")
         shown = ", ".join(tags) or "the engine and launch images"
         return [("image-build", f"image-build: {build}"), ("image-distribute", f"image-distribute: {dist}"),

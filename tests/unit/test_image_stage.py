@@ -43,9 +43,12 @@ def test_pipeline_steps_say_what_is_missing_and_why_a_step_is_a_no_op():
     what = _what(nothing)
     assert what["image-build"] == (f"image-build: build engine image {p.engine_tag} ({BASE.ref} + gb10-0.5.23) and "
                                    f"launch image {p.launch_tag} on {a}")
-    assert what["image-distribute"].startswith(f"image-distribute: copy what {b} lack(s) of {p.engine_tag}")
+    assert what["image-distribute"] == (f"image-distribute: copy from {a}: {b} <- {p.engine_tag}, {p.launch_tag} "
+                                        f"(missing layers only, over the fabric)")
     flag_only = ImageSurvey("pipeline", plan=p, present={a: {p.engine_tag: "sha256:e", p.launch_tag: None},
                                                          b: {p.engine_tag: "sha256:e", p.launch_tag: None}})
+    assert _what(flag_only)["image-distribute"] == (f"image-distribute: copy from {a}: {b} <- {p.launch_tag} "
+                                                    f"(missing layers only, over the fabric)")
     assert _what(flag_only)["image-build"].startswith(f"image-build: build launch image {p.launch_tag} on {a} "
                                                       f"(engine image present: one thin layer)")
     everything = ImageSurvey("pipeline", plan=p, present={n: {p.engine_tag: "sha256:e", p.launch_tag: "sha256:l"}
