@@ -17,6 +17,7 @@ from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import BootResult, boot
 from sparkctl.deploy.gates import Gate, run_gates
+from sparkctl.deploy.image_stage import ImageStage, survey
 from sparkctl.deploy.plan import Plan, make_plan
 from sparkctl.deploy.preflight import Check, ports_of, run_preflight
 from sparkctl.deploy.preflight_rules import evaluate
@@ -24,7 +25,7 @@ from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.rollback import (mark_superseded, restore, rollback_target, stop_engines, stop_started)
 from sparkctl.deploy.runtimes import Runtimes, embedded_notice
 from sparkctl.deploy.warmup import warm_up
-from sparkctl.errors import CancelledError, ConfigError, DeployError, PreflightError, SparkctlError
+from sparkctl.errors import CancelledError, ConfigError, DeployError, ImageError, PreflightError, SparkctlError
 from sparkctl.nodes.runtime import Handle, Runtime
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.launch import LaunchSpec
@@ -120,8 +121,14 @@ class Deployer:
         healthy, detail = (self.health_of(active)[:2] if active else (False, ""))
         dep_id = self.ledger.new_id(profile.name)
         rts = self.runtimes(dep_id)
-        return result, make_plan(result, active, healthy, detail, deployment_id=dep_id,
-                                 start_preview=lambda spec: rts.for_node(spec.node).launch_argv(spec, dep_id))
+        images = survey(profile, self.inventory, result)
+        if images.launch is not None:
+            rts.bind_launch(images.launch)       # the boot preview shows the launch image's docker run
+        plan = make_plan(result, active, healthy, detail, deployment_id=dep_id,
+                         start_preview=lambda spec: rts.for_node(spec.node).launch_argv(spec, dep_id),
+                         image_steps=images.steps(), launch_image=images.identity_key)
+        plan.images = images
+        return result, plan
 
     # -- up --------------------------------------------------------------------------------------------------------
     def up(self, profile: Profile, opts: UpOptions, *, kind: str = "up") -> dict[str, Any]:
@@ -211,8 +218,14 @@ class Deployer:
         def preflight() -> None:
             record.preflight = [c.as_dict() for c in self._preflight(result, rts, self._own_ports(active))]
 
-        def image() -> None:
-            record.image_ids = self._image(result, rts)
+        stage = ImageStage(profile, self.inventory, result, plan.images, runtimes=rts,
+                           log_dir=self.ledger.root / "builds",
+                           report=lambda msg, node: self.reporter.event(msg, node))
+
+        def image_verify() -> None:
+            record.image_ids, record.images = stage.verify()
+            if rts.launch is not None:
+                record.launch_doc = rts.launch.doc
 
         def stop_old() -> None:
             nonlocal stopped_previous
@@ -245,7 +258,8 @@ class Deployer:
                                 f"deployment {dep_id})")
 
         actions: dict[str, Callable[[], None]] = {
-            "preflight": preflight, "image": image, "stop-old": stop_old, "boot": start_and_wait,
+            "preflight": preflight, "image-build": stage.build, "image-distribute": stage.distribute,
+            "image-verify": image_verify, "stop-old": stop_old, "boot": start_and_wait,
             "warm-up": warm, "verify": verify, "hand-off": hand_off}
         try:
             for step in plan.steps:
@@ -254,10 +268,10 @@ class Deployer:
                     "emulated": record.emulated, "capacity": record.capacity, "gates": record.gates,
                     "stages": [s.model_dump(mode="json") for s in record.stages],
                     "warmup": record.warmup, "elapsed_s": record.elapsed_s}
-        except PreflightError as exc:   # preflight or image: nothing was changed yet
+        except (PreflightError, ImageError) as exc:   # preflight or image steps: nothing was changed yet
             record.status, record.finished, record.elapsed_s = Status.FAILED, now_iso(), total.elapsed()
             record.failure = Failure(stage=self._failed_stage(record), message=exc.render())
-            if exc.checks:
+            if getattr(exc, "checks", None):
                 record.preflight = [c.as_dict() for c in exc.checks]
             self.ledger.save(record)
             raise
@@ -322,22 +336,6 @@ class Deployer:
         for c in checks:
             self.reporter.event(c.line, c.node)
         return checks
-
-    def _image(self, result: RenderResult, rts: Runtimes) -> dict[str, str]:
-        """The same engine image (by ID) on every docker node: copied where missing, refused when they differ."""
-        from sparkctl.images.distribute import ensure_same_image
-
-        docker: dict[str, Any] = {}
-        for spec in result.specs:
-            rt = rts.for_node(spec.node)
-            if rt.needs_image:
-                docker[spec.node] = rt
-            else:
-                self.reporter.event("no image: the process runtime runs the emulator in place", spec.node)
-        if not docker:
-            return {}
-        image = result.specs[0].image or ""
-        return ensure_same_image(image, docker, lambda msg, node: self.reporter.event(msg, node))
 
     def _verify(self, profile: Profile, client: SGLangClient, booted: BootResult,
                 record: DeploymentRecord) -> list[Gate]:
@@ -427,7 +425,8 @@ class Deployer:
                 "healthy": healthy, "ranks": ranks, "endpoint": active.endpoint,
                 "speculative_algorithm": active.speculative_algorithm, "identity": active.identity,
                 "sglang_version": active.sglang_version,
-                "images": sorted({s.get("image") for s in active.specs if s.get("image")}),
-                "image_ids": active.image_ids,
+                "images": sorted({v.get("launch_tag") or v.get("engine_tag", "") for v in active.images.values()}
+                                 or {s.get("image") for s in active.specs if s.get("image")}),
+                "image_ids": active.image_ids, "images_per_node": active.images,
                 "since": active.handed_off or active.restored_at or active.created,
                 "capacity": active.capacity, "emulated": active.emulated, "detail": detail}

@@ -19,10 +19,14 @@ from sparkctl.state.records import DeploymentRecord
 Preview = Callable[[], list[tuple[str, list[str]]]]   # -> [(node, argv)] of the commands a step runs
 
 
-def launch_identity(result: RenderResult) -> str:
-    """Content hash of what would run: every rank's redacted argv/env/image. Same identity = same deployment."""
-    payload = [{k: v for k, v in s.redacted().items() if k in ("rank", "node", "argv", "env", "image")}
-               for s in result.specs]
+def launch_identity(result: RenderResult, launch_image: str | None = None) -> str:
+    """Content hash of what would run: every rank's redacted argv/env/image, and the launch image tag when the
+    ranks run one (its tag hashes the engine image's inputs: a new base digest is a new identity).
+    Same identity = same deployment."""
+    payload: list = [{k: v for k, v in s.redacted().items() if k in ("rank", "node", "argv", "env", "image")}
+                     for s in result.specs]
+    if launch_image:
+        payload.append({"launch_image": launch_image})
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -51,6 +55,7 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     noop_reason: str | None = None
     active_id: str | None = None
+    images: Any = field(default=None, repr=False)   # deploy.image_stage.ImageSurvey the image steps came from
 
     @property
     def noop(self) -> bool:
@@ -77,10 +82,13 @@ class Plan:
 
 
 def make_plan(result: RenderResult, active: DeploymentRecord | None, active_healthy: bool, health_detail: str,
-              *, deployment_id: str, start_preview: Callable[[Any], list[str]] | None = None) -> Plan:
+              *, deployment_id: str, start_preview: Callable[[Any], list[str]] | None = None,
+              image_steps: list[tuple[str, str]] | None = None, launch_image: str | None = None) -> Plan:
     """The steps from what runs now (`active`) to `result`. `start_preview(spec)` gives the argv that starts a
-    rank (the runtime's `launch_argv`), shown under the boot step by `--dry-run`."""
-    identity = launch_identity(result)
+    rank (the runtime's `launch_argv`), shown under the boot step by `--dry-run`. `image_steps` are the image
+    stage's (name, what) from `deploy.image_stage.ImageSurvey.steps` (each says why it is or is not needed);
+    `launch_image` is the launch image tag the ranks will run, part of the identity."""
+    identity = launch_identity(result, launch_image)
     plan = Plan(profile=result.profile.name, identity=identity, deployment_id=deployment_id,
                 active_id=active.id if active else None)
     if active and active.identity == identity and active_healthy:
@@ -90,10 +98,8 @@ def make_plan(result: RenderResult, active: DeploymentRecord | None, active_heal
     nodes = result.inventory.nodes
     add = plan.steps.append
     add(Step("preflight", f"preflight on {', '.join(n.name for n in nodes)} (read-only)"))
-    if any(n.runtime == "docker" for n in nodes):
-        add(Step("image", f"image: ensure {result.specs[0].image or 'the engine image'} is on every node (same ID)"))
-    else:
-        add(Step("image", "image: none needed (the process runtime runs the emulator in place)"))
+    for name, what in image_steps or []:
+        add(Step(name, what))
     if active:
         why = "unhealthy, same identity" if active.identity == identity else f"profile {active.profile}"
         add(Step("stop-old", f"stop deployment {active.id} ({why}); kept restartable for rollback",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, TypeVar
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import boot
 from sparkctl.deploy.gates import run_gates
+from sparkctl.deploy.image_stage import LaunchImage
 from sparkctl.deploy.plan import launch_identity
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import ConfigError, SparkctlError
@@ -82,6 +83,14 @@ def mark_superseded(d: "Deployer", old: DeploymentRecord, new_id: str) -> None:
                 d.reporter.event(f"could not remove the engines of {dep_id}: {exc.message}")
 
 
+def recorded_launch(record: DeploymentRecord) -> LaunchImage | None:
+    """The launch image a deployment's ranks ran (recorded by its image-verify step), or None."""
+    tags = {v.get("launch_tag") for v in record.images.values()} - {None}
+    if not tags or record.launch_doc is None:
+        return None
+    return LaunchImage(str(tags.pop()), record.launch_doc)
+
+
 @dataclass(frozen=True)
 class RestoreOutcome:
     restored: str | None      # the deployment serving again, or None
@@ -95,10 +104,13 @@ def restore(d: "Deployer", previous: DeploymentRecord, failed: DeploymentRecord)
     try:
         profile = Profile.model_validate(previous.profile_data)
         result = d.render(profile)
-        if launch_identity(result) != previous.identity:
+        launch = recorded_launch(previous)
+        if launch_identity(result, launch.tag if launch else None) != previous.identity:
             d.reporter.event("note: re-rendered launch identity differs from the record "
                              "(inventory or secrets changed); restoring the re-rendered launch")
         rts = d.runtimes(previous.id)
+        if launch is not None:
+            rts.bind_launch(launch)      # the ranks run the launch image they ran before
         booted = boot(result.specs, rts.for_node, previous.id, d.reporter,
                       timeout_s=profile.lifecycle.boot_timeout_s, started=started,
                       ready_probe=d.health_probe(result.specs[0], profile.api.api_key_env))

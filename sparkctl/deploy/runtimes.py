@@ -1,6 +1,8 @@
 """Pick the runtime for each node of an inventory (process for the embedded cluster, docker for Sparks)."""
 from __future__ import annotations
 
+from typing import Any
+
 from sparkctl.config.inventory import Inventory, Node
 from sparkctl.errors import ConfigError
 from sparkctl.nodes.runtime import Runtime
@@ -23,6 +25,14 @@ class Runtimes:
         self.ledger = ledger
         self.deployment_id = deployment_id
         self._cache: dict[str, Runtime] = {}
+        self.launch: Any = None           # deploy.image_stage.LaunchImage the docker ranks run, once bound
+
+    def bind_launch(self, launch: Any) -> None:
+        """Docker ranks run this launch image (entrypoint + launch document) instead of the engine image + argv."""
+        self.launch = launch
+        for rt in self._cache.values():
+            if rt.kind == "docker":
+                rt.launch_image = launch  # type: ignore[attr-defined]
 
     def for_node(self, node: Node | str) -> Runtime:
         node = self.inventory.node(node) if isinstance(node, str) else node
@@ -41,6 +51,8 @@ class Runtimes:
             except ImportError as exc:
                 raise ConfigError(f"runtime 'docker' is unavailable: {exc}", where=f"[{node.name}]",
                                   hint="pip install 'sparkctl[nodes]'") from None
-            return DockerRuntime(self.inventory, node, cluster=self.inventory.cluster.name,
-                                 log_dir=self.ledger.log_dir(self.deployment_id))
+            rt = DockerRuntime(self.inventory, node, cluster=self.inventory.cluster.name,
+                               log_dir=self.ledger.log_dir(self.deployment_id))
+            rt.launch_image = self.launch
+            return rt
         raise ConfigError(f"unknown runtime {node.runtime!r}", where=f"[{node.name}]")

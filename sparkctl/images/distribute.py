@@ -5,7 +5,8 @@ whose tags point at different IDs would run different engines, so sparkctl refus
 spark-vllm-docker does). A node that lacks the image gets it streamed from a node that has it
 (`docker save` there -> `docker load` here, through the controller's SSH connections), then the IDs are
 compared again. The image pipeline (`sparkctl.images.pipeline`) builds images and copies only missing layers
-node to node over the fabric (`sparkctl.images.registry`); `up` still uses this whole-image copy until it is wired in.
+node to node over the fabric (`sparkctl.images.registry`); `up` uses this whole-image copy only for a prebuilt image
+(inventory `sparkctl_engine_image` or profile `image.ref`; see `sparkctl.deploy.image_stage`).
 """
 from __future__ import annotations
 

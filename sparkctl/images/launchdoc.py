@@ -2,9 +2,10 @@
 
 `launch_doc(specs)` compares every rank's argv and env (render builds them in the same order): what is equal
 on every rank and not secret goes into the image; a value that differs between ranks (``--node-rank``,
-``--host``) or is secret (``--api-key``) becomes a placeholder ``{"env": "SPARKCTL_ARG_NODE_RANK"}`` that the
+``--host``) or names a secret file (``--config /run/sparkctl-secrets/...``, present only when the rank has
+an API key) becomes a placeholder ``{"env": "SPARKCTL_ARG_NODE_RANK"}`` that the
 entrypoint (`sparkctl.images.entrypoint`) fills from the container's environment, and env keys that differ
-(``SGLANG_HOST_IP``, ``NCCL_SOCKET_IFNAME`` ...) or are secret (``HF_TOKEN``) are listed in ``rank_env``: the
+(``SGLANG_HOST_IP``, ``NCCL_SOCKET_IFNAME`` ...) or name a secret file (``HF_TOKEN_PATH``) are listed in ``rank_env`` / ``optional_env``: the
 container must carry them. `rank_environment(doc, spec)` is what a runtime passes to one rank's container.
 The document holds no secret: its hash names the launch image. Example::
 
@@ -20,7 +21,7 @@ import re
 from typing import Any, Sequence
 
 from sparkctl.errors import ConfigError
-from sparkctl.sglang.launch import LaunchSpec
+from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec
 
 LAUNCH_JSON = "/etc/sparkctl/launch.json"
 SCHEMA = 1
@@ -40,27 +41,31 @@ def launch_doc(specs: Sequence[LaunchSpec], *, profile: str) -> dict[str, Any]:
     if len({len(a) for a in argvs}) != 1:
         raise ConfigError("ranks differ in argv length; a launch image needs the same flags on every rank",
                           hint="per-rank extra_args are not supported in launch images")
-    secrets = set().union(*(s.secret_values for s in specs))
+    values = set().union(*(s.secret_values for s in specs))
+
+    def optional(token: str | None) -> bool:
+        """A secret value, or the path of a secret file (present only when the rank has that secret)."""
+        return token is not None and (token in values or token.startswith(SECRETS_MOUNT + "/"))
     argv: list[Any] = []
     for i, tokens in enumerate(zip(*argvs)):
-        if len(set(tokens)) == 1 and not any(t in secrets for t in tokens):
+        if len(set(tokens)) == 1 and not any(optional(t) for t in tokens):
             argv.append(tokens[0])
             continue
         flag = argvs[0][i - 1] if i else ""
         if not flag.startswith("--") or any(t.startswith("--") for t in tokens):
             raise ConfigError(f"rank-specific token {tokens[0]!r} at argv[{i}] is not a flag value",
                               hint="only flag values may differ between ranks")
-        secret = any(t in secrets for t in tokens)
+        secret = any(optional(t) for t in tokens)
         # a secret flag is dropped with its value when the container has no value for it (as render does)
         argv.append({"env": _arg_env(flag), **({"optional": True} if secret else {})})
     keys = set().union(*(s.env for s in specs))
     env, rank_env, optional_env = {}, [], []
     for key in sorted(keys):
-        values = {s.env.get(key) for s in specs}
-        if values & secrets:
+        seen = {s.env.get(key) for s in specs}
+        if any(optional(v) for v in seen):
             optional_env.append(key)
-        elif len(values) == 1 and None not in values:
-            env[key] = values.pop()
+        elif len(seen) == 1 and None not in seen:
+            env[key] = seen.pop()
         else:
             rank_env.append(key)
     return {"schema": SCHEMA, "profile": profile, "sglang_version": specs[0].sglang_version,

@@ -83,6 +83,7 @@ class ContainerConfig:
     host_dirs: list[str]                 # writable host directories to create before the container starts
     secret_values: frozenset[str] = frozenset()
     secrets_dir: str | None = None       # node directory of the rank's secret files (mounted at SECRETS_MOUNT)
+    command: tuple[str, ...] = ()        # what follows the image in `docker run` (the argv, or none for a launch image)
 
     @property
     def env_file(self) -> str:
@@ -95,11 +96,13 @@ class ContainerConfig:
 
 def container_config(spec: LaunchSpec, node: "Node", *, cluster: str, deployment_id: str, image: str,
                      infiniband: bool = False, identity: str | None = None, memlock: str = "-1",
-                     extra_env: dict[str, str] | None = None) -> ContainerConfig:
+                     extra_env: dict[str, str] | None = None, command: list[str] | None = None) -> ContainerConfig:
     """Build the `docker run` parameters for one rank (pure: no daemon, no SSH). Example::
 
         cfg = container_config(spec, node, cluster="desk", deployment_id="d1", image="sglang-gb10:1")
         cfg.argv   # ['docker', 'run', '--detach', '--name', 'sparkctl-desk-rank0-...', ..., 'python3', '-m', ...]
+
+    `command` replaces the spec's argv after the image (a launch image's entrypoint builds it from the env).
     """
     name = container_name(cluster, spec.rank, deployment_id)
     labels = {"sparkctl.cluster": cluster, "sparkctl.deployment": deployment_id, "sparkctl.rank": str(spec.rank),
@@ -152,10 +155,11 @@ def container_config(spec: LaunchSpec, node: "Node", *, cluster: str, deployment
         argv += ["--mount", f"type=bind,source={m['source']},target={m['target']}" + (",readonly" if m["read_only"]
                                                                                          else "")]
     # A hash of the whole (redacted) run command: a stopped container is reused only for exactly this launch.
-    shown = [spec.redact_text(a) for a in argv + [image, *spec.argv]]
+    cmd = list(spec.argv if command is None else command)
+    shown = [spec.redact_text(a) for a in argv + [image, *cmd]]
     labels["sparkctl.config-hash"] = hashlib.sha256(json.dumps(shown).encode()).hexdigest()[:16]
     argv[argv.index("--network"):argv.index("--network")] = ["--label", f"sparkctl.config-hash={labels['sparkctl.config-hash']}"]
-    argv += ["--env-file", "/dev/stdin", image, *spec.argv]
+    argv += ["--env-file", "/dev/stdin", image, *cmd]
     return ContainerConfig(name=name, image=image, argv=argv, env=env, labels=labels, mounts=mounts,
                            host_dirs=sorted(set(host_dirs)), secret_values=spec.secret_values,
-                           secrets_dir=secrets_dir)
+                           secrets_dir=secrets_dir, command=tuple(cmd))

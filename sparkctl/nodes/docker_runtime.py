@@ -64,7 +64,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.errors import NodeError
 from sparkctl.nodes import facts
@@ -106,6 +106,7 @@ class DockerRuntime:
         self._lock = threading.Lock()
         self._infiniband: bool | None = None
         self.secret_values: set[str] = set()    # redacted from every log line read (grows with each start)
+        self.launch_image: Any = None    # deploy.image_stage.LaunchImage, bound by the image stage of `up`
 
     # -- helpers -----------------------------------------------------------------------------------------------
     def _docker(self, *args: str, check: bool = True, timeout: float = 60.0, stdin: str | None = None,
@@ -136,10 +137,14 @@ class DockerRuntime:
 
     # -- Runtime protocol --------------------------------------------------------------------------------------
     def _config(self, spec: LaunchSpec, deployment_id: str) -> ContainerConfig:
+        launch = self.launch_image     # a launch image: its entrypoint builds the argv from the per-rank env
+        extra = sim_env(self.inventory.cluster.sim)
+        if launch is not None:
+            extra.update(launch.environment(spec))
         return container_config(spec, self.node, cluster=self.cluster, deployment_id=deployment_id,
-                                image=resolve_image(spec, self.environ), infiniband=self.has_infiniband(),
-                                memlock=self.environ.get(MEMLOCK_ENV) or "-1",
-                                extra_env=sim_env(self.inventory.cluster.sim))
+                                image=launch.tag if launch is not None else resolve_image(spec, self.environ),
+                                infiniband=self.has_infiniband(), memlock=self.environ.get(MEMLOCK_ENV) or "-1",
+                                extra_env=extra, command=[] if launch is not None else None)
 
     def launch_argv(self, spec: LaunchSpec, deployment_id: str) -> list[str]:
         """The `docker run` argv `start` runs for this rank when no stopped container of the same launch exists
@@ -204,7 +209,7 @@ class DockerRuntime:
         """Same labels (identity), command and environment (compared in memory; secrets never leave it)."""
         if any(old.labels.get(k) != v for k, v in cfg.labels.items()):
             return False
-        if list(old.cmd) != list(spec.argv):
+        if list(old.cmd) != list(cfg.command):
             return False
         return {f"{k}={v}" for k, v in cfg.env.items()} <= set(old.env)
 

@@ -77,7 +77,9 @@ class DeploymentRecord(_Record):
     updated: str | None = None
     stages: list[StageEntry] = Field(default_factory=list)
     preflight: list[dict[str, Any]] = Field(default_factory=list)
-    image_ids: dict[str, str] = Field(default_factory=dict)
+    image_ids: dict[str, str] = Field(default_factory=dict)      # node -> ID of the image its rank runs
+    images: dict[str, dict[str, str]] = Field(default_factory=dict)   # node -> engine_tag/_id, launch_tag/_id
+    launch_doc: dict[str, Any] | None = None     # the launch image's /etc/sparkctl/launch.json (holds no secret)
     gates: list[dict[str, Any]] = Field(default_factory=list)
     previous: str | None = None
     previous_known_good: str | None = None

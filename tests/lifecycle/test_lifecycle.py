@@ -43,7 +43,8 @@ def test_up_deploys_rank1_first_and_passes_every_gate(cli, local_cluster):
     assert first["outcome"] == "deployed" and first["emulated"] is True
     assert all(g["ok"] for g in first["gates"]) and {g["name"] for g in first["gates"]} == \
         {"health", "models", "settings", "capacity", "workers", "smoke"}
-    assert [s["name"] for s in first["stages"]] == ["preflight", "image", "boot", "warm-up", "verify", "hand-off"]
+    assert [s["name"] for s in first["stages"]] == ["preflight", "image-build", "image-distribute", "image-verify",
+                                                    "boot", "warm-up", "verify", "hand-off"]
     assert first["capacity"]["max_total_num_tokens"] > 0 and first["warmup"]["cold"]["completion_tokens"] > 0
     assert err.index("rank 1 started") < err.index("rank 0 started")     # progress on stderr
     st = _status(cli)
@@ -120,8 +121,10 @@ def test_dry_run_prints_the_steps_and_commands_and_changes_nothing(cli, local_cl
     assert "sk-dry-run-secret" not in err + out and "--config /run/sparkctl-secrets/engine-secrets.yaml" in err
     result = json.loads(out)
     assert code == 0 and result["outcome"] == "dry-run"
-    assert [s["name"] for s in result["plan"]["steps"]] == ["preflight", "image", "boot", "warm-up", "verify",
-                                                            "hand-off"]
+    assert [s["name"] for s in result["plan"]["steps"]] == ["preflight", "image-build", "image-distribute",
+                                                            "image-verify", "boot", "warm-up", "verify", "hand-off"]
+    for name in ("image-build", "image-distribute", "image-verify"):   # the embedded cluster has no image
+        assert f"{name}: no-op (process runtime: no image)" in err
     assert "start rank 1 on spark-b, then start rank 0 on spark-a" in err and "[not idempotent]" in err
     # the command each rank's start runs, one line per rank, rank 1 first
     starts = [ln for ln in err.splitlines() if "$ " in ln and "sparkctl.sim" in ln]

@@ -37,8 +37,9 @@ def test_document_holds_no_secret_and_no_per_rank_value():
     assert "k-123" not in text and launchdoc.SECRET_PLACEHOLDER not in text
     doc = json.loads(text)
     placeholders = [i for i in doc["argv"] if isinstance(i, dict)]
-    assert placeholders == [{"env": "SPARKCTL_ARG_NODE_RANK"}, {"env": "SPARKCTL_ARG_API_KEY", "optional": True}]
-    assert doc["rank_env"] == ["SGLANG_HOST_IP"] and doc["optional_env"] == ["HF_TOKEN"]
+    # the API key reaches SGLang in a --config file (mounted only when set): the flag is optional, like the token path
+    assert placeholders == [{"env": "SPARKCTL_ARG_NODE_RANK"}, {"env": "SPARKCTL_ARG_CONFIG", "optional": True}]
+    assert doc["rank_env"] == ["SGLANG_HOST_IP"] and doc["optional_env"] == ["HF_TOKEN_PATH"]
     assert doc["env"]["SGLANG_OPT_DEEPGEMM_HC_PRENORM"] == "0"
 
 

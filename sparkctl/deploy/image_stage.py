@@ -1,0 +1,224 @@
+"""The image stage of `up`: image-build -> image-distribute -> image-verify, each a no-op with a reason when satisfied.
+
+Three kinds of cluster (`survey` tells which, read-only, when `up` plans):
+
+* **process** (the embedded local cluster): the emulator runs in place; every image step is a no-op
+  ("process runtime: no image").
+* **prebuilt**: the inventory names the engine image (``sparkctl_engine_image``) or the profile sets
+  ``image.ref``: nothing to build; it is copied whole to a node that lacks it and must have one ID everywhere
+  (`sparkctl.images.distribute.ensure_same_image`).
+* **pipeline** (the default on Sparks): the profile's base image + patch series become the engine image and
+  the launch image on the rank-0 node (`sparkctl.images.pipeline`), built only when their content-addressed
+  tags are missing (build logs under ``<state>/builds``), copied to the peers as missing layers over the
+  fabric, and checked on every node (planned inputs, one ID per image) before boot. The ranks then run the
+  launch image (`LaunchImage`): ``docker inspect`` of an engine names its profile and launch-spec hash, and a
+  rollback runs the previous launch image.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from sparkctl.config.inventory import Inventory
+from sparkctl.config.profile import Profile
+from sparkctl.errors import ConfigError, PreflightError, SparkctlError
+from sparkctl.sglang.launch import LaunchSpec
+from sparkctl.sglang.render import RenderResult
+
+STEPS = ("image-build", "image-distribute", "image-verify")
+NO_IMAGE = "no-op (process runtime: no image)"
+
+
+@dataclass(frozen=True)
+class LaunchImage:
+    """The launch image the ranks run: its tag and launch document (no secrets; per-rank values from the env)."""
+
+    tag: str
+    doc: dict[str, Any]
+
+    def environment(self, spec: LaunchSpec) -> dict[str, str]:
+        """What this rank's container needs on top of the image (ConfigError when the image cannot run `spec`)."""
+        from sparkctl.images.launchdoc import rank_environment
+        return rank_environment(self.doc, spec)
+
+
+@dataclass
+class ImageSurvey:
+    """What the nodes hold now, and so what each image step will do (see module docstring)."""
+
+    mode: str                                     # process | prebuilt | pipeline
+    image: str | None = None                      # prebuilt: the engine image every rank runs
+    source: str = ""                              # prebuilt: who names it
+    plan: Any = None                              # pipeline: ImagePlan (None while the base is missing)
+    base_missing: bool = False
+    present: dict[str, dict[str, str | None]] = field(default_factory=dict)   # node -> {tag: id or None}
+    error: str | None = None                      # the survey could not look (unreachable node ...)
+
+    @property
+    def identity_key(self) -> str | None:
+        """What the launch identity adds: the launch image tag (its content hash) in pipeline mode."""
+        return self.plan.launch_tag if self.mode == "pipeline" and self.plan is not None else None
+
+    @property
+    def launch(self) -> LaunchImage | None:
+        return LaunchImage(self.plan.launch_tag, self.plan.launch_doc) if self.identity_key else None
+
+    def _tags(self) -> list[str]:
+        if self.mode == "prebuilt":
+            return [self.image or ""]
+        return [self.plan.engine_tag, self.plan.launch_tag] if self.plan is not None else []
+
+    def steps(self) -> list[tuple[str, str]]:
+        """[(step name, what it does or why it is a no-op)] for the plan."""
+        if self.mode == "process":
+            return [(name, f"{name}: {NO_IMAGE}") for name in STEPS]
+        nodes = list(self.present) or ["every node"]
+        if self.error:
+            unknown = f"(nodes not surveyed: {self.error})"
+            return [("image-build", f"image-build: build what is missing {unknown}"),
+                    ("image-distribute", f"image-distribute: copy what a node lacks {unknown}"),
+                    ("image-verify", "image-verify: one image ID on every node before boot")]
+        tags = self._tags()
+        if self.mode == "prebuilt":
+            build = f"no-op (prebuilt image {self.image} named by {self.source}: nothing to build)"
+            ids = {n: v.get(self.image or "") for n, v in self.present.items()}
+            lacking = [n for n, i in ids.items() if not i]
+            dist = (f"copy {self.image} whole to {', '.join(lacking)} from a node that has it" if lacking else
+                    f"no-op ({self.image} on {', '.join(nodes)})")
+        else:
+            p = self.plan
+            builder = nodes[0]
+            if p is None:
+                build = "pull the base image (missing on the building node), then build engine + launch images"
+                dist = "copy the engine + launch images to the other nodes (missing layers, over the fabric)"
+            else:
+                have = self.present.get(p.builder, {})
+                if have.get(p.engine_tag) and have.get(p.launch_tag):
+                    build = f"no-op ({p.engine_tag} and {p.launch_tag} already on {p.builder})"
+                elif have.get(p.engine_tag):
+                    build = f"build launch image {p.launch_tag} on {p.builder} (engine image present: one thin layer)"
+                else:
+                    series = p.series.name if p.series else "no patch series"
+                    build = (f"build engine image {p.engine_tag} ({p.base.ref} + {series}) and launch image "
+                             f"{p.launch_tag} on {p.builder}")
+                builder = p.builder
+                lacks = {n: [t for t in tags if not v.get(t)] for n, v in self.present.items() if n != builder}
+                shown = "; ".join(f"{n} <- {', '.join(ts)}" for n, ts in lacks.items() if ts)
+                dist = (f"copy from {builder}: {shown} (missing layers only, over the fabric)" if shown else
+                        f"no-op (every node has {', '.join(tags)})")
+        shown = ", ".join(tags) or "the engine and launch images"
+        return [("image-build", f"image-build: {build}"), ("image-distribute", f"image-distribute: {dist}"),
+                ("image-verify", f"image-verify: {shown} on {', '.join(nodes)} with one ID each, before boot")]
+
+
+def _conns(inventory: Inventory) -> dict[str, Any]:
+    from sparkctl.images.pipeline import connections
+    return connections(inventory)
+
+
+def _ids(conns: dict[str, Any], tags: list[str]) -> dict[str, dict[str, str | None]]:
+    from sparkctl.images.build import image_labels
+
+    def one(conn: Any) -> dict[str, str | None]:
+        return {t: (found[0] if (found := image_labels(conn, t)) else None) for t in tags}
+    with ThreadPoolExecutor(max_workers=max(1, len(conns))) as pool:
+        return dict(zip(conns, pool.map(one, conns.values())))
+
+
+def survey(profile: Profile, inventory: Inventory, result: RenderResult) -> ImageSurvey:
+    """Read-only: which mode, and what the nodes hold of the images this profile needs."""
+    if all(n.runtime != "docker" for n in inventory.nodes):
+        return ImageSurvey("process")
+    if inventory.cluster.engine_image or profile.image.ref:
+        source = ("the inventory (sparkctl_engine_image)" if inventory.cluster.engine_image else
+                  f"image.ref of profile {profile.name}")
+        s = ImageSurvey("prebuilt", image=result.specs[0].image, source=source)
+        tags = [s.image or ""]
+    else:
+        s = ImageSurvey("pipeline")
+        tags = []
+    try:
+        conns = _conns(inventory)
+        if s.mode == "pipeline":
+            from sparkctl.images.plan import inspect_base, plan_images
+            builder = inventory.rank0.name
+            base = inspect_base(conns[builder], profile.image.base_image)
+            s.base_missing = base is None
+            if base is not None:
+                s.plan = plan_images(profile, inventory, base, builder=builder)
+                tags = [s.plan.engine_tag, s.plan.launch_tag]
+        s.present = _ids(conns, tags) if tags else {n: {} for n in conns}
+    except ConfigError:
+        raise                                  # a profile the pipeline cannot build: said at plan time
+    except SparkctlError as exc:
+        s.error = exc.message
+    return s
+
+
+class ImageStage:
+    """Runs the three image steps of one `up` (the lifecycle calls build, distribute, verify in that order)."""
+
+    def __init__(self, profile: Profile, inventory: Inventory, result: RenderResult, survey: ImageSurvey, *,
+                 runtimes: Any, log_dir: Path, report: Callable[[str, str | None], None]) -> None:
+        self.profile, self.inventory, self.result, self.survey = profile, inventory, result, survey
+        self.rts, self.log_dir, self.report = runtimes, log_dir, report
+        self.plan = survey.plan
+
+    def _say(self, message: str) -> None:
+        self.report(message, None)
+
+    def build(self) -> None:
+        if self.survey.mode != "pipeline":
+            self._say(self.survey.steps()[0][1])
+            return
+        from sparkctl.images import pipeline
+        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            self.plan, steps = pipeline.build(self.profile, self.inventory, log_dir=self.log_dir, report=self._say)
+        finally:
+            for path in self.log_dir.glob("*.log"):     # state files are private, build logs included
+                path.chmod(0o600)
+        if any(s.built for s in steps):
+            self._say(f"build logs: {self.log_dir}")
+
+    def distribute(self) -> dict[str, str]:
+        if self.survey.mode == "process":
+            self._say(self.survey.steps()[1][1])
+            return {}
+        if self.survey.mode == "prebuilt":
+            from sparkctl.images.distribute import ensure_same_image
+            docker = {s.node: self.rts.for_node(s.node) for s in self.result.specs}
+            return ensure_same_image(self.survey.image or "", docker, self.report)
+        from sparkctl.images import pipeline
+        pipeline.distribute_plan(self.plan, self.inventory, report=self._say)
+        return {}
+
+    def verify(self) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+        """({node: id of the image the ranks run}, {node: {engine_tag, engine_id, launch_tag, launch_id}})."""
+        if self.survey.mode == "process":
+            self._say(self.survey.steps()[2][1])
+            return {}, {}
+        if self.survey.mode == "prebuilt":
+            from sparkctl.images.distribute import _refuse_mismatch
+            image = self.survey.image or ""
+            nodes = [s.node for s in self.result.specs]
+            ids = {n: self.rts.for_node(n).image_id(image) for n in nodes}
+            missing = [n for n, i in ids.items() if not i]
+            if missing:
+                raise PreflightError(f"image {image} is missing on {', '.join(missing)} right before boot",
+                                     where="image-verify", hint="run up again (it copies the image)")
+            _refuse_mismatch(image, ids)
+            self._say(f"{image}: same ID on {', '.join(nodes)} ({next(iter(ids.values()))[:19]})")
+            return ({n: str(i) for n, i in ids.items()},
+                    {n: {"engine_tag": image, "engine_id": str(i)} for n, i in ids.items()})
+        from sparkctl.images import pipeline
+        p = self.plan
+        ids = pipeline.verify(p, self.inventory)
+        for tag, per_node in ids.items():
+            self._say(f"{tag}: same ID on {', '.join(per_node)} ({next(iter(per_node.values()))[:19]})")
+        self.rts.bind_launch(LaunchImage(p.launch_tag, p.launch_doc))
+        per_node = {n: {"engine_tag": p.engine_tag, "engine_id": ids[p.engine_tag][n],
+                        "launch_tag": p.launch_tag, "launch_id": ids[p.launch_tag][n]} for n in ids[p.launch_tag]}
+        return dict(ids[p.launch_tag]), per_node

@@ -1,0 +1,178 @@
+"""`sparkctl up` with the image pipeline on the real test cluster: build (when missing) -> distribute -> verify,
+the ranks run the launch image, a flag change rebuilds only the launch layer, rollback runs the previous launch
+image, and an image ID mismatch on a node blocks `up` before anything stops or starts.
+
+The inventory is the test cluster's without ``sparkctl_engine_image`` (so `up` builds from the profile's
+base image); the base is the test base image (emulator + SGLang 0.5.23's real source, on spark-a only).
+Flag values carry a per-run number so images cached in the nodes' data roots by an earlier run cannot turn a
+build into a no-op.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparkctl.config.inventory import load_inventory
+from sparkctl.images import manage, pipeline
+from sparkctl.nodes.container import MEMLOCK_ENV
+from sparkctl.state.ledger import Ledger
+from sparkctl.testing.engine_image import EngineImages
+from testenv import in_ci
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
+RUN = int(time.time()) % 1_000_000
+SIM = {"boot_s": 3.0, "decode_tps": 2000, "peer_timeout_s": 5}
+
+
+@pytest.fixture(scope="module")
+def base_tag(test_cluster):
+    missing = [c for c in ("docker-registry", "openssl") if shutil.which(c) is None]
+    if missing:   # the nodes share this machine's binaries
+        msg = f"{', '.join(missing)} not installed (apt-get install -y docker-registry openssl)"
+        if in_ci():
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    tag = EngineImages(test_cluster).ensure_sglang_base("spark-a", "0.5.23")
+    yield tag
+    inv = load_inventory(test_cluster.inventory_path)
+    manage.prune_images(pipeline.connections(inv), keep=set())   # no pipeline image left in the cached data roots
+
+
+@pytest.fixture
+def env(test_cluster, base_tag, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path):
+    """An inventory without a prebuilt engine image, the shipped model directories, profiles on the test base."""
+    doc = yaml.safe_load(Path(test_cluster.inventory_path).read_text())
+    doc["all"]["vars"].pop("sparkctl_engine_image", None)
+    doc["all"]["vars"]["sparkctl_sim"] = SIM
+    doc["all"]["vars"]["sparkctl_cluster"] = f"{doc['all']['vars']['sparkctl_cluster']}-{tmp_path.name[-12:]}"
+    inv_path = tmp_path / "inv.yml"
+    inv_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    inv = load_inventory(inv_path)
+    for node in inv.nodes:
+        for name in ("GLM-5.3-Flash-NVFP4", "GLM-5.3-Flash-DFlash2"):
+            Path(node.host_paths.models, name).mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("SPARKCTL_INVENTORY", str(inv_path))
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    if hard != resource.RLIM_INFINITY:
+        monkeypatch.setenv(MEMLOCK_ENV, str(hard))
+
+    def profile(watchdog: int) -> str:
+        path = tmp_path / f"d5-w{watchdog}.yml"
+        path.write_text(f"extends: d5\nimage:\n  base_image: {base_tag}\nserver:\n  watchdog_timeout: {watchdog}\n")
+        return str(path)
+    conns = pipeline.connections(inv)
+    yield {"inv": inv, "profile": profile, "conns": conns, "cluster": inv.cluster.name}
+    for conn in conns.values():
+        ids = conn.run(["docker", "ps", "-aq", "--filter", f"label=sparkctl.cluster={inv.cluster.name}"]).stdout.split()
+        if ids:
+            conn.run(["docker", "rm", "-f", *ids], timeout=120)
+
+
+def _up(cli, *args: str) -> tuple[int, dict | None, str]:
+    code, out, err = cli(*args, "--yes", "--json")
+    return code, (json.loads(out) if out.strip() else None), err
+
+
+def _running(env, node: str) -> list[dict]:
+    """docker inspect of the engine containers running on `node` for this test's cluster."""
+    conn = env["conns"][node]
+    ids = conn.run(["docker", "ps", "-q", "--filter", f"label=sparkctl.cluster={env['cluster']}"]).stdout.split()
+    return json.loads(conn.run(["docker", "inspect", *ids], check=True).stdout) if ids else []
+
+
+def _stage_s(result: dict, prefix: str = "image-") -> float:
+    return sum(s["elapsed_s"] for s in result["stages"] if s["name"].startswith(prefix))
+
+
+def _runs_launch_image(env, tag: str, profile_name: str) -> None:
+    for node in ("spark-a", "spark-b"):
+        (c,) = _running(env, node)
+        labels = c["Config"]["Labels"]
+        assert c["Config"]["Image"] == tag
+        assert labels["org.sparkctl.role"] == "launch" and labels["org.sparkctl.profile"] == profile_name
+        assert len(labels["org.sparkctl.launch-spec-sha256"]) == 64
+        assert c["Config"]["Entrypoint"] == ["python3", "/etc/sparkctl/entrypoint.py"]
+
+
+def test_up_flag_change_up_rollback_runs_the_previous_launch_image(cli, env, state_dir):
+    p1, p2 = env["profile"](900 + RUN), env["profile"](901 + RUN)
+    code, dry, err = _up(cli, "up", "--profile", p1, "--dry-run")
+    assert code == 0 and dry["outcome"] == "dry-run", err
+    names = [s["name"] for s in dry["plan"]["steps"]]
+    assert names[:4] == ["preflight", "image-build", "image-distribute", "image-verify"]
+    assert "image-build: build engine image sparkctl/sglang-gb10:" in err or \
+        "image-build: build launch image" in err          # the engine may be cached from an earlier module
+    assert "[spark-a] $ docker run" in err and "sparkctl/sglang-gb10-launch:" in err
+
+    code, first, err = _up(cli, "up", "--profile", p1)
+    assert code == 0 and first["outcome"] == "deployed", err
+    ledger = Ledger.for_cluster(env["cluster"])
+    rec1 = ledger.load(first["deployment"])
+    l1 = rec1.images["spark-a"]["launch_tag"]
+    assert rec1.images["spark-b"]["launch_tag"] == l1 and rec1.images["spark-a"]["launch_id"] == \
+        rec1.images["spark-b"]["launch_id"] == rec1.image_ids["spark-b"]
+    assert rec1.images["spark-a"]["engine_id"] == rec1.images["spark-b"]["engine_id"]
+    assert rec1.launch_doc and "sparkctl-secret-placeholder" not in json.dumps(rec1.launch_doc)
+    _runs_launch_image(env, l1, Path(p1).stem)
+    assert all(g["ok"] for g in first["gates"])
+
+    code, second, err = _up(cli, "up", "--profile", p2)
+    assert code == 0 and second["outcome"] == "deployed", err
+    rec2 = ledger.load(second["deployment"])
+    l2 = rec2.images["spark-a"]["launch_tag"]
+    assert l2 != l1 and rec2.images["spark-a"]["engine_tag"] == rec1.images["spark-a"]["engine_tag"]
+    assert f"launch {l2} built in" in err and "no build (tag present with the planned inputs)" in err
+    assert "spark-b has" in err                       # the engine image: nothing to copy to the peer
+    logs = list((Path(state_dir) / env["cluster"] / "builds").glob("launch-*.log"))
+    assert logs and all(p.stat().st_mode & 0o777 == 0o600 for p in logs)     # build logs kept, private
+    _runs_launch_image(env, l2, Path(p2).stem)
+    print(f"\nFIGURE image stages: first up {_stage_s(first):.1f}s, flag-only up {_stage_s(second):.1f}s",
+          file=sys.__stderr__)
+
+    code, back, err = _up(cli, "rollback")
+    assert code == 0 and back["outcome"] == "deployed", err
+    assert "image-build: no-op" in err and "image-distribute: no-op" in err    # both launch images are there
+    _runs_launch_image(env, l1, Path(p1).stem)                                # the previous launch image runs
+    code, out, _ = cli("status", "--json")
+    st = json.loads(out)
+    assert st["healthy"] and st["images"] == [l1] and st["images_per_node"]["spark-b"]["launch_tag"] == l1
+
+    code, again, err = _up(cli, "up", "--profile", p1)                        # same launch: nothing to do
+    assert code == 0 and again["outcome"] == "unchanged", err
+    assert cli("down", "--yes")[0] == 0
+
+
+def test_image_id_mismatch_on_a_node_blocks_up_and_leaves_the_running_deployment(cli, env):
+    p, q = env["profile"](950 + RUN), env["profile"](951 + RUN)
+    code, first, err = _up(cli, "up", "--profile", p)
+    assert code == 0, err
+    running = {n: [c["Id"] for c in _running(env, n)] for n in ("spark-a", "spark-b")}
+    code, out, err = cli("image", "build", "--profile", q, "--json")          # q's images on both nodes
+    assert code == 0, err
+    tag = json.loads(out)["launch"]["tag"]
+    b = env["conns"]["spark-b"]
+    right = b.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], check=True).stdout.strip()
+    # Another image under q's launch tag on spark-b: `up` of q must refuse before anything stops or starts.
+    b.run(["env", "DOCKER_BUILDKIT=0", "docker", "build", "-q", "-t", tag, "-"], timeout=300, check=True,
+          stdin=f"FROM {tag}\nLABEL org.sparkctl.test=odd\n")
+    try:
+        code, _, err = _up(cli, "up", "--profile", q)
+        assert code == 4, err
+        assert "spark-b" in err and tag in err
+        ledger = Ledger.for_cluster(env["cluster"])
+        refused = ledger.load(ledger.index()["history"][-1])
+        assert refused.failure.stage in ("image-distribute", "image-verify") and refused.status == "failed"
+        assert not refused.handles and refused.rollback is None
+        assert {n: [c["Id"] for c in _running(env, n)] for n in ("spark-a", "spark-b")} == running
+        assert ledger.index()["active"] == first["deployment"]
+    finally:
+        b.run(["docker", "tag", right, tag], check=True)
+    assert cli("image", "verify", "--profile", q)[0] == 0                   # identity restored
+    assert cli("down", "--yes")[0] == 0

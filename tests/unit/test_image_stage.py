@@ -1,0 +1,111 @@
+"""The image steps of `up` as the plan shows them, and a rank's `docker run` of a launch image (no daemon)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparkctl.config.inventory import load_inventory
+from sparkctl.config.profile import load_profile
+from sparkctl.deploy.image_stage import ImageSurvey, LaunchImage
+from sparkctl.deploy.plan import launch_identity
+from sparkctl.images import entrypoint
+from sparkctl.images.plan import BaseImage, plan_images
+from sparkctl.nodes.container import container_config
+from sparkctl.sglang.render import render
+
+REPO = Path(__file__).resolve().parents[2]
+INV = load_inventory(REPO / "inventory" / "sparks.example.yml")
+BASE = BaseImage("lmsysorg/sglang:v0.5.23", "sha256:" + "1" * 64, "lmsysorg/sglang@sha256:" + "2" * 64)
+KEY = "sk-stage-secret-123"
+
+
+def _plan():
+    return plan_images(load_profile("d5"), INV, BASE)
+
+
+def _what(survey: ImageSurvey) -> dict[str, str]:
+    return dict(survey.steps())
+
+
+def test_process_runtime_has_three_no_op_steps():
+    assert _what(ImageSurvey("process")) == {n: f"{n}: no-op (process runtime: no image)"
+                                             for n in ("image-build", "image-distribute", "image-verify")}
+    assert ImageSurvey("process").identity_key is None
+
+
+def test_pipeline_steps_say_what_is_missing_and_why_a_step_is_a_no_op():
+    p = _plan()
+    a, b = p.builder, next(n.name for n in INV.nodes if n.name != p.builder)
+    nothing = ImageSurvey("pipeline", plan=p, present={a: {p.engine_tag: None, p.launch_tag: None},
+                                                       b: {p.engine_tag: None, p.launch_tag: None}})
+    what = _what(nothing)
+    assert what["image-build"] == (f"image-build: build engine image {p.engine_tag} ({BASE.ref} + gb10-0.5.23) and "
+                                   f"launch image {p.launch_tag} on {a}")
+    assert what["image-distribute"] == (f"image-distribute: copy from {a}: {b} <- {p.engine_tag}, {p.launch_tag} "
+                                        f"(missing layers only, over the fabric)")
+    flag_only = ImageSurvey("pipeline", plan=p, present={a: {p.engine_tag: "sha256:e", p.launch_tag: None},
+                                                         b: {p.engine_tag: "sha256:e", p.launch_tag: None}})
+    assert _what(flag_only)["image-distribute"] == (f"image-distribute: copy from {a}: {b} <- {p.launch_tag} "
+                                                    f"(missing layers only, over the fabric)")
+    assert _what(flag_only)["image-build"].startswith(f"image-build: build launch image {p.launch_tag} on {a} "
+                                                      f"(engine image present: one thin layer)")
+    everything = ImageSurvey("pipeline", plan=p, present={n: {p.engine_tag: "sha256:e", p.launch_tag: "sha256:l"}
+                                                          for n in (a, b)})
+    what = _what(everything)
+    assert what["image-build"] == f"image-build: no-op ({p.engine_tag} and {p.launch_tag} already on {a})"
+    assert what["image-distribute"] == f"image-distribute: no-op (every node has {p.engine_tag}, {p.launch_tag})"
+    assert what["image-verify"].startswith(f"image-verify: {p.engine_tag}, {p.launch_tag} on {a}, {b} with one ID")
+    missing_base = _what(ImageSurvey("pipeline", base_missing=True, present={a: {}, b: {}}))
+    assert missing_base["image-build"].startswith("image-build: pull the base image (missing on the building node)")
+
+
+def test_prebuilt_image_is_not_built_and_is_copied_only_where_missing():
+    s = ImageSurvey("prebuilt", image="eng:1", source="the inventory (sparkctl_engine_image)",
+                    present={"spark-a": {"eng:1": "sha256:x"}, "spark-b": {"eng:1": None}})
+    what = _what(s)
+    assert what["image-build"] == ("image-build: no-op (prebuilt image eng:1 named by the inventory "
+                                   "(sparkctl_engine_image): nothing to build)")
+    assert what["image-distribute"] == "image-distribute: copy eng:1 whole to spark-b from a node that has it"
+    s.present["spark-b"]["eng:1"] = "sha256:x"
+    assert _what(s)["image-distribute"] == "image-distribute: no-op (eng:1 on spark-a, spark-b)"
+
+
+def test_launch_image_is_part_of_the_identity():
+    result = render(load_profile("d5"), INV, environ={})
+    assert launch_identity(result) != launch_identity(result, "sparkctl/sglang-gb10-launch:d5-a")
+    assert launch_identity(result, "x:1") != launch_identity(result, "x:2")
+
+
+def test_rank_runs_the_launch_image_with_no_secret_in_argv_or_image(tmp_path, monkeypatch):
+    p = _plan()
+    launch = LaunchImage(p.launch_tag, p.launch_doc)
+    assert KEY not in json.dumps(p.launch_doc) and KEY not in p.launch_context().decode("latin-1")
+    node = INV.nodes[0]
+    spec = render(load_profile("d5"), INV, environ={"SPARKCTL_API_KEY": KEY}).specs[0]
+    cfg = container_config(spec, node, cluster="desk", deployment_id="d1", image=launch.tag,
+                           extra_env=launch.environment(spec), command=[])
+    assert cfg.argv[-1] == p.launch_tag and cfg.command == ()          # the entrypoint builds the argv
+    assert KEY not in " ".join(cfg.argv) and cfg.env["SPARKCTL_ARG_API_KEY"] == KEY   # env file (stdin) only
+    assert cfg.env["SPARKCTL_ARG_NODE_RANK"] == "0"
+    # The entrypoint in that container execs the rank's full argv, plus what `docker run` appends after the
+    # image (e.g. `--config /run/sparkctl/engine-secrets.yaml`), passed through to SGLang.
+    doc_path = tmp_path / "launch.json"
+    doc_path.write_text(json.dumps(p.launch_doc))
+    monkeypatch.setattr(entrypoint, "LAUNCH_JSON", str(doc_path))
+    ran: list = []
+    monkeypatch.setattr(entrypoint.os, "execvpe", lambda f, argv, env: ran.append((argv, env)))
+    monkeypatch.setattr(entrypoint.os, "environ", dict(cfg.env))
+    entrypoint.main(["--config", "/run/sparkctl/engine-secrets.yaml"])
+    argv, env = ran[0]
+    assert argv == spec.argv + ["--config", "/run/sparkctl/engine-secrets.yaml"]
+    assert {k: env[k] for k in spec.env} == spec.env
+
+
+def test_spec_the_launch_image_cannot_run_is_refused_before_docker_run():
+    from sparkctl.errors import ConfigError
+    launch = LaunchImage(_plan().launch_tag, _plan().launch_doc)
+    other = render(load_profile("dflash-off"), INV, environ={}).specs[0]
+    with pytest.raises(ConfigError, match="does not match the launch image of profile d5"):
+        launch.environment(other)
