@@ -87,19 +87,23 @@ def test_rank_runs_the_launch_image_with_no_secret_in_argv_or_image(tmp_path, mo
     cfg = container_config(spec, node, cluster="desk", deployment_id="d1", image=launch.tag,
                            extra_env=launch.environment(spec), command=[])
     assert cfg.argv[-1] == p.launch_tag and cfg.command == ()          # the entrypoint builds the argv
-    assert KEY not in " ".join(cfg.argv) and cfg.env["SPARKCTL_ARG_API_KEY"] == KEY   # env file (stdin) only
+    # The key is in neither argv nor env: it sits in the rank's secret file (written over SSH stdin, mounted
+    # read-only); the container only learns the file's path, for SGLang's --config.
+    assert KEY not in " ".join(cfg.argv) and KEY not in json.dumps(cfg.env)
+    assert cfg.env["SPARKCTL_ARG_CONFIG"] == "/run/sparkctl-secrets/engine-secrets.yaml"
+    assert KEY in spec.secret_files["engine-secrets.yaml"] and cfg.secrets_dir
     assert cfg.env["SPARKCTL_ARG_NODE_RANK"] == "0"
     # The entrypoint in that container execs the rank's full argv, plus what `docker run` appends after the
-    # image (e.g. `--config /run/sparkctl/engine-secrets.yaml`), passed through to SGLang.
+    # image, passed through to SGLang.
     doc_path = tmp_path / "launch.json"
     doc_path.write_text(json.dumps(p.launch_doc))
     monkeypatch.setattr(entrypoint, "LAUNCH_JSON", str(doc_path))
     ran: list = []
     monkeypatch.setattr(entrypoint.os, "execvpe", lambda f, argv, env: ran.append((argv, env)))
     monkeypatch.setattr(entrypoint.os, "environ", dict(cfg.env))
-    entrypoint.main(["--config", "/run/sparkctl/engine-secrets.yaml"])
+    entrypoint.main(["--log-level", "debug"])
     argv, env = ran[0]
-    assert argv == spec.argv + ["--config", "/run/sparkctl/engine-secrets.yaml"]
+    assert argv == spec.argv + ["--log-level", "debug"] and "--config" in argv
     assert {k: env[k] for k in spec.env} == spec.env
 
 
