@@ -113,3 +113,20 @@ class CommandFailed(NodeError):
         tail = "\n".join(self.output.rstrip().splitlines()[-20:])
         NodeError.__init__(self, f"command {self.argv!r} exited {self.returncode}",
                            where=f"[{self.node}]" if self.node else None, evidence=tail or None)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP reached the CLI: handled like Ctrl-C (stop what started, restore the old).
+
+    `signame` names the signal for messages and the record; the CLI exits 128 + `signum`.
+    """
+
+    def __init__(self, signum: int, signame: str) -> None:
+        super().__init__(signame)
+        self.signum = signum
+        self.signame = signame
+
+
+def interrupt_name(exc: BaseException) -> str:
+    """'SIGTERM' for an Interrupted, 'SIGINT' for a plain KeyboardInterrupt (Python's own Ctrl-C)."""
+    return getattr(exc, "signame", "SIGINT")

@@ -24,13 +24,14 @@ from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.rollback import (mark_superseded, restore, rollback_target, stop_engines, stop_started)
 from sparkctl.deploy.runtimes import Runtimes, embedded_notice
 from sparkctl.deploy.warmup import warm_up
-from sparkctl.errors import CancelledError, DeployError, PreflightError, SparkctlError
+from sparkctl.errors import CancelledError, DeployError, PreflightError, SparkctlError, interrupt_name
 from sparkctl.nodes.runtime import Handle, Runtime
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult, render
 from sparkctl.state.ledger import Ledger, Stopwatch, now_iso
-from sparkctl.state.records import DeploymentRecord, Failure, StageEntry, Status
+from sparkctl.state.controller import this_controller
+from sparkctl.state.records import DeploymentRecord, Failure, Intent, StageEntry, Status
 
 log = logging.getLogger("sparkctl.deploy")
 
@@ -150,12 +151,13 @@ class Deployer:
         if opts.confirm is not None and not opts.confirm(plan):
             raise CancelledError("cancelled at the confirmation prompt; nothing was changed")
         with self.ledger.lock(kind):
+            settled = self.reconcile(kind)
             # Re-plan under the lock: another command may have changed the cluster meanwhile.
             result, plan = self.plan(profile)
             if plan.noop:
                 return {**base, "changed": False, "outcome": "unchanged", "reason": plan.noop_reason,
-                        "deployment": plan.active_id}
-            return {**base, **self._apply(profile, result, plan, opts, kind)}
+                        "deployment": plan.active_id, "reconciled": settled}
+            return {**base, **self._apply(profile, result, plan, opts, kind), "reconciled": settled}
 
     def _endpoint(self, spec0: LaunchSpec) -> str:
         return f"http://{spec0.api_host}:{spec0.api_port}"
@@ -172,6 +174,7 @@ class Deployer:
             previous=active.id if active else None, previous_known_good=prev_good.id if prev_good else None,
             endpoint=self._endpoint(result.specs[0]),
             speculative_algorithm=profile.speculative.algorithm if profile.speculative else None,
+            controller=this_controller(kind, now_iso()),
         )
 
     def _stage(self, record: DeploymentRecord, name: str, fn: Callable[[], Any], message: str = "") -> Any:
@@ -220,9 +223,18 @@ class Deployer:
             stopped_previous = True
             stop_engines(self, active, keep=True)
 
+        def intent(spec: LaunchSpec, handle: Handle | None) -> None:
+            if handle is None:   # before the start: which engine is about to run where
+                record.intents.append(Intent(node=spec.node, rank=spec.rank, deployment=dep_id, at=now_iso(),
+                                             engine=f"label sparkctl.deployment={dep_id}"))
+            else:                # right after: how to find it (pid + start time, or the container)
+                record.intents[-1] = record.intents[-1].model_copy(update={"engine": handle.where})
+                record.handles = [*record.handles, handle]
+            self.ledger.save(record)
+
         def start_and_wait() -> None:
             b = boot(result.specs, rts.for_node, dep_id, self.reporter, timeout_s=timeout, started=started,
-                     ready_probe=self.health_probe(spec0, profile.api.api_key_env))
+                     ready_probe=self.health_probe(spec0, profile.api.api_key_env), on_start=intent)
             booted.append(b)
             record.handles, record.capacity = b.handles, b.capacity()
 
@@ -264,7 +276,7 @@ class Deployer:
         except (Exception, KeyboardInterrupt) as exc:
             interrupted = isinstance(exc, KeyboardInterrupt)
             stage = self._failed_stage(record)
-            message = "interrupted (SIGINT)" if interrupted else (
+            message = f"interrupted ({interrupt_name(exc)})" if interrupted else (
                 exc.render() if isinstance(exc, SparkctlError) else f"internal error: {type(exc).__name__}: {exc}")
             record.status = Status.CANCELED if interrupted else Status.FAILED
             record.finished, record.elapsed_s = now_iso(), total.elapsed()
@@ -280,8 +292,11 @@ class Deployer:
             record.rollback = "new engines stopped"
             try:
                 if stopped_previous and active:
+                    record.restoring = active.id     # a SIGKILL from here on: the next command settles it
+                    self.ledger.save(record)
                     outcome = restore(self, active, record)
                     record.restored, record.restore_error = outcome.restored, outcome.error
+                    record.restoring = None
             finally:
                 self.ledger.save(record)
             if interrupted or not isinstance(exc, SparkctlError):
@@ -393,30 +408,73 @@ class Deployer:
             if text:
                 yield text
 
+    def reconcile(self, command: str) -> dict[str, Any]:
+        """Under the lock: settle what a dead controller left (deploy/reconcile.py); what it did, as data."""
+        from sparkctl.deploy.reconcile import reconcile
+        return reconcile(self, command).as_dict()
+
     def down(self) -> dict[str, Any]:
-        """Stop the active deployment on every node (containers removed, logs kept); a no-op when none runs."""
+        """Stop the active deployment on every node (containers removed, logs kept), then every other engine
+        sparkctl started on the cluster (docker: by label; process runtime: by its rank log, pid and start time);
+        `engines` lists each one stopped. A no-op when nothing runs."""
+        from sparkctl.deploy.observe import observe, stop_engine
+
         with self.ledger.lock("down"):
+            settled = self.reconcile("down")
+            engines: list[str] = list(settled["stopped"])
             active = self.ledger.active()
-            if not active:
-                return {"changed": False, "reason": "no active deployment"}
-            self.reporter.stage("down", f"stopping {active.id} ({active.profile})")
-            stop_engines(self, active, keep=False)
-            rec = self.ledger.load(active.id)
-            rec.status, rec.stopped = Status.STOPPED, now_iso()
-            self.ledger.save(rec)
-            self.ledger.set_active(None)
-            return {"changed": True, "stopped": active.id}
+            if active:
+                self.reporter.stage("down", f"stopping {active.id} ({active.profile})")
+                stop_engines(self, active, keep=False)
+                engines += [f"rank {h.rank} ({h.where} on {h.node}) of {active.id}" for h in active.handles]
+                rec = self.ledger.load(active.id)
+                rec.status, rec.stopped = Status.STOPPED, now_iso()
+                self.ledger.save(rec)
+                self.ledger.set_active(None)
+            for e in observe(self):      # whatever still runs: found on the nodes, not in the ledger
+                if e.running:
+                    err = stop_engine(self, e)
+                    self.reporter.event(f"stopped {e.describe()}" if err is None else
+                                        f"could not stop {e.describe()}: {err}")
+                    if err is None:
+                        engines.append(e.describe())
+            if not active and not engines:
+                return {"changed": False, "reason": "no active deployment and no engine running"}
+            return {"changed": True, "stopped": active.id if active else None, "engines": engines,
+                    "reconciled": settled["lines"]}
 
     def status(self) -> dict[str, Any]:
-        """The active deployment: profile, identity, live health per rank, endpoint, since when."""
+        """The active deployment: profile, identity, live health per rank, endpoint, since when; plus any
+        deployment a dead controller left (`interrupted`) and a command holding the lock (`in_progress`).
+        `ok` is False when the active deployment is unhealthy or something was interrupted."""
+        from sparkctl.deploy.observe import observe
+        from sparkctl.deploy.reconcile import controller_text, interrupted, stage_of
+        from sparkctl.state.controller import live_lock_holder
+
+        base: dict[str, Any] = {"cluster": self.inventory.cluster.name, "emulated": self.inventory.emulated}
+        holder = live_lock_holder(self.ledger.root)
+        if holder:
+            newest = next((self.ledger.load(i) for i in reversed(self.ledger.index()["history"][-1:])), None)
+            base["in_progress"] = {"command": holder.get("command"), "pid": holder.get("pid"),
+                                   "host": holder.get("host"), "since": holder.get("since")}
+            if newest is not None and newest.status == Status.RUNNING and newest.controller \
+                    and newest.controller.pid == holder.get("pid"):
+                base["in_progress"].update(deployment=newest.id, profile=newest.profile, stage=stage_of(newest))
+        dead = interrupted(self.ledger, locked=False)
+        if dead:
+            running = [e for e in observe(self) if e.running]
+            base["interrupted"] = [
+                {"deployment": r.id, "profile": r.profile, "stage": stage_of(r), "detail": controller_text(r),
+                 "controller_pid": r.controller.pid if r.controller else None,
+                 "ranks_alive": sorted({e.handle.rank for e in running if e.deployment in (r.id, r.restoring)})}
+                for r in dead]
         active = self.ledger.active()
         if not active:
             idx = self.ledger.index()
-            return {"cluster": self.inventory.cluster.name, "active": None, "history": len(idx["history"]),
-                    "emulated": self.inventory.emulated}
+            return {**base, "active": None, "history": len(idx["history"]), "ok": not dead}
         healthy, detail, ranks = self.health_of(active)
-        return {"cluster": self.inventory.cluster.name, "active": active.id, "profile": active.profile,
-                "healthy": healthy, "ranks": ranks, "endpoint": active.endpoint,
+        return {**base, "active": active.id, "profile": active.profile,
+                "healthy": healthy, "ok": healthy and not dead, "ranks": ranks, "endpoint": active.endpoint,
                 "speculative_algorithm": active.speculative_algorithm, "identity": active.identity,
                 "sglang_version": active.sglang_version,
                 "images": sorted({s.get("image") for s in active.specs if s.get("image")}),
