@@ -178,11 +178,11 @@ class Deployer:
         )
 
     def _stage(self, record: DeploymentRecord, name: str, fn: Callable[[], Any], message: str = "") -> Any:
-        self.reporter.stage(name, message)
         sw = Stopwatch()
         entry = StageEntry(name=name, started=now_iso())
         record.stages.append(entry)
-        self.ledger.save(record)
+        self.ledger.save(record)          # the ledger first, then the screen: what was said is on disk
+        self.reporter.stage(name, message)
         try:
             value = fn()
         except BaseException as exc:

@@ -1,0 +1,89 @@
+"""Tests' handle on a `sparkctl` subprocess: follow its progress on stderr, signal it at a chosen moment.
+
+Waits are on observable progress (a stderr line), never a fixed sleep. Example::
+
+    with SparkctlProcess(["up", "--profile", "d5", "--yes"]) as run:
+        run.wait_for("rank 0 started")
+        run.kill(signal.SIGKILL)
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+
+class SparkctlProcess:
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "sparkctl", *args], env=dict(env or os.environ),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._done = False
+        self.stdout = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self._out_reader = threading.Thread(target=self._read_out, daemon=True)
+        self._out_reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self._done = True
+            self._changed.notify_all()
+
+    def _read_out(self) -> None:
+        assert self.proc.stdout is not None
+        self.stdout = self.proc.stdout.read()
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, *, after: str | None = None, timeout: float = 180.0) -> str:
+        """Block until a stderr line matches `pattern` (regex), counting only lines after the first match of
+        `after`; the line, or AssertionError with all stderr so far (also when the process ended first)."""
+        rx, start_rx = re.compile(pattern), re.compile(after) if after else None
+
+        def found() -> str | None:
+            lines = self.lines
+            if start_rx is not None:
+                first = next((i for i, ln in enumerate(lines) if start_rx.search(ln)), None)
+                if first is None:
+                    return None
+                lines = lines[first + 1:]
+            return next((ln for ln in lines if rx.search(ln)), None)
+        with self._changed:
+            ok = self._changed.wait_for(lambda: found() is not None or self._done, timeout=timeout)
+            line = found()
+        assert ok and line is not None, f"no stderr line matching {pattern!r}:\n{self.stderr}"
+        return line
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 120.0) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        self._out_reader.join(timeout=10)
+        return code
+
+    def __enter__(self) -> "SparkctlProcess":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.wait()
