@@ -161,6 +161,36 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(STATUS_NOT_OK)
 
     @app.command()
+    def repair(inventory: Optional[str] = INVENTORY_OPT,
+               yes: bool = typer.Option(False, "--yes", "-y", help="Apply without asking."),
+               as_json: bool = typer.Option(False, "--json", help="What changed, as JSON on stdout.")) -> None:
+        """Repair a damaged ledger: move damaged records aside (kept), rebuild the index and the active deployment
+        from the engines actually running. Shows the changes and asks first."""
+        from sparkctl.deploy.repair import apply_repair, plan_repair
+        from sparkctl.errors import CancelledError
+
+        d = _deployer(inventory, quiet=as_json)
+        with d.ledger.lock("repair"):
+            plan = plan_repair(d)
+            if not plan.changes:
+                _emit({"changed": False, **plan.as_dict()}, as_json,
+                      lambda r: print("ledger is consistent with what runs: nothing to repair"
+                                      + "".join(f"\nnote: {n}" for n in r["notes"])))
+                return
+            for line in plan.lines():
+                print(f"repair: {line}", file=sys.stderr)
+            if not yes:
+                if not sys.stdin.isatty():
+                    raise CancelledError("repair changes the ledger and was not confirmed; nothing was changed",
+                                         hint="review the changes above, then run `sparkctl repair --yes`")
+                if not typer.confirm("apply these changes?", default=False):
+                    raise CancelledError("repair declined at the prompt; nothing was changed")
+            apply_repair(d, plan)
+        _emit({"changed": True, **plan.as_dict()}, as_json,
+              lambda r: print(f"repaired: active deployment {r['active'] or 'none'}"
+                              + (f"; damaged files kept in {d.ledger.root / 'damaged'}" if r["damaged"] else "")))
+
+    @app.command()
     def logs(rank: int = typer.Option(0, "--rank", help="Rank whose engine log to show."),
              tail: int = typer.Option(50, "--tail", help="Last N lines (0: all)."),
              follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (Ctrl-C stops)."),
