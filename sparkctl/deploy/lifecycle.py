@@ -446,7 +446,8 @@ class Deployer:
     def status(self) -> dict[str, Any]:
         """The active deployment: profile, identity, live health per rank, endpoint, since when; plus any
         deployment a dead controller left (`interrupted`) and a command holding the lock (`in_progress`).
-        `ok` is False when the active deployment is unhealthy or something was interrupted."""
+        `ok` is False when the active deployment is unhealthy or something was interrupted, or when nothing is
+        active and a command is changing the cluster."""
         from sparkctl.deploy.observe import observe
         from sparkctl.deploy.reconcile import controller_text, interrupted, stage_of
         from sparkctl.state.controller import live_lock_holder
@@ -471,7 +472,7 @@ class Deployer:
         active = self.ledger.active()
         if not active:
             idx = self.ledger.index()
-            return {**base, "active": None, "history": len(idx["history"]), "ok": not dead}
+            return {**base, "active": None, "history": len(idx["history"]), "ok": not dead and not holder}
         healthy, detail, ranks = self.health_of(active)
         return {**base, "active": active.id, "profile": active.profile,
                 "healthy": healthy, "ok": healthy and not dead, "ranks": ranks, "endpoint": active.endpoint,

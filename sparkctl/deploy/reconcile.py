@@ -103,6 +103,9 @@ def reconcile(d: "Deployer", command: str) -> Reconciled:
     lines: list[str] = []
     stopped: list[str] = []
     adopted = None
+    active_id = d.ledger.index().get("active")
+    if dead or any(e.deployment != active_id for e in found):
+        d.reporter.stage("reconcile", f"`sparkctl {command}` first settles what a dead controller left")
 
     def stop_all(engines: list[Engine], why: str) -> None:
         for e in engines:

@@ -142,6 +142,10 @@ def plan_repair(d: "Deployer") -> RepairPlan:
         if dep_id != active and (dep_id in good or plan.rebuilt is None or dep_id != plan.rebuilt.id):
             plan.notes.append(f"{len(engines)} engine(s) of {dep_id} run besides the active deployment; "
                               f"`sparkctl down` or the next `up` stops them")
+    if plan.rebuilt is not None and plan.rebuilt.id in plan.dropped:
+        plan.dropped.remove(plan.rebuilt.id)           # its record comes back
+    order = {i: n for n, i in enumerate(old_history)}
+    plan.history.sort(key=lambda i: (order.get(i, len(order)), i))   # ids start with their UTC time
     plan.active = active
     plan.index_changed = index is None or plan.history != old_history or active != plan.active_before
     if index is None and not plan.history and not plan.damaged:

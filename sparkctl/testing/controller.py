@@ -8,13 +8,16 @@ Waits are on observable progress (a stderr line), never a fixed sleep. Example::
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
+
+Cli = Callable[..., tuple[int, str, str]]
 
 
 class SparkctlProcess:
@@ -87,3 +90,28 @@ class SparkctlProcess:
         if self.proc.poll() is None:
             self.proc.kill()
         self.wait()
+
+
+def kill_up_at(marker: str, profile: str, *, after: str | None = None, cli: Cli | None = None) -> int:
+    """Run `sparkctl up --profile PROFILE --yes`, SIGKILL it once stderr shows `marker` (after `after`); the dead
+    controller's pid. With `cli`, first checks that `status` names the `up` in progress (exit 8)."""
+    with SparkctlProcess(["up", "--profile", profile, "--yes"]) as run:
+        run.wait_for(marker, after=after)
+        if cli is not None:
+            code, out, _ = cli("status")
+            assert code == 8 and f"`sparkctl up` in progress (pid {run.pid} on" in out, out
+        run.kill(signal.SIGKILL)
+        assert run.wait() == -signal.SIGKILL
+        return run.pid
+
+
+def assert_status_interrupted(cli: Cli, pid: int, during: str) -> dict[str, Any]:
+    """`status` exits 8 and says the deployment was interrupted by the death of `pid` during `during`, with both
+    ranks alive; its JSON says the same."""
+    code, out, err = cli("status")
+    assert code == 8, out + err
+    assert f"was interrupted (controller pid {pid} on" in out and f"during {during}: ranks 0, 1 alive" in out, out
+    code, out, _ = cli("status", "--json")
+    data = json.loads(out)
+    assert code == 8 and not data["ok"] and data["interrupted"][0]["controller_pid"] == pid
+    return data

@@ -15,7 +15,7 @@ from sparkctl.deploy.lifecycle import Deployer
 from sparkctl.deploy.observe import process_engines
 from sparkctl.nodes.process import local_port_free
 from sparkctl.state.ledger import Ledger
-from sparkctl.testing.controller import SparkctlProcess
+from sparkctl.testing.controller import SparkctlProcess, assert_status_interrupted, kill_up_at
 
 SLOW = 60.0   # emulated boot / prefill seconds: far longer than the test needs to kill the controller in it
 
@@ -32,28 +32,6 @@ def _up_ok(cli, profile: str = "d5") -> dict:
 
 def _newest(ledger: Ledger):
     return ledger.load(ledger.index()["history"][-1])
-
-
-def _killed_in(marker: str, profile: str, *, after: str | None = None, cli=None) -> int:
-    """Run `sparkctl up --profile PROFILE`, SIGKILL it once stderr shows `marker`; the dead controller's pid."""
-    with SparkctlProcess(["up", "--profile", profile, "--yes"]) as run:
-        run.wait_for(marker, after=after)
-        if cli is not None:   # meanwhile, status names the `up` in progress
-            code, out, _ = cli("status")
-            assert code == 8 and f"`sparkctl up` in progress (pid {run.pid} on" in out, out
-        run.kill(signal.SIGKILL)
-        assert run.wait() == -signal.SIGKILL
-        return run.pid
-
-
-def _status_says_interrupted(cli, pid: int, during: str) -> dict:
-    code, out, err = cli("status")
-    assert code == 8, out + err
-    assert f"was interrupted (controller pid {pid} on" in out and f"during {during}: ranks 0, 1 alive" in out, out
-    code, out, _ = cli("status", "--json")
-    data = json.loads(out)
-    assert code == 8 and not data["ok"] and data["interrupted"][0]["controller_pid"] == pid
-    return data
 
 
 def _settle_and_clean(cli, local_cluster, dead_id: str) -> None:
@@ -78,21 +56,21 @@ def _no_engine(local_cluster) -> None:
 
 def test_sigkill_during_boot(cli, local_cluster, faulty_profile):
     prev = _up_ok(cli)
-    pid = _killed_in(r"rank 0 started", faulty_profile({"boot_s": SLOW}), cli=cli)
+    pid = kill_up_at(r"rank 0 started", faulty_profile({"boot_s": SLOW}), cli=cli)
     ledger = _ledger(local_cluster)
     dead = _newest(ledger)
     # What the dead controller wrote before each start: intent, then pid + start time; and who it was.
     assert dead.status == "running" and dead.controller.pid == pid and dead.controller.start_ticks
     assert [i.rank for i in dead.intents] == [1, 0] and all(i.engine.startswith("pid ") for i in dead.intents)
-    _status_says_interrupted(cli, pid, "boot")
+    assert_status_interrupted(cli, pid, "boot")
     _settle_and_clean(cli, local_cluster, dead.id)
     assert ledger.load(prev["deployment"]).known_good      # the good d5 was never marked failed
 
 
 def test_sigkill_during_warm_up(cli, local_cluster, faulty_profile):
-    pid = _killed_in(r"\] warm-up ", faulty_profile({"ttft_base_s": SLOW}))
+    pid = kill_up_at(r"\] warm-up ", faulty_profile({"ttft_base_s": SLOW}))
     dead = _newest(_ledger(local_cluster))
-    _status_says_interrupted(cli, pid, "warm-up")
+    assert_status_interrupted(cli, pid, "warm-up")
     _settle_and_clean(cli, local_cluster, dead.id)
 
 
@@ -102,11 +80,11 @@ def test_sigkill_during_restore(cli, local_cluster, faulty_profile, profiles_dir
     bad = tmp_path / "bad-faults.json"
     bad.write_text(json.dumps({"ranks": {"1": {"crash_after_s": 0.3, "boot_s": 3.0}}}))
     (profiles_dir / "bad.yml").write_text(f"extends: dflash-off\nenv: {{SPARKCTL_SIM_CONFIG: '{bad}'}}\n")
-    pid = _killed_in(r"rank 0 started", "bad", after=r"restoring " + prev["deployment"])
+    pid = kill_up_at(r"rank 0 started", "bad", after=r"restoring " + prev["deployment"])
     ledger = _ledger(local_cluster)
     failed = _newest(ledger)
     assert failed.status == "failed" and failed.restoring == prev["deployment"]
-    _status_says_interrupted(cli, pid, f"restore of {prev['deployment']}")
+    assert_status_interrupted(cli, pid, f"restore of {prev['deployment']}")
     code, out, err = cli("up", "--profile", "d5", "--yes")
     assert code == 0, err
     assert f"restarted by the interrupted restore of {prev['deployment']}" in err, err
