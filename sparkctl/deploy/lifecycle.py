@@ -414,71 +414,11 @@ class Deployer:
         return reconcile(self, command).as_dict()
 
     def down(self) -> dict[str, Any]:
-        """Stop the active deployment on every node (containers removed, logs kept), then every other engine
-        sparkctl started on the cluster (docker: by label; process runtime: by its rank log, pid and start time);
-        `engines` lists each one stopped. A no-op when nothing runs."""
-        from sparkctl.deploy.observe import observe, stop_engine
-
-        with self.ledger.lock("down"):
-            settled = self.reconcile("down")
-            engines: list[str] = list(settled["stopped"])
-            active = self.ledger.active()
-            if active:
-                self.reporter.stage("down", f"stopping {active.id} ({active.profile})")
-                stop_engines(self, active, keep=False)
-                engines += [f"rank {h.rank} ({h.where} on {h.node}) of {active.id}" for h in active.handles]
-                rec = self.ledger.load(active.id)
-                rec.status, rec.stopped = Status.STOPPED, now_iso()
-                self.ledger.save(rec)
-                self.ledger.set_active(None)
-            for e in observe(self):      # whatever still runs: found on the nodes, not in the ledger
-                if e.running:
-                    err = stop_engine(self, e)
-                    self.reporter.event(f"stopped {e.describe()}" if err is None else
-                                        f"could not stop {e.describe()}: {err}")
-                    if err is None:
-                        engines.append(e.describe())
-            if not active and not engines:
-                return {"changed": False, "reason": "no active deployment and no engine running"}
-            return {"changed": True, "stopped": active.id if active else None, "engines": engines,
-                    "reconciled": settled["lines"]}
+        """Stop the active deployment, then every other engine sparkctl started here (deploy/status.py)."""
+        from sparkctl.deploy.status import down
+        return down(self)
 
     def status(self) -> dict[str, Any]:
-        """The active deployment: profile, identity, live health per rank, endpoint, since when; plus any
-        deployment a dead controller left (`interrupted`) and a command holding the lock (`in_progress`).
-        `ok` is False when the active deployment is unhealthy or something was interrupted, or when nothing is
-        active and a command is changing the cluster."""
-        from sparkctl.deploy.observe import observe
-        from sparkctl.deploy.reconcile import controller_text, interrupted, stage_of
-        from sparkctl.state.controller import live_lock_holder
-
-        base: dict[str, Any] = {"cluster": self.inventory.cluster.name, "emulated": self.inventory.emulated}
-        holder = live_lock_holder(self.ledger.root)
-        if holder:
-            newest = next((self.ledger.load(i) for i in reversed(self.ledger.index()["history"][-1:])), None)
-            base["in_progress"] = {"command": holder.get("command"), "pid": holder.get("pid"),
-                                   "host": holder.get("host"), "since": holder.get("since")}
-            if newest is not None and newest.status == Status.RUNNING and newest.controller \
-                    and newest.controller.pid == holder.get("pid"):
-                base["in_progress"].update(deployment=newest.id, profile=newest.profile, stage=stage_of(newest))
-        dead = interrupted(self.ledger, locked=False)
-        if dead:
-            running = [e for e in observe(self) if e.running]
-            base["interrupted"] = [
-                {"deployment": r.id, "profile": r.profile, "stage": stage_of(r), "detail": controller_text(r),
-                 "controller_pid": r.controller.pid if r.controller else None,
-                 "ranks_alive": sorted({e.handle.rank for e in running if e.deployment in (r.id, r.restoring)})}
-                for r in dead]
-        active = self.ledger.active()
-        if not active:
-            idx = self.ledger.index()
-            return {**base, "active": None, "history": len(idx["history"]), "ok": not dead and not holder}
-        healthy, detail, ranks = self.health_of(active)
-        return {**base, "active": active.id, "profile": active.profile,
-                "healthy": healthy, "ok": healthy and not dead, "ranks": ranks, "endpoint": active.endpoint,
-                "speculative_algorithm": active.speculative_algorithm, "identity": active.identity,
-                "sglang_version": active.sglang_version,
-                "images": sorted({s.get("image") for s in active.specs if s.get("image")}),
-                "image_ids": active.image_ids,
-                "since": active.handed_off or active.restored_at or active.created,
-                "capacity": active.capacity, "emulated": active.emulated, "detail": detail}
+        """The active deployment's live health, an `up` in progress, interrupted deployments (deploy/status.py)."""
+        from sparkctl.deploy.status import status
+        return status(self)
