@@ -28,10 +28,14 @@ def down(d: "Deployer") -> dict[str, Any]:
         active = d.ledger.active()
         if active:
             d.reporter.stage("down", f"stopping {active.id} ({active.profile})")
+            rts = d.runtimes(active.id)
+            alive = [h for h in active.handles if rts.for_node(h.node).liveness(h).alive]
             stop_engines(d, active, keep=False)
-            engines += [f"rank {h.rank} ({h.where} on {h.node}) of {active.id}" for h in active.handles]
+            engines += [f"rank {h.rank} ({h.where} on {h.node}) of {active.id}" for h in alive]
             rec = d.ledger.load(active.id)
-            rec.status, rec.stopped = Status.STOPPED, now_iso()
+            # stopped-and-known-good stays a rollback target; a recovered (never verified) one stays recovered
+            rec.status = Status.STOPPED if rec.known_good else rec.status
+            rec.stopped = now_iso()
             d.ledger.save(rec)
             d.ledger.set_active(None)
         for e in observe(d):      # whatever still runs: found on the nodes, not in the ledger

@@ -42,6 +42,7 @@ def test_repair_rebuilds_the_active_deployment_from_what_runs(cli, local_cluster
     code, out, err = cli("down", "--yes")
     assert code == 0, err
     _no_engine(local_cluster)
+    assert ledger.load(dep).status == "recovered"       # stopped, still never verified: not a rollback target
 
 
 def test_repair_of_a_damaged_index_keeps_it_and_rebuilds_the_history(cli, local_cluster):
