@@ -21,6 +21,7 @@ from sparkctl.deploy.plan import Plan, make_plan
 from sparkctl.deploy.preflight import Check, ports_of, run_preflight
 from sparkctl.deploy.preflight_rules import evaluate
 from sparkctl.deploy.progress import Reporter
+from sparkctl.deploy.reconcile import interrupted
 from sparkctl.deploy.rollback import (mark_superseded, restore, rollback_target, stop_engines, stop_started)
 from sparkctl.deploy.runtimes import Runtimes, embedded_notice
 from sparkctl.deploy.warmup import warm_up
@@ -144,8 +145,12 @@ class Deployer:
         base = {"profile": profile.name, "plan": plan.as_dict(), "emulated": self.inventory.emulated,
                 "cluster": self.inventory.cluster.name}
         if plan.noop:
+            settled = None
+            if interrupted(self.ledger, locked=False):   # what a dead controller left is settled even so
+                with self.ledger.lock(kind):
+                    settled = self.reconcile(kind)
             return {**base, "changed": False, "outcome": "unchanged", "reason": plan.noop_reason,
-                    "deployment": plan.active_id, "endpoint": self._endpoint(result.specs[0])}
+                    "deployment": plan.active_id, "endpoint": self._endpoint(result.specs[0]), "reconciled": settled}
         if opts.dry_run:
             return {**base, "changed": False, "outcome": "dry-run"}
         if opts.confirm is not None and not opts.confirm(plan):

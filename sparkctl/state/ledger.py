@@ -7,7 +7,8 @@ Layout (all files mode 0600, directories 0700)::
         deployments/<id>.json     one record per `up` / `rollback`
         runs/<id>/                bench runs (report.md, report.json)
         logs/<id>/rank<N>.log     engine logs of the process runtime
-        lock, lock.holder         the cluster lock and who holds it
+        lock, lock.holder         the cluster lock and who holds it (pid, host, pid start time, command)
+        damaged/                  records `sparkctl repair` moved aside (kept, never deleted)
 
 Writes are atomic (temp file + fsync + rename). Records are typed (`sparkctl.state.records`): a missing
 record, a file that is not JSON, or JSON of the wrong shape is reported as a LedgerError naming the file, never
