@@ -10,6 +10,8 @@ import json
 import signal
 import subprocess
 
+import pytest
+
 from sparkctl.config.inventory import load_inventory
 from sparkctl.deploy.lifecycle import Deployer
 from sparkctl.deploy.observe import process_engines
@@ -119,16 +121,18 @@ def test_a_verified_deployment_whose_controller_died_at_hand_off_is_adopted(cli,
     assert ledger.load(first["deployment"]).status == "superseded"
 
 
-def test_sigterm_is_handled_like_sigint(local_cluster, faulty_profile):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_are_handled_like_sigint(local_cluster, faulty_profile, sig):
     with SparkctlProcess(["up", "--profile", faulty_profile({"boot_s": SLOW}), "--yes"]) as run:
         run.wait_for("rank 0 started")
-        run.kill(signal.SIGTERM)
+        run.kill(sig)
         code = run.wait()
-    assert code == 143, run.stderr
-    assert "interrupted (SIGTERM)" in run.stderr
+    assert code == 128 + sig, run.stderr
+    assert f"interrupted ({sig.name})" in run.stderr
     ledger = _ledger(local_cluster)
     rec = _newest(ledger)
-    assert rec.status == "canceled" and rec.failure.message == "interrupted (SIGTERM)" and rec.failure.stage == "boot"
+    assert rec.status == "canceled" and rec.failure.message == f"interrupted ({sig.name})"
+    assert rec.failure.stage == "boot"
     _no_engine(local_cluster)
     with ledger.lock("check"):  # the lock is free again
         pass
