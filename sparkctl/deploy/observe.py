@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.deploy.rollback import on_every
 from sparkctl.errors import SparkctlError
@@ -59,16 +59,22 @@ def process_engines(d: "Deployer") -> list[Engine]:
     return out
 
 
-def observe(d: "Deployer") -> list[Engine]:
-    """Every engine of this cluster found on its nodes (all nodes at once); NodeError when a node cannot say."""
+def observe(d: "Deployer", unreachable: list[str] | None = None) -> list[Engine]:
+    """Every engine of this cluster found on its nodes (all nodes at once). A node that cannot say (SSH down)
+    raises its NodeError, or with `unreachable` given is named there ("[node] why") and skipped."""
     found: list[Engine] = []
     if any(n.runtime == "process" for n in d.inventory.nodes):
         found += process_engines(d)
     docker = [n for n in d.inventory.nodes if n.runtime == "docker"]
     rts = d.runtimes("observe")
 
-    def ps(node: object) -> None:
-        found.extend(Engine(h, running) for h, running in rts.for_node(node).labelled())  # type: ignore[attr-defined]
+    def ps(node: Any) -> None:
+        try:
+            found.extend(Engine(h, running) for h, running in rts.for_node(node).labelled())
+        except SparkctlError as exc:
+            if unreachable is None:
+                raise
+            unreachable.append(f"[{node.name}] {exc.message}")
     on_every(docker, ps)
     return sorted(found, key=lambda e: (e.deployment, -e.handle.rank))
 

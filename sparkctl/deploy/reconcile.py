@@ -99,7 +99,10 @@ def reconcile(d: "Deployer", command: str) -> Reconciled:
     """Under the cluster lock: adopt or stop what dead controllers left, then stop orphans (module docstring)."""
     say = d.reporter.event
     dead = interrupted(d.ledger, locked=True)
-    found = [e for e in observe(d) if e.running]
+    unreachable: list[str] = []
+    found = [e for e in observe(d, unreachable) if e.running]
+    for why in unreachable:   # the command goes on: its own checks (preflight) name the node properly
+        say(f"could not look for leftover engines on {why}")
     lines: list[str] = []
     stopped: list[str] = []
     adopted = None

@@ -38,13 +38,16 @@ def down(d: "Deployer") -> dict[str, Any]:
             rec.stopped = now_iso()
             d.ledger.save(rec)
             d.ledger.set_active(None)
-        for e in observe(d):      # whatever still runs: found on the nodes, not in the ledger
+        unreachable: list[str] = []
+        for e in observe(d, unreachable):      # whatever still runs: found on the nodes, not in the ledger
             if e.running:
                 err = stop_engine(d, e)
                 d.reporter.event(f"stopped {e.describe()}" if err is None else
                             f"could not stop {e.describe()}: {err}")
                 if err is None:
                     engines.append(e.describe())
+        for why in unreachable:
+            d.reporter.event(f"could not look for engines on {why}: run `sparkctl down` again once it answers")
         if not active and not engines:
             return {"changed": False, "reason": "no active deployment and no engine running"}
         return {"changed": True, "stopped": active.id if active else None, "engines": engines,
@@ -71,7 +74,7 @@ def status(d: "Deployer") -> dict[str, Any]:
             base["in_progress"].update(deployment=newest.id, profile=newest.profile, stage=stage_of(newest))
     dead = interrupted(d.ledger, locked=False)
     if dead:
-        running = [e for e in observe(d) if e.running]
+        running = [e for e in observe(d, []) if e.running]
         base["interrupted"] = [
             {"deployment": r.id, "profile": r.profile, "stage": stage_of(r), "detail": controller_text(r),
              "controller_pid": r.controller.pid if r.controller else None,
