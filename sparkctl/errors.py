@@ -124,3 +124,20 @@ class ImageError(SparkctlError):
     ID does not match (exit 4, like a failed deploy: the running deployment is untouched)."""
 
     exit_code = 4
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP reached the CLI: handled like Ctrl-C (stop what started, restore the old).
+
+    `signame` names the signal for messages and the record; the CLI exits 128 + `signum`.
+    """
+
+    def __init__(self, signum: int, signame: str) -> None:
+        super().__init__(signame)
+        self.signum = signum
+        self.signame = signame
+
+
+def interrupt_name(exc: BaseException) -> str:
+    """'SIGTERM' for an Interrupted, 'SIGINT' for a plain KeyboardInterrupt (Python's own Ctrl-C)."""
+    return getattr(exc, "signame", "SIGINT")

@@ -9,6 +9,7 @@ import typer
 
 from sparkctl.cli.options import flag
 
+STATUS_NOT_OK = 8   # `status`: the active deployment is unhealthy, or a deployment was interrupted
 INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory file (default: see README).")
 
 
@@ -132,16 +133,38 @@ def register(app: typer.Typer) -> None:
         if active and not _confirm(yes, f"stop {active.id} ({active.profile})", d, "down")(None):
             raise typer.Abort()
         result = d.down()
-        _emit(result, as_json, lambda r: print(f"stopped {r['stopped']}" if r.get("changed") else r["reason"]))
+
+        def human(r: dict[str, Any]) -> None:
+            if not r.get("changed"):
+                print(r["reason"])
+                return
+            print(f"stopped {r['stopped']}" if r.get("stopped") else "no active deployment")
+            for e in r.get("engines") or []:
+                print(f"  stopped {e}")
+        _emit(result, as_json, human)
 
     @app.command()
     def status(inventory: Optional[str] = INVENTORY_OPT,
                as_json: bool = flag("--json", help="Status as JSON on stdout.")) -> None:
-        """Profile, deployment, health per rank, endpoint, speculative algorithm, identity, since when."""
+        """Profile, deployment, health per rank, endpoint, speculative algorithm, identity, since when.
+
+        Exit 0 when the active deployment is healthy (or nothing is deployed and nothing was interrupted);
+        8 when it is unhealthy or a deployment was interrupted (its controller died)."""
         d = _deployer(inventory, quiet=as_json)
         result = d.status()
 
         def human(r: dict[str, Any]) -> None:
+            p = r.get("in_progress")
+            if p:
+                what = f": deployment {p['deployment']} ({p['profile']}), stage {p['stage']}" if p.get("deployment") \
+                    else ""
+                print(f"cluster {r['cluster']}: `sparkctl {p['command']}` in progress (pid {p['pid']} on {p['host']} "
+                      f"since {p['since']}){what}")
+            for i in r.get("interrupted") or []:
+                alive = ", ".join(map(str, i["ranks_alive"]))
+                print(f"cluster {r['cluster']}: deployment {i['deployment']} was interrupted ({i['detail']}) during "
+                      f"{i['stage']}: " + (f"ranks {alive} alive" if alive else "none of its engines runs")
+                      + "; the next `sparkctl up`, `rollback` or `down` settles it")
             if not r.get("active"):
                 print(f"cluster {r['cluster']}: no active deployment")
                 return
@@ -154,6 +177,38 @@ def register(app: typer.Typer) -> None:
                 extra = f", /health {rank.get('health')}" if rank["rank"] == 0 else ""
                 print(f"  rank {rank['rank']} [{rank['node']}]: {rank['state']}{extra}")
         _emit(result, as_json, human)
+        if not result["ok"]:
+            raise typer.Exit(STATUS_NOT_OK)
+
+    @app.command()
+    def repair(inventory: Optional[str] = INVENTORY_OPT,
+               yes: bool = flag("--yes", "-y", help="Apply without asking."),
+               as_json: bool = flag("--json", help="What changed, as JSON on stdout.")) -> None:
+        """Repair a damaged ledger: move damaged records aside (kept), rebuild the index and the active deployment
+        from the engines actually running. Shows the changes and asks first."""
+        from sparkctl.deploy.repair import apply_repair, plan_repair
+        from sparkctl.errors import CancelledError
+
+        d = _deployer(inventory, quiet=as_json)
+        with d.ledger.lock("repair"):
+            plan = plan_repair(d)
+            if not plan.changes:
+                _emit({"changed": False, **plan.as_dict()}, as_json,
+                      lambda r: print("ledger is consistent with what runs: nothing to repair"
+                                      + "".join(f"\nnote: {n}" for n in r["notes"])))
+                return
+            for line in plan.lines():
+                print(f"repair: {line}", file=sys.stderr)
+            if not yes:
+                if not sys.stdin.isatty():
+                    raise CancelledError("repair changes the ledger and was not confirmed; nothing was changed",
+                                         hint="review the changes above, then run `sparkctl repair --yes`")
+                if not typer.confirm("apply these changes?", default=False):
+                    raise CancelledError("repair declined at the prompt; nothing was changed")
+            apply_repair(d, plan)
+        _emit({"changed": True, **plan.as_dict()}, as_json,
+              lambda r: print(f"repaired: active deployment {r['active'] or 'none'}"
+                              + (f"; damaged files kept in {d.ledger.root / 'damaged'}" if r["damaged"] else "")))
 
     @app.command()
     def logs(rank: int = typer.Option(0, "--rank", help="Rank whose engine log to show."),

@@ -64,20 +64,28 @@ def _write_debug_log(text: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `sparkctl` console script."""
+    """Entry point of the `sparkctl` console script (SIGTERM and SIGHUP handled like Ctrl-C: cli/signals.py)."""
+    from sparkctl.cli import signals
+    with signals.installed():
+        return _run(argv)
+
+
+def _run(argv: list[str] | None) -> int:
+    from sparkctl.cli import signals
     from sparkctl.errors import SparkctlError
     try:
         argv = _hoist_verbose(list(sys.argv[1:] if argv is None else argv))
         rv = app(args=argv, prog_name="sparkctl", standalone_mode=False)
-        if rv == 130:  # typer turns Ctrl-C into Exit(130) and, non-standalone, returns the code
-            print("sparkctl: interrupted", file=sys.stderr)
+        if rv == 130:  # typer turns Ctrl-C (any KeyboardInterrupt) into Exit(130) and, non-standalone, returns it
+            print(f"sparkctl: interrupted ({signals.name()})", file=sys.stderr)
+            return signals.exit_code()
         return rv if isinstance(rv, int) else 0
     except SparkctlError as exc:
         print(f"sparkctl: {exc.render()}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("sparkctl: interrupted", file=sys.stderr)
-        return 130
+        print(f"sparkctl: interrupted ({signals.name()})", file=sys.stderr)
+        return signals.exit_code()
     except SystemExit as exc:  # typer/click exits (--help, usage errors) and explicit exits
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
     except Exception as exc:  # noqa: BLE001 - the one boundary that sorts unknown errors

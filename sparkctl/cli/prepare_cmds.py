@@ -9,6 +9,8 @@ from typing import Any, Optional
 
 import typer
 
+from sparkctl.cli.options import flag
+
 INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory file (default: see README).")
 
 
@@ -42,15 +44,15 @@ def register(app: typer.Typer) -> None:
     def prepare(inventory: Optional[str] = INVENTORY_OPT,
                 profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Also sync this profile's "
                                                       "model and drafter to every node (models.yml)."),
-                check: bool = typer.Option(False, "--check", help="Show what would change, per host; change "
+                check: bool = flag("--check", help="Show what would change, per host; change "
                                            "nothing."),
                 tags: Optional[str] = typer.Option(None, "--tags", help="Only these parts, comma-separated: docker, "
                                                    "fabric, dirs, gpu, fabric-ssh, models."),
-                restore: bool = typer.Option(False, "--restore", help="Put back the files prepare changed "
+                restore: bool = flag("--restore", help="Put back the files prepare changed "
                                              "(daemon.json, fabric netplan)."),
-                ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K", help="Ask for the sudo "
+                ask_become_pass: bool = flag("--ask-become-pass", "-K", help="Ask for the sudo "
                                                      "password of the SSH user."),
-                as_json: bool = typer.Option(False, "--json", help="Result as JSON on stdout.")) -> None:
+                as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Prepare the Sparks with Ansible: docker + nvidia runtime, fabric netplan at MTU 9000, fabric SSH from
         rank 0, directories, GPU clocks; with --profile also the model and drafter on every node."""
         from sparkctl.hosts.prepare import prepare as run_prepare
@@ -74,7 +76,7 @@ def register(app: typer.Typer) -> None:
     def facts(inventory: Optional[str] = INVENTORY_OPT,
               profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Include the manifests of this "
                                                     "profile's model and drafter."),
-              as_json: bool = typer.Option(False, "--json", help="Facts as JSON on stdout.")) -> None:
+              as_json: bool = flag("--json", help="Facts as JSON on stdout.")) -> None:
         """Read-only facts of every node: GPU and driver, memory, fabric interface, RoCE devices, Docker
         runtimes, model manifests (through facts.yml)."""
         from sparkctl.hosts.prepare import gather_facts, profile_models

@@ -93,19 +93,26 @@ _HINTS = {
 def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deployment_id: str, reporter: Reporter,
          *, timeout_s: float, worker_grace_s: float = 0.3,
          started: list[tuple[Runtime, Handle]] | None = None,
-         ready_probe: Callable[[], bool] | None = None) -> BootResult:
+         ready_probe: Callable[[], bool] | None = None,
+         on_start: Callable[[LaunchSpec, Handle | None], None] | None = None) -> BootResult:
     """Start ranks (highest first, rank 0 last) and wait for rank 0 to be ready.
 
     Ready = rank 0 logged "fired up" and, when given, `ready_probe()` (its /health answers 200).
     `started` collects (runtime, handle) as each rank starts, so a caller can stop them on failure or Ctrl-C.
+    `on_start(spec, None)` runs before each start and `on_start(spec, handle)` right after: the caller writes
+    the intent and the handle to the ledger, so a command after a SIGKILL of this one finds the engine.
     """
     t0 = time.monotonic()
     started = started if started is not None else []
     watches: list[RankWatch] = []
     for spec in sorted(specs, key=lambda s: -s.rank):
         rt = runtime_for(spec.node)
+        if on_start is not None:
+            on_start(spec, None)
         handle = rt.start(spec, deployment_id)
         started.append((rt, handle))
+        if on_start is not None:
+            on_start(spec, handle)
         watch = RankWatch(spec, rt, handle, reporter)
         watches.append(watch)
         reporter.event(f"rank {spec.rank} started ({handle.where})", spec.node)

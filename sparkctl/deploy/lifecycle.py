@@ -22,16 +22,19 @@ from sparkctl.deploy.plan import Plan, make_plan
 from sparkctl.deploy.preflight import Check, ports_of, run_preflight
 from sparkctl.deploy.preflight_rules import evaluate
 from sparkctl.deploy.progress import Reporter
+from sparkctl.deploy.reconcile import interrupted
 from sparkctl.deploy.rollback import (mark_superseded, restore, rollback_target, stop_engines, stop_started)
 from sparkctl.deploy.runtimes import Runtimes, embedded_notice
 from sparkctl.deploy.warmup import warm_up
-from sparkctl.errors import CancelledError, ConfigError, DeployError, ImageError, PreflightError, SparkctlError
+from sparkctl.errors import CancelledError, ConfigError, DeployError, ImageError, PreflightError, SparkctlError, \
+    interrupt_name
 from sparkctl.nodes.runtime import Handle, Runtime
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult, render
 from sparkctl.state.ledger import Ledger, Stopwatch, now_iso
-from sparkctl.state.records import DeploymentRecord, Failure, StageEntry, Status
+from sparkctl.state.controller import this_controller
+from sparkctl.state.records import DeploymentRecord, Failure, Intent, StageEntry, Status
 
 log = logging.getLogger("sparkctl.deploy")
 
@@ -150,19 +153,24 @@ class Deployer:
         base = {"profile": profile.name, "plan": plan.as_dict(), "emulated": self.inventory.emulated,
                 "cluster": self.inventory.cluster.name}
         if plan.noop:
+            settled = None
+            if interrupted(self.ledger, locked=False):   # what a dead controller left is settled even so
+                with self.ledger.lock(kind):
+                    settled = self.reconcile(kind)
             return {**base, "changed": False, "outcome": "unchanged", "reason": plan.noop_reason,
-                    "deployment": plan.active_id, "endpoint": self._endpoint(result.specs[0])}
+                    "deployment": plan.active_id, "endpoint": self._endpoint(result.specs[0]), "reconciled": settled}
         if opts.dry_run:
             return {**base, "changed": False, "outcome": "dry-run"}
         if opts.confirm is not None and not opts.confirm(plan):
             raise CancelledError("cancelled at the confirmation prompt; nothing was changed")
         with self.ledger.lock(kind):
+            settled = self.reconcile(kind)
             # Re-plan under the lock: another command may have changed the cluster meanwhile.
             result, plan = self.plan(profile)
             if plan.noop:
                 return {**base, "changed": False, "outcome": "unchanged", "reason": plan.noop_reason,
-                        "deployment": plan.active_id}
-            return {**base, **self._apply(profile, result, plan, opts, kind)}
+                        "deployment": plan.active_id, "reconciled": settled}
+            return {**base, **self._apply(profile, result, plan, opts, kind), "reconciled": settled}
 
     def _endpoint(self, spec0: LaunchSpec) -> str:
         return f"http://{spec0.api_host}:{spec0.api_port}"
@@ -179,14 +187,15 @@ class Deployer:
             previous=active.id if active else None, previous_known_good=prev_good.id if prev_good else None,
             endpoint=self._endpoint(result.specs[0]),
             speculative_algorithm=profile.speculative.algorithm if profile.speculative else None,
+            controller=this_controller(kind, now_iso()),
         )
 
     def _stage(self, record: DeploymentRecord, name: str, fn: Callable[[], Any], message: str = "") -> Any:
-        self.reporter.stage(name, message)
         sw = Stopwatch()
         entry = StageEntry(name=name, started=now_iso())
         record.stages.append(entry)
-        self.ledger.save(record)
+        self.ledger.save(record)          # the ledger first, then the screen: what was said is on disk
+        self.reporter.stage(name, message)
         try:
             value = fn()
         except BaseException as exc:
@@ -233,9 +242,18 @@ class Deployer:
             stopped_previous = True
             stop_engines(self, active, keep=True)
 
+        def intent(spec: LaunchSpec, handle: Handle | None) -> None:
+            if handle is None:   # before the start: which engine is about to run where
+                record.intents.append(Intent(node=spec.node, rank=spec.rank, deployment=dep_id, at=now_iso(),
+                                             engine=f"label sparkctl.deployment={dep_id}"))
+            else:                # right after: how to find it (pid + start time, or the container)
+                record.intents[-1] = record.intents[-1].model_copy(update={"engine": handle.where})
+                record.handles = [*record.handles, handle]
+            self.ledger.save(record)
+
         def start_and_wait() -> None:
             b = boot(result.specs, rts.for_node, dep_id, self.reporter, timeout_s=timeout, started=started,
-                     ready_probe=self.health_probe(spec0, profile.api.api_key_env))
+                     ready_probe=self.health_probe(spec0, profile.api.api_key_env), on_start=intent)
             booted.append(b)
             record.handles, record.capacity = b.handles, b.capacity()
 
@@ -278,7 +296,7 @@ class Deployer:
         except (Exception, KeyboardInterrupt) as exc:
             interrupted = isinstance(exc, KeyboardInterrupt)
             stage = self._failed_stage(record)
-            message = "interrupted (SIGINT)" if interrupted else (
+            message = f"interrupted ({interrupt_name(exc)})" if interrupted else (
                 exc.render() if isinstance(exc, SparkctlError) else f"internal error: {type(exc).__name__}: {exc}")
             record.status = Status.CANCELED if interrupted else Status.FAILED
             record.finished, record.elapsed_s = now_iso(), total.elapsed()
@@ -294,8 +312,11 @@ class Deployer:
             record.rollback = "new engines stopped"
             try:
                 if stopped_previous and active:
+                    record.restoring = active.id     # a SIGKILL from here on: the next command settles it
+                    self.ledger.save(record)
                     outcome = restore(self, active, record)
                     record.restored, record.restore_error = outcome.restored, outcome.error
+                    record.restoring = None
             finally:
                 self.ledger.save(record)
             if interrupted or not isinstance(exc, SparkctlError):
@@ -399,34 +420,17 @@ class Deployer:
             if text:
                 yield text
 
+    def reconcile(self, command: str) -> dict[str, Any]:
+        """Under the lock: settle what a dead controller left (deploy/reconcile.py); what it did, as data."""
+        from sparkctl.deploy.reconcile import reconcile
+        return reconcile(self, command).as_dict()
+
     def down(self) -> dict[str, Any]:
-        """Stop the active deployment on every node (containers removed, logs kept); a no-op when none runs."""
-        with self.ledger.lock("down"):
-            active = self.ledger.active()
-            if not active:
-                return {"changed": False, "reason": "no active deployment"}
-            self.reporter.stage("down", f"stopping {active.id} ({active.profile})")
-            stop_engines(self, active, keep=False)
-            rec = self.ledger.load(active.id)
-            rec.status, rec.stopped = Status.STOPPED, now_iso()
-            self.ledger.save(rec)
-            self.ledger.set_active(None)
-            return {"changed": True, "stopped": active.id}
+        """Stop the active deployment, then every other engine sparkctl started here (deploy/status.py)."""
+        from sparkctl.deploy.status import down
+        return down(self)
 
     def status(self) -> dict[str, Any]:
-        """The active deployment: profile, identity, live health per rank, endpoint, since when."""
-        active = self.ledger.active()
-        if not active:
-            idx = self.ledger.index()
-            return {"cluster": self.inventory.cluster.name, "active": None, "history": len(idx["history"]),
-                    "emulated": self.inventory.emulated}
-        healthy, detail, ranks = self.health_of(active)
-        return {"cluster": self.inventory.cluster.name, "active": active.id, "profile": active.profile,
-                "healthy": healthy, "ranks": ranks, "endpoint": active.endpoint,
-                "speculative_algorithm": active.speculative_algorithm, "identity": active.identity,
-                "sglang_version": active.sglang_version,
-                "images": sorted({v.get("launch_tag") or v.get("engine_tag", "") for v in active.images.values()}
-                                 or {s.get("image") for s in active.specs if s.get("image")}),
-                "image_ids": active.image_ids, "images_per_node": active.images,
-                "since": active.handed_off or active.restored_at or active.created,
-                "capacity": active.capacity, "emulated": active.emulated, "detail": detail}
+        """The active deployment's live health, an `up` in progress, interrupted deployments (deploy/status.py)."""
+        from sparkctl.deploy.status import status
+        return status(self)

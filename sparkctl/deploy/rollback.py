@@ -16,7 +16,7 @@ from sparkctl.deploy.gates import run_gates
 from sparkctl.deploy.image_stage import LaunchImage
 from sparkctl.deploy.plan import launch_identity
 from sparkctl.deploy.progress import Reporter
-from sparkctl.errors import ConfigError, SparkctlError
+from sparkctl.errors import ConfigError, DeployError, SparkctlError, interrupt_name
 from sparkctl.nodes.runtime import Handle, Runtime
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, RestoreEntry, Status
@@ -111,9 +111,17 @@ def restore(d: "Deployer", previous: DeploymentRecord, failed: DeploymentRecord)
         rts = d.runtimes(previous.id)
         if launch is not None:
             rts.bind_launch(launch)      # the ranks run the launch image they ran before
+
+        def record_handle(spec: object, handle: Handle | None) -> None:
+            # The restarted engine's handle goes to the record at once: after a SIGKILL here, the next command
+            # finds it (docker also by label). The status is not touched: restored engines are unverified.
+            if handle is not None:
+                rec = d.ledger.load(previous.id)
+                rec.handles = [h for h in rec.handles if h.rank != handle.rank] + [handle]
+                d.ledger.save(rec)
         booted = boot(result.specs, rts.for_node, previous.id, d.reporter,
                       timeout_s=profile.lifecycle.boot_timeout_s, started=started,
-                      ready_probe=d.health_probe(result.specs[0], profile.api.api_key_env))
+                      ready_probe=d.health_probe(result.specs[0], profile.api.api_key_env), on_start=record_handle)
         with d.client(result.specs[0], profile.api.api_key_env) as client:
             gates = run_gates(profile, client, booted.watches)
         bad = [g for g in gates if not g.ok]
@@ -135,7 +143,7 @@ def restore(d: "Deployer", previous: DeploymentRecord, failed: DeploymentRecord)
         d.reporter.event(f"restored {previous.id}: serving again at {prev.endpoint}")
         return RestoreOutcome(previous.id)
     except (SparkctlError, KeyboardInterrupt) as exc:
-        reason = exc.render() if isinstance(exc, SparkctlError) else "interrupted (SIGINT)"
+        reason = exc.render() if isinstance(exc, SparkctlError) else f"interrupted ({interrupt_name(exc)})"
         d.reporter.event(f"restore of {previous.id} failed: {reason}")
         stop_started(d.reporter, started)
         d.ledger.set_active(None)

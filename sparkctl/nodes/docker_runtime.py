@@ -299,6 +299,22 @@ class DockerRuntime:
         with self._lock:
             self._cursors.pop(handle.container_id, None)
 
+    def labelled(self) -> list[tuple[DockerHandle, bool]]:
+        """Every container on this node labelled ``sparkctl.cluster=<cluster>`` (running or not), as handles:
+        what sparkctl started here, whatever the ledger says (`down`, reconcile and `repair` read this)."""
+        fmt = '{{.ID}}\t{{.Names}}\t{{.State}}\t{{.Label "sparkctl.deployment"}}\t{{.Label "sparkctl.rank"}}'
+        res = self._docker("ps", "-a", "--no-trunc", "--filter", f"label=sparkctl.cluster={self.cluster}",
+                           "--format", fmt, check=True)
+        out = []
+        for line in res.stdout.splitlines():
+            parts = line.split("\t")
+            if len(parts) != 5 or not parts[4].isdigit():
+                continue
+            cid, name, state, dep, rank = parts
+            out.append((DockerHandle(node=self.node.name, rank=int(rank), cluster=self.cluster, container=name,
+                                     container_id=cid, deployment=dep), state == "running"))
+        return out
+
     # -- image -------------------------------------------------------------------------------------------------
     def image_id(self, image: str) -> str | None:
         fact = facts.image_id(image)

@@ -20,25 +20,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sparkctl.nodes import procfs
 from sparkctl.nodes.node_facts import NodeFacts
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
 from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec, redact
 from sparkctl.state.ledger import private_dir
 
 
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, kernel start time) of a process from one read of /proc/PID/stat, or None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()   # after the comm field: state is field 3, starttime field 22
-    return fields[0], int(fields[19])
-
-
-def _proc_start_ticks(pid: int) -> int | None:
-    stat = _proc_stat(pid)
-    return stat[1] if stat else None
+_proc_stat = procfs.proc_stat
+_proc_start_ticks = procfs.start_ticks
 
 
 class ProcessRuntime:
@@ -95,7 +85,8 @@ class ProcessRuntime:
     def _ours(self, handle: ProcessHandle) -> bool:
         """The handle's process still runs (same PID *and* start time: a recycled PID is not ours; a zombie is dead)."""
         stat = _proc_stat(handle.pid)
-        return stat is not None and stat[1] == handle.start_ticks and stat[0] != "Z"
+        return (stat is not None and stat[1] == handle.start_ticks and stat[0] != "Z"
+                and any("sparkctl" in a for a in procfs.cmdline(handle.pid)))   # and it runs sparkctl's engine
 
     def liveness(self, handle: ProcessHandle) -> Liveness:
         pid = handle.pid

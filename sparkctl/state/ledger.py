@@ -9,7 +9,8 @@ Layout (all files mode 0600, directories 0700; `private_dir` tightens sparkctl's
         runs/<id>/                bench runs (report.md, report.json)
         logs/<id>/rank<N>.log     engine logs of the process runtime (secrets redacted), archived docker logs
         secrets/<id>/rank<N>/     the process runtime's secret files (0400), removed with the engine
-        lock, lock.holder         the cluster lock and who holds it
+        lock, lock.holder         the cluster lock and who holds it (pid, host, pid start time, command)
+        damaged/                  records `sparkctl repair` moved aside (kept, never deleted)
 
 Writes are atomic (temp file + fsync + rename). Records are typed (`sparkctl.state.records`): a missing
 record, a file that is not JSON, or JSON of the wrong shape is reported as a LedgerError naming the file, never
@@ -33,6 +34,10 @@ from pydantic import ValidationError
 
 from sparkctl.errors import LedgerError, LockHeldError, StateDirError
 from sparkctl.state.records import DeploymentRecord, RunRecord
+
+
+REPAIR_HINT = ("run `sparkctl repair`: it keeps the damaged file (moved aside), rebuilds the ledger from the engines "
+               "actually running and asks before changing anything")
 
 
 def default_state_root() -> Path:
@@ -120,13 +125,12 @@ def read_json(path: Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise LedgerError("record is missing", where=str(path),
-                          hint="the ledger refers to a record that is not there; inspect the state directory "
-                               "(nothing was changed)") from None
+                          hint="the ledger refers to a record that is not there (moved aside?): " + REPAIR_HINT) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise LedgerError(f"record is corrupt ({exc.msg} at line {exc.lineno})", where=str(path),
-                          hint="move the file aside or repair it by hand; sparkctl will not overwrite it") from None
+                          hint=REPAIR_HINT) from None
 
 
 def _validated(model: type[Any], data: Any, path: Path) -> Any:
@@ -136,7 +140,7 @@ def _validated(model: type[Any], data: Any, path: Path) -> Any:
     except ValidationError as exc:
         fields = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'record'}: {e['msg']}" for e in exc.errors()[:3])
         raise LedgerError(f"record is corrupt (not a {model.__name__}: {fields})", where=str(path),
-                          hint="move the file aside or repair it by hand; sparkctl will not overwrite it") from None
+                          hint=REPAIR_HINT) from None
 
 
 class Ledger:
@@ -173,7 +177,7 @@ class Ledger:
                 and all(isinstance(h, str) for h in data["history"])
                 and (data.get("active") is None or isinstance(data.get("active"), str))):
             raise LedgerError("cluster index has an unexpected shape", where=str(self.index_path),
-                              hint="repair or move it aside; sparkctl will not overwrite it")
+                              hint=REPAIR_HINT)
         return data
 
     def set_active(self, dep_id: str | None) -> None:
@@ -262,8 +266,10 @@ class Ledger:
                                      "when its process exits") from None
         Ledger._held[key] = 1
         try:
+            from sparkctl.nodes.procfs import start_ticks
             write_json_atomic(holder_path, {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-                                            "since": now_iso(), "argv": sys.argv[1:]})
+                                            "since": now_iso(), "argv": sys.argv[1:],
+                                            "start_ticks": start_ticks(os.getpid())})
             yield
         finally:
             Ledger._held.pop(key, None)

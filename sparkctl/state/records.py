@@ -27,6 +27,8 @@ class Status(StrEnum):
     CANCELED = "canceled"          # Ctrl-C
     SUPERSEDED = "superseded"      # a newer deployment took over; stopped but restartable
     STOPPED = "stopped"            # `sparkctl down`
+    INTERRUPTED = "interrupted"    # its controller died mid-way (SIGKILL, power loss); found and settled by reconcile
+    RECOVERED = "recovered"        # rebuilt by `sparkctl repair` from engines found running; never verified by gates
 
 
 DeploymentStatus = Status
@@ -50,6 +52,26 @@ class Failure(_Record):
     stage: str
     message: str
     node: str | None = None
+
+
+class Controller(_Record):
+    """The sparkctl process driving a deployment: a later command tells a dead one from a live one by these."""
+
+    pid: int
+    host: str
+    start_ticks: int | None = None     # kernel start time of the pid (a recycled pid is not the controller)
+    since: str
+    command: str = "up"
+
+
+class Intent(_Record):
+    """Written before a rank is started: which engine of which deployment is about to run where."""
+
+    node: str
+    rank: int
+    deployment: str
+    at: str
+    engine: str | None = None          # container name (docker) or "pid N" once known (process)
 
 
 class RestoreEntry(_Record):
@@ -101,6 +123,10 @@ class DeploymentRecord(_Record):
     restored_at: str | None = None
     restored_after: str | None = None
     restores: list[RestoreEntry] = Field(default_factory=list)
+    controller: Controller | None = None      # who drives it while status is running / a restore is under way
+    intents: list[Intent] = Field(default_factory=list)
+    restoring: str | None = None              # id of the deployment being restored after this one failed
+    reconciled: str | None = None             # what a later command did with what a dead controller left
 
     @model_validator(mode="before")
     @classmethod

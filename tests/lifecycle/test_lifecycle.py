@@ -102,7 +102,9 @@ def test_logs_prints_the_tail_of_that_ranks_log(cli, local_cluster):
 def test_down_stops_every_rank_and_keeps_the_history(cli, local_cluster):
     first = _up_ok(cli)
     code, out, err = cli("down", "--yes", "--json")
-    assert code == 0 and json.loads(out) == {"changed": True, "stopped": first["deployment"]}
+    down = json.loads(out)
+    assert code == 0 and down["changed"] and down["stopped"] == first["deployment"] and down["reconciled"] == []
+    assert [e.split(" (")[0] for e in down["engines"]] == ["rank 1", "rank 0"]
     assert _status(cli)["active"] is None
     ledger = _ledger(local_cluster)
     rec = ledger.load(first["deployment"])
@@ -112,7 +114,7 @@ def test_down_stops_every_rank_and_keeps_the_history(cli, local_cluster):
     for p in (ledger.root / "deployments").iterdir():
         assert p.stat().st_mode & 0o777 == 0o600
     code, out, _ = cli("down", "--yes", "--json")
-    assert code == 0 and json.loads(out) == {"changed": False, "reason": "no active deployment"}
+    assert code == 0 and json.loads(out) == {"changed": False, "reason": "no active deployment and no engine running"}
 
 
 def test_dry_run_prints_the_steps_and_commands_and_changes_nothing(cli, local_cluster, monkeypatch):

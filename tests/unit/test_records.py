@@ -76,7 +76,7 @@ def test_known_good_skips_failed_and_excluded(tmp_path):
 def test_keys_a_newer_sparkctl_wrote_survive_a_round_trip(tmp_path):
     ledger = Ledger(tmp_path / "c")
     ledger.deployment_path("x").parent.mkdir(parents=True)
-    ledger.deployment_path("x").write_text(json.dumps({**_record("x").as_json(), "intents": [{"rank": 0}]}))
+    ledger.deployment_path("x").write_text(json.dumps({**_record("x").as_json(), "annotations": [{"rank": 0}]}))
     rec = ledger.load("x")
     ledger.save(rec)
-    assert json.loads(ledger.deployment_path("x").read_text())["intents"] == [{"rank": 0}]
+    assert json.loads(ledger.deployment_path("x").read_text())["annotations"] == [{"rank": 0}]

@@ -1,0 +1,91 @@
+"""What sparkctl engines actually run on the cluster, read from the nodes rather than the ledger.
+
+Docker nodes: every container labelled ``sparkctl.cluster=<cluster>`` (`docker ps -a --filter label=...`).
+Process runtime (the embedded cluster): every local process whose stdout is a rank log under this ledger's
+``logs/<deployment>/rank<N>.log`` and whose command line runs sparkctl: the log path is the process runtime's
+label, so an engine started by a controller killed before it could record the pid is still found, and
+engines of another state directory (another cluster, another test) are never touched.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sparkctl.deploy.rollback import on_every
+from sparkctl.errors import SparkctlError
+from sparkctl.nodes import procfs
+from sparkctl.nodes.handles import ProcessHandle
+from sparkctl.nodes.runtime import Handle
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.lifecycle import Deployer
+
+_RANK_LOG = re.compile(r"^rank(\d+)\.log$")
+
+
+@dataclass(frozen=True)
+class Engine:
+    handle: Handle
+    running: bool
+
+    @property
+    def deployment(self) -> str:
+        return self.handle.deployment
+
+    def describe(self) -> str:
+        return f"rank {self.handle.rank} ({self.handle.where} on {self.handle.node}) of {self.deployment}"
+
+
+def process_engines(d: "Deployer") -> list[Engine]:
+    """Local engine processes writing to a rank log of this ledger (see module docstring)."""
+    logs = d.ledger.root.resolve() / "logs"
+    nodes = d.inventory.nodes
+    out = []
+    for pid in procfs.pids():
+        target = procfs.stdout_target(pid)
+        if not target or not target.startswith(str(logs) + "/"):
+            continue
+        path = Path(target)
+        m = _RANK_LOG.match(path.name)
+        stat = procfs.proc_stat(pid)
+        if not m or stat is None or stat[0] == "Z" or not any("sparkctl" in a for a in procfs.cmdline(pid)):
+            continue
+        rank = int(m.group(1))
+        node = nodes[rank].name if rank < len(nodes) else f"rank{rank}"
+        out.append(Engine(ProcessHandle(node=node, rank=rank, deployment=path.parent.name, pid=pid,
+                                        start_ticks=stat[1], log=str(path)), True))
+    return out
+
+
+def observe(d: "Deployer", unreachable: list[str] | None = None) -> list[Engine]:
+    """Every engine of this cluster found on its nodes (all nodes at once). A node that cannot say (SSH down)
+    raises its NodeError, or with `unreachable` given is named there ("[node] why") and skipped."""
+    found: list[Engine] = []
+    if any(n.runtime == "process" for n in d.inventory.nodes):
+        found += process_engines(d)
+    docker = [n for n in d.inventory.nodes if n.runtime == "docker"]
+    rts = d.runtimes("observe")
+
+    def ps(node: Any) -> None:
+        try:
+            found.extend(Engine(h, running) for h, running in rts.for_node(node).labelled())
+        except SparkctlError as exc:
+            if unreachable is None:
+                raise
+            unreachable.append(f"[{node.name}] {exc.message}")
+    on_every(docker, ps)
+    return sorted(found, key=lambda e: (e.deployment, -e.handle.rank))
+
+
+def stop_engine(d: "Deployer", engine: Engine, *, remove: bool = True) -> str | None:
+    """Stop (and remove) one found engine; None when done, else why it could not be stopped."""
+    rt = d.runtimes(engine.deployment).for_node(engine.handle.node)
+    try:
+        rt.stop(engine.handle)
+        if remove:
+            rt.remove(engine.handle)
+    except SparkctlError as exc:
+        return exc.message
+    return None

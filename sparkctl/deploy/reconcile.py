@@ -1,0 +1,169 @@
+"""Settle what a dead controller left (Kubernetes-style: from what is observed on the nodes, not the ledger).
+
+A deployment record is *in progress* while its status is `running` or a restore is under way (`restoring`).
+Its controller is dead when the cluster lock is free and the recorded pid is gone or recycled (SIGKILL,
+power loss, OOM-killer). `up`, `rollback` and `down` call `reconcile` under the lock before anything else:
+
+* a deployment whose every verify gate had passed and whose ranks all serve /health 200 is **adopted**:
+  the hand-off the controller did not finish is done (it becomes the active deployment);
+* anything else it started is **stopped** (it never proved itself), and the record ends `interrupted`;
+* engines a dead restore restarted are stopped too; the deployment being restored stays known-good
+  (it did not fail: its controller died), stopped and restartable;
+* any other running engine that is not the active deployment's is stopped as an orphan.
+
+Each decision prints one line saying which and why, and is written to the record (`reconciled`).
+`status` uses `interrupted()` to report the same without changing anything.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sparkctl.deploy.observe import Engine, observe, stop_engine
+from sparkctl.deploy.rollback import mark_superseded
+from sparkctl.sglang.client import SGLangAPIError
+from sparkctl.state.controller import controller_alive, live_lock_holder
+from sparkctl.state.ledger import Ledger, now_iso
+from sparkctl.state.records import DeploymentRecord, Failure, Status
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.lifecycle import Deployer
+
+RECENT = 3   # only the newest records can be in progress: every command that takes the lock settles them first
+
+
+def in_progress(rec: DeploymentRecord) -> bool:
+    return rec.status == Status.RUNNING or rec.restoring is not None
+
+
+def _ours(rec: DeploymentRecord) -> bool:
+    c = rec.controller
+    return c is not None and c.pid == os.getpid() and c.host == socket.gethostname()
+
+
+def interrupted(ledger: Ledger, *, locked: bool) -> list[DeploymentRecord]:
+    """Records in progress whose controller is dead. `locked`: the caller holds the cluster lock, so every
+    in-progress record but its own is dead; otherwise dead = lock free (or held by another pid) and the
+    recorded controller pid provably gone."""
+    holder = None if locked else live_lock_holder(ledger.root)
+    out = []
+    for dep_id in list(reversed(ledger.index()["history"]))[:RECENT]:
+        rec = ledger.load(dep_id)
+        if not in_progress(rec) or _ours(rec):
+            continue
+        if locked:
+            out.append(rec)
+            continue
+        c = rec.controller
+        driven = holder is not None and (c is None or (holder.get("pid") == c.pid and holder.get("host") == c.host))
+        if not driven and (c is None or not controller_alive(c)):
+            out.append(rec)
+    return out
+
+
+def controller_text(rec: DeploymentRecord) -> str:
+    c = rec.controller
+    return f"controller pid {c.pid} on {c.host} gone" if c else "controller gone (not recorded)"
+
+
+def stage_of(rec: DeploymentRecord) -> str:
+    if rec.restoring:
+        return f"restore of {rec.restoring}"
+    return next((s.name for s in reversed(rec.stages) if s.status != "ok"), "plan")
+
+
+@dataclass
+class Reconciled:
+    lines: list[str]
+    adopted: str | None = None
+    stopped: list[str] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"lines": self.lines, "adopted": self.adopted, "stopped": self.stopped or []}
+
+
+def _healthy(d: "Deployer", rec: DeploymentRecord, engines: list[Engine]) -> bool:
+    ranks = {e.handle.rank for e in engines if e.running}
+    if ranks != {int(s["rank"]) for s in rec.specs}:
+        return False
+    try:
+        with d.client(rec.specs[0], rec.api_key_env, timeout=5) as c:
+            return c.health() == 200
+    except SGLangAPIError:
+        return False
+
+
+def reconcile(d: "Deployer", command: str) -> Reconciled:
+    """Under the cluster lock: adopt or stop what dead controllers left, then stop orphans (module docstring)."""
+    say = d.reporter.event
+    dead = interrupted(d.ledger, locked=True)
+    unreachable: list[str] = []
+    found = [e for e in observe(d, unreachable) if e.running]
+    for why in unreachable:   # the command goes on: its own checks (preflight) name the node properly
+        say(f"could not look for leftover engines on {why}")
+    lines: list[str] = []
+    stopped: list[str] = []
+    adopted = None
+    active_id = d.ledger.index().get("active")
+    if dead or any(e.deployment != active_id for e in found):
+        d.reporter.stage("reconcile", f"`sparkctl {command}` first settles what a dead controller left")
+
+    def stop_all(engines: list[Engine], why: str) -> None:
+        for e in engines:
+            err = stop_engine(d, e)
+            line = f"stopped {e.describe()}: {why}" if err is None else f"could not stop {e.describe()}: {err}"
+            if err is None:
+                stopped.append(e.describe())
+            lines.append(line)
+            say(line)
+
+    for rec in dead:
+        why = controller_text(rec)
+        stage = stage_of(rec)
+        mine = [e for e in found if e.deployment == rec.id]
+        verified = any(s.name == "verify" and s.status == "ok" for s in rec.stages)
+        if rec.status == Status.RUNNING and verified and _healthy(d, rec, mine):
+            line = (f"adopted {rec.id} ({rec.profile}): its {why} after every gate passed; all ranks serve "
+                    f"/health 200 (hand-off completed by `sparkctl {command}`)")
+            say(line)
+            lines.append(line)
+            active = d.ledger.active()
+            rec.status, rec.handed_off, rec.finished = Status.SUCCESSFUL, now_iso(), now_iso()
+            rec.handles = [e.handle for e in sorted(mine, key=lambda e: -e.handle.rank)] or rec.handles
+            rec.reconciled = line
+            d.ledger.save(rec)
+            if active and active.id != rec.id:
+                mark_superseded(d, active, rec.id)
+            d.ledger.set_active(rec.id)
+            adopted = rec.id
+            found = [e for e in found if e.deployment != rec.id]
+            continue
+        reason = (f"deployment {rec.id} was interrupted ({why}) during {stage}; "
+                  + ("it never passed its gates" if not verified else "not every rank serves"))
+        stop_all(mine, reason)
+        restoring = rec.restoring
+        if rec.restoring:
+            restarted = [e for e in found if e.deployment == rec.restoring]
+            stop_all(restarted, f"restarted by the interrupted restore of {rec.restoring} ({why}), never verified; "
+                                f"{rec.restoring} stays known-good and restartable")
+            rec.restore_error = rec.restore_error or f"restore interrupted ({why})"
+            rec.restoring = None
+        if rec.status == Status.RUNNING:
+            rec.status = Status.INTERRUPTED
+            rec.failure = Failure(stage=stage, message=f"interrupted: {why} (SIGKILL, power loss or OOM-killer)")
+            rec.finished = rec.finished or now_iso()
+        rec.reconciled = (f"settled by `sparkctl {command}` at {now_iso()}: "
+                          + (f"stopped {len(mine)} engine(s)" if mine else "no engine of it was running"))
+        d.ledger.save(rec)
+        found = [e for e in found if e.deployment not in (rec.id, restoring)]
+        if not mine:
+            line = f"deployment {rec.id} was interrupted ({why}) during {stage}; none of its engines runs"
+            say(line)
+            lines.append(line)
+    active_id = d.ledger.index().get("active")
+    orphans = [e for e in found if e.deployment != active_id]
+    if orphans:
+        stop_all(orphans, "an orphan (not the active deployment's engine; its ledger record is not in progress)")
+    return Reconciled(lines, adopted, stopped)

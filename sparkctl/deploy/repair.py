@@ -1,0 +1,166 @@
+"""`sparkctl repair`: the one way out of a damaged ledger (Terraform's `state` surgery, done for you).
+
+What it does, shown first and done only once confirmed:
+
+* every record that does not load (not JSON, JSON of the wrong shape such as ``[]`` or ``{}``, a missing
+  field) and a damaged ``cluster.json`` are **moved aside** to ``damaged/<name>.<timestamp>`` in the state
+  directory: kept for inspection, never deleted, never overwritten;
+* the index (``cluster.json``) is rebuilt from the records that load: history in creation order, entries
+  whose record is gone dropped;
+* the active deployment is rebuilt from **what actually runs** (docker containers labelled
+  ``sparkctl.cluster=<name>``; processes writing to this ledger's rank logs): a deployment whose record
+  loads becomes active again; one whose record was damaged gets a new record rebuilt from its engines and
+  its profile (the profile name is part of the deployment id), with status ``recovered`` (it serves, but no
+  gate verified it: not a rollback target). Engines whose profile cannot be loaded are left running and
+  named (`sparkctl down` stops them: it finds engines on the nodes, not in the ledger).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sparkctl.config.profile import load_profile
+from sparkctl.deploy.observe import Engine, observe
+from sparkctl.deploy.plan import launch_identity
+from sparkctl.errors import SparkctlError
+from sparkctl.state.ledger import Ledger, now_iso, write_json_atomic
+from sparkctl.state.records import DeploymentRecord, Status
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.lifecycle import Deployer
+
+_ID = re.compile(r"^\d{8}T\d{6}Z-(?P<profile>.+)-[0-9a-f]{4}$")
+
+
+@dataclass
+class RepairPlan:
+    damaged: list[tuple[Path, str]] = field(default_factory=list)     # file, why
+    history: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)                  # history entries without a record
+    active_before: str | None = None
+    active: str | None = None
+    rebuilt: DeploymentRecord | None = None
+    notes: list[str] = field(default_factory=list)
+    index_changed: bool = False
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.damaged or self.dropped or self.rebuilt or self.index_changed
+                    or self.active != self.active_before)
+
+    def lines(self) -> list[str]:
+        out = [f"move aside {p.name}: {why}" for p, why in self.damaged]
+        out += [f"drop {i} from the history: its record is missing" for i in self.dropped]
+        if self.rebuilt is not None:
+            r = self.rebuilt
+            out.append(f"rebuild {r.id} ({r.profile}) from its running engines: "
+                       + ", ".join(f"rank {h.rank} {h.where} on {h.node}" for h in r.handles)
+                       + " (status recovered: serving, not verified by gates)")
+        if self.active != self.active_before:
+            out.append(f"active deployment: {self.active_before or 'none'} -> {self.active or 'none'}")
+        elif self.index_changed:
+            out.append(f"rewrite cluster.json (history of {len(self.history)}, active {self.active or 'none'})")
+        return out + [f"note: {n}" for n in self.notes]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"changes": self.lines() if self.changes else [], "active": self.active,
+                "damaged": [str(p) for p, _ in self.damaged], "notes": self.notes}
+
+
+def _ledger_state(ledger: Ledger, plan: RepairPlan) -> tuple[dict[str, DeploymentRecord], dict[str, Any] | None]:
+    good: dict[str, DeploymentRecord] = {}
+    for path in sorted((ledger.root / "deployments").glob("*.json")):
+        try:
+            rec = ledger.load(path.stem)
+        except SparkctlError as exc:
+            plan.damaged.append((path, exc.message))
+            continue
+        good[rec.id] = rec
+    index = None
+    if ledger.index_path.exists():
+        try:
+            index = ledger.index()
+        except SparkctlError as exc:
+            plan.damaged.append((ledger.index_path, exc.message))
+    return good, index
+
+
+def _rebuild(d: "Deployer", dep_id: str, engines: list[Engine]) -> DeploymentRecord | str:
+    """A record for running engines whose own record is damaged, or why it cannot be rebuilt."""
+    m = _ID.match(dep_id)
+    if not m:
+        return f"deployment id {dep_id!r} does not name a profile"
+    try:
+        profile = load_profile(m.group("profile"))
+        result = d.render(profile)
+    except SparkctlError as exc:
+        return f"profile {m.group('profile')!r}: {exc.message}"
+    spec0 = result.specs[0]
+    return DeploymentRecord(
+        id=dep_id, kind="repair", profile=profile.name, profile_data=profile.model_dump(mode="json"),
+        inventory=d.inventory.path, cluster=d.inventory.cluster.name, emulated=d.inventory.emulated,
+        identity=launch_identity(result), sglang_version=profile.image.sglang_version,
+        specs=[s.redacted() for s in result.specs], created=now_iso(), status=Status.RECOVERED,
+        handles=[e.handle for e in sorted(engines, key=lambda e: -e.handle.rank)],
+        endpoint=f"http://{spec0.api_host}:{spec0.api_port}",
+        speculative_algorithm=profile.speculative.algorithm if profile.speculative else None,
+        reconciled=f"rebuilt by `sparkctl repair` at {now_iso()} from its running engines")
+
+
+def plan_repair(d: "Deployer") -> RepairPlan:
+    """What `repair` would change (nothing is changed here)."""
+    ledger = d.ledger
+    plan = RepairPlan()
+    good, index = _ledger_state(ledger, plan)
+    old_history = list(index["history"]) if index else []
+    plan.active_before = index.get("active") if index else None
+    plan.history = [i for i in old_history if i in good]
+    plan.dropped = [i for i in old_history if i not in good and i not in {p.stem for p, _ in plan.damaged}]
+    plan.history += sorted((i for i in good if i not in plan.history), key=lambda i: good[i].created)
+    running: dict[str, list[Engine]] = {}
+    for e in observe(d):
+        if e.running:
+            running.setdefault(e.deployment, []).append(e)
+    active = plan.active_before if plan.active_before in good else None
+    if active is None or active not in running:
+        candidates = [i for i in running if i in good] or [i for i in running if i not in good]
+        if candidates:
+            dep_id = max(candidates)            # ids start with their UTC time: the newest
+            if dep_id in good:
+                active = dep_id
+            else:
+                rebuilt = _rebuild(d, dep_id, running[dep_id])
+                if isinstance(rebuilt, DeploymentRecord):
+                    plan.rebuilt, active = rebuilt, dep_id
+                    plan.history.append(dep_id)
+                else:
+                    plan.notes.append(f"engines of {dep_id} run but cannot be rebuilt ({rebuilt}); "
+                                      f"`sparkctl down` stops them")
+    for dep_id, engines in running.items():
+        if dep_id != active and (dep_id in good or plan.rebuilt is None or dep_id != plan.rebuilt.id):
+            plan.notes.append(f"{len(engines)} engine(s) of {dep_id} run besides the active deployment; "
+                              f"`sparkctl down` or the next `up` stops them")
+    if plan.rebuilt is not None and plan.rebuilt.id in plan.dropped:
+        plan.dropped.remove(plan.rebuilt.id)           # its record comes back
+    order = {i: n for n, i in enumerate(old_history)}
+    plan.history.sort(key=lambda i: (order.get(i, len(order)), i))   # ids start with their UTC time
+    plan.active = active
+    plan.index_changed = index is None or plan.history != old_history or active != plan.active_before
+    if index is None and not plan.history and not plan.damaged:
+        plan.index_changed = False
+    return plan
+
+
+def apply_repair(d: "Deployer", plan: RepairPlan) -> None:
+    ledger = d.ledger
+    stamp = now_iso().replace(":", "")
+    aside = ledger.root / "damaged"
+    aside.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for path, _ in plan.damaged:
+        path.rename(aside / f"{path.name}.{stamp}")
+    if plan.rebuilt is not None:
+        ledger.save(plan.rebuilt)
+    if plan.index_changed or plan.damaged or plan.dropped:
+        write_json_atomic(ledger.index_path, {"active": plan.active, "history": plan.history})

@@ -1,0 +1,117 @@
+"""Tests' handle on a `sparkctl` subprocess: follow its progress on stderr, signal it at a chosen moment.
+
+Waits are on observable progress (a stderr line), never a fixed sleep. Example::
+
+    with SparkctlProcess(["up", "--profile", "d5", "--yes"]) as run:
+        run.wait_for("rank 0 started")
+        run.kill(signal.SIGKILL)
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any, Callable
+
+Cli = Callable[..., tuple[int, str, str]]
+
+
+class SparkctlProcess:
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "sparkctl", *args], env=dict(env or os.environ),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._done = False
+        self.stdout = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self._out_reader = threading.Thread(target=self._read_out, daemon=True)
+        self._out_reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self._done = True
+            self._changed.notify_all()
+
+    def _read_out(self) -> None:
+        assert self.proc.stdout is not None
+        self.stdout = self.proc.stdout.read()
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, *, after: str | None = None, timeout: float = 180.0) -> str:
+        """Block until a stderr line matches `pattern` (regex), counting only lines after the first match of
+        `after`; the line, or AssertionError with all stderr so far (also when the process ended first)."""
+        rx, start_rx = re.compile(pattern), re.compile(after) if after else None
+
+        def found() -> str | None:
+            lines = self.lines
+            if start_rx is not None:
+                first = next((i for i, ln in enumerate(lines) if start_rx.search(ln)), None)
+                if first is None:
+                    return None
+                lines = lines[first + 1:]
+            return next((ln for ln in lines if rx.search(ln)), None)
+        with self._changed:
+            ok = self._changed.wait_for(lambda: found() is not None or self._done, timeout=timeout)
+            line = found()
+        assert ok and line is not None, f"no stderr line matching {pattern!r}:\n{self.stderr}"
+        return line
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 120.0) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        self._out_reader.join(timeout=10)
+        return code
+
+    def __enter__(self) -> "SparkctlProcess":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.wait()
+
+
+def kill_up_at(marker: str, profile: str, *, after: str | None = None, cli: Cli | None = None) -> int:
+    """Run `sparkctl up --profile PROFILE --yes`, SIGKILL it once stderr shows `marker` (after `after`); the dead
+    controller's pid. With `cli`, first checks that `status` names the `up` in progress (exit 8)."""
+    with SparkctlProcess(["up", "--profile", profile, "--yes"]) as run:
+        run.wait_for(marker, after=after)
+        if cli is not None:
+            code, out, _ = cli("status")
+            assert code == 8 and f"`sparkctl up` in progress (pid {run.pid} on" in out, out
+        run.kill(signal.SIGKILL)
+        assert run.wait() == -signal.SIGKILL
+        return run.pid
+
+
+def assert_status_interrupted(cli: Cli, pid: int, during: str) -> dict[str, Any]:
+    """`status` exits 8 and says the deployment was interrupted by the death of `pid` during `during`, with both
+    ranks alive; its JSON says the same."""
+    code, out, err = cli("status")
+    assert code == 8, out + err
+    assert f"was interrupted (controller pid {pid} on" in out and f"during {during}: ranks 0, 1 alive" in out, out
+    code, out, _ = cli("status", "--json")
+    data = json.loads(out)
+    assert code == 8 and not data["ok"] and data["interrupted"][0]["controller_pid"] == pid
+    return data

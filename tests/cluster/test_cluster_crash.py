@@ -1,0 +1,74 @@
+"""SIGKILL of `sparkctl up` over SSH + Docker on the two-node test cluster: in boot, warm-up and restore.
+
+After each kill, `status` exits 8 naming the dead controller and the live ranks; the next `up --profile d5`
+stops what was left (found by label) and deploys; `down` leaves no engine container running
+(`docker ps --filter label=sparkctl.cluster=...` on both nodes). Slow phases come from the emulator's knobs in
+the profile's env (SPARKCTL_SIM_<KNOB> in the container), waits from the killed command's stderr.
+"""
+from __future__ import annotations
+
+import pytest
+
+from sparkctl.config.inventory import load_inventory
+from sparkctl.state.ledger import Ledger
+from sparkctl.testing.controller import assert_status_interrupted, kill_up_at
+from tests.cluster.test_cluster_lifecycle import _running, _up, cluster_env  # noqa: F401 (fixture)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+
+
+def _profile(profiles_dir, name: str, base: str, **knobs: float) -> str:
+    env = ", ".join(f"SPARKCTL_SIM_{k.upper()}: '{v}'" for k, v in knobs.items())
+    (profiles_dir / f"{name}.yml").write_text(f"extends: {base}\nenv: {{{env}}}\n")
+    return name
+
+
+def _settle_deploy_down(cli, test_cluster, inv, dead_id: str) -> None:
+    code, out, err = _up(cli, "--profile", "d5")
+    assert code == 0 and out["outcome"] == "deployed", err
+    assert f"of {dead_id}: deployment {dead_id} was interrupted" in err and "stopped rank 1 (container" in err, err
+    ledger = Ledger.for_cluster(load_inventory(inv).cluster.name)
+    assert ledger.load(dead_id).status == "interrupted"
+    code, st, err = cli("status")
+    assert code == 0 and "healthy" in st, st + err
+    code, out, err = cli("down", "--yes")
+    assert code == 0, err
+    cluster = load_inventory(inv).cluster.name
+    assert _running(test_cluster, "spark-a", cluster) == [] and _running(test_cluster, "spark-b", cluster) == []
+
+
+def test_sigkill_during_boot_and_warm_up(cli, test_cluster, cluster_env, profiles_dir):
+    ledger = Ledger.for_cluster(load_inventory(cluster_env).cluster.name)
+    pid = kill_up_at(r"\[spark-a\] rank 0 started", _profile(profiles_dir, "slowboot", "d5", boot_s=60), cli=cli)
+    dead = ledger.load(ledger.index()["history"][-1])
+    assert [i.engine for i in dead.intents] == [f"container {h.container}" for h in dead.handles]
+    assert_status_interrupted(cli, pid, "boot")
+    _settle_deploy_down(cli, test_cluster, cluster_env, dead.id)
+
+    # warm-up: this time `down` settles it (it reconciles too) and leaves nothing running
+    pid = kill_up_at(r"\] warm-up ", _profile(profiles_dir, "slowwarm", "dflash-off", ttft_base_s=60))
+    dead_id = ledger.index()["history"][-1]
+    assert_status_interrupted(cli, pid, "warm-up")
+    code, out, err = cli("down", "--yes")
+    assert code == 0 and f"stopped rank 1 (container" in out and f"deployment {dead_id} was interrupted" in err, err
+    assert ledger.load(dead_id).status == "interrupted"
+    cluster = load_inventory(cluster_env).cluster.name
+    assert _running(test_cluster, "spark-a", cluster) == [] and _running(test_cluster, "spark-b", cluster) == []
+
+
+def test_sigkill_during_restore(cli, test_cluster, cluster_env, profiles_dir):
+    code, prev, err = _up(cli, "--profile", _profile(profiles_dir, "slowish", "dflash-off", boot_s=8))
+    assert code == 0, err
+    bad = _profile(profiles_dir, "crashy", "d5", crash_after_s=0.5)
+    pid = kill_up_at(r"\[spark-a\] rank 0 started", bad, after="restoring " + prev["deployment"])
+    ledger = Ledger.for_cluster(load_inventory(cluster_env).cluster.name)
+    failed = ledger.load(ledger.index()["history"][-1])
+    assert failed.restoring == prev["deployment"]
+    assert_status_interrupted(cli, pid, f"restore of {prev['deployment']}")
+    code, out, err = _up(cli, "--profile", "d5")
+    assert code == 0, err
+    assert f"restarted by the interrupted restore of {prev['deployment']}" in err, err
+    assert ledger.load(prev["deployment"]).known_good
+    code, _, err = cli("down", "--yes")
+    cluster = load_inventory(cluster_env).cluster.name
+    assert code == 0 and _running(test_cluster, "spark-a", cluster) == [] == _running(test_cluster, "spark-b", cluster)
