@@ -145,7 +145,8 @@ class TestCluster:
                 fabric_iface=FABRIC_IFACE, docker_socket=Path(f"/run/docker-{netns}.sock"),
                 host_root=self.workdir / "srv" / name, dir=self.workdir / name)
         self.roots = {n.name: rootfs.NodeRoot(n.name, n.netns, n.dir / "root", self.state_dir, self._enter(n),
-                                              [n.host_root, n.dir, self.authorized_keys_path, self.state_dir])
+                                              [n.host_root, n.dir, self.authorized_keys_path, self.state_dir,
+                                               rootfs.DOCKER_CERTS_D])
                       for n in self.nodes.values()}
 
     # ----------------------------------------------------------------- paths

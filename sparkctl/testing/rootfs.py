@@ -41,7 +41,11 @@ log = logging.getLogger("sparkctl.testing")
 
 DEBIAN_SUITE = "bookworm"
 NODE_PACKAGES = ("python3", "python3-yaml", "openssh-server", "openssh-sftp-server", "sudo", "rsync", "iproute2",
-                 "iputils-ping", "procps", "netplan.io", "ca-certificates")
+                 "iputils-ping", "procps", "netplan.io", "ca-certificates",
+                 "docker-registry", "openssl")   # the image pipeline's fabric copy runs a registry on the node
+# Shared with the host at the same path: each node's dockerd runs in the host's mount namespace and reads the
+# per-run registry CA that the image pipeline installs over SSH under /etc/docker/certs.d/<addr>:<port>/.
+DOCKER_CERTS_D = Path("/etc/docker/certs.d")
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sparkctl" / "node-rootfs"
 STANDIN_DIR = "/opt/sparkctl-standins/bin"
 INVENTORY_VARS = {"prepare_path_prefix": STANDIN_DIR}   # playbook runs put the stand-ins first on PATH
@@ -144,6 +148,7 @@ class NodeRoot:
     def make(self, *, log_dir: Path, daemon_json: Path, hostname: str) -> None:
         """Mount (or copy) the node's root and write its node-specific files. ``daemon_json`` (the file the
         node's dockerd reads) becomes a symlink to the node's /etc/docker/daemon.json."""
+        DOCKER_CERTS_D.mkdir(parents=True, exist_ok=True)
         lower = ensure_lower(log_dir)
         upper, work = self.overlay_dirs
         for stale in (self.root, upper, work):   # a fresh node at every bring-up

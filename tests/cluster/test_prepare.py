@@ -192,8 +192,8 @@ def test_preflight_warns_when_the_fabric_key_is_missing(test_cluster, env, cli):
         assert code == 0, err     # serving does not need it; node-to-node copies do: a warning with its fix
         ssh = next(c for c in json.loads(out)["checks"] if c["name"] == "fabric ssh spark-b")
         assert ssh["node"] == "spark-a"
-        assert ssh["seen"].startswith("warning: the fabric SSH key ~/.ssh/sparkctl_fabric_ed25519 is missing on "
-                                      "spark-a")
+        assert ssh["severity"] == "warning" and ssh["ok"]
+        assert ssh["seen"].startswith("the fabric SSH key ~/.ssh/sparkctl_fabric_ed25519 is missing on spark-a")
         assert ssh["fix"] == "sparkctl prepare --tags fabric-ssh"
     finally:
         test_cluster.run_in_root("spark-a", ["mv", "/root/fabric.moved", "/root/.ssh/sparkctl_fabric_ed25519"])
