@@ -75,9 +75,15 @@ class ProcessRuntime:
         env.update({k: _local(v, sdir) for k, v in spec.env.items()})
         env["PYTHONUNBUFFERED"] = "1"
         # The engine's output reaches the log through sparkctl.nodes.logpipe, which redacts secrets line by line.
+        # Its stdout is the rank log from the moment it exists (it appends there itself, and its own errors land
+        # there too): a later command finds a running engine by the rank log it writes (sparkctl.deploy.observe).
         pipe = [sys.executable, "-m", "sparkctl.nodes.logpipe", str(log_path), str(sdir), "--"]
-        proc = subprocess.Popen(pipe + self._command(spec, sdir), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env=env, start_new_session=True, close_fds=True)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            proc = subprocess.Popen(pipe + self._command(spec, sdir), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
+                                    env=env, start_new_session=True, close_fds=True)
+        finally:
+            os.close(fd)
         self._children[proc.pid] = proc
         return ProcessHandle(node=spec.node, rank=spec.rank, pid=proc.pid, start_ticks=_proc_start_ticks(proc.pid),
                              log=str(log_path), deployment=deployment_id, spec=spec.redacted())
