@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import resource
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,6 @@ from sparkctl.images import manage, pipeline
 from sparkctl.nodes.container import MEMLOCK_ENV
 from sparkctl.state.ledger import Ledger
 from sparkctl.testing.engine_image import EngineImages
-from testenv import in_ci
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 RUN = int(time.time()) % 1_000_000
@@ -33,12 +31,7 @@ SIM = {"boot_s": 3.0, "decode_tps": 2000, "peer_timeout_s": 5}
 
 @pytest.fixture(scope="module")
 def base_tag(test_cluster):
-    missing = [c for c in ("docker-registry", "openssl") if shutil.which(c) is None]
-    if missing:   # the nodes share this machine's binaries
-        msg = f"{', '.join(missing)} not installed (apt-get install -y docker-registry openssl)"
-        if in_ci():
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
+    # docker-registry and openssl come with each node's own root filesystem (sparkctl.testing.rootfs)
     tag = EngineImages(test_cluster).ensure_sglang_base("spark-a", "0.5.23")
     yield tag
     inv = load_inventory(test_cluster.inventory_path)
