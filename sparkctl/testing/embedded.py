@@ -30,21 +30,30 @@ def write_embedded_inventory(path: Path, sim: dict[str, Any], *, prefix: str = "
 
 
 def stop_recorded_engines(inventory_path: Path) -> None:
-    """Stop every engine any deployment of this cluster recorded (through its runtime, by PID; never by name)."""
+    """Stop every engine any deployment of this cluster recorded (through its runtime, by PID; never by name), and
+    every engine still writing to one of this ledger's rank logs (a test that damaged the ledger, or failed before
+    a handle was recorded, leaves nothing running either)."""
     from sparkctl.config.inventory import load_inventory
     from sparkctl.deploy.lifecycle import Deployer
+    from sparkctl.deploy.observe import process_engines
     from sparkctl.deploy.progress import Reporter
     from sparkctl.state.ledger import Ledger
 
     inventory = load_inventory(inventory_path)
     ledger = Ledger.for_cluster(inventory.cluster.name)
-    if not ledger.index_path.exists():
+    if not ledger.root.exists():
         return
     d = Deployer(inventory, Reporter(quiet=True), ledger)
-    for dep_id in ledger.index()["history"]:
+    try:
+        history = ledger.index()["history"]
+    except Exception:  # noqa: BLE001 - teardown: a damaged index still leaves the observed engines to stop
+        history = []
+    for dep_id in history:
         try:
             record = ledger.load(dep_id)
         except Exception:  # noqa: BLE001 - teardown: stop whatever else is recorded
             continue
         for handle in record.handles:
             d.runtimes(dep_id).for_node(handle.node).stop(handle, timeout_s=3)
+    for engine in process_engines(d):
+        d.runtimes(engine.deployment).for_node(engine.handle.node).stop(engine.handle, timeout_s=3)
