@@ -50,7 +50,7 @@ def process_engines(d: "Deployer") -> list[Engine]:
         path = Path(target)
         m = _RANK_LOG.match(path.name)
         stat = procfs.proc_stat(pid)
-        if not m or stat is None or stat[0] == "Z" or not any("sparkctl" in a for a in procfs.cmdline(pid)):
+        if not m or stat is None or stat[0] == "Z" or not procfs.runs_sparkctl(pid):
             continue
         rank = int(m.group(1))
         node = nodes[rank].name if rank < len(nodes) else f"rank{rank}"

@@ -27,8 +27,6 @@ from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec, redact
 from sparkctl.state.ledger import private_dir
 
 
-_proc_stat = procfs.proc_stat
-_proc_start_ticks = procfs.start_ticks
 
 
 class ProcessRuntime:
@@ -85,14 +83,13 @@ class ProcessRuntime:
         finally:
             os.close(fd)
         self._children[proc.pid] = proc
-        return ProcessHandle(node=spec.node, rank=spec.rank, pid=proc.pid, start_ticks=_proc_start_ticks(proc.pid),
+        return ProcessHandle(node=spec.node, rank=spec.rank, pid=proc.pid, start_ticks=procfs.start_ticks(proc.pid),
                              log=str(log_path), deployment=deployment_id, spec=spec.redacted())
 
     def _ours(self, handle: ProcessHandle) -> bool:
         """The handle's process still runs (same PID *and* start time: a recycled PID is not ours; a zombie is dead)."""
-        stat = _proc_stat(handle.pid)
-        return (stat is not None and stat[1] == handle.start_ticks and stat[0] != "Z"
-                and any("sparkctl" in a for a in procfs.cmdline(handle.pid)))   # and it runs sparkctl's engine
+        return (handle.start_ticks is not None and procfs.running(handle.pid, handle.start_ticks)
+                and procfs.runs_sparkctl(handle.pid))   # and it runs sparkctl's engine
 
     def liveness(self, handle: ProcessHandle) -> Liveness:
         pid = handle.pid

@@ -37,6 +37,11 @@ def cmdline(pid: int) -> list[str]:
         return []
 
 
+def runs_sparkctl(pid: int) -> bool:
+    """The process's command line runs sparkctl (its engine, the emulator, or the log pipe in front of them)."""
+    return any("sparkctl" in a for a in cmdline(pid))
+
+
 def pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
