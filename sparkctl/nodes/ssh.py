@@ -65,6 +65,7 @@ log = logging.getLogger("sparkctl.nodes.ssh")
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 CONNECT_TIMEOUT_S = 5.0
+CHANNEL_RETRIES = 8             # asks for a channel the server refused: about 3.5 s of waits in all
 T = TypeVar("T")
 
 
@@ -344,23 +345,52 @@ class SSHConnector:
         hide = _redactor(secrets)
         shown = [hide(a) for a in argv]
         command = shlex.join(argv) + (" 2>&1" if merge_stderr else "")
-        conn = self.connect()
         log.debug("[%s] $ %s", self.name, shlex.join(shown))
         t0 = time.monotonic()
+        conn = self.connect()
         try:
-            rc, out, err = self._exec(conn, command, stdin, timeout)
+            rc, out, err = self._exec_started(conn, command, stdin, timeout)
         except TimeoutError:
             raise NodeError(f"command {shown!r} did not finish within {timeout:.0f}s", where=f"[{self.name}]",
                             hint="the node or its docker daemon may be hung; retry, or look at the node") from None
         except Exception as exc:  # noqa: BLE001 - the transport died mid-command (sshd restarted, link down)
-            self.close()
-            raise NodeError(f"SSH session to {self.address} failed running {shown!r}: "
-                            f"{type(exc).__name__}: {hide(str(exc))}", where=f"[{self.name}] ssh",
+            self._drop_if_dead(conn)
+            detail = str(exc) if isinstance(exc, _NotStarted) else f"{type(exc).__name__}: {exc}"
+            raise NodeError(f"SSH session to {self.address} failed running {shown!r}: {hide(detail)}",
+                            where=f"[{self.name}] ssh",
                             hint="check the node is up; sparkctl reconnects on the next command") from None
         result = CommandResult(self.name, shown, rc, hide(out.decode("utf-8", "replace")),
                                hide(err.decode("utf-8", "replace")), round(time.monotonic() - t0, 4))
         log.debug("[%s] exit %d in %.3fs", self.name, result.returncode, result.elapsed_s)
         return result.check() if check else result
+
+    def _exec_started(self, conn: "Connection", command: str, stdin: str | bytes | None,
+                      timeout: float | None) -> tuple[int, bytes, bytes]:
+        """``_exec``, asked again while the command has not started. A channel the server refused while the
+        connection lives (sshd at MaxSessions: it frees a session only once it has reaped the command, late on a
+        busy node) is requested again on the same connection, which other commands share, after a short wait. A
+        connection found dead (sshd restarted, a link flapped, an idle session dropped) is replaced once."""
+        reconnected = False
+        for attempt in range(CHANNEL_RETRIES):
+            try:
+                return self._exec(conn, command, stdin, timeout)
+            except _NotStarted as exc:
+                if conn.is_connected and attempt < CHANNEL_RETRIES - 1:
+                    log.debug("[%s] channel refused (%s): asking again", self.name, exc)
+                    time.sleep(min(0.05 * 2 ** attempt, 1.0))
+                    continue
+                if conn.is_connected or reconnected:
+                    raise
+                log.debug("[%s] connection lost before the command started (%s): reconnecting", self.name, exc)
+                self._drop_if_dead(conn)
+                conn, reconnected = self.connect(), True
+        raise _NotStarted("no channel after reconnecting")
+
+    def _drop_if_dead(self, conn: "Connection") -> None:
+        """Forget ``conn`` if it is still this connector's and has died (a live one serves other commands)."""
+        with self._lock:
+            if self._conn is conn and not conn.is_connected:
+                self._close_quietly()
 
     def _exec(self, conn: "Connection", command: str, stdin: str | bytes | None,
               timeout: float | None) -> tuple[int, bytes, bytes]:
@@ -368,16 +398,27 @@ class SSHConnector:
         multi-byte character split between packets stays intact), return the exit status."""
         import select
 
+        import paramiko
+
         transport = conn.transport
         if transport is None or not transport.is_active():
-            raise EOFError("SSH transport is closed")
+            raise _NotStarted("SSH transport is closed")
         deadline = None if timeout is None else time.monotonic() + timeout
-        chan = transport.open_session(timeout=self.connect_timeout_s)
         try:
-            chan.exec_command(command)
-            if stdin is not None:
+            chan = transport.open_session(timeout=self.connect_timeout_s)
+        except (EOFError, OSError, paramiko.SSHException) as exc:
+            raise _NotStarted(f"opening a channel failed: {type(exc).__name__}: {exc}") from exc
+        try:
+            if stdin is None:
+                # Stdin from /dev/null on the node instead of an EOF message: paramiko queues a channel's EOF
+                # outside its lock, so a command that ends at once can get its EOF sent after paramiko answered
+                # the server's CLOSE, and OpenSSH then drops the whole connection ("ieof packet referred to
+                # nonexistent channel"), failing every command that shares it.
+                chan.exec_command(command + " </dev/null")
+            else:
+                chan.exec_command(command)
                 chan.sendall(stdin.encode() if isinstance(stdin, str) else stdin)
-            chan.shutdown_write()              # EOF on the command's stdin
+                chan.shutdown_write()          # EOF on the command's stdin (it is still reading it)
             out, err = bytearray(), bytearray()
             while True:
                 busy = False
@@ -398,7 +439,11 @@ class SSHConnector:
                 if not transport.is_active():
                     raise EOFError("SSH transport closed during the command")
                 select.select([chan], [], [], 0.02)
-            return chan.recv_exit_status(), bytes(out), bytes(err)
+            rc = chan.recv_exit_status()
+            if rc == -1 and not transport.is_active():
+                # paramiko closes the channels of a dead transport with exit status -1: the command's fate is unknown
+                raise EOFError("SSH transport closed during the command")
+            return rc, bytes(out), bytes(err)
         finally:
             chan.close()
 
@@ -495,6 +540,10 @@ def _redactor(secrets: Iterable[str]) -> Callable[[str], str]:
     return lambda text: redact(text, values)
 
 
+class _NotStarted(EOFError):
+    """The SSH channel for a command could not be opened: the command did not run on the node."""
+
+
 _POOL: dict[tuple[str, str, int, str, str], SSHConnector] = {}
 _POOL_LOCK = threading.Lock()
 
@@ -507,5 +556,7 @@ def connector_for(inventory: "Inventory", node: "Node | str") -> SSHConnector:
     with _POOL_LOCK:
         conn = _POOL.get(key)
         if conn is None or conn.node != node or conn.cluster != inventory.cluster:
+            if conn is not None:
+                conn.close()                      # the node's entry changed: do not leak the old session
             conn = _POOL[key] = SSHConnector(node, inventory.cluster)
         return conn

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import resource
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,7 @@ def test_changed_host_key_is_refused(test_cluster: TestCluster, inv: Inventory) 
         # accept-new never "accepts" a changed key: known_hosts is untouched
         assert test_cluster.known_hosts_path.read_text() == before
     finally:
-        test_cluster.restore_known_hosts()
+        test_cluster.restore_host_keys()
     _fresh(inv, "spark-b").run(["true"], check=True)
 
 
@@ -129,6 +130,53 @@ def test_ssh_down_is_a_named_fast_failure(test_cluster: TestCluster, inv: Invent
         assert [(c.name, c.ok) for c in checks] == [("ssh", False)]
     finally:
         test_cluster.start_sshd("spark-b")
+
+
+def test_many_short_commands_at_once_share_one_connection(inv: Inventory) -> None:
+    """Commands that end at once, many in parallel on one connection (as preflight runs them): none may lose the
+    connection. Sending each command's stdin EOF as a message raced paramiko's answer to the server's CLOSE, and
+    OpenSSH then dropped the whole connection ("ieof packet referred to nonexistent channel"; CI, stop 12)."""
+    ssh = _fresh(inv, "spark-a")
+    try:
+        conn = ssh.connect()
+        with ThreadPoolExecutor(max_workers=8) as pool:   # under sshd's MaxSessions (10) per connection
+            results = list(pool.map(lambda _: ssh.run(["cat", "/proc/loadavg"], check=True).ok, range(320)))
+        assert all(results)
+        assert ssh.connect() is conn                   # the same connection throughout: never dropped
+    finally:
+        ssh.close()
+
+
+# The first sshd among the command's ancestors: the session process that serves our connection on the node.
+_SSHD_ANCESTOR = ("import os\np = os.getppid()\nwhile open(f'/proc/{p}/comm').read().strip() != 'sshd':\n"
+                  "    p = int(open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[1])\n")
+
+
+def test_a_session_the_node_hung_up_on_is_reopened_but_a_started_command_never_reruns(
+        test_cluster: TestCluster, inv: Inventory) -> None:
+    """The node's sshd process for our connection dies between commands (sshd restarted, a link flap): the next
+    command runs on a new connection. A command that had started when the session died is reported, not re-run."""
+    ssh = _fresh(inv, "spark-b")
+    try:
+        session = int(ssh.run(["python3", "-c", _SSHD_ANCESTOR + "print(p)"], check=True).stdout)
+        old = ssh.connect()
+        test_cluster.run_in_root("spark-b", ["kill", "-9", str(session)])
+        deadline = time.monotonic() + 10
+        while old.is_connected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not old.is_connected
+        assert ssh.run(["true"]).ok and ssh.connect() is not old
+
+        marker = "/root/started-once"
+        test_cluster.run_in_root("spark-b", ["rm", "-f", marker])
+        kill_mid_command = (_SSHD_ANCESTOR + f"open('{marker}', 'a').write('run\\n')\n"
+                            "os.kill(p, 9)\nimport time\ntime.sleep(5)")
+        with pytest.raises(NodeError, match="SSH session to .* failed running .*closed during the command"):
+            ssh.run(["python3", "-c", kill_mid_command], timeout=20)
+        assert test_cluster.run_in_root("spark-b", ["cat", marker]).stdout == "run\n"
+        assert ssh.run(["true"]).ok
+    finally:
+        ssh.close()
 
 
 # ------------------------------------------------------------------------------------------------ preflight
