@@ -324,18 +324,33 @@ class TestCluster:
 
     def rotate_host_key(self, node: str) -> str:
         """Give a node a new SSH host key and restart its sshd; known_hosts is NOT updated (tests an
-        unknown/changed host key). Returns the new public key line."""
+        unknown/changed host key). The original key is kept for ``restore_host_keys``. Returns the new
+        public key line."""
         n = self.node(node)
         self.stop_sshd(node)
-        for path in (n.host_key, n.host_key.with_suffix(".pub")):
+        pub = n.host_key.with_name(n.host_key.name + ".pub")
+        saved = n.host_key.with_name(n.host_key.name + ".orig")
+        if not saved.exists():                     # rotated twice: keep the very first key
+            n.host_key.rename(saved)
+            pub.rename(saved.with_name(saved.name + ".pub"))
+        for path in (n.host_key, pub):
             path.unlink(missing_ok=True)
         _keygen(n.host_key, f"host key {n.name} (rotated)")
         self.start_sshd(node)
-        return n.host_key.with_suffix(".pub").read_text().strip()
+        return pub.read_text().strip()
 
-    def restore_known_hosts(self) -> None:
-        """Re-scan the nodes' current host keys into known_hosts (after ``rotate_host_key``)."""
-        self._write_known_hosts()
+    def restore_host_keys(self) -> None:
+        """Give every node whose key ``rotate_host_key`` changed its original key back (sshd restarted), so what
+        recorded the old key stays valid: the controller's known_hosts and the fabric known_hosts that
+        ``prepare`` wrote on rank 0 (a rotated key left behind broke later modules' fabric SSH check)."""
+        for n in self.nodes.values():
+            saved = n.host_key.with_name(n.host_key.name + ".orig")
+            if not saved.exists():
+                continue
+            self.stop_sshd(n.name)
+            saved.replace(n.host_key)
+            saved.with_name(saved.name + ".pub").replace(n.host_key.with_name(n.host_key.name + ".pub"))
+            self.start_sshd(n.name)
 
     def ssh_argv(self, node: str, *command: str) -> list[str]:
         """An ``ssh`` argv running ``command`` on ``node`` as root, with the cluster key and strict host-key

@@ -35,3 +35,16 @@ def test_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClust
         yield cluster
     finally:
         cluster.down()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """A failed cluster test carries the tail of each node's sshd log in its report (CI keeps only the output:
+    a dropped SSH session is otherwise a bare EOFError)."""
+    outcome = yield
+    report = outcome.get_result()
+    cluster = getattr(item, "funcargs", {}).get("test_cluster")
+    if report.failed and isinstance(cluster, TestCluster):
+        for log in sorted((cluster.workdir / "logs").glob("*-sshd.log")):
+            tail = log.read_text(errors="replace").splitlines()[-25:]
+            report.sections.append((f"{log.name} (last {len(tail)} lines)", "\n".join(tail)))

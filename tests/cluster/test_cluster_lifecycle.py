@@ -175,7 +175,7 @@ def test_changed_host_key_is_refused(cli, test_cluster, cluster_env):
         assert code == 3, err
         assert "spark-b" in err and "host key" in err.lower() and "ssh-keygen -R" in err
     finally:
-        test_cluster.restore_known_hosts()
+        test_cluster.restore_host_keys()
 
 
 def test_node_ssh_down_is_named_and_nothing_starts_elsewhere(cli, test_cluster, cluster_env):

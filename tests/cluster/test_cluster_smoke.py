@@ -36,7 +36,7 @@ def test_unknown_host_key_is_refused(test_cluster: TestCluster) -> None:
         assert refused.returncode == 255
         assert "HOST IDENTIFICATION HAS CHANGED" in refused.stderr or "verification failed" in refused.stderr
     finally:
-        test_cluster.restore_known_hosts()
+        test_cluster.restore_host_keys()
     assert _ssh(test_cluster, "spark-b", "true").returncode == 0
 
 
