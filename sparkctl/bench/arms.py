@@ -54,7 +54,7 @@ class BenchOptions:
     warmup_max_tokens: int | None = None          # None: max_tokens
     acceptance_runs: int = 3
     ttft_sizes: tuple[int, ...] = (4096, 16384, 65536)
-    ttft_runs: int = 1
+    ttft_runs: int = 3                             # per size, and for the cached repeat
     ttft_max_tokens: int = 8
     concurrency: tuple[int, ...] = (1, 2)
     g6_max_tokens: int | None = None               # None: max_tokens

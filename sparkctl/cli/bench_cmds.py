@@ -76,6 +76,8 @@ def register(app: typer.Typer) -> None:
               gates: Optional[str] = typer.Option(None, "--gates", help="Comma list of cold,decode,acceptance,ttft,"
                                                   "concurrency,g6 (default: all)."),
               ttft_sizes: str = typer.Option("4k,16k,64k", "--ttft-sizes", help="Prompt sizes in tokens for TTFT."),
+              ttft_runs: int = typer.Option(3, "--ttft-runs", min=1, help="Runs per TTFT size, each with its own "
+                                            "unique prefix (median (min-max); one delayed run cannot set it)."),
               concurrency: str = typer.Option("1,2", "--concurrency", help="Concurrency levels (c1 vs c2 ...)."),
               g6_max_tokens: Optional[int] = typer.Option(None, "--g6-max-tokens", min=1,
                                                           help="max_tokens per G6 prompt (default: --max-tokens)."),
@@ -99,7 +101,7 @@ def register(app: typer.Typer) -> None:
         compare_endpoint = _url(compare_endpoint, "--compare-endpoint")
         opts = bench_run.BenchOptions(
             gates=bench_run.parse_gates(gates), runs=runs, max_tokens=max_tokens, warmup=warmup,
-            ttft_sizes=_int_list(ttft_sizes, "--ttft-sizes"), concurrency=_int_list(concurrency, "--concurrency"),
+            ttft_sizes=_int_list(ttft_sizes, "--ttft-sizes"), ttft_runs=ttft_runs, concurrency=_int_list(concurrency, "--concurrency"),
             g6_max_tokens=g6_max_tokens, out_dir=out,
             reference=[ln.strip() for ln in reference.read_text(encoding="utf-8").splitlines() if ln.strip()]
             if reference else [])

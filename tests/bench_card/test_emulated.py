@@ -19,7 +19,7 @@ from sparkctl.bench.run import BenchOptions, arm_from_endpoint, bench_endpoint
 def run_off_on(sims, tmp_path_factory) -> dict[str, Any]:
     """OFF (primary: TTFT, concurrency) vs the deterministic ON arm."""
     opts = BenchOptions(gates=("cold", "decode", "ttft", "concurrency", "g6"), runs=3, max_tokens=241, warmup=1,
-                        ttft_sizes=(1000, 3000, 8000), concurrency=(1, 2), g6_max_tokens=16, g6_limit=5,
+                        ttft_sizes=(1000, 3000, 8000), ttft_runs=3, concurrency=(1, 2), g6_max_tokens=16, g6_limit=5,
                         out_dir=tmp_path_factory.mktemp("run1"))
     return bench_endpoint(sims["off"].url, opts, log_path=sims["off"].log, compare_endpoint=sims["on"].url,
                           compare_log_path=sims["on"].log)
