@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sparkctl.errors import ConfigError, SparkctlError
-from sparkctl.state.ledger import Ledger, now_iso, write_json_atomic, write_text_atomic
+from sparkctl.state.files import write_json_atomic, write_text_atomic
+from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, RunRecord, Status
 
 from sparkctl.bench import losslessness

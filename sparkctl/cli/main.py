@@ -53,7 +53,7 @@ def _debug_log_path() -> Path:
 
 
 def _write_debug_log(text: str) -> Path:
-    from sparkctl.state.ledger import private_dir
+    from sparkctl.state.files import private_dir
     path = _debug_log_path()
     private_dir(path.parent)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

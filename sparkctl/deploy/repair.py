@@ -25,7 +25,8 @@ from sparkctl.config.profile import load_profile
 from sparkctl.deploy.observe import Engine, observe
 from sparkctl.deploy.plan import launch_identity
 from sparkctl.errors import SparkctlError
-from sparkctl.state.ledger import Ledger, now_iso, write_json_atomic
+from sparkctl.state.files import write_json_atomic
+from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, Status
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from sparkctl.nodes import procfs
 from sparkctl.nodes.node_facts import NodeFacts
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
 from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec, redact
-from sparkctl.state.ledger import private_dir
+from sparkctl.state.files import private_dir
 
 
 

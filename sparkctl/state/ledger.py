@@ -32,7 +32,8 @@ from typing import Any, Iterator
 
 from pydantic import ValidationError
 
-from sparkctl.errors import LedgerError, LockHeldError, StateDirError
+from sparkctl.errors import LedgerError, LockHeldError
+from sparkctl.state.files import private_dir, state_dir_error, write_json_atomic
 from sparkctl.state.records import DeploymentRecord, RunRecord
 
 
@@ -52,36 +53,6 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def private_dir(path: Path) -> Path:
-    """`path` as a private directory of sparkctl: created (with any missing parents) mode 0700, an existing one
-    with looser modes tightened to 0700 (call it only for sparkctl's own directories). StateDirError, naming the
-    directory and the fix, when it cannot be created or changed (permissions, read-only file system)."""
-    try:
-        missing = []
-        p = path
-        while not p.exists() and p != p.parent:
-            missing.append(p)
-            p = p.parent
-        for d in reversed(missing):
-            d.mkdir(mode=0o700, exist_ok=True)
-            os.chmod(d, 0o700)                       # mkdir's mode is masked by the umask
-        if stat.S_IMODE(path.stat().st_mode) & 0o077:
-            os.chmod(path, 0o700)
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise PermissionError(13, "Permission denied", str(path))
-    except OSError as exc:
-        raise _state_dir_error(path, exc) from None
-    return path
-
-
-def _state_dir_error(path: Path, exc: OSError) -> StateDirError:
-    why = exc.strerror or str(exc)
-    where = exc.filename or str(path)
-    return StateDirError(f"the state directory is not usable: {why}", where=str(where),
-                         hint="make it writable by this user, or point SPARKCTL_STATE_DIR at a directory you own "
-                              "(e.g. export SPARKCTL_STATE_DIR=$HOME/.local/state/sparkctl)")
-
-
 def check_state_root(root: Path) -> str | None:
     """A warning when the state root (not sparkctl's to change: it may be a directory the user chose) lets group
     or others in; None when it is private or does not exist yet (sparkctl then creates it 0700)."""
@@ -93,31 +64,6 @@ def check_state_root(root: Path) -> str | None:
         return (f"state directory {root} has mode {mode:04o}: others on this machine can list the deployments "
                 f"and logs sparkctl keeps there (files are 0600); chmod 700 {root}")
     return None
-
-
-def write_text_atomic(path: Path, text: str, mode: int = 0o600) -> None:
-    """Write text to path atomically (temp file, fsync, rename) with `mode`; a crash leaves old or new, never half."""
-    private_dir(path.parent)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    except OSError as exc:
-        raise _state_dir_error(path.parent, exc) from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to path atomically with mode 0600."""
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def read_json(path: Path) -> Any:
@@ -253,7 +199,7 @@ class Ledger:
             except Timeout:
                 raise
             except OSError as exc:   # the lock file cannot be created (Timeout is an OSError too: re-raised above)
-                raise _state_dir_error(self.root, exc) from None
+                raise state_dir_error(self.root, exc) from None
         except Timeout:
             who = "unknown holder"
             try:
