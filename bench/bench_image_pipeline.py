@@ -7,7 +7,8 @@ default `bimg`/6), builds the SGLang 0.5.23 test base on spark-a, then measures:
   2. flag-only: one SGLang flag changed -> launch build + copy;
   3. bytes on spark-b's fabric interface for the flag-only copy vs the launch image's size;
   4. the full copy's throughput (fabric bytes / pull time, which includes spark-b unpacking the layers) vs a raw
-     TCP stream of the same registry blobs between the same fabric addresses (what the link alone gives), and vs
+     stream of the same registry blobs over SSH between the same fabric addresses (`cat | ssh peer cat`, the
+     issue's baseline), vs a raw TCP stream of them (what the link alone gives, no encryption), and vs
      spark-b's own `docker load` of the same image from local disk (the unpack ceiling, no network); the pull is
      also measured over its wire window (first to last byte on spark-b's fabric interface, sampled every 5 ms);
   5. for reference, the old way: `docker save | docker load` of the whole launch image through the controller.
@@ -27,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from sparkctl.config.inventory import load_inventory  # noqa: E402
 from sparkctl.config.profile import load_profile  # noqa: E402
+from sparkctl.hosts.prepare import prepare  # noqa: E402
 from sparkctl.images import manage, pipeline  # noqa: E402
 from sparkctl.images.build import build_images, ensure_base  # noqa: E402
 from sparkctl.images.plan import plan_images  # noqa: E402
@@ -91,6 +93,15 @@ def main() -> None:
             raw_bytes, raw_s = (float(x) for x in b.run(["python3", "-c", _RECV, src.fabric_address, port],
                                                         check=True, timeout=600).stdout.split())
 
+            # the same blobs as a raw stream over SSH on the same fabric link (the issue's baseline: what every
+            # `docker save | ssh | docker load` recipe is bound by), with the fabric key `prepare` installs
+            prepare(inv, tags=["fabric-ssh"])
+            t0 = time.perf_counter()
+            a.run(["sh", "-c", 'cat "$@" | ssh -i /root/.ssh/sparkctl_fabric_ed25519 -o IdentitiesOnly=yes -o '
+                   'BatchMode=yes -o UserKnownHostsFile=/root/.ssh/sparkctl_fabric_known_hosts '
+                   f'root@{dst.fabric_address} "cat >/dev/null"', "_", *blobs], check=True, timeout=900)
+            ssh_s = time.perf_counter() - t0
+
             # unpack ceiling on spark-b: docker load of the same image from its own disk (no network, no gzip)
             b.run(["docker", "save", "-o", "/tmp/sparkctl-bench.tar", plan2.launch_tag], check=True, timeout=600)
             b.run(["docker", "image", "prune", "-af"], timeout=600, check=True)
@@ -111,6 +122,8 @@ def main() -> None:
             raw_rate = raw_bytes / raw_s
             out = {
                 "full": {"build_s": round(full_build, 2), "copy_s": round(full_copy, 2),
+                         "push_and_registry_s": round(full_copy - sum(t.seconds for t in t_full), 2),   # gzip
+                         "pull_s": round(sum(t.seconds for t in t_full), 2),
                          "total_s": round(full_build + full_copy, 2),
                          "layers_sent": sum(x.sent for t in t_full for x in t.layers),
                          "fabric_bytes": sum(t.rx_bytes for t in t_full)},
@@ -128,6 +141,10 @@ def main() -> None:
                 "raw_tcp_same_blobs": {"bytes": int(raw_bytes), "seconds": round(raw_s, 3),
                                        "MB_s": round(raw_rate / 1e6, 1)},
                 "pull_vs_raw_throughput": round(pull_rate / raw_rate, 4),
+                "ssh_stream_same_blobs": {"bytes": int(raw_bytes), "seconds": round(ssh_s, 3),
+                                          "MB_s": round(raw_bytes / ssh_s / 1e6, 1)},
+                "pull_vs_ssh_stream_throughput": round(pull_rate / (raw_bytes / ssh_s), 3),
+                "copy_vs_ssh_stream_throughput": round((full_pull.rx_bytes / full_copy) / (raw_bytes / ssh_s), 3),
                 "pull_wire_window_vs_raw_throughput": round(full_pull.rx_bytes / full_pull.wire_seconds / raw_rate, 3)
                 if full_pull.wire_seconds else None,
                 "pull_image_bytes_per_s_vs_local_docker_load": round((size / full_pull.seconds) / (size / load_s), 3),

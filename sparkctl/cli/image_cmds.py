@@ -137,13 +137,21 @@ def image_prune(inventory: Optional[str] = _INVENTORY,
     from sparkctl.images import manage, pipeline
     from sparkctl.state.ledger import Ledger
 
+    from sparkctl.images.registry import Endpoint, human
+
     _, inv = _ctx(None, inventory)
     keep = manage.images_in_use([Ledger.for_cluster(inv.cluster.name).root])
-    rows = manage.prune_images(pipeline.connections(inv), keep, dry_run=dry_run)
+    conns = pipeline.connections(inv)
+    rows = manage.prune_images(conns, keep, dry_run=dry_run)
+    caches = manage.prune_registry_caches([Endpoint.of(inv, n) for n in inv.nodes], conns, rows, dry_run=dry_run)
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"images": rows, "registry_caches": caches}, indent=2))
         return
     for r in rows:
         state = "would remove" if dry_run else ("FAILED to remove" if r.get("error") else "removed")
         print(f"{r['node']:<10} {state} {', '.join(r['tags']) or r['id'][7:19]}" + (f": {r['error']}" if r.get("error") else ""))
+    for node, c in caches.items():
+        if c["removed"]:
+            print(f"{node:<10} registry cache: {'would drop' if dry_run else 'dropped'} {len(c['removed'])} image(s)"
+                  + ("" if dry_run else f", freed {human(c['freed'])}"))
     print(f"{len(rows)} image(s); kept {len(keep)} reference(s) used by the ledger's deployments")

@@ -5,7 +5,8 @@ and anything else on the node are never touched. Example::
 
     rows = list_images({"spark-a": conn_a, "spark-b": conn_b})
     verify_images(plan, {"spark-a": conn_a, "spark-b": conn_b})      # ImageError naming node and image
-    prune_images(conns, keep=images_in_use(ledger) | {plan.engine_tag, plan.launch_tag})
+    removed = prune_images(conns, keep=images_in_use(ledger) | {plan.engine_tag, plan.launch_tag})
+    prune_registry_caches(endpoints, conns, removed)          # and the registry caches' dead layers
 """
 from __future__ import annotations
 
@@ -99,3 +100,16 @@ def prune_images(conns: dict[str, Any], keep: set[str], *, dry_run: bool = False
                 row["error"] = r.output.strip()[-300:]
         removed.append(row)
     return removed
+
+
+def prune_registry_caches(endpoints: list[Any], conns: dict[str, Any], removed: list[dict[str, Any]], *,
+                          dry_run: bool = False) -> dict[str, dict[str, Any]]:
+    """After ``prune_images``: each node's registry cache (``Endpoint``) keeps only images still on the nodes.
+
+    Returns {node: {"removed": [repo:tag ...], "freed": bytes}}.
+    """
+    from sparkctl.images.registry import prune_cache
+
+    gone = {t for r in removed for t in r["tags"]} if dry_run else set()
+    remaining = {t for r in list_images(conns) for t in r["tags"]} - gone
+    return {ep.name: prune_cache(ep, remaining, dry_run=dry_run) for ep in endpoints}

@@ -171,6 +171,48 @@ def image_ids(conn: Any, refs: list[str]) -> dict[str, str | None]:
     return {ref: (v if v != "-" else None) for ref, v in zip(refs, values)}
 
 
+_PRUNE_CACHE = """import json,os,shutil,subprocess,sys,tempfile
+root, binary, dry, keep = sys.argv[1], sys.argv[2], sys.argv[3] == "1", set(sys.argv[4:])
+repos = os.path.join(root, "docker/registry/v2/repositories")
+def size():
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
+removed, before = [], (size() if os.path.isdir(root) else 0)
+for d, subdirs, _ in os.walk(repos):
+    if os.path.basename(d) == "tags" and os.path.basename(os.path.dirname(d)) == "_manifests":
+        repo = os.path.relpath(os.path.dirname(os.path.dirname(d)), repos)
+        for tag in sorted(subdirs):
+            if repo + ":" + tag not in keep:
+                removed.append(repo + ":" + tag)
+                if not dry:
+                    shutil.rmtree(os.path.join(d, tag))
+        subdirs[:] = []
+if removed and not dry:
+    with tempfile.NamedTemporaryFile("w", suffix=".yml") as cfg:
+        cfg.write("version: 0.1\\nstorage:\\n  filesystem:\\n    rootdirectory: " + root + "\\n")
+        cfg.flush()
+        subprocess.run([binary, "garbage-collect", "--delete-untagged", cfg.name], check=True,
+                       stdout=subprocess.DEVNULL)
+print(json.dumps({"removed": removed, "freed": before - (size() if os.path.isdir(root) else 0)}))
+"""
+
+
+def prune_cache(endpoint: "Endpoint", keep: set[str], *, dry_run: bool = False) -> dict[str, Any]:
+    """Drop from the node's registry cache every image not in ``keep`` (tags), then the blobs only they used.
+
+    The cache makes a re-push of unchanged layers free; what no kept image references is dead weight (a real
+    engine image is tens of GB). Returns {"removed": [repo:tag ...], "freed": bytes}. Run it while no copy is
+    under way (``image prune`` holds the cluster lock, as a copy does).
+    """
+    storage = f"{endpoint.cache_dir.rstrip('/')}/sparkctl-registry"
+    r = endpoint.conn.run(["python3", "-c", _PRUNE_CACHE, storage, REGISTRY_BINARY, "1" if dry_run else "0",
+                           *sorted(keep)], timeout=1800)
+    if r.returncode != 0:
+        raise ImageError(f"pruning the registry cache {storage} failed", where=f"[{endpoint.name}] image prune",
+                         hint=f"see the evidence; removing {storage} by hand is safe (the next copy pushes again)",
+                         evidence=r.output[-1500:])
+    return json.loads(r.stdout)
+
+
 class Registry:
     """The short-lived TLS registry on ``source``'s fabric address (a context manager; stops and cleans up)."""
 

@@ -21,7 +21,7 @@ from sparkctl.errors import ConfigError, ImageError
 from sparkctl.images import launchdoc, manage, pipeline
 from sparkctl.images.build import build_images, ensure_base, image_layers
 from sparkctl.images.plan import plan_images
-from sparkctl.images.registry import Endpoint, distribute
+from sparkctl.images.registry import Endpoint, Registry, distribute, image_ids, prune_cache
 from sparkctl.sglang.render import render
 from sparkctl.testing.engine_image import SGLANG_WORKSPACE_PACKAGE, EngineImages
 
@@ -216,6 +216,21 @@ def test_ls_and_prune_keep_what_the_ledger_uses(env, built, tmp_path):
     would = manage.prune_images(env["conns"], keep, dry_run=True)
     gone = {t for r in would for t in r["tags"]}
     assert plan.launch_tag not in gone and plan.engine_tag not in gone     # kept launch keeps its engine
+
+
+def test_prune_drops_from_the_registry_cache_what_no_kept_image_uses(env, built):
+    plan, _ = built
+    src, dst = _endpoints(env)
+    distribute([plan.engine_tag, plan.launch_tag], src, [dst])          # both pushed into spark-a's cache
+    would = prune_cache(src, {plan.engine_tag}, dry_run=True)
+    assert plan.launch_tag in would["removed"] and plan.engine_tag not in would["removed"] and would["freed"] == 0
+    done = prune_cache(src, {plan.engine_tag})
+    assert done["removed"] == would["removed"] and done["freed"] > 0
+    assert Registry(src, [dst]).manifest_layers(plan.engine_tag)       # the kept image and its layers stay
+    assert prune_cache(src, {plan.engine_tag}) == {"removed": [], "freed": 0}
+    env["b"].run(["docker", "rmi", plan.launch_tag], check=True)
+    (t,) = distribute([plan.launch_tag], src, [dst])                      # the next copy pushes it again
+    assert not t.skipped and t.image_id == image_ids(env["a"], [plan.launch_tag])[plan.launch_tag]
 
 
 def test_peer_disk_full_mid_copy_names_node_image_and_fix(env, test_cluster):
