@@ -100,13 +100,24 @@ def test_two_requests_run_together_when_allowed(sim):
     p = sim(["--max-running-requests", "2", "--decode-log-interval", "5"],
             knobs={"decode_tps": 200.0, "prefill_tps": 1e6, "ttft_base_s": 0.001})
     p.wait_ready()
-    threads = [threading.Thread(target=httpx.post, args=(p.url("/v1/chat/completions"),),
-                                kwargs={"json": chat_body(f"q {i}", max_tokens=100, **NO_THINK), "timeout": 30})
-               for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    # Clients made first and a barrier before sending: on a loaded machine a thread that still had to build its
+    # client sent its request after the other had finished (100 tokens, 0.5 s), and the two never overlapped.
+    clients = [httpx.Client(timeout=30) for _ in range(2)]
+    barrier = threading.Barrier(2)
+
+    def ask(i: int) -> None:
+        barrier.wait(timeout=10)
+        clients[i].post(p.url("/v1/chat/completions"), json=chat_body(f"q {i}", max_tokens=300, **NO_THINK))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for c in clients:
+            c.close()
     # The decode log is the evidence that both ran in one batch (a wall-clock bound failed on a loaded machine).
     assert "#running-req: 2" in p.text
 
