@@ -25,7 +25,8 @@ sys.path.insert(0, str(REPO))
 
 from sparkctl.config.inventory import load_inventory  # noqa: E402
 from sparkctl.hosts.prepare import prepare  # noqa: E402
-from sparkctl.hosts.runner import run_playbook  # noqa: E402
+from sparkctl.hosts import runner  # noqa: E402
+from sparkctl.hosts.runner import PLAYBOOK_DIR, run_playbook  # noqa: E402
 from sparkctl.testing.cluster import TestCluster  # noqa: E402
 
 SSH_FABRIC = ["ssh", "-i", "/root/.ssh/sparkctl_fabric_ed25519", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
@@ -60,19 +61,43 @@ def main() -> None:
         first, res = timed(lambda: prepare(inv))
         print(f"prepare, first run: {first:.1f}s, changed {({h: s['changed'] for h, s in res.stats.items()})}")
         fast: list[float] = []
+        rounds = 0
         for _ in range(0 if args.sync_only else args.runs):
             t, res = timed(lambda: prepare(inv))
             assert all(s["changed"] == 0 for s in res.stats.values()), res.stats
             fast.append(t)
+            # task rounds that ran a module on a node (skipped ones cost no round trip)
+            rounds = len({(run.playbook, r.task) for run in res.runs for r in run.results if r.status != "skipped"})
         slow: list[float] = []
         for _ in range(0 if args.sync_only else args.runs):
             t, run = timed(lambda: run_playbook(inv, "prepare.yml", env={"ANSIBLE_PIPELINING": "False"}))
             run.raise_for_failures()
             slow.append(t)
+        floor: list[float] = []
+        if rounds:
+            # Ansible's own floor here: the same number of task rounds of `ping` (a no-op module), same settings
+            floor_book = PLAYBOOK_DIR / "bench-floor.yml"
+            floor_book.write_text("- hosts: all\n  become: true\n  gather_facts: false\n  tasks:\n"
+                                  + "".join(f"    - name: no-op {i}\n      ansible.builtin.ping:\n"
+                                            for i in range(rounds)))
+            known = runner.PLAYBOOKS
+            runner.PLAYBOOKS = (*known, floor_book.name)     # run_playbook accepts only the shipped playbooks
+            try:
+                for _ in range(args.runs):
+                    t, run = timed(lambda: run_playbook(inv, floor_book.name))
+                    run.raise_for_failures()
+                    floor.append(t)
+            finally:
+                runner.PLAYBOOKS = known
+                floor_book.unlink()
         if fast:
             f, s = statistics.median(fast), statistics.median(slow)
             print(f"no-change prepare, both nodes: {f:.1f}s median of {args.runs} (pipelining + ControlPersist); "
-                  f"without pipelining {s:.1f}s; ratio {s / f:.2f}x; load average {os.getloadavg()[0]:.1f}")
+                  f"without pipelining {s:.1f}s; ratio {s / f:.2f}x; {rounds} task rounds, {f / rounds:.2f}s each; "
+                  f"load average {os.getloadavg()[0]:.1f}")
+            fl = statistics.median(floor)
+            print(f"Ansible's floor here: {rounds} rounds of ping {fl:.1f}s ({fl / rounds:.2f}s each); no-change "
+                  f"prepare / floor {f / fl:.2f}")
 
         a = Path(inv.node("spark-a").host_paths.models) / "bench-model"
         a.mkdir(parents=True)
