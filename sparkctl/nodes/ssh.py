@@ -5,7 +5,7 @@ decisions in `sparkctl.deploy`). Built on fabric (`Connection` for the session, 
 `put`/`get`, invoke's runner with timeouts) over paramiko, with three things fabric
 does not do for us:
 
-* **Host keys.** Fabric trusts any host (`AutoAddPolicy`). Here every key is checked
+* **Host keys** (`sparkctl.nodes.hostkeys`). Fabric trusts any host (`AutoAddPolicy`). Here every key is checked
   against the inventory's known_hosts (`sparkctl_known_hosts`, default
   ``~/.ssh/known_hosts``): policy ``accept-new`` appends an unknown host's key on first
   contact (like OpenSSH's ``StrictHostKeyChecking=accept-new``), ``pinned`` refuses it.
@@ -38,9 +38,6 @@ Example::
 """
 from __future__ import annotations
 
-import base64
-import fcntl
-import hashlib
 import logging
 import os
 import shlex
@@ -53,6 +50,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, Generic, Iterable, Sequence, TypeVar
 
 from sparkctl.errors import CommandFailed, NodeError
+from sparkctl.nodes.hostkeys import fingerprint, host_key_name, key_type, known_hosts_path, missing_key_policy
 from sparkctl.sglang.launch import redact
 
 if TYPE_CHECKING:  # heavy imports stay lazy: `sparkctl --help` must not import paramiko
@@ -63,7 +61,6 @@ if TYPE_CHECKING:  # heavy imports stay lazy: `sparkctl --help` must not import 
 
 log = logging.getLogger("sparkctl.nodes.ssh")
 
-DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 CONNECT_TIMEOUT_S = 5.0
 CHANNEL_RETRIES = 8             # asks for a channel the server refused: about 3.5 s of waits in all
 T = TypeVar("T")
@@ -157,62 +154,6 @@ def run_all(nodes: Iterable[Any], fn: Callable[[Any], T], *, max_workers: int | 
     return out
 
 
-# --------------------------------------------------------------------------------------------------- host keys
-def known_hosts_path(cluster: "Cluster | None") -> Path:
-    return Path(os.path.expanduser((cluster.known_hosts if cluster else None) or DEFAULT_KNOWN_HOSTS))
-
-
-def host_key_name(host: str, port: int) -> str:
-    """known_hosts name of a host: ``host`` on port 22, ``[host]:port`` otherwise (as OpenSSH writes it)."""
-    return host if port == 22 else f"[{host}]:{port}"
-
-
-def fingerprint(key: "paramiko.PKey") -> str:
-    """OpenSSH-style ``SHA256:...`` fingerprint of a host key."""
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-_KNOWN_HOSTS_LOCK = threading.Lock()
-
-
-def _policy(kind: str, node: str, path: Path) -> "paramiko.MissingHostKeyPolicy":
-    import paramiko
-
-    class AcceptNew(paramiko.MissingHostKeyPolicy):
-        """Unknown host: trust on first contact and append the key to known_hosts (never rewrite the file)."""
-
-        def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-            line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
-            with _KNOWN_HOSTS_LOCK:
-                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)   # another sparkctl process may add a host right now
-                    os.write(fd, line.encode())
-                finally:
-                    os.close(fd)
-            client.get_host_keys().add(hostname, key.get_name(), key)
-            log.warning("[%s] new host key for %s (%s %s) added to %s (host_key_policy accept-new)",
-                        node, hostname, key.get_name(), fingerprint(key), path)
-
-    class Pinned(paramiko.MissingHostKeyPolicy):
-        def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-            raise NodeError(
-                f"host key of {hostname} is not in {path} and host_key_policy is 'pinned'",
-                where=f"[{node}] ssh",
-                hint=f"verify the key out of band (on the node: ssh-keygen -lf /etc/ssh/ssh_host_{_short(key)}_key.pub)"
-                     f", then add it: ssh-keyscan -t {_short(key)} {hostname.strip('[]').split(']:')[0]} >> {path}",
-                evidence=f"offered: {key.get_name()} {fingerprint(key)}")
-
-    return AcceptNew() if kind == "accept-new" else Pinned()
-
-
-def _short(key: "paramiko.PKey") -> str:
-    name = key.get_name()
-    return {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa"}.get(name, "ecdsa" if name.startswith("ecdsa") else name)
-
-
 # --------------------------------------------------------------------------------------------------- connector
 @dataclass
 class SSHConnector:
@@ -273,7 +214,7 @@ class SSHConnector:
             except (OSError, paramiko.SSHException) as exc:
                 raise NodeError(f"cannot read known_hosts {kh}: {exc}", where=f"[{self.name}] ssh",
                                 hint="fix or remove the broken line (sparkctl_known_hosts in the inventory)") from None
-        client.set_missing_host_key_policy(_policy(policy, self.name, kh))
+        client.set_missing_host_key_policy(missing_key_policy(policy, self.name, kh))
         t0 = time.monotonic()
         try:
             conn.open()
@@ -287,7 +228,7 @@ class SSHConnector:
                 f"host key of {name} CHANGED since it was recorded in {kh}; refusing to connect",
                 where=f"[{self.name}] ssh",
                 hint=f"this can mean the node was reinstalled, or someone is intercepting the connection: check the "
-                     f"new key on the node's console (ssh-keygen -lf /etc/ssh/ssh_host_{_short(exc.key)}_key.pub), "
+                     f"new key on the node's console (ssh-keygen -lf /etc/ssh/ssh_host_{key_type(exc.key)}_key.pub), "
                      f"then run `ssh-keygen -R {name} -f {kh}` and connect again",
                 evidence=f"expected: {exc.expected_key.get_name()} {fingerprint(exc.expected_key)}\n"
                          f"offered:  {exc.key.get_name()} {fingerprint(exc.key)}") from None
