@@ -64,10 +64,14 @@ def verify_images(plan: ImagePlan, conns: dict[str, Any]) -> dict[str, dict[str,
 
 
 def images_in_use(state_dirs: list[Path]) -> set[str]:
-    """Image references and IDs named by any deployment record under the ledgers' state directories."""
+    """Image references and IDs named by any deployment record under the ledgers' state directories.
+
+    Only ``<root>/deployments/*.json`` is read (``Ledger.deployment_path``): the state directory also holds Ansible
+    artifacts and bench reports, hundreds of JSON files that name no deployment's image.
+    """
     keep: set[str] = set()
     for root in state_dirs:
-        for path in root.glob("**/*.json"):
+        for path in (root / "deployments").glob("*.json"):
             try:
                 record = json.loads(path.read_text())
             except (OSError, ValueError):
