@@ -119,10 +119,11 @@ def _conns(inventory: Inventory) -> dict[str, Any]:
 
 
 def _ids(conns: dict[str, Any], tags: list[str]) -> dict[str, dict[str, str | None]]:
-    from sparkctl.images.build import image_labels
+    """{node: {tag: image id or None}}: one round trip per node (``registry.image_ids``), nodes in parallel."""
+    from sparkctl.images.registry import image_ids
 
     def one(conn: Any) -> dict[str, str | None]:
-        return {t: (found[0] if (found := image_labels(conn, t)) else None) for t in tags}
+        return image_ids(conn, tags)
     with ThreadPoolExecutor(max_workers=max(1, len(conns))) as pool:
         return dict(zip(conns, pool.map(one, conns.values())))
 
