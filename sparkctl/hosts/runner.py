@@ -2,7 +2,8 @@
 
 Artifacts (events, stdout) stay under ``<state dir>/<cluster>/ansible/artifacts/`` (the last 20 runs). The
 playbooks gather no Ansible facts (they read what they need with small commands), and SSH multiplexing
-(ControlPersist) plus pipelining keep a no-change run to a few seconds. Host keys are verified with the inventory's known_hosts and policy, never ignored.
+(ControlPersist) plus pipelining, and prepare.yml's one-round-trip state read
+(playbooks/README.md), keep a no-change run to a few seconds. Host keys are verified with the inventory's known_hosts and policy, never ignored.
 
 Example::
 
