@@ -203,6 +203,37 @@ def test_preflight_warns_when_the_fabric_key_is_missing(test_cluster, env, cli):
     assert ssh["ok"] and ssh["seen"] == "spark-a reaches spark-b over the fabric"
 
 
+def test_fabric_ssh_drift_is_found_by_the_state_read_and_repaired(test_cluster, env):
+    """A no-change run skips the fabric-SSH tasks on what its first task read; drift must still make them run:
+    rank 0's private key gone, the peer's authorized_keys entry gone, known_hosts with a loose mode."""
+    key = "/root/.ssh/sparkctl_fabric_ed25519"
+    old_pub = _cat(test_cluster, "spark-a", key + ".pub")
+    test_cluster.run_in_root("spark-a", ["rm", "-f", key])
+    test_cluster.run_in_root("spark-b", ["sh", "-c", "grep -v 'sparkctl fabric' /root/.ssh/authorized_keys >/tmp/ak; "
+                                         "cat /tmp/ak >/root/.ssh/authorized_keys"])
+    test_cluster.run_in_root("spark-a", ["chmod", "644", "/root/.ssh/sparkctl_fabric_known_hosts"])
+
+    res = prepare(env["inv"], tags=["fabric-ssh"])
+    changed = {(r.host, r.task) for run in res.runs for r in run.changed()}
+    assert ("spark-a", "Fabric key on rank 0 (made once), its public half read") in changed
+    assert ("spark-b", "Peers accept rank 0's fabric key (only from rank 0's fabric address)") in changed
+    assert ("spark-a", "Rank 0 knows its peers' fabric host keys") in changed
+    new_pub = _cat(test_cluster, "spark-a", key + ".pub")
+    assert new_pub and new_pub != old_pub                          # a new key pair, both halves
+    assert new_pub.split()[1] in _cat(test_cluster, "spark-b", "/root/.ssh/authorized_keys")
+    mode = test_cluster.run_in_root("spark-a", ["stat", "-c", "%a", "/root/.ssh/sparkctl_fabric_known_hosts"])
+    assert mode.stdout.strip() == "600"
+    reached = [r for run in res.runs for r in run.results
+               if r.task == "Rank 0 reaches each peer over the fabric" and r.host == "spark-a"]
+    assert reached and all(r.status == "ok" for r in reached)      # proved at the end, after the repairs
+
+    again = prepare(env["inv"])
+    assert {h: s["changed"] for h, s in again.stats.items()} == {"spark-a": 0, "spark-b": 0}
+    ran = {r.task for run in again.runs for r in run.results if r.status != "skipped"}
+    assert ran == {"Directories made, files prepare changes kept as they were (once), Docker, daemon.json and the "
+                   "fabric link read"}, ran                        # one round trip: everything else was in force
+
+
 def test_unreachable_host_named_and_a_rerun_picks_up(test_cluster, env, monkeypatch):
     test_cluster.run_in_root("spark-b", ["rm", "/etc/docker/daemon.json"])   # something for the re-run to fix
     test_cluster.stop_sshd("spark-b")
