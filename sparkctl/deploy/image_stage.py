@@ -53,6 +53,7 @@ class ImageSurvey:
     source: str = ""                              # prebuilt: who names it
     plan: Any = None                              # pipeline: ImagePlan (None while the base is missing)
     base_missing: bool = False
+    pinned_base: Any = None                       # pipeline: the recorded base a rollback plans on (BaseImage)
     present: dict[str, dict[str, str | None]] = field(default_factory=dict)   # node -> {tag: id or None}
     error: str | None = None                      # the survey could not look (unreachable node ...)
 
@@ -95,6 +96,11 @@ class ImageSurvey:
                 dist = "copy the engine + launch images to the other nodes (missing layers, over the fabric)"
             else:
                 have = self.present.get(p.builder, {})
+                if self.pinned_base is not None:
+                    builder_note = (f" (rollback: on the recorded base {p.base.pinned[:26]}..., which "
+                                    f"{p.base.ref} no longer names)")
+                else:
+                    builder_note = ""
                 if have.get(p.engine_tag) and have.get(p.launch_tag):
                     build = f"no-op ({p.engine_tag} and {p.launch_tag} already on {p.builder})"
                 elif have.get(p.engine_tag):
@@ -103,6 +109,7 @@ class ImageSurvey:
                     series = p.series.name if p.series else "no patch series"
                     build = (f"build engine image {p.engine_tag} ({p.base.ref} + {series}) and launch image "
                              f"{p.launch_tag} on {p.builder}")
+                build += builder_note
                 builder = p.builder
                 lacks = {n: [t for t in tags if not v.get(t)] for n, v in self.present.items() if n != builder}
                 shown = "; ".join(f"{n} <- {', '.join(ts)}" for n, ts in lacks.items() if ts)
@@ -128,8 +135,14 @@ def _ids(conns: dict[str, Any], tags: list[str]) -> dict[str, dict[str, str | No
         return dict(zip(conns, pool.map(one, conns.values())))
 
 
-def survey(profile: Profile, inventory: Inventory, result: RenderResult) -> ImageSurvey:
-    """Read-only: which mode, and what the nodes hold of the images this profile needs."""
+def survey(profile: Profile, inventory: Inventory, result: RenderResult, *,
+           base_of: str | None = None) -> ImageSurvey:
+    """Read-only: which mode, and what the nodes hold of the images this profile needs.
+
+    ``base_of`` (a rollback: the engine tag the target deployment ran): plan on the base that engine image was
+    built from when the building node still has it and the profile's base tag now names another image, so the
+    rollback arrives at the recorded images instead of rebuilding on the new base.
+    """
     if all(n.runtime != "docker" for n in inventory.nodes):
         return ImageSurvey("process")
     if inventory.cluster.engine_image or profile.image.ref:
@@ -143,9 +156,12 @@ def survey(profile: Profile, inventory: Inventory, result: RenderResult) -> Imag
     try:
         conns = _conns(inventory)
         if s.mode == "pipeline":
-            from sparkctl.images.plan import inspect_base, plan_images
+            from sparkctl.images.plan import inspect_base, plan_images, recorded_base
             builder = inventory.rank0.name
             base = inspect_base(conns[builder], profile.image.base_image)
+            pinned = recorded_base(conns[builder], base_of, profile.image.base_image) if base_of else None
+            if pinned is not None and (base is None or pinned.pinned != base.pinned):
+                s.pinned_base = base = pinned
             s.base_missing = base is None
             if base is not None:
                 s.plan = plan_images(profile, inventory, base, builder=builder)
@@ -177,7 +193,8 @@ class ImageStage:
         from sparkctl.images import pipeline
         self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
-            self.plan, steps = pipeline.build(self.profile, self.inventory, log_dir=self.log_dir, report=self._say)
+            self.plan, steps = pipeline.build(self.profile, self.inventory, log_dir=self.log_dir, report=self._say,
+                                              base=self.survey.pinned_base)
         finally:
             for path in self.log_dir.glob("*.log"):     # state files are private, build logs included
                 path.chmod(0o600)

@@ -7,10 +7,11 @@ no_rollback; Ctrl-C does the same, so nothing is left running that was not there
 """
 from __future__ import annotations
 
+
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 from sparkctl.config.inventory import Inventory
@@ -45,6 +46,7 @@ class UpOptions:
     no_rollback: bool = False
     boot_timeout_s: float | None = None
     confirm: Callable[[Plan], bool] | None = None   # None: proceed without asking
+    base_of: str | None = None     # rollback: the engine tag the target ran; its base is planned on (image_stage)
 
 
 class Deployer:
@@ -117,14 +119,16 @@ class Deployer:
         """One line telling the user the cluster is the embedded one (emulated engine), or None."""
         return embedded_notice(self.inventory)
 
-    def plan(self, profile: Profile) -> tuple[RenderResult, Plan]:
-        """What `up` would do: the rendered launch and the steps against what runs now (or a no-op)."""
+    def plan(self, profile: Profile, *, base_of: str | None = None) -> tuple[RenderResult, Plan]:
+        """What `up` would do: the rendered launch and the steps against what runs now (or a no-op).
+
+        ``base_of``: see `UpOptions.base_of`."""
         result = self.render(profile)
         active = self.ledger.active()
         healthy, detail = (self.health_of(active)[:2] if active else (False, ""))
         dep_id = self.ledger.new_id(profile.name)
         rts = self.runtimes(dep_id)
-        images = survey(profile, self.inventory, result)
+        images = survey(profile, self.inventory, result, base_of=base_of)
         if images.launch is not None:
             rts.bind_launch(images.launch)       # the boot preview shows the launch image's docker run
         plan = make_plan(result, active, healthy, detail, deployment_id=dep_id,
@@ -145,7 +149,7 @@ class Deployer:
         r = self.reporter
         r.stage("plan", f"profile {profile.name} on cluster {self.inventory.cluster.name}"
                         + (" (embedded, emulated engine)" if self.inventory.embedded else ""))
-        result, plan = self.plan(profile)
+        result, plan = self.plan(profile, base_of=opts.base_of)
         for w in result.warnings:
             r.event(f"warning: {w}")
         for line in plan.lines(commands=opts.dry_run):
@@ -166,7 +170,7 @@ class Deployer:
         with self.ledger.lock(kind):
             settled = self.reconcile(kind)
             # Re-plan under the lock: another command may have changed the cluster meanwhile.
-            result, plan = self.plan(profile)
+            result, plan = self.plan(profile, base_of=opts.base_of)
             if plan.noop:
                 return {**base, "changed": False, "outcome": "unchanged", "reason": plan.noop_reason,
                         "deployment": plan.active_id, "reconciled": settled}
@@ -396,6 +400,9 @@ class Deployer:
             target = self.rollback_target()
             self.reporter.stage("rollback", f"rolling back to {target.id} ({target.profile})")
             to = Profile.model_validate(target.profile_data)
+            engine = {v.get("engine_tag") for v in target.images.values()} - {None}
+            if len(engine) == 1:           # the images it ran, even when its base tag names another image now
+                opts = replace(opts, base_of=engine.pop())
         return self.up(to, opts, kind="rollback")
 
     def follow_log(self, rank: int, *, tail: int = 50, follow: bool = False,

@@ -121,11 +121,13 @@ def build_images(plan: ImagePlan, conn: Any, *, log_dir: Path | None = None,
                  report: Callable[[str], None] = lambda _: None) -> list[BuildStep]:
     """Engine then launch image on ``plan.builder`` (each a no-op with a reason when already there)."""
     node = plan.builder
-    current = inspect_base(conn, plan.base.ref)
-    if current is None or current.pinned != plan.base.pinned:
-        raise ImageError(f"base image {plan.base.ref} changed on {node} since the plan "
-                         f"({plan.base.pinned[:26]} -> {current.pinned[:26] if current else 'missing'})",
-                         where=f"[{node}] image build", hint="plan again (sparkctl image build re-plans)")
+    if not _check_existing(conn, plan.engine_tag, plan.engine_inputs_sha256, node):
+        # only a build reads the base: a present engine image (a rollback's, on a base since re-tagged) is used
+        current = inspect_base(conn, plan.base.ref)
+        if current is None or current.pinned != plan.base.pinned:
+            raise ImageError(f"base image {plan.base.ref} changed on {node} since the plan "
+                             f"({plan.base.pinned[:26]} -> {current.pinned[:26] if current else 'missing'})",
+                             where=f"[{node}] image build", hint="plan again (sparkctl image build re-plans)")
     steps = []
     for role, tag, context, sha in (("engine", plan.engine_tag, plan.engine_context, plan.engine_inputs_sha256),
                                     ("launch", plan.launch_tag, plan.launch_context, plan.launch_inputs_sha256)):

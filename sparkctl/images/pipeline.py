@@ -18,7 +18,7 @@ from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError, ImageError
 from sparkctl.images.build import BuildStep, build_images, ensure_base
 from sparkctl.images.manage import verify_images
-from sparkctl.images.plan import ImagePlan, inspect_base, plan_images
+from sparkctl.images.plan import BaseImage, ImagePlan, inspect_base, plan_images
 from sparkctl.images.registry import Endpoint, Transfer, distribute
 
 Report = Callable[[str], None]
@@ -53,10 +53,14 @@ def plan(profile: Profile, inventory: Inventory, *, pull: bool = False) -> Image
     return plan_images(profile, inventory, base, builder=builder)
 
 
-def build(profile: Profile, inventory: Inventory, *, log_dir: Path | None = None,
-          report: Report = _quiet) -> tuple[ImagePlan, list[BuildStep]]:
-    """Pull the base if missing, plan, build engine then launch image on the building node."""
-    p = plan(profile, inventory, pull=True)
+def build(profile: Profile, inventory: Inventory, *, log_dir: Path | None = None, report: Report = _quiet,
+          base: BaseImage | None = None) -> tuple[ImagePlan, list[BuildStep]]:
+    """Pull the base if missing, plan, build engine then launch image on the building node.
+
+    ``base``: plan on this base instead of what the profile's base tag names now (a rollback's recorded base).
+    """
+    p = (plan_images(profile, inventory, base, builder=inventory.rank0.name) if base is not None
+         else plan(profile, inventory, pull=True))
     return p, build_images(p, connections(inventory)[p.builder], log_dir=log_dir, report=report)
 
 

@@ -142,6 +142,38 @@ def test_up_flag_change_up_rollback_runs_the_previous_launch_image(cli, env, sta
     assert cli("down", "--yes")[0] == 0
 
 
+def test_rollback_after_the_base_tag_moved_runs_the_recorded_images(cli, env, base_tag):
+    """A user re-pulls the base (same tag, new image), deploys, and rolls back: the rollback runs the images
+    the earlier deployment ran, found from its record, not a rebuild of its profile on the new base."""
+    conn = env["conns"]["spark-a"]
+    p1, p2 = env["profile"](950 + RUN), env["profile"](951 + RUN)
+    code, first, err = _up(cli, "up", "--profile", p1)
+    assert code == 0 and first["outcome"] == "deployed", err
+    ledger = Ledger.for_cluster(env["cluster"])
+    rec1 = ledger.load(first["deployment"])
+    e1, l1 = rec1.images["spark-a"]["engine_tag"], rec1.images["spark-a"]["launch_tag"]
+    original = conn.run(["docker", "image", "inspect", "--format", "{{.Id}}", base_tag], check=True).stdout.strip()
+    moved = conn.run(["env", "DOCKER_BUILDKIT=0", "docker", "build", "-q", "-t", base_tag, "-"],
+                     stdin=f"FROM {original}\nLABEL org.sparkctl.test.moved=\"{RUN}\"\n", timeout=300, check=True)
+    try:
+        code, second, err = _up(cli, "up", "--profile", p2)
+        assert code == 0 and second["outcome"] == "deployed", err
+        e2 = ledger.load(second["deployment"]).images["spark-a"]["engine_tag"]
+        assert e2 != e1                                   # the new base gives a new engine image
+
+        code, back, err = _up(cli, "rollback")
+        assert code == 0 and back["outcome"] == "deployed", err
+        assert "rollback: on the recorded base" in err and "image-build: no-op" in err
+        assert "built in" not in err                      # nothing was rebuilt on the new base
+        rec = ledger.load(back["deployment"])
+        assert rec.images["spark-a"]["engine_tag"] == e1 and rec.images["spark-b"]["launch_tag"] == l1
+        _runs_launch_image(env, l1, Path(p1).stem)
+    finally:
+        conn.run(["docker", "tag", original, base_tag], check=True)
+        conn.run(["docker", "rmi", moved.stdout.strip()], timeout=120)
+        assert cli("down", "--yes")[0] == 0
+
+
 def test_image_id_mismatch_on_a_node_blocks_up_and_leaves_the_running_deployment(cli, env):
     p, q = env["profile"](950 + RUN), env["profile"](951 + RUN)
     code, first, err = _up(cli, "up", "--profile", p)
