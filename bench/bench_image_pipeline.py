@@ -147,6 +147,12 @@ def main() -> None:
                 "copy_vs_ssh_stream_throughput": round((full_pull.rx_bytes / full_copy) / (raw_bytes / ssh_s), 3),
                 "pull_wire_window_vs_raw_throughput": round(full_pull.rx_bytes / full_pull.wire_seconds / raw_rate, 3)
                 if full_pull.wire_seconds else None,
+                # the target: the peer transfer (bytes on the fabric while the pull receives them) vs SSH
+                "pull_wire_window_vs_ssh_stream_throughput": round(ssh_s / full_pull.wire_seconds, 3)
+                if full_pull.wire_seconds else None,
+                # what any copy could reach end to end even if the transfer took no time: spark-b's docker still
+                # registers the layers, which alone takes local_docker_load_s
+                "end_to_end_ceiling_vs_ssh_stream": round(ssh_s / load_s, 3),
                 "pull_image_bytes_per_s_vs_local_docker_load": round((size / full_pull.seconds) / (size / load_s), 3),
                 "local_docker_load_s": round(load_s, 2),
                 "old_save_load_via_controller": {"bytes": moved, "seconds": round(old_s, 2),
