@@ -80,6 +80,9 @@ def images_in_use(state_dirs: list[Path]) -> set[str]:
                 continue
             keep.update(s.get("image") for s in record.get("specs", []) if isinstance(s, dict) and s.get("image"))
             keep.update(v for v in (record.get("image_ids") or {}).values() if isinstance(v, str))
+            for per_node in (record.get("images") or {}).values():       # engine and launch tags and IDs
+                if isinstance(per_node, dict):
+                    keep.update(v for v in per_node.values() if isinstance(v, str) and v)
     return keep
 
 

@@ -113,3 +113,27 @@ def test_spec_the_launch_image_cannot_run_is_refused_before_docker_run():
     other = render(load_profile("dflash-off"), INV, environ={}).specs[0]
     with pytest.raises(ConfigError, match="does not match the launch image of profile d5"):
         launch.environment(other)
+
+
+def test_a_rollback_on_the_recorded_base_says_so():
+    p = _plan()
+    present = {n.name: {p.engine_tag: "sha256:e", p.launch_tag: "sha256:l"} for n in INV.nodes}
+    build = _what(ImageSurvey("pipeline", plan=p, present=present, pinned_base=BASE))["image-build"]
+    assert build.startswith(f"image-build: no-op ({p.engine_tag} and {p.launch_tag} already on {p.builder})")
+    assert f"(rollback: on the recorded base {BASE.pinned[:26]}..., which {BASE.ref} no longer names)" in build
+
+
+def test_images_in_use_reads_the_deployment_records_only(tmp_path):
+    from sparkctl.images.manage import images_in_use
+    deployments = tmp_path / "deployments"
+    deployments.mkdir()
+    (deployments / "d1.json").write_text(json.dumps({
+        "specs": [{"image": "sparkctl/sglang-gb10-launch:d5-1"}], "image_ids": {"spark-a": "sha256:aa"},
+        "images": {"spark-a": {"engine_tag": "sparkctl/sglang-gb10:e1", "engine_id": "sha256:ee",
+                               "launch_tag": "sparkctl/sglang-gb10-launch:d5-1", "launch_id": "sha256:aa"}}}))
+    (deployments / "broken.json").write_text("{not json")
+    (deployments / "list.json").write_text("[1, 2]")
+    (tmp_path / "ansible").mkdir()
+    (tmp_path / "ansible" / "event.json").write_text(json.dumps({"specs": [{"image": "not-a-deployment"}]}))
+    assert images_in_use([tmp_path]) == {"sparkctl/sglang-gb10-launch:d5-1", "sha256:aa",
+                                         "sparkctl/sglang-gb10:e1", "sha256:ee"}
