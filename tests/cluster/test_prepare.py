@@ -349,3 +349,19 @@ def test_restore_brings_back_the_previous_files(test_cluster, env):
         assert _cat(test_cluster, n, "/etc/docker/daemon.json") == env["original"][n]
         assert _cat(test_cluster, n, "/etc/netplan/40-sparkctl-fabric.yaml") is None
     assert prepare(env["inv"], tags=["docker", "fabric"]).stats["spark-b"]["changed"] > 0   # prepares again
+
+
+def test_check_on_a_host_without_the_docker_group_reports_and_changes_nothing(test_cluster, env):
+    """--check where the group is missing (a fresh host): the group task says it would make it; the membership
+    task, which would fail on the missing group in check mode, waits for the real run."""
+    test_cluster.run_in_root("spark-b", ["groupdel", "docker"])
+    try:
+        checked = prepare(env["inv"], check=True, tags=["docker"])
+        assert all(s["failed"] == 0 for s in checked.stats.values()), checked.stats
+        would = {(r.host, r.task) for run in checked.runs for r in run.changed()}
+        assert ("spark-b", "The docker group exists") in would and checked.stats["spark-a"]["changed"] == 0
+        assert test_cluster.run_in_root("spark-b", ["getent", "group", "docker"], check=False).returncode == 2
+    finally:
+        done = prepare(env["inv"], tags=["docker"])
+    assert done.stats["spark-b"]["changed"] >= 2                              # the group, then the membership
+    assert "docker" in test_cluster.run_in_root("spark-b", ["id", "-nG", "root"]).stdout.split()
