@@ -82,6 +82,22 @@ exit $rc
 _IDS = 'for r; do docker image inspect --format "{{.Id}}" "$r" 2>/dev/null || echo -; done'
 
 _NO_SPACE = re.compile(r"no space left on device", re.I)
+# docker push/pull status lines without a terminal (no byte counters then): one per layer and state
+_LAYER_STATUS = re.compile(r"^([0-9a-f]{12}): (Pushed|Layer already exists|Download complete|Pull complete|"
+                           r"Already exists)$")
+_SAID = {"Pushed": "compressed and stored in the fabric registry", "Layer already exists": "already in the registry",
+         "Download complete": "received", "Pull complete": "unpacked", "Already exists": "already here"}
+
+
+def _layer_progress(node: str, report: Callable[[str], None], sizes: dict[str, int] | None = None
+                    ) -> Callable[[str], None]:
+    """An ``on_line`` for docker push/pull: each layer's state change as a progress line, as it happens."""
+    def on_line(line: str) -> None:
+        m = _LAYER_STATUS.match(line.strip())
+        if m:
+            size = f" {human(sizes[m.group(1)]):>9}" if sizes and m.group(1) in sizes else ""
+            report(f"  [{node}] layer {m.group(1)}{size}: {_SAID[m.group(2)]}")
+    return on_line
 
 
 @dataclass
@@ -258,9 +274,10 @@ class Registry:
     def ref(self, image: str) -> str:
         return f"{self.host}/{image}"
 
-    def push(self, image: str) -> None:
+    def push(self, image: str, report: Callable[[str], None] = lambda _: None) -> None:
         s = self.source
-        r = s.conn.run(["sh", "-c", _PUSH, image, self.ref(image)], timeout=7200)
+        r = s.conn.run(["sh", "-c", _PUSH, image, self.ref(image)], timeout=7200,
+                       on_line=_layer_progress(s.name, report))
         if r.returncode != 0:
             hint = ("free disk space on the building node (registry cache " + self.storage + ")"
                     if _NO_SPACE.search(r.output) else "see the evidence")
@@ -274,9 +291,12 @@ class Registry:
                                   f"{self.storage}/docker/registry/v2"], check=True, timeout=30)
         return [(layer["digest"], int(layer["size"])) for layer in json.loads(r.stdout)["layers"]]
 
-    def pull(self, peer: Endpoint, image: str, source_id: str) -> Transfer:
+    def pull(self, peer: Endpoint, image: str, source_id: str, report: Callable[[str], None] = lambda _: None
+             ) -> Transfer:
         layers = self.manifest_layers(image)
-        r = peer.conn.run(["sh", "-c", _PULL, self.ref(image), image, peer.fabric_iface, _SAMPLE], timeout=7200)
+        sizes = {d.split(":", 1)[1][:12]: size for d, size in layers}
+        r = peer.conn.run(["sh", "-c", _PULL, self.ref(image), image, peer.fabric_iface, _SAMPLE], timeout=7200,
+                          on_line=_layer_progress(peer.name, report, sizes))
         before_text, _, rest = r.stdout.partition("===START ")
         started, _, rest = rest.partition("\n")
         pull_out, _, rest = rest.partition("===END ")
@@ -342,10 +362,11 @@ def distribute(images: list[str], source: Endpoint, peers: list[Endpoint], *,
         return transfers
     with Registry(source, sorted({p.name: p for p, _ in todo}.values(), key=lambda p: p.name), port) as reg:
         for image in dict.fromkeys(i for _, i in todo):
-            reg.push(image)
+            report(f"{source.name}: pushing {image} into the fabric registry (only layers it lacks are compressed)")
+            reg.push(image, report)
         for peer, image in todo:
             report(f"{peer.name} <- {image}: pulling from {reg.host} over the fabric")
-            t = reg.pull(peer, image, str(ids[image]))
+            t = reg.pull(peer, image, str(ids[image]), report)
             for layer in t.layers:
                 report(f"  {layer.digest[:19]} {human(layer.size):>9}  {'sent' if layer.sent else 'present on ' + peer.name}")
             report(t.line())

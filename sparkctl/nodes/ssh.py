@@ -271,14 +271,14 @@ class SSHConnector:
     # -- commands ----------------------------------------------------------------------------------------------
     def run(self, argv: Sequence[str], *, check: bool = False, timeout: float | None = 60.0,
             stdin: str | bytes | None = None, merge_stderr: bool = False,
-            secrets: Iterable[str] = ()) -> CommandResult:
+            secrets: Iterable[str] = (), on_line: Callable[[str], None] | None = None) -> CommandResult:
         """Run ``argv`` on the node; return rc/stdout/stderr (CommandFailed when ``check`` and rc != 0).
 
         ``stdin`` is fed to the command and then closed (secret data goes here, not in the argv).
         ``merge_stderr`` sends the command's stderr into stdout on the node (``2>&1``), keeping the
         order in which the command wrote them. ``secrets`` are replaced by ``***`` in everything returned
         or logged. A ``timeout`` (seconds) raises NodeError and closes the channel (sshd then hangs up
-        on the command).
+        on the command). ``on_line`` gets each complete stdout line (redacted) as it arrives, for progress.
         """
         argv = [str(a) for a in argv]
         if not argv:
@@ -290,7 +290,8 @@ class SSHConnector:
         t0 = time.monotonic()
         conn = self.connect()
         try:
-            rc, out, err = self._exec_started(conn, command, stdin, timeout)
+            lines = None if on_line is None else (lambda raw: on_line(hide(raw.decode("utf-8", "replace"))))
+            rc, out, err = self._exec_started(conn, command, stdin, timeout, lines)
         except TimeoutError:
             raise NodeError(f"command {shown!r} did not finish within {timeout:.0f}s", where=f"[{self.name}]",
                             hint="the node or its docker daemon may be hung; retry, or look at the node") from None
@@ -306,7 +307,8 @@ class SSHConnector:
         return result.check() if check else result
 
     def _exec_started(self, conn: "Connection", command: str, stdin: str | bytes | None,
-                      timeout: float | None) -> tuple[int, bytes, bytes]:
+                      timeout: float | None,
+                      on_line: Callable[[bytes], None] | None = None) -> tuple[int, bytes, bytes]:
         """``_exec``, asked again while the command has not started. A channel the server refused while the
         connection lives (sshd at MaxSessions: it frees a session only once it has reaped the command, late on a
         busy node) is requested again on the same connection, which other commands share, after a short wait. A
@@ -314,7 +316,7 @@ class SSHConnector:
         reconnected = False
         for attempt in range(CHANNEL_RETRIES):
             try:
-                return self._exec(conn, command, stdin, timeout)
+                return self._exec(conn, command, stdin, timeout, on_line)
             except _NotStarted as exc:
                 if conn.is_connected and attempt < CHANNEL_RETRIES - 1:
                     log.debug("[%s] channel refused (%s): asking again", self.name, exc)
@@ -334,9 +336,10 @@ class SSHConnector:
                 self._close_quietly()
 
     def _exec(self, conn: "Connection", command: str, stdin: str | bytes | None,
-              timeout: float | None) -> tuple[int, bytes, bytes]:
+              timeout: float | None, on_line: Callable[[bytes], None] | None = None) -> tuple[int, bytes, bytes]:
         """One exec channel: send stdin then EOF, collect stdout/stderr as bytes (decoded once, at the end, so a
-        multi-byte character split between packets stays intact), return the exit status."""
+        multi-byte character split between packets stays intact), return the exit status. ``on_line`` gets each
+        complete stdout line (bytes, without the newline) as it arrives, and the unterminated rest at the end."""
         import select
 
         import paramiko
@@ -361,11 +364,17 @@ class SSHConnector:
                 chan.sendall(stdin.encode() if isinstance(stdin, str) else stdin)
                 chan.shutdown_write()          # EOF on the command's stdin (it is still reading it)
             out, err = bytearray(), bytearray()
+            fed = 0                          # stdout bytes already handed to on_line
             while True:
                 busy = False
                 if chan.recv_ready():
                     out += chan.recv(1 << 16)
                     busy = True
+                    if on_line is not None and b"\n" in out[fed:]:
+                        end = out.rindex(b"\n")
+                        for line in bytes(out[fed:end]).split(b"\n"):
+                            on_line(line)
+                        fed = end + 1
                 if chan.recv_stderr_ready():
                     err += chan.recv_stderr(1 << 16)
                     busy = True
@@ -380,6 +389,8 @@ class SSHConnector:
                 if not transport.is_active():
                     raise EOFError("SSH transport closed during the command")
                 select.select([chan], [], [], 0.02)
+            if on_line is not None and fed < len(out):
+                on_line(bytes(out[fed:]))
             rc = chan.recv_exit_status()
             if rc == -1 and not transport.is_active():
                 # paramiko closes the channels of a dead transport with exit status -1: the command's fate is unknown

@@ -142,6 +142,12 @@ def test_peer_receives_only_missing_layers_and_nothing_when_it_has_them(env, bui
     assert launch_t.sent_bytes < 100_000 < 100_000_000 < size       # one thin layer of a >100 MB image
     assert launch_t.rx_bytes < 1_000_000                              # measured on spark-b's fabric interface
     assert any("sent" in ln for ln in lines) and any("present" in ln for ln in lines)   # per-layer progress
+    # ... and as it happens: each layer's state from docker push/pull, before the copy's summary line
+    summary = next(i for i, ln in enumerate(lines) if ln.startswith(f"spark-b <- {changed.launch_tag}: 1 of"))
+    pushed = [i for i, ln in enumerate(lines) if ln.startswith("  [spark-a] layer ")]
+    unpacked = [i for i, ln in enumerate(lines) if ln.startswith("  [spark-b] layer ") and ln.endswith(": unpacked")]
+    assert pushed and len(unpacked) == 1 and max(pushed) < unpacked[0] < summary, lines
+    assert any(ln.endswith("compressed and stored in the fabric registry") for ln in lines), lines
     assert manage.verify_images(changed, env["conns"])
 
     again = distribute([changed.engine_tag, changed.launch_tag], src, [dst])
