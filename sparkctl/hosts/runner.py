@@ -188,7 +188,38 @@ def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: li
         event_handler=handler, rotate_artifacts=KEEP_ARTIFACTS, suppress_env_files=True)
     run.status, run.rc = runner.status, runner.rc
     run.artifacts = Path(runner.config.artifact_dir)
+    _probe_unreachable(run, inv)
     return run
+
+
+def _probe_unreachable(run: PlaybookRun, inv: Inventory) -> None:
+    """Add the reason to an unreachable host's message when Ansible lost it.
+
+    With pipelining, Ansible writes the module to ssh's stdin; when ssh has already exited (sshd refused the
+    connection) the write fails and Ansible reports only "Data could not be sent ... Broken pipe", which hides
+    ssh's own "Connection refused" or timeout. One TCP connect to the host's SSH port tells which.
+    """
+    import socket
+
+    said: dict[str, str] = {}
+    for r in run.results:
+        msg = str(r.res.get("msg", ""))
+        if r.status != "unreachable" or " port " in msg:
+            continue
+        if r.host not in said:
+            try:
+                ssh = inv.node(r.host).ssh
+            except Exception:       # noqa: BLE001 - a host outside sparkctl's inventory view: nothing to add
+                said[r.host] = ""
+                continue
+            try:
+                socket.create_connection((ssh.host, ssh.port), timeout=5).close()
+                said[r.host] = ""
+            except OSError as exc:
+                reason = exc.strerror or str(exc) or type(exc).__name__
+                said[r.host] = f"ssh: connect to host {ssh.host} port {ssh.port}: {reason}"
+        if said[r.host]:
+            r.res["msg"] = f"{said[r.host]} ({msg})" if msg else said[r.host]
 
 
 def _control_dir(base: Path) -> Path:

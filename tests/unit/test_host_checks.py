@@ -137,6 +137,37 @@ def test_failure_hints(status, res, expect):
     assert r.message.splitlines()[0] == res["msg"]
 
 
+def test_an_unreachable_host_whose_reason_ansible_lost_gets_it_from_a_probe(tmp_path: Path):
+    """Pipelining writes the module into ssh's stdin; if sshd refused the connection first, Ansible says only
+    "Broken pipe". The runner connects to the SSH port once and names the refusal (here: a closed local port)."""
+    import socket
+
+    import yaml
+
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.hosts.runner import PlaybookRun, _probe_unreachable
+
+    with socket.socket() as s:                       # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = Path(__file__).resolve().parents[2]
+    doc = yaml.safe_load((repo / "inventory" / "sparks.example.yml").read_text())
+    host = doc["all"]["children"]["sparks"]["hosts"]["spark-b"]
+    host["ansible_host"], host["ansible_port"] = "127.0.0.1", port
+    (tmp_path / "inv.yml").write_text(yaml.safe_dump(doc))
+    inv = load_inventory(tmp_path / "inv.yml")
+    lost = 'Data could not be sent to remote host "127.0.0.1". Make sure this host can be reached over ssh: ' \
+           '[Errno 32] Broken pipe'
+    run = PlaybookRun("prepare.yml", False)
+    run.results = [TaskResult("spark-b", "t", "unreachable", {"msg": lost}),
+                   TaskResult("spark-b", "t", "unreachable", {"msg": "ssh: connect to host x port 22: No route"})]
+    _probe_unreachable(run, inv)
+    first = run.results[0].message.splitlines()[0]
+    assert first.startswith(f"ssh: connect to host 127.0.0.1 port {port}: Connection refused") and lost in first
+    assert run.results[1].res["msg"] == "ssh: connect to host x port 22: No route"     # already said: untouched
+    assert "sshd answers" in fix_for(run.results[0])
+
+
 def test_every_playbook_passes_syntax_check_and_ansible_lint(tmp_path: Path):
     bindir = Path(sys.executable).parent
     inv = tmp_path / "inv.yml"
