@@ -135,15 +135,15 @@ def image_prune(inventory: Optional[str] = _INVENTORY,
                 as_json: bool = _JSON) -> None:
     """Remove sparkctl-built images that no deployment in the ledger uses (base images are never touched)."""
     from sparkctl.images import manage, pipeline
-    from sparkctl.state.ledger import Ledger
-
     from sparkctl.images.registry import Endpoint, human
+    from sparkctl.state.ledger import Ledger
 
     _, inv = _ctx(None, inventory)
     keep = manage.images_in_use([Ledger.for_cluster(inv.cluster.name).root])
     conns = pipeline.connections(inv)
-    rows = manage.prune_images(conns, keep, dry_run=dry_run)
-    caches = manage.prune_registry_caches([Endpoint.of(inv, n) for n in inv.nodes], conns, rows, dry_run=dry_run)
+    listed = manage.list_images(conns)                     # once: the prune and the caches both read it
+    rows = manage.prune_images(conns, keep, dry_run=dry_run, listed=listed)
+    caches = manage.prune_registry_caches([Endpoint.of(inv, n) for n in inv.nodes], listed, rows, dry_run=dry_run)
     if as_json:
         print(json.dumps({"images": rows, "registry_caches": caches}, indent=2))
         return

@@ -96,11 +96,8 @@ class ImageSurvey:
                 dist = "copy the engine + launch images to the other nodes (missing layers, over the fabric)"
             else:
                 have = self.present.get(p.builder, {})
-                if self.pinned_base is not None:
-                    builder_note = (f" (rollback: on the recorded base {p.base.pinned[:26]}..., which "
-                                    f"{p.base.ref} no longer names)")
-                else:
-                    builder_note = ""
+                builder_note = (f" (rollback: on the recorded base {p.base.pinned[:26]}..., which {p.base.ref} "
+                                "no longer names)") if self.pinned_base is not None else ""
                 if have.get(p.engine_tag) and have.get(p.launch_tag):
                     build = f"no-op ({p.engine_tag} and {p.launch_tag} already on {p.builder})"
                 elif have.get(p.engine_tag):
@@ -156,7 +153,8 @@ def survey(profile: Profile, inventory: Inventory, result: RenderResult, *,
     try:
         conns = _conns(inventory)
         if s.mode == "pipeline":
-            from sparkctl.images.plan import inspect_base, plan_images, recorded_base
+            from sparkctl.images.build import recorded_base
+            from sparkctl.images.plan import inspect_base, plan_images
             builder = inventory.rank0.name
             base = inspect_base(conns[builder], profile.image.base_image)
             pinned = recorded_base(conns[builder], base_of, profile.image.base_image) if base_of else None

@@ -7,7 +7,6 @@ no_rollback; Ctrl-C does the same, so nothing is left running that was not there
 """
 from __future__ import annotations
 
-
 import logging
 import os
 import time

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sparkctl.errors import ImageError
-from sparkctl.images.plan import INPUTS_LABEL, BaseImage, ImagePlan, inspect_base
+from sparkctl.images.plan import (BASE_DIGEST_LABEL, BASE_IMAGE_LABEL, INPUTS_LABEL, BaseImage, ImagePlan,
+                                  inspect_base)
 
 log = logging.getLogger("sparkctl.images")
 _PATCH_FAILED = re.compile(r"^sparkctl-patch: (FAILED|ERROR) .*$", re.M)
@@ -50,6 +51,20 @@ def image_labels(conn: Any, ref: str) -> tuple[str, dict[str, str]] | None:
         return None
     image_id, labels = r.stdout.strip().split(" ", 1)
     return json.loads(image_id), json.loads(labels) or {}
+
+
+def recorded_base(conn: Any, engine_tag: str, ref: str) -> BaseImage | None:
+    """The base an engine image on the node was built from (its labels), when that was ``ref``; else None.
+
+    A rollback plans on it, so it arrives at the recorded engine and launch tags even after ``ref`` was
+    re-pulled or re-tagged to another image (the recorded images are then used, not rebuilt on the new base).
+    """
+    found = image_labels(conn, engine_tag)
+    labels = found[1] if found else {}
+    pinned = labels.get(BASE_DIGEST_LABEL)
+    if not pinned or labels.get(BASE_IMAGE_LABEL) != ref:
+        return None
+    return BaseImage(ref, pinned, pinned if "@" in pinned else None)
 
 
 def ensure_base(conn: Any, ref: str, *, node: str, pull: bool = True, timeout: float = 3600) -> BaseImage:
@@ -86,11 +101,16 @@ def _check_existing(conn: Any, tag: str, inputs_sha256: str, node: str) -> str |
 
 
 def build_image(conn: Any, *, role: str, tag: str, context: bytes, inputs_sha256: str, node: str,
-                log_dir: Path | None = None, timeout: float = 7200) -> BuildStep:
-    """Build one image from a tar context on the node (no-op when the tag holds the planned content)."""
+                log_dir: Path | None = None, timeout: float = 7200,
+                before_build: Callable[[], None] | None = None) -> BuildStep:
+    """Build one image from a tar context on the node (no-op when the tag holds the planned content).
+
+    ``before_build`` runs only when a build is needed, right before it (the engine's base check)."""
     existing = _check_existing(conn, tag, inputs_sha256, node)
     if existing:
         return BuildStep(role, tag, existing, False, 0.0, "tag present with the planned inputs")
+    if before_build is not None:
+        before_build()
     t0 = time.monotonic()
     r = conn.run(["env", "DOCKER_BUILDKIT=0", "docker", "build", "--force-rm", "-t", tag, "-"], stdin=context,
                  timeout=timeout, merge_stderr=True)
@@ -121,7 +141,8 @@ def build_images(plan: ImagePlan, conn: Any, *, log_dir: Path | None = None,
                  report: Callable[[str], None] = lambda _: None) -> list[BuildStep]:
     """Engine then launch image on ``plan.builder`` (each a no-op with a reason when already there)."""
     node = plan.builder
-    if not _check_existing(conn, plan.engine_tag, plan.engine_inputs_sha256, node):
+
+    def base_unchanged() -> None:
         # only a build reads the base: a present engine image (a rollback's, on a base since re-tagged) is used
         current = inspect_base(conn, plan.base.ref)
         if current is None or current.pinned != plan.base.pinned:
@@ -131,7 +152,8 @@ def build_images(plan: ImagePlan, conn: Any, *, log_dir: Path | None = None,
     steps = []
     for role, tag, context, sha in (("engine", plan.engine_tag, plan.engine_context, plan.engine_inputs_sha256),
                                     ("launch", plan.launch_tag, plan.launch_context, plan.launch_inputs_sha256)):
-        step = build_image(conn, role=role, tag=tag, context=context(), inputs_sha256=sha, node=node, log_dir=log_dir)
+        step = build_image(conn, role=role, tag=tag, context=context(), inputs_sha256=sha, node=node, log_dir=log_dir,
+                           before_build=base_unchanged if role == "engine" else None)
         report(step.line())
         steps.append(step)
     return steps

@@ -5,8 +5,9 @@ and anything else on the node are never touched. Example::
 
     rows = list_images({"spark-a": conn_a, "spark-b": conn_b})
     verify_images(plan, {"spark-a": conn_a, "spark-b": conn_b})      # ImageError naming node and image
-    removed = prune_images(conns, keep=images_in_use(ledger) | {plan.engine_tag, plan.launch_tag})
-    prune_registry_caches(endpoints, conns, removed)          # and the registry caches' dead layers
+    rows = list_images(conns)
+    removed = prune_images(conns, keep=images_in_use(ledger) | {plan.engine_tag, plan.launch_tag}, listed=rows)
+    prune_registry_caches(endpoints, rows, removed)           # and the registry caches' dead layers
 """
 from __future__ import annotations
 
@@ -86,14 +87,15 @@ def images_in_use(state_dirs: list[Path]) -> set[str]:
     return keep
 
 
-def prune_images(conns: dict[str, Any], keep: set[str], *, dry_run: bool = False) -> list[dict[str, Any]]:
+def prune_images(conns: dict[str, Any], keep: set[str], *, dry_run: bool = False,
+                 listed: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Remove sparkctl-built images on every node unless a tag or ID of theirs is in ``keep``.
 
     Launch images go before engine images (a launch image is a child of its engine). Returns what was
-    (or, with ``dry_run``, would be) removed.
+    (or, with ``dry_run``, would be) removed. ``listed``: the nodes' ``list_images`` rows, when the caller has them.
     """
     removed = []
-    rows = sorted(list_images(conns), key=lambda r: r["role"] != "launch")
+    rows = sorted(list_images(conns) if listed is None else listed, key=lambda r: r["role"] != "launch")
     keep = set(keep)
     for row in rows:   # a kept launch image keeps its engine image
         if row["role"] == "launch" and (row["id"] in keep or any(t in keep for t in row["tags"])):
@@ -109,14 +111,15 @@ def prune_images(conns: dict[str, Any], keep: set[str], *, dry_run: bool = False
     return removed
 
 
-def prune_registry_caches(endpoints: list[Any], conns: dict[str, Any], removed: list[dict[str, Any]], *,
+def prune_registry_caches(endpoints: list[Any], listed: list[dict[str, Any]], removed: list[dict[str, Any]], *,
                           dry_run: bool = False) -> dict[str, dict[str, Any]]:
-    """After ``prune_images``: each node's registry cache (``Endpoint``) keeps only images still on the nodes.
+    """After ``prune_images`` over the ``listed`` rows: each node's registry cache (``Endpoint``) keeps only images
+    still on the nodes (listed, less what was removed; a failed ``docker rmi`` left its image there).
 
     Returns {node: {"removed": [repo:tag ...], "freed": bytes}}.
     """
     from sparkctl.images.registry import prune_cache
 
-    gone = {t for r in removed for t in r["tags"]} if dry_run else set()
-    remaining = {t for r in list_images(conns) for t in r["tags"]} - gone
+    gone = {t for r in removed if dry_run or not r.get("error") for t in r["tags"]}
+    remaining = {t for r in listed for t in r["tags"]} - gone
     return {ep.name: prune_cache(ep, remaining, dry_run=dry_run) for ep in endpoints}

@@ -40,9 +40,12 @@ def connections(inventory: Inventory) -> dict[str, Any]:
     return {n.name: connector_for(inventory, n) for n in inventory.nodes}
 
 
-def plan(profile: Profile, inventory: Inventory, *, pull: bool = False) -> ImagePlan:
-    """The plan, with the base image as the building node knows it (pulled first only when ``pull``)."""
+def plan(profile: Profile, inventory: Inventory, *, pull: bool = False, base: BaseImage | None = None) -> ImagePlan:
+    """The plan, with the base image as the building node knows it (pulled first only when ``pull``), or on
+    ``base`` when given (a rollback's recorded base: nothing is read from the node)."""
     builder = inventory.rank0.name
+    if base is not None:
+        return plan_images(profile, inventory, base, builder=builder)
     conn = connections(inventory)[builder]
     ref = profile.image.base_image
     base = ensure_base(conn, ref, node=builder) if pull else inspect_base(conn, ref)
@@ -59,8 +62,7 @@ def build(profile: Profile, inventory: Inventory, *, log_dir: Path | None = None
 
     ``base``: plan on this base instead of what the profile's base tag names now (a rollback's recorded base).
     """
-    p = (plan_images(profile, inventory, base, builder=inventory.rank0.name) if base is not None
-         else plan(profile, inventory, pull=True))
+    p = plan(profile, inventory, pull=True, base=base)
     return p, build_images(p, connections(inventory)[p.builder], log_dir=log_dir, report=report)
 
 

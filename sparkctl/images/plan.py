@@ -32,6 +32,8 @@ ENGINE_REPO = "sparkctl/sglang-gb10"
 LAUNCH_REPO = "sparkctl/sglang-gb10-launch"
 ROLE_LABEL = "org.sparkctl.role"
 INPUTS_LABEL = "org.sparkctl.inputs-sha256"
+BASE_DIGEST_LABEL = "org.sparkctl.base-digest"     # the engine image's base, as its plan pinned it
+BASE_IMAGE_LABEL = "org.sparkctl.base-image"
 
 
 def templates_dir() -> Path:
@@ -67,26 +69,6 @@ def inspect_base(conn: Any, ref: str) -> BaseImage | None:
     repo_digests = json.loads(digests) or []
     digest = next((d for d in repo_digests if d.split("@", 1)[0] == repo), repo_digests[0] if repo_digests else None)
     return BaseImage(ref, json.loads(image_id), digest)
-
-
-BASE_DIGEST_LABEL = "org.sparkctl.base-digest"
-BASE_IMAGE_LABEL = "org.sparkctl.base-image"
-
-
-def recorded_base(conn: Any, engine_tag: str, ref: str) -> BaseImage | None:
-    """The base an engine image on the node was built from (its labels), when that was ``ref``; else None.
-
-    A rollback plans on it, so it arrives at the recorded engine and launch tags even after ``ref`` was
-    re-pulled or re-tagged to another image (the recorded images are then used, not rebuilt on the new base).
-    """
-    r = conn.run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", engine_tag], timeout=30)
-    if r.returncode != 0:
-        return None
-    labels = json.loads(r.stdout or "null") or {}
-    pinned = labels.get(BASE_DIGEST_LABEL)
-    if not pinned or labels.get(BASE_IMAGE_LABEL) != ref:
-        return None
-    return BaseImage(ref, pinned, pinned if "@" in pinned else None)
 
 
 def _sha256(*parts: bytes) -> str:
