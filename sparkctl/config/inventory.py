@@ -260,9 +260,13 @@ def _inventory_error(exc: ValidationError, where: str, nodes: list[dict[str, Any
         if err.message.startswith(f"cluster.{key}:"):
             err.message = f"all.vars.{var}:" + err.message[len(f"cluster.{key}:"):]
     # Show 'hosts.spark-a.fabric_address' rather than 'nodes[0].fabric_address'.
+    ansible = {v: k for k, v in _ANSIBLE_KEYS.items()}
     for i, n in enumerate(nodes):
-        err.message = err.message.replace(f"nodes[{i}].ssh.", f"hosts.{n['name']}.").replace(
-            f"nodes[{i}].", f"hosts.{n['name']}.")
+        for field, var in ansible.items():
+            err.message = err.message.replace(f"nodes[{i}].ssh.{field}:", f"hosts.{n['name']}.{var}:")
+            err.evidence = err.evidence and err.evidence.replace(f"nodes[{i}].ssh.{field}:", f"hosts.{n['name']}.{var}:")
+        err.message = err.message.replace(f"nodes[{i}].", f"hosts.{n['name']}.")
+        err.evidence = err.evidence and err.evidence.replace(f"nodes[{i}].", f"hosts.{n['name']}.")
     return err
 
 

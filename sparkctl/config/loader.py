@@ -265,6 +265,13 @@ def config_error_from(exc: ValidationError, model: type[BaseModel], where: str,
         elif err["type"] == "missing":
             msg = "required key is missing"
             hint = f"add '{loc[-1]}'"
+        elif isinstance(err.get("input"), bool) and err["type"] in ("int_type", "float_type"):
+            msg = f"{str(err['input']).lower()} is a boolean, not a number"
+            hint = (f"write the number itself (YAML reads true/false as booleans); "
+                    + (_described(model, loc) or "see the field's description"))
+        elif err["type"] == "string_type" and isinstance(err.get("input"), (int, float, bool)):
+            msg = f"{err['input']!r} is a {type(err['input']).__name__}, not a string"
+            hint = f'quote it: {loc[-1]}: "{err["input"]}"'
         else:
             msg = err["msg"]
             if "input" in err and not isinstance(err["input"], (dict, list)) and err["type"] != "sparkctl_refusal":
