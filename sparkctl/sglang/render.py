@@ -70,7 +70,7 @@ class _ArgvBuilder:
         self.profile, self.dialect = profile, dialect
         self.argv: list[str] = []
         self.warnings: list[str] = []
-        self.dests: set[str] = set()   # settings already in argv (extra_args may not set them again)
+        self.dests: dict[str, str] = {}   # dest -> profile key that put it in argv (set once)
 
     def _refuse(self, key: str, message: str, hint: str) -> ConfigError:
         return ConfigError(f"{key}: {message}", where=self.profile.origin_of(key), hint=hint)
@@ -91,7 +91,7 @@ class _ArgvBuilder:
             self.warnings.append(f"{key}: {flag.option} is deprecated in SGLang {version}"
                                  + (f" ({flag.deprecation_message})" if flag.deprecation_message else ""))
         option = flag.option_for(dest)
-        self.dests.add(flag.dest)
+        self.dests[flag.dest] = key
         if value is True:
             if flag.kind != "store_true":
                 raise self._refuse(key, f"{option} takes a value in SGLang {version}", "give it a value")
@@ -122,9 +122,10 @@ class _ArgvBuilder:
             if flag.dest in MANAGED:
                 raise self._refuse(key, f"{opt} is set by sparkctl", f"set it through {MANAGED[flag.dest]}")
             if flag.dest in self.dests:
-                raise self._refuse(key, f"{opt} is given twice (or also by a profile key)",
-                                   f"set it once (a profile key such as server.{flag.dest} wins over extra_args)")
-            self.dests.add(flag.dest)
+                by = self.dests[flag.dest]
+                raise self._refuse(key, f"{opt} is given twice" if by == key else f"{opt} is already set by {by}",
+                                   f"set it once: remove it from extra_args" + ("" if by == key else f" or {by}"))
+            self.dests[flag.dest] = key
             if flag.deprecated:
                 self.warnings.append(f"{key}: {opt} is deprecated in SGLang {version}")
             i += 1
