@@ -23,10 +23,13 @@ from sparkctl.config.values import INT_MAX, SECONDS_MAX
 def seconds(low: float = 0.0, high: float = SECONDS_MAX) -> Callable[[str], float]:
     """A duration in seconds: finite, more than `low`, at most `high` (a week by default)."""
 
-    def parse(text: str) -> float:
+    def parse(text: str | float) -> float:
+        # typer may hand back a value it already converted (a default, a re-validation): check it the same way
+        if isinstance(text, bool):
+            raise typer.BadParameter(f"{text!r} is not a number of seconds (e.g. 600)")
         try:
             value = float(text)
-        except ValueError:
+        except (TypeError, ValueError):
             raise typer.BadParameter(f"{text!r} is not a number of seconds (e.g. 600)") from None
         if not math.isfinite(value) or not low < value <= high:
             raise typer.BadParameter(f"{text} is not a number of seconds in ({low:g}, {high:g}]: give a finite "
@@ -39,9 +42,11 @@ def seconds(low: float = 0.0, high: float = SECONDS_MAX) -> Callable[[str], floa
 def count(low: int = 0, high: int = INT_MAX, *, what: str = "a whole number") -> Callable[[str], int]:
     """An integer in [low, high] (no sign tricks, no fractions: `-3` and `2.5` are refused)."""
 
-    def parse(text: str) -> int:
+    def parse(text: str | int) -> int:
+        if isinstance(text, bool) or not isinstance(text, (str, int)):
+            raise typer.BadParameter(f"{text!r} is not {what} (an integer from {low} to {high})")
         try:
-            value = int(text.strip(), 10)
+            value = text if isinstance(text, int) else int(text.strip(), 10)
         except ValueError:
             raise typer.BadParameter(f"{text!r} is not {what} (an integer from {low} to {high})") from None
         if not low <= value <= high:

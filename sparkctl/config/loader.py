@@ -199,6 +199,10 @@ def origin_of(origin: dict[str, str], key: str, default: str) -> str:
         found = origin.get(".".join(parts))
         if found:
             return found
+        if parts[-1].endswith("]"):       # extra_args[0] -> extra_args (a list is set as a whole)
+            parts[-1] = parts[-1][:parts[-1].index("[")]
+            if parts[-1]:
+                continue
         parts.pop()
     return default
 
@@ -269,6 +273,9 @@ def config_error_from(exc: ValidationError, model: type[BaseModel], where: str,
             msg = f"{str(err['input']).lower()} is a boolean, not a number"
             hint = (f"write the number itself (YAML reads true/false as booleans); "
                     + (_described(model, loc) or "see the field's description"))
+        elif err.get("input", 0) is None and err["type"] != "missing":
+            msg = "null is not a value here"
+            hint = f"give a value or remove the key ({_described(model, loc) or 'see `sparkctl schema`'})"
         elif err["type"] == "string_type" and isinstance(err.get("input"), (int, float, bool)):
             msg = f"{err['input']!r} is a {type(err['input']).__name__}, not a string"
             hint = f'quote it: {loc[-1]}: "{err["input"]}"'
@@ -278,6 +285,7 @@ def config_error_from(exc: ValidationError, model: type[BaseModel], where: str,
                 msg += f" (got {err['input']!r})"
             ctx_hint = (err.get("ctx") or {}).get("hint") if isinstance(err.get("ctx"), dict) else None
             hint = ctx_hint or _described(model, loc)
+        hint = hint or ("see `sparkctl schema profile` or `sparkctl schema inventory` for what this key takes")
         src = origin_of(origin or {}, key_path(prefix + loc), where)
         text = f"{path}: {msg}"
         messages.append(text)
