@@ -128,9 +128,13 @@ def _swapped(value: Any) -> st.SearchStrategy[Any]:
     return st.sampled_from([str(value), [value], {"v": value}, value is not None, None])
 
 
+ALL_KINDS = ("value", "value", "near", "near", "near", "swap", "env", "extra", "unknown")
+
+
 @st.composite
-def mutated_profile(draw: Any) -> tuple[dict[str, Any], list[str]]:
-    """A profile extending d5 (or base, or dflash-off) with one to three of its keys mutated."""
+def mutated_profile(draw: Any, kinds: tuple[str, ...] = ALL_KINDS) -> tuple[dict[str, Any], list[str]]:
+    """A profile extending d5 (or base, or dflash-off) with one to three of its keys mutated (`kinds`: "near"
+    alone gives mostly plausible documents, for the real parser's sample)."""
     from sparkctl.config.profile import load_profile
     parent = draw(st.sampled_from(["d5", "base", "dflash-off"]))
     doc: dict[str, Any] = {"extends": parent}
@@ -138,7 +142,7 @@ def mutated_profile(draw: Any) -> tuple[dict[str, Any], list[str]]:
     paths = profile_paths()
     mutated: list[str] = []
     for _ in range(draw(st.integers(1, 3))):
-        kind = draw(st.sampled_from(["value", "value", "near", "near", "near", "swap", "env", "extra", "unknown"]))
+        kind = draw(st.sampled_from(kinds))
         path = draw(st.sampled_from(paths))
         if kind == "env":
             path = ("env", draw(st.one_of(st.sampled_from(["PYTHONPATH", "LD_PRELOAD", "PATH", "SGLANG_HOST_IP",
