@@ -273,7 +273,7 @@ def config_error_from(exc: ValidationError, model: type[BaseModel], where: str,
             msg = f"{str(err['input']).lower()} is a boolean, not a number"
             hint = (f"write the number itself (YAML reads true/false as booleans); "
                     + (_described(model, loc) or "see the field's description"))
-        elif err.get("input", 0) is None and err["type"] != "missing":
+        elif err.get("input", 0) is None and err["type"].endswith(("_type", "_parsing")):
             msg = "null is not a value here"
             hint = f"give a value or remove the key ({_described(model, loc) or 'see `sparkctl schema`'})"
         elif err["type"] == "string_type" and isinstance(err.get("input"), (int, float, bool)):
