@@ -127,6 +127,14 @@ def _expanded_weight(root: yaml.Node) -> int:
     return visit(root)
 
 
+def _heaviest(root: yaml.Node) -> tuple[yaml.Node, str]:
+    """The top-level key whose value is the largest once expanded (where an alias bomb sits), for the error."""
+    if isinstance(root, yaml.MappingNode) and root.value:
+        key, value = max(root.value, key=lambda kv: _expanded_weight(kv[1]))
+        return value, f"key {key.value!r} " if isinstance(key, yaml.ScalarNode) else ""
+    return root, "the document "
+
+
 def _env_as_written(root: yaml.Node) -> None:
     """Every plain scalar under a top-level `env:` mapping is read as the string it spells (not 8 for `010`);
     an empty or null value stays null (refused with its fix by the profile loader)."""
@@ -165,9 +173,10 @@ def read_yaml(path: Path) -> Any:
         if root is None:
             return None
         if _expanded_weight(root) > MAX_EXPANDED_WEIGHT:
-            raise _Bound(f"the document expands to more than {MAX_EXPANDED_WEIGHT} nodes and characters through "
-                         "its aliases (an alias bomb?)", root.start_mark,
-                         "write the values out, or use fewer nested aliases")
+            node, what = _heaviest(root)
+            raise _Bound(f"{what}expands to more than {MAX_EXPANDED_WEIGHT} nodes and characters through its "
+                         "aliases (an alias bomb?)", node.start_mark, "write the values out, or use fewer nested "
+                         "aliases")
         _env_as_written(root)
         return loader.construct_document(root)
     except yaml.reader.ReaderError as exc:  # a binary file that happens to decode: NUL and other control characters
