@@ -154,7 +154,12 @@ _TEXT_HINT = ("profiles and inventories are UTF-8 YAML text: check that this is 
 def read_yaml(path: Path) -> Any:
     """Read one YAML document; a missing file or a syntax error is a ConfigError."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        with open(path, "rb") as fh:          # at most one byte past the bound: /dev/zero is refused, not read
+            data = fh.read(MAX_DOCUMENT_BYTES + 1)
+        if len(data) > MAX_DOCUMENT_BYTES:
+            raise ConfigError(f"more than the {MAX_DOCUMENT_BYTES} bytes a profile or inventory may have",
+                              where=str(path), hint="check that this is the file you meant")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})", where=str(path),
                           hint=_TEXT_HINT) from None
@@ -162,10 +167,8 @@ def read_yaml(path: Path) -> Any:
         raise ConfigError("file not found", where=str(path),
                           hint="check the path (or the name passed to --profile / --inventory)") from None
     except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", where=str(path)) from None
-    if len(text) > MAX_DOCUMENT_BYTES:
-        raise ConfigError(f"document is {len(text)} characters, more than the {MAX_DOCUMENT_BYTES} a profile or "
-                          "inventory may have", where=str(path), hint="check that this is the file you meant")
+        raise ConfigError(f"cannot read: {exc.strerror}", where=str(path),
+                          hint="give the path of a readable YAML file") from None
     loader: _CoreLoader | None = None
     try:
         loader = _CoreLoader(text)

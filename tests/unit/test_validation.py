@@ -297,13 +297,18 @@ def _bomb(levels: int = 14) -> str:
     (_bomb(), "expands to more than 1000000 nodes and characters through its aliases"),
     ("extends: d5\nx: &a [*a]\n", "a recursive alias"),
     ("extends: d5\nx: " + "[" * 5000 + "]" * 5000 + "\n", "nesting deeper than 32 levels"),
-    ("extends: d5\n" + "#" * (1 << 20) + "\n", "more than the 1048576 a profile or inventory may have"),
+    ("extends: d5\n" + "#" * (1 << 20) + "\n", "more than the 1048576 bytes a profile or inventory may have"),
 ])
 def test_hostile_yaml_is_refused_with_the_file_named(cli, profiles_dir, body, message):
     path = profiles_dir / "v.yml"
     path.write_text(body)
     err = _refused(cli, "--profile", "v", "--inventory", str(SPARKS))
     assert _head(err).startswith(str(path)) and message in err, err
+
+
+def test_an_endless_file_is_refused_after_the_bound_not_read(cli):
+    err = _refused(cli, "--profile", "d5", "--inventory", "/dev/zero")
+    assert _head(err) == "/dev/zero: more than the 1048576 bytes a profile or inventory may have"
 
 
 def test_a_long_extends_chain_is_refused_not_a_recursion_error(cli, profiles_dir):
