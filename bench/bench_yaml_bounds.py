@@ -6,7 +6,8 @@ wall time and peak RSS (the child's ru_maxrss from wait4):
   - a document nested 10,000 levels deep ([[[[...),
   - an `extends:` chain of 1,200 files,
   - a 2 MB document,
-  - the shipped d5 profile (the baseline: what any render costs).
+  - the shipped d5 profile (the baseline: what any render costs),
+then the loader alone on the bomb, in-process (time and tracemalloc peak).
 Run:  .venv/bin/python bench/bench_yaml_bounds.py [--repeat 3]
 """
 from __future__ import annotations
@@ -66,6 +67,28 @@ def run_measured(args: list[str], env: dict[str, str]) -> tuple[int, float, floa
     return code, wall, usage.ru_maxrss / 1024, (err.splitlines() or [""])[0][:110]
 
 
+def in_process(tmp: Path) -> str:
+    """The loader alone (no interpreter start-up): time and peak Python allocation to refuse the bomb."""
+    import tracemalloc
+    sys.path.insert(0, str(REPO))
+    from sparkctl.config.loader import read_yaml
+    from sparkctl.errors import ConfigError
+    path = tmp / "bomb-inproc.yml"
+    path.write_text(alias_bomb())
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        read_yaml(path)
+        refused = False
+    except ConfigError:
+        refused = True
+    wall = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return (f"in-process read_yaml of the {path.stat().st_size}-byte bomb: {'refused' if refused else 'ACCEPTED'} "
+            f"in {wall * 1000:.1f} ms, peak Python allocation {peak / 1e6:.2f} MB")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs per case (the best is printed)")
@@ -76,6 +99,7 @@ def main() -> int:
             results = [run_measured(args, env) for _ in range(opts.repeat)]
             code, wall, rss, msg = min(results, key=lambda r: r[1])
             print(f"{name:<38} {code:>4} {wall:>7.2f} {max(r[2] for r in results):>8.1f}  {msg}")
+        print(in_process(Path(tmp)))
     return 0
 
 
