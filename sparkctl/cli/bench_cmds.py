@@ -44,10 +44,10 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
         mult = 1024 if part.endswith("k") else 1
         try:
             value = int(float(part.rstrip("k")) * mult)
-        except ValueError:
+        except (ValueError, OverflowError):   # "x", "nan", "inf", "1e400"
             raise ConfigError(f"not a number: {part!r}", where=option, hint="a comma-separated list, e.g. 4k,16k") from None
-        if value <= 0:
-            raise ConfigError(f"must be positive: {part!r}", where=option)
+        if not 0 < value <= 1 << 24:
+            raise ConfigError(f"out of range: {part!r}", where=option, hint="each value from 1 to 16384k")
         out.append(value)
     return tuple(out)
 
@@ -70,16 +70,16 @@ def register(app: typer.Typer) -> None:
               log: Optional[Path] = typer.Option(None, "--log", help="Scheduler log of the (first) arm: a file the "
                                                  "engine writes, or a captured log (alone: log-only analysis)."),
               compare_log: Optional[Path] = typer.Option(None, "--compare-log", help="Scheduler log of the second arm."),
-              runs: int = typer.Option(5, "--runs", min=1, help="Measured runs per prompt class (medians)."),
-              max_tokens: int = typer.Option(800, "--max-tokens", min=2, help="max_tokens per decode request."),
-              warmup: int = typer.Option(2, "--warmup", min=0, help="Warm-up requests after the first (cold) one."),
+              runs: int = typer.Option(5, "--runs", min=1, max=10_000, help="Measured runs per prompt class (medians)."),
+              max_tokens: int = typer.Option(800, "--max-tokens", min=2, max=1 << 20, help="max_tokens per decode request."),
+              warmup: int = typer.Option(2, "--warmup", min=0, max=1000, help="Warm-up requests after the first (cold) one."),
               gates: Optional[str] = typer.Option(None, "--gates", help="Comma list of cold,decode,acceptance,ttft,"
                                                   "concurrency,g6 (default: all)."),
               ttft_sizes: str = typer.Option("4k,16k,64k", "--ttft-sizes", help="Prompt sizes in tokens for TTFT."),
-              ttft_runs: int = typer.Option(3, "--ttft-runs", min=1, help="Runs per TTFT size, each with its own "
+              ttft_runs: int = typer.Option(3, "--ttft-runs", min=1, max=1000, help="Runs per TTFT size, each with its own "
                                             "unique prefix (median (min-max); one delayed run cannot set it)."),
               concurrency: str = typer.Option("1,2", "--concurrency", help="Concurrency levels (c1 vs c2 ...)."),
-              g6_max_tokens: Optional[int] = typer.Option(None, "--g6-max-tokens", min=1,
+              g6_max_tokens: Optional[int] = typer.Option(None, "--g6-max-tokens", min=1, max=1 << 20,
                                                           help="max_tokens per G6 prompt (default: --max-tokens)."),
               reference: Optional[Path] = typer.Option(None, "--reference", help="Text file: one published reference "
                                                        "number per line (source, stack) for the card's slot."),

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 import typer
 
+from sparkctl.cli import bounds
 from sparkctl.cli.options import flag
 
 STATUS_NOT_OK = 8   # `status`: the active deployment is unhealthy, or a deployment was interrupted
@@ -80,7 +81,8 @@ def register(app: typer.Typer) -> None:
            yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
            no_rollback: bool = flag("--no-rollback", help="On failure, leave the new engines for "
                                                                          "inspection instead of rolling back."),
-           boot_timeout: Optional[float] = typer.Option(None, "--boot-timeout", help="Seconds (default: profile)."),
+           boot_timeout: Optional[float] = typer.Option(None, "--boot-timeout", parser=bounds.seconds(), metavar="SECONDS",
+                                                         help="Seconds (default: profile)."),
            as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Deploy a profile: plan, preflight, image, boot (rank 1 then rank 0), warm-up, verify, hand off."""
         from sparkctl.config.profile import load_profile
@@ -110,7 +112,8 @@ def register(app: typer.Typer) -> None:
                                                                       "default: the previous known-good deployment."),
                  inventory: Optional[str] = INVENTORY_OPT,
                  yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
-                 boot_timeout: Optional[float] = typer.Option(None, "--boot-timeout", help="Seconds."),
+                 boot_timeout: Optional[float] = typer.Option(None, "--boot-timeout", parser=bounds.seconds(),
+                                                              metavar="SECONDS", help="Seconds."),
                  as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Roll back: to a profile, or to the previous known-good deployment."""
         from sparkctl.config.profile import load_profile
@@ -211,8 +214,10 @@ def register(app: typer.Typer) -> None:
                               + (f"; damaged files kept in {d.ledger.root / 'damaged'}" if r["damaged"] else "")))
 
     @app.command()
-    def logs(rank: int = typer.Option(0, "--rank", help="Rank whose engine log to show."),
-             tail: int = typer.Option(50, "--tail", help="Last N lines (0: all)."),
+    def logs(rank: int = typer.Option(0, "--rank", parser=bounds.count(0, 1023, what="a rank"), metavar="N",
+                                   help="Rank whose engine log to show."),
+             tail: int = typer.Option(50, "--tail", parser=bounds.count(0, 10_000_000, what="a line count"), metavar="N",
+                                   help="Last N lines (0: all)."),
              follow: bool = flag("--follow", "-f", help="Keep printing new lines (Ctrl-C stops)."),
              inventory: Optional[str] = INVENTORY_OPT) -> None:
         """Print a rank's engine log of the active deployment."""

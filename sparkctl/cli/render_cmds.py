@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from sparkctl.cli import bounds
 from sparkctl.cli.options import flag
 
 
@@ -14,7 +15,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def render(profile: str = typer.Option(..., "--profile", "-p", help="Profile name (profiles/NAME.yml) or path."),
                inventory: Optional[str] = typer.Option(None, "--inventory", "-i", help="Ansible inventory file."),
-               rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank."),
+               rank: Optional[int] = typer.Option(None, "--rank", parser=bounds.count(0, 1023, what="a rank"),
+                                                   metavar="N", help="Only this rank."),
                as_json: bool = flag("--json", help="Print JSON on stdout.")) -> None:
         """Print the exact argv and env of every rank; nothing is started. Secrets print as ***."""
         from sparkctl.config.inventory import resolve_inventory

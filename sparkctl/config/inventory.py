@@ -24,26 +24,28 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sparkctl.config.loader import config_error_from, did_you_mean, read_yaml, refusal, repo_root
+from sparkctl.config.values import (Count, Flag, HcaName, HostPath, IfName, ImageRef, LocalPath, PlainName, Port,
+                                    SimValue, SshHost, SshUser, Text, Word, choice)
 from sparkctl.errors import ConfigError
 
-_STRICT = ConfigDict(extra="forbid", frozen=True)
+_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 _CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 class SSHSettings(BaseModel):
     model_config = _STRICT
-    host: str = Field(description="Management address or name sparkctl reaches the node on (ansible_host).")
-    port: int = Field(22, ge=1, le=65535, description="SSH port (ansible_port).")
-    user: str = Field("root", description="SSH user (ansible_user).")
-    key_file: str | None = Field(None, description="Private key for key-based auth (ansible_ssh_private_key_file).")
-    connection: Literal["ssh", "local"] = Field(
+    host: SshHost = Field(description="Management address or name sparkctl reaches the node on (ansible_host).")
+    port: Port = Field(22, description="SSH port (ansible_port).")
+    user: SshUser = Field("root", description="SSH user (ansible_user).")
+    key_file: LocalPath | None = Field(None, description="Private key for key-based auth (ansible_ssh_private_key_file).")
+    connection: choice("ssh", "local") = Field(
         "ssh", description="'local' for the embedded cluster (ansible_connection: local): no SSH at all.")
 
 
 class HostPaths(BaseModel):
     model_config = _STRICT
-    models: str = Field("/models", description="Host directory holding model and drafter weights (mounted read-only).")
-    cache: str = Field("/var/cache/sparkctl",
+    models: HostPath = Field("/models", description="Host directory holding model and drafter weights (mounted read-only).")
+    cache: HostPath = Field("/var/cache/sparkctl",
                        description="Host directory for JIT caches (TileLang, Triton, FlashInfer, torch compile).")
 
 
@@ -51,20 +53,20 @@ class Node(BaseModel):
     """One machine of the cluster (a DGX Spark, or a loopback stand-in)."""
 
     model_config = _STRICT
-    name: str = Field(description="Inventory host name, e.g. spark-a.")
+    name: PlainName = Field(description="Inventory host name, e.g. spark-a.")
     ssh: SSHSettings = Field(description="How to reach the node.")
-    rank: int | None = Field(None, ge=0, description="Explicit node rank (sparkctl_rank); default: inventory order.")
-    fabric_interface: str = Field(description="Netdev of the CX-7 fabric link, e.g. enp1s0f0np0.")
-    fabric_address: str = Field(description="This node's IPv4 address on the fabric link.")
-    roce_hcas: list[str] = Field(default_factory=list,
+    rank: Count | None = Field(None, description="Explicit node rank (sparkctl_rank); default: inventory order.")
+    fabric_interface: IfName = Field(description="Netdev of the CX-7 fabric link, e.g. enp1s0f0np0.")
+    fabric_address: Text = Field(description="This node's IPv4 address on the fabric link.")
+    roce_hcas: list[HcaName] = Field(default_factory=list,
                                  description="RoCE HCAs for NCCL_IB_HCA (both twins of the cabled port).")
     host_paths: HostPaths = Field(default_factory=HostPaths, description="Host directories used by the engine.")
-    runtime: Literal["docker", "process"] = Field(
+    runtime: choice("docker", "process") = Field(
         "docker", description="'docker' (real Sparks) or 'process' (the embedded cluster's local emulator).")
-    gpu_runtime: Literal["nvidia", "gpus-all", "none"] = Field(
+    gpu_runtime: choice("nvidia", "gpus-all", "none") = Field(
         "nvidia", description="How containers get the GPU: --runtime nvidia, --gpus all, or nothing.")
-    api_bind: str = Field("0.0.0.0", description="Address the engine's HTTP server binds to on this node.")
-    gpus: int = Field(1, ge=1, description="GPUs on this node (a DGX Spark has one GB10).")
+    api_bind: Word = Field("0.0.0.0", description="Address the engine's HTTP server binds to on this node.")
+    gpus: Count = Field(1, ge=1, le=64, description="GPUs on this node (a DGX Spark has one GB10).")
 
     @field_validator("fabric_address")
     @classmethod
@@ -80,14 +82,14 @@ class Cluster(BaseModel):
     """Cluster-wide settings (Ansible `all.vars` with the `sparkctl_` prefix)."""
 
     model_config = _STRICT
-    name: str = Field("default", description="Cluster name (letters, digits, '-' and '_'; at most 64); names "
+    name: Text = Field("default", description="Cluster name (letters, digits, '-' and '_'; at most 64); names "
                                              "containers and the state directory <state root>/<name>.")
-    known_hosts: str | None = Field(None, description="known_hosts file used to verify node host keys.")
-    host_key_policy: Literal["accept-new", "pinned"] = Field(
+    known_hosts: LocalPath | None = Field(None, description="known_hosts file used to verify node host keys.")
+    host_key_policy: choice("accept-new", "pinned") = Field(
         "accept-new", description="accept-new: trust a host key on first contact; pinned: only keys in known_hosts.")
-    engine_image: str | None = Field(None, description="Engine image for every profile on this cluster (overrides "
+    engine_image: ImageRef | None = Field(None, description="Engine image for every profile on this cluster (overrides "
                                                        "the profile's image; e.g. a test cluster's emulator image).")
-    sim: dict[str, Any] = Field(default_factory=dict,
+    sim: dict[PlainName, SimValue] = Field(default_factory=dict,
                                 description="Emulator knobs for the embedded cluster (see sparkctl/sim/README.md).")
 
 
@@ -105,10 +107,10 @@ class Inventory(BaseModel):
     """The nodes, ordered by rank (rank 0 first)."""
 
     model_config = _STRICT
-    path: str = Field(description="File this inventory came from.")
+    path: Text = Field(description="File this inventory came from.")
     cluster: Cluster = Field(description="Cluster-wide settings.")
     nodes: list[Node] = Field(min_length=1, description="Nodes in rank order.")
-    embedded: bool = Field(False, description="True for the embedded local cluster (emulated engine).")
+    embedded: Flag = Field(False, description="True for the embedded local cluster (emulated engine).")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Inventory":
@@ -147,7 +149,17 @@ _CLUSTER_KEYS = {"sparkctl_cluster": "name", "sparkctl_known_hosts": "known_host
 def _collect_hosts(group: dict[str, Any], inherited: dict[str, Any], out: list[tuple[str, dict[str, Any]]],
                    where: str, path: str) -> None:
     if not isinstance(group, dict):
-        raise ConfigError(f"{path}: expected a mapping", where=where)
+        raise ConfigError(f"{path}: expected a mapping (got {type(group).__name__})", where=where,
+                          hint="an Ansible group is a mapping of 'hosts', 'children' and 'vars'")
+    for part in ("vars", "hosts", "children"):
+        if not isinstance(group.get(part) or {}, dict):
+            raise ConfigError(f"{path}.{part}: expected a mapping (got {type(group[part]).__name__})", where=where,
+                              hint=f"write {part} as name: value pairs (see inventory/sparks.example.yml)")
+    for name, hvars in (group.get("hosts") or {}).items():
+        if not isinstance(hvars or {}, dict):
+            raise ConfigError(f"{path}.hosts.{name}: expected the host's variables as a mapping "
+                              f"(got {type(hvars).__name__})", where=where,
+                              hint=f"write {name}: {{ansible_host: ..., fabric_interface: ..., fabric_address: ...}}")
     gvars = {**inherited, **(group.get("vars") or {})}
     for key in group:
         if key not in ("hosts", "children", "vars"):
@@ -194,6 +206,9 @@ def load_inventory(path: Path, *, embedded: bool = False) -> Inventory:
         raise ConfigError("not an Ansible YAML inventory: top-level 'all:' is missing", where=where,
                           hint="see inventory/sparks.example.yml")
     root = data["all"] or {}
+    if not isinstance(root, dict):
+        raise ConfigError(f"all: expected a mapping (got {type(root).__name__})", where=where,
+                          hint="see inventory/sparks.example.yml")
     hosts: list[tuple[str, dict[str, Any]]] = []
     _collect_hosts(root, {}, hosts, where, "all")
     if not hosts:
@@ -245,9 +260,13 @@ def _inventory_error(exc: ValidationError, where: str, nodes: list[dict[str, Any
         if err.message.startswith(f"cluster.{key}:"):
             err.message = f"all.vars.{var}:" + err.message[len(f"cluster.{key}:"):]
     # Show 'hosts.spark-a.fabric_address' rather than 'nodes[0].fabric_address'.
+    ansible = {v: k for k, v in _ANSIBLE_KEYS.items()}
     for i, n in enumerate(nodes):
-        err.message = err.message.replace(f"nodes[{i}].ssh.", f"hosts.{n['name']}.").replace(
-            f"nodes[{i}].", f"hosts.{n['name']}.")
+        for field, var in ansible.items():
+            err.message = err.message.replace(f"nodes[{i}].ssh.{field}:", f"hosts.{n['name']}.{var}:")
+            err.evidence = err.evidence and err.evidence.replace(f"nodes[{i}].ssh.{field}:", f"hosts.{n['name']}.{var}:")
+        err.message = err.message.replace(f"nodes[{i}].", f"hosts.{n['name']}.")
+        err.evidence = err.evidence and err.evidence.replace(f"nodes[{i}].", f"hosts.{n['name']}.")
     return err
 
 

@@ -7,6 +7,7 @@ traceback for a typo.
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +23,128 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a mapping with the same key twice (PyYAML silently keeps the last)."""
+# Bounds on one YAML document (profiles and inventories are a few kB): what a hostile file may cost to read.
+MAX_DOCUMENT_BYTES = 1 << 20        # 1 MiB of text
+MAX_DEPTH = 32                      # nested mappings/sequences
+MAX_EXPANDED_WEIGHT = 1_000_000     # nodes + scalar characters after alias expansion (a billion-laughs bound)
+
+_STR = "tag:yaml.org,2002:str"
+_INT = "tag:yaml.org,2002:int"
+_NULL = "tag:yaml.org,2002:null"
+
+
+class _Bound(yaml.YAMLError):
+    """A document past one of the bounds above (reported like a syntax error: file, line, column)."""
+
+    def __init__(self, problem: str, mark: Any, hint: str) -> None:
+        super().__init__(problem)
+        self.problem, self.problem_mark, self.hint = problem, mark, hint
+
+
+class _CoreLoader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 core-schema resolution and hostile-input bounds.
+
+    - Core schema (yaml.org/spec/1.2.2 10.3): only true/false are booleans, `010` is ten, `0x1F` 31; `12:30`,
+      `yes` and `2024-01-01` stay strings (PyYAML's YAML 1.1 makes them 750, true and a date); no `<<` merges.
+    - The values of a top-level `env:` mapping are always the string as written (`010` stays "010").
+    - A mapping refuses a key given twice (PyYAML silently keeps the last) and a key that is not a string.
+    - Nesting is bounded while composing (MAX_DEPTH), and the size after alias expansion is bounded before
+      anything is constructed (MAX_EXPANDED_WEIGHT): an alias bomb costs microseconds, not gigabytes.
+    """
+
+    yaml_implicit_resolvers: dict[Any, Any] = {}
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _Bound(f"nesting deeper than {MAX_DEPTH} levels", self.peek_event().start_mark,
+                             "flatten the document: profiles and inventories nest a few levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str):
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is not a string", key_node.start_mark)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r} (first at line {seen[key].line + 1})", key_node.start_mark)
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
+
+    def construct_core_int(self, node: yaml.ScalarNode) -> int:
+        text = str(self.construct_scalar(node))
+        sign = -1 if text.startswith("-") else 1
+        body = text.lstrip("+-")
+        if body.startswith("0o"):
+            return sign * int(body[2:], 8)
+        if body.startswith("0x"):
+            return sign * int(body[2:], 16)
+        return sign * int(body, 10)
+
+
+_CoreLoader.add_implicit_resolver(_NULL, re.compile(r"^(?:~|null|Null|NULL|)$"), ["~", "n", "N", ""])
+_CoreLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                  list("tTfF"))
+_CoreLoader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+                                  list("-+0123456789"))
+_CoreLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
+    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+.0123456789"))
+_CoreLoader.add_constructor(_INT, _CoreLoader.construct_core_int)
+
+
+def _expanded_weight(root: yaml.Node) -> int:
+    """Nodes plus scalar characters of the document once every alias is expanded, computed once per node (an
+    alias is the very node object of its anchor); a recursive alias is refused. Depth is already bounded."""
+    weight: dict[int, int] = {}
+    active: set[int] = set()
+
+    def visit(node: yaml.Node) -> int:
+        key = id(node)
+        if key in weight:
+            return weight[key]
+        if key in active:
+            raise _Bound("an alias refers to a node that contains it (a recursive alias)", node.start_mark,
+                         "replace the alias with the value it should stand for")
+        active.add(key)
+        if isinstance(node, yaml.ScalarNode):
+            total = 1 + len(node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            total = 1 + sum(visit(child) for child in node.value)
+        else:
+            total = 1 + sum(visit(k) + visit(v) for k, v in node.value)
+        active.discard(key)
+        weight[key] = min(total, MAX_EXPANDED_WEIGHT + 1)
+        return weight[key]
+
+    return visit(root)
+
+
+def _heaviest(root: yaml.Node) -> tuple[yaml.Node, str]:
+    """The top-level key whose value is the largest once expanded (where an alias bomb sits), for the error."""
+    if isinstance(root, yaml.MappingNode) and root.value:
+        key, value = max(root.value, key=lambda kv: _expanded_weight(kv[1]))
+        return value, f"key {key.value!r} " if isinstance(key, yaml.ScalarNode) else ""
+    return root, "the document "
+
+
+def _env_as_written(root: yaml.Node) -> None:
+    """Every plain scalar under a top-level `env:` mapping is read as the string it spells (not 8 for `010`);
+    an empty or null value stays null (refused with its fix by the profile loader)."""
+    if not isinstance(root, yaml.MappingNode):
+        return
+    for key, value in root.value:
+        if isinstance(key, yaml.ScalarNode) and key.value == "env" and isinstance(value, yaml.MappingNode):
+            for _, item in value.value:
+                if isinstance(item, yaml.ScalarNode) and item.style is None and item.tag != _NULL:
+                    item.tag = _STR
 
 
 _TEXT_HINT = ("profiles and inventories are UTF-8 YAML text: check that this is the file you meant "
@@ -43,7 +154,12 @@ _TEXT_HINT = ("profiles and inventories are UTF-8 YAML text: check that this is 
 def read_yaml(path: Path) -> Any:
     """Read one YAML document; a missing file or a syntax error is a ConfigError."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        with open(path, "rb") as fh:          # at most one byte past the bound: /dev/zero is refused, not read
+            data = fh.read(MAX_DOCUMENT_BYTES + 1)
+        if len(data) > MAX_DOCUMENT_BYTES:
+            raise ConfigError(f"more than the {MAX_DOCUMENT_BYTES} bytes a profile or inventory may have",
+                              where=str(path), hint="check that this is the file you meant")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})", where=str(path),
                           hint=_TEXT_HINT) from None
@@ -51,9 +167,21 @@ def read_yaml(path: Path) -> Any:
         raise ConfigError("file not found", where=str(path),
                           hint="check the path (or the name passed to --profile / --inventory)") from None
     except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", where=str(path)) from None
+        raise ConfigError(f"cannot read: {exc.strerror}", where=str(path),
+                          hint="give the path of a readable YAML file") from None
+    loader: _CoreLoader | None = None
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        loader = _CoreLoader(text)
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        if _expanded_weight(root) > MAX_EXPANDED_WEIGHT:
+            node, what = _heaviest(root)
+            raise _Bound(f"{what}expands to more than {MAX_EXPANDED_WEIGHT} nodes and characters through its "
+                         "aliases (an alias bomb?)", node.start_mark, "write the values out, or use fewer nested "
+                         "aliases")
+        _env_as_written(root)
+        return loader.construct_document(root)
     except yaml.reader.ReaderError as exc:  # a binary file that happens to decode: NUL and other control characters
         raise ConfigError(f"not a YAML text file: control character #x{exc.character:04x} at offset {exc.position}",
                           where=str(path), hint=_TEXT_HINT) from None
@@ -61,9 +189,14 @@ def read_yaml(path: Path) -> Any:
         mark = getattr(exc, "problem_mark", None)
         loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         problem = getattr(exc, "problem", None) or str(exc)
-        hint = ("each key may appear once in a mapping: rename or merge the duplicates" if "duplicate key" in problem
-                else "fix the YAML syntax at that line")
+        hint = (getattr(exc, "hint", None) or
+                ("each key may appear once in a mapping: rename or merge the duplicates" if "duplicate key" in problem
+                 else "quote the key (keys are names)" if "is not a string" in problem
+                 else "fix the YAML syntax at that line"))
         raise ConfigError(f"invalid YAML: {problem}", where=loc, hint=hint) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
 
 
 def refusal(message: str, hint: str) -> PydanticCustomError:
@@ -78,6 +211,10 @@ def origin_of(origin: dict[str, str], key: str, default: str) -> str:
         found = origin.get(".".join(parts))
         if found:
             return found
+        if parts[-1].endswith("]"):       # extra_args[0] -> extra_args (a list is set as a whole)
+            parts[-1] = parts[-1][:parts[-1].index("[")]
+            if parts[-1]:
+                continue
         parts.pop()
     return default
 
@@ -144,12 +281,23 @@ def config_error_from(exc: ValidationError, model: type[BaseModel], where: str,
         elif err["type"] == "missing":
             msg = "required key is missing"
             hint = f"add '{loc[-1]}'"
+        elif isinstance(err.get("input"), bool) and err["type"] in ("int_type", "float_type"):
+            msg = f"{str(err['input']).lower()} is a boolean, not a number"
+            hint = (f"write the number itself (YAML reads true/false as booleans); "
+                    + (_described(model, loc) or "see the field's description"))
+        elif err.get("input", 0) is None and err["type"].endswith(("_type", "_parsing")):
+            msg = "null is not a value here"
+            hint = f"give a value or remove the key ({_described(model, loc) or 'see `sparkctl schema`'})"
+        elif err["type"] == "string_type" and isinstance(err.get("input"), (int, float, bool)):
+            msg = f"{err['input']!r} is a {type(err['input']).__name__}, not a string"
+            hint = f'quote it: {loc[-1]}: "{err["input"]}"'
         else:
             msg = err["msg"]
             if "input" in err and not isinstance(err["input"], (dict, list)) and err["type"] != "sparkctl_refusal":
                 msg += f" (got {err['input']!r})"
             ctx_hint = (err.get("ctx") or {}).get("hint") if isinstance(err.get("ctx"), dict) else None
             hint = ctx_hint or _described(model, loc)
+        hint = hint or ("see `sparkctl schema profile` or `sparkctl schema inventory` for what this key takes")
         src = origin_of(origin or {}, key_path(prefix + loc), where)
         text = f"{path}: {msg}"
         messages.append(text)

@@ -13,20 +13,24 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from sparkctl.config.loader import config_error_from, key_path, origin_of, read_yaml, refusal, repo_root
+from sparkctl.config.values import (ArgToken, ArgValue, Count, EngineEnvKey, EnvName, EnvValue, Flag, ImageRef, Int, ModelPath,
+                                    Number, PlainName, Platform, Prose, Port, Seconds, Text, Version, Word,
+                                    engine_env_key)
 from sparkctl.errors import ConfigError
 
-_STRICT = ConfigDict(extra="forbid", frozen=True)
+_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ImageSettings(BaseModel):
     model_config = _STRICT
-    sglang_version: str = Field("0.5.23", description="SGLang release the image carries; selects the flag dialect.")
-    base_image: str = Field("lmsysorg/sglang:v0.5.23", description="Engine base image the GB10 layers build on.")
-    patch_series: str | None = Field(None, description="Directory under patches/ applied at image build.")
-    platform: str = Field("linux/arm64", description="Image platform (DGX Spark is aarch64).")
-    ref: str | None = Field(None, description="Engine image to run; default: sparkctl/sglang-gb10:<version>-<patches>.")
+    sglang_version: Version = Field("0.5.23", description="SGLang release the image carries; selects the flag dialect.")
+    base_image: ImageRef = Field("lmsysorg/sglang:v0.5.23", description="Engine base image the GB10 layers build on.")
+    patch_series: PlainName | None = Field(None, description="Directory under patches/ applied at image build.")
+    platform: Platform = Field("linux/arm64", description="Image platform (DGX Spark is aarch64).")
+    ref: ImageRef | None = Field(None, description="Engine image to run; default: sparkctl/sglang-gb10:<version>-<patches>.")
 
     def engine_ref(self) -> str:
         """The engine image reference this profile runs."""
@@ -35,37 +39,37 @@ class ImageSettings(BaseModel):
 
 class ModelSettings(BaseModel):
     model_config = _STRICT
-    path: str = Field(description="Model path inside the engine: /models/... is each node's host_paths.models.")
-    served_name: str | None = Field(None, description="--served-model-name: the id clients ask for.")
-    reasoning_parser: str | None = Field(None, description="--reasoning-parser, e.g. glm45.")
-    tool_call_parser: str | None = Field(None, description="--tool-call-parser.")
-    trust_remote_code: bool = Field(False, description="--trust-remote-code.")
+    path: ModelPath = Field(description="Model path inside the engine: /models/... is each node's host_paths.models.")
+    served_name: ArgValue | None = Field(None, description="--served-model-name: the id clients ask for.")
+    reasoning_parser: Word | None = Field(None, description="--reasoning-parser, e.g. glm45.")
+    tool_call_parser: Word | None = Field(None, description="--tool-call-parser.")
+    trust_remote_code: Flag = Field(False, description="--trust-remote-code.")
 
 
 class ServerSettings(BaseModel):
     """SGLang server arguments sparkctl knows by name (0.5.23 names)."""
 
     model_config = _STRICT
-    tp_size: int = Field(2, ge=1, description="--tp-size: tensor-parallel ranks (one GPU per Spark).")
-    mem_fraction_static: float | None = Field(
+    tp_size: Count = Field(2, ge=1, description="--tp-size: tensor-parallel ranks (one GPU per Spark).")
+    mem_fraction_static: Number | None = Field(
         None, gt=0, lt=1, description="--mem-fraction-static: fraction of unified memory for weights+KV (0..1).")
-    max_total_tokens: int | None = Field(None, gt=0, description="--max-total-tokens: KV pool cap in tokens.")
-    mamba_full_memory_ratio: float | None = Field(None, gt=0, description="--mamba-full-memory-ratio.")
-    max_mamba_cache_size: int | None = Field(None, gt=0, description="--max-mamba-cache-size (raises the mamba cap).")
-    context_length: int | None = Field(None, gt=0, description="--context-length.")
-    kv_cache_dtype: str | None = Field(None, description="--kv-cache-dtype, e.g. bf16, fp8_e4m3.")
-    dsa_prefill_backend: str | None = Field(None, description="--dsa-prefill-backend (--nsa-* before 0.5.16).")
-    dsa_decode_backend: str | None = Field(None, description="--dsa-decode-backend (--nsa-* before 0.5.16).")
-    attention_backend: str | None = Field(None, description="--attention-backend.")
-    max_running_requests: int | None = Field(None, gt=0, description="--max-running-requests.")
-    chunked_prefill_size: int | None = Field(None, description="--chunked-prefill-size.")
-    cuda_graph_max_bs: int | None = Field(None, gt=0, description="--cuda-graph-max-bs (rejected on 0.5.23).")
-    disable_cuda_graph: bool = Field(False, description="--disable-cuda-graph (deprecated on 0.5.23).")
-    enable_metrics: bool = Field(True, description="--enable-metrics: expose /metrics.")
-    watchdog_timeout: float | None = Field(None, gt=0, description="--watchdog-timeout seconds.")
-    dist_timeout: int | None = Field(None, gt=0, description="--dist-timeout seconds.")
-    decode_log_interval: int | None = Field(None, gt=0, description="--decode-log-interval (decode steps per log).")
-    extra_args: list[str] = Field(default_factory=list,
+    max_total_tokens: Count | None = Field(None, gt=0, description="--max-total-tokens: KV pool cap in tokens.")
+    mamba_full_memory_ratio: Number | None = Field(None, gt=0, description="--mamba-full-memory-ratio.")
+    max_mamba_cache_size: Count | None = Field(None, gt=0, description="--max-mamba-cache-size (raises the mamba cap).")
+    context_length: Count | None = Field(None, gt=0, description="--context-length.")
+    kv_cache_dtype: Word | None = Field(None, description="--kv-cache-dtype, e.g. bf16, fp8_e4m3.")
+    dsa_prefill_backend: Word | None = Field(None, description="--dsa-prefill-backend (--nsa-* before 0.5.16).")
+    dsa_decode_backend: Word | None = Field(None, description="--dsa-decode-backend (--nsa-* before 0.5.16).")
+    attention_backend: Word | None = Field(None, description="--attention-backend.")
+    max_running_requests: Count | None = Field(None, gt=0, description="--max-running-requests.")
+    chunked_prefill_size: Int | None = Field(None, description="--chunked-prefill-size.")
+    cuda_graph_max_bs: Count | None = Field(None, gt=0, description="--cuda-graph-max-bs (rejected on 0.5.23).")
+    disable_cuda_graph: Flag = Field(False, description="--disable-cuda-graph (deprecated on 0.5.23).")
+    enable_metrics: Flag = Field(True, description="--enable-metrics: expose /metrics.")
+    watchdog_timeout: Seconds | None = Field(None, gt=0, description="--watchdog-timeout seconds.")
+    dist_timeout: Count | None = Field(None, gt=0, description="--dist-timeout seconds.")
+    decode_log_interval: Count | None = Field(None, gt=0, description="--decode-log-interval (decode steps per log).")
+    extra_args: list[ArgToken] = Field(default_factory=list,
                                   description="Further SGLang flags, passed through but checked against the dialect.")
 
 
@@ -79,20 +83,20 @@ MAX_DRAFT_TOKENS = 64
 
 class SpeculativeSettings(BaseModel):
     model_config = _STRICT
-    algorithm: str = Field(description="--speculative-algorithm: a name SGLang's SpeculativeAlgorithm knows in the "
+    algorithm: Word = Field(description="--speculative-algorithm: a name SGLang's SpeculativeAlgorithm knows in the "
                                        "profile's version (DFLASH, EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM ...; "
                                        "render checks it against the version's dialect).")
-    draft_model_path: str | None = Field(None, validate_default=True, description=(
+    draft_model_path: ModelPath | None = Field(None, validate_default=True, description=(
         "--speculative-draft-model-path (/models/... as for model.path); required for DFLASH, EAGLE, EAGLE3 "
         "and STANDALONE (use NEXTN for a model's built-in MTP layers)."))
-    num_draft_tokens: int | None = Field(None, ge=1, le=MAX_DRAFT_TOKENS, description=(
+    num_draft_tokens: Count | None = Field(None, ge=1, le=MAX_DRAFT_TOKENS, description=(
         "--speculative-num-draft-tokens: tokens verified per step, 1..64. SGLang itself only needs a positive "
         "integer; its defaults are the drafter's block size for DFLASH (16 when the drafter config has none), "
         "num_steps+1 for EAGLE with topk 1, 12 for NGRAM, and its documented EAGLE trees stay within 64. Every "
         "verify step computes this many tokens per request, so a larger value only adds work."))
-    num_steps: int | None = Field(None, ge=1, description="--speculative-num-steps (DFLASH forces 1).")
-    eagle_topk: int | None = Field(None, ge=1, description="--speculative-eagle-topk (DFLASH forces 1).")
-    draft_attention_backend: str | None = Field(None, description="--speculative-draft-attention-backend.")
+    num_steps: Count | None = Field(None, ge=1, description="--speculative-num-steps (DFLASH forces 1).")
+    eagle_topk: Count | None = Field(None, ge=1, description="--speculative-eagle-topk (DFLASH forces 1).")
+    draft_attention_backend: Word | None = Field(None, description="--speculative-draft-attention-backend.")
 
     @field_validator("algorithm")
     @classmethod
@@ -116,68 +120,61 @@ class SpeculativeSettings(BaseModel):
 
 class WarmupSettings(BaseModel):
     model_config = _STRICT
-    requests: int = Field(2, ge=0, description="Warm-up requests after boot (the first, cold one is timed apart).")
-    max_tokens: int = Field(800, ge=1, description="max_tokens per warm-up request.")
-    prompt: str = Field("Write a short, careful explanation of how a thread-safe queue works.",
+    requests: Count = Field(2, ge=0, le=1000, description="Warm-up requests after boot (the first, cold one is timed apart).")
+    max_tokens: Count = Field(800, ge=1, description="max_tokens per warm-up request.")
+    prompt: Prose = Field("Write a short, careful explanation of how a thread-safe queue works.",
                         description="Warm-up prompt.")
-    timeout_s: float = Field(900, gt=0, description="Timeout per warm-up request (the cold one pays JIT cost).")
+    timeout_s: Seconds = Field(900, description="Timeout per warm-up request (the cold one pays JIT cost).")
 
 
 class Expectations(BaseModel):
     model_config = _STRICT
-    min_max_total_num_tokens: int | None = Field(None, ge=1,
+    min_max_total_num_tokens: Count | None = Field(None, ge=1,
                                                  description="Fail verify if resolved max_total_num_tokens is lower.")
-    min_max_running_requests: int | None = Field(None, ge=1,
+    min_max_running_requests: Count | None = Field(None, ge=1,
                                                  description="Fail verify if resolved max_running_requests is lower.")
 
 
 class ApiSettings(BaseModel):
     model_config = _STRICT
-    host: str | None = Field(None, description="--host; default: the node's api_bind from the inventory.")
-    port: int = Field(30000, ge=1, le=65535, description="--port of rank 0's HTTP API.")
-    dist_port: int = Field(25000, ge=1, le=65535,
+    host: Word | None = Field(None, description="--host; default: the node's api_bind from the inventory.")
+    port: Port = Field(30000, description="--port of rank 0's HTTP API.")
+    dist_port: Port = Field(25000,
                            description="Port of rank 0's TCP store in --dist-init-addr (not api.port).")
-    api_key_env: str | None = Field(None, description="Environment variable holding the API key (never stored).")
-    hf_token_env: str | None = Field("HF_TOKEN", description="Environment variable holding the HF token (passed "
+    api_key_env: EnvName | None = Field(None, description="Environment variable holding the API key (never stored).")
+    hf_token_env: EnvName | None = Field("HF_TOKEN", description="Environment variable holding the HF token (passed "
                                                                "to the engine, never stored).")
 
 
 class LifecycleSettings(BaseModel):
     model_config = _STRICT
-    boot_timeout_s: float = Field(1800, gt=0, description="Bound on boot (rank 0 ready) before failing.")
-    health_timeout_s: float = Field(60, gt=0, description="Bound on the verify gates' requests.")
+    boot_timeout_s: Seconds = Field(1800, description="Bound on boot (rank 0 ready) before failing.")
+    health_timeout_s: Seconds = Field(60, description="Bound on the verify gates' requests.")
 
 
 class Profile(BaseModel):
     """A validated, fully merged profile."""
 
     model_config = _STRICT
-    name: str = Field(description="Profile name (file stem).")
-    path: str = Field(description="File the profile was loaded from.")
-    description: str = Field("", description="One line shown by `sparkctl profiles`.")
+    name: PlainName = Field(description="Profile name (file stem).")
+    path: Text = Field(description="File the profile was loaded from.")
+    description: Text = Field("", description="One line shown by `sparkctl profiles`.")
     image: ImageSettings = Field(default_factory=ImageSettings, description="Engine image.")
     model: ModelSettings = Field(description="Model to serve.")
     server: ServerSettings = Field(default_factory=ServerSettings, description="SGLang server settings.")
     speculative: SpeculativeSettings | None = Field(None, description="Speculative decoding, or null for off.")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the engine on every rank.")
+    env: dict[EngineEnvKey, EnvValue] = Field(default_factory=dict, description="Extra environment for the engine on every rank.")
     warmup: WarmupSettings = Field(default_factory=WarmupSettings, description="Warm-up after boot.")
     expect: Expectations = Field(default_factory=Expectations, description="Expectations on resolved capacity.")
     api: ApiSettings = Field(default_factory=ApiSettings, description="HTTP API and rendezvous ports.")
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings, description="Timeouts.")
-    rollback_profile: str | None = Field(None, description="Profile to fall back to when asked (e.g. dflash-off).")
-    extends: list[str] = Field(default_factory=list, description="Chain of profiles this one extends (resolved).")
+    rollback_profile: PlainName | None = Field(None, description="Profile to fall back to when asked (e.g. dflash-off).")
+    extends: list[PlainName] = Field(default_factory=list, description="Chain of profiles this one extends (resolved).")
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 
     def origin_of(self, key: str) -> str:
         """The file that set a key path (e.g. 'server.kv_cache_dtype'), walking up to the nearest set parent."""
         return origin_of(self._origins, key, self.path)
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_strings(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {str(k): (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in value.items()}
-        return value
 
 
 def profile_dirs() -> list[Path]:
@@ -227,12 +224,20 @@ def _mark(value: Any, origin: dict[str, str], src: str, path: tuple[Any, ...]) -
     return value
 
 
+MAX_EXTENDS_DEPTH = 16   # profiles in one `extends:` chain (the shipped ones use 3)
+
+
 def _load_raw(path: Path, chain: list[Path], origin: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
     resolved = path.resolve()
     if resolved in [c.resolve() for c in chain]:
         cycle = " -> ".join(p.stem for p in chain + [path])
         raise ConfigError(f"extends cycle: {cycle}", where=str(chain[-1]),
                           hint="remove one of the 'extends:' links so the chain ends at a base profile")
+    if len(chain) >= MAX_EXTENDS_DEPTH:
+        raise ConfigError(f"extends: chain longer than {MAX_EXTENDS_DEPTH} profiles "
+                          f"({' -> '.join(p.stem for p in chain[:3])} -> ... -> {chain[-1].stem} -> {path.stem})",
+                          where=str(chain[0]), hint="let the profile extend a base closer to it (profiles nest a "
+                          "few levels: d5 -> base)")
     data = read_yaml(path)
     if data is None:
         data = {}
@@ -262,7 +267,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _check_env(env: Any, origin: dict[str, str], default: str) -> None:
-    """Environment names are POSIX names; values are one line (a newline would read as a second variable)."""
+    """Environment names are POSIX names a profile may set (values.engine_env_key); values are the one-line
+    strings as written (the loader reads every `env` value as a string: `010` stays "010", `yes` stays "yes")."""
     if not isinstance(env, dict):
         return  # pydantic reports the wrong type
     for name, value in env.items():
@@ -271,10 +277,17 @@ def _check_env(env: Any, origin: dict[str, str], default: str) -> None:
         if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
             raise ConfigError(f"env[{str(name)!r}]: not an environment variable name", where=where,
                               hint="use letters, digits and underscores, not starting with a digit (e.g. NCCL_DEBUG)")
+        try:
+            engine_env_key(name)
+        except PydanticCustomError as exc:
+            raise ConfigError(f"{key}: {exc.message()}", where=where, hint=(exc.context or {}).get("hint")) from None
         if value is None or isinstance(value, (dict, list)):
             raise ConfigError(f"{key}: needs a single value (got {value!r})", where=where,
                               hint=f'give a string, e.g. {name}: "1" (an empty value is {name}: "")')
-        bad = next((c for c in ("\n", "\r", "\0") if c in str(value)), None)
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: {value!r} is not a string", where=where,
+                              hint=f'quote it: {name}: "{value}"')
+        bad = next((c for c in ("\n", "\r", "\0") if c in value), None)
         if bad is not None:
             raise ConfigError(f"{key}: value contains {bad!r}", where=where,
                               hint="environment values must be one line without NUL; put multi-line data in a file "

@@ -28,6 +28,11 @@ RENAMED_DESTS: dict[str, tuple[str, ...]] = {
 }
 
 
+# A flag is secret when its dest's last word says so and it takes a string: api_key, admin_api_key,
+# ssl_keyfile_password. A word anywhere else (max_total_tokens, speculative_token_map, a numeric *_per_token) is not.
+SECRET_WORDS = frozenset({"key", "password", "passwd", "token", "secret"})
+
+
 @dataclass(frozen=True)
 class Flag:
     options: tuple[str, ...]
@@ -39,6 +44,12 @@ class Flag:
     deprecated: bool
     deprecation_message: str | None
     help: str
+
+    @property
+    def secret(self) -> bool:
+        """Its value is a credential (redacted everywhere, passed in the secrets --config file)."""
+        return (self.kind == "value" and self.type in (None, "str")
+                and self.dest.rsplit("_", 1)[-1] in SECRET_WORDS)
 
     @property
     def option(self) -> str:
@@ -84,6 +95,10 @@ class Dialect:
     def option(self, option: str) -> Flag | None:
         """The flag an option string (`--tp-size`) belongs to, or None if this version has no such option."""
         return self._by_option.get(option)
+
+    def secret_options(self) -> frozenset[str]:
+        """Every spelling of every secret flag of this version (--api-key, --admin-api-key ...)."""
+        return frozenset(o for f in self.flags if f.secret for o in f.options)
 
     def argparser(self, prog: str = "launch_server.py") -> argparse.ArgumentParser:
         """An argparse parser accepting exactly this version's launch_server flags."""

@@ -31,6 +31,31 @@ def redact(text: str, secrets: "frozenset[str] | set[str] | list[str] | tuple[st
     return _SECRET_FIELDS.sub(lambda m: f"{m.group(1)}={m.group(2)}{REDACTED}{m.group(2)}", text)
 
 
+# Flags whose value is a credential when a spec does not name its own (the dialects' secret flags,
+# sparkctl.sglang.dialect.Flag.secret), and environment variables that would hold one.
+SECRET_OPTIONS = frozenset({"--api-key", "--admin-api-key", "--ssl-keyfile-password"})
+SECRET_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "SGLANG_API_KEY"})
+
+
+def redact_argv(argv: list[str], secret_options: "frozenset[str] | set[str]") -> list[str]:
+    """argv with the value of every secret flag replaced by '***', by position (`--api-key X`, `--api-key=X`):
+    redaction by field, so a number that happens to equal a secret is never hidden."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        opt, eq, _ = arg.partition("=")
+        if opt in secret_options:
+            out.append(f"{opt}={REDACTED}" if eq else arg)
+            hide_next = not eq
+        else:
+            out.append(arg)
+    return out
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """Everything needed to start one rank. Example::
@@ -53,6 +78,8 @@ class LaunchSpec:
     # File name -> content of the files the runtime writes (0400, in a private 0700 directory) at SECRETS_MOUNT
     # before the engine starts: the API key and HF token reach the engine there, never in its argv or env.
     secret_files: dict[str, str] = field(default_factory=dict, repr=False)
+    # Spellings of the flags whose value is a credential in this spec's SGLang version (redacted by position).
+    secret_options: frozenset[str] = field(default=SECRET_OPTIONS, repr=False)
 
     def listen_ports(self) -> list[tuple[str, int, str]]:
         """(bind address, port, what) this rank listens on, read from its own argv (SGLang's defaults when a flag
@@ -70,12 +97,13 @@ class LaunchSpec:
         return redact(text, self.secret_values)
 
     def redacted(self) -> dict[str, Any]:
-        """JSON-safe view with every secret replaced by '***' (for printing and the ledger)."""
+        """JSON-safe view with every secret replaced by '***' (for printing and the ledger): by field (the
+        secret flags' values and secret variables), never by what a value looks like."""
         return {
             "rank": self.rank,
             "node": self.node,
-            "argv": [self.redact_text(a) for a in self.argv],
-            "env": {k: self.redact_text(v) for k, v in sorted(self.env.items())},
+            "argv": redact_argv(self.argv, self.secret_options),
+            "env": {k: REDACTED if k in SECRET_ENV else v for k, v in sorted(self.env.items())},
             "sglang_version": self.sglang_version,
             "api_host": self.api_host,
             "api_port": self.api_port,

@@ -10,6 +10,7 @@ deprecated flags produce warnings. Example::
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -19,8 +20,8 @@ import yaml
 from sparkctl.config.inventory import Inventory, Node
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
-from sparkctl.sglang.dialect import Dialect, load_dialect
-from sparkctl.sglang.launch import ENGINE_SECRETS_FILE, HF_TOKEN_FILE, SECRETS_MOUNT, LaunchSpec
+from sparkctl.sglang.dialect import Dialect, Flag, load_dialect
+from sparkctl.sglang.launch import ENGINE_SECRETS_FILE, HF_TOKEN_FILE, SECRET_OPTIONS, SECRETS_MOUNT, LaunchSpec
 
 log = logging.getLogger("sparkctl.render")
 
@@ -69,6 +70,7 @@ class _ArgvBuilder:
         self.profile, self.dialect = profile, dialect
         self.argv: list[str] = []
         self.warnings: list[str] = []
+        self.dests: dict[str, str] = {}   # dest -> profile key that put it in argv (set once)
 
     def _refuse(self, key: str, message: str, hint: str) -> ConfigError:
         return ConfigError(f"{key}: {message}", where=self.profile.origin_of(key), hint=hint)
@@ -89,6 +91,7 @@ class _ArgvBuilder:
             self.warnings.append(f"{key}: {flag.option} is deprecated in SGLang {version}"
                                  + (f" ({flag.deprecation_message})" if flag.deprecation_message else ""))
         option = flag.option_for(dest)
+        self.dests[flag.dest] = key
         if value is True:
             if flag.kind != "store_true":
                 raise self._refuse(key, f"{option} takes a value in SGLang {version}", "give it a value")
@@ -96,34 +99,83 @@ class _ArgvBuilder:
         else:
             self.argv += [option, _fmt(value)]
 
-    def add_extra(self, extra: list[str]) -> None:
+    def add_extra(self, extra: list[str]) -> dict[str, str]:
+        """Append `server.extra_args`, each flag checked against this version's dialect: known (else a
+        did-you-mean), not one sparkctl sets, given once, its values of the flag's type and choices. Returns the
+        secret flags' values ({"admin-api-key": X}): they go to the secrets --config file, never into argv."""
         key = "server.extra_args"
+        version = self.dialect.version
+        secrets: dict[str, str] = {}
         i = 0
         while i < len(extra):
             token = extra[i]
-            opt, _, inline = token.partition("=")
+            opt, eq, inline = token.partition("=")
             flag = self.dialect.option(opt) if opt.startswith("-") else None
             if flag is None:
-                raise self._refuse(key, f"{token!r} is not a flag of SGLang {self.dialect.version}",
-                                   "check the spelling for this version (sparkctl render shows the dialect's flags)")
+                from sparkctl.config.loader import did_you_mean
+                options = sorted(o for f in self.dialect.flags for o in f.options if o.startswith("--"))
+                guess = did_you_mean(opt, options) if opt.startswith("-") else None
+                raise self._refuse(key, f"{token!r} is not a flag of SGLang {version}" if opt.startswith("-") else
+                                   f"{token!r} is not a flag of SGLang {version} (a value with no flag before it)",
+                                   (f"did you mean '{guess}'? " if guess else "")
+                                   + "check the spelling for this version (sparkctl render shows the dialect's flags)")
             if flag.dest in MANAGED:
                 raise self._refuse(key, f"{opt} is set by sparkctl", f"set it through {MANAGED[flag.dest]}")
+            if flag.dest in self.dests:
+                by = self.dests[flag.dest]
+                raise self._refuse(key, f"{opt} is given twice" if by == key else f"{opt} is already set by {by}",
+                                   f"set it once: remove it from extra_args" + ("" if by == key else f" or {by}"))
+            self.dests[flag.dest] = key
             if flag.deprecated:
-                self.warnings.append(f"{key}: {opt} is deprecated in SGLang {self.dialect.version}")
-            self.argv.append(token)
+                self.warnings.append(f"{key}: {opt} is deprecated in SGLang {version}")
             i += 1
-            if flag.kind in ("value", "list") and not inline:
-                if i >= len(extra):
+            if flag.kind in ("store_true", "store_false"):
+                if eq:
+                    raise self._refuse(key, f"{opt} takes no value (got {token!r})", f"write {opt} alone")
+                self.argv.append(opt)
+                continue
+            if eq:
+                values = [inline]
+            else:
+                if i >= len(extra) or not _is_value(extra[i]):
                     raise self._refuse(key, f"{opt} needs a value", f"add the value after {opt}")
                 values = [extra[i]]
                 i += 1
-                while flag.kind == "list" and i < len(extra) and not extra[i].startswith("-"):
+                while flag.kind == "list" and i < len(extra) and _is_value(extra[i]):
                     values.append(extra[i])
                     i += 1
-                for v in values:
-                    if flag.choices is not None and v not in flag.choices:
-                        raise self._refuse(key, f"{v!r} is not accepted by {opt}", f"use one of: {', '.join(flag.choices)}")
-                self.argv += values
+            for v in values:
+                self._check_value(key, opt, flag, v)
+            if flag.secret:
+                secrets[flag.option.lstrip("-")] = values[0]
+                continue
+            self.argv += [opt, *values]
+        return secrets
+
+    def _check_value(self, key: str, opt: str, flag: Flag, value: str) -> None:
+        if flag.choices is not None and value not in flag.choices:
+            raise self._refuse(key, f"{value!r} is not accepted by {opt}", f"use one of: {', '.join(flag.choices)}")
+        conv = {"int": int, "float": float}.get(flag.type or "")
+        if conv is None:
+            return
+        try:
+            number = conv(value)
+        except ValueError:
+            raise self._refuse(key, f"{opt} takes {'an integer' if conv is int else 'a number'} (got {value!r})",
+                               f"give {opt} a number, e.g. {opt} 1") from None
+        if conv is float and not math.isfinite(number):
+            raise self._refuse(key, f"{opt} takes a finite number (got {value!r})", f"give {opt} a finite number")
+
+
+def _is_value(token: str) -> bool:
+    """argparse reads a token as a value unless it looks like an option (a negative number is a value)."""
+    if not token.startswith("-") or token == "-":
+        return True
+    try:
+        float(token)
+        return True
+    except ValueError:
+        return False
 
 
 def _check_topology(profile: Profile, inventory: Inventory) -> None:
@@ -204,18 +256,26 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
         if profile.speculative is not None:
             for attr, dest in _SPEC_FIELDS:
                 b.add(f"speculative.{attr}", dest, getattr(profile.speculative, attr))
-        b.add_extra(profile.server.extra_args)
+        flag_secrets = b.add_extra(profile.server.extra_args)
         secret_files: dict[str, str] = {}
+        config_secrets = dict(flag_secrets)
         if api_key:
+            config_secrets["api-key"] = api_key
+        secrets.update(v for v in flag_secrets.values() if v)
+        if flag_secrets and dialect.flag("config") is None:
+            # No --config in this version: the value stays in argv, redacted in everything sparkctl prints.
+            for name, value in flag_secrets.items():
+                b.argv += [f"--{name}", value]
+        elif config_secrets:
             # Not `--api-key KEY` (ps, docker inspect and /proc/PID/cmdline show argv): SGLang's
             # prepare_server_args merges a `--config` YAML into argv in-process (ConfigArgumentMerger, SGLang
             # 0.5.3+; keys in any long spelling), so the key reaches ServerArgs.api_key from a 0400 file.
-            for dest in ("api_key", "config"):
+            for dest in ("api_key", "config") if api_key else ():
                 if dialect.flag(dest) is None:
                     raise b._refuse("api.api_key_env", f"SGLang {dialect.version} has no --{dest.replace('_', '-')}",
                                     "unset api.api_key_env, or use an image.sglang_version that has it")
             b.argv += ["--config", f"{SECRETS_MOUNT}/{ENGINE_SECRETS_FILE}"]
-            secret_files[ENGINE_SECRETS_FILE] = yaml.safe_dump({"api-key": api_key})
+            secret_files[ENGINE_SECRETS_FILE] = yaml.safe_dump(config_secrets)
 
         env = dict(profile.env)
         env.update({
@@ -236,7 +296,8 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
         specs.append(LaunchSpec(rank=rank, node=node.name, argv=LAUNCH_PREFIX + b.argv, env=env,
                                 sglang_version=dialect.version, api_host=api_address(node, bind),
                                 api_port=profile.api.port, mounts=mounts, secret_values=frozenset(secrets),
-                                image=image, secret_files=secret_files))
+                                image=image, secret_files=secret_files,
+                                secret_options=dialect.secret_options() | SECRET_OPTIONS))
         if rank == 0:
             warnings = b.warnings
     for w in warnings:

@@ -169,3 +169,46 @@ def test_corrupt_record_is_reported_not_replaced(tmp_path):
     with pytest.raises(LedgerError) as exc:
         ledger.active()
     assert "corrupt" in exc.value.message and ledger.index_path.read_text() == "{not json"
+
+
+def _policy_types(annotation, metadata=()) -> list:
+    """Each leaf type of a field: (annotation, its policy name or None); models are walked, not leaves."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from sparkctl.config.values import Policy, policy_of
+    names = [m.name for m in metadata if isinstance(m, Policy)]
+    if names:
+        return [(annotation, names[0])]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return []
+    name = policy_of(annotation)
+    if name:
+        return [(annotation, name)]
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if not args:
+        return [(annotation, None)]
+    return [leaf for a in args for leaf in _policy_types(a)]
+
+
+def _models():
+    from sparkctl.config import inventory, profile
+    from pydantic import BaseModel
+    out = []
+    for mod in (profile, inventory):
+        out += [v for v in vars(mod).values() if isinstance(v, type) and issubclass(v, BaseModel)
+                and v is not BaseModel and v.__module__ == mod.__name__]
+    return out
+
+
+def test_every_profile_and_inventory_field_is_a_value_policy_type():
+    """The policy is not a convention: a field typed `str` or `int` (no policy) fails this test."""
+    missing = []
+    for model in _models():
+        assert model.model_config.get("strict") is True, model
+        for name, info in model.model_fields.items():
+            for leaf, policy in _policy_types(info.annotation, info.metadata):
+                if policy is None:
+                    missing.append(f"{model.__name__}.{name}: {leaf!r}")
+    assert _models() and not missing, missing

@@ -180,3 +180,39 @@ def test_deprecated_flag_renders_with_a_warning(cli, profiles_dir):
     assert any("--disable-cuda-graph is deprecated in SGLang 0.5.23" in w for w in res.warnings)
     code, _, err = cli("render", "--profile", "v", "--inventory", str(INVENTORIES["sparks"]))
     assert code == 0 and "warning: server.disable_cuda_graph: --disable-cuda-graph is deprecated" in err
+
+
+def test_a_secret_flag_in_extra_args_goes_to_the_secrets_file_never_to_argv(cli, profiles_dir, monkeypatch):
+    """`extra_args: [--admin-api-key, X]` printed X in `render`; the dialect's secret flags (Flag.secret) go to
+    the --config file SGLang merges at start-up, beside the API key."""
+    monkeypatch.setenv("SPARKCTL_API_KEY", "sk-main")
+    name = _variant(profiles_dir, "extends: d5\nserver: {extra_args: [--admin-api-key, adm-XYZZY]}\n")
+    res = render(load_profile(name), load_inventory(INVENTORIES["sparks"]))
+    for spec in res.specs:
+        assert "adm-XYZZY" not in spec.argv and "--admin-api-key" not in spec.argv
+        assert yaml.safe_load(spec.secret_files["engine-secrets.yaml"]) == {"api-key": "sk-main",
+                                                                             "admin-api-key": "adm-XYZZY"}
+        assert _flag(spec.argv, "--config") == "/run/sparkctl-secrets/engine-secrets.yaml"
+    code, out, err = cli("render", "--profile", name, "--inventory", str(INVENTORIES["sparks"]))
+    assert code == 0 and "adm-XYZZY" not in out + err and "sk-main" not in out + err
+
+
+def test_redaction_is_by_field_not_by_value():
+    """An API key "8" must not hide `--speculative-num-draft-tokens 8`: argv hides the secret flags' values by
+    position, env the secret variables by name; numbers stay."""
+    from sparkctl.sglang.launch import LaunchSpec
+    spec = LaunchSpec(rank=0, node="a", argv=["python3", "--speculative-num-draft-tokens", "8", "--api-key", "8",
+                                              "--admin-api-key=8", "--max-total-tokens", "8"],
+                      env={"NCCL_DEBUG": "8", "HF_TOKEN": "8"}, sglang_version="0.5.23", secret_values=frozenset({"8"}))
+    view = spec.redacted()
+    assert view["argv"] == ["python3", "--speculative-num-draft-tokens", "8", "--api-key", "***",
+                            "--admin-api-key=***", "--max-total-tokens", "8"]
+    assert view["env"] == {"HF_TOKEN": "***", "NCCL_DEBUG": "8"}
+
+
+def test_secret_flags_are_the_credential_strings_not_every_token_word():
+    from sparkctl.sglang.dialect import load_dialect
+    secret = load_dialect("0.5.23").secret_options()
+    assert {"--api-key", "--admin-api-key", "--ssl-keyfile-password"} <= secret
+    assert not secret & {"--max-total-tokens", "--speculative-num-draft-tokens", "--speculative-token-map",
+                         "--kt-max-deferred-experts-per-token", "--bucket-time-to-first-token"}

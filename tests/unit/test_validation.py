@@ -149,3 +149,190 @@ def test_plain_cluster_names_still_load(tmp_path):
         inv = tmp_path / "inv.yml"
         inv.write_text(_hosts("198.18.0.1", "198.18.0.2", extra=f"  vars: {{sparkctl_cluster: {name}}}\n"))
         assert load_inventory(inv).cluster.name == name
+
+
+# Issue 16: one value policy (sparkctl/config/values.py) over every field. Each case: the profile body (extending
+# d5), the key named, what was wrong, the fix.
+POLICY_PROFILE_CASES = [
+    ("api: {port: true}\n", "api.port", "true is a boolean, not a number", "write the number itself"),
+    ("server: {max_total_tokens: true}\n", "server.max_total_tokens", "true is a boolean, not a number",
+     "--max-total-tokens"),
+    ("server: {mem_fraction_static: .nan}\n", "server.mem_fraction_static", "", ""),
+    ("warmup: {timeout_s: .inf}\n", "warmup.timeout_s", "not a finite number", "give a number"),
+    ("server: {tp_size: \"2\"}\n", "server.tp_size", "valid integer", "tp_size is --tp-size"),
+    ("image: {sglang_version: 0.5}\n", "image.sglang_version", "0.5 is a float, not a string",
+     'quote it: sglang_version: "0.5"'),
+    ("model: {trust_remote_code: yes}\n", "model.trust_remote_code", "valid boolean (got 'yes')", ""),
+    ("model: {path: \"-oProxyCommand=x\"}\n", "model.path", "starts with '-'", "remove the leading '-'"),
+    ("model: {path: \"--api-key=x\"}\n", "model.path", "starts with '-'", "remove the leading '-'"),
+    ("model: {path: \"\"}\n", "model.path", "is empty", "absolute path"),
+    ("model: {path: models/x}\n", "model.path", "'models/x' is not an absolute path", "starting with '/'"),
+    ("model: {path: /models/../etc}\n", "model.path", "has a '..' segment", "without '..'"),
+    ("model: {path: /models//x/}\n", "model.path", "is not normalised", "write it as '/models/x'"),
+    ("model: {path: /etc/x}\n", "model.path", "'/etc/x' is not under /models", "host_paths.models"),
+    ("speculative: {draft_model_path: /srv/d}\n", "speculative.draft_model_path", "is not under /models", ""),
+    ("model: {served_name: \"--port\"}\n", "model.served_name", "starts with '-'", ""),
+    ("model: {served_name: \"a\\tb\"}\n", "model.served_name", "control character '\\t'", "one line"),
+    ("server: {kv_cache_dtype: \"bf16 --x\"}\n", "server.kv_cache_dtype", "contains whitespace", ""),
+    ("image: {base_image: Lmsysorg/SGLang:v1}\n", "image.base_image", "is not an image reference",
+     "did you mean 'lmsysorg/sglang:v1'?"),
+    ("image: {ref: \"a:b:c\"}\n", "image.ref", "is not an image reference", "lowercase repository"),
+    ("image: {patch_series: ../../etc}\n", "image.patch_series", "is not a plain name", "no '/', '..'"),
+    ("env: {PYTHONPATH: /tmp/x}\n", "env.PYTHONPATH", "loader/interpreter variable (PYTHON*)", "patch series"),
+    ("env: {LD_PRELOAD: /tmp/x.so}\n", "env.LD_PRELOAD", "loader/interpreter variable (LD_*)", ""),
+    ("env: {PATH: /tmp}\n", "env.PATH", "loader/interpreter variable (PATH)", ""),
+    ("env: {SGLANG_HOST_IP: 1.2.3.4}\n", "env.SGLANG_HOST_IP", "is set by sparkctl", "fabric_address"),
+    ("env: {HF_TOKEN_PATH: /tmp/t}\n", "env.HF_TOKEN_PATH", "is set by sparkctl", "api.hf_token_env"),
+    ("env: {NCCL_SOCKET_IFNAME: eth0}\n", "env.NCCL_SOCKET_IFNAME", "is set by sparkctl", "fabric_interface"),
+    ("env: {HF_TOKEN: hf_x}\n", "env.HF_TOKEN", "is set by sparkctl", "never in env"),
+    ("env: {NCCL_DEBUG: \"\\e[31m\"}\n", "env.NCCL_DEBUG", "control character", ""),
+    ("server: {extra_args: [--max-totl-tokens, \"5\"]}\n", "server.extra_args",
+     "'--max-totl-tokens' is not a flag of SGLang 0.5.23", "did you mean '--max-total-tokens'?"),
+    ("server: {extra_args: [--max-prefill-tokens, lots]}\n", "server.extra_args",
+     "--max-prefill-tokens takes an integer (got 'lots')", ""),
+    ("server: {extra_args: [--context-length, \"4096\"]}\n", "server.extra_args",
+     "--context-length is already set by server.context_length", "remove it from extra_args"),
+    ("server: {extra_args: [--enable-cache-report, --enable-cache-report]}\n", "server.extra_args",
+     "--enable-cache-report is given twice", "set it once"),
+    ("server: {extra_args: [--enable-cache-report=1]}\n", "server.extra_args", "takes no value", ""),
+    ("server: {extra_args: [--tool-call-parser, --port]}\n", "server.extra_args", "needs a value", ""),
+    ("server: {extra_args: [stray]}\n", "server.extra_args", "a value with no flag before it", ""),
+    ("server: {extra_args: [--api-key, k]}\n", "server.extra_args", "--api-key is set by sparkctl",
+     "api.api_key_env"),
+]
+
+
+@pytest.mark.parametrize("body,key,message,fix", POLICY_PROFILE_CASES,
+                         ids=[f"{c[1]}-{i}" for i, c in enumerate(POLICY_PROFILE_CASES)])
+def test_value_policy_refuses_with_file_key_and_fix(cli, profiles_dir, body, key, message, fix):
+    path = profiles_dir / "v.yml"
+    path.write_text("extends: d5\n" + body)
+    err = _refused(cli, "--profile", "v", "--inventory", str(SPARKS))
+    assert _head(err).startswith(f"{path}: {key}: "), err
+    assert message in err and fix in err
+
+
+def test_env_values_are_the_strings_as_written(cli, profiles_dir):
+    """YAML 1.1 read 010, 12:30, yes, 0x1F as 8, 750, true, 31; sparkctl passes what the file says."""
+    (profiles_dir / "v.yml").write_text("extends: d5\nenv: {A: 010, B: 12:30, C: yes, D: 0x1F, E: 1e3, F: true}\n")
+    import json
+    code, out, err = cli("render", "--profile", "v", "--inventory", str(SPARKS), "--json", "--rank", "0")
+    assert code == 0, err
+    env = json.loads(out)["ranks"][0]["env"]
+    assert {k: env[k] for k in "ABCDEF"} == {"A": "010", "B": "12:30", "C": "yes", "D": "0x1F", "E": "1e3",
+                                             "F": "true"}
+
+
+def test_yaml_1_2_core_schema_outside_env(profiles_dir):
+    """Outside env too: `yes` is a string (so a boolean field refuses it), 010 is ten (not octal 8)."""
+    from sparkctl.config.loader import read_yaml
+    path = profiles_dir / "doc.yml"
+    path.write_text("a: 010\nb: 0x1F\nc: 12:30\nd: yes\ne: 2024-01-01\nf: 0o17\ng: ~\nh: True\n")
+    assert read_yaml(path) == {"a": 10, "b": 31, "c": "12:30", "d": "yes", "e": "2024-01-01", "f": 15, "g": None,
+                               "h": True}
+
+
+def _inventory(**host: str) -> str:
+    host = {"fabric_interface": "eth0", "fabric_address": "198.18.0.1", **host}
+    rows = "".join(f"      {k}: {v}\n" for k, v in host.items())
+    return ("all:\n  hosts:\n    a:\n" + rows +
+            "    b: {fabric_interface: eth0, fabric_address: 198.18.0.2}\n")
+
+
+POLICY_INVENTORY_CASES = [
+    ({"fabric_interface": '"eth0\\n    evil0:"'}, "hosts.a.fabric_interface", "control character '\\n'", "one line"),
+    ({"fabric_interface": "en/p1"}, "hosts.a.fabric_interface", "not a Linux interface name", "ip link"),
+    ({"fabric_interface": "enp1s0f0np0abcde"}, "hosts.a.fabric_interface", "is 16 bytes: Linux interface names "
+     "are 1-15 bytes", ""),
+    ({"fabric_interface": '"a:1"'}, "hosts.a.fabric_interface", "not a Linux interface name", ""),
+    ({"fabric_interface": '"eth0,eth1"'}, "hosts.a.fabric_interface", "comma list", ""),
+    ({"roce_hcas": "[mlx5_0, 'x y']"}, "hosts.a.roce_hcas[1]", "not an RDMA device name", "ibv_devices"),
+    ({"ansible_host": '"-oProxyCommand=id"'}, "hosts.a.ansible_host", "starts with '-'", "remove the leading '-'"),
+    ({"ansible_host": '"a b"'}, "hosts.a.ansible_host", "contains whitespace", ""),
+    ({"ansible_user": '"-l root"'}, "hosts.a.ansible_user", "", ""),
+    ({"ansible_port": "true"}, "hosts.a.ansible_port", "true is a boolean, not a number", ""),
+    ({"ansible_port": "70000"}, "hosts.a.ansible_port", "less than or equal to 65535", ""),
+    ({"ansible_ssh_private_key_file": "id_rsa"}, "hosts.a.ansible_ssh_private_key_file",
+     "is not an absolute path", "(or ~/...)"),
+    ({"host_paths": "{models: /srv/../etc}"}, "hosts.a.host_paths.models", "has a '..' segment", ""),
+    ({"host_paths": "{cache: relative}"}, "hosts.a.host_paths.cache", "is not an absolute path", ""),
+    ({"gpus": "1.5"}, "hosts.a.gpus", "valid integer", ""),
+    ({"api_bind": '"-x"'}, "hosts.a.api_bind", "starts with '-'", ""),
+    ({"runtime": "true"}, "hosts.a.runtime", "", ""),
+]
+
+
+@pytest.mark.parametrize("host,key,message,fix", POLICY_INVENTORY_CASES,
+                         ids=[f"{c[1]}-{i}" for i, c in enumerate(POLICY_INVENTORY_CASES)])
+def test_inventory_value_policy_names_the_ansible_key(cli, tmp_path, host, key, message, fix):
+    inv = tmp_path / "inv.yml"
+    inv.write_text(_inventory(**host))
+    err = _refused(cli, "--profile", "d5", "--inventory", str(inv))
+    assert _head(err).startswith(f"{inv}: {key}: "), err
+    assert message in err and fix in err
+
+
+@pytest.mark.parametrize("body,message", [
+    ("all: [1, 2]\n", "all: expected a mapping (got list)"),
+    ("all:\n  hosts: [a, b]\n", "all.hosts: expected a mapping (got list)"),
+    ("all:\n  hosts:\n    a: 5\n", "all.hosts.a: expected the host's variables as a mapping (got int)"),
+    ("all:\n  vars: [x]\n  hosts: {}\n", "all.vars: expected a mapping (got list)"),
+    ("all:\n  hosts:\n    1: {fabric_interface: e, fabric_address: 198.18.0.1}\n", "key 1 is not a string"),
+])
+def test_inventory_of_the_wrong_shape_is_refused(cli, tmp_path, body, message):
+    inv = tmp_path / "inv.yml"
+    inv.write_text(body)
+    err = _refused(cli, "--profile", "d5", "--inventory", str(inv))
+    assert message in _head(err), err
+
+
+# Bounded parsing: each refused quickly, naming the file (the figures are in bench/bench_yaml_bounds.py).
+def _bomb(levels: int = 14) -> str:
+    lines = ["l0: &l0 [" + ",".join(['"lol"'] * levels) + "]"]
+    lines += [f"l{i}: &l{i} [" + ",".join([f"*l{i - 1}"] * levels) + "]" for i in range(1, levels)]
+    return "extends: d5\nx:\n" + "".join(f"  {line}\n" for line in lines)
+
+
+@pytest.mark.parametrize("body,message", [
+    (_bomb(), "expands to more than 1000000 nodes and characters through its aliases"),
+    ("extends: d5\nx: &a [*a]\n", "a recursive alias"),
+    ("extends: d5\nx: " + "[" * 5000 + "]" * 5000 + "\n", "nesting deeper than 32 levels"),
+    ("extends: d5\n" + "#" * (1 << 20) + "\n", "more than the 1048576 bytes a profile or inventory may have"),
+])
+def test_hostile_yaml_is_refused_with_the_file_named(cli, profiles_dir, body, message):
+    path = profiles_dir / "v.yml"
+    path.write_text(body)
+    err = _refused(cli, "--profile", "v", "--inventory", str(SPARKS))
+    assert _head(err).startswith(str(path)) and message in err, err
+
+
+def test_an_endless_file_is_refused_after_the_bound_not_read(cli):
+    err = _refused(cli, "--profile", "d5", "--inventory", "/dev/zero")
+    assert _head(err) == "/dev/zero: more than the 1048576 bytes a profile or inventory may have"
+
+
+def test_a_long_extends_chain_is_refused_not_a_recursion_error(cli, profiles_dir):
+    (profiles_dir / "c0.yml").write_text("extends: d5\n")
+    for i in range(1, 1200):
+        (profiles_dir / f"c{i}.yml").write_text(f"extends: c{i - 1}\n")
+    err = _refused(cli, "--profile", "c1199", "--inventory", str(SPARKS))
+    assert _head(err).startswith(f"{profiles_dir / 'c1199.yml'}: extends: chain longer than 16 profiles"), err
+
+
+# CLI numbers (sparkctl/cli/bounds.py): a usage error naming the flag, before anything runs.
+@pytest.mark.parametrize("args,flag", [
+    (["up", "--profile", "d5", "--boot-timeout", "-5"], "--boot-timeout"),
+    (["up", "--profile", "d5", "--boot-timeout", "0"], "--boot-timeout"),
+    (["up", "--profile", "d5", "--boot-timeout", "nan"], "--boot-timeout"),
+    (["up", "--profile", "d5", "--boot-timeout", "inf"], "--boot-timeout"),
+    (["rollback", "--boot-timeout", "1e999"], "--boot-timeout"),
+    (["logs", "--tail", "-3"], "--tail"),
+    (["logs", "--tail", "2.5"], "--tail"),
+    (["logs", "--rank", "-1"], "--rank"),
+    (["render", "--profile", "d5", "--rank", "-1"], "--rank"),
+])
+def test_cli_numbers_out_of_range_exit_2_naming_the_flag(cli, state_dir, args, flag):
+    code, out, err = cli(*args)
+    assert code == 2, err
+    assert f"Invalid value for '{flag}'" in err and "Traceback" not in err
+    assert not state_dir.exists()  # refused before any command touched the cluster
