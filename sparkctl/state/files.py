@@ -24,16 +24,17 @@ from typing import Any
 from sparkctl.errors import LedgerError, StateDirError, StateDirFullError
 
 # Room a command that changes the cluster needs in the state directory before it starts: 16 MiB.
-# Measured on one `up` of the embedded cluster (tests/unit/test_state_room.py prints it): the record and the index
-# are a few KB each and every atomic rewrite holds the old and the new copy at once; the rank logs of one boot are
-# 10-35 KB each for real SGLang (shared/reference/captures/sglang: a startup, a few requests, a shutdown) and a few
-# KB for the emulator; an archived docker log of a pruned deployment grows by a line per request batch (~150 bytes).
-# A deploy's own writes stay under 1 MiB; 16 MiB leaves room for a long-served log archived at prune (~100k lines)
-# and is small enough never to stand in the way on a file system that still works.
+# Measured: one `up` of the embedded cluster (emulator boot, 2 ranks) leaves 78 KB in 10 files and directories
+# (`du -sb $SPARKCTL_STATE_DIR` after `sparkctl up --profile d5 --yes`): a 16 KB record, rank logs of 19 and 23 KB.
+# Real SGLang rank logs of a boot are 10-35 KB (shared/reference/captures/sglang: startup, a few requests,
+# shutdown); every atomic rewrite holds the old and the new copy at once; an archived docker log of a pruned
+# deployment grows by a line per request batch (~150 bytes). A deploy's own writes stay under 1 MiB; 16 MiB
+# leaves room for a long-served log archived at prune (~100k lines) and is small enough never to stand in the
+# way on a file system that still works.
 ROOM_BYTES = 16 * 1024 * 1024
 ROOM_WHY = ("room for one deploy: its record and index rewrites, two rank logs and the archived log of a "
             "pruned deployment, with a wide margin")
-# Files and directories one deploy creates (record, logs, secrets dirs, temp files): a few dozen; 256 is the margin.
+# Files and directories one deploy creates: 10 measured as above (plus a temp file per write); 256 is the margin.
 ROOM_INODES = 256
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
