@@ -24,7 +24,7 @@ from sparkctl.nodes import procfs
 from sparkctl.nodes.node_facts import NodeFacts
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
 from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec, redact
-from sparkctl.state.files import private_dir
+from sparkctl.state.files import private_dir, state_dir_error
 
 
 
@@ -76,15 +76,21 @@ class ProcessRuntime:
         # Its stdout is the rank log from the moment it exists (it appends there itself, and its own errors land
         # there too): a later command finds a running engine by the rank log it writes (sparkctl.deploy.observe).
         pipe = [sys.executable, "-m", "sparkctl.nodes.logpipe", str(log_path), str(sdir), "--"]
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        # One log per rank and deployment, one attempt after the other: this attempt starts at `log_offset` (after
+        # a newline ending whatever a killed attempt left half-written), and the handle reads from there only.
         try:
+            fd = os.open(log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:
+            raise state_dir_error(log_path, exc) from None
+        try:
+            offset = attempt_start(fd, log_path)
             proc = subprocess.Popen(pipe + self._command(spec, sdir), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
                                     env=env, start_new_session=True, close_fds=True)
         finally:
             os.close(fd)
         self._children[proc.pid] = proc
         return ProcessHandle(node=spec.node, rank=spec.rank, pid=proc.pid, start_ticks=procfs.start_ticks(proc.pid),
-                             log=str(log_path), deployment=deployment_id, spec=spec.redacted())
+                             log=str(log_path), log_offset=offset, deployment=deployment_id, spec=spec.redacted())
 
     def _ours(self, handle: ProcessHandle) -> bool:
         """The handle's process still runs (same PID *and* start time: a recycled PID is not ours; a zombie is dead)."""
@@ -103,9 +109,10 @@ class ProcessRuntime:
         return Liveness(False, f"not running (pid {pid} gone)")
 
     def read_log(self, handle: ProcessHandle, offset: int = 0) -> tuple[str, int]:
+        """This attempt's log text from `offset` (counted from the attempt's start, `handle.log_offset`)."""
         try:
             with open(handle.log, "rb") as fh:
-                fh.seek(offset)
+                fh.seek(handle.log_offset + offset)
                 data = fh.read()
         except FileNotFoundError:
             return "", offset
@@ -154,6 +161,19 @@ class ProcessRuntime:
             nf.engine_error = str(exc)
         nf.ports_free = {(addr, port): local_port_free(addr, port) for addr, port, _ in spec.listen_ports()}
         return nf
+
+
+def attempt_start(fd: int, path: Path) -> int:
+    """The byte offset where a new attempt's lines start in the log open at `fd` (O_APPEND): its size, after a
+    newline that ends a line a killed attempt left half-written. StateDirFullError/StateDirError if it cannot."""
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            os.write(fd, b"\n")
+            size += 1
+    except OSError as exc:
+        raise state_dir_error(path, exc) from None
+    return size
 
 
 def _local(value: str, secrets_dir: Path | None) -> str:
