@@ -1,6 +1,8 @@
-"""Logs per boot attempt (process runtime): a restart of the same deployment (a restore, a rollback's restart)
+"""The process runtime. Logs per boot attempt: a restart of the same deployment (a restore, a rollback's restart)
 reads only its own attempt's lines, so a fatal line an earlier attempt left (a traceback, half a line of a
-SIGKILLed engine) never fails the new boot; and an engine killed by SIGKILL leaves no traceback of the pipe."""
+SIGKILLed engine) never fails the new boot; an engine killed by SIGKILL leaves no traceback of the pipe.
+Secrets: on tmpfs (0700 directories, 0400 files), gone when their engine stops, swept by `cleanup_secrets`
+after a kill -9, kept while their engine runs."""
 from __future__ import annotations
 
 import os
@@ -14,7 +16,8 @@ from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
 from sparkctl.deploy.boot import boot
 from sparkctl.deploy.progress import Reporter
-from sparkctl.nodes.process import ProcessRuntime
+from sparkctl.nodes import procfs
+from sparkctl.nodes.process import ProcessRuntime, secrets_home
 from sparkctl.sglang.render import render
 from sparkctl.testing.embedded import write_embedded_inventory
 
@@ -27,7 +30,9 @@ def setup(tmp_path, monkeypatch):
     for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
         monkeypatch.delenv(key)
     inv = load_inventory(write_embedded_inventory(tmp_path / "inventory.yml", FAST))
-    specs = render(load_profile("d5"), inv, environ={}).specs
+    env = {"SPARKCTL_API_KEY": "sk-proc-rt-5150", "HF_TOKEN": "hf_procRT0042"}
+    specs = render(load_profile("d5"), inv, environ=env).specs
+    assert all(s.secret_files for s in specs)
     rt = ProcessRuntime(tmp_path / "logs" / "dep-1", inv.cluster.sim, secrets_root=tmp_path / "secrets")
     started = []
     yield rt, specs, started
@@ -72,3 +77,52 @@ def test_an_engine_killed_by_sigkill_leaves_no_pipe_traceback(setup):
     assert not live.alive and live.exit_code == -signal.SIGKILL, live
     text, _ = rt.read_log(h0, 0)
     assert "Traceback" not in text and "logpipe" not in text
+
+
+def _engine_of(h) -> int:
+    return int(Path(f"/proc/{h.pid}/task/{h.pid}/children").read_text().split()[0])
+
+
+def _gone(pid: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = procfs.proc_stat(pid)
+        if st is None or st[0] == "Z":
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"pid {pid} still runs")
+
+
+def test_secrets_live_on_tmpfs_privately_and_go_when_the_engine_stops(setup):
+    rt, specs, started = setup
+    result = _boot(rt, specs, started)
+    assert procfs.fs_type(rt.secrets_root) == "tmpfs" and rt.secrets_root.is_relative_to(secrets_home())
+    for h in result.handles:
+        sdir = rt.secrets_dir("dep-1", h.rank)
+        assert oct(sdir.stat().st_mode & 0o777) == oct(0o700)
+        assert {p.name: oct(p.stat().st_mode & 0o777) for p in sdir.iterdir()} == \
+            {"engine-secrets.yaml": oct(0o400), "hf-token": oct(0o400)}
+        assert str(sdir) in procfs.cmdline(h.pid)        # the pipe names it: how "in use" is told
+    for h in result.handles:
+        rt.stop(h, timeout_s=5)
+        assert not rt.secrets_dir("dep-1", h.rank).exists()
+    assert not (rt.secrets_root / "dep-1").exists()
+
+
+def test_cleanup_secrets_sweeps_what_a_kill_9_left_and_keeps_a_running_engines(setup):
+    rt, specs, started = setup
+    result = _boot(rt, specs, started)
+    h0, h1 = sorted(result.handles, key=lambda h: h.rank)
+    engine = _engine_of(h1)
+    os.kill(h1.pid, signal.SIGKILL)                  # pipe and engine of rank 1 die: nobody removes the files
+    _gone(h1.pid)
+    _gone(engine)
+    assert rt.secrets_dir("dep-1", 1).exists()
+    other = ProcessRuntime(rt.log_dir, rt.sim_knobs, secrets_root=rt.log_dir.parent.parent / "secrets")
+    assert other.secrets_root == rt.secrets_root     # a later command (reconcile, down) finds the same place
+    removed = other.cleanup_secrets()
+    assert removed == [str(rt.secrets_dir("dep-1", 1))]
+    assert not rt.secrets_dir("dep-1", 1).exists() and rt.secrets_dir("dep-1", 0).exists()   # rank 0 still runs
+    assert other.cleanup_secrets() == []
+    rt.stop(h0, timeout_s=5)
+    assert not (rt.secrets_root / "dep-1").exists()
