@@ -100,3 +100,25 @@ def test_state_directories_are_0700_and_files_0600(cli, local_cluster, state_dir
         else:
             assert mode & 0o077 == 0, (path, oct(mode))
     assert cli("down", "--yes")[0] == 0
+
+
+def test_secret_files_of_engines_killed_with_kill_9_are_gone_after_down(cli, local_cluster, state_dir, secret_env):
+    import signal
+    import time
+
+    code, out, err = cli("up", "--profile", "d5", "--yes", "--json")
+    assert code == 0, err
+    dep = json.loads(out)["deployment"]
+    ledger = Ledger.for_cluster(load_inventory(local_cluster).cluster.name)
+    rec = ledger.load(dep)
+    sroot = secrets_root_for(ledger.root / "secrets")
+    pids = _pids_of(rec.handles)
+    for h in rec.handles:
+        os.kill(h.pid, signal.SIGKILL)          # the pipes; their engines follow (PR_SET_PDEATHSIG)
+    deadline = time.monotonic() + 20
+    while any(procfs.running(p, None) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(procfs.running(p, None) for p in pids)
+    assert (sroot / dep / "rank0" / "hf-token").exists()        # nobody was left to remove them
+    assert cli("down", "--yes")[0] == 0
+    assert not (sroot / dep).exists()
