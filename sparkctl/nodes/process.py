@@ -58,12 +58,18 @@ def secrets_root_for(key: Path, environ: dict[str, str] | None = None) -> Path:
 def _own_private_dir(path: Path) -> Path:
     """`path` created 0700 and checked to be this user's real directory (not a symlink, not another user's: the
     parent may be a shared tmpfs like /dev/shm)."""
-    private_dir(path)
-    st = path.lstat()
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
-        raise StateDirError(f"{path} is not a private directory of this user", where=str(path),
-                            hint=f"remove {path} (it is not sparkctl's) and re-run")
-    return path
+    try:
+        st: os.stat_result | None = path.lstat()
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise state_dir_error(path, exc) from None
+    # Checked before anything is changed: a symlink or another user's directory planted there is refused, never
+    # followed or tightened.
+    if st is not None and (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid()):
+        raise StateDirError(f"{path} is not a directory of this user (a symlink, a file or another user's)",
+                            where=str(path), hint=f"remove {path} (it is not sparkctl's) and re-run")
+    return private_dir(path)
 
 
 class ProcessRuntime:

@@ -126,3 +126,26 @@ def test_cleanup_secrets_sweeps_what_a_kill_9_left_and_keeps_a_running_engines(s
     assert other.cleanup_secrets() == []
     rt.stop(h0, timeout_s=5)
     assert not (rt.secrets_root / "dep-1").exists()
+
+
+def test_a_planted_secrets_home_is_refused_not_followed(tmp_path, monkeypatch):
+    from sparkctl.errors import StateDirError
+    from sparkctl.nodes import process
+
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o755)
+    home = tmp_path / "run" / "sparkctl"
+    home.parent.mkdir()
+    home.symlink_to(target)
+    with pytest.raises(StateDirError, match="not a directory of this user"):
+        process._own_private_dir(home)
+    assert oct(target.stat().st_mode & 0o777) == oct(0o755)        # never tightened through the link
+    home.unlink()
+    assert process._own_private_dir(home) == home and oct(home.stat().st_mode & 0o777) == oct(0o700)
+
+
+def test_secrets_home_prefers_a_tmpfs_xdg_runtime_dir(tmp_path):
+    shm = Path("/dev/shm")
+    assert secrets_home({"XDG_RUNTIME_DIR": str(shm)}) == shm / "sparkctl"                 # a tmpfs: used
+    assert secrets_home({"XDG_RUNTIME_DIR": str(tmp_path)}) == shm / f"sparkctl-{os.getuid()}"   # not a tmpfs
+    assert secrets_home({}) == shm / f"sparkctl-{os.getuid()}"
