@@ -92,6 +92,19 @@ class StateDirError(LedgerError):
     """The state directory cannot be created or written (permissions, read-only file system, a file in the way)."""
 
 
+class StateDirFullError(LedgerError):
+    """The state directory's file system has no room (no space or no inodes left, or a quota reached): exit 6.
+
+    `free_bytes` is the room seen (None when it could not be read), `need_bytes` the threshold it was held to.
+    """
+
+    def __init__(self, message: str, *, free_bytes: int | None = None, need_bytes: int | None = None,
+                 **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.free_bytes = free_bytes
+        self.need_bytes = need_bytes
+
+
 class CancelledError(SparkctlError):
     """The user declined at the confirmation prompt; nothing was changed."""
 

@@ -1,6 +1,13 @@
 """Run a playbook of ``playbooks/`` through ansible-runner against the inventory file itself.
 
-Artifacts (events, stdout) stay under ``<state dir>/<cluster>/ansible/artifacts/`` (the last 20 runs). The
+Artifacts (events, stdout) stay under ``<state dir>/<cluster>/ansible/artifacts/`` (the last 20 runs:
+ansible-runner's ``rotate_artifacts``), directories 0700 and files 0600 (a umask of 077 while it runs, then
+tightened). ansible-playbook gets only the variables it needs (`ansible_env`): ansible-runner seeds a job's
+environment with the caller's whole ``os.environ`` and writes it to ``artifacts/<id>/command`` (ansible-runner
+2.4: ``BaseConfig.prepare_env`` then ``Runner.run``; no option turns that off), so the job is prepared with
+``init_runner`` and its environment cut down before it runs: never the API key, the HF token or anything
+else of the caller's that the playbooks do not use. ``suppress_env_files`` keeps extravars and passwords out of
+``env/``; the become password goes to the prompt only. The
 playbooks gather no Ansible facts (they read what they need with small commands), and SSH multiplexing
 (ControlPersist) plus pipelining, and prepare.yml's one-round-trip state read
 (playbooks/README.md), keep a no-change run to a few seconds. Host keys are verified with the inventory's known_hosts and policy, never ignored.
@@ -21,12 +28,18 @@ from typing import Any, Callable
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.errors import ConfigError, NodeError
+from sparkctl.state.files import private_dir
 
 log = logging.getLogger("sparkctl.hosts")
 
 PLAYBOOK_DIR = Path(__file__).resolve().parents[2] / "playbooks"
 PLAYBOOKS = ("prepare.yml", "models.yml", "facts.yml", "restore.yml")
 KEEP_ARTIFACTS = 20
+# What ansible-playbook and ssh need of the caller's environment: the user and home (~/.ssh, ~/.ansible), the
+# ssh agent, the locale (ansible-core refuses a non-UTF-8 one), time zone and temp dir, the user's own Ansible
+# settings. Everything else (SPARKCTL_API_KEY, HF_TOKEN, cloud credentials, PYTHONPATH...) stays out.
+CALLER_ENV = ("HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "SSH_AUTH_SOCK", "TERM")
+CALLER_ENV_PREFIXES = ("LC_", "ANSIBLE_")
 
 
 @dataclass
@@ -115,6 +128,35 @@ def fix_for(result: TaskResult) -> str:
     return f"see the task's output above; the run's events are in the state directory; re-run once fixed"
 
 
+def ansible_env(job_env: dict[str, str], caller: dict[str, str], settings: dict[str, str]) -> dict[str, str]:
+    """The environment a job runs with: `job_env` (what ansible-runner prepared: the caller's environment plus
+    `settings` plus its own additions) without the caller's variables other than `CALLER_ENV` /
+    `CALLER_ENV_PREFIXES`. Pure. Example::
+
+        ansible_env({"HOME": "/root", "HF_TOKEN": "hf_x", "ANSIBLE_NOCOLOR": "True"}, os.environ, envvars)
+        # {'HOME': '/root', 'ANSIBLE_NOCOLOR': 'True'}
+    """
+    def keep(key: str, value: str) -> bool:
+        if key in settings:
+            return True
+        if key in caller and caller[key] == value:                 # the caller's, unchanged by the runner
+            return key in CALLER_ENV or key.startswith(CALLER_ENV_PREFIXES)
+        return True                                                 # added or set by ansible-runner itself
+    return {k: v for k, v in job_env.items() if keep(k, v)}
+
+
+def tighten_artifacts(base: Path) -> None:
+    """Directories 0700 and files 0600 under `base` (ansible-runner creates some files with the umask's mode)."""
+    for root, dirs, names in os.walk(base):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o700, follow_symlinks=False)
+        for n in names:
+            path = os.path.join(root, n)
+            if not os.path.islink(path):
+                os.chmod(path, 0o600)
+    os.chmod(base, 0o700)
+
+
 def state_dir(inv: Inventory) -> Path:
     from sparkctl.state.ledger import default_state_root
     return default_state_root() / inv.cluster.name / "ansible"
@@ -147,8 +189,7 @@ def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: li
                           "(ansible-core + ansible-runner; bin/_bootstrap installs them)") from None
     bindir = str(Path(_ansible_playbook()).parent)
     base = state_dir(inv)
-    base.mkdir(parents=True, exist_ok=True, mode=0o700)
-    base.chmod(0o700)
+    private_dir(base)
     control_dir = _control_dir(base)
     run = PlaybookRun(playbook, check)
     cmdline = ["--check", "--diff"] if check else ["--diff"]
@@ -165,6 +206,7 @@ def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: li
         "ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3",   # DGX OS; no discovery round-trip
         "ANSIBLE_LOCAL_TEMP": str(base / "tmp"),
     }
+    envvars.update(env or {})
 
     def handler(event: dict[str, Any]) -> bool:
         result = _result_of(event)
@@ -181,11 +223,21 @@ def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: li
         return True
 
     passwords = {r"^BECOME password.*:\s*?$": become_password} if become_password is not None else {}
-    runner = ansible_runner.run(
-        private_data_dir=str(base), project_dir=str(PLAYBOOK_DIR), playbook=str(PLAYBOOK_DIR / playbook),
-        inventory=str(Path(inv.path).resolve()), cmdline=" ".join(cmdline), tags=",".join(tags) if tags else None,
-        extravars=extravars or {}, envvars=envvars, passwords=passwords, forks=forks, quiet=True,
-        event_handler=handler, rotate_artifacts=KEEP_ARTIFACTS, suppress_env_files=True)
+    from ansible_runner.interface import init_runner
+
+    old_umask = os.umask(0o077)
+    try:
+        runner = init_runner(
+            private_data_dir=str(base), project_dir=str(PLAYBOOK_DIR), playbook=str(PLAYBOOK_DIR / playbook),
+            inventory=str(Path(inv.path).resolve()), cmdline=" ".join(cmdline),
+            tags=",".join(tags) if tags else None, extravars=extravars or {}, envvars=envvars, passwords=passwords,
+            forks=forks, quiet=True, event_handler=handler, rotate_artifacts=KEEP_ARTIFACTS,
+            suppress_env_files=True)
+        runner.config.env = ansible_env(runner.config.env, dict(os.environ), envvars)
+        runner.run()
+    finally:
+        os.umask(old_umask)
+        tighten_artifacts(base)
     run.status, run.rc = runner.status, runner.rc
     run.artifacts = Path(runner.config.artifact_dir)
     _probe_unreachable(run, inv)

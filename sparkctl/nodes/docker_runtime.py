@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,7 +70,7 @@ from typing import TYPE_CHECKING, Any
 from sparkctl.errors import NodeError
 from sparkctl.nodes import facts
 from sparkctl.nodes.container import (MEMLOCK_ENV, SECRETS_HOST_ROOT, ContainerConfig, container_config,
-                                      resolve_image)
+                                      container_name, resolve_image)
 from sparkctl.nodes.docker_logs import LOG_LOOKBACK_NS, LogEntry, _Cursor, _since_arg, _ts_ns, parse_log_lines
 from sparkctl.nodes.node_facts import NodeFacts, gather_over_ssh
 from sparkctl.nodes.runtime import DockerHandle, Liveness, sim_env
@@ -277,11 +278,33 @@ class DockerRuntime:
         return parse_log_lines(redact(res.stdout, self.secret_values))
 
     def stop(self, handle: DockerHandle, *, timeout_s: float = 15.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout_s``; the container stays (stopped) for a fast restart."""
+        """SIGTERM, then SIGKILL after ``timeout_s``; the container stays (stopped) for a fast restart, its secret
+        files on the node go (`start` writes them again before a restart)."""
         res = self._docker("stop", "--time", str(max(0, int(round(timeout_s)))), handle.container_id,
                            check=False, timeout=timeout_s + 60)
         if res.returncode != 0 and "no such container" not in res.stderr.lower():
             res.check()
+        self._remove_secrets(handle.container)
+
+    def cleanup_secrets(self) -> list[str]:
+        """Remove the secret directories on this node of this cluster's containers that are not running (a
+        container killed with the controller, removed by hand, a node that lost its engines): what reconcile and
+        `down` call. Three SSH round-trips; returns ``"[node] /dev/shm/sparkctl-secrets/<container>"`` per
+        directory removed. Directories of other clusters are never touched."""
+        prefix = re.escape(container_name(self.cluster, 0, "")).split("rank0", 1)[0]
+        ours = re.compile(prefix + r"rank\d+-[0-9a-f]{10}")
+        res = self.ssh.run(["find", SECRETS_HOST_ROOT, "-mindepth", "1", "-maxdepth", "1", "-type", "d",
+                            "-printf", "%f\\n"], check=False)
+        if res.returncode != 0:          # no secrets directory on this node at all
+            return []
+        dirs = [d for d in res.stdout.split() if ours.fullmatch(d)]
+        if not dirs:
+            return []
+        running = {h.container for h, alive in self.labelled() if alive}
+        stale = [f"{SECRETS_HOST_ROOT}/{d}" for d in dirs if d not in running]
+        if stale:
+            self.ssh.run(["rm", "-rf", "--", *stale], check=True)
+        return [f"[{self.node.name}] {p}" for p in stale]
 
     def remove(self, handle: DockerHandle) -> None:
         """Remove the container for good (idempotent); its log is archived to ``log_dir`` first when set."""

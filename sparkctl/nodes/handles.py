@@ -34,6 +34,9 @@ class ProcessHandle(_HandleBase):
     pid: int
     start_ticks: int | None = None
     log: str
+    # Where this boot attempt's lines start in `log` (bytes): earlier attempts of the same rank and deployment (a
+    # restore, a rollback's restart) come before it, and readiness and fatal-line detection never read them.
+    log_offset: int = 0
     spec: dict[str, Any] = Field(default_factory=dict)
 
     @property

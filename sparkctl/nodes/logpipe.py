@@ -5,36 +5,62 @@ The process runtime's engine log lives in sparkctl's state directory, and SGLang
 this small parent reads its stdout+stderr line by line, passes each line through `sparkctl.sglang.launch.redact`
 (the values of the rank's secret files, plus the ``api_key='...'`` pattern) and appends it to LOG (0600).
 
-It is the process the runtime records (same session and process group as the engine): SIGTERM/SIGINT/SIGHUP
-reach the engine through the group and this parent keeps draining until the engine exits, then exits the same
-way (same code, or the same signal); if this parent is killed, the kernel kills the engine (PR_SET_PDEATHSIG).
+It is the process the runtime records (the leader of a new session); the engine runs in a process group of its
+own, so a signal to the pipe's group reaches the engine once, through the pipe, and never twice (a second SIGTERM
+would cut a graceful shutdown short: Python restores default handlers while it exits). Every way it can end is
+handled, and none writes a traceback into the log:
+
+* the engine exits with a code: the pipe exits with the same code;
+* the engine dies by a signal (a negative return code): the pipe ends by the same signal (SIGKILL and the like
+  cannot have a handler: the default disposition is restored only where it can be; core dumps are off), so
+  the runtime sees the same end as if it had run the engine itself;
+* the engine cannot be started (missing program, not executable): one line saying so in the log, exit 127
+  (not found) or 126 (found, not runnable), like a shell;
+* SIGTERM/SIGINT/SIGHUP to the pipe (to its group, or to the pipe alone): passed on to the engine once, and the
+  pipe keeps draining until the engine exits, then ends the same way;
+* SIGKILL of the pipe: the kernel kills the engine too (PR_SET_PDEATHSIG); nothing more is written;
+* the log cannot be written (the state directory is full): lines are dropped, not the engine; once writing
+  works again one line says how many were lost.
+
 Secret values are read from SECRETS_DIR (never from argv or env).
 """
 from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 import yaml
 
 from sparkctl.sglang.launch import redact
 
 _PR_SET_PDEATHSIG = 1
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+EXIT_NOT_FOUND, EXIT_NOT_RUNNABLE = 127, 126
 
 
 def secret_values(directory: Path) -> set[str]:
     """Every secret value held in `directory`: YAML files' scalar values, other files' stripped content."""
     out: set[str] = set()
-    if not directory.is_dir():
+    try:
+        paths = list(directory.iterdir()) if directory.is_dir() else []
+    except OSError:
         return out
-    for path in directory.iterdir():
-        text = path.read_text(encoding="utf-8")
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError:
+            continue
         if path.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
+            try:
+                data = yaml.safe_load(text) or {}
+            except yaml.YAMLError:
+                data = {}
             out.update(str(v) for v in (data.values() if isinstance(data, dict) else []) if v not in (None, ""))
         elif text.strip():
             out.add(text.strip())
@@ -48,26 +74,94 @@ def _die_with_parent() -> None:
         pass
 
 
+class _Log:
+    """Appends to the rank log; a failed write drops the line (counted), never the engine."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self.fh = fh
+        self.lost = 0
+        self.why = ""
+
+    def write(self, data: bytes) -> None:
+        try:
+            if self.lost:
+                self.fh.write(f"[sparkctl logpipe: {self.lost} lines lost: {self.why}]\n".encode())
+                self.lost = 0
+            self.fh.write(data)
+        except OSError as exc:
+            self.lost += 1
+            self.why = exc.strerror or str(exc)
+
+
+def end_like(code: int) -> int:
+    """End this process the way the engine ended: exit `code`, or die by signal ``-code``. Returns the exit code to
+    use when dying by that signal is not possible (a signal that does not kill by default): 128 + signal."""
+    if code >= 0:
+        return code
+    sig = -code
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))    # SIGSEGV/SIGABRT: the engine's end, not a core of ours
+    except (OSError, ValueError):
+        pass
+    try:
+        signal.signal(sig, signal.SIG_DFL)                 # SIGKILL/SIGSTOP cannot be changed: they need not be
+    except (OSError, ValueError):
+        pass
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+        os.kill(os.getpid(), sig)
+    except (OSError, ValueError):
+        pass
+    return 128 + sig
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
         print("usage: python -m sparkctl.nodes.logpipe LOG SECRETS_DIR -- CMD...", file=sys.stderr)
         return 2
     log_path, secrets = Path(argv[0]), secret_values(Path(argv[1]))
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: None)     # a handler (not SIG_IGN): the engine gets default dispositions
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    with os.fdopen(fd, "wb", buffering=0) as log:
-        proc = subprocess.Popen(argv[3:], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                preexec_fn=_die_with_parent)
+    command = argv[3:]
+    child: list[subprocess.Popen[bytes]] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        # The engine's only door for signals (its own process group). Until it has started there is nothing to
+        # pass it to: the runtime's stop escalates to SIGKILL, and PR_SET_PDEATHSIG takes the engine along.
+        if child and child[0].poll() is None:
+            try:
+                child[0].send_signal(signum)
+            except OSError:
+                pass
+    for sig in FORWARDED:
+        signal.signal(sig, forward)     # a handler (not SIG_IGN): the engine gets default dispositions
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError as exc:
+        print(f"sparkctl logpipe: cannot open the log {log_path}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_NOT_RUNNABLE
+    with os.fdopen(fd, "wb", buffering=0) as fh:
+        log = _Log(fh)
+        try:
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+                                    process_group=0)
+        except OSError as exc:
+            code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_RUNNABLE
+            log.write(f"sparkctl logpipe: cannot start {command[0]!r}: {exc.strerror or exc} (exit {code})\n"
+                      .encode())
+            return code
+        child.append(proc)
         assert proc.stdout is not None
-        for line in iter(proc.stdout.readline, b""):
+        while True:
+            try:
+                line = proc.stdout.readline()
+            except InterruptedError:   # pragma: no cover - PEP 475 retries; kept for non-CPython
+                continue
+            if not line:
+                break
             text = line.decode("utf-8", "surrogateescape")
             log.write(redact(text, secrets).encode("utf-8", "surrogateescape"))
         code = proc.wait()
-    if code < 0:                                 # killed by a signal: end the same way
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    return code
+    return end_like(code)
 
 
 if __name__ == "__main__":

@@ -5,15 +5,23 @@ for the program: `python -m sparkctl.sim`, sparkctl's SGLang emulator. The proce
 is detached (own session) so it outlives `sparkctl up`, its output goes to a log
 file in the state directory through `sparkctl.nodes.logpipe` (secrets redacted line by line;
 the recorded PID is that parent's), and the handle records the PID plus its kernel start
-time so a recycled PID is never mistaken for our engine. Secret files (API key, HF token)
-are written to ``<state>/secrets/<deployment>/rank<N>/`` (0700, files 0400) and removed
-with the engine (`remove`).
+time so a recycled PID is never mistaken for our engine. Each boot attempt of a rank appends
+to the rank log from the offset its handle records (`ProcessHandle.log_offset`).
+
+Secret files (API key, HF token) never touch a disk: they live on tmpfs, under `secrets_home()`
+(``$XDG_RUNTIME_DIR/sparkctl`` when that is set and a tmpfs, else ``/dev/shm/sparkctl-<uid>``), in
+``<key of the state directory>/<deployment>/rank<N>/`` (directories 0700, files 0400: read-only even
+for the owner, replaced by unlink and create), and are removed as soon as their engine has stopped
+(`stop`), or, after a kill -9 of everything, by `cleanup_secrets` (reconcile, `down`).
 """
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -24,9 +32,44 @@ from sparkctl.nodes import procfs
 from sparkctl.nodes.node_facts import NodeFacts
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
 from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec, redact
-from sparkctl.state.files import private_dir
+from sparkctl.errors import StateDirError
+from sparkctl.state.files import private_dir, state_dir_error
+
+log = logging.getLogger("sparkctl.nodes.process")
 
 
+def secrets_home(environ: dict[str, str] | None = None) -> Path:
+    """The tmpfs directory of this user's process-runtime secrets: ``$XDG_RUNTIME_DIR/sparkctl`` when that is
+    set and a tmpfs, else ``/dev/shm/sparkctl-<uid>`` (not created here)."""
+    env = os.environ if environ is None else environ
+    xdg = env.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isabs(xdg) and os.path.isdir(xdg) and procfs.fs_type(xdg) == "tmpfs":
+        return Path(xdg) / "sparkctl"
+    return Path("/dev/shm") / f"sparkctl-{os.getuid()}"
+
+
+def secrets_root_for(key: Path, environ: dict[str, str] | None = None) -> Path:
+    """Where the secret files of one state directory's engines live: ``secrets_home()/<16 hex of sha256(key)>``
+    (`key` names the state directory, e.g. the ledger root: clusters and tests never share or sweep each other's)."""
+    digest = hashlib.sha256(str(Path(key).resolve()).encode()).hexdigest()[:16]
+    return secrets_home(environ) / digest
+
+
+def _own_private_dir(path: Path) -> Path:
+    """`path` created 0700 and checked to be this user's real directory (not a symlink, not another user's: the
+    parent may be a shared tmpfs like /dev/shm)."""
+    try:
+        st: os.stat_result | None = path.lstat()
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise state_dir_error(path, exc) from None
+    # Checked before anything is changed: a symlink or another user's directory planted there is refused, never
+    # followed or tightened.
+    if st is not None and (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid()):
+        raise StateDirError(f"{path} is not a directory of this user (a symlink, a file or another user's)",
+                            where=str(path), hint=f"remove {path} (it is not sparkctl's) and re-run")
+    return private_dir(path)
 
 
 class ProcessRuntime:
@@ -42,13 +85,16 @@ class ProcessRuntime:
 
     def __init__(self, log_dir: Path, sim_knobs: dict[str, Any] | None = None, *,
                  secrets_root: Path | None = None) -> None:
+        """`secrets_root` names whose secrets these are (the state directory's, e.g. ``ledger.root / "secrets"``;
+        default: the one holding `log_dir`): the files themselves live on tmpfs, at `secrets_root_for` of it."""
         self.log_dir = log_dir
         self.sim_knobs = dict(sim_knobs or {})
-        self.secrets_root = secrets_root or log_dir.parent / "secrets"
+        self.secrets_root = secrets_root_for(secrets_root or log_dir.parent.parent / "secrets")
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     def secrets_dir(self, deployment_id: str, rank: int) -> Path:
-        """The rank's private directory standing in for SECRETS_MOUNT (0700, files 0400; gone with the engine)."""
+        """The rank's private directory standing in for SECRETS_MOUNT, on tmpfs (0700, files 0400; removed once
+        the engine has stopped)."""
         return self.secrets_root / deployment_id / f"rank{rank}"
 
     def _command(self, spec: LaunchSpec, secrets_dir: Path | None = None) -> list[str]:
@@ -68,23 +114,33 @@ class ProcessRuntime:
         env.update({k: v for k, v in sim_env(self.sim_knobs).items() if k not in os.environ})
         env.setdefault("SPARKCTL_SIM_SGLANG_VERSION", spec.sglang_version)
         sdir = self.secrets_dir(deployment_id, spec.rank)
-        if spec.secret_files:
-            write_secret_files(sdir, spec.secret_files)
         env.update({k: _local(v, sdir) for k, v in spec.env.items()})
         env["PYTHONUNBUFFERED"] = "1"
         # The engine's output reaches the log through sparkctl.nodes.logpipe, which redacts secrets line by line.
         # Its stdout is the rank log from the moment it exists (it appends there itself, and its own errors land
         # there too): a later command finds a running engine by the rank log it writes (sparkctl.deploy.observe).
         pipe = [sys.executable, "-m", "sparkctl.nodes.logpipe", str(log_path), str(sdir), "--"]
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        # One log per rank and deployment, one attempt after the other: this attempt starts at `log_offset` (after
+        # a newline ending whatever a killed attempt left half-written), and the handle reads from there only.
         try:
+            fd = os.open(log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:
+            raise state_dir_error(log_path, exc) from None
+        try:
+            offset = attempt_start(fd, log_path)
+            if spec.secret_files:
+                _own_private_dir(secrets_home())
+                write_secret_files(sdir, spec.secret_files)
             proc = subprocess.Popen(pipe + self._command(spec, sdir), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
                                     env=env, start_new_session=True, close_fds=True)
+        except BaseException:
+            self._drop_secrets(deployment_id, spec.rank)
+            raise
         finally:
             os.close(fd)
         self._children[proc.pid] = proc
         return ProcessHandle(node=spec.node, rank=spec.rank, pid=proc.pid, start_ticks=procfs.start_ticks(proc.pid),
-                             log=str(log_path), deployment=deployment_id, spec=spec.redacted())
+                             log=str(log_path), log_offset=offset, deployment=deployment_id, spec=spec.redacted())
 
     def _ours(self, handle: ProcessHandle) -> bool:
         """The handle's process still runs (same PID *and* start time: a recycled PID is not ours; a zombie is dead)."""
@@ -103,9 +159,10 @@ class ProcessRuntime:
         return Liveness(False, f"not running (pid {pid} gone)")
 
     def read_log(self, handle: ProcessHandle, offset: int = 0) -> tuple[str, int]:
+        """This attempt's log text from `offset` (counted from the attempt's start, `handle.log_offset`)."""
         try:
             with open(handle.log, "rb") as fh:
-                fh.seek(offset)
+                fh.seek(handle.log_offset + offset)
                 data = fh.read()
         except FileNotFoundError:
             return "", offset
@@ -114,6 +171,13 @@ class ProcessRuntime:
         return redact(data[:cut].decode("utf-8", "replace"), ()), offset + cut   # logpipe redacted the values
 
     def stop(self, handle: ProcessHandle, *, timeout_s: float = 15.0) -> None:
+        """SIGTERM to the engine's group, SIGKILL after `timeout_s`; once it is gone, its secret files go too
+        (a restart writes them again)."""
+        self._stop(handle, timeout_s)
+        if not self._ours(handle):
+            self._drop_secrets(handle.deployment, handle.rank)
+
+    def _stop(self, handle: ProcessHandle, timeout_s: float) -> None:
         if not self._ours(handle):
             self._reap(handle)
             return
@@ -131,19 +195,55 @@ class ProcessRuntime:
                 time.sleep(0.05)
         self._reap(handle)
 
+    def _drop_secrets(self, deployment_id: str, rank: int) -> bool:
+        """Remove a rank's secret directory unless a running engine still uses it (a newer attempt of the same
+        rank, started by another command); True when it is gone."""
+        sdir = self.secrets_dir(deployment_id, rank)
+        if not sdir.exists():
+            return True
+        if procfs.processes_naming(str(sdir)):
+            return False
+        shutil.rmtree(sdir, ignore_errors=True)
+        for empty in (sdir.parent, self.secrets_root):   # the deployment's, then the state directory's, once empty
+            try:
+                empty.rmdir()
+            except OSError:
+                break
+        return not sdir.exists()
+
+    def cleanup_secrets(self) -> list[str]:
+        """Remove every secret directory of this state directory whose engine is gone (after a kill -9 of the
+        controller and its engines, a reboot-less crash...): what reconcile and `down` call. Returns the removed
+        directories; a directory a running engine uses is kept."""
+        removed: list[str] = []
+        try:
+            deployments = sorted(p for p in self.secrets_root.iterdir() if p.is_dir())
+        except OSError:
+            return removed
+        for dep in deployments:
+            for rank_dir in sorted(dep.glob("rank*")):
+                if rank_dir.name[4:].isdigit() and self._drop_secrets(dep.name, int(rank_dir.name[4:])):
+                    removed.append(str(rank_dir))
+            try:
+                dep.rmdir()
+            except OSError:
+                pass
+        try:
+            self.secrets_root.rmdir()
+        except OSError:
+            pass
+        if removed:
+            log.info("removed %d secret directories of stopped engines under %s", len(removed), self.secrets_root)
+        return removed
+
     def _reap(self, handle: ProcessHandle) -> None:
         child = self._children.get(handle.pid)
         if child is not None:
             child.poll()
 
     def remove(self, handle: ProcessHandle) -> None:
+        """Stop the engine for good (its secrets go with it; its log stays)."""
         self.stop(handle)
-        sdir = self.secrets_dir(handle.deployment, handle.rank)
-        shutil.rmtree(sdir, ignore_errors=True)
-        try:
-            sdir.parent.rmdir()          # the deployment's directory, once its last rank is gone
-        except OSError:
-            pass
 
     def gather(self, spec: LaunchSpec) -> NodeFacts:
         """Local facts: does the emulator import, are the rank's ports free here (judged in deploy/)."""
@@ -154,6 +254,19 @@ class ProcessRuntime:
             nf.engine_error = str(exc)
         nf.ports_free = {(addr, port): local_port_free(addr, port) for addr, port, _ in spec.listen_ports()}
         return nf
+
+
+def attempt_start(fd: int, path: Path) -> int:
+    """The byte offset where a new attempt's lines start in the log open at `fd` (O_APPEND): its size, after a
+    newline that ends a line a killed attempt left half-written. StateDirFullError/StateDirError if it cannot."""
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            os.write(fd, b"\n")
+            size += 1
+    except OSError as exc:
+        raise state_dir_error(path, exc) from None
+    return size
 
 
 def _local(value: str, secrets_dir: Path | None) -> str:
@@ -169,10 +282,14 @@ def write_secret_files(directory: Path, files: dict[str, str]) -> None:
     private_dir(directory)
     for name, content in files.items():
         path = directory / name
-        path.unlink(missing_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(content)
+        try:
+            path.unlink(missing_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(content)
+        except OSError as exc:
+            shutil.rmtree(directory, ignore_errors=True)     # never half a set of secrets
+            raise state_dir_error(directory, exc) from None
 
 
 def local_port_free(address: str, port: int) -> bool:

@@ -2,22 +2,131 @@
 
 The ledger, the runtimes (rank logs, secret files) and the test tools all write through these, so a crash leaves
 the old or the new file, never half of one, and nothing sparkctl keeps is readable by others.
+
+Failures are sorted here, once: no space, no inodes or a quota (ENOSPC, EDQUOT) is a `StateDirFullError`; any
+other OS error (read-only file system, permissions, a file in the way) a `StateDirError`; both exit 6 and name
+the directory and the fix, never a raw OSError. A failed write leaves the target as it was and removes its
+temporary file (a file system turned read-only under the write is the one case where the temporary file cannot
+be removed; it is named ``.<target>.<pid>.tmp`` and the next write of the same target by any process sweeps it).
+
+`check_room` is the check before a command changes the cluster: it refuses with `StateDirFullError` when the
+state directory's file system has less than `ROOM_BYTES` free (or fewer than `ROOM_INODES` inodes).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
 from pathlib import Path
 from typing import Any
 
-from sparkctl.errors import StateDirError
+from sparkctl.errors import LedgerError, StateDirError, StateDirFullError
+
+# Room a command that changes the cluster needs in the state directory before it starts: 16 MiB.
+# Measured: one `up` of the embedded cluster (emulator boot, 2 ranks) leaves 78 KB in 10 files and directories
+# (`du -sb $SPARKCTL_STATE_DIR` after `sparkctl up --profile d5 --yes`): a 16 KB record, rank logs of 19 and 23 KB.
+# Real SGLang rank logs of a boot are 10-35 KB (shared/reference/captures/sglang: startup, a few requests,
+# shutdown); every atomic rewrite holds the old and the new copy at once; an archived docker log of a pruned
+# deployment grows by a line per request batch (~150 bytes). A deploy's own writes stay under 1 MiB; 16 MiB
+# leaves room for a long-served log archived at prune (~100k lines) and is small enough never to stand in the
+# way on a file system that still works.
+ROOM_BYTES = 16 * 1024 * 1024
+ROOM_WHY = ("room for one deploy: its record and index rewrites, two rank logs and the archived log of a "
+            "pruned deployment, with a wide margin")
+# Files and directories one deploy creates: 10 measured as above (plus a temp file per write); 256 is the margin.
+ROOM_INODES = 256
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"  # pragma: no cover
+
+
+def _existing(path: Path) -> Path:
+    """`path` or its nearest existing ancestor (statvfs needs a path that exists)."""
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _room(path: Path) -> tuple[int | None, int | None]:
+    """(bytes free to this user, inodes free or None when the file system has no inode limit) at `path`."""
+    try:
+        st = os.statvfs(_existing(path))
+    except OSError:
+        return None, None
+    return st.f_bavail * st.f_frsize, (st.f_favail if st.f_files else None)
+
+
+_FULL_HINT = ("free space on the file system that holds it (old engine logs under <state>/<cluster>/logs/ and bench "
+              "runs under runs/ can go), or point SPARKCTL_STATE_DIR at a larger one")
+
+
+def state_dir_full_error(path: Path, exc: OSError | None = None, *, need_bytes: int | None = None,
+                         need_inodes: int | None = None, why: str | None = None) -> StateDirFullError:
+    """The error for a state directory without room: what was seen (free space and inodes), the threshold, the fix."""
+    free, inodes = _room(path)
+    seen = "unknown" if free is None else _human(free)
+    if inodes is not None:
+        seen += f" and {inodes} inodes"
+    if exc is not None:
+        head = f"the state directory is full: {exc.strerror or exc} ({seen} free)"
+    else:
+        head = (f"the state directory has too little room: {seen} free, sparkctl needs at least "
+                f"{_human(need_bytes or ROOM_BYTES)} and {need_inodes or ROOM_INODES} inodes ({why or ROOM_WHY})")
+    where = (exc.filename if exc is not None and exc.filename else None) or str(path)
+    return StateDirFullError(head, where=str(where), hint=_FULL_HINT, free_bytes=free,
+                             need_bytes=need_bytes if exc is None else None)
+
+
+def state_dir_error(path: Path, exc: OSError) -> LedgerError:
+    """The error for an OS error on a state file: `StateDirFullError` for no space/inodes/quota, else
+    `StateDirError` (read-only, permissions, a file in the way), naming the file and the fix."""
+    if exc.errno in _FULL:
+        return state_dir_full_error(path, exc)
+    why = exc.strerror or str(exc)
+    where = exc.filename or str(path)
+    return StateDirError(f"the state directory is not usable: {why}", where=str(where),
+                         hint="make it writable by this user, or point SPARKCTL_STATE_DIR at a directory you own "
+                              "(e.g. export SPARKCTL_STATE_DIR=$HOME/.local/state/sparkctl)")
+
+
+def check_room(path: Path, *, need_bytes: int | None = None, need_inodes: int | None = None) -> None:
+    """Refuse (StateDirFullError, exit 6) unless the file system holding `path` has `need_bytes` free (default
+    `ROOM_BYTES`, see there why) and `need_inodes` inodes (default `ROOM_INODES`; not checked on a file system
+    without an inode limit); StateDirError when it is read-only or not writable.
+    Call it before a command changes the cluster. Example::
+
+        check_room(ledger.root)                       # before `up`, `rollback`, `down`, `repair`, `bench --compare`
+    """
+    need = ROOM_BYTES if need_bytes is None else need_bytes
+    need_in = ROOM_INODES if need_inodes is None else need_inodes
+    probe = _existing(path)
+    try:
+        st = os.statvfs(probe)
+    except OSError as exc:
+        raise state_dir_error(path, exc) from None
+    if st.f_flag & os.ST_RDONLY:
+        raise state_dir_error(path, OSError(errno.EROFS, os.strerror(errno.EROFS), str(probe)))
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise state_dir_error(path, OSError(errno.EACCES, os.strerror(errno.EACCES), str(probe)))
+    free = st.f_bavail * st.f_frsize
+    inodes = st.f_favail if st.f_files else None
+    if free < need or (inodes is not None and inodes < need_in):
+        why = ROOM_WHY if need_bytes is None else "what the caller said this command writes"
+        raise state_dir_full_error(path, need_bytes=need, need_inodes=need_in, why=why)
 
 
 def private_dir(path: Path) -> Path:
     """`path` as a private directory of sparkctl: created (with any missing parents) mode 0700, an existing one
-    with looser modes tightened to 0700 (call it only for sparkctl's own directories). StateDirError, naming the
-    directory and the fix, when it cannot be created or changed (permissions, read-only file system)."""
+    with looser modes tightened to 0700 (call it only for sparkctl's own directories). StateDirError (or
+    StateDirFullError), naming the directory and the fix, when it cannot be created or changed."""
     try:
         missing = []
         p = path
@@ -36,32 +145,61 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-def state_dir_error(path: Path, exc: OSError) -> StateDirError:
-    why = exc.strerror or str(exc)
-    where = exc.filename or str(path)
-    return StateDirError(f"the state directory is not usable: {why}", where=str(where),
-                         hint="make it writable by this user, or point SPARKCTL_STATE_DIR at a directory you own "
-                              "(e.g. export SPARKCTL_STATE_DIR=$HOME/.local/state/sparkctl)")
+def _tmp_name(path: Path, pid: int) -> Path:
+    return path.with_name(f".{path.name}.{pid}.tmp")
 
 
-def write_text_atomic(path: Path, text: str, mode: int = 0o600) -> None:
-    """Write text to path atomically (temp file, fsync, rename) with `mode`; a crash leaves old or new, never half."""
+def _sweep_stale_tmp(path: Path) -> None:
+    """Remove temporary files of `path` left by processes that are gone (a write cut short by a read-only
+    remount or a kill -9)."""
+    prefix = f".{path.name}."
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix):-len(".tmp")] if name.startswith(prefix) and name.endswith(".tmp") else ""
+        if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                os.unlink(path.parent / name)
+            except OSError:
+                pass
+
+
+def write_bytes_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write `data` to `path` atomically (temp file, fsync, rename) with `mode`; a crash leaves old or new, never
+    half; a failure (StateDirFullError / StateDirError) leaves the old file and no temporary file."""
     private_dir(path.parent)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = _tmp_name(path, os.getpid())
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     except OSError as exc:
         raise state_dir_error(path.parent, exc) from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
+    except OSError as exc:
+        raise state_dir_error(path, exc) from None
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            pass                     # read-only now: swept by the next write of this target
+    _sweep_stale_tmp(path)
+
+
+def write_text_atomic(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write text to path atomically (temp file, fsync, rename) with `mode`; a crash leaves old or new, never half."""
+    write_bytes_atomic(path, text.encode("utf-8"), mode)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

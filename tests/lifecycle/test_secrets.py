@@ -1,5 +1,6 @@
-"""Secrets on the embedded cluster: the API key and HF token reach the engine from 0400 files and appear in no
-process argv or environment, no log sparkctl saves or prints, and no ledger file; state modes are private."""
+"""Secrets on the embedded cluster: the API key and HF token reach the engine from 0400 files on tmpfs and appear
+in no process argv or environment, no log sparkctl saves or prints, and no ledger file; the files go with their
+engine; state modes are private."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from sparkctl.config.inventory import load_inventory
+from sparkctl.nodes import procfs
+from sparkctl.nodes.process import secrets_root_for
 from sparkctl.state.ledger import Ledger
 
 API_KEY = "sk-test-9f8e7d6c5b4a"
@@ -34,7 +37,7 @@ def _pids_of(handles) -> list[int]:
 
 
 def _files_under(root: Path) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_file() and "secrets" not in p.relative_to(root).parts]
+    return [p for p in root.rglob("*") if p.is_file()]
 
 
 def test_api_key_and_hf_token_stay_out_of_argv_env_logs_and_ledger(cli, local_cluster, state_dir, secret_env):
@@ -59,8 +62,10 @@ def test_api_key_and_hf_token_stay_out_of_argv_env_logs_and_ledger(cli, local_cl
     assert httpx.get(f"{endpoint}/v1/models", timeout=5).status_code == 401
     assert httpx.get(f"{endpoint}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"},
                      timeout=5).status_code == 200
-    # The secret files: 0400 in a 0700 directory; HF_TOKEN_PATH names the token file.
-    sdir = ledger.root / "secrets" / dep / "rank0"
+    # The secret files: on tmpfs, 0400 in a 0700 directory, none under the state directory; HF_TOKEN_PATH names
+    # the token file.
+    sdir = secrets_root_for(ledger.root / "secrets") / dep / "rank0"
+    assert procfs.fs_type(sdir) == "tmpfs" and not (ledger.root / "secrets").exists()
     assert stat.S_IMODE(sdir.stat().st_mode) == 0o700
     assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in sdir.iterdir()} == \
         {"engine-secrets.yaml": 0o400, "hf-token": 0o400}
@@ -78,7 +83,7 @@ def test_api_key_and_hf_token_stay_out_of_argv_env_logs_and_ledger(cli, local_cl
                                                           for p in _files_under(state_dir))):
         assert API_KEY not in text and HF_TOKEN not in text
     assert cli("down", "--yes")[0] == 0
-    assert not (ledger.root / "secrets" / dep).exists()
+    assert not sdir.exists() and not sdir.parent.exists()
 
 
 def test_state_directories_are_0700_and_files_0600(cli, local_cluster, state_dir):
@@ -92,8 +97,28 @@ def test_state_directories_are_0700_and_files_0600(cli, local_cluster, state_dir
         mode = stat.S_IMODE(path.lstat().st_mode)
         if path.is_dir():
             assert mode == 0o700, path
-        elif "secrets" in path.relative_to(cluster_root).parts:
-            assert mode == 0o400, path
         else:
             assert mode & 0o077 == 0, (path, oct(mode))
     assert cli("down", "--yes")[0] == 0
+
+
+def test_secret_files_of_engines_killed_with_kill_9_are_gone_after_down(cli, local_cluster, state_dir, secret_env):
+    import signal
+    import time
+
+    code, out, err = cli("up", "--profile", "d5", "--yes", "--json")
+    assert code == 0, err
+    dep = json.loads(out)["deployment"]
+    ledger = Ledger.for_cluster(load_inventory(local_cluster).cluster.name)
+    rec = ledger.load(dep)
+    sroot = secrets_root_for(ledger.root / "secrets")
+    pids = _pids_of(rec.handles)
+    for h in rec.handles:
+        os.kill(h.pid, signal.SIGKILL)          # the pipes; their engines follow (PR_SET_PDEATHSIG)
+    deadline = time.monotonic() + 20
+    while any(procfs.running(p, None) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(procfs.running(p, None) for p in pids)
+    assert (sroot / dep / "rank0" / "hf-token").exists()        # nobody was left to remove them
+    assert cli("down", "--yes")[0] == 0
+    assert not (sroot / dep).exists()

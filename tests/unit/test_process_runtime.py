@@ -1,0 +1,151 @@
+"""The process runtime. Logs per boot attempt: a restart of the same deployment (a restore, a rollback's restart)
+reads only its own attempt's lines, so a fatal line an earlier attempt left (a traceback, half a line of a
+SIGKILLed engine) never fails the new boot; an engine killed by SIGKILL leaves no traceback of the pipe.
+Secrets: on tmpfs (0700 directories, 0400 files), gone when their engine stops, swept by `cleanup_secrets`
+after a kill -9, kept while their engine runs."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkctl.config.inventory import load_inventory
+from sparkctl.config.profile import load_profile
+from sparkctl.deploy.boot import boot
+from sparkctl.deploy.progress import Reporter
+from sparkctl.nodes import procfs
+from sparkctl.nodes.process import ProcessRuntime, secrets_home
+from sparkctl.sglang.render import render
+from sparkctl.testing.embedded import write_embedded_inventory
+
+FAST = {"boot_s": 0.3, "decode_tps": 4000, "peer_timeout_s": 2}
+STALE = "Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
+        monkeypatch.delenv(key)
+    inv = load_inventory(write_embedded_inventory(tmp_path / "inventory.yml", FAST))
+    env = {"SPARKCTL_API_KEY": "sk-proc-rt-5150", "HF_TOKEN": "hf_procRT0042"}
+    specs = render(load_profile("d5"), inv, environ=env).specs
+    assert all(s.secret_files for s in specs)
+    rt = ProcessRuntime(tmp_path / "logs" / "dep-1", inv.cluster.sim, secrets_root=tmp_path / "secrets")
+    started = []
+    yield rt, specs, started
+    for _, h in started:
+        rt.stop(h, timeout_s=3)
+
+
+def _boot(rt, specs, started):
+    return boot(specs, lambda node: rt, "dep-1", Reporter(quiet=True), timeout_s=60, started=started)
+
+
+def test_a_restart_reads_only_its_own_attempt(setup):
+    rt, specs, started = setup
+    first = _boot(rt, specs, started)
+    for h in first.handles:
+        rt.stop(h, timeout_s=5)
+    for h in first.handles:           # what a crashed attempt can leave: a traceback, the last line cut short
+        with open(h.log, "a") as fh:
+            fh.write(STALE)
+    second = _boot(rt, specs, started)              # would fail at once on the stale OOM without the offset
+    for old, new in zip(sorted(first.handles, key=lambda h: h.rank), sorted(second.handles, key=lambda h: h.rank)):
+        assert new.log == old.log and new.log_offset > old.log_offset
+        whole = Path(new.log).read_text()
+        assert whole.endswith("\n") and (STALE + "\n") in whole     # the cut line was ended, not glued to ours
+        mine, _ = rt.read_log(new, 0)
+        assert "Traceback" not in mine and "OutOfMemoryError" not in mine
+        assert "server_args=ServerArgs(" in mine
+        theirs, _ = rt.read_log(old, 0)
+        assert "OutOfMemoryError" in theirs          # an earlier attempt's handle still reads its own lines
+
+
+def test_an_engine_killed_by_sigkill_leaves_no_pipe_traceback(setup):
+    rt, specs, started = setup
+    result = _boot(rt, specs, started)
+    h0 = next(h for h in result.handles if h.rank == 0)
+    engine = int(Path(f"/proc/{h0.pid}/task/{h0.pid}/children").read_text().split()[0])
+    os.kill(engine, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while rt.liveness(h0).alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    live = rt.liveness(h0)
+    assert not live.alive and live.exit_code == -signal.SIGKILL, live
+    text, _ = rt.read_log(h0, 0)
+    assert "Traceback" not in text and "logpipe" not in text
+
+
+def _engine_of(h) -> int:
+    return int(Path(f"/proc/{h.pid}/task/{h.pid}/children").read_text().split()[0])
+
+
+def _gone(pid: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = procfs.proc_stat(pid)
+        if st is None or st[0] == "Z":
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"pid {pid} still runs")
+
+
+def test_secrets_live_on_tmpfs_privately_and_go_when_the_engine_stops(setup):
+    rt, specs, started = setup
+    result = _boot(rt, specs, started)
+    assert procfs.fs_type(rt.secrets_root) == "tmpfs" and rt.secrets_root.is_relative_to(secrets_home())
+    for h in result.handles:
+        sdir = rt.secrets_dir("dep-1", h.rank)
+        assert oct(sdir.stat().st_mode & 0o777) == oct(0o700)
+        assert {p.name: oct(p.stat().st_mode & 0o777) for p in sdir.iterdir()} == \
+            {"engine-secrets.yaml": oct(0o400), "hf-token": oct(0o400)}
+        assert str(sdir) in procfs.cmdline(h.pid)        # the pipe names it: how "in use" is told
+    for h in result.handles:
+        rt.stop(h, timeout_s=5)
+        assert not rt.secrets_dir("dep-1", h.rank).exists()
+    assert not (rt.secrets_root / "dep-1").exists()
+
+
+def test_cleanup_secrets_sweeps_what_a_kill_9_left_and_keeps_a_running_engines(setup):
+    rt, specs, started = setup
+    result = _boot(rt, specs, started)
+    h0, h1 = sorted(result.handles, key=lambda h: h.rank)
+    engine = _engine_of(h1)
+    os.kill(h1.pid, signal.SIGKILL)                  # pipe and engine of rank 1 die: nobody removes the files
+    _gone(h1.pid)
+    _gone(engine)
+    assert rt.secrets_dir("dep-1", 1).exists()
+    other = ProcessRuntime(rt.log_dir, rt.sim_knobs, secrets_root=rt.log_dir.parent.parent / "secrets")
+    assert other.secrets_root == rt.secrets_root     # a later command (reconcile, down) finds the same place
+    removed = other.cleanup_secrets()
+    assert removed == [str(rt.secrets_dir("dep-1", 1))]
+    assert not rt.secrets_dir("dep-1", 1).exists() and rt.secrets_dir("dep-1", 0).exists()   # rank 0 still runs
+    assert other.cleanup_secrets() == []
+    rt.stop(h0, timeout_s=5)
+    assert not (rt.secrets_root / "dep-1").exists()
+
+
+def test_a_planted_secrets_home_is_refused_not_followed(tmp_path, monkeypatch):
+    from sparkctl.errors import StateDirError
+    from sparkctl.nodes import process
+
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o755)
+    home = tmp_path / "run" / "sparkctl"
+    home.parent.mkdir()
+    home.symlink_to(target)
+    with pytest.raises(StateDirError, match="not a directory of this user"):
+        process._own_private_dir(home)
+    assert oct(target.stat().st_mode & 0o777) == oct(0o755)        # never tightened through the link
+    home.unlink()
+    assert process._own_private_dir(home) == home and oct(home.stat().st_mode & 0o777) == oct(0o700)
+
+
+def test_secrets_home_prefers_a_tmpfs_xdg_runtime_dir(tmp_path):
+    shm = Path("/dev/shm")
+    assert secrets_home({"XDG_RUNTIME_DIR": str(shm)}) == shm / "sparkctl"                 # a tmpfs: used
+    assert secrets_home({"XDG_RUNTIME_DIR": str(tmp_path)}) == shm / f"sparkctl-{os.getuid()}"   # not a tmpfs
+    assert secrets_home({}) == shm / f"sparkctl-{os.getuid()}"
