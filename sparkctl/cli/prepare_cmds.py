@@ -55,8 +55,8 @@ def register(app: typer.Typer) -> None:
                 as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Prepare the Sparks with Ansible: docker + nvidia runtime, fabric netplan at MTU 9000, fabric SSH from
         rank 0, directories, GPU clocks; with --profile also the model and drafter on every node."""
-        from sparkctl.hosts.prepare import prepare as run_prepare
-        from sparkctl.hosts.prepare import profile_models
+        from sparkctl.prepare.plays import prepare as run_prepare
+        from sparkctl.prepare.plays import profile_models
 
         inv = _inventory(inventory)
         models = profile_models(profile, inv) if profile else None
@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
               as_json: bool = flag("--json", help="Facts as JSON on stdout.")) -> None:
         """Read-only facts of every node: GPU and driver, memory, fabric interface, RoCE devices, Docker
         runtimes, model manifests (through facts.yml)."""
-        from sparkctl.hosts.prepare import gather_facts, profile_models
+        from sparkctl.prepare.plays import gather_facts, profile_models
 
         inv = _inventory(inventory)
         found = gather_facts(inv, models=profile_models(profile, inv) if profile else None)

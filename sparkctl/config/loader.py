@@ -18,8 +18,9 @@ from sparkctl.errors import ConfigError
 
 
 def repo_root() -> Path:
-    """The source tree holding profiles/, inventory/, patches/ (the package's parent)."""
-    return Path(__file__).resolve().parents[2]
+    """The shipped data root, ``sparkctl/data/`` (profiles/, inventory/, patches/ ...): see sparkctl.resources."""
+    from sparkctl.resources import shipped
+    return shipped()
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -14,7 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 
-from sparkctl.config.loader import config_error_from, key_path, origin_of, read_yaml, refusal, repo_root
+from sparkctl.config.loader import config_error_from, key_path, origin_of, read_yaml, refusal
+from sparkctl.resources import search_dirs
 from sparkctl.errors import ConfigError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -184,7 +185,7 @@ def profile_dirs() -> list[Path]:
     dirs = []
     if os.environ.get("SPARKCTL_PROFILES_DIR"):
         dirs.append(Path(os.environ["SPARKCTL_PROFILES_DIR"]))
-    dirs += [Path.cwd() / "profiles", repo_root() / "profiles"]
+    dirs += search_dirs("profiles")   # ./profiles, ~/.config/sparkctl/profiles, shipped
     seen, out = set(), []
     for d in dirs:
         r = d.resolve()

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.config.inventory import Inventory
-from sparkctl.config.loader import repo_root
+from sparkctl.resources import shipped
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
 from sparkctl.images import entrypoint, launchdoc, patchapply
@@ -37,7 +37,7 @@ BASE_IMAGE_LABEL = "org.sparkctl.base-image"
 
 
 def templates_dir() -> Path:
-    return repo_root() / "images"
+    return shipped("dockerfiles")
 
 
 @dataclass(frozen=True)

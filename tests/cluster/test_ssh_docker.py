@@ -22,7 +22,7 @@ from sparkctl.nodes.container import MEMLOCK_ENV
 from sparkctl.nodes.docker_runtime import DockerRuntime
 from sparkctl.nodes.ssh import SSHConnector, run_all
 from sparkctl.sglang.launch import LaunchSpec
-from sparkctl.testing.cluster import TestCluster
+from testrig.cluster import TestCluster
 
 pytestmark = pytest.mark.cluster
 
