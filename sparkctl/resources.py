@@ -30,6 +30,16 @@ def shipped(*parts: str) -> Path:
     return found
 
 
+def version() -> str:
+    """The installed distribution's version (the checkout's ``sparkctl.__version__`` when not installed)."""
+    from importlib import metadata
+    try:
+        return metadata.version("sparkctl")
+    except metadata.PackageNotFoundError:
+        from sparkctl import __version__
+        return __version__
+
+
 def config_home() -> Path:
     """The user's sparkctl configuration directory: ``$XDG_CONFIG_HOME/sparkctl`` or ``~/.config/sparkctl``."""
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")

@@ -7,7 +7,9 @@ from typing import Optional
 
 import typer
 
+from sparkctl.cli import outputs
 from sparkctl.cli.options import PlainFlagsGroup, flag
+from sparkctl.cli.outputs import emit
 
 patches_app = typer.Typer(cls=PlainFlagsGroup, no_args_is_help=True, help="GB10 patch series (patches/<series>/).")
 image_app = typer.Typer(cls=PlainFlagsGroup, no_args_is_help=True, help="Engine and launch images: plan, build, list, verify, prune.")
@@ -41,7 +43,7 @@ def patches_check(series: Optional[str] = typer.Option(None, "--series", "-s", h
         raise ConfigError("no patch series under patches/", hint="add patches/<series>/series")
     reports = [check_series(n, expect_version=expect) for n in names]
     if as_json:
-        print(json.dumps([r.to_json() for r in reports], indent=2))
+        emit(outputs.PatchesCheckOutput, [r.to_json() for r in reports])
     else:
         for r in reports:
             print("\n".join(r.lines()))
@@ -67,15 +69,24 @@ _JSON = flag("--json", help="Print JSON on stdout.")
 
 @image_app.command("plan")
 def image_plan(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY, as_json: bool = _JSON) -> None:
-    """Print the engine and launch image tags and their inputs, without building."""
+    """Print the engine and launch image tags and their inputs, without building. Without docker on the building
+    node (the embedded cluster) the base image's digest is unknown: the tags it pins are shown as unresolved."""
     from sparkctl.images import pipeline
+    from sparkctl.images.plan import unresolved_plan
 
     prof, inv = _ctx(profile, inventory)
-    p = pipeline.plan(prof, inv)
+    if inv.rank0.runtime != "docker":
+        doc = unresolved_plan(prof, inv, f"{inv.rank0.name} (the building node) runs the engine as a local process, "
+                                         f"not in Docker: no base image digest to pin the engine tag to")
+    else:
+        p = pipeline.plan(prof, inv)
+        doc = {"profile": prof.name, **p.to_json(), "resolved": True, "unresolved": [], "reason": None}
     if as_json:
-        print(json.dumps(p.to_json(), indent=2))
+        emit(outputs.ImagePlanOutput, doc)
         return
-    print(f"engine {p.engine_tag}\nlaunch {p.launch_tag}\n(built on {p.builder}; inputs: --json)")
+    for side in ("engine", "launch"):
+        print(f"{side} {doc[side]['tag'] or '(unresolved: base digest)'}")
+    print(f"(built on {doc['builder']}; inputs: --json)" + (f"\nunresolved: {doc['reason']}" if doc["reason"] else ""))
 
 
 @image_app.command("build")
@@ -107,7 +118,7 @@ def image_ls(inventory: Optional[str] = _INVENTORY, as_json: bool = _JSON) -> No
     _, inv = _ctx(None, inventory)
     rows = manage.list_images(pipeline.connections(inv))
     if as_json:
-        print(json.dumps(rows, indent=2))
+        emit(outputs.ImageListOutput, rows)
         return
     for r in rows:
         print(f"{r['node']:<10} {r['role'] or '?':<7} {r['id'][7:19]} {r['size'] / 1e6:9.1f} MB  "
@@ -123,7 +134,7 @@ def image_verify(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY,
     p = pipeline.plan(prof, inv)
     ids = pipeline.verify(p, inv)
     if as_json:
-        print(json.dumps(ids, indent=2))
+        emit(outputs.ImageVerifyOutput, ids)
         return
     for tag, per_node in ids.items():
         print(f"ok {tag}: {', '.join(per_node)} ({next(iter(per_node.values()))[7:19]})")
@@ -145,7 +156,7 @@ def image_prune(inventory: Optional[str] = _INVENTORY,
     rows = manage.prune_images(conns, keep, dry_run=dry_run, listed=listed)
     caches = manage.prune_registry_caches([Endpoint.of(inv, n) for n in inv.nodes], listed, rows, dry_run=dry_run)
     if as_json:
-        print(json.dumps({"images": rows, "registry_caches": caches}, indent=2))
+        emit(outputs.ImagePruneOutput, {"images": rows, "registry_caches": caches})
         return
     for r in rows:
         state = "would remove" if dry_run else ("FAILED to remove" if r.get("error") else "removed")

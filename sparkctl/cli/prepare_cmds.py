@@ -39,6 +39,16 @@ def _progress(check: bool) -> Any:
     return show
 
 
+def _fabric_address(fab: dict[str, Any]) -> str:
+    """The inventory's fabric address (what the ranks dial), and what the interface carries when that differs."""
+    addr, carried = fab.get("address"), ",".join(fab.get("ipv4", []))
+    if not addr:
+        return carried
+    if fab.get("holds_address"):
+        return addr if carried == addr else f"{addr} (interface: {carried})"
+    return f"{addr} NOT on the interface (it has: {carried or 'no IPv4 address'})"
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def prepare(inventory: Optional[str] = INVENTORY_OPT,
@@ -84,13 +94,14 @@ def register(app: typer.Typer) -> None:
         inv = _inventory(inventory)
         found = gather_facts(inv, models=profile_models(profile, inv) if profile else None)
         if as_json:
-            print(json.dumps(found, indent=2))
+            from sparkctl.cli.outputs import FactsOutput, emit
+            emit(FactsOutput, found)
             return
         for host, f in found.items():
             gpu, fab, dk = f["gpu"] or {}, f["fabric"] or {}, f["docker"] or {}
             print(f"{host}: gpu {gpu.get('name', '-')} driver {gpu.get('driver', '-')}; memory "
                   f"{f['memory_gib']} GiB; fabric {fab.get('interface', '-')} {fab.get('state', '')} mtu "
-                  f"{fab.get('mtu', '-')} {','.join(fab.get('ipv4', []))}; docker {dk.get('version', '-')} "
+                  f"{fab.get('mtu', '-')} {_fabric_address(fab)}; docker {dk.get('version', '-')} "
                   f"runtimes {','.join(dk.get('runtimes', []))}")
             for link in f["roce"] or []:
                 print(f"  roce {link['hca']} -> {link['netdev']} ({'Up' if link['up'] else 'Down'})")

@@ -92,11 +92,28 @@ def gather_facts(inv: Inventory, *, models: list[str] | None = None) -> dict[str
     """Per node: gpu, driver, memory, fabric interface, RoCE links, docker runtimes, model manifests."""
     run = run_playbook(inv, "facts.yml", extravars={"prepare_models": models or []})
     run.raise_for_failures()
-    return {n.name: node_facts(run, n.name, n.fabric_interface, models or []) for n in inv.nodes}
+    return {n.name: node_facts(run, n.name, n.fabric_interface, models or [], fabric_address=n.fabric_address)
+            for n in inv.nodes}
 
 
-def node_facts(run: PlaybookRun, host: str, fabric_interface: str, models: list[str]) -> dict[str, Any]:
-    """Parse one host's registered fact outputs (pure: only the run's recorded results)."""
+def fabric_address_held(address: str | None, networks: tuple[str, ...]) -> bool | None:
+    """Whether an interface with these CIDR addresses answers on `address` (lo's 127.0.0.1/8 holds 127.0.0.2)."""
+    import ipaddress
+    if not address:
+        return None
+    try:
+        want = ipaddress.ip_address(address)
+    except ValueError:
+        return None
+    return any(want in ipaddress.ip_interface(a).network if "/" in a else want == ipaddress.ip_address(a)
+               for a in networks if ":" not in a)
+
+
+def node_facts(run: PlaybookRun, host: str, fabric_interface: str, models: list[str], *,
+               fabric_address: str | None = None) -> dict[str, Any]:
+    """Parse one host's registered fact outputs (pure: only the run's recorded results). The fabric's `address`
+    is the inventory's (what the ranks dial), `ipv4` what the interface carries, `holds_address` whether the
+    interface answers on the address."""
     def out(key: str) -> str | None:
         res = run.registered(host, _FACT_TASKS[key])
         return str(res.get("stdout", "")) if res and res.get("rc") == 0 else None
@@ -111,7 +128,9 @@ def node_facts(run: PlaybookRun, host: str, fabric_interface: str, models: list[
     result["memory_gib"] = round(facts.parse_meminfo(mem).total / 2**30, 1) if mem else None
     ip = out("ip")
     iface = facts.parse_ip_addr_json(ip).get(fabric_interface) if ip else None
-    result["fabric"] = ({"interface": iface.name, "state": iface.state, "mtu": iface.mtu, "ipv4": list(iface.ipv4)}
+    result["fabric"] = ({"interface": iface.name, "state": iface.state, "mtu": iface.mtu, "ipv4": list(iface.ipv4),
+                         "address": fabric_address,
+                         "holds_address": fabric_address_held(fabric_address, iface.addresses)}
                         if iface else None)
     ib = out("ibdev2netdev")
     result["roce"] = ([{"hca": ln.hca, "netdev": ln.netdev, "up": ln.up} for ln in facts.parse_ibdev2netdev(ib)]
