@@ -30,31 +30,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import re
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
-from sparkctl.errors import SparkctlError
 from testrig import rootfs
-
-log = logging.getLogger("sparkctl.testrig")
+from testrig.hostops import ClusterError, _alive, _atomic_write, _keygen, _link_exists, _run, _Timer, log
+from testrig.node_daemons import DATA_ROOT, FABRIC_IFACE, NodeDaemons  # noqa: F401 - DATA_ROOT: tests import it from here
 
 NODE_NAMES = ("spark-a", "spark-b")
-FABRIC_IFACE = "enp1s0f0np0"   # a CX-7 netdev name; names are per namespace, so both nodes use it
 MGMT_IFACE = "mgmt0"
 FABRIC_MTU = 9000
 STATE_ROOT = Path("/run/sparkctl-test")        # pidfiles: survive a crashed run, gone at reboot
-DATA_ROOT = Path("/var/lib/sparkctl-test")     # per-node docker data roots: image cache across runs
 IMAGE_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sparkctl" / "test-image"
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 DEBIAN_SUITE = "bookworm"
@@ -64,10 +57,6 @@ BASE_REPO = "sparkctl-test-base"
 
 REQUIRED_COMMANDS = ("ip", "nsenter", "unshare", "mount", "umount", "pivot_root", "tar", "hostname", "dockerd", "docker", "runc", "/usr/sbin/sshd", "ssh", "ssh-keygen",
                      "ssh-keyscan", "ping")
-
-
-class ClusterError(SparkctlError):
-    """The test cluster could not be brought up, used or torn down."""
 
 
 def missing_prerequisites(*, need_image_build: bool = True) -> list[str]:
@@ -111,7 +100,7 @@ class Node:
 
 
 @dataclass
-class TestCluster:
+class TestCluster(NodeDaemons):
     """Two network-namespace "Sparks" with real sshd + dockerd, and an inventory pointing at them.
 
     ``name_prefix`` (1-6 lowercase letters/digits) names namespaces, links and pidfiles; ``net_index`` picks
@@ -184,9 +173,6 @@ class TestCluster:
             return self.nodes[name]
         except KeyError:
             raise ClusterError(f"no node {name!r}", hint=f"nodes are {', '.join(self.nodes)}") from None
-
-    def _pidfile(self, node: Node, what: str) -> Path:
-        return self.state_dir / f"{node.name}.{what}.pid"
 
     def _uts_file(self, node: Node) -> Path:
         """Bind-mounted UTS namespace holding the node's hostname (so ``hostname``/``docker info`` say spark-a)."""
@@ -299,59 +285,6 @@ class TestCluster:
         return _run([*self.roots[n.name].nsenter(), *argv], timeout=timeout, check=check, input=input,
                     env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"})
 
-    def link_down(self, node: str, iface: str = FABRIC_IFACE) -> None:
-        """Take an interface down inside a node (e.g. pull the fabric cable on one side)."""
-        self.run_on(node, ["ip", "link", "set", iface, "down"])
-
-    def link_up(self, node: str, iface: str = FABRIC_IFACE) -> None:
-        """Bring an interface back up inside a node."""
-        self.run_on(node, ["ip", "link", "set", iface, "up"])
-
-    def stop_sshd(self, node: str) -> None:
-        """Stop a node's sshd (by its PID): the node becomes unreachable over SSH, dockerd keeps running."""
-        n = self.node(node)
-        self._stop_pid(self._read_pid(n, "sshd"), n, "sshd", grace=5)
-        self._pidfile(n, "sshd").unlink(missing_ok=True)
-        n.sshd_pid = None
-
-    def start_sshd(self, node: str, *, timeout: float = 30.0) -> None:
-        """Start a node's sshd again (no-op if it is running) and wait until it answers."""
-        n = self.node(node)
-        if _alive(self._read_pid(n, "sshd")):
-            return
-        self._start_sshd(n)
-        self._wait_sshd(n, timeout)
-
-    def rotate_host_key(self, node: str) -> str:
-        """Give a node a new SSH host key and restart its sshd; known_hosts is NOT updated (tests an
-        unknown/changed host key). The original key is kept for ``restore_host_keys``. Returns the new
-        public key line."""
-        n = self.node(node)
-        self.stop_sshd(node)
-        pub = n.host_key.with_name(n.host_key.name + ".pub")
-        saved = n.host_key.with_name(n.host_key.name + ".orig")
-        if not saved.exists():                     # rotated twice: keep the very first key
-            n.host_key.rename(saved)
-            pub.rename(saved.with_name(saved.name + ".pub"))
-        for path in (n.host_key, pub):
-            path.unlink(missing_ok=True)
-        _keygen(n.host_key, f"host key {n.name} (rotated)")
-        self.start_sshd(node)
-        return pub.read_text().strip()
-
-    def restore_host_keys(self) -> None:
-        """Give every node whose key ``rotate_host_key`` changed its original key back (sshd restarted), so what
-        recorded the old key stays valid: the controller's known_hosts and the fabric known_hosts that
-        ``prepare`` wrote on rank 0 (a rotated key left behind broke later modules' fabric SSH check)."""
-        for n in self.nodes.values():
-            saved = n.host_key.with_name(n.host_key.name + ".orig")
-            if not saved.exists():
-                continue
-            self.stop_sshd(n.name)
-            saved.replace(n.host_key)
-            saved.with_name(saved.name + ".pub").replace(n.host_key.with_name(n.host_key.name + ".pub"))
-            self.start_sshd(n.name)
-
     def ssh_argv(self, node: str, *command: str) -> list[str]:
         """An ``ssh`` argv running ``command`` on ``node`` as root, with the cluster key and strict host-key
         checking. The remote side parses one shell string, so the argv is quoted here (``shlex.join``)."""
@@ -454,51 +387,6 @@ class TestCluster:
         except rootfs.RootfsError as exc:
             raise ClusterError("node mount namespace failed", where=node.name, evidence=str(exc)) from None
 
-    def _spawn(self, node: Node, what: str, argv: list[str], enter: list[str] | None = None) -> int:
-        """Start a long-running process in the node's netns, detached (own session), logging to a file."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        logfile = self.workdir / "logs" / f"{node.name}-{what}.log"
-        with open(logfile, "ab") as out:
-            proc = subprocess.Popen([*(enter or self._enter(node)), *argv], stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        self._pidfile(node, what).write_text(f"{proc.pid}\n")   # nsenter execs argv: same PID
-        return proc.pid
-
-    def _start_dockerd(self, node: Node) -> None:
-        data_root = DATA_ROOT / node.netns
-        data_root.mkdir(parents=True, exist_ok=True)
-        node.dockerd_pid = self._spawn(node, "dockerd", [
-            "dockerd", "--config-file", str(node.dir / "daemon.json"), "--data-root", str(data_root),
-            "--exec-root", f"/run/docker-{node.netns}", "-H", node.docker_host,
-            "--pidfile", f"/run/docker-{node.netns}.pid", "--bridge=none", "--iptables=false"])
-
-    def _start_sshd(self, node: Node) -> None:
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)   # sshd's privilege separation directory
-        check = _run(["/usr/sbin/sshd", "-t", "-f", str(node.sshd_config)], check=False)
-        if check.returncode:
-            raise ClusterError("sshd rejected its config", where=node.name, evidence=check.stderr)
-        node.sshd_pid = self._spawn(node, "sshd", ["/usr/sbin/sshd", "-D", "-e", "-f", str(node.sshd_config)],
-                                    enter=self.roots[node.name].nsenter())   # in the node's own root
-
-    def _wait_dockerd(self, node: Node, timeout: float) -> None:
-        self._wait(node, "dockerd", lambda: _docker_ping(node.docker_socket), timeout)
-
-    def _wait_sshd(self, node: Node, timeout: float) -> None:
-        self._wait(node, "sshd", lambda: _ssh_banner(node.mgmt_address), timeout)
-
-    def _wait(self, node: Node, what: str, ready: Callable[[], bool], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        pid = self._read_pid(node, what)
-        while time.monotonic() < deadline:
-            if ready():
-                return
-            if not _alive(pid):
-                break
-            time.sleep(0.2)
-        logfile = self.workdir / "logs" / f"{node.name}-{what}.log"
-        state = "exited" if not _alive(pid) else f"did not answer within {timeout:.0f}s"
-        raise ClusterError(f"{what} {state}", where=node.name, hint=f"see {logfile}", evidence=_tail(logfile))
-
     def _write_known_hosts(self) -> None:
         hosts = [n.mgmt_address for n in self.nodes.values()]
         result = _run(["ssh-keyscan", "-T", "5", "-t", "ed25519", *hosts], timeout=30)
@@ -541,179 +429,13 @@ class TestCluster:
         except (OSError, ValueError):
             return {}
 
-    def _read_pid(self, node: Node, what: str) -> int | None:
-        try:
-            return int(self._pidfile(node, what).read_text().strip())
-        except (OSError, ValueError):
-            return None
-
-    def _netns_pids(self, node: Node) -> list[int]:
-        if not Path(f"/run/netns/{node.netns}").exists():
-            return []
-        out = _run(["ip", "netns", "pids", node.netns], check=False).stdout
-        return [int(tok) for tok in out.split() if tok.isdigit()]
-
-    def _is_ours(self, pid: int, node: Node) -> bool:
-        """A PID is ours if it lives in the node's namespace, or its command line names the node's namespace."""
-        try:
-            if os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{node.netns}").st_ino:
-                return True
-        except OSError:
-            pass
-        try:
-            return node.netns.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return False
-
-    def _stop_pid(self, pid: int | None, node: Node, what: str, *, grace: float) -> None:
-        """SIGTERM a PID we started, wait up to ``grace`` seconds, then SIGKILL; ignores PIDs not ours."""
-        if not _alive(pid) or not self._is_ours(pid, node):   # type: ignore[arg-type]
-            return
-        assert pid is not None
-        log.info("[%s] stopping %s (pid %d)", node.name, what, pid)
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and _alive(pid):
-            time.sleep(0.1)
-        if _alive(pid):
-            log.warning("[%s] %s (pid %d) ignored SIGTERM for %.0fs: SIGKILL", node.name, what, pid, grace)
-            os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and _alive(pid):
-                time.sleep(0.1)
-
     def _timed(self, name: str) -> "_Timer":
         return _Timer(self.timings, name)
 
 
-class _Timer:
-    """Context manager adding the elapsed seconds of a block to ``timings[name]``."""
-
-    def __init__(self, timings: dict[str, float], name: str) -> None:
-        self.timings, self.name = timings, name
-
-    def __enter__(self) -> None:
-        self.start = time.monotonic()
-
-    def __exit__(self, *exc: object) -> None:
-        self.timings[self.name] = round(time.monotonic() - self.start, 2)
-
-
-# --------------------------------------------------------------------- helpers
 def _rootfs_key() -> str:
     return hashlib.sha256(f"{DEBIAN_SUITE} apt {','.join(sorted(BASE_PACKAGES))}".encode()).hexdigest()[:16]
 
 
 def _rootfs_path() -> Path:
     return IMAGE_CACHE / f"rootfs-{DEBIAN_SUITE}-{_rootfs_key()}.tar"
-
-
-def _run(argv: Sequence[str], *, timeout: float = 60.0, check: bool = True, env: dict[str, str] | None = None,
-         input: str | None = None, stdin: object = None, log_to: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run an argv (never a shell string) with a timeout; on failure raise ClusterError with the output tail."""
-    log.debug("run: %s", " ".join(argv))
-    try:
-        result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env,
-                                input=input, stdin=stdin if input is None else None)  # type: ignore[arg-type]
-    except subprocess.TimeoutExpired as exc:
-        raise ClusterError(f"command timed out after {timeout:.0f}s: {' '.join(argv)}") from exc
-    if log_to is not None:
-        log_to.parent.mkdir(parents=True, exist_ok=True)
-        log_to.write_text(f"$ {' '.join(argv)}\n{result.stdout}{result.stderr}")
-    if check and result.returncode != 0:
-        raise ClusterError(f"command failed (exit {result.returncode}): {' '.join(argv)}",
-                           evidence=_last_lines(result.stdout + result.stderr))
-    return result
-
-
-def _keygen(path: Path, comment: str) -> None:
-    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
-
-
-def _link_exists(name: str) -> bool:
-    return Path(f"/sys/class/net/{name}").exists()
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"   # a zombie is dead
-
-
-def _docker_ping(sock: Path) -> bool:
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(2)
-            s.connect(str(sock))
-            s.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
-            status_line = s.recv(64).split(b"\r\n", 1)[0]
-            return status_line.startswith(b"HTTP/1.") and status_line.split()[1:2] == [b"200"]
-    except OSError:
-        return False
-
-
-def _ssh_banner(address: str) -> bool:
-    try:
-        with socket.create_connection((address, 22), timeout=2) as s:
-            return s.recv(64).startswith(b"SSH-2.0-")
-    except OSError:
-        return False
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.chmod(0o600)
-    tmp.rename(path)
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return _last_lines(path.read_text(errors="replace"), lines)
-    except OSError:
-        return f"(no log at {path})"
-
-
-def _last_lines(text: str, lines: int = 20) -> str:
-    return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
-# --------------------------------------------------------------------- CLI (scripts/test-cluster)
-def main(argv: Sequence[str] | None = None) -> int:
-    """``test-cluster {up,down,status,env} [--workdir D] [--prefix P] [--net N] [--no-image]``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="test-cluster", description="Two-node Spark test cluster on this machine")
-    parser.add_argument("command", choices=["up", "down", "status", "env"])
-    parser.add_argument("--workdir", type=Path, default=Path(os.environ.get(
-        "SPARKCTL_TEST_CLUSTER_DIR", "/var/tmp/sparkctl-test-cluster")))
-    parser.add_argument("--prefix", default=os.environ.get("SPARKCTL_TEST_CLUSTER_PREFIX", "spk"))
-    parser.add_argument("--net", type=int, default=0, help="subnet index: 198.19.N.0/24 mgmt, 198.18.N.0/24 fabric")
-    parser.add_argument("--no-image", action="store_true", help="skip the engine image")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    try:
-        cluster = TestCluster(args.workdir, args.prefix, args.net, build_image=not args.no_image)
-        if args.command == "up":
-            start = time.monotonic()
-            cluster.up()
-            print(json.dumps({"up_seconds": round(time.monotonic() - start, 1), "timings": cluster.timings,
-                              "inventory": str(cluster.inventory_path), "engine_image": cluster.engine_image}))
-        elif args.command == "down":
-            cluster.down()
-        elif args.command == "status":
-            print(json.dumps(cluster.status(), indent=2))
-        else:
-            env = {"SPARKCTL_INVENTORY": cluster.inventory_path, "SPARKCTL_TEST_KNOWN_HOSTS": cluster.known_hosts_path,
-                   "SPARKCTL_TEST_SSH_KEY": cluster.ssh_key_path}
-            env.update({f"SPARKCTL_TEST_DOCKER_HOST_{n.name.upper().replace('-', '_')}": n.docker_host
-                        for n in cluster.nodes.values()})
-            print("\n".join(f"export {k}={shlex.quote(str(v))}" for k, v in env.items()))
-    except SparkctlError as exc:
-        print(exc.render(), file=sys.stderr)
-        return exc.exit_code
-    return 0

@@ -10,7 +10,7 @@ from sparkctl.deploy.preflight import Severity
 from sparkctl.deploy.preflight_rules import evaluate, gpu_checks, gpu_idle_check, hca_check, memory_check
 from sparkctl.nodes import facts
 from sparkctl.nodes.node_facts import NodeFacts
-from sparkctl.nodes.ssh import CommandResult
+from sparkctl.nodes.results import CommandResult
 from sparkctl.sglang.launch import LaunchSpec
 
 REPO = Path(__file__).resolve().parents[2]
