@@ -97,17 +97,29 @@ def image_build(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY,
     from sparkctl.images import pipeline
     from sparkctl.state.ledger import Ledger
 
+    from sparkctl.deploy.progress import Reporter
+
     prof, inv = _ctx(profile, inventory)
-    say = (lambda m: print(m, file=sys.stderr)) if as_json else print
+    progress = Reporter()               # stderr: timestamped lines, or a live display with elapsed time on a terminal
     log_dir = Ledger.for_cluster(inv.cluster.name).root / "builds"
-    p, steps = pipeline.build(prof, inv, log_dir=log_dir, report=say)
-    transfers = pipeline.distribute_plan(p, inv, report=say) if copy else []
+    progress.stage("image-build", f"engine + launch image on {inv.rank0.name}")
+    p, steps = pipeline.build(prof, inv, log_dir=log_dir, report=progress.event)
+    transfers: list = []
+    if copy:
+        progress.stage("image-copy", "missing layers to the other nodes over the fabric")
+        transfers = pipeline.distribute_plan(p, inv, report=progress.event)
+        progress.stage("image-verify", "one ID per image on every node")
     ids = pipeline.verify(p, inv) if copy else {}
+    progress.close()
     if as_json:
-        print(json.dumps({**p.to_json(), "steps": [s.__dict__ for s in steps],
-                          "transfers": [{"node": t.node, "image": t.image, "skipped": t.skipped,
-                                         "layers": [x.__dict__ for x in t.layers], "rx_bytes": t.rx_bytes,
-                                         "seconds": t.seconds} for t in transfers], "ids": ids}, indent=2))
+        emit(outputs.ImageBuildOutput, {
+            **p.to_json(), "steps": [s.__dict__ for s in steps],
+            "transfers": [{"node": t.node, "image": t.image, "skipped": t.skipped, "layers": [x.__dict__ for x in t.layers],
+                           "rx_bytes": t.rx_bytes, "seconds": t.seconds} for t in transfers], "ids": ids})
+    else:   # each step and copy was reported once, as it happened (stderr); stdout keeps the outcome
+        print(f"engine {p.engine_tag}\nlaunch {p.launch_tag}")
+        for tag, per_node in ids.items():
+            print(f"ok {tag}: {', '.join(per_node)}")
 
 
 @image_app.command("ls")

@@ -64,6 +64,40 @@ class ImagePlanOutput(_Out):
     launch: ImageSide
 
 
+class BuildStepOut(_Out):
+    role: str
+    tag: str
+    image_id: str
+    built: bool
+    seconds: float
+    reason: str
+
+
+class LayerMoveOut(_Out):
+    digest: str
+    size: int
+    sent: bool
+
+
+class TransferOut(_Out):
+    node: str
+    image: str
+    skipped: Optional[str]
+    layers: list[LayerMoveOut]
+    rx_bytes: int
+    seconds: float
+
+
+class ImageBuildOutput(_Out):
+    """`sparkctl image build --json` (with --no-copy: no transfers, no ids)."""
+    builder: str
+    engine: ImageSide
+    launch: ImageSide
+    steps: list[BuildStepOut]
+    transfers: list[TransferOut]
+    ids: dict[str, dict[str, str]] = Field(description="{image tag: {node: image ID}} after the copy.")
+
+
 class ImageRow(_Out):
     node: str
     id: str
@@ -119,6 +153,25 @@ class PatchesCheckOutput(RootModel[list[SeriesReport]]):
     """`sparkctl patches check --json`: one report per series."""
 
 
+class ChangedTask(_Out):
+    host: str
+    task: str
+
+
+class PlaybookRunOut(_Out):
+    playbook: str
+    check: bool
+    status: str
+    artifacts: str
+    changed: list[ChangedTask]
+
+
+class PrepareOutput(_Out):
+    """`sparkctl prepare --json`: per-host task counts, and per playbook what changed (or would, with --check)."""
+    stats: dict[str, dict[str, int]]
+    runs: list[PlaybookRunOut]
+
+
 class Gpu(_Out):
     name: Optional[str]
     driver: Optional[str]
@@ -168,7 +221,8 @@ class FactsOutput(RootModel[dict[str, NodeFacts]]):
 # `sparkctl schema NAME`: the file formats (profile, inventory) and these outputs.
 OUTPUTS: dict[str, type[BaseModel]] = {
     "render": RenderOutput, "profiles": ProfilesOutput, "image-plan": ImagePlanOutput, "image-ls": ImageListOutput,
-    "image-verify": ImageVerifyOutput, "image-prune": ImagePruneOutput, "patches-check": PatchesCheckOutput,
+    "image-build": ImageBuildOutput,
+    "image-verify": ImageVerifyOutput, "image-prune": ImagePruneOutput, "prepare": PrepareOutput, "patches-check": PatchesCheckOutput,
     "facts": FactsOutput,
 }
 

@@ -74,7 +74,8 @@ def register(app: typer.Typer) -> None:
         result = run_prepare(inv, check=check, tags=(tags or "").split(",") if tags else None, models=models,
                              restore=restore, become_password=password, on_event=_progress(check))
         if as_json:
-            print(json.dumps(result.as_dict(), indent=2))
+            from sparkctl.cli.outputs import PrepareOutput, emit
+            emit(PrepareOutput, result.as_dict())
             return
         verb = "would change" if check else "changed"
         for host, s in result.stats.items():
