@@ -84,6 +84,12 @@ def test_installed_wheel_deploys_d5_from_an_empty_directory(installed: dict[str,
     for line in where.stdout.split():
         assert Path(line).is_relative_to(installed["venv"]) and not Path(line).is_relative_to(REPO), line
 
+    version = _run([exe, "--version"], timeout=60, env=env, cwd=cwd)
+    assert version.returncode == 0 and version.stdout.startswith("sparkctl "), version.stderr
+    plan = _run([exe, "image", "plan", "--profile", "d5", "--json"], timeout=60, env=env, cwd=cwd)   # templates +
+    assert plan.returncode == 0, plan.stderr                                                        # patches shipped
+    assert json.loads(plan.stdout)["engine"]["inputs"]["series"] == "gb10-0.5.23"
+
     up = _run([exe, "up", "--profile", "d5", "--json"], timeout=300, env=env, cwd=cwd)
     try:
         assert up.returncode == 0, up.stderr + up.stdout
