@@ -1,15 +1,12 @@
 """Image pipeline commands: `patches check`, `image plan|build|ls|verify|prune` (thin; the work is in sparkctl.images)."""
 from __future__ import annotations
 
-import json
 import sys
 from typing import Optional
 
 import typer
 
-from sparkctl.cli import outputs
 from sparkctl.cli.options import PlainFlagsGroup, flag
-from sparkctl.cli.outputs import emit
 
 patches_app = typer.Typer(cls=PlainFlagsGroup, no_args_is_help=True, help="GB10 patch series (patches/<series>/).")
 image_app = typer.Typer(cls=PlainFlagsGroup, no_args_is_help=True, help="Engine and launch images: plan, build, list, verify, prune.")
@@ -43,7 +40,8 @@ def patches_check(series: Optional[str] = typer.Option(None, "--series", "-s", h
         raise ConfigError("no patch series under patches/", hint="add patches/<series>/series")
     reports = [check_series(n, expect_version=expect) for n in names]
     if as_json:
-        emit(outputs.PatchesCheckOutput, [r.to_json() for r in reports])
+        from sparkctl.cli.outputs import PatchesCheckOutput, emit
+        emit(PatchesCheckOutput, [r.to_json() for r in reports])
     else:
         for r in reports:
             print("\n".join(r.lines()))
@@ -82,7 +80,8 @@ def image_plan(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY, a
         p = pipeline.plan(prof, inv)
         doc = {"profile": prof.name, **p.to_json(), "resolved": True, "unresolved": [], "reason": None}
     if as_json:
-        emit(outputs.ImagePlanOutput, doc)
+        from sparkctl.cli.outputs import ImagePlanOutput, emit
+        emit(ImagePlanOutput, doc)
         return
     for side in ("engine", "launch"):
         print(f"{side} {doc[side]['tag'] or '(unresolved: base digest)'}")
@@ -112,7 +111,8 @@ def image_build(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY,
     ids = pipeline.verify(p, inv) if copy else {}
     progress.close()
     if as_json:
-        emit(outputs.ImageBuildOutput, {
+        from sparkctl.cli.outputs import ImageBuildOutput, emit
+        emit(ImageBuildOutput, {
             **p.to_json(), "steps": [s.__dict__ for s in steps],
             "transfers": [{"node": t.node, "image": t.image, "skipped": t.skipped, "layers": [x.__dict__ for x in t.layers],
                            "rx_bytes": t.rx_bytes, "seconds": t.seconds} for t in transfers], "ids": ids})
@@ -130,7 +130,8 @@ def image_ls(inventory: Optional[str] = _INVENTORY, as_json: bool = _JSON) -> No
     _, inv = _ctx(None, inventory)
     rows = manage.list_images(pipeline.connections(inv))
     if as_json:
-        emit(outputs.ImageListOutput, rows)
+        from sparkctl.cli.outputs import ImageListOutput, emit
+        emit(ImageListOutput, rows)
         return
     for r in rows:
         print(f"{r['node']:<10} {r['role'] or '?':<7} {r['id'][7:19]} {r['size'] / 1e6:9.1f} MB  "
@@ -146,7 +147,8 @@ def image_verify(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY,
     p = pipeline.plan(prof, inv)
     ids = pipeline.verify(p, inv)
     if as_json:
-        emit(outputs.ImageVerifyOutput, ids)
+        from sparkctl.cli.outputs import ImageVerifyOutput, emit
+        emit(ImageVerifyOutput, ids)
         return
     for tag, per_node in ids.items():
         print(f"ok {tag}: {', '.join(per_node)} ({next(iter(per_node.values()))[7:19]})")
@@ -168,7 +170,8 @@ def image_prune(inventory: Optional[str] = _INVENTORY,
     rows = manage.prune_images(conns, keep, dry_run=dry_run, listed=listed)
     caches = manage.prune_registry_caches([Endpoint.of(inv, n) for n in inv.nodes], listed, rows, dry_run=dry_run)
     if as_json:
-        emit(outputs.ImagePruneOutput, {"images": rows, "registry_caches": caches})
+        from sparkctl.cli.outputs import ImagePruneOutput, emit
+        emit(ImagePruneOutput, {"images": rows, "registry_caches": caches})
         return
     for r in rows:
         state = "would remove" if dry_run else ("FAILED to remove" if r.get("error") else "removed")

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import difflib
 import getpass
-import json
 import sys
 from typing import Any, Optional
 
