@@ -77,8 +77,7 @@ def image_plan(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY, a
         doc = unresolved_plan(prof, inv, f"{inv.rank0.name} (the building node) runs the engine as a local process, "
                                          f"not in Docker: no base image digest to pin the engine tag to")
     else:
-        p = pipeline.plan(prof, inv)
-        doc = {"profile": prof.name, **p.to_json(), "resolved": True, "unresolved": [], "reason": None}
+        doc = pipeline.plan(prof, inv).to_json()
     if as_json:
         from sparkctl.cli.outputs import ImagePlanOutput, emit
         emit(ImagePlanOutput, doc)

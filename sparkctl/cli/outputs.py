@@ -88,11 +88,9 @@ class TransferOut(_Out):
     seconds: float
 
 
-class ImageBuildOutput(_Out):
-    """`sparkctl image build --json` (with --no-copy: no transfers, no ids)."""
-    builder: str
-    engine: ImageSide
-    launch: ImageSide
+class ImageBuildOutput(ImagePlanOutput):
+    """`sparkctl image build --json`: the plan, then what was built, copied and verified (--no-copy: no transfers,
+    no ids)."""
     steps: list[BuildStepOut]
     transfers: list[TransferOut]
     ids: dict[str, dict[str, str]] = Field(description="{image tag: {node: image ID}} after the copy.")

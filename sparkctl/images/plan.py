@@ -113,7 +113,9 @@ class ImagePlan:
     launch_doc: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
-        return {"builder": self.builder,
+        """The plan as `image plan --json` prints it (the same keys as `unresolved_plan`)."""
+        return {"profile": self.launch_inputs["profile"], "builder": self.builder, "resolved": True, "unresolved": [],
+                "reason": None,
                 "engine": {"tag": self.engine_tag, "inputs": self.engine_inputs,
                            "inputs_sha256": self.engine_inputs_sha256},
                 "launch": {"tag": self.launch_tag, "inputs": self.launch_inputs,

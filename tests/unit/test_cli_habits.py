@@ -222,3 +222,43 @@ def test_fabric_address_on_loopback_is_the_inventorys_not_127_0_0_1():
     assert fabric_address_held("10.0.0.2", ("10.0.0.2/24",)) is True
     assert fabric_address_held("10.0.1.2", ("10.0.0.1/24",)) is False
     assert fabric_address_held(None, ("10.0.0.1/24",)) is None
+
+
+def _shape(doc):
+    """The key structure of a JSON document (values dropped), to compare outcomes."""
+    if isinstance(doc, dict):
+        return {k: _shape(v) for k, v in doc.items()}
+    return None
+
+
+def test_image_plan_has_the_same_keys_resolved_or_not():
+    """The plan with a known base (what a docker node answers) and without one (the embedded cluster): same keys,
+    both valid ImagePlanOutput documents."""
+    from sparkctl.cli.outputs import ImagePlanOutput
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.config.profile import load_profile
+    from sparkctl.images.plan import BaseImage, plan_images, unresolved_plan
+
+    prof, inv = load_profile("d5"), load_inventory(Path(SPARKS))
+    base = BaseImage("lmsysorg/sglang:v0.5.23", "sha256:" + "1" * 64, "lmsysorg/sglang@sha256:" + "2" * 64)
+    resolved = plan_images(prof, inv, base).to_json()
+    unresolved = unresolved_plan(prof, inv, "no docker")
+    assert _shape(resolved) == _shape(unresolved)
+    for doc in (resolved, unresolved):
+        ImagePlanOutput.model_validate(doc)
+    assert resolved["resolved"] and resolved["engine"]["tag"].startswith("sparkctl/sglang-gb10:0.5.23-gb10-0.5.23-")
+    same = {k: v for k, v in resolved["engine"]["inputs"].items() if k != "base_digest"}
+    assert same == {k: v for k, v in unresolved["engine"]["inputs"].items() if k != "base_digest"}
+    assert resolved["launch"]["inputs"]["launch_spec_sha256"] == unresolved["launch"]["inputs"]["launch_spec_sha256"]
+
+
+# --json commands whose output model lives with their owners (deploy/: lifecycle; bench: the card).
+JSON_ELSEWHERE = {"up", "status", "down", "rollback", "repair", "preflight", "bench"}
+
+
+def test_every_json_output_of_these_commands_has_a_schema():
+    from sparkctl.cli.outputs import OUTPUTS
+    for name, cmd in _commands():
+        opts = {o for p in cmd.params for o in p.opts}
+        if "--json" in opts and name not in JSON_ELSEWHERE:
+            assert name.replace(" ", "-") in OUTPUTS, f"{name} --json has no output model in sparkctl.cli.outputs"
