@@ -36,7 +36,7 @@ from zipfile import ZipFile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sparkctl.testing.realparser import (  # noqa: E402
+from testrig.realparser import (  # noqa: E402
     RealParserError,
     dump_real_parser,
     ensure_sglang_venv,

@@ -14,9 +14,11 @@ _E = TypeVar("_E", bound="SparkctlError")
 
 
 class SparkctlError(Exception):
-    """A known, user-facing failure. Printed as one clear message, never a traceback."""
+    """A known, user-facing failure. Printed as one clear message, never a traceback.
 
-    exit_code = 1
+    A bare SparkctlError is a request that cannot be done as given (exit 2): exit 1 is CancelledError's alone."""
+
+    exit_code = 2
 
     def __init__(self, message: str, *, where: str | None = None, hint: str | None = None,
                  evidence: str | None = None) -> None:

@@ -47,7 +47,7 @@ def local_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Pa
     """
     import os
 
-    from sparkctl.testing.embedded import stop_recorded_engines, write_embedded_inventory
+    from testrig.embedded import stop_recorded_engines, write_embedded_inventory
 
     inv = write_embedded_inventory(tmp_path / "inventory.yml", FAST_SIM)
     monkeypatch.setenv("SPARKCTL_INVENTORY", str(inv))

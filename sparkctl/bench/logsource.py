@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from sparkctl.nodes.handles import Handle
-from sparkctl.sglang.logparse import EventKind, LogFollower, decode_stats, parse_line
+from sparkctl.sglang.bootwatch import LogFollower
+from sparkctl.sglang.logparse import EventKind, decode_stats, parse_line
 
 __all__ = ["LogSource", "FileLog", "RuntimeLog", "scheduler_summary", "prefill_events", "capacity_from_log"]
 

@@ -1,7 +1,6 @@
 """Image pipeline commands: `patches check`, `image plan|build|ls|verify|prune` (thin; the work is in sparkctl.images)."""
 from __future__ import annotations
 
-import json
 import sys
 from typing import Optional
 
@@ -41,7 +40,8 @@ def patches_check(series: Optional[str] = typer.Option(None, "--series", "-s", h
         raise ConfigError("no patch series under patches/", hint="add patches/<series>/series")
     reports = [check_series(n, expect_version=expect) for n in names]
     if as_json:
-        print(json.dumps([r.to_json() for r in reports], indent=2))
+        from sparkctl.cli.outputs import PatchesCheckOutput, emit
+        emit(PatchesCheckOutput, [r.to_json() for r in reports])
     else:
         for r in reports:
             print("\n".join(r.lines()))
@@ -67,15 +67,24 @@ _JSON = flag("--json", help="Print JSON on stdout.")
 
 @image_app.command("plan")
 def image_plan(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY, as_json: bool = _JSON) -> None:
-    """Print the engine and launch image tags and their inputs, without building."""
+    """Print the engine and launch image tags and their inputs, without building. Without docker on the building
+    node (the embedded cluster) the base image's digest is unknown: the tags it pins are shown as unresolved."""
     from sparkctl.images import pipeline
+    from sparkctl.images.plan import unresolved_plan
 
     prof, inv = _ctx(profile, inventory)
-    p = pipeline.plan(prof, inv)
+    if inv.rank0.runtime != "docker":
+        doc = unresolved_plan(prof, inv, f"{inv.rank0.name} (the building node) runs the engine as a local process, "
+                                         f"not in Docker: no base image digest to pin the engine tag to")
+    else:
+        doc = pipeline.plan(prof, inv).to_json()
     if as_json:
-        print(json.dumps(p.to_json(), indent=2))
+        from sparkctl.cli.outputs import ImagePlanOutput, emit
+        emit(ImagePlanOutput, doc)
         return
-    print(f"engine {p.engine_tag}\nlaunch {p.launch_tag}\n(built on {p.builder}; inputs: --json)")
+    for side in ("engine", "launch"):
+        print(f"{side} {doc[side]['tag'] or '(unresolved: base digest)'}")
+    print(f"(built on {doc['builder']}; inputs: --json)" + (f"\nunresolved: {doc['reason']}" if doc["reason"] else ""))
 
 
 @image_app.command("build")
@@ -86,17 +95,30 @@ def image_build(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY,
     from sparkctl.images import pipeline
     from sparkctl.state.ledger import Ledger
 
+    from sparkctl.deploy.progress import Reporter
+
     prof, inv = _ctx(profile, inventory)
-    say = (lambda m: print(m, file=sys.stderr)) if as_json else print
+    progress = Reporter()               # stderr: timestamped lines, or a live display with elapsed time on a terminal
     log_dir = Ledger.for_cluster(inv.cluster.name).root / "builds"
-    p, steps = pipeline.build(prof, inv, log_dir=log_dir, report=say)
-    transfers = pipeline.distribute_plan(p, inv, report=say) if copy else []
+    progress.stage("image-build", f"engine + launch image on {inv.rank0.name}")
+    p, steps = pipeline.build(prof, inv, log_dir=log_dir, report=progress.event)
+    transfers: list = []
+    if copy:
+        progress.stage("image-copy", "missing layers to the other nodes over the fabric")
+        transfers = pipeline.distribute_plan(p, inv, report=progress.event)
+        progress.stage("image-verify", "one ID per image on every node")
     ids = pipeline.verify(p, inv) if copy else {}
+    progress.close()
     if as_json:
-        print(json.dumps({**p.to_json(), "steps": [s.__dict__ for s in steps],
-                          "transfers": [{"node": t.node, "image": t.image, "skipped": t.skipped,
-                                         "layers": [x.__dict__ for x in t.layers], "rx_bytes": t.rx_bytes,
-                                         "seconds": t.seconds} for t in transfers], "ids": ids}, indent=2))
+        from sparkctl.cli.outputs import ImageBuildOutput, emit
+        emit(ImageBuildOutput, {
+            **p.to_json(), "steps": [s.__dict__ for s in steps],
+            "transfers": [{"node": t.node, "image": t.image, "skipped": t.skipped, "layers": [x.__dict__ for x in t.layers],
+                           "rx_bytes": t.rx_bytes, "seconds": t.seconds} for t in transfers], "ids": ids})
+    else:   # each step and copy was reported once, as it happened (stderr); stdout keeps the outcome
+        print(f"engine {p.engine_tag}\nlaunch {p.launch_tag}")
+        for tag, per_node in ids.items():
+            print(f"ok {tag}: {', '.join(per_node)}")
 
 
 @image_app.command("ls")
@@ -107,7 +129,8 @@ def image_ls(inventory: Optional[str] = _INVENTORY, as_json: bool = _JSON) -> No
     _, inv = _ctx(None, inventory)
     rows = manage.list_images(pipeline.connections(inv))
     if as_json:
-        print(json.dumps(rows, indent=2))
+        from sparkctl.cli.outputs import ImageListOutput, emit
+        emit(ImageListOutput, rows)
         return
     for r in rows:
         print(f"{r['node']:<10} {r['role'] or '?':<7} {r['id'][7:19]} {r['size'] / 1e6:9.1f} MB  "
@@ -123,7 +146,8 @@ def image_verify(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY,
     p = pipeline.plan(prof, inv)
     ids = pipeline.verify(p, inv)
     if as_json:
-        print(json.dumps(ids, indent=2))
+        from sparkctl.cli.outputs import ImageVerifyOutput, emit
+        emit(ImageVerifyOutput, ids)
         return
     for tag, per_node in ids.items():
         print(f"ok {tag}: {', '.join(per_node)} ({next(iter(per_node.values()))[7:19]})")
@@ -145,7 +169,8 @@ def image_prune(inventory: Optional[str] = _INVENTORY,
     rows = manage.prune_images(conns, keep, dry_run=dry_run, listed=listed)
     caches = manage.prune_registry_caches([Endpoint.of(inv, n) for n in inv.nodes], listed, rows, dry_run=dry_run)
     if as_json:
-        print(json.dumps({"images": rows, "registry_caches": caches}, indent=2))
+        from sparkctl.cli.outputs import ImagePruneOutput, emit
+        emit(ImagePruneOutput, {"images": rows, "registry_caches": caches})
         return
     for r in rows:
         state = "would remove" if dry_run else ("FAILED to remove" if r.get("error") else "removed")

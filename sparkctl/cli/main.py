@@ -14,28 +14,46 @@ from pathlib import Path
 import typer
 
 from sparkctl.cli import bench_cmds, deploy_cmds, image_cmds, prepare_cmds, render_cmds
-from sparkctl.cli.options import PlainFlagsGroup, flag, plain_flags
+from sparkctl.cli.options import EXIT_CODES, PlainFlagsGroup, flag, plain_flags
 
-app = typer.Typer(cls=PlainFlagsGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(cls=PlainFlagsGroup, add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES,
                   help="Deploy SGLang across two DGX Sparks (TP=2), verify it, roll back, measure it.")
 
 
 VERBOSE = ("-v", "--verbose")
+QUIET = ("-q", "--quiet")
 
 
 def _hoist_verbose(argv: list[str]) -> list[str]:
-    """`-v` / `--verbose` anywhere before a `--` (e.g. `sparkctl up -v --profile d5`) moved in front of the
-    subcommand, where the root option is parsed: no subcommand has a `-v` of its own."""
+    """`-v` / `--verbose` and `-q` / `--quiet` anywhere before a `--` (e.g. `sparkctl up -v --profile d5`) moved
+    in front of the subcommand, where the root options are parsed: no subcommand has a `-v` or `-q` of its own."""
     end = argv.index("--") if "--" in argv else len(argv)
-    rest = [a for a in argv[:end] if a not in VERBOSE]
-    return (["--verbose"] if len(rest) < end else []) + rest + argv[end:]
+    head = argv[:end]
+    rest = [a for a in head if a not in VERBOSE + QUIET]
+    lead = (["--verbose"] if any(a in VERBOSE for a in head) else []) + (["--quiet"] if any(a in QUIET for a in head)
+                                                                         else [])
+    return lead + rest + argv[end:]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from sparkctl.resources import version
+        print(f"sparkctl {version()}")
+        raise typer.Exit(0)
 
 
 @app.callback()
 def _root(verbose: bool = flag(*VERBOSE[::-1], help="Log progress details to stderr (before or after the "
-                                                      "subcommand).")) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+                                                      "subcommand)."),
+          quiet: bool = flag(*QUIET[::-1], help="No progress lines or live display on stderr (errors and warnings "
+                                                "still print; stdout is unchanged)."),
+          _show_version: bool = typer.Option(False, "--version", help="Print sparkctl's version and exit.",
+                                             is_eager=True, callback=_version, metavar="")) -> None:
+    from sparkctl.deploy import progress
+    progress.set_quiet(quiet)
+    level = logging.INFO if verbose else (logging.ERROR if quiet else logging.WARNING)
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 
 
 render_cmds.register(app)
@@ -71,6 +89,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
+    from sparkctl.deploy import progress
+    try:
+        return _dispatch(argv)
+    finally:
+        progress.close_live()   # a live display on the terminal ends before the shell prompt comes back
+        progress.set_quiet(False)
+
+
+def _dispatch(argv: list[str] | None) -> int:
     from sparkctl.cli import signals
     from sparkctl.errors import SparkctlError
     try:

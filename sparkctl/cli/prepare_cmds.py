@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import difflib
 import getpass
-import json
 import sys
 from typing import Any, Optional
 
@@ -39,6 +38,16 @@ def _progress(check: bool) -> Any:
     return show
 
 
+def _fabric_address(fab: dict[str, Any]) -> str:
+    """The inventory's fabric address (what the ranks dial), and what the interface carries when that differs."""
+    addr, carried = fab.get("address"), ",".join(fab.get("ipv4", []))
+    if not addr:
+        return carried
+    if fab.get("holds_address"):
+        return addr if carried == addr else f"{addr} (interface: {carried})"
+    return f"{addr} NOT on the interface (it has: {carried or 'no IPv4 address'})"
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def prepare(inventory: Optional[str] = INVENTORY_OPT,
@@ -55,8 +64,8 @@ def register(app: typer.Typer) -> None:
                 as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Prepare the Sparks with Ansible: docker + nvidia runtime, fabric netplan at MTU 9000, fabric SSH from
         rank 0, directories, GPU clocks; with --profile also the model and drafter on every node."""
-        from sparkctl.hosts.prepare import prepare as run_prepare
-        from sparkctl.hosts.prepare import profile_models
+        from sparkctl.prepare.plays import prepare as run_prepare
+        from sparkctl.prepare.plays import profile_models
 
         inv = _inventory(inventory)
         models = profile_models(profile, inv) if profile else None
@@ -64,7 +73,8 @@ def register(app: typer.Typer) -> None:
         result = run_prepare(inv, check=check, tags=(tags or "").split(",") if tags else None, models=models,
                              restore=restore, become_password=password, on_event=_progress(check))
         if as_json:
-            print(json.dumps(result.as_dict(), indent=2))
+            from sparkctl.cli.outputs import PrepareOutput, emit
+            emit(PrepareOutput, result.as_dict())
             return
         verb = "would change" if check else "changed"
         for host, s in result.stats.items():
@@ -79,18 +89,19 @@ def register(app: typer.Typer) -> None:
               as_json: bool = flag("--json", help="Facts as JSON on stdout.")) -> None:
         """Read-only facts of every node: GPU and driver, memory, fabric interface, RoCE devices, Docker
         runtimes, model manifests (through facts.yml)."""
-        from sparkctl.hosts.prepare import gather_facts, profile_models
+        from sparkctl.prepare.plays import gather_facts, profile_models
 
         inv = _inventory(inventory)
         found = gather_facts(inv, models=profile_models(profile, inv) if profile else None)
         if as_json:
-            print(json.dumps(found, indent=2))
+            from sparkctl.cli.outputs import FactsOutput, emit
+            emit(FactsOutput, found)
             return
         for host, f in found.items():
             gpu, fab, dk = f["gpu"] or {}, f["fabric"] or {}, f["docker"] or {}
             print(f"{host}: gpu {gpu.get('name', '-')} driver {gpu.get('driver', '-')}; memory "
                   f"{f['memory_gib']} GiB; fabric {fab.get('interface', '-')} {fab.get('state', '')} mtu "
-                  f"{fab.get('mtu', '-')} {','.join(fab.get('ipv4', []))}; docker {dk.get('version', '-')} "
+                  f"{fab.get('mtu', '-')} {_fabric_address(fab)}; docker {dk.get('version', '-')} "
                   f"runtimes {','.join(dk.get('runtimes', []))}")
             for link in f["roce"] or []:
                 print(f"  roce {link['hca']} -> {link['netdev']} ({'Up' if link['up'] else 'Down'})")

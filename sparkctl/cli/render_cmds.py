@@ -35,7 +35,8 @@ def register(app: typer.Typer) -> None:
         for w in result.warnings:
             print(f"warning: {w}", file=sys.stderr)
         if as_json:
-            print(json.dumps(result.to_json(rank), indent=2))
+            from sparkctl.cli.outputs import RenderOutput, emit
+            emit(RenderOutput, result.to_json(rank))
             return
         for r in result.to_json(rank)["ranks"]:
             print(f"# rank {r['rank']} on {r['node']} (SGLang {result.profile.image.sglang_version})")
@@ -45,16 +46,42 @@ def register(app: typer.Typer) -> None:
             print()
 
     @app.command()
-    def profiles() -> None:
-        """List the profiles with their descriptions."""
-        from sparkctl.config.profile import list_profiles
-        for name, desc, _path in list_profiles():
-            print(f"{name:<16} {desc}")
+    def profiles(inventory: Optional[str] = typer.Option(None, "--inventory", "-i", help="Ansible inventory file "
+                                                         "each profile is checked against (default: see README)."),
+                 as_json: bool = flag("--json", help="Print JSON on stdout.")) -> None:
+        """List the profiles (yours first: ./profiles, ~/.config/sparkctl/profiles, then the shipped ones) with
+        their descriptions, and whether each renders on the inventory's cluster."""
+        from sparkctl.config.inventory import resolve_inventory
+        from sparkctl.config.profile import list_profiles, load_profile
+        from sparkctl.errors import ConfigError
+        from sparkctl.sglang.render import render as do_render
+
+        inv = resolve_inventory(inventory)
+        rows = []
+        for name, desc, path in list_profiles():
+            try:
+                do_render(load_profile(str(path)), inv)
+                problem = None
+            except ConfigError as exc:
+                problem = exc.render().splitlines()[0]
+            rows.append({"name": name, "description": desc, "path": str(path), "renders": problem is None,
+                         "problem": problem})
+        if as_json:
+            from sparkctl.cli.outputs import ProfilesOutput, emit
+            emit(ProfilesOutput, {"inventory": inv.path, "emulated": inv.emulated, "profiles": rows})
+            return
+        for r in rows:
+            print(f"{r['name']:<16} {r['description']}" + (f"\n{'':<16} does not render on {inv.cluster.name}: "
+                                                           f"{r['problem']}" if r["problem"] else ""))
 
     @app.command()
-    def schema(kind: str = typer.Argument(..., help="profile | inventory")) -> None:
-        """Print the JSON Schema of the profile or inventory format (for editors)."""
-        from sparkctl.config.schema import json_schema
+    def schema(kind: str = typer.Argument(..., help="profile | inventory | the name of a command's --json output "
+                                                    "(sparkctl schema list names them)")) -> None:
+        """Print a JSON Schema: of the profile or inventory format (for editors), or of a command's --json output."""
+        from sparkctl.config.schema import json_schema, schema_names
+        if kind == "list":
+            print("\n".join(schema_names()))
+            return
         print(json.dumps(json_schema(kind), indent=2))
 
 

@@ -23,9 +23,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sparkctl.config.loader import config_error_from, did_you_mean, read_yaml, refusal, repo_root
+from sparkctl.config.loader import config_error_from, did_you_mean, read_yaml, refusal
 from sparkctl.config.values import (Count, Flag, HcaName, HostPath, IfName, ImageRef, LocalPath, PlainName, Port,
                                     SimValue, SshHost, SshUser, Text, Word, choice)
+from sparkctl.resources import shipped, user_dirs
 from sparkctl.errors import ConfigError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -271,14 +272,15 @@ def _inventory_error(exc: ValidationError, where: str, nodes: list[dict[str, Any
 
 
 def resolve_inventory(explicit: str | None) -> Inventory:
-    """--inventory > SPARKCTL_INVENTORY > inventory/sparks.yml > the embedded local cluster."""
+    """--inventory > SPARKCTL_INVENTORY > ./inventory/sparks.yml > ~/.config/sparkctl/inventory/sparks.yml >
+    the embedded local cluster (shipped)."""
     if explicit:
         return load_inventory(Path(explicit))
     env = os.environ.get("SPARKCTL_INVENTORY")
     if env:
         return load_inventory(Path(env))
-    for base in (Path.cwd(), repo_root()):
+    for base in user_dirs():
         real = base / "inventory" / "sparks.yml"
         if real.is_file():
             return load_inventory(real)
-    return load_inventory(repo_root() / "inventory" / "local.yml", embedded=True)
+    return load_inventory(shipped("inventory", "local.yml"), embedded=True)

@@ -19,8 +19,9 @@ from sparkctl.errors import ConfigError
 
 
 def repo_root() -> Path:
-    """The source tree holding profiles/, inventory/, patches/ (the package's parent)."""
-    return Path(__file__).resolve().parents[2]
+    """The shipped data root, ``sparkctl/data/`` (profiles/, inventory/, patches/ ...): see sparkctl.resources."""
+    from sparkctl.resources import shipped
+    return shipped()
 
 
 # Bounds on one YAML document (profiles and inventories are a few kB): what a hostile file may cost to read.

@@ -15,10 +15,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from sparkctl.config.loader import config_error_from, key_path, origin_of, read_yaml, refusal, repo_root
+from sparkctl.config.loader import config_error_from, key_path, origin_of, read_yaml, refusal
 from sparkctl.config.values import (ArgToken, ArgValue, Count, EngineEnvKey, EnvName, EnvValue, Flag, ImageRef, Int, ModelPath,
                                     Number, PlainName, Platform, Prose, Port, Seconds, Text, Version, Word,
                                     engine_env_key)
+from sparkctl.resources import search_dirs
 from sparkctl.errors import ConfigError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -181,7 +182,7 @@ def profile_dirs() -> list[Path]:
     dirs = []
     if os.environ.get("SPARKCTL_PROFILES_DIR"):
         dirs.append(Path(os.environ["SPARKCTL_PROFILES_DIR"]))
-    dirs += [Path.cwd() / "profiles", repo_root() / "profiles"]
+    dirs += search_dirs("profiles")   # ./profiles, ~/.config/sparkctl/profiles, shipped
     seen, out = set(), []
     for d in dirs:
         r = d.resolve()

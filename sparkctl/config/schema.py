@@ -1,4 +1,5 @@
-"""JSON Schema of the profile and inventory file formats, for editors (yaml-language-server)."""
+"""JSON Schema of the profile and inventory file formats (for editors: yaml-language-server) and of the CLI's
+--json outputs (sparkctl.cli.outputs)."""
 from __future__ import annotations
 
 from typing import Any
@@ -40,4 +41,13 @@ def json_schema(kind: str) -> dict[str, Any]:
                                **{k: v for k, v in node["properties"].items()
                                   if k not in ("name", "ssh", "rank")}}}},
         }
-    raise ConfigError(f"unknown schema kind {kind!r}", hint="use 'profile' or 'inventory'")
+    from sparkctl.cli.outputs import OUTPUTS
+    if kind in OUTPUTS:
+        return OUTPUTS[kind].model_json_schema()
+    raise ConfigError(f"unknown schema kind {kind!r}", hint=f"use one of: {', '.join(schema_names())}")
+
+
+def schema_names() -> list[str]:
+    """What `sparkctl schema` knows: the two file formats, then every modelled --json output."""
+    from sparkctl.cli.outputs import OUTPUTS
+    return ["profile", "inventory", *OUTPUTS]

@@ -12,8 +12,9 @@ from typing import Any, Callable
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import DeployError
 from sparkctl.nodes.runtime import Handle, Runtime, log_tail
+from sparkctl.sglang.bootwatch import BootState, LogFollower
 from sparkctl.sglang.launch import LaunchSpec
-from sparkctl.sglang.logparse import BootState, EventKind, LogFollower
+from sparkctl.sglang.logparse import EventKind
 
 # Milestones worth a progress line, in boot order.
 _ANNOUNCE = {

@@ -14,7 +14,7 @@ from typing import Any
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import RankWatch
 from sparkctl.errors import SparkctlError
-from sparkctl.sglang.logparse import BootState
+from sparkctl.sglang.bootwatch import BootState
 
 
 @dataclass

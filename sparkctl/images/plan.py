@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.config.inventory import Inventory
-from sparkctl.config.loader import repo_root
+from sparkctl.resources import shipped
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
 from sparkctl.images import entrypoint, launchdoc, patchapply
@@ -37,7 +37,7 @@ BASE_IMAGE_LABEL = "org.sparkctl.base-image"
 
 
 def templates_dir() -> Path:
-    return repo_root() / "images"
+    return shipped("dockerfiles")
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,9 @@ class ImagePlan:
     launch_doc: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
-        return {"builder": self.builder,
+        """The plan as `image plan --json` prints it (the same keys as `unresolved_plan`)."""
+        return {"profile": self.launch_inputs["profile"], "builder": self.builder, "resolved": True, "unresolved": [],
+                "reason": None,
                 "engine": {"tag": self.engine_tag, "inputs": self.engine_inputs,
                            "inputs_sha256": self.engine_inputs_sha256},
                 "launch": {"tag": self.launch_tag, "inputs": self.launch_inputs,
@@ -131,6 +133,32 @@ class ImagePlan:
         return _tar({"Dockerfile": self.launch_dockerfile.encode(),
                      "etc-sparkctl/launch.json": launchdoc.doc_bytes(self.launch_doc),
                      "etc-sparkctl/entrypoint.py": Path(entrypoint.__file__).read_bytes()})
+
+
+def unresolved_plan(profile: Profile, inventory: Inventory, reason: str) -> dict[str, Any]:
+    """What can be planned without the building node's docker (`image plan` on the embedded cluster): every input
+    but the base image's digest, which pins the engine tag (and so the launch tag); `reason` says why it is not
+    known. The shape of ImagePlan.to_json plus `resolved`, `unresolved` and `reason`."""
+    from sparkctl.sglang.render import render
+
+    img = profile.image
+    series = (load_series(img.patch_series, expect_version=img.sglang_version,
+                          where=profile.origin_of("image.patch_series")) if img.patch_series else None)
+    engine_inputs = {"base_image": img.base_image, "base_digest": None, "sglang_version": img.sglang_version,
+                     "series": series.name if series else None,
+                     "series_sha256": series.content_hash() if series else None,
+                     "template_sha256": _sha256((templates_dir() / "engine" / "Dockerfile.j2").read_bytes(),
+                                                Path(patchapply.__file__).read_bytes())}
+    placeholders = {k: launchdoc.SECRET_PLACEHOLDER for k in (profile.api.api_key_env, profile.api.hf_token_env) if k}
+    doc = launchdoc.launch_doc(render(profile, inventory, environ=placeholders).specs, profile=profile.name)
+    launch_inputs = {"engine_tag": None, "profile": profile.name, "launch_spec_sha256": launchdoc.doc_sha256(doc),
+                     "template_sha256": _sha256((templates_dir() / "launch" / "Dockerfile.j2").read_bytes(),
+                                                Path(entrypoint.__file__).read_bytes())}
+    return {"profile": profile.name, "builder": inventory.rank0.name, "resolved": False,
+            "unresolved": ["engine.inputs.base_digest", "engine.tag", "launch.inputs.engine_tag", "launch.tag"],
+            "reason": reason,
+            "engine": {"tag": None, "inputs": engine_inputs, "inputs_sha256": None},
+            "launch": {"tag": None, "inputs": launch_inputs, "inputs_sha256": None}}
 
 
 def plan_images(profile: Profile, inventory: Inventory, base: BaseImage, *, builder: str | None = None) -> ImagePlan:

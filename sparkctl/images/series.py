@@ -20,9 +20,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkctl.config.loader import repo_root
 from sparkctl.errors import ConfigError, ImageError, SparkctlError
 from sparkctl.images import patchapply
+from sparkctl.resources import shipped
 
 log = logging.getLogger("sparkctl.images")
 
@@ -32,8 +32,8 @@ class PatchCheckError(ImageError):
 
 
 def patches_dir() -> Path:
-    """``$SPARKCTL_PATCHES_DIR`` or the source tree's ``patches/``."""
-    return Path(os.environ.get("SPARKCTL_PATCHES_DIR") or repo_root() / "patches")
+    """``$SPARKCTL_PATCHES_DIR`` or the shipped ``sparkctl/data/patches/``."""
+    return Path(os.environ.get("SPARKCTL_PATCHES_DIR") or shipped("patches"))
 
 
 def wheel_cache() -> Path:

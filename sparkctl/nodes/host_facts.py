@@ -3,7 +3,7 @@ an argv to run on a node plus a pure parser of its output. Evaluating them is
 ``sparkctl.deploy.host_checks``' job.
 
 * ``model_manifest(dir)``: the checksum manifest next to a model directory, recomputed on the node only when a
-  file is newer than it (the same code as the playbooks' helper, ``sparkctl/hosts/model_manifest.py``);
+  file is newer than it (the same code as the playbooks' helper, ``sparkctl/prepare/model_manifest.py``);
 * ``fabric_ssh(user, address)``: rank 0 reaches a peer over the fabric with the dedicated key prepare made.
 
 The interface MTU comes from ``sparkctl.nodes.facts.ip_addr`` (``Interface.mtu``).
@@ -11,12 +11,13 @@ The interface MTU comes from ``sparkctl.nodes.facts.ip_addr`` (``Interface.mtu``
 from __future__ import annotations
 
 import json
+from importlib import resources
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkctl.nodes.facts import Fact
 
-MANIFEST_SOURCE = (Path(__file__).resolve().parents[1] / "hosts" / "model_manifest.py").read_text()
+MANIFEST_SOURCE = resources.files("sparkctl.prepare").joinpath("model_manifest.py").read_text()
 FABRIC_KEY = "~/.ssh/sparkctl_fabric_ed25519"
 FABRIC_KNOWN_HOSTS = "~/.ssh/sparkctl_fabric_known_hosts"
 _OK_MARK = "sparkctl-fabric-ok"

@@ -19,7 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from sparkctl.sim import decoding as dec
-from sparkctl.sim.scheduler import TTFT_BUCKETS, Request, Scheduler
+from sparkctl.sim.responses import ChatView, drain, generate_out, metrics_text, server_info, usage
+from sparkctl.sim.scheduler import Request, Scheduler
 
 _HEALTH = ("/health", "/health_generate", "/ping")
 NOT_FOUND = b'{"detail":"Not Found"}'
@@ -272,7 +273,7 @@ class _ApiHandler(_BaseHandler):
         cid = uuid.uuid4().hex
         created = int(time.time())
         model = st.res.served_model_name
-        view = _ChatView(req, separate)
+        view = ChatView(req, separate)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             self._chat_stream(req, view, cid, created, model, include_usage)
@@ -284,7 +285,7 @@ class _ApiHandler(_BaseHandler):
         self._json(200, {"id": cid, "object": "chat.completion", "created": created, "model": model,
                          "choices": [{"index": 0, "message": msg, "logprobs": None,
                                       "finish_reason": req.finish_reason, "matched_stop": None}],
-                         "usage": _usage(req), "metadata": {"weight_version": "default"}})
+                         "usage": usage(req), "metadata": {"weight_version": "default"}})
 
     def _wait(self, req: Request) -> bool:
         while True:
@@ -297,7 +298,7 @@ class _ApiHandler(_BaseHandler):
             if item is None:
                 return True
 
-    def _chat_stream(self, req: Request, view: "_ChatView", cid: str, created: int, model: str,
+    def _chat_stream(self, req: Request, view: "ChatView", cid: str, created: int, model: str,
                      include_usage: bool) -> None:
         def frame(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -313,7 +314,7 @@ class _ApiHandler(_BaseHandler):
                     if self.state.sched._stop.is_set():
                         return
                     continue
-                item, finished = _drain(req.out, item)
+                item, finished = drain(req.out, item)
                 if item is not None:
                     reasoning, content = view.pieces(*item)
                     if reasoning:
@@ -328,7 +329,7 @@ class _ApiHandler(_BaseHandler):
                             req.finish_reason))
             if include_usage:
                 self._sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                           "choices": [], "usage": _usage(req)})
+                           "choices": [], "usage": usage(req)})
             self._sse("[DONE]")
             self._chunk(b"")
         except (BrokenPipeError, ConnectionResetError, OSError):
@@ -358,12 +359,12 @@ class _ApiHandler(_BaseHandler):
                         if st.sched._stop.is_set():
                             return
                         continue
-                    item, finished = _drain(req.out, item)
+                    item, finished = drain(req.out, item)
                     if item is not None:
-                        self._sse(_generate_out(req, t0, done=False))
+                        self._sse(generate_out(req, t0, done=False))
                     if finished:
                         break
-                self._sse(_generate_out(req, t0, done=True))
+                self._sse(generate_out(req, t0, done=True))
                 self._sse("[DONE]")
                 self._chunk(b"")
             except (BrokenPipeError, ConnectionResetError, OSError):
@@ -371,147 +372,7 @@ class _ApiHandler(_BaseHandler):
                 self.close_connection = True
             return
         if self._wait(req):
-            self._json(200, _generate_out(req, t0, done=True))
-
-
-class _ChatView:
-    """Splits a request's tokens into the reasoning part and the content part, as text pieces."""
-
-    def __init__(self, req: Request, separate: bool) -> None:
-        self.req, self.separate = req, separate
-        self.plan = req.plan
-
-    def _visible(self, i: int) -> bool:
-        return not (self.separate and self.plan.is_reasoning(i) and self.plan.token(i) == dec.THINK_CLOSE)
-
-    def _prev(self, i: int) -> str | None:
-        """Previous visible token of the same part, None if i starts its part."""
-        j = i - 1
-        while j >= 0:
-            same_part = (not self.separate) or (self.plan.is_reasoning(j) == self.plan.is_reasoning(i))
-            if not same_part:
-                return None
-            if self._visible(j):
-                return self.plan.token(j)
-            j -= 1
-        return None
-
-    def pieces(self, start: int, end: int) -> tuple[str, str]:
-        reasoning, content = [], []
-        for i in range(start, end):
-            if not self._visible(i):
-                continue
-            piece = dec.join_piece(self._prev(i), self.plan.token(i))
-            (reasoning if self.separate and self.plan.is_reasoning(i) else content).append(piece)
-        return "".join(reasoning), "".join(content)
-
-    def reasoning_text(self) -> str:
-        return self.pieces(0, self.req.generated)[0]
-
-    def content_text(self) -> str:
-        return self.pieces(0, self.req.generated)[1]
-
-
-def _drain(out: queue.Queue, item: tuple[int, int] | None) -> tuple[tuple[int, int] | None, bool]:
-    """Merge ``item`` with every token range already queued behind it: one frame for all of them.
-
-    SGLang's detokenizer also sends whatever accumulated since its last send; here it keeps a CPU-starved
-    emulator from falling further behind its schedule by writing one frame per token. Returns the merged
-    range (None if there was none) and whether the end-of-request marker was reached."""
-    start = end = None
-    if item is not None:
-        start, end = item
-    while item is not None:
-        try:
-            item = out.get_nowait()
-        except queue.Empty:
-            return ((start, end) if start is not None else None), False
-        if item is not None:
-            start = item[0] if start is None else start
-            end = item[1]
-    return ((start, end) if start is not None else None), True
-
-
-def _usage(req: Request) -> dict[str, Any]:
-    reasoning = min(req.generated, req.plan.reasoning_len)
-    usage: dict[str, Any] = {"prompt_tokens": len(req.prompt_tokens), "total_tokens": len(req.prompt_tokens) + req.generated,
-                             "completion_tokens": req.generated,
-                             "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
-                             "reasoning_tokens": reasoning}
-    if reasoning:
-        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
-    return usage
-
-
-def _generate_out(req: Request, t0: float, done: bool) -> dict[str, Any]:
-    toks = req.plan.tokens(0, req.generated)
-    finish = None
-    if done and req.finish_reason == "length":
-        finish = {"type": "length", "length": req.generated}
-    elif done:
-        finish = {"type": "stop", "matched": 151336}
-    meta: dict[str, Any] = {"id": req.rid, "finish_reason": finish, "prompt_tokens": len(req.prompt_tokens),
-                            "weight_version": "default", "total_retractions": 0,
-                            "completion_tokens": req.generated, "cached_tokens": req.cached_tokens,
-                            "e2e_latency": round(time.monotonic() - t0, 6)}
-    if req.accept is not None:
-        meta["spec_verify_ct"] = req.verify_ct
-        meta["spec_accept_length"] = (req.generated / req.verify_ct) if req.verify_ct else 0.0
-    return {"text": dec.render(toks), "output_ids": [dec.token_id(t) for t in toks], "meta_info": meta}
-
-
-def server_info(st: ApiState) -> dict[str, Any]:
-    r, s = st.res, st.sched
-    info: dict[str, Any] = dict(r.args)
-    if not r.old_dialect:
-        info["launch_command"] = " ".join(r.argv)
-    info.update({"status": "ready" if st.ready.is_set() else "starting", "max_total_num_tokens": r.max_total_num_tokens,
-                 "max_req_input_len": r.max_req_input_len})
-    state = dict(r.args)
-    state.update({"last_gen_throughput": s.last_gen_throughput, "memory_usage": dict(st.memory_usage),
-                  "effective_max_running_requests_per_dp": r.max_running_requests})
-    if r.speculative and s.avg_accept_len is not None:
-        state["avg_spec_accept_length"] = s.avg_accept_len
-    info["internal_states"] = [state]
-    info["version"] = r.version
-    info["emulated"] = True
-    return info
-
-
-def metrics_text(st: ApiState) -> str:
-    r, s = st.res, st.sched
-    lab = f'model_name="{r.served_model_name}",engine_type="unified",tp_rank="0",pp_rank="0"'
-    out: list[str] = []
-
-    def gauge(name: str, help_: str, value: float, kind: str = "gauge") -> None:
-        out.extend([f"# HELP sglang:{name} {help_}", f"# TYPE sglang:{name} {kind}", f"sglang:{name}{{{lab}}} {value}"])
-
-    with s._cv:
-        running, queued = len(s.running), len(s.waiting)
-    gauge("num_running_reqs", "The number of running requests.", float(running))
-    gauge("num_queue_reqs", "The number of requests in the waiting queue.", float(queued))
-    gauge("gen_throughput", "The generation throughput (token/s).", float(s.last_gen_throughput))
-    gauge("max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", float(r.max_total_num_tokens))
-    gauge("token_usage", "The token usage.", round(s.tokens_in_use() / max(1, r.max_total_num_tokens), 4))
-    if r.speculative:
-        gauge("spec_accept_length", "The average acceptance length of speculative decoding.",
-              float(s.last_accept_len or 0.0))
-        gauge("spec_accept_rate", "The average acceptance rate of speculative decoding.",
-              float(s.last_accept_rate or 0.0))
-    gauge("prompt_tokens_total", "Number of prefill tokens processed.", float(s.prompt_tokens_total), "counter")
-    gauge("generation_tokens_total", "Number of generation tokens processed.", float(s.generation_tokens_total),
-          "counter")
-    gauge("num_requests_total", "Number of requests processed.", float(s.requests_total), "counter")
-    out.append("# HELP sglang:time_to_first_token_seconds Histogram of time to first token in seconds.")
-    out.append("# TYPE sglang:time_to_first_token_seconds histogram")
-    acc = 0
-    for b, n in zip(TTFT_BUCKETS, s.ttft_hist):
-        acc += n
-        out.append(f'sglang:time_to_first_token_seconds_bucket{{{lab},le="{b}"}} {float(acc)}')
-    out.append(f'sglang:time_to_first_token_seconds_bucket{{{lab},le="+Inf"}} {float(s.ttft_count)}')
-    out.append(f"sglang:time_to_first_token_seconds_sum{{{lab}}} {s.ttft_sum}")
-    out.append(f"sglang:time_to_first_token_seconds_count{{{lab}}} {float(s.ttft_count)}")
-    return "\n".join(out) + "\n"
+            self._json(200, generate_out(req, t0, done=True))
 
 
 def serve_api(host: str, port: int, state: ApiState) -> ThreadingHTTPServer:

@@ -13,7 +13,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from sparkctl.testing.priority import raise_priority, raised_priority
+from testrig.priority import raise_priority, raised_priority
 
 CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "captures" / "sglang"
 
@@ -42,7 +42,7 @@ def start_sim(tmp: Path, name: str, knobs: dict[str, object], extra_argv: list[s
     argv = [sys.executable, "-m", "sparkctl.sim", "--model-path", "/m", "--served-model-name", "x",
             "--host", "127.0.0.1", "--port", str(port), "--tp-size", "1", "--reasoning-parser", "glm45", *extra_argv]
     proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
-    raise_priority(proc.pid)          # before its threads start; they inherit it (sparkctl/testing/priority.py)
+    raise_priority(proc.pid)          # before its threads start; they inherit it (testrig/priority.py)
     fh.close()
     return Sim(f"http://127.0.0.1:{port}", log, {k: str(v) for k, v in knobs.items()}, proc)
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sparkctl.testing.cluster import TestCluster, missing_prerequisites
+from testrig.cluster import TestCluster, missing_prerequisites
 
 
 def _unavailable(reason: str) -> None:

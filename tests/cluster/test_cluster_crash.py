@@ -11,7 +11,7 @@ import pytest
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.state.ledger import Ledger
-from sparkctl.testing.controller import assert_status_interrupted, kill_up_at
+from testrig.controller import assert_status_interrupted, kill_up_at
 from tests.cluster.test_cluster_lifecycle import _running, _up, cluster_env  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]

@@ -18,7 +18,7 @@ import yaml
 from sparkctl.config.inventory import load_inventory
 from sparkctl.nodes.container import MEMLOCK_ENV
 from sparkctl.state.ledger import Ledger
-from sparkctl.testing.cluster import TestCluster
+from testrig.cluster import TestCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from sparkctl.testing.cluster import FABRIC_IFACE, TestCluster
+from testrig.cluster import FABRIC_IFACE, TestCluster
 
 pytestmark = pytest.mark.cluster
 

@@ -1,7 +1,7 @@
 """Image pipeline on the real test cluster: the patch series applied in a real `docker build` to the real SGLang
 0.5.23 source, content-addressed engine/launch images, layer-aware copy over the fabric, identity, bad input.
 
-The base is the test base image (`sparkctl.testing.engine_image`): the emulator image + SGLang 0.5.23's source at
+The base is the test base image (`testrig.engine_image`): the emulator image + SGLang 0.5.23's source at
 /sgl-workspace/sglang/python/sglang, on spark-a only. Flag changes use a per-run value so that images left in the
 nodes' cached data roots by an earlier run cannot turn a "build and copy" into a no-op.
 """
@@ -23,7 +23,7 @@ from sparkctl.images.build import build_images, ensure_base, image_layers
 from sparkctl.images.plan import plan_images
 from sparkctl.images.registry import Endpoint, Registry, distribute, image_ids, prune_cache
 from sparkctl.sglang.render import render
-from sparkctl.testing.engine_image import SGLANG_WORKSPACE_PACKAGE, EngineImages
+from testrig.engine_image import SGLANG_WORKSPACE_PACKAGE, EngineImages
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ RUN = int(time.time()) % 1_000_000
 
 @pytest.fixture(scope="module")
 def env(test_cluster):
-    # docker-registry and openssl come with each node's own root filesystem (sparkctl.testing.rootfs)
+    # docker-registry and openssl come with each node's own root filesystem (testrig.rootfs)
     inv = load_inventory(test_cluster.inventory_path)
     base_tag = EngineImages(test_cluster).ensure_sglang_base("spark-a", "0.5.23")
     conns = pipeline.connections(inv)
@@ -155,7 +155,7 @@ def test_peer_receives_only_missing_layers_and_nothing_when_it_has_them(env, bui
 
 
 def test_broken_patch_fails_the_build_naming_patch_and_hunk(env, tmp_path, monkeypatch):
-    shutil.copytree(REPO / "patches" / "gb10-0.5.23", tmp_path / "gb10-0.5.23")
+    shutil.copytree(REPO / "sparkctl" / "data" / "patches" / "gb10-0.5.23", tmp_path / "gb10-0.5.23")
     p = tmp_path / "gb10-0.5.23" / "0002-deepgemm-ue8m0-requant-sm121.patch"
     p.write_text(p.read_text().replace("         and weight_block_size is not None",
                                        f"         and weight_block_size is not None  # {RUN}"))
@@ -208,7 +208,7 @@ def test_base_image_missing_and_not_pullable(env, test_cluster):
 
 def test_process_inventory_has_no_images():
     with pytest.raises(ConfigError, match="not in Docker"):
-        pipeline.connections(load_inventory(REPO / "inventory" / "local.yml"))
+        pipeline.connections(load_inventory(REPO / "sparkctl" / "data" / "inventory" / "local.yml"))
 
 
 def test_ls_and_prune_keep_what_the_ledger_uses(env, built, tmp_path):
@@ -241,7 +241,7 @@ def test_prune_drops_from_the_registry_cache_what_no_kept_image_uses(env, built)
 
 def test_peer_disk_full_mid_copy_names_node_image_and_fix(env, test_cluster):
     """A real ENOSPC on spark-b: its daemon downloads layer blobs into <data-root>/tmp, here a 1 MB tmpfs."""
-    from sparkctl.testing.cluster import DATA_ROOT
+    from testrig.cluster import DATA_ROOT
 
     tag = f"sparkctl-test-incompressible:{RUN}"
     env["a"].run(["env", "DOCKER_BUILDKIT=0", "docker", "build", "-q", "-t", tag, "-"], timeout=300, check=True,
@@ -289,7 +289,7 @@ def test_cli_plan_build_ls_verify_prune(env, tmp_path, monkeypatch, capsys):
 def test_series_for_another_version_than_the_base_image_fails_the_build(env, tmp_path, monkeypatch):
     """Profile and series agree on 0.5.11, but the base image carries 0.5.23: the build says so."""
     series = tmp_path / "gb10-0.5.11"
-    shutil.copytree(REPO / "patches" / "gb10-0.5.23", series)
+    shutil.copytree(REPO / "sparkctl" / "data" / "patches" / "gb10-0.5.23", series)
     (series / "series").write_text((series / "series").read_text().replace("sglang==0.5.23", "sglang==0.5.11"))
     monkeypatch.setenv("SPARKCTL_PATCHES_DIR", str(tmp_path))
     prof = load_profile("base")

@@ -1,6 +1,6 @@
 """`sparkctl prepare` for real: Ansible (ansible-runner) over real SSH against the two test-cluster nodes.
 
-Each node has its own root filesystem (sparkctl/testing/rootfs.py), so what a playbook writes on spark-b
+Each node has its own root filesystem (testrig/rootfs.py), so what a playbook writes on spark-b
 (/etc/docker/daemon.json, /etc/netplan, groups, ~/.ssh) is visible only there. Stand-ins, because the test
 machine has no such hardware: `nvidia-smi` and `ibdev2netdev` print captured DGX Spark output, `netplan apply`
 validates with the real `netplan generate` and then sets address/MTU with `ip`, and `systemctl restart docker`
@@ -20,8 +20,8 @@ import yaml
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.errors import NodeError
-from sparkctl.hosts.prepare import prepare
-from sparkctl.testing.cluster import TestCluster
+from sparkctl.prepare.plays import prepare
+from testrig.cluster import TestCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 

@@ -20,9 +20,10 @@ from sparkctl.deploy.preflight_rules import evaluate
 from sparkctl.errors import NodeError
 from sparkctl.nodes.container import MEMLOCK_ENV
 from sparkctl.nodes.docker_runtime import DockerRuntime
-from sparkctl.nodes.ssh import SSHConnector, run_all
+from sparkctl.nodes.results import run_all
+from sparkctl.nodes.ssh import SSHConnector
 from sparkctl.sglang.launch import LaunchSpec
-from sparkctl.testing.cluster import TestCluster
+from testrig.cluster import TestCluster
 
 pytestmark = pytest.mark.cluster
 

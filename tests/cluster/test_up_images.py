@@ -22,7 +22,7 @@ from sparkctl.config.inventory import load_inventory
 from sparkctl.images import manage, pipeline
 from sparkctl.nodes.container import MEMLOCK_ENV
 from sparkctl.state.ledger import Ledger
-from sparkctl.testing.engine_image import EngineImages
+from testrig.engine_image import EngineImages
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 RUN = int(time.time()) % 1_000_000
@@ -31,7 +31,7 @@ SIM = {"boot_s": 3.0, "decode_tps": 2000, "peer_timeout_s": 5}
 
 @pytest.fixture(scope="module")
 def base_tag(test_cluster):
-    # docker-registry and openssl come with each node's own root filesystem (sparkctl.testing.rootfs)
+    # docker-registry and openssl come with each node's own root filesystem (testrig.rootfs)
     tag = EngineImages(test_cluster).ensure_sglang_base("spark-a", "0.5.23")
     yield tag
     inv = load_inventory(test_cluster.inventory_path)

@@ -9,14 +9,14 @@ import pytest
 from testenv import in_ci
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import Profile, load_profile
-from sparkctl.testing.realparser import RealParserUnavailable, ensure_sglang_venv, parse_with_real_sglang
+from testrig.realparser import RealParserUnavailable, ensure_sglang_venv, parse_with_real_sglang
 from sparkctl.sglang.render import render
 
 pytestmark = [pytest.mark.contract, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = sorted(p.stem for p in (REPO / "profiles").glob("*.yml"))
-INVENTORY = REPO / "inventory" / "sparks.example.yml"
+SHIPPED = sorted(p.stem for p in (REPO / "sparkctl" / "data" / "profiles").glob("*.yml"))
+INVENTORY = REPO / "sparkctl" / "data" / "inventory" / "sparks.example.yml"
 
 
 def _need_real_parser(version: str) -> None:
@@ -74,7 +74,7 @@ def test_d5_is_the_seed_envelope_as_sglang_0_5_23_reads_it():
 @pytest.mark.parametrize("version", ["0.5.3.post3"])
 def test_real_parser_agrees_with_our_refusals_on_the_spark_image(version):
     """What sparkctl refuses on 0.5.3.post3 (DFLASH, KV bf16), SGLang's own parser refuses too."""
-    from sparkctl.testing.realparser import RealParserError
+    from testrig.realparser import RealParserError
     _need_real_parser(version)
     for argv in (["--model-path", "/m", "--speculative-algorithm", "DFLASH"],
                  ["--model-path", "/m", "--kv-cache-dtype", "bf16"]):

@@ -14,7 +14,7 @@ from hypothesis import given
 from property.mutations import SPARKS, ci_settings, mutated_profile, write_yaml
 from testenv import in_ci
 from sparkctl.errors import ConfigError
-from sparkctl.testing.realparser import RealParserUnavailable, ensure_sglang_venv, parse_with_real_sglang
+from testrig.realparser import RealParserUnavailable, ensure_sglang_venv, parse_with_real_sglang
 
 pytestmark = [pytest.mark.contract, pytest.mark.timeout(1800)]
 

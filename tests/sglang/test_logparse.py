@@ -8,9 +8,9 @@ from datetime import datetime
 import pytest
 
 from sglang_captures import CUT, capture_lines, capture_names
+from sparkctl.sglang.bootwatch import BootState, LogFollower
 from sparkctl.sglang.logparse import (
-    BootState, EventKind, LogFollower, clean_line, decode_stats, parse_line, parse_server_args,
-    split_segments,
+    EventKind, clean_line, decode_stats, parse_line, parse_server_args, split_segments,
 )
 
 DFLASH = "sglang/spark-1node-dflash-startup-decode-shutdown.txt"

@@ -7,7 +7,7 @@ import pytest
 
 from simhelpers import MODEL, SimProc, free_port
 
-from sparkctl.testing.priority import raised_priority
+from testrig.priority import raised_priority
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from sparkctl.testing.priority import raise_priority
+from testrig.priority import raise_priority
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "/models/GLM-5.3-Flash-NVFP4"

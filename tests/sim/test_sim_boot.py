@@ -42,7 +42,7 @@ def test_boot_prints_milestones_in_order(sim):
 
 
 def test_log_is_understood_by_sparkctl_logparse(sim):
-    from sparkctl.sglang.logparse import LogFollower
+    from sparkctl.sglang.bootwatch import LogFollower
     p = sim(HYBRID)
     p.wait_ready()
     follower = LogFollower()

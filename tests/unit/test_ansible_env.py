@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from sparkctl.config.inventory import load_inventory
-from sparkctl.hosts.runner import ansible_env, run_playbook
-from sparkctl.hosts.runner import state_dir as ansible_dir
+from sparkctl.prepare.runner import ansible_env, run_playbook
+from sparkctl.prepare.runner import state_dir as ansible_dir
 
 API_KEY = "sk-ansible-env-7c1e9a"
 HF_TOKEN = "hf_ansibleEnv0123"

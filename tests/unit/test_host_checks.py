@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from sparkctl.deploy.host_checks import HostFacts, evaluate, fabric_ssh, model_parity, mtu_equal
-from sparkctl.hosts.runner import PLAYBOOK_DIR, TaskResult, fix_for
+from sparkctl.prepare.runner import PLAYBOOK_DIR, TaskResult, fix_for
 from sparkctl.nodes.host_facts import (MANIFEST_SOURCE, FabricSsh, Manifest, model_manifest, parse_fabric_ssh,
                                        parse_manifest)
 
-HELPER = Path(__file__).resolve().parents[2] / "sparkctl" / "hosts" / "model_manifest.py"
+HELPER = Path(__file__).resolve().parents[2] / "sparkctl" / "prepare" / "model_manifest.py"
 
 
 def _plan_filter():
@@ -145,13 +145,13 @@ def test_an_unreachable_host_whose_reason_ansible_lost_gets_it_from_a_probe(tmp_
     import yaml
 
     from sparkctl.config.inventory import load_inventory
-    from sparkctl.hosts.runner import PlaybookRun, _probe_unreachable
+    from sparkctl.prepare.runner import PlaybookRun, _probe_unreachable
 
     with socket.socket() as s:                       # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     repo = Path(__file__).resolve().parents[2]
-    doc = yaml.safe_load((repo / "inventory" / "sparks.example.yml").read_text())
+    doc = yaml.safe_load((repo / "sparkctl" / "data" / "inventory" / "sparks.example.yml").read_text())
     host = doc["all"]["children"]["sparks"]["hosts"]["spark-b"]
     host["ansible_host"], host["ansible_port"] = "127.0.0.1", port
     (tmp_path / "inv.yml").write_text(yaml.safe_dump(doc))

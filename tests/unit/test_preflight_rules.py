@@ -10,11 +10,11 @@ from sparkctl.deploy.preflight import Severity
 from sparkctl.deploy.preflight_rules import evaluate, gpu_checks, gpu_idle_check, hca_check, memory_check
 from sparkctl.nodes import facts
 from sparkctl.nodes.node_facts import NodeFacts
-from sparkctl.nodes.ssh import CommandResult
+from sparkctl.nodes.results import CommandResult
 from sparkctl.sglang.launch import LaunchSpec
 
 REPO = Path(__file__).resolve().parents[2]
-INV = load_inventory(REPO / "inventory" / "sparks.example.yml")
+INV = load_inventory(REPO / "sparkctl" / "data" / "inventory" / "sparks.example.yml")
 
 
 def _out(stdout: str = "", returncode: int = 0, stderr: str = "") -> CommandResult:

@@ -19,7 +19,7 @@ from sparkctl.deploy.progress import Reporter
 from sparkctl.nodes import procfs
 from sparkctl.nodes.process import ProcessRuntime, secrets_home
 from sparkctl.sglang.render import render
-from sparkctl.testing.embedded import write_embedded_inventory
+from testrig.embedded import write_embedded_inventory
 
 FAST = {"boot_s": 0.3, "decode_tps": 4000, "peer_timeout_s": 2}
 STALE = "Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"

@@ -1,0 +1,230 @@
+"""The ``--json`` outputs of the read-only and image commands, as pydantic models.
+
+Each command builds its model from the library's result and prints ``model_dump_json``: the keys are the same in
+every outcome (null where they do not apply) and ``sparkctl schema NAME`` prints each one's JSON Schema.
+Models are strict about their own keys (``extra="forbid"``): a library change that adds a key fails here first.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RankLaunch(_Out):
+    rank: int
+    node: str
+    argv: list[str] = Field(description="The engine's exact argv (secrets as ***).")
+    env: dict[str, str] = Field(description="Environment the engine gets (secrets as ***).")
+
+
+class RenderOutput(_Out):
+    """`sparkctl render --json`."""
+    profile: str
+    sglang_version: str
+    inventory: str
+    emulated: bool
+    ranks: list[RankLaunch]
+    warnings: list[str]
+
+
+class ProfileEntry(_Out):
+    name: str
+    description: str
+    path: str
+    renders: bool = Field(description="The profile renders against the inventory (validated, nothing started).")
+    problem: Optional[str] = Field(description="Why it does not render there (null when it does).")
+
+
+class ProfilesOutput(_Out):
+    """`sparkctl profiles --json`."""
+    inventory: str
+    emulated: bool
+    profiles: list[ProfileEntry]
+
+
+class ImageSide(_Out):
+    tag: Optional[str] = Field(description="Content-addressed tag; null while an input is unresolved.")
+    inputs: dict[str, Any] = Field(description="What the tag is computed from (unresolved inputs are null).")
+    inputs_sha256: Optional[str]
+
+
+class ImagePlanOutput(_Out):
+    """`sparkctl image plan --json`."""
+    profile: str
+    builder: str = Field(description="The node that builds (rank 0).")
+    resolved: bool = Field(description="Every input is known, so both tags are computed.")
+    unresolved: list[str] = Field(description="Inputs not known yet, e.g. engine.inputs.base_digest.")
+    reason: Optional[str] = Field(description="Why an input is unresolved (null when resolved).")
+    engine: ImageSide
+    launch: ImageSide
+
+
+class BuildStepOut(_Out):
+    role: str
+    tag: str
+    image_id: str
+    built: bool
+    seconds: float
+    reason: str
+
+
+class LayerMoveOut(_Out):
+    digest: str
+    size: int
+    sent: bool
+
+
+class TransferOut(_Out):
+    node: str
+    image: str
+    skipped: Optional[str]
+    layers: list[LayerMoveOut]
+    rx_bytes: int
+    seconds: float
+
+
+class ImageBuildOutput(ImagePlanOutput):
+    """`sparkctl image build --json`: the plan, then what was built, copied and verified (--no-copy: no transfers,
+    no ids)."""
+    steps: list[BuildStepOut]
+    transfers: list[TransferOut]
+    ids: dict[str, dict[str, str]] = Field(description="{image tag: {node: image ID}} after the copy.")
+
+
+class ImageRow(_Out):
+    node: str
+    id: str
+    tags: list[str]
+    role: Optional[str]
+    size: Optional[int]
+    created: Optional[str]
+    labels: dict[str, str]
+
+
+class ImageListOutput(RootModel[list[ImageRow]]):
+    """`sparkctl image ls --json`: one row per image per node."""
+
+
+class ImageVerifyOutput(RootModel[dict[str, dict[str, str]]]):
+    """`sparkctl image verify --json`: {image tag: {node: image ID}}."""
+
+
+class PrunedImage(ImageRow):
+    error: Optional[str] = None
+
+
+class RegistryCachePrune(_Out):
+    removed: list[str]
+    freed: int
+
+
+class ImagePruneOutput(_Out):
+    """`sparkctl image prune --json`."""
+    images: list[PrunedImage]
+    registry_caches: dict[str, RegistryCachePrune]
+
+
+class PatchResult(_Out):
+    patch: str
+    status: str
+    files: list[str]
+    file: Optional[str] = None
+    hunk_index: Optional[int] = None
+    hunk: Optional[str] = None
+    reason: Optional[str] = None
+
+
+class SeriesReport(_Out):
+    series: str
+    sglang_version: str
+    wheel: str
+    ok: bool
+    patches: list[PatchResult]
+
+
+class PatchesCheckOutput(RootModel[list[SeriesReport]]):
+    """`sparkctl patches check --json`: one report per series."""
+
+
+class ChangedTask(_Out):
+    host: str
+    task: str
+
+
+class PlaybookRunOut(_Out):
+    playbook: str
+    check: bool
+    status: str
+    artifacts: str
+    changed: list[ChangedTask]
+
+
+class PrepareOutput(_Out):
+    """`sparkctl prepare --json`: per-host task counts, and per playbook what changed (or would, with --check)."""
+    stats: dict[str, dict[str, int]]
+    runs: list[PlaybookRunOut]
+
+
+class Gpu(_Out):
+    name: Optional[str]
+    driver: Optional[str]
+    cuda: Optional[str]
+
+
+class Fabric(_Out):
+    interface: str
+    state: str
+    mtu: Optional[int]
+    ipv4: list[str] = Field(description="IPv4 addresses the interface carries.")
+    address: Optional[str] = Field(description="The inventory's fabric_address (what the ranks dial).")
+    holds_address: Optional[bool] = Field(description="The interface answers on `address`.")
+
+
+class RoceLink(_Out):
+    hca: str
+    netdev: str
+    up: bool
+
+
+class Docker(_Out):
+    version: Optional[str]
+    runtimes: list[str]
+    default_runtime: Optional[str]
+
+
+class ModelManifest(_Out):
+    status: str
+    files: int
+    manifest: str
+
+
+class NodeFacts(_Out):
+    gpu: Optional[Gpu]
+    memory_gib: Optional[float]
+    fabric: Optional[Fabric]
+    roce: Optional[list[RoceLink]]
+    docker: Optional[Docker]
+    models: dict[str, ModelManifest]
+
+
+class FactsOutput(RootModel[dict[str, NodeFacts]]):
+    """`sparkctl facts --json`: {node: facts}."""
+
+
+# `sparkctl schema NAME`: the file formats (profile, inventory) and these outputs.
+OUTPUTS: dict[str, type[BaseModel]] = {
+    "render": RenderOutput, "profiles": ProfilesOutput, "image-plan": ImagePlanOutput, "image-ls": ImageListOutput,
+    "image-build": ImageBuildOutput,
+    "image-verify": ImageVerifyOutput, "image-prune": ImagePruneOutput, "prepare": PrepareOutput, "patches-check": PatchesCheckOutput,
+    "facts": FactsOutput,
+}
+
+
+def emit(model: type[BaseModel], data: Any) -> None:
+    """Validate `data` against the command's output model and print it as indented JSON on stdout."""
+    print(model.model_validate(data).model_dump_json(indent=2))

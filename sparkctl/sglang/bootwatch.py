@@ -1,0 +1,216 @@
+"""The boot state machine of one SGLang rank: fed its log line by line (through `sparkctl.sglang.logparse`'s
+parsers), it keeps the milestones, capacity, pools and the first fatal error with context, and `classify`
+says where the boot stands (READY, WORKER_READY, FAILED, STUCK, STARTING).
+
+Rules kept on purpose (see logparse): a failure only when an error line was printed; a log that stops is STUCK
+with its last milestone and last line, not FAILED.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sparkctl.sglang.logparse import (FATAL_KINDS, STAT_KINDS, DecodeStats, EventKind, LogEvent, parse_segment,
+                                      split_segments)
+
+log = logging.getLogger("sparkctl.sglang")
+
+__all__ = ["BootState", "Failure", "BootVerdict", "MilestoneSeen", "LogFollower"]
+
+
+# --------------------------------------------------------------------------- follower
+
+class BootState(enum.Enum):
+    READY = "ready"                # rank 0: HTTP server fired up
+    WORKER_READY = "worker-ready"  # non-zero node rank: dummy health server up, scheduler running
+    FAILED = "failed"              # an error was printed
+    STUCK = "stuck"                # no ready line, no error line: hung, stopped, or still booting
+    STARTING = "starting"          # classify(final=False) instead of STUCK
+
+
+@dataclass
+class MilestoneSeen:
+    kind: EventKind
+    ts: datetime | None
+    line_no: int
+    line: str
+
+
+@dataclass
+class Failure:
+    """The first fatal error printed, refined by a more specific cause printed right after it."""
+
+    kind: EventKind
+    first_line: str
+    line_no: int
+    ts: datetime | None
+    first_kind: EventKind
+    exception: str | None = None
+    exit_code: int | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    context: list[str] = field(default_factory=list)   # lines before + after the first error
+
+
+@dataclass
+class BootVerdict:
+    state: BootState
+    kind: EventKind | None = None          # failure kind when FAILED
+    first_error_line: str | None = None
+    last_milestone: EventKind | None = None
+    last_line: str | None = None
+    detail: str = ""
+    failure: Failure | None = None
+
+
+_BOOT_MILESTONES = frozenset(EventKind) - FATAL_KINDS - STAT_KINDS
+_GENERIC = {EventKind.TRACEBACK: 0, EventKind.SCHEDULER_EXCEPTION: 1, EventKind.NCCL_ERROR: 2}
+_SPECIFIC = {EventKind.NCCL_ERROR: 2, EventKind.OOM: 3, EventKind.NCCL_WATCHDOG_TIMEOUT: 3}
+
+
+class LogFollower:
+    """Fed one rank's log line by line; keeps what the boot has shown so far.
+
+    ``feed`` accepts raw physical lines (``\\r`` and ANSI tolerated). State: first occurrence
+    of each milestone, last line, resolved capacity, KV/mamba pools (one rank's view), decode
+    stats, and the first fatal error with context. ``classify`` turns it into a verdict.
+    """
+
+    def __init__(self, *, context_before: int = 5, context_after: int = 15, tail: int = 50,
+                 refine_window: int = 10) -> None:
+        self.milestones: dict[EventKind, MilestoneSeen] = {}
+        self.last_milestone: MilestoneSeen | None = None
+        self.last_line: str | None = None
+        self.line_no = 0
+        self.capacity: dict[str, int | float] | None = None
+        self.kv_pools: list[dict[str, Any]] = []
+        self.mamba_pools: list[dict[str, Any]] = []
+        self.mamba_cap: int | None = None
+        self.nccl_version: str | None = None
+        self.server_args: dict[str, Any] | None = None
+        self.worker_health_address: str | None = None
+        self.failure: Failure | None = None
+        self.fatal_events: list[LogEvent] = []
+        self.request_errors: list[LogEvent] = []
+        self.decode = DecodeStats()
+        self.tail: deque[str] = deque(maxlen=tail)
+        self._before: deque[str] = deque(maxlen=context_before)
+        self._after_left = 0
+        self._context_after = context_after
+        self._refine_window = refine_window
+        self._pool_ranks: dict[EventKind, tuple[str, ...]] = {}
+
+    # feeding ---------------------------------------------------------------
+    def feed(self, raw_line: str) -> list[LogEvent]:
+        """Consume one physical line; return the events recognised in it."""
+        events = []
+        for seg in split_segments(raw_line):
+            self.line_no += 1
+            ev = parse_segment(seg)
+            self._record_line(seg)
+            if ev is not None:
+                self._apply(ev)
+                events.append(ev)
+            self._before.append(seg)
+        return events
+
+    def feed_text(self, text: str) -> list[LogEvent]:
+        out: list[LogEvent] = []
+        for line in text.splitlines():
+            out.extend(self.feed(line))
+        return out
+
+    def _record_line(self, seg: str) -> None:
+        self.last_line = seg
+        self.tail.append(seg)
+        if self.failure is not None and self._after_left > 0:
+            self.failure.context.append(seg)
+            self._after_left -= 1
+
+    def _apply(self, ev: LogEvent) -> None:
+        k = ev.kind
+        if k in _BOOT_MILESTONES:
+            seen = MilestoneSeen(k, ev.ts, self.line_no, ev.line)
+            self.milestones.setdefault(k, seen)
+            self.last_milestone = seen
+        if k is EventKind.CAPACITY and self.capacity is None:
+            self.capacity = dict(ev.fields)
+        elif k in (EventKind.KV_ALLOCATED, EventKind.MAMBA_ALLOCATED):
+            # one rank's view: keep events from the rank tag that printed this kind first
+            owner = self._pool_ranks.setdefault(k, ev.ranks)
+            if ev.ranks == owner:
+                (self.kv_pools if k is EventKind.KV_ALLOCATED else self.mamba_pools).append(dict(ev.fields))
+        elif k is EventKind.MAMBA_CAP_WARNING:
+            self.mamba_cap = ev.fields["max_running_requests"]
+        elif k is EventKind.NCCL_VERSION and self.nccl_version is None:
+            self.nccl_version = ev.fields["version"]
+        elif k is EventKind.SERVER_ARGS and self.server_args is None:
+            self.server_args = ev.fields["args"]
+        elif k is EventKind.WORKER_DUMMY_HEALTH:
+            self.worker_health_address = ev.fields["address"]
+        elif k is EventKind.DECODE_BATCH:
+            self.decode.add(ev)
+        elif ev.fatal:
+            self._apply_fatal(ev)
+
+    def _apply_fatal(self, ev: LogEvent) -> None:
+        self.fatal_events.append(ev)
+        f = self.failure
+        if f is None and ev.kind is EventKind.TRACEBACK and self.ready:
+            # a bare traceback after "fired up" is usually one request failing (logged, server
+            # keeps serving); kept as evidence, not a boot failure. Scheduler/NCCL/OOM still fail.
+            self.request_errors.append(ev)
+            return
+        if f is None:
+            self.failure = Failure(kind=ev.kind, first_line=ev.line, line_no=self.line_no, ts=ev.ts,
+                                   first_kind=ev.kind, exception=ev.fields.get("exception"),
+                                   exit_code=ev.fields.get("exit_code"), fields=dict(ev.fields),
+                                   context=[*self._before, ev.line])
+            self._after_left = self._context_after
+            log.debug("first fatal line %d (%s): %s", self.line_no, ev.kind.value, ev.line)
+            return
+        if f.exception is None and "exception" in ev.fields:
+            f.exception = ev.fields["exception"]
+        if f.exit_code is None and "exit_code" in ev.fields:
+            f.exit_code = ev.fields["exit_code"]
+        # refine a generic first error by a specific cause printed in the same burst
+        same_exc = "exception" in ev.fields and f.exception == ev.fields["exception"]
+        in_burst = self.line_no - f.line_no <= self._refine_window or same_exc
+        if (in_burst and f.kind in _GENERIC and ev.kind in _SPECIFIC and not ev.fields.get("weak")
+                and _SPECIFIC[ev.kind] > _GENERIC[f.kind]):
+            f.kind = ev.kind
+            f.fields.update(ev.fields)
+
+    # results ---------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return EventKind.READY in self.milestones
+
+    def classify(self, *, final: bool = True) -> BootVerdict:
+        """Verdict on the boot so far.
+
+        FAILED only when an error line was printed; READY (rank 0) / WORKER_READY (node rank
+        > 0, dummy health server up); otherwise STUCK with the last milestone and last line
+        (``final=False`` says STARTING instead: the caller's timeout decides when it is a hang).
+        """
+        last_ms = self.last_milestone.kind if self.last_milestone else None
+        if self.failure is not None:
+            f = self.failure
+            detail = f"{f.kind.value}: {f.exception or f.first_line}"
+            if f.exit_code is not None:
+                detail += f" (exit code {f.exit_code})"
+            return BootVerdict(BootState.FAILED, kind=f.kind, first_error_line=f.first_line,
+                               last_milestone=last_ms, last_line=self.last_line, detail=detail, failure=f)
+        if self.ready:
+            return BootVerdict(BootState.READY, last_milestone=last_ms, last_line=self.last_line,
+                               detail="server fired up")
+        if EventKind.WORKER_DUMMY_HEALTH in self.milestones:
+            return BootVerdict(BootState.WORKER_READY, last_milestone=last_ms, last_line=self.last_line,
+                               detail=f"worker rank serving dummy health at {self.worker_health_address}")
+        state = BootState.STUCK if final else BootState.STARTING
+        where = last_ms.value if last_ms else "no milestone"
+        return BootVerdict(state, last_milestone=last_ms, last_line=self.last_line,
+                           detail=f"no ready line and no error; last milestone: {where}")

@@ -1,5 +1,0 @@
-"""Test doubles and test infrastructure shipped with sparkctl (like ``fabric.testing``).
-
-``sparkctl.testing.cluster.TestCluster``: a real two-node Spark cluster on one machine (network namespaces,
-OpenSSH, Docker Engine), for integration tests. Imported lazily: nothing here loads at ``import sparkctl``.
-"""

@@ -1,9 +1,0 @@
-"""Manual check: ``python -m sparkctl.testing.realparser VERSION ARGV...`` prints what that SGLang parses."""
-import json
-import logging
-import sys
-
-from sparkctl.testing.realparser import parse_with_real_sglang
-
-logging.basicConfig(level=logging.INFO, format="%(message)s")
-print(json.dumps(parse_with_real_sglang(sys.argv[1], sys.argv[2:]), indent=1, sort_keys=True))
