@@ -32,7 +32,7 @@ API_KEY = "sk-test-0123456789"
 # ----------------------------------------------------------------------------- SSE capture
 
 def test_parse_sse_capture_reasoning_frames() -> None:
-    frames = parse_sse_lines(capture_lines(SSE))
+    frames = parse_sse_lines(capture_lines(SSE, drop_cuts=True))
     assert len(frames) == 8 and not any(f.done for f in frames)
     deltas = [f.payload["choices"][0]["delta"] for f in frames]
     assert all(d["content"] is None and d["role"] is None for d in deltas)
@@ -43,7 +43,7 @@ def test_parse_sse_capture_reasoning_frames() -> None:
 
 
 def test_assemble_capture_stream_keeps_reasoning_and_times_first_reasoning_delta() -> None:
-    frames = [f for f in parse_sse_lines(capture_lines(SSE)) if f.payload["model"] == "gpt-oss"]
+    frames = [f for f in parse_sse_lines(capture_lines(SSE, drop_cuts=True)) if f.payload["model"] == "gpt-oss"]
     timed = [(10.0 + i, f) for i, f in enumerate(frames)]
     r = assemble_chat_stream(timed, t_start=9.5)
     assert r.reasoning_content == " answer: 4" and r.content == ""
