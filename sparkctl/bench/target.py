@@ -8,26 +8,34 @@ emulator (``emulated``: ``/server_info`` says ``"emulated": true`` or the record
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkctl.sglang.client import SGLangAPIError, SGLangClient, parse_server_info
+from sparkctl.sglang.client import (EndpointBoundError, EndpointProtocolError, Limits, RunGuard,
+                                   SGLangAPIError, SGLangClient, parse_server_info)
 from sparkctl.state.records import DeploymentRecord
 
 from sparkctl.bench.logsource import LogSource
 
 log = logging.getLogger("sparkctl.bench")
 
-__all__ = ["Arm", "describe_server", "redact_argv", "arm_role"]
+__all__ = ["Arm", "describe_server", "redact_argv", "is_secret_field", "arm_role"]
 
-_SECRET_FLAGS = {"--api-key", "--admin-api-key", "--hf-token", "--ssl-keyfile-password"}
-_SECRET_RE = re.compile(r"(hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9]{8,})")
-_SECRET_KEYS = re.compile(r"(api_key|token|password|secret)", re.IGNORECASE)
+# Redaction by field, never by how a value looks: the secret flags and server-args fields SGLang has, and any flag or
+# field whose name ends in -key/-token/-password/-secret (``--admin-api-key``, ``hf_token``). Capacity and
+# speculative settings (``max_total_tokens``, ``speculative_num_draft_tokens``) are numbers, not secrets: kept.
+_SECRET_FLAGS = frozenset({"--api-key", "--admin-api-key", "--hf-token", "--ssl-keyfile-password"})
+_SECRET_SUFFIXES = ("_key", "_token", "_password", "_secret")
+
+
+def is_secret_field(name: str) -> bool:
+    """True for a flag (``--api-key``) or field (``admin_api_key``) that holds a secret, judged by its name."""
+    n = name.strip().lstrip("-").lower().replace("-", "_")
+    return f"--{n.replace('_', '-')}" in _SECRET_FLAGS or n.endswith(_SECRET_SUFFIXES)
 
 
 def redact_argv(argv: list[str] | str | None) -> list[str] | str | None:
-    """Mask values of secret flags (``--api-key X`` / ``--api-key=X``) and token-looking strings."""
+    """Mask the values of secret flags (``--api-key X`` / ``--api-key=X``); every other argument is kept as is."""
     if argv is None:
         return None
     if isinstance(argv, str):
@@ -40,14 +48,14 @@ def redact_argv(argv: list[str] | str | None) -> list[str] | str | None:
             hide_next = False
             continue
         flag, eq, _ = a.partition("=")
-        if flag in _SECRET_FLAGS:
+        if flag.startswith("--") and is_secret_field(flag):
             if eq:
                 out.append(f"{flag}=***")
             else:
                 out.append(a)
                 hide_next = True
             continue
-        out.append(_SECRET_RE.sub("***", a))
+        out.append(a)
     return out
 
 
@@ -71,7 +79,7 @@ def describe_server(info: dict[str, Any]) -> dict[str, Any]:
     if "launch_command" in info:
         out["launch_command"] = redact_argv(info["launch_command"])
     for k, v in list(out.items()):
-        if _SECRET_KEYS.search(k) and v not in (None, ""):
+        if is_secret_field(k) and v not in (None, ""):
             out[k] = "***"
     return out
 
@@ -89,11 +97,19 @@ class Arm:
     record: DeploymentRecord | None = None  # the ledger's deployment record, when deployed by sparkctl
     role: str = "?"                   # ON | OFF (speculation), or A | B when that does not tell them apart
     api_key: str | None = field(default=None, repr=False)
-    timeout_s: float = 900.0
+    timeout_s: float | Limits = 900.0     # a number (the read timeout) or the run's Limits
+    guard: RunGuard | None = None         # the run's deadline and stop signal, shared by its clients
 
     def new_client(self) -> SGLangClient:
-        """A separate client (own connection pool) for a concurrent request."""
-        return SGLangClient(self.endpoint, api_key=self.api_key, timeout=self.timeout_s)
+        """A separate client (own connection pool) for a concurrent request, under the run's bounds."""
+        return SGLangClient(self.endpoint, api_key=self.api_key, limits=Limits.from_timeout(self.timeout_s),
+                            guard=self.guard)
+
+    def bind(self, limits: Limits, guard: RunGuard) -> None:
+        """Measure under these bounds from now on: the arm's client is replaced by one sharing the run's guard."""
+        self.client.close()
+        self.timeout_s, self.guard = limits, guard
+        self.client = self.new_client()
 
     # -- what the arm is -------------------------------------------------------------------------------------
     @property
@@ -151,6 +167,8 @@ class Arm:
         """Read ``/server_info`` (and the served model name) again."""
         try:
             self.server_info = self.client.server_info()
+        except (EndpointBoundError, EndpointProtocolError):
+            raise                          # a broken bound or protocol is not "unavailable": the run stops
         except SGLangAPIError as exc:
             log.warning("%s: /server_info unavailable: %s", self.endpoint, exc.message)
             self.server_info = {}
@@ -159,7 +177,9 @@ class Arm:
             if self.model is None:
                 try:
                     models = self.client.models()
-                    self.model = models[0]["id"] if models else None
+                    self.model = models[0].get("id") if models else None
+                except (EndpointBoundError, EndpointProtocolError):
+                    raise
                 except SGLangAPIError:
                     pass
 

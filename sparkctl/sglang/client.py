@@ -68,7 +68,7 @@ class SGLangClient:
     given); ``guard`` shares a run's deadline and stop signal between clients.
     """
 
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: float | httpx.Timeout = 30.0, *,
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float | httpx.Timeout | Limits = 30.0, *,
                  transport: httpx.BaseTransport | None = None, limits: Limits | None = None,
                  guard: RunGuard | None = None) -> None:
         self.base_url = base_url.rstrip("/")
@@ -107,7 +107,10 @@ class SGLangClient:
         return redact(text, {self._api_key}) if self._api_key else text
 
     def _scrub(self, exc: SGLangAPIError) -> SGLangAPIError:
-        """The error with the API key removed from every text it carries (a server may echo it back)."""
+        """The error with the API key removed from every text it carries (a server may echo it back). A broken
+        bound or protocol also stops the run this client belongs to: that endpoint is not trusted any more."""
+        if isinstance(exc, (EndpointBoundError, EndpointProtocolError)) and self.guard is not None:
+            self.guard.trip(exc)
         if self._api_key:
             exc.message = self._redact(exc.message)
             exc.args = (exc.message,)
@@ -136,11 +139,11 @@ class SGLangClient:
         """One bounded request: the response (headers read, body not) and its deadline (monotonic)."""
         url = self._url(path)
         deadline = time.monotonic() + self.limits.request_s
-        self._check_going(url, deadline)
         log.debug("%s %s", method, url)
         if self._clock is not None:
             self._clock.request_deadline = deadline
         try:
+            self._check_going(url, deadline)
             with self._http.stream(method, path, **kw) as r:
                 enc = r.headers.get("content-encoding", "identity").strip().lower()
                 if enc not in ("", "identity"):
@@ -151,13 +154,17 @@ class SGLangClient:
         except SGLangAPIError as exc:
             raise self._scrub(exc) from None
         except httpx.TimeoutException as exc:
-            self._check_going(url, deadline)          # the run stopped or a deadline passed: say that
+            try:
+                self._check_going(url, deadline)      # the run stopped or a deadline passed: say that
+            except SGLangAPIError as bound:
+                raise self._scrub(bound) from None
             what = "connect" if isinstance(exc, httpx.ConnectTimeout) else "read"
             secs = self.limits.connect_s if what == "connect" else self.limits.read_s
-            raise EndpointBoundError(url, None, bound=f"{what} timeout {secs:g} s",
-                                     reason=(f"could not connect within {secs:g} s" if what == "connect" else
-                                             f"sent nothing for {secs:g} s (read timeout)"),
-                                     hint="the server may still be loading, or hangs; check its log") from None
+            raise self._scrub(EndpointBoundError(
+                url, None, bound=f"{what} timeout {secs:g} s",
+                reason=(f"could not connect within {secs:g} s" if what == "connect" else
+                        f"sent nothing for {secs:g} s (read timeout)"),
+                hint="the server may still be loading, or hangs; check its log")) from None
         except httpx.HTTPError as exc:
             raise SGLangAPIError(url, None, reason=self._redact(f"{type(exc).__name__}: {exc}"),
                                  hint="is the server running and reachable on this address?") from None
@@ -316,6 +323,11 @@ class SGLangClient:
                 raise EndpointProtocolError(url, 200, reason=f"answered a stream request with Content-Type "
                                             f"{ctype or 'none'!r}, not text/event-stream",
                                             evidence=self._redact(evidence_of(sample)))
+            announced = r.headers.get("content-length", "")
+            if announced.isdigit() and int(announced) > self.limits.max_body_bytes:
+                raise EndpointBoundError(url, 200, bound=f"body cap {self.limits.max_body_bytes:,} bytes",
+                                         reason=f"announced a {int(announced):,}-byte stream, over the "
+                                                f"{self.limits.max_body_bytes:,}-byte cap: refused without reading it")
             max_events = self.limits.max_events(max_tokens)
             yield from iter_sse_frames(self._lines(r, url, deadline, max_events), url=url)
 
