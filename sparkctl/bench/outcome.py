@@ -87,6 +87,9 @@ def failures(result: RunRecord) -> list[str]:
         for gate, v in a["results"].items():
             if isinstance(v, dict) and v.get("error"):
                 out.append(f"{name} {gate}: {v['error'].splitlines()[0]}")
+            for part, sub in (v.items() if isinstance(v, dict) else ()):
+                if isinstance(sub, dict) and sub.get("error"):
+                    out.append(f"{name} {gate} {part}: {str(sub['error']).splitlines()[0]}")
             for e in (v.get("sizes") or []) if isinstance(v, dict) else []:
                 if e.get("status") == "failed":
                     out.append(f"{name} ttft ~{e['target_tokens']}: {e.get('note')}")

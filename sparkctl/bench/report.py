@@ -305,6 +305,11 @@ def _concurrency(L: list[str], result: dict[str, Any]) -> None:
             if ser and ser.get("serialized"):
                 L.append(f"  - **SERIALIZED**: the server ran these requests one at a time: "
                          f"{'; '.join(ser['evidence'])}")
+                if ser.get("reason"):
+                    L.append(f"  - why ({ser.get('reason_source')}): `{ser['reason']}`; to change it: {ser.get('fix')}")
+                else:
+                    L.append("  - why: the engine gave no reason that sparkctl could read (no cap warning in its "
+                             "log, no --max-running-requests in its launch command)")
             elif ser:
                 L.append(f"  - ran concurrently (checked: {', '.join(ser['checked'])})")
         L.append(f"- max_running_requests resolved to {c.get('max_running_requests')} "

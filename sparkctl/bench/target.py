@@ -7,6 +7,7 @@ emulator (``emulated``: ``/server_info`` says ``"emulated": true`` or the record
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,17 +22,36 @@ log = logging.getLogger("sparkctl.bench")
 
 __all__ = ["Arm", "describe_server", "redact_argv", "is_secret_field", "arm_role"]
 
-# Redaction by field, never by how a value looks: the secret flags and server-args fields SGLang has, and any flag or
-# field whose name ends in -key/-token/-password/-secret (``--admin-api-key``, ``hf_token``). Capacity and
-# speculative settings (``max_total_tokens``, ``speculative_num_draft_tokens``) are numbers, not secrets: kept.
-_SECRET_FLAGS = frozenset({"--api-key", "--admin-api-key", "--hf-token", "--ssl-keyfile-password"})
+# Redaction by field, never by how a value looks: the secret flags and server-args fields SGLang has, and any other
+# flag or field whose name ends in -key/-token/-password/-secret (``--my-secret``, ``hf_token``) unless SGLang's own
+# parser (the dialect schemas) declares it a number, a list or a switch: ``kt_max_deferred_experts_per_token`` is an
+# int and ``bucket_time_to_first_token`` a list of floats, not secrets. Capacity and speculative settings
+# (``max_total_tokens``, ``speculative_num_draft_tokens``) never match: kept, as every other setting.
+_SECRET_FIELDS = frozenset({"api_key", "admin_api_key", "hf_token", "ssl_keyfile_password"})
 _SECRET_SUFFIXES = ("_key", "_token", "_password", "_secret")
+
+
+@functools.lru_cache(maxsize=1)
+def _not_text_fields() -> frozenset[str]:
+    """Fields every known SGLang version declares as int, float, list or switch (a value that is never a secret)."""
+    try:
+        from sparkctl.sglang.dialect import available_versions, load_dialect
+        out: set[str] = set()
+        for v in available_versions():
+            out |= {f.dest for f in load_dialect(v).flags
+                    if f.kind in ("store_true", "store_false", "list") or f.type in ("int", "float")}
+        return frozenset(out)
+    except Exception:  # noqa: BLE001 - no schema: redact every secret-named field (the safe side)
+        log.debug("SGLang dialect schemas unavailable; redacting every secret-named field", exc_info=True)
+        return frozenset()
 
 
 def is_secret_field(name: str) -> bool:
     """True for a flag (``--api-key``) or field (``admin_api_key``) that holds a secret, judged by its name."""
     n = name.strip().lstrip("-").lower().replace("-", "_")
-    return f"--{n.replace('_', '-')}" in _SECRET_FLAGS or n.endswith(_SECRET_SUFFIXES)
+    if n in _SECRET_FIELDS:
+        return True
+    return n.endswith(_SECRET_SUFFIXES) and n not in _not_text_fields()
 
 
 def redact_argv(argv: list[str] | str | None) -> list[str] | str | None:
@@ -79,7 +99,7 @@ def describe_server(info: dict[str, Any]) -> dict[str, Any]:
     if "launch_command" in info:
         out["launch_command"] = redact_argv(info["launch_command"])
     for k, v in list(out.items()):
-        if is_secret_field(k) and v not in (None, ""):
+        if is_secret_field(k) and isinstance(v, str) and v:
             out[k] = "***"
     return out
 
@@ -162,6 +182,30 @@ class Arm:
         if s and s.max_running_requests is not None:
             return s.max_running_requests, "/server_info max_running_requests"
         return None, "unknown"
+
+    def concurrency_cap(self) -> dict[str, Any] | None:
+        """Why the engine runs at most N requests at once, in its own words when it printed them (the mamba state
+        cache warning at boot), else the launch flag that set it; with the setting that would change it."""
+        if self.log is not None:
+            from sparkctl.bench.logsource import concurrency_cap_from_log
+            found = concurrency_cap_from_log(self.log.whole())
+            if found:
+                return found
+        argv = None
+        if self.record is not None and self.record.specs:
+            argv = next((s.get("argv") for s in self.record.specs if s.get("rank") == 0), None)
+        if argv is None and isinstance(self.server_info.get("launch_command"), str):
+            argv = self.server_info["launch_command"].split()
+        argv = list(argv or [])
+        for i, a in enumerate(argv):
+            flag, eq, val = a.partition("=")
+            if flag == "--max-running-requests":
+                value = val if eq else (argv[i + 1] if i + 1 < len(argv) else "?")
+                return {"max_running_requests": int(value) if value.isdigit() else value,
+                        "reason": f"the launch command sets --max-running-requests {value}",
+                        "source": "launch command", "setting": "--max-running-requests",
+                        "fix": "raise --max-running-requests (server.max_running_requests in the profile)"}
+        return None
 
     def refresh(self) -> None:
         """Read ``/server_info`` (and the served model name) again."""
