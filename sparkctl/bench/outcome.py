@@ -29,10 +29,13 @@ class RunState:
         self.secrets: set[str] = set()
         self.doing = ""
         self._progress = progress
+        self.watch: Any = None                # the RankWatch of the arm being measured (a deployment's)
 
     def progress(self, message: str) -> None:
         self.doing = message
         self._progress(message)
+        if self.watch is not None:
+            self.watch.poll()                 # between two steps: the ranks still alive?
 
     def make_arm(self, make: Callable[[], Arm]) -> Arm:
         """Build an arm; a failure to reach it or a broken bound/protocol on the way is a BenchError (exit 4)."""

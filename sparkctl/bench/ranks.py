@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -30,6 +31,10 @@ log = logging.getLogger("sparkctl.bench")
 __all__ = ["RankWatch"]
 
 _TAIL_LINES = 15
+
+
+def _utc() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class RankWatch:
@@ -45,11 +50,29 @@ class RankWatch:
         polls = [getattr(runtimes.for_node(h.node), "poll_interval_s", 0.5) for h in self.handles]
         self.interval_s = interval_s if interval_s is not None else max(0.5, 2 * max(polls, default=0.5))
         self.death: dict[str, Any] | None = None
+        self.last_alive: tuple[str, float, str] | None = None     # (UTC, seconds into the run, what ran then)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._last_check = 0.0
+
+    def poll(self) -> None:
+        """A look between two steps of the bench (its progress lines), at most every 0.2 s."""
+        now = time.monotonic()
+        if self.death is None and now - self._last_check >= 0.2:
+            self.check()
 
     def check(self) -> bool:
         """One look at every rank; False (and the guard tripped) when one is dead."""
+        with self._lock:
+            self._last_check = time.monotonic()
+            doing = self.doing() or "setting up the arm"
+            alive = self._look()
+            if alive:
+                self.last_alive = (_utc(), round(self.guard.elapsed(), 1), doing)
+            return alive
+
+    def _look(self) -> bool:
         for h in self.handles:
             try:
                 live = self.runtimes.for_node(h.node).liveness(h)
@@ -64,14 +87,18 @@ class RankWatch:
     def _died(self, h: Any, live: Any) -> None:
         if self.death is not None:
             return
-        at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        at = _utc()
         elapsed = round(self.guard.elapsed(), 1)
         during = self.doing() or "setting up the arm"
         self.death = {"rank": h.rank, "node": h.node, "deployment": self.record.id, "at": at, "elapsed_s": elapsed,
-                      "during": during, "state": live.detail, "exit_code": live.exit_code}
+                      "during": during, "state": live.detail, "exit_code": live.exit_code,
+                      "last_alive": None if self.last_alive is None else
+                      dict(zip(("at", "elapsed_s", "during"), self.last_alive))}
+        seen = (f"; last seen alive at {self.last_alive[0]}, {self.last_alive[1]:.1f} s into the run, during "
+                f"{self.last_alive[2]}" if self.last_alive else "; it was dead when the arm was set up")
         tail = self._log_tail(h)
-        err = BenchError(f"rank {h.rank} ({h.node}) died during the bench at {at}, {elapsed:.1f} s into the run, "
-                         f"during {during}: {live.detail}", where=f"deployment {self.record.id}",
+        err = BenchError(f"rank {h.rank} ({h.node}) died during the bench: found dead at {at}, {elapsed:.1f} s into "
+                         f"the run, during {during} ({live.detail}){seen}", where=f"deployment {self.record.id}",
                          hint=f"`sparkctl logs --rank {h.rank}` shows why; `sparkctl status` shows the deployment. "
                               "Numbers measured before the death are in the card; none after it",
                          evidence=tail)

@@ -89,9 +89,10 @@ def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts
         watcher = watch(arm)
         try:
             if watcher is not None:
-                watcher.__enter__()
+                run.watch = watcher.__enter__()
             res, caps = measure_arm(arm, opts, f"{run_tag}/{i}", primary=(i == 0), g6=g6, progress=run.progress)
         finally:
+            run.watch = None
             if watcher is not None:
                 watcher.__exit__(None, None, None)
                 if watcher.death is not None:
