@@ -267,9 +267,7 @@ def assemble_chat_stream(frames: Iterable[tuple[float, SSEFrame]], t_start: floa
         with _shape_checked(url, fr.raw, "a stream frame"):
             model, rid, usage, finish_reason, t_first, t_last = _fold_frame(
                 p, t, deltas, content, reasoning, tool_calls, (model, rid, usage, finish_reason, t_first, t_last))
-    with _shape_checked(url, "".join(content + reasoning)[-400:], "the streamed text"):
-        text, thought = "".join(content), "".join(reasoning)
-    return ChatResult(content=text, reasoning_content=thought, usage=usage,
+    return ChatResult(content="".join(content), reasoning_content="".join(reasoning), usage=usage,
                       finish_reason=finish_reason, t_start=t_start, t_end=t_end if t_end is not None else t_seen,
                       t_first_token=t_first, t_last_token=t_last, tool_calls=tool_calls, deltas=deltas,
                       model=model, id=rid, stream=True)
@@ -299,6 +297,8 @@ def _fold_frame(p: Mapping[str, Any], t: float, deltas: list[Delta], content: li
         d = ch.get("delta") or {}
         delta = Delta(t=t, content=d.get("content") or "", reasoning_content=d.get("reasoning_content") or "",
                       tool_calls=list(d.get("tool_calls") or []), role=d.get("role"))
+        if not isinstance(delta.content, str) or not isinstance(delta.reasoning_content, str):
+            raise TypeError("delta content and reasoning_content must be text")
         deltas.append(delta)
         content.append(delta.content)
         reasoning.append(delta.reasoning_content)

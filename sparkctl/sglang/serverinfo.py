@@ -124,7 +124,12 @@ def parse_prometheus(text: str, prefix: str = "sglang:") -> dict[str, float]:
 def parse_models(body: str | bytes | Mapping[str, Any]) -> list[dict[str, Any]]:
     """``/v1/models`` body -> its ``data`` list (``id`` = served model name, ``max_model_len``...)."""
     d = as_json_object(body)
-    return [m for m in d.get("data") or [] if isinstance(m, dict)]
+    data = d.get("data") or []
+    if not isinstance(data, list):
+        from sparkctl.sglang.responses import EndpointProtocolError, evidence_of
+        raise EndpointProtocolError("/v1/models", 200, reason=f"'data' is a {type(data).__name__}, not a list",
+                                    evidence=evidence_of(repr(d)[:2000]))
+    return [m for m in data if isinstance(m, dict)]
 
 
 def detect_role(models_status: int | None, health_status: int | None) -> NodeRole:

@@ -155,6 +155,31 @@ class Hostile(BaseHTTPRequestHandler):
             pass
         self.close_connection = True
 
+    def _keepalive(self, ep: str) -> None:
+        """An event stream of SSE comments only, forever: bytes keep coming, no event ever does."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            while not self.stop.wait(0.2):
+                self.wfile.write(b"d\r\n: keep-alive\n\r\n")
+                self.wfile.flush()
+        except OSError:
+            pass
+        self.close_connection = True
+
+    def _wrong_shape(self, ep: str) -> None:
+        """JSON, but not shaped as SGLang's API: an array for an object, a string for a list, a number for text."""
+        if ep == "chat-stream":
+            body, ctype = _chunk("x") + b'data: {"choices": [{"index": 0, "delta": {"content": 42}}]}\n\n', \
+                "text/event-stream"
+        else:
+            body = {"server_info": b"[1, 2, 3]", "models": b'{"data": 5}', "generate": b'{"meta_info": "fast"}',
+                    "chat": b'{"choices": "none"}'}[ep]
+            ctype = "application/json"
+        self._send(200, body, ctype)
+
     def _non_json(self, ep: str) -> None:
         self._send(200, b"<html><body>502 Bad Gateway (nginx)</body></html>", "text/html")
 
@@ -204,13 +229,17 @@ BEHAVIOURS: dict[str, tuple[str, float]] = {
     "trickle": (rf"no complete answer within the request deadline of {DEADLINE:g} s", DEADLINE),
     "forever": (r"streamed more than \d[\d,]* events|over the 8,388,608-byte cap|more than the 8,388,608-byte body cap",
                 DEADLINE),
+    "keepalive": (rf"streamed no data event for {READ:g} s \(idle timeout\)", READ),
+    "wrong_shape": (r"not shaped as SGLang's API says|expected a JSON object, got list|not a list|not an object", 1.0),
     "non_json": (r"not JSON|not text/event-stream", 1.0),
     "malformed_sse": (r"malformed server-sent event|not JSON", 1.0),
     "huge": (r"announced a 2,147,483,648-byte (body|stream), over the 8,388,608-byte cap: refused without reading",
              1.0),
 }
 # /health is read for its status only: a body the bench never reads cannot hurt it.
-HARMLESS = {("health", b) for b in ("forever", "non_json", "malformed_sse", "huge")}
+HARMLESS = {("health", b) for b in ("forever", "non_json", "malformed_sse", "huge", "keepalive", "wrong_shape")}
+# SSE keep-alive comments are a behaviour of event streams only.
+HARMLESS |= {(ep, "keepalive") for ep in ENDPOINTS if ep != "chat-stream"}
 CASES = [(b, ep) for b in BEHAVIOURS for ep in ENDPOINTS if (ep, b) not in HARMLESS]
 SLACK_S = 4.0      # bench start-up and teardown on a loaded 2-core machine, on top of the bound
 

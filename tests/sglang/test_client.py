@@ -345,3 +345,38 @@ def test_unreachable_server() -> None:
         with pytest.raises(SGLangAPIError) as ei:
             c.health()
         assert ei.value.status is None and f"127.0.0.1:{port}" in str(ei.value)
+
+
+# ----------------------------------------------------------------------------- protocol errors carry evidence
+
+def test_malformed_sse_raises_protocol_error_with_the_event() -> None:
+    from sparkctl.sglang.client import EndpointProtocolError
+
+    lines = capture_lines(SSE, drop_cuts=True)[:2] + ['data: {"id": "x", "choices": [', ""]
+    with pytest.raises(EndpointProtocolError) as ei:
+        parse_sse_lines(lines)
+    assert "data is not JSON" in ei.value.message and '{"id": "x", "choices": [' in ei.value.evidence
+    with pytest.raises(EndpointProtocolError) as ei:
+        parse_sse_lines(["<html>", ""])
+    assert "line 1 is no SSE field" in ei.value.message and "<html>" in ei.value.evidence
+
+
+def test_evidence_is_truncated_head_and_tail() -> None:
+    from sparkctl.sglang.responses import evidence_of
+
+    ev = evidence_of(b"A" * 5000 + b"\x00\x01" + b"Z" * 5000)
+    assert ev.startswith("received (10,002 bytes):") and "characters cut" in ev and len(ev) < 800
+    assert ev.rstrip().endswith("Z") and "AAAA" in ev and evidence_of(b"") == "received: nothing"
+
+
+def test_key_echoed_in_an_error_body_is_scrubbed() -> None:
+    import httpx
+
+    def echo(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(500, text=f"bad request, headers: {dict(request.headers)}")
+
+    with SGLangClient("http://fake", api_key=API_KEY, transport=httpx.MockTransport(echo)) as c:
+        with pytest.raises(SGLangAPIError) as ei:
+            c.generate("x")
+    assert ei.value.status == 500 and "authorization" in ei.value.render()
+    assert API_KEY not in ei.value.render() and API_KEY not in ei.value.body_tail
