@@ -67,16 +67,16 @@ class Limits:
     @classmethod
     def from_timeout(cls, timeout: float | httpx.Timeout | Limits | None) -> Limits:
         """The callers' old ``timeout=`` argument: a number is the read timeout (connect at most 10 s) and the
-        request deadline is the larger of 600 s and four reads."""
+        request deadline four of them (a 5 s health probe ends within 20 s, whatever the server trickles)."""
         if isinstance(timeout, Limits):
             return timeout
         if timeout is None:
             return cls()
         if isinstance(timeout, httpx.Timeout):
             t = timeout.read or cls.read_s
-            return cls(connect_s=timeout.connect or cls.connect_s, read_s=t, idle_s=t, request_s=max(600.0, 4 * t))
+            return cls(connect_s=timeout.connect or cls.connect_s, read_s=t, idle_s=t, request_s=4 * t)
         t = float(timeout)
-        return cls(connect_s=min(cls.connect_s, t), read_s=t, idle_s=t, request_s=max(600.0, 4 * t))
+        return cls(connect_s=min(cls.connect_s, t), read_s=t, idle_s=t, request_s=4 * t)
 
     def max_events(self, max_tokens: int | None) -> int:
         """Most events a stream asked for ``max_tokens`` may send (one per token is what SGLang does)."""
