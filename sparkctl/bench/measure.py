@@ -155,15 +155,15 @@ def acceptance_from_generate(arm: Arm, prompt: Prompt, *, runs: int, max_tokens:
     for _ in range(runs):
         try:
             body = arm.client.generate(prompt.text, {"temperature": 0, "max_new_tokens": max_tokens})
-        except (EndpointBoundError, EndpointProtocolError):
-            raise                               # not a refused request: the endpoint is broken, the run stops
+            meta = body.get("meta_info") or {}
+            if not isinstance(meta, dict):
+                raise EndpointProtocolError(arm.client.base_url + "/generate", 200, reason=f"meta_info is a "
+                                            f"{type(meta).__name__}, not an object", evidence=evidence_of(repr(meta)))
         except SGLangAPIError as exc:
+            if isinstance(exc, (EndpointBoundError, EndpointProtocolError)) and arm.guard is not None:
+                arm.guard.trip(exc)             # a broken endpoint, not a refused request: the run stops
             err = exc.message
             break
-        meta = body.get("meta_info") or {} if isinstance(body, dict) else {}
-        if not isinstance(meta, dict):
-            raise EndpointProtocolError(arm.client.base_url + "/generate", 200, reason=f"meta_info is a "
-                                        f"{type(meta).__name__}, not an object", evidence=evidence_of(repr(meta)))
         metas.append({k: meta.get(k) for k in ("completion_tokens", "spec_verify_ct", "spec_accept_length")
                       if k in meta})
         vals.append(accept_length_from_meta(meta))

@@ -91,6 +91,9 @@ def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts
             if watcher is not None:
                 run.watch = watcher.__enter__()
             res, caps = measure_arm(arm, opts, f"{run_tag}/{i}", primary=(i == 0), g6=g6, progress=run.progress)
+        except BaseException:
+            result.arms.append({"config": arm.config(), "results": {}})     # what was measured, even so
+            raise
         finally:
             run.watch = None
             if watcher is not None:
