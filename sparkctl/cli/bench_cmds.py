@@ -116,8 +116,8 @@ def register(app: typer.Typer) -> None:
                                                  "data event (s)."),
               request_deadline: float = typer.Option(600.0, "--request-deadline", help="Deadline of one whole "
                                                      "request (s)."),
-              run_deadline: float = typer.Option(14400.0, "--run-deadline", help="Deadline of the whole run (s), "
-                                                 "deployments of --compare included."),
+              run_deadline: float = typer.Option(14400.0, "--run-deadline", help="Deadline of every request of the "
+                                                 "run (s); --compare deployments keep their own boot timeouts."),
               log_only: bool = flag("--log-only", help="Analyse --log alone; send no request."),
               out: Optional[Path] = typer.Option(None, "--out", help="Directory for report.md/report.json "
                                                  "(default: the run's record in the ledger)."),

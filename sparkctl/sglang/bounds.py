@@ -18,7 +18,7 @@ The defaults fit an 800-token decode on a DGX Spark pair at the seed card's slow
 body; with the seed's cold first request (39.6 s) on top that is ~94 s, so ``read_s`` = ``idle_s`` = 120 s.
 ``request_s`` = 600 s covers that request about six times over (and a 64k-token prefill). A default bench
 (cold + 2 warm-up + 2 x 5 decode + 3 acceptance + TTFT + c1/c2 + 20 G6 per arm, two arms, ~80 requests of 800
-tokens, ~75 min at 14.7 tok/s) plus two deployments fits the 4 h run deadline.
+tokens, ~75 min at 14.7 tok/s) fits the 4 h run deadline with room for slower prompts and the TTFT sizes.
 
 A ``RunGuard`` is also how a run is stopped from outside: ``trip(error)`` (a rank died, an endpoint broke the
 protocol) makes every read of every client of the run give up within ``SLICE_S`` and every later request
