@@ -322,3 +322,15 @@ def test_key_and_bound_flags_refused_with_exit_2(args, message, cli, state_dir, 
     monkeypatch.setenv("BENCH_TEST_KEY", KEY)
     code, _, err = cli("bench", *args)
     assert code == 2 and message in err, err
+
+
+def test_run_deadline_stops_a_run_whose_requests_are_each_within_bounds(hostile, cli, state_dir, tmp_path,
+                                                                        monkeypatch):
+    monkeypatch.delenv("SPARKCTL_INVENTORY", raising=False)
+    url = hostile({"chat-stream": "keepalive"})      # bytes every 0.2 s: no read or idle timeout below 10 s
+    t0 = time.monotonic()
+    code, _, err = cli("bench", "--endpoint", url, *WORKLOAD, "--read-timeout", "10", "--idle-timeout", "10",
+                       "--request-deadline", "10", "--run-deadline", "2", "--out", str(tmp_path))
+    assert code == 4 and "the run's deadline of 2 s passed" in err and "--run-deadline" in err, err
+    assert time.monotonic() - t0 < 2 + SLACK_S
+    assert json.loads((tmp_path / "report.json").read_text())["status"] == "failed"
