@@ -227,7 +227,8 @@ def hostile() -> Iterator[Callable[[dict[str, str]], str]]:
 BEHAVIOURS: dict[str, tuple[str, float]] = {
     "silent": (rf"sent nothing for {READ:g} s \(read timeout\)", READ),
     "trickle": (rf"no complete answer within the request deadline of {DEADLINE:g} s", DEADLINE),
-    "forever": (r"streamed more than \d[\d,]* events|over the 8,388,608-byte cap|more than the 8,388,608-byte body cap",
+    # whichever bound comes first on a loaded machine: the event count or body cap, else the request deadline
+    "forever": (r"streamed more than \d[\d,]* events|more than the 8,388,608-byte body cap|request deadline of",
                 DEADLINE),
     "keepalive": (rf"streamed no data event for {READ:g} s \(idle timeout\)", READ),
     "wrong_shape": (r"not shaped as SGLang's API says|expected a JSON object, got list|not a list|not an object", 1.0),
