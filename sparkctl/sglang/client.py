@@ -273,7 +273,10 @@ class SGLangClient:
             return r.status_code
 
     def models(self) -> list[dict[str, Any]]:
-        return parse_models(self._json("GET", "/v1/models"))
+        try:
+            return parse_models(self._json("GET", "/v1/models"), url=self._url("/v1/models"))
+        except SGLangAPIError as exc:
+            raise self._scrub(exc) from None
 
     def server_info(self) -> dict[str, Any]:
         """Raw server-info JSON: ``/server_info``, falling back to ``/get_server_info`` (0.5.3) on 404."""

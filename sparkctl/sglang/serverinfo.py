@@ -121,13 +121,13 @@ def parse_prometheus(text: str, prefix: str = "sglang:") -> dict[str, float]:
     return out
 
 
-def parse_models(body: str | bytes | Mapping[str, Any]) -> list[dict[str, Any]]:
+def parse_models(body: str | bytes | Mapping[str, Any], *, url: str = "/v1/models") -> list[dict[str, Any]]:
     """``/v1/models`` body -> its ``data`` list (``id`` = served model name, ``max_model_len``...)."""
     d = as_json_object(body)
     data = d.get("data") or []
     if not isinstance(data, list):
         from sparkctl.sglang.responses import EndpointProtocolError, evidence_of
-        raise EndpointProtocolError("/v1/models", 200, reason=f"'data' is a {type(data).__name__}, not a list",
+        raise EndpointProtocolError(url, 200, reason=f"'data' is a {type(data).__name__}, not a list",
                                     evidence=evidence_of(repr(d)[:2000]))
     return [m for m in data if isinstance(m, dict)]
 
