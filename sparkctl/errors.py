@@ -141,6 +141,14 @@ class ImageError(SparkctlError):
     exit_code = 4
 
 
+class BenchError(SparkctlError):
+    """`sparkctl bench` could not measure honestly (exit 4, like a failed deploy): the endpoint broke a bound (a
+    timeout, a deadline, a size cap) or the protocol (not JSON, malformed SSE), a rank died during the run, or a
+    measurement failed. The card is still written, marked failed, with this error."""
+
+    exit_code = 4
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGINT, SIGTERM or SIGHUP reached the CLI: handled like Ctrl-C (stop what started, restore the old).
 

@@ -21,7 +21,8 @@ from sparkctl.nodes.handles import Handle
 from sparkctl.sglang.bootwatch import LogFollower
 from sparkctl.sglang.logparse import EventKind, decode_stats, parse_line
 
-__all__ = ["LogSource", "FileLog", "RuntimeLog", "scheduler_summary", "prefill_events", "capacity_from_log"]
+__all__ = ["LogSource", "FileLog", "RuntimeLog", "scheduler_summary", "prefill_events", "capacity_from_log",
+           "concurrency_cap_from_log"]
 
 Reader = Callable[[int], "tuple[str, int]"]
 
@@ -122,3 +123,27 @@ def capacity_from_log(lines: Iterable[str]) -> dict[str, Any]:
                                                                 "max_running_requests", "context_length", "tp_size")
                               if k in f.server_args}
     return out
+
+
+def concurrency_cap_from_log(lines: Iterable[str]) -> dict[str, Any] | None:
+    """The engine's own reason for capping max_running_requests, as it printed it at boot, and the setting that
+    would change it; None when the log printed no cap.
+
+    SGLang (0.5.23 ``kv_cache_configurator``) warns ``max_running_requests is capped to N by the mamba state cache
+    (max_mamba_cache_size=M, S state slots per request)`` on hybrid models; ``--max-mamba-cache-size`` raises
+    the cap (M // S concurrent requests), as does a larger ``--mamba-full-memory-ratio``.
+    """
+    for line in lines:
+        ev = parse_line(line)
+        if ev is None or ev.kind is not EventKind.MAMBA_CAP_WARNING:
+            continue
+        f = ev.fields
+        cap, size, slots = f.get("max_running_requests"), f.get("max_mamba_cache_size"), f.get("state_slots_per_request")
+        fix = "raise --max-mamba-cache-size"
+        if isinstance(size, int) and isinstance(slots, int) and slots > 0:
+            fix += (f" (now {size}: {size // slots} request(s) at {slots} state slots each; 2 concurrent requests "
+                    f"need at least {2 * slots})")
+        fix += " or --mamba-full-memory-ratio (more memory for the mamba state cache)"
+        return {"max_running_requests": cap, "reason": ev.message, "source": "engine log at boot",
+                "setting": "--max-mamba-cache-size", "fix": fix}
+    return None

@@ -22,6 +22,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 from sparkctl.sglang.client import ChatResult, SGLangAPIError, SGLangClient, accept_length_from_meta
+from sparkctl.sglang.responses import EndpointBoundError, EndpointProtocolError, evidence_of
 
 from sparkctl.bench.logsource import scheduler_summary
 from sparkctl.bench.prompts import (
@@ -154,10 +155,15 @@ def acceptance_from_generate(arm: Arm, prompt: Prompt, *, runs: int, max_tokens:
     for _ in range(runs):
         try:
             body = arm.client.generate(prompt.text, {"temperature": 0, "max_new_tokens": max_tokens})
+            meta = body.get("meta_info") or {}
+            if not isinstance(meta, dict):
+                raise EndpointProtocolError(arm.client.base_url + "/generate", 200, reason=f"meta_info is a "
+                                            f"{type(meta).__name__}, not an object", evidence=evidence_of(repr(meta)))
         except SGLangAPIError as exc:
+            if isinstance(exc, (EndpointBoundError, EndpointProtocolError)) and arm.guard is not None:
+                arm.guard.trip(exc)             # a broken endpoint, not a refused request: the run stops
             err = exc.message
             break
-        meta = body.get("meta_info") or {} if isinstance(body, dict) else {}
         metas.append({k: meta.get(k) for k in ("completion_tokens", "spec_verify_ct", "spec_accept_length")
                       if k in meta})
         vals.append(accept_length_from_meta(meta))
@@ -292,7 +298,7 @@ def measure_concurrency(arm: Arm, prompt: Prompt, levels: Sequence[int], *, max_
     """c identical requests started together per level; aggregate tok/s and a serialisation check."""
     cap, cap_src = arm.max_running_requests
     out: dict[str, Any] = {"prompt": prompt.id, "max_tokens": max_tokens, "max_running_requests": cap,
-                           "max_running_requests_source": cap_src,
+                           "max_running_requests_source": cap_src, "cap_reason": arm.concurrency_cap(),
                            "formula": "total completion tokens / (last finish - first start)", "levels": []}
     for c in levels:
         mark = arm.log.mark() if arm.log else None
@@ -313,7 +319,7 @@ def measure_concurrency(arm: Arm, prompt: Prompt, levels: Sequence[int], *, max_
             entry["log_max_running_req"] = sch["decode"]["max_running_req"]
             entry["log_decode_batches"] = sch["decode"]["batches"]
         if c > 1:
-            entry["serialization"] = _serialization(entry, cap, cap_src)
+            entry["serialization"] = _serialization(entry, cap, cap_src, out["cap_reason"])
         out["levels"].append(entry)
         progress(f"concurrency c{c}: {entry.get('aggregate_tok_s')} tok/s aggregate")
     base = next((lv.get("aggregate_tok_s") for lv in out["levels"] if lv["concurrency"] == 1), None)
@@ -323,7 +329,8 @@ def measure_concurrency(arm: Arm, prompt: Prompt, levels: Sequence[int], *, max_
     return out
 
 
-def _serialization(entry: dict[str, Any], cap: int | None, cap_src: str) -> dict[str, Any]:
+def _serialization(entry: dict[str, Any], cap: int | None, cap_src: str,
+                   cap_reason: dict[str, Any] | None = None) -> dict[str, Any]:
     evidence = []
     if cap == 1:
         evidence.append(f"max_running_requests resolved to 1 ({cap_src})")
@@ -336,4 +343,9 @@ def _serialization(entry: dict[str, Any], cap: int | None, cap_src: str) -> dict
     serialized = bool(evidence)
     checked = ["resolved max_running_requests" if cap is not None else None,
                "scheduler log" if entry.get("log_decode_batches") else None, "stream timing"]
-    return {"serialized": serialized, "evidence": evidence, "checked": [c for c in checked if c]}
+    out = {"serialized": serialized, "evidence": evidence, "checked": [c for c in checked if c]}
+    if serialized:
+        out["reason"] = cap_reason["reason"] if cap_reason else None
+        out["reason_source"] = cap_reason["source"] if cap_reason else None
+        out["fix"] = cap_reason["fix"] if cap_reason else None
+    return out

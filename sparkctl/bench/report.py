@@ -70,6 +70,10 @@ def render_card(result: dict[str, Any]) -> str:
         L.append("")
     L.append(f"Run `{result['run_id']}` ({result['mode']}), {result.get('started')} → {result.get('finished')}, "
              f"status **{result['status']}**, prompt set `{result.get('prompt_set')}`.")
+    death = result.get("rank_death")
+    if death:
+        L += ["", f"**Rank {death['rank']} ({death['node']}) died during the run**: found dead at {death['at']} "
+                  f"({death['elapsed_s']} s in, during {death['during']}): {death['state']}."]
     for e in result.get("errors") or []:
         L.append("")
         L.append(f"**Error**: {e.splitlines()[0]}")
@@ -118,6 +122,11 @@ def _serving(L: list[str], result: dict[str, Any]) -> None:
     L.append(f"Workload: temperature 0, streamed, max_tokens {o.get('max_tokens')}, n={o.get('runs')} per class, "
              f"warm-up {o.get('warmup')} × {o.get('warmup_max_tokens') or o.get('max_tokens')} tokens after the "
              f"first request.")
+    lim = o.get("limits")
+    if lim:
+        L.append(f"Bounds: connect {lim['connect_s']:g} s, read {lim['read_s']:g} s, idle {lim['idle_s']:g} s, "
+                 f"request deadline {lim['request_s']:g} s, run deadline {o.get('run_deadline_s') or 'none'} s, "
+                 f"body cap {lim['max_body_bytes']:,} bytes, event cap {lim['max_event_bytes']:,} bytes.")
 
 
 def _cold(L: list[str], result: dict[str, Any]) -> None:
@@ -305,6 +314,11 @@ def _concurrency(L: list[str], result: dict[str, Any]) -> None:
             if ser and ser.get("serialized"):
                 L.append(f"  - **SERIALIZED**: the server ran these requests one at a time: "
                          f"{'; '.join(ser['evidence'])}")
+                if ser.get("reason"):
+                    L.append(f"  - why ({ser.get('reason_source')}): `{ser['reason']}`; to change it: {ser.get('fix')}")
+                else:
+                    L.append("  - why: the engine gave no reason that sparkctl could read (no cap warning in its "
+                             "log, no --max-running-requests in its launch command)")
             elif ser:
                 L.append(f"  - ran concurrently (checked: {', '.join(ser['checked'])})")
         L.append(f"- max_running_requests resolved to {c.get('max_running_requests')} "

@@ -16,10 +16,12 @@ also when a measurement failed (``status: failed`` with the error).
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Callable
 
-from sparkctl.errors import ConfigError, SparkctlError
+from sparkctl.errors import BenchError, ConfigError, SparkctlError
+from sparkctl.sglang.client import Limits, SGLangAPIError
 from sparkctl.state.files import write_json_atomic, write_text_atomic
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, RunRecord, Status
@@ -28,8 +30,10 @@ from sparkctl.bench import losslessness
 from sparkctl.bench.arms import (GATES, BenchOptions, Progress, _noop, arm_from_endpoint, arm_from_record,
                                  measure_arm, parse_gates)
 from sparkctl.bench.chart import decode_svg
+from sparkctl.bench.outcome import RunState, bench_error, failures, scrubbed
 from sparkctl.bench.logsource import FileLog, capacity_from_log, scheduler_summary
 from sparkctl.bench.prompts import decode_prompts, g6_prompts, prompt_set_digest
+from sparkctl.bench.ranks import RankWatch
 from sparkctl.bench.report import render_card
 from sparkctl.bench.stats import ratio
 from sparkctl.bench.target import Arm, arm_role
@@ -60,8 +64,9 @@ def _compare(arms: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _new_result(mode: str, opts: BenchOptions, run_id: str) -> RunRecord:
-    return RunRecord(schema=SCHEMA, run_id=run_id, mode=mode, started=now_iso(), options=opts.as_dict(),
+def _new_result(mode: str, opts: BenchOptions, run_id: str, limits: Limits, run_s: float | None) -> RunRecord:
+    options = {**opts.as_dict(), "limits": limits.as_dict(), "run_deadline_s": run_s}
+    return RunRecord(schema=SCHEMA, run_id=run_id, mode=mode, started=now_iso(), options=options,
                      prompt_set=prompt_set_digest(), reference=list(opts.reference))
 
 
@@ -71,20 +76,34 @@ def _finish(result: RunRecord, arms: list[Arm]) -> None:
 
 
 def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts: BenchOptions,
-                 progress: Progress) -> None:
+                 run: RunState, watch: Callable[[Arm], RankWatch | None] = lambda arm: None) -> None:
     """Build and measure the arms one after another (a later arm may need an earlier one torn down)."""
     run_tag = result.run_id
     g6 = len(arms_in_order) == 2
     captures: list[list[losslessness.Capture] | None] = []
     built: list[Arm] = []
     for i, make in enumerate(arms_in_order):
-        arm = make()
+        arm = run.make_arm(make)
         built.append(arm)
         arm.role = ("A", "B")[i] if len(arms_in_order) == 2 else "ON" if arm.speculative else "OFF"
-        res, caps = measure_arm(arm, opts, f"{run_tag}/{i}", primary=(i == 0), g6=g6, progress=progress)
+        watcher = watch(arm)
+        try:
+            if watcher is not None:
+                run.watch = watcher.__enter__()
+            res, caps = measure_arm(arm, opts, f"{run_tag}/{i}", primary=(i == 0), g6=g6, progress=run.progress)
+        except BaseException:
+            result.arms.append({"config": arm.config(), "results": {}})     # what was measured, even so
+            raise
+        finally:
+            run.watch = None
+            if watcher is not None:
+                watcher.__exit__(None, None, None)
+                if watcher.death is not None:
+                    result.rank_death = watcher.death
+            arm.client.close()
         result.arms.append({"config": arm.config(), "results": res})
         captures.append(caps)
-        arm.client.close()
+        run.stop_if_tripped()
     if len(built) == 2:
         arm_role(built)
         for entry, arm in zip(result.arms, built):
@@ -103,20 +122,33 @@ def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts
                             "prompts": [{**v.as_dict(), "on_output": a.as_dict(), "off_output": b.as_dict()}
                                         for v, a, b in zip(verdicts, captures[on_i], captures[1 - on_i])]}
     _finish(result, built)
+    failed = failures(result)
+    if failed:
+        raise BenchError(f"{len(failed)} measurement(s) failed: {failed[0]}", where="bench",
+                         hint="the card shows each failure in its section; fix the server and run again",
+                         evidence="\n".join(failed[:20]))
 
 
-def _run(result: RunRecord, body: Callable[[], None], out_dir: Path) -> dict[str, Any]:
+def _run(result: RunRecord, body: Callable[[], None], out_dir: Path, run: RunState | None = None) -> dict[str, Any]:
     """Run `body`, record how it ended (successful, failed, canceled), write the report either way."""
+    secrets = run.secrets if run else set()
     try:
         body()
         result.status = Status.SUCCESSFUL
     except (Exception, KeyboardInterrupt) as exc:
         result.status = Status.CANCELED if isinstance(exc, KeyboardInterrupt) else Status.FAILED
-        result.errors.append(exc.render() if isinstance(exc, SparkctlError) else f"{type(exc).__name__}: {exc}")
+        err = exc
+        if run is not None and isinstance(exc, SGLangAPIError):
+            err = bench_error(exc)
+        result.errors.append(err.render() if isinstance(err, SparkctlError) else f"{type(err).__name__}: {err}")
         result.finished = result.finished or now_iso()
-        write_report(result, out_dir)
+        files = write_report(result, out_dir, secrets)["files"]
+        if isinstance(err, BenchError):
+            new = copy.copy(err)
+            new.hint = (f"{err.hint}; " if err.hint else "") + f"the card, marked failed: {files['markdown']}"
+            raise new from exc
         raise
-    return write_report(result, out_dir)
+    return write_report(result, out_dir, secrets)
 
 
 def _out_dir(opts: BenchOptions, ledger: Ledger | None, run_id: str) -> Path:
@@ -130,22 +162,31 @@ def _out_dir(opts: BenchOptions, ledger: Ledger | None, run_id: str) -> Path:
 
 def bench_endpoint(url: str, opts: BenchOptions, *, ledger: Ledger | None = None, api_key: str | None = None,
                    log_path: Path | None = None, compare_endpoint: str | None = None,
-                   compare_log_path: Path | None = None, progress: Progress = _noop) -> dict[str, Any]:
-    """Measure a running endpoint (and optionally a second one to compare against)."""
+                   compare_log_path: Path | None = None, progress: Progress = _noop, limits: Limits | None = None,
+                   run_s: float | None = None, compare_api_key: str | None = None) -> dict[str, Any]:
+    """Measure a running endpoint (and optionally a second one to compare against).
+
+    ``api_key`` goes to ``url`` and ``compare_api_key`` to ``compare_endpoint``, each only when given (the CLI
+    gives them only when the user named the variable with ``--api-key-env``). ``limits`` bound every request,
+    ``run_s`` the whole run (seconds).
+    """
+    limits = limits or Limits()
     run_id = Ledger.new_id("bench")
-    result = _new_result("endpoint", opts, run_id)
+    result = _new_result("endpoint", opts, run_id, limits, run_s)
     out = _out_dir(opts, ledger, run_id)
-    makers = [lambda: arm_from_endpoint(url, api_key=api_key, log_path=log_path, timeout_s=opts.timeout_s)]
+    run = RunState(limits, run_s, progress)
+    makers = [lambda: arm_from_endpoint(url, api_key=api_key, log_path=log_path, timeout_s=limits)]
     if compare_endpoint:
-        makers.append(lambda: arm_from_endpoint(compare_endpoint, api_key=api_key, log_path=compare_log_path,
-                                                timeout_s=opts.timeout_s))
-    return _run(result, lambda: _measure_all(result, makers, opts, progress), out)
+        makers.append(lambda: arm_from_endpoint(compare_endpoint, api_key=compare_api_key, log_path=compare_log_path,
+                                                timeout_s=limits))
+    return _run(result, lambda: _measure_all(result, makers, opts, run), out, run)
 
 
 def bench_deployment(deployer: Any, opts: BenchOptions, *, primary_profile: Any = None, compare_profile: Any = None,
                      compare_endpoint: str | None = None, log_path: Path | None = None,
                      compare_log_path: Path | None = None, compare_api_key: str | None = None,
-                     progress: Progress = _noop) -> dict[str, Any]:
+                     progress: Progress = _noop, limits: Limits | None = None,
+                     run_s: float | None = None) -> dict[str, Any]:
     """Measure the active deployment; with ``compare_profile`` deploy it, measure, restore the original.
 
     ``primary_profile``: deploy that profile first (a no-op when it already runs healthy) and measure it;
@@ -164,25 +205,35 @@ def bench_deployment(deployer: Any, opts: BenchOptions, *, primary_profile: Any 
     if compare_profile is not None and compare_profile.name == original.profile:
         raise ConfigError(f"--compare {compare_profile.name} is the profile already deployed",
                           hint="compare against a different profile, e.g. --compare dflash-off")
+    limits = limits or Limits()
     run_id = Ledger.new_id(f"bench-{original.profile}")
-    result = _new_result("deployment", opts, run_id)
+    result = _new_result("deployment", opts, run_id, limits, run_s)
     result.deployment = original.id
     out = _out_dir(opts, deployer.ledger, run_id)
-    makers: list[Callable[[], Arm]] = [lambda: arm_from_record(deployer, original, log_path=log_path)]
+    run = RunState(limits, run_s, progress)
+    progress = run.progress
+    makers: list[Callable[[], Arm]] = [lambda: arm_from_record(deployer, original, log_path=log_path,
+                                                               timeout_s=limits)]
     if compare_endpoint:
         makers.append(lambda: arm_from_endpoint(compare_endpoint, api_key=compare_api_key, log_path=compare_log_path,
-                                                timeout_s=opts.timeout_s))
+                                                timeout_s=limits))
     elif compare_profile is not None:
         def deploy_other() -> Arm:
             progress(f"deploying {compare_profile.name} for the comparison arm (the original is restored after)")
             up = deployer.up(compare_profile, UpOptions(), kind="bench-compare")
             result.compare_deployment = {k: up.get(k) for k in ("deployment", "outcome", "endpoint")}
-            return arm_from_record(deployer, deployer.ledger.load(up["deployment"]), log_path=compare_log_path)
+            return arm_from_record(deployer, deployer.ledger.load(up["deployment"]), log_path=compare_log_path,
+                                   timeout_s=limits)
         makers.append(deploy_other)
+
+    def watch(arm: Arm) -> RankWatch | None:
+        if arm.record is None:
+            return None
+        return RankWatch(deployer.runtimes(arm.record.id), arm.record, run.guard, doing=lambda: run.doing)
 
     def body() -> None:
         try:
-            _measure_all(result, makers, opts, progress)
+            _measure_all(result, makers, opts, run, watch)
         finally:
             if compare_profile is not None and not compare_endpoint:
                 result.restore = _restore(deployer, original, progress)
@@ -190,8 +241,8 @@ def bench_deployment(deployer: Any, opts: BenchOptions, *, primary_profile: Any 
     if compare_profile is not None and not compare_endpoint:
         # Hold the cluster lock for the whole comparison: no other `up` may redeploy between the arms.
         with deployer.ledger.lock("bench --compare"):
-            return _run(result, body, out)
-    return _run(result, body, out)
+            return _run(result, body, out, run)
+    return _run(result, body, out, run)
 
 
 def _restore(deployer: Any, original: DeploymentRecord, progress: Progress) -> dict[str, Any]:
@@ -211,7 +262,7 @@ def _restore(deployer: Any, original: DeploymentRecord, progress: Progress) -> d
 def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -> dict[str, Any]:
     """Scheduler numbers from a captured log alone: accept len/rate ranges, the gauge peak, capacity."""
     run_id = Ledger.new_id("bench-log")
-    result = _new_result("log-only", opts, run_id)
+    result = _new_result("log-only", opts, run_id, Limits(), None)
     out = _out_dir(opts, ledger, run_id)
 
     def body() -> None:
@@ -236,13 +287,15 @@ def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -
 def bench(inventory: Any, opts: BenchOptions, *, reporter: Any = None, profile: Any = None, compare: Any = None,
           endpoint: str | None = None, compare_endpoint: str | None = None, log: Path | None = None,
           compare_log: Path | None = None, log_only: bool = False, api_key: str | None = None,
-          progress: Progress = _noop) -> dict[str, Any]:
+          progress: Progress = _noop, limits: Limits | None = None, run_s: float | None = None) -> dict[str, Any]:
     """`sparkctl bench`: pick the mode from what is given, run it, return the run record's JSON.
 
     ``endpoint``: measure that server (and ``compare_endpoint``). ``log_only``, or a ``log`` with nothing
     deployed and nothing else named: log-only analysis. Otherwise the inventory's active deployment
     (``profile`` deployed first when given; ``compare`` deployed for the second arm, then the original restored).
-    ``api_key`` is for the endpoints given by URL (deployments use the env var their profile names).
+    ``api_key`` is for the endpoints given by URL, and only when the caller names it (the CLI: ``--api-key-env
+    NAME``); deployments use the env var their own profile names, and nothing else gets a key.
+    ``limits`` bound every request and ``run_s`` the whole run.
     """
     from sparkctl.deploy.lifecycle import Deployer
 
@@ -261,32 +314,34 @@ def bench(inventory: Any, opts: BenchOptions, *, reporter: Any = None, profile: 
         return bench_log(log, opts, ledger=ledger)
     if endpoint:
         return bench_endpoint(endpoint, opts, ledger=ledger, api_key=api_key, log_path=log,
-                              compare_endpoint=compare_endpoint, compare_log_path=compare_log, progress=progress)
+                              compare_endpoint=compare_endpoint, compare_log_path=compare_log, progress=progress,
+                              limits=limits, run_s=run_s, compare_api_key=api_key)
     deployer = Deployer(inventory, reporter, ledger)
     if deployer.embedded_notice:
         progress(deployer.embedded_notice)
     return bench_deployment(deployer, opts, primary_profile=profile, compare_profile=compare,
                             compare_endpoint=compare_endpoint, log_path=log, compare_log_path=compare_log,
-                            compare_api_key=api_key, progress=progress)
+                            compare_api_key=api_key, progress=progress, limits=limits, run_s=run_s)
 
 
 # --------------------------------------------------------------------------- files
 
-def write_report(result: RunRecord, out_dir: Path) -> dict[str, Any]:
+def write_report(result: RunRecord, out_dir: Path, secrets: set[str] | None = None) -> dict[str, Any]:
     """``report.json``, ``report.md`` (rendered from the same JSON) and ``decode.svg``, atomically, mode 0600.
 
-    Returns the record's JSON (what ``report.json`` holds), with ``files`` naming the files written.
+    Returns the record's JSON (what ``report.json`` holds), with ``files`` naming the files written; every string
+    in it has the run's ``secrets`` masked.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / "report.json", out_dir / "report.md"
     files = {"json": str(json_path), "markdown": str(md_path)}
-    svg = decode_svg(result.as_json())
+    svg = decode_svg(scrubbed(result.as_json(), set(secrets or ())))
     if svg is not None:
         svg_path = out_dir / "decode.svg"
         write_text_atomic(svg_path, svg)
         files["chart"] = str(svg_path)
     result.files = files
-    data = result.as_json()
+    data = scrubbed(result.as_json(), set(secrets or ()))
     write_json_atomic(json_path, data)
     write_text_atomic(md_path, render_card(data))
     return data

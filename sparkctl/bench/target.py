@@ -7,27 +7,55 @@ emulator (``emulated``: ``/server_info`` says ``"emulated": true`` or the record
 """
 from __future__ import annotations
 
+import functools
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkctl.sglang.client import SGLangAPIError, SGLangClient, parse_server_info
+from sparkctl.sglang.client import (EndpointBoundError, EndpointProtocolError, Limits, RunGuard,
+                                   SGLangAPIError, SGLangClient, parse_server_info)
 from sparkctl.state.records import DeploymentRecord
 
 from sparkctl.bench.logsource import LogSource
 
 log = logging.getLogger("sparkctl.bench")
 
-__all__ = ["Arm", "describe_server", "redact_argv", "arm_role"]
+__all__ = ["Arm", "describe_server", "redact_argv", "is_secret_field", "arm_role"]
 
-_SECRET_FLAGS = {"--api-key", "--admin-api-key", "--hf-token", "--ssl-keyfile-password"}
-_SECRET_RE = re.compile(r"(hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9]{8,})")
-_SECRET_KEYS = re.compile(r"(api_key|token|password|secret)", re.IGNORECASE)
+# Redaction by field, never by how a value looks: the secret flags and server-args fields SGLang has, and any other
+# flag or field whose name ends in -key/-token/-password/-secret (``--my-secret``, ``hf_token``) unless SGLang's own
+# parser (the dialect schemas) declares it a number, a list or a switch: ``kt_max_deferred_experts_per_token`` is an
+# int and ``bucket_time_to_first_token`` a list of floats, not secrets. Capacity and speculative settings
+# (``max_total_tokens``, ``speculative_num_draft_tokens``) never match: kept, as every other setting.
+_SECRET_FIELDS = frozenset({"api_key", "admin_api_key", "hf_token", "ssl_keyfile_password"})
+_SECRET_SUFFIXES = ("_key", "_token", "_password", "_secret")
+
+
+@functools.lru_cache(maxsize=1)
+def _not_text_fields() -> frozenset[str]:
+    """Fields every known SGLang version declares as int, float, list or switch (a value that is never a secret)."""
+    try:
+        from sparkctl.sglang.dialect import available_versions, load_dialect
+        out: set[str] = set()
+        for v in available_versions():
+            out |= {f.dest for f in load_dialect(v).flags
+                    if f.kind in ("store_true", "store_false", "list") or f.type in ("int", "float")}
+        return frozenset(out)
+    except Exception:  # noqa: BLE001 - no schema: redact every secret-named field (the safe side)
+        log.debug("SGLang dialect schemas unavailable; redacting every secret-named field", exc_info=True)
+        return frozenset()
+
+
+def is_secret_field(name: str) -> bool:
+    """True for a flag (``--api-key``) or field (``admin_api_key``) that holds a secret, judged by its name."""
+    n = name.strip().lstrip("-").lower().replace("-", "_")
+    if n in _SECRET_FIELDS:
+        return True
+    return n.endswith(_SECRET_SUFFIXES) and n not in _not_text_fields()
 
 
 def redact_argv(argv: list[str] | str | None) -> list[str] | str | None:
-    """Mask values of secret flags (``--api-key X`` / ``--api-key=X``) and token-looking strings."""
+    """Mask the values of secret flags (``--api-key X`` / ``--api-key=X``); every other argument is kept as is."""
     if argv is None:
         return None
     if isinstance(argv, str):
@@ -40,14 +68,14 @@ def redact_argv(argv: list[str] | str | None) -> list[str] | str | None:
             hide_next = False
             continue
         flag, eq, _ = a.partition("=")
-        if flag in _SECRET_FLAGS:
+        if flag.startswith("--") and is_secret_field(flag):
             if eq:
                 out.append(f"{flag}=***")
             else:
                 out.append(a)
                 hide_next = True
             continue
-        out.append(_SECRET_RE.sub("***", a))
+        out.append(a)
     return out
 
 
@@ -71,7 +99,7 @@ def describe_server(info: dict[str, Any]) -> dict[str, Any]:
     if "launch_command" in info:
         out["launch_command"] = redact_argv(info["launch_command"])
     for k, v in list(out.items()):
-        if _SECRET_KEYS.search(k) and v not in (None, ""):
+        if is_secret_field(k) and isinstance(v, str) and v:
             out[k] = "***"
     return out
 
@@ -89,11 +117,19 @@ class Arm:
     record: DeploymentRecord | None = None  # the ledger's deployment record, when deployed by sparkctl
     role: str = "?"                   # ON | OFF (speculation), or A | B when that does not tell them apart
     api_key: str | None = field(default=None, repr=False)
-    timeout_s: float = 900.0
+    timeout_s: float | Limits = 900.0     # a number (the read timeout) or the run's Limits
+    guard: RunGuard | None = None         # the run's deadline and stop signal, shared by its clients
 
     def new_client(self) -> SGLangClient:
-        """A separate client (own connection pool) for a concurrent request."""
-        return SGLangClient(self.endpoint, api_key=self.api_key, timeout=self.timeout_s)
+        """A separate client (own connection pool) for a concurrent request, under the run's bounds."""
+        return SGLangClient(self.endpoint, api_key=self.api_key, limits=Limits.from_timeout(self.timeout_s),
+                            guard=self.guard)
+
+    def bind(self, limits: Limits, guard: RunGuard) -> None:
+        """Measure under these bounds from now on: the arm's client is replaced by one sharing the run's guard."""
+        self.client.close()
+        self.timeout_s, self.guard = limits, guard
+        self.client = self.new_client()
 
     # -- what the arm is -------------------------------------------------------------------------------------
     @property
@@ -147,10 +183,36 @@ class Arm:
             return s.max_running_requests, "/server_info max_running_requests"
         return None, "unknown"
 
+    def concurrency_cap(self) -> dict[str, Any] | None:
+        """Why the engine runs at most N requests at once, in its own words when it printed them (the mamba state
+        cache warning at boot), else the launch flag that set it; with the setting that would change it."""
+        if self.log is not None:
+            from sparkctl.bench.logsource import concurrency_cap_from_log
+            found = concurrency_cap_from_log(self.log.whole())
+            if found:
+                return found
+        argv = None
+        if self.record is not None and self.record.specs:
+            argv = next((s.get("argv") for s in self.record.specs if s.get("rank") == 0), None)
+        if argv is None and isinstance(self.server_info.get("launch_command"), str):
+            argv = self.server_info["launch_command"].split()
+        argv = list(argv or [])
+        for i, a in enumerate(argv):
+            flag, eq, val = a.partition("=")
+            if flag == "--max-running-requests":
+                value = val if eq else (argv[i + 1] if i + 1 < len(argv) else "?")
+                return {"max_running_requests": int(value) if value.isdigit() else value,
+                        "reason": f"the launch command sets --max-running-requests {value}",
+                        "source": "launch command", "setting": "--max-running-requests",
+                        "fix": "raise --max-running-requests (server.max_running_requests in the profile)"}
+        return None
+
     def refresh(self) -> None:
         """Read ``/server_info`` (and the served model name) again."""
         try:
             self.server_info = self.client.server_info()
+        except (EndpointBoundError, EndpointProtocolError):
+            raise                          # a broken bound or protocol is not "unavailable": the run stops
         except SGLangAPIError as exc:
             log.warning("%s: /server_info unavailable: %s", self.endpoint, exc.message)
             self.server_info = {}
@@ -159,7 +221,9 @@ class Arm:
             if self.model is None:
                 try:
                     models = self.client.models()
-                    self.model = models[0]["id"] if models else None
+                    self.model = models[0].get("id") if models else None
+                except (EndpointBoundError, EndpointProtocolError):
+                    raise
                 except SGLangAPIError:
                     pass
 

@@ -122,3 +122,14 @@ def embedded_cluster(local_cluster: Path, state_dir: Path):
         Deployer(load_inventory(local_cluster), Reporter(quiet=True)).down()
     except Exception:  # noqa: BLE001 - teardown: local_cluster still stops every recorded engine
         pass
+
+@pytest.fixture
+def hybrid_sim(tmp_path: Path) -> Iterator[Sim]:
+    """A hybrid (mamba-state) model whose state cache caps max_running_requests to 1, as the engine warns at boot."""
+    sim = start_sim(tmp_path, "hybrid", {"decode_tps": 400, "mamba_slots": 1},
+                    ["--mamba-full-memory-ratio", "2", "--decode-log-interval", "4"])
+    try:
+        wait_ready(sim)
+        yield sim
+    finally:
+        stop_sim(sim)

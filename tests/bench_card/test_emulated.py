@@ -269,3 +269,28 @@ def test_static_capture_as_log_is_analysed_whole_and_labelled(sims, tmp_path):
     wf = acc["log_whole_file"]
     assert tuple(wf["accept_len"]) == (1.80, 2.17) and tuple(wf["accept_rate"]) == (0.45, 0.54)
     assert "not windowed" in (tmp_path / "report.md").read_text()
+
+
+# --------------------------------------------------------------------------- why the engine serialises
+
+def test_serialization_says_the_launch_flag_that_caps_it(run_off_on):
+    c = _arm(run_off_on, "OFF")["results"]["concurrency"]
+    ser = next(lv for lv in c["levels"] if lv["concurrency"] == 2)["serialization"]
+    assert ser["reason"] == "the launch command sets --max-running-requests 1"
+    assert ser["reason_source"] == "launch command" and "raise --max-running-requests" in ser["fix"]
+    card = Path(run_off_on["files"]["markdown"]).read_text()
+    assert "why (launch command): `the launch command sets --max-running-requests 1`" in card
+
+
+def test_serialization_quotes_the_engines_mamba_cap_and_the_setting(hybrid_sim, tmp_path):
+    opts = BenchOptions(gates=("concurrency",), runs=1, max_tokens=121, warmup=0, concurrency=(1, 2),
+                        out_dir=tmp_path / "out")
+    res = bench_endpoint(hybrid_sim.url, opts, log_path=hybrid_sim.log)
+    c = res["arms"][0]["results"]["concurrency"]
+    assert c["max_running_requests"] == 1
+    ser = next(lv for lv in c["levels"] if lv["concurrency"] == 2)["serialization"]
+    assert ser["serialized"] and ser["reason_source"] == "engine log at boot"
+    assert ser["reason"].startswith("max_running_requests is capped to 1 by the mamba state cache")
+    assert "--max-mamba-cache-size" in ser["fix"] and "need at least 6" in ser["fix"]
+    card = (tmp_path / "out" / "report.md").read_text()
+    assert "why (engine log at boot): `max_running_requests is capped to 1 by the mamba state cache" in card

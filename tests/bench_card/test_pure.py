@@ -196,3 +196,44 @@ def test_log_only_on_real_captures(name, cli, state_dir, tmp_path, monkeypatch):
 def test_log_only_period_dialect_via_library():
     sch = scheduler_summary(FileLog(CAPTURES / "decode-batch-old-period-form-eagle3-accept.txt").whole())
     assert sch["decode"]["dialects"] == ["period"] and sch["decode"]["max_running_req"] == 1
+
+
+# --------------------------------------------------------------------------- redaction by field
+
+def _capture_json(name: str) -> dict:
+    text = (Path(__file__).resolve().parents[1] / "fixtures" / "captures" / "sglang-api" / name).read_text()
+    return json.loads(text.split("\n", 3)[3].strip())
+
+
+@pytest.mark.parametrize("name", ["get_server_info-0.5.3.post3.txt", "server_info-dev-2026-04.txt"])
+def test_only_secret_fields_of_real_server_info_are_secret(name):
+    from sparkctl.bench.target import is_secret_field
+
+    info = _capture_json(name)
+    secret = {k for k in info if is_secret_field(k)}
+    assert secret <= {"api_key", "admin_api_key", "ssl_keyfile_password"} and "api_key" in secret
+    for kept in ("max_total_tokens", "max_total_num_tokens", "speculative_num_draft_tokens", "max_prefill_tokens",
+                 "bucket_time_to_first_token", "tokenizer_path", "kt_max_deferred_experts_per_token"):
+        assert not is_secret_field(kept), kept
+
+
+def test_card_keeps_capacity_and_speculative_settings_and_hides_secrets():
+    from sparkctl.bench.target import describe_server, redact_argv
+
+    info = {**_capture_json("server_info-dev-2026-04.txt"), "max_total_tokens": 131072, "max_total_num_tokens": 64832,
+            "speculative_num_draft_tokens": 8, "speculative_algorithm": "DFLASH", "api_key": "sk-live-123",
+            "launch_command": "python3 -m sglang.launch_server --api-key sk-live-123 --max-total-tokens 131072 "
+                              "--speculative-num-draft-tokens 8 --admin-api-key=adm1 --hf-token hf_abcdefghijkl "
+                              "--ssl-keyfile-password pw --my-secret s3 --foo-token t0 --bar-password p1 "
+                              "--model-path /models/sk-notakey1234 --kt-max-deferred-experts-per-token 2"}
+    d = describe_server(info)
+    assert (d["max_total_tokens"], d["max_total_num_tokens"], d["speculative_num_draft_tokens"]) == (131072, 64832, 8)
+    assert d["resolved"]["max_total_num_tokens"] == 64832
+    cmd = d["launch_command"]
+    for secret in ("sk-live-123", "adm1", "hf_abcdefghijkl", " pw ", "s3", "t0", "p1"):
+        assert secret not in cmd, secret
+    for kept in ("--max-total-tokens 131072", "--speculative-num-draft-tokens 8", "/models/sk-notakey1234",
+                 "--kt-max-deferred-experts-per-token 2", "--admin-api-key=***", "--api-key ***"):
+        assert kept in cmd, kept
+    assert redact_argv(["--max-running-requests", "1", "--api-key=k"]) == ["--max-running-requests", "1",
+                                                                          "--api-key=***"]

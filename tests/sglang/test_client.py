@@ -32,7 +32,7 @@ API_KEY = "sk-test-0123456789"
 # ----------------------------------------------------------------------------- SSE capture
 
 def test_parse_sse_capture_reasoning_frames() -> None:
-    frames = parse_sse_lines(capture_lines(SSE))
+    frames = parse_sse_lines(capture_lines(SSE, drop_cuts=True))
     assert len(frames) == 8 and not any(f.done for f in frames)
     deltas = [f.payload["choices"][0]["delta"] for f in frames]
     assert all(d["content"] is None and d["role"] is None for d in deltas)
@@ -43,7 +43,7 @@ def test_parse_sse_capture_reasoning_frames() -> None:
 
 
 def test_assemble_capture_stream_keeps_reasoning_and_times_first_reasoning_delta() -> None:
-    frames = [f for f in parse_sse_lines(capture_lines(SSE)) if f.payload["model"] == "gpt-oss"]
+    frames = [f for f in parse_sse_lines(capture_lines(SSE, drop_cuts=True)) if f.payload["model"] == "gpt-oss"]
     timed = [(10.0 + i, f) for i, f in enumerate(frames)]
     r = assemble_chat_stream(timed, t_start=9.5)
     assert r.reasoning_content == " answer: 4" and r.content == ""
@@ -345,3 +345,38 @@ def test_unreachable_server() -> None:
         with pytest.raises(SGLangAPIError) as ei:
             c.health()
         assert ei.value.status is None and f"127.0.0.1:{port}" in str(ei.value)
+
+
+# ----------------------------------------------------------------------------- protocol errors carry evidence
+
+def test_malformed_sse_raises_protocol_error_with_the_event() -> None:
+    from sparkctl.sglang.client import EndpointProtocolError
+
+    lines = capture_lines(SSE, drop_cuts=True)[:2] + ['data: {"id": "x", "choices": [', ""]
+    with pytest.raises(EndpointProtocolError) as ei:
+        parse_sse_lines(lines)
+    assert "data is not JSON" in ei.value.message and '{"id": "x", "choices": [' in ei.value.evidence
+    with pytest.raises(EndpointProtocolError) as ei:
+        parse_sse_lines(["<html>", ""])
+    assert "line 1 is no SSE field" in ei.value.message and "<html>" in ei.value.evidence
+
+
+def test_evidence_is_truncated_head_and_tail() -> None:
+    from sparkctl.sglang.responses import evidence_of
+
+    ev = evidence_of(b"A" * 5000 + b"\x00\x01" + b"Z" * 5000)
+    assert ev.startswith("received (10,002 bytes):") and "characters cut" in ev and len(ev) < 800
+    assert ev.rstrip().endswith("Z") and "AAAA" in ev and evidence_of(b"") == "received: nothing"
+
+
+def test_key_echoed_in_an_error_body_is_scrubbed() -> None:
+    import httpx
+
+    def echo(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(500, text=f"bad request, headers: {dict(request.headers)}")
+
+    with SGLangClient("http://fake", api_key=API_KEY, transport=httpx.MockTransport(echo)) as c:
+        with pytest.raises(SGLangAPIError) as ei:
+            c.generate("x")
+    assert ei.value.status == 500 and "authorization" in ei.value.render()
+    assert API_KEY not in ei.value.render() and API_KEY not in ei.value.body_tail
