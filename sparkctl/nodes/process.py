@@ -38,7 +38,7 @@ from sparkctl.nodes import procfs
 from sparkctl.nodes.logpipe import ENGINE_ENV_FILE
 from sparkctl.nodes.node_facts import NodeFacts
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
-from sparkctl.sglang.launch import SECRET_ENV, SECRETS_MOUNT, LaunchSpec, redact
+from sparkctl.sglang.launch import SECRET_ENV, SECRETS_MOUNT, LaunchSpec, redact, redact_argv
 from sparkctl.errors import StateDirError
 from sparkctl.state.files import private_dir, state_dir_error
 
@@ -108,8 +108,9 @@ class ProcessRuntime:
         return [sys.executable, "-m", "sparkctl.sim", *(_local(a, secrets_dir) for a in spec.argv[3:])]
 
     def launch_argv(self, spec: LaunchSpec, deployment_id: str) -> list[str]:
-        """The command `start` runs: the LaunchSpec's SGLang arguments, given to sparkctl's emulator (redacted)."""
-        return [spec.redact_text(a) for a in self._command(spec)]
+        """The command `start` runs: the LaunchSpec's SGLang arguments, given to sparkctl's emulator (the secret
+        flags' values redacted, by position: a number equal to a secret stays)."""
+        return redact_argv(self._command(spec), spec.secret_options)
 
     def start(self, spec: LaunchSpec, deployment_id: str) -> ProcessHandle:
         private_dir(self.log_dir)
