@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.errors import ConfigError
-from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec, redact
+from sparkctl.sglang.launch import REDACTED, SECRET_ENV, SECRETS_MOUNT, LaunchSpec, redact_argv
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Node
@@ -33,6 +33,9 @@ JIT_CACHES = (
 # start), a 0700 directory per container, files 0400, bind-mounted read-only at SECRETS_MOUNT.
 SECRETS_HOST_ROOT = "/dev/shm/sparkctl-secrets"
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Container variables that hold a credential: the LaunchSpec's, plus a launch image's API key placeholder
+# (sparkctl.images.entrypoint.SECRET_ENV).
+CONTAINER_SECRET_ENV = SECRET_ENV | {"SPARKCTL_ARG_API_KEY"}
 
 
 def container_name(cluster: str, rank: int, deployment_id: str) -> str:
@@ -91,7 +94,8 @@ class ContainerConfig:
         return "".join(f"{k}={v}\n" for k, v in sorted(self.env.items()))
 
     def redacted_env(self) -> dict[str, str]:
-        return {k: redact(v, self.secret_values) for k, v in sorted(self.env.items())}
+        """The env file's variables, the secret ones' values '***' (by name, never by what a value looks like)."""
+        return {k: REDACTED if k in CONTAINER_SECRET_ENV else v for k, v in sorted(self.env.items())}
 
 
 def container_config(spec: LaunchSpec, node: "Node", *, cluster: str, deployment_id: str, image: str,
@@ -155,8 +159,9 @@ def container_config(spec: LaunchSpec, node: "Node", *, cluster: str, deployment
         argv += ["--mount", f"type=bind,source={m['source']},target={m['target']}" + (",readonly" if m["read_only"]
                                                                                          else "")]
     # A hash of the whole (redacted) run command: a stopped container is reused only for exactly this launch.
+    # Redacted by field (the secret flags' values), so a number equal to a secret still counts.
     cmd = list(spec.argv if command is None else command)
-    shown = [spec.redact_text(a) for a in argv + [image, *cmd]]
+    shown = redact_argv(argv + [image, *cmd], spec.secret_options)
     labels["sparkctl.config-hash"] = hashlib.sha256(json.dumps(shown).encode()).hexdigest()[:16]
     argv[argv.index("--network"):argv.index("--network")] = ["--label", f"sparkctl.config-hash={labels['sparkctl.config-hash']}"]
     argv += ["--env-file", "/dev/stdin", image, *cmd]

@@ -75,7 +75,7 @@ from sparkctl.nodes.docker_logs import LOG_LOOKBACK_NS, LogEntry, _Cursor, _sinc
 from sparkctl.nodes.node_facts import NodeFacts, gather_over_ssh
 from sparkctl.nodes.runtime import DockerHandle, Liveness, sim_env
 from sparkctl.nodes.ssh import CommandResult, SSHConnector, connector_for
-from sparkctl.sglang.launch import LaunchSpec, redact
+from sparkctl.sglang.launch import LaunchSpec, redact, redact_argv
 from sparkctl.state.files import write_text_atomic
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ class DockerRuntime:
     def launch_argv(self, spec: LaunchSpec, deployment_id: str) -> list[str]:
         """The `docker run` argv `start` runs for this rank when no stopped container of the same launch exists
         (secrets are files mounted at /run/sparkctl-secrets; the environment goes over stdin)."""
-        return [spec.redact_text(a) for a in self._config(spec, deployment_id).argv]
+        return redact_argv(self._config(spec, deployment_id).argv, spec.secret_options)   # by field: numbers stay
 
     def start(self, spec: LaunchSpec, deployment_id: str) -> DockerHandle:
         """Start the rank's container (detached). Reuses a stopped container of the same deployment when it runs

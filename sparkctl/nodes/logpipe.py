@@ -22,11 +22,17 @@ handled, and none writes a traceback into the log:
 * the log cannot be written (the state directory is full): lines are dropped, not the engine; once writing
   works again one line says how many were lost.
 
-Secret values are read from SECRETS_DIR (never from argv or env).
+Secret values are read from SECRETS_DIR (never from argv or env). So is the engine's environment: the runtime
+starts this pipe with its own environment (minus secrets) and ``python -I``, never with the rank's (the profile's
+``env`` is the engine's to have, not sparkctl's: a ``PYTHONPATH`` or ``LD_PRELOAD`` there must not run code in
+the pipe), and hands the engine's over in ``SECRETS_DIR/engine-env.json`` (a JSON mapping, 0400), which the pipe
+reads, deletes, and gives the engine alone. Without that file the engine gets the pipe's own environment; a file
+that is not a mapping of strings is one line in the log and exit 126.
 """
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import resource
 import signal
@@ -42,6 +48,38 @@ from sparkctl.sglang.launch import redact
 _PR_SET_PDEATHSIG = 1
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_NOT_FOUND, EXIT_NOT_RUNNABLE = 127, 126
+ENGINE_ENV_FILE = "engine-env.json"     # in SECRETS_DIR: the engine's environment (read once, then deleted)
+
+
+class EngineEnvError(Exception):
+    """SECRETS_DIR/engine-env.json cannot be read or is not a JSON mapping of strings to strings."""
+
+
+def take_engine_env(directory: Path) -> dict[str, str] | None:
+    """The engine's environment from `directory`/engine-env.json, the file deleted once read (it lives only
+    between the runtime's start and the engine's); None when there is none. EngineEnvError when it is unusable."""
+    path = directory / ENGINE_ENV_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise EngineEnvError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read()
+    finally:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+    try:
+        env = json.loads(data)
+    except ValueError as exc:
+        raise EngineEnvError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise EngineEnvError(f"{path} is not a mapping of variable names to string values")
+    return env
 
 
 def secret_values(directory: Path) -> set[str]:
@@ -52,6 +90,8 @@ def secret_values(directory: Path) -> set[str]:
     except OSError:
         return out
     for path in paths:
+        if path.name == ENGINE_ENV_FILE:      # the engine's environment, not a secret
+            continue
         try:
             text = path.read_text(encoding="utf-8")
         except OSError:
@@ -119,7 +159,12 @@ def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
         print("usage: python -m sparkctl.nodes.logpipe LOG SECRETS_DIR -- CMD...", file=sys.stderr)
         return 2
-    log_path, secrets = Path(argv[0]), secret_values(Path(argv[1]))
+    log_path, sdir = Path(argv[0]), Path(argv[1])
+    try:
+        engine_env, env_error = take_engine_env(sdir), ""
+    except EngineEnvError as exc:
+        engine_env, env_error = None, str(exc)
+    secrets = secret_values(sdir)
     command = argv[3:]
     child: list[subprocess.Popen[bytes]] = []
 
@@ -140,10 +185,14 @@ def main(argv: list[str]) -> int:
         return EXIT_NOT_RUNNABLE
     with os.fdopen(fd, "wb", buffering=0) as fh:
         log = _Log(fh)
+        if env_error:
+            log.write(f"sparkctl logpipe: cannot start {command[0]!r}: {env_error} (exit {EXIT_NOT_RUNNABLE})\n"
+                      .encode())
+            return EXIT_NOT_RUNNABLE
         try:
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
-                                    process_group=0)
+                                    process_group=0, env=engine_env)
         except OSError as exc:
             code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_RUNNABLE
             log.write(f"sparkctl logpipe: cannot start {command[0]!r}: {exc.strerror or exc} (exit {code})\n"

@@ -13,10 +13,16 @@ Secret files (API key, HF token) never touch a disk: they live on tmpfs, under `
 ``<key of the state directory>/<deployment>/rank<N>/`` (directories 0700, files 0400: read-only even
 for the owner, replaced by unlink and create), and are removed as soon as their engine has stopped
 (`stop`), or, after a kill -9 of everything, by `cleanup_secrets` (reconcile, `down`).
+
+The engine's environment (the caller's minus secrets, the emulator knobs, the rank's `env` from the profile) is
+the engine's alone: the log pipe in front of it is sparkctl's own Python, started with the caller's environment
+minus secrets and ``python -I``; it gets the engine's environment from ``engine-env.json`` in the same secrets
+directory (0400), deletes it, and passes it to the engine only (`sparkctl.nodes.logpipe`).
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -29,9 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.nodes import procfs
+from sparkctl.nodes.logpipe import ENGINE_ENV_FILE
 from sparkctl.nodes.node_facts import NodeFacts
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
-from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec, redact
+from sparkctl.sglang.launch import SECRET_ENV, SECRETS_MOUNT, LaunchSpec, redact, redact_argv
 from sparkctl.errors import StateDirError
 from sparkctl.state.files import private_dir, state_dir_error
 
@@ -101,15 +108,17 @@ class ProcessRuntime:
         return [sys.executable, "-m", "sparkctl.sim", *(_local(a, secrets_dir) for a in spec.argv[3:])]
 
     def launch_argv(self, spec: LaunchSpec, deployment_id: str) -> list[str]:
-        """The command `start` runs: the LaunchSpec's SGLang arguments, given to sparkctl's emulator (redacted)."""
-        return [spec.redact_text(a) for a in self._command(spec)]
+        """The command `start` runs: the LaunchSpec's SGLang arguments, given to sparkctl's emulator (the secret
+        flags' values redacted, by position: a number equal to a secret stays)."""
+        return redact_argv(self._command(spec), spec.secret_options)
 
     def start(self, spec: LaunchSpec, deployment_id: str) -> ProcessHandle:
         private_dir(self.log_dir)
         log_path = self.log_dir / f"rank{spec.rank}.log"
         # The caller's environment, minus any variable holding one of the rank's secrets (HF_TOKEN, the API key's
         # variable): the engine gets those from its secret files only.
-        env = {k: v for k, v in os.environ.items() if v not in spec.secret_values}
+        own = {k: v for k, v in os.environ.items() if v not in spec.secret_values}
+        env = dict(own)
         # Knobs the caller's environment sets (tests, fault injection) win over the inventory's.
         env.update({k: v for k, v in sim_env(self.sim_knobs).items() if k not in os.environ})
         env.setdefault("SPARKCTL_SIM_SGLANG_VERSION", spec.sglang_version)
@@ -119,7 +128,11 @@ class ProcessRuntime:
         # The engine's output reaches the log through sparkctl.nodes.logpipe, which redacts secrets line by line.
         # Its stdout is the rank log from the moment it exists (it appends there itself, and its own errors land
         # there too): a later command finds a running engine by the rank log it writes (sparkctl.deploy.observe).
-        pipe = [sys.executable, "-m", "sparkctl.nodes.logpipe", str(log_path), str(sdir), "--"]
+        # The pipe is sparkctl's own code: it runs with sparkctl's environment (minus secrets), isolated (`-I`: no
+        # PYTHON* variable, no user site, no cwd on sys.path), never with the rank's; the engine's environment
+        # (the profile's env included) reaches the engine alone through a 0400 file the pipe reads and deletes.
+        helper_env = {k: v for k, v in own.items() if k not in SECRET_ENV}
+        pipe = [sys.executable, "-I", "-m", "sparkctl.nodes.logpipe", str(log_path), str(sdir), "--"]
         # One log per rank and deployment, one attempt after the other: this attempt starts at `log_offset` (after
         # a newline ending whatever a killed attempt left half-written), and the handle reads from there only.
         try:
@@ -128,11 +141,10 @@ class ProcessRuntime:
             raise state_dir_error(log_path, exc) from None
         try:
             offset = attempt_start(fd, log_path)
-            if spec.secret_files:
-                _own_private_dir(secrets_home())
-                write_secret_files(sdir, spec.secret_files)
+            _own_private_dir(secrets_home())
+            write_secret_files(sdir, {**spec.secret_files, ENGINE_ENV_FILE: json.dumps(env)})
             proc = subprocess.Popen(pipe + self._command(spec, sdir), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
-                                    env=env, start_new_session=True, close_fds=True)
+                                    env=helper_env, start_new_session=True, close_fds=True)
         except BaseException:
             self._drop_secrets(deployment_id, spec.rank)
             raise

@@ -91,7 +91,7 @@ def _runs_launch_image(env, tag: str, profile_name: str) -> None:
         assert c["Config"]["Image"] == tag
         assert labels["org.sparkctl.role"] == "launch" and labels["org.sparkctl.profile"] == profile_name
         assert len(labels["org.sparkctl.launch-spec-sha256"]) == 64
-        assert c["Config"]["Entrypoint"] == ["python3", "/etc/sparkctl/entrypoint.py"]
+        assert c["Config"]["Entrypoint"] == ["python3", "-I", "/etc/sparkctl/entrypoint.py"]
 
 
 def test_up_flag_change_up_rollback_runs_the_previous_launch_image(cli, env, state_dir):

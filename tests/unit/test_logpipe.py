@@ -94,6 +94,42 @@ def test_an_engine_that_cannot_start_is_one_line_in_the_log_and_a_shell_like_cod
         f"(exit {expected})" in text and "Traceback" not in text
 
 
+def _secrets_dir(tmp_path: Path) -> Path:
+    sdir = tmp_path / "secrets"
+    sdir.mkdir(mode=0o700)
+    (sdir / "hf-token").write_text("hf_tok-123")
+    return sdir
+
+
+def test_the_engine_gets_the_environment_file_alone_and_the_file_is_gone(tmp_path):
+    """SECRETS_DIR/engine-env.json is the engine's whole environment (not the pipe's), read once and deleted;
+    it is not taken for a secret (its values are not redacted)."""
+    import json
+
+    sdir = _secrets_dir(tmp_path)
+    env_file = sdir / "engine-env.json"
+    env_file.write_text(json.dumps({"ENGINE_ONLY": "for-the-engine", "PATH": os.environ["PATH"]}))
+    env_file.chmod(0o400)
+    show = "import os, json; print(json.dumps(sorted(os.environ.items())), flush=True)"
+    code, said = _finish(_pipe(tmp_path, show, env={**os.environ, "PIPE_ONLY": "for-the-pipe"}))
+    assert code == 0 and said == ""
+    got = dict(json.loads((tmp_path / "rank0.log").read_text()))
+    assert got.get("ENGINE_ONLY") == "for-the-engine" and "PIPE_ONLY" not in got
+    assert not env_file.exists() and {p.name for p in sdir.iterdir()} == {"hf-token"}
+
+
+@pytest.mark.parametrize("content", ["not json", "[1, 2]", '{"A": 1}', '{"A": null}'])
+def test_an_unusable_environment_file_is_one_line_and_exit_126(tmp_path, content):
+    sdir = _secrets_dir(tmp_path)
+    (sdir / "engine-env.json").write_text(content)
+    marker = tmp_path / "ran"
+    code, said = _finish(_pipe(tmp_path, f"open({str(marker)!r}, 'w')"))
+    text = (tmp_path / "rank0.log").read_text()
+    assert code == 126 and said == "" and not marker.exists()
+    assert len(text.splitlines()) == 1 and "engine-env.json" in text and "Traceback" not in text
+    assert not (sdir / "engine-env.json").exists()
+
+
 _WAITING = ("import signal, sys, time\n"
             "{handler}\nprint('up', flush=True)\n"
             "time.sleep(60)\nprint('not stopped', flush=True)")

@@ -149,3 +149,71 @@ def test_secrets_home_prefers_a_tmpfs_xdg_runtime_dir(tmp_path):
     assert secrets_home({"XDG_RUNTIME_DIR": str(shm)}) == shm / "sparkctl"                 # a tmpfs: used
     assert secrets_home({"XDG_RUNTIME_DIR": str(tmp_path)}) == shm / f"sparkctl-{os.getuid()}"   # not a tmpfs
     assert secrets_home({}) == shm / f"sparkctl-{os.getuid()}"
+
+
+# -- sparkctl's own helper (the log pipe) never runs with the rank's environment ---------------------------------
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode("utf-8", "surrogateescape").split("\0") if "=" in item)
+
+
+def _profile_with_env(tmp_path: Path, env: dict[str, str]):
+    doc = tmp_path / "profiles" / "probe.yml"
+    doc.parent.mkdir(exist_ok=True)
+    doc.write_text("description: probe\nextends: d5\nenv:\n" + "".join(f"  {k}: {v!r}\n" for k, v in env.items()))
+    return load_profile(str(doc))
+
+
+def test_the_log_pipe_never_gets_the_ranks_environment_and_the_engine_gets_all_of_it(setup, tmp_path, monkeypatch):
+    """A profile env the value policy allows reaches the engine, never the pipe: the pipe's /proc environ holds
+    none of the rank's engine variables (the profile's, the ones sparkctl sets per rank, the emulator knobs), and
+    the file that carried them to the engine is gone once the engine runs."""
+    rt, _, started = setup
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)     # the runtime sets it for the engine only
+    inv = load_inventory(tmp_path / "inventory.yml")
+    env = {"NCCL_DEBUG": "INFO", "SPARKCTL_PROBE_PROFILE_VAR": "probe-1"}
+    specs = render(_profile_with_env(tmp_path, env), inv,
+                   environ={"SPARKCTL_API_KEY": "sk-proc-rt-5150", "HF_TOKEN": "hf_procRT0042"}).specs
+    result = _boot(rt, specs, started)
+    for h in result.handles:
+        spec = next(s for s in specs if s.rank == h.rank)
+        assert env.items() <= spec.env.items() and "SGLANG_HOST_IP" in spec.env
+        engine_keys = set(spec.env) | {"SPARKCTL_SIM_CLUSTER", "SPARKCTL_SIM_SGLANG_VERSION", "PYTHONUNBUFFERED"}
+        pipe, engine = _environ(h.pid), _environ(_engine_of(h))
+        assert "sparkctl.nodes.logpipe" in procfs.cmdline(h.pid) and "-I" in procfs.cmdline(h.pid)
+        assert not engine_keys & set(pipe), sorted(engine_keys & set(pipe))
+        assert engine_keys <= set(engine) and env.items() <= engine.items()
+        assert engine["HF_TOKEN_PATH"] == str(rt.secrets_dir("dep-1", h.rank) / "hf-token")
+        for secret in ("sk-proc-rt-5150", "hf_procRT0042"):          # neither of them carries a secret
+            assert secret not in "\0".join(f"{k}={v}" for k, v in {**pipe, **engine}.items())
+        assert {p.name for p in rt.secrets_dir("dep-1", h.rank).iterdir()} == {"engine-secrets.yaml", "hf-token"}
+
+
+SITECUSTOMIZE = ("import os, sys\n"
+                 "with open(os.path.join({marks!r}, str(os.getpid())), 'w') as fh:\n"
+                 "    fh.write(' '.join(sys.orig_argv))\n")
+
+
+@pytest.mark.parametrize("where", ["rank", "rank and caller"])
+def test_a_planted_sitecustomize_runs_in_the_engine_never_in_the_pipe(setup, tmp_path, monkeypatch, where):
+    """The profile policy refuses PYTHONPATH; below it, at the runtime, a rank's env is the user's to set for the
+    engine. A LaunchSpec whose env points PYTHONPATH at a planted sitecustomize (and, in the second case, the
+    caller's own environment too): it runs in the engine (proof that it was reachable), never in the pipe."""
+    import dataclasses
+
+    rt, specs, started = setup
+    plant, marks = tmp_path / "plant", tmp_path / "marks"
+    plant.mkdir()
+    marks.mkdir()
+    (plant / "sitecustomize.py").write_text(SITECUSTOMIZE.format(marks=str(marks)))
+    if where == "rank and caller":
+        monkeypatch.setenv("PYTHONPATH", str(plant))
+    specs = [dataclasses.replace(s, env={**s.env, "PYTHONPATH": str(plant)}) for s in specs]
+    result = _boot(rt, specs, started)
+    ran = {int(p.name): p.read_text() for p in marks.iterdir()}
+    for h in result.handles:
+        engine = _engine_of(h)
+        assert "sparkctl.sim" in ran.get(engine, ""), (engine, ran)     # the engine ran it
+        assert h.pid not in ran, ran[h.pid]                              # the pipe did not
+    assert not any("logpipe" in argv for argv in ran.values()), ran
