@@ -17,7 +17,7 @@ from sparkctl.nodes.process import ProcessRuntime
 from sparkctl.nodes.ssh import CommandResult
 from sparkctl.sglang.launch import REDACTED, LaunchSpec
 from sparkctl.sglang.render import render
-from sparkctl.testing.embedded import write_embedded_inventory
+from testrig.embedded import write_embedded_inventory
 
 SECRET_FLAGS = ["--api-key", "{v}", "--admin-api-key={v}", "--ssl-keyfile-password", "{v}"]
 
