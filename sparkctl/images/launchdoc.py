@@ -21,7 +21,7 @@ import re
 from typing import Any, Sequence
 
 from sparkctl.errors import ConfigError
-from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec
+from sparkctl.sglang.launch import SECRET_ENV, SECRETS_MOUNT, LaunchSpec
 
 LAUNCH_JSON = "/etc/sparkctl/launch.json"
 SCHEMA = 1
@@ -41,28 +41,33 @@ def launch_doc(specs: Sequence[LaunchSpec], *, profile: str) -> dict[str, Any]:
     if len({len(a) for a in argvs}) != 1:
         raise ConfigError("ranks differ in argv length; a launch image needs the same flags on every rank",
                           hint="per-rank extra_args are not supported in launch images")
-    values = set().union(*(s.secret_values for s in specs))
+    secret_flags = frozenset().union(*(s.secret_options for s in specs))
 
-    def optional(token: str | None) -> bool:
-        """A secret value, or the path of a secret file (present only when the rank has that secret)."""
-        return token is not None and (token in values or token.startswith(SECRETS_MOUNT + "/"))
+    def secret_file(token: str | None) -> bool:
+        """The path of a secret file (present only when the rank has that secret)."""
+        return token is not None and token.startswith(SECRETS_MOUNT + "/")
+
+    def optional_at(i: int, tokens: tuple[str, ...]) -> bool:
+        """By field, never by value: the value of a secret flag (``--api-key X``), or a secret file's path. A number
+        that happens to equal a secret stays a plain flag value."""
+        return (i > 0 and argvs[0][i - 1] in secret_flags) or any(secret_file(t) for t in tokens)
     argv: list[Any] = []
     for i, tokens in enumerate(zip(*argvs)):
-        if len(set(tokens)) == 1 and not any(optional(t) for t in tokens):
+        if len(set(tokens)) == 1 and not optional_at(i, tokens):
             argv.append(tokens[0])
             continue
         flag = argvs[0][i - 1] if i else ""
         if not flag.startswith("--") or any(t.startswith("--") for t in tokens):
             raise ConfigError(f"rank-specific token {tokens[0]!r} at argv[{i}] is not a flag value",
                               hint="only flag values may differ between ranks")
-        secret = any(optional(t) for t in tokens)
+        secret = optional_at(i, tokens)
         # a secret flag is dropped with its value when the container has no value for it (as render does)
         argv.append({"env": _arg_env(flag), **({"optional": True} if secret else {})})
     keys = set().union(*(s.env for s in specs))
     env, rank_env, optional_env = {}, [], []
     for key in sorted(keys):
         seen = {s.env.get(key) for s in specs}
-        if any(optional(v) for v in seen):
+        if key in SECRET_ENV or any(secret_file(v) for v in seen):
             optional_env.append(key)
         elif len(seen) == 1 and None not in seen:
             env[key] = seen.pop()

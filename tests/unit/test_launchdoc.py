@@ -64,3 +64,17 @@ def test_spec_of_another_profile_is_refused():
     spec = render(load_profile("dflash-off"), INV, environ={}).specs[0]
     with pytest.raises(ConfigError, match="does not match the launch image of profile d5"):
         launchdoc.rank_environment(_doc(), spec)
+
+
+def test_secret_positions_are_found_by_field_not_by_value():
+    """Every plain value of the rendered argv, taken in turn as the API key and the HF token, leaves the document's
+    placeholders as they are: a number equal to a secret stays a baked flag value (redaction by field)."""
+    unique = {"SPARKCTL_API_KEY": "k-unique-123", "HF_TOKEN": "hf-unique-456"}
+    baseline = launchdoc.launch_doc(render(load_profile("d5"), INV, environ=unique).specs, profile="d5")
+    values = {t for t in baseline["argv"] if isinstance(t, str) and not t.startswith("-")}
+    assert "8" in values or len(values) > 10   # the D5 argv carries numbers such as the draft-token count
+    for value in sorted(values):
+        specs = render(load_profile("d5"), INV, environ={"SPARKCTL_API_KEY": value, "HF_TOKEN": value}).specs
+        doc = launchdoc.launch_doc(specs, profile="d5")
+        assert doc["argv"] == baseline["argv"], value
+        assert doc["optional_env"] == baseline["optional_env"] and doc["env"] == baseline["env"], value
