@@ -36,12 +36,15 @@ class RankWatch:
     follower: LogFollower = field(default_factory=LogFollower)
     offset: int = 0
     announced: set[EventKind] = field(default_factory=set)
+    cap_line: str | None = None          # the engine's own line saying it caps concurrency (mamba state cache)
 
     def poll(self) -> None:
         reporter = self.reporter
         text, self.offset = self.runtime.read_log(self.handle, self.offset)
         for line in text.splitlines():
             for ev in self.follower.feed(line):
+                if ev.kind is EventKind.MAMBA_CAP_WARNING and self.cap_line is None:
+                    self.cap_line = ev.message
                 if ev.kind in _ANNOUNCE and ev.kind not in self.announced:
                     self.announced.add(ev.kind)
                     extra = ""

@@ -74,6 +74,22 @@ class Intent(_Record):
     engine: str | None = None          # container name (docker) or "pid N" once known (process)
 
 
+class JournalEntry(_Record):
+    """One line of a deployment's journal: before a step's effect what is about to happen and where (`intent`),
+    after it what happened (`ok`, `noop` with its reason, `failed` with the error)."""
+
+    step: str
+    phase: str                         # intent | ok | noop | failed
+    at: str
+    what: str = ""
+    nodes: list[str] = Field(default_factory=list)
+    detail: str | None = None
+
+    def line(self) -> str:
+        where = f" on {', '.join(self.nodes)}" if self.nodes else ""
+        return f"{self.at} {self.step} {self.phase}{where}: {self.detail or self.what}"
+
+
 class RestoreEntry(_Record):
     at: str
     after: str
@@ -98,6 +114,7 @@ class DeploymentRecord(_Record):
     created: str
     updated: str | None = None
     stages: list[StageEntry] = Field(default_factory=list)
+    journal: list[JournalEntry] = Field(default_factory=list)
     preflight: list[dict[str, Any]] = Field(default_factory=list)
     image_ids: dict[str, str] = Field(default_factory=dict)      # node -> ID of the image its rank runs
     images: dict[str, dict[str, str]] = Field(default_factory=dict)   # node -> engine_tag/_id, launch_tag/_id

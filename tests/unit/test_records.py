@@ -30,14 +30,47 @@ def test_a_record_of_the_wrong_shape_is_a_ledger_error_naming_the_file(tmp_path,
     assert path.read_text() == text          # reported, not replaced
 
 
-@pytest.mark.parametrize("text", ["[]", "{}", '{"history": "x"}', '{"history": [], "active": 5}'])
-def test_a_cluster_index_of_the_wrong_shape_is_a_ledger_error(tmp_path, text):
+@pytest.mark.parametrize("text", ["[]", "{}", '{"history": "x"}', '{"history": [], "active": 5}', '{"hist', None])
+def test_a_cluster_index_missing_truncated_or_of_the_wrong_shape_is_rebuilt_from_the_records(tmp_path, text):
+    """cluster.json is a cache of the records: never read as "nothing deployed", rewritten from them."""
     ledger = Ledger(tmp_path / "c")
-    ledger.root.mkdir(parents=True)
-    ledger.index_path.write_text(text)
-    with pytest.raises(LedgerError) as exc:
-        ledger.active()
-    assert exc.value.where == str(ledger.index_path)
+    for dep_id, status, handed in (("20260101T000000Z-d5-0001", Status.SUPERSEDED, "t"),
+                                   ("20260101T000001Z-d5-0002", Status.SUCCESSFUL, "t"),
+                                   ("20260101T000002Z-d5-0003", Status.FAILED, None)):
+        ledger.save(_record(dep_id, status=status, handed_off=handed))
+    if text is None:
+        ledger.index_path.unlink(missing_ok=True)
+    else:
+        ledger.index_path.write_text(text)
+    assert ledger.active().id == "20260101T000001Z-d5-0002"
+    assert ledger.index()["history"] == ["20260101T000000Z-d5-0001", "20260101T000001Z-d5-0002",
+                                         "20260101T000002Z-d5-0003"]
+    ledger.sync_index()
+    assert json.loads(ledger.index_path.read_text()) == ledger.index()
+
+
+def test_the_active_deployment_is_derived_from_the_records_alone(tmp_path):
+    ledger = Ledger(tmp_path / "c")
+    ledger.save(_record("20260101T000000Z-d5-0001", status=Status.SUCCESSFUL, handed_off="t"))
+    assert ledger.active_id() == "20260101T000000Z-d5-0001"
+    # a newer one handed off in one write (its controller died before marking the old one superseded)
+    ledger.save(_record("20260101T000001Z-d5-0002", status=Status.SUCCESSFUL, handed_off="t"))
+    assert ledger.active_id() == "20260101T000001Z-d5-0002"
+    # a newer one that never took over is passed over; one that failed after taking over ends the walk
+    ledger.save(_record("20260101T000002Z-d5-0003", status=Status.INTERRUPTED))
+    assert ledger.active_id() == "20260101T000001Z-d5-0002"
+    ledger.save(_record("20260101T000001Z-d5-0002", status=Status.STOPPED, handed_off="t"))
+    assert ledger.active_id() is None
+    ledger.save(_record("20260101T000003Z-d5-0004", status=Status.RECOVERED))
+    assert ledger.active_id() == "20260101T000003Z-d5-0004"
+
+
+def test_a_bench_arm_is_never_a_rollback_target(tmp_path):
+    ledger = Ledger(tmp_path / "c")
+    ledger.save(_record("20260101T000000Z-d5-0001", status=Status.SUPERSEDED, handed_off="t"))
+    ledger.save(_record("20260101T000001Z-d5-0002", status=Status.SUPERSEDED, handed_off="t", kind="bench-compare"))
+    ledger.save(_record("20260101T000002Z-d5-0003", status=Status.SUCCESSFUL, handed_off="t", kind="bench-restore"))
+    assert ledger.known_good(exclude=ledger.active_id(), rollback=True).id == "20260101T000000Z-d5-0001"
 
 
 def test_known_good_follows_the_status():
