@@ -88,3 +88,18 @@ def stop_engine(d: Cluster, engine: Engine, *, remove: bool = True) -> str | Non
     except SparkctlError as exc:
         return exc.message
     return None
+
+
+def unrecorded(d: Cluster, engines: list[Engine]) -> None:
+    """LedgerError (exit 6, pointing to `sparkctl repair`) when a running engine's deployment has no record:
+    the ledger lost it (moved, deleted), and its engines must not be read as "nothing deployed" nor stopped as
+    orphans."""
+    from sparkctl.errors import LedgerError
+    from sparkctl.state.ledger import REPAIR_HINT
+
+    known = set(d.ledger.record_ids())
+    lost = sorted({e.deployment for e in engines if e.running and e.deployment not in known})
+    if lost:
+        raise LedgerError(f"engines of {', '.join(lost)} run but the ledger has no record of "
+                          f"{'it' if len(lost) == 1 else 'them'}", where=str(d.ledger.root / "deployments"),
+                          hint=REPAIR_HINT)

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import mark_superseded
-from sparkctl.deploy.observe import Engine, observe, stop_engine
+from sparkctl.deploy.observe import Engine, observe, stop_engine, unrecorded
 from sparkctl.errors import SparkctlError
 from sparkctl.sglang.client import SGLangAPIError
 from sparkctl.state.controller import controller_alive, live_lock_holder
@@ -102,6 +102,7 @@ def reconcile(d: Cluster, command: str) -> Reconciled:
     dead = interrupted(d.ledger, locked=True)
     unreachable: list[str] = []
     found = [e for e in observe(d, unreachable) if e.running]
+    unrecorded(d, found)
     for why in unreachable:   # the command goes on: its own checks (preflight) name the node properly
         say(f"could not look for leftover engines on {why}")
     lines: list[str] = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import stop_engines
-from sparkctl.deploy.observe import observe, stop_engine
+from sparkctl.deploy.observe import observe, stop_engine, unrecorded
 from sparkctl.deploy.reconcile import controller_text, interrupted, reconcile, stage_of
 from sparkctl.deploy.results import DownResult, InProgress, InterruptedView, StatusResult
 from sparkctl.deploy.steps import boundary
@@ -75,8 +75,9 @@ def status(c: Cluster, *, unfinished_compare: str | None = None) -> StatusResult
                 stage_of(newest)
     dead = interrupted(c.ledger, locked=False)
     views: list[InterruptedView] = []
+    running = [e for e in observe(c, []) if e.running]     # the records and what runs, read together
+    unrecorded(c, running)
     if dead:
-        running = [e for e in observe(c, []) if e.running]
         views = [InterruptedView(deployment=r.id, profile=r.profile, stage=stage_of(r), detail=controller_text(r),
                                  controller_pid=r.controller.pid if r.controller else None,
                                  ranks_alive=sorted({e.handle.rank for e in running
