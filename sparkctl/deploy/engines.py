@@ -13,6 +13,32 @@ from sparkctl.state.ledger import now_iso
 from sparkctl.state.records import DeploymentRecord, Status
 
 
+def forget_secrets(c: Cluster, dep_id: str) -> None:
+    """Remove the secret files of a deployment none of whose engines runs any more (idempotent).
+
+    The runtimes own them (`Runtime.cleanup_secrets` where the runtime has it); the ledger's own directory for
+    the process runtime (``<state>/secrets/<id>``) is removed here otherwise."""
+    import shutil
+    for node in c.inventory.nodes:
+        rt = c.runtimes(dep_id).for_node(node)
+        cleanup = getattr(rt, "cleanup_secrets", None)
+        if cleanup is not None:
+            cleanup(dep_id)
+    shutil.rmtree(c.ledger.root / "secrets" / dep_id, ignore_errors=True)
+
+
+def sweep_secrets(c: Cluster, running: set[str]) -> None:
+    """After a kill -9: the secret files of every deployment with no running engine (`running`: ids that run)."""
+    root = c.ledger.root / "secrets"
+    try:
+        ids = [p.name for p in root.iterdir() if p.is_dir()]
+    except OSError:
+        return
+    for dep_id in ids:
+        if dep_id not in running:
+            forget_secrets(c, dep_id)
+
+
 def stop_engines(c: Cluster, record: DeploymentRecord, *, keep: bool) -> None:
     """Stop every rank of a deployment, all nodes in parallel; `keep` leaves them restartable (containers kept)."""
     rts = c.runtimes(record.id)
@@ -28,6 +54,7 @@ def stop_engines(c: Cluster, record: DeploymentRecord, *, keep: bool) -> None:
         if o.error is not None and isinstance(o.error, SparkctlError):
             c.reporter.event(f"could not stop rank {o.item.rank}: {o.error.message}", o.item.node)
     raise_first(outcomes)
+    forget_secrets(c, record.id)     # a restart writes them again
 
 
 def stop_started(c: Cluster, started: list[tuple[Runtime, Handle]]) -> None:
@@ -36,7 +63,10 @@ def stop_started(c: Cluster, started: list[tuple[Runtime, Handle]]) -> None:
         rt, handle = item
         rt.stop(handle)
         rt.remove(handle)
-    for o in fan_out(sorted(started, key=lambda x: x[1].rank), stop):
+    outcomes = fan_out(sorted(started, key=lambda x: x[1].rank), stop)
+    if outcomes and all(o.ok for o in outcomes):
+        forget_secrets(c, started[0][1].deployment)
+    for o in outcomes:
         rank, node = o.item[1].rank, o.item[1].node
         if o.error is None:
             c.reporter.event(f"rank {rank} of the failed deployment stopped", node)

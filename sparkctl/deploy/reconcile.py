@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from sparkctl.deploy.cluster import Cluster
-from sparkctl.deploy.engines import mark_superseded
+from sparkctl.deploy.engines import mark_superseded, sweep_secrets
 from sparkctl.deploy.observe import Engine, observe, stop_engine, unrecorded
 from sparkctl.errors import SparkctlError
 from sparkctl.sglang.client import SGLangAPIError
@@ -107,6 +107,7 @@ def reconcile(d: Cluster, command: str) -> Reconciled:
         say(f"could not look for leftover engines on {why}")
     lines: list[str] = []
     stopped: list[str] = []
+    unstoppable: set[str] = set()
     adopted = None
     active_id = d.ledger.active_id()
     if dead or any(e.deployment != active_id for e in found):
@@ -118,6 +119,8 @@ def reconcile(d: Cluster, command: str) -> Reconciled:
             line = f"stopped {e.describe()}: {why}" if err is None else f"could not stop {e.describe()}: {err}"
             if err is None:
                 stopped.append(e.describe())
+            else:
+                unstoppable.add(e.deployment)
             lines.append(line)
             say(line)
 
@@ -173,6 +176,7 @@ def reconcile(d: Cluster, command: str) -> Reconciled:
     orphans = [e for e in found if e.deployment != active_id]
     if orphans:
         stop_all(orphans, "an orphan (not the active deployment's engine; its ledger record is not in progress)")
+    sweep_secrets(d, {i for i in (active_id, adopted) if i} | unstoppable)
     d.ledger.sync_index()
     return Reconciled(lines=lines, adopted=adopted, stopped=stopped)
 

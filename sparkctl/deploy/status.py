@@ -7,7 +7,7 @@ holder), any deployment whose controller died, and a comparison that did not fin
 from __future__ import annotations
 
 from sparkctl.deploy.cluster import Cluster
-from sparkctl.deploy.engines import stop_engines
+from sparkctl.deploy.engines import stop_engines, sweep_secrets
 from sparkctl.deploy.observe import observe, stop_engine, unrecorded
 from sparkctl.deploy.reconcile import controller_text, interrupted, reconcile, stage_of
 from sparkctl.deploy.results import DownResult, InProgress, InterruptedView, StatusResult
@@ -49,6 +49,7 @@ def down(c: Cluster, *, unfinished_compare: str | None = None) -> DownResult:
                 engines.append(e.describe())
     for why in unreachable:
         c.reporter.event(f"could not look for engines on {why}: run `sparkctl down` again once it answers")
+    sweep_secrets(c, set())
     boundary("down", "stop-rest", "after")
     c.ledger.sync_index()
     if not active and not engines:
