@@ -118,6 +118,12 @@ def _check_invariants(m: Matrix, point: str, before: set[str]) -> None:
         ledger.load(dep_id)
     # I1 / I3: status exit 0 only if the active deployment serves with its settings in force
     code, out, err = m.run("status", "--json")
+    if point.startswith("repair:") and code == 6:
+        # the damage repair was fixing is still there: status names it and the way out, and that way converges
+        assert "run `sparkctl repair`" in err, f"{point}: {err}"
+        code, out, err = m.run("repair", "--yes", "--json")
+        assert code == 0, f"{point}: repair after the crash exited {code}: {err}"
+        code, out, err = m.run("status", "--json")
     assert code in (0, 8), f"{point}: status exit {code}: {err}"
     st = json.loads(out)
     if code == 0 and st["active"]:
