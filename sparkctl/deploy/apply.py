@@ -56,7 +56,10 @@ class Journal:
             return
         try:
             self.c.ledger.save(self.record)
-        except LedgerError as exc:
+        except (LedgerError, OSError) as exc:
+            if isinstance(exc, OSError):     # until every write in state/files.py names its error itself
+                from sparkctl.state.files import state_dir_error
+                exc = state_dir_error(self.c.ledger.root, exc)
             self.disk_error = exc
             last = self.record.journal[-1].line() if self.record.journal else "(journal empty)"
             print(f"sparkctl: the state directory failed mid-way ({exc.message}); journal tail, kept in memory: "
