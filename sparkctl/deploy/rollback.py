@@ -114,7 +114,7 @@ def rollback_target(ledger: Ledger) -> DeploymentRecord | None:
 
 
 def no_target_error(ledger: Ledger) -> ConfigError:
-    return ConfigError("nothing to roll back to: no earlier known-good deployment is recorded and the active "
-                       "profile names no rollback_profile; nothing was changed", where=str(ledger.root),
+    return ConfigError("nothing to roll back to: no earlier known-good deployment is recorded; nothing was changed "
+                       "(and no active profile names a rollback_profile)", where=str(ledger.root),
                        hint="name the profile to go to: sparkctl rollback --to PROFILE (e.g. dflash-off; "
                             "`sparkctl profiles` lists them)")
