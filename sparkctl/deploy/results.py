@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sparkctl.deploy.cluster import RankHealth
 from sparkctl.deploy.reconcile import Reconciled
+from sparkctl.state.records import Capacity, GateResult, NodeImages, Warmup
 
 
 class _Result(BaseModel):
@@ -60,11 +61,11 @@ class UpResult(_Result):
     deployment: str | None = None
     endpoint: str | None = None
     reason: str | None = None
-    capacity: dict[str, Any] | None = None
+    capacity: Capacity | None = None
     concurrency: Concurrency | None = None
-    gates: list[dict[str, Any]] | None = None
+    gates: list[GateResult] | None = None
     stages: list[dict[str, Any]] | None = None
-    warmup: dict[str, Any] | None = None
+    warmup: Warmup | None = None
     elapsed_s: float | None = None
     reconciled: Reconciled | None = None
     next_commands: list[str] = Field(default_factory=list)
@@ -115,9 +116,9 @@ class StatusResult(_Result):
     sglang_version: str | None = None
     images: list[str] = Field(default_factory=list)
     image_ids: dict[str, str] = Field(default_factory=dict)
-    images_per_node: dict[str, dict[str, str]] = Field(default_factory=dict)
+    images_per_node: dict[str, NodeImages] = Field(default_factory=dict)
     since: str | None = None
-    capacity: dict[str, Any] | None = None
+    capacity: Capacity | None = None
     detail: str | None = None
     in_progress: InProgress | None = None
     interrupted: list[InterruptedView] = Field(default_factory=list)

@@ -113,3 +113,27 @@ def test_keys_a_newer_sparkctl_wrote_survive_a_round_trip(tmp_path):
     rec = ledger.load("x")
     ledger.save(rec)
     assert json.loads(ledger.deployment_path("x").read_text())["annotations"] == [{"rank": 0}]
+
+
+def test_a_record_written_by_the_landed_code_still_loads_and_round_trips(tmp_path):
+    """tests/lifecycle/fixtures/record-landed-d5.json was written by `sparkctl up --profile d5` of the code landed
+    before the typed record (gates, checks, specs, capacity, warm-up and images were dicts then)."""
+    from pathlib import Path
+    from sparkctl.state.records import Capacity, CheckResult, GateResult, RankSpec, Warmup
+
+    fixture = Path(__file__).resolve().parents[1] / "lifecycle" / "fixtures" / "record-landed-d5.json"
+    data = json.loads(fixture.read_text())
+    ledger = Ledger(tmp_path / "c")
+    ledger.deployment_path(data["id"]).parent.mkdir(parents=True)
+    ledger.deployment_path(data["id"]).write_text(fixture.read_text())
+    rec = ledger.load(data["id"])
+    assert isinstance(rec.gates[0], GateResult) and rec.gates[0].name == "health" and rec.gates[0].ok
+    assert isinstance(rec.preflight[0], CheckResult) and isinstance(rec.specs[0], RankSpec)
+    assert isinstance(rec.capacity, Capacity) and rec.capacity.max_running_requests == 1
+    assert isinstance(rec.warmup, Warmup) and rec.warmup.cold.completion_tokens == 800
+    assert rec.specs[0]["api_host"] == data["specs"][0]["api_host"] and rec.capacity.get("context_len") == 65536
+    assert ledger.active_id() == data["id"] and rec.known_good
+    ledger.save(rec)
+    again = json.loads(ledger.deployment_path(data["id"]).read_text())
+    assert again["gates"] == data["gates"] and again["specs"] == data["specs"] and again["warmup"] == data["warmup"]
+    assert again["capacity"] == data["capacity"] and again["preflight"] == data["preflight"]
