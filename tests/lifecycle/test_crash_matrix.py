@@ -101,10 +101,12 @@ def _scenario(command: str, step: str) -> tuple[list[str], str]:
         return ["down", "--yes", "--json"], "d5"
     if command == "repair":
         return ["repair", "--yes", "--json"], "d5"
+    if command == "bench-compare":
+        return ["bench", "--compare", "dflash-off", "--gates", "cold", "--warmup", "0", "--json"], "d5"
     raise AssertionError(command)
 
 
-POINTS = [p for p in crash_points() if p[0] != "bench-compare"]
+POINTS = list(crash_points())
 
 
 def _check_invariants(m: Matrix, point: str, before: set[str]) -> None:
@@ -131,9 +133,14 @@ def _check_invariants(m: Matrix, point: str, before: set[str]) -> None:
     if not st["active"] or not m.serves(st["endpoint"]):
         assert code == 8 or not st["active"] and st["ok"], f"{point}: {out}"
         assert not st["healthy"], f"{point}: healthy while nothing serves: {out}"
-    # I4: the last known-good deployment is serving or restorable (its record loads, its profile renders here)
+    if point.startswith("bench-compare:") and code == 8 and st["unfinished_compare"]:
+        assert "did not finish" in st["unfinished_compare"], out
+    # I4: the last known-good deployment is serving or restorable (its record loads, its profile renders here);
+    # a bench arm is never what a plain rollback goes to
     good = ledger.known_good()
     assert good is not None, f"{point}: no known-good deployment left"
+    target = ledger.known_good(exclude=ledger.active_id(), rollback=True)
+    assert target is None or target.kind != "bench-compare", f"{point}: rollback would go to the bench arm"
     Cluster(load_inventory(m.inv)).render(Profile.model_validate(good.profile_data))
     # I2 / I3: the next `up` exits 0, converges, and says healthy/unchanged only when it serves
     code, out, err = m.run("up", "--profile", "d5", "--yes", "--json")
@@ -142,6 +149,7 @@ def _check_invariants(m: Matrix, point: str, before: set[str]) -> None:
     assert res["outcome"] in ("deployed", "unchanged") and m.serves(res["endpoint"], "DFLASH"), f"{point}: {out}"
     code, out, err = m.run("status", "--json")
     assert code == 0 and json.loads(out)["healthy"], f"{point}: not converged: {out} {err}"
+    assert json.loads(out)["unfinished_compare"] is None, out
     # I5: no secret file left for a deployment none of whose engines runs
     from sparkctl.deploy.observe import process_engines
     running = {e.deployment for e in process_engines(Cluster(load_inventory(m.inv)))}
@@ -175,4 +183,4 @@ def test_sigkill_at_every_step_boundary(matrix, command, step, when):
 
 def test_the_matrix_covers_every_step_of_every_command():
     covered = {(c, s) for c, s, _ in POINTS}
-    assert covered == {(c, s) for c, steps in COMMANDS.items() if c != "bench-compare" for s in steps}
+    assert covered == {(c, s) for c, steps in COMMANDS.items() for s in steps}
