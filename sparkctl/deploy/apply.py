@@ -285,8 +285,8 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
             j.save()
             try:
                 c.ledger.sync_index()
-            except SparkctlError:
-                pass
+            except (SparkctlError, OSError):
+                pass     # a cache: rebuilt by the next command that has room
         if record.restored:
             said = f"; restored {record.restored}"
         elif record.restore_error:

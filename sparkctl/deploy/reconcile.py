@@ -173,12 +173,29 @@ def reconcile(d: Cluster, command: str) -> Reconciled:
     active_id = d.ledger.active_id()
     if active_id:
         finish_hand_off(d, active_id, say, lines)
+        refresh_handles(d, active_id, [e for e in found if e.deployment == active_id], say, lines)
     orphans = [e for e in found if e.deployment != active_id]
     if orphans:
         stop_all(orphans, "an orphan (not the active deployment's engine; its ledger record is not in progress)")
     sweep_secrets(d, {i for i in (active_id, adopted) if i} | unstoppable)
     d.ledger.sync_index()
     return Reconciled(lines=lines, adopted=adopted, stopped=stopped)
+
+
+def refresh_handles(d: Cluster, active_id: str, engines: list[Engine], say: Any, lines: list[str]) -> None:
+    """The active deployment's engines as found on the nodes, written to its record when it names others (a
+    restore that ran without the disk restarted them)."""
+    if not engines:
+        return
+    rec = d.ledger.load(active_id)
+    found = sorted((e.handle for e in engines), key=lambda h: -h.rank)
+    if {(h.rank, h.where) for h in found} == {(h.rank, h.where) for h in rec.handles}:
+        return
+    rec.handles = found
+    d.ledger.save(rec)
+    line = f"recorded the running engines of {active_id}: " + ", ".join(f"rank {h.rank} {h.where}" for h in found)
+    say(line)
+    lines.append(line)
 
 
 def finish_hand_off(d: Cluster, active_id: str, say: Any, lines: list[str]) -> None:

@@ -55,3 +55,46 @@ def test_a_read_only_state_directory_is_exit_6_naming_it(cli, local_cluster, tmp
         assert "Traceback" not in err
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_record_write_failing_mid_way_stops_the_new_engines_and_restores_without_the_ledger(
+        cli, local_cluster, faulty_profile):
+    """The deployment records become unwritable (a read-only bind mount over deployments/) while the new
+    deployment boots: the next journal write fails, the new engines are stopped, the previous deployment comes
+    back without a single ledger write, the exit is 6 with the journal's last line on stderr.
+
+    (The engines' own logs and secret files live in the state directory too: a restore on a completely full
+    file system needs the runtime to keep those elsewhere, see the report; the records are what this layer
+    writes.)"""
+    from sparkctl.state.ledger import Ledger
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.testing.controller import SparkctlProcess
+
+    _root_or_skip()
+    code, out, err = cli("up", "--profile", "d5", "--yes", "--json")
+    assert code == 0, err
+    prev = json.loads(out)["deployment"]
+    deployments = Ledger.for_cluster(load_inventory(local_cluster).cluster.name).root / "deployments"
+    mounted = False
+    try:
+        with SparkctlProcess(["up", "--profile", faulty_profile({"boot_s": 1.5}, base="dflash-off"), "--yes"]) as run:
+            run.wait_for(r"rank 0 started")
+            subprocess.run(["mount", "--bind", str(deployments), str(deployments)], check=True)
+            mounted = True
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(deployments)], check=True)
+            code = run.wait()
+        err = run.stderr
+        assert code == 6, err
+        assert "journal tail, kept in memory" in err and f"restored {prev}" in err and "Traceback" not in err, err
+        code, out, err = cli("status", "--json")              # read-only: answers, and tells the truth
+        st = json.loads(out)
+        assert code in (0, 8) and st["active"] == prev and st["healthy"], out + err
+        subprocess.run(["umount", str(deployments)], check=True)
+        mounted = False
+        code, out, err = cli("up", "--profile", "d5", "--yes", "--json")   # writable again: converges
+        assert code == 0 and json.loads(out)["outcome"] == "unchanged", err
+        code, out, err = cli("status")
+        assert code == 0 and "healthy" in out, out
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(deployments)], check=False)
