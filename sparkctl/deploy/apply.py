@@ -204,10 +204,14 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
         record.status, record.finished = Status.SUCCESSFUL, now_iso()
         record.elapsed_s, record.handed_off = total.elapsed(), now_iso()
         j.entry("hand-off", "intent", f"make {dep_id} the active deployment", nodes_of)
-        c.ledger.save(record)
-        if active and active.id != dep_id:
-            mark_superseded(c, active, dep_id)
-        c.ledger.sync_index()
+        c.ledger.save(record)        # from here on it is handed off: what follows is tidying
+        try:
+            if active and active.id != dep_id:
+                mark_superseded(c, active, dep_id)
+            c.ledger.sync_index()
+        except (LedgerError, OSError) as exc:   # the next command's reconcile finishes it (finish_hand_off)
+            c.reporter.event(f"note: could not mark {active.id if active else '-'} superseded yet ({exc}); "
+                             f"the next command finishes it")
         c.reporter.event(f"{record.endpoint} serves {profile.model.served_name} ({profile.name}, "
                          f"deployment {dep_id})")
 

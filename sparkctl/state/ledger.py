@@ -90,6 +90,22 @@ def _validated(model: type[Any], data: Any, path: Path) -> Any:
                           hint=REPAIR_HINT) from None
 
 
+WRITE_FAULT_ENV = "SPARKCTL_FULL_FROM_WRITE"   # tests: every record write from the Nth on fails as on a full disk
+_writes = [0]
+
+
+def _write_fault(path: Path) -> None:
+    """Tests only (`SPARKCTL_FULL_FROM_WRITE=N`): the Nth record write of this process and every later one fail
+    exactly as a full file system makes them fail (ENOSPC, named by the state-directory error)."""
+    want = os.environ.get(WRITE_FAULT_ENV)
+    if not want:
+        return
+    _writes[0] += 1
+    if _writes[0] >= int(want):
+        import errno
+        raise state_dir_error(path.parent, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)))
+
+
 class Ledger:
     """Records of one cluster. Example: ``Ledger.for_cluster("local").active()``."""
 
@@ -191,6 +207,7 @@ class Ledger:
         return f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{profile}-{secrets.token_hex(2)}"
 
     def save(self, record: DeploymentRecord) -> None:
+        _write_fault(self.deployment_path(record.id))
         record.updated = now_iso()
         write_json_atomic(self.deployment_path(record.id), record.as_json())
 

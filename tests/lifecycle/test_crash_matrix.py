@@ -184,3 +184,34 @@ def test_sigkill_at_every_step_boundary(matrix, command, step, when):
 def test_the_matrix_covers_every_step_of_every_command():
     covered = {(c, s) for c, s, _ in POINTS}
     assert covered == {(c, s) for c, steps in COMMANDS.items() for s in steps}
+
+
+def test_the_state_directory_full_from_each_record_write_of_up_on(matrix):
+    """The file system fills up at each record write of an `up` in turn (every write from the Nth fails with
+    ENOSPC): exit 6 naming the state directory, never 70 or a traceback, and I1-I5 hold after each. The points
+    are the writes themselves: N grows until the `up` makes fewer writes than N (it then succeeds)."""
+    from sparkctl.state.ledger import WRITE_FAULT_ENV
+
+    m = matrix
+    n, codes = 0, []
+    while True:
+        n += 1
+        code, out, err = m.run("up", "--profile", "d5", "--yes", "--json")
+        assert code == 0, err
+        env_before = dict(m.env)
+        m.env[WRITE_FAULT_ENV] = str(n)
+        try:
+            code, out, err = m.run("up", "--profile", "dflash-off", "--yes", "--json")
+        finally:
+            m.env = env_before
+        codes.append(code)
+        assert code in (0, 6), f"write {n}: exit {code}:\n{err[-3000:]}"
+        assert "Traceback" not in err and "internal error" not in err, f"write {n}:\n{err[-3000:]}"
+        if code == 6:
+            assert "No space left on device" in err, err
+        _check_invariants(m, f"full-from-write-{n}", set(m.ledger.record_ids()) - {"x"})
+        if code == 0:
+            break
+        assert n < 60, "an up that never stops writing"
+    print(f"state directory full from each of {n - 1} record writes of an up, then none: exits {codes}")
+    assert codes[:-1] == [6] * (n - 1) and n > 5, codes
