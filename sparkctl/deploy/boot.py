@@ -94,7 +94,7 @@ _HINTS = {
 
 
 def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deployment_id: str, reporter: Reporter,
-         *, timeout_s: float, worker_grace_s: float = 0.3,
+         *, timeout_s: float, worker_grace_s: float = 0.0,
          started: list[tuple[Runtime, Handle]] | None = None,
          ready_probe: Callable[[], bool] | None = None,
          on_start: Callable[[LaunchSpec, Handle | None], None] | None = None) -> BootResult:
@@ -120,8 +120,9 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
         watches.append(watch)
         reporter.event(f"rank {spec.rank} started ({handle.where})", spec.node)
         if spec.rank != 0:
-            # Give the worker a moment: a rank that dies at once (bad flag, missing model) is caught here.
-            # It may go on as soon as SGLang accepted its arguments (the server_args line), at most the grace.
+            # With a grace (default none): give the worker a moment before the next start, until SGLang accepted
+            # its arguments (the server_args line). Without one, a rank that dies at once (bad flag, missing
+            # model) is caught by the wait below, which checks every rank, highest first, on each poll.
             deadline = time.monotonic() + worker_grace_s
             while time.monotonic() < deadline:
                 _check(watch, t0)
