@@ -11,6 +11,7 @@ Layout (all files mode 0600, directories 0700; `private_dir` tightens sparkctl's
         logs/<id>/rank<N>.log     engine logs of the process runtime (secrets redacted), archived docker logs
         secrets/<id>/rank<N>/     the process runtime's secret files (0400), removed with the engine
         lock, lock.holder         the cluster lock and who holds it (pid, host, pid start time, command)
+        compare.json              a `bench --compare` in progress: what it will restore (deploy/compare.py)
         damaged/                  records `sparkctl repair` moved aside (kept, never deleted)
 
 Writes are atomic (temp file + fsync + rename). Records are typed (`sparkctl.state.records`): a missing
