@@ -188,8 +188,9 @@ def refresh_handles(d: Cluster, active_id: str, engines: list[Engine], say: Any,
     if not engines:
         return
     rec = d.ledger.load(active_id)
-    found = sorted((e.handle for e in engines), key=lambda h: -h.rank)
-    if {(h.rank, h.where) for h in found} == {(h.rank, h.where) for h in rec.handles}:
+    by_rank = {e.handle.rank: e.handle for e in engines}
+    found = sorted((by_rank.get(h.rank, h) for h in rec.handles), key=lambda h: -h.rank)
+    if [h.where for h in found] == [h.where for h in sorted(rec.handles, key=lambda h: -h.rank)]:
         return
     rec.handles = found
     d.ledger.save(rec)

@@ -89,10 +89,11 @@ def status(c: Cluster, *, unfinished_compare: str | None = None) -> StatusResult
     active = c.ledger.active()
     if not active:
         return StatusResult(**base, active=None, ok=not dead and not holder and not unfinished_compare)
-    mine = sorted((e.handle for e in running if e.deployment == active.id), key=lambda h: -h.rank)
-    if mine and {(h.rank, h.where) for h in mine} != {(h.rank, h.where) for h in active.handles}:
-        # what runs is the truth: a restore that could not write its record (disk full) restarted these
-        active = active.model_copy(update={"handles": mine})
+    found = {e.handle.rank: e.handle for e in running if e.deployment == active.id}
+    merged = sorted((found.get(h.rank, h) for h in active.handles), key=lambda h: -h.rank)
+    if [h.where for h in merged] != [h.where for h in sorted(active.handles, key=lambda h: -h.rank)]:
+        # what runs is the truth, rank by rank: a restore that could not write its record restarted these
+        active = active.model_copy(update={"handles": merged})
     healthy, detail, ranks = c.health_of(active)
     return StatusResult(
         **base, active=active.id, profile=active.profile, healthy=healthy,
