@@ -207,9 +207,10 @@ def test_image_plan_on_the_embedded_cluster_marks_the_base_digest_unresolved(cli
 def test_schema_lists_and_exports_every_json_output(cli):
     import json
     from sparkctl.cli.outputs import OUTPUTS
+    from sparkctl.config.schema import LIFECYCLE_OUTPUTS
     code, out, _ = cli("schema", "list")
-    assert code == 0 and out.split() == ["profile", "inventory", *OUTPUTS]
-    for name in OUTPUTS:
+    assert code == 0 and out.split() == ["profile", "inventory", *OUTPUTS, *LIFECYCLE_OUTPUTS]
+    for name in [*OUTPUTS, *LIFECYCLE_OUTPUTS]:
         code, out, _ = cli("schema", name)
         assert code == 0 and json.loads(out)["type"] in ("object", "array"), name
     code, _, err = cli("schema", "nope")
