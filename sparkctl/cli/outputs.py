@@ -217,11 +217,31 @@ class FactsOutput(RootModel[dict[str, NodeFacts]]):
 
 
 # `sparkctl schema NAME`: the file formats (profile, inventory) and these outputs.
+class HistoryOutput(BaseModel):
+    """`sparkctl bench history --json` (rows: sparkctl.bench.history)."""
+    profile: Optional[str]
+    cards: list[dict[str, Any]] = Field(description="One row per card, oldest first: run_id, started, status, "
+                                        "on/off decode summaries per class, changed (since the previous row).")
+    skipped: list[str]
+    index: str
+    chart: Optional[str]
+
+
+class DiffOutput(BaseModel):
+    """`sparkctl bench diff A B --json` (sparkctl.bench.diff)."""
+    a: dict[str, Any]
+    b: dict[str, Any]
+    noise_band: str
+    arms: list[dict[str, Any]] = Field(description="Per matched arm: metrics {name: delta, band, verdict}, changed.")
+    ratio: dict[str, Any]
+    emulated: bool
+
+
 OUTPUTS: dict[str, type[BaseModel]] = {
     "render": RenderOutput, "profiles": ProfilesOutput, "image-plan": ImagePlanOutput, "image-ls": ImageListOutput,
     "image-build": ImageBuildOutput,
     "image-verify": ImageVerifyOutput, "image-prune": ImagePruneOutput, "prepare": PrepareOutput, "patches-check": PatchesCheckOutput,
-    "facts": FactsOutput,
+    "facts": FactsOutput, "bench-history": HistoryOutput, "bench-diff": DiffOutput,
 }
 
 
