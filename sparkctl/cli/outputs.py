@@ -237,11 +237,28 @@ class DiffOutput(BaseModel):
     emulated: bool
 
 
+class TuneOutput(BaseModel):
+    """`sparkctl tune --json`: the tune's journal (sparkctl.tune.run; runs/<id>/tune.json)."""
+    model_config = ConfigDict(extra="allow")
+    schema_: str = Field(alias="schema")
+    run_id: str
+    state: str
+    profile: str
+    trials: list[dict[str, Any]] = Field(description="index, changes, baseline, status (feasible/infeasible/"
+                                         "skipped), reason, deployment, card, objective summary, elapsed_s.")
+    confirmation: Optional[dict[str, Any]]
+    winner: Optional[dict[str, Any]]
+    restore: Optional[dict[str, Any]]
+    estimate: Optional[dict[str, Any]]
+    timing: dict[str, Any]
+
+
 OUTPUTS: dict[str, type[BaseModel]] = {
     "render": RenderOutput, "profiles": ProfilesOutput, "image-plan": ImagePlanOutput, "image-ls": ImageListOutput,
     "image-build": ImageBuildOutput,
     "image-verify": ImageVerifyOutput, "image-prune": ImagePruneOutput, "prepare": PrepareOutput, "patches-check": PatchesCheckOutput,
     "facts": FactsOutput, "bench-history": HistoryOutput, "bench-diff": DiffOutput,
+    "tune": TuneOutput,
 }
 
 
