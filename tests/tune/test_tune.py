@@ -68,11 +68,14 @@ def test_tune_finds_the_planted_optimum_and_refuses_the_oom_candidate(cli, tune_
 
 
 def test_tune_promotes_nothing_when_all_lie_within_noise(cli, tune_cluster, profiles_dir):
-    # max_total_tokens 100000 still resolves the pool's 64,832 tokens: the same engine, the same speed
-    code, out, err = cli("tune", "--profile", "t5", "--vary", "server.max_total_tokens=100000", *WORK, "--json")
+    # max_total_tokens 100000 still resolves the pool's 64,832 tokens: the same engine, the same speed;
+    # 20000 resolves 20,000 < d5's expect.min_max_total_num_tokens 32,768: the capacity gate refuses it
+    code, out, err = cli("tune", "--profile", "t5", "--vary", "server.max_total_tokens=20000,100000", *WORK, "--json")
     assert code == 0, err
     data = json.loads(out)
-    assert [t["status"] for t in data["trials"]] == ["feasible", "feasible"]
+    assert [t["status"] for t in data["trials"]] == ["feasible", "infeasible", "feasible"]
+    assert data["trials"][1]["reason"] == "capacity below expect", data["trials"][1]
+    assert data["confirmation"]["candidate"] == 2
     assert data["confirmation"]["verdict"] == "within noise", data["confirmation"]["comparison"]
     assert data["winner"]["promoted"] is False and "noise band" in data["winner"]["why"]
     assert list(profiles_dir.glob("t5-tuned-*")) == []
