@@ -119,7 +119,7 @@ class Journal:
 
     def __init__(self, ledger: Ledger, run_id: str, data: dict[str, Any]) -> None:
         self.ledger, self.run_id, self.data = ledger, run_id, data
-        self.path = ledger.run_dir(run_id) / "tune.json"
+        self.path = ledger.root / "runs" / run_id / "tune.json"
 
     @classmethod
     def load(cls, ledger: Ledger, run_id: str) -> "Journal":
@@ -131,6 +131,7 @@ class Journal:
 
     def save(self) -> None:
         self.data["updated"] = now_iso()
+        self.ledger.run_dir(self.run_id)            # created private (0700) on the first write
         write_json_atomic(self.path, self.data)
 
 
@@ -410,8 +411,7 @@ def _decide(deployer: Any, j: Journal, opts: TuneOptions, started: float, progre
 
 def tune(deployer: Any, opts: TuneOptions, progress: Progress) -> dict[str, Any]:
     settle(deployer, progress)
-    j = new_journal(deployer, opts)
-    j.save()
+    j = new_journal(deployer, opts)              # written once the lock is held (execute)
     progress(f"tune {j.run_id}: {len(j.data['trials'])} trials (baseline + {len(j.data['trials']) - 1} candidates)")
     return execute(deployer, j, progress)
 

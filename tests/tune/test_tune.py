@@ -104,3 +104,62 @@ def test_kill_9_then_resume_redoes_no_finished_trial(cli, tune_cluster, state_di
     assert {t["index"]: (t["deployment"], t["card"]) for t in data["trials"][:2]} == done   # not redone
     assert data["trials"][2]["status"] == "feasible" and data["winner"]["promoted"]
     assert data["restore"]["ok"] and _active_profile(cli) == "t5-off" and not marker_path.exists()
+
+
+def test_budget_stops_trials_and_the_next_tune_restores_after_a_kill_9(cli, tune_cluster, state_dir):
+    code, out, err = cli("up", "--profile", "t5-off", "--yes", "--json")
+    assert code == 0, err
+    env = {**os.environ, "SPARKCTL_CRASH_AT": "tune:trial-0:after",
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, "-m", "sparkctl", "tune", "--profile", "t5", "--vary",
+                        "server.max_total_tokens=100000", *WORK], env=env, capture_output=True, text=True,
+                       timeout=300, cwd=str(REPO))
+    assert p.returncode == -9, p.stderr[-2000:]
+    (marker_path,) = list(state_dir.glob("*/tune.json"))
+    killed = json.loads(marker_path.read_text())["run"]
+    assert _active_profile(cli) == "t5"                       # the killed tune's baseline trial still runs
+
+    # the next tune settles the killed one first (restores t5-off), then keeps its own budget: after the
+    # baseline trial the estimate says nothing more fits in 2 s, so no candidate starts and nothing is promoted
+    code, out, err = cli("tune", "--profile", "t5", "--vary", "speculative.num_draft_tokens=6", *WORK,
+                         "--budget", "2", "--json")
+    assert code == 0, err
+    assert f"tune {killed} was interrupted" in err
+    old = json.loads((marker_path.parent / "runs" / killed / "tune.json").read_text())
+    assert old["state"] == "interrupted" and old["restore"]["ok"] and old["restore"]["profile"] == "t5-off"
+    data = json.loads(out)
+    assert [t["status"] for t in data["trials"]] == ["feasible", "skipped"] and data["trials"][1]["reason"] == "budget"
+    assert data["winner"] == {"promoted": False, "why": "no feasible candidate"}
+    assert data["original"] == old["restore"]["deployment"]      # the restored t5-off is what ran before this tune
+    assert _active_profile(cli) == "t5-off" and not marker_path.exists()
+
+
+def test_duration_and_vary_parsing():
+    import pytest
+
+    from sparkctl.cli.tune_cmds import parse_duration
+    from sparkctl.errors import ConfigError
+    from sparkctl.tune.space import grid, parse_vary
+    assert [parse_duration(x) for x in ("2h", "90m", "1h30m", "600", "45s")] == [7200, 5400, 5400, 600, 45]
+    for bad in ("", "h", "-5", "0", "2x", "1e9"):
+        with pytest.raises(ConfigError):
+            parse_duration(bad)
+    space = parse_vary(["speculative.num_draft_tokens=4,6", "server.mem_fraction_static=0.85,0.88",
+                        "speculative.draft_attention_backend=flashinfer"])
+    assert space[0] == ("speculative.num_draft_tokens", [4, 6]) and space[1][1] == [0.85, 0.88]
+    assert len(grid(space)) == 4 and grid(space)[1] == {"speculative.num_draft_tokens": 4,
+                                                        "server.mem_fraction_static": 0.88,
+                                                        "speculative.draft_attention_backend": "flashinfer"}
+    for bad in (["x=1"], ["server.x"], ["name.x=1"], ["server.a=1,1"], ["server.a=1", "server.a=2"], ["server.a=1,"]):
+        with pytest.raises(ConfigError):
+            parse_vary(bad)
+
+
+def test_a_candidate_that_is_not_a_profile_fails_before_anything_is_deployed(cli, tune_cluster, state_dir):
+    code, out, err = cli("tune", "--profile", "t5", "--vary", "server.mem_fraction_statc=0.9")
+    assert code == 2 and "server.mem_fraction_statc" in err
+    code, out, err = cli("tune", "--profile", "t5-off", "--vary", "speculative.num_draft_tokens=6")
+    assert code == 2 and "no 'speculative' section" in err
+    code, out, err = cli("tune", "--profile", "t5", "--vary", "server.mem_fraction_static=2")
+    assert code == 2 and "mem_fraction_static" in err
+    assert not list(state_dir.glob("*/deployments/*.json")) and not list(state_dir.glob("*/runs/*"))
