@@ -27,16 +27,16 @@ import signal
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
-from sparkctl.state.files import write_json_atomic, write_text_atomic
-from sparkctl.state.ledger import Ledger, now_iso, read_json
+from sparkctl.state.files import write_text_atomic
+from sparkctl.state.ledger import Ledger, now_iso
 
 from sparkctl.tune import space as sp
+from sparkctl.tune.journal import Journal, clear_marker, restore, settle, write_marker
+from sparkctl.tune.table import trial_table
 
-MARKER = "tune.json"
 SCHEMA = "sparkctl.tune/1"
 CRASH_ENV = "SPARKCTL_CRASH_AT"          # tests: "tune:<step>:after" SIGKILLs the controller there
 OBJECTIVES = {"decode": ("decode", "higher"), "ttft": ("ttft", "lower"), "aggregate-c2": ("concurrency", "higher")}
@@ -112,89 +112,6 @@ def classify_failure(exc: BaseException) -> str:
     if "bench" in text or "measurement" in text:
         return "bench failed"
     return "no boot"
-
-
-class Journal:
-    """``runs/<id>/tune.json``: the whole state of one tune, rewritten atomically after every step."""
-
-    def __init__(self, ledger: Ledger, run_id: str, data: dict[str, Any]) -> None:
-        self.ledger, self.run_id, self.data = ledger, run_id, data
-        self.path = ledger.root / "runs" / run_id / "tune.json"
-
-    @classmethod
-    def load(cls, ledger: Ledger, run_id: str) -> "Journal":
-        path = ledger.root / "runs" / run_id / "tune.json"
-        if not path.is_file():
-            raise ConfigError(f"no tune run {run_id!r}", where=str(path.parent),
-                              hint="`sparkctl tune --resume RUN` takes the id a tune printed (runs/*/tune.json)")
-        return cls(ledger, run_id, read_json(path))
-
-    def save(self) -> None:
-        self.data["updated"] = now_iso()
-        self.ledger.run_dir(self.run_id)            # created private (0700) on the first write
-        write_json_atomic(self.path, self.data)
-
-
-def _marker(ledger: Ledger) -> dict[str, Any] | None:
-    path = ledger.root / MARKER
-    try:
-        return read_json(path) if path.exists() else None
-    except SparkctlError:
-        return None
-
-
-def _write_marker(ledger: Ledger, run_id: str, original: str | None) -> None:
-    from sparkctl.state.controller import this_controller
-    write_json_atomic(ledger.root / MARKER, {"run": run_id, "original": original, "since": now_iso(),
-                                             "controller": this_controller("tune", now_iso()).model_dump()})
-
-
-def _clear_marker(ledger: Ledger) -> None:
-    (ledger.root / MARKER).unlink(missing_ok=True)
-
-
-def _restore(deployer: Any, original: str | None, progress: Progress) -> dict[str, Any]:
-    from sparkctl.config.profile import Profile
-    from sparkctl.deploy.lifecycle import UpOptions
-    if original is None:
-        progress("nothing ran before the tune: bringing the trial deployment down")
-        try:
-            deployer.down()
-            return {"ok": True, "action": "down"}
-        except SparkctlError as exc:
-            return {"ok": False, "action": "down", "error": exc.render()}
-    rec = deployer.ledger.load(original)
-    progress(f"restoring the deployment that ran before the tune ({rec.profile}, {original})")
-    try:
-        up = deployer.up(Profile.model_validate(rec.profile_data), UpOptions(), kind="bench-restore")
-    except SparkctlError as exc:
-        progress(f"restore FAILED: {exc.message}")
-        return {"ok": False, "profile": rec.profile, "error": exc.render()}
-    return {"ok": True, "profile": rec.profile, "outcome": up.get("outcome"), "deployment": up.get("deployment")}
-
-
-def settle(deployer: Any, progress: Progress, *, resuming: str | None = None) -> dict[str, Any] | None:
-    """A tune whose controller died (kill -9): returns its marker when `resuming` names it; otherwise restores
-    what ran before it, marks its journal interrupted, and clears the marker. None when there is nothing."""
-    from sparkctl.state.controller import controller_alive
-    m = _marker(deployer.ledger)
-    if m is None:
-        return None
-    if controller_alive(m.get("controller") or {}):
-        return m             # a live tune holds the lock too: the caller's lock attempt names it
-    if resuming and m.get("run") == resuming:
-        return m
-    progress(f"tune {m.get('run')} was interrupted (controller gone); restoring what ran before it")
-    restore = _restore(deployer, m.get("original"), progress)
-    try:
-        j = Journal.load(deployer.ledger, str(m.get("run")))
-        j.data.update(state="interrupted", restore=restore, settled_at=now_iso())
-        j.save()
-    except SparkctlError:
-        pass
-    if restore.get("ok"):
-        _clear_marker(deployer.ledger)
-    return None
 
 
 def _trial_entry(i: int, changes: dict[str, Any], baseline: bool) -> dict[str, Any]:
@@ -326,7 +243,7 @@ def execute(deployer: Any, j: Journal, progress: Progress) -> dict[str, Any]:
         if j.data["original"] is None and not j.data.get("began"):
             active = ledger.active()
             j.data.update(original=active.id if active else None, began=now_iso())
-        _write_marker(ledger, j.run_id, j.data["original"])
+        write_marker(ledger, j.run_id, j.data["original"])
         j.save()
         try:
             _trials(deployer, j, opts, started, progress)
@@ -334,13 +251,13 @@ def execute(deployer: Any, j: Journal, progress: Progress) -> dict[str, Any]:
         finally:
             j.data["timing"]["trials_sum_s"] = round(sum(t["elapsed_s"] or 0 for t in j.data["trials"]), 3)
             restore_t0 = time.monotonic()
-            j.data["restore"] = _restore(deployer, j.data["original"], progress)
+            j.data["restore"] = restore(deployer, j.data["original"], progress)
             j.data["timing"]["restore_s"] = round(time.monotonic() - restore_t0, 3)
             j.data["timing"]["total_s"] = round(time.monotonic() - started, 3)
             j.data["state"] = "finished" if j.data["restore"].get("ok") else "restore failed"
             j.save()
             if j.data["restore"].get("ok"):
-                _clear_marker(ledger)
+                clear_marker(ledger)
     return j.data
 
 
@@ -427,34 +344,7 @@ def resume(deployer: Any, run_id: str, progress: Progress) -> dict[str, Any]:
     return execute(deployer, j, progress)
 
 
-def trial_table(data: dict[str, Any]) -> str:
-    """The table of all trials, plain text (the CLI prints it; --json gives `data`)."""
-    obj = data["options"]["objective"]
-    rows = [["#", "changes", "status", f"{obj} median (min-max)", "accept len", "time s", "card / reason"]]
-    for t in data["trials"]:
-        ch = "baseline" if t["baseline"] else ", ".join(f"{k}={v}" for k, v in t["changes"].items())
-        o = t.get("objective")
-        rows.append([str(t["index"]), ch, t["status"], f"{o['median']:.2f} ({o['min']:.2f}-{o['max']:.2f})" if o else "-",
-                     f"{t['accept_len']:.2f}" if t.get("accept_len") else "-",
-                     f"{t['elapsed_s']:.1f}" if t.get("elapsed_s") is not None else "-",
-                     t.get("card") or t.get("reason") or "-"])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    w = data.get("winner") or {}
-    lines.append("")
-    lines.append(f"winner: {w.get('profile')} ({w.get('path')})" if w.get("promoted") else
-                 f"nothing promoted: {w.get('why')}")
-    e, tm = data.get("estimate") or {}, data.get("timing") or {}
-    if e:
-        lines.append(f"estimate after the first trial: {e.get('total_s')} s; actual total {tm.get('total_s')} s "
-                     f"(trials {tm.get('trials_sum_s')} s, restore {tm.get('restore_s')} s)")
-    r = data.get("restore") or {}
-    lines.append(f"restored: {r.get('profile') or r.get('action')} ({'ok' if r.get('ok') else 'FAILED'})")
-    return "\n".join(lines) + "\n"
+__all__ = ["TuneOptions", "tune", "resume", "settle", "trial_table", "objective_samples", "classify_failure",
+           "journal_path"]
 
-
-def journal_path(ledger: Ledger, run_id: str) -> Path:
-    return ledger.root / "runs" / run_id / "tune.json"
-
-
-__all__ = ["TuneOptions", "tune", "resume", "settle", "trial_table", "objective_samples", "classify_failure"]
+from sparkctl.tune.journal import journal_path  # noqa: E402  (re-exported for the CLI)

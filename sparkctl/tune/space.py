@@ -70,8 +70,8 @@ def set_key(data: dict[str, Any], key: str, value: Any) -> None:
         nxt = cur.get(part)
         if nxt is None:
             raise ConfigError(f"--vary {key}: the profile has no {part!r} section (it is null or absent)",
-                              where="--vary", hint=f"vary keys of a section the profile sets (e.g. speculative.* "
-                                                   f"needs speculative decoding on)")
+                              where="--vary", hint="vary keys of a section the profile sets (e.g. speculative.* "
+                                                   "needs speculative decoding on)")
         if not isinstance(nxt, dict):
             raise ConfigError(f"--vary {key}: {part!r} is not a section", where="--vary")
         cur = nxt
