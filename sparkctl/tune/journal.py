@@ -74,7 +74,7 @@ def restore(deployer: Any, original: str | None, progress: Progress) -> dict[str
     except SparkctlError as exc:
         progress(f"restore FAILED: {exc.message}")
         return {"ok": False, "profile": rec.profile, "error": exc.render()}
-    return {"ok": True, "profile": rec.profile, "outcome": up.get("outcome"), "deployment": up.get("deployment")}
+    return {"ok": True, "profile": rec.profile, "outcome": str(up.get("outcome")), "deployment": up.get("deployment")}
 
 
 def settle(deployer: Any, progress: Progress, *, resuming: str | None = None) -> dict[str, Any] | None:

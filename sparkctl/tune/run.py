@@ -153,6 +153,11 @@ def _measure(deployer: Any, opts: TuneOptions, progress: Progress) -> dict[str, 
     return bench_deployment(deployer, _bench_opts(opts), progress=lambda m: None)
 
 
+def _plain(value: Any) -> Any:
+    """A result field as JSON data (the lifecycle's typed results are pydantic models, dict-readable)."""
+    return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
+
+
 def _candidate(j: Journal, t: dict[str, Any]) -> Any:
     from sparkctl.config.profile import Profile
     base = Profile.model_validate(j.data["profile_data"])
@@ -166,7 +171,7 @@ def _run_trial(deployer: Any, j: Journal, t: dict[str, Any], progress: Progress)
     t0 = time.monotonic()
     try:
         up = _deploy(deployer, _candidate(j, t))
-        t["deployment"], t["capacity"] = up.get("deployment"), up.get("capacity")
+        t["deployment"], t["capacity"] = up.get("deployment"), _plain(up.get("capacity"))
         card = _measure(deployer, opts, progress)
     except SparkctlError as exc:
         t.update(status="infeasible", reason=classify_failure(exc), error=exc.message,
