@@ -178,7 +178,8 @@ def _register_cards(bench_app: typer.Typer) -> None:
                                                      "history.svg in the cluster's state directory)."),
                 inventory: Optional[str] = INVENTORY_OPT,
                 as_json: bool = flag("--json", help="The rows as JSON on stdout.")) -> None:
-        """Every card of this cluster in time order: decode ON/OFF per class and what changed (read-only)."""
+        """Every card of this cluster in time order: decode ON/OFF per class and what changed (changes nothing on
+        the cluster; writes the SVG chart)."""
         from sparkctl.bench.history import history as build, render_history
         from sparkctl.cli.outputs import HistoryOutput, emit
         from sparkctl.config.inventory import resolve_inventory
@@ -187,7 +188,9 @@ def _register_cards(bench_app: typer.Typer) -> None:
 
         ledger = Ledger.for_cluster(resolve_inventory(inventory).cluster.name)
         index = CardIndex(ledger)
-        target = chart or (ledger.root / (f"history-{profile}.svg" if profile else "history.svg"))
+        import re
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", profile) if profile else None     # a file name, never a path
+        target = chart or (ledger.root / (f"history-{safe}.svg" if safe else "history.svg"))
         h = build(index, profile=profile, chart=target if ledger.root.exists() or chart else None)
         if as_json:
             emit(HistoryOutput, h)
