@@ -5,8 +5,10 @@ Order (each step journaled in ``runs/<tune id>/tune.json`` before the next begin
 1. **begin**: under the cluster lock, ``tune.json`` at the ledger root records the run and the deployment that
    ran before it (``original``) with this controller (pid + start time). A tune found there whose controller is
    dead is settled by the next ``sparkctl tune`` (``tune --resume RUN`` continues it; any other tune restores its
-   original first). Trial deployments have kind ``bench-compare``: never a rollback target, so ``sparkctl
-   rollback`` also returns to what ran before (and, with the lifecycle's compare marker, ``status`` says so).
+   original first). Trial deployments are the lifecycle's compare transaction (kind ``bench-compare``,
+   deploy/compare.py): its marker records the original before the first trial changes anything, a trial is
+   never a rollback target (so ``sparkctl rollback`` also returns to what ran before), ``status`` exits 8 while
+   it is unfinished, and the restore (kind ``bench-restore``) clears it.
 2. **trials**: the baseline (the profile as it is) first, then every grid candidate (``--trials N``: the first N
    of them). Each trial is a full ``up`` through the lifecycle (preflight, boot, warm-up, gates; rollback on
    failure) and a bench subset whose card lands in the ledger. A candidate that does not boot, dies of OOM,
@@ -22,8 +24,6 @@ Order (each step journaled in ``runs/<tune id>/tune.json`` before the next begin
 """
 from __future__ import annotations
 
-import os
-import signal
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -38,7 +38,6 @@ from sparkctl.tune.journal import Journal, clear_marker, restore, settle, write_
 from sparkctl.tune.table import trial_table
 
 SCHEMA = "sparkctl.tune/1"
-CRASH_ENV = "SPARKCTL_CRASH_AT"          # tests: "tune:<step>:after" SIGKILLs the controller there
 OBJECTIVES = {"decode": ("decode", "higher"), "ttft": ("ttft", "lower"), "aggregate-c2": ("concurrency", "higher")}
 
 Progress = Callable[[str], None]
@@ -62,8 +61,10 @@ class TuneOptions:
 
 
 def _boundary(step: str) -> None:
-    if os.environ.get(CRASH_ENV) == f"tune:{step}:after":
-        os.kill(os.getpid(), signal.SIGKILL)
+    """The lifecycle's step boundary (deploy/steps.py): ``SPARKCTL_CRASH_AT=tune:<step>:after`` SIGKILLs the
+    controller there. Tune's steps: trial-<i> after each trial's journal write, confirm-<k> after each A/B leg."""
+    from sparkctl.deploy.steps import boundary
+    boundary("tune", step, "after")
 
 
 def _bench_opts(o: TuneOptions) -> Any:
