@@ -70,8 +70,16 @@ def _api_key(env_name: str | None, endpoint: str | None, compare_endpoint: str |
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
-    def bench(profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Measure this profile: deployed "
+    from sparkctl.cli.options import PlainFlagsGroup
+
+    bench_app = typer.Typer(cls=PlainFlagsGroup, invoke_without_command=True,
+                            help="The measurement card; `bench history` and `bench diff A B` compare cards.")
+    app.add_typer(bench_app, name="bench")
+    _register_cards(bench_app)
+
+    @bench_app.callback()
+    def bench(ctx: typer.Context,
+              profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Measure this profile: deployed "
                                                     "first through the lifecycle unless it already runs."),
               compare: Optional[str] = typer.Option(None, "--compare", help="Second arm: deploy this profile (e.g. "
                                                     "dflash-off), measure it, then restore the original."),
@@ -118,7 +126,9 @@ def register(app: typer.Typer) -> None:
               inventory: Optional[str] = INVENTORY_OPT,
               as_json: bool = flag("--json", help="The full result JSON on stdout.")) -> None:
         """The measurement card: cold start, decode ON/OFF, acceptance, TTFT, concurrency, G6 (not idempotent:
-        it loads the server; --compare redeploys twice)."""
+        it loads the server; --compare redeploys twice). `bench history` / `bench diff A B`: the cards so far."""
+        if ctx.invoked_subcommand is not None:
+            return
         from sparkctl.bench import run as bench_run
         from sparkctl.config.inventory import resolve_inventory
         from sparkctl.config.profile import load_profile
@@ -158,3 +168,49 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(Path(files["markdown"]).read_text(encoding="utf-8"))
         print(f"sparkctl: card {files.get('markdown')}, data {files.get('json')}"
               + ("  [EMULATED]" if result.get("emulated") else ""), file=sys.stderr)
+
+
+def _register_cards(bench_app: typer.Typer) -> None:
+    @bench_app.command("history")
+    def history(profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Only cards with an arm of "
+                                                      "this profile."),
+                chart: Optional[Path] = typer.Option(None, "--chart", help="Where to write the SVG chart (default: "
+                                                     "history.svg in the cluster's state directory)."),
+                inventory: Optional[str] = INVENTORY_OPT,
+                as_json: bool = flag("--json", help="The rows as JSON on stdout.")) -> None:
+        """Every card of this cluster in time order: decode ON/OFF per class and what changed (changes nothing on
+        the cluster; writes the SVG chart)."""
+        from sparkctl.bench.history import history as build, render_history
+        from sparkctl.cli.outputs import HistoryOutput, emit
+        from sparkctl.config.inventory import resolve_inventory
+        from sparkctl.state.cards import CardIndex
+        from sparkctl.state.ledger import Ledger
+
+        ledger = Ledger.for_cluster(resolve_inventory(inventory).cluster.name)
+        index = CardIndex(ledger)
+        import re
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", profile) if profile else None     # a file name, never a path
+        target = chart or (ledger.root / (f"history-{safe}.svg" if safe else "history.svg"))
+        h = build(index, profile=profile, chart=target if ledger.root.exists() or chart else None)
+        if as_json:
+            emit(HistoryOutput, h)
+        else:
+            sys.stdout.write(render_history(h))
+
+    @bench_app.command("diff")
+    def diff(a: str = typer.Argument(..., help="Run id (or unique prefix, or report.json path) of card A."),
+             b: str = typer.Argument(..., help="Card B, compared against A."),
+             inventory: Optional[str] = INVENTORY_OPT,
+             as_json: bool = flag("--json", help="The diff as JSON on stdout.")) -> None:
+        """Per metric the delta of B against A, the noise band and a verdict; what changed (read-only)."""
+        from sparkctl.bench.diff import diff_cards, render_diff
+        from sparkctl.cli.outputs import DiffOutput, emit
+        from sparkctl.config.inventory import resolve_inventory
+        from sparkctl.state.cards import CardIndex
+        from sparkctl.state.ledger import Ledger
+
+        d = diff_cards(CardIndex(Ledger.for_cluster(resolve_inventory(inventory).cluster.name)), a, b)
+        if as_json:
+            emit(DiffOutput, d)
+        else:
+            sys.stdout.write(render_diff(d))

@@ -217,11 +217,48 @@ class FactsOutput(RootModel[dict[str, NodeFacts]]):
 
 
 # `sparkctl schema NAME`: the file formats (profile, inventory) and these outputs.
+class HistoryOutput(BaseModel):
+    """`sparkctl bench history --json` (rows: sparkctl.bench.history)."""
+    profile: Optional[str]
+    cards: list[dict[str, Any]] = Field(description="One row per card, oldest first: run_id, started, status, "
+                                        "on/off decode summaries per class, changed (since the previous row).")
+    skipped: list[str]
+    index: str
+    chart: Optional[str]
+
+
+class DiffOutput(BaseModel):
+    """`sparkctl bench diff A B --json` (sparkctl.bench.diff)."""
+    a: dict[str, Any]
+    b: dict[str, Any]
+    noise_band: str
+    arms: list[dict[str, Any]] = Field(description="Per matched arm: metrics {name: delta, band, verdict}, changed.")
+    ratio: dict[str, Any]
+    emulated: bool
+
+
+class TuneOutput(BaseModel):
+    """`sparkctl tune --json`: the tune's journal (sparkctl.tune.run; runs/<id>/tune.json)."""
+    model_config = ConfigDict(extra="allow")
+    schema_: str = Field(alias="schema")
+    run_id: str
+    state: str
+    profile: str
+    trials: list[dict[str, Any]] = Field(description="index, changes, baseline, status (feasible/infeasible/"
+                                         "skipped), reason, deployment, card, objective summary, elapsed_s.")
+    confirmation: Optional[dict[str, Any]]
+    winner: Optional[dict[str, Any]]
+    restore: Optional[dict[str, Any]]
+    estimate: Optional[dict[str, Any]]
+    timing: dict[str, Any]
+
+
 OUTPUTS: dict[str, type[BaseModel]] = {
     "render": RenderOutput, "profiles": ProfilesOutput, "image-plan": ImagePlanOutput, "image-ls": ImageListOutput,
     "image-build": ImageBuildOutput,
     "image-verify": ImageVerifyOutput, "image-prune": ImagePruneOutput, "prepare": PrepareOutput, "patches-check": PatchesCheckOutput,
-    "facts": FactsOutput,
+    "facts": FactsOutput, "bench-history": HistoryOutput, "bench-diff": DiffOutput,
+    "tune": TuneOutput,
 }
 
 

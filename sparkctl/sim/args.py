@@ -13,12 +13,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkctl.sim import perf
 from sparkctl.sim.config import Knobs, version_tuple
 
 # Model names that are hybrid (mamba/linear-attention state) when the argv gives no hint.
 _HYBRID_NAME_RE = re.compile(r"qwen3[._-]?next|qwen3\.5|kimi[-_]linear|nemotron[-_]h|granite-4|falcon-h1|"
                              r"jamba|mamba", re.IGNORECASE)
-MAMBA_STATE_SLOTS_PER_REQUEST = 3     # SGLang 0.5.23 MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO
+MAMBA_STATE_SLOTS_PER_REQUEST = perf.MAMBA_STATE_SLOTS_PER_REQUEST
 
 
 def build_parser(version: str) -> tuple[argparse.ArgumentParser, str | None]:
@@ -184,8 +185,20 @@ def resolve(ns: argparse.Namespace, argv: list[str], version: str, knobs: Knobs)
     context_len = int(g("context_length") or knobs.model_context_length)
     a["context_length"] = context_len
 
+    explicit = {t.split("=", 1)[0] for t in argv if t.startswith("--")}
+    hybrid = knobs.hybrid
+    if hybrid is None:
+        hybrid = bool(g("max_mamba_cache_size")) or "--mamba-full-memory-ratio" in explicit \
+            or bool(_HYBRID_NAME_RE.search(model_path))
+    # The performance model (perf.py): the pool follows --mem-fraction-static when given (SGLang's derived
+    # default is taken as the reference fraction), and for a hybrid model an explicit mamba ratio splits it.
+    mem_fraction = g("mem_fraction_static")
+    mamba_ratio = g("mamba_full_memory_ratio") if hybrid and "--mamba-full-memory-ratio" in explicit \
+        and not g("max_mamba_cache_size") else None
+    kv_dtype = str(g("kv_cache_dtype") or "auto")
+    pool = perf.kv_pool_tokens(knobs, mem_fraction, kv_dtype, mamba_ratio)
     requested_total = _parse_tokens(g("max_total_tokens"))
-    max_total = knobs.kv_capacity_tokens if requested_total is None else min(requested_total, knobs.kv_capacity_tokens)
+    max_total = pool if requested_total is None else min(requested_total, pool)
 
     spec = g("speculative_algorithm")
     spec = str(spec).upper() if spec else None
@@ -201,13 +214,8 @@ def resolve(ns: argparse.Namespace, argv: list[str], version: str, knobs: Knobs)
     a["speculative_algorithm"] = spec
     a["speculative_num_draft_tokens"] = int(draft_tokens) if spec else None
 
-    explicit = {t.split("=", 1)[0] for t in argv if t.startswith("--")}
-    hybrid = knobs.hybrid
-    if hybrid is None:
-        hybrid = bool(g("max_mamba_cache_size")) or "--mamba-full-memory-ratio" in explicit \
-            or bool(_HYBRID_NAME_RE.search(model_path))
     requested_mrr = int(g("max_running_requests") or knobs.default_max_running_requests)
-    mrr = max(1, min(requested_mrr, max_total // 2))
+    mrr = max(1, min(requested_mrr, max(1, max_total) // 2))
     mamba_capped = False
     mamba_cache_size = 0
     if hybrid:
@@ -215,7 +223,7 @@ def resolve(ns: argparse.Namespace, argv: list[str], version: str, knobs: Knobs)
             mamba_cache_size = int(g("max_mamba_cache_size"))
             cap = mamba_cache_size // MAMBA_STATE_SLOTS_PER_REQUEST
         else:
-            cap = int(knobs.mamba_slots)
+            cap = perf.mamba_cache_slots(knobs, mamba_ratio)
             mamba_cache_size = cap * MAMBA_STATE_SLOTS_PER_REQUEST
         if cap < mrr:
             mamba_capped = True
@@ -226,8 +234,8 @@ def resolve(ns: argparse.Namespace, argv: list[str], version: str, knobs: Knobs)
     max_prefill = int(g("max_prefill_tokens") or 16384)
     a["max_prefill_tokens"] = max_prefill
     if a.get("mem_fraction_static") is None:
-        a["mem_fraction_static"] = 0.85
-    kv = str(g("kv_cache_dtype") or "auto")
+        a["mem_fraction_static"] = knobs.kv_ref_mem_fraction
+    kv = kv_dtype
     decode_interval = int(g("decode_log_interval") or 40)
     dist_timeout = g("dist_timeout")
     return Resolved(
@@ -236,13 +244,14 @@ def resolve(ns: argparse.Namespace, argv: list[str], version: str, knobs: Knobs)
         model_path=model_path, context_len=context_len, max_total_num_tokens=max_total,
         max_running_requests=mrr, requested_max_running_requests=requested_mrr, mamba_capped=mamba_capped,
         mamba_cache_size=mamba_cache_size, hybrid=hybrid, chunked_prefill_size=chunked,
-        max_prefill_tokens=max_prefill, max_req_input_len=min(context_len - 1, max_total - 1) - 5,
+        max_prefill_tokens=max_prefill, max_req_input_len=max(0, min(context_len - 1, max_total - 1) - 5),
         spec_algorithm=spec, num_draft_tokens=int(draft_tokens) if spec else 1,
         draft_model_path=g("speculative_draft_model_path"), kv_dtype=kv,
         reasoning_parser=g("reasoning_parser"), api_key=g("api_key"), enable_metrics=bool(g("enable_metrics")),
         decode_log_interval=max(1, decode_interval),
         dist_timeout=float(dist_timeout) if dist_timeout else None,
-        extras={"mrr_given": mrr_given})
+        extras={"mrr_given": mrr_given, "boot_oom": perf.boot_oom(knobs, mem_fraction),
+                "weights_do_not_fit": pool <= 0})
 
 
 def torch_dtype(kv_dtype: str) -> str:

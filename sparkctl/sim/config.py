@@ -44,14 +44,23 @@ class Knobs:
     decode_tps: float = 14.7                 # per-request decode rate with speculation off (tok/s)
     ttft_base_s: float = 0.05                # fixed cost of every prefill batch (s)
     prefill_tps: float = 2000.0              # prefill rate for uncached prompt tokens (tok/s)
-    verify_cost: float = 1.25                # a speculative verify step costs verify_cost/decode_tps s
-    accept_len_code: float = 4.6             # mean accepted tokens per verify step, code prompts
-    accept_len_prose: float = 3.3            # mean accepted tokens per verify step, other prompts
-    batch_no_slowdown: int = 8               # up to this many running requests keep their step rate;
-                                             # beyond, a step costs running/batch_no_slowdown times more
+    verify_cost: float = 1.25                # a verify step of accept_ref_draft_tokens tokens costs
+                                             # verify_cost/decode_tps s (sparkctl/sim/perf.py)
+    verify_cost_per_token: float = 0.03      # each draft token more (less) adds (saves) this many decode steps
+    accept_len_code: float = 4.6             # mean accepted tokens per verify step at accept_ref_draft_tokens,
+    accept_len_prose: float = 3.3            # code / other prompts (bonus included)
+    accept_ref_draft_tokens: int = 8         # the draft-token count the two means above are measured at
+    batch_no_slowdown: int = 8               # tokens per forward pass that keep the step rate (memory-bound);
+                                             # beyond, a step costs tokens/batch_no_slowdown times more
+                                             # (tokens = running requests, times draft tokens with speculation)
     # --- capacity ---------------------------------------------------------------------------
-    kv_capacity_tokens: int = 64832          # KV pool size; max_total_num_tokens = min(this, --max-total-tokens)
+    kv_capacity_tokens: int = 64832          # KV pool size at kv_ref_mem_fraction; max_total_num_tokens =
+                                             # min(pool, --max-total-tokens)
+    kv_ref_mem_fraction: float = 0.88        # --mem-fraction-static at which the pool is kv_capacity_tokens
+    oom_mem_fraction: float = 0.92           # above this --mem-fraction-static the host OOM-killer ends the boot
+    mamba_ref_ratio: float = 2.0             # --mamba-full-memory-ratio at which kv_capacity_tokens / mamba_slots hold
     mamba_slots: int = 1                     # hybrid models: max_running_requests cap without --max-mamba-cache-size
+                                             # (at mamba_ref_ratio; proportional to an explicit ratio)
     hybrid: bool | None = None               # hybrid (mamba-state) model? None = auto (mamba flags or name)
     default_max_running_requests: int = 48   # when --max-running-requests is not given
     model_context_length: int = 65536        # context length when --context-length is not given

@@ -17,9 +17,10 @@ Documented simplifications (so tests and the bench can reason about them):
   prompt-key prefix, or ``contains:TEXT``), or picked by ``divergence_rate``, produces a different
   token at that 0-based completion index and a different continuation after it.
 * **Prompt class**: ``code`` when the prompt mentions a code-ish word (``CODE_WORDS``), else
-  ``prose``. Speculative acceptance per verify step is L = 1 + Binomial(D-1, p) with
-  p = (mean-1)/(D-1), D = draft tokens, mean = ``accept_len_code``/``accept_len_prose``: so the
-  mean accept length is the knob, bonus token included, max D. Draws are seeded per prompt.
+  ``prose``. Speculative acceptance per verify step: each of the D-1 drafts is accepted with probability
+  alpha until the first rejection, plus the bonus token (L in 1..D, E[L] = (1-alpha^D)/(1-alpha)), alpha
+  fitted so that E[L] = ``accept_len_code``/``accept_len_prose`` at ``accept_ref_draft_tokens`` draft
+  tokens (``sparkctl/sim/perf.py``). Draws are seeded per prompt.
 """
 from __future__ import annotations
 
@@ -195,19 +196,22 @@ def divergence_index(text: str, key: str, knobs) -> int | None:
 
 
 class AcceptanceModel:
-    """Deterministic per-prompt accept lengths: L = 1 + Binomial(D-1, p), mean = the class knob."""
+    """Deterministic per-prompt accept lengths: drafts are accepted one by one with probability alpha until
+    the first rejection, at most D-1, plus the bonus token: L in 1..D, E[L] = (1 - alpha^D) / (1 - alpha).
+    alpha is fitted per class so that E[L] at accept_ref_draft_tokens is the class knob (sim/perf.py)."""
 
     def __init__(self, key: str, code: bool, draft_tokens: int, knobs) -> None:
+        from sparkctl.sim.perf import class_alpha, expected_accept_len
         self.draft = max(1, int(draft_tokens))
-        mean = knobs.accept_len_code if code else knobs.accept_len_prose
-        mean = min(max(1.0, float(mean)), float(self.draft))
-        self.p = (mean - 1.0) / (self.draft - 1) if self.draft > 1 else 0.0
+        self.alpha = class_alpha(knobs, code)
+        self.mean = expected_accept_len(self.alpha, self.draft)
         self._rng = random.Random(_seed("accept", key))
 
     def next(self) -> int:
-        if self.draft <= 1:
-            return 1
-        return 1 + sum(1 for _ in range(self.draft - 1) if self._rng.random() < self.p)
+        n = 1
+        while n < self.draft and self._rng.random() < self.alpha:
+            n += 1
+        return n
 
 
 class RadixCache:

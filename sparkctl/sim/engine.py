@@ -158,7 +158,7 @@ class Engine:
         t_load = time.monotonic()
         log.tp(f"Load weight begin. avail mem={avail:.2f} GB")
         self._pause(0.40)
-        if k.fail_load_oom:
+        if k.fail_load_oom or r.extras.get("weights_do_not_fit"):   # the static pool cannot hold the weights
             failures.oom_at_load(log, k.gpu_mem_gb)
             self.finish(EXIT_FAILURE)
             raise _Stop
@@ -170,6 +170,10 @@ class Engine:
             self._load_draft(avail)
             avail -= k.draft_weight_gb
         self._pause(0.05)
+        if r.extras.get("boot_oom"):   # --mem-fraction-static above oom_mem_fraction: the host runs out (perf.py)
+            failures.host_oom_killed(log)
+            self.finish(EXIT_FAILURE)
+            raise _Stop
 
         kv_gb = self._allocate_pools(avail)
         avail -= kv_gb

@@ -3,6 +3,8 @@
 * ``oom_at_load``      CUDA OOM raised while loading weights (scheduler traceback, then the launcher's
                        "Rank 0 scheduler is dead" / "Exit code" / EOFError tail of
                        multinode-scheduler-exception-rank0-dead.txt).
+* ``host_oom_killed``  the scheduler SIGKILLed by the host OOM-killer at pool allocation ("Rank 0 scheduler
+                       died during initialization (exit code: -9)", 2spark-load-host-oom-*.txt).
 * ``scheduler_crash``  an exception in the running scheduler, then "Received sigquit from a child process".
 * ``nccl_watchdog``    the ProcessGroupNCCL watchdog timeout (nccl-watchdog-timeout-*.txt) and the
                        ``c10::DistBackendError`` terminate (nccl-watchdog-terminate-*.txt).
@@ -68,6 +70,14 @@ def oom_at_load(log: EngineLog, gpu_mem_gb: float) -> None:
         f"documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
         ""]))
     _launcher_tail(log, -3)
+
+
+def host_oom_killed(log: EngineLog) -> None:
+    """The kernel OOM-killer SIGKILLed the scheduler while the pools were allocated (a static fraction that
+    leaves the host too little unified memory). The launcher's line, from the 2x Spark capture
+    2spark-load-host-oom-scheduler-died-poster-edited.txt (there wrapped by the poster; printed as one line)."""
+    log.raw("RuntimeError: Rank 0 scheduler died during initialization (exit code: -9). If exit code is -9 "
+            "(SIGKILL), a common cause is the OS OOM killer.")
 
 
 def scheduler_crash(log: EngineLog, serving: bool) -> None:

@@ -3,8 +3,10 @@
 One thread runs the engine like SGLang's event loop: while requests wait and fewer than
 ``max_running_requests`` run, it prefills them (cost ``ttft_base_s + uncached/prefill_tps``; the
 first token comes out of prefill); otherwise it runs one decode step for every running request.
-A step costs ``1/decode_tps`` (spec off) or ``verify_cost/decode_tps`` (spec on, each request
-accepting L tokens), times ``running/batch_no_slowdown`` when the batch is larger than that knob.
+A step costs ``1/decode_tps`` (spec off) or ``c(D)/decode_tps`` (spec on, each request accepting L
+tokens), times ``tokens/batch_no_slowdown`` when the step holds more tokens than that knob (tokens =
+running requests, times D with speculation); see ``sparkctl/sim/perf.py``. Admission also needs room in
+the KV pool for every running request's prompt + max_new_tokens.
 Steps are scheduled against absolute deadlines on ``time.monotonic()`` (deadline += cost): the
 deadlines are the engine's clock. A late wake-up (a CPU-starved machine) makes the next sleeps
 shorter, and while any request is in flight the schedule is never reset, so a request that was
@@ -22,6 +24,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from sparkctl.sim import perf
 from sparkctl.sim.args import Resolved
 from sparkctl.sim.config import Knobs
 from sparkctl.sim.decoding import AcceptanceModel, RadixCache, TokenPlan
@@ -129,9 +132,28 @@ class Scheduler:
 
     # ---- timing ---------------------------------------------------------------------------
     def _step_cost(self, n_running: int) -> float:
-        k = self.knobs
-        base = (k.verify_cost if self.res.speculative else 1.0) / max(1e-9, k.decode_tps)
-        return base * max(1.0, n_running / max(1, k.batch_no_slowdown))
+        return perf.step_seconds(self.knobs, speculative=self.res.speculative, draft=self.res.num_draft_tokens,
+                                 running=n_running)
+
+    def _reserve(self, r: Request) -> int:
+        """KV tokens a request may hold: its prompt plus what it may still generate (within the context)."""
+        return min(self.res.context_len, len(r.prompt_tokens) + r.max_new_tokens)
+
+    def _admit(self) -> list[Request]:
+        """Waiting requests that fit: fewer than max_running_requests run and the KV pool holds every running
+        request's reservation (the first request is always admitted: one that cannot fit was refused at the API)."""
+        room = self.res.max_running_requests - len(self.running)
+        used = sum(self._reserve(r) for r in self.running)
+        batch: list[Request] = []
+        for r in self.waiting:
+            if len(batch) >= room:
+                break
+            need = self._reserve(r)
+            if (self.running or batch) and used + need > self.res.max_total_num_tokens:
+                break
+            batch.append(r)
+            used += need
+        return batch
 
     def _sleep_until(self, deadline: float) -> None:
         while not self._stop.is_set():
@@ -151,8 +173,7 @@ class Scheduler:
                     deadline = None
                     self._cv.wait(timeout=0.5)
                     continue
-                room = self.res.max_running_requests - len(self.running)
-                batch = self.waiting[:room] if room > 0 else []
+                batch = self._admit()
                 del self.waiting[:len(batch)]
             if deadline is None:       # idle until now: the clock starts at the oldest admitted arrival
                 now = time.monotonic()

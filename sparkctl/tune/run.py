@@ -1,0 +1,356 @@
+"""`sparkctl tune`: the envelope search the seed card's author did by hand, as one journaled transaction.
+
+Order (each step journaled in ``runs/<tune id>/tune.json`` before the next begins):
+
+1. **begin**: under the cluster lock, ``tune.json`` at the ledger root records the run and the deployment that
+   ran before it (``original``) with this controller (pid + start time). A tune found there whose controller is
+   dead is settled by the next ``sparkctl tune`` (``tune --resume RUN`` continues it; any other tune restores its
+   original first). Trial deployments are the lifecycle's compare transaction (kind ``bench-compare``,
+   deploy/compare.py): its marker records the original before the first trial changes anything, a trial is
+   never a rollback target (so ``sparkctl rollback`` also returns to what ran before), ``status`` exits 8 while
+   it is unfinished, and the restore (kind ``bench-restore``) clears it.
+2. **trials**: the baseline (the profile as it is) first, then every grid candidate (``--trials N``: the first N
+   of them). Each trial is a full ``up`` through the lifecycle (preflight, boot, warm-up, gates; rollback on
+   failure) and a bench subset whose card lands in the ledger. A candidate that does not boot, dies of OOM,
+   resolves less capacity than ``expect``, or fails a gate or its bench is recorded **infeasible** with its
+   reason, and the search goes on. After the first trial the time of the whole tune is estimated; a trial that
+   would not fit the ``--budget`` (with the confirmation still to come) is not started (``skipped: budget``).
+3. **confirm**: the best feasible candidate against the baseline, interleaved A B A B (``confirm_rounds``
+   rounds, each a fresh deploy and bench of each), the samples of each side pooled; it is promoted only when it
+   beats the baseline beyond the noise band (``sparkctl.bench.diff.compare_summaries``), else nothing is.
+4. **promote**: the winner's profile (``extends:`` the original, only the changed keys, a comment naming the run).
+5. **restore**: the original deployment (an ``up`` of its recorded profile, kind ``bench-restore``), or ``down``
+   when nothing ran before; ``tune.json`` is removed.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from sparkctl.errors import ConfigError, PreflightError, SparkctlError
+from sparkctl.state.files import write_text_atomic
+from sparkctl.state.ledger import Ledger, now_iso
+
+from sparkctl.tune import space as sp
+from sparkctl.tune.journal import Journal, clear_marker, restore, settle, write_marker
+from sparkctl.tune.table import trial_table
+
+SCHEMA = "sparkctl.tune/1"
+OBJECTIVES = {"decode": ("decode", "higher"), "ttft": ("ttft", "lower"), "aggregate-c2": ("concurrency", "higher")}
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class TuneOptions:
+    profile: str
+    vary: list[str]
+    objective: str = "decode"
+    budget_s: float | None = None
+    trials: int | None = None
+    runs: int = 5
+    max_tokens: int = 800
+    warmup: int = 1
+    confirm_rounds: int = 2
+    ttft_sizes: tuple[int, ...] = (4096,)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _boundary(step: str) -> None:
+    """The lifecycle's step boundary (deploy/steps.py): ``SPARKCTL_CRASH_AT=tune:<step>:after`` SIGKILLs the
+    controller there. Tune's steps: trial-<i> after each trial's journal write, confirm-<k> after each A/B leg."""
+    from sparkctl.deploy.steps import boundary
+    boundary("tune", step, "after")
+
+
+def _bench_opts(o: TuneOptions) -> Any:
+    from sparkctl.bench.arms import BenchOptions
+    gates = {"decode": ("decode", "acceptance"), "ttft": ("decode", "ttft"),
+             "aggregate-c2": ("decode", "concurrency")}[o.objective]
+    return BenchOptions(gates=gates, runs=o.runs, max_tokens=o.max_tokens, warmup=o.warmup, acceptance_runs=1,
+                        ttft_sizes=o.ttft_sizes, ttft_runs=max(2, min(o.runs, 3)), concurrency=(1, 2))
+
+
+def objective_samples(card: dict[str, Any], objective: str) -> list[float]:
+    """The samples the objective is judged on, from a card's (first) arm."""
+    res = ((card.get("arms") or [{}])[0]).get("results") or {}
+    if objective == "decode":
+        s = (((res.get("decode") or {}).get("classes") or {}).get("code") or {}).get("decode_tok_s") or {}
+        return list(s.get("samples") or [])
+    if objective == "ttft":
+        for e in (res.get("ttft") or {}).get("sizes") or []:
+            if (e.get("ttft_s") or {}).get("samples"):
+                return list(e["ttft_s"]["samples"])
+        return []
+    for lv in (res.get("concurrency") or {}).get("levels") or []:
+        if lv.get("concurrency") == 2 and lv.get("aggregate_tok_s") is not None:
+            return [float(lv["aggregate_tok_s"])]
+    return []
+
+
+def _summary(samples: list[float]) -> dict[str, Any] | None:
+    if not samples:
+        return None
+    return {"n": len(samples), "median": statistics.median(samples), "min": min(samples), "max": max(samples),
+            "samples": samples}
+
+
+def classify_failure(exc: BaseException) -> str:
+    """Why a candidate is infeasible, in one word or phrase, from the lifecycle's error."""
+    text = (exc.render() if isinstance(exc, SparkctlError) else str(exc)).lower()
+    if isinstance(exc, PreflightError):
+        return "preflight failed"
+    if "oom" in text or "out of memory" in text or "exit code: -9" in text:
+        return "oom"
+    if "max_total_num_tokens=" in text and "< expected" in text or "max_running_requests=" in text and "< expected" in text:
+        return "capacity below expect"
+    if "gate" in text:
+        return "gates failed"
+    if "bench" in text or "measurement" in text:
+        return "bench failed"
+    return "no boot"
+
+
+def _trial_entry(i: int, changes: dict[str, Any], baseline: bool) -> dict[str, Any]:
+    return {"index": i, "changes": changes, "baseline": baseline, "status": "pending", "reason": None,
+            "deployment": None, "card": None, "objective": None, "elapsed_s": None, "accept_len": None,
+            "capacity": None}
+
+
+def new_journal(deployer: Any, opts: TuneOptions) -> Journal:
+    """Validate the search (every candidate a valid profile) and write its journal; nothing deployed yet."""
+    from sparkctl.config.profile import load_profile
+    if opts.objective not in OBJECTIVES:
+        raise ConfigError(f"unknown objective {opts.objective!r}", where="--objective",
+                          hint=f"one of {', '.join(OBJECTIVES)}")
+    base = load_profile(opts.profile)
+    space = sp.parse_vary(opts.vary)
+    base_vals = sp.baseline_values(base, space)
+    cands = [c for c in sp.grid(space) if c != base_vals]
+    if opts.trials is not None:
+        cands = cands[:opts.trials]
+    for k, c in enumerate(cands, 1):
+        sp.candidate_profile(base, c, f"{base.name}-t{k}")     # fails now, before anything is deployed
+    run_id = Ledger.new_id(f"tune-{base.name}")
+    trials = [_trial_entry(0, {}, True)] + [_trial_entry(k, c, False) for k, c in enumerate(cands, 1)]
+    data = {"schema": SCHEMA, "run_id": run_id, "state": "running", "created": now_iso(), "profile": base.name,
+            "profile_data": base.model_dump(mode="json"), "space": [[k, v] for k, v in space],
+            "baseline_values": base_vals, "options": opts.as_dict(), "trials": trials, "original": None,
+            "estimate": None, "confirmation": None, "winner": None, "restore": None, "timing": {}}
+    return Journal(deployer.ledger, run_id, data)
+
+
+def _deploy(deployer: Any, profile: Any) -> dict[str, Any]:
+    from sparkctl.deploy.lifecycle import UpOptions
+    return deployer.up(profile, UpOptions(), kind="bench-compare")
+
+
+def _measure(deployer: Any, opts: TuneOptions, progress: Progress) -> dict[str, Any]:
+    from sparkctl.bench.run import bench_deployment
+    return bench_deployment(deployer, _bench_opts(opts), progress=lambda m: None)
+
+
+def _plain(value: Any) -> Any:
+    """A result field as JSON data (the lifecycle's typed results are pydantic models, dict-readable)."""
+    return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
+
+
+def _candidate(j: Journal, t: dict[str, Any]) -> Any:
+    from sparkctl.config.profile import Profile
+    base = Profile.model_validate(j.data["profile_data"])
+    return base if t["baseline"] else sp.candidate_profile(base, t["changes"], f"{base.name}-t{t['index']}")
+
+
+def _run_trial(deployer: Any, j: Journal, t: dict[str, Any], progress: Progress) -> None:
+    opts = TuneOptions(**j.data["options"])
+    label = "baseline" if t["baseline"] else ", ".join(f"{k}={v}" for k, v in t["changes"].items())
+    progress(f"trial {t['index']}: {label}")
+    t0 = time.monotonic()
+    try:
+        up = _deploy(deployer, _candidate(j, t))
+        t["deployment"], t["capacity"] = up.get("deployment"), _plain(up.get("capacity"))
+        card = _measure(deployer, opts, progress)
+    except SparkctlError as exc:
+        t.update(status="infeasible", reason=classify_failure(exc), error=exc.message,
+                 elapsed_s=round(time.monotonic() - t0, 3))
+        progress(f"trial {t['index']}: infeasible ({t['reason']}): {exc.message.splitlines()[0]}")
+        return
+    samples = objective_samples(card, opts.objective)
+    t.update(status="feasible" if samples else "infeasible", reason=None if samples else "objective not measured",
+             card=card.get("run_id"), objective=_summary(samples), elapsed_s=round(time.monotonic() - t0, 3))
+    acc = (((card.get("arms") or [{}])[0].get("results") or {}).get("acceptance") or {}).get("generate") or {}
+    t["accept_len"] = (acc.get("accept_len") or {}).get("median")
+    if samples:
+        progress(f"trial {t['index']}: {opts.objective} median {t['objective']['median']:.3f} "
+                 f"({t['objective']['min']:.3f}-{t['objective']['max']:.3f}) in {t['elapsed_s']:.1f} s")
+
+
+def _best(j: Journal) -> dict[str, Any] | None:
+    higher = OBJECTIVES[j.data["options"]["objective"]][1] == "higher"
+    ok = [t for t in j.data["trials"] if not t["baseline"] and t["status"] == "feasible"]
+    if not ok:
+        return None
+    return (max if higher else min)(ok, key=lambda t: t["objective"]["median"])
+
+
+def _confirm(deployer: Any, j: Journal, winner: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """A B A B: baseline and candidate alternated, each a fresh deploy + bench; samples pooled per side."""
+    from sparkctl.bench.diff import compare_summaries
+    opts = TuneOptions(**j.data["options"])
+    base_t = j.data["trials"][0]
+    conf = j.data.get("confirmation") or {"candidate": winner["index"], "order": [], "baseline": [], "winner": []}
+    j.data["confirmation"] = conf
+    sides = [("baseline", base_t), ("winner", winner)] * opts.confirm_rounds
+    for k, (side, t) in enumerate(sides):
+        if k < len(conf["order"]):
+            continue                                     # done before a resume
+        progress(f"confirmation {k + 1}/{len(sides)}: {side}")
+        try:
+            _deploy(deployer, _candidate(j, t))
+            samples = objective_samples(_measure(deployer, opts, progress), opts.objective)
+        except SparkctlError as exc:
+            conf.update(verdict="failed", error=exc.message)
+            return conf
+        conf["order"].append(side)
+        conf[side].extend(samples)
+        j.save()
+        _boundary(f"confirm-{k + 1}")
+    a, b = _summary(conf["baseline"]), _summary(conf["winner"])
+    if a is None or b is None:
+        conf.update(verdict="failed", error="the objective was not measured in the confirmation")
+        return conf
+    lower = OBJECTIVES[opts.objective][1] == "lower"
+    conf["comparison"] = compare_summaries(a, b, lower_is_better=lower)
+    conf["verdict"] = conf["comparison"]["verdict"]
+    return conf
+
+
+def _estimate(j: Journal, elapsed_s: float) -> None:
+    t1 = next((t["elapsed_s"] for t in j.data["trials"] if t["elapsed_s"] is not None), None)
+    if t1 is None or j.data.get("estimate"):
+        return
+    opts = j.data["options"]
+    n = len(j.data["trials"])
+    total = elapsed_s + t1 * (n - 1) + t1 * 2 * opts["confirm_rounds"] + t1     # trials, ABAB, restore
+    j.data["estimate"] = {"after_trial_s": round(t1, 3), "trials": n, "total_s": round(total, 1),
+                          "formula": "elapsed + first trial x (remaining trials + 2 x confirm rounds + 1 restore)"}
+
+
+def execute(deployer: Any, j: Journal, progress: Progress) -> dict[str, Any]:
+    """Run (or continue) the tune in `j` to its end: trials, confirmation, promotion, restore."""
+    ledger = deployer.ledger
+    opts = TuneOptions(**j.data["options"])
+    started = time.monotonic() - float(j.data["timing"].get("elapsed_before_s", 0.0))
+    with ledger.lock("tune"):
+        if j.data["original"] is None and not j.data.get("began"):
+            active = ledger.active()
+            j.data.update(original=active.id if active else None, began=now_iso())
+        write_marker(ledger, j.run_id, j.data["original"])
+        j.save()
+        try:
+            _trials(deployer, j, opts, started, progress)
+            _decide(deployer, j, opts, started, progress)
+        finally:
+            j.data["timing"]["trials_sum_s"] = round(sum(t["elapsed_s"] or 0 for t in j.data["trials"]), 3)
+            restore_t0 = time.monotonic()
+            j.data["restore"] = restore(deployer, j.data["original"], progress)
+            j.data["timing"]["restore_s"] = round(time.monotonic() - restore_t0, 3)
+            j.data["timing"]["total_s"] = round(time.monotonic() - started, 3)
+            j.data["state"] = "finished" if j.data["restore"].get("ok") else "restore failed"
+            j.save()
+            if j.data["restore"].get("ok"):
+                clear_marker(ledger)
+    return j.data
+
+
+def _trials(deployer: Any, j: Journal, opts: TuneOptions, started: float, progress: Progress) -> None:
+    for t in j.data["trials"]:
+        if t["status"] != "pending":
+            continue                                            # finished before a resume: never redone
+        elapsed = time.monotonic() - started
+        est = j.data.get("estimate")
+        if opts.budget_s is not None and est:
+            need = est["after_trial_s"] * (1 + 2 * opts.confirm_rounds + 1)
+            if elapsed + need > opts.budget_s:
+                t.update(status="skipped", reason="budget")
+                j.save()
+                continue
+        _run_trial(deployer, j, t, progress)
+        j.data["timing"]["elapsed_before_s"] = round(time.monotonic() - started, 3)
+        if not j.data.get("estimate"):
+            _estimate(j, time.monotonic() - started)
+            e = j.data["estimate"]
+            progress(f"estimate after the first trial ({e['after_trial_s']:.1f} s): {e['trials']} trials + "
+                     f"confirmation + restore = about {e['total_s']:.0f} s"
+                     + (f" (budget {opts.budget_s:.0f} s)" if opts.budget_s else ""))
+        j.save()
+        _boundary(f"trial-{t['index']}")
+
+
+def _decide(deployer: Any, j: Journal, opts: TuneOptions, started: float, progress: Progress) -> None:
+    base_t = j.data["trials"][0]
+    best = _best(j)
+    if base_t["status"] != "feasible":
+        j.data["winner"] = {"promoted": False, "why": f"the baseline itself is infeasible ({base_t['reason']}): "
+                                                      "nothing to confirm against"}
+        return
+    if best is None:
+        j.data["winner"] = {"promoted": False, "why": "no feasible candidate"}
+        return
+    est = j.data.get("estimate") or {}
+    need = (est.get("after_trial_s") or 0) * 2 * opts.confirm_rounds
+    if opts.budget_s is not None and (j.data.get("confirmation") or {}).get("order") is None \
+            and time.monotonic() - started + need > opts.budget_s:
+        j.data["winner"] = {"promoted": False, "candidate": best["index"],
+                            "why": "the budget leaves no time for the A B A B confirmation: nothing promoted"}
+        return
+    t0 = time.monotonic()
+    conf = _confirm(deployer, j, best, progress)
+    j.data["timing"]["confirm_s"] = round(time.monotonic() - t0 + float(j.data["timing"].get("confirm_s") or 0), 3)
+    if conf.get("verdict") != "better":
+        why = (f"trial {best['index']} did not beat the baseline beyond the noise band in the A B A B "
+               f"confirmation ({conf.get('verdict')}"
+               + (f": delta {conf['comparison']['delta']:+.3f}, band {conf['comparison']['band']:.3f}" if
+                  conf.get("comparison") else f": {conf.get('error')}") + ")")
+        j.data["winner"] = {"promoted": False, "candidate": best["index"], "why": why}
+        progress(why + ": nothing promoted")
+        return
+    changed = {k: v for k, v in best["changes"].items() if j.data["baseline_values"].get(k) != v}
+    name = f"{j.data['profile']}-tuned-{j.run_id.split('-')[0].lower()}"
+    c = conf["comparison"]
+    note = (f"Confirmed A B A B x{opts.confirm_rounds} against {j.data['profile']}: {opts.objective} "
+            f"{c['a']:.3f} -> {c['b']:.3f} ({c['delta_pct']:+.1f}%, noise band {c['band']:.3f}).")
+    path = sp.winner_dir() / f"{name}.yml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, sp.winner_profile_text(j.data["profile"], changed, j.run_id, note))
+    j.data["winner"] = {"promoted": True, "candidate": best["index"], "changes": changed, "profile": name,
+                        "path": str(path), "card": best["card"], "note": note}
+    progress(f"winner: {', '.join(f'{k}={v}' for k, v in best['changes'].items())} -> profile {name} ({path})")
+
+
+def tune(deployer: Any, opts: TuneOptions, progress: Progress) -> dict[str, Any]:
+    settle(deployer, progress)
+    j = new_journal(deployer, opts)              # written once the lock is held (execute)
+    progress(f"tune {j.run_id}: {len(j.data['trials'])} trials (baseline + {len(j.data['trials']) - 1} candidates)")
+    return execute(deployer, j, progress)
+
+
+def resume(deployer: Any, run_id: str, progress: Progress) -> dict[str, Any]:
+    j = Journal.load(deployer.ledger, run_id)
+    if j.data.get("state") == "finished":
+        raise ConfigError(f"tune {run_id} already finished", where=str(j.path), hint="start a new `sparkctl tune`")
+    settle(deployer, progress, resuming=run_id)
+    done = sum(1 for t in j.data["trials"] if t["status"] != "pending")
+    progress(f"resuming tune {run_id}: {done} of {len(j.data['trials'])} trials already done (not redone)")
+    j.data["state"] = "running"
+    return execute(deployer, j, progress)
+
+
+__all__ = ["TuneOptions", "tune", "resume", "settle", "trial_table", "objective_samples", "classify_failure",
+           "journal_path"]
+
+from sparkctl.tune.journal import journal_path  # noqa: E402  (re-exported for the CLI)

@@ -1,0 +1,140 @@
+"""What `sparkctl tune` searches: the --vary grid over profile keys, candidate profiles, the winner's profile file.
+
+``--vary speculative.num_draft_tokens=4,6,8 --vary server.mem_fraction_static=0.85,0.88`` is a grid of 3 x 2
+candidates, in --vary order (the last key varies fastest). Values are YAML scalars (``8`` an int, ``0.88`` a
+float, ``null``, ``flashinfer`` a string); every candidate is validated as a whole profile before anything is
+deployed, so a key that does not exist or a value of the wrong type fails at once naming the --vary (exit 2).
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from sparkctl.errors import ConfigError
+
+_KEY_RE = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
+_NOT_TUNABLE = ("name", "path", "extends", "description", "api", "rollback_profile", "lifecycle")
+
+
+def parse_vary(items: list[str]) -> list[tuple[str, list[Any]]]:
+    """``["server.x=1,2"]`` -> ``[("server.x", [1, 2])]``; ConfigError naming the bad --vary."""
+    out: list[tuple[str, list[Any]]] = []
+    for item in items:
+        key, sep, rest = item.partition("=")
+        key = key.strip()
+        if not sep or not _KEY_RE.match(key) or not rest.strip():
+            raise ConfigError(f"--vary {item!r} is not KEY=V1,V2,...", where="--vary",
+                              hint="e.g. --vary speculative.num_draft_tokens=4,6,8 (a dotted profile key)")
+        if key.split(".")[0] in _NOT_TUNABLE:
+            raise ConfigError(f"--vary {key}: not a launch setting", where="--vary",
+                              hint="vary server.*, speculative.*, model.*, image.*, env.* or warmup.* keys")
+        if any(k == key for k, _ in out):
+            raise ConfigError(f"--vary {key} given twice", where="--vary", hint="list every value in one --vary")
+        values = []
+        for raw in rest.split(","):
+            raw = raw.strip()
+            if not raw:
+                raise ConfigError(f"--vary {item!r}: an empty value", where="--vary", hint="V1,V2 with no empty item")
+            try:
+                values.append(yaml.safe_load(raw))
+            except yaml.YAMLError:
+                values.append(raw)
+        if len(set(map(repr, values))) != len(values):
+            raise ConfigError(f"--vary {key}: a value is listed twice", where="--vary", hint="list each value once")
+        out.append((key, values))
+    if not out:
+        raise ConfigError("nothing to vary", where="--vary", hint="e.g. --vary speculative.num_draft_tokens=4,6,8")
+    return out
+
+
+def get_key(data: dict[str, Any], key: str) -> Any:
+    cur: Any = data
+    for part in key.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def set_key(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    cur = data
+    for part in parts[:-1]:
+        nxt = cur.get(part)
+        if nxt is None:
+            raise ConfigError(f"--vary {key}: the profile has no {part!r} section (it is null or absent)",
+                              where="--vary", hint="vary keys of a section the profile sets (e.g. speculative.* "
+                                                   "needs speculative decoding on)")
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"--vary {key}: {part!r} is not a section", where="--vary")
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def grid(space: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
+    """Every combination, in --vary order (the last key varies fastest)."""
+    keys = [k for k, _ in space]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in space))]
+
+
+def candidate_profile(base: Any, changes: dict[str, Any], name: str) -> Any:
+    """The base profile with `changes` applied, validated; ConfigError naming the --vary that does not fit."""
+    from sparkctl.config.profile import Profile
+    data = base.model_dump(mode="json")
+    for key, value in changes.items():
+        set_key(data, key, value)
+    data["name"] = name
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(map(str, err["loc"]))
+        raise ConfigError(f"--vary {', '.join(f'{k}={v}' for k, v in changes.items())}: {loc}: {err['msg']}",
+                          where="--vary", hint="a key the profile schema knows, with a value of its type "
+                                               "(`sparkctl schema profile`)") from None
+
+
+def baseline_values(base: Any, space: list[tuple[str, list[Any]]]) -> dict[str, Any]:
+    data = base.model_dump(mode="json")
+    return {k: get_key(data, k) for k, _ in space}
+
+
+def _nest(changes: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in changes.items():
+        cur = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            cur = cur.setdefault(p, {})
+        cur[parts[-1]] = value
+    return out
+
+
+def winner_profile_text(base_name: str, changes: dict[str, Any], run_id: str, note: str) -> str:
+    """A profile that `extends:` the original with only the changed keys, and a comment naming the tune run."""
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    head = [f"# Written by `sparkctl tune` run {run_id} ({stamp}).",
+            f"# {note}",
+            f"# Only the keys the tune changed from {base_name}; everything else comes from {base_name}."]
+    body = {"description": f"{base_name} tuned by run {run_id}", "extends": base_name, **_nest(changes)}
+    return "\n".join(head) + "\n" + yaml.safe_dump(body, sort_keys=False)
+
+
+def winner_dir() -> Path:
+    """Where the winner's profile goes: $SPARKCTL_PROFILES_DIR, else the user's profiles directory."""
+    import os
+
+    from sparkctl.resources import config_home
+    env = os.environ.get("SPARKCTL_PROFILES_DIR")
+    return Path(env) if env else config_home() / "profiles"
+
+
+def copy_changes(changes: dict[str, Any]) -> dict[str, Any]:
+    return copy.deepcopy(changes)

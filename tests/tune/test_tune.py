@@ -1,0 +1,169 @@
+"""`sparkctl tune` on the embedded cluster with a planted optimum: it finds it, refuses the OOM candidate,
+promotes nothing when every candidate lies within the noise, restores what ran before, and resumes after a
+kill -9 without redoing finished trials."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+
+REPO = Path(__file__).resolve().parents[2]
+WORK = ("--runs", "3", "--max-tokens", "161", "--warmup", "0")
+
+
+def _active_profile(cli, expect_code: int = 0) -> str:
+    code, out, err = cli("status", "--json")
+    assert code == expect_code, err
+    return json.loads(out)["profile"]
+
+
+def test_tune_finds_the_planted_optimum_and_refuses_the_oom_candidate(cli, tune_cluster, profiles_dir):
+    code, out, err = cli("up", "--profile", "t5-off", "--yes", "--json")
+    assert code == 0, err
+    before = json.loads(out)["deployment"]
+
+    code, out, err = cli("tune", "--profile", "t5", "--vary", "speculative.num_draft_tokens=4,6",
+                         "--vary", "server.mem_fraction_static=0.88,0.95", *WORK, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    trials = data["trials"]
+    assert [t["changes"] for t in trials[1:]] == [
+        {"speculative.num_draft_tokens": d, "server.mem_fraction_static": f} for d in (4, 6) for f in (0.88, 0.95)]
+    oom = [t for t in trials if t["changes"].get("server.mem_fraction_static") == 0.95]
+    assert all(t["status"] == "infeasible" and t["reason"] == "oom" for t in oom), oom
+    feasible = {t["changes"].get("speculative.num_draft_tokens", 8): t["objective"]["median"]
+                for t in trials if t["status"] == "feasible"}
+    assert set(feasible) == {4, 6, 8} and max(feasible, key=feasible.get) == 6, feasible
+    # infeasible trials were recorded and the search went on: the trial after the first OOM was measured
+    assert trials[3]["status"] == "feasible" and trials[3]["card"]
+
+    conf = data["confirmation"]
+    assert conf["order"] == ["baseline", "winner", "baseline", "winner"] and conf["verdict"] == "better"
+    w = data["winner"]
+    assert w["promoted"] and w["changes"] == {"speculative.num_draft_tokens": 6}
+    text = Path(w["path"]).read_text()
+    assert Path(w["path"]).parent == profiles_dir and data["run_id"] in text.splitlines()[0]
+    doc = yaml.safe_load(text)
+    assert doc["extends"] == "t5" and doc["speculative"] == {"num_draft_tokens": 6}
+    assert set(doc) == {"description", "extends", "speculative"}           # only the changed keys
+    code, out, err = cli("render", "--profile", w["profile"], "--json")
+    assert code == 0 and "--speculative-num-draft-tokens" in out
+
+    # the deployment that ran before is back, the marker is gone, an estimate was made after the first trial
+    assert data["restore"]["ok"] and _active_profile(cli) == "t5-off"
+    assert data["original"] == before
+    e, tm = data["estimate"], data["timing"]
+    assert e["after_trial_s"] == trials[0]["elapsed_s"] and e["trials"] == 5 and tm["total_s"] >= tm["trials_sum_s"]
+    code, table, err = cli("tune", "--resume", data["run_id"])
+    assert code == 2 and "already finished" in err
+    # every trial's card is in the card index
+    code, out, err = cli("bench", "history", "--json")
+    cards = {r["run_id"] for r in json.loads(out)["cards"]}
+    assert {t["card"] for t in trials if t["card"]} <= cards
+
+
+def test_tune_promotes_nothing_when_all_lie_within_noise(cli, tune_cluster, profiles_dir):
+    # max_total_tokens 100000 still resolves the pool's 64,832 tokens: the same engine, the same speed;
+    # 20000 resolves 20,000 < d5's expect.min_max_total_num_tokens 32,768: the capacity gate refuses it
+    code, out, err = cli("tune", "--profile", "t5", "--vary", "server.max_total_tokens=20000,100000", *WORK, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert [t["status"] for t in data["trials"]] == ["feasible", "infeasible", "feasible"]
+    assert data["trials"][1]["reason"] == "capacity below expect", data["trials"][1]
+    assert data["confirmation"]["candidate"] == 2
+    assert data["confirmation"]["verdict"] == "within noise", data["confirmation"]["comparison"]
+    assert data["winner"]["promoted"] is False and "noise band" in data["winner"]["why"]
+    assert list(profiles_dir.glob("t5-tuned-*")) == []
+    assert data["original"] is None and data["restore"] == {"ok": True, "action": "down"}
+
+
+def test_kill_9_then_resume_redoes_no_finished_trial(cli, tune_cluster, state_dir):
+    code, out, err = cli("up", "--profile", "t5-off", "--yes", "--json")
+    assert code == 0, err
+    env = {**os.environ, "SPARKCTL_CRASH_AT": "tune:trial-1:after",
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, "-m", "sparkctl", "tune", "--profile", "t5", "--vary",
+                        "speculative.num_draft_tokens=4,6", *WORK, "--confirm-rounds", "1"],
+                       env=env, capture_output=True, text=True, timeout=300, cwd=str(REPO))
+    assert p.returncode == -9, p.stderr[-2000:]
+    (marker_path,) = list(state_dir.glob("*/tune.json"))
+    marker = json.loads(marker_path.read_text())
+    journal = json.loads((marker_path.parent / "runs" / marker["run"] / "tune.json").read_text())
+    assert [t["status"] for t in journal["trials"]] == ["feasible", "feasible", "pending"]
+    done = {t["index"]: (t["deployment"], t["card"]) for t in journal["trials"][:2]}
+
+    code, out, err = cli("tune", "--resume", marker["run"], "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert "2 of 3 trials already done" in err
+    assert {t["index"]: (t["deployment"], t["card"]) for t in data["trials"][:2]} == done   # not redone
+    assert data["trials"][2]["status"] == "feasible" and data["winner"]["promoted"]
+    assert data["restore"]["ok"] and _active_profile(cli) == "t5-off" and not marker_path.exists()
+
+
+def test_budget_stops_trials_and_the_next_tune_restores_after_a_kill_9(cli, tune_cluster, state_dir):
+    code, out, err = cli("up", "--profile", "t5-off", "--yes", "--json")
+    assert code == 0, err
+    env = {**os.environ, "SPARKCTL_CRASH_AT": "tune:trial-0:after",
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, "-m", "sparkctl", "tune", "--profile", "t5", "--vary",
+                        "server.max_total_tokens=100000", *WORK], env=env, capture_output=True, text=True,
+                       timeout=300, cwd=str(REPO))
+    assert p.returncode == -9, p.stderr[-2000:]
+    (marker_path,) = list(state_dir.glob("*/tune.json"))
+    killed = json.loads(marker_path.read_text())["run"]
+    # the killed tune's baseline trial still runs; its trials are the lifecycle's compare arms, so `status` says
+    # the transaction did not finish (exit 8) until it is settled
+    assert _active_profile(cli, expect_code=8) == "t5"
+    code, out, err = cli("status", "--json")
+    assert "did not finish" in json.loads(out)["unfinished_compare"]
+
+    # the next tune settles the killed one first (restores t5-off), then keeps its own budget: after the
+    # baseline trial the estimate says nothing more fits in 2 s, so no candidate starts and nothing is promoted
+    code, out, err = cli("tune", "--profile", "t5", "--vary", "speculative.num_draft_tokens=6", *WORK,
+                         "--budget", "2", "--json")
+    assert code == 0, err
+    assert f"tune {killed} was interrupted" in err
+    old = json.loads((marker_path.parent / "runs" / killed / "tune.json").read_text())
+    assert old["state"] == "interrupted" and old["restore"]["ok"] and old["restore"]["profile"] == "t5-off"
+    data = json.loads(out)
+    assert [t["status"] for t in data["trials"]] == ["feasible", "skipped"] and data["trials"][1]["reason"] == "budget"
+    assert data["winner"] == {"promoted": False, "why": "no feasible candidate"}
+    assert data["original"] == old["restore"]["deployment"]      # the restored t5-off is what ran before this tune
+    assert _active_profile(cli) == "t5-off" and not marker_path.exists()
+
+
+def test_duration_and_vary_parsing():
+    import pytest
+
+    from sparkctl.cli.tune_cmds import parse_duration
+    from sparkctl.errors import ConfigError
+    from sparkctl.tune.space import grid, parse_vary
+    assert [parse_duration(x) for x in ("2h", "90m", "1h30m", "600", "45s")] == [7200, 5400, 5400, 600, 45]
+    for bad in ("", "h", "-5", "0", "2x", "1e9"):
+        with pytest.raises(ConfigError):
+            parse_duration(bad)
+    space = parse_vary(["speculative.num_draft_tokens=4,6", "server.mem_fraction_static=0.85,0.88",
+                        "speculative.draft_attention_backend=flashinfer"])
+    assert space[0] == ("speculative.num_draft_tokens", [4, 6]) and space[1][1] == [0.85, 0.88]
+    assert len(grid(space)) == 4 and grid(space)[1] == {"speculative.num_draft_tokens": 4,
+                                                        "server.mem_fraction_static": 0.88,
+                                                        "speculative.draft_attention_backend": "flashinfer"}
+    for bad in (["x=1"], ["server.x"], ["name.x=1"], ["server.a=1,1"], ["server.a=1", "server.a=2"], ["server.a=1,"]):
+        with pytest.raises(ConfigError):
+            parse_vary(bad)
+
+
+def test_a_candidate_that_is_not_a_profile_fails_before_anything_is_deployed(cli, tune_cluster, state_dir):
+    code, out, err = cli("tune", "--profile", "t5", "--vary", "server.mem_fraction_statc=0.9")
+    assert code == 2 and "server.mem_fraction_statc" in err
+    code, out, err = cli("tune", "--profile", "t5-off", "--vary", "speculative.num_draft_tokens=6")
+    assert code == 2 and "no 'speculative' section" in err
+    code, out, err = cli("tune", "--profile", "t5", "--vary", "server.mem_fraction_static=2")
+    assert code == 2 and "mem_fraction_static" in err
+    assert not list(state_dir.glob("*/deployments/*.json")) and not list(state_dir.glob("*/runs/*"))
