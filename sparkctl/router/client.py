@@ -164,3 +164,20 @@ def engine_in_flight(api_url: str, *, timeout_s: float = 2.0) -> int | None:
     if "sglang:num_running_reqs" not in m:
         return None
     return int(m["sglang:num_running_reqs"] + m.get("sglang:num_queue_reqs", 0.0))
+
+
+def detach(router: RouterClient, worker_url: str, *, drain_s: float, remove_s: float = 30.0) -> float:
+    """A rolling update's first move on one replica: out of the router (no new request), then its in-flight requests
+    drained (bounded by ``drain_s``). Returns the seconds the drain took. Idempotent: a replica already out is
+    only drained (a re-run after a crash between the two moves)."""
+    router.remove_worker(worker_url, timeout_s=remove_s)
+    return drain(lambda: engine_in_flight(worker_url), timeout_s=drain_s, what=f"replica {worker_url}")
+
+
+def attach(router: RouterClient, worker_url: str, *, timeout_s: float = 30.0) -> Worker:
+    """A rolling update's last move on one replica (after its gates passed): back into the router, healthy.
+    Idempotent: a replica already in is returned as it is listed."""
+    w = router.find(worker_url)
+    if w is not None and w.healthy:
+        return w
+    return router.add_worker(worker_url, timeout_s=timeout_s)
