@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from sparkctl.nodes import procfs
 from sparkctl.router import RouterError
 from sparkctl.router.spec import RouterSpec
 
@@ -26,7 +27,16 @@ class RouterProcess:
     spec: RouterSpec
     pid: int
     log_path: Path
+    ticks: int | None = None              # the process's start time (/proc/PID/stat): a reused PID is not ours
     _popen: subprocess.Popen | None = None
+
+    def to_dict(self) -> dict:
+        return {"pid": self.pid, "ticks": self.ticks, "log": str(self.log_path), "argv": self.spec.args()}
+
+    @classmethod
+    def from_dict(cls, spec: RouterSpec, d: dict) -> "RouterProcess":
+        """The router a previous controller started (read from its record): stop and liveness by PID + start time."""
+        return cls(spec, int(d["pid"]), Path(d["log"]), d.get("ticks"))
 
     @classmethod
     def start(cls, spec: RouterSpec, log_path: Path, *, ready_timeout_s: float = 30.0,
@@ -40,7 +50,7 @@ class RouterProcess:
                                      stdout=fd, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         finally:
             os.close(fd)
-        proc = cls(spec, popen.pid, log_path, popen)
+        proc = cls(spec, popen.pid, log_path, procfs.start_ticks(popen.pid), popen)
         try:
             proc.wait_live(ready_timeout_s)
         except RouterError:
@@ -51,13 +61,7 @@ class RouterProcess:
     def alive(self) -> bool:
         if self._popen is not None:
             return self._popen.poll() is None
-        try:
-            os.kill(self.pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+        return procfs.running(self.pid, self.ticks)
 
     def wait_live(self, timeout_s: float) -> None:
         end = time.monotonic() + timeout_s
