@@ -12,6 +12,10 @@ from typing import Any, TypeVar
 
 _E = TypeVar("_E", bound="SparkctlError")
 
+# `sparkctl status`: the active deployment is unhealthy, a deployment was interrupted (its controller died), or
+# a `bench --compare` did not finish its restore. Not an error (status reports it), so no class: the CLI's.
+STATUS_NOT_OK = 8
+
 
 class SparkctlError(Exception):
     """A known, user-facing failure. Printed as one clear message, never a traceback.

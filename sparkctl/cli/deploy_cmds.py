@@ -10,7 +10,7 @@ import typer
 from sparkctl.cli import bounds
 from sparkctl.cli.options import flag
 
-STATUS_NOT_OK = 8   # `status`: the active deployment is unhealthy, or a deployment was interrupted
+from sparkctl.errors import STATUS_NOT_OK  # noqa: E402 - exit 8: unhealthy, interrupted, or a comparison unfinished
 INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory file (default: see README).")
 
 
@@ -51,11 +51,12 @@ def _confirm(assume_yes: bool, action: str, d: Any, command: str) -> Any:
     return ask
 
 
-def _emit(result: dict[str, Any], as_json: bool, human: Any) -> None:
+def _emit(result: Any, as_json: bool, human: Any) -> None:
+    data = result.as_json() if hasattr(result, "as_json") else result
     if as_json:
-        print(json.dumps(result, indent=2, default=str))
+        print(json.dumps(data, indent=2, default=str))
     else:
-        human(result)
+        human(data)
 
 
 def _up_human(result: dict[str, Any]) -> None:
@@ -67,10 +68,21 @@ def _up_human(result: dict[str, Any]) -> None:
             print("capacity: " + ", ".join(f"{k}={v}" for k, v in cap.items()))
         for g in result.get("gates") or []:
             print(f"  {'PASS' if g['ok'] else 'FAIL'} {g['name']}: {g['evidence']}")
+        cc = result.get("concurrency")
+        if cc:
+            print(f"concurrency: at most {cc['max_running_requests']} request(s) at once: {cc['reason']}")
+            print(f"  to raise it: {cc['setting']}")
+        _next_lines(result)
     elif outcome == "unchanged":
         print(f"unchanged: {result['reason']}")
+        _next_lines(result)
     elif outcome == "dry-run":
         print("dry run: plan above; nothing was changed")
+
+
+def _next_lines(result: dict[str, Any]) -> None:
+    if result.get("next_commands"):
+        print("next: " + "  |  ".join(result["next_commands"]))
 
 
 def register(app: typer.Typer) -> None:
@@ -168,6 +180,9 @@ def register(app: typer.Typer) -> None:
                 print(f"cluster {r['cluster']}: deployment {i['deployment']} was interrupted ({i['detail']}) during "
                       f"{i['stage']}: " + (f"ranks {alive} alive" if alive else "none of its engines runs")
                       + "; the next `sparkctl up`, `rollback` or `down` settles it")
+            if r.get("unfinished_compare"):
+                print(f"cluster {r['cluster']}: {r['unfinished_compare']}; the next `sparkctl up`, `rollback`, "
+                      f"`down` or `bench` settles it")
             if not r.get("active"):
                 print(f"cluster {r['cluster']}: no active deployment")
                 return
@@ -180,7 +195,7 @@ def register(app: typer.Typer) -> None:
                 extra = f", /health {rank.get('health')}" if rank["rank"] == 0 else ""
                 print(f"  rank {rank['rank']} [{rank['node']}]: {rank['state']}{extra}")
         _emit(result, as_json, human)
-        if not result["ok"]:
+        if not result.ok:
             raise typer.Exit(STATUS_NOT_OK)
 
     @app.command()
@@ -189,12 +204,11 @@ def register(app: typer.Typer) -> None:
                as_json: bool = flag("--json", help="What changed, as JSON on stdout.")) -> None:
         """Repair a damaged ledger: move damaged records aside (kept), rebuild the index and the active deployment
         from the engines actually running. Shows the changes and asks first."""
-        from sparkctl.deploy.repair import apply_repair, plan_repair
         from sparkctl.errors import CancelledError
 
         d = _deployer(inventory, quiet=as_json)
         with d.ledger.lock("repair"):
-            plan = plan_repair(d)
+            plan = d.plan_repair()
             if not plan.changes:
                 _emit({"changed": False, **plan.as_dict()}, as_json,
                       lambda r: print("ledger is consistent with what runs: nothing to repair"
@@ -208,7 +222,7 @@ def register(app: typer.Typer) -> None:
                                          hint="review the changes above, then run `sparkctl repair --yes`")
                 if not typer.confirm("apply these changes?", default=False):
                     raise CancelledError("repair declined at the prompt; nothing was changed")
-            apply_repair(d, plan)
+            d.apply_repair(plan)
         _emit({"changed": True, **plan.as_dict()}, as_json,
               lambda r: print(f"repaired: active deployment {r['active'] or 'none'}"
                               + (f"; damaged files kept in {d.ledger.root / 'damaged'}" if r["damaged"] else "")))

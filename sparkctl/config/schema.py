@@ -44,10 +44,22 @@ def json_schema(kind: str) -> dict[str, Any]:
     from sparkctl.cli.outputs import OUTPUTS
     if kind in OUTPUTS:
         return OUTPUTS[kind].model_json_schema()
+    if kind in LIFECYCLE_OUTPUTS:
+        import importlib
+        module, name = LIFECYCLE_OUTPUTS[kind].split(":")
+        return getattr(importlib.import_module(module), name).model_json_schema()
     raise ConfigError(f"unknown schema kind {kind!r}", hint=f"use one of: {', '.join(schema_names())}")
 
 
 def schema_names() -> list[str]:
     """What `sparkctl schema` knows: the two file formats, then every modelled --json output."""
     from sparkctl.cli.outputs import OUTPUTS
-    return ["profile", "inventory", *OUTPUTS]
+    return ["profile", "inventory", *OUTPUTS, *LIFECYCLE_OUTPUTS]
+
+
+# The lifecycle's typed results and the ledger's record (imported only when asked for: deploy/ is heavy).
+LIFECYCLE_OUTPUTS = {
+    "up": "sparkctl.deploy.results:UpResult", "rollback": "sparkctl.deploy.results:UpResult",
+    "down": "sparkctl.deploy.results:DownResult", "status": "sparkctl.deploy.results:StatusResult",
+    "deployment-record": "sparkctl.state.records:DeploymentRecord",
+}

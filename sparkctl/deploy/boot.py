@@ -37,12 +37,15 @@ class RankWatch:
     follower: LogFollower = field(default_factory=LogFollower)
     offset: int = 0
     announced: set[EventKind] = field(default_factory=set)
+    cap_line: str | None = None          # the engine's own line saying it caps concurrency (mamba state cache)
 
     def poll(self) -> None:
         reporter = self.reporter
         text, self.offset = self.runtime.read_log(self.handle, self.offset)
         for line in text.splitlines():
             for ev in self.follower.feed(line):
+                if ev.kind is EventKind.MAMBA_CAP_WARNING and self.cap_line is None:
+                    self.cap_line = ev.message
                 if ev.kind in _ANNOUNCE and ev.kind not in self.announced:
                     self.announced.add(ev.kind)
                     extra = ""
@@ -92,7 +95,7 @@ _HINTS = {
 
 
 def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deployment_id: str, reporter: Reporter,
-         *, timeout_s: float, worker_grace_s: float = 0.3,
+         *, timeout_s: float, worker_grace_s: float = 0.0,
          started: list[tuple[Runtime, Handle]] | None = None,
          ready_probe: Callable[[], bool] | None = None,
          on_start: Callable[[LaunchSpec, Handle | None], None] | None = None) -> BootResult:
@@ -118,8 +121,9 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
         watches.append(watch)
         reporter.event(f"rank {spec.rank} started ({handle.where})", spec.node)
         if spec.rank != 0:
-            # Give the worker a moment: a rank that dies at once (bad flag, missing model) is caught here.
-            # It may go on as soon as SGLang accepted its arguments (the server_args line), at most the grace.
+            # With a grace (default none): give the worker a moment before the next start, until SGLang accepted
+            # its arguments (the server_args line). Without one, a rank that dies at once (bad flag, missing
+            # model) is caught by the wait below, which checks every rank, highest first, on each poll.
             deadline = time.monotonic() + worker_grace_s
             while time.monotonic() < deadline:
                 _check(watch, t0)

@@ -7,7 +7,7 @@ Two halves, so the checks work with any runtime that can run an argv on a node:
   and ``sparkctl.nodes.host_facts``) through the given ``run_many`` (e.g. a node's SSH connector) and parses them;
 * ``evaluate(facts_by_node, rank0)`` -> list of ``Check`` (node, name, ok, seen, fix): PURE, no I/O.
 
-Wired into ``Deployer._preflight`` (sparkctl/deploy/lifecycle.py) through ``run_preflight(..., then=...)``.
+Wired into ``apply.run_checks`` (sparkctl/deploy/apply.py) through ``run_preflight(..., then=...)``.
 """
 from __future__ import annotations
 

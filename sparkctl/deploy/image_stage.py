@@ -186,8 +186,7 @@ class ImageStage:
 
     def build(self) -> None:
         if self.survey.mode != "pipeline":
-            self._say(self.survey.steps()[0][1])
-            return
+            return       # its no-op reason is the step's own line (the plan's decision, said once)
         from sparkctl.images import pipeline
         self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
@@ -201,7 +200,6 @@ class ImageStage:
 
     def distribute(self) -> dict[str, str]:
         if self.survey.mode == "process":
-            self._say(self.survey.steps()[1][1])
             return {}
         if self.survey.mode == "prebuilt":
             from sparkctl.images.distribute import ensure_same_image
@@ -214,7 +212,6 @@ class ImageStage:
     def verify(self) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
         """({node: id of the image the ranks run}, {node: {engine_tag, engine_id, launch_tag, launch_id}})."""
         if self.survey.mode == "process":
-            self._say(self.survey.steps()[2][1])
             return {}, {}
         if self.survey.mode == "prebuilt":
             from sparkctl.images.distribute import _refuse_mismatch

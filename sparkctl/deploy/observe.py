@@ -11,16 +11,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sparkctl.deploy.rollback import on_every
+from sparkctl.deploy.cluster import Cluster
+from sparkctl.deploy.fanout import fan_out
 from sparkctl.errors import SparkctlError
 from sparkctl.nodes import procfs
 from sparkctl.nodes.handles import ProcessHandle
 from sparkctl.nodes.runtime import Handle
-
-if TYPE_CHECKING:
-    from sparkctl.deploy.lifecycle import Deployer
 
 _RANK_LOG = re.compile(r"^rank(\d+)\.log$")
 
@@ -38,7 +36,7 @@ class Engine:
         return f"rank {self.handle.rank} ({self.handle.where} on {self.handle.node}) of {self.deployment}"
 
 
-def process_engines(d: "Deployer") -> list[Engine]:
+def process_engines(d: Cluster) -> list[Engine]:
     """Local engine processes writing to a rank log of this ledger (see module docstring)."""
     logs = d.ledger.root.resolve() / "logs"
     nodes = d.inventory.nodes
@@ -59,7 +57,7 @@ def process_engines(d: "Deployer") -> list[Engine]:
     return out
 
 
-def observe(d: "Deployer", unreachable: list[str] | None = None) -> list[Engine]:
+def observe(d: Cluster, unreachable: list[str] | None = None) -> list[Engine]:
     """Every engine of this cluster found on its nodes (all nodes at once). A node that cannot say (SSH down)
     raises its NodeError, or with `unreachable` given is named there ("[node] why") and skipped."""
     found: list[Engine] = []
@@ -68,18 +66,19 @@ def observe(d: "Deployer", unreachable: list[str] | None = None) -> list[Engine]
     docker = [n for n in d.inventory.nodes if n.runtime == "docker"]
     rts = d.runtimes("observe")
 
-    def ps(node: Any) -> None:
-        try:
-            found.extend(Engine(h, running) for h, running in rts.for_node(node).labelled())
-        except SparkctlError as exc:
-            if unreachable is None:
-                raise
-            unreachable.append(f"[{node.name}] {exc.message}")
-    on_every(docker, ps)
+    def ps(node: Any) -> list[Engine]:
+        return [Engine(h, running) for h, running in rts.for_node(node).labelled()]
+    for o in fan_out(docker, ps):
+        if o.error is None:
+            found.extend(o.value or [])
+        elif isinstance(o.error, SparkctlError) and unreachable is not None:
+            unreachable.append(f"[{o.item.name}] {o.error.message}")
+        else:
+            raise o.error
     return sorted(found, key=lambda e: (e.deployment, -e.handle.rank))
 
 
-def stop_engine(d: "Deployer", engine: Engine, *, remove: bool = True) -> str | None:
+def stop_engine(d: Cluster, engine: Engine, *, remove: bool = True) -> str | None:
     """Stop (and remove) one found engine; None when done, else why it could not be stopped."""
     rt = d.runtimes(engine.deployment).for_node(engine.handle.node)
     try:
@@ -89,3 +88,18 @@ def stop_engine(d: "Deployer", engine: Engine, *, remove: bool = True) -> str | 
     except SparkctlError as exc:
         return exc.message
     return None
+
+
+def unrecorded(d: Cluster, engines: list[Engine]) -> None:
+    """LedgerError (exit 6, pointing to `sparkctl repair`) when a running engine's deployment has no record:
+    the ledger lost it (moved, deleted), and its engines must not be read as "nothing deployed" nor stopped as
+    orphans."""
+    from sparkctl.errors import LedgerError
+    from sparkctl.state.ledger import REPAIR_HINT
+
+    known = set(d.ledger.record_ids())
+    lost = sorted({e.deployment for e in engines if e.running and e.deployment not in known})
+    if lost:
+        raise LedgerError(f"engines of {', '.join(lost)} run but the ledger has no record of "
+                          f"{'it' if len(lost) == 1 else 'them'}", where=str(d.ledger.root / "deployments"),
+                          hint=REPAIR_HINT)

@@ -1,6 +1,6 @@
 """Plan: the desired deployment vs what runs now, as the ordered steps `up` will run (or a no-op with its reason).
 
-The steps are the program: `Deployer._apply` runs exactly `plan.steps`, in order, each recorded in the ledger
+The steps are the program: `deploy.apply.apply` runs exactly `plan.steps`, in order, each recorded in the ledger
 as a stage under the step's name, so what `--dry-run` prints cannot drift from what `up` does. A step that
 starts engines carries a preview of each command it runs (the `docker run` argv per rank), shown by
 `--dry-run`.

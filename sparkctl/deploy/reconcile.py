@@ -18,18 +18,18 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sparkctl.deploy.observe import Engine, observe, stop_engine
-from sparkctl.deploy.rollback import mark_superseded
+from pydantic import BaseModel, Field
+
+from sparkctl.deploy.cluster import Cluster
+from sparkctl.deploy.engines import mark_superseded, sweep_secrets
+from sparkctl.deploy.observe import Engine, observe, stop_engine, unrecorded
+from sparkctl.errors import SparkctlError
 from sparkctl.sglang.client import SGLangAPIError
 from sparkctl.state.controller import controller_alive, live_lock_holder
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, Failure, Status
-
-if TYPE_CHECKING:
-    from sparkctl.deploy.lifecycle import Deployer
 
 RECENT = 3   # only the newest records can be in progress: every command that takes the lock settles them first
 
@@ -49,7 +49,7 @@ def interrupted(ledger: Ledger, *, locked: bool) -> list[DeploymentRecord]:
     recorded controller pid provably gone."""
     holder = None if locked else live_lock_holder(ledger.root)
     out = []
-    for dep_id in list(reversed(ledger.index()["history"]))[:RECENT]:
+    for dep_id in list(reversed(ledger.history()))[:RECENT]:
         rec = ledger.load(dep_id)
         if not in_progress(rec) or _ours(rec):
             continue
@@ -74,17 +74,18 @@ def stage_of(rec: DeploymentRecord) -> str:
     return next((s.name for s in reversed(rec.stages) if s.status != "ok"), "plan")
 
 
-@dataclass
-class Reconciled:
-    lines: list[str]
+class Reconciled(BaseModel):
+    """What reconcile did: one line per decision, the deployment adopted, the engines stopped."""
+
+    lines: list[str] = Field(default_factory=list)
     adopted: str | None = None
-    stopped: list[str] | None = None
+    stopped: list[str] = Field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"lines": self.lines, "adopted": self.adopted, "stopped": self.stopped or []}
+        return self.model_dump()
 
 
-def _healthy(d: "Deployer", rec: DeploymentRecord, engines: list[Engine]) -> bool:
+def _healthy(d: Cluster, rec: DeploymentRecord, engines: list[Engine]) -> bool:
     ranks = {e.handle.rank for e in engines if e.running}
     if ranks != {int(s["rank"]) for s in rec.specs}:
         return False
@@ -95,18 +96,19 @@ def _healthy(d: "Deployer", rec: DeploymentRecord, engines: list[Engine]) -> boo
         return False
 
 
-def reconcile(d: "Deployer", command: str) -> Reconciled:
+def reconcile(d: Cluster, command: str) -> Reconciled:
     """Under the cluster lock: adopt or stop what dead controllers left, then stop orphans (module docstring)."""
     say = d.reporter.event
     dead = interrupted(d.ledger, locked=True)
     unreachable: list[str] = []
     found = [e for e in observe(d, unreachable) if e.running]
+    unrecorded(d, found)
     for why in unreachable:   # the command goes on: its own checks (preflight) name the node properly
         say(f"could not look for leftover engines on {why}")
     lines: list[str] = []
     stopped: list[str] = []
     adopted = None
-    active_id = d.ledger.index().get("active")
+    active_id = d.ledger.active_id()
     if dead or any(e.deployment != active_id for e in found):
         d.reporter.stage("reconcile", f"`sparkctl {command}` first settles what a dead controller left")
 
@@ -129,14 +131,10 @@ def reconcile(d: "Deployer", command: str) -> Reconciled:
                     f"/health 200 (hand-off completed by `sparkctl {command}`)")
             say(line)
             lines.append(line)
-            active = d.ledger.active()
             rec.status, rec.handed_off, rec.finished = Status.SUCCESSFUL, now_iso(), now_iso()
             rec.handles = [e.handle for e in sorted(mine, key=lambda e: -e.handle.rank)] or rec.handles
             rec.reconciled = line
-            d.ledger.save(rec)
-            if active and active.id != rec.id:
-                mark_superseded(d, active, rec.id)
-            d.ledger.set_active(rec.id)
+            d.ledger.save(rec)        # the hand-off: this one write makes it the active deployment
             adopted = rec.id
             found = [e for e in found if e.deployment != rec.id]
             continue
@@ -149,6 +147,13 @@ def reconcile(d: "Deployer", command: str) -> Reconciled:
             stop_all(restarted, f"restarted by the interrupted restore of {rec.restoring} ({why}), never verified; "
                                 f"{rec.restoring} stays known-good and restartable")
             rec.restore_error = rec.restore_error or f"restore interrupted ({why})"
+            try:
+                prev = d.ledger.load(rec.restoring)
+                if prev.status == Status.SUCCESSFUL:     # not serving, still known-good and restartable
+                    prev.status, prev.stopped = Status.STOPPED, now_iso()
+                    d.ledger.save(prev)
+            except SparkctlError:
+                pass
             rec.restoring = None
         if rec.status == Status.RUNNING:
             rec.status = Status.INTERRUPTED
@@ -162,8 +167,48 @@ def reconcile(d: "Deployer", command: str) -> Reconciled:
             line = f"deployment {rec.id} was interrupted ({why}) during {stage}; none of its engines runs"
             say(line)
             lines.append(line)
-    active_id = d.ledger.index().get("active")
+    active_id = d.ledger.active_id()
+    if active_id:
+        finish_hand_off(d, active_id, say, lines)
+        refresh_handles(d, active_id, [e for e in found if e.deployment == active_id], say, lines)
     orphans = [e for e in found if e.deployment != active_id]
     if orphans:
         stop_all(orphans, "an orphan (not the active deployment's engine; its ledger record is not in progress)")
-    return Reconciled(lines, adopted, stopped)
+    sweep_secrets(d)
+    d.ledger.sync_index()
+    return Reconciled(lines=lines, adopted=adopted, stopped=stopped)
+
+
+def refresh_handles(d: Cluster, active_id: str, engines: list[Engine], say: Any, lines: list[str]) -> None:
+    """The active deployment's engines as found on the nodes, written to its record when it names others (a
+    restore that ran without the disk restarted them)."""
+    if not engines:
+        return
+    rec = d.ledger.load(active_id)
+    by_rank = {e.handle.rank: e.handle for e in engines}
+    found = sorted((by_rank.get(h.rank, h) for h in rec.handles), key=lambda h: -h.rank)
+    if [h.where for h in found] == [h.where for h in sorted(rec.handles, key=lambda h: -h.rank)]:
+        return
+    rec.handles = found
+    d.ledger.save(rec)
+    line = f"recorded the running engines of {active_id}: " + ", ".join(f"rank {h.rank} {h.where}" for h in found)
+    say(line)
+    lines.append(line)
+
+
+def finish_hand_off(d: Cluster, active_id: str, say: Any, lines: list[str]) -> None:
+    """A hand-off is one write (the new record's status); marking the replaced deployment superseded and pruning
+    older engines come after it. A controller killed between the two left the old one `successful`: finish."""
+    history = d.ledger.history()
+    if active_id not in history:
+        return
+    for dep_id in reversed(history[:history.index(active_id)][-RECENT:]):
+        try:
+            rec = d.ledger.load(dep_id)
+        except SparkctlError:
+            continue
+        if rec.status == Status.SUCCESSFUL:
+            line = f"marked {rec.id} superseded by {active_id} (its controller died after the hand-off)"
+            say(line)
+            lines.append(line)
+            mark_superseded(d, rec, active_id)

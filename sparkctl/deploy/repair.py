@@ -19,18 +19,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sparkctl.config.profile import load_profile
+from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import Engine, observe
 from sparkctl.deploy.plan import launch_identity
+from sparkctl.deploy.steps import boundary
 from sparkctl.errors import SparkctlError
 from sparkctl.state.files import write_json_atomic
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, Status
-
-if TYPE_CHECKING:
-    from sparkctl.deploy.lifecycle import Deployer
 
 _ID = re.compile(r"^\d{8}T\d{6}Z-(?P<profile>.+)-[0-9a-f]{4}$")
 
@@ -80,15 +79,14 @@ def _ledger_state(ledger: Ledger, plan: RepairPlan) -> tuple[dict[str, Deploymen
             continue
         good[rec.id] = rec
     index = None
-    if ledger.index_path.exists():
-        try:
-            index = ledger.index()
-        except SparkctlError as exc:
-            plan.damaged.append((ledger.index_path, exc.message))
+    try:
+        index = ledger.read_index_file()
+    except SparkctlError as exc:
+        plan.damaged.append((ledger.index_path, exc.message))
     return good, index
 
 
-def _rebuild(d: "Deployer", dep_id: str, engines: list[Engine]) -> DeploymentRecord | str:
+def _rebuild(d: Cluster, dep_id: str, engines: list[Engine]) -> DeploymentRecord | str:
     """A record for running engines whose own record is damaged, or why it cannot be rebuilt."""
     m = _ID.match(dep_id)
     if not m:
@@ -110,7 +108,7 @@ def _rebuild(d: "Deployer", dep_id: str, engines: list[Engine]) -> DeploymentRec
         reconciled=f"rebuilt by `sparkctl repair` at {now_iso()} from its running engines")
 
 
-def plan_repair(d: "Deployer") -> RepairPlan:
+def plan_repair(d: Cluster) -> RepairPlan:
     """What `repair` would change (nothing is changed here)."""
     ledger = d.ledger
     plan = RepairPlan()
@@ -154,14 +152,20 @@ def plan_repair(d: "Deployer") -> RepairPlan:
     return plan
 
 
-def apply_repair(d: "Deployer", plan: RepairPlan) -> None:
+def apply_repair(d: Cluster, plan: RepairPlan) -> None:
     ledger = d.ledger
     stamp = now_iso().replace(":", "")
     aside = ledger.root / "damaged"
     aside.mkdir(parents=True, exist_ok=True, mode=0o700)
+    boundary("repair", "move-aside", "before")
     for path, _ in plan.damaged:
-        path.rename(aside / f"{path.name}.{stamp}")
+        path.rename(aside / f"{path.name}.{stamp}")    # each a rename: done again after a crash, it is a no-op
+    boundary("repair", "move-aside", "after")
+    boundary("repair", "rebuild", "before")
     if plan.rebuilt is not None:
         ledger.save(plan.rebuilt)
+    boundary("repair", "rebuild", "after")
+    boundary("repair", "index", "before")
     if plan.index_changed or plan.damaged or plan.dropped:
-        write_json_atomic(ledger.index_path, {"active": plan.active, "history": plan.history})
+        write_json_atomic(ledger.index_path, {"active": ledger.active_id(), "history": plan.history})
+    boundary("repair", "index", "after")

@@ -4,12 +4,14 @@ Layout (all files mode 0600, directories 0700; `private_dir` tightens sparkctl's
 
     $SPARKCTL_STATE_DIR/debug.log         tracebacks of internal errors (exit 70)
     $SPARKCTL_STATE_DIR/<cluster>/
-        cluster.json              {"active": id|null, "history": [ids, oldest first]}
+        cluster.json              {"active": id|null, "history": [ids, oldest first]}: a cache derived from the
+                                  records (`Ledger.index`), rebuilt when missing, stale or truncated
         deployments/<id>.json     one record per `up` / `rollback`
         runs/<id>/                bench runs (report.md, report.json)
         logs/<id>/rank<N>.log     engine logs of the process runtime (secrets redacted), archived docker logs
         secrets/<id>/rank<N>/     the process runtime's secret files (0400), removed with the engine
         lock, lock.holder         the cluster lock and who holds it (pid, host, pid start time, command)
+        compare.json              a `bench --compare` in progress: what it will restore (deploy/compare.py)
         damaged/                  records `sparkctl repair` moved aside (kept, never deleted)
 
 Writes are atomic (temp file + fsync + rename). Records are typed (`sparkctl.state.records`): a missing
@@ -34,7 +36,7 @@ from pydantic import ValidationError
 
 from sparkctl.errors import LedgerError, LockHeldError
 from sparkctl.state.files import private_dir, state_dir_error, write_json_atomic
-from sparkctl.state.records import DeploymentRecord, RunRecord
+from sparkctl.state.records import DeploymentRecord, RunRecord, Status
 
 
 REPAIR_HINT = ("run `sparkctl repair`: it keeps the damaged file (moved aside), rebuilds the ledger from the engines "
@@ -89,6 +91,22 @@ def _validated(model: type[Any], data: Any, path: Path) -> Any:
                           hint=REPAIR_HINT) from None
 
 
+WRITE_FAULT_ENV = "SPARKCTL_FULL_FROM_WRITE"   # tests: every record write from the Nth on fails as on a full disk
+_writes = [0]
+
+
+def _write_fault(path: Path) -> None:
+    """Tests only (`SPARKCTL_FULL_FROM_WRITE=N`): the Nth record write of this process and every later one fail
+    exactly as a full file system makes them fail (ENOSPC, named by the state-directory error)."""
+    want = os.environ.get(WRITE_FAULT_ENV)
+    if not want:
+        return
+    _writes[0] += 1
+    if _writes[0] >= int(want):
+        import errno
+        raise state_dir_error(path.parent, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)))
+
+
 class Ledger:
     """Records of one cluster. Example: ``Ledger.for_cluster("local").active()``."""
 
@@ -115,9 +133,14 @@ class Ledger:
         return private_dir(self.root / "runs" / run_id)
 
     # -- index ---------------------------------------------------------------------------------------------------
-    def index(self) -> dict[str, Any]:
+    # cluster.json is a cache derived from the records: it is rebuilt when missing, stale or truncated and never
+    # read as "nothing deployed". The records decide: the history is every record on disk (in the order the
+    # cache knows, the others by id, which starts with the UTC time), the active deployment the newest record
+    # that took over and still serves (`active_id`).
+    def read_index_file(self) -> dict[str, Any] | None:
+        """cluster.json as written (None when missing); LedgerError when it is not an index (`repair` uses it)."""
         if not self.index_path.exists():
-            return {"active": None, "history": []}
+            return None
         data = read_json(self.index_path)
         if not (isinstance(data, dict) and isinstance(data.get("history"), list)
                 and all(isinstance(h, str) for h in data["history"])
@@ -126,18 +149,58 @@ class Ledger:
                               hint=REPAIR_HINT)
         return data
 
-    def set_active(self, dep_id: str | None) -> None:
+    def record_ids(self) -> list[str]:
+        """Ids of every deployment record on disk (unordered)."""
+        try:
+            names = os.listdir(self.root / "deployments")
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise state_dir_error(self.root / "deployments", exc) from None
+        return [n[:-5] for n in names if n.endswith(".json") and not n.startswith(".")]
+
+    def history(self) -> list[str]:
+        on_disk = set(self.record_ids())
+        try:
+            cached = self.read_index_file() or {}
+        except LedgerError:
+            cached = {}   # truncated or of the wrong shape: rebuilt from the records
+        order = [i for i in dict.fromkeys(cached.get("history", [])) if i in on_disk]
+        return order + sorted(on_disk - set(order))
+
+    def active_id(self) -> str | None:
+        """The newest record that took over and still serves: successful (or recovered and not stopped). Older
+        records than one that took over (handed off, superseded, stopped) are never active; records that never
+        took over (running, failed, canceled, interrupted) are passed over. A damaged record on the way is a
+        LedgerError (never "nothing deployed")."""
+        for dep_id in reversed(self.history()):
+            rec = self.load(dep_id)
+            if rec.status == Status.SUCCESSFUL or (rec.status == Status.RECOVERED and not rec.stopped):
+                return rec.id
+            if rec.handed_off or rec.status in (Status.SUPERSEDED, Status.STOPPED, Status.RECOVERED):
+                return None
+        return None
+
+    def index(self) -> dict[str, Any]:
+        return {"active": self.active_id(), "history": self.history()}
+
+    def sync_index(self) -> None:
+        """Rewrite cluster.json from the records when it differs (missing, stale, truncated)."""
         idx = self.index()
-        idx["active"] = dep_id
-        if dep_id and dep_id not in idx["history"]:
-            idx["history"].append(dep_id)
+        try:
+            if self.read_index_file() == idx:
+                return
+        except LedgerError:
+            pass
         write_json_atomic(self.index_path, idx)
 
+    def set_active(self, dep_id: str | None = None) -> None:
+        """Kept for callers of the old index: the active deployment is derived from the records; this refreshes
+        cluster.json from them."""
+        self.sync_index()
+
     def add_to_history(self, dep_id: str) -> None:
-        idx = self.index()
-        if dep_id not in idx["history"]:
-            idx["history"].append(dep_id)
-            write_json_atomic(self.index_path, idx)
+        self.sync_index()
 
     # -- records -------------------------------------------------------------------------------------------------
     @staticmethod
@@ -145,6 +208,7 @@ class Ledger:
         return f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{profile}-{secrets.token_hex(2)}"
 
     def save(self, record: DeploymentRecord) -> None:
+        _write_fault(self.deployment_path(record.id))
         record.updated = now_iso()
         write_json_atomic(self.deployment_path(record.id), record.as_json())
 
@@ -153,16 +217,17 @@ class Ledger:
         return _validated(DeploymentRecord, read_json(path), path)
 
     def active(self) -> DeploymentRecord | None:
-        dep_id = self.index().get("active")
+        dep_id = self.active_id()
         return self.load(dep_id) if dep_id else None
 
-    def known_good(self, *, exclude: str | None = None) -> DeploymentRecord | None:
-        """The newest known-good deployment (never `exclude`)."""
-        for dep_id in reversed(self.index()["history"]):
+    def known_good(self, *, exclude: str | None = None, rollback: bool = False) -> DeploymentRecord | None:
+        """The newest known-good deployment (never `exclude`); with `rollback`, never a bench comparison's arm
+        (a temporary deployment, not something the user chose to run)."""
+        for dep_id in reversed(self.history()):
             if dep_id == exclude:
                 continue
             rec = self.load(dep_id)
-            if rec.known_good:
+            if rec.known_good and not (rollback and rec.kind == "bench-compare"):
                 return rec
         return None
 

@@ -40,6 +40,92 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
 
+class _View(_Record):
+    """A typed part of a record that callers written for the dict form can still read (`x["k"]`, `x.get("k")`)."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in type(self).model_fields:
+            value = getattr(self, key)
+            return default if value is None else value
+        return (self.model_extra or {}).get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        if key in type(self).model_fields:
+            return getattr(self, key)
+        extra = self.model_extra or {}
+        if key in extra:
+            return extra[key]
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and (key in type(self).model_fields or key in (self.model_extra or {}))
+
+
+class GateResult(_View):
+    """One verify gate: health, models, settings, capacity, workers, smoke."""
+
+    name: str
+    ok: bool
+    evidence: str = ""
+
+
+class CheckResult(_View):
+    """One preflight check on one node."""
+
+    node: str
+    name: str
+    ok: bool
+    severity: str = "ok"
+    seen: str = ""
+    fix: str = ""
+
+
+class RankSpec(_View):
+    """One rank's launch as recorded: secrets redacted (`LaunchSpec.redacted`)."""
+
+    rank: int
+    node: str
+    argv: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    sglang_version: str | None = None
+    api_host: str | None = None
+    api_port: int | None = None
+    image: str | None = None
+    mounts: list[Any] = Field(default_factory=list)
+
+
+class Capacity(_View):
+    """What rank 0's engine resolved at boot (its capacity line)."""
+
+    max_total_num_tokens: int | None = None
+    max_running_requests: int | None = None
+    context_len: int | None = None
+    chunked_prefill_size: int | None = None
+    max_prefill_tokens: int | None = None
+    available_gpu_mem: float | None = None
+
+
+class WarmupRequest(_View):
+    elapsed_s: float
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+
+
+class Warmup(_View):
+    cold: WarmupRequest | None = None        # the first request, timed apart
+    warm: list[WarmupRequest] = Field(default_factory=list)
+    max_tokens: int | None = None
+
+
+class NodeImages(_View):
+    """The images one node's rank runs: the engine image and (pipeline) the launch image, tag and ID."""
+
+    engine_tag: str | None = None
+    engine_id: str | None = None
+    launch_tag: str | None = None
+    launch_id: str | None = None
+
+
 class StageEntry(_Record):
     name: str
     started: str
@@ -74,10 +160,26 @@ class Intent(_Record):
     engine: str | None = None          # container name (docker) or "pid N" once known (process)
 
 
+class JournalEntry(_Record):
+    """One line of a deployment's journal: before a step's effect what is about to happen and where (`intent`),
+    after it what happened (`ok`, `noop` with its reason, `failed` with the error)."""
+
+    step: str
+    phase: str                         # intent | ok | noop | failed
+    at: str
+    what: str = ""
+    nodes: list[str] = Field(default_factory=list)
+    detail: str | None = None
+
+    def line(self) -> str:
+        where = f" on {', '.join(self.nodes)}" if self.nodes else ""
+        return f"{self.at} {self.step} {self.phase}{where}: {self.detail or self.what}"
+
+
 class RestoreEntry(_Record):
     at: str
     after: str
-    gates: list[dict[str, Any]] = Field(default_factory=list)
+    gates: list[GateResult] = Field(default_factory=list)
 
 
 class DeploymentRecord(_Record):
@@ -92,22 +194,23 @@ class DeploymentRecord(_Record):
     emulated: bool = False
     identity: str
     sglang_version: str | None = None
-    specs: list[dict[str, Any]] = Field(default_factory=list)      # LaunchSpec.redacted() per rank
+    specs: list[RankSpec] = Field(default_factory=list)             # LaunchSpec.redacted() per rank
     warnings: list[str] = Field(default_factory=list)
     status: Status = Status.RUNNING
     created: str
     updated: str | None = None
     stages: list[StageEntry] = Field(default_factory=list)
-    preflight: list[dict[str, Any]] = Field(default_factory=list)
+    journal: list[JournalEntry] = Field(default_factory=list)
+    preflight: list[CheckResult] = Field(default_factory=list)
     image_ids: dict[str, str] = Field(default_factory=dict)      # node -> ID of the image its rank runs
-    images: dict[str, dict[str, str]] = Field(default_factory=dict)   # node -> engine_tag/_id, launch_tag/_id
+    images: dict[str, NodeImages] = Field(default_factory=dict)   # node -> engine_tag/_id, launch_tag/_id
     launch_doc: dict[str, Any] | None = None     # the launch image's /etc/sparkctl/launch.json (holds no secret)
-    gates: list[dict[str, Any]] = Field(default_factory=list)
+    gates: list[GateResult] = Field(default_factory=list)
     previous: str | None = None
     previous_known_good: str | None = None
     handles: list[Handle] = Field(default_factory=list)
-    capacity: dict[str, Any] | None = None
-    warmup: dict[str, Any] | None = None
+    capacity: Capacity | None = None
+    warmup: Warmup | None = None
     endpoint: str
     speculative_algorithm: str | None = None
     finished: str | None = None
@@ -150,7 +253,7 @@ class DeploymentRecord(_Record):
         return (self.profile_data.get("api") or {}).get("api_key_env")
 
     def as_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        return self.model_dump(mode="json", exclude_none=False)
 
 
 class RunRecord(_Record):

@@ -72,3 +72,36 @@ def test_sigkill_during_restore(cli, test_cluster, cluster_env, profiles_dir):
     code, _, err = cli("down", "--yes")
     cluster = load_inventory(cluster_env).cluster.name
     assert code == 0 and _running(test_cluster, "spark-a", cluster) == [] == _running(test_cluster, "spark-b", cluster)
+
+
+@pytest.mark.parametrize("point,profile", [("up:boot:after", "dflash-off"), ("up:hand-off:before", "dflash-off"),
+                                           ("up:hand-off:after", "dflash-off"), ("up:restore-boot:after", "crashy")])
+def test_sigkill_at_step_boundaries_over_ssh_and_docker(cli, test_cluster, cluster_env, profiles_dir, point, profile):
+    """A subset of the embedded crash matrix (tests/lifecycle/test_crash_matrix.py) on real containers: the
+    controller SIGKILLs itself at the boundary (SPARKCTL_CRASH_AT, from deploy/steps.py); `status` exits 0 only
+    when the active deployment serves; the next `up` converges; `down` leaves no container."""
+    import json
+    import os
+    import signal
+
+    from sparkctl.deploy.steps import CRASH_ENV
+    from testrig.controller import SparkctlProcess
+
+    _profile(profiles_dir, "crashy", "d5", crash_after_s=0.5)
+    code, prev, err = _up(cli, "--profile", "d5")
+    assert code == 0, err
+    with SparkctlProcess(["up", "--profile", profile, "--yes"], env={**os.environ, CRASH_ENV: point}) as run:
+        assert run.wait(timeout=400) == -signal.SIGKILL, run.stderr
+    code, out, err = cli("status", "--json")
+    st = json.loads(out)
+    assert code in (0, 8), err
+    if code == 0:
+        assert st["healthy"] and st["active"], out
+    code, out, err = _up(cli, "--profile", "d5")
+    assert code == 0 and out["outcome"] in ("deployed", "unchanged"), err
+    code, st, err = cli("status")
+    assert code == 0 and "healthy" in st, st + err
+    code, out, err = cli("down", "--yes")
+    assert code == 0, err
+    cluster = load_inventory(cluster_env).cluster.name
+    assert _running(test_cluster, "spark-a", cluster) == [] == _running(test_cluster, "spark-b", cluster)

@@ -45,17 +45,22 @@ def test_repair_rebuilds_the_active_deployment_from_what_runs(cli, local_cluster
     assert ledger.load(dep).status == "recovered"       # stopped, still never verified: not a rollback target
 
 
-def test_repair_of_a_damaged_index_keeps_it_and_rebuilds_the_history(cli, local_cluster):
+@pytest.mark.parametrize("damage", ["[]", '{"active": null, "hist', None], ids=["wrong-shape", "truncated", "deleted"])
+def test_a_damaged_or_missing_index_is_rebuilt_from_the_records_never_read_as_nothing_deployed(cli, local_cluster,
+                                                                                              damage):
     first = _up_ok(cli, "dflash-off")["deployment"]
     second = _up_ok(cli)["deployment"]
     ledger = Ledger.for_cluster(load_inventory(local_cluster).cluster.name)
-    ledger.index_path.write_text("[]")
-    code, _, err = cli("up", "--profile", "d5", "--yes")
-    assert code == 6 and "cluster.json" in err and "sparkctl repair" in err
-    code, out, err = cli("repair", "--yes", "--json")
-    assert code == 0, err
+    if damage is None:
+        ledger.index_path.unlink()
+    else:
+        ledger.index_path.write_text(damage)
+    code, out, err = cli("status", "--json")
+    assert code == 0 and json.loads(out)["active"] == second, out + err
+    code, out, err = cli("up", "--profile", "d5", "--yes", "--json")      # d5 serves: nothing stopped as an orphan
+    assert code == 0 and json.loads(out)["outcome"] == "unchanged" and "orphan" not in err, err
     assert ledger.index() == {"active": second, "history": [first, second]}
-    assert [p.read_text() for p in (ledger.root / "damaged").iterdir()] == ["[]"]
+    assert json.loads(ledger.index_path.read_text()) == ledger.index()       # rewritten from the records
     code, out, err = cli("down", "--yes")
     assert code == 0, err
     _no_engine(local_cluster)

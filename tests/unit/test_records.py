@@ -30,14 +30,47 @@ def test_a_record_of_the_wrong_shape_is_a_ledger_error_naming_the_file(tmp_path,
     assert path.read_text() == text          # reported, not replaced
 
 
-@pytest.mark.parametrize("text", ["[]", "{}", '{"history": "x"}', '{"history": [], "active": 5}'])
-def test_a_cluster_index_of_the_wrong_shape_is_a_ledger_error(tmp_path, text):
+@pytest.mark.parametrize("text", ["[]", "{}", '{"history": "x"}', '{"history": [], "active": 5}', '{"hist', None])
+def test_a_cluster_index_missing_truncated_or_of_the_wrong_shape_is_rebuilt_from_the_records(tmp_path, text):
+    """cluster.json is a cache of the records: never read as "nothing deployed", rewritten from them."""
     ledger = Ledger(tmp_path / "c")
-    ledger.root.mkdir(parents=True)
-    ledger.index_path.write_text(text)
-    with pytest.raises(LedgerError) as exc:
-        ledger.active()
-    assert exc.value.where == str(ledger.index_path)
+    for dep_id, status, handed in (("20260101T000000Z-d5-0001", Status.SUPERSEDED, "t"),
+                                   ("20260101T000001Z-d5-0002", Status.SUCCESSFUL, "t"),
+                                   ("20260101T000002Z-d5-0003", Status.FAILED, None)):
+        ledger.save(_record(dep_id, status=status, handed_off=handed))
+    if text is None:
+        ledger.index_path.unlink(missing_ok=True)
+    else:
+        ledger.index_path.write_text(text)
+    assert ledger.active().id == "20260101T000001Z-d5-0002"
+    assert ledger.index()["history"] == ["20260101T000000Z-d5-0001", "20260101T000001Z-d5-0002",
+                                         "20260101T000002Z-d5-0003"]
+    ledger.sync_index()
+    assert json.loads(ledger.index_path.read_text()) == ledger.index()
+
+
+def test_the_active_deployment_is_derived_from_the_records_alone(tmp_path):
+    ledger = Ledger(tmp_path / "c")
+    ledger.save(_record("20260101T000000Z-d5-0001", status=Status.SUCCESSFUL, handed_off="t"))
+    assert ledger.active_id() == "20260101T000000Z-d5-0001"
+    # a newer one handed off in one write (its controller died before marking the old one superseded)
+    ledger.save(_record("20260101T000001Z-d5-0002", status=Status.SUCCESSFUL, handed_off="t"))
+    assert ledger.active_id() == "20260101T000001Z-d5-0002"
+    # a newer one that never took over is passed over; one that failed after taking over ends the walk
+    ledger.save(_record("20260101T000002Z-d5-0003", status=Status.INTERRUPTED))
+    assert ledger.active_id() == "20260101T000001Z-d5-0002"
+    ledger.save(_record("20260101T000001Z-d5-0002", status=Status.STOPPED, handed_off="t"))
+    assert ledger.active_id() is None
+    ledger.save(_record("20260101T000003Z-d5-0004", status=Status.RECOVERED))
+    assert ledger.active_id() == "20260101T000003Z-d5-0004"
+
+
+def test_a_bench_arm_is_never_a_rollback_target(tmp_path):
+    ledger = Ledger(tmp_path / "c")
+    ledger.save(_record("20260101T000000Z-d5-0001", status=Status.SUPERSEDED, handed_off="t"))
+    ledger.save(_record("20260101T000001Z-d5-0002", status=Status.SUPERSEDED, handed_off="t", kind="bench-compare"))
+    ledger.save(_record("20260101T000002Z-d5-0003", status=Status.SUCCESSFUL, handed_off="t", kind="bench-restore"))
+    assert ledger.known_good(exclude=ledger.active_id(), rollback=True).id == "20260101T000000Z-d5-0001"
 
 
 def test_known_good_follows_the_status():
@@ -80,3 +113,27 @@ def test_keys_a_newer_sparkctl_wrote_survive_a_round_trip(tmp_path):
     rec = ledger.load("x")
     ledger.save(rec)
     assert json.loads(ledger.deployment_path("x").read_text())["annotations"] == [{"rank": 0}]
+
+
+def test_a_record_written_by_the_landed_code_still_loads_and_round_trips(tmp_path):
+    """tests/lifecycle/fixtures/record-landed-d5.json was written by `sparkctl up --profile d5` of the code landed
+    before the typed record (gates, checks, specs, capacity, warm-up and images were dicts then)."""
+    from pathlib import Path
+    from sparkctl.state.records import Capacity, CheckResult, GateResult, RankSpec, Warmup
+
+    fixture = Path(__file__).resolve().parents[1] / "lifecycle" / "fixtures" / "record-landed-d5.json"
+    data = json.loads(fixture.read_text())
+    ledger = Ledger(tmp_path / "c")
+    ledger.deployment_path(data["id"]).parent.mkdir(parents=True)
+    ledger.deployment_path(data["id"]).write_text(fixture.read_text())
+    rec = ledger.load(data["id"])
+    assert isinstance(rec.gates[0], GateResult) and rec.gates[0].name == "health" and rec.gates[0].ok
+    assert isinstance(rec.preflight[0], CheckResult) and isinstance(rec.specs[0], RankSpec)
+    assert isinstance(rec.capacity, Capacity) and rec.capacity.max_running_requests == 1
+    assert isinstance(rec.warmup, Warmup) and rec.warmup.cold.completion_tokens == 800
+    assert rec.specs[0]["api_host"] == data["specs"][0]["api_host"] and rec.capacity.get("context_len") == 65536
+    assert ledger.active_id() == data["id"] and rec.known_good
+    ledger.save(rec)
+    again = json.loads(ledger.deployment_path(data["id"]).read_text())
+    assert again["gates"] == data["gates"] and again["specs"] == data["specs"] and again["warmup"] == data["warmup"]
+    assert again["capacity"] == data["capacity"] and again["preflight"] == data["preflight"]

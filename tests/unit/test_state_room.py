@@ -181,8 +181,8 @@ def _overwrite_setup(mnt: Path) -> None:
 def _ledger_index_under_lock(mnt: Path) -> dict[Path, object]:
     ledger = Ledger(mnt / "state" / "c1")
     with ledger.lock("up"):
-        ledger.set_active("dep-1")
-    return {ledger.index_path: {"active": "dep-1", "history": ["dep-1"]}}
+        ledger.sync_index()          # cluster.json is derived from the records (issue 15): written under the lock
+    return {ledger.index_path: ledger.index()}
 
 
 OPERATIONS = {

@@ -1,0 +1,302 @@
+"""Apply a plan: run its steps in order under the lock, journal each (intent, then outcome), undo on failure.
+
+Each step is recorded in the deployment's record before its effect (a `stages` entry and a journal `intent`
+saying what and where) and after it (`ok` or `failed`); `deploy.steps.boundary` marks both sides. A failure
+after the old deployment was stopped stops the new engines and restores the old one. When the state directory
+itself fails mid-way (full, read-only), the same undo runs without the disk: the journal tail is in memory and
+its last line goes to stderr; the error (exit 6) says what was restored.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from sparkctl.config.profile import Profile
+from sparkctl.deploy.boot import BootResult, boot
+from sparkctl.deploy.cluster import Cluster
+from sparkctl.deploy.engines import mark_superseded, stop_engines, stop_started
+from sparkctl.deploy.gates import Gate, run_gates
+from sparkctl.deploy.image_stage import ImageStage
+from sparkctl.deploy.plan import Plan
+from sparkctl.deploy.preflight import Check, ports_of, run_preflight
+from sparkctl.deploy.preflight_rules import evaluate
+from sparkctl.deploy.rollback import restore
+from sparkctl.deploy.runtimes import Runtimes
+from sparkctl.deploy.steps import boundary
+from sparkctl.deploy.warmup import warm_up
+from sparkctl.errors import DeployError, ImageError, LedgerError, PreflightError, SparkctlError, interrupt_name
+from sparkctl.nodes.runtime import Handle, Runtime
+from sparkctl.sglang.client import SGLangAPIError, SGLangClient
+from sparkctl.sglang.launch import LaunchSpec
+from sparkctl.sglang.render import RenderResult
+from sparkctl.state.controller import this_controller
+from sparkctl.state.ledger import Stopwatch, now_iso
+from sparkctl.state.records import DeploymentRecord, Failure, Intent, JournalEntry, StageEntry, Status
+
+
+@dataclass
+class Applied:
+    record: DeploymentRecord
+    cap_line: str | None = None          # the engine's line saying it caps concurrency, when it printed one
+
+
+@dataclass
+class Journal:
+    """The record's writer during apply. A failed write (state directory full or read-only) is remembered,
+    never raised from the undo path: the journal stays in memory and its last line goes to stderr."""
+
+    c: Cluster
+    record: DeploymentRecord
+    disk_error: LedgerError | None = None
+    said: set[int] = field(default_factory=set)
+
+    def save(self) -> None:
+        if self.disk_error is not None:
+            return
+        try:
+            self.c.ledger.save(self.record)
+        except LedgerError as exc:           # state/files.py names every OS error (StateDirFullError, StateDirError)
+            self.disk_error = exc
+            last = self.record.journal[-1].line() if self.record.journal else "(journal empty)"
+            print(f"sparkctl: the state directory failed mid-way ({exc.message}); journal tail, kept in memory: "
+                  f"{last}", file=sys.stderr)
+
+    def entry(self, step: str, phase: str, what: str = "", nodes: list[str] | None = None,
+              detail: str | None = None) -> None:
+        self.record.journal.append(JournalEntry(step=step, phase=phase, at=now_iso(), what=what,
+                                                nodes=nodes or [], detail=detail))
+
+
+def own_ports(active: DeploymentRecord | None) -> set[tuple[str, int]]:
+    if not active:
+        return set()
+    out: set[tuple[str, int]] = set()
+    for s in active.specs:
+        spec = LaunchSpec(rank=s["rank"], node=s["node"], argv=s["argv"], env=s["env"],
+                          sglang_version=s["sglang_version"])
+        out.update((a, p) for a, p, _ in ports_of(spec))
+    return out
+
+
+def run_checks(c: Cluster, result: RenderResult, rts: Runtimes, own: set[tuple[str, int]]) -> list[Check]:
+    """Every node's preflight checks (all nodes at once), then the cross-node ones; PreflightError on a failure."""
+    from sparkctl.deploy.host_checks import CrossNodeChecks
+    cross = CrossNodeChecks(c.inventory)   # model parity, fabric MTU equal, fabric SSH (host preparation)
+
+    def node_checks(spec: LaunchSpec) -> list[Check]:
+        rt = rts.for_node(spec.node)
+        checks = evaluate(c.inventory, spec, rt.gather(spec), own)
+        cross.collect(spec, rt)
+        return checks
+    checks = run_preflight(result.specs, node_checks, then=cross.checks)
+    for ch in checks:
+        c.reporter.event(ch.line, ch.node)
+    return checks
+
+
+def verify(c: Cluster, profile: Profile, client: SGLangClient, booted: BootResult,
+           record: DeploymentRecord) -> list[Gate]:
+    gates = run_gates(profile, client, booted.watches)
+    record.gates = [g.as_dict() for g in gates]
+    try:  # the engine says whether it is the emulator (sparkctl.sim sets "emulated": true)
+        record.emulated = bool(record.emulated or client.server_info().get("emulated"))
+    except SGLangAPIError:
+        pass
+    for g in gates:
+        c.reporter.event(f"{'PASS' if g.ok else 'FAIL'} {g.name}: {g.evidence}")
+    failed = [g for g in gates if not g.ok]
+    if failed:
+        raise DeployError(f"verify gate(s) failed: {', '.join(g.name for g in failed)}",
+                          where="verify", hint="read each gate's evidence below",
+                          evidence="\n".join(f"{g.name}: {g.evidence}" for g in failed))
+    return gates
+
+
+def new_record(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, kind: str) -> DeploymentRecord:
+    active = c.ledger.active()
+    prev_good = c.ledger.known_good()
+    return DeploymentRecord(
+        id=plan.deployment_id, kind=kind, profile=profile.name,
+        profile_data=profile.model_dump(mode="json"), inventory=c.inventory.path,
+        cluster=c.name, emulated=c.inventory.emulated,
+        identity=plan.identity, sglang_version=profile.image.sglang_version,
+        specs=[s.redacted() for s in result.specs], warnings=result.warnings, created=now_iso(),
+        previous=active.id if active else None, previous_known_good=prev_good.id if prev_good else None,
+        endpoint=c.endpoint(result.specs[0]),
+        speculative_algorithm=profile.speculative.algorithm if profile.speculative else None,
+        controller=this_controller(kind, now_iso()),
+    )
+
+
+def _failed_stage(record: DeploymentRecord) -> str:
+    return next((s.name for s in reversed(record.stages) if s.status != "ok"), "unknown")
+
+
+def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kind: str, command: str,
+          no_rollback: bool = False, boot_timeout_s: float | None = None) -> Applied:
+    """Run `plan.steps` in order, each journaled; on failure stop what started and restore the old deployment.
+    Raises what failed (amended with what was restored); a state-directory failure as LedgerError (exit 6)."""
+    record = new_record(c, profile, result, plan, kind)
+    j = Journal(c, record)
+    dep_id = record.id
+    active = c.ledger.active()
+    c.ledger.save(record)      # the first write: a full disk here stops the command before any effect
+    rts = c.runtimes(dep_id)
+    started: list[tuple[Runtime, Handle]] = []
+    stopped_previous = False
+    total = Stopwatch()
+    timeout = boot_timeout_s or profile.lifecycle.boot_timeout_s
+    spec0 = result.specs[0]
+    booted: list[BootResult] = []
+    nodes_of = [n.name for n in c.inventory.nodes]
+
+    stage = ImageStage(profile, c.inventory, result, plan.images, runtimes=rts, log_dir=c.ledger.root / "builds",
+                       report=lambda msg, node: c.reporter.event(msg, node))
+
+    def preflight() -> None:
+        record.preflight = [ch.as_dict() for ch in run_checks(c, result, rts, own_ports(active))]
+
+    def image_verify() -> None:
+        record.image_ids, record.images = stage.verify()
+        if rts.launch is not None:
+            record.launch_doc = rts.launch.doc
+
+    def stop_old() -> None:
+        nonlocal stopped_previous
+        assert active is not None
+        stopped_previous = True
+        stop_engines(c, active, keep=True)
+
+    def intent(spec: LaunchSpec, handle: Handle | None) -> None:
+        if handle is None:   # before the start: which engine is about to run where
+            record.intents.append(Intent(node=spec.node, rank=spec.rank, deployment=dep_id, at=now_iso(),
+                                         engine=f"label sparkctl.deployment={dep_id}"))
+            j.entry("boot", "intent", f"start rank {spec.rank}", [spec.node])
+        else:                # right after: how to find it (pid + start time, or the container)
+            record.intents[-1] = record.intents[-1].model_copy(update={"engine": handle.where})
+            record.handles = [*record.handles, handle]
+            j.entry("boot", "ok", f"rank {spec.rank} started", [spec.node], detail=handle.where)
+        j.save()
+        if j.disk_error is not None:
+            raise j.disk_error
+
+    def start_and_wait() -> None:
+        b = boot(result.specs, rts.for_node, dep_id, c.reporter, timeout_s=timeout, started=started,
+                 ready_probe=c.health_probe(spec0, profile.api.api_key_env), on_start=intent)
+        booted.append(b)
+        record.handles, record.capacity = b.handles, b.capacity()
+
+    def warm() -> None:
+        with c.client(spec0, profile.api.api_key_env, timeout=profile.warmup.timeout_s) as client:
+            record.warmup = warm_up(profile, client, c.reporter, spec0.node)
+
+    def do_verify() -> None:
+        with c.client(spec0, profile.api.api_key_env, timeout=profile.lifecycle.health_timeout_s) as client:
+            verify(c, profile, client, booted[0], record)
+
+    def hand_off() -> None:
+        # One write makes it the active deployment (Ledger.active_id derives it from this record's status);
+        # marking the old one superseded comes after, and a later reconcile finishes it if we die between.
+        record.status, record.finished = Status.SUCCESSFUL, now_iso()
+        record.elapsed_s, record.handed_off = total.elapsed(), now_iso()
+        j.entry("hand-off", "intent", f"make {dep_id} the active deployment", nodes_of)
+        c.ledger.save(record)        # from here on it is handed off: what follows is tidying
+        try:
+            if active and active.id != dep_id:
+                mark_superseded(c, active, dep_id)
+            c.ledger.sync_index()
+        except (LedgerError, OSError) as exc:   # the next command's reconcile finishes it (finish_hand_off)
+            c.reporter.event(f"note: could not mark {active.id if active else '-'} superseded yet ({exc}); "
+                             f"the next command finishes it")
+        c.reporter.event(f"{record.endpoint} serves {profile.model.served_name} ({profile.name}, "
+                         f"deployment {dep_id})")
+
+    actions: dict[str, Callable[[], Any]] = {
+        "preflight": preflight, "image-build": stage.build, "image-distribute": stage.distribute,
+        "image-verify": image_verify, "stop-old": stop_old, "boot": start_and_wait,
+        "warm-up": warm, "verify": do_verify, "hand-off": hand_off}
+
+    def run_step(name: str, what: str) -> None:
+        sw = Stopwatch()
+        entry = StageEntry(name=name, started=now_iso())
+        record.stages.append(entry)
+        j.entry(name, "intent", what, nodes_of)
+        j.save()                      # the ledger first, then the screen: what was said is on disk
+        if j.disk_error is not None:
+            raise j.disk_error
+        c.reporter.stage(name, what)
+        boundary(command, name, "before")
+        try:
+            actions[name]()
+        except BaseException as exc:
+            entry.status, entry.elapsed_s = "failed", sw.elapsed()
+            entry.error = exc.render() if isinstance(exc, SparkctlError) else f"{type(exc).__name__}: {exc}"
+            j.entry(name, "failed", what, detail=entry.error.splitlines()[0])
+            j.save()
+            raise
+        entry.status, entry.elapsed_s = "ok", sw.elapsed()
+        j.entry(name, "noop" if "no-op" in what else "ok", what)
+        c.reporter.event(f"done in {entry.elapsed_s:.2f}s")
+        j.save()
+        if j.disk_error is not None:
+            raise j.disk_error
+        boundary(command, name, "after")
+
+    try:
+        for step in plan.steps:
+            run_step(step.name, step.what)
+        rank0 = next((w for w in booted[0].watches if w.spec.rank == 0), None) if booted else None
+        return Applied(record, rank0.cap_line if rank0 else None)
+    except (PreflightError, ImageError) as exc:   # preflight or image steps: nothing was changed yet
+        record.status, record.finished, record.elapsed_s = Status.FAILED, now_iso(), total.elapsed()
+        record.failure = Failure(stage=_failed_stage(record), message=exc.render())
+        if getattr(exc, "checks", None):
+            record.preflight = [ch.as_dict() for ch in exc.checks]
+        j.save()
+        raise
+    except (Exception, KeyboardInterrupt) as exc:
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        disk = j.disk_error if j.disk_error is not None else (exc if isinstance(exc, LedgerError) else None)
+        stage_name = _failed_stage(record)
+        message = f"interrupted ({interrupt_name(exc)})" if interrupted else (
+            exc.render() if isinstance(exc, SparkctlError) else f"internal error: {type(exc).__name__}: {exc}")
+        record.status = Status.CANCELED if interrupted else Status.FAILED
+        record.finished, record.elapsed_s = now_iso(), total.elapsed()
+        record.failure = Failure(stage=stage_name, message=message, node=getattr(exc, "node", None))
+        record.handles = record.handles or [h for _, h in started]
+        j.save()
+        if no_rollback and not interrupted and disk is None:
+            c.reporter.event("--no-rollback: leaving the failed engines as they are for inspection")
+            record.rollback = "skipped (--no-rollback)"
+            j.save()
+            raise
+        boundary(command, "stop-new", "before")
+        stop_started(c, started)
+        boundary(command, "stop-new", "after")
+        record.rollback = "new engines stopped"
+        try:
+            if stopped_previous and active:
+                record.restoring = active.id     # a SIGKILL from here on: the next command settles it
+                j.save()
+                outcome = restore(c, active, record, command=command, save=j.disk_error is None)
+                record.restored, record.restore_error = outcome.restored, outcome.error
+                record.restoring = None
+        finally:
+            j.save()
+            try:
+                c.ledger.sync_index()
+            except (SparkctlError, OSError):
+                pass     # a cache: rebuilt by the next command that has room
+        if record.restored:
+            said = f"; restored {record.restored}"
+        elif record.restore_error:
+            said = f"; restoring {active.id if active else '?'} FAILED: {record.restore_error}"
+        else:
+            said = "; nothing to restore (no previous deployment)" if not active else ""
+        if disk is not None:
+            raise disk.amended(message=f"{disk.message} (during {stage_name}: the new engines were stopped"
+                                       f"{said})") from exc
+        if interrupted or not isinstance(exc, SparkctlError):
+            raise   # Ctrl-C, or a bug in sparkctl: its traceback goes to the CLI's debug log
+        raise exc.amended(message=exc.message + said) from exc

@@ -1,0 +1,125 @@
+"""What the commands return: typed results, one model per command, the same keys in every outcome (None where a
+key does not apply), exported by `sparkctl schema` and printed by `--json` as they are."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sparkctl.deploy.cluster import RankHealth
+from sparkctl.deploy.reconcile import Reconciled
+from sparkctl.state.records import Capacity, GateResult, NodeImages, Warmup
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # Read like the dicts of before (`result["deployment"]`, `result.get("outcome")`) by callers not yet typed.
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+    def as_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class StepView(BaseModel):
+    name: str
+    what: str
+    idempotent: bool
+    node: str | None = None
+
+
+class PlanView(BaseModel):
+    profile: str
+    identity: str
+    deployment: str                 # the id `up` creates (the same one: planned under the lock)
+    steps: list[StepView] = Field(default_factory=list)
+    noop_reason: str | None = None
+    active: str | None = None
+
+
+class Concurrency(BaseModel):
+    """The engine caps how many requests run at once: its own reason and the setting that raises the cap."""
+
+    max_running_requests: int
+    reason: str
+    setting: str
+
+
+class UpResult(_Result):
+    """`up` / `rollback`: deployed, unchanged (a no-op decided after reconcile) or dry-run."""
+
+    outcome: Literal["deployed", "unchanged", "dry-run"]
+    changed: bool
+    profile: str
+    cluster: str
+    emulated: bool
+    plan: PlanView | None = None
+    deployment: str | None = None
+    endpoint: str | None = None
+    reason: str | None = None
+    capacity: Capacity | None = None
+    concurrency: Concurrency | None = None
+    gates: list[GateResult] | None = None
+    stages: list[dict[str, Any]] | None = None
+    warmup: Warmup | None = None
+    elapsed_s: float | None = None
+    reconciled: Reconciled | None = None
+    next_commands: list[str] = Field(default_factory=list)
+
+
+class DownResult(_Result):
+    changed: bool
+    reason: str | None = None
+    stopped: str | None = None
+    engines: list[str] = Field(default_factory=list)
+    reconciled: list[str] = Field(default_factory=list)
+
+
+class InProgress(BaseModel):
+    command: str | None = None
+    pid: int | None = None
+    host: str | None = None
+    since: str | None = None
+    deployment: str | None = None
+    profile: str | None = None
+    stage: str | None = None
+
+
+class InterruptedView(BaseModel):
+    deployment: str
+    profile: str
+    stage: str
+    detail: str
+    controller_pid: int | None = None
+    ranks_alive: list[int] = Field(default_factory=list)
+
+
+class StatusResult(_Result):
+    """`status`: `ok` is False when the active deployment is unhealthy, something was interrupted, a comparison
+    did not finish, or nothing is active while a command changes the cluster."""
+
+    cluster: str
+    emulated: bool
+    ok: bool
+    active: str | None = None
+    history: int = 0
+    profile: str | None = None
+    healthy: bool | None = None
+    ranks: list[RankHealth] = Field(default_factory=list)
+    endpoint: str | None = None
+    speculative_algorithm: str | None = None
+    identity: str | None = None
+    sglang_version: str | None = None
+    images: list[str] = Field(default_factory=list)
+    image_ids: dict[str, str] = Field(default_factory=dict)
+    images_per_node: dict[str, NodeImages] = Field(default_factory=dict)
+    since: str | None = None
+    capacity: Capacity | None = None
+    detail: str | None = None
+    in_progress: InProgress | None = None
+    interrupted: list[InterruptedView] = Field(default_factory=list)
+    unfinished_compare: str | None = None

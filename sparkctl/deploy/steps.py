@@ -1,0 +1,50 @@
+"""The steps each command runs, by name: the one list `plan`, `apply`, the journal and the crash matrix read.
+
+A command's effects happen only inside its steps; `apply` journals each one before (intent) and after
+(outcome), and calls `boundary(command, step, "before"|"after")` around it. `crash_points()` enumerates every
+boundary from these definitions, so the crash test covers a step the day it is added here.
+
+``SPARKCTL_CRASH_AT=<command>:<step>:<before|after>`` (tests only) makes the controller SIGKILL itself at
+that boundary: no handler, no cleanup, exactly a ``kill -9`` landing there.
+"""
+from __future__ import annotations
+
+import os
+import signal
+from typing import Iterator
+
+CRASH_ENV = "SPARKCTL_CRASH_AT"
+
+IMAGE_STEPS = ("image-build", "image-distribute", "image-verify")
+
+# `up` (and `rollback`, which is an `up` of the target profile): in this order; stop-old only when something
+# is active. A failure after stop-old runs the restore steps.
+UP_STEPS = ("reconcile", "preflight", *IMAGE_STEPS, "stop-old", "boot", "warm-up", "verify", "hand-off")
+RESTORE_STEPS = ("stop-new", "restore-boot", "restore-verify", "restore-hand-off")
+DOWN_STEPS = ("reconcile", "stop-active", "stop-rest")
+REPAIR_STEPS = ("move-aside", "rebuild", "index")
+# `bench --compare`: record what it will restore, deploy the other arm (its own `up` steps), measure, restore.
+COMPARE_STEPS = ("compare-begin", "compare-arm", "compare-restore", "compare-end")
+
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "up": UP_STEPS + RESTORE_STEPS,
+    "rollback": UP_STEPS + RESTORE_STEPS,
+    "down": DOWN_STEPS,
+    "repair": REPAIR_STEPS,
+    "bench-compare": COMPARE_STEPS,
+}
+
+
+def crash_points() -> Iterator[tuple[str, str, str]]:
+    """Every (command, step, before|after) boundary of every command that changes the cluster."""
+    for command, steps in COMMANDS.items():
+        for step in steps:
+            for when in ("before", "after"):
+                yield command, step, when
+
+
+def boundary(command: str, step: str, when: str) -> None:
+    """A step boundary: SIGKILL this process here when SPARKCTL_CRASH_AT names it (see module docstring)."""
+    want = os.environ.get(CRASH_ENV)
+    if want and want == f"{command}:{step}:{when}":
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,74 @@
+"""SIGKILL of one engine (not the controller) at boot, during warm-up and after hand-off: the failed `up` restores
+the previous deployment; after hand-off `status` says UNHEALTHY (exit 8) and the next `up` of the same profile
+redeploys instead of saying "unchanged"."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+from sparkctl.config.inventory import load_inventory
+from sparkctl.state.ledger import Ledger
+from testrig.controller import SparkctlProcess
+
+SLOW = 30.0
+
+
+def _ledger(inv) -> Ledger:
+    return Ledger.for_cluster(load_inventory(inv).cluster.name)
+
+
+def _up(cli, profile="d5") -> dict:
+    code, out, err = cli("up", "--profile", profile, "--yes", "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def _kill_rank_during(cli, local_cluster, profile: str, marker: str, rank: int) -> tuple[int, str]:
+    ledger = _ledger(local_cluster)
+    with SparkctlProcess(["up", "--profile", profile, "--yes"]) as run:
+        run.wait_for(marker)
+        rec = ledger.load(ledger.history()[-1])
+        handle = rec.handle_of(rank)
+        assert handle is not None, rec
+        os.kill(handle.pid, signal.SIGKILL)
+        code = run.wait()
+    return code, run.stderr
+
+
+def _restored(cli, prev: dict, err: str) -> None:
+    assert f"restored {prev['deployment']}" in err, err
+    code, out, _ = cli("status", "--json")
+    st = json.loads(out)
+    assert code == 0 and st["healthy"] and st["active"] == prev["deployment"], out
+
+
+def test_an_engine_killed_at_boot_fails_the_up_and_the_previous_one_is_restored(cli, local_cluster, faulty_profile):
+    prev = _up(cli)
+    code, err = _kill_rank_during(cli, local_cluster, faulty_profile({"boot_s": SLOW}, base="dflash-off"),
+                                  r"rank 0 started", 1)
+    assert code == 4 and "boot failed on rank 1" in err and "died" in err, err
+    _restored(cli, prev, err)
+
+
+def test_an_engine_killed_during_warm_up_fails_the_up_and_the_previous_one_is_restored(cli, local_cluster,
+                                                                                       faulty_profile):
+    prev = _up(cli)
+    code, err = _kill_rank_during(cli, local_cluster, faulty_profile({"ttft_base_s": SLOW}, base="dflash-off"),
+                                  r"\] warm-up ", 0)
+    assert code == 4 and "warm-up" in err, err
+    _restored(cli, prev, err)
+
+
+def test_an_engine_killed_after_hand_off_is_unhealthy_and_the_next_up_redeploys(cli, local_cluster):
+    first = _up(cli)
+    rec = _ledger(local_cluster).load(first["deployment"])
+    os.kill(rec.handle_of(1).pid, signal.SIGKILL)
+    code, out, err = cli("status")
+    assert code == 8 and "UNHEALTHY" in out, out
+    again = _up(cli)
+    assert again["outcome"] == "deployed" and again["deployment"] != first["deployment"], again
+    code, out, _ = cli("status", "--json")
+    assert code == 0 and json.loads(out)["healthy"]
+    code, out, err = cli("down", "--yes")
+    assert code == 0, err

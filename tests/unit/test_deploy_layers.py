@@ -1,0 +1,87 @@
+"""deploy/ is layered: its import graph (every import, TYPE_CHECKING and function-local ones included) has no
+cycle, nothing imports the commands but the doors above deploy/, and the crash points come from the steps."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from sparkctl.deploy.fanout import fan_out, raise_first
+from sparkctl.deploy.steps import COMMANDS, crash_points
+
+DEPLOY = Path(__file__).resolve().parents[2] / "sparkctl" / "deploy"
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = {p.stem for p in DEPLOY.glob("*.py") if p.stem != "__init__"}
+    graph: dict[str, set[str]] = {}
+    for name in mods:
+        tree = ast.parse((DEPLOY / f"{name}.py").read_text())
+        deps: set[str] = set()
+        for node in ast.walk(tree):          # every import, wherever it is (module level, function, TYPE_CHECKING)
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module.startswith("sparkctl.deploy."):
+                    deps.add(node.module.split(".")[2])
+                elif node.module == "sparkctl.deploy":
+                    deps.update(a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name.split(".")[2] for a in node.names if a.name.startswith("sparkctl.deploy."))
+        graph[name] = (deps & mods) - {name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state and (found := visit(m)):
+                return found
+        stack.pop()
+        state[n] = 2
+        return None
+    for n in sorted(graph):
+        if n not in state and (found := visit(n)):
+            return found
+    return None
+
+
+def test_deploy_import_graph_is_acyclic():
+    graph = _graph()
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_nothing_below_the_commands_imports_them_and_the_cluster_imports_no_layer_above():
+    graph = _graph()
+    assert not [m for m, deps in graph.items() if "commands" in deps and m != "lifecycle"]
+    assert graph["cluster"] <= {"progress", "runtimes"}
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_fan_out_keeps_every_outcome_when_one_node_fails():
+    def work(n: int) -> int:
+        if n == 1:
+            raise ValueError("node 1 refused")
+        return n * 10
+    outcomes = fan_out([0, 1, 2], work)
+    assert [o.value for o in outcomes] == [0, None, 20] and [o.ok for o in outcomes] == [True, False, True]
+    assert str(outcomes[1].error) == "node 1 refused"
+    try:
+        raise_first(outcomes)
+    except ValueError as exc:
+        assert "node 1" in str(exc)
+    else:
+        raise AssertionError("raise_first did not raise")
+
+
+def test_crash_points_are_every_boundary_of_every_step():
+    points = list(crash_points())
+    assert len(points) == 2 * sum(len(s) for s in COMMANDS.values()) and len(set(points)) == len(points)
+    assert ("up", "hand-off", "before") in points and ("rollback", "restore-boot", "after") in points
