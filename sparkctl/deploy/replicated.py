@@ -33,7 +33,7 @@ from sparkctl.deploy.commands import Deployer, UpOptions
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.steps import REPLICATED_COMMAND as COMMAND
 from sparkctl.deploy.steps import boundary
-from sparkctl.errors import DeployError, SparkctlError
+from sparkctl.errors import SparkctlError
 from sparkctl.router import RouterError
 from sparkctl.router.client import RouterClient, attach, detach
 from sparkctl.router.process import RouterProcess
@@ -158,29 +158,32 @@ class ReplicatedDeployer:
                                f"{profile.router.drain_timeout_s:g}s)",
                                lambda: detach(client, rep.url, drain_s=profile.router.drain_timeout_s),
                                rep.index)
-                failure: SparkctlError | None = None
+                failure: list[SparkctlError] = []
 
                 def replica_up() -> None:
-                    nonlocal failure
                     try:
                         sub.up(profile, UpOptions(boot_timeout_s=opts.boot_timeout_s))
-                    except DeployError as exc:
-                        failure = exc          # restored alone by its own up; it goes back in below
+                    except SparkctlError as exc:
+                        failure.append(exc)     # its own up restored (or never stopped) the old one: back in below
                         raise
                 try:
                     self._step(rec, "replica-up", f"replica {rep.index}: up {profile.name} on "
                                f"{', '.join(rep.nodes)}", replica_up, rep.index)
-                except DeployError:
-                    pass
+                except SparkctlError:
+                    if not failure:
+                        raise
                 if _serves(rep.url):
                     self._step(rec, "replica-attach", f"replica {rep.index}: back into the router",
                                lambda: attach(client, rep.url), rep.index)
-                if failure is not None:
+                if failure:
                     rec.data["status"] = "failed"
                     rec.save()
-                    raise failure.amended(message=f"replica {rep.index}: {failure.message} (the other replicas "
-                                                  f"serve through the router; replicas {changed[:-1] or 'none'} "
-                                                  f"run {profile.name} now)")
+                    done = [i for i in changed[:-1]]
+                    raise failure[0].amended(message=(
+                        f"replica {rep.index}: {failure[0].message} (the rolling update stopped there; replica "
+                        f"{rep.index} serves as before{' and is back in the router' if _serves(rep.url) else ''}; "
+                        + (f"replica(s) {', '.join(map(str, done))} run {profile.name}" if done else
+                           f"no replica runs {profile.name} yet") + ")"))
 
             def gates() -> None:
                 h = client.health()

@@ -143,3 +143,52 @@ def test_two_tp2_replicas_on_four_nodes(tmp_path, monkeypatch, state_dir):
         assert not d.status()["healthy"]
     finally:
         d.down()
+
+
+def test_a_failing_replica_is_left_serving_alone_while_the_other_updated(tmp_path, monkeypatch, state_dir):
+    """The update's preflight fails on replica 1 only (the new rendezvous port is taken on its node): replica 0 runs
+    the new profile, replica 1 keeps the old one and is back in the router; no request through it failed."""
+    import socket
+
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.config.profile import load_profile
+    from sparkctl.deploy.replicated import ReplicatedDeployer
+    from sparkctl.errors import SparkctlError
+
+    for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
+        monkeypatch.delenv(key)
+    inv = load_inventory(write_embedded_inventory(tmp_path / "inventory.yml", FAST, nodes=2))
+    d = ReplicatedDeployer(inv)
+    p1 = load_profile(str(_profile(tmp_path / "p1.yml", 16)))
+    p2_path = _profile(tmp_path / "p2.yml", 24)
+    p2_path.write_text(p2_path.read_text() + "api:\n  dist_port: 25001\n")
+    blocker = socket.socket()
+    try:
+        endpoint = d.up(p1)["endpoint"]
+        blocker.bind((inv.nodes[1].fabric_address, 25001))
+        blocker.listen(1)
+        failures: list[str] = []
+
+        def client() -> None:
+            with httpx.Client(timeout=60, trust_env=False) as c:
+                for i in range(40):
+                    r = c.post(endpoint + "/generate", json={"text": f"{i}", "sampling_params": {"max_new_tokens": 32}})
+                    if r.status_code != 200:
+                        failures.append(r.text[:200])
+
+        t = threading.Thread(target=client)
+        t.start()
+        with pytest.raises(SparkctlError) as info:
+            d.up(load_profile(str(p2_path)))
+        t.join(timeout=120)
+        assert "replica 1:" in info.value.message and "replica(s) 0 run p2" in info.value.message
+        assert "25001" in info.value.render()
+        assert failures == []
+        st = d.status()
+        assert all(r["in_router"] and r["healthy"] for r in st["replicas"]), st
+        mrr = [httpx.get(r["url"] + "/server_info", timeout=5, trust_env=False).json()["max_running_requests"]
+               for r in st["replicas"]]
+        assert mrr == [24, 16]
+    finally:
+        blocker.close()
+        d.down()
