@@ -192,3 +192,26 @@ def test_a_failing_replica_is_left_serving_alone_while_the_other_updated(tmp_pat
     finally:
         blocker.close()
         d.down()
+
+
+def test_cli_up_status_down_of_a_replicated_profile(tmp_path, monkeypatch, cli, state_dir):
+    for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
+        monkeypatch.delenv(key)
+    inv = write_embedded_inventory(tmp_path / "inventory.yml", FAST, nodes=2)
+    prof = _profile(tmp_path / "rep.yml", 16)
+    try:
+        code, out, err = cli("up", "-p", str(prof), "-i", str(inv), "--yes", "--json")
+        assert code == 0, err[-3000:]
+        up = json.loads(out)
+        assert up["outcome"] == "deployed" and up["endpoint"].endswith(":30080")
+        code, out, err = cli("status", "-i", str(inv), "--json")
+        st = json.loads(out)
+        assert code == 0 and st["replicated"] and [r["in_router"] for r in st["replicas"]] == [True, True]
+        code, out, err = cli("status", "-i", str(inv))
+        assert "replica 1 [spark-b]" in out and "in the router" in out
+        code, out, err = cli("down", "-i", str(inv), "--yes", "--json")
+        assert code == 0 and json.loads(out)["stopped"] == ["router", "replica 0", "replica 1"]
+        code, out, err = cli("status", "-i", str(inv), "--json")
+        assert code == 0 and not json.loads(out).get("replicated")
+    finally:
+        cli("down", "-i", str(inv), "--yes")
