@@ -7,12 +7,13 @@ import yaml
 
 
 def sparks_inventory(path: Path, n: int, *, topology: str | None = None, subnet: str | None = None,
-                     addresses: list[str] | None = None, ranks: list[int] | None = None) -> Path:
+                     addresses: list[str] | None = None, ranks: list[int] | None = None,
+                     hcas: dict[int, list[str]] | None = None) -> Path:
     addresses = addresses or [f"192.168.100.{10 + i}" for i in range(n)]
     ranks = list(range(n)) if ranks is None else ranks
     hosts = {f"spark-{i}": {"ansible_host": f"spark-{i}.local", "sparkctl_rank": ranks[i],
                             "fabric_interface": "enp1s0f0np0", "fabric_address": addresses[i],
-                            "roce_hcas": ["rocep1s0f0", "roceP2p1s0f0"]} for i in range(n)}
+                            "roce_hcas": (hcas or {}).get(i, ["rocep1s0f0", "roceP2p1s0f0"])} for i in range(n)}
     cvars: dict = {"sparkctl_cluster": f"n{n}"}
     if topology:
         cvars["sparkctl_fabric_topology"] = topology
