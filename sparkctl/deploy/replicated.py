@@ -189,6 +189,11 @@ class ReplicatedDeployer:
                 h = client.health()
                 if not h.ready or h.healthy_workers != len(reps):
                     raise RouterError(f"router: {h.healthy_workers} of {len(reps)} replicas healthy ({h.detail})")
+                m = client.metrics()               # its Prometheus view agrees: every replica's health gauge 1
+                sick = [r.url for r in reps if not (m.workers.get(r.url) and m.workers[r.url].healthy)]
+                if sick:
+                    raise RouterError(f"router metrics: smg_worker_health is not 1 for {', '.join(sick)}",
+                                      hint=f"see {spec.metrics_url}")
                 r = httpx.post(spec.url + "/generate", json={"text": "gate", "sampling_params":
                                {"max_new_tokens": 4}}, timeout=profile.lifecycle.health_timeout_s, trust_env=False)
                 if r.status_code != 200:
