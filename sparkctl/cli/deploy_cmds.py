@@ -98,7 +98,7 @@ def _replicated_up(d: Any, prof: Any, dry_run: bool, yes: bool, boot_timeout: Op
     rd = ReplicatedDeployer(d.inventory, d.reporter)
     if dry_run:
         raise ConfigError("--dry-run is not available for a replicated deployment yet",
-                          hint="run `sparkctl render --profile NAME` to see every replica's argv")
+                          hint="run `sparkctl render --profile NAME` to see every replica's argv (each replica's own `up` plans its steps)")
     if prof.replicas == 1:
         if not _confirm(yes, f"stop the router and replicas, then deploy {prof.name}", d, "up")(None):
             raise typer.Abort()

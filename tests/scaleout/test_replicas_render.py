@@ -74,3 +74,15 @@ def test_router_port_collision_is_refused(tmp_path):
     profile = _profile(tmp_path, 2, 2, "router:\n  port: 30000\n")
     with pytest.raises(ConfigError, match="collide with api.port 30000"):
         router_spec(profile, inv, render_replicas(profile, inv, environ={}))
+
+
+def test_render_of_the_whole_inventory_points_to_the_replicas(tmp_path, cli):
+    inv_path = sparks_inventory(tmp_path / "inv.yml", 4)
+    profile = _profile(tmp_path, 2, 2)
+    with pytest.raises(ConfigError, match="the 4 nodes hold 2 replicas of 2 rank\\(s\\) each, not one group"):
+        render(profile, load_inventory(inv_path), environ={})
+    code, out, err = cli("render", "-p", profile.path, "-i", str(inv_path))
+    assert code == 0, err
+    assert "## replica 0 on spark-0, spark-1: http://spark-0.local:30000" in out
+    assert "## replica 1 on spark-2, spark-3: http://spark-2.local:30000" in out
+    assert out.count("--dist-init-addr 192.168.100.12:") == 2
