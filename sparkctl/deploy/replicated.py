@@ -80,7 +80,7 @@ class Record:
 
     @property
     def active(self) -> bool:
-        return self.data.get("status") in ("active", "updating")
+        return self.data.get("status") in ("active", "updating", "failed")   # failed: its replicas still run
 
 
 class ReplicatedDeployer:

@@ -209,6 +209,17 @@ def test_cli_up_status_down_of_a_replicated_profile(tmp_path, monkeypatch, cli, 
         assert code == 0 and st["replicated"] and [r["in_router"] for r in st["replicas"]] == [True, True]
         code, out, err = cli("status", "-i", str(inv))
         assert "replica 1 [spark-b]" in out and "in the router" in out
+        # leaving the replicated deployment for one TP=2 group: the router and replicas stop first
+        code, out, err = cli("up", "-p", "base", "-i", str(inv), "--yes", "--json")
+        assert code == 0 and json.loads(out)["outcome"] == "deployed", err[-3000:]
+        assert "leaving the replicated deployment" in err
+        code, out, err = cli("status", "-i", str(inv), "--json")
+        st = json.loads(out)
+        assert code == 0 and not st.get("replicated") and st["healthy"] and len(st["ranks"]) == 2
+        with pytest.raises(httpx.TransportError):
+            httpx.get(up["endpoint"] + "/health", timeout=2, trust_env=False)
+        code, out, err = cli("up", "-p", str(prof), "-i", str(inv), "--yes", "--json")   # and back
+        assert code == 0 and json.loads(out)["outcome"] == "deployed", err[-3000:]
         code, out, err = cli("down", "-i", str(inv), "--yes", "--json")
         assert code == 0 and json.loads(out)["stopped"] == ["router", "replica 0", "replica 1"]
         code, out, err = cli("status", "-i", str(inv), "--json")
