@@ -96,9 +96,14 @@ def _replicated_up(d: Any, prof: Any, dry_run: bool, yes: bool, boot_timeout: Op
     if prof.replicas == 1 and not replicated:
         return False
     rd = ReplicatedDeployer(d.inventory, d.reporter)
+    if dry_run and prof.replicas > 1:
+        lines = rd.plan_lines(prof)
+        _emit({"outcome": "dry-run", "profile": prof.name, "plan": lines}, as_json,
+              lambda r: print("\n".join(r["plan"])))
+        return True
     if dry_run:
-        raise ConfigError("--dry-run is not available for a replicated deployment yet",
-                          hint="run `sparkctl render --profile NAME` to see every replica's argv (each replica's own `up` plans its steps)")
+        raise ConfigError("--dry-run from a replicated deployment to a single group is not available yet",
+                          hint="run `sparkctl down` first, then `sparkctl up --dry-run`")
     if prof.replicas == 1:
         if not _confirm(yes, f"stop the router and replicas, then deploy {prof.name}", d, "up")(None):
             raise typer.Abort()

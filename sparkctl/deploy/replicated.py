@@ -112,6 +112,29 @@ class ReplicatedDeployer:
         boundary(COMMAND, name, "after")
         return out
 
+    # ---- plan (read-only) ------------------------------------------------------------------------------------
+    def plan_lines(self, profile: Profile) -> list[str]:
+        """What `up` would do, replica by replica (each replica's own plan under its steps); nothing is changed."""
+        reps = render_replicas(profile, self.inventory)
+        spec = router_spec(profile, self.inventory, reps)
+        rec = Record.load(self.ledger.root)
+        router = self._router(rec, spec)
+        lines = [f"router {spec.url} ({spec.policy}): " + ("running (pid %d)" % router.pid if router else "start")]
+        client = RouterClient(spec.url, metrics_url=spec.metrics_url) if router else None
+        for rep in reps:
+            _, plan = self._sub(rep).plan(profile)
+            listed = client.find(rep.url) if client else None
+            head = f"replica {rep.index} ({', '.join(rep.nodes)}, {rep.url})"
+            if plan.noop and listed is not None and listed.healthy:
+                lines.append(f"{head}: unchanged ({plan.noop_reason})")
+                continue
+            if listed is not None:
+                lines.append(f"{head}: out of the router, drain (at most {profile.router.drain_timeout_s:g}s)")
+            lines += [f"{head}: {line}" for line in plan.lines()]
+            lines.append(f"{head}: back into the router once its gates pass")
+        lines.append(f"router gates, then hand off {router_endpoint(profile, self.inventory)}")
+        return lines
+
     # ---- up --------------------------------------------------------------------------------------------------
     def up(self, profile: Profile, opts: UpOptions | None = None) -> dict[str, Any]:
         opts = opts or UpOptions()

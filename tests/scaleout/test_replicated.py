@@ -38,6 +38,9 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
     d = ReplicatedDeployer(inv)
     p1 = load_profile(str(_profile(tmp_path / "rep.yml", 16)))
     try:
+        planned = d.plan_lines(p1)
+        assert planned[0].endswith(": start") and planned[-1].startswith("router gates, then hand off")
+        assert sum("back into the router" in line for line in planned) == 2
         first = d.up(p1)
         assert first["outcome"] == "deployed" and first["updated"] == [0, 1]
         endpoint = first["endpoint"]
@@ -45,6 +48,7 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
         assert st["healthy"] and [r["healthy"] and r["in_router"] for r in st["replicas"]] == [True, True]
         assert st["router"]["healthy_workers"] == 2
         assert d.up(p1)["outcome"] == "unchanged"
+        assert [line.split(": ", 1)[1][:9] for line in d.plan_lines(p1)[1:3]] == ["unchanged"] * 2
 
         failures: list[str] = []
         done = [0]
@@ -64,6 +68,7 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
                         done[0] += 1
 
         p2 = load_profile(str(_profile(tmp_path / "rep.yml", 24)))     # a changed profile: a rolling update
+        assert sum("out of the router, drain" in line for line in d.plan_lines(p2)) == 2
         with ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(client, k) for k in range(4)]
             rolled = d.up(p2)
