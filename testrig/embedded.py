@@ -16,12 +16,16 @@ from typing import Any
 import yaml
 
 
-def write_embedded_inventory(path: Path, sim: dict[str, Any], *, prefix: str = "t") -> Path:
-    """Write a two-node process-runtime inventory with emulator knobs `sim`; returns `path`."""
+def write_embedded_inventory(path: Path, sim: dict[str, Any], *, prefix: str = "t", nodes: int = 2) -> Path:
+    """Write a process-runtime inventory of `nodes` loopback nodes (spark-a, spark-b, ... on 127.A.B.2, .3, ...;
+    more than two share the one loopback "switch" subnet 127.A.B.0/24) with emulator knobs `sim`; returns `path`."""
+    if not 1 <= nodes <= 26:
+        raise ValueError(f"nodes={nodes}: an embedded cluster has 1 to 26 nodes")
     a, b = random.randint(1, 250), random.randint(1, 250)
-    hosts = {f"spark-{x}": {"ansible_host": f"127.{a}.{b}.{n}", "sparkctl_rank": n - 2, "fabric_interface": "lo",
-                            "fabric_address": f"127.{a}.{b}.{n}", "api_bind": f"127.{a}.{b}.{n}",
-                            "runtime": "process", "gpu_runtime": "none"} for x, n in (("a", 2), ("b", 3))}
+    hosts = {f"spark-{chr(ord('a') + i)}": {
+        "ansible_host": f"127.{a}.{b}.{i + 2}", "sparkctl_rank": i, "fabric_interface": "lo",
+        "fabric_address": f"127.{a}.{b}.{i + 2}", "api_bind": f"127.{a}.{b}.{i + 2}",
+        "runtime": "process", "gpu_runtime": "none"} for i in range(nodes)}
     doc = {"all": {"vars": {"sparkctl_cluster": f"{prefix}{a}x{b}", "ansible_connection": "local",
                             "sparkctl_sim": dict(sim)},
                    "children": {"sparks": {"hosts": hosts}}}}

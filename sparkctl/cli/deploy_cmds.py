@@ -85,6 +85,54 @@ def _next_lines(result: dict[str, Any]) -> None:
         print("next: " + "  |  ".join(result["next_commands"]))
 
 
+def _replicated_up(d: Any, prof: Any, dry_run: bool, yes: bool, boot_timeout: Optional[float], as_json: bool) -> bool:
+    """`up` of a profile with replicas > 1 (deploy/replicated.py), or leaving a replicated deployment for a single
+    group (the router and replicas go down first). True when it handled the command."""
+    from sparkctl.deploy.commands import UpOptions
+    from sparkctl.deploy.replicated import ReplicatedDeployer, is_replicated
+    from sparkctl.errors import ConfigError
+
+    replicated = is_replicated(d.inventory)
+    if prof.replicas == 1 and not replicated:
+        return False
+    rd = ReplicatedDeployer(d.inventory, d.reporter)
+    if dry_run and prof.replicas > 1:
+        lines = rd.plan_lines(prof)
+        _emit({"outcome": "dry-run", "profile": prof.name, "plan": lines}, as_json,
+              lambda r: print("\n".join(r["plan"])))
+        return True
+    if dry_run:
+        raise ConfigError("--dry-run from a replicated deployment to a single group is not available yet",
+                          hint="run `sparkctl down` first, then `sparkctl up --dry-run`")
+    if prof.replicas == 1:
+        if not _confirm(yes, f"stop the router and replicas, then deploy {prof.name}", d, "up")(None):
+            raise typer.Abort()
+        d.reporter.event("leaving the replicated deployment: the router and its replicas stop first")
+        rd.down()
+        return False
+    if not _confirm(yes, f"deploy {prof.name} ({prof.replicas} replicas behind the router)", d, "up")(None):
+        raise typer.Abort()
+    result = rd.up(prof, UpOptions(boot_timeout_s=boot_timeout))
+    _emit(result, as_json, lambda r: print(f"{r['outcome']} {r['profile']}: {r['replicas']} replicas behind "
+                                           f"{r['endpoint']} (updated: {r['updated'] or 'none'})"))
+    return True
+
+
+def _replicated_status_human(r: dict[str, Any]) -> None:
+    router = r.get("router") or {}
+    print(f"cluster {r['cluster']}: {r.get('profile')} ({len(r['replicas'])} replicas) "
+          f"{'healthy' if r['healthy'] else 'UNHEALTHY'}")
+    print(f"  endpoint: {r.get('endpoint')}   router "
+          + (f"ready, {router.get('healthy_workers')}/{router.get('total_workers')} workers healthy"
+             if router.get("ready") else "NOT READY" if router else "not running"))
+    for rep in r["replicas"]:
+        where = "in the router" if rep["in_router"] else "NOT in the router"
+        print(f"  replica {rep['index']} [{', '.join(rep['nodes'])}] {rep['url']}: "
+              f"{'healthy' if rep['healthy'] else 'UNHEALTHY'}, {where}"
+              + (f", {int(router['requests_per_replica'].get(rep['url'], 0))} requests"
+                 if router.get("requests_per_replica") else ""))
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def up(profile: str = typer.Option(..., "--profile", "-p", help="Profile to deploy."),
@@ -102,6 +150,8 @@ def register(app: typer.Typer) -> None:
 
         d = _deployer(inventory)
         prof = load_profile(profile)
+        if _replicated_up(d, prof, dry_run, yes, boot_timeout, as_json):
+            return
         result = d.up(prof, UpOptions(dry_run=dry_run, no_rollback=no_rollback, boot_timeout_s=boot_timeout,
                                       confirm=_confirm(yes, f"deploy {prof.name}", d, "up")))
         _emit(result, as_json, _up_human)
@@ -144,6 +194,13 @@ def register(app: typer.Typer) -> None:
              as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Stop the active deployment on every node."""
         d = _deployer(inventory)
+        from sparkctl.deploy.replicated import ReplicatedDeployer, is_replicated
+        if is_replicated(d.inventory):
+            if not _confirm(yes, "stop the router and every replica", d, "down")(None):
+                raise typer.Abort()
+            _emit(ReplicatedDeployer(d.inventory, d.reporter).down(), as_json,
+                  lambda r: print("stopped " + ", ".join(r["stopped"]) if r["stopped"] else "nothing was running"))
+            return
         active = d.ledger.active()
         if active and not _confirm(yes, f"stop {active.id} ({active.profile})", d, "down")(None):
             raise typer.Abort()
@@ -166,6 +223,13 @@ def register(app: typer.Typer) -> None:
         Exit 0 when the active deployment is healthy (or nothing is deployed and nothing was interrupted);
         8 when it is unhealthy or a deployment was interrupted (its controller died)."""
         d = _deployer(inventory, quiet=as_json)
+        from sparkctl.deploy.replicated import ReplicatedDeployer, is_replicated
+        if is_replicated(d.inventory):
+            rep = ReplicatedDeployer(d.inventory, d.reporter).status()
+            _emit(rep, as_json, _replicated_status_human)
+            if not rep["healthy"]:
+                raise typer.Exit(STATUS_NOT_OK)
+            return
         result = d.status()
 
         def human(r: dict[str, Any]) -> None:

@@ -26,7 +26,20 @@ def register(app: typer.Typer) -> None:
         from sparkctl.sglang.render import render as do_render
 
         inv = resolve_inventory(inventory)
-        result = do_render(load_profile(profile), inv)
+        prof = load_profile(profile)
+        if prof.replicas > 1:            # each replica on its own nodes (sglang/replicas.py)
+            from sparkctl.sglang.replicas import render_replicas
+            if as_json or rank is not None:
+                raise ConfigError(f"--json and --rank are not available for a profile with replicas: "
+                                  f"{prof.replicas} yet", hint="run sparkctl render without them")
+            for rep in render_replicas(prof, inv):
+                print(f"## replica {rep.index} on {', '.join(rep.nodes)}: {rep.url}")
+                for r in rep.result.to_json()["ranks"]:
+                    print(f"# rank {r['rank']} on {r['node']} (SGLang {prof.image.sglang_version})")
+                    print(" ".join(_quote(a) for a in r["argv"]))
+                print()
+            return
+        result = do_render(prof, inv)
         if rank is not None and not any(s.rank == rank for s in result.specs):
             raise ConfigError(f"--rank {rank}: the inventory has ranks 0..{len(result.specs) - 1}", where=inv.path)
         notice = embedded_notice(inv)

@@ -92,6 +92,22 @@ class Cluster(BaseModel):
                                                        "the profile's image; e.g. a test cluster's emulator image).")
     sim: dict[PlainName, SimValue] = Field(default_factory=dict,
                                 description="Emulator knobs for the embedded cluster (see sparkctl/sim/README.md).")
+    fabric_topology: choice("direct", "switch") | None = Field(
+        None, description="How the fabric joins the nodes: 'direct' (one cable between two nodes) or 'switch' (one "
+                          "subnet through a switch). Default: direct for two nodes, switch for more.")
+    fabric_subnet: Text | None = Field(
+        None, description="The switch's fabric subnet (CIDR, e.g. 192.168.100.0/24) every node's fabric_address "
+                          "must be in. Default for a switch: the /24 around rank 0's fabric_address.")
+
+    @field_validator("fabric_subnet")
+    @classmethod
+    def _cidr(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                ipaddress.IPv4Network(value, strict=True)
+            except ValueError as exc:
+                raise ValueError(f"'{value}' is not an IPv4 subnet in CIDR form ({exc})") from None
+        return value
 
 
     @field_validator("name")
@@ -130,6 +146,11 @@ class Inventory(BaseModel):
     def rank0(self) -> Node:
         return self.nodes[0]
 
+    @property
+    def fabric_topology(self) -> str:
+        """'direct' or 'switch': the inventory's own, else direct for two nodes (one cable), switch for more."""
+        return self.cluster.fabric_topology or ("direct" if len(self.nodes) <= 2 else "switch")
+
     def node(self, name: str) -> Node:
         for n in self.nodes:
             if n.name == name:
@@ -144,7 +165,8 @@ _NODE_KEYS = {"sparkctl_rank", "fabric_interface", "fabric_address", "roce_hcas"
               "gpu_runtime", "api_bind", "gpus"}
 _CLUSTER_KEYS = {"sparkctl_cluster": "name", "sparkctl_known_hosts": "known_hosts",
                  "sparkctl_host_key_policy": "host_key_policy", "sparkctl_sim": "sim",
-                 "sparkctl_engine_image": "engine_image"}
+                 "sparkctl_engine_image": "engine_image", "sparkctl_fabric_topology": "fabric_topology",
+                 "sparkctl_fabric_subnet": "fabric_subnet"}
 
 
 def _collect_hosts(group: dict[str, Any], inherited: dict[str, Any], out: list[tuple[str, dict[str, Any]]],
@@ -251,7 +273,30 @@ def load_inventory(path: Path, *, embedded: bool = False) -> Inventory:
                               f"hosts.{first}.fabric_address", where=where,
                               hint="give every node its own address on the fabric link (rank 0's is the rendezvous "
                                    "address the other ranks dial)")
+    _check_fabric(inventory, where)
     return inventory
+
+
+def _check_fabric(inventory: Inventory, where: str) -> None:
+    """N nodes share one fabric: a cable joins two, a switch joins more (every address in its one subnet)."""
+    n = len(inventory.nodes)
+    if inventory.fabric_topology == "direct":
+        if n > 2:
+            raise ConfigError(f"all.vars.sparkctl_fabric_topology: direct links join two nodes; this inventory has "
+                              f"{n}", where=where,
+                              hint="put the nodes on one fabric subnet through a switch (sparkctl_fabric_topology: "
+                                   "switch, with sparkctl_fabric_subnet), or list two nodes")
+        return
+    subnet = ipaddress.IPv4Network(inventory.cluster.fabric_subnet or f"{inventory.rank0.fabric_address}/24",
+                                   strict=False)
+    given = "all.vars.sparkctl_fabric_subnet" if inventory.cluster.fabric_subnet else \
+        f"the /24 around rank 0's fabric_address ({inventory.rank0.name})"
+    for node in inventory.nodes:
+        if ipaddress.IPv4Address(node.fabric_address) not in subnet:
+            raise ConfigError(f"hosts.{node.name}.fabric_address: {node.fabric_address} is not in the fabric "
+                              f"subnet {subnet} ({given})", where=where,
+                              hint="through a switch every node needs an address in one subnet: fix the address, or "
+                                   "set sparkctl_fabric_subnet to the switch's subnet (e.g. 192.168.100.0/24)")
 
 
 def _inventory_error(exc: ValidationError, where: str, nodes: list[dict[str, Any]]) -> ConfigError:

@@ -18,7 +18,7 @@ from pydantic_core import PydanticCustomError
 from sparkctl.config.loader import config_error_from, key_path, origin_of, read_yaml, refusal
 from sparkctl.config.values import (ArgToken, ArgValue, Count, EngineEnvKey, EnvName, EnvValue, Flag, ImageRef, Int, ModelPath,
                                     Number, PlainName, Platform, Prose, Port, Seconds, Text, Version, Word,
-                                    engine_env_key)
+                                    choice, engine_env_key)
 from sparkctl.resources import search_dirs
 from sparkctl.errors import ConfigError
 
@@ -153,6 +153,19 @@ class LifecycleSettings(BaseModel):
     health_timeout_s: Seconds = Field(60, description="Bound on the verify gates' requests.")
 
 
+class RouterSettings(BaseModel):
+    """SGLang's router (sglang-router 0.3.2) in front of the replicas, on rank 0's node (replicas > 1 only)."""
+    model_config = _STRICT
+    policy: choice("random", "round_robin", "cache_aware", "power_of_two") = Field(
+        "cache_aware", description="--policy (sglang-router 0.3.2's; cache_aware is its default).")
+    port: Port = Field(30080, description="Port of the router: the endpoint handed off when replicas > 1.")
+    prometheus_port: Port = Field(29000, description="Port of the router's Prometheus /metrics.")
+    health_check_interval_s: Count = Field(5, ge=1, le=3600,
+                                           description="--health-check-interval-secs (the router's default is 60).")
+    drain_timeout_s: Seconds = Field(300, description="Rolling update: bound on a removed replica's in-flight "
+                                                      "requests finishing before it is redeployed.")
+
+
 class Profile(BaseModel):
     """A validated, fully merged profile."""
 
@@ -169,6 +182,9 @@ class Profile(BaseModel):
     expect: Expectations = Field(default_factory=Expectations, description="Expectations on resolved capacity.")
     api: ApiSettings = Field(default_factory=ApiSettings, description="HTTP API and rendezvous ports.")
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings, description="Timeouts.")
+    replicas: Count = Field(1, ge=1, le=64, description="Data-parallel replicas: K groups of server.tp_size nodes "
+                                                       "each (in inventory rank order), behind the router when K > 1.")
+    router: RouterSettings = Field(default_factory=RouterSettings, description="The router in front of replicas.")
     rollback_profile: PlainName | None = Field(None, description="Profile to fall back to when asked (e.g. dflash-off).")
     extends: list[PlainName] = Field(default_factory=list, description="Chain of profiles this one extends (resolved).")
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)

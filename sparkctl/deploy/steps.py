@@ -48,3 +48,17 @@ def boundary(command: str, step: str, when: str) -> None:
     want = os.environ.get(CRASH_ENV)
     if want and want == f"{command}:{step}:{when}":
         os.kill(os.getpid(), signal.SIGKILL)
+
+# A replicated `up` (deploy/replicated.py, `replicas: K`): these steps around each replica's own `up`, which runs
+# the steps above under the replica's own cluster, ledger and journal. Apart from COMMANDS: the crash matrix of
+# tests/lifecycle drives the single-group commands; tests/scaleout/test_replicated_crash.py drives these.
+REPLICATED_COMMAND = "up-replicated"
+REPLICATED_STEPS = ("reconcile", "router-start", "replica-detach", "replica-up", "replica-attach", "router-gates",
+                    "hand-off")
+
+
+def replicated_crash_points() -> Iterator[tuple[str, str, str]]:
+    """Every (command, step, before|after) boundary of a replicated `up`."""
+    for step in REPLICATED_STEPS:
+        for when in ("before", "after"):
+            yield REPLICATED_COMMAND, step, when

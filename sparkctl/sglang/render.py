@@ -185,6 +185,11 @@ def _check_topology(profile: Profile, inventory: Inventory) -> None:
     if tp == gpus and len(per_node) == 1:
         return
     tp_file = profile.origin_of("server.tp_size")
+    if profile.replicas > 1 and len(inventory.nodes) == profile.replicas * tp // max(1, min(per_node)):
+        raise ConfigError(f"replicas: {profile.replicas}: the {len(inventory.nodes)} nodes hold {profile.replicas} "
+                          f"replicas of {tp} rank(s) each, not one group", where=profile.origin_of("replicas"),
+                          hint="render them with sparkctl.sglang.replicas.render_replicas (`sparkctl render` prints "
+                               "each replica; `sparkctl up` deploys them behind the router)")
     if len(inventory.nodes) != 2 or per_node != {1}:  # not the two single-GPU Sparks sparkctl is built for
         raise ConfigError(
             f"hosts: {len(inventory.nodes)} node(s) with {gpus} GPU(s) cannot hold the {tp} ranks of server.tp_size "

@@ -1,8 +1,10 @@
-"""SGLang's HTTP surface on rank 0, and the dummy health server of ranks > 0 (stdlib http.server).
+"""SGLang's HTTP surface on rank 0 (the plumbing and ranks > 0's dummy health server: `sparkctl.sim.httpbase`).
 
 Rank 0 routes: /health /health_generate (503 until ready), /ping, /v1/models, /server_info and
 /get_server_info (0.5.3 dialect: only the latter), /model_info (/get_model_info), /flush_cache,
-/metrics (only with --enable-metrics), POST /v1/chat/completions (stream and not), POST /generate.
+/metrics (only with --enable-metrics), POST /v1/chat/completions and /v1/completions (stream and not),
+POST /generate: what SGLang's router calls on a worker, and what clients and eval harnesses call. An unknown
+path answers 404, a known path with another method 405 (FastAPI's bodies); the body is read first either way.
 ``--api-key`` is enforced (``Authorization: Bearer KEY``) on everything except the health probes.
 Responses carry ``server: uvicorn`` like the real server; each request is logged as a Uvicorn
 access line. Ranks > 0 answer only /ping, /health, /health_generate (200, empty) and 404 elsewhere.
@@ -15,70 +17,17 @@ import threading
 import time
 import uuid
 from email.utils import formatdate
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from sparkctl.sim import decoding as dec
-from sparkctl.sim.responses import ChatView, drain, generate_out, metrics_text, server_info, usage
+from sparkctl.sim.responses import (ChatView, completion_body, completion_chunk, drain, generate_out, metrics_text,
+                                    server_info, usage)
 from sparkctl.sim.scheduler import Request, Scheduler
 
-_HEALTH = ("/health", "/health_generate", "/ping")
-NOT_FOUND = b'{"detail":"Not Found"}'
-
-
-def _dumps(obj: Any) -> str:
-    """Compact JSON, as SGLang's ORJSONResponse writes it."""
-    return json.dumps(obj, separators=(",", ":"))
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class _BaseHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "uvicorn"
-    sys_version = ""
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence http.server
-        pass
-
-    def version_string(self) -> str:
-        return "uvicorn"
-
-    def _send(self, status: int, body: bytes = b"", ctype: str | None = "application/json",
-              headers: dict[str, str] | None = None) -> None:
-        self.send_response_only(status)
-        self.send_header("date", formatdate(usegmt=True))
-        self.send_header("server", "uvicorn")
-        self.send_header("content-length", str(len(body)))
-        if ctype and body:
-            self.send_header("content-type", ctype)
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        if body and self.command != "HEAD":
-            self.wfile.write(body)
-        self._status = status
-
-
-class _DummyHandler(_BaseHandler):
-    def do_GET(self) -> None:  # noqa: N802
-        path = self.path.split("?", 1)[0]
-        if path in _HEALTH:
-            self._send(200)
-        else:
-            self._send(404, NOT_FOUND)
-
-    do_POST = do_GET
-
-
-def serve_dummy(host: str, port: int) -> ThreadingHTTPServer:
-    srv = _Server((host, port), _DummyHandler)
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True,
-                     name="health-check-server").start()
-    return srv
+from sparkctl.sim.httpbase import HEALTH as _HEALTH
+from sparkctl.sim.httpbase import METHOD_NOT_ALLOWED, NOT_FOUND, BaseHandler, Server, _dumps
+from sparkctl.sim.httpbase import serve_dummy  # noqa: F401 - engine.py's import
 
 
 class ApiState:
@@ -95,7 +44,7 @@ def _error(message: str, code: int = 400, typ: str = "BadRequestError") -> bytes
     return _dumps({"object": "error", "message": message, "type": typ, "param": None, "code": code}).encode()
 
 
-class _ApiHandler(_BaseHandler):
+class _ApiHandler(BaseHandler):
     state: ApiState
 
     # ---- plumbing ---------------------------------------------------------------------------
@@ -104,8 +53,7 @@ class _ApiHandler(_BaseHandler):
         self.state.log.access(f"{host}:{port}", self.command, self.path, getattr(self, "_status", 200))
 
     def _body(self) -> dict[str, Any] | None:
-        n = int(self.headers.get("content-length") or 0)
-        raw = self.rfile.read(n) if n else b""
+        raw = self._read_body()
         try:
             data = json.loads(raw or b"{}")
         except ValueError:
@@ -150,7 +98,18 @@ class _ApiHandler(_BaseHandler):
         self._arrived = time.monotonic()
         self._route("POST")
 
+    def do_PUT(self) -> None:  # noqa: N802
+        self._arrived = time.monotonic()
+        self._route("PUT")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._route("DELETE")
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._route("PATCH")
+
     def _route(self, method: str) -> None:
+        self._read_body()
         path = self.path.split("?", 1)[0]
         st = self.state
         if not self._authorized(path):
@@ -170,6 +129,7 @@ class _ApiHandler(_BaseHandler):
             ("GET", "/get_model_info"): self._model_info,
             ("GET", "/get_server_info"): self._server_info,
             ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/completions"): self._completions,
             ("POST", "/generate"): self._generate,
             ("PUT", "/generate"): self._generate,
         }
@@ -181,7 +141,10 @@ class _ApiHandler(_BaseHandler):
             routes[("GET", "/metrics")] = self._metrics
         handler = routes.get((method, path))
         if handler is None:
-            self._send(404, NOT_FOUND)
+            if any(p == path for _, p in routes):           # FastAPI: a route's path with another method
+                self._send(405, METHOD_NOT_ALLOWED)
+            else:
+                self._send(404, NOT_FOUND)
             self._access()
             return
         try:
@@ -298,6 +261,61 @@ class _ApiHandler(_BaseHandler):
             if item is None:
                 return True
 
+    def _ranges(self, req: Request):
+        """Yield each (start, end) token range of ``req`` as it is produced (merged with what queued behind it);
+        return when it finished, or when the engine stops (then ``req.finished`` stays unset)."""
+        while True:
+            try:
+                item = req.out.get(timeout=1.0)
+            except queue.Empty:
+                if self.state.sched._stop.is_set():
+                    return
+                continue
+            item, finished = drain(req.out, item)
+            if item is not None:
+                yield item
+            if finished:
+                self._stream_done = True
+                return
+
+    def _completions(self) -> None:
+        """OpenAI /v1/completions: a plain continuation of ``prompt`` (no chat template, no reasoning part)."""
+        st = self.state
+        body = self._body()
+        prompt = body.get("prompt") if body is not None else None
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            self._json(400, _error("Invalid request: 'prompt' must be a string (or a list of one string)"))
+            return
+        max_new = body.get("max_tokens", 16)          # OpenAI's and SGLang's CompletionRequest default
+        req = self._admit(prompt, dec.tokenize(prompt), int(max_new) if max_new is not None else None,
+                          body.get("temperature"), thinking=False)
+        if req is None:
+            return
+        view = ChatView(req, separate=False)
+        head = {"id": uuid.uuid4().hex, "created": int(time.time()), "model": st.res.served_model_name}
+        if not body.get("stream"):
+            if self._wait(req):
+                self._json(200, completion_body(head, req, view.content_text()))
+            return
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        try:
+            self._start_stream()
+            self._stream_done = False
+            for start, end in self._ranges(req):
+                self._sse(completion_chunk(head, view.pieces(start, end)[1], None))
+            if not self._stream_done:
+                return
+            self._sse(completion_chunk(head, "", req.finish_reason))
+            if include_usage:
+                self._sse({**head, "object": "text_completion", "choices": [], "usage": usage(req)})
+            self._sse("[DONE]")
+            self._chunk(b"")
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            st.sched.abort(req)
+            self.close_connection = True
+
     def _chat_stream(self, req: Request, view: "ChatView", cid: str, created: int, model: str,
                      include_usage: bool) -> None:
         def frame(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -307,24 +325,17 @@ class _ApiHandler(_BaseHandler):
         try:
             self._start_stream()
             self._sse(frame({"role": "assistant", "content": ""}))
-            while True:
-                try:
-                    item = req.out.get(timeout=1.0)
-                except queue.Empty:
-                    if self.state.sched._stop.is_set():
-                        return
-                    continue
-                item, finished = drain(req.out, item)
-                if item is not None:
-                    reasoning, content = view.pieces(*item)
-                    if reasoning:
-                        self._sse(frame({"role": None, "content": None, "reasoning_content": reasoning,
-                                         "tool_calls": None}))
-                    if content:
-                        self._sse(frame({"role": None, "content": content, "reasoning_content": None,
-                                         "tool_calls": None}))
-                if finished:
-                    break
+            self._stream_done = False
+            for start, end in self._ranges(req):
+                reasoning, content = view.pieces(start, end)
+                if reasoning:
+                    self._sse(frame({"role": None, "content": None, "reasoning_content": reasoning,
+                                     "tool_calls": None}))
+                if content:
+                    self._sse(frame({"role": None, "content": content, "reasoning_content": None,
+                                     "tool_calls": None}))
+            if not self._stream_done:
+                return
             self._sse(frame({"role": None, "content": None, "reasoning_content": None, "tool_calls": None},
                             req.finish_reason))
             if include_usage:
@@ -352,18 +363,11 @@ class _ApiHandler(_BaseHandler):
         if body.get("stream"):
             try:
                 self._start_stream()
-                while True:
-                    try:
-                        item = req.out.get(timeout=1.0)
-                    except queue.Empty:
-                        if st.sched._stop.is_set():
-                            return
-                        continue
-                    item, finished = drain(req.out, item)
-                    if item is not None:
-                        self._sse(generate_out(req, t0, done=False))
-                    if finished:
-                        break
+                self._stream_done = False
+                for _ in self._ranges(req):
+                    self._sse(generate_out(req, t0, done=False))
+                if not self._stream_done:
+                    return
                 self._sse(generate_out(req, t0, done=True))
                 self._sse("[DONE]")
                 self._chunk(b"")
@@ -377,6 +381,6 @@ class _ApiHandler(_BaseHandler):
 
 def serve_api(host: str, port: int, state: ApiState) -> ThreadingHTTPServer:
     handler = type("ApiHandler", (_ApiHandler,), {"state": state})
-    srv = _Server((host, port), handler)
+    srv = Server((host, port), handler)
     threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True, name="sim-http").start()
     return srv

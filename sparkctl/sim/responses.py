@@ -84,6 +84,21 @@ def usage(req: Request) -> dict[str, Any]:
     return usage
 
 
+def completion_body(head: dict[str, Any], req: Request, text: str) -> dict[str, Any]:
+    """/v1/completions' answer (SGLang's CompletionResponse): ``head`` holds id, created and model."""
+    return {**head, "object": "text_completion",
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": req.finish_reason,
+                         "matched_stop": None}],
+            "usage": usage(req), "metadata": {"weight_version": "default"}}
+
+
+def completion_chunk(head: dict[str, Any], text: str, finish: str | None) -> dict[str, Any]:
+    """One SSE frame of a streamed /v1/completions answer (CompletionStreamResponse)."""
+    return {**head, "object": "text_completion",
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "matched_stop": None}],
+            "usage": None}
+
+
 def generate_out(req: Request, t0: float, done: bool) -> dict[str, Any]:
     toks = req.plan.tokens(0, req.generated)
     finish = None

@@ -112,3 +112,39 @@ def test_store_port_in_use_fails(sim, rank):
         assert "EADDRINUSE" in r0.text
     finally:
         blocker.close()
+
+
+# ---- N ranks: four loopback nodes (127.0.0.2 .. 127.0.0.5) through the one "switch" -------------------------------
+HOSTS4 = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
+
+
+def _argv_n(n: int, store_port: int, rank: int) -> list[str]:
+    return ["--tp-size", str(n), "--nnodes", str(n), "--node-rank", str(rank), "--dist-init-addr",
+            f"{HOSTS4[0]}:{store_port}"]
+
+
+def test_four_ranks_boot_when_the_last_joins_and_fail_when_one_dies(sim):
+    store, port = free_port(R0), free_port(R0)
+    knobs = {"peer_timeout_s": 2}
+    r0 = sim(_argv_n(4, store, 0), host=HOSTS4[0], port=port, knobs=knobs)
+    workers = [sim(_argv_n(4, store, i), host=HOSTS4[i], port=port, knobs=knobs) for i in (3, 1)]
+    for w in workers:
+        w.wait_for(r"Init torch distributed begin")
+    time.sleep(1.0)                                   # boot_s 0.3: rank 0 would be ready by now with 3 of 4
+    assert "fired up" not in r0.text and _health(r0.url("/health")) != 200
+    r2 = sim(_argv_n(4, store, 2), host=HOSTS4[2], port=port, knobs=knobs)
+    r0.wait_ready()
+    for w, i in ((workers[1], 1), (r2, 2), (workers[0], 3)):
+        w.wait_for(r"Dummy health check server started in background thread at %s:%d" % (re.escape(HOSTS4[i]), port))
+        assert f"[Gloo] Rank {i} is connected to 3 peer ranks. Expected number of connected peer ranks is : 3" in w.text
+    assert "TP3] CustomAllreduce is disabled because this process group spans across nodes." in workers[0].text
+    info = httpx.get(r0.url("/server_info")).json()
+    assert (info["tp_size"], info["nnodes"], info["node_rank"]) == (4, 4, 0)
+    # a worker's dummy health server keeps one keep-alive connection usable after its 404s
+    with httpx.Client(limits=httpx.Limits(max_connections=1)) as c:
+        for _ in range(3):
+            assert c.post(workers[0].url("/generate"), json={"text": "x" * 2000}).status_code == 404
+            assert c.get(workers[0].url("/health")).status_code == 200
+    r2.kill()
+    assert r0.wait_exit(timeout=8) != 0
+    assert "Watchdog caught collective operation timeout" in r0.text

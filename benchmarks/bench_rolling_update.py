@@ -1,0 +1,107 @@
+"""Benchmark (not a test): a rolling update end to end through the router, and its failed-request count.
+
+Embedded cluster (emulated engines, labelled so), 2 replicas x TP=1 behind sglang-router 0.3.2: `up` profile A,
+then, while C clients loop /generate requests through the router, `up` profile B (a changed flag: every replica is
+detached, drained, redeployed, gated and attached in turn). Prints the update's wall time, each step's time from the
+journal, requests done during it, failures, and client latency during vs before the update. One run. Run:
+    .venv/bin/python benchmarks/bench_rolling_update.py [--concurrency 4] [--tokens 64]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def _profile(path: Path, mrr: int) -> Path:
+    path.write_text("description: bench replicas\nextends: base\nreplicas: 2\n"
+                    f"server:\n  tp_size: 1\n  max_running_requests: {mrr}\n  enable_metrics: true\n"
+                    "router:\n  policy: round_robin\n  health_check_interval_s: 1\n  drain_timeout_s: 60\n"
+                    "warmup:\n  requests: 1\n  max_tokens: 16\n")
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--boot-s", type=float, default=2.0)
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-roll-"))
+    os.environ["SPARKCTL_STATE_DIR"] = str(tmp / "state")
+    for k in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
+        del os.environ[k]
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.config.profile import load_profile
+    from sparkctl.deploy.replicated import Record, ReplicatedDeployer
+    from testrig.embedded import write_embedded_inventory
+
+    inv = load_inventory(write_embedded_inventory(tmp / "inv.yml", {"boot_s": a.boot_s, "decode_tps": 2000},
+                                                  prefix="bench", nodes=2))
+    d = ReplicatedDeployer(inv)
+    try:
+        endpoint = d.up(load_profile(str(_profile(tmp / "a.yml", 16))))["endpoint"]
+        stop = threading.Event()
+        samples: list[tuple[float, float, bool]] = []      # (start, latency, ok)
+        lock = threading.Lock()
+
+        def client() -> None:
+            body = {"text": "rolling", "sampling_params": {"max_new_tokens": a.tokens}}
+            with httpx.Client(timeout=120, trust_env=False) as c:
+                while not stop.is_set():
+                    t0 = time.perf_counter()
+                    try:
+                        ok = c.post(endpoint + "/generate", json=body).status_code == 200
+                    except httpx.HTTPError:
+                        ok = False
+                    with lock:
+                        samples.append((t0, time.perf_counter() - t0, ok))
+
+        threads = [threading.Thread(target=client) for _ in range(a.concurrency)]
+        for t in threads:
+            t.start()
+        time.sleep(3.0)
+        u0 = time.perf_counter()
+        d.up(load_profile(str(_profile(tmp / "b.yml", 24))))
+        u1 = time.perf_counter()
+        time.sleep(1.0)
+        stop.set()
+        for t in threads:
+            t.join()
+        before = [lat for s, lat, ok in samples if s < u0]
+        during = [(lat, ok) for s, lat, ok in samples if u0 <= s < u1]
+        failed = sum(1 for _, _, ok in samples if not ok)
+        print(f"[emulated] rolling update of 2 replicas x TP=1 (boot_s {a.boot_s:g}), {a.concurrency} clients, "
+              f"/generate {a.tokens} tokens:")
+        print(f"  update wall time {u1 - u0:.2f} s; requests during it {len(during)}; failed requests "
+              f"{failed} of {len(samples)} in the whole run")
+        print(f"  client latency median before {statistics.median(before) * 1000:.1f} ms, during "
+              f"{statistics.median([x for x, _ in during]) * 1000:.1f} ms")
+        journal = Record.load(d.ledger.root).data["journal"]
+        last = max(i for i, e in enumerate(journal) if e["step"] == "reconcile" and e["phase"] == "intent")
+        t = {}
+        for e in journal[last:]:
+            key = (e["step"], e["replica"])
+            at = datetime.fromisoformat(e["at"].replace("Z", "+00:00")).timestamp()
+            if e["phase"] == "intent":
+                t[key] = at
+            elif e["phase"] == "ok" and key in t:
+                print(f"    {e['step']:<15} replica {e['replica'] if e['replica'] is not None else '-'}: "
+                      f"{at - t[key]:.2f} s")
+    finally:
+        d.down()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+"""SGLang's own request router in front of replicas: `sglang-router` 0.3.2 (the `smg` gateway's code, as the PyPI
+release that ships aarch64 wheels and is inside the lmsysorg/sglang images).
+
+spec.py     what to run: `RouterSpec` -> the argv (a list), for a local process or a container from the engine image
+process.py  the router as a local process (embedded cluster): start, wait ready, stop by PID
+client.py   its HTTP API: worker add / list / remove (`/workers`), bounded drain, /liveness and /readiness
+metrics.py  its Prometheus text (`smg_*`) -> per-worker health, selections and outcomes
+"""
+from sparkctl.errors import DeployError
+
+
+class RouterError(DeployError):
+    """The router refused, failed or did not converge within its bound; the message names the call and the worker."""

@@ -1,0 +1,115 @@
+"""The router as a local process (the embedded cluster): started from an argv list in its own session, its output to
+a log file (mode 0600), ready when /liveness answers, stopped by its PID (SIGTERM, then SIGKILL at the bound)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from sparkctl.nodes import procfs
+from sparkctl.router import RouterError
+from sparkctl.router.spec import RouterSpec
+
+
+def router_python() -> str:
+    """The interpreter that has sglang_router (sparkctl's own, where the `router` extra installs it)."""
+    return sys.executable
+
+
+@dataclass
+class RouterProcess:
+    spec: RouterSpec
+    pid: int
+    log_path: Path
+    ticks: int | None = None              # the process's start time (/proc/PID/stat): a reused PID is not ours
+    _popen: subprocess.Popen | None = None
+
+    def to_dict(self) -> dict:
+        return {"pid": self.pid, "ticks": self.ticks, "log": str(self.log_path), "argv": self.spec.args()}
+
+    @classmethod
+    def from_dict(cls, spec: RouterSpec, d: dict) -> "RouterProcess":
+        """The router a previous controller started (read from its record): stop and liveness by PID + start time."""
+        return cls(spec, int(d["pid"]), Path(d["log"]), d.get("ticks"))
+
+    @classmethod
+    def start(cls, spec: RouterSpec, log_path: Path, *, ready_timeout_s: float = 30.0,
+              python: str | None = None) -> "RouterProcess":
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+        env["NO_COLOR"] = "1"
+        try:
+            popen = subprocess.Popen(spec.process_argv(python or router_python()), stdin=subprocess.DEVNULL,
+                                     stdout=fd, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        finally:
+            os.close(fd)
+        proc = cls(spec, popen.pid, log_path, procfs.start_ticks(popen.pid), popen)
+        try:
+            proc.wait_live(ready_timeout_s)
+        except RouterError:
+            proc.stop(timeout_s=3)
+            raise
+        return proc
+
+    def alive(self) -> bool:
+        if self._popen is not None:
+            return self._popen.poll() is None
+        return procfs.running(self.pid, self.ticks)
+
+    def wait_live(self, timeout_s: float) -> None:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if not self.alive():
+                raise RouterError(f"router (pid {self.pid}) exited while starting", where=str(self.log_path),
+                                  evidence=_tail(self.log_path))
+            try:
+                if httpx.get(self.spec.url + "/liveness", timeout=1.0, trust_env=False).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RouterError(f"router (pid {self.pid}) not live on {self.spec.url} within {timeout_s:g}s",
+                          where=str(self.log_path), evidence=_tail(self.log_path))
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM to the router's process group (its session: the launcher and nothing else), SIGKILL at the bound."""
+        if not self.alive():
+            self._reap()
+            return
+        try:
+            os.killpg(self.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if not self.alive():
+                break
+            self._reap()
+            time.sleep(0.05)
+        else:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._reap()
+
+    def _reap(self) -> None:
+        if self._popen is not None:
+            try:
+                self._popen.wait(timeout=0.01)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _tail(path: Path, n: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""

@@ -1,0 +1,89 @@
+"""Replicas: a profile's `replicas: K` splits the inventory into K groups of `server.tp_size` nodes (in rank order:
+replica 0 is ranks 0..tp-1, replica 1 the next tp, ...), each rendered as its own TP group (its own rank 0, its own
+--dist-init-addr), with SGLang's router in front on the cluster's rank 0 node. K = 1 is exactly `render()`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+import os
+from typing import Mapping
+
+from sparkctl.config.inventory import Inventory
+from sparkctl.config.profile import Profile
+from sparkctl.errors import ConfigError
+from sparkctl.router.spec import RouterSpec
+from sparkctl.sglang.render import RenderResult, api_address, render
+
+
+@dataclass(frozen=True)
+class Replica:
+    index: int
+    inventory: Inventory           # its nodes, re-ranked 0..tp-1
+    result: RenderResult
+
+    @property
+    def url(self) -> str:
+        s = self.result.specs[0]
+        return f"http://{s.api_host}:{s.api_port}"
+
+    @property
+    def nodes(self) -> list[str]:
+        return [n.name for n in self.inventory.nodes]
+
+
+def replica_inventories(profile: Profile, inventory: Inventory) -> list[Inventory]:
+    k, tp = profile.replicas, profile.server.tp_size
+    if k == 1:
+        return [inventory]
+    per_node = {n.gpus for n in inventory.nodes}
+    gpus = inventory.nodes[0].gpus
+    if per_node != {gpus} or tp % gpus:
+        raise ConfigError(f"replicas: {k} groups of server.tp_size {tp} need nodes with the same GPU count dividing "
+                          f"{tp} (got GPUs per node {sorted(per_node)})", where=profile.origin_of("replicas"),
+                          hint="list single-GPU Sparks, or set replicas: 1")
+    size = tp // gpus
+    if len(inventory.nodes) != k * size:
+        raise ConfigError(f"replicas: {k} x server.tp_size {tp} needs {k * size} node(s); the inventory "
+                          f"({inventory.path}) has {len(inventory.nodes)}", where=profile.origin_of("replicas"),
+                          hint=f"list {k * size} nodes, or set replicas to {len(inventory.nodes) // size or 1}")
+    groups = []
+    for g in range(k):
+        nodes = [n.model_copy(update={"rank": i}) for i, n in enumerate(inventory.nodes[g * size:(g + 1) * size])]
+        groups.append(inventory.model_copy(update={"nodes": nodes}))
+    return groups
+
+
+def render_replicas(profile: Profile, inventory: Inventory, *,
+                    environ: Mapping[str, str] | None = None) -> list[Replica]:
+    """One Replica per group; ConfigError for a count that does not fit (or anything `render` refuses)."""
+    environ = os.environ if environ is None else environ
+    key_env = profile.api.api_key_env
+    if profile.replicas > 1 and key_env and environ.get(key_env):
+        raise ConfigError(f"replicas: {profile.replicas} with an API key (${key_env} is set): sglang-router 0.3.2 "
+                          f"takes the workers' key only as --api-key in its argv (visible in ps), which sparkctl "
+                          f"does not do", where=profile.origin_of("api.api_key_env"),
+                          hint=f"unset {key_env} (or api.api_key_env) for a replicated deployment, and bind the "
+                               f"router to a trusted network")
+    return [Replica(i, inv, render(profile, inv, environ=environ))
+            for i, inv in enumerate(replica_inventories(profile, inventory))]
+
+
+def router_spec(profile: Profile, inventory: Inventory, replicas: list[Replica]) -> RouterSpec:
+    """The router on the cluster's rank 0 node, bound where that node's API binds, every replica a worker."""
+    node = inventory.rank0
+    bind = profile.api.host or node.api_bind
+    r = profile.router
+    for port, name in ((profile.api.port, "api.port"), (profile.api.dist_port, "api.dist_port")):
+        if r.port == port or r.prometheus_port == port:
+            raise ConfigError(f"router ports ({r.port}, {r.prometheus_port}) collide with {name} {port} on rank 0's "
+                              f"node", where=profile.origin_of("router"), hint="give router.port and "
+                              "router.prometheus_port ports of their own")
+    return RouterSpec(host=bind, port=r.port, prometheus_port=r.prometheus_port, policy=r.policy,
+                      worker_urls=tuple(rep.url for rep in replicas),
+                      health_check_interval_s=r.health_check_interval_s)
+
+
+def router_endpoint(profile: Profile, inventory: Inventory) -> str:
+    """The endpoint handed off for a replicated deployment: the router's, as the controller reaches it."""
+    node = inventory.rank0
+    return f"http://{api_address(node, profile.api.host or node.api_bind)}:{profile.router.port}"

@@ -1,0 +1,233 @@
+"""Replicas behind the real router on the embedded cluster: `up` of a profile with replicas: 2 (2 x TP=1 on two
+loopback nodes), status per replica, a rolling update under a bounded client loop (200 requests at concurrency 4
+through the router: zero failed, every replica's steps in the journal), then down (router and replicas stopped)."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from testrig.embedded import stop_recorded_engines, write_embedded_inventory
+
+pytest.importorskip("sglang_router", reason="the router extra (sglang-router) is not installed")
+FAST = {"boot_s": 0.3, "decode_tps": 2000, "peer_timeout_s": 2, "ttft_base_s": 0.002}
+
+
+def _profile(path, mrr: int):
+    path.write_text("description: two TP=1 replicas\nextends: base\nreplicas: 2\n"
+                    f"server:\n  tp_size: 1\n  max_running_requests: {mrr}\n  enable_metrics: true\n"
+                    "router:\n  policy: round_robin\n  health_check_interval_s: 1\n  drain_timeout_s: 60\n"
+                    "warmup:\n  requests: 1\n  max_tokens: 16\n")
+    return path
+
+
+def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.config.profile import load_profile
+    from sparkctl.deploy.replicated import Record, ReplicatedDeployer, sub_inventory
+    from sparkctl.sglang.replicas import render_replicas
+
+    for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
+        monkeypatch.delenv(key)
+    inv_path = write_embedded_inventory(tmp_path / "inventory.yml", FAST, nodes=2)
+    inv = load_inventory(inv_path)
+    d = ReplicatedDeployer(inv)
+    p1 = load_profile(str(_profile(tmp_path / "rep.yml", 16)))
+    try:
+        planned = d.plan_lines(p1)
+        assert planned[0].endswith(": start") and planned[-1].startswith("router gates, then hand off")
+        assert sum("back into the router" in line for line in planned) == 2
+        first = d.up(p1)
+        assert first["outcome"] == "deployed" and first["updated"] == [0, 1]
+        endpoint = first["endpoint"]
+        st = d.status()
+        assert st["healthy"] and [r["healthy"] and r["in_router"] for r in st["replicas"]] == [True, True]
+        assert st["router"]["healthy_workers"] == 2
+        assert d.up(p1)["outcome"] == "unchanged"
+        assert [line.split(": ", 1)[1][:9] for line in d.plan_lines(p1)[1:3]] == ["unchanged"] * 2
+
+        failures: list[str] = []
+        done = [0]
+        lock = threading.Lock()
+
+        def client(k: int) -> None:
+            with httpx.Client(timeout=60, trust_env=False) as c:
+                for i in range(50):
+                    try:
+                        r = c.post(endpoint + "/generate", json={"text": f"c{k} {i}",
+                                                                 "sampling_params": {"max_new_tokens": 64}})
+                        if r.status_code != 200:
+                            failures.append(f"{r.status_code} {r.text[:200]}")
+                    except httpx.HTTPError as exc:
+                        failures.append(repr(exc))
+                    with lock:
+                        done[0] += 1
+
+        p2 = load_profile(str(_profile(tmp_path / "rep.yml", 24)))     # a changed profile: a rolling update
+        assert sum("out of the router, drain" in line for line in d.plan_lines(p2)) == 2
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(client, k) for k in range(4)]
+            rolled = d.up(p2)
+            at_end = done[0]
+            for f in futures:
+                f.result(timeout=300)
+        assert failures == [], failures[:5]
+        assert done[0] == 200 and at_end < 200, at_end       # the update ran under load
+        assert rolled["outcome"] == "deployed" and rolled["updated"] == [0, 1]
+        journal = Record.load(d.ledger.root).data["journal"]
+        ok = [(e["step"], e["replica"]) for e in journal if e["phase"] == "ok"]
+        tail = ok[ok.index(("reconcile", None), len(ok) - 1 - ok[::-1].index(("reconcile", None))):]
+        assert tail == [("reconcile", None), ("replica-detach", 0), ("replica-up", 0), ("replica-attach", 0),
+                        ("replica-detach", 1), ("replica-up", 1), ("replica-attach", 1), ("router-gates", None),
+                        ("hand-off", None)]
+        st = d.status()
+        assert st["healthy"] and all(r["in_router"] for r in st["replicas"])
+        info = httpx.get(st["replicas"][1]["url"] + "/server_info", timeout=5, trust_env=False).json()
+        assert info["max_running_requests"] == 24
+
+        down = d.down()
+        assert down["stopped"] == ["router", "replica 0", "replica 1"]
+        for url in [endpoint] + [r["url"] for r in st["replicas"]]:
+            with pytest.raises(httpx.TransportError):
+                httpx.get(url + "/health", timeout=2, trust_env=False)
+    finally:
+        try:
+            d.down()
+        finally:
+            for rep in render_replicas(p1, inv, environ={}):
+                path = tmp_path / f"sub{rep.index}.yml"
+                stop_recorded_engines_for(sub_inventory(rep, inv.cluster.name), inv_path)
+
+
+def stop_recorded_engines_for(sub_inv, inv_path) -> None:
+    """stop_recorded_engines reads an inventory file: the sub-cluster's engines through its own ledger."""
+    from sparkctl.deploy.lifecycle import Deployer
+    from sparkctl.state.ledger import Ledger
+    ledger = Ledger.for_cluster(sub_inv.cluster.name)
+    if not ledger.root.exists():
+        return
+    d = Deployer(sub_inv)
+    for dep_id in ledger.index().get("history", []):
+        try:
+            record = ledger.load(dep_id)
+        except Exception:  # noqa: BLE001 - teardown
+            continue
+        for handle in record.handles:
+            d.runtimes(dep_id).for_node(handle.node).stop(handle, timeout_s=3)
+
+
+def test_two_tp2_replicas_on_four_nodes(tmp_path, monkeypatch, state_dir):
+    """2 x TP=2 on four loopback nodes: each replica boots its rank 1 before its rank 0; status names every rank of
+    every replica; down stops them all."""
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.config.profile import load_profile
+    from sparkctl.deploy.replicated import ReplicatedDeployer
+
+    for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
+        monkeypatch.delenv(key)
+    inv = load_inventory(write_embedded_inventory(tmp_path / "inventory.yml", FAST, nodes=4))
+    p = tmp_path / "r2tp2.yml"
+    p.write_text("description: 2 x TP=2\nextends: base\nreplicas: 2\nserver:\n  tp_size: 2\n"
+                 "router:\n  policy: round_robin\n  health_check_interval_s: 1\nwarmup:\n  requests: 0\n")
+    d = ReplicatedDeployer(inv)
+    try:
+        res = d.up(load_profile(str(p)))
+        assert res["updated"] == [0, 1]
+        st = d.status()
+        assert st["healthy"] and st["router"]["healthy_workers"] == 2
+        assert [[(x["rank"], x["node"]) for x in r["ranks"]] for r in st["replicas"]] == \
+            [[(1, "spark-b"), (0, "spark-a")], [(1, "spark-d"), (0, "spark-c")]]      # boot order per group
+        r = httpx.post(res["endpoint"] + "/v1/completions", json={"model": "glm-5.3-flash", "prompt": "hi", "max_tokens": 4}, timeout=30,
+                       trust_env=False)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        assert d.down()["stopped"] == ["router", "replica 0", "replica 1"]
+        assert not d.status()["healthy"]
+    finally:
+        d.down()
+
+
+def test_a_failing_replica_is_left_serving_alone_while_the_other_updated(tmp_path, monkeypatch, state_dir):
+    """The update's preflight fails on replica 1 only (the new rendezvous port is taken on its node): replica 0 runs
+    the new profile, replica 1 keeps the old one and is back in the router; no request through it failed."""
+    import socket
+
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.config.profile import load_profile
+    from sparkctl.deploy.replicated import ReplicatedDeployer
+    from sparkctl.errors import SparkctlError
+
+    for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
+        monkeypatch.delenv(key)
+    inv = load_inventory(write_embedded_inventory(tmp_path / "inventory.yml", FAST, nodes=2))
+    d = ReplicatedDeployer(inv)
+    p1 = load_profile(str(_profile(tmp_path / "p1.yml", 16)))
+    p2_path = _profile(tmp_path / "p2.yml", 24)
+    p2_path.write_text(p2_path.read_text() + "api:\n  dist_port: 25001\n")
+    blocker = socket.socket()
+    try:
+        endpoint = d.up(p1)["endpoint"]
+        blocker.bind((inv.nodes[1].fabric_address, 25001))
+        blocker.listen(1)
+        failures: list[str] = []
+
+        def client() -> None:
+            with httpx.Client(timeout=60, trust_env=False) as c:
+                for i in range(40):
+                    r = c.post(endpoint + "/generate", json={"text": f"{i}", "sampling_params": {"max_new_tokens": 32}})
+                    if r.status_code != 200:
+                        failures.append(r.text[:200])
+
+        t = threading.Thread(target=client)
+        t.start()
+        with pytest.raises(SparkctlError) as info:
+            d.up(load_profile(str(p2_path)))
+        t.join(timeout=120)
+        assert "replica 1:" in info.value.message and "replica(s) 0 run p2" in info.value.message
+        assert "25001" in info.value.render()
+        assert failures == []
+        st = d.status()
+        assert all(r["in_router"] and r["healthy"] for r in st["replicas"]), st
+        mrr = [httpx.get(r["url"] + "/server_info", timeout=5, trust_env=False).json()["max_running_requests"]
+               for r in st["replicas"]]
+        assert mrr == [24, 16]
+    finally:
+        blocker.close()
+        d.down()
+
+
+def test_cli_up_status_down_of_a_replicated_profile(tmp_path, monkeypatch, cli, state_dir):
+    for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
+        monkeypatch.delenv(key)
+    inv = write_embedded_inventory(tmp_path / "inventory.yml", FAST, nodes=2)
+    prof = _profile(tmp_path / "rep.yml", 16)
+    try:
+        code, out, err = cli("up", "-p", str(prof), "-i", str(inv), "--yes", "--json")
+        assert code == 0, err[-3000:]
+        up = json.loads(out)
+        assert up["outcome"] == "deployed" and up["endpoint"].endswith(":30080")
+        code, out, err = cli("status", "-i", str(inv), "--json")
+        st = json.loads(out)
+        assert code == 0 and st["replicated"] and [r["in_router"] for r in st["replicas"]] == [True, True]
+        code, out, err = cli("status", "-i", str(inv))
+        assert "replica 1 [spark-b]" in out and "in the router" in out
+        # leaving the replicated deployment for one TP=2 group: the router and replicas stop first
+        code, out, err = cli("up", "-p", "base", "-i", str(inv), "--yes", "--json")
+        assert code == 0 and json.loads(out)["outcome"] == "deployed", err[-3000:]
+        assert "leaving the replicated deployment" in err
+        code, out, err = cli("status", "-i", str(inv), "--json")
+        st = json.loads(out)
+        assert code == 0 and not st.get("replicated") and st["healthy"] and len(st["ranks"]) == 2
+        with pytest.raises(httpx.TransportError):
+            httpx.get(up["endpoint"] + "/health", timeout=2, trust_env=False)
+        code, out, err = cli("up", "-p", str(prof), "-i", str(inv), "--yes", "--json")   # and back
+        assert code == 0 and json.loads(out)["outcome"] == "deployed", err[-3000:]
+        code, out, err = cli("down", "-i", str(inv), "--yes", "--json")
+        assert code == 0 and json.loads(out)["stopped"] == ["router", "replica 0", "replica 1"]
+        code, out, err = cli("status", "-i", str(inv), "--json")
+        assert code == 0 and not json.loads(out).get("replicated")
+    finally:
+        cli("down", "-i", str(inv), "--yes")

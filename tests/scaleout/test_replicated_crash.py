@@ -1,0 +1,84 @@
+"""A controller SIGKILLed at every boundary of a replicated `up` (a rolling update from p1 to p2; points from
+`deploy.steps.REPLICATED_STEPS`): the router keeps serving, and the next `up` converges (every replica on p2, in the
+router, healthy)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sparkctl.deploy.steps import CRASH_ENV, replicated_crash_points
+
+pytest.importorskip("sglang_router", reason="the router extra (sglang-router) is not installed")
+REPO = Path(__file__).resolve().parents[2]
+FAST = {"boot_s": 0.3, "decode_tps": 4000, "peer_timeout_s": 2, "ttft_base_s": 0.002}
+# Every boundary of the replicated steps, and the lifecycle's own boundaries inside a replica's `up` (the replica's
+# boot and hand-off: a kill -9 there is the crash matrix's point, in the middle of a rolling update).
+POINTS = list(replicated_crash_points()) + [("up", "boot", "after"), ("up", "hand-off", "before")]
+
+
+def _profile(path: Path, mrr: int) -> Path:
+    path.write_text("description: two TP=1 replicas\nextends: base\nreplicas: 2\n"
+                    f"server:\n  tp_size: 1\n  max_running_requests: {mrr}\n  enable_metrics: true\n"
+                    "router:\n  policy: round_robin\n  health_check_interval_s: 1\n  drain_timeout_s: 30\n"
+                    "warmup:\n  requests: 0\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.deploy.replicated import ReplicatedDeployer
+    from testrig.embedded import write_embedded_inventory
+    tmp = tmp_path_factory.mktemp("crash")
+    env = {"SPARKCTL_STATE_DIR": str(tmp / "state")}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    inv_path = write_embedded_inventory(tmp / "inventory.yml", FAST, nodes=2)
+    d = ReplicatedDeployer(load_inventory(inv_path))
+    try:
+        yield d, inv_path, (_profile(tmp / "p1.yml", 16), _profile(tmp / "p2.yml", 24)), []
+    finally:
+        d.down()
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def _controller(inv: Path, profile: Path, crash: str) -> int:
+    code = ("import sys; from sparkctl.config.inventory import load_inventory; "
+            "from sparkctl.config.profile import load_profile; "
+            "from sparkctl.deploy.replicated import ReplicatedDeployer; "
+            "ReplicatedDeployer(load_inventory(sys.argv[1])).up(load_profile(sys.argv[2]))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKCTL_SIM_")}
+    env.update({CRASH_ENV: crash, "PYTHONPATH": str(REPO)})
+    return subprocess.run([sys.executable, "-c", code, str(inv), str(profile)], env=env, cwd=str(REPO),
+                          capture_output=True, timeout=120).returncode
+
+
+@pytest.mark.parametrize("command,step,when", POINTS, ids=[":".join(p) for p in POINTS])
+def test_sigkill_at_every_replicated_boundary(cluster, command, step, when):
+    from sparkctl.config.profile import load_profile
+    d, inv, profiles, current = cluster
+    if not current:
+        d.up(load_profile(str(profiles[0])))
+        current.append(0)
+    src = current[-1]
+    dst, mrr = 1 - src, (16, 24)[1 - src]       # each point rolls to the other profile (no setup redeploy)
+    code = _controller(inv, profiles[dst], f"{command}:{step}:{when}")
+    if code != -9:
+        assert step == "router-start", f"{step}:{when} never reached (exit {code})"   # the router already runs
+    st = d.status()
+    if st.get("router"):
+        assert st["router"]["live"], st              # the router outlives its controller
+    res = d.up(load_profile(str(profiles[dst])))
+    assert res["endpoint"]
+    current.append(dst)
+    st = d.status()
+    assert st["healthy"] and all(r["in_router"] and r["healthy"] for r in st["replicas"]), st
+    for r in st["replicas"]:
+        info = httpx.get(r["url"] + "/server_info", timeout=5, trust_env=False).json()
+        assert info["max_running_requests"] == mrr, (step, when, r)
