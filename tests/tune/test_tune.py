@@ -103,8 +103,29 @@ def test_a_candidate_whose_g6_sample_diverges_is_infeasible(cli, tune_cluster):
     assert "0/2 identical to the baseline" in lossy["error"]
     assert lossy["objective"] is not None        # measured, and still refused: speed never buys losslessness
     assert data["confirmation"]["candidate"] == 1
-    code, table, err = cli("tune", "--resume", data["run_id"])
-    assert code == 2
+
+    # the table of this journal: plain text off a terminal, rich on one; the refused trial shows its reason
+    import io
+
+    from sparkctl.tune.table import render, trial_table
+    plain = trial_table(data)
+    lines = plain.splitlines()
+    assert lines[0].split()[:3] == ["#", "changes", "status"] and "\x1b[" not in plain
+    row = next(x for x in lines if x.startswith("2 "))
+    assert "infeasible" in row and "diverged 0/2" in row and "G6 failed: G6 sample: 0/2 identical" in row
+    assert "reference" in lines[1] and "identical 2/2" in next(x for x in lines if x.startswith("1 "))
+    piped = io.StringIO()
+    render(data, piped)                                # a StringIO is no terminal: the plain table
+    assert piped.getvalue() == plain
+    tty = io.StringIO()
+    render(data, tty, terminal=True, width=220)
+    out = tty.getvalue()
+    assert "\x1b[" in out and ("\u2503" in out or "\u2502" in out)    # ANSI styles and the box drawing
+    assert data["run_id"] in out and "G6 failed: G6 sample: 0/2 identical" in out
+    assert "nothing promoted" in out and "restored:" in out
+    assert [ln for ln in out.splitlines() if "G6 failed" in ln][0].count("infeasible") == 1
+    if os.environ.get("SPARKCTL_SHOW_TABLE"):
+        print(out)
 
 
 def test_kill_9_then_resume_redoes_no_finished_trial(cli, tune_cluster, state_dir):
