@@ -176,7 +176,9 @@ def _run_trial(deployer: Any, j: Journal, t: dict[str, Any], progress: Progress)
         up = _deploy(deployer, _candidate(j, t))
         t["deployment"], t["capacity"] = up.get("deployment"), _plain(up.get("capacity"))
         card = _measure(deployer, opts, progress)
+        g6_t0 = time.monotonic()
         outputs = g6.capture(deployer)
+        g6_s = round(time.monotonic() - g6_t0, 3)
     except SparkctlError as exc:
         t.update(status="infeasible", reason=classify_failure(exc), error=exc.message,
                  elapsed_s=round(time.monotonic() - t0, 3))
@@ -188,6 +190,7 @@ def _run_trial(deployer: Any, j: Journal, t: dict[str, Any], progress: Progress)
     acc = (((card.get("arms") or [{}])[0].get("results") or {}).get("acceptance") or {}).get("generate") or {}
     t["accept_len"] = (acc.get("accept_len") or {}).get("median")
     _g6_verdict(j, t, outputs)
+    t["g6"]["elapsed_s"] = g6_s
     if t["reason"] == "G6 failed":
         progress(f"trial {t['index']}: infeasible (G6 failed): {t['g6']['detail']}")
     if t["status"] == "feasible":

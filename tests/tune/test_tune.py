@@ -101,6 +101,7 @@ def test_a_candidate_whose_g6_sample_diverges_is_infeasible(cli, tune_cluster):
     assert g["verdict"] == "diverged" and g["diverged"] == 2 and g["reference"] == "baseline trial 0"
     assert [v["index"] for v in g["verdicts"]] == [3, 3], g["verdicts"]
     assert "0/2 identical to the baseline" in lossy["error"]
+    assert all(0 < t["g6"]["elapsed_s"] < t["elapsed_s"] for t in data["trials"])
     assert lossy["objective"] is not None        # measured, and still refused: speed never buys losslessness
     assert data["confirmation"]["candidate"] == 1
 
@@ -125,7 +126,7 @@ def test_a_candidate_whose_g6_sample_diverges_is_infeasible(cli, tune_cluster):
     assert "nothing promoted" in out and "restored:" in out
     assert [ln for ln in out.splitlines() if "G6 failed" in ln][0].count("infeasible") == 1
     if os.environ.get("SPARKCTL_SHOW_TABLE"):
-        print(out)
+        print(out, json.dumps({t["index"]: [t["g6"]["elapsed_s"], t["elapsed_s"]] for t in data["trials"]}))
 
 
 def test_kill_9_then_resume_redoes_no_finished_trial(cli, tune_cluster, state_dir):
