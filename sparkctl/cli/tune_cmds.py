@@ -78,6 +78,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(data, indent=2, default=str))
         else:
-            sys.stdout.write(tr.trial_table(data))
+            from sparkctl.tune.table import render
+            render(data, sys.stdout)                 # rich on a terminal, plain text in a pipe
         print(f"sparkctl: tune {data['run_id']}: journal {tr.journal_path(deployer.ledger, data['run_id'])}",
               file=sys.stderr)

@@ -11,7 +11,9 @@ Order (each step journaled in ``runs/<tune id>/tune.json`` before the next begin
    it is unfinished, and the restore (kind ``bench-restore``) clears it.
 2. **trials**: the baseline (the profile as it is) first, then every grid candidate (``--trials N``: the first N
    of them). Each trial is a full ``up`` through the lifecycle (preflight, boot, warm-up, gates; rollback on
-   failure) and a bench subset whose card lands in the ledger. A candidate that does not boot, dies of OOM,
+   failure) and a bench subset whose card lands in the ledger: decode medians (``--runs``, default n=5),
+   acceptance, and a G6 sample (sparkctl/tune/g6.py: greedy outputs of 2 G6 prompts compared token for token
+   with the baseline trial's; a candidate that differs is infeasible, ``G6 failed``). A candidate that does not boot, dies of OOM,
    resolves less capacity than ``expect``, or fails a gate or its bench is recorded **infeasible** with its
    reason, and the search goes on. After the first trial the time of the whole tune is estimated; a trial that
    would not fit the ``--budget`` (with the confirmation still to come) is not started (``skipped: budget``).
@@ -33,7 +35,7 @@ from sparkctl.errors import ConfigError, PreflightError, SparkctlError
 from sparkctl.state.files import write_text_atomic
 from sparkctl.state.ledger import Ledger, now_iso
 
-from sparkctl.tune import space as sp
+from sparkctl.tune import g6, space as sp
 from sparkctl.tune.journal import Journal, clear_marker, restore, settle, write_marker
 from sparkctl.tune.table import trial_table
 
@@ -118,7 +120,7 @@ def classify_failure(exc: BaseException) -> str:
 def _trial_entry(i: int, changes: dict[str, Any], baseline: bool) -> dict[str, Any]:
     return {"index": i, "changes": changes, "baseline": baseline, "status": "pending", "reason": None,
             "deployment": None, "card": None, "objective": None, "elapsed_s": None, "accept_len": None,
-            "capacity": None}
+            "capacity": None, "g6": None}
 
 
 def new_journal(deployer: Any, opts: TuneOptions) -> Journal:
@@ -174,6 +176,9 @@ def _run_trial(deployer: Any, j: Journal, t: dict[str, Any], progress: Progress)
         up = _deploy(deployer, _candidate(j, t))
         t["deployment"], t["capacity"] = up.get("deployment"), _plain(up.get("capacity"))
         card = _measure(deployer, opts, progress)
+        g6_t0 = time.monotonic()
+        outputs = g6.capture(deployer)
+        g6_s = round(time.monotonic() - g6_t0, 3)
     except SparkctlError as exc:
         t.update(status="infeasible", reason=classify_failure(exc), error=exc.message,
                  elapsed_s=round(time.monotonic() - t0, 3))
@@ -184,9 +189,28 @@ def _run_trial(deployer: Any, j: Journal, t: dict[str, Any], progress: Progress)
              card=card.get("run_id"), objective=_summary(samples), elapsed_s=round(time.monotonic() - t0, 3))
     acc = (((card.get("arms") or [{}])[0].get("results") or {}).get("acceptance") or {}).get("generate") or {}
     t["accept_len"] = (acc.get("accept_len") or {}).get("median")
-    if samples:
+    _g6_verdict(j, t, outputs)
+    t["g6"]["elapsed_s"] = g6_s
+    if t["reason"] == "G6 failed":
+        progress(f"trial {t['index']}: infeasible (G6 failed): {t['g6']['detail']}")
+    if t["status"] == "feasible":
         progress(f"trial {t['index']}: {opts.objective} median {t['objective']['median']:.3f} "
                  f"({t['objective']['min']:.3f}-{t['objective']['max']:.3f}) in {t['elapsed_s']:.1f} s")
+
+
+def _g6_verdict(j: Journal, t: dict[str, Any], outputs: list[dict[str, Any]]) -> None:
+    """The trial's G6 sample (sparkctl/tune/g6.py): the baseline's outputs are the reference (kept in the
+    journal); a candidate that is not identical to them, or a void sample, makes the trial infeasible."""
+    if t["baseline"]:
+        t["g6_outputs"] = outputs
+        t["g6"] = g6.judge_reference(outputs)
+    else:
+        ref = j.data["trials"][0].get("g6_outputs")
+        t["g6"] = g6.judge(ref, outputs) if ref else {"verdict": "not compared",
+                                                     "detail": "the baseline trial recorded no G6 reference"}
+    verdict = t["g6"]["verdict"]
+    if verdict not in ("reference", "identical", "not compared") and t["status"] == "feasible":
+        t.update(status="infeasible", reason="G6 failed", error=f"G6 sample: {t['g6']['detail']}")
 
 
 def _best(j: Journal) -> dict[str, Any] | None:

@@ -2,7 +2,7 @@
 
 ``--vary speculative.num_draft_tokens=4,6,8 --vary server.mem_fraction_static=0.85,0.88`` is a grid of 3 x 2
 candidates, in --vary order (the last key varies fastest). Values are YAML scalars (``8`` an int, ``0.88`` a
-float, ``null``, ``flashinfer`` a string); every candidate is validated as a whole profile before anything is
+float, ``null``, ``flashinfer`` a string; ``env.NAME`` values stay strings); every candidate is validated as a whole profile before anything is
 deployed, so a key that does not exist or a value of the wrong type fails at once naming the --vary (exit 2).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from sparkctl.errors import ConfigError
 
-_KEY_RE = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
+_KEY_RE = re.compile(r"^(?:[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+|env\.[A-Za-z_][A-Za-z0-9_]*)$")
 _NOT_TUNABLE = ("name", "path", "extends", "description", "api", "rollback_profile", "lifecycle")
 
 
@@ -42,6 +42,9 @@ def parse_vary(items: list[str]) -> list[tuple[str, list[Any]]]:
             raw = raw.strip()
             if not raw:
                 raise ConfigError(f"--vary {item!r}: an empty value", where="--vary", hint="V1,V2 with no empty item")
+            if key.startswith("env."):
+                values.append(raw)              # environment values are strings, as the profile loader reads them
+                continue
             try:
                 values.append(yaml.safe_load(raw))
             except yaml.YAMLError:

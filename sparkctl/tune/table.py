@@ -1,30 +1,85 @@
-"""The table of a tune's trials (plain text; `sparkctl tune --json` prints the journal itself)."""
+"""The table of a tune's trials: rich on a terminal, plain text otherwise (`sparkctl tune --json` prints the
+journal itself). Infeasible trials show their reason (and the first line of the error behind it)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import IO, Any
+
+HEADER = ("#", "changes", "status", "{obj} median (min-max)", "accept len", "G6", "time s", "card / reason")
 
 
-def trial_table(data: dict[str, Any]) -> str:
-    """The table of all trials, plain text (the CLI prints it; --json gives `data`)."""
-    obj = data["options"]["objective"]
-    rows = [["#", "changes", "status", f"{obj} median (min-max)", "accept len", "time s", "card / reason"]]
+def _reason(t: dict[str, Any]) -> str:
+    if t["status"] in ("infeasible", "skipped"):
+        err = (t.get("error") or "").strip().splitlines()
+        return f"{t.get('reason')}: {err[0][:120]}" if err else str(t.get("reason"))
+    return t.get("card") or "-"
+
+
+def rows(data: dict[str, Any]) -> list[list[str]]:
+    """One row of cells per trial (the same cells in both renderings)."""
+    out = []
     for t in data["trials"]:
         ch = "baseline" if t["baseline"] else ", ".join(f"{k}={v}" for k, v in t["changes"].items())
         o = t.get("objective")
-        rows.append([str(t["index"]), ch, t["status"], f"{o['median']:.2f} ({o['min']:.2f}-{o['max']:.2f})" if o else "-",
-                     f"{t['accept_len']:.2f}" if t.get("accept_len") else "-",
-                     f"{t['elapsed_s']:.1f}" if t.get("elapsed_s") is not None else "-",
-                     t.get("card") or t.get("reason") or "-"])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        g = t.get("g6") or {}
+        g6 = g.get("verdict", "-") + (f" {g['identical']}/{g['n']}" if "identical" in g and g.get("n") else "")
+        out.append([str(t["index"]), ch, t["status"],
+                    f"{o['median']:.2f} ({o['min']:.2f}-{o['max']:.2f})" if o else "-",
+                    f"{t['accept_len']:.2f}" if t.get("accept_len") else "-", g6,
+                    f"{t['elapsed_s']:.1f}" if t.get("elapsed_s") is not None else "-", _reason(t)])
+    return out
+
+
+def footer(data: dict[str, Any]) -> list[str]:
     w = data.get("winner") or {}
-    lines.append("")
-    lines.append(f"winner: {w.get('profile')} ({w.get('path')})" if w.get("promoted") else
-                 f"nothing promoted: {w.get('why')}")
+    lines = [f"winner: {w.get('profile')} ({w.get('path')})" if w.get("promoted") else
+             f"nothing promoted: {w.get('why')}"]
     e, tm = data.get("estimate") or {}, data.get("timing") or {}
     if e:
         lines.append(f"estimate after the first trial: {e.get('total_s')} s; actual total {tm.get('total_s')} s "
                      f"(trials {tm.get('trials_sum_s')} s, restore {tm.get('restore_s')} s)")
     r = data.get("restore") or {}
     lines.append(f"restored: {r.get('profile') or r.get('action')} ({'ok' if r.get('ok') else 'FAILED'})")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _header(data: dict[str, Any]) -> list[str]:
+    return [h.format(obj=data["options"]["objective"]) for h in HEADER]
+
+
+def trial_table(data: dict[str, Any]) -> str:
+    """The table of all trials, plain text (for a pipe or a file)."""
+    table = [_header(data)] + rows(data)
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+    return "\n".join(lines + [""] + footer(data)) + "\n"
+
+
+_STYLE = {"feasible": "green", "infeasible": "red", "skipped": "yellow", "pending": "dim"}
+
+
+def render(data: dict[str, Any], stream: IO[str], *, terminal: bool | None = None, width: int | None = None) -> None:
+    """Write the table to `stream`: a rich table when it is a terminal (or ``terminal=True``), else plain text.
+    ``width``: the terminal's columns (None: rich asks the terminal)."""
+    if terminal is None:
+        isatty = getattr(stream, "isatty", None)
+        terminal = bool(isatty and isatty())
+    if not terminal:
+        stream.write(trial_table(data))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    w = data.get("winner") or {}
+    table = Table(title=f"tune {data['run_id']} ({data['profile']})", title_justify="left")
+    for h in _header(data):
+        table.add_column(h, overflow="fold", justify="right" if h in ("#", "time s") else "left")
+    for t, cells in zip(data["trials"], rows(data)):
+        style = _STYLE.get(t["status"], "")
+        if w.get("promoted") and t["index"] == w.get("candidate"):
+            style = "bold green"
+        table.add_row(*[Text(c, style=style) if k in (2, 7) else Text(c) for k, c in enumerate(cells)])
+    console = Console(file=stream, force_terminal=True, highlight=False, soft_wrap=False, width=width)
+    console.print(table)
+    for line in footer(data):
+        console.print(Text(line))

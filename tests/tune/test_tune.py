@@ -39,6 +39,9 @@ def test_tune_finds_the_planted_optimum_and_refuses_the_oom_candidate(cli, tune_
     feasible = {t["changes"].get("speculative.num_draft_tokens", 8): t["objective"]["median"]
                 for t in trials if t["status"] == "feasible"}
     assert set(feasible) == {4, 6, 8} and max(feasible, key=feasible.get) == 6, feasible
+    # every trial that booted took its G6 sample: the baseline's is the reference, each candidate identical to it
+    assert trials[0]["g6"]["verdict"] == "reference" and len(trials[0]["g6_outputs"]) == 2
+    assert all(t["g6"]["verdict"] == "identical" and t["g6"]["n"] == 2 for t in trials[1:] if t["status"] == "feasible")
     # infeasible trials were recorded and the search went on: the trial after the first OOM was measured
     assert trials[3]["status"] == "feasible" and trials[3]["card"]
 
@@ -80,6 +83,50 @@ def test_tune_promotes_nothing_when_all_lie_within_noise(cli, tune_cluster, prof
     assert data["winner"]["promoted"] is False and "noise band" in data["winner"]["why"]
     assert list(profiles_dir.glob("t5-tuned-*")) == []
     assert data["original"] is None and data["restore"] == {"ok": True, "action": "down"}
+
+
+def test_a_candidate_whose_g6_sample_diverges_is_infeasible(cli, tune_cluster):
+    # the candidate whose engine sees SPARKCTL_SIM_DIVERGENCE={"*":3} departs from the target's greedy output at
+    # completion token 3 of every prompt when speculation is on (sim/decoding.py): its G6 sample differs from the
+    # baseline's; the candidate with {} (no divergence) is the same engine as the baseline
+    code, out, err = cli("tune", "--profile", "t5", "--vary", 'env.SPARKCTL_SIM_DIVERGENCE={},{"*":3}', *WORK,
+                         "--confirm-rounds", "1", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    base, same, lossy = data["trials"]
+    assert lossy["changes"] == {"env.SPARKCTL_SIM_DIVERGENCE": '{"*":3}'}
+    assert base["g6"]["verdict"] == "reference" and same["g6"]["verdict"] == "identical"
+    assert same["status"] == "feasible" and lossy["status"] == "infeasible" and lossy["reason"] == "G6 failed"
+    g = lossy["g6"]
+    assert g["verdict"] == "diverged" and g["diverged"] == 2 and g["reference"] == "baseline trial 0"
+    assert [v["index"] for v in g["verdicts"]] == [3, 3], g["verdicts"]
+    assert "0/2 identical to the baseline" in lossy["error"]
+    assert all(0 < t["g6"]["elapsed_s"] < t["elapsed_s"] for t in data["trials"])
+    assert lossy["objective"] is not None        # measured, and still refused: speed never buys losslessness
+    assert data["confirmation"]["candidate"] == 1
+
+    # the table of this journal: plain text off a terminal, rich on one; the refused trial shows its reason
+    import io
+
+    from sparkctl.tune.table import render, trial_table
+    plain = trial_table(data)
+    lines = plain.splitlines()
+    assert lines[0].split()[:3] == ["#", "changes", "status"] and "\x1b[" not in plain
+    row = next(x for x in lines if x.startswith("2 "))
+    assert "infeasible" in row and "diverged 0/2" in row and "G6 failed: G6 sample: 0/2 identical" in row
+    assert "reference" in lines[1] and "identical 2/2" in next(x for x in lines if x.startswith("1 "))
+    piped = io.StringIO()
+    render(data, piped)                                # a StringIO is no terminal: the plain table
+    assert piped.getvalue() == plain
+    tty = io.StringIO()
+    render(data, tty, terminal=True, width=220)
+    out = tty.getvalue()
+    assert "\x1b[" in out and ("\u2503" in out or "\u2502" in out)    # ANSI styles and the box drawing
+    assert data["run_id"] in out and "G6 failed: G6 sample: 0/2 identical" in out
+    assert "nothing promoted" in out and "restored:" in out
+    assert [ln for ln in out.splitlines() if "G6 failed" in ln][0].count("infeasible") == 1
+    if os.environ.get("SPARKCTL_SHOW_TABLE"):
+        print(out, json.dumps({t["index"]: [t["g6"]["elapsed_s"], t["elapsed_s"]] for t in data["trials"]}))
 
 
 def test_kill_9_then_resume_redoes_no_finished_trial(cli, tune_cluster, state_dir):
