@@ -33,13 +33,13 @@ from sparkctl.deploy.commands import Deployer, UpOptions
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.steps import REPLICATED_COMMAND as COMMAND
 from sparkctl.deploy.steps import boundary
-from sparkctl.errors import SparkctlError
+from sparkctl.errors import LedgerError, SparkctlError
 from sparkctl.router import RouterError
 from sparkctl.router.client import RouterClient, attach, detach
 from sparkctl.router.process import RouterProcess
 from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.replicas import Replica, render_replicas, router_endpoint, router_spec
-from sparkctl.state.files import write_json_atomic
+from sparkctl.state.files import private_dir, state_dir_error, write_json_atomic
 from sparkctl.state.ledger import Ledger, now_iso
 
 RECORD = "replicated.json"
@@ -65,12 +65,21 @@ class Record:
     def load(cls, root: Path) -> "Record":
         path = root / RECORD
         try:
-            return cls(path, json.loads(path.read_text()))
+            data = json.loads(path.read_text())
         except FileNotFoundError:
             return cls(path, {})
+        except OSError as exc:           # not a directory, unreadable: the state directory's error (exit 6)
+            raise state_dir_error(root, exc) from None
+        except ValueError as exc:
+            raise LedgerError(f"the replicated deployment's record is corrupt: {exc}", where=str(path),
+                              hint="run `sparkctl repair`, or move the file aside if no replica runs") from None
+        if not isinstance(data, dict):
+            raise LedgerError("the replicated deployment's record is not a JSON object", where=str(path),
+                              hint="run `sparkctl repair`, or move the file aside if no replica runs")
+        return cls(path, data)
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         write_json_atomic(self.path, self.data)
 
     def journal(self, step: str, phase: str, what: str, replica: int | None = None, detail: str | None = None) -> None:

@@ -74,3 +74,18 @@ def test_internal_errors_write_a_private_debug_log_in_the_state_dir(cli, tmp_pat
     assert code == 70 and f"traceback written to {log}" in err
     assert "RuntimeError: boom" in log.read_text() and _mode(log) == 0o600 and _mode(state_dir) == 0o700
     assert cli_main._debug_log_path() == log
+
+
+@pytest.mark.parametrize("content", ["{not json", "[]", "\x00\xff"])
+@pytest.mark.parametrize("command", [("status",), ("down", "--yes"), ("up", "--profile", "d5", "--yes")])
+def test_a_damaged_replicated_record_is_a_ledger_error_naming_it(cli, state_dir, content, command):
+    """The replicated deployment's record is read before the commands that go through it: damaged, it is exit 6
+    naming the file and `repair`, never an internal error and never read as "nothing replicated"."""
+    from sparkctl.config.inventory import resolve_inventory
+    from sparkctl.state.ledger import Ledger
+    root = Ledger.for_cluster(resolve_inventory(None).cluster.name).root
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "replicated.json").write_bytes(content.encode("latin-1"))
+    code, out, err = cli(*command)
+    assert code == 6, err
+    assert "replicated.json" in err and "repair" in err and "internal error" not in err
