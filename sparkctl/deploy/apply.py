@@ -130,7 +130,8 @@ def new_record(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, k
 
 
 def _failed_stage(record: DeploymentRecord) -> str:
-    return next((s.name for s in reversed(record.stages) if s.status != "ok"), "unknown")
+    return next((s.name for s in reversed(record.stages) if s.status != "ok"),
+                f"after {record.stages[-1].name}" if record.stages else "unknown")   # a write after a step's end
 
 
 def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kind: str, command: str,
@@ -183,7 +184,8 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
 
     def start_and_wait() -> None:
         b = boot(result.specs, rts.for_node, dep_id, c.reporter, timeout_s=timeout, started=started,
-                 ready_probe=c.health_probe(spec0, profile.api.api_key_env), on_start=intent)
+                 ready_probe=c.health_probe(spec0, profile.api.api_key_env), on_start=intent,
+                 log_room=c.log_room(dep_id))
         booted.append(b)
         record.handles, record.capacity = b.handles, b.capacity()
 
@@ -279,7 +281,7 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
             if stopped_previous and active:
                 record.restoring = active.id     # a SIGKILL from here on: the next command settles it
                 j.save()
-                outcome = restore(c, active, record, command=command, save=j.disk_error is None)
+                outcome = restore(c, active, record, command=command, save=disk is None and j.disk_error is None)
                 record.restored, record.restore_error = outcome.restored, outcome.error
                 record.restoring = None
         finally:
@@ -288,6 +290,7 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
                 c.ledger.sync_index()
             except (SparkctlError, OSError):
                 pass     # a cache: rebuilt by the next command that has room
+        disk = disk if disk is not None else j.disk_error     # the disk may have failed during the undo
         if record.restored:
             said = f"; restored {record.restored}"
         elif record.restore_error:
