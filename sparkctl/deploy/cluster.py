@@ -113,7 +113,13 @@ class Cluster:
 
     def log_room(self, dep_id: str) -> Callable[[], bool]:
         """Whether deployment `dep_id`'s rank logs (process runtime: in the state directory) can still grow: at
-        least `LOG_ROOM_BYTES` and an inode free, and writable. When not, `boot` takes rank 0's /health alone."""
+        least `LOG_ROOM_BYTES` and an inode free, and writable. When not, `boot` takes rank 0's /health alone.
+
+        On a Spark (docker runtime) a rank's log is its container's Docker log on the node (dockerd's log
+        directory, /var/lib/docker/containers/), not the state directory: it keeps growing while the state
+        directory is full, the "fired up" line arrives, and this only lets /health 200 (503 until SGLang is ready)
+        stand alone as well. What a full state directory costs there: the archive of a removed container's log
+        (`DockerRuntime.remove` goes on without it) and the records, which the restore does without."""
         path = self.ledger.log_dir(dep_id)
 
         def room() -> bool:
