@@ -1,7 +1,7 @@
 """Restore a stopped deployment, and pick a rollback target.
 
 `apply` restores the previous deployment when `up` fails after stopping it (steps restore-boot, restore-verify,
-restore-hand-off of `deploy.steps`); `sparkctl rollback` without --to picks its target here. Every outcome is
+restore-hand-off of `deploy.steps`; boot and gates are `up`'s own, from `deploy.rank_steps`); `sparkctl rollback` without --to picks its target here. Every outcome is
 written to the ledger: a restore that fails says why in the failed deployment's record (`restore_error`).
 """
 from __future__ import annotations
@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkctl.config.profile import Profile
-from sparkctl.deploy.boot import boot
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import stop_started
-from sparkctl.deploy.gates import run_gates
 from sparkctl.deploy.image_stage import LaunchImage
 from sparkctl.deploy.plan import launch_identity
+from sparkctl.deploy.rank_steps import boot_ranks, gate_ranks
 from sparkctl.deploy.steps import boundary
 from sparkctl.errors import ConfigError, LedgerError, SparkctlError, interrupt_name
 from sparkctl.nodes.runtime import Handle, Runtime
@@ -76,15 +75,11 @@ def restore(c: Cluster, previous: DeploymentRecord, failed: DeploymentRecord, *,
                 rec.handles = [h for h in rec.handles if h.rank != handle.rank] + [handle]
                 write(rec)
         boundary(command, "restore-boot", "before")
-        booted = boot(result.specs, rts.for_node, previous.id, c.reporter,
-                      timeout_s=profile.lifecycle.boot_timeout_s, started=started,
-                      ready_probe=c.health_probe(result.specs[0], profile.api.api_key_env), on_start=record_handle,
-                      log_room=c.log_room(previous.id))
+        booted = boot_ranks(c, profile, result, rts, previous.id, timeout_s=profile.lifecycle.boot_timeout_s,
+                            started=started, on_start=record_handle)
         boundary(command, "restore-boot", "after")
         boundary(command, "restore-verify", "before")
-        with c.client(result.specs[0], profile.api.api_key_env, timeout=profile.lifecycle.health_timeout_s) \
-                as client:
-            gates = run_gates(profile, client, booted.watches)
+        gates, _ = gate_ranks(c, profile, result, booted)
         boundary(command, "restore-verify", "after")
         bad = [g for g in gates if not g.ok]
         for g in bad:
