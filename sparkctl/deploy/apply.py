@@ -13,21 +13,21 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sparkctl.config.profile import Profile
-from sparkctl.deploy.boot import BootResult, boot
+from sparkctl.deploy.boot import BootResult
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import mark_superseded, stop_engines, stop_started
-from sparkctl.deploy.gates import Gate, run_gates
+from sparkctl.deploy.gates import Gate
 from sparkctl.deploy.image_stage import ImageStage
 from sparkctl.deploy.plan import Plan
 from sparkctl.deploy.preflight import Check, ports_of, run_preflight
 from sparkctl.deploy.preflight_rules import evaluate
+from sparkctl.deploy.rank_steps import boot_ranks, gate_ranks
 from sparkctl.deploy.rollback import restore
 from sparkctl.deploy.runtimes import Runtimes
 from sparkctl.deploy.steps import boundary
 from sparkctl.deploy.warmup import warm_up
 from sparkctl.errors import DeployError, ImageError, LedgerError, PreflightError, SparkctlError, interrupt_name
 from sparkctl.nodes.runtime import Handle, Runtime
-from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult
 from sparkctl.state.controller import this_controller
@@ -95,14 +95,11 @@ def run_checks(c: Cluster, result: RenderResult, rts: Runtimes, own: set[tuple[s
     return checks
 
 
-def verify(c: Cluster, profile: Profile, client: SGLangClient, booted: BootResult,
+def verify(c: Cluster, profile: Profile, result: RenderResult, booted: BootResult,
            record: DeploymentRecord) -> list[Gate]:
-    gates = run_gates(profile, client, booted.watches)
+    gates, emulated = gate_ranks(c, profile, result, booted)
     record.gates = [g.as_dict() for g in gates]
-    try:  # the engine says whether it is the emulator (sparkctl.sim sets "emulated": true)
-        record.emulated = bool(record.emulated or client.server_info().get("emulated"))
-    except SGLangAPIError:
-        pass
+    record.emulated = bool(record.emulated or emulated)
     for g in gates:
         c.reporter.event(f"{'PASS' if g.ok else 'FAIL'} {g.name}: {g.evidence}")
     failed = [g for g in gates if not g.ok]
@@ -130,7 +127,8 @@ def new_record(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, k
 
 
 def _failed_stage(record: DeploymentRecord) -> str:
-    return next((s.name for s in reversed(record.stages) if s.status != "ok"), "unknown")
+    return next((s.name for s in reversed(record.stages) if s.status != "ok"),
+                f"after {record.stages[-1].name}" if record.stages else "unknown")   # a write after a step's end
 
 
 def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kind: str, command: str,
@@ -182,8 +180,7 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
             raise j.disk_error
 
     def start_and_wait() -> None:
-        b = boot(result.specs, rts.for_node, dep_id, c.reporter, timeout_s=timeout, started=started,
-                 ready_probe=c.health_probe(spec0, profile.api.api_key_env), on_start=intent)
+        b = boot_ranks(c, profile, result, rts, dep_id, timeout_s=timeout, started=started, on_start=intent)
         booted.append(b)
         record.handles, record.capacity = b.handles, b.capacity()
 
@@ -192,8 +189,7 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
             record.warmup = warm_up(profile, client, c.reporter, spec0.node)
 
     def do_verify() -> None:
-        with c.client(spec0, profile.api.api_key_env, timeout=profile.lifecycle.health_timeout_s) as client:
-            verify(c, profile, client, booted[0], record)
+        verify(c, profile, result, booted[0], record)
 
     def hand_off() -> None:
         # One write makes it the active deployment (Ledger.active_id derives it from this record's status);
@@ -279,7 +275,7 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
             if stopped_previous and active:
                 record.restoring = active.id     # a SIGKILL from here on: the next command settles it
                 j.save()
-                outcome = restore(c, active, record, command=command, save=j.disk_error is None)
+                outcome = restore(c, active, record, command=command, save=disk is None and j.disk_error is None)
                 record.restored, record.restore_error = outcome.restored, outcome.error
                 record.restoring = None
         finally:
@@ -288,6 +284,7 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
                 c.ledger.sync_index()
             except (SparkctlError, OSError):
                 pass     # a cache: rebuilt by the next command that has room
+        disk = disk if disk is not None else j.disk_error     # the disk may have failed during the undo
         if record.restored:
             said = f"; restored {record.restored}"
         elif record.restore_error:

@@ -98,10 +98,14 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
          *, timeout_s: float, worker_grace_s: float = 0.0,
          started: list[tuple[Runtime, Handle]] | None = None,
          ready_probe: Callable[[], bool] | None = None,
-         on_start: Callable[[LaunchSpec, Handle | None], None] | None = None) -> BootResult:
+         on_start: Callable[[LaunchSpec, Handle | None], None] | None = None,
+         log_room: Callable[[], bool] | None = None) -> BootResult:
     """Start ranks (highest first, rank 0 last) and wait for rank 0 to be ready.
 
-    Ready = rank 0 logged "fired up" and, when given, `ready_probe()` (its /health answers 200).
+    Ready = rank 0 logged "fired up" and, when given, `ready_probe()` (its /health answers 200). When the log
+    cannot grow (`log_room()` False: the state directory holding the process runtime's rank logs is full or
+    read-only, and the log pipe drops lines rather than the engine), `ready_probe()` alone: rank 0's /health is
+    503 until SGLang is ready (shared/reference/sglang.md), so a restore needs no disk to know it serves.
     `started` collects (runtime, handle) as each rank starts, so a caller can stop them on failure or Ctrl-C.
     `on_start(spec, None)` runs before each start and `on_start(spec, handle)` right after: the caller writes
     the intent and the handle to the ledger, so a command after a SIGKILL of this one finds the engine.
@@ -136,6 +140,10 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
         for w in watches:
             _check(w, t0)
         if rank0.follower.ready and (ready_probe is None or ready_probe()):
+            return BootResult(watches, round(time.monotonic() - t0, 3))
+        if ready_probe is not None and log_room is not None and not log_room() and ready_probe():
+            reporter.event(f"rank 0: ready by /health 200 (its log cannot grow: no room in the state directory, "
+                           f"the log pipe drops the lines; {rank0.handle.log_ref})", rank0.spec.node)
             return BootResult(watches, round(time.monotonic() - t0, 3))
         if time.monotonic() > deadline:
             elapsed = time.monotonic() - t0

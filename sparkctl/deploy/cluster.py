@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
+from sparkctl.errors import LedgerError
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.runtimes import Runtimes, embedded_notice
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
@@ -25,6 +26,10 @@ from sparkctl.state.records import DeploymentRecord
 
 # The room check and its threshold (ROOM_BYTES, ROOM_WHY) live with the atomic writes they protect.
 from sparkctl.state.files import check_room  # noqa: E402  (re-exported: deploy code calls cluster.check_room)
+
+# Room a rank log needs to keep growing through a boot: twice the largest boot log measured (real SGLang rank logs
+# of a boot are 10-35 KB, see state/files.ROOM_BYTES). Below it (or read-only), readiness is rank 0's /health alone.
+LOG_ROOM_BYTES = 64 * 1024
 
 
 class RankHealth(BaseModel):
@@ -105,6 +110,25 @@ class Cluster:
     @property
     def embedded_notice(self) -> str | None:
         return embedded_notice(self.inventory)
+
+    def log_room(self, dep_id: str) -> Callable[[], bool]:
+        """Whether deployment `dep_id`'s rank logs (process runtime: in the state directory) can still grow: at
+        least `LOG_ROOM_BYTES` and an inode free, and writable. When not, `boot` takes rank 0's /health alone.
+
+        On a Spark (docker runtime) a rank's log is its container's Docker log on the node (dockerd's log
+        directory, /var/lib/docker/containers/), not the state directory: it keeps growing while the state
+        directory is full, the "fired up" line arrives, and this only lets /health 200 (503 until SGLang is ready)
+        stand alone as well. What a full state directory costs there: the archive of a removed container's log
+        (`DockerRuntime.remove` goes on without it) and the records, which the restore does without."""
+        path = self.ledger.log_dir(dep_id)
+
+        def room() -> bool:
+            try:
+                check_room(path, need_bytes=LOG_ROOM_BYTES, need_inodes=1)
+            except LedgerError:
+                return False
+            return True
+        return room
 
     def check_room(self) -> None:
         """Before a command changes the cluster: StateDirFullError (exit 6) when the state directory is full."""

@@ -1,52 +1,7 @@
-"""The one fan-out helper for parallel node work: run a call on every item at once, keep every outcome.
-
-`pool.map` re-raises the first error and drops what the other nodes did (a stop that failed on one node hid
-that the other node stopped fine). `fan_out` waits for all of them and returns one `Outcome` per item, in the
-items' order; `raise_first` re-raises the first error once every node's outcome is known.
-"""
+"""The fan-out helper for parallel node work, re-exported for deploy/: it lives in `sparkctl.nodes.fanout` so the
+layers below deploy/ (images/, nodes/) use the same one."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Callable, Generic, Iterable, TypeVar
+from sparkctl.nodes.fanout import Outcome, fan_out, raise_first
 
-T = TypeVar("T")
-R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class Outcome(Generic[T, R]):
-    item: T
-    value: R | None = None
-    error: BaseException | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-def fan_out(items: Iterable[T], fn: Callable[[T], R]) -> list[Outcome[T, R]]:
-    """`fn(item)` for every item at once (one thread each: nodes are few, each call waits on SSH or a process);
-    every item's value or error, in order. Errors of every kind are caught (KeyboardInterrupt included: the
-    caller decides after seeing every node)."""
-    items = list(items)
-    if not items:
-        return []
-
-    def one(item: T) -> Outcome[T, R]:
-        try:
-            return Outcome(item, fn(item))
-        except BaseException as exc:  # noqa: BLE001 - kept, and re-raised by the caller (raise_first)
-            return Outcome(item, None, exc)
-    if len(items) == 1:
-        return [one(items[0])]
-    with ThreadPoolExecutor(max_workers=len(items), thread_name_prefix="sparkctl-fan-out") as pool:
-        return list(pool.map(one, items))
-
-
-def raise_first(outcomes: list[Outcome[T, R]]) -> list[R]:
-    """Every value, or the first error (re-raised after every node finished)."""
-    for o in outcomes:
-        if o.error is not None:
-            raise o.error
-    return [o.value for o in outcomes]  # type: ignore[misc]
+__all__ = ["Outcome", "fan_out", "raise_first"]

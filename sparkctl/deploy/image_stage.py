@@ -16,13 +16,13 @@ Three kinds of cluster (`survey` tells which, read-only, when `up` plans):
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
+from sparkctl.deploy.fanout import fan_out, raise_first
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult
@@ -128,8 +128,7 @@ def _ids(conns: dict[str, Any], tags: list[str]) -> dict[str, dict[str, str | No
 
     def one(conn: Any) -> dict[str, str | None]:
         return image_ids(conn, tags)
-    with ThreadPoolExecutor(max_workers=max(1, len(conns))) as pool:
-        return dict(zip(conns, pool.map(one, conns.values())))
+    return dict(zip(conns, raise_first(fan_out(list(conns.values()), one))))
 
 
 def survey(profile: Profile, inventory: Inventory, result: RenderResult, *,

@@ -7,11 +7,11 @@ listing every failure.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Callable
 
+from sparkctl.deploy.fanout import fan_out, raise_first
 from sparkctl.errors import PreflightError, SparkctlError
 from sparkctl.sglang.launch import LaunchSpec
 
@@ -65,8 +65,7 @@ def run_preflight(specs: list[LaunchSpec], checks_for: Callable[[LaunchSpec], li
                   then: Callable[[], list[Check]] | None = None) -> list[Check]:
     """Run every node's checks in parallel, then the cross-node ones (``then``, e.g.
     ``sparkctl.deploy.host_checks.CrossNodeChecks.checks``); raise PreflightError naming each failed node and check."""
-    with ThreadPoolExecutor(max_workers=max(1, len(specs))) as pool:
-        results = list(pool.map(_safe(checks_for), specs))
+    results = raise_first(fan_out(specs, _safe(checks_for)))   # every node's checks run to the end first
     checks = [c for per_node in results for c in per_node]
     if then is not None:
         checks += then()

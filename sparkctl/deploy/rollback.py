@@ -1,7 +1,7 @@
 """Restore a stopped deployment, and pick a rollback target.
 
 `apply` restores the previous deployment when `up` fails after stopping it (steps restore-boot, restore-verify,
-restore-hand-off of `deploy.steps`); `sparkctl rollback` without --to picks its target here. Every outcome is
+restore-hand-off of `deploy.steps`; boot and gates are `up`'s own, from `deploy.rank_steps`); `sparkctl rollback` without --to picks its target here. Every outcome is
 written to the ledger: a restore that fails says why in the failed deployment's record (`restore_error`).
 """
 from __future__ import annotations
@@ -9,14 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkctl.config.profile import Profile
-from sparkctl.deploy.boot import boot
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import stop_started
-from sparkctl.deploy.gates import run_gates
 from sparkctl.deploy.image_stage import LaunchImage
 from sparkctl.deploy.plan import launch_identity
+from sparkctl.deploy.rank_steps import boot_ranks, gate_ranks
 from sparkctl.deploy.steps import boundary
-from sparkctl.errors import ConfigError, SparkctlError, interrupt_name
+from sparkctl.errors import ConfigError, LedgerError, SparkctlError, interrupt_name
 from sparkctl.nodes.runtime import Handle, Runtime
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, RestoreEntry, Status
@@ -41,9 +40,22 @@ def restore(c: Cluster, previous: DeploymentRecord, failed: DeploymentRecord, *,
     """Bring a stopped known deployment back: restart its ranks, wait ready, verify.
 
     `save=False` (the state directory failed mid-way): the engines come back without a single write; the
-    record says what it said before, and the next command's reconcile adopts the serving engines."""
+    record says what it said before, and the next command's reconcile adopts the serving engines. A write that
+    fails during the restore (the disk filling now) turns `save` off for the rest: the restore goes on."""
     c.reporter.stage("rollback", f"restoring {previous.id} ({previous.profile})")
     started: list[tuple[Runtime, Handle]] = []
+    saving = save
+
+    def write(rec: DeploymentRecord) -> None:
+        nonlocal saving
+        if not saving:
+            return
+        try:
+            c.ledger.save(rec)
+        except LedgerError as exc:
+            saving = False
+            c.reporter.event(f"note: {exc.message}; restoring without the disk (the next command adopts the "
+                             f"restored engines)")
     try:
         profile = Profile.model_validate(previous.profile_data)
         result = c.render(profile)
@@ -58,32 +70,29 @@ def restore(c: Cluster, previous: DeploymentRecord, failed: DeploymentRecord, *,
         def record_handle(spec: object, handle: Handle | None) -> None:
             # The restarted engine's handle goes to the record at once: after a SIGKILL here, the next command
             # finds it (docker also by label). The status is not touched: restored engines are unverified.
-            if handle is not None and save:
+            if handle is not None and saving:
                 rec = c.ledger.load(previous.id)
                 rec.handles = [h for h in rec.handles if h.rank != handle.rank] + [handle]
-                c.ledger.save(rec)
+                write(rec)
         boundary(command, "restore-boot", "before")
-        booted = boot(result.specs, rts.for_node, previous.id, c.reporter,
-                      timeout_s=profile.lifecycle.boot_timeout_s, started=started,
-                      ready_probe=c.health_probe(result.specs[0], profile.api.api_key_env), on_start=record_handle)
+        booted = boot_ranks(c, profile, result, rts, previous.id, timeout_s=profile.lifecycle.boot_timeout_s,
+                            started=started, on_start=record_handle)
         boundary(command, "restore-boot", "after")
         boundary(command, "restore-verify", "before")
-        with c.client(result.specs[0], profile.api.api_key_env, timeout=profile.lifecycle.health_timeout_s) \
-                as client:
-            gates = run_gates(profile, client, booted.watches)
+        gates, _ = gate_ranks(c, profile, result, booted)
         boundary(command, "restore-verify", "after")
         bad = [g for g in gates if not g.ok]
         for g in bad:
             c.reporter.event(f"FAIL {g.name}: {g.evidence}")
         boundary(command, "restore-hand-off", "before")
-        if save:   # one write: the restored record's status is what makes it active again (Ledger.active_id)
+        if saving:   # one write: the restored record's status is what makes it active again (Ledger.active_id)
             prev = c.ledger.load(previous.id)
             prev.handles = booted.handles
             prev.status = Status.SUCCESSFUL if not bad else Status.FAILED
             prev.stopped = None
             prev.restored_at, prev.restored_after = now_iso(), failed.id
             prev.restores.append(RestoreEntry(at=now_iso(), after=failed.id, gates=[g.as_dict() for g in gates]))
-            c.ledger.save(prev)
+            write(prev)
         boundary(command, "restore-hand-off", "after")
         if bad:
             reason = "restored deployment failed gates: " + "; ".join(f"{g.name}: {g.evidence}" for g in bad)
@@ -96,7 +105,7 @@ def restore(c: Cluster, previous: DeploymentRecord, failed: DeploymentRecord, *,
         reason = exc.render() if isinstance(exc, SparkctlError) else f"interrupted ({interrupt_name(exc)})"
         c.reporter.event(f"restore of {previous.id} failed: {reason}")
         stop_started(c, started)
-        if save:
+        if saving:
             try:
                 prev = c.ledger.load(previous.id)
                 if prev.status == Status.SUCCESSFUL:   # it did not come back: not active, still known-good

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from sparkctl.errors import PreflightError
+from sparkctl.nodes.fanout import fan_out, raise_first
 
 log = logging.getLogger("sparkctl.images")
 
@@ -25,8 +25,7 @@ def ensure_same_image(image: str, runtimes: dict[str, Any], report: Callable[[st
 
     Returns {node: image id}. Raises PreflightError when no node has it or the IDs differ.
     """
-    with ThreadPoolExecutor(max_workers=max(1, len(runtimes))) as pool:
-        ids = dict(zip(runtimes, pool.map(lambda rt: rt.image_id(image), runtimes.values())))
+    ids = dict(zip(runtimes, raise_first(fan_out(list(runtimes.values()), lambda rt: rt.image_id(image)))))
     present = {n: i for n, i in ids.items() if i}
     if not present:
         raise PreflightError(f"image {image} is on no node ({', '.join(runtimes)})", where="image",

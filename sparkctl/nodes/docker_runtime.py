@@ -67,7 +67,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparkctl.errors import NodeError
+from sparkctl.errors import LedgerError, NodeError
 from sparkctl.nodes import facts
 from sparkctl.nodes.container import (MEMLOCK_ENV, SECRETS_HOST_ROOT, ContainerConfig, container_config,
                                       container_name, resolve_image)
@@ -313,7 +313,7 @@ class DockerRuntime:
                 text, _ = self.read_log(handle.model_copy(update={"log_since": None}), 0)
                 if text:
                     write_text_atomic(self.log_dir / f"rank{handle.rank}-{handle.container}.log", text)
-            except NodeError as exc:
+            except (NodeError, LedgerError) as exc:   # the state directory full or read-only: removed all the same
                 log.warning("[%s] could not archive the log of %s: %s", self.node.name, handle.container, exc)
         res = self._docker("rm", "--force", handle.container_id, check=False)
         if res.returncode != 0 and "no such container" not in res.stderr.lower():

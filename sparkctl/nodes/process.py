@@ -21,6 +21,7 @@ directory (0400), deletes it, and passes it to the engine only (`sparkctl.nodes.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -274,8 +275,12 @@ def attempt_start(fd: int, path: Path) -> int:
     try:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
-            os.write(fd, b"\n")
-            size += 1
+            try:
+                os.write(fd, b"\n")
+                size += 1
+            except OSError as exc:   # no room for it: the attempt still starts at `size` (its reader begins there)
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
     except OSError as exc:
         raise state_dir_error(path, exc) from None
     return size

@@ -4,11 +4,11 @@ The connector that produces them is `sparkctl.nodes.ssh` (and the process runtim
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterable, TypeVar
 
 from sparkctl.errors import CommandFailed, NodeError
+from sparkctl.nodes.fanout import fan_out
 
 T = TypeVar("T")
 
@@ -88,13 +88,8 @@ def run_all(nodes: Iterable[Any], fn: Callable[[Any], T], *, max_workers: int | 
     items = list(nodes)
     names = [getattr(n, "name", n) for n in items]
     out: GroupResult[T] = GroupResult()
-    if not items:
-        return out
-    with ThreadPoolExecutor(max_workers=max_workers or len(items), thread_name_prefix="sparkctl-node") as pool:
-        futures = [pool.submit(fn, n) for n in items]
-        for name, fut in zip(names, futures):
-            try:
-                out[str(name)] = fut.result()
-            except Exception as exc:  # noqa: BLE001 - the node's outcome, reported per node
-                out[str(name)] = exc
+    for name, o in zip(names, fan_out(items, fn, max_workers=max_workers)):
+        if o.error is not None and not isinstance(o.error, Exception):
+            raise o.error                    # KeyboardInterrupt / SystemExit: after every node finished
+        out[str(name)] = o.value if o.error is None else o.error  # type: ignore[assignment]
     return out

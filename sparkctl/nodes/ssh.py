@@ -44,12 +44,12 @@ import shlex
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from sparkctl.errors import CommandFailed, NodeError
 from sparkctl.nodes.hostkeys import fingerprint, host_key_name, key_type, known_hosts_path, missing_key_policy
+from sparkctl.nodes.fanout import fan_out, raise_first
 from sparkctl.nodes.results import CommandResult
 from sparkctl.sglang.launch import redact
 
@@ -374,9 +374,8 @@ class SSHConnector:
         self.connect()
         if not argvs:
             return []
-        with ThreadPoolExecutor(max_workers=min(max_parallel, len(argvs)),
-                                thread_name_prefix=f"sparkctl-{self.name}") as pool:
-            return list(pool.map(lambda a: self.run(a, timeout=timeout), argvs))
+        return raise_first(fan_out(list(argvs), lambda a: self.run(a, timeout=timeout),
+                                   max_workers=min(max_parallel, len(argvs))))
 
     # -- files -------------------------------------------------------------------------------------------------
     def put(self, local: str | os.PathLike[str] | IO[bytes], remote: str, *, mode: int | None = None) -> None:

@@ -98,3 +98,71 @@ def test_a_record_write_failing_mid_way_stops_the_new_engines_and_restores_witho
     finally:
         if mounted:
             subprocess.run(["umount", "-l", str(deployments)], check=False)
+
+
+@pytest.fixture
+def tmpfs_state(state_dir):
+    """The test's state directory is a tmpfs with room for one deploy (`ROOM_BYTES` and 8 MiB more), mounted
+    before `local_cluster` so the engines are stopped (through this ledger) before it is unmounted."""
+    _root_or_skip()
+    state_dir.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={ROOM_BYTES + 8 * 2**20},mode=0700", "tmpfs",
+                    str(state_dir)], check=True)
+    try:
+        yield state_dir
+    finally:
+        subprocess.run(["umount", "-l", str(state_dir)], check=False)
+
+
+def _fill(directory: Path) -> Path:
+    """Fill the file system holding `directory` to the last byte (ENOSPC); the filler's path."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for chunk in (2**20, 4096, 1):
+            block = b"\0" * chunk
+            try:
+                while True:
+                    os.write(fd, block)
+            except OSError as exc:
+                assert exc.errno == 28, exc     # ENOSPC
+    finally:
+        os.close(fd)
+    assert os.statvfs(directory).f_bavail == 0
+    return filler
+
+
+def test_the_state_directory_filling_up_mid_up_restores_the_previous_deployment_serving(
+        cli, tmpfs_state, local_cluster, faulty_profile):
+    """The state directory's tmpfs fills to the last byte once the new ranks started: the new engines' log lines
+    are dropped (the engines live on), the journal's next write fails, the new engines are stopped and the previous
+    deployment comes back serving without the disk: readiness by rank 0's /health when the log cannot grow,
+    exit 6, the journal tail on stderr. Freed again, the next `up` converges."""
+    from sparkctl.sglang.client import SGLangClient
+    from testrig.controller import SparkctlProcess
+
+    code, out, err = cli("up", "--profile", "d5", "--yes", "--json")
+    assert code == 0, err
+    first = json.loads(out)
+    prev, endpoint = first["deployment"], first["endpoint"]
+    with SparkctlProcess(["up", "--profile", faulty_profile({"boot_s": 3}, base="dflash-off"), "--yes",
+                          "--boot-timeout", "60"]) as run:
+        run.wait_for(r"rank 0 started")
+        filler = _fill(tmpfs_state)
+        code = run.wait()
+    err = run.stderr
+    assert code == 6, err
+    assert "journal tail, kept in memory" in err and f"restored {prev}" in err, err
+    restoring = err.index(f"restoring {prev}")
+    assert "ready by /health" in err[restoring:] and "Traceback" not in err, err   # the restore, without the log
+    with SGLangClient(endpoint, api_key=os.environ.get("SPARKCTL_API_KEY"), timeout=5) as client:   # serving, disk full
+        assert client.health() == 200
+        assert client.server_info().get("speculative_algorithm") not in (None, "", "NONE")   # d5's, not dflash-off
+    code, out, err = cli("status", "--json")                       # read-only: answers, tells the truth
+    st = json.loads(out)
+    assert code in (0, 8) and st["active"] == prev and st["healthy"], out + err
+    filler.unlink()
+    code, out, err = cli("up", "--profile", "d5", "--yes", "--json")   # room again: converges
+    assert code == 0 and json.loads(out)["outcome"] == "unchanged", err
+    code, out, err = cli("status")
+    assert code == 0 and "healthy" in out, out

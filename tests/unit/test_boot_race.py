@@ -58,3 +58,37 @@ def test_error_printed_just_before_exit_is_named():
     err = info.value.render()
     assert "oom: torch.OutOfMemoryError: CUDA out of memory" in info.value.message and "died" not in err
     assert "lower server.mem_fraction_static" in err and "first error (oom)" in err
+
+
+class _SilentLog:
+    """A live engine whose log stays empty (the log pipe drops its lines: the state directory is full)."""
+
+    poll_interval_s = 0.01
+
+    def start(self, spec, deployment_id):
+        return ProcessHandle(node=spec.node, rank=spec.rank, deployment=deployment_id, pid=1, log="-")
+
+    def liveness(self, handle):
+        return Liveness(True, "running (pid 1)")
+
+    def read_log(self, handle, offset=0):
+        return "", offset
+
+
+def test_readiness_by_health_alone_only_when_the_log_cannot_grow():
+    spec = render(load_profile("dflash-off"), load_inventory(REPO / "sparkctl" / "data" / "inventory" / "local.yml"),
+                  environ={}).specs[0]
+    runtime = _SilentLog()
+    reporter = Reporter(quiet=True)
+    booted = boot([spec], lambda node: runtime, "dep-1", reporter, timeout_s=5, ready_probe=lambda: True,
+                  log_room=lambda: False)
+    assert [h.rank for h in booted.handles] == [spec.rank]
+    # With room the log is the witness: /health 200 alone does not make it ready (the boot times out instead).
+    with pytest.raises(DeployError) as info:
+        boot([spec], lambda node: runtime, "dep-1", reporter, timeout_s=0.3, ready_probe=lambda: True,
+             log_room=lambda: True)
+    assert "not ready within" in info.value.message
+    # No room, and /health not yet 200: still waiting, never ready by the log's silence.
+    with pytest.raises(DeployError):
+        boot([spec], lambda node: runtime, "dep-1", reporter, timeout_s=0.3, ready_probe=lambda: False,
+             log_room=lambda: False)

@@ -86,3 +86,56 @@ def test_crash_points_are_every_boundary_of_every_step():
     points = list(crash_points())
     assert len(points) == 2 * sum(len(s) for s in COMMANDS.values()) and len(set(points)) == len(points)
     assert ("up", "hand-off", "before") in points and ("rollback", "restore-boot", "after") in points
+
+
+def test_every_parallel_call_goes_through_the_one_fan_out():
+    """No thread pool of its own anywhere in sparkctl/ (a `pool.map` drops the other nodes' outcomes on the first
+    error): the only executor is the fan-out's, and deploy/ re-exports that same one."""
+    from sparkctl.deploy import fanout as deploy_fanout
+    from sparkctl.nodes import fanout as nodes_fanout
+    root = DEPLOY.parent
+    pools = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                   if "ThreadPoolExecutor" in p.read_text() or "concurrent.futures" in p.read_text())
+    assert pools == ["nodes/fanout.py"], pools
+    assert deploy_fanout.fan_out is nodes_fanout.fan_out
+
+
+def test_run_all_keeps_every_node_and_runs_on_the_fan_out():
+    from sparkctl.nodes.results import GroupError, run_all
+    res = run_all(["a", "b", "c"], lambda n: 1 / 0 if n == "b" else n.upper())
+    assert res.succeeded == {"a": "A", "c": "C"} and isinstance(res.failed["b"], ZeroDivisionError)
+    try:
+        res.raise_for_failures()
+    except GroupError as exc:
+        assert "b" in exc.message and "ok: a, c" in exc.message
+    else:
+        raise AssertionError("raise_for_failures did not raise")
+
+
+def test_preflight_runs_every_node_before_raising():
+    from sparkctl.deploy.preflight import Check, run_preflight
+    from sparkctl.errors import PreflightError
+    seen: list[str] = []
+
+    class Spec:
+        def __init__(self, node: str) -> None:
+            self.node = node
+
+    def checks(spec: Spec) -> list[Check]:
+        seen.append(spec.node)
+        if spec.node == "n0":
+            raise ValueError("a bug on n0")
+        return [Check.failing(spec.node, "disk", "full", "free some")]
+    try:
+        run_preflight([Spec("n0"), Spec("n1")], checks)  # type: ignore[list-item]
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a non-sparkctl error must propagate")
+    assert sorted(seen) == ["n0", "n1"]
+    try:
+        run_preflight([Spec("n1"), Spec("n2")], lambda s: checks(s))  # type: ignore[list-item, arg-type]
+    except PreflightError as exc:
+        assert "[n1]" in exc.render() and "[n2]" in exc.render()
+    else:
+        raise AssertionError("failed checks must raise PreflightError")

@@ -278,3 +278,22 @@ def test_secret_files_go_over_ssh_stdin_into_a_private_dir(monkeypatch) -> None:
                           f"api-key: {API_KEY}\n"),
                          (["install", "-m", "0400", "/dev/stdin", f"{cfg.secrets_dir}/hf-token"], HF_TOKEN)]
     assert all(API_KEY not in " ".join(argv) and HF_TOKEN not in " ".join(argv) for argv, _ in calls)
+
+
+def test_remove_goes_on_when_the_log_archive_cannot_be_written(tmp_path) -> None:
+    """A full or read-only state directory (here: a file where the log directory should be) keeps the log from
+    being archived, never the container from being removed (the undo of a failed `up` on a full disk)."""
+    node = _node()
+    inv = Inventory(path="x", cluster=Cluster(name="desk"), nodes=[node])
+    (tmp_path / "not-a-dir").write_text("")
+    fake = FakeConnector([
+        (["docker", "logs", "--timestamps"], CommandResult("spark-a", [], 0, "2026-01-01T00:00:01.000000000Z a\n",
+                                                           "", 0.0)),
+        (["docker", "rm", "--force", "c" * 64], CommandResult("spark-a", [], 0, "", "", 0.0)),
+        (["rm", "-rf", "--"], CommandResult("spark-a", [], 0, "", "", 0.0)),
+    ])
+    rt = DockerRuntime(inv, node, cluster="desk", connector=fake, environ={},  # type: ignore[arg-type]
+                       log_dir=tmp_path / "not-a-dir" / "logs")
+    rt.remove(DockerHandle(node="spark-a", rank=0, deployment="dep1", cluster="desk", container="x",
+                           container_id="c" * 64))
+    fake.assert_done()
