@@ -274,8 +274,9 @@ def test_cli_plan_build_ls_verify_prune(env, tmp_path, monkeypatch, capsys):
     assert set(plan) >= {"engine", "launch"} and plan["engine"]["inputs"]["series"] == "gb10-0.5.23"
     assert plan["launch"]["inputs"]["engine_tag"] == plan["engine"]["tag"]
     assert cli(["image", "build", "--profile", str(profile)]) == 0
-    out = capsys.readouterr().out
-    assert f"launch {plan['launch']['tag']} built in" in out and "spark-b <- " in out
+    cap = capsys.readouterr()     # each step and copy reported once as it happens (stderr); stdout keeps the outcome
+    assert f"launch {plan['launch']['tag']} built in" in cap.err and "spark-b <- " in cap.err, cap.err
+    assert f"launch {plan['launch']['tag']}" in cap.out and "built in" not in cap.out, cap.out
     assert list((tmp_path / "state").glob("*/builds/launch-*.log"))                  # build log kept
     assert cli(["image", "verify", "--profile", str(profile)]) == 0
     assert f"ok {plan['launch']['tag']}: spark-a, spark-b" in capsys.readouterr().out

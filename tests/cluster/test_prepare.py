@@ -178,8 +178,9 @@ def test_facts_per_node(test_cluster, env, cli):
     for n in ("spark-a", "spark-b"):
         f = found[n]
         assert f["gpu"] == {"name": "NVIDIA GB10", "driver": "580.95.05", "cuda": "13.0"}   # stand-in: a capture
-        assert f["fabric"] == {"interface": FABRIC, "state": "UP", "mtu": 9000,
-                               "ipv4": [test_cluster.node(n).fabric_address]}               # real: the veth
+        address = test_cluster.node(n).fabric_address
+        assert f["fabric"] == {"interface": FABRIC, "state": "UP", "mtu": 9000,                # real: the veth
+                               "ipv4": [address], "address": address, "holds_address": True}
         assert "nvidia" in f["docker"]["runtimes"] and f["memory_gib"] > 0
         assert {(r["hca"], r["up"]) for r in f["roce"]} >= {("rocep1s0f0", True)}
         assert f["models"][MODEL]["status"] == "cached" and f["models"][MODEL]["files"] == 3
