@@ -24,14 +24,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def _profile(path: Path, mrr: int) -> Path:
-    path.write_text("description: bench replicas\nextends: base\nreplicas: 2\n"
-                    f"server:\n  tp_size: 1\n  max_running_requests: {mrr}\n  enable_metrics: true\n"
-                    "router:\n  policy: round_robin\n  health_check_interval_s: 1\n  drain_timeout_s: 60\n"
-                    "warmup:\n  requests: 1\n  max_tokens: 16\n")
-    return path
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--concurrency", type=int, default=4)
@@ -45,13 +37,13 @@ def main() -> None:
     from sparkctl.config.inventory import load_inventory
     from sparkctl.config.profile import load_profile
     from sparkctl.deploy.replicated import Record, ReplicatedDeployer
-    from testrig.embedded import write_embedded_inventory
+    from testrig.embedded import write_embedded_inventory, write_replicated_profile
 
     inv = load_inventory(write_embedded_inventory(tmp / "inv.yml", {"boot_s": a.boot_s, "decode_tps": 2000},
                                                   prefix="bench", nodes=2))
     d = ReplicatedDeployer(inv)
     try:
-        endpoint = d.up(load_profile(str(_profile(tmp / "a.yml", 16))))["endpoint"]
+        endpoint = d.up(load_profile(str(write_replicated_profile(tmp / "a.yml", 16))))["endpoint"]
         stop = threading.Event()
         samples: list[tuple[float, float, bool]] = []      # (start, latency, ok)
         lock = threading.Lock()
@@ -73,7 +65,7 @@ def main() -> None:
             t.start()
         time.sleep(3.0)
         u0 = time.perf_counter()
-        d.up(load_profile(str(_profile(tmp / "b.yml", 24))))
+        d.up(load_profile(str(write_replicated_profile(tmp / "b.yml", 24))))
         u1 = time.perf_counter()
         time.sleep(1.0)
         stop.set()

@@ -7,3 +7,31 @@ import os
 def in_ci() -> bool:
     """True under CI=true, where a missing prerequisite must fail instead of skipping."""
     return os.environ.get("CI", "").lower() == "true"
+
+
+def need_real_parser(version: str) -> None:
+    """The real SGLang `version` parser's virtualenv, built once: a skip with the reason on a laptop without it,
+    a failure under CI=true."""
+    import pytest
+
+    from testrig.realparser import RealParserUnavailable, ensure_sglang_venv
+    try:
+        ensure_sglang_venv(version)
+    except RealParserUnavailable as exc:
+        if in_ci():
+            pytest.fail(f"CI=true but the real SGLang {version} parser is unavailable: {exc}")
+        pytest.skip(f"real SGLang {version} parser unavailable here: {exc}")
+
+
+def need_module(name: str, why: str):
+    """`import name`, or: a skip with `why` on a laptop without it, a failure under CI=true (where .ci/run installs
+    the test extra, so a missing module is a broken install, never a reason to skip)."""
+    import importlib
+
+    import pytest
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        if in_ci():
+            pytest.fail(f"CI=true but {name} is not importable ({why}): {exc}", pytrace=False)
+        pytest.skip(f"{why}: {exc}", allow_module_level=True)

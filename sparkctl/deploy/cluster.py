@@ -21,11 +21,9 @@ from sparkctl.deploy.runtimes import Runtimes, embedded_notice
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult, render
+from sparkctl.state.files import check_room      # the threshold lives with the writes it protects
 from sparkctl.state.ledger import Ledger
 from sparkctl.state.records import DeploymentRecord
-
-# The room check and its threshold (ROOM_BYTES, ROOM_WHY) live with the atomic writes they protect.
-from sparkctl.state.files import check_room  # noqa: E402  (re-exported: deploy code calls cluster.check_room)
 
 # Room a rank log needs to keep growing through a boot: twice the largest boot log measured (real SGLang rank logs
 # of a boot are 10-35 KB, see state/files.ROOM_BYTES). Below it (or read-only), readiness is rank 0's /health alone.

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from testenv import in_ci
+from testenv import need_real_parser
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
 from sparkctl.sglang.render import render
-from testrig.realparser import RealParserUnavailable, ensure_sglang_venv, parse_with_real_sglang
+from testrig.realparser import parse_with_real_sglang
 from scaleout.nnode_inputs import sparks_inventory, tp_profile
 
 pytestmark = [pytest.mark.contract, pytest.mark.timeout(1800)]
@@ -17,12 +17,7 @@ pytestmark = [pytest.mark.contract, pytest.mark.timeout(1800)]
 def test_real_parser_reads_four_ranks(tmp_path):
     profile = load_profile(str(tp_profile(tmp_path / "d5-tp4.yml", 4)))
     version = profile.image.sglang_version
-    try:
-        ensure_sglang_venv(version)
-    except RealParserUnavailable as exc:
-        if in_ci():
-            pytest.fail(f"CI=true but the real SGLang {version} parser is unavailable: {exc}")
-        pytest.skip(f"real SGLang {version} parser unavailable here: {exc}")
+    need_real_parser(version)
     inventory = load_inventory(sparks_inventory(tmp_path / "four.yml", 4, subnet="192.168.100.0/24"))
     specs = render(profile, inventory, environ={}).specs
     assert [s.rank for s in specs] == [0, 1, 2, 3]

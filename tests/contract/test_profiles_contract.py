@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from testenv import in_ci
+from testenv import need_real_parser
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import Profile, load_profile
-from testrig.realparser import RealParserUnavailable, ensure_sglang_venv, parse_with_real_sglang
+from testrig.realparser import parse_with_real_sglang
 from sparkctl.sglang.render import render
 
 pytestmark = [pytest.mark.contract, pytest.mark.timeout(1800)]
@@ -17,15 +17,6 @@ pytestmark = [pytest.mark.contract, pytest.mark.timeout(1800)]
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p.stem for p in (REPO / "sparkctl" / "data" / "profiles").glob("*.yml"))
 INVENTORY = REPO / "sparkctl" / "data" / "inventory" / "sparks.example.yml"
-
-
-def _need_real_parser(version: str) -> None:
-    try:
-        ensure_sglang_venv(version)
-    except RealParserUnavailable as exc:
-        if in_ci():
-            pytest.fail(f"CI=true but the real SGLang {version} parser is unavailable: {exc}")
-        pytest.skip(f"real SGLang {version} parser unavailable here: {exc}")
 
 
 def _expected(profile: Profile, rank: int) -> dict:
@@ -51,7 +42,7 @@ def _expected(profile: Profile, rank: int) -> dict:
 def test_real_parser_reads_back_the_profile(name, rank):
     profile = load_profile(name)
     version = profile.image.sglang_version
-    _need_real_parser(version)
+    need_real_parser(version)
     spec = render(profile, load_inventory(INVENTORY), environ={}).specs[rank]
     parsed = parse_with_real_sglang(version, spec.argv[3:])
     for key, want in _expected(profile, rank).items():
@@ -61,7 +52,7 @@ def test_real_parser_reads_back_the_profile(name, rank):
 
 
 def test_d5_is_the_seed_envelope_as_sglang_0_5_23_reads_it():
-    _need_real_parser("0.5.23")
+    need_real_parser("0.5.23")
     spec = render(load_profile("d5"), load_inventory(INVENTORY), environ={}).specs[0]
     parsed = parse_with_real_sglang("0.5.23", spec.argv[3:])
     seed = {"tp_size": 2, "nnodes": 2, "mem_fraction_static": 0.88, "max_total_tokens": 131072,
@@ -75,7 +66,7 @@ def test_d5_is_the_seed_envelope_as_sglang_0_5_23_reads_it():
 def test_real_parser_agrees_with_our_refusals_on_the_spark_image(version):
     """What sparkctl refuses on 0.5.3.post3 (DFLASH, KV bf16), SGLang's own parser refuses too."""
     from testrig.realparser import RealParserError
-    _need_real_parser(version)
+    need_real_parser(version)
     for argv in (["--model-path", "/m", "--speculative-algorithm", "DFLASH"],
                  ["--model-path", "/m", "--kv-cache-dtype", "bf16"]):
         with pytest.raises(RealParserError, match="invalid choice"):

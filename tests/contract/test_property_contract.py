@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 
 from property.mutations import SPARKS, ci_settings, mutated_profile, write_yaml
-from testenv import in_ci
+from testenv import need_real_parser
 from sparkctl.errors import ConfigError
-from testrig.realparser import RealParserUnavailable, ensure_sglang_venv, parse_with_real_sglang
+from testrig.realparser import parse_with_real_sglang
 
 pytestmark = [pytest.mark.contract, pytest.mark.timeout(1800)]
 
@@ -24,12 +24,7 @@ _parsed: list[list[str]] = []
 
 @pytest.fixture(scope="module", autouse=True)
 def _real_parser():
-    try:
-        ensure_sglang_venv("0.5.23")
-    except RealParserUnavailable as exc:
-        if in_ci():
-            pytest.fail(f"CI=true but the real SGLang 0.5.23 parser is unavailable: {exc}")
-        pytest.skip(f"real SGLang 0.5.23 parser unavailable here: {exc}")
+    need_real_parser("0.5.23")
 
 
 @ci_settings(max_examples=80)

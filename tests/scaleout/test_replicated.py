@@ -11,18 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from testrig.embedded import stop_recorded_engines, write_embedded_inventory
+from testrig.embedded import stop_recorded_engines, write_embedded_inventory, write_replicated_profile
+from testenv import need_module
 
-pytest.importorskip("sglang_router", reason="the router extra (sglang-router) is not installed")
+need_module("sglang_router", "the router extra (sglang-router) is not installed")
 FAST = {"boot_s": 0.3, "decode_tps": 2000, "peer_timeout_s": 2, "ttft_base_s": 0.002}
-
-
-def _profile(path, mrr: int):
-    path.write_text("description: two TP=1 replicas\nextends: base\nreplicas: 2\n"
-                    f"server:\n  tp_size: 1\n  max_running_requests: {mrr}\n  enable_metrics: true\n"
-                    "router:\n  policy: round_robin\n  health_check_interval_s: 1\n  drain_timeout_s: 60\n"
-                    "warmup:\n  requests: 1\n  max_tokens: 16\n")
-    return path
 
 
 def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
@@ -36,7 +29,7 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
     inv_path = write_embedded_inventory(tmp_path / "inventory.yml", FAST, nodes=2)
     inv = load_inventory(inv_path)
     d = ReplicatedDeployer(inv)
-    p1 = load_profile(str(_profile(tmp_path / "rep.yml", 16)))
+    p1 = load_profile(str(write_replicated_profile(tmp_path / "rep.yml", 16)))
     try:
         planned = d.plan_lines(p1)
         assert planned[0].endswith(": start") and planned[-1].startswith("router gates, then hand off")
@@ -67,7 +60,7 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
                     with lock:
                         done[0] += 1
 
-        p2 = load_profile(str(_profile(tmp_path / "rep.yml", 24)))     # a changed profile: a rolling update
+        p2 = load_profile(str(write_replicated_profile(tmp_path / "rep.yml", 24)))     # a changed profile: a rolling update
         assert sum("out of the router, drain" in line for line in d.plan_lines(p2)) == 2
         with ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(client, k) for k in range(4)]
@@ -164,8 +157,8 @@ def test_a_failing_replica_is_left_serving_alone_while_the_other_updated(tmp_pat
         monkeypatch.delenv(key)
     inv = load_inventory(write_embedded_inventory(tmp_path / "inventory.yml", FAST, nodes=2))
     d = ReplicatedDeployer(inv)
-    p1 = load_profile(str(_profile(tmp_path / "p1.yml", 16)))
-    p2_path = _profile(tmp_path / "p2.yml", 24)
+    p1 = load_profile(str(write_replicated_profile(tmp_path / "p1.yml", 16)))
+    p2_path = write_replicated_profile(tmp_path / "p2.yml", 24)
     p2_path.write_text(p2_path.read_text() + "api:\n  dist_port: 25001\n")
     blocker = socket.socket()
     try:
@@ -203,7 +196,7 @@ def test_cli_up_status_down_of_a_replicated_profile(tmp_path, monkeypatch, cli, 
     for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
         monkeypatch.delenv(key)
     inv = write_embedded_inventory(tmp_path / "inventory.yml", FAST, nodes=2)
-    prof = _profile(tmp_path / "rep.yml", 16)
+    prof = write_replicated_profile(tmp_path / "rep.yml", 16)
     try:
         code, out, err = cli("up", "-p", str(prof), "-i", str(inv), "--yes", "--json")
         assert code == 0, err[-3000:]

@@ -12,8 +12,10 @@ import httpx
 import pytest
 
 from sparkctl.deploy.steps import CRASH_ENV, replicated_crash_points
+from testrig.embedded import write_replicated_profile
+from testenv import need_module
 
-pytest.importorskip("sglang_router", reason="the router extra (sglang-router) is not installed")
+need_module("sglang_router", "the router extra (sglang-router) is not installed")
 REPO = Path(__file__).resolve().parents[2]
 FAST = {"boot_s": 0.3, "decode_tps": 4000, "peer_timeout_s": 2, "ttft_base_s": 0.002}
 # Every boundary of the replicated steps, and the lifecycle's own boundaries inside a replica's `up` (the replica's
@@ -22,11 +24,7 @@ POINTS = list(replicated_crash_points()) + [("up", "boot", "after"), ("up", "han
 
 
 def _profile(path: Path, mrr: int) -> Path:
-    path.write_text("description: two TP=1 replicas\nextends: base\nreplicas: 2\n"
-                    f"server:\n  tp_size: 1\n  max_running_requests: {mrr}\n  enable_metrics: true\n"
-                    "router:\n  policy: round_robin\n  health_check_interval_s: 1\n  drain_timeout_s: 30\n"
-                    "warmup:\n  requests: 0\n")
-    return path
+    return write_replicated_profile(path, mrr, drain_timeout_s=30, warmup_requests=0)
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,9 @@ from sparkctl.router.client import RouterClient, Worker, drain, engine_in_flight
 from sparkctl.router.metrics import parse_router_metrics
 from sparkctl.router.process import RouterProcess
 from sparkctl.router.spec import RouterSpec
+from testenv import need_module
 
-pytest.importorskip("sglang_router", reason="the router extra (sglang-router) is not installed")
+need_module("sglang_router", "the router extra (sglang-router) is not installed")
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "router-0.3.2"
 FAST = {"BOOT_S": "0.3", "DECODE_TPS": "3000", "PREFILL_TPS": "200000", "TTFT_BASE_S": "0.002"}
 

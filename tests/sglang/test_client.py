@@ -146,7 +146,8 @@ def _captured_generate_response() -> dict[str, Any]:
 # ----------------------------------------------------------------------------- metrics
 
 def test_parse_prometheus_from_prometheus_client_output() -> None:
-    pc = pytest.importorskip("prometheus_client")
+    from testenv import need_module
+    pc = need_module("prometheus_client", "the test extra (prometheus_client) is not installed")
     reg = pc.CollectorRegistry()
     g = pc.Gauge("sglang:gen_throughput", "gen", ["model_name"], registry=reg)
     g.labels(model_name="m").set(27.63)
