@@ -97,8 +97,12 @@ def _replicated_up(d: Any, prof: Any, dry_run: bool, yes: bool, boot_timeout: Op
         return False
     rd = ReplicatedDeployer(d.inventory, d.reporter)
     if dry_run and prof.replicas > 1:
+        from sparkctl.deploy.results import ReplicatedUpResult
+        from sparkctl.sglang.replicas import router_endpoint
         lines = rd.plan_lines(prof)
-        _emit({"outcome": "dry-run", "profile": prof.name, "plan": lines}, as_json,
+        _emit(ReplicatedUpResult(outcome="dry-run", changed=False, profile=prof.name, cluster=d.inventory.cluster.name,
+                                 emulated=d.inventory.emulated, replicas=prof.replicas,
+                                 endpoint=router_endpoint(prof, d.inventory), plan=lines), as_json,
               lambda r: print("\n".join(r["plan"])))
         return True
     if dry_run:
@@ -114,7 +118,8 @@ def _replicated_up(d: Any, prof: Any, dry_run: bool, yes: bool, boot_timeout: Op
         raise typer.Abort()
     result = rd.up(prof, UpOptions(boot_timeout_s=boot_timeout))
     _emit(result, as_json, lambda r: print(f"{r['outcome']} {r['profile']}: {r['replicas']} replicas behind "
-                                           f"{r['endpoint']} (updated: {r['updated'] or 'none'})"))
+                                           f"{r['endpoint']} (updated: {', '.join(map(str, r['updated'])) or 'none'}"
+                                           + ("; booted at once" if r["parallel"] else "") + ")"))
     return True
 
 

@@ -62,4 +62,8 @@ LIFECYCLE_OUTPUTS = {
     "up": "sparkctl.deploy.results:UpResult", "rollback": "sparkctl.deploy.results:UpResult",
     "down": "sparkctl.deploy.results:DownResult", "status": "sparkctl.deploy.results:StatusResult",
     "deployment-record": "sparkctl.state.records:DeploymentRecord",
+    "up-replicated": "sparkctl.deploy.results:ReplicatedUpResult",
+    "status-replicated": "sparkctl.deploy.results:ReplicatedStatusResult",
+    "down-replicated": "sparkctl.deploy.results:ReplicatedDownResult",
+    "replicated-record": "sparkctl.state.records:ReplicatedRecord",
 }

@@ -1,13 +1,15 @@
 """Replicated deployments (`replicas: K` in the profile): K replicas behind SGLang's router, rolled one at a time.
 
-Each replica is a cluster of its own, `<cluster>-r<i>` (its `server.tp_size` nodes, its own ledger, lock and
-journal), deployed by the ordinary `up`: its steps, its gates, its restore when it fails. A replicated `up` is more
+Each replica is a cluster of its own, `<cluster>.r<i>` (its `server.tp_size` nodes, its own ledger, lock and
+journal; a '.' is never in a cluster name the inventory accepts, so a replica's state and containers cannot be
+another cluster's), deployed by the ordinary `up`: its steps, its gates, its restore when it fails. A replicated `up` is more
 steps around those, journaled in the parent cluster's `replicated.json` (mode 0600), each with the lifecycle's
 crash boundaries (`deploy.steps.REPLICATED_STEPS`):
 
     reconcile       the parent's single-group deployment, if one is active, goes down first
     router-start    the router on rank 0's node (a local process on the embedded cluster), unless it runs
-    for each replica i, in order:
+    for each replica i, in order (on a first `up`, when no replica is in the router yet, every replica's
+    `up` runs at once: there is no traffic to keep serving; attach follows in order):
       replica-detach  out of the router, its in-flight requests drained (bounded: router.drain_timeout_s)
       replica-up      its own `up` (a no-op when it already runs this profile and is healthy: then no detach)
       replica-attach  back into the router once its gates passed (a replica whose `up` failed was restored
@@ -21,9 +23,13 @@ replica's `up` settles its own journal, and the next `up` converges from what ru
 from __future__ import annotations
 
 import json
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 import httpx
 
@@ -31,9 +37,12 @@ from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.commands import Deployer, UpOptions
 from sparkctl.deploy.progress import Reporter
+from sparkctl.deploy.results import (ReplicaStatus, ReplicatedDownResult, ReplicatedStatusResult, ReplicatedUpResult,
+                                     RouterStatus)
 from sparkctl.deploy.steps import REPLICATED_COMMAND as COMMAND
 from sparkctl.deploy.steps import boundary
-from sparkctl.errors import LedgerError, SparkctlError
+from sparkctl.errors import LedgerError, LockHeldError, SparkctlError
+from sparkctl.nodes.fanout import fan_out
 from sparkctl.router import RouterError
 from sparkctl.router.client import RouterClient, attach, detach
 from sparkctl.router.process import RouterProcess
@@ -41,18 +50,26 @@ from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.replicas import Replica, render_replicas, router_endpoint, router_spec
 from sparkctl.state.files import private_dir, state_dir_error, write_json_atomic
 from sparkctl.state.ledger import Ledger, now_iso
+from sparkctl.state.records import ReplicatedRecord
 
 RECORD = "replicated.json"
 
 
 def replica_cluster(parent: str, index: int) -> str:
-    return f"{parent}-r{index}"
+    """`<parent>.r<i>`: the inventory refuses '.' in cluster names, so no user's cluster is ever named so."""
+    return f"{parent}.r{index}"
 
 
-def sub_inventory(rep: Replica, parent: str) -> Inventory:
+def sub_inventory(rep: Replica, parent: str, name: str | None = None) -> Inventory:
+    """The replica's own inventory: its nodes, named `name` (default `replica_cluster(parent, index)`)."""
     inv = rep.inventory
-    return inv.model_copy(update={"cluster": inv.cluster.model_copy(update={"name": replica_cluster(parent,
-                                                                                                    rep.index)})})
+    name = name or replica_cluster(parent, rep.index)
+    return inv.model_copy(update={"cluster": inv.cluster.model_copy(update={"name": name})})
+
+
+def _recorded_name(rec: "Record", index: int) -> str | None:
+    """The name a replica was deployed under (kept: its ledger and engines are there)."""
+    return next((r.get("cluster") for r in rec.data.get("replicas", []) if r.get("index") == index), None)
 
 
 @dataclass
@@ -61,9 +78,13 @@ class Record:
     path: Path
     data: dict[str, Any] = field(default_factory=dict)
 
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
     @classmethod
     def load(cls, root: Path) -> "Record":
+        """The record, checked against `ReplicatedRecord` (a wrong shape is a LedgerError naming the file)."""
         path = root / RECORD
+        hint = "run `sparkctl repair`, or move the file aside if no replica runs"
         try:
             data = json.loads(path.read_text())
         except FileNotFoundError:
@@ -72,19 +93,29 @@ class Record:
             raise state_dir_error(root, exc) from None
         except ValueError as exc:
             raise LedgerError(f"the replicated deployment's record is corrupt: {exc}", where=str(path),
-                              hint="run `sparkctl repair`, or move the file aside if no replica runs") from None
+                              hint=hint) from None
         if not isinstance(data, dict):
-            raise LedgerError("the replicated deployment's record is not a JSON object", where=str(path),
-                              hint="run `sparkctl repair`, or move the file aside if no replica runs")
-        return cls(path, data)
+            raise LedgerError("the replicated deployment's record is not a JSON object", where=str(path), hint=hint)
+        try:
+            model = ReplicatedRecord.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "(top)"
+            raise LedgerError(f"the replicated deployment's record has the wrong shape at {where}: {first['msg']}",
+                              where=str(path), hint=hint) from None
+        return cls(path, model.model_dump(mode="json"))
 
     def save(self) -> None:
-        private_dir(self.path.parent)
-        write_json_atomic(self.path, self.data)
+        """Written only as a valid `ReplicatedRecord` (atomic, mode 0600); one writer at a time (parallel replicas)."""
+        with self._lock:
+            doc = ReplicatedRecord.model_validate(self.data).model_dump(mode="json")
+            private_dir(self.path.parent)
+            write_json_atomic(self.path, doc)
 
     def journal(self, step: str, phase: str, what: str, replica: int | None = None, detail: str | None = None) -> None:
-        self.data.setdefault("journal", []).append({"step": step, "phase": phase, "at": now_iso(), "what": what,
-                                                    "replica": replica, "detail": detail})
+        with self._lock:
+            self.data.setdefault("journal", []).append({"step": step, "phase": phase, "at": now_iso(), "what": what,
+                                                        "replica": replica, "detail": detail})
         self.save()
 
     @property
@@ -98,8 +129,9 @@ class ReplicatedDeployer:
         self.reporter = reporter or Reporter(quiet=True)
         self.ledger = Ledger.for_cluster(inventory.cluster.name)
 
-    def _sub(self, rep: Replica) -> Deployer:
-        return Deployer(sub_inventory(rep, self.inventory.cluster.name), self.reporter)
+    def _sub(self, rep: Replica, rec: Record) -> Deployer:
+        return Deployer(sub_inventory(rep, self.inventory.cluster.name, _recorded_name(rec, rep.index)),
+                        self.reporter)
 
     def _router(self, rec: Record, spec: RouterSpec) -> RouterProcess | None:
         r = rec.data.get("router")
@@ -131,7 +163,7 @@ class ReplicatedDeployer:
         lines = [f"router {spec.url} ({spec.policy}): " + ("running (pid %d)" % router.pid if router else "start")]
         client = RouterClient(spec.url, metrics_url=spec.metrics_url) if router else None
         for rep in reps:
-            _, plan = self._sub(rep).plan(profile)
+            _, plan = self._sub(rep, rec).plan(profile)
             listed = client.find(rep.url) if client else None
             head = f"replica {rep.index} ({', '.join(rep.nodes)}, {rep.url})"
             if plan.noop and listed is not None and listed.healthy:
@@ -145,8 +177,9 @@ class ReplicatedDeployer:
         return lines
 
     # ---- up --------------------------------------------------------------------------------------------------
-    def up(self, profile: Profile, opts: UpOptions | None = None) -> dict[str, Any]:
+    def up(self, profile: Profile, opts: UpOptions | None = None) -> ReplicatedUpResult:
         opts = opts or UpOptions()
+        t0 = time.monotonic()
         reps = render_replicas(profile, self.inventory)
         spec = router_spec(profile, self.inventory, reps)
         parent = Deployer(self.inventory, self.reporter)
@@ -154,7 +187,8 @@ class ReplicatedDeployer:
             rec = Record.load(self.ledger.root)
             rec.data.update(profile=profile.name, endpoint=router_endpoint(profile, self.inventory),
                             replicas=[{"index": r.index, "url": r.url, "nodes": r.nodes,
-                                       "cluster": replica_cluster(self.inventory.cluster.name, r.index)} for r in reps],
+                                       "cluster": _recorded_name(rec, r.index)
+                                       or replica_cluster(self.inventory.cluster.name, r.index)} for r in reps],
                             status="updating", started=now_iso())
             rec.save()
 
@@ -176,46 +210,23 @@ class ReplicatedDeployer:
                 router = self._step(rec, "router-start", f"start the router on {spec.url} ({spec.policy})",
                                     start_router)
             client = RouterClient(spec.url, metrics_url=spec.metrics_url)
-            changed: list[int] = []
+            todo: list[tuple[Replica, Deployer, Any]] = []
             for rep in reps:
-                sub = self._sub(rep)
+                sub = self._sub(rep, rec)
                 _, plan = sub.plan(profile)
                 listed = client.find(rep.url)
                 if plan.noop and listed is not None and listed.healthy:
                     self.reporter.event(f"replica {rep.index} ({', '.join(rep.nodes)}): unchanged, in the router")
                     continue
-                changed.append(rep.index)
-                if listed is not None:
-                    self._step(rec, "replica-detach", f"replica {rep.index}: out of the router, drain (at most "
-                               f"{profile.router.drain_timeout_s:g}s)",
-                               lambda: detach(client, rep.url, drain_s=profile.router.drain_timeout_s),
-                               rep.index)
-                failure: list[SparkctlError] = []
-
-                def replica_up() -> None:
-                    try:
-                        sub.up(profile, UpOptions(boot_timeout_s=opts.boot_timeout_s))
-                    except SparkctlError as exc:
-                        failure.append(exc)     # its own up restored (or never stopped) the old one: back in below
-                        raise
-                try:
-                    self._step(rec, "replica-up", f"replica {rep.index}: up {profile.name} on "
-                               f"{', '.join(rep.nodes)}", replica_up, rep.index)
-                except SparkctlError:
-                    if not failure:
-                        raise
-                if _serves(rep.url):
-                    self._step(rec, "replica-attach", f"replica {rep.index}: back into the router",
-                               lambda: attach(client, rep.url), rep.index)
-                if failure:
-                    rec.data["status"] = "failed"
-                    rec.save()
-                    done = [i for i in changed[:-1]]
-                    raise failure[0].amended(message=(
-                        f"replica {rep.index}: {failure[0].message} (the rolling update stopped there; replica "
-                        f"{rep.index} serves as before{' and is back in the router' if _serves(rep.url) else ''}; "
-                        + (f"replica(s) {', '.join(map(str, done))} run {profile.name}" if done else
-                           f"no replica runs {profile.name} yet") + ")"))
+                todo.append((rep, sub, listed))
+            changed = [rep.index for rep, _, _ in todo]
+            # Nothing in the router: nothing serves through it, so there is no traffic to keep: all at once.
+            parallel = len(todo) > 1 and not client.list_workers()
+            if parallel:
+                self._all_at_once(rec, profile, opts, client, todo)
+            else:
+                for rep, sub, listed in todo:
+                    self._one_at_a_time(rec, profile, opts, client, rep, sub, listed, changed)
 
             def gates() -> None:
                 h = client.health()
@@ -238,46 +249,104 @@ class ReplicatedDeployer:
                 rec.data.update(status="active", handed_off=now_iso())
                 rec.save()
             self._step(rec, "hand-off", f"hand off {rec.data['endpoint']}", hand_off)
-        return {"outcome": "deployed" if changed else "unchanged", "changed": bool(changed),
-                "endpoint": rec.data["endpoint"], "replicas": len(reps), "updated": changed,
-                "profile": profile.name, "cluster": self.inventory.cluster.name}
+        return ReplicatedUpResult(outcome="deployed" if changed else "unchanged", changed=bool(changed),
+                                  endpoint=rec.data["endpoint"], replicas=len(reps), updated=changed,
+                                  parallel=parallel, profile=profile.name, cluster=self.inventory.cluster.name,
+                                  emulated=self.inventory.emulated, elapsed_s=round(time.monotonic() - t0, 2))
+
+    def _replica_up(self, rec: Record, profile: Profile, opts: UpOptions, rep: Replica, sub: Deployer) -> None:
+        self._step(rec, "replica-up", f"replica {rep.index}: up {profile.name} on {', '.join(rep.nodes)}",
+                   lambda: sub.up(profile, UpOptions(boot_timeout_s=opts.boot_timeout_s)), rep.index)
+
+    def _attach(self, rec: Record, client: RouterClient, rep: Replica) -> None:
+        self._step(rec, "replica-attach", f"replica {rep.index}: back into the router",
+                   lambda: attach(client, rep.url), rep.index)
+
+    def _one_at_a_time(self, rec: Record, profile: Profile, opts: UpOptions, client: RouterClient, rep: Replica,
+                       sub: Deployer, listed: Any, changed: list[int]) -> None:
+        """The rolling step: out of the router (drained), its own `up`, back in. A replica whose `up` failed was
+        restored alone by that `up`: it goes back into the router and the roll stops with the error."""
+        if listed is not None:
+            self._step(rec, "replica-detach", f"replica {rep.index}: out of the router, drain (at most "
+                       f"{profile.router.drain_timeout_s:g}s)",
+                       lambda: detach(client, rep.url, drain_s=profile.router.drain_timeout_s), rep.index)
+        try:
+            self._replica_up(rec, profile, opts, rep, sub)
+        except (LedgerError, LockHeldError):
+            raise                    # the state directory or a lock, not the replica: nothing to amend
+        except SparkctlError as exc:
+            if _serves(rep.url):
+                self._attach(rec, client, rep)
+            rec.data["status"] = "failed"
+            rec.save()
+            done = changed[:changed.index(rep.index)]
+            raise exc.amended(message=(
+                f"replica {rep.index}: {exc.message} (the rolling update stopped there; replica "
+                f"{rep.index} serves as before{' and is back in the router' if _serves(rep.url) else ''}; "
+                + (f"replica(s) {', '.join(map(str, done))} run {profile.name}" if done else
+                   f"no replica runs {profile.name} yet") + ")")) from exc
+        if _serves(rep.url):
+            self._attach(rec, client, rep)
+
+    def _all_at_once(self, rec: Record, profile: Profile, opts: UpOptions, client: RouterClient,
+                     todo: list[tuple[Replica, Deployer, Any]]) -> None:
+        """A first `up` (the router lists no worker): every replica's own `up` at once, then each that serves goes
+        into the router, in order. The first error is raised once every replica has finished and been attached."""
+        self.reporter.event(f"no replica in the router yet: {len(todo)} replicas boot at once")
+        outcomes = fan_out(todo, lambda t: self._replica_up(rec, profile, opts, t[0], t[1]))
+        for rep, _, _ in todo:
+            if _serves(rep.url):
+                self._attach(rec, client, rep)
+        errors = [(t[0], o.error) for t, o in zip(todo, outcomes) if o.error is not None]
+        if not errors:
+            return
+        rec.data["status"] = "failed"
+        rec.save()
+        for _, err in errors:
+            if not isinstance(err, SparkctlError) or isinstance(err, (LedgerError, LockHeldError)):
+                raise err
+        rep, err = errors[0]
+        ok = [t[0].index for t, o in zip(todo, outcomes) if o.ok]
+        assert isinstance(err, SparkctlError)
+        raise err.amended(message=(
+            f"replica {rep.index}: {err.message} (a first up of {len(todo)} replicas at once; "
+            + (f"replica(s) {', '.join(map(str, ok))} run {profile.name} and are in the router" if ok else
+               "no replica runs it") + (f"; {len(errors) - 1} more failed" if len(errors) > 1 else "") + ")")
+        ) from err
 
     # ---- status / down ---------------------------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ReplicatedStatusResult:
         rec = Record.load(self.ledger.root)
-        out: dict[str, Any] = {"cluster": self.inventory.cluster.name, "replicated": True,
-                               "profile": rec.data.get("profile"), "endpoint": rec.data.get("endpoint"),
-                               "status": rec.data.get("status"), "replicas": []}
         r = rec.data.get("router") or {}
         client = RouterClient(r["url"], metrics_url=r.get("metrics_url")) if r else None
+        router: RouterStatus | None = None
         listed = {}
         if client is not None:
             h = client.health()
-            out["router"] = {"url": r["url"], "live": h.live, "ready": h.ready,
-                             "healthy_workers": h.healthy_workers, "total_workers": h.total_workers}
+            router = RouterStatus(url=r["url"], live=h.live, ready=h.ready, healthy_workers=h.healthy_workers,
+                                  total_workers=h.total_workers)
             if h.live:
                 listed = {w.url: w for w in client.list_workers()}
                 try:
                     m = client.metrics()
-                    out["router"]["requests_per_replica"] = {u: w.requests for u, w in m.workers.items()}
+                    router.requests_per_replica = {u: w.requests for u, w in m.workers.items()}
                 except RouterError:
                     pass
-        healthy = bool(client) and out.get("router", {}).get("ready", False)
+        healthy = bool(router and router.ready)
+        views = []
         for rep in rec.data.get("replicas", []):
-            inv = self.inventory
-            sub_inv = _named(inv, rep["cluster"], rep["nodes"])
-            st = Deployer(sub_inv, self.reporter).status()
+            st = Deployer(_named(self.inventory, rep["cluster"], rep["nodes"]), self.reporter).status()
             w = listed.get(rep["url"])
-            out["replicas"].append({"index": rep["index"], "nodes": rep["nodes"], "url": rep["url"],
-                                    "healthy": bool(st.get("healthy")), "in_router": w is not None,
-                                    "router_healthy": bool(w and w.healthy), "deployment": st.get("active"),
-                                    "ranks": [x.model_dump() if hasattr(x, "model_dump") else x
-                                              for x in (st.get("ranks") or [])]})
-            healthy &= bool(st.get("healthy")) and w is not None
-        out["healthy"] = bool(healthy)
-        return out
+            views.append(ReplicaStatus(index=rep["index"], nodes=rep["nodes"], url=rep["url"], cluster=rep["cluster"],
+                                       healthy=bool(st.healthy), in_router=w is not None,
+                                       router_healthy=bool(w and w.healthy), deployment=st.active, ranks=st.ranks))
+            healthy &= bool(st.healthy) and w is not None
+        return ReplicatedStatusResult(cluster=self.inventory.cluster.name, emulated=self.inventory.emulated,
+                                      ok=healthy, healthy=healthy, profile=rec.data.get("profile"),
+                                      endpoint=rec.data.get("endpoint"), status=rec.data.get("status"),
+                                      router=router, replicas=views)
 
-    def down(self) -> dict[str, Any]:
+    def down(self) -> ReplicatedDownResult:
         rec = Record.load(self.ledger.root)
         stopped = []
         with self.ledger.lock("down"):
@@ -295,7 +364,7 @@ class ReplicatedDeployer:
         if rec.data:
             rec.data["status"] = "down"
             rec.save()
-        return {"changed": bool(stopped), "stopped": stopped}
+        return ReplicatedDownResult(changed=bool(stopped), stopped=stopped)
 
 
 def _serves(url: str) -> bool:

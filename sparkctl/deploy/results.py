@@ -123,3 +123,63 @@ class StatusResult(_Result):
     in_progress: InProgress | None = None
     interrupted: list[InterruptedView] = Field(default_factory=list)
     unfinished_compare: str | None = None
+
+
+# ---- replicated deployments (`replicas: K`, deploy/replicated.py) -------------------------------------------------
+class ReplicatedUpResult(_Result):
+    """`up` of a replicated profile: the router's endpoint handed off, which replicas were redeployed."""
+
+    outcome: Literal["deployed", "unchanged", "dry-run"]
+    changed: bool
+    profile: str
+    cluster: str
+    emulated: bool
+    replicated: Literal[True] = True
+    replicas: int
+    endpoint: str
+    updated: list[int] = Field(default_factory=list)         # replica indexes redeployed, in order
+    parallel: bool = False                                    # first up: every replica booted at once
+    plan: list[str] | None = None                             # dry-run: what would be done
+    elapsed_s: float | None = None
+
+
+class RouterStatus(_Result):
+    url: str
+    live: bool
+    ready: bool
+    healthy_workers: int | None = None
+    total_workers: int | None = None
+    requests_per_replica: dict[str, float] | None = None      # the router's own count, per worker URL
+
+
+class ReplicaStatus(_Result):
+    index: int
+    nodes: list[str]
+    url: str
+    cluster: str
+    healthy: bool
+    in_router: bool
+    router_healthy: bool
+    deployment: str | None = None
+    ranks: list[RankHealth] = Field(default_factory=list)
+
+
+class ReplicatedStatusResult(_Result):
+    """`status` of a replicated deployment: healthy when the router is ready and every replica is healthy and in it."""
+
+    cluster: str
+    emulated: bool
+    replicated: Literal[True] = True
+    ok: bool
+    healthy: bool
+    profile: str | None = None
+    endpoint: str | None = None
+    status: str | None = None
+    router: RouterStatus | None = None
+    replicas: list[ReplicaStatus] = Field(default_factory=list)
+
+
+class ReplicatedDownResult(_Result):
+    changed: bool
+    replicated: Literal[True] = True
+    stopped: list[str] = Field(default_factory=list)          # "router", "replica 0", ...

@@ -14,7 +14,7 @@ import httpx
 
 from sparkctl.nodes import procfs
 from sparkctl.router import RouterError
-from sparkctl.router.spec import RouterSpec
+from sparkctl.router.spec import MODULE, RouterSpec
 
 
 def router_python() -> str:
@@ -35,8 +35,14 @@ class RouterProcess:
 
     @classmethod
     def from_dict(cls, spec: RouterSpec, d: dict) -> "RouterProcess":
-        """The router a previous controller started (read from its record): stop and liveness by PID + start time."""
-        return cls(spec, int(d["pid"]), Path(d["log"]), d.get("ticks"))
+        """The router a previous controller started (read from its record): stop and liveness by PID + start time.
+        A damaged entry is a RouterError naming what is wrong (never a KeyError, never a guessed PID)."""
+        pid, ticks, log = d.get("pid"), d.get("ticks"), d.get("log")
+        if type(pid) is not int or type(ticks) is not int or not isinstance(log, str):
+            raise RouterError(f"the recorded router entry is damaged (pid={pid!r}, ticks={ticks!r}, log={log!r})",
+                              hint="stop the router by hand if it runs (`pgrep -af sglang_router`), then move the "
+                                   "replicated deployment's record (replicated.json) aside")
+        return cls(spec, pid, Path(log), ticks)
 
     @classmethod
     def start(cls, spec: RouterSpec, log_path: Path, *, ready_timeout_s: float = 30.0,
@@ -59,9 +65,13 @@ class RouterProcess:
         return proc
 
     def alive(self) -> bool:
+        """Ours and running. A router found from a record must prove it: its start time matches and its command
+        line runs sglang_router, so a stale or damaged record never gets another process signalled."""
         if self._popen is not None:
             return self._popen.poll() is None
-        return procfs.running(self.pid, self.ticks)
+        if self.ticks is None or self.pid <= 1:
+            return False
+        return procfs.running(self.pid, self.ticks) and _runs_router(procfs.cmdline(self.pid))
 
     def wait_live(self, timeout_s: float) -> None:
         end = time.monotonic() + timeout_s
@@ -106,6 +116,15 @@ class RouterProcess:
                 self._popen.wait(timeout=0.01)
             except subprocess.TimeoutExpired:
                 pass
+
+
+# sglang-router 0.3.2's launch_router.py sets its process title to this (setproctitle): /proc/PID/cmdline reads
+# "sglang::router" once it runs, `python -m sglang_router.launch_router ...` before that.
+PROCESS_TITLE = "sglang::router"
+
+
+def _runs_router(cmdline: list[str]) -> bool:
+    return bool(cmdline) and (cmdline[0].startswith(PROCESS_TITLE) or any(MODULE[1] in a for a in cmdline))
 
 
 def _tail(path: Path, n: int = 20) -> str:

@@ -286,3 +286,35 @@ class RunRecord(_Record):
 
     def as_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True, exclude_none=False)
+
+
+class ReplicaEntry(_Record):
+    index: int = Field(ge=0, le=255)
+    url: str = Field(pattern=r"^https?://[^\s/]+$")
+    nodes: list[str] = Field(min_length=1)
+    # The replica's own ledger and lock: <state root>/<cluster>. A plain cluster name plus `.r<i>`, so a damaged
+    # record can never point a ledger outside the state root (no '/', no '..').
+    cluster: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}(\.r[0-9]{1,3})?$")
+
+
+class ReplicatedJournalEntry(_Record):
+    step: str
+    phase: str                         # intent | ok | failed
+    at: str
+    what: str = ""
+    replica: int | None = None
+    detail: str | None = None
+
+
+class ReplicatedRecord(_Record):
+    """The parent cluster's `replicated.json`: K replicas behind SGLang's router (deploy/replicated.py). Read and
+    written only through this model, so a file of the wrong shape is a LedgerError, not a KeyError mid-`down`."""
+
+    profile: str | None = None
+    endpoint: str | None = None
+    status: str | None = None          # updating | active | failed | down
+    started: str | None = None
+    handed_off: str | None = None
+    replicas: list[ReplicaEntry] = Field(default_factory=list)
+    router: dict[str, Any] | None = None   # what the router's runtime needs to find it again (pid, container ...)
+    journal: list[ReplicatedJournalEntry] = Field(default_factory=list)

@@ -36,6 +36,11 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
         assert sum("back into the router" in line for line in planned) == 2
         first = d.up(p1)
         assert first["outcome"] == "deployed" and first["updated"] == [0, 1]
+        assert first.parallel          # a first up: nothing in the router, both replicas booted at once
+        boots = [(e["step"], e["phase"], e["replica"]) for e in Record.load(d.ledger.root).data["journal"]
+                 if e["step"] == "replica-up"]
+        assert boots[:2] == [("replica-up", "intent", 0), ("replica-up", "intent", 1)] or \
+            boots[:2] == [("replica-up", "intent", 1), ("replica-up", "intent", 0)], boots
         endpoint = first["endpoint"]
         st = d.status()
         assert st["healthy"] and [r["healthy"] and r["in_router"] for r in st["replicas"]] == [True, True]
@@ -132,7 +137,7 @@ def test_two_tp2_replicas_on_four_nodes(tmp_path, monkeypatch, state_dir):
         assert res["updated"] == [0, 1]
         st = d.status()
         assert st["healthy"] and st["router"]["healthy_workers"] == 2
-        assert [[(x["rank"], x["node"]) for x in r["ranks"]] for r in st["replicas"]] == \
+        assert [[(x.rank, x.node) for x in r["ranks"]] for r in st["replicas"]] == \
             [[(1, "spark-b"), (0, "spark-a")], [(1, "spark-d"), (0, "spark-c")]]      # boot order per group
         r = httpx.post(res["endpoint"] + "/v1/completions", json={"model": "glm-5.3-flash", "prompt": "hi", "max_tokens": 4}, timeout=30,
                        trust_env=False)
@@ -198,12 +203,14 @@ def test_cli_up_status_down_of_a_replicated_profile(tmp_path, monkeypatch, cli, 
     inv = write_embedded_inventory(tmp_path / "inventory.yml", FAST, nodes=2)
     prof = write_replicated_profile(tmp_path / "rep.yml", 16)
     try:
+        code, out, err = cli("up", "-p", str(prof), "-i", str(inv), "--dry-run", "--json")
+        assert code == 0 and _valid("up-replicated", json.loads(out))["outcome"] == "dry-run", err[-3000:]
         code, out, err = cli("up", "-p", str(prof), "-i", str(inv), "--yes", "--json")
         assert code == 0, err[-3000:]
-        up = json.loads(out)
+        up = _valid("up-replicated", json.loads(out))
         assert up["outcome"] == "deployed" and up["endpoint"].endswith(":30080")
         code, out, err = cli("status", "-i", str(inv), "--json")
-        st = json.loads(out)
+        st = _valid("status-replicated", json.loads(out))
         assert code == 0 and st["replicated"] and [r["in_router"] for r in st["replicas"]] == [True, True]
         code, out, err = cli("status", "-i", str(inv))
         assert "replica 1 [spark-b]" in out and "in the router" in out
@@ -219,8 +226,18 @@ def test_cli_up_status_down_of_a_replicated_profile(tmp_path, monkeypatch, cli, 
         code, out, err = cli("up", "-p", str(prof), "-i", str(inv), "--yes", "--json")   # and back
         assert code == 0 and json.loads(out)["outcome"] == "deployed", err[-3000:]
         code, out, err = cli("down", "-i", str(inv), "--yes", "--json")
-        assert code == 0 and json.loads(out)["stopped"] == ["router", "replica 0", "replica 1"]
+        assert code == 0 and _valid("down-replicated", json.loads(out))["stopped"] == ["router", "replica 0",
+                                                                                       "replica 1"]
         code, out, err = cli("status", "-i", str(inv), "--json")
         assert code == 0 and not json.loads(out).get("replicated")
     finally:
         cli("down", "-i", str(inv), "--yes")
+
+
+def _valid(kind: str, doc: dict) -> dict:
+    """`doc` validates against the schema `sparkctl schema KIND` exports (the model's own JSON schema)."""
+    import jsonschema
+
+    from sparkctl.config.schema import json_schema
+    jsonschema.validate(doc, json_schema(kind))
+    return doc
