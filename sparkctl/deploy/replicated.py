@@ -124,6 +124,8 @@ class Record:
 
 
 class ReplicatedDeployer:
+    parallel_first_up = True      # False: a first up goes one replica at a time too (the benchmark's baseline)
+
     def __init__(self, inventory: Inventory, reporter: Reporter | None = None) -> None:
         self.inventory = inventory
         self.reporter = reporter or Reporter(quiet=True)
@@ -221,7 +223,7 @@ class ReplicatedDeployer:
                 todo.append((rep, sub, listed))
             changed = [rep.index for rep, _, _ in todo]
             # Nothing in the router: nothing serves through it, so there is no traffic to keep: all at once.
-            parallel = len(todo) > 1 and not client.list_workers()
+            parallel = self.parallel_first_up and len(todo) > 1 and not client.list_workers()
             if parallel:
                 self._all_at_once(rec, profile, opts, client, todo)
             else:
