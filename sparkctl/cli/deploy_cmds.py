@@ -188,6 +188,18 @@ def register(app: typer.Typer) -> None:
 
         d = _deployer(inventory)
         prof = load_profile(to) if to else None
+        from sparkctl.deploy.replicated import is_replicated
+        if is_replicated(d.inventory) or (prof is not None and prof.replicas > 1):
+            # The router and its replicas hold the nodes' ports: a rollback goes the way `up` does (a rolling
+            # update to a replicated profile, or the router and replicas down first for one group).
+            if prof is None:
+                from sparkctl.errors import ConfigError
+                raise ConfigError("the cluster runs a replicated deployment, which keeps no known-good history of "
+                                  "its own: say where to roll back to", where="rollback",
+                                  hint="sparkctl rollback --to dflash-off (one group; the router and replicas stop "
+                                       "first), or --to a profile with replicas: K (a rolling update)")
+            if _replicated_up(d, prof, False, yes, boot_timeout, as_json):
+                return
         what = prof.name if prof else "the previous known-good deployment"
         confirm = _confirm(yes, f"roll back to {what}", d, "rollback")
         result = d.rollback(prof, UpOptions(boot_timeout_s=boot_timeout, confirm=confirm))

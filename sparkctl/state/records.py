@@ -297,6 +297,14 @@ class ReplicaEntry(_Record):
     cluster: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}(\.r[0-9]{1,3})?$")
 
 
+class RouterEntry(_Record):
+    """Where the router serves; the rest (pid and start time, or a container) is its runtime's, kept as extra keys
+    and checked by that runtime when it finds the router again (sparkctl.router.process.RouterProcess.from_dict)."""
+
+    url: str = Field(pattern=r"^https?://[^\s/]+$")
+    metrics_url: str | None = Field(None, pattern=r"^https?://[^\s/]+/metrics$")
+
+
 class ReplicatedJournalEntry(_Record):
     step: str
     phase: str                         # intent | ok | failed
@@ -316,5 +324,5 @@ class ReplicatedRecord(_Record):
     started: str | None = None
     handed_off: str | None = None
     replicas: list[ReplicaEntry] = Field(default_factory=list)
-    router: dict[str, Any] | None = None   # what the router's runtime needs to find it again (pid, container ...)
+    router: RouterEntry | None = None
     journal: list[ReplicatedJournalEntry] = Field(default_factory=list)

@@ -223,8 +223,10 @@ def test_cli_up_status_down_of_a_replicated_profile(tmp_path, monkeypatch, cli, 
         assert code == 0 and not st.get("replicated") and st["healthy"] and len(st["ranks"]) == 2
         with pytest.raises(httpx.TransportError):
             httpx.get(up["endpoint"] + "/health", timeout=2, trust_env=False)
-        code, out, err = cli("up", "-p", str(prof), "-i", str(inv), "--yes", "--json")   # and back
-        assert code == 0 and json.loads(out)["outcome"] == "deployed", err[-3000:]
+        code, out, err = cli("rollback", "--to", str(prof), "-i", str(inv), "--yes", "--json")  # and back
+        assert code == 0 and _valid("up-replicated", json.loads(out))["outcome"] == "deployed", err[-3000:]
+        code, out, err = cli("rollback", "-i", str(inv), "--yes")     # a replicated deployment keeps no history
+        assert code == 2 and "replicated deployment" in err and "--to" in err and "in use" not in err
         code, out, err = cli("down", "-i", str(inv), "--yes", "--json")
         assert code == 0 and _valid("down-replicated", json.loads(out))["stopped"] == ["router", "replica 0",
                                                                                        "replica 1"]
