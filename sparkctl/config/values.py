@@ -20,7 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, Strict, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import AfterValidator, Strict, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic_core import PydanticCustomError, core_schema
 
 from sparkctl.config.loader import refusal
 
@@ -29,6 +30,52 @@ from sparkctl.config.loader import refusal
 class Policy:
     """Marks an annotated type as part of the value policy (the schema test looks for it)."""
     name: str
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A policy type's own bound, checked after (and besides) the field's.
+
+    Not `Field(ge=..., le=..., max_length=...)` on the type: pydantic keeps one Ge/Le/MaxLen per schema and the
+    type's metadata comes after the field's, so a type-level `ge=0` silently replaced a field's `ge=1`
+    (`replicas: 0`, `tp_size: 0` and `gpus: 65` were accepted). A field narrows its type with its own
+    `Field(ge=..., le=..., max_length=...)`; this bound still holds (tests/unit/test_value_bounds.py checks both
+    for every field)."""
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    max_length: int | None = None
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> Any:
+        js = handler(schema)
+        for key, value in (("minimum", self.ge), ("exclusiveMinimum", self.gt), ("maximum", self.le),
+                           ("maxLength", self.max_length)):
+            if value is not None and key not in js:
+                js[key] = value
+        return js
+
+    def _check(self, value: Any) -> Any:
+        if isinstance(value, str):
+            if self.max_length is not None and len(value) > self.max_length:
+                raise PydanticCustomError("string_too_long", "String should have at most {max_length} characters",
+                                          {"max_length": self.max_length})
+            return value
+        if self.ge is not None and value < self.ge:
+            raise PydanticCustomError("greater_than_equal", "Input should be greater than or equal to {ge}",
+                                      {"ge": _num(self.ge)})
+        if self.gt is not None and value <= self.gt:
+            raise PydanticCustomError("greater_than", "Input should be greater than {gt}", {"gt": _num(self.gt)})
+        if self.le is not None and value > self.le:
+            raise PydanticCustomError("less_than_equal", "Input should be less than or equal to {le}",
+                                      {"le": _num(self.le)})
+        return value
+
+
+def _num(x: float) -> float | int:
+    return int(x) if float(x).is_integer() else x
 
 
 INT_MAX = 2**31 - 1          # every count fits a C int (SGLang passes many to CUDA/NCCL)
@@ -234,31 +281,31 @@ def _arg_token(value: str) -> str:
     return value
 
 
-Int = Annotated[StrictInt, Field(le=INT_MAX, ge=-INT_MAX), Policy("int")]
-Count = Annotated[StrictInt, Field(ge=0, le=INT_MAX), Policy("count")]
-Port = Annotated[StrictInt, Field(ge=1, le=65535), Policy("port")]
+Int = Annotated[StrictInt, Bound(le=INT_MAX, ge=-INT_MAX), Policy("int")]
+Count = Annotated[StrictInt, Bound(ge=0, le=INT_MAX), Policy("count")]
+Port = Annotated[StrictInt, Bound(ge=1, le=65535), Policy("port")]
 Number = Annotated[float, Strict(), AfterValidator(_finite), Policy("number")]
-Seconds = Annotated[float, Strict(), AfterValidator(_finite), Field(gt=0, le=SECONDS_MAX), Policy("seconds")]
+Seconds = Annotated[float, Strict(), AfterValidator(_finite), Bound(gt=0, le=SECONDS_MAX), Policy("seconds")]
 Flag = Annotated[StrictBool, Policy("bool")]
-Text = Annotated[StrictStr, Field(max_length=4096), AfterValidator(_one_line), Policy("text")]
-Prose = Annotated[StrictStr, Field(max_length=65536), AfterValidator(_prose), Policy("prose")]
-ArgValue = Annotated[StrictStr, Field(max_length=255), AfterValidator(_arg_value), Policy("arg-value")]
-Word = Annotated[StrictStr, Field(max_length=255), AfterValidator(_word), Policy("word")]
-SshHost = Annotated[StrictStr, Field(max_length=253), AfterValidator(_word), Policy("ssh-host")]
-SshUser = Annotated[StrictStr, Field(max_length=32), AfterValidator(_word), Policy("ssh-user")]
-ModelPath = Annotated[StrictStr, Field(max_length=4096), AfterValidator(_engine_model_path), Policy("model-path")]
-HostPath = Annotated[StrictStr, Field(max_length=4096), AfterValidator(_host_path), Policy("host-path")]
-LocalPath = Annotated[StrictStr, Field(max_length=4096), AfterValidator(_local_path), Policy("local-path")]
+Text = Annotated[StrictStr, Bound(max_length=4096), AfterValidator(_one_line), Policy("text")]
+Prose = Annotated[StrictStr, Bound(max_length=65536), AfterValidator(_prose), Policy("prose")]
+ArgValue = Annotated[StrictStr, Bound(max_length=255), AfterValidator(_arg_value), Policy("arg-value")]
+Word = Annotated[StrictStr, Bound(max_length=255), AfterValidator(_word), Policy("word")]
+SshHost = Annotated[StrictStr, Bound(max_length=253), AfterValidator(_word), Policy("ssh-host")]
+SshUser = Annotated[StrictStr, Bound(max_length=32), AfterValidator(_word), Policy("ssh-user")]
+ModelPath = Annotated[StrictStr, Bound(max_length=4096), AfterValidator(_engine_model_path), Policy("model-path")]
+HostPath = Annotated[StrictStr, Bound(max_length=4096), AfterValidator(_host_path), Policy("host-path")]
+LocalPath = Annotated[StrictStr, Bound(max_length=4096), AfterValidator(_local_path), Policy("local-path")]
 IfName = Annotated[StrictStr, AfterValidator(_ifname), Policy("ifname")]
 HcaName = Annotated[StrictStr, AfterValidator(_hca), Policy("hca")]
-ImageRef = Annotated[StrictStr, Field(max_length=512), AfterValidator(image_reference), Policy("image-ref")]
+ImageRef = Annotated[StrictStr, Bound(max_length=512), AfterValidator(image_reference), Policy("image-ref")]
 Version = Annotated[StrictStr, AfterValidator(_version), Policy("version")]
 PlainName = Annotated[StrictStr, AfterValidator(_plain_name), Policy("plain-name")]
 Platform = Annotated[StrictStr, AfterValidator(_platform), Policy("platform")]
 EnvName = Annotated[StrictStr, AfterValidator(env_name), Policy("env-name")]
 EngineEnvKey = Annotated[StrictStr, AfterValidator(engine_env_key), Policy("engine-env-key")]
-EnvValue = Annotated[StrictStr, Field(max_length=32768), AfterValidator(_one_line), Policy("env-value")]
-ArgToken = Annotated[StrictStr, Field(max_length=4096), AfterValidator(_arg_token), Policy("arg")]
+EnvValue = Annotated[StrictStr, Bound(max_length=32768), AfterValidator(_one_line), Policy("env-value")]
+ArgToken = Annotated[StrictStr, Bound(max_length=4096), AfterValidator(_arg_token), Policy("arg")]
 SimValue = Annotated[StrictInt | StrictFloat | StrictStr | StrictBool, Policy("sim-knob")]
 
 
