@@ -36,7 +36,7 @@ from sparkctl.deploy.steps import boundary
 from sparkctl.errors import LedgerError, SparkctlError
 from sparkctl.router import RouterError
 from sparkctl.router.client import RouterClient, attach, detach
-from sparkctl.router.process import RouterProcess
+from sparkctl.router import launch as router_launch
 from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.replicas import Replica, render_replicas, router_endpoint, router_spec
 from sparkctl.state.files import private_dir, state_dir_error, write_json_atomic
@@ -101,12 +101,8 @@ class ReplicatedDeployer:
     def _sub(self, rep: Replica) -> Deployer:
         return Deployer(sub_inventory(rep, self.inventory.cluster.name), self.reporter)
 
-    def _router(self, rec: Record, spec: RouterSpec) -> RouterProcess | None:
-        r = rec.data.get("router")
-        if not r:
-            return None
-        proc = RouterProcess.from_dict(spec, r)
-        return proc if proc.alive() else None
+    def _router(self, rec: Record, spec: RouterSpec) -> router_launch.Router | None:
+        return router_launch.recorded_router(self.inventory, spec, rec.data.get("router"))
 
     def _step(self, rec: Record, name: str, what: str, fn, replica: int | None = None) -> Any:
         rec.journal(name, "intent", what, replica)
@@ -128,7 +124,7 @@ class ReplicatedDeployer:
         spec = router_spec(profile, self.inventory, reps)
         rec = Record.load(self.ledger.root)
         router = self._router(rec, spec)
-        lines = [f"router {spec.url} ({spec.policy}): " + ("running (pid %d)" % router.pid if router else "start")]
+        lines = [f"router {spec.url} ({spec.policy}): " + (f"running ({router.where})" if router else "start")]
         client = RouterClient(spec.url, metrics_url=spec.metrics_url) if router else None
         for rep in reps:
             _, plan = self._sub(rep).plan(profile)
@@ -167,8 +163,9 @@ class ReplicatedDeployer:
         with self.ledger.lock(COMMAND):
             router = self._router(rec, spec)
 
-            def start_router() -> RouterProcess:
-                proc = RouterProcess.start(spec, self.ledger.root / "logs" / "router.log")
+            def start_router() -> router_launch.Router:
+                proc = router_launch.start_router(self.inventory, spec, image=reps[0].result.specs[0].image,
+                                                  log_path=self.ledger.root / "logs" / "router.log")
                 rec.data["router"] = {**proc.to_dict(), "url": spec.url, "metrics_url": spec.metrics_url}
                 rec.save()
                 return proc
@@ -253,7 +250,7 @@ class ReplicatedDeployer:
         listed = {}
         if client is not None:
             h = client.health()
-            out["router"] = {"url": r["url"], "live": h.live, "ready": h.ready,
+            out["router"] = {"url": r["url"], "kind": r.get("kind", "process"), "live": h.live, "ready": h.ready,
                              "healthy_workers": h.healthy_workers, "total_workers": h.total_workers}
             if h.live:
                 listed = {w.url: w for w in client.list_workers()}
@@ -283,7 +280,7 @@ class ReplicatedDeployer:
         with self.ledger.lock("down"):
             r = rec.data.get("router")
             if r:
-                proc = RouterProcess.from_dict(RouterSpec("127.0.0.1", 1), r)   # stop by PID + start time only
+                proc = router_launch.from_record(self.inventory, RouterSpec("127.0.0.1", 1), r)  # by PID or ID
                 proc.stop(timeout_s=10)
                 stopped.append("router")
                 rec.data.pop("router", None)

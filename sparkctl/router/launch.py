@@ -1,0 +1,74 @@
+"""Which router runs, by the inventory's runtime: a local process on the embedded cluster (`RouterProcess`), a
+container from the engine image on rank 0's node on Sparks (`RouterContainer`). Both answer the same small
+interface (`Router`), so the replicated deployment starts, finds, checks and stops either one the same way::
+
+    router = start_router(inventory, spec, image=image, log_path=root / "logs" / "router.log")
+    record["router"] = router.to_dict()
+    router = recorded_router(inventory, spec, record["router"])     # a later command: None when it no longer runs
+    router.stop()
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sparkctl.router.spec import RouterSpec
+
+if TYPE_CHECKING:
+    from sparkctl.config.inventory import Inventory
+
+
+class Router(Protocol):
+    kind: str                      # "process" | "container" (kept in the record)
+    spec: RouterSpec
+
+    @property
+    def where(self) -> str: ...      # "pid 123", "container sparkctl-desk-router on spark-a"
+
+    def alive(self) -> bool: ...
+
+    def stop(self, timeout_s: float = 10.0) -> Any: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    def log_tail(self, lines: int = 20) -> str: ...
+
+
+def _container_side(inventory: "Inventory") -> bool:
+    return inventory.rank0.runtime == "docker"
+
+
+def start_router(inventory: "Inventory", spec: RouterSpec, *, image: str | None, log_path: Path,
+                 ready_timeout_s: float = 60.0) -> Router:
+    """Start the router where the inventory's rank 0 runs its engine and wait until it is live (RouterError
+    otherwise, with its log tail). ``image``: the engine image the replicas run (docker runtime only)."""
+    if _container_side(inventory):
+        from sparkctl.errors import ConfigError
+        from sparkctl.nodes.ssh import connector_for
+        from sparkctl.router.container import RouterContainer
+        node = inventory.rank0
+        if not image:
+            raise ConfigError(f"no engine image to run the router from on {node.name}",
+                              hint="set sparkctl_engine_image in the inventory or image.ref in the profile")
+        return RouterContainer.start(spec, connector_for(inventory, node), node=node.name,
+                                     cluster=inventory.cluster.name, image=image, ready_timeout_s=ready_timeout_s)
+    from sparkctl.router.process import RouterProcess
+    return RouterProcess.start(spec, log_path, ready_timeout_s=ready_timeout_s)
+
+
+def from_record(inventory: "Inventory", spec: RouterSpec, d: dict[str, Any]) -> Router:
+    """The router a record names (its kind from the record; a record from before kinds were kept is a process)."""
+    if d.get("kind") == "container":
+        from sparkctl.nodes.ssh import connector_for
+        from sparkctl.router.container import RouterContainer
+        return RouterContainer.from_dict(spec, connector_for(inventory, str(d["node"])), d)
+    from sparkctl.router.process import RouterProcess
+    return RouterProcess.from_dict(spec, d)
+
+
+def recorded_router(inventory: "Inventory", spec: RouterSpec, d: dict[str, Any] | None) -> Router | None:
+    """The recorded router if it still runs, else None (then `start_router` starts, or takes over, one)."""
+    if not d:
+        return None
+    router = from_record(inventory, spec, d)
+    return router if router.alive() else None
