@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sparkctl.router")
 KIND = "container"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")       # the router colours its log even with NO_COLOR set
 
 
 class Runner(Protocol):
@@ -54,6 +55,19 @@ def router_container_name(cluster: str) -> str:
 def removable(state: facts.ContainerState | None) -> bool:
     """Only a container sparkctl started as a router may be removed by the router's stop."""
     return state is not None and state.labels.get(ROLE_LABEL) == ROLE
+
+
+def start_move(old: facts.ContainerState | None, spec: RouterSpec, image: str) -> str:
+    """What `start` does with the container already holding the router's name: ``run`` (none), ``keep`` (a
+    router running this very launch: a dead controller's), ``replace`` (a router of another launch, or stopped),
+    ``refuse`` (not a router: never removed)."""
+    if old is None:
+        return "run"
+    if not removable(old):
+        return "refuse"
+    if old.running and old.labels.get(IDENTITY_LABEL) == spec.identity(image):
+        return "keep"
+    return "replace"
 
 
 @dataclass
@@ -90,11 +104,12 @@ class RouterContainer:
         live. RouterError names the node, the container and the log tail when it does not come up."""
         name = router_container_name(cluster)
         old = _inspect(runner, name, node)
-        if old is not None and not removable(old):
+        move = start_move(old, spec, image)
+        if move == "refuse":
             raise RouterError(f"a container named {name} on {node} is not a sparkctl router (no {ROLE_LABEL}="
                               f"{ROLE} label)", where=f"[{node}] docker",
                               hint=f"rename or remove that container (docker rm -f {name}), then run up again")
-        if old is not None and old.running and old.labels.get(IDENTITY_LABEL) == spec.identity(image):
+        if move == "keep" and old is not None:
             log.info("[%s] router container %s already runs this launch: kept", node, name)
             rc = cls(spec, node, runner, name, old.id, image)
         else:
@@ -149,8 +164,9 @@ class RouterContainer:
             time.sleep(0.2)
 
     def log_tail(self, lines: int = 20) -> str:
+        """The last ``lines`` lines of its Docker log (stdout and stderr), colour codes stripped."""
         res = self.runner.run(["docker", "logs", "--tail", str(lines), self.container_id], merge_stderr=True)
-        return res.stdout.rstrip("\n") if res.returncode == 0 else ""
+        return _ANSI.sub("", res.stdout).rstrip("\n") if res.returncode == 0 else ""
 
     # ---- stop ----------------------------------------------------------------------------------------------
     def stop(self, timeout_s: float = 10.0) -> bool:
