@@ -279,9 +279,7 @@ class ReplicatedDeployer:
         stopped = []
         with self.ledger.lock("down"):
             r = rec.data.get("router")
-            if r:
-                proc = router_launch.from_record(self.inventory, RouterSpec("127.0.0.1", 1), r)  # by PID or ID
-                proc.stop(timeout_s=10)
+            if router_launch.stop_router(self.inventory, r, timeout_s=10):    # recorded, or left unrecorded
                 stopped.append("router")
                 rec.data.pop("router", None)
                 rec.journal("stop-router", "ok", "router stopped")

@@ -72,3 +72,24 @@ def recorded_router(inventory: "Inventory", spec: RouterSpec, d: dict[str, Any] 
         return None
     router = from_record(inventory, spec, d)
     return router if router.alive() else None
+
+
+def stop_router(inventory: "Inventory", d: dict[str, Any] | None, *, timeout_s: float = 10.0) -> bool:
+    """Stop the router the record names and, on the docker runtime, every other router container of this cluster
+    on rank 0's node (one a controller killed between `docker run` and its record left behind: the record does
+    not name it). Only containers labelled ``sparkctl.role=router`` are removed. True when something was stopped
+    or the record named a router."""
+    stopped = False
+    spec = RouterSpec("127.0.0.1", 1)              # stop needs no arguments: by PID + start time, or by ID
+    if d:
+        from_record(inventory, spec, d).stop(timeout_s=timeout_s)
+        stopped = True
+    if _container_side(inventory):
+        from sparkctl.nodes.ssh import connector_for
+        from sparkctl.router.container import RouterContainer, labelled_routers, router_container_name
+        node = inventory.rank0
+        runner = connector_for(inventory, node)
+        for cid in labelled_routers(runner, inventory.cluster.name):
+            stopped |= RouterContainer(spec, node.name, runner, router_container_name(inventory.cluster.name), cid,
+                                       "").stop(timeout_s=timeout_s)
+    return stopped

@@ -209,3 +209,11 @@ def test_alive_and_the_log_tail_without_colour_codes():
     assert "\x1b[" not in tail and "Starting server on 0.0.0.0:30080" in tail
     exited = Replay([_inspect(st.id, "inspect-router-exited.json")])
     assert not RouterContainer(CAPTURED, "spark-a", exited, "n", st.id, IMAGE).alive()
+
+
+def test_left_over_routers_are_found_by_both_labels():
+    from sparkctl.router.container import labelled_routers
+    node = Replay([(["docker", "ps"], (0, "a1\nb2\n", ""))])
+    assert labelled_routers(node, "desk") == ["a1", "b2"]
+    assert node.calls == [["docker", "ps", "-a", "--no-trunc", "--filter", "label=sparkctl.role=router",
+                           "--filter", "label=sparkctl.router-cluster=desk", "--format", "{{.ID}}"]]
