@@ -164,7 +164,9 @@ class ReplicatedDeployer:
             router = self._router(rec, spec)
 
             def start_router() -> router_launch.Router:
-                proc = router_launch.start_router(self.inventory, spec, image=reps[0].result.specs[0].image,
+                from sparkctl.deploy.router_image import router_image
+                proc = router_launch.start_router(self.inventory, spec, image=router_image(profile, self.inventory,
+                                                                                           reps[0].result),
                                                   log_path=self.ledger.root / "logs" / "router.log")
                 rec.data["router"] = {**proc.to_dict(), "url": spec.url, "metrics_url": spec.metrics_url}
                 rec.save()

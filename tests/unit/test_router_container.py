@@ -217,3 +217,26 @@ def test_left_over_routers_are_found_by_both_labels():
     assert labelled_routers(node, "desk") == ["a1", "b2"]
     assert node.calls == [["docker", "ps", "-a", "--no-trunc", "--filter", "label=sparkctl.role=router",
                            "--filter", "label=sparkctl.router-cluster=desk", "--format", "{{.ID}}"]]
+
+
+# ---- which image the router container runs ------------------------------------------------------------------
+def test_the_router_runs_the_replicas_engine_image_or_before_the_first_build_its_base():
+    from types import SimpleNamespace
+
+    from sparkctl.config.profile import load_profile
+    from sparkctl.deploy.image_stage import ImageSurvey
+    from sparkctl.deploy.router_image import pick_router_image
+
+    prof = load_profile("base")
+    rendered = prof.image.engine_ref()
+    prebuilt = ImageSurvey("prebuilt", image=IMAGE, present={"spark-a": {IMAGE: "sha256:1"}})
+    assert pick_router_image(prebuilt, prof, "spark-a", IMAGE) == IMAGE
+    plan = SimpleNamespace(engine_tag="sparkctl/sglang-gb10:0.5.23-gb10-0.5.23-abcdef012345")
+    built = ImageSurvey("pipeline", plan=plan, present={"spark-a": {plan.engine_tag: "sha256:2"}})
+    assert pick_router_image(built, prof, "spark-a", rendered) == plan.engine_tag
+    first = ImageSurvey("pipeline", plan=plan, present={"spark-a": {plan.engine_tag: None}})
+    assert pick_router_image(first, prof, "spark-a", rendered) == prof.image.base_image == "lmsysorg/sglang:v0.5.23"
+    no_base = ImageSurvey("pipeline", base_missing=True, present={"spark-a": {}})
+    assert pick_router_image(no_base, prof, "spark-a", rendered) == rendered      # docker run names it missing
+    unreachable = ImageSurvey("pipeline", error="spark-a unreachable")
+    assert pick_router_image(unreachable, prof, "spark-a", rendered) == rendered
