@@ -8,7 +8,7 @@ server.tp_size 1 (2 x TP=1 on two "Sparks"). One deployment shared across the st
 * a router container a dead controller left is found, not duplicated: the record losing it -> the running one of
   the same launch is kept; one that exited -> replaced under the same name;
 * a rolling update (`up` with a changed flag) under a bounded client loop through the router (at concurrency 4, until
-  the update is over, at most 240 requests): zero failed requests, every replica's steps in replicated.json's journal;
+  the update is over, at most 400 requests): zero failed requests, every replica's steps in replicated.json's journal;
 * `down` stops the router container and the replicas (checked with `docker ps` on each node).
 """
 from __future__ import annotations
@@ -35,8 +35,8 @@ from testrig.embedded import write_replicated_profile
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
 SIM = {"boot_s": 1.0, "decode_tps": 2000, "peer_timeout_s": 5, "ttft_base_s": 0.002}
-CLIENTS, CAP, AFTER = 4, 60, 2      # at most 240 requests; 2 each after the update
-TOKENS = 800                       # 0.4 s each at the emulator's 2000 tok/s: the cap spans ~24 s of update
+CLIENTS, CAP, AFTER = 4, 100, 2     # at most 400 requests; 2 each after the update
+TOKENS = 800                       # 0.4 s each at the emulator's 2000 tok/s: the cap spans ~40 s of update
 
 
 def _docker(tc: TestCluster, node: str, *args: str) -> str:

@@ -50,8 +50,9 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
         rolled_event = threading.Event()
 
         def client(k: int) -> None:
-            """Requests until the update is over and 2 more after it, at most 100 (the loop's bound): a fixed count
-            raced the update's duration on a loaded machine."""
+            """Requests until the update is over and 2 more after it, at most 100 (the loop's bound; 256 tokens are
+            ~0.13 s at 2000 tok/s, so the bound spans ~13 s of update): a fixed count raced the update's duration on
+            a loaded machine."""
             after = 0
             with httpx.Client(timeout=60, trust_env=False) as c:
                 for i in range(100):
@@ -61,7 +62,7 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
                         after += 1
                     try:
                         r = c.post(endpoint + "/generate", json={"text": f"c{k} {i}",
-                                                                 "sampling_params": {"max_new_tokens": 64}})
+                                                                 "sampling_params": {"max_new_tokens": 256}})
                         if r.status_code != 200:
                             failures.append(f"{r.status_code} {r.text[:200]}")
                     except httpx.HTTPError as exc:
