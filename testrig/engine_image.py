@@ -1,7 +1,8 @@
 """Test images on the two-node test cluster: the emulator engine image and the SGLang 0.5.23 test base image.
 
 * ``sparkctl-test-engine:<hash>`` (tests/images/test-engine): a Debian rootfs from mmdebstrap (imported, no
-  registry) + this project's wheel + a ``sglang`` shim whose ``launch_server`` runs ``sparkctl.sim``. Both
+  registry) + this project's wheel + a ``sglang`` shim whose ``launch_server`` runs ``sparkctl.sim`` + sglang-router
+  0.3.2 (as in lmsysorg/sglang images: ``python3 -m sglang_router.launch_router`` runs in it). Both
   nodes get the same image (built on one, ``docker save | docker load`` to the other).
 * ``sparkctl-test-sglang-base:<version>-<hash>`` (tests/images/test-sglang-base): the engine image plus the
   **real SGLang source** of a released wheel at ``/sgl-workspace/sglang/python/sglang`` (where lmsysorg's
@@ -95,10 +96,10 @@ class EngineImages:
         self._prune(ENGINE_REPO, keep=tag)
 
     def _ensure_dependency_wheels(self) -> Path:
-        """Wheels of the project's runtime dependencies, cached by pyproject's dependency list + Python version."""
-        import tomllib
-
-        deps = tomllib.loads((PROJECT_DIR / "pyproject.toml").read_text())["project"]["dependencies"]
+        """Wheels of the project's runtime dependencies plus the `router` extra (sglang-router, which the
+        lmsysorg/sglang images carry: the router container runs ``python3 -m sglang_router.launch_router`` from the
+        engine image), cached by that list + Python version."""
+        deps = image_dependencies()
         key = hashlib.sha256(f"{sys.version_info[:2]} {sorted(deps)}".encode()).hexdigest()[:16]
         path = IMAGE_CACHE / f"wheels-{key}"
         if path.is_dir():
@@ -194,6 +195,14 @@ def copy_image(src: "Node", dst: "Node", tag: str, timeout: float = 300.0) -> No
 def image_id(node: "Node", ref: str) -> str | None:
     result = _run(["docker", "-H", node.docker_host, "image", "inspect", "--format", "{{.Id}}", ref], check=False)
     return result.stdout.strip() if result.returncode == 0 else None
+
+
+def image_dependencies() -> list[str]:
+    """What the test engine image installs besides the project: its dependencies and the `router` extra."""
+    import tomllib
+
+    project = tomllib.loads((PROJECT_DIR / "pyproject.toml").read_text())["project"]
+    return [*project["dependencies"], *project["optional-dependencies"]["router"]]
 
 
 def engine_content_hash() -> str:

@@ -2,12 +2,15 @@
 
 Each replica is a cluster of its own, `<cluster>.r<i>` (its `server.tp_size` nodes, its own ledger, lock and
 journal; a '.' is never in a cluster name the inventory accepts, so a replica's state and containers cannot be
-another cluster's), deployed by the ordinary `up`: its steps, its gates, its restore when it fails. A replicated `up` is more
-steps around those, journaled in the parent cluster's `replicated.json` (mode 0600), each with the lifecycle's
+another cluster's), deployed by the ordinary `up`: its steps, its gates, its restore when it fails. A replicated
+`up` is more steps around those, journaled in the parent cluster's `replicated.json` (mode 0600), each with the lifecycle's
 crash boundaries (`deploy.steps.REPLICATED_STEPS`):
 
     reconcile       the parent's single-group deployment, if one is active, goes down first
-    router-start    the router on rank 0's node (a local process on the embedded cluster), unless it runs
+    router-start    the router on rank 0's node (a local process on the embedded cluster, a container from the
+                    engine image on Sparks), unless it runs; started just before the first replica-attach (on a
+                    first `up` rank 0 has the engine image only after a replica's image stage), or after the
+                    replicas if none changed
     for each replica i, in order (on a first `up`, when no replica is in the router yet, every replica's
     `up` runs at once: there is no traffic to keep serving; attach follows in order):
       replica-detach  out of the router, its in-flight requests drained (bounded: router.drain_timeout_s)
@@ -45,7 +48,7 @@ from sparkctl.errors import LedgerError, LockHeldError, SparkctlError
 from sparkctl.nodes.fanout import fan_out
 from sparkctl.router import RouterError
 from sparkctl.router.client import RouterClient, attach, detach
-from sparkctl.router.process import RouterProcess
+from sparkctl.router import launch as router_launch
 from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.replicas import Replica, render_replicas, router_endpoint, router_spec
 from sparkctl.state.files import private_dir, state_dir_error, write_json_atomic
@@ -135,12 +138,8 @@ class ReplicatedDeployer:
         return Deployer(sub_inventory(rep, self.inventory.cluster.name, _recorded_name(rec, rep.index)),
                         self.reporter)
 
-    def _router(self, rec: Record, spec: RouterSpec) -> RouterProcess | None:
-        r = rec.data.get("router")
-        if not r:
-            return None
-        proc = RouterProcess.from_dict(spec, r)
-        return proc if proc.alive() else None
+    def _router(self, rec: Record, spec: RouterSpec) -> router_launch.Router | None:
+        return router_launch.recorded_router(self.inventory, spec, rec.data.get("router"))
 
     def _step(self, rec: Record, name: str, what: str, fn, replica: int | None = None) -> Any:
         rec.journal(name, "intent", what, replica)
@@ -162,7 +161,7 @@ class ReplicatedDeployer:
         spec = router_spec(profile, self.inventory, reps)
         rec = Record.load(self.ledger.root)
         router = self._router(rec, spec)
-        lines = [f"router {spec.url} ({spec.policy}): " + ("running (pid %d)" % router.pid if router else "start")]
+        lines = [f"router {spec.url} ({spec.policy}): " + (f"running ({router.where})" if router else "start")]
         client = RouterClient(spec.url, metrics_url=spec.metrics_url) if router else None
         for rep in reps:
             _, plan = self._sub(rep, rec).plan(profile)
@@ -203,32 +202,43 @@ class ReplicatedDeployer:
         with self.ledger.lock(COMMAND):
             router = self._router(rec, spec)
 
-            def start_router() -> RouterProcess:
-                proc = RouterProcess.start(spec, self.ledger.root / "logs" / "router.log")
+            def start_router() -> router_launch.Router:
+                from sparkctl.deploy.router_image import router_image
+                proc = router_launch.start_router(self.inventory, spec, image=router_image(profile, self.inventory,
+                                                                                           reps[0].result),
+                                                  log_path=self.ledger.root / "logs" / "router.log")
                 rec.data["router"] = {**proc.to_dict(), "url": spec.url, "metrics_url": spec.metrics_url}
                 rec.save()
                 return proc
-            if router is None:
-                router = self._step(rec, "router-start", f"start the router on {spec.url} ({spec.policy})",
-                                    start_router)
+            running = [router]
+
+            def ensure_router() -> None:
+                """Started once a replica serves (before its attach): on a first `up` rank 0 has the engine image
+                the router runs from only after a replica's image stage."""
+                if running[0] is None:
+                    running[0] = self._step(rec, "router-start", f"start the router on {spec.url} ({spec.policy})",
+                                            start_router)
             client = RouterClient(spec.url, metrics_url=spec.metrics_url)
             todo: list[tuple[Replica, Deployer, Any]] = []
             for rep in reps:
                 sub = self._sub(rep, rec)
                 _, plan = sub.plan(profile)
-                listed = client.find(rep.url)
+                listed = client.find(rep.url) if router is not None else None
                 if plan.noop and listed is not None and listed.healthy:
                     self.reporter.event(f"replica {rep.index} ({', '.join(rep.nodes)}): unchanged, in the router")
                     continue
                 todo.append((rep, sub, listed))
-            changed = [rep.index for rep, _, _ in todo]
+            changed = [rep.index for rep, _, _ in todo]          # to go through (some may find nothing to do)
+            deployed: list[int] = []                               # those whose own `up` deployed
             # Nothing in the router: nothing serves through it, so there is no traffic to keep: all at once.
-            parallel = self.parallel_first_up and len(todo) > 1 and not client.list_workers()
+            parallel = self.parallel_first_up and len(todo) > 1 and (router is None or not client.list_workers())
             if parallel:
-                self._all_at_once(rec, profile, opts, client, todo)
+                deployed += self._all_at_once(rec, profile, opts, client, todo, ensure_router)
             else:
                 for rep, sub, listed in todo:
-                    self._one_at_a_time(rec, profile, opts, client, rep, sub, listed, changed)
+                    if self._one_at_a_time(rec, profile, opts, client, rep, sub, listed, changed, ensure_router):
+                        deployed.append(rep.index)
+            ensure_router()          # every replica unchanged but the router gone: it comes back with all of them
 
             def gates() -> None:
                 h = client.health()
@@ -251,21 +261,26 @@ class ReplicatedDeployer:
                 rec.data.update(status="active", handed_off=now_iso())
                 rec.save()
             self._step(rec, "hand-off", f"hand off {rec.data['endpoint']}", hand_off)
-        return ReplicatedUpResult(outcome="deployed" if changed else "unchanged", changed=bool(changed),
-                                  endpoint=rec.data["endpoint"], replicas=len(reps), updated=changed,
+        started = router is None and running[0] is not None and not running[0].kept
+        moved = bool(deployed) or started
+        return ReplicatedUpResult(outcome="deployed" if moved else "unchanged", changed=moved,
+                                  endpoint=rec.data["endpoint"], replicas=len(reps), updated=sorted(deployed),
                                   parallel=parallel, profile=profile.name, cluster=self.inventory.cluster.name,
                                   emulated=self.inventory.emulated, elapsed_s=round(time.monotonic() - t0, 2))
 
-    def _replica_up(self, rec: Record, profile: Profile, opts: UpOptions, rep: Replica, sub: Deployer) -> None:
-        self._step(rec, "replica-up", f"replica {rep.index}: up {profile.name} on {', '.join(rep.nodes)}",
-                   lambda: sub.up(profile, UpOptions(boot_timeout_s=opts.boot_timeout_s)), rep.index)
+    def _replica_up(self, rec: Record, profile: Profile, opts: UpOptions, rep: Replica, sub: Deployer) -> bool:
+        """The replica's own `up`; True when it deployed (False: it already ran this profile, healthy)."""
+        res = self._step(rec, "replica-up", f"replica {rep.index}: up {profile.name} on {', '.join(rep.nodes)}",
+                         lambda: sub.up(profile, UpOptions(boot_timeout_s=opts.boot_timeout_s)), rep.index)
+        return bool(res.changed)
 
-    def _attach(self, rec: Record, client: RouterClient, rep: Replica) -> None:
+    def _attach(self, rec: Record, client: RouterClient, rep: Replica, ensure_router: Any) -> None:
+        ensure_router()
         self._step(rec, "replica-attach", f"replica {rep.index}: back into the router",
                    lambda: attach(client, rep.url), rep.index)
 
     def _one_at_a_time(self, rec: Record, profile: Profile, opts: UpOptions, client: RouterClient, rep: Replica,
-                       sub: Deployer, listed: Any, changed: list[int]) -> None:
+                       sub: Deployer, listed: Any, changed: list[int], ensure_router: Any) -> bool:
         """The rolling step: out of the router (drained), its own `up`, back in. A replica whose `up` failed was
         restored alone by that `up`: it goes back into the router and the roll stops with the error."""
         if listed is not None:
@@ -273,12 +288,12 @@ class ReplicatedDeployer:
                        f"{profile.router.drain_timeout_s:g}s)",
                        lambda: detach(client, rep.url, drain_s=profile.router.drain_timeout_s), rep.index)
         try:
-            self._replica_up(rec, profile, opts, rep, sub)
+            deployed = self._replica_up(rec, profile, opts, rep, sub)
         except (LedgerError, LockHeldError):
             raise                    # the state directory or a lock, not the replica: nothing to amend
         except SparkctlError as exc:
             if _serves(rep.url):
-                self._attach(rec, client, rep)
+                self._attach(rec, client, rep, ensure_router)
             rec.data["status"] = "failed"
             rec.save()
             done = changed[:changed.index(rep.index)]
@@ -288,20 +303,22 @@ class ReplicatedDeployer:
                 + (f"replica(s) {', '.join(map(str, done))} run {profile.name}" if done else
                    f"no replica runs {profile.name} yet") + ")")) from exc
         if _serves(rep.url):
-            self._attach(rec, client, rep)
+            self._attach(rec, client, rep, ensure_router)
+        return deployed
 
     def _all_at_once(self, rec: Record, profile: Profile, opts: UpOptions, client: RouterClient,
-                     todo: list[tuple[Replica, Deployer, Any]]) -> None:
+                     todo: list[tuple[Replica, Deployer, Any]], ensure_router: Any) -> list[int]:
         """A first `up` (the router lists no worker): every replica's own `up` at once, then each that serves goes
-        into the router, in order. The first error is raised once every replica has finished and been attached."""
+        into the router, in order. The first error is raised once every replica has finished and been attached.
+        Returns the replicas whose own `up` deployed."""
         self.reporter.event(f"no replica in the router yet: {len(todo)} replicas boot at once")
         outcomes = fan_out(todo, lambda t: self._replica_up(rec, profile, opts, t[0], t[1]))
         for rep, _, _ in todo:
             if _serves(rep.url):
-                self._attach(rec, client, rep)
+                self._attach(rec, client, rep, ensure_router)
         errors = [(t[0], o.error) for t, o in zip(todo, outcomes) if o.error is not None]
         if not errors:
-            return
+            return [t[0].index for t, o in zip(todo, outcomes) if o.value]
         rec.data["status"] = "failed"
         rec.save()
         for _, err in errors:
@@ -325,8 +342,8 @@ class ReplicatedDeployer:
         listed = {}
         if client is not None:
             h = client.health()
-            router = RouterStatus(url=r["url"], live=h.live, ready=h.ready, healthy_workers=h.healthy_workers,
-                                  total_workers=h.total_workers)
+            router = RouterStatus(url=r["url"], kind=r.get("kind", "process"), live=h.live, ready=h.ready,
+                                  healthy_workers=h.healthy_workers, total_workers=h.total_workers)
             if h.live:
                 listed = {w.url: w for w in client.list_workers()}
                 try:
@@ -353,9 +370,7 @@ class ReplicatedDeployer:
         stopped = []
         with self.ledger.lock("down"):
             r = rec.data.get("router")
-            if r:
-                proc = RouterProcess.from_dict(RouterSpec("127.0.0.1", 1), r)   # stop by PID + start time only
-                proc.stop(timeout_s=10)
+            if router_launch.stop_router(self.inventory, r, timeout_s=10):    # recorded, or left unrecorded
                 stopped.append("router")
                 rec.data.pop("router", None)
                 rec.journal("stop-router", "ok", "router stopped")

@@ -145,6 +145,7 @@ class ReplicatedUpResult(_Result):
 
 class RouterStatus(_Result):
     url: str
+    kind: Literal["process", "container"] = "process"     # a local process (embedded) or a container on rank 0
     live: bool
     ready: bool
     healthy_workers: int | None = None

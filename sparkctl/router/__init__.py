@@ -3,6 +3,8 @@ release that ships aarch64 wheels and is inside the lmsysorg/sglang images).
 
 spec.py     what to run: `RouterSpec` -> the argv (a list), for a local process or a container from the engine image
 process.py  the router as a local process (embedded cluster): start, wait ready, stop by PID
+container.py the router as a container from the engine image on rank 0's node (docker runtime): docker over SSH
+launch.py   which of the two, by the inventory's runtime; the one interface (`Router`) the replicated deploy calls
 client.py   its HTTP API: worker add / list / remove (`/workers`), bounded drain, /liveness and /readiness
 metrics.py  its Prometheus text (`smg_*`) -> per-worker health, selections and outcomes
 """

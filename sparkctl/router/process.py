@@ -29,9 +29,20 @@ class RouterProcess:
     log_path: Path
     ticks: int | None = None              # the process's start time (/proc/PID/stat): a reused PID is not ours
     _popen: subprocess.Popen | None = None
+    kept = False                          # a process is never taken over: start always starts one
+
+    kind = "process"
 
     def to_dict(self) -> dict:
-        return {"pid": self.pid, "ticks": self.ticks, "log": str(self.log_path), "argv": self.spec.args()}
+        return {"kind": self.kind, "pid": self.pid, "ticks": self.ticks, "log": str(self.log_path),
+                "argv": self.spec.args()}
+
+    @property
+    def where(self) -> str:
+        return f"pid {self.pid}"
+
+    def log_tail(self, lines: int = 20) -> str:
+        return _tail(self.log_path, lines)
 
     @classmethod
     def from_dict(cls, spec: RouterSpec, d: dict) -> "RouterProcess":

@@ -10,11 +10,16 @@ later least_load / prefix_hash / consistent_hashing); --health-check-interval-se
 """
 from __future__ import annotations
 
+import hashlib
 import ipaddress
+import json
 from dataclasses import dataclass, field
 
 from sparkctl.errors import ConfigError
 
+ROLE_LABEL, ROLE = "sparkctl.role", "router"
+IDENTITY_LABEL = "sparkctl.router-identity"
+CLUSTER_LABEL = "sparkctl.router-cluster"      # not sparkctl.cluster: the engines' own listings never see it
 POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")
 MODULE = ["-m", "sglang_router.launch_router"]
 
@@ -35,6 +40,9 @@ class RouterSpec:
     request_timeout_s: int = 1800
     log_level: str = "info"
     extra: tuple[str, ...] = field(default=())
+    reach_host: str | None = None               # where the controller reaches it (default: host); a router bound to
+    #                                             0.0.0.0 on rank 0's node is reached at that node's address
+
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -57,11 +65,18 @@ class RouterSpec:
 
     @property
     def url(self) -> str:
-        return f"http://{_url_host(self.host)}:{self.port}"
+        """The router as the controller reaches it (``reach_host`` when set, else the bind address)."""
+        return f"http://{_url_host(self.reach_host or self.host)}:{self.port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{_url_host(self.metrics_host)}:{self.prometheus_port}/metrics"
+        host = self.reach_host if self.reach_host and self.prometheus_host is None else self.metrics_host
+        return f"http://{_url_host(host)}:{self.prometheus_port}/metrics"
+
+    def identity(self, image: str = "") -> str:
+        """Content hash of what the router runs (its arguments, and the image for a container): same hash = a
+        running router that can be kept (a left-over container of another launch is replaced)."""
+        return hashlib.sha256(json.dumps([image, *self.args()]).encode()).hexdigest()[:16]
 
     def args(self) -> list[str]:
         """The launcher's arguments (after `python3 -m sglang_router.launch_router`)."""
@@ -81,11 +96,17 @@ class RouterSpec:
         """A local process: `python` is the interpreter that has sglang_router installed."""
         return [python, *MODULE, *self.args()]
 
-    def container_argv(self, image: str, name: str) -> list[str]:
+    def container_argv(self, image: str, name: str, *, cluster: str) -> list[str]:
         """`docker run` of the router inside the engine image on rank 0's node (host network: it reaches every
-        replica on the fabric or management addresses, and serves the handed-off endpoint on the node's own)."""
-        return ["docker", "run", "--detach", "--name", name, "--network", "host", "--restart", "no",
-                "--label", "sparkctl.role=router", "--entrypoint", "python3", image, *MODULE, *self.args()]
+        replica on the fabric or management addresses, and serves the handed-off endpoint on the node's own).
+        Labels: ``sparkctl.role=router`` (what `stop` checks before removing anything), the cluster, and the
+        launch's identity (a left-over container of the same launch is kept, another replaced). ``--pull never``:
+        a missing image fails here instead of a silent multi-GB pull; ``--init`` forwards SIGTERM."""
+        return ["docker", "run", "--detach", "--pull", "never", "--name", name,
+                "--label", f"{ROLE_LABEL}={ROLE}", "--label", f"{CLUSTER_LABEL}={cluster}",
+                "--label", f"{IDENTITY_LABEL}={self.identity(image)}",
+                "--network", "host", "--init", "--restart", "no", "--env", "NO_COLOR=1",
+                "--entrypoint", "python3", image, *MODULE, *self.args()]
 
 
 def _url_host(host: str) -> str:

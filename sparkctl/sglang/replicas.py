@@ -69,7 +69,8 @@ def render_replicas(profile: Profile, inventory: Inventory, *,
 
 
 def router_spec(profile: Profile, inventory: Inventory, replicas: list[Replica]) -> RouterSpec:
-    """The router on the cluster's rank 0 node, bound where that node's API binds, every replica a worker."""
+    """The router on the cluster's rank 0 node, bound where that node's API binds, every replica a worker; the
+    controller reaches it where it reaches that node's API (`spec.url` is the endpoint handed off)."""
     node = inventory.rank0
     bind = profile.api.host or node.api_bind
     r = profile.router
@@ -80,7 +81,7 @@ def router_spec(profile: Profile, inventory: Inventory, replicas: list[Replica])
                               "router.prometheus_port ports of their own")
     return RouterSpec(host=bind, port=r.port, prometheus_port=r.prometheus_port, policy=r.policy,
                       worker_urls=tuple(rep.url for rep in replicas),
-                      health_check_interval_s=r.health_check_interval_s)
+                      health_check_interval_s=r.health_check_interval_s, reach_host=api_address(node, bind))
 
 
 def router_endpoint(profile: Profile, inventory: Inventory) -> str:

@@ -11,7 +11,7 @@ controller's PID), each an entry of its own model like the handles.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
@@ -303,6 +303,7 @@ class RouterEntry(_Record):
 
     url: str = Field(pattern=r"^https?://[^\s/]+$")
     metrics_url: str | None = Field(None, pattern=r"^https?://[^\s/]+/metrics$")
+    kind: Literal["process", "container"] = "process"    # a record from before kinds were kept is a process
 
 
 class ReplicatedJournalEntry(_Record):

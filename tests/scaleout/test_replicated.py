@@ -1,6 +1,7 @@
 """Replicas behind the real router on the embedded cluster: `up` of a profile with replicas: 2 (2 x TP=1 on two
-loopback nodes), status per replica, a rolling update under a bounded client loop (200 requests at concurrency 4
-through the router: zero failed, every replica's steps in the journal), then down (router and replicas stopped)."""
+loopback nodes), status per replica, a rolling update under a bounded client loop (concurrency 4 through the router
+until the update is over, at most 400 requests: zero failed, every replica's steps in the journal), then down
+(router and replicas stopped)."""
 from __future__ import annotations
 
 import json
