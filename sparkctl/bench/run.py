@@ -308,6 +308,10 @@ def bench(inventory: Any, opts: BenchOptions, *, reporter: Any = None, profile: 
         if p is not None and not p.is_file():
             raise ConfigError(f"no such log file: {p}", where="--log")
     ledger = Ledger.for_cluster(inventory.cluster.name)
+    if not log_only and not endpoint and _replicated(inventory, profile, reporter, progress):
+        from sparkctl.bench.routed import bench_replicated, refuse_compare
+        refuse_compare(compare, compare_endpoint)
+        return bench_replicated(inventory, opts, progress=progress, limits=limits, run_s=run_s)
     if log_only or (log and not endpoint and not profile and not compare and ledger.active() is None):
         if not log:
             raise ConfigError("--log-only needs --log FILE")
@@ -322,6 +326,19 @@ def bench(inventory: Any, opts: BenchOptions, *, reporter: Any = None, profile: 
     return bench_deployment(deployer, opts, primary_profile=profile, compare_profile=compare,
                             compare_endpoint=compare_endpoint, log_path=log, compare_log_path=compare_log,
                             compare_api_key=api_key, progress=progress, limits=limits, run_s=run_s)
+
+
+def _replicated(inventory: Any, profile: Any, reporter: Any, progress: Progress) -> bool:
+    """Is what gets measured a replicated deployment? ``profile`` with ``replicas`` > 1 is deployed first (its own
+    rolling ``up``, a no-op when it runs); else the cluster's record says whether one is active."""
+    from sparkctl.deploy.replicated import ReplicatedDeployer, is_replicated
+
+    if profile is not None and getattr(profile, "replicas", 1) > 1:
+        progress(f"making sure {profile.name} is deployed ({profile.replicas} replicas behind the router)")
+        up = ReplicatedDeployer(inventory, reporter).up(profile)
+        progress(f"{profile.name}: {up.get('outcome')}")
+        return True
+    return profile is None and is_replicated(inventory)
 
 
 # --------------------------------------------------------------------------- files

@@ -62,4 +62,5 @@ LIFECYCLE_OUTPUTS = {
     "up": "sparkctl.deploy.results:UpResult", "rollback": "sparkctl.deploy.results:UpResult",
     "down": "sparkctl.deploy.results:DownResult", "status": "sparkctl.deploy.results:StatusResult",
     "deployment-record": "sparkctl.state.records:DeploymentRecord",
+    "bench": "sparkctl.state.records:RunRecord",
 }
