@@ -83,9 +83,10 @@ class MetricsReader:
         if bad:
             self.router_error = f"{self.metrics_url}: a request counter that is not a count for {', '.join(bad)}"
             return None
-        if m.workers and not any(u in m.workers for u in self.replica_urls):
-            self.router_error = (f"{self.metrics_url}: the router's metrics name none of the replicas (workers: "
-                                 f"{', '.join(sorted(m.workers)[:4])})")
+        if not any(u in m.workers for u in self.replica_urls):
+            seen = ", ".join(sorted(m.workers)[:4]) or "none"
+            self.router_error = (f"{self.metrics_url}: the router's metrics name none of the replicas as a worker "
+                                 f"(smg_worker_* series for: {seen})")
             return None
         return out
 
@@ -150,6 +151,11 @@ class LevelSplit:
             if (counted_ok and tokens_ok) or time.monotonic() >= end:
                 break
             time.sleep(0.05)
+        if req0 is not None and req1 is not None and dr is None and self.reader.router_error is None:
+            self.reader.router_error = (f"{self.reader.metrics_url}: the router's request counters went backwards "
+                                        f"during the level (restarted?)")
+        if tok0 is not None and tok1 is not None and dt is None and self.reader.tokens_error is None:
+            self.reader.tokens_error = "a replica's generation_tokens_total went backwards during the level"
         from sparkctl.state.records import ReplicaShare
         counted = sum(dr.values()) if dr is not None else None
         tok_total = sum(dt.values()) if dt is not None else None
@@ -164,8 +170,7 @@ class LevelSplit:
                                        else None))
         note = None
         if dr is None:
-            why = self.reader.router_error or "the router's counters went backwards during the level (restarted?)"
-            note = f"per-replica split unavailable: {why}"
+            note = f"per-replica split unavailable: {self.reader.router_error}"
         elif counted != c:
             note = (f"the router counted {counted:g} request(s) to the replicas for the {c} sent "
                     f"({answered} answered); other clients of the router count too")
