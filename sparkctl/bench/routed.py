@@ -72,7 +72,13 @@ def bench_replicated(inventory: Any, opts: BenchOptions, *, progress: Progress =
     return _run(result, body, out, run)
 
 
-def refuse_compare(compare: Any, compare_endpoint: str | None) -> None:
+def refuse_compare(compare: Any, compare_endpoint: str | None, logs: tuple[Any, ...] = ()) -> None:
+    """What a replicated bench does not take: a second arm, or a log file (each replica's log is read through its
+    own runtime)."""
+    if any(p is not None for p in logs):
+        raise ConfigError("--log/--compare-log name one engine's log; a replicated deployment's replicas are read "
+                          "through their own runtimes", where="--log",
+                          hint="drop --log; `sparkctl logs` shows each replica's log")
     if compare is not None or compare_endpoint:
         raise ConfigError("a replicated deployment is measured alone, through its router: --compare and "
                           "--compare-endpoint are for a single-group deployment",

@@ -308,9 +308,13 @@ def bench(inventory: Any, opts: BenchOptions, *, reporter: Any = None, profile: 
         if p is not None and not p.is_file():
             raise ConfigError(f"no such log file: {p}", where="--log")
     ledger = Ledger.for_cluster(inventory.cluster.name)
-    if not log_only and not endpoint and _replicated(inventory, profile, reporter, progress):
+    if not log_only and not endpoint and _replicated(inventory, profile):
         from sparkctl.bench.routed import bench_replicated, refuse_compare
-        refuse_compare(compare, compare_endpoint)
+        from sparkctl.deploy.replicated import ReplicatedDeployer
+        refuse_compare(compare, compare_endpoint, (log, compare_log))
+        if profile is not None:
+            progress(f"making sure {profile.name} is deployed ({profile.replicas} replicas behind the router)")
+            progress(f"{profile.name}: {ReplicatedDeployer(inventory, reporter).up(profile).get('outcome')}")
         return bench_replicated(inventory, opts, progress=progress, limits=limits, run_s=run_s)
     if log_only or (log and not endpoint and not profile and not compare and ledger.active() is None):
         if not log:
@@ -328,17 +332,14 @@ def bench(inventory: Any, opts: BenchOptions, *, reporter: Any = None, profile: 
                             compare_api_key=api_key, progress=progress, limits=limits, run_s=run_s)
 
 
-def _replicated(inventory: Any, profile: Any, reporter: Any, progress: Progress) -> bool:
-    """Is what gets measured a replicated deployment? ``profile`` with ``replicas`` > 1 is deployed first (its own
-    rolling ``up``, a no-op when it runs); else the cluster's record says whether one is active."""
-    from sparkctl.deploy.replicated import ReplicatedDeployer, is_replicated
+def _replicated(inventory: Any, profile: Any) -> bool:
+    """Is what gets measured a replicated deployment: ``profile`` with ``replicas`` > 1 (deployed first by the
+    caller), or, with no profile named, the cluster's active replicated record?"""
+    from sparkctl.deploy.replicated import is_replicated
 
-    if profile is not None and getattr(profile, "replicas", 1) > 1:
-        progress(f"making sure {profile.name} is deployed ({profile.replicas} replicas behind the router)")
-        up = ReplicatedDeployer(inventory, reporter).up(profile)
-        progress(f"{profile.name}: {up.get('outcome')}")
-        return True
-    return profile is None and is_replicated(inventory)
+    if profile is not None:
+        return getattr(profile, "replicas", 1) > 1
+    return is_replicated(inventory)
 
 
 # --------------------------------------------------------------------------- files

@@ -109,9 +109,13 @@ def test_bench_goes_through_the_router_four_levels_split_per_replica_beside_the_
     assert "**EMULATED**" in card
 
 
-def test_compare_is_refused_on_a_replicated_deployment(deployed):
+def test_compare_and_log_are_refused_on_a_replicated_deployment(deployed, tmp_path):
     code, _, err = _run(*BENCH, "--compare", "dflash-off")
     assert code == 2 and "measured alone, through its router" in err, err
+    log = tmp_path / "rank0.log"
+    log.write_text("")
+    code, _, err = _run(*BENCH, "--log", str(log))
+    assert code == 2 and "read through their own runtimes" in err, err
 
 
 # --------------------------------------------------------------------------- a hostile router's metrics
