@@ -62,11 +62,23 @@ class MetricsReader:
         self.limits = limits
         self.router_error: str | None = None if metrics_url else "the record names no router metrics URL"
         self.tokens_error: str | None = None
+        self.read_s = 0.0                 # seconds spent in metrics reads (the split's cost), failed ones included
+        self._clients: dict[str, SGLangClient] = {}
 
     def _get(self, url: str) -> str:
         base, path = _base_and_path(url)
-        with SGLangClient(base, limits=self.limits) as c:      # no run guard: its failure is the split's only
-            return c.text(path, max_bytes=METRICS_CAP)
+        t0 = time.monotonic()
+        try:
+            if base not in self._clients:     # one client (one keep-alive connection) per server, for the run
+                self._clients[base] = SGLangClient(base, limits=self.limits)   # no run guard: a failure is the split's
+            return self._clients[base].text(path, max_bytes=METRICS_CAP)
+        finally:
+            self.read_s += time.monotonic() - t0
+
+    def close(self) -> None:
+        for c in self._clients.values():
+            c.close()
+        self._clients.clear()
 
     def requests(self) -> dict[str, float] | None:
         """Requests the router proxied to each replica so far (None once the router's metrics failed)."""
@@ -288,7 +300,7 @@ def router_section(data: dict[str, Any], arm: RouterArm, split: LevelSplit, read
                        requests_source=REQUESTS_SOURCE,
                        tokens_source=TOKENS_SOURCE if reader.tokens_error is None else None,
                        levels=levels, single_pair=card, single_pair_note=note, metrics_error=reader.router_error,
-                       tokens_error=reader.tokens_error)
+                       tokens_error=reader.tokens_error, metrics_read_s=round(reader.read_s, 3))
 
 
 def with_router_levels(opts: Any) -> Any:

@@ -64,6 +64,8 @@ def bench_replicated(inventory: Any, opts: BenchOptions, *, progress: Progress =
             _measure_all(result, [make], opts, run, watch)       # type: ignore[list-item]
         finally:
             arm = made.get("arm")
+            if made.get("reader") is not None:
+                made["reader"].close()
             if arm is not None:
                 pdata = arm.record.profile_data if arm.record is not None else {}
                 model = (pdata.get("model") or {}).get("path") or arm.server_info.get("model_path")

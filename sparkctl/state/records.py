@@ -323,6 +323,8 @@ class RouterBench(_Section):
     metrics_error: str | None = Field(None, description="Why the router's metrics could not be read (the split "
                                       "is unavailable from then on).")
     tokens_error: str | None = None
+    metrics_read_s: float | None = Field(None, description="Seconds the run spent reading the router's and the "
+                                         "replicas' metrics (outside every timed window).")
 
 
 class RunRecord(_Record):

@@ -109,6 +109,16 @@ def test_bench_goes_through_the_router_four_levels_split_per_replica_beside_the_
     assert "**EMULATED**" in card
 
 
+def test_bench_profile_of_replicas_deploys_through_the_replicated_up_and_concurrency_overrides(deployed):
+    code, out, err = _run(*BENCH, "-p", str(deployed["tmp"] / "rep.yml"), "--concurrency", "2", "--json")
+    assert code == 0, err[-3000:]
+    assert "(2 replicas behind the router)" in err and "rep: unchanged" in err
+    doc = json.loads(out)
+    assert doc["mode"] == "replicated" and [lv["concurrency"] for lv in doc["router"]["levels"]] == [2]
+    ser = doc["arms"][0]["results"]["concurrency"]["levels"][0]["serialization"]
+    assert not ser["serialized"], ser        # two replicas capped to 1 each run two requests at once
+
+
 def test_compare_and_log_are_refused_on_a_replicated_deployment(deployed, tmp_path):
     code, _, err = _run(*BENCH, "--compare", "dflash-off")
     assert code == 2 and "measured alone, through its router" in err, err
@@ -184,7 +194,8 @@ HOSTILE = {"silent": (r"sent nothing for 2 s \(read timeout\)", 2.0),
            "other_workers": (r"name none of the replicas as a worker .*10\.9\.9\.9", 1.0),
            "not_counts": (r"a request counter that is not a count", 1.0),
            "backwards": (r"counters went backwards during the level", 1.0)}
-SLACK_S = 15.0            # the four levels themselves and the CLI's start on a loaded 2-core machine
+READ_SLACK_S = 5.0        # ten local metrics reads on a loaded 2-core machine, on top of the one bound
+SLACK_S = 60.0            # the whole bench (four levels, the CLI's start) on a loaded machine: never a hang
 
 
 @pytest.fixture()
@@ -234,10 +245,13 @@ def test_hostile_router_metrics_cost_one_bound_and_the_card_says_the_split_is_un
                           "--request-deadline", "3", "--json")
     elapsed = time.monotonic() - t0
     assert code == 0, err[-3000:]
-    assert elapsed < bound + SLACK_S, elapsed
     doc = json.loads(out)
     _schema_valid(doc)
     r = doc["router"]
+    # one bound, not one per level: the router's source failed once and was not read again; the replicas' token
+    # reads (8 of them, fast) are the rest
+    assert r["metrics_read_s"] < bound + READ_SLACK_S, (r["metrics_read_s"], elapsed)
+    assert elapsed < bound + SLACK_S, elapsed
     assert re.search(pattern, r["metrics_error"]), r["metrics_error"]
     assert [lv["split"] for lv in r["levels"]] == ["unavailable"] * 4
     assert all(lv["aggregate_tok_s"] for lv in r["levels"])              # the measurement itself stands
