@@ -119,6 +119,30 @@ def test_bench_profile_of_replicas_deploys_through_the_replicated_up_and_concurr
     assert not ser["serialized"], ser        # two replicas capped to 1 each run two requests at once
 
 
+def test_single_pair_is_the_latest_single_group_card_of_the_same_model(deployed, tmp_path):
+    """The lookup over the history, fed with the single pair's real card: the same model is found, another model or
+    a replicated card is not, and a newer card of the model wins."""
+    from sparkctl.bench.router_card import single_pair
+    from sparkctl.state.ledger import Ledger
+    card = deployed["single"]
+    model = card["arms"][0]["config"]["profile_data"]["model"]["path"]
+    ledger = Ledger(tmp_path / "cluster")
+    assert single_pair(ledger, model, "glm-5.3-flash")[0] is None
+    other = json.loads(json.dumps(card))
+    other["arms"][0]["config"]["profile_data"]["model"]["path"] = "/models/Other"
+    other["run_id"], other["started"] = "29990101T000000Z-bench-other-0001", "2999-01-01T00:00:00Z"
+    routed = json.loads(json.dumps(card))
+    routed.update(run_id="29990101T000000Z-bench-rep-0002", started="2999-01-01T00:00:01Z", mode="replicated",
+                  router={"url": "http://r"})
+    for c in (card, other, routed):
+        (ledger.run_dir(c["run_id"]) / "report.json").write_text(json.dumps(c))
+    found, note = single_pair(ledger, model, "glm-5.3-flash")
+    assert found is not None and found.run_id == card["run_id"] and note.startswith("measured") and found.emulated
+    assert found.aggregate_tok_s["c2"] == card["arms"][0]["results"]["concurrency"]["levels"][1]["aggregate_tok_s"]
+    none, why = single_pair(ledger, "/models/Nothing", None)
+    assert none is None and why.startswith("none measured: no single-group card of /models/Nothing")
+
+
 def test_compare_and_log_are_refused_on_a_replicated_deployment(deployed, tmp_path):
     code, _, err = _run(*BENCH, "--compare", "dflash-off")
     assert code == 2 and "measured alone, through its router" in err, err
