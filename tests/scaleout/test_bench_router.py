@@ -139,6 +139,10 @@ def test_single_pair_is_the_latest_single_group_card_of_the_same_model(deployed,
     found, note = single_pair(ledger, model, "glm-5.3-flash")
     assert found is not None and found.run_id == card["run_id"] and note.startswith("measured") and found.emulated
     assert found.aggregate_tok_s["c2"] == card["arms"][0]["results"]["concurrency"]["levels"][1]["aggregate_tok_s"]
+    newer = json.loads(json.dumps(card))
+    newer.update(run_id="29990101T000000Z-bench-single-0003", started="2999-01-01T00:00:02Z")
+    (ledger.run_dir(newer["run_id"]) / "report.json").write_text(json.dumps(newer))
+    assert single_pair(ledger, model, "glm-5.3-flash")[0].run_id == newer["run_id"]
     none, why = single_pair(ledger, "/models/Nothing", None)
     assert none is None and why.startswith("none measured: no single-group card of /models/Nothing")
 
