@@ -20,14 +20,13 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from sparkctl.errors import SparkctlError
 from sparkctl.sglang.bounds import Limits
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.serverinfo import parse_prometheus
-from sparkctl.state.ledger import Ledger
-from sparkctl.state.records import RouterBench, RouterLevel, RouterReplica
+from sparkctl.state.records import ReplicaShare, RouterBench, RouterLevel, RouterReplica
 
 from sparkctl.bench.logsource import LogSource, RuntimeLog, concurrency_cap_from_log
 from sparkctl.bench.target import Arm
@@ -168,7 +167,6 @@ class LevelSplit:
                                         f"during the level (restarted?)")
         if tok0 is not None and tok1 is not None and dt is None and self.reader.tokens_error is None:
             self.reader.tokens_error = "a replica's generation_tokens_total went backwards during the level"
-        from sparkctl.state.records import ReplicaShare
         counted = sum(dr.values()) if dr is not None else None
         tok_total = sum(dt.values()) if dt is not None else None
         shares = []
@@ -307,5 +305,3 @@ def with_router_levels(opts: Any) -> Any:
     """The options with the router's concurrency levels (1, 2, 4, 8 unless --concurrency was given)."""
     return dataclasses.replace(opts, concurrency=tuple(opts.router_concurrency))
 
-
-Progress = Callable[[str], None]
