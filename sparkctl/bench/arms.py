@@ -57,6 +57,7 @@ class BenchOptions:
     ttft_runs: int = 3                             # per size, and for the cached repeat
     ttft_max_tokens: int = 8
     concurrency: tuple[int, ...] = (1, 2)
+    router_concurrency: tuple[int, ...] = (1, 2, 4, 8)   # through the router of a replicated deployment
     g6_max_tokens: int | None = None               # None: max_tokens
     g6_limit: int | None = None                    # use only the first N G6 prompts (tests); None = all 20
     reference: list[str] = field(default_factory=list)   # lines for the reference-comparison slot

@@ -300,8 +300,10 @@ def measure_concurrency(arm: Arm, prompt: Prompt, levels: Sequence[int], *, max_
     out: dict[str, Any] = {"prompt": prompt.id, "max_tokens": max_tokens, "max_running_requests": cap,
                            "max_running_requests_source": cap_src, "cap_reason": arm.concurrency_cap(),
                            "formula": "total completion tokens / (last finish - first start)", "levels": []}
+    observer = arm.level_observer
     for c in levels:
         mark = arm.log.mark() if arm.log else None
+        token = observer.before(c) if observer is not None else None
         res = _concurrent(arm, prompt, c, max_tokens)
         ok = [r for r in res if isinstance(r, ChatResult)]
         errors = [f"{type(r).__name__}: {getattr(r, 'message', r)}" for r in res if not isinstance(r, ChatResult)]
@@ -320,6 +322,8 @@ def measure_concurrency(arm: Arm, prompt: Prompt, levels: Sequence[int], *, max_
             entry["log_decode_batches"] = sch["decode"]["batches"]
         if c > 1:
             entry["serialization"] = _serialization(entry, cap, cap_src, out["cap_reason"])
+        if observer is not None:
+            observer.after(c, entry, token)
         out["levels"].append(entry)
         progress(f"concurrency c{c}: {entry.get('aggregate_tok_s')} tok/s aggregate")
     base = next((lv.get("aggregate_tok_s") for lv in out["levels"] if lv["concurrency"] == 1), None)

@@ -28,7 +28,7 @@ from sparkctl.sglang.launch import redact
 
 log = logging.getLogger("sparkctl.bench")
 
-__all__ = ["RankWatch"]
+__all__ = ["RankWatch", "RankWatches"]
 
 _TAIL_LINES = 15
 
@@ -130,3 +130,27 @@ class RankWatch:
             self._thread.join(timeout=30)
         if self.death is None:
             self.check()
+
+
+class RankWatches:
+    """Several deployments watched as one (every replica of a replicated deployment): the first death of any."""
+
+    def __init__(self, watches: list[RankWatch]) -> None:
+        self.watches = watches
+
+    @property
+    def death(self) -> dict[str, Any] | None:
+        return next((w.death for w in self.watches if w.death is not None), None)
+
+    def poll(self) -> None:
+        for w in self.watches:
+            w.poll()
+
+    def __enter__(self) -> RankWatches:
+        for w in self.watches:
+            w.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for w in self.watches:
+            w.__exit__(*exc)

@@ -2,13 +2,16 @@
 
 Sections follow the hand-written measurement card this reproduces: serving config, cold start,
 decode throughput (ON / OFF / ratio, with the scheduler gauge peak labelled as a gauge), acceptance
-(saying which source), the G6 greedy comparison, TTFT, concurrency, and the reference-comparison slot.
+(saying which source), the G6 greedy comparison, TTFT, concurrency, the router's per-replica split (a replicated
+deployment: sparkctl.bench.router_card), and the reference-comparison slot.
 Emulated results say so at the top and on every arm. Display rounding: tok/s 1 decimal, seconds
 3 decimals, ratios 2 decimals, accept len/rate 2 decimals.
 """
 from __future__ import annotations
 
 from typing import Any
+
+from sparkctl.bench.router_card import render_router
 
 __all__ = ["render_card", "fmt_tps", "fmt_s", "fmt_ratio"]
 
@@ -87,6 +90,7 @@ def render_card(result: dict[str, Any]) -> str:
     _g6(L, result)
     _ttft(L, result)
     _concurrency(L, result)
+    render_router(L, result)
     _reference(L, result)
     _restore(L, result)
     L.append("")

@@ -308,6 +308,14 @@ def bench(inventory: Any, opts: BenchOptions, *, reporter: Any = None, profile: 
         if p is not None and not p.is_file():
             raise ConfigError(f"no such log file: {p}", where="--log")
     ledger = Ledger.for_cluster(inventory.cluster.name)
+    if not log_only and not endpoint and _replicated(inventory, profile):
+        from sparkctl.bench.routed import bench_replicated, refuse_compare
+        from sparkctl.deploy.replicated import ReplicatedDeployer
+        refuse_compare(compare, compare_endpoint, (log, compare_log))
+        if profile is not None:
+            progress(f"making sure {profile.name} is deployed ({profile.replicas} replicas behind the router)")
+            progress(f"{profile.name}: {ReplicatedDeployer(inventory, reporter).up(profile).get('outcome')}")
+        return bench_replicated(inventory, opts, progress=progress, limits=limits, run_s=run_s)
     if log_only or (log and not endpoint and not profile and not compare and ledger.active() is None):
         if not log:
             raise ConfigError("--log-only needs --log FILE")
@@ -322,6 +330,16 @@ def bench(inventory: Any, opts: BenchOptions, *, reporter: Any = None, profile: 
     return bench_deployment(deployer, opts, primary_profile=profile, compare_profile=compare,
                             compare_endpoint=compare_endpoint, log_path=log, compare_log_path=compare_log,
                             compare_api_key=api_key, progress=progress, limits=limits, run_s=run_s)
+
+
+def _replicated(inventory: Any, profile: Any) -> bool:
+    """Is what gets measured a replicated deployment: ``profile`` with ``replicas`` > 1 (deployed first by the
+    caller), or, with no profile named, the cluster's active replicated record?"""
+    from sparkctl.deploy.replicated import is_replicated
+
+    if profile is not None:
+        return getattr(profile, "replicas", 1) > 1
+    return is_replicated(inventory)
 
 
 # --------------------------------------------------------------------------- files

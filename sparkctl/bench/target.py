@@ -119,6 +119,9 @@ class Arm:
     api_key: str | None = field(default=None, repr=False)
     timeout_s: float | Limits = 900.0     # a number (the read timeout) or the run's Limits
     guard: RunGuard | None = None         # the run's deadline and stop signal, shared by its clients
+    # Called around each concurrency level (``before(c) -> token``, ``after(c, entry, token)``): the router's
+    # per-replica split of a replicated deployment (sparkctl.bench.replicas). It never raises.
+    level_observer: Any = None
 
     def new_client(self) -> SGLangClient:
         """A separate client (own connection pool) for a concurrent request, under the run's bounds."""

@@ -53,6 +53,14 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _levels(text: str | None) -> dict[str, tuple[int, ...]]:
+    """``--concurrency`` given: the levels everywhere (a single pair and through a router); else the defaults."""
+    if text is None:
+        return {}
+    levels = _int_list(text, "--concurrency")
+    return {"concurrency": levels, "router_concurrency": levels}
+
+
 def _api_key(env_name: str | None, endpoint: str | None, compare_endpoint: str | None) -> str | None:
     """The key for --endpoint/--compare-endpoint: only from the variable the user named, never a default one."""
     from sparkctl.errors import ConfigError
@@ -98,7 +106,8 @@ def register(app: typer.Typer) -> None:
               ttft_sizes: str = typer.Option("4k,16k,64k", "--ttft-sizes", help="Prompt sizes in tokens for TTFT."),
               ttft_runs: int = typer.Option(3, "--ttft-runs", min=1, max=1000, help="Runs per TTFT size, each with its own "
                                             "unique prefix (median (min-max); one delayed run cannot set it)."),
-              concurrency: str = typer.Option("1,2", "--concurrency", help="Concurrency levels (c1 vs c2 ...)."),
+              concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Concurrency levels (default "
+                                                        "1,2; 1,2,4,8 through the router of a replicated deployment)."),
               g6_max_tokens: Optional[int] = typer.Option(None, "--g6-max-tokens", min=1, max=1 << 20,
                                                           help="max_tokens per G6 prompt (default: --max-tokens)."),
               reference: Optional[Path] = typer.Option(None, "--reference", help="Text file: one published reference "
@@ -124,7 +133,7 @@ def register(app: typer.Typer) -> None:
               out: Optional[Path] = typer.Option(None, "--out", help="Directory for report.md/report.json "
                                                  "(default: the run's record in the ledger)."),
               inventory: Optional[str] = INVENTORY_OPT,
-              as_json: bool = flag("--json", help="The full result JSON on stdout.")) -> None:
+              as_json: bool = flag("--json", help="The full result JSON on stdout (`sparkctl schema bench`).")) -> None:
         """The measurement card: cold start, decode ON/OFF, acceptance, TTFT, concurrency, G6 (not idempotent:
         it loads the server; --compare redeploys twice). `bench history` / `bench diff A B`: the cards so far."""
         if ctx.invoked_subcommand is not None:
@@ -145,7 +154,7 @@ def register(app: typer.Typer) -> None:
         api_key = _api_key(api_key_env, endpoint, compare_endpoint)
         opts = bench_run.BenchOptions(
             gates=bench_run.parse_gates(gates), runs=runs, max_tokens=max_tokens, warmup=warmup,
-            ttft_sizes=_int_list(ttft_sizes, "--ttft-sizes"), ttft_runs=ttft_runs, concurrency=_int_list(concurrency, "--concurrency"),
+            ttft_sizes=_int_list(ttft_sizes, "--ttft-sizes"), ttft_runs=ttft_runs, **_levels(concurrency),
             g6_max_tokens=g6_max_tokens, out_dir=out,
             reference=[ln.strip() for ln in reference.read_text(encoding="utf-8").splitlines() if ln.strip()]
             if reference else [])
@@ -163,6 +172,8 @@ def register(app: typer.Typer) -> None:
                                  run_s=run_s)
         files = result.get("files") or {}
         if as_json:
+            from sparkctl.state.records import RunRecord
+            RunRecord.model_validate(result)          # the run record `sparkctl schema bench` exports
             print(json.dumps(result, indent=2, default=str))
         else:
             sys.stdout.write(Path(files["markdown"]).read_text(encoding="utf-8"))

@@ -396,6 +396,12 @@ def _named(inv: Inventory, cluster: str, nodes: list[str]) -> Inventory:
     return inv.model_copy(update={"nodes": picked, "cluster": inv.cluster.model_copy(update={"name": cluster})})
 
 
+def replica_inventory(inventory: Inventory, entry: dict[str, Any]) -> Inventory:
+    """The sub-inventory of one ``replicas`` entry of the record (its cluster name, its nodes re-ranked); read-only,
+    for readers of a replicated deployment (the bench reaches each replica's ledger and runtimes through it)."""
+    return _named(inventory, entry["cluster"], entry["nodes"])
+
+
 def is_replicated(inventory: Inventory) -> bool:
     """The cluster's state directory holds an active replicated deployment (status and down go through it)."""
     return Record.load(Ledger.for_cluster(inventory.cluster.name).root).active

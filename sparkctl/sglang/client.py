@@ -282,6 +282,14 @@ class SGLangClient:
         """Raw server-info JSON: ``/server_info``, falling back to ``/get_server_info`` (0.5.3) on 404."""
         return self._get_with_fallback("/server_info", "/get_server_info")
 
+    def text(self, path: str, *, max_bytes: int | None = None) -> str:
+        """``GET path`` as text (Prometheus ``/metrics``), under the client's bounds; ``max_bytes`` caps the body
+        (default ``Limits.max_body_bytes``); a status other than 200 is an SGLangAPIError."""
+        with self._exchange("GET", path) as (r, deadline):
+            if r.status_code != 200:
+                raise self._error(r, path, deadline)
+            return self._read_body(r, self._url(path), deadline, cap=max_bytes).decode("utf-8", "replace")
+
     def flush_cache(self) -> str:
         """``POST /flush_cache`` (radix cache); returns the server's message. 400 = requests in flight."""
         with self._exchange("POST", "/flush_cache") as (r, deadline):

@@ -3,11 +3,12 @@ image tags and digests, and patch series.
 
 ``cards.json`` (mode 0600, written atomically) next to ``cluster.json`` holds one entry per card::
 
-    {"schema": "sparkctl.cards/1", "cards": {"<run id>": {
-        "run_id", "started", "finished", "status", "mode", "emulated", "path", "stamp": [mtime_ns, size],
+    {"schema": "sparkctl.cards/2", "cards": {"<run id>": {
+        "run_id", "started", "finished", "status", "mode", "emulated", "replicated", "path", "stamp": [mtime_ns, size],
         "deployments": [...], "profiles": [...], "images": [...], "image_ids": [...], "patch_series": [...],
         "arms": [{"role", "profile", "deployment", "speculative", "draft_tokens", "sglang_version", "images",
                   "image_ids", "identity", "patch_series": {"name", "hash"}, "flags": {"server.x": v, ...},
+                  "model" (path), "served_model",
                   "argv": [...], "decode": {"code": {median, min, max, n, spread, samples}, ...},
                   "metrics": {"decode.code": {...}, "ttft.4096": {...}, "accept_len": {...}, ...}}]}}}
 
@@ -30,7 +31,7 @@ from sparkctl.errors import ConfigError, LedgerError
 from sparkctl.state.files import write_json_atomic
 from sparkctl.state.ledger import Ledger
 
-SCHEMA = "sparkctl.cards/1"
+SCHEMA = "sparkctl.cards/2"           # /2: arms carry model + served_model, cards replicated
 _PROFILE_SECTIONS = ("image", "model", "server", "speculative", "env", "warmup")
 _SKIP_FLAGS = {"description", "extends", "expect", "rollback_profile", "api"}
 
@@ -112,6 +113,8 @@ def _arm_entry(arm: dict[str, Any], ledger: Ledger | None) -> dict[str, Any]:
             "patch_series": {"name": series, "hash": _series_hash(series)} if series else None,
             "flags": profile_flags(pdata), "argv": list(((c.get("argv_per_rank") or {}).get("0")) or []),
             "emulated": bool(c.get("emulated")),
+            "model": (pdata.get("model") or {}).get("path") or (c.get("server_info") or {}).get("model_path"),
+            "served_model": c.get("model"),
             "decode": {k.split(".", 1)[1]: v for k, v in metrics.items() if k.startswith("decode.")},
             "metrics": metrics}
 
@@ -139,6 +142,7 @@ def card_entry(card: dict[str, Any], path: Path, ledger: Ledger | None = None) -
     return {"run_id": card.get("run_id") or path.parent.name, "started": card.get("started"),
             "finished": card.get("finished"), "status": card.get("status"), "mode": card.get("mode"),
             "emulated": bool(card.get("emulated")), "path": str(path), "stamp": stamp,
+            "replicated": bool(card.get("router")),
             "deployments": union("deployment"), "profiles": union("profile"), "images": union("images"),
             "image_ids": union("image_ids"), "patch_series": union("patch_series"),
             "comparison": card.get("comparison") or {}, "arms": arms}

@@ -256,6 +256,77 @@ class DeploymentRecord(_Record):
         return self.model_dump(mode="json", exclude_none=False)
 
 
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReplicaShare(_Section):
+    """One replica's part of one concurrency level through the router."""
+    index: int
+    url: str
+    requests: float | None = Field(None, description="Requests the router sent it during the level (delta of "
+                                   "smg_worker_cb_outcomes_total, every outcome); null when unreadable.")
+    share: float | None = Field(None, description="requests / the level's requests the router counted.")
+    tokens: float | None = Field(None, description="Generated tokens it reported during the level (delta of its own "
+                                 "/metrics sglang:generation_tokens_total); null when unreadable.")
+    token_share: float | None = None
+
+
+class RouterLevel(_Section):
+    """One concurrency level measured through the router, with its per-replica split."""
+    concurrency: int
+    aggregate_tok_s: float | None = Field(description="The level's aggregate (the concurrency section's figure).")
+    requests_sent: int = Field(description="Requests the bench sent in this level.")
+    requests_counted: float | None = Field(None, description="Sum of the replicas' request deltas.")
+    split: str = Field(description="measured | unavailable")
+    split_note: str | None = None
+    replicas: list[ReplicaShare] = Field(default_factory=list)
+    single_pair_tok_s: float | None = Field(None, description="The single pair's measured aggregate at this "
+                                            "concurrency (single_pair's card); null when none was measured.")
+    vs_single_pair: float | None = None
+
+
+class SinglePairCard(_Section):
+    """The card the single pair's figures come from: the latest single-group card of the same model."""
+    run_id: str
+    started: str | None
+    profile: str | None
+    deployment: str | None
+    emulated: bool
+    path: str | None
+    aggregate_tok_s: dict[str, float] = Field(description="Measured aggregate tok/s by concurrency (\"c1\": ...).")
+
+
+class RouterReplica(_Section):
+    index: int
+    url: str
+    nodes: list[str]
+    cluster: str | None
+    deployment: str | None
+    max_running_requests: int | None
+    max_running_requests_source: str
+
+
+class RouterBench(_Section):
+    """`sparkctl bench` of a replicated deployment: measured through the router, split per replica."""
+    url: str
+    metrics_url: str | None
+    profile: str | None
+    model: str | None
+    emulated: bool
+    replicas: list[RouterReplica]
+    requests_source: str
+    tokens_source: str | None
+    levels: list[RouterLevel] = Field(default_factory=list)
+    single_pair: SinglePairCard | None = None
+    single_pair_note: str
+    metrics_error: str | None = Field(None, description="Why the router's metrics could not be read (the split "
+                                      "is unavailable from then on).")
+    tokens_error: str | None = None
+    metrics_read_s: float | None = Field(None, description="Seconds the run spent reading the router's and the "
+                                         "replicas' metrics (outside every timed window).")
+
+
 class RunRecord(_Record):
     """One `sparkctl bench` run: what was measured (arms, comparison, G6) and how it ended.
 
@@ -264,7 +335,7 @@ class RunRecord(_Record):
 
     schema_: str = Field(alias="schema")
     run_id: str
-    mode: str                                   # deployment | endpoint | log-only
+    mode: str                                   # deployment | replicated | endpoint | log-only
     status: Status = Status.RUNNING
     started: str
     finished: str | None = None
@@ -281,6 +352,9 @@ class RunRecord(_Record):
     restore: dict[str, Any] | None = None
     log_only: dict[str, Any] | None = None
     files: dict[str, str] = Field(default_factory=dict)
+    router: RouterBench | None = Field(None, description="A replicated deployment: the run went through the "
+                                       "router; aggregate per concurrency level, per-replica split, the single "
+                                       "pair's figures beside them.")
 
     model_config = ConfigDict(extra="allow", validate_assignment=True, populate_by_name=True)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.bench.diff import FLOOR, compare_summaries, diff_entries
-from sparkctl.state.cards import CardIndex, card_entry, changes
+from sparkctl.state.cards import SCHEMA, CardIndex, card_entry, changes
 from sparkctl.state.ledger import Ledger
 
 CARDS = Path(__file__).with_name("cards")
@@ -136,7 +136,7 @@ def test_index_rebuilds_from_the_cards_and_skips_a_damaged_one(tmp_path):
     assert len(idx.skipped) == 1 and "not readable JSON" in idx.skipped[0]
     idx.path.write_text("garbage")                    # a damaged index is derived data: rebuilt, never trusted
     assert [e["run_id"] for e in CardIndex(ledger).query(profile="d5-dt6")] == [cb["run_id"]]
-    assert json.loads(idx.path.read_text())["schema"] == "sparkctl.cards/1"
+    assert json.loads(idx.path.read_text())["schema"] == SCHEMA
     shutil.rmtree(ledger.root / "runs" / ca["run_id"])       # a card that is gone leaves the index
     assert [e["run_id"] for e in CardIndex(ledger).query()] == [cb["run_id"]]
     assert CardIndex(ledger).query(patch_series="gb10-0.5.23") and not CardIndex(ledger).query(profile="nope")
