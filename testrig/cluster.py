@@ -50,14 +50,13 @@ from pathlib import Path
 from typing import Sequence
 
 from testrig import rootfs
-from testrig.hostops import ClusterError, _alive, _atomic_write, _keygen, _link_exists, _run, _Timer, log
+from testrig.hostops import ClusterError, _alive, _atomic_write, _keygen, _run, _Timer, log
+from testrig.cluster_net import FABRIC_MTU, MGMT_IFACE, ClusterNetwork  # noqa: F401 - tests import them here
 from testrig.node_daemons import DATA_ROOT, FABRIC_IFACE, NodeDaemons  # noqa: F401 - DATA_ROOT: tests import it from here
 
 NODE_NAMES = ("spark-a", "spark-b")          # the two-node cluster (the default)
 ALL_NODE_NAMES = ("spark-a", "spark-b", "spark-c", "spark-d")
 MAX_NODES = len(ALL_NODE_NAMES)
-MGMT_IFACE = "mgmt0"
-FABRIC_MTU = 9000
 STATE_ROOT = Path("/run/sparkctl-test")        # pidfiles: survive a crashed run, gone at reboot
 IMAGE_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sparkctl" / "test-image"
 PROJECT_DIR = Path(__file__).resolve().parents[1]
@@ -111,7 +110,7 @@ class Node:
 
 
 @dataclass
-class TestCluster(NodeDaemons):
+class TestCluster(ClusterNetwork, NodeDaemons):
     """Network-namespace "Sparks" (two by default, up to four) with real sshd + dockerd, and an inventory
     pointing at them.
 
@@ -162,24 +161,6 @@ class TestCluster(NodeDaemons):
     @property
     def bridge(self) -> str:
         return f"{self.name_prefix}-mgmt"
-
-    @property
-    def switched(self) -> bool:
-        """The fabric is a switch (a bridge), not a direct cable: more than two nodes."""
-        return self.node_count > 2
-
-    @property
-    def fabric_bridge(self) -> str:
-        """The fabric switch of a cluster of more than two nodes (``<prefix>-fab``)."""
-        return f"{self.name_prefix}-fab"
-
-    @property
-    def fabric_subnet(self) -> str:
-        return f"198.18.{self.net_index}.0/24"
-
-    def _fabric_port(self, node: Node) -> str:
-        """Host end of a node's fabric veth on the switch: ``<prefix>-fab-a`` (at most 12 characters)."""
-        return f"{self.fabric_bridge}-{node.name[-1]}"
 
     @property
     def inventory_path(self) -> Path:
@@ -274,9 +255,7 @@ class TestCluster(NodeDaemons):
                          Path(f"/run/docker-{node.netns}.pid")):
                 path.unlink(missing_ok=True)
             rootfs.release(self.state_dir, node.name)
-            for host_end in (f"{self.name_prefix}-{node.name}", self._fabric_port(node)):
-                if _link_exists(host_end):   # before the netns: its deletion removes the veth asynchronously
-                    _run(["ip", "link", "delete", host_end], check=False)
+            self._remove_links(node)
             if Path(f"/run/netns/{node.netns}").exists():
                 _run(["ip", "netns", "delete", node.netns])
             uts = self._uts_file(node)
@@ -284,9 +263,7 @@ class TestCluster(NodeDaemons):
                 if os.path.ismount(uts):
                     _run(["umount", str(uts)])
                 uts.unlink()
-        for bridge in (self.bridge, self.fabric_bridge):
-            if _link_exists(bridge):
-                _run(["ip", "link", "delete", bridge], check=False)
+        self._remove_bridges()
         rootfs.release_dir(self.state_dir)
         if self.state_dir.is_dir() and not any(self.state_dir.iterdir()):
             self.state_dir.rmdir()
@@ -361,14 +338,6 @@ class TestCluster(NodeDaemons):
         return self.engine_image
 
     # ----------------------------------------------------------------- bring-up steps
-    def _check_subnets_free(self) -> None:
-        routes = _run(["ip", "-4", "route", "show"]).stdout
-        for subnet in (f"198.19.{self.net_index}.", f"198.18.{self.net_index}."):
-            if subnet in routes:
-                raise ClusterError(f"subnet {subnet}0/24 is already routed on this machine",
-                                   hint="another test cluster is up (scripts/test-cluster down), or pick "
-                                        "another net_index", evidence=routes)
-
     def _make_keys(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
@@ -395,46 +364,6 @@ class TestCluster(NodeDaemons):
                 "StrictModes no",
                 f"SetEnv DOCKER_HOST={node.docker_host}",
                 "Subsystem sftp /usr/lib/openssh/sftp-server", "LogLevel VERBOSE", ""]))
-
-    def _make_network(self) -> None:
-        p, br = self.name_prefix, self.bridge
-        _run(["ip", "link", "add", br, "type", "bridge"])
-        _run(["ip", "addr", "add", f"{self.controller_address}/24", "dev", br])
-        _run(["ip", "link", "set", br, "up"])
-        nodes = list(self.nodes.values())
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        for n in nodes:
-            _run(["ip", "netns", "add", n.netns])
-            self._uts_file(n).touch()
-            _run(["unshare", f"--uts={self._uts_file(n)}", "hostname", n.name])
-            host_end = f"{p}-{n.name}"
-            _run(["ip", "link", "add", host_end, "type", "veth", "peer", "name", MGMT_IFACE, "netns", n.netns])
-            _run(["ip", "link", "set", host_end, "master", br, "up"])
-        if self.switched:
-            self._make_fabric_switch(nodes)
-        else:
-            a, b = nodes
-            _run(["ip", "link", "add", FABRIC_IFACE, "netns", a.netns, "mtu", str(FABRIC_MTU), "type", "veth",
-                  "peer", "name", FABRIC_IFACE, "netns", b.netns, "mtu", str(FABRIC_MTU)])
-        for n in nodes:
-            ns = ["ip", "-n", n.netns]
-            _run([*ns, "link", "set", "lo", "up"])
-            _run([*ns, "addr", "add", f"{n.mgmt_address}/24", "dev", MGMT_IFACE])
-            _run([*ns, "link", "set", MGMT_IFACE, "up"])
-            _run([*ns, "addr", "add", f"{n.fabric_address}/24", "dev", FABRIC_IFACE])
-            _run([*ns, "link", "set", FABRIC_IFACE, "up"])
-
-    def _make_fabric_switch(self, nodes: list[Node]) -> None:
-        """The switch: a bridge (MTU 9000, no address: the controller is not on the fabric) and one veth per node,
-        its node end ``enp1s0f0np0`` in the node, its host end a port of the bridge."""
-        sw = self.fabric_bridge
-        _run(["ip", "link", "add", sw, "mtu", str(FABRIC_MTU), "type", "bridge"])
-        for n in nodes:
-            port = self._fabric_port(n)
-            _run(["ip", "link", "add", port, "mtu", str(FABRIC_MTU), "type", "veth", "peer", "name", FABRIC_IFACE,
-                  "netns", n.netns, "mtu", str(FABRIC_MTU)])
-            _run(["ip", "link", "set", port, "master", sw, "up"])
-        _run(["ip", "link", "set", sw, "mtu", str(FABRIC_MTU), "up"])
 
     def _make_root(self, node: Node) -> None:
         try:
