@@ -135,7 +135,7 @@ def fabric_ssh_argv(user: str, address: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ the stream
 # Runs on the building node: docker save -> (counted here) -> ssh peer docker load, both argv lists; progress lines
-# every second, then one result line and the two commands' error tails.
+# every 2 s, then one result line and the two commands' error tails.
 _PUMP = r"""import json,os,subprocess,sys,tempfile,time
 a=json.loads(sys.argv[1])
 ein,eout=tempfile.TemporaryFile(),tempfile.TemporaryFile()
@@ -156,7 +156,7 @@ while True:
         save.kill()
         break
     n+=len(b)
-    if time.time()-shown>=1:
+    if time.time()-shown>=2:
         shown=time.time();print("===PROGRESS",n,round(shown-t0,3),flush=True)
 try:
     ssh.stdin.close()
