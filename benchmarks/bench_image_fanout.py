@@ -46,7 +46,7 @@ _BASELINE = ('addr=$1; shift; docker save "$@" | ssh -i ~/.ssh/sparkctl_fabric_e
 def _profile(base_tag: str, watchdog: int):
     prof = load_profile("d5")
     prof = prof.model_copy(update={"image": prof.image.model_copy(update={"base_image": base_tag})})
-    return prof.model_copy(update={"server": prof.server.model_copy(update={"watchdog_timeout": watchdog})})
+    return prof.model_copy(update={"server": prof.server.model_copy(update={"watchdog_timeout": watchdog, "tp_size": 4})})
 
 
 def main() -> None:

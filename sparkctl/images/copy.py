@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sparkctl.errors import ImageError
-from sparkctl.images.registry import PORT, Endpoint, Registry, Transfer, human, image_ids
-from sparkctl.images.stream import (CopyChoice, ImageLayers, choose_copy, held_images, image_layers_of,
-                                    stream_images)
-from sparkctl.nodes import host_facts
+from sparkctl.images.registry import PORT, Endpoint, Registry, Transfer, human
+from sparkctl.images.stream import CopyChoice, Survey, choose_copy, stream_images, survey
+from sparkctl.nodes.host_facts import FABRIC_KEY
 from sparkctl.nodes.fanout import Outcome, fan_out, raise_first
 
 Report = Callable[[str], None]
@@ -47,13 +46,13 @@ def distribute(images: list[str], source: Endpoint, peers: list[Endpoint], *, re
     through the registry: a benchmark's comparison). Returns the peers' transfers, peer by peer.
     """
     report = _serialised(report)
-    ids = image_ids(source.conn, images)
+    own = survey(source.conn, images, fabric_peers=[p.fabric_address for p in peers] if stream else ())
+    ids = own.ids
     for image, iid in ids.items():
         if not iid:
-            raise ImageError(f"image {image} is not on {source.name}, the building node", where=f"[{source.name}] image",
-                             hint="sparkctl image build first")
-    layers = image_layers_of(source.conn, images)
-    plans = _first_errors(fan_out(peers, lambda p: _survey(p, images, ids, layers, source, stream)), report)
+            raise ImageError(f"image {image} is not on {source.name}, the building node",
+                             where=f"[{source.name}] image", hint="sparkctl image build first")
+    plans = _first_errors(fan_out(peers, lambda p: _survey(p, images, own, source, stream)), report)
     for pl in plans:
         for t in pl.skipped:
             report(t.line())
@@ -67,7 +66,23 @@ def distribute(images: list[str], source: Endpoint, peers: list[Endpoint], *, re
             for image in dict.fromkeys(i for pl in by_registry for i in pl.todo):
                 report(f"{source.name}: pushing {image} into the fabric registry (only layers it lacks are compressed)")
                 reg.push(image, report)
-        outcomes = fan_out(busy, lambda pl: _copy(pl, source, reg, ids, report))
+        # one task per stream group (peers lacking the same images: one docker save feeds them all) and per
+        # registry peer, all at once; every peer's outcome comes back, in the plans' order
+        groups: dict[tuple[str, ...], list[PeerPlan]] = {}
+        for pl in busy:
+            if pl.choice is not None and pl.choice.method == "stream":
+                groups.setdefault(tuple(pl.todo), []).append(pl)
+        tasks = [("stream", g) for g in groups.values()] + [("registry", [pl]) for pl in by_registry]
+
+        def run(task: tuple[str, list[PeerPlan]]) -> list[Outcome[PeerPlan, list[Transfer]]]:
+            how, group = task
+            if how == "stream":
+                return _stream(group, source, ids, report)
+            return fan_out(group, lambda pl: _pull(pl, reg, ids, report))   # one peer: kept as its outcome
+        done = fan_out(tasks, run)
+        per_peer = {o.item.peer.name: o for task in done
+                    for o in (task.value if task.ok else [Outcome(pl, None, task.error) for pl in task.item[1]])}
+        outcomes = [per_peer[pl.peer.name] for pl in busy]
     return settle(plans, outcomes, report)
 
 
@@ -83,57 +98,65 @@ def settle(plans: list[PeerPlan], outcomes: list[Outcome[PeerPlan, list[Transfer
     return [t for pl in plans for t in [*pl.skipped, *copied.get(pl.peer.name, [])]]
 
 
-def _survey(peer: Endpoint, images: list[str], ids: dict[str, str | None], layers: list[ImageLayers],
-            source: Endpoint, stream: bool) -> PeerPlan:
-    have_ids = image_ids(peer.conn, images)
+def _survey(peer: Endpoint, images: list[str], own: Survey, source: Endpoint, stream: bool) -> PeerPlan:
+    """What the peer lacks and how it gets it (its own survey: IDs, layers, every image it stores)."""
+    there = survey(peer.conn, images, held=True)
     skipped, todo = [], []
     for image in images:
-        have = have_ids[image]
-        if have == ids[image]:
-            skipped.append(Transfer(peer.name, image, have, skipped=f"{peer.name} has {have[:19]}"))
+        have, want = there.ids[image], own.ids[image]
+        if have == want:
+            skipped.append(Transfer(peer.name, image, str(have), skipped=f"{peer.name} has {str(have)[:19]}"))
         elif have:
-            raise ImageError(f"{image} on {peer.name} is {have[:19]}, on {source.name} {str(ids[image])[:19]}",
+            raise ImageError(f"{image} on {peer.name} is {have[:19]}, on {source.name} {str(want)[:19]}",
                              where=f"[{peer.name}] image", hint=f"docker rmi {image} on {peer.name} and run again "
                                                                 "(a tag names one content; someone retagged it)")
         else:
             todo.append(image)
     if not todo:
         return PeerPlan(peer, [], None, skipped)
-    held = held_images(peer.conn)
-    ok, why = (_fabric_ssh(source, peer) if stream else (False, "stream turned off"))
-    wanted = [layers[images.index(i)] for i in todo]
-    return PeerPlan(peer, todo, choose_copy(wanted, held, stream_ok=ok, why_not_stream=why), skipped)
+    fabric = own.fabric.get(peer.fabric_address, "not checked") if stream else "stream turned off"
+    ok, why = fabric == "ok", _WHY.get(fabric, fabric)
+    wanted = [own.layers[i] for i in todo]
+    return PeerPlan(peer, todo, choose_copy([w for w in wanted if w is not None], there.held, stream_ok=ok,
+                                            why_not_stream=why), skipped)
 
 
-def _fabric_ssh(source: Endpoint, peer: Endpoint) -> tuple[bool, str]:
-    """Can the building node SSH to the peer's fabric address with the fabric key (host key pinned)?"""
-    fact = host_facts.fabric_ssh(peer.user, peer.fabric_address)
-    got = fact.parse(source.conn.run(list(fact.argv), timeout=30).output)
-    return got.ok, ("" if got.ok else "fabric key missing" if got.key_missing else got.error)
+_WHY = {"key": f"the fabric key {FABRIC_KEY} is missing on the building node",
+        "host-key": "the peer's fabric host key is not in the fabric known_hosts"}
 
 
-def _copy(pl: PeerPlan, source: Endpoint, reg: Registry | None, ids: dict[str, str | None],
-          report: Report) -> list[Transfer]:
-    peer = pl.peer
-    assert pl.choice is not None
-    if pl.choice.method == "stream":
-        report(f"{peer.name} <- {', '.join(pl.todo)}: docker save on {source.name} | docker load on {peer.name} "
-               f"over the fabric ({peer.fabric_address})")
-        res = stream_images(source, peer, pl.todo, report)
-        got = image_ids(peer.conn, pl.todo)
-        for image in pl.todo:
-            if got[image] != ids[image]:
-                raise ImageError(f"{image} on {peer.name} has ID {str(got[image])[:19]} after the copy, "
-                                 f"{source.name} has {str(ids[image])[:19]}", where=f"[{peer.name}] image copy",
-                                 hint=f"docker rmi {image} on {peer.name} and run again")
-        last = pl.todo[-1]
-        out = [Transfer(peer.name, i, str(got[i]), via="stream", streamed_with=tuple(x for x in pl.todo if x != i),
-                        **({"rx_bytes": res.bytes, "seconds": round(res.seconds, 3)} if i == last else {}))
-               for i in pl.todo]
-        report(out[-1].line())
-        return out
-    assert reg is not None
+def _stream(group: list[PeerPlan], source: Endpoint, ids: dict[str, str | None], report: Report
+            ) -> list[Outcome[PeerPlan, list[Transfer]]]:
+    """One docker save on the building node into docker load on each peer of ``group`` (they lack the same
+    images); each peer's outcome, its image IDs checked against the building node's."""
+    todo, names = group[0].todo, ", ".join(pl.peer.name for pl in group)
+    report(f"{names} <- {', '.join(todo)}: one docker save on {source.name} | docker load on {names} over the fabric")
+    results = stream_images(source, [pl.peer for pl in group], todo, report)
     out = []
+    for pl in group:
+        res, peer = results[pl.peer.name], pl.peer
+        if isinstance(res, ImageError):
+            out.append(Outcome(pl, None, res))
+            continue
+        wrong = [(i, got) for i, got in zip(todo, res.image_ids) if got != ids[i]]
+        if wrong:
+            image, got = wrong[0]
+            out.append(Outcome(pl, None, ImageError(
+                f"{image} on {peer.name} has ID {got[:19]} after the copy, {source.name} has {str(ids[image])[:19]}",
+                where=f"[{peer.name}] image copy", hint=f"docker rmi {image} on {peer.name} and run again")))
+            continue
+        transfers = [Transfer(peer.name, i, got, via="stream", streamed_with=tuple(x for x in todo if x != i),
+                              **({"rx_bytes": res.bytes, "seconds": round(res.seconds, 3)} if i == todo[-1] else {}))
+                     for i, got in zip(todo, res.image_ids)]
+        report(transfers[-1].line())
+        out.append(Outcome(pl, transfers))
+    return out
+
+
+def _pull(pl: PeerPlan, reg: Registry | None, ids: dict[str, str | None], report: Report) -> list[Transfer]:
+    """The peer pulls the images it lacks from the registry, in order (only the layers it lacks cross)."""
+    assert reg is not None
+    peer, out = pl.peer, []
     for image in pl.todo:
         report(f"{peer.name} <- {image}: pulling from {reg.host} over the fabric")
         t = reg.pull(peer, image, str(ids[image]), report)

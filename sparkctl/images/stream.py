@@ -23,8 +23,8 @@ Example::
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
 
 from sparkctl.errors import ImageError
 from sparkctl.nodes.host_facts import FABRIC_KEY, FABRIC_KNOWN_HOSTS
@@ -95,7 +95,8 @@ def _mb(n: int) -> str:
 
 # ------------------------------------------------------------------------------------------------ survey
 # Every image on the node (intermediate ones too: a legacy build's parents are prefixes), as "size layers-json".
-_HELD = 'docker image ls -aq --no-trunc | sort -u | xargs -r docker image inspect --format "{{.Size}} {{json .RootFS.Layers}}"'
+_HELD = ('docker image ls -aq --no-trunc | sort -u | '
+         'xargs -r docker image inspect --format "{{.Size}} {{json .RootFS.Layers}}"')
 
 
 def parse_held(text: str) -> list[ImageLayers]:
@@ -108,21 +109,49 @@ def parse_held(text: str) -> list[ImageLayers]:
     return out
 
 
-def held_images(conn: Any) -> list[ImageLayers]:
-    """What a node stores: every image's layers and size, in one round trip."""
-    r = conn.run(["sh", "-c", _HELD], timeout=120)
-    if r.returncode != 0:
-        raise ImageError(f"listing the images on {getattr(conn, 'name', '?')} failed", evidence=r.output[-800:])
-    return parse_held(r.stdout)
+# Each ref's "id size layers-json" (or "-" when absent), then, with "held", every image the node stores.
+# (docker prints an empty line for a missing image before failing: hence the capture)
+# With "fabric=ADDR,ADDR" as $0 instead (the building node): for each peer address whether the fabric key is there and
+# the peer's fabric host key is pinned (preflight's fabric-ssh check has tried the login itself).
+_SURVEY = ('case "$0" in fabric=*) for a in $(echo "${0#fabric=}" | tr , " "); do '
+           'if [ -r "$HOME/.ssh/sparkctl_fabric_ed25519" ] && ssh-keygen -F "$a" '
+           '-f "$HOME/.ssh/sparkctl_fabric_known_hosts" >/dev/null 2>&1; then echo "===FABRIC $a ok"; '
+           'elif [ -r "$HOME/.ssh/sparkctl_fabric_ed25519" ]; then echo "===FABRIC $a host-key"; '
+           'else echo "===FABRIC $a key"; fi; done;; esac; '
+           'for r; do o=$(docker image inspect --format "{{.Id}} {{.Size}} {{json .RootFS.Layers}}" "$r" 2>/dev/null) '
+           '&& echo "$o" || echo -; done; [ "$0" = held ] || exit 0; echo ===HELD; ' + _HELD)
 
 
-def image_layers_of(conn: Any, images: list[str]) -> list[ImageLayers]:
-    """Layers and size of each of ``images`` on one node (they exist: the caller checked their IDs)."""
-    r = conn.run(["docker", "image", "inspect", "--format", "{{.Size}} {{json .RootFS.Layers}}", *images], timeout=60)
-    got = parse_held(r.stdout)
-    if r.returncode != 0 or len(got) != len(images):
-        raise ImageError(f"docker image inspect of {', '.join(images)} failed", evidence=r.output[-800:])
-    return got
+@dataclass(frozen=True)
+class Survey:
+    """What one node says about the copy's images (ID and layers, None when absent) and, asked, all it stores."""
+
+    ids: dict[str, str | None]
+    layers: dict[str, ImageLayers | None]
+    held: list[ImageLayers]
+    fabric: dict[str, str] = field(default_factory=dict)   # peer fabric address -> ok | key | host-key
+
+
+def survey(conn: Any, refs: list[str], *, held: bool = False, fabric_peers: Sequence[str] = ()) -> Survey:
+    """One round trip: each ref's image ID and layers on the node, and (``held``) every image it stores, or
+    (``fabric_peers``: the building node) whether its fabric key and each peer's fabric host key are in place."""
+    if held and fabric_peers:
+        raise ValueError("survey: held (a peer) or fabric_peers (the building node), not both")
+    mode = "held" if held else f"fabric={','.join(fabric_peers)}" if fabric_peers else "-"
+    r = conn.run(["sh", "-c", _SURVEY, mode, *refs], timeout=120)
+    fabric = {ln.split()[1]: ln.split()[2] for ln in r.stdout.splitlines()
+              if ln.startswith("===FABRIC ") and len(ln.split()) == 3}
+    mine, _, rest = r.stdout.partition("===HELD\n")
+    lines = [ln for ln in mine.splitlines() if not ln.startswith("===FABRIC ")]
+    if r.returncode != 0 or len(lines) != len(refs):
+        raise ImageError(f"docker image inspect failed on {getattr(conn, 'name', '?')}", evidence=r.output[-800:])
+    ids: dict[str, str | None] = {}
+    layers: dict[str, ImageLayers | None] = {}
+    for ref, line in zip(refs, lines):
+        iid, _, info = line.strip().partition(" ")
+        parsed = parse_held(info)
+        ids[ref], layers[ref] = (iid, parsed[0]) if iid.startswith("sha256:") and parsed else (None, None)
+    return Survey(ids, layers, parse_held(rest), fabric)
 
 
 def fabric_ssh_argv(user: str, address: str) -> list[str]:
@@ -134,40 +163,52 @@ def fabric_ssh_argv(user: str, address: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ the stream
-# Runs on the building node: docker save -> (counted here) -> ssh peer docker load, both argv lists; progress lines
-# every 2 s, then one result line and the two commands' error tails.
-_PUMP = r"""import json,os,subprocess,sys,tempfile,time
+# Runs on the building node: one `docker save`, its bytes written to every peer's `ssh ... docker load` (argv lists;
+# the remote command is one shlex-quoted argv, as sparkctl's own SSH connector sends it). A peer whose ssh dies is
+# dropped and the others go on. Progress every 2 s; then per peer "===PEER i rc bytes seconds" and its output.
+_PUMP = r"""import json,os,shlex,subprocess,sys,tempfile,time
 a=json.loads(sys.argv[1])
-ein,eout=tempfile.TemporaryFile(),tempfile.TemporaryFile()
-ssh=subprocess.Popen(a["ssh"]+["docker","load"],stdin=subprocess.PIPE,stdout=eout,stderr=subprocess.STDOUT)
-save=subprocess.Popen(["docker","save"]+a["images"],stdout=subprocess.PIPE,stderr=ein)
-src,dst=save.stdout.fileno(),ssh.stdin.fileno()
-n,t0,shown,broken=0,time.time(),time.time(),False
-while True:
+remote=shlex.join(["sh","-c",'docker load && docker image inspect --format "===ID {{.Id}}" "$@"',"sh"]+a["images"])
+peers=[]
+for argv in a["ssh"]:
+    out=tempfile.TemporaryFile()
+    peers.append({"p":subprocess.Popen(argv+[remote],stdin=subprocess.PIPE,stdout=out,stderr=subprocess.STDOUT),
+                  "out":out,"n":0,"t":None,"live":True})
+err=tempfile.TemporaryFile()
+save=subprocess.Popen(["docker","save"]+a["images"],stdout=subprocess.PIPE,stderr=err)
+src,n,t0,shown=save.stdout.fileno(),0,time.time(),time.time()
+while any(p["live"] for p in peers):
     b=os.read(src,1<<20)
     if not b:
         break
-    try:
-        v=memoryview(b)
-        while v:
-            v=v[os.write(dst,v):]
-    except BrokenPipeError:
-        broken=True
-        save.kill()
-        break
     n+=len(b)
+    for p in peers:
+        if not p["live"]:
+            continue
+        try:
+            v,fd=memoryview(b),p["p"].stdin.fileno()
+            while v:
+                v=v[os.write(fd,v):]
+            p["n"]+=len(b)
+        except BrokenPipeError:
+            p["live"]=False;p["t"]=time.time()-t0
     if time.time()-shown>=2:
-        shown=time.time();print("===PROGRESS",n,round(shown-t0,3),flush=True)
-try:
-    ssh.stdin.close()
-except BrokenPipeError:
-    broken=True
-src_rc,dst_rc=save.wait(),ssh.wait()
-t=time.time()-t0
-ein.seek(0);eout.seek(0)
-print("===DONE",src_rc,dst_rc,n,round(t,3),int(broken),flush=True)
-print("===SAVE");print(ein.read().decode("utf-8","replace")[-1500:])
-print("===LOAD");print(eout.read().decode("utf-8","replace")[-1500:])
+        shown=time.time();print("===PROGRESS",round(shown-t0,3)," ".join(str(p["n"]) for p in peers),flush=True)
+if not any(p["live"] for p in peers):
+    save.kill()
+for p in peers:
+    try:
+        p["p"].stdin.close()
+    except BrokenPipeError:
+        pass
+save_rc=save.wait()
+for i,p in enumerate(peers):
+    rc=p["p"].wait()
+    p["out"].seek(0)
+    print("===PEER",i,rc,p["n"],round(p["t"] or time.time()-t0,3),flush=True)
+    print(p["out"].read().decode("utf-8","replace")[-3000:]);print("===END")
+err.seek(0)
+print("===SAVE",save_rc,n);print(err.read().decode("utf-8","replace")[-1500:])
 """
 
 
@@ -175,44 +216,57 @@ print("===LOAD");print(eout.read().decode("utf-8","replace")[-1500:])
 class StreamResult:
     bytes: int
     seconds: float
-    load_output: str
+    image_ids: list[str]          # what the peer's docker says after the load, in the images' order
 
 
-def stream_images(source: Any, peer: Any, images: list[str], report: Callable[[str], None] = lambda _: None,
-                  *, timeout: float = 7200) -> StreamResult:
-    """``docker save images`` on ``source`` piped into ``docker load`` on ``peer`` over the fabric (both
-    `sparkctl.images.registry.Endpoint`s); ImageError naming the peer (disk full, fabric SSH refused) otherwise."""
+def stream_images(source: Any, peers: list[Any], images: list[str], report: Callable[[str], None] = lambda _: None,
+                  *, timeout: float = 7200) -> dict[str, "StreamResult | ImageError"]:
+    """``docker save images`` once on ``source`` into ``docker load`` on every peer over the fabric (all
+    `sparkctl.images.registry.Endpoint`s). Returns each peer's result, or the ImageError naming what went wrong there
+    (disk full, fabric SSH refused, load failed); a failed ``docker save`` or pump is every peer's error."""
     from sparkctl.images.registry import _NO_SPACE, human
 
-    arg = json.dumps({"ssh": fabric_ssh_argv(peer.user, peer.fabric_address), "images": images})
+    arg = json.dumps({"ssh": [fabric_ssh_argv(p.user, p.fabric_address) for p in peers], "images": images})
 
     def on_line(line: str) -> None:
         parts = line.split()
-        if len(parts) == 3 and parts[0] == "===PROGRESS":
-            sent, secs = int(parts[1]), float(parts[2])
-            report(f"  [{peer.name}] streamed {human(sent):>9} ({sent / max(secs, 1e-6) / 1e6:.0f} MB/s)")
+        if len(parts) == 2 + len(peers) and parts[0] == "===PROGRESS":
+            secs = float(parts[1])
+            for p, sent in zip(peers, map(int, parts[2:])):
+                report(f"  [{p.name}] streamed {human(sent):>9} ({sent / max(secs, 1e-6) / 1e6:.0f} MB/s)")
 
     r = source.conn.run(["python3", "-c", _PUMP, arg], timeout=timeout, on_line=on_line)
-    done = next((ln.split() for ln in r.stdout.splitlines() if ln.startswith("===DONE ")), None)
-    save_err = r.stdout.partition("===SAVE\n")[2].partition("===LOAD\n")[0].strip()
-    load_out = r.stdout.partition("===LOAD\n")[2].strip()
-    where = f"[{peer.name}] image copy"
-    if r.returncode != 0 or done is None or len(done) != 6:
-        raise ImageError(f"streaming {', '.join(images)} from {source.name} to {peer.name} did not run",
-                         where=where, hint="is python3 on the building node? see the evidence", evidence=r.output[-1500:])
-    save_rc, load_rc, sent, secs = int(done[1]), int(done[2]), int(done[3]), float(done[4])
-    if load_rc != 0:
-        if _NO_SPACE.search(load_out):
-            raise ImageError(f"{peer.name} ran out of disk space while receiving {', '.join(images)}", where=where,
-                             hint=f"free space in {peer.name}'s docker data root (docker system df; sparkctl image "
-                                  "prune), then run again; the running deployment is untouched", evidence=load_out)
-        if load_rc == 255:
-            raise ImageError(f"{source.name} could not SSH to {peer.name} over the fabric ({peer.fabric_address})",
-                             where=where, hint="sparkctl prepare --tags fabric-ssh (the fabric key and host keys), "
-                                               "and check the fabric link", evidence=load_out)
-        raise ImageError(f"docker load of {', '.join(images)} failed on {peer.name}", where=where,
-                         hint="see the evidence", evidence=load_out)
-    if save_rc != 0:
-        raise ImageError(f"docker save of {', '.join(images)} failed on {source.name}", where=f"[{source.name}] image copy",
-                         hint="see the evidence", evidence=save_err or r.output[-1500:])
-    return StreamResult(sent, secs, load_out)
+    what = ", ".join(images)
+    sections = r.stdout.split("===PEER ")[1:]
+    save = r.stdout.rpartition("===SAVE ")[2]
+    save_rc = save.split(None, 1)[0] if save.strip() else ""
+    if r.returncode != 0 or len(sections) != len(peers) or not save_rc.lstrip("-").isdigit():
+        err = ImageError(f"streaming {what} from {source.name} did not run", where=f"[{source.name}] image copy",
+                         hint="is python3 on the building node? see the evidence", evidence=r.output[-1500:])
+        return {p.name: err for p in peers}
+    out: dict[str, StreamResult | ImageError] = {}
+    for p, sec in zip(peers, sections):
+        head, _, body = sec.partition("\n")
+        body = body.partition("===END")[0].strip()
+        _, rc, sent, secs = head.split()
+        where = f"[{p.name}] image copy"
+        ids = [ln.split()[1] for ln in body.splitlines() if ln.startswith("===ID ")]
+        if int(rc) == 0 and len(ids) == len(images):
+            out[p.name] = StreamResult(int(sent), float(secs), ids)
+        elif _NO_SPACE.search(body):
+            out[p.name] = ImageError(f"{p.name} ran out of disk space while receiving {what}", where=where,
+                                     hint=f"free space in {p.name}'s docker data root (docker system df; sparkctl "
+                                          "image prune), then run again; the running deployment is untouched",
+                                     evidence=body[-1500:])
+        elif int(rc) == 255:
+            out[p.name] = ImageError(f"{source.name} could not SSH to {p.name} over the fabric ({p.fabric_address})",
+                                     where=where, hint="sparkctl prepare --tags fabric-ssh (the fabric key and host "
+                                                       "keys), and check the fabric link", evidence=body[-1500:])
+        elif int(save_rc) != 0:
+            out[p.name] = ImageError(f"docker save of {what} failed on {source.name}",
+                                     where=f"[{source.name}] image copy", hint="see the evidence",
+                                     evidence=save.partition("\n")[2].strip()[-1500:] or r.output[-1500:])
+        else:
+            out[p.name] = ImageError(f"docker load of {what} failed on {p.name}", where=where,
+                                     hint="see the evidence", evidence=body[-1500:])
+    return out

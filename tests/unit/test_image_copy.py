@@ -8,7 +8,8 @@ from hypothesis import given, strategies as st
 from sparkctl.errors import ImageError
 from sparkctl.images.copy import PeerPlan, settle
 from sparkctl.images.registry import Endpoint, Transfer
-from sparkctl.images.stream import _PUMP, CopyChoice, ImageLayers, choose_copy, fabric_ssh_argv, parse_held, shared_bytes
+from sparkctl.images.stream import (_PUMP, CopyChoice, ImageLayers, choose_copy, fabric_ssh_argv, parse_held, survey,
+                                    shared_bytes)
 from sparkctl.nodes.fanout import Outcome, fan_out
 
 # `docker image inspect --format "{{.Size}} {{json .RootFS.Layers}}"` of the test engine image on a test-cluster node
@@ -57,8 +58,8 @@ def test_a_diverging_image_shares_nothing_it_cannot_prove():
 
 def test_held_longer_chain_means_every_byte_is_there():
     assert shared_bytes(SGLANG, [LAUNCH]) == SGLANG.size
-    assert choose_copy([SGLANG], [LAUNCH], stream_ok=True) == CopyChoice("registry", 0, SGLANG.size,
-                                                                         choose_copy([SGLANG], [LAUNCH], stream_ok=True).reason)
+    c = choose_copy([SGLANG], [LAUNCH], stream_ok=True)
+    assert (c.method, c.missing_bytes, c.total_bytes) == ("registry", 0, SGLANG.size)
 
 
 def test_threshold_is_most_of_the_bytes():
@@ -73,8 +74,8 @@ def test_threshold_is_most_of_the_bytes():
 chains = st.lists(st.sampled_from("abcdef"), min_size=1, max_size=6).map(lambda xs: tuple(f"sha256:{x}" for x in xs))
 
 
-@given(image=chains, held=st.lists(chains, max_size=5), sizes=st.lists(st.integers(1, 10**9), min_size=6, max_size=6),
-       stream_ok=st.booleans())
+@given(image=chains, held=st.lists(chains, max_size=5),
+       sizes=st.lists(st.integers(1, 10**9), min_size=6, max_size=6), stream_ok=st.booleans())
 def test_choice_invariants_over_generated_layer_chains(image, held, sizes, stream_ok):
     def size(chain):          # one size per layer: a chain's size is its layers' sum (as docker reports it)
         return sum(sizes["abcdef".index(x[-1])] for x in chain)
@@ -120,7 +121,8 @@ def test_settle_keeps_every_peer_and_raises_the_first_error_after_all():
     with pytest.raises(ImageError, match="spark-c ran out of disk space"):      # the first in peer order
         settle(plans, outcomes, lines.append)
     assert finished == ["spark-b"]                     # spark-b's copy ran to the end although the others failed
-    assert lines == ["spark-b: copy done (stream)", "spark-c: copy FAILED (registry): spark-c ran out of disk space",
+    assert lines == ["spark-b: copy done (stream)",
+                     "spark-c: copy FAILED (registry): spark-c ran out of disk space",
                      "spark-d: copy FAILED (stream): spark-d ran out of disk space"]
 
 
@@ -131,3 +133,41 @@ def test_settle_returns_skipped_and_copied_transfers_in_peer_order():
     got = settle(plans, outcomes, lambda _: None)
     assert [(t.node, t.image, bool(t.skipped)) for t in got] == [
         ("spark-b", "img:0", True), ("spark-b", "img:1", False), ("spark-c", "img:0", True), ("spark-c", "img:1", False)]
+
+
+class _Canned:
+    """A node connection that answers the survey's one command with what a test-cluster node printed."""
+
+    name = "spark-b"
+
+    def __init__(self, stdout: str) -> None:
+        self.stdout, self.argv = stdout, None
+
+    def run(self, argv, timeout=None):
+        from sparkctl.nodes.results import CommandResult
+        self.argv = argv
+        return CommandResult("spark-b", list(argv), 0, self.stdout, "", 0.1)
+
+
+def test_survey_reads_ids_layers_and_what_the_node_stores_in_one_round_trip():
+    iid = "sha256:ef9cafc869c4" + "0" * 52
+    conn = _Canned(f"{iid} {ENGINE_LINE}\n-\n===HELD\n{ENGINE_LINE}\n")
+    got = survey(conn, ["sparkctl-test-engine:1", "absent:2"], held=True)
+    assert got.ids == {"sparkctl-test-engine:1": iid, "absent:2": None}
+    assert got.layers["sparkctl-test-engine:1"] == ENGINE and got.layers["absent:2"] is None
+    assert got.held == [ENGINE]
+    assert conn.argv[:2] == ["sh", "-c"] and conn.argv[3:] == ["held", "sparkctl-test-engine:1", "absent:2"]
+    with pytest.raises(ImageError, match="docker image inspect failed on spark-b"):
+        survey(_Canned("-\n"), ["a:1", "b:2"], held=False)
+
+
+def test_building_node_survey_says_per_peer_whether_a_fabric_stream_can_log_in():
+    iid = "sha256:ef9cafc869c4" + "0" * 52
+    conn = _Canned(f"===FABRIC 198.18.0.2 ok\n===FABRIC 198.18.0.3 host-key\n===FABRIC 198.18.0.4 key\n"
+                   f"{iid} {ENGINE_LINE}\n")
+    got = survey(conn, ["sparkctl-test-engine:1"], fabric_peers=["198.18.0.2", "198.18.0.3", "198.18.0.4"])
+    assert got.fabric == {"198.18.0.2": "ok", "198.18.0.3": "host-key", "198.18.0.4": "key"}
+    assert got.ids == {"sparkctl-test-engine:1": iid} and got.held == []
+    assert conn.argv[3] == "fabric=198.18.0.2,198.18.0.3,198.18.0.4"
+    with pytest.raises(ValueError):
+        survey(conn, ["a:1"], held=True, fabric_peers=["198.18.0.2"])
