@@ -98,3 +98,56 @@ def test_tp4_up_checks_every_pair_boots_workers_first_and_down_stops_all(cli, te
     assert code == 0 and json.loads(out)["changed"], err[-2000:]
     for node in NODES:
         assert _running(test_cluster4, node, four_env["cluster"]) == [], node
+
+
+def test_images_reach_three_peers_at_once_streamed_when_missing_and_layered_when_thin(test_cluster4, tmp_path):
+    """spark-a gives its images to spark-b, -c, -d at once: the engine image, which spark-c and spark-d lack entirely,
+    as one docker save streamed over the fabric SSH into both (spark-b has it: nothing sent); then images one thin
+    layer above it through the registry to all three. Same image IDs everywhere after each copy."""
+    from sparkctl.images import pipeline
+    from sparkctl.images.copy import distribute
+    from sparkctl.images.registry import Endpoint
+    from sparkctl.prepare.plays import prepare
+
+    inv = load_inventory(test_cluster4.inventory_path)
+    conns = pipeline.connections(inv)
+    engine, engine_id = test_cluster4.engine_image, test_cluster4.engine_image_id
+    prepare(inv, tags=["fabric-ssh"])                     # the fabric key on spark-a, every peer's host key pinned
+    src, peers = Endpoint.of(inv, inv.node("spark-a")), [Endpoint.of(inv, inv.node(n)) for n in NODES[1:]]
+    thin = [f"sparkctl-test-thin:{tmp_path.name[-8:]}-{i}" for i in (1, 2)]
+    try:
+        for node in ("spark-c", "spark-d"):
+            conns[node].run(["docker", "rmi", engine], check=True, timeout=120)
+        lines: list[str] = []
+        transfers = distribute([engine], src, peers, report=lines.append)
+        by_node = {t.node: t for t in transfers}
+        assert by_node["spark-b"].skipped and by_node["spark-b"].rx_bytes == 0
+        for node in ("spark-c", "spark-d"):
+            assert by_node[node].via == "stream" and by_node[node].image_id == engine_id
+            assert by_node[node].rx_bytes > 100_000_000, by_node[node]          # the whole image, >100 MB
+        assert any(ln.startswith("spark-c, spark-d <- ") and "one docker save on spark-a" in ln for ln in lines), lines
+        assert "spark-c: copy done (stream)" in lines and "spark-d: copy done (stream)" in lines
+
+        # One thin layer above the engine: through the registry to all three. Docker's pull cache knows only the
+        # layers a daemon pulled, not those it loaded, so the first registry copy after a stream sends the engine's
+        # layers once (a machine whose data roots already pulled them sends none); the next one sends only its own.
+        for flag in thin:
+            conns["spark-a"].run(["env", "DOCKER_BUILDKIT=0", "docker", "build", "-q", "-t", flag, "-"], check=True,
+                                 timeout=300, stdin=f"FROM {engine}\nRUN echo {flag} > /flag\n")
+        for i, flag in enumerate(thin):
+            lines.clear()
+            transfers = distribute([engine, flag], src, peers, report=lines.append)
+            copied = [t for t in transfers if t.image == flag]
+            assert [t.node for t in copied] == list(NODES[1:]) and all(t.via == "registry" for t in copied)
+            assert all(t.skipped for t in transfers if t.image == engine)
+            assert {ln for ln in lines if ln.endswith("copy done (registry)")} == \
+                {f"{n}: copy done (registry)" for n in NODES[1:]}
+            flag_id = conns["spark-a"].run(["docker", "image", "inspect", "--format", "{{.Id}}", flag]).stdout.strip()
+            assert {t.image_id for t in copied} == {flag_id}
+            if i == 1:
+                assert all([x.sent for x in t.layers].count(True) == 1 and t.sent_bytes < 100_000 for t in copied), \
+                    [t.line() for t in copied]
+    finally:
+        for node in NODES:
+            conns[node].run(["docker", "rmi", *thin], timeout=120)
+        test_cluster4.ensure_engine_image()               # every node holds the engine image again
