@@ -165,7 +165,8 @@ def fabric_ssh_argv(user: str, address: str) -> list[str]:
 # ------------------------------------------------------------------------------------------------ the stream
 # Runs on the building node: one `docker save`, its bytes written to every peer's `ssh ... docker load` (argv lists;
 # the remote command is one shlex-quoted argv, as sparkctl's own SSH connector sends it). A peer whose ssh dies is
-# dropped and the others go on. Progress every 2 s; then per peer "===PEER i rc bytes seconds" and its output.
+# dropped and the others go on. One peer: docker save writes straight into ssh (no copy here; the byte count is
+# docker save's wchar). Progress every 2 s; then per peer "===PEER i rc bytes seconds" and its output.
 _PUMP = r"""import json,os,shlex,subprocess,sys,tempfile,time
 a=json.loads(sys.argv[1])
 remote=shlex.join(["sh","-c",'docker load && docker image inspect --format "===ID {{.Id}}" "$@"',"sh"]+a["images"])
@@ -175,10 +176,27 @@ for argv in a["ssh"]:
     peers.append({"p":subprocess.Popen(argv+[remote],stdin=subprocess.PIPE,stdout=out,stderr=subprocess.STDOUT),
                   "out":out,"n":0,"t":None,"live":True})
 err=tempfile.TemporaryFile()
-save=subprocess.Popen(["docker","save"]+a["images"],stdout=subprocess.PIPE,stderr=err)
-src,n,t0,shown=save.stdout.fileno(),0,time.time(),time.time()
-while any(p["live"] for p in peers):
-    b=os.read(src,1<<20)
+one=len(peers)==1
+save=subprocess.Popen(["docker","save"]+a["images"],stdout=peers[0]["p"].stdin if one else subprocess.PIPE,stderr=err)
+n,t0,shown=0,time.time(),time.time()
+def wrote():
+    try:
+        return int(open("/proc/%d/io"%save.pid).read().split("wchar:")[1].split()[0])
+    except (OSError,IndexError,ValueError):
+        return peers[0]["n"]
+def exited(p):   # without reaping it: a zombie's /proc/PID/io still holds its final count
+    return os.waitid(os.P_PID,p.pid,os.WEXITED|os.WNOHANG|os.WNOWAIT) is not None
+if one:
+    peers[0]["p"].stdin.close()
+    while not exited(save) and peers[0]["p"].poll() is None:
+        time.sleep(0.1);n=max(n,wrote())
+        if time.time()-shown>=2:
+            shown=time.time();print("===PROGRESS",round(shown-t0,3),n,flush=True)
+    peers[0]["n"]=n=max(n,wrote())
+    if not exited(save):
+        save.kill()
+while not one and any(p["live"] for p in peers):
+    b=os.read(save.stdout.fileno(),1<<20)
     if not b:
         break
     n+=len(b)
@@ -194,7 +212,7 @@ while any(p["live"] for p in peers):
             p["live"]=False;p["t"]=time.time()-t0
     if time.time()-shown>=2:
         shown=time.time();print("===PROGRESS",round(shown-t0,3)," ".join(str(p["n"]) for p in peers),flush=True)
-if not any(p["live"] for p in peers):
+if not one and not any(p["live"] for p in peers):
     save.kill()
 for p in peers:
     try:

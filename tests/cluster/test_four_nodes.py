@@ -48,7 +48,8 @@ def four_env(test_cluster4: TestCluster, tmp_path: Path, monkeypatch: pytest.Mon
         monkeypatch.setenv(MEMLOCK_ENV, str(hard))
     yield {"inv": inv, "profile": str(profile), "cluster": inv.cluster.name}
     for node in NODES:
-        ids = _docker(test_cluster4, node, "ps", "-aq", "--filter", f"label=sparkctl.cluster={inv.cluster.name}").split()
+        ids = _docker(test_cluster4, node, "ps", "-aq", "--filter",
+                      f"label=sparkctl.cluster={inv.cluster.name}").split()
         if ids:
             _docker(test_cluster4, node, "rm", "-f", *ids)
 
