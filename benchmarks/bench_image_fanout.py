@@ -7,7 +7,8 @@ copy from a clean peer (no pipeline image, no base, `docker image prune -af`):
   1. the whole-image stream baseline: `docker save engine launch | ssh peer docker load` run on spark-a between the
      nodes' fabric addresses with OpenSSH's defaults (what the other Spark tools do);
   2. sparkctl's first copy of the same images (`distribute`: it chooses the stream for an empty peer) to one peer;
-     1 and 2 alternate three times: ratio baseline / first copy per round and of the medians (target >= 1.0);
+     1 and 2 in ABBA order four times (after a sync each): ratio baseline / first copy per round and of the medians
+     (target >= 1.0);
   3. the first copy to three peers at once vs to one peer (wall times), by the stream and by the registry (registry
      cache emptied before each, so each includes the push);
   4. a flag-only copy (peers hold the previous engine + launch: one thin layer missing) to one and to three peers,
@@ -39,7 +40,7 @@ from sparkctl.prepare.plays import prepare  # noqa: E402
 from testrig.cluster import TestCluster  # noqa: E402
 from testrig.engine_image import EngineImages  # noqa: E402
 
-ROUNDS = 3            # baseline and first copy alternate, each from a clean peer: the box is shared, so medians
+ROUNDS = 4            # baseline and first copy in ABBA order, each from a clean peer: the box is shared, so medians
 _BASELINE = ('addr=$1; shift; docker save "$@" | ssh -i ~/.ssh/sparkctl_fabric_ed25519 -o IdentitiesOnly=yes '
              '-o BatchMode=yes -o StrictHostKeyChecking=yes -o UserKnownHostsFile=~/.ssh/sparkctl_fabric_known_hosts '
              '"root@$addr" docker load')
@@ -103,13 +104,16 @@ def run(cluster: TestCluster) -> dict:
 
     b = peers[0]
     base_s, first_s = [], []
-    for _ in range(ROUNDS):
-        clean([b])
-        base_s.append(baseline(b))
-        clean([b])
+    def ours() -> float:
         took, ts = copy(first, [b])
         assert {t.via for t in ts} == {"stream"}, [t.line() for t in ts]
-        first_s.append(took)
+        return took
+
+    for i in range(ROUNDS):   # ABBA order, each after a clean peer and a sync (the last load's writeback done)
+        for which in (("base", "ours") if i % 2 == 0 else ("ours", "base")):
+            clean([b])
+            a.run(["sync"], timeout=300)
+            (base_s if which == "base" else first_s).append(baseline(b) if which == "base" else ours())
     clean(peers)
     stream3, ts3 = copy(first, peers)
     assert {t.via for t in ts3} == {"stream"}

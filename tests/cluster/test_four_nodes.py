@@ -103,7 +103,8 @@ def test_tp4_up_checks_every_pair_boots_workers_first_and_down_stops_all(cli, te
 
 def test_images_reach_three_peers_at_once_streamed_when_missing_and_layered_when_thin(test_cluster4, tmp_path):
     """spark-a gives its images to spark-b, -c, -d at once: the engine image, which spark-c and spark-d lack entirely,
-    as one docker save streamed over the fabric SSH into both (spark-b has it: nothing sent); then images one thin
+    as one docker save streamed over the fabric SSH into both (spark-b has it: nothing sent), and to spark-d alone;
+    then images one thin
     layer above it through the registry to all three. Same image IDs everywhere after each copy."""
     from sparkctl.images import pipeline
     from sparkctl.images.copy import distribute
@@ -128,6 +129,11 @@ def test_images_reach_three_peers_at_once_streamed_when_missing_and_layered_when
             assert by_node[node].rx_bytes > 100_000_000, by_node[node]          # the whole image, >100 MB
         assert any(ln.startswith("spark-c, spark-d <- ") and "one docker save on spark-a" in ln for ln in lines), lines
         assert "spark-c: copy done (stream)" in lines and "spark-d: copy done (stream)" in lines
+        # one peer lacking it: docker save writes straight into that peer's ssh
+        conns["spark-d"].run(["docker", "rmi", engine], check=True, timeout=120)
+        (alone,) = [t for t in distribute([engine], src, peers) if not t.skipped]
+        assert (alone.node, alone.via, alone.image_id) == ("spark-d", "stream", engine_id)
+        assert abs(alone.rx_bytes - by_node["spark-d"].rx_bytes) < 1_000_000      # the same stream, counted alike
 
         # One thin layer above the engine: through the registry to all three. Docker's pull cache knows only the
         # layers a daemon pulled, not those it loaded, so the first registry copy after a stream sends the engine's
