@@ -118,19 +118,19 @@ def test_images_reach_three_peers_at_once_streamed_when_missing_and_layered_when
     src, peers = Endpoint.of(inv, inv.node("spark-a")), [Endpoint.of(inv, inv.node(n)) for n in NODES[1:]]
     thin = [f"sparkctl-test-thin:{tmp_path.name[-8:]}-{i}" for i in (1, 2)]
     try:
-        for node in ("spark-c", "spark-d"):
-            conns[node].run(["docker", "rmi", engine], check=True, timeout=120)
+        for node in ("spark-c", "spark-d"):   # nothing left there sharing its layers (data roots outlive runs)
+            _forget(conns[node], engine)
         lines: list[str] = []
         transfers = distribute([engine], src, peers, report=lines.append)
         by_node = {t.node: t for t in transfers}
         assert by_node["spark-b"].skipped and by_node["spark-b"].rx_bytes == 0
         for node in ("spark-c", "spark-d"):
-            assert by_node[node].via == "stream" and by_node[node].image_id == engine_id
+            assert by_node[node].via == "stream" and by_node[node].image_id == engine_id, "\n".join(lines)
             assert by_node[node].rx_bytes > 100_000_000, by_node[node]          # the whole image, >100 MB
         assert any(ln.startswith("spark-c, spark-d <- ") and "one docker save on spark-a" in ln for ln in lines), lines
         assert "spark-c: copy done (stream)" in lines and "spark-d: copy done (stream)" in lines
         # one peer lacking it: docker save writes straight into that peer's ssh
-        conns["spark-d"].run(["docker", "rmi", engine], check=True, timeout=120)
+        _forget(conns["spark-d"], engine)
         (alone,) = [t for t in distribute([engine], src, peers) if not t.skipped]
         assert (alone.node, alone.via, alone.image_id) == ("spark-d", "stream", engine_id)
         assert abs(alone.rx_bytes - by_node["spark-d"].rx_bytes) < 1_000_000      # the same stream, counted alike
@@ -158,3 +158,9 @@ def test_images_reach_three_peers_at_once_streamed_when_missing_and_layered_when
         for node in NODES:
             conns[node].run(["docker", "rmi", *thin], timeout=120)
         test_cluster4.ensure_engine_image()               # every node holds the engine image again
+
+
+def _forget(conn, image: str) -> None:
+    """The node holds neither ``image`` nor any image sharing its layers (a bench run's leftovers would)."""
+    conn.run(["docker", "rmi", image], check=True, timeout=120)
+    conn.run(["docker", "image", "prune", "-af"], check=True, timeout=300)
