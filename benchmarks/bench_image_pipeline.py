@@ -12,6 +12,8 @@ default `bimg`/6), builds the SGLang 0.5.23 test base on spark-a, then measures:
      spark-b's own `docker load` of the same image from local disk (the unpack ceiling, no network); the pull is
      also measured over its wire window (first to last byte on spark-b's fabric interface, sampled every 5 ms);
   5. for reference, the old way: `docker save | docker load` of the whole launch image through the controller.
+Every copy here goes through the registry (``distribute(..., stream=False)``); the first-copy stream and the
+copy to three peers at once are benchmarks/bench_image_fanout.py.
 Run:  SPARKCTL_TEST_CLUSTER_PREFIX=pa SPARKCTL_TEST_CLUSTER_NET=3 .venv/bin/python benchmarks/bench_image_pipeline.py
 """
 from __future__ import annotations
@@ -32,7 +34,8 @@ from sparkctl.prepare.plays import prepare  # noqa: E402
 from sparkctl.images import manage, pipeline  # noqa: E402
 from sparkctl.images.build import build_images, ensure_base  # noqa: E402
 from sparkctl.images.plan import plan_images  # noqa: E402
-from sparkctl.images.registry import Endpoint, Registry, distribute  # noqa: E402
+from sparkctl.images.copy import distribute  # noqa: E402
+from sparkctl.images.registry import Endpoint, Registry  # noqa: E402
 from testrig.cluster import TestCluster  # noqa: E402
 from testrig.engine_image import EngineImages  # noqa: E402
 
@@ -54,7 +57,7 @@ def _build_and_copy(prof, inv, a, src, dst):
     plan = plan_images(prof, inv, ensure_base(a, prof.image.base_image, node="spark-a", pull=False))
     steps = build_images(plan, a)
     t1 = time.perf_counter()
-    transfers = distribute([plan.engine_tag, plan.launch_tag], src, [dst])
+    transfers = distribute([plan.engine_tag, plan.launch_tag], src, [dst], stream=False)   # the registry path
     t2 = time.perf_counter()
     return plan, steps, transfers, t1 - t0, t2 - t1
 

@@ -1,4 +1,4 @@
-"""A real two-node "Spark" test cluster on one Linux machine (root only).
+"""A real two- to four-node "Spark" test cluster on one Linux machine (root only).
 
 Each node is a network namespace with its own OpenSSH server and its own Docker Engine; only the
 GPU engine is emulated (the test engine image runs ``sparkctl.sim`` behind a ``sglang`` shim)::
@@ -10,7 +10,16 @@ GPU engine is emulated (the test engine image runs ``sparkctl.sim`` behind a ``s
 
 The management network is a bridge (not one point-to-point veth per node) because that is what a desk
 setup looks like: controller and both Sparks on one LAN, one controller address, nodes reachable from
-each other over management too. The fabric is a direct cable, like the CX-7 QSFP link.
+each other over management too. With two nodes the fabric is a direct cable, like the CX-7 QSFP link.
+With three or four (``node_count``; spark-a .. spark-d) it is a switch: a bridge ``<prefix>-fab`` (MTU
+9000, no address, the controller is not on the fabric) with each node's ``enp1s0f0np0`` a veth into it
+(host end ``<prefix>-fab-<letter>``), 198.18.N.<rank+1>/24, and the inventory says
+``sparkctl_fabric_topology: switch`` with ``sparkctl_fabric_subnet: 198.18.N.0/24``::
+
+    fabric: bridge <prefix>-fab, MTU 9000
+        |-- <prefix>-fab-a <-> enp1s0f0np0 in spark-a  198.18.N.1/24
+        |-- ...
+        `-- <prefix>-fab-d <-> enp1s0f0np0 in spark-d  198.18.N.4/24
 
 Example::
 
@@ -41,12 +50,13 @@ from pathlib import Path
 from typing import Sequence
 
 from testrig import rootfs
-from testrig.hostops import ClusterError, _alive, _atomic_write, _keygen, _link_exists, _run, _Timer, log
+from testrig.hostops import ClusterError, _alive, _atomic_write, _keygen, _run, _Timer, log
+from testrig.cluster_net import FABRIC_MTU, MGMT_IFACE, ClusterNetwork  # noqa: F401 - tests import them here
 from testrig.node_daemons import DATA_ROOT, FABRIC_IFACE, NodeDaemons  # noqa: F401 - DATA_ROOT: tests import it from here
 
-NODE_NAMES = ("spark-a", "spark-b")
-MGMT_IFACE = "mgmt0"
-FABRIC_MTU = 9000
+NODE_NAMES = ("spark-a", "spark-b")          # the two-node cluster (the default)
+ALL_NODE_NAMES = ("spark-a", "spark-b", "spark-c", "spark-d")
+MAX_NODES = len(ALL_NODE_NAMES)
 STATE_ROOT = Path("/run/sparkctl-test")        # pidfiles: survive a crashed run, gone at reboot
 IMAGE_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sparkctl" / "test-image"
 PROJECT_DIR = Path(__file__).resolve().parents[1]
@@ -100,11 +110,13 @@ class Node:
 
 
 @dataclass
-class TestCluster(NodeDaemons):
-    """Two network-namespace "Sparks" with real sshd + dockerd, and an inventory pointing at them.
+class TestCluster(ClusterNetwork, NodeDaemons):
+    """Network-namespace "Sparks" (two by default, up to four) with real sshd + dockerd, and an inventory
+    pointing at them.
 
     ``name_prefix`` (1-6 lowercase letters/digits) names namespaces, links and pidfiles; ``net_index`` picks
-    the subnets (198.19.<i>.0/24 management, 198.18.<i>.0/24 fabric) so two clusters can coexist.
+    the subnets (198.19.<i>.0/24 management, 198.18.<i>.0/24 fabric) so two clusters can coexist;
+    ``node_count`` (2..4) is how many: two share a direct fabric cable, more a switch (bridge).
     """
 
     __test__ = False   # not a pytest test class despite the name
@@ -113,6 +125,7 @@ class TestCluster(NodeDaemons):
     name_prefix: str = "spk"
     net_index: int = 0
     build_image: bool = True
+    node_count: int = 2
     nodes: dict[str, Node] = field(init=False)
     engine_image: str | None = field(init=False, default=None)
     engine_image_id: str | None = field(init=False, default=None)
@@ -123,9 +136,11 @@ class TestCluster(NodeDaemons):
             raise ClusterError(f"bad name prefix {self.name_prefix!r}", hint="use 1-6 lowercase letters/digits")
         if not 0 <= self.net_index <= 255:
             raise ClusterError(f"bad net index {self.net_index}", hint="use 0..255")
+        if not 2 <= self.node_count <= MAX_NODES:
+            raise ClusterError(f"bad node count {self.node_count}", hint=f"use 2..{MAX_NODES}")
         self.workdir = Path(self.workdir).resolve()
         self.nodes = {}
-        for rank, name in enumerate(NODE_NAMES):
+        for rank, name in enumerate(ALL_NODE_NAMES[:self.node_count]):
             netns = f"{self.name_prefix}-{name}"
             self.nodes[name] = Node(
                 name=name, rank=rank, netns=netns,
@@ -168,7 +183,7 @@ class TestCluster(NodeDaemons):
         return STATE_ROOT / self.name_prefix
 
     def node(self, name: str) -> Node:
-        """The node called ``name`` (``spark-a``/``spark-b``), or a ClusterError listing the names."""
+        """The node called ``name`` (``spark-a``, ``spark-b``, ...), or a ClusterError listing the names."""
         try:
             return self.nodes[name]
         except KeyError:
@@ -185,7 +200,7 @@ class TestCluster(NodeDaemons):
     # ----------------------------------------------------------------- lifecycle
     def up(self, *, timeout: float = 60.0) -> "TestCluster":
         """Create namespaces and links, start sshd + dockerd per node, write known_hosts + inventory, ensure
-        the engine image on both nodes. Cleans a crashed run with the same prefix first; tears down on failure.
+        the engine image on every node. Cleans a crashed run with the same prefix first; tears down on failure.
         """
         missing = missing_prerequisites(need_image_build=self.build_image)
         if missing:
@@ -226,8 +241,11 @@ class TestCluster(NodeDaemons):
         return self
 
     def down(self) -> None:
-        """Stop what ``up()`` started (by PID) and remove namespaces and links. Idempotent; keeps caches."""
-        for node in self.nodes.values():
+        """Stop what ``up()`` started (by PID) and remove namespaces and links. Idempotent; keeps caches.
+
+        A node-count change between runs with one prefix is cleaned too: every node name a cluster can have
+        is looked at (only the prefix's own namespaces, links and pidfiles)."""
+        for node in self._every_possible_node():
             self._stop_pid(self._read_pid(node, "dockerd"), node, "dockerd", grace=30)
             self._stop_pid(self._read_pid(node, "sshd"), node, "sshd", grace=5)
             for pid in self._netns_pids(node):          # containers, shims: anything left in *our* namespace
@@ -237,9 +255,7 @@ class TestCluster(NodeDaemons):
                          Path(f"/run/docker-{node.netns}.pid")):
                 path.unlink(missing_ok=True)
             rootfs.release(self.state_dir, node.name)
-            host_end = f"{self.name_prefix}-{node.name}"
-            if _link_exists(host_end):   # before the netns: its deletion removes the veth asynchronously
-                _run(["ip", "link", "delete", host_end], check=False)
+            self._remove_links(node)
             if Path(f"/run/netns/{node.netns}").exists():
                 _run(["ip", "netns", "delete", node.netns])
             uts = self._uts_file(node)
@@ -247,11 +263,18 @@ class TestCluster(NodeDaemons):
                 if os.path.ismount(uts):
                     _run(["umount", str(uts)])
                 uts.unlink()
-        if _link_exists(self.bridge):
-            _run(["ip", "link", "delete", self.bridge], check=False)
+        self._remove_bridges()
         rootfs.release_dir(self.state_dir)
         if self.state_dir.is_dir() and not any(self.state_dir.iterdir()):
             self.state_dir.rmdir()
+
+    def _every_possible_node(self) -> list[Node]:
+        """This cluster's nodes, plus the ones a larger cluster with the same prefix would have (for ``down``)."""
+        extra = [Node(name=name, rank=rank, netns=f"{self.name_prefix}-{name}", mgmt_address="", fabric_address="",
+                      fabric_iface=FABRIC_IFACE, docker_socket=Path(f"/run/docker-{self.name_prefix}-{name}.sock"),
+                      host_root=self.workdir / "srv" / name, dir=self.workdir / name)
+                 for rank, name in enumerate(ALL_NODE_NAMES) if name not in self.nodes]
+        return [*self.nodes.values(), *extra]
 
     def __enter__(self) -> "TestCluster":
         return self.up()
@@ -315,14 +338,6 @@ class TestCluster(NodeDaemons):
         return self.engine_image
 
     # ----------------------------------------------------------------- bring-up steps
-    def _check_subnets_free(self) -> None:
-        routes = _run(["ip", "-4", "route", "show"]).stdout
-        for subnet in (f"198.19.{self.net_index}.", f"198.18.{self.net_index}."):
-            if subnet in routes:
-                raise ClusterError(f"subnet {subnet}0/24 is already routed on this machine",
-                                   hint="another test cluster is up (scripts/test-cluster down), or pick "
-                                        "another net_index", evidence=routes)
-
     def _make_keys(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
@@ -349,30 +364,6 @@ class TestCluster(NodeDaemons):
                 "StrictModes no",
                 f"SetEnv DOCKER_HOST={node.docker_host}",
                 "Subsystem sftp /usr/lib/openssh/sftp-server", "LogLevel VERBOSE", ""]))
-
-    def _make_network(self) -> None:
-        p, br = self.name_prefix, self.bridge
-        _run(["ip", "link", "add", br, "type", "bridge"])
-        _run(["ip", "addr", "add", f"{self.controller_address}/24", "dev", br])
-        _run(["ip", "link", "set", br, "up"])
-        a, b = self.nodes.values()
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        for n in (a, b):
-            _run(["ip", "netns", "add", n.netns])
-            self._uts_file(n).touch()
-            _run(["unshare", f"--uts={self._uts_file(n)}", "hostname", n.name])
-            host_end = f"{p}-{n.name}"
-            _run(["ip", "link", "add", host_end, "type", "veth", "peer", "name", MGMT_IFACE, "netns", n.netns])
-            _run(["ip", "link", "set", host_end, "master", br, "up"])
-        _run(["ip", "link", "add", FABRIC_IFACE, "netns", a.netns, "mtu", str(FABRIC_MTU), "type", "veth",
-              "peer", "name", FABRIC_IFACE, "netns", b.netns, "mtu", str(FABRIC_MTU)])
-        for n in (a, b):
-            ns = ["ip", "-n", n.netns]
-            _run([*ns, "link", "set", "lo", "up"])
-            _run([*ns, "addr", "add", f"{n.mgmt_address}/24", "dev", MGMT_IFACE])
-            _run([*ns, "link", "set", MGMT_IFACE, "up"])
-            _run([*ns, "addr", "add", f"{n.fabric_address}/24", "dev", FABRIC_IFACE])
-            _run([*ns, "link", "set", FABRIC_IFACE, "up"])
 
     def _make_root(self, node: Node) -> None:
         try:
@@ -408,6 +399,8 @@ class TestCluster(NodeDaemons):
         cluster_vars: dict[str, object] = {"sparkctl_cluster": f"testcluster-{self.name_prefix}",
                                            "sparkctl_known_hosts": str(self.known_hosts_path),
                                            **rootfs.INVENTORY_VARS}   # the playbooks' hardware stand-ins
+        if self.switched:   # one fabric subnet through the switch (sparkctl.config.inventory)
+            cluster_vars.update(sparkctl_fabric_topology="switch", sparkctl_fabric_subnet=self.fabric_subnet)
         if self.engine_image:
             cluster_vars["sparkctl_engine_image"] = self.engine_image
         doc = {"all": {"vars": cluster_vars,
@@ -417,7 +410,7 @@ class TestCluster(NodeDaemons):
 
     # ----------------------------------------------------------------- state and processes
     def _write_state(self) -> None:
-        state = {"prefix": self.name_prefix, "engine_image": self.engine_image, "engine_image_id": self.engine_image_id,
+        state = {"prefix": self.name_prefix, "node_count": self.node_count, "engine_image": self.engine_image, "engine_image_id": self.engine_image_id,
                  "timings": self.timings, "nodes": {n.name: {k: str(v) if isinstance(v, Path) else v
                                                              for k, v in asdict(n).items()}
                                                     for n in self.nodes.values()}}

@@ -1,4 +1,4 @@
-"""``scripts/test-cluster``: bring the two-node test cluster up or down by hand, show its status, print its env."""
+"""``scripts/test-cluster``: bring the test cluster (two nodes, or up to four on a switch) up or down by hand, show its status, print its env."""
 from __future__ import annotations
 
 import json
@@ -15,20 +15,23 @@ from testrig.cluster import TestCluster
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``test-cluster {up,down,status,env} [--workdir D] [--prefix P] [--net N] [--no-image]``."""
+    """``test-cluster {up,down,status,env} [--workdir D] [--prefix P] [--net N] [--nodes 2..4] [--no-image]``."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="test-cluster", description="Two-node Spark test cluster on this machine")
+    parser = argparse.ArgumentParser(prog="test-cluster", description="Spark test cluster (2-4 nodes) on this machine")
     parser.add_argument("command", choices=["up", "down", "status", "env"])
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get(
         "SPARKCTL_TEST_CLUSTER_DIR", "/var/tmp/sparkctl-test-cluster")))
     parser.add_argument("--prefix", default=os.environ.get("SPARKCTL_TEST_CLUSTER_PREFIX", "spk"))
     parser.add_argument("--net", type=int, default=0, help="subnet index: 198.19.N.0/24 mgmt, 198.18.N.0/24 fabric")
+    parser.add_argument("--nodes", type=int, default=2, choices=range(2, 5),
+                        help="node count: 2 (direct fabric cable) or 3-4 (fabric switch); give the same to down")
     parser.add_argument("--no-image", action="store_true", help="skip the engine image")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     try:
-        cluster = TestCluster(args.workdir, args.prefix, args.net, build_image=not args.no_image)
+        cluster = TestCluster(args.workdir, args.prefix, args.net, build_image=not args.no_image,
+                              node_count=args.nodes)
         if args.command == "up":
             start = time.monotonic()
             cluster.up()

@@ -1,9 +1,9 @@
-"""Test images on the two-node test cluster: the emulator engine image and the SGLang 0.5.23 test base image.
+"""Test images on the test cluster: the emulator engine image and the SGLang 0.5.23 test base image.
 
 * ``sparkctl-test-engine:<hash>`` (tests/images/test-engine): a Debian rootfs from mmdebstrap (imported, no
   registry) + this project's wheel + a ``sglang`` shim whose ``launch_server`` runs ``sparkctl.sim`` + sglang-router
-  0.3.2 (as in lmsysorg/sglang images: ``python3 -m sglang_router.launch_router`` runs in it). Both
-  nodes get the same image (built on one, ``docker save | docker load`` to the other).
+  0.3.2 (as in lmsysorg/sglang images: ``python3 -m sglang_router.launch_router`` runs in it). Every
+  node gets the same image (built on one, ``docker save | docker load`` to the others).
 * ``sparkctl-test-sglang-base:<version>-<hash>`` (tests/images/test-sglang-base): the engine image plus the
   **real SGLang source** of a released wheel at ``/sgl-workspace/sglang/python/sglang`` (where lmsysorg's
   images keep it, installed "editable" through a ``.pth``), with the shim's ``__init__``/``launch_server``
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from testrig.cluster import (BASE_REPO, DEBIAN_SUITE, BASE_PACKAGES, ENGINE_REPO, IMAGE_CACHE, NODE_NAMES,
+from testrig.cluster import (BASE_REPO, DEBIAN_SUITE, BASE_PACKAGES, ENGINE_REPO, IMAGE_CACHE,
                                       PROJECT_DIR, ClusterError, _rootfs_key, _rootfs_path, _run)
 
 if TYPE_CHECKING:
@@ -48,17 +48,19 @@ class EngineImages:
 
     # ------------------------------------------------------------------ emulator engine image
     def ensure(self) -> tuple[str, str]:
-        """Both nodes hold the same test engine image; returns (tag, image id).
+        """Every node holds the same test engine image; returns (tag, image id).
 
         Tag ``sparkctl-test-engine:<hash of rootfs package list + image files + project source>``. Skips the
-        build when a node already has the tag, and copies it to the other node (``docker save | docker load``).
+        build when a node already has the tag, and copies it to each node without it (``docker save | docker load``,
+        one node after the other: each node's data root keeps it across runs, so only a new cluster size or a
+        source change copies).
         """
         nodes = self.cluster.nodes
         tag = f"{ENGINE_REPO}:{engine_content_hash()}"
         ids = {n.name: image_id(n, tag) for n in nodes.values()}
         source = next((name for name, iid in ids.items() if iid), None)
         if source is None:
-            source = NODE_NAMES[0]
+            source = next(iter(nodes))   # spark-a
             self._build_engine(nodes[source], tag)
             ids[source] = image_id(nodes[source], tag)
         else:

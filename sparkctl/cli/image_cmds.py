@@ -104,7 +104,8 @@ def image_build(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY,
     p, steps = pipeline.build(prof, inv, log_dir=log_dir, report=progress.event)
     transfers: list = []
     if copy:
-        progress.stage("image-copy", "missing layers to the other nodes over the fabric")
+        progress.stage("image-copy", "to every other node at once over the fabric (missing layers, or a "
+                                      "whole-image stream to a node lacking most)")
         transfers = pipeline.distribute_plan(p, inv, report=progress.event)
         progress.stage("image-verify", "one ID per image on every node")
     ids = pipeline.verify(p, inv) if copy else {}
@@ -114,7 +115,8 @@ def image_build(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY,
         emit(ImageBuildOutput, {
             **p.to_json(), "steps": [s.__dict__ for s in steps],
             "transfers": [{"node": t.node, "image": t.image, "skipped": t.skipped, "layers": [x.__dict__ for x in t.layers],
-                           "rx_bytes": t.rx_bytes, "seconds": t.seconds} for t in transfers], "ids": ids})
+                           "rx_bytes": t.rx_bytes, "seconds": t.seconds, "via": t.via} for t in transfers],
+            "ids": ids})
     else:   # each step and copy was reported once, as it happened (stderr); stdout keeps the outcome
         print(f"engine {p.engine_tag}\nlaunch {p.launch_tag}")
         for tag, per_node in ids.items():

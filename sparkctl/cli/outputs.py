@@ -86,6 +86,7 @@ class TransferOut(_Out):
     layers: list[LayerMoveOut]
     rx_bytes: int
     seconds: float
+    via: str = "registry"      # registry (missing layers) | stream (whole images, docker save | docker load)
 
 
 class ImageBuildOutput(ImagePlanOutput):

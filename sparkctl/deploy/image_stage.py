@@ -9,8 +9,8 @@ Three kinds of cluster (`survey` tells which, read-only, when `up` plans):
   (`sparkctl.images.distribute.ensure_same_image`).
 * **pipeline** (the default on Sparks): the profile's base image + patch series become the engine image and
   the launch image on the rank-0 node (`sparkctl.images.pipeline`), built only when their content-addressed
-  tags are missing (build logs under ``<state>/builds``), copied to the peers as missing layers over the
-  fabric, and checked on every node (planned inputs, one ID per image) before boot. The ranks then run the
+  tags are missing (build logs under ``<state>/builds``), copied to every peer at once over the fabric (missing
+  layers, or a whole-image stream to a peer lacking most: `sparkctl.images.copy`), and checked on every node (planned inputs, one ID per image) before boot. The ranks then run the
   launch image (`LaunchImage`): ``docker inspect`` of an engine names its profile and launch-spec hash, and a
   rollback runs the previous launch image.
 """

@@ -2,7 +2,7 @@
 
 Each step takes the Inventory and the Profile and talks to the nodes over their verified SSH connections
 (`sparkctl.nodes.ssh.connector_for`); each is a no-op with a reason when already satisfied. The building node
-is rank 0; the other nodes receive the images from it over the fabric (`sparkctl.images.registry`).
+is rank 0; the other nodes receive the images from it over the fabric, all at once (`sparkctl.images.copy`).
 Example (what `up`'s image stage becomes)::
 
     plan = prepare(profile, inventory, log_dir=ledger.root / "builds", report=lambda m: reporter.stage("image", m))
@@ -19,7 +19,8 @@ from sparkctl.errors import ConfigError, ImageError
 from sparkctl.images.build import BuildStep, build_images, ensure_base
 from sparkctl.images.manage import verify_images
 from sparkctl.images.plan import BaseImage, ImagePlan, inspect_base, plan_images
-from sparkctl.images.registry import Endpoint, Transfer, distribute
+from sparkctl.images.copy import distribute
+from sparkctl.images.registry import Endpoint, Transfer
 
 Report = Callable[[str], None]
 
@@ -67,7 +68,8 @@ def build(profile: Profile, inventory: Inventory, *, log_dir: Path | None = None
 
 
 def distribute_plan(p: ImagePlan, inventory: Inventory, *, report: Report = _quiet) -> list[Transfer]:
-    """Copy the plan's images from the building node to every other node (missing layers only)."""
+    """Copy the plan's images from the building node to every other node, all at once (a whole-image stream to a
+    peer that lacks most of them, else only the missing layers through the registry)."""
     source = Endpoint.of(inventory, inventory.node(p.builder))
     peers = [Endpoint.of(inventory, n) for n in inventory.nodes if n.name != p.builder]
     return distribute([p.engine_tag, p.launch_tag], source, peers, report=report)

@@ -16,10 +16,11 @@ the CX-7 link, never through the controller. Details:
 * Identity: the peer's image ID must equal the building node's after the pull (the ID is the config digest,
   which a registry round trip keeps), else ImageError.
 
-Example::
+A peer that lacks most of an image gets it as one whole-image stream instead (`sparkctl.images.stream`); which
+peer gets what, all at once, is `sparkctl.images.copy.distribute`. Example::
 
     src = Endpoint.of(inventory, inventory.node("spark-a")); dst = Endpoint.of(inventory, inventory.node("spark-b"))
-    for t in distribute([plan.engine_tag, plan.launch_tag], src, [dst], report=print):
+    for t in distribute([plan.engine_tag, plan.launch_tag], src, [dst], report=print):   # images.copy
         print(t.line())     # "spark-b <- sparkctl/sglang-gb10-launch:d5-...: 1 of 9 layers sent, 4.1 kB ..."
 """
 from __future__ import annotations
@@ -109,12 +110,13 @@ class Endpoint:
     fabric_address: str
     fabric_iface: str
     cache_dir: str
+    user: str = "root"          # SSH user on this node (the fabric stream logs in as it)
 
     @classmethod
     def of(cls, inventory: Any, node: Any) -> "Endpoint":
         from sparkctl.nodes.ssh import connector_for
         return cls(node.name, connector_for(inventory, node), node.fabric_address, node.fabric_interface,
-                   node.host_paths.cache)
+                   node.host_paths.cache, node.ssh.user)
 
 
 @dataclass
@@ -134,6 +136,8 @@ class Transfer:
     seconds: float = 0.0        # the whole pull: download + decompress + unpack on the peer
     skipped: str | None = None
     wire_seconds: float = 0.0   # first to last byte received on the fabric interface (sampled every 5 ms)
+    via: str = "registry"       # registry (missing layers) | stream (whole images, sparkctl.images.stream)
+    streamed_with: tuple[str, ...] = ()   # a stream's other images (its bytes and time are on its last image)
 
     @property
     def sent_bytes(self) -> int:
@@ -142,6 +146,12 @@ class Transfer:
     def line(self) -> str:
         if self.skipped:
             return f"{self.node} <- {self.image}: nothing to send ({self.skipped})"
+        if self.via == "stream":
+            rate = self.rx_bytes / self.seconds / 1e6 if self.seconds else 0.0
+            also = f" (with {', '.join(self.streamed_with)})" if self.streamed_with else ""
+            return (f"{self.node} <- {self.image}{also}: streamed whole, {human(self.rx_bytes)} over the fabric in "
+                    f"{self.seconds:.1f}s ({rate:.1f} MB/s)") if self.seconds else \
+                f"{self.node} <- {self.image}: in the same stream as the next image"
         sent = [x for x in self.layers if x.sent]
         rate = self.rx_bytes / self.seconds / 1e6 if self.seconds else 0.0
         return (f"{self.node} <- {self.image}: {len(sent)} of {len(self.layers)} layers sent, "
@@ -328,47 +338,3 @@ class Registry:
         seconds = float(end[1]) - float(started) if len(end) == 2 else 0.0
         return Transfer(peer.name, image, got, moves, after - before, round(seconds, 3),
                         wire_seconds=_wire_window(samples, before, after))
-
-
-def distribute(images: list[str], source: Endpoint, peers: list[Endpoint], *,
-               report: Callable[[str], None] = lambda _: None, port: int = PORT) -> list[Transfer]:
-    """Give every peer ``images`` (in order, e.g. engine then launch) with the source's image IDs.
-
-    No-op with a reason for a peer that already has them all; otherwise one short-lived registry on the
-    source's fabric address serves every peer, and only missing layers cross the fabric.
-    """
-    ids = image_ids(source.conn, images)
-    for image, iid in ids.items():
-        if not iid:
-            raise ImageError(f"image {image} is not on {source.name}, the building node", where=f"[{source.name}] image",
-                             hint="sparkctl image build first")
-    transfers: list[Transfer] = []
-    todo: list[tuple[Endpoint, str]] = []
-    for peer in peers:
-        have_ids = image_ids(peer.conn, images)
-        for image in images:
-            have = have_ids[image]
-            if have == ids[image]:
-                transfers.append(Transfer(peer.name, image, have, skipped=f"{peer.name} has {have[:19]}"))
-            elif have:
-                raise ImageError(f"{image} on {peer.name} is {have[:19]}, on {source.name} {ids[image][:19]}",
-                                 where=f"[{peer.name}] image", hint=f"docker rmi {image} on {peer.name} and run again "
-                                                                    "(a tag names one content; someone retagged it)")
-            else:
-                todo.append((peer, image))
-    for t in transfers:
-        report(t.line())
-    if not todo:
-        return transfers
-    with Registry(source, sorted({p.name: p for p, _ in todo}.values(), key=lambda p: p.name), port) as reg:
-        for image in dict.fromkeys(i for _, i in todo):
-            report(f"{source.name}: pushing {image} into the fabric registry (only layers it lacks are compressed)")
-            reg.push(image, report)
-        for peer, image in todo:
-            report(f"{peer.name} <- {image}: pulling from {reg.host} over the fabric")
-            t = reg.pull(peer, image, str(ids[image]), report)
-            for layer in t.layers:
-                report(f"  {layer.digest[:19]} {human(layer.size):>9}  {'sent' if layer.sent else 'present on ' + peer.name}")
-            report(t.line())
-            transfers.append(t)
-    return transfers

@@ -1,9 +1,14 @@
-"""Session fixture: the real two-node Spark test cluster (sshd + dockerd per network namespace).
+"""Session fixtures: the real Spark test clusters (sshd + dockerd per network namespace).
+
+* ``test_cluster``: two nodes on a direct fabric cable, brought up once per session.
+* ``test_cluster4``: four nodes on a fabric switch (a bridge), its own prefix and subnets; brought up only when
+  a test asks for it (the first one), torn down at session end.
 
 Skipped with a reason when this machine cannot run it (not root, a tool missing); under CI (``CI=true``)
 a missing prerequisite FAILS instead, so a broken CI machine never passes by skipping.
 Env: SPARKCTL_TEST_CLUSTER_PREFIX (default ``spkt``, apart from ``scripts/test-cluster``'s ``spk``) and
-SPARKCTL_TEST_CLUSTER_NET (subnet index, default 0).
+SPARKCTL_TEST_CLUSTER_NET (subnet index, default 0) for the two-node cluster; SPARKCTL_TEST_CLUSTER4_PREFIX
+(default ``spkq``) and SPARKCTL_TEST_CLUSTER4_NET (default 1) for the four-node one.
 """
 from __future__ import annotations
 
@@ -37,14 +42,31 @@ def test_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClust
         cluster.down()
 
 
+@pytest.fixture(scope="session")
+def test_cluster4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
+    """Four nodes (spark-a .. spark-d) through a fabric switch, engine image on each; torn down at session end."""
+    missing = missing_prerequisites()
+    if missing:
+        _unavailable("; ".join(missing))
+    cluster = TestCluster(tmp_path_factory.mktemp("cluster4"),
+                          name_prefix=os.environ.get("SPARKCTL_TEST_CLUSTER4_PREFIX", "spkq"),
+                          net_index=int(os.environ.get("SPARKCTL_TEST_CLUSTER4_NET", "1")), node_count=4)
+    cluster.up()
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     """A failed cluster test carries the tail of each node's sshd log in its report (CI keeps only the output:
     a dropped SSH session is otherwise a bare EOFError)."""
     outcome = yield
     report = outcome.get_result()
-    cluster = getattr(item, "funcargs", {}).get("test_cluster")
-    if report.failed and isinstance(cluster, TestCluster):
-        for log in sorted((cluster.workdir / "logs").glob("*-sshd.log")):
-            tail = log.read_text(errors="replace").splitlines()[-25:]
-            report.sections.append((f"{log.name} (last {len(tail)} lines)", "\n".join(tail)))
+    funcargs = getattr(item, "funcargs", {})
+    for cluster in (funcargs.get("test_cluster"), funcargs.get("test_cluster4")):
+        if report.failed and isinstance(cluster, TestCluster):
+            for log in sorted((cluster.workdir / "logs").glob("*-sshd.log")):
+                tail = log.read_text(errors="replace").splitlines()[-25:]
+                report.sections.append((f"{log.name} (last {len(tail)} lines)", "\n".join(tail)))

@@ -1,0 +1,290 @@
+"""A first copy as one stream node to node over the fabric, and the choice between it and the registry.
+
+The registry (`sparkctl.images.registry`) moves only the layers a peer lacks, but every layer it moves is gzipped
+on the building node and gunzipped on the peer: for a peer that has (almost) nothing of the image that costs more
+than it saves (a 386 MB first copy: 25.9 s through the registry against 12.1 s for a plain ``docker save |
+docker load``). So a peer that lacks most of the image's bytes gets the whole images as one ``docker save`` on the
+building node piped into ``docker load`` on the peer, over SSH on the fabric with the fabric key ``sparkctl
+prepare --tags fabric-ssh`` made (host keys pinned in its known_hosts, as `sparkctl.nodes.host_facts.fabric_ssh`
+checks them); any other peer pulls the missing layers from the registry.
+
+What a peer holds is measured, not guessed: Docker stores layers by chain (a layer and every layer under it), so
+what two images share is a common prefix of their ``RootFS.Layers``, and the bytes of a prefix are the ``Size`` of
+an image made of exactly those layers. ``shared_bytes`` takes the largest peer image that is a prefix of ours
+(the base, the previous engine image, an intermediate build image); layers it cannot account for count as
+missing (the stream is then chosen a little early, never the registry for a peer that lacks most).
+
+Example::
+
+    img = ImageLayers(("sha256:a", "sha256:b"), 400_000_000)
+    choose_copy([img], [ImageLayers(("sha256:a",), 380_000_000)], stream_ok=True).method   # 'registry'
+    choose_copy([img], [], stream_ok=True).method                                          # 'stream'
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from sparkctl.errors import ImageError
+from sparkctl.nodes.host_facts import FABRIC_KEY, FABRIC_KNOWN_HOSTS
+
+STREAM_FRACTION = 0.5          # stream when the peer lacks more than this share of the image's bytes
+# AES-GCM first: the CPUs of a Spark (and of CI machines) have AES instructions, so it costs less CPU per byte than
+# OpenSSH's default chacha20-poly1305; both are authenticated ciphers, the host key is verified either way.
+CIPHERS = "aes128-gcm@openssh.com,chacha20-poly1305@openssh.com"
+
+
+@dataclass(frozen=True)
+class ImageLayers:
+    """One image as Docker stores it: its layer diff IDs (base first) and its total size in bytes."""
+
+    layers: tuple[str, ...]
+    size: int
+
+
+@dataclass(frozen=True)
+class CopyChoice:
+    method: str              # stream | registry
+    missing_bytes: int       # of the largest image of the copy
+    total_bytes: int
+    reason: str
+
+    @property
+    def missing_share(self) -> float:
+        return self.missing_bytes / self.total_bytes if self.total_bytes else 0.0
+
+
+def shared_bytes(image: ImageLayers, held: Iterable[ImageLayers]) -> int:
+    """Bytes of ``image`` the peer already stores: all of them when ``image``'s layers are a prefix of (or equal to)
+    a held image's, else the size of the largest held image whose layers are a prefix of ``image``'s, else 0."""
+    n, best = len(image.layers), 0
+    for h in held:
+        m = len(h.layers)
+        if m >= n and h.layers[:n] == image.layers:
+            return image.size
+        if m < n and image.layers[:m] == h.layers:
+            best = max(best, min(h.size, image.size))
+    return best
+
+
+def choose_copy(images: list[ImageLayers], held: Iterable[ImageLayers], *, stream_ok: bool,
+                stream_fraction: float = STREAM_FRACTION, why_not_stream: str = "") -> CopyChoice:
+    """How one peer gets ``images`` (one copy's images share their layers: engine under launch): measured on the
+    largest, a stream when the peer lacks more than ``stream_fraction`` of its bytes and the fabric SSH works,
+    else the registry (only the missing layers, compressed)."""
+    if not images:
+        raise ValueError("choose_copy needs at least one image")
+    held = list(held)
+    top = max(images, key=lambda i: (i.size, len(i.layers)))
+    missing = top.size - shared_bytes(top, held)
+    share = missing / top.size if top.size else 0.0
+    lacks = f"lacks {share:.0%} of {_mb(top.size)}"
+    if share <= stream_fraction:
+        return CopyChoice("registry", missing, top.size, f"{lacks}: only the missing layers through the registry")
+    if not stream_ok:
+        return CopyChoice("registry", missing, top.size,
+                          f"{lacks}, but no fabric SSH for a whole-image stream ({why_not_stream or 'unavailable'}; "
+                          f"sparkctl prepare --tags fabric-ssh): through the registry")
+    return CopyChoice("stream", missing, top.size, f"{lacks}: one docker save | docker load stream over the fabric")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.0f} MB"
+
+
+# ------------------------------------------------------------------------------------------------ survey
+# Every image on the node (intermediate ones too: a legacy build's parents are prefixes), as "size layers-json".
+_HELD = ('docker image ls -aq --no-trunc | sort -u | '
+         'xargs -r docker image inspect --format "{{.Size}} {{json .RootFS.Layers}}"')
+
+
+def parse_held(text: str) -> list[ImageLayers]:
+    """Lines ``<size> ["sha256:..", ...]`` (the ``_HELD`` survey) as ImageLayers; other lines are skipped."""
+    out = []
+    for line in text.splitlines():
+        size, _, layers = line.strip().partition(" ")
+        if size.isdigit() and layers.startswith("["):
+            out.append(ImageLayers(tuple(json.loads(layers)), int(size)))
+    return out
+
+
+# Each ref's "id size layers-json" (or "-" when absent), then, with "held", every image the node stores.
+# (docker prints an empty line for a missing image before failing: hence the capture)
+# With "fabric=ADDR,ADDR" as $0 instead (the building node): for each peer address whether the fabric key is there and
+# the peer's fabric host key is pinned (preflight's fabric-ssh check has tried the login itself).
+_SURVEY = ('case "$0" in fabric=*) for a in $(echo "${0#fabric=}" | tr , " "); do '
+           'if [ -r "$HOME/.ssh/sparkctl_fabric_ed25519" ] && ssh-keygen -F "$a" '
+           '-f "$HOME/.ssh/sparkctl_fabric_known_hosts" >/dev/null 2>&1; then echo "===FABRIC $a ok"; '
+           'elif [ -r "$HOME/.ssh/sparkctl_fabric_ed25519" ]; then echo "===FABRIC $a host-key"; '
+           'else echo "===FABRIC $a key"; fi; done;; esac; '
+           'for r; do o=$(docker image inspect --format "{{.Id}} {{.Size}} {{json .RootFS.Layers}}" "$r" 2>/dev/null) '
+           '&& echo "$o" || echo -; done; [ "$0" = held ] || exit 0; echo ===HELD; ' + _HELD)
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What one node says about the copy's images (ID and layers, None when absent) and, asked, all it stores."""
+
+    ids: dict[str, str | None]
+    layers: dict[str, ImageLayers | None]
+    held: list[ImageLayers]
+    fabric: dict[str, str] = field(default_factory=dict)   # peer fabric address -> ok | key | host-key
+
+
+def survey(conn: Any, refs: list[str], *, held: bool = False, fabric_peers: Sequence[str] = ()) -> Survey:
+    """One round trip: each ref's image ID and layers on the node, and (``held``) every image it stores, or
+    (``fabric_peers``: the building node) whether its fabric key and each peer's fabric host key are in place."""
+    if held and fabric_peers:
+        raise ValueError("survey: held (a peer) or fabric_peers (the building node), not both")
+    mode = "held" if held else f"fabric={','.join(fabric_peers)}" if fabric_peers else "-"
+    r = conn.run(["sh", "-c", _SURVEY, mode, *refs], timeout=120)
+    fabric = {ln.split()[1]: ln.split()[2] for ln in r.stdout.splitlines()
+              if ln.startswith("===FABRIC ") and len(ln.split()) == 3}
+    mine, _, rest = r.stdout.partition("===HELD\n")
+    lines = [ln for ln in mine.splitlines() if not ln.startswith("===FABRIC ")]
+    if r.returncode != 0 or len(lines) != len(refs):
+        raise ImageError(f"docker image inspect failed on {getattr(conn, 'name', '?')}", evidence=r.output[-800:])
+    ids: dict[str, str | None] = {}
+    layers: dict[str, ImageLayers | None] = {}
+    for ref, line in zip(refs, lines):
+        iid, _, info = line.strip().partition(" ")
+        parsed = parse_held(info)
+        ids[ref], layers[ref] = (iid, parsed[0]) if iid.startswith("sha256:") and parsed else (None, None)
+    return Survey(ids, layers, parse_held(rest), fabric)
+
+
+def fabric_ssh_argv(user: str, address: str) -> list[str]:
+    """``ssh`` from the building node to a peer's fabric address with the fabric key, pinned host keys, no
+    compression (the layers are tar, the link is fast) and a hardware-friendly cipher; a remote command follows."""
+    return ["ssh", "-i", FABRIC_KEY, "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+            "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={FABRIC_KNOWN_HOSTS}",
+            "-o", "ConnectTimeout=5", "-o", "Compression=no", "-c", CIPHERS, f"{user}@{address}"]
+
+
+# ------------------------------------------------------------------------------------------------ the stream
+# Runs on the building node: one `docker save`, its bytes written to every peer's `ssh ... docker load` (argv lists;
+# the remote command is one shlex-quoted argv, as sparkctl's own SSH connector sends it). A peer whose ssh dies is
+# dropped and the others go on. One peer: docker save writes straight into ssh (no copy here; the byte count is
+# docker save's wchar). Progress every 2 s; then per peer "===PEER i rc bytes seconds" and its output.
+_PUMP = r"""import json,os,shlex,subprocess,sys,tempfile,time
+a=json.loads(sys.argv[1])
+remote=shlex.join(["sh","-c",'docker load && docker image inspect --format "===ID {{.Id}}" "$@"',"sh"]+a["images"])
+peers=[]
+for argv in a["ssh"]:
+    out=tempfile.TemporaryFile()
+    peers.append({"p":subprocess.Popen(argv+[remote],stdin=subprocess.PIPE,stdout=out,stderr=subprocess.STDOUT),
+                  "out":out,"n":0,"t":None,"live":True})
+err=tempfile.TemporaryFile()
+one=len(peers)==1
+save=subprocess.Popen(["docker","save"]+a["images"],stdout=peers[0]["p"].stdin if one else subprocess.PIPE,stderr=err)
+n,t0,shown=0,time.time(),time.time()
+def wrote():
+    try:
+        return int(open("/proc/%d/io"%save.pid).read().split("wchar:")[1].split()[0])
+    except (OSError,IndexError,ValueError):
+        return peers[0]["n"]
+def exited(p):   # without reaping it: a zombie's /proc/PID/io still holds its final count
+    return os.waitid(os.P_PID,p.pid,os.WEXITED|os.WNOHANG|os.WNOWAIT) is not None
+if one:
+    peers[0]["p"].stdin.close()
+    while not exited(save) and peers[0]["p"].poll() is None:
+        time.sleep(0.1);n=max(n,wrote())
+        if time.time()-shown>=2:
+            shown=time.time();print("===PROGRESS",round(shown-t0,3),n,flush=True)
+    peers[0]["n"]=n=max(n,wrote())
+    if not exited(save):
+        save.kill()
+while not one and any(p["live"] for p in peers):
+    b=os.read(save.stdout.fileno(),1<<20)
+    if not b:
+        break
+    n+=len(b)
+    for p in peers:
+        if not p["live"]:
+            continue
+        try:
+            v,fd=memoryview(b),p["p"].stdin.fileno()
+            while v:
+                v=v[os.write(fd,v):]
+            p["n"]+=len(b)
+        except BrokenPipeError:
+            p["live"]=False;p["t"]=time.time()-t0
+    if time.time()-shown>=2:
+        shown=time.time();print("===PROGRESS",round(shown-t0,3)," ".join(str(p["n"]) for p in peers),flush=True)
+if not one and not any(p["live"] for p in peers):
+    save.kill()
+for p in peers:
+    try:
+        p["p"].stdin.close()
+    except BrokenPipeError:
+        pass
+save_rc=save.wait()
+for i,p in enumerate(peers):
+    rc=p["p"].wait()
+    p["out"].seek(0)
+    print("===PEER",i,rc,p["n"],round(p["t"] or time.time()-t0,3),flush=True)
+    print(p["out"].read().decode("utf-8","replace")[-3000:]);print("===END")
+err.seek(0)
+print("===SAVE",save_rc,n);print(err.read().decode("utf-8","replace")[-1500:])
+"""
+
+
+@dataclass
+class StreamResult:
+    bytes: int
+    seconds: float
+    image_ids: list[str]          # what the peer's docker says after the load, in the images' order
+
+
+def stream_images(source: Any, peers: list[Any], images: list[str], report: Callable[[str], None] = lambda _: None,
+                  *, timeout: float = 7200) -> dict[str, "StreamResult | ImageError"]:
+    """``docker save images`` once on ``source`` into ``docker load`` on every peer over the fabric (all
+    `sparkctl.images.registry.Endpoint`s). Returns each peer's result, or the ImageError naming what went wrong there
+    (disk full, fabric SSH refused, load failed); a failed ``docker save`` or pump is every peer's error."""
+    from sparkctl.images.registry import _NO_SPACE, human
+
+    arg = json.dumps({"ssh": [fabric_ssh_argv(p.user, p.fabric_address) for p in peers], "images": images})
+
+    def on_line(line: str) -> None:
+        parts = line.split()
+        if len(parts) == 2 + len(peers) and parts[0] == "===PROGRESS":
+            secs = float(parts[1])
+            for p, sent in zip(peers, map(int, parts[2:])):
+                report(f"  [{p.name}] streamed {human(sent):>9} ({sent / max(secs, 1e-6) / 1e6:.0f} MB/s)")
+
+    r = source.conn.run(["python3", "-c", _PUMP, arg], timeout=timeout, on_line=on_line)
+    what = ", ".join(images)
+    sections = r.stdout.split("===PEER ")[1:]
+    save = r.stdout.rpartition("===SAVE ")[2]
+    save_rc = save.split(None, 1)[0] if save.strip() else ""
+    if r.returncode != 0 or len(sections) != len(peers) or not save_rc.lstrip("-").isdigit():
+        err = ImageError(f"streaming {what} from {source.name} did not run", where=f"[{source.name}] image copy",
+                         hint="is python3 on the building node? see the evidence", evidence=r.output[-1500:])
+        return {p.name: err for p in peers}
+    out: dict[str, StreamResult | ImageError] = {}
+    for p, sec in zip(peers, sections):
+        head, _, body = sec.partition("\n")
+        body = body.partition("===END")[0].strip()
+        _, rc, sent, secs = head.split()
+        where = f"[{p.name}] image copy"
+        ids = [ln.split()[1] for ln in body.splitlines() if ln.startswith("===ID ")]
+        if int(rc) == 0 and len(ids) == len(images):
+            out[p.name] = StreamResult(int(sent), float(secs), ids)
+        elif _NO_SPACE.search(body):
+            out[p.name] = ImageError(f"{p.name} ran out of disk space while receiving {what}", where=where,
+                                     hint=f"free space in {p.name}'s docker data root (docker system df; sparkctl "
+                                          "image prune), then run again; the running deployment is untouched",
+                                     evidence=body[-1500:])
+        elif int(rc) == 255:
+            out[p.name] = ImageError(f"{source.name} could not SSH to {p.name} over the fabric ({p.fabric_address})",
+                                     where=where, hint="sparkctl prepare --tags fabric-ssh (the fabric key and host "
+                                                       "keys), and check the fabric link", evidence=body[-1500:])
+        elif int(save_rc) != 0:
+            out[p.name] = ImageError(f"docker save of {what} failed on {source.name}",
+                                     where=f"[{source.name}] image copy", hint="see the evidence",
+                                     evidence=save.partition("\n")[2].strip()[-1500:] or r.output[-1500:])
+        else:
+            out[p.name] = ImageError(f"docker load of {what} failed on {p.name}", where=where,
+                                     hint="see the evidence", evidence=body[-1500:])
+    return out

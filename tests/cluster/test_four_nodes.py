@@ -1,0 +1,166 @@
+"""`sparkctl up` of a TP=4 profile for real over SSH and Docker on the four-node test cluster (`test_cluster4`:
+spark-a .. spark-d, one fabric subnet through a switch, tests/cluster/conftest.py).
+
+One deployment for the whole module (a short emulator boot): preflight checked every pair over the fabric (a
+ping and a don't-fragment full-MTU ping to every peer, from every node), ranks 3, 2, 1 started before rank 0
+(the record's journal), `status --json` shows four healthy ranks, `down` stops all four containers.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import resource
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparkctl.config.inventory import load_inventory
+from sparkctl.nodes.container import MEMLOCK_ENV
+from sparkctl.state.ledger import Ledger
+from testrig.cluster import TestCluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+
+SIM = {"boot_s": 1.0, "decode_tps": 4000, "peer_timeout_s": 5}
+NODES = ("spark-a", "spark-b", "spark-c", "spark-d")
+
+
+@pytest.fixture
+def four_env(test_cluster4: TestCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path):
+    """The four-node cluster's inventory with fast emulator knobs, the model directory on every node, a TP=4
+    profile; every engine container of this test's cluster is removed at teardown."""
+    doc = yaml.safe_load(Path(test_cluster4.inventory_path).read_text())
+    doc["all"]["vars"]["sparkctl_sim"] = SIM
+    doc["all"]["vars"]["sparkctl_cluster"] = f"{doc['all']['vars']['sparkctl_cluster']}-{tmp_path.name[-12:]}"
+    inv_path = tmp_path / "inv.yml"
+    inv_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    inv = load_inventory(inv_path)
+    assert inv.fabric_topology == "switch" and [n.name for n in inv.nodes] == list(NODES)
+    for node in inv.nodes:
+        Path(node.host_paths.models, "GLM-5.3-Flash-NVFP4").mkdir(parents=True, exist_ok=True)
+    profile = tmp_path / "tp4.yml"
+    profile.write_text("description: dflash-off at TP=4 on four nodes\nextends: dflash-off\n"
+                       "server:\n  tp_size: 4\nwarmup:\n  requests: 1\n  max_tokens: 16\n")
+    monkeypatch.setenv("SPARKCTL_INVENTORY", str(inv_path))
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    if hard != resource.RLIM_INFINITY:  # this sandbox's dockerd cannot raise RLIMIT_MEMLOCK
+        monkeypatch.setenv(MEMLOCK_ENV, str(hard))
+    yield {"inv": inv, "profile": str(profile), "cluster": inv.cluster.name}
+    for node in NODES:
+        ids = _docker(test_cluster4, node, "ps", "-aq", "--filter",
+                      f"label=sparkctl.cluster={inv.cluster.name}").split()
+        if ids:
+            _docker(test_cluster4, node, "rm", "-f", *ids)
+
+
+def _docker(cluster: TestCluster, node: str, *args: str) -> str:
+    return cluster.run_on(node, ["docker", "-H", cluster.docker_host(node), *args], check=False, timeout=120).stdout
+
+
+def _running(cluster: TestCluster, node: str, name: str) -> list[str]:
+    out = _docker(cluster, node, "ps", "--filter", f"label=sparkctl.cluster={name}", "--format", "{{.Names}}")
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def test_tp4_up_checks_every_pair_boots_workers_first_and_down_stops_all(cli, test_cluster4, four_env):
+    code, out, err = cli("up", "--profile", four_env["profile"], "--yes", "--json")
+    assert code == 0, err[-4000:]
+    up = json.loads(out)
+    assert up["outcome"] == "deployed" and all(g["ok"] for g in up["gates"]), up["gates"]
+
+    record = Ledger.for_cluster(four_env["cluster"]).load(up["deployment"])
+    # preflight: from every node to every peer, a ping and a full-MTU don't-fragment ping over the switch
+    peer_checks = {(c.node, c.name): c for c in record.preflight if c.name.startswith("fabric peer ")}
+    for node, peer in itertools.permutations(NODES, 2):
+        check = peer_checks.get((node, f"fabric peer {peer}"))
+        assert check is not None and check.ok, (node, peer, check)
+        assert "9000-byte packets pass unfragmented" in check.seen, check.seen
+    assert all(c.ok for c in record.preflight if c.severity == "error"), record.preflight
+    # boot: ranks 3, 2, 1 started (the journal's order) before rank 0
+    started = [e.what for e in record.journal if e.step == "boot" and e.phase == "ok" and "started" in e.what]
+    assert started == ["rank 3 started", "rank 2 started", "rank 1 started", "rank 0 started"], started
+    assert [(s.rank, s.node) for s in sorted(record.specs, key=lambda s: s.rank)] == list(enumerate(NODES))
+    rank3 = next(s for s in record.specs if s.rank == 3).argv
+    assert rank3[rank3.index("--tp-size") + 1] == "4" and rank3[rank3.index("--nnodes") + 1] == "4"
+    assert rank3[rank3.index("--node-rank") + 1] == "3"
+    assert rank3[rank3.index("--dist-init-addr") + 1] == f"{four_env['inv'].rank0.fabric_address}:25000"
+
+    code, out, err = cli("status", "--json")
+    assert code == 0, err[-2000:]
+    st = json.loads(out)
+    assert st["healthy"] is True
+    assert sorted((r["rank"], r["node"], r["alive"]) for r in st["ranks"]) == \
+        [(i, n, True) for i, n in enumerate(NODES)]
+    for node in NODES:
+        assert len(_running(test_cluster4, node, four_env["cluster"])) == 1, node
+
+    code, out, err = cli("down", "--yes", "--json")
+    assert code == 0 and json.loads(out)["changed"], err[-2000:]
+    for node in NODES:
+        assert _running(test_cluster4, node, four_env["cluster"]) == [], node
+
+
+def test_images_reach_three_peers_at_once_streamed_when_missing_and_layered_when_thin(test_cluster4, tmp_path):
+    """spark-a gives its images to spark-b, -c, -d at once: the engine image, which spark-c and spark-d lack entirely,
+    as one docker save streamed over the fabric SSH into both (spark-b has it: nothing sent), and to spark-d alone;
+    then images one thin
+    layer above it through the registry to all three. Same image IDs everywhere after each copy."""
+    from sparkctl.images import pipeline
+    from sparkctl.images.copy import distribute
+    from sparkctl.images.registry import Endpoint
+    from sparkctl.prepare.plays import prepare
+
+    inv = load_inventory(test_cluster4.inventory_path)
+    conns = pipeline.connections(inv)
+    engine, engine_id = test_cluster4.engine_image, test_cluster4.engine_image_id
+    prepare(inv, tags=["fabric-ssh"])                     # the fabric key on spark-a, every peer's host key pinned
+    src, peers = Endpoint.of(inv, inv.node("spark-a")), [Endpoint.of(inv, inv.node(n)) for n in NODES[1:]]
+    thin = [f"sparkctl-test-thin:{tmp_path.name[-8:]}-{i}" for i in (1, 2)]
+    try:
+        for node in ("spark-c", "spark-d"):   # nothing left there sharing its layers (data roots outlive runs)
+            _forget(conns[node], engine)
+        lines: list[str] = []
+        transfers = distribute([engine], src, peers, report=lines.append)
+        by_node = {t.node: t for t in transfers}
+        assert by_node["spark-b"].skipped and by_node["spark-b"].rx_bytes == 0
+        for node in ("spark-c", "spark-d"):
+            assert by_node[node].via == "stream" and by_node[node].image_id == engine_id, "\n".join(lines)
+            assert by_node[node].rx_bytes > 100_000_000, by_node[node]          # the whole image, >100 MB
+        assert any(ln.startswith("spark-c, spark-d <- ") and "one docker save on spark-a" in ln for ln in lines), lines
+        assert "spark-c: copy done (stream)" in lines and "spark-d: copy done (stream)" in lines
+        # one peer lacking it: docker save writes straight into that peer's ssh
+        _forget(conns["spark-d"], engine)
+        (alone,) = [t for t in distribute([engine], src, peers) if not t.skipped]
+        assert (alone.node, alone.via, alone.image_id) == ("spark-d", "stream", engine_id)
+        assert abs(alone.rx_bytes - by_node["spark-d"].rx_bytes) < 1_000_000      # the same stream, counted alike
+
+        # One thin layer above the engine: through the registry to all three. Docker's pull cache knows only the
+        # layers a daemon pulled, not those it loaded, so the first registry copy after a stream sends the engine's
+        # layers once (a machine whose data roots already pulled them sends none); the next one sends only its own.
+        for flag in thin:
+            conns["spark-a"].run(["env", "DOCKER_BUILDKIT=0", "docker", "build", "-q", "-t", flag, "-"], check=True,
+                                 timeout=300, stdin=f"FROM {engine}\nRUN echo {flag} > /flag\n")
+        for i, flag in enumerate(thin):
+            lines.clear()
+            transfers = distribute([engine, flag], src, peers, report=lines.append)
+            copied = [t for t in transfers if t.image == flag]
+            assert [t.node for t in copied] == list(NODES[1:]) and all(t.via == "registry" for t in copied)
+            assert all(t.skipped for t in transfers if t.image == engine)
+            assert {ln for ln in lines if ln.endswith("copy done (registry)")} == \
+                {f"{n}: copy done (registry)" for n in NODES[1:]}
+            flag_id = conns["spark-a"].run(["docker", "image", "inspect", "--format", "{{.Id}}", flag]).stdout.strip()
+            assert {t.image_id for t in copied} == {flag_id}
+            if i == 1:
+                assert all([x.sent for x in t.layers].count(True) == 1 and t.sent_bytes < 100_000 for t in copied), \
+                    [t.line() for t in copied]
+    finally:
+        for node in NODES:
+            conns[node].run(["docker", "rmi", *thin], timeout=120)
+        test_cluster4.ensure_engine_image()               # every node holds the engine image again
+
+
+def _forget(conn, image: str) -> None:
+    """The node holds neither ``image`` nor any image sharing its layers (a bench run's leftovers would)."""
+    conn.run(["docker", "rmi", image], check=True, timeout=120)
+    conn.run(["docker", "image", "prune", "-af"], check=True, timeout=300)

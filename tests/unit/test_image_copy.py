@@ -1,0 +1,173 @@
+"""Which way a peer gets an image (a whole-image stream when it lacks most of the bytes, else the registry's missing
+layers), measured from layer chains; and how the copy to every peer at once ends (every outcome, first error)."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from sparkctl.errors import ImageError
+from sparkctl.images.copy import PeerPlan, settle
+from sparkctl.images.registry import Endpoint, Transfer
+from sparkctl.images.stream import (_PUMP, CopyChoice, ImageLayers, choose_copy, fabric_ssh_argv, parse_held, survey,
+                                    shared_bytes)
+from sparkctl.nodes.fanout import Outcome, fan_out
+
+# `docker image inspect --format "{{.Size}} {{json .RootFS.Layers}}"` of the test engine image on a test-cluster node
+ENGINE_LINE = ('310356793 ["sha256:3e2b151042dcf8890fdd91abf8a0bf1e53ff4450b02fb544bb36ed48f3ab02fe",'
+               '"sha256:510c7622e5c17cc19d1cabf3bece5e9c80ed00aad01156a46626862208eb8708",'
+               '"sha256:79125d83dd47840c2a2f7556655ce81b7240c283778b0e98c47f750ae90ebdb9",'
+               '"sha256:c417f3656c4b25f256053a6d58ba19be94acbb906aa3ff27bd7975652281616f",'
+               '"sha256:f0fdc666db97796c2c55cba911e4ad9fb8e1faec1c58c5784b0bc586a2986e21"]')
+ENGINE = parse_held(ENGINE_LINE)[0]
+SGLANG = ImageLayers(ENGINE.layers + ("sha256:src", "sha256:patch"), 360_000_000)
+LAUNCH = ImageLayers(SGLANG.layers + ("sha256:flags",), 360_004_100)
+
+
+def test_parse_held_reads_dockers_lines_and_skips_noise():
+    got = parse_held(ENGINE_LINE + "\nError: No such image: x\n\n12 []\n")
+    assert got[0] == ENGINE and len(ENGINE.layers) == 5 and ENGINE.size == 310_356_793
+    assert got[1] == ImageLayers((), 12) and len(got) == 2
+
+
+def test_first_copy_to_an_empty_peer_streams():
+    c = choose_copy([SGLANG, LAUNCH], [], stream_ok=True)
+    assert (c.method, c.missing_bytes, c.total_bytes) == ("stream", LAUNCH.size, LAUNCH.size)
+    assert "lacks 100%" in c.reason
+
+
+def test_flag_only_copy_goes_through_the_registry():
+    c = choose_copy([SGLANG, LAUNCH], [ENGINE, SGLANG], stream_ok=True)
+    assert c.method == "registry" and c.missing_bytes == 4_100
+
+
+def test_peer_with_the_base_lacks_a_minority_and_gets_layers_from_the_registry():
+    c = choose_copy([LAUNCH], [ENGINE], stream_ok=True)
+    assert c.method == "registry" and c.missing_bytes == LAUNCH.size - ENGINE.size and c.missing_share < 0.5
+
+
+def test_without_fabric_ssh_a_first_copy_still_works_through_the_registry_and_says_how_to_stream():
+    c = choose_copy([LAUNCH], [], stream_ok=False, why_not_stream="fabric key missing")
+    assert c.method == "registry" and "fabric key missing" in c.reason and "prepare --tags fabric-ssh" in c.reason
+
+
+def test_a_diverging_image_shares_nothing_it_cannot_prove():
+    other = ImageLayers(ENGINE.layers[:2] + ("sha256:elsewhere",), 300_000_000)
+    assert shared_bytes(LAUNCH, [other]) == 0
+    assert choose_copy([LAUNCH], [other], stream_ok=True).method == "stream"
+
+
+def test_held_longer_chain_means_every_byte_is_there():
+    assert shared_bytes(SGLANG, [LAUNCH]) == SGLANG.size
+    c = choose_copy([SGLANG], [LAUNCH], stream_ok=True)
+    assert (c.method, c.missing_bytes, c.total_bytes) == ("registry", 0, SGLANG.size)
+
+
+def test_threshold_is_most_of_the_bytes():
+    half = ImageLayers(("a",), 50)
+    whole = ImageLayers(("a", "b"), 100)
+    assert choose_copy([whole], [half], stream_ok=True).method == "registry"        # lacks exactly half
+    assert choose_copy([whole], [ImageLayers(("a",), 49)], stream_ok=True).method == "stream"
+    with pytest.raises(ValueError):
+        choose_copy([], [], stream_ok=True)
+
+
+chains = st.lists(st.sampled_from("abcdef"), min_size=1, max_size=6).map(lambda xs: tuple(f"sha256:{x}" for x in xs))
+
+
+@given(image=chains, held=st.lists(chains, max_size=5),
+       sizes=st.lists(st.integers(1, 10**9), min_size=6, max_size=6), stream_ok=st.booleans())
+def test_choice_invariants_over_generated_layer_chains(image, held, sizes, stream_ok):
+    def size(chain):          # one size per layer: a chain's size is its layers' sum (as docker reports it)
+        return sum(sizes["abcdef".index(x[-1])] for x in chain)
+    img = ImageLayers(image, size(image))
+    held_images = [ImageLayers(h, size(h)) for h in held]
+    c = choose_copy([img], held_images, stream_ok=stream_ok)
+    assert 0 <= c.missing_bytes <= img.size
+    if any(h[:len(image)] == image for h in held):                  # the peer stores every layer already
+        assert c.missing_bytes == 0 and c.method == "registry"
+    if not held:
+        assert c.method == ("stream" if stream_ok else "registry")
+    if not stream_ok:
+        assert c.method == "registry"
+    # never more shared than the longest held prefix really holds
+    prefixes = [h for h in held if image[:len(h)] == h]
+    assert img.size - c.missing_bytes <= max([size(h) for h in prefixes] + [0]) or c.missing_bytes == 0
+
+
+def test_fabric_stream_is_argv_with_pinned_host_keys():
+    argv = fabric_ssh_argv("spark", "192.168.100.11")
+    assert argv[0] == "ssh" and argv[-1] == "spark@192.168.100.11"
+    assert "StrictHostKeyChecking=yes" in argv and "BatchMode=yes" in argv and "UserKnownHostsFile=" \
+        "~/.ssh/sparkctl_fabric_known_hosts" in argv and "~/.ssh/sparkctl_fabric_ed25519" in argv
+    compile(_PUMP, "<pump>", "exec")                      # the builder-side pump is valid Python
+    assert "shell=True" not in _PUMP and "os.system" not in _PUMP
+
+
+def _plan(name: str, method: str = "stream") -> PeerPlan:
+    peer = Endpoint(name, None, "198.18.0.2", "enp1s0f0np0", "/var/cache/sparkctl")
+    return PeerPlan(peer, ["img:1"], CopyChoice(method, 1, 1, ""), [Transfer(name, "img:0", "sha256:0", skipped="has")])
+
+
+def test_settle_keeps_every_peer_and_raises_the_first_error_after_all():
+    plans = [_plan("spark-b"), _plan("spark-c", "registry"), _plan("spark-d")]
+
+    def copy(pl: PeerPlan) -> list[Transfer]:
+        if pl.peer.name != "spark-b":
+            raise ImageError(f"{pl.peer.name} ran out of disk space")
+        return [Transfer("spark-b", "img:1", "sha256:1", via="stream", rx_bytes=10, seconds=1.0)]
+    finished: list[str] = []
+    outcomes = fan_out(plans, lambda pl: (copy(pl), finished.append(pl.peer.name))[0])
+    lines: list[str] = []
+    with pytest.raises(ImageError, match="spark-c ran out of disk space"):      # the first in peer order
+        settle(plans, outcomes, lines.append)
+    assert finished == ["spark-b"]                     # spark-b's copy ran to the end although the others failed
+    assert lines == ["spark-b: copy done (stream)",
+                     "spark-c: copy FAILED (registry): spark-c ran out of disk space",
+                     "spark-d: copy FAILED (stream): spark-d ran out of disk space"]
+
+
+def test_settle_returns_skipped_and_copied_transfers_in_peer_order():
+    plans = [_plan("spark-b"), _plan("spark-c")]
+    outcomes = [Outcome(plans[0], [Transfer("spark-b", "img:1", "sha256:1")]),
+                Outcome(plans[1], [Transfer("spark-c", "img:1", "sha256:1")])]
+    got = settle(plans, outcomes, lambda _: None)
+    assert [(t.node, t.image, bool(t.skipped)) for t in got] == [
+        ("spark-b", "img:0", True), ("spark-b", "img:1", False), ("spark-c", "img:0", True), ("spark-c", "img:1", False)]
+
+
+class _Canned:
+    """A node connection that answers the survey's one command with what a test-cluster node printed."""
+
+    name = "spark-b"
+
+    def __init__(self, stdout: str) -> None:
+        self.stdout, self.argv = stdout, None
+
+    def run(self, argv, timeout=None):
+        from sparkctl.nodes.results import CommandResult
+        self.argv = argv
+        return CommandResult("spark-b", list(argv), 0, self.stdout, "", 0.1)
+
+
+def test_survey_reads_ids_layers_and_what_the_node_stores_in_one_round_trip():
+    iid = "sha256:ef9cafc869c4" + "0" * 52
+    conn = _Canned(f"{iid} {ENGINE_LINE}\n-\n===HELD\n{ENGINE_LINE}\n")
+    got = survey(conn, ["sparkctl-test-engine:1", "absent:2"], held=True)
+    assert got.ids == {"sparkctl-test-engine:1": iid, "absent:2": None}
+    assert got.layers["sparkctl-test-engine:1"] == ENGINE and got.layers["absent:2"] is None
+    assert got.held == [ENGINE]
+    assert conn.argv[:2] == ["sh", "-c"] and conn.argv[3:] == ["held", "sparkctl-test-engine:1", "absent:2"]
+    with pytest.raises(ImageError, match="docker image inspect failed on spark-b"):
+        survey(_Canned("-\n"), ["a:1", "b:2"], held=False)
+
+
+def test_building_node_survey_says_per_peer_whether_a_fabric_stream_can_log_in():
+    iid = "sha256:ef9cafc869c4" + "0" * 52
+    conn = _Canned(f"===FABRIC 198.18.0.2 ok\n===FABRIC 198.18.0.3 host-key\n===FABRIC 198.18.0.4 key\n"
+                   f"{iid} {ENGINE_LINE}\n")
+    got = survey(conn, ["sparkctl-test-engine:1"], fabric_peers=["198.18.0.2", "198.18.0.3", "198.18.0.4"])
+    assert got.fabric == {"198.18.0.2": "ok", "198.18.0.3": "host-key", "198.18.0.4": "key"}
+    assert got.ids == {"sparkctl-test-engine:1": iid} and got.held == []
+    assert conn.argv[3] == "fabric=198.18.0.2,198.18.0.3,198.18.0.4"
+    with pytest.raises(ValueError):
+        survey(conn, ["a:1"], held=True, fabric_peers=["198.18.0.2"])
