@@ -241,19 +241,17 @@ class ReplicatedDeployer:
             ensure_router()          # every replica unchanged but the router gone: it comes back with all of them
 
             def gates() -> None:
-                h = client.health()
-                if not h.ready or h.healthy_workers != len(reps):
-                    raise RouterError(f"router: {h.healthy_workers} of {len(reps)} replicas healthy ({h.detail})")
-                m = client.metrics()               # its Prometheus view agrees: every replica's health gauge 1
-                sick = [r.url for r in reps if not (m.workers.get(r.url) and m.workers[r.url].healthy)]
-                if sick:
-                    raise RouterError(f"router metrics: smg_worker_health is not 1 for {', '.join(sick)}",
-                                      hint=f"see {spec.metrics_url}")
-                r = httpx.post(spec.url + "/generate", json={"text": "gate", "sampling_params":
-                               {"max_new_tokens": 4}}, timeout=profile.lifecycle.health_timeout_s, trust_env=False)
-                if r.status_code != 200:
-                    raise RouterError(f"router: a generation through it answered {r.status_code}",
-                                      evidence=r.text[:500])
+                try:
+                    router_gates(client, spec, reps, profile.lifecycle.health_timeout_s)
+                except RouterError as exc:         # the router's own words go with it
+                    try:
+                        tail = running[0].log_tail() if running[0] is not None else ""
+                    except SparkctlError:
+                        tail = ""
+                    if not tail:
+                        raise
+                    raise RouterError(exc.message, where=exc.where, hint=exc.hint, evidence="\n".join(
+                        x for x in (exc.evidence, "router log (last lines):\n" + tail) if x)) from exc
             self._step(rec, "router-gates", f"router ready with {len(reps)} healthy replicas; a generation "
                        f"through it", gates)
 
@@ -382,6 +380,26 @@ class ReplicatedDeployer:
             rec.data["status"] = "down"
             rec.save()
         return ReplicatedDownResult(changed=bool(stopped), stopped=stopped)
+
+
+def router_gates(client: RouterClient, spec: RouterSpec, reps: list[Replica], timeout_s: float) -> None:
+    """The router ready with every replica healthy, its Prometheus view agreeing, one generation through it."""
+    h = client.health()
+    if not h.ready or h.healthy_workers != len(reps):
+        raise RouterError(f"router: {h.healthy_workers} of {len(reps)} replicas healthy ({h.detail})")
+    m = client.metrics()               # its Prometheus view agrees: every replica's health gauge 1
+    sick = [r.url for r in reps if not (m.workers.get(r.url) and m.workers[r.url].healthy)]
+    if sick:
+        raise RouterError(f"router metrics: smg_worker_health is not 1 for {', '.join(sick)}",
+                          hint=f"see {spec.metrics_url}")
+    try:
+        r = httpx.post(spec.url + "/generate", json={"text": "gate", "sampling_params": {"max_new_tokens": 4}},
+                       timeout=timeout_s, trust_env=False)
+    except httpx.HTTPError as exc:
+        raise RouterError(f"router: a generation through it failed: {type(exc).__name__}: {exc}",
+                          where=spec.url) from None
+    if r.status_code != 200:
+        raise RouterError(f"router: a generation through it answered {r.status_code}", evidence=r.text[:500])
 
 
 def _serves(url: str) -> bool:

@@ -164,3 +164,47 @@ def _forget(conn, image: str) -> None:
     """The node holds neither ``image`` nor any image sharing its layers (a bench run's leftovers would)."""
     conn.run(["docker", "rmi", image], check=True, timeout=120)
     conn.run(["docker", "image", "prune", "-af"], check=True, timeout=300)
+
+
+def test_two_tp2_replicas_behind_the_router_container(cli, test_cluster4, four_env, tmp_path):
+    """2 x TP=2 on four Sparks over SSH + Docker: each replica a TP=2 group (its rank 1 before its rank 0), the
+    router a container from the engine image on rank 0's node, a generation through it reaches both replicas,
+    `status` shows every rank of every replica, `down` stops the router and all four engines."""
+    import httpx
+
+    prof = tmp_path / "r2tp2.yml"
+    prof.write_text("description: 2 x TP=2 on four Sparks\nextends: dflash-off\nreplicas: 2\nserver:\n  tp_size: 2\n"
+                    "router:\n  policy: round_robin\n  health_check_interval_s: 1\nwarmup:\n  requests: 0\n")
+    cluster = four_env["cluster"]
+    try:
+        code, out, err = cli("up", "--profile", str(prof), "--yes", "--json")
+        assert code == 0, err[-4000:]
+        up = json.loads(out)
+        assert up["outcome"] == "deployed" and up["updated"] == [0, 1] and up["parallel"], up
+        routers = _docker(test_cluster4, "spark-a", "ps", "--filter", f"label=sparkctl.router-cluster={cluster}",
+                          "--format", "{{.Names}} {{.Image}}").split("\n")
+        assert [r.split() for r in routers if r.strip()] == [[f"sparkctl-{cluster}-router",
+                                                                test_cluster4.engine_image]], routers
+        for i, nodes in enumerate((NODES[:2], NODES[2:])):
+            for node in nodes:
+                assert len(_running(test_cluster4, node, f"{cluster}.r{i}")) == 1, (node, i)
+        for k in range(4):          # round robin: both replicas answer through the router
+            r = httpx.post(up["endpoint"] + "/generate", json={"text": f"hi {k}", "sampling_params":
+                           {"max_new_tokens": 4}}, timeout=30, trust_env=False)
+            assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 4, r.text[:300]
+        code, out, err = cli("status", "--json")
+        assert code == 0, err[-2000:]
+        st = json.loads(out)
+        assert st["healthy"] and st["router"]["kind"] == "container" and st["router"]["healthy_workers"] == 2
+        assert [[(x["rank"], x["node"], x["alive"]) for x in rep["ranks"]] for rep in st["replicas"]] == \
+            [[(1, "spark-b", True), (0, "spark-a", True)], [(1, "spark-d", True), (0, "spark-c", True)]]
+        assert all(v >= 1 for v in st["router"]["requests_per_replica"].values()), st["router"]
+        code, out, err = cli("down", "--yes", "--json")
+        assert code == 0 and json.loads(out)["stopped"] == ["router", "replica 0", "replica 1"], err[-2000:]
+        for i, nodes in enumerate((NODES[:2], NODES[2:])):
+            for node in nodes:
+                assert _running(test_cluster4, node, f"{cluster}.r{i}") == [], node
+        assert _docker(test_cluster4, "spark-a", "ps", "-aq", "--filter",
+                       f"label=sparkctl.router-cluster={cluster}").strip() == ""
+    finally:
+        cli("down", "--yes")
