@@ -73,7 +73,12 @@ class RouterClient:
         r = self._call("GET", "/workers")
         if r.status_code != 200:
             raise RouterError(f"router {self.url}: GET /workers answered {r.status_code}", evidence=r.text[:500])
-        return [Worker.from_json(w) for w in (r.json().get("workers") or []) if isinstance(w, dict)]
+        doc = _json_object(r)
+        workers = doc.get("workers") if doc is not None else None
+        if not isinstance(workers, list):
+            raise RouterError(f"router {self.url}: GET /workers did not answer a JSON object with a workers list",
+                              evidence=r.text[:500])
+        return [Worker.from_json(w) for w in workers if isinstance(w, dict)]
 
     def find(self, worker_url: str) -> Worker | None:
         want = worker_url.rstrip("/")
@@ -85,9 +90,9 @@ class RouterClient:
             r = self._http.get(self.url + "/readiness")
         except httpx.HTTPError as exc:
             return RouterHealth(False, False, 0, 0, f"no answer: {exc}")
-        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+        body = _json_object(r) or {}
         return RouterHealth(live, r.status_code == 200 and body.get("status") == "ready",
-                            int(body.get("healthy_workers") or 0), int(body.get("total_workers") or 0),
+                            _count(body.get("healthy_workers")), _count(body.get("total_workers")),
                             f"/readiness {r.status_code} {r.text[:200]}")
 
     def metrics(self) -> RouterMetrics:
@@ -181,3 +186,16 @@ def attach(router: RouterClient, worker_url: str, *, timeout_s: float = 30.0) ->
     if w is not None and w.healthy:
         return w
     return router.add_worker(worker_url, timeout_s=timeout_s)
+
+
+def _json_object(r: httpx.Response) -> dict[str, Any] | None:
+    """The body as a JSON object when it is one (a router of another version or a hostile one: None)."""
+    try:
+        doc = r.json()
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _count(value: Any) -> int:
+    return value if type(value) is int and value >= 0 else 0

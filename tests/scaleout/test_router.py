@@ -169,3 +169,103 @@ def test_spec_refuses_what_0_3_2_does_not_have():
         RouterSpec("127.0.0.1", 30000, worker_urls=("10.0.0.1:30000",))
     argv = RouterSpec("::1", 30000, worker_urls=("http://[::1]:1",)).process_argv("python3")
     assert argv[:3] == ["python3", "-m", "sglang_router.launch_router"] and all(isinstance(x, str) for x in argv)
+
+
+@pytest.mark.parametrize("generate", ["close", "hang", "500", "garbage"])
+def test_router_gates_refuse_a_hostile_router_with_a_router_error(generate):
+    """A router that is ready and healthy by its captured /readiness and /metrics but whose /generate drops the
+    connection, hangs past the bound, answers 500 or garbage: the gate is a RouterError within its bound (never a
+    raw transport exception, never a hang)."""
+    import socket
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from types import SimpleNamespace
+
+    from sparkctl.deploy.replicated import router_gates
+    from sparkctl.router import RouterError
+    from sparkctl.router.client import RouterClient
+    from sparkctl.router.spec import RouterSpec
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "router-0.3.2"
+    readiness = (fixtures / "readiness-two.http").read_text().split("\n\n", 1)[1].strip().encode()
+    metrics = (fixtures / "metrics.txt").read_bytes()
+
+    class Hostile(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _send(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
+            self.send_response(code)
+            self.send_header("content-type", ctype)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path == "/readiness":
+                self._send(200, readiness, "application/json")
+            else:
+                self._send(200, {"/liveness": b"OK", "/metrics": metrics}.get(self.path, b""))
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            if generate == "close":
+                self.connection.shutdown(socket.SHUT_RDWR)
+            elif generate == "hang":
+                time.sleep(5)
+            elif generate == "500":
+                self._send(500, b"internal")
+            else:
+                self.wfile.write(b"\x00\xffnot http at all\r\n\r\n")
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        port = srv.server_address[1]
+        spec = RouterSpec("127.0.0.1", port, prometheus_port=port + 1 if port < 65535 else port - 1)
+        client = RouterClient(spec.url, metrics_url=f"http://127.0.0.1:{port}/metrics")
+        reps = [SimpleNamespace(url="http://127.0.0.22:31002"), SimpleNamespace(url="http://127.0.0.21:31001")]
+        t0 = time.monotonic()
+        with pytest.raises(RouterError) as exc:
+            router_gates(client, spec, reps, timeout_s=1.0)
+        assert time.monotonic() - t0 < 4.5
+        assert "generation through it" in exc.value.message, exc.value.render()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"[1, 2]", b'{"status": "ready", "healthy_workers": "2"}',
+                                  b'{"workers": "x"}', b"\xff\xfe"])
+def test_router_client_reads_a_hostile_json_body_as_not_ready_or_a_router_error(body):
+    """/readiness and /workers answering JSON-typed garbage: health is "not ready" and list_workers a RouterError
+    (never a ValueError or AttributeError: exit 70)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from sparkctl.router import RouterError
+    from sparkctl.router.client import RouterClient
+
+    class Hostile(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        client = RouterClient(f"http://127.0.0.1:{srv.server_address[1]}")
+        h = client.health()
+        assert h.healthy_workers == 0      # (ready by its status word alone: the gates want every worker healthy)
+        with pytest.raises(RouterError):
+            client.list_workers()
+    finally:
+        srv.shutdown()
+        srv.server_close()
