@@ -80,3 +80,30 @@ def test_sigkill_at_every_replicated_boundary(cluster, command, step, when):
     for r in st["replicas"]:
         info = httpx.get(r["url"] + "/server_info", timeout=5, trust_env=False).json()
         assert info["max_running_requests"] == mrr, (step, when, r)
+
+
+# A first `up` (nothing in the router: every replica's own `up` at once, in threads) has its own path through the
+# same steps; every boundary it reaches is killed too (replica-detach: nothing to detach on a first up).
+FIRST_UP = [p for p in replicated_crash_points() if p[1] != "replica-detach"]
+
+
+@pytest.mark.parametrize("command,step,when", FIRST_UP, ids=[":".join(p) for p in FIRST_UP])
+def test_sigkill_at_every_boundary_of_a_first_up(cluster, command, step, when):
+    from sparkctl.config.profile import load_profile
+    d, inv, profiles, current = cluster
+    d.down()                                            # nothing runs: the next up is a first one
+    code = _controller(inv, profiles[0], f"{command}:{step}:{when}")
+    assert code == -9, f"{step}:{when} never reached on a first up (exit {code})"
+    if (step, when) == ("replica-up", "after"):         # killed as the first replica finished: both had started
+        from sparkctl.deploy.replicated import Record
+        started = {e["replica"] for e in Record.load(d.ledger.root).data["journal"][-6:]
+                   if e["step"] == "replica-up" and e["phase"] == "intent"}
+        assert started == {0, 1}, started
+    res = d.up(load_profile(str(profiles[0])))         # converges from whatever the kill left
+    assert res["endpoint"] and res["outcome"] in ("deployed", "unchanged")
+    current[:] = [0]
+    st = d.status()
+    assert st["healthy"] and all(r["in_router"] and r["healthy"] for r in st["replicas"]), st
+    for r in st["replicas"]:
+        info = httpx.get(r["url"] + "/server_info", timeout=5, trust_env=False).json()
+        assert info["max_running_requests"] == 16, (step, when, r)
