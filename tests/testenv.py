@@ -35,3 +35,22 @@ def need_module(name: str, why: str):
         if in_ci():
             pytest.fail(f"CI=true but {name} is not importable ({why}): {exc}", pytrace=False)
         pytest.skip(f"{why}: {exc}", allow_module_level=True)
+
+
+def local_server(handler: type):
+    """A context manager: `handler` (a BaseHTTPRequestHandler) served on a free loopback port in a thread; yields
+    the port, shut down and closed on exit (the hostile and stand-in servers of the tests)."""
+    import contextlib
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    @contextlib.contextmanager
+    def serving():
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        try:
+            yield srv.server_address[1]
+        finally:
+            srv.shutdown()
+            srv.server_close()
+    return serving()

@@ -65,9 +65,7 @@ def replica_cluster(parent: str, index: int) -> str:
 
 def sub_inventory(rep: Replica, parent: str, name: str | None = None) -> Inventory:
     """The replica's own inventory: its nodes, named `name` (default `replica_cluster(parent, index)`)."""
-    inv = rep.inventory
-    name = name or replica_cluster(parent, rep.index)
-    return inv.model_copy(update={"cluster": inv.cluster.model_copy(update={"name": name})})
+    return _named(rep.inventory, name or replica_cluster(parent, rep.index), rep.nodes)
 
 
 def _recorded_name(rec: "Record", index: int) -> str | None:
@@ -290,14 +288,15 @@ class ReplicatedDeployer:
         except (LedgerError, LockHeldError):
             raise                    # the state directory or a lock, not the replica: nothing to amend
         except SparkctlError as exc:
-            if _serves(rep.url):
+            serves = _serves(rep.url)
+            if serves:
                 self._attach(rec, client, rep, ensure_router)
             rec.data["status"] = "failed"
             rec.save()
             done = changed[:changed.index(rep.index)]
             raise exc.amended(message=(
                 f"replica {rep.index}: {exc.message} (the rolling update stopped there; replica "
-                f"{rep.index} serves as before{' and is back in the router' if _serves(rep.url) else ''}; "
+                f"{rep.index} serves as before{' and is back in the router' if serves else ''}; "
                 + (f"replica(s) {', '.join(map(str, done))} run {profile.name}" if done else
                    f"no replica runs {profile.name} yet") + ")")) from exc
         if _serves(rep.url):
@@ -410,6 +409,7 @@ def _serves(url: str) -> bool:
 
 
 def _named(inv: Inventory, cluster: str, nodes: list[str]) -> Inventory:
+    """`inv` narrowed to `nodes` (re-ranked 0..) under the cluster name `cluster`: a replica's own inventory."""
     picked = [n.model_copy(update={"rank": i}) for i, n in enumerate(inv.node(x) for x in nodes)]
     return inv.model_copy(update={"nodes": picked, "cluster": inv.cluster.model_copy(update={"name": cluster})})
 

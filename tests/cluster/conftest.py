@@ -26,36 +26,32 @@ def _unavailable(reason: str) -> None:
     pytest.skip(f"test cluster unavailable: {reason}")
 
 
-@pytest.fixture(scope="session")
-def test_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
-    """The cluster, brought up once per session (engine image included) and torn down at the end."""
+def _session_cluster(factory: pytest.TempPathFactory, name: str, env: str, prefix: str, net: int,
+                     node_count: int = 2) -> Iterator[TestCluster]:
+    """A cluster brought up once per session (engine image included) and torn down at the end; its prefix and net
+    index from ``<env>_PREFIX`` / ``<env>_NET``."""
     missing = missing_prerequisites()
     if missing:
         _unavailable("; ".join(missing))
-    cluster = TestCluster(tmp_path_factory.mktemp("cluster"),
-                          name_prefix=os.environ.get("SPARKCTL_TEST_CLUSTER_PREFIX", "spkt"),
-                          net_index=int(os.environ.get("SPARKCTL_TEST_CLUSTER_NET", "0")))
+    cluster = TestCluster(factory.mktemp(name), name_prefix=os.environ.get(f"{env}_PREFIX", prefix),
+                          net_index=int(os.environ.get(f"{env}_NET", str(net))), node_count=node_count)
     cluster.up()
     try:
         yield cluster
     finally:
         cluster.down()
+
+
+@pytest.fixture(scope="session")
+def test_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
+    """The two-node cluster (SPARKCTL_TEST_CLUSTER_PREFIX/_NET, default spkt/0)."""
+    yield from _session_cluster(tmp_path_factory, "cluster", "SPARKCTL_TEST_CLUSTER", "spkt", 0)
 
 
 @pytest.fixture(scope="session")
 def test_cluster4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
-    """Four nodes (spark-a .. spark-d) through a fabric switch, engine image on each; torn down at session end."""
-    missing = missing_prerequisites()
-    if missing:
-        _unavailable("; ".join(missing))
-    cluster = TestCluster(tmp_path_factory.mktemp("cluster4"),
-                          name_prefix=os.environ.get("SPARKCTL_TEST_CLUSTER4_PREFIX", "spkq"),
-                          net_index=int(os.environ.get("SPARKCTL_TEST_CLUSTER4_NET", "1")), node_count=4)
-    cluster.up()
-    try:
-        yield cluster
-    finally:
-        cluster.down()
+    """Four nodes (spark-a .. spark-d) through a fabric switch (SPARKCTL_TEST_CLUSTER4_PREFIX/_NET, default spkq/1)."""
+    yield from _session_cluster(tmp_path_factory, "cluster4", "SPARKCTL_TEST_CLUSTER4", "spkq", 1, node_count=4)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -17,7 +17,7 @@ from sparkctl.router.client import RouterClient, Worker, drain, engine_in_flight
 from sparkctl.router.metrics import parse_router_metrics
 from sparkctl.router.process import RouterProcess
 from sparkctl.router.spec import RouterSpec
-from testenv import need_module
+from testenv import local_server, need_module
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "router-0.3.2"
@@ -179,7 +179,7 @@ def test_router_gates_refuse_a_hostile_router_with_a_router_error(generate):
     import socket
     import threading
     import time
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
     from types import SimpleNamespace
 
     from sparkctl.deploy.replicated import router_gates
@@ -219,10 +219,7 @@ def test_router_gates_refuse_a_hostile_router_with_a_router_error(generate):
             else:
                 self.wfile.write(b"\x00\xffnot http at all\r\n\r\n")
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        port = srv.server_address[1]
+    with local_server(Hostile) as port:
         spec = RouterSpec("127.0.0.1", port, prometheus_port=port + 1 if port < 65535 else port - 1)
         client = RouterClient(spec.url, metrics_url=f"http://127.0.0.1:{port}/metrics")
         reps = [SimpleNamespace(url="http://127.0.0.22:31002"), SimpleNamespace(url="http://127.0.0.21:31001")]
@@ -231,9 +228,6 @@ def test_router_gates_refuse_a_hostile_router_with_a_router_error(generate):
             router_gates(client, spec, reps, timeout_s=1.0)
         assert time.monotonic() - t0 < 4.5
         assert "generation through it" in exc.value.message, exc.value.render()
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 @pytest.mark.parametrize("body", [b"{not json", b"[1, 2]", b'{"status": "ready", "healthy_workers": "2"}',
@@ -242,7 +236,7 @@ def test_router_client_reads_a_hostile_json_body_as_not_ready_or_a_router_error(
     """/readiness and /workers answering JSON-typed garbage: health is "not ready" and list_workers a RouterError
     (never a ValueError or AttributeError: exit 70)."""
     import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     from sparkctl.router import RouterError
     from sparkctl.router.client import RouterClient
@@ -258,14 +252,9 @@ def test_router_client_reads_a_hostile_json_body_as_not_ready_or_a_router_error(
             self.end_headers()
             self.wfile.write(body)
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        client = RouterClient(f"http://127.0.0.1:{srv.server_address[1]}")
+    with local_server(Hostile) as port:
+        client = RouterClient(f"http://127.0.0.1:{port}")
         h = client.health()
         assert h.healthy_workers == 0      # (ready by its status word alone: the gates want every worker healthy)
         with pytest.raises(RouterError):
             client.list_workers()
-    finally:
-        srv.shutdown()
-        srv.server_close()

@@ -4,10 +4,11 @@ Docker's answers are the real ones captured on the test cluster (tests/fixtures/
 from __future__ import annotations
 
 import http.server
-import threading
 from pathlib import Path
 
 import pytest
+
+from testenv import local_server
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.nodes import facts
@@ -150,11 +151,8 @@ def liveness():
 
         def log_message(self, *a):
             pass
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv.server_address[1]
-    srv.shutdown()
-    srv.server_close()
+    with local_server(H) as port:
+        yield port
 
 
 def test_start_replaces_an_exited_router_under_its_name(liveness):
