@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import enum
 import re
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable
@@ -229,11 +230,28 @@ def parse_server_args(line_or_body: str) -> dict[str, Any]:
         key, sep, value = part.partition("=")
         if not sep or not key.isidentifier():
             continue
-        try:
-            out[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            out[key] = value
+        out[key] = _literal(value)
     return out
+
+
+# CPython 3.11's ast module keeps its AST-to-object recursion counter in interpreter-wide state, so
+# two threads in ast.parse / literal_eval at once can fail with "SystemError: AST constructor
+# recursion depth mismatch" (CPython gh-106905). Replicas boot in parallel threads, each parsing its
+# ranks' server_args, so every literal_eval in sparkctl goes through this one lock. Values are engine
+# log text: longer than _LITERAL_MAX or nested past the parser's limit, they stay text.
+_AST_LOCK = threading.Lock()
+_LITERAL_MAX = 64 * 1024
+
+
+def _literal(value: str) -> Any:
+    """A Python literal read from ``value`` (str, number, None, bool, list, tuple, dict), else the text."""
+    if len(value) > _LITERAL_MAX:
+        return value
+    with _AST_LOCK:
+        try:
+            return ast.literal_eval(value)
+        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
+            return value
 
 
 SERVER_ARGS_KEYS = ("model_path", "served_model_name", "tp_size", "nnodes", "node_rank", "dist_init_addr",

@@ -3,11 +3,18 @@
 Every expected value below is read from the capture files themselves."""
 from __future__ import annotations
 
+import ast
+import re
+import threading
 from datetime import datetime
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sglang_captures import CUT, capture_lines, capture_names
+from sparkctl.sglang import logparse
 from sparkctl.sglang.bootwatch import BootState, LogFollower
 from sparkctl.sglang.logparse import (
     EventKind, clean_line, decode_stats, parse_line, parse_server_args, split_segments,
@@ -104,6 +111,63 @@ def test_dflash_server_args() -> None:
     assert args["max_total_tokens"] is None
     assert args["cuda_graph_config"].startswith("CudaGraphConfig(")   # non-literal kept as text
     assert args["msprobe_dump_config"] is None                         # the last field
+
+
+def test_server_args_parse_the_same_from_many_threads_at_once() -> None:
+    # Replicas boot in parallel threads and each parses its ranks' server_args: CPython 3.11's
+    # literal_eval shares one recursion counter across threads (gh-106905), which failed a CI run
+    # with "AST constructor recursion depth mismatch". Every capture's line, 8 threads, same result.
+    lines = [l for name in capture_names("sglang") for l in capture_lines(name) if "server_args=ServerArgs(" in l]
+    assert lines
+    want = [parse_server_args(l) for l in lines]
+    got: list[object] = []
+
+    def work() -> None:
+        try:
+            for _ in range(40):
+                assert [parse_server_args(l) for l in lines] == want
+            got.append("ok")
+        except BaseException as exc:  # noqa: BLE001 - the failure is the result
+            got.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == ["ok"] * 8
+
+
+@given(st.text(alphabet="([{'\",:=0123456789.eNoTrux -}])", max_size=300))
+@settings(max_examples=300, deadline=None)
+def test_any_server_args_value_reads_as_a_literal_or_stays_text(value: str) -> None:
+    args = parse_server_args(f"server_args=ServerArgs(a={value}, b=1)")
+    assert isinstance(args, dict)
+
+
+def test_values_nested_past_the_parser_or_too_long_stay_text() -> None:
+    deep = "[" * 5000 + "]" * 5000
+    huge = "[" + ",".join(["1"] * 40000) + "]"
+    args = parse_server_args(f"server_args=ServerArgs(deep={deep}, huge={huge}, ok=[1, 2])")
+    assert args["deep"] == deep and args["huge"] == huge and args["ok"] == [1, 2]
+
+
+def test_ast_is_used_only_under_the_lock() -> None:
+    # The structural half of the thread-safety fix: the one literal_eval is in _literal, inside
+    # `with _AST_LOCK`, and no other sparkctl module reaches for ast.
+    root = Path(logparse.__file__).parents[1]
+    users = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                   if re.search(r"^\s*(import ast|from ast )", p.read_text(), re.M))
+    assert users == ["sglang/logparse.py"]
+    tree = ast.parse(Path(logparse.__file__).read_text())
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+             and n.value.id == "ast"]
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_literal")
+    locked = [w for w in ast.walk(fn) if isinstance(w, ast.With)
+              and any(getattr(i.context_expr, "id", "") == "_AST_LOCK" for i in w.items)]
+    assert len(locked) == 1
+    inside = {id(n) for n in ast.walk(locked[0])}
+    assert calls and all(id(c) in inside for c in calls)
 
 
 def test_dflash_decode_and_prefill_lines() -> None:
