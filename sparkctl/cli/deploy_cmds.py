@@ -117,9 +117,11 @@ def _replicated_up(d: Any, prof: Any, dry_run: bool, yes: bool, boot_timeout: Op
     if not _confirm(yes, f"deploy {prof.name} ({prof.replicas} replicas behind the router)", d, "up")(None):
         raise typer.Abort()
     result = rd.up(prof, UpOptions(boot_timeout_s=boot_timeout))
-    _emit(result, as_json, lambda r: print(f"{r['outcome']} {r['profile']}: {r['replicas']} replicas behind "
-                                           f"{r['endpoint']} (updated: {', '.join(map(str, r['updated'])) or 'none'}"
-                                           + ("; booted at once" if r["parallel"] else "") + ")"))
+    def human(r: dict[str, Any]) -> None:
+        print(f"{r['outcome']} {r['profile']}: {r['replicas']} replicas behind {r['endpoint']} (updated: "
+              f"{', '.join(map(str, r['updated'])) or 'none'}" + ("; booted at once" if r["parallel"] else "") + ")")
+        _next_lines(r)
+    _emit(result, as_json, human)
     return True
 
 
@@ -314,9 +316,27 @@ def register(app: typer.Typer) -> None:
              tail: int = typer.Option(50, "--tail", parser=bounds.count(0, 10_000_000, what="a line count"), metavar="N",
                                    help="Last N lines (0: all)."),
              follow: bool = flag("--follow", "-f", help="Keep printing new lines (Ctrl-C stops)."),
+             replica: Optional[int] = typer.Option(None, "--replica", parser=bounds.count(0, 1023, what="a replica"),
+                                                   metavar="I", help="Replicated deployment: replica I's rank log "
+                                                                     "(default 0)."),
+             router: bool = flag("--router", help="Replicated deployment: the router's log."),
              inventory: Optional[str] = INVENTORY_OPT) -> None:
-        """Print a rank's engine log of the active deployment."""
+        """Print a rank's engine log of the active deployment (or, replicated, a replica's rank or the router's)."""
+        from sparkctl.deploy.replicated import ReplicatedDeployer, is_replicated
+        from sparkctl.errors import ConfigError
         d = _deployer(inventory, quiet=True)
-        for text in d.follow_log(rank, tail=tail, follow=follow):
+        if is_replicated(d.inventory):
+            if router and replica is not None:
+                raise ConfigError("--router and --replica name different logs: give one of them",
+                                  hint="sparkctl logs --router, or sparkctl logs --replica I --rank N")
+            texts = ReplicatedDeployer(d.inventory, d.reporter).follow_log(replica=replica, rank=rank, router=router,
+                                                                            tail=tail, follow=follow)
+        elif router or replica is not None:
+            raise ConfigError(f"{'--router' if router else '--replica'}: cluster {d.inventory.cluster.name} runs no "
+                              f"replicated deployment (one group, no router)",
+                              hint="sparkctl logs --rank N shows its ranks' logs")
+        else:
+            texts = d.follow_log(rank, tail=tail, follow=follow)
+        for text in texts:
             sys.stdout.write(text)
             sys.stdout.flush()

@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from pydantic import ValidationError
 
@@ -44,9 +44,9 @@ from sparkctl.deploy.results import (ReplicaStatus, ReplicatedDownResult, Replic
                                      RouterStatus)
 from sparkctl.deploy.steps import REPLICATED_COMMAND as COMMAND
 from sparkctl.deploy.steps import boundary
-from sparkctl.errors import LedgerError, LockHeldError, SparkctlError
+from sparkctl.errors import ConfigError, LedgerError, LockHeldError, SparkctlError
 from sparkctl.nodes.fanout import fan_out
-from sparkctl.router import RouterError
+from sparkctl.router import RouterError, strip_colour
 from sparkctl.router.client import RouterClient, attach, detach
 from sparkctl.router import launch as router_launch
 from sparkctl.router.spec import RouterSpec
@@ -56,6 +56,7 @@ from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import ReplicatedRecord
 
 RECORD = "replicated.json"
+MAX_LOG_READ = 64 * 1024 * 1024     # one read of the router's log file (a follow reads on from there)
 
 
 def replica_cluster(parent: str, index: int) -> str:
@@ -262,7 +263,8 @@ class ReplicatedDeployer:
         return ReplicatedUpResult(outcome="deployed" if moved else "unchanged", changed=moved,
                                   endpoint=rec.data["endpoint"], replicas=len(reps), updated=sorted(deployed),
                                   parallel=parallel, profile=profile.name, cluster=self.inventory.cluster.name,
-                                  emulated=self.inventory.emulated, elapsed_s=round(time.monotonic() - t0, 2))
+                                  emulated=self.inventory.emulated, elapsed_s=round(time.monotonic() - t0, 2),
+                                  next_commands=next_commands(rec.data["endpoint"]))
 
     def _replica_up(self, rec: Record, profile: Profile, opts: UpOptions, rep: Replica, sub: Deployer) -> bool:
         """The replica's own `up`; True when it deployed (False: it already ran this profile, healthy)."""
@@ -362,6 +364,59 @@ class ReplicatedDeployer:
                                       endpoint=rec.data.get("endpoint"), status=rec.data.get("status"),
                                       router=router, replicas=views)
 
+    def follow_log(self, *, replica: int | None = None, rank: int = 0, router: bool = False, tail: int = 50,
+                   follow: bool = False, poll_s: float = 0.5) -> Iterator[str]:
+        """`sparkctl logs` of a replicated deployment: rank `rank` of replica `replica` (0 when not given), through
+        that replica's own ledger, or with `router` the router's log (its file on the embedded cluster, its
+        container's Docker log on rank 0's node; colour codes stripped). The last `tail` lines (0: all), then with
+        `follow` each new piece of complete lines as it comes."""
+        rec = Record.load(self.ledger.root)
+        if router:
+            d = rec.data.get("router")
+            if not d:
+                raise SparkctlError(f"cluster {self.inventory.cluster.name}: the replicated deployment records no "
+                                    f"router (status {rec.data.get('status') or 'unknown'})",
+                                    hint="sparkctl up --profile NAME starts it again")
+            read = self._router_log(d)
+            text, offset = read(0)
+            lines = text.splitlines()
+            yield "\n".join(lines[-tail:] if tail else lines) + ("\n" if lines else "")
+            while follow:
+                time.sleep(poll_s)
+                text, offset = read(offset)
+                if text:
+                    yield text
+            return
+        reps = rec.data.get("replicas", [])
+        index = 0 if replica is None else replica
+        entry = next((r for r in reps if r.get("index") == index), None)
+        if entry is None:
+            have = sorted(r.get("index") for r in reps if isinstance(r.get("index"), int))
+            raise ConfigError(f"--replica {index}: the replicated deployment of cluster {self.inventory.cluster.name} "
+                              f"has {'replicas ' + ', '.join(map(str, have)) if have else 'no replicas recorded'}",
+                              hint=f"use one of them (e.g. --replica {have[0]})" if have
+                              else "sparkctl up --profile NAME")
+        yield from Deployer(replica_inventory(self.inventory, entry), self.reporter).follow_log(
+            rank, tail=tail, follow=follow, poll_s=poll_s)
+
+    def _router_log(self, d: dict[str, Any]) -> Callable[[int], tuple[str, int]]:
+        """offset -> (complete new lines of the router's log, next offset), whichever kind the record names."""
+        spec = RouterSpec("127.0.0.1", 1)
+        r = router_launch.from_record(self.inventory, spec, d)          # a damaged entry is a RouterError
+        if getattr(r, "kind", "") == "container":
+            from sparkctl.nodes.docker_runtime import DockerRuntime
+            from sparkctl.nodes.handles import DockerHandle
+            node = self.inventory.node(d["node"])
+            rt = DockerRuntime(self.inventory, node, cluster=self.inventory.cluster.name)
+            handle = DockerHandle(node=node.name, rank=0, deployment="router", cluster=self.inventory.cluster.name,
+                                  container=d["container"], container_id=d.get("container_id") or d["container"])
+
+            def read(offset: int) -> tuple[str, int]:
+                text, nxt = rt.read_log(handle, offset)
+                return strip_colour(text), nxt
+            return read
+        return lambda offset: _read_file_lines(Path(d["log"]), offset)
+
     def down(self) -> ReplicatedDownResult:
         rec = Record.load(self.ledger.root)
         stopped = []
@@ -399,6 +454,26 @@ def router_gates(client: RouterClient, spec: RouterSpec, reps: list[Replica], ti
                           where=spec.url) from None
     if r.status_code != 200:
         raise RouterError(f"router: a generation through it answered {r.status_code}", evidence=r.text[:500])
+
+
+def next_commands(endpoint: str) -> list[str]:
+    """What to run after a replicated `up` (the `next:` line)."""
+    return [f"curl {endpoint}/v1/models", "sparkctl status", "sparkctl bench", "sparkctl logs --router",
+            "sparkctl logs --replica 0 --rank 0 --follow", "sparkctl down"]
+
+
+def _read_file_lines(path: Path, offset: int) -> tuple[str, int]:
+    """Complete lines of `path` from byte `offset` (a partial last line waits), colour codes stripped."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(MAX_LOG_READ)
+    except FileNotFoundError:
+        return "", offset
+    except OSError as exc:
+        raise SparkctlError(f"cannot read the router's log {path}: {exc.strerror}", where=str(path)) from None
+    cut = data.rfind(b"\n") + 1
+    return strip_colour(data[:cut].decode("utf-8", "replace")), offset + cut
 
 
 def _serves(url: str) -> bool:

@@ -141,6 +141,7 @@ class ReplicatedUpResult(_Result):
     parallel: bool = False                                    # first up: every replica booted at once
     plan: list[str] | None = None                             # dry-run: what would be done
     elapsed_s: float | None = None
+    next_commands: list[str] = Field(default_factory=list)
 
 
 class RouterStatus(_Result):

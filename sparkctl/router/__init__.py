@@ -8,7 +8,16 @@ launch.py   which of the two, by the inventory's runtime; the one interface (`Ro
 client.py   its HTTP API: worker add / list / remove (`/workers`), bounded drain, /liveness and /readiness
 metrics.py  its Prometheus text (`smg_*`) -> per-worker health, selections and outcomes
 """
+import re
+
 from sparkctl.errors import DeployError
+
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def strip_colour(text: str) -> str:
+    """The router's log without its colour codes (sglang-router 0.3.2 colours it even with NO_COLOR set)."""
+    return _COLOUR.sub("", text)
 
 
 class RouterError(DeployError):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 import httpx
 
 from sparkctl.nodes import facts
-from sparkctl.router import RouterError
+from sparkctl.router import RouterError, strip_colour
 from sparkctl.router.spec import CLUSTER_LABEL, IDENTITY_LABEL, ROLE, ROLE_LABEL, RouterSpec
 
 if TYPE_CHECKING:
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sparkctl.router")
 KIND = "container"
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")       # the router colours its log even with NO_COLOR set
 
 
 class Runner(Protocol):
@@ -168,7 +167,7 @@ class RouterContainer:
     def log_tail(self, lines: int = 20) -> str:
         """The last ``lines`` lines of its Docker log (stdout and stderr), colour codes stripped."""
         res = self.runner.run(["docker", "logs", "--tail", str(lines), self.container_id], merge_stderr=True)
-        return _ANSI.sub("", res.stdout).rstrip("\n") if res.returncode == 0 else ""
+        return strip_colour(res.stdout).rstrip("\n") if res.returncode == 0 else ""
 
     # ---- stop ----------------------------------------------------------------------------------------------
     def stop(self, timeout_s: float = 10.0) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from sparkctl.nodes import procfs
-from sparkctl.router import RouterError
+from sparkctl.router import RouterError, strip_colour
 from sparkctl.router.spec import MODULE, RouterSpec
 
 
@@ -140,6 +140,6 @@ def _runs_router(cmdline: list[str]) -> bool:
 
 def _tail(path: Path, n: int = 20) -> str:
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+        return strip_colour("\n".join(path.read_text(errors="replace").splitlines()[-n:]))
     except OSError:
         return ""

@@ -17,6 +17,7 @@ import yaml
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.nodes.container import MEMLOCK_ENV
+from sparkctl.router import strip_colour
 from sparkctl.state.ledger import Ledger
 from testrig.cluster import TestCluster
 
@@ -199,6 +200,15 @@ def test_two_tp2_replicas_behind_the_router_container(cli, test_cluster4, four_e
         assert [[(x["rank"], x["node"], x["alive"]) for x in rep["ranks"]] for rep in st["replicas"]] == \
             [[(1, "spark-b", True), (0, "spark-a", True)], [(1, "spark-d", True), (0, "spark-c", True)]]
         assert all(v >= 1 for v in st["router"]["requests_per_replica"].values()), st["router"]
+        # logs: the router container's Docker log (as `docker logs` on spark-a has it, colour codes stripped) and a
+        # replica's rank on its own node
+        code, out, err = cli("logs", "--router", "--tail", "0")
+        assert code == 0 and out.strip() and "\x1b[" not in out, err[-2000:]
+        res = test_cluster4.run_on("spark-a", ["docker", "-H", test_cluster4.docker_host("spark-a"), "logs",
+                                               f"sparkctl-{cluster}-router"], check=False, timeout=120)
+        assert out.split() == strip_colour(res.stdout + res.stderr).split()
+        code, out, err = cli("logs", "--replica", "1", "--rank", "1")
+        assert code == 0 and "node_rank=1" in out, err[-2000:]
         code, out, err = cli("down", "--yes", "--json")
         assert code == 0 and json.loads(out)["stopped"] == ["router", "replica 0", "replica 1"], err[-2000:]
         for i, nodes in enumerate((NODES[:2], NODES[2:])):

@@ -9,12 +9,14 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 
 from testrig.embedded import stop_recorded_engines, write_embedded_inventory, write_replicated_profile
 from testenv import need_module
+from sparkctl.router import strip_colour
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
 FAST = {"boot_s": 0.3, "decode_tps": 2000, "peer_timeout_s": 2, "ttft_base_s": 0.002}
@@ -226,6 +228,21 @@ def test_cli_up_status_down_of_a_replicated_profile(tmp_path, monkeypatch, cli, 
         assert code == 0 and st["replicated"] and [r["in_router"] for r in st["replicas"]] == [True, True]
         code, out, err = cli("status", "-i", str(inv))
         assert "replica 1 [spark-b]" in out and "in the router" in out
+        # logs of a replicated deployment: the router's (colour codes stripped) and each replica's ranks
+        assert up["next_commands"][0] == f"curl {up['endpoint']}/v1/models" and "sparkctl logs --router" in \
+            up["next_commands"]
+        code, out, err = cli("logs", "--router", "--tail", "0", "-i", str(inv))
+        assert code == 0 and out.strip() and "\x1b[" not in out, err[-2000:]
+        rec = json.loads(next(state_dir.rglob("replicated.json")).read_text())
+        raw = Path(rec["router"]["log"]).read_text()           # the file as the router wrote it
+        assert out.splitlines() == strip_colour(raw).splitlines()
+        for index in (0, 1):
+            code, out, err = cli("logs", "--replica", str(index), "--rank", "0", "-i", str(inv))
+            assert code == 0 and "The server is fired up and ready to roll!" in out, err[-2000:]
+        code, out, err = cli("logs", "--replica", "2", "-i", str(inv))
+        assert code == 2 and "--replica 2" in err and "replicas 0, 1" in err and "--replica 0" in err
+        code, out, err = cli("logs", "--router", "--replica", "0", "-i", str(inv))
+        assert code == 2 and "give one of them" in err
         # leaving the replicated deployment for one TP=2 group: the router and replicas stop first
         code, out, err = cli("up", "-p", "base", "-i", str(inv), "--yes", "--json")
         assert code == 0 and json.loads(out)["outcome"] == "deployed", err[-3000:]
@@ -233,6 +250,8 @@ def test_cli_up_status_down_of_a_replicated_profile(tmp_path, monkeypatch, cli, 
         code, out, err = cli("status", "-i", str(inv), "--json")
         st = json.loads(out)
         assert code == 0 and not st.get("replicated") and st["healthy"] and len(st["ranks"]) == 2
+        code, out, err = cli("logs", "--router", "-i", str(inv))
+        assert code == 2 and "no replicated deployment" in err and "--rank N" in err
         with pytest.raises(httpx.TransportError):
             httpx.get(up["endpoint"] + "/health", timeout=2, trust_env=False)
         code, out, err = cli("rollback", "--to", str(prof), "-i", str(inv), "--yes", "--json")  # and back
