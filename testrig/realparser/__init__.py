@@ -30,13 +30,16 @@ Example::
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
 import os
+import queue
 import re
 import shutil
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from email.parser import Parser as _EmailParser
@@ -312,21 +315,82 @@ DRIVER = Path(__file__).parent / "driver.py"
 
 
 
+class _Server:
+    """One driver per version in ``serve`` mode for the whole test session: SGLang (and torch) imported once, each
+    request parsed in a child forked from that state (driver.py), so a parse costs a fork, not an import."""
+
+    def __init__(self, version: str, venv: Path) -> None:
+        env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
+        self.version, self.venv = version, venv
+        self.proc = subprocess.Popen([str(venv / "bin" / "python"), "-c", DRIVER.read_text(encoding="utf-8"),
+                                      _RESULT_PREFIX, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env)
+        self.replies: queue.Queue[str | None] = queue.Queue()
+        self.stderr: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
+        self.lock = threading.Lock()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith(_RESULT_PREFIX):
+                self.replies.put(line[len(_RESULT_PREFIX):])
+        self.replies.put(None)
+
+    def ask(self, request: dict[str, Any], timeout: float) -> tuple[str, str]:
+        with self.lock:
+            try:
+                self.proc.stdin.write(json.dumps(request) + "\n")
+                self.proc.stdin.flush()
+                line = self.replies.get(timeout=timeout)
+            except (OSError, queue.Empty):
+                line = None
+            if line is None:
+                self.close()
+                raise RealParserUnavailable(f"the sglang=={self.version} driver stopped answering (exit "
+                                            f"{self.proc.poll()})", where=str(self.venv),
+                                            evidence=_tail("".join(self.stderr), 15))
+            reply = json.loads(line)
+            return reply["stdout"], reply["stderr"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+_SERVERS: dict[str, _Server] = {}
+_SERVERS_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_servers() -> None:
+    for server in list(_SERVERS.values()):
+        server.close()
+
+
+def _server(version: str) -> _Server:
+    with _SERVERS_LOCK:
+        server = _SERVERS.get(version)
+        if server is None or server.proc.poll() is not None:
+            server = _SERVERS[version] = _Server(version, ensure_sglang_venv(version))
+        return server
+
+
 def _drive(version: str, request: dict[str, Any], timeout: float = 300.0) -> tuple[dict[str, Any], str]:
-    """Run the driver in the version's venv; return (result JSON, stderr)."""
-    venv = ensure_sglang_venv(version)
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([str(venv / "bin" / "python"), "-c", DRIVER.read_text(encoding="utf-8"), _RESULT_PREFIX],
-                          input=json.dumps(request), capture_output=True, text=True, timeout=timeout, env=env)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_RESULT_PREFIX)]
+    """Run one request through the version's driver; return (result JSON, stderr of that request)."""
+    server = _server(version)
+    stdout, stderr = server.ask(request, timeout)
+    venv = server.venv
+    lines = [ln for ln in stdout.splitlines() if ln.startswith(_RESULT_PREFIX)]
     if not lines:
-        raise RealParserUnavailable(f"the sglang=={version} driver exited {proc.returncode} without a result",
-                                    where=str(venv), evidence=_tail(proc.stderr, 15))
+        raise RealParserUnavailable(f"the sglang=={version} driver's parse ended without a result",
+                                    where=str(venv), evidence=_tail(stderr, 15))
     result = json.loads(lines[-1][len(_RESULT_PREFIX):])
     if not result["ok"] and result["kind"] == "import":
         raise RealParserUnavailable(f"sglang=={version} does not import: {result['message']}",
-                                    where=str(venv), evidence=_tail(proc.stderr, 15))
-    return result, proc.stderr
+                                    where=str(venv), evidence=_tail("".join(server.stderr) or stderr, 15))
+    return result, stderr
 
 
 def run_real_parser(version: str, argv: list[str]) -> RealParse:

@@ -1,18 +1,28 @@
 """The real-parser driver: runs with a version's venv python (it never imports sparkctl).
 
-Reads one JSON request on stdin ({"mode": "dump"} or {"mode": "parse", "argv": [...]}) and prints one JSON
-result line prefixed with argv[1] (SGLang may print to stdout too).
+One request is {"mode": "dump"} or {"mode": "parse", "argv": [...]}; its answer is one JSON result line prefixed
+with argv[1] (SGLang may print to stdout too).
+
+* ``driver PREFIX``: one request on stdin, its answer on stdout, exit.
+* ``driver PREFIX serve``: SGLang is imported once (torch with it: most of a parse's cost), then one request per
+  stdin line, each run in a child forked from the imported state, so no parse sees what another changed (a
+  patched ServerArgs, the environment, argparse globals). Per request one stdout line: ``PREFIX`` + JSON
+  ``{"stdout": ..., "stderr": ...}`` of that child (the answer line is in its stdout).
 """
-import argparse, dataclasses, io, json, logging, re, sys, traceback
+import argparse, dataclasses, io, json, logging, os, re, sys, tempfile, traceback
 PREFIX = sys.argv[1]
-req = json.load(sys.stdin)
+SERVE = sys.argv[2:] == ["serve"]
+req = None if SERVE else json.load(sys.stdin)
 def emit(obj):
     print(PREFIX + json.dumps(obj, default=repr))
+IMPORT_ERROR = None
 try:
     from sglang.srt import server_args as sa
+    SA = sa.ServerArgs
 except BaseException as exc:
-    traceback.print_exc(); emit({"ok": False, "kind": "import", "message": repr(exc)}); sys.exit(0)
-SA = sa.ServerArgs
+    traceback.print_exc(); IMPORT_ERROR = repr(exc)
+    if not SERVE:
+        emit({"ok": False, "kind": "import", "message": IMPORT_ERROR}); sys.exit(0)
 def field_names():
     if hasattr(SA, "__struct_fields__"): return list(SA.__struct_fields__)
     return [f.name for f in dataclasses.fields(SA)]
@@ -78,4 +88,33 @@ def parse(argv):
         return {"ok": False, "kind": "exception", "message": "%s: %s" % (type(exc).__name__, exc)}
     return {"ok": True, "method": method, "values": {n: plain(getattr(args, n, None)) for n in field_names()}}
 
-emit(dump() if req["mode"] == "dump" else parse(req["argv"]))
+def answer(request):
+    if IMPORT_ERROR is not None:
+        return {"ok": False, "kind": "import", "message": IMPORT_ERROR}
+    return dump() if request["mode"] == "dump" else parse(request["argv"])
+
+def serve():
+    real_out = os.fdopen(os.dup(1), "w")
+    for line in sys.stdin:
+        request = json.loads(line)
+        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        sys.stdout.flush(); sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.dup2(out.fileno(), 1); os.dup2(err.fileno(), 2)
+                emit(answer(request))
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
+        os.waitpid(pid, 0)
+        out.seek(0); err.seek(0)
+        reply = {"stdout": out.read().decode("utf-8", "replace"), "stderr": err.read().decode("utf-8", "replace")}
+        out.close(); err.close()
+        real_out.write(PREFIX + json.dumps(reply) + "\n"); real_out.flush()
+
+if SERVE:
+    serve()
+else:
+    emit(answer(req))
