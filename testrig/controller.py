@@ -92,6 +92,13 @@ class SparkctlProcess:
         self.wait()
 
 
+# A warm-up that lasts while the gates before it stay quick, for killing something during warm-up: the emulator
+# prefills at SLOW_PREFILL_TPS tokens/s, the gates' chat prompt is 20 tokens (0.4 s), SLOW_WARM_UP's prompt 3000
+# (60 s). (A slow ttft_base_s would slow the gates' generation as much, and the kill would wait for it.)
+SLOW_PREFILL_TPS = 50
+SLOW_WARM_UP = "warmup:\n  prompt: '" + "slow " * 3000 + "'\n"
+
+
 def kill_up_at(marker: str, profile: str, *, after: str | None = None, cli: Cli | None = None) -> int:
     """Run `sparkctl up --profile PROFILE --yes`, SIGKILL it once stderr shows `marker` (after `after`); the dead
     controller's pid. With `cli`, first checks that `status` names the `up` in progress (exit 8)."""

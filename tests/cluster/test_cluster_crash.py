@@ -11,15 +11,15 @@ import pytest
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.state.ledger import Ledger
-from testrig.controller import assert_status_interrupted, kill_up_at
+from testrig.controller import SLOW_PREFILL_TPS, SLOW_WARM_UP, assert_status_interrupted, kill_up_at
 from tests.cluster.test_cluster_lifecycle import _running, _up, cluster_env  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
 
-def _profile(profiles_dir, name: str, base: str, **knobs: float) -> str:
+def _profile(profiles_dir, name: str, base: str, extra: str = "", **knobs: float) -> str:
     env = ", ".join(f"SPARKCTL_SIM_{k.upper()}: '{v}'" for k, v in knobs.items())
-    (profiles_dir / f"{name}.yml").write_text(f"extends: {base}\nenv: {{{env}}}\n")
+    (profiles_dir / f"{name}.yml").write_text(f"extends: {base}\nenv: {{{env}}}\n{extra}")
     return name
 
 
@@ -46,7 +46,8 @@ def test_sigkill_during_boot_and_warm_up(cli, test_cluster, cluster_env, profile
     _settle_deploy_down(cli, test_cluster, cluster_env, dead.id)
 
     # warm-up: this time `down` settles it (it reconciles too) and leaves nothing running
-    pid = kill_up_at(r"\] warm-up ", _profile(profiles_dir, "slowwarm", "dflash-off", ttft_base_s=60))
+    pid = kill_up_at(r"\] warm-up ", _profile(profiles_dir, "slowwarm", "dflash-off", SLOW_WARM_UP,
+                                                    prefill_tps=SLOW_PREFILL_TPS))
     dead_id = ledger.index()["history"][-1]
     assert_status_interrupted(cli, pid, "warm-up")
     code, out, err = cli("down", "--yes")

@@ -14,9 +14,9 @@ def faulty_profile(tmp_path: Path, profiles_dir: Path):
     The fault travels with this deployment's engines only (SPARKCTL_SIM_CONFIG in the rank env), so the
     deployment a rollback restores boots clean, as on a real cluster.
     """
-    def make(config: dict, base: str = "d5") -> str:
+    def make(config: dict, base: str = "d5", extra: str = "") -> str:
         path = tmp_path / "sim-faults.json"
         path.write_text(json.dumps(config))
-        (profiles_dir / "faulty.yml").write_text(f"extends: {base}\nenv: {{SPARKCTL_SIM_CONFIG: '{path}'}}\n")
+        (profiles_dir / "faulty.yml").write_text(f"extends: {base}\nenv: {{SPARKCTL_SIM_CONFIG: '{path}'}}\n{extra}")
         return "faulty"
     return make

@@ -17,7 +17,8 @@ from sparkctl.deploy.lifecycle import Deployer
 from sparkctl.deploy.observe import process_engines
 from sparkctl.nodes.process import local_port_free
 from sparkctl.state.ledger import Ledger
-from testrig.controller import SparkctlProcess, assert_status_interrupted, kill_up_at
+from testrig.controller import (SLOW_PREFILL_TPS, SLOW_WARM_UP, SparkctlProcess, assert_status_interrupted,
+                                kill_up_at)
 
 SLOW = 60.0   # emulated boot / prefill seconds: far longer than the test needs to kill the controller in it
 
@@ -70,7 +71,7 @@ def test_sigkill_during_boot(cli, local_cluster, faulty_profile):
 
 
 def test_sigkill_during_warm_up(cli, local_cluster, faulty_profile):
-    pid = kill_up_at(r"\] warm-up ", faulty_profile({"ttft_base_s": SLOW}))
+    pid = kill_up_at(r"\] warm-up ", faulty_profile({"prefill_tps": SLOW_PREFILL_TPS}, extra=SLOW_WARM_UP))
     dead = _newest(_ledger(local_cluster))
     assert_status_interrupted(cli, pid, "warm-up")
     _settle_and_clean(cli, local_cluster, dead.id)
