@@ -6,6 +6,8 @@ Three phases, each across every peer at the same time through the project's one 
 (`sparkctl.nodes.fanout.fan_out`): survey (image IDs, what the peer stores, fabric SSH from the building node),
 then the copies, every peer's outcome kept; the first error is raised once every peer finished, after one line
 per peer saying how its copy ended. Progress lines carry the peer's name (``[spark-c] ...``, ``spark-c <- ...``).
+A peer whose stream failed (`StreamFailed`: fabric SSH refused, docker save or load failed) gets its images
+through the registry instead, after a line saying why; a full disk or a wrong image ID is not retried.
 
 Example::
 
@@ -16,12 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from sparkctl.errors import ImageError
 from sparkctl.images.registry import PORT, Endpoint, Registry, Transfer, human
-from sparkctl.images.stream import CopyChoice, Survey, choose_copy, stream_images, survey
+from sparkctl.images.stream import CopyChoice, StreamFailed, Survey, choose_copy, stream_images, survey
 from sparkctl.nodes.host_facts import FABRIC_KEY
 from sparkctl.nodes.fanout import Outcome, fan_out, raise_first
 
@@ -83,7 +85,37 @@ def distribute(images: list[str], source: Endpoint, peers: list[Endpoint], *, re
         per_peer = {o.item.peer.name: o for task in done
                     for o in (task.value if task.ok else [Outcome(pl, None, task.error) for pl in task.item[1]])}
         outcomes = [per_peer[pl.peer.name] for pl in busy]
+    if any(not o.ok and isinstance(o.error, StreamFailed) for o in outcomes):
+        outcomes = _registry_after_failed_streams(outcomes, source, ids, report, port)
     return settle(plans, outcomes, report)
+
+
+def _registry_after_failed_streams(outcomes: list[Outcome[PeerPlan, list[Transfer]]], source: Endpoint,
+                                   ids: dict[str, str | None], report: Report, port: int
+                                   ) -> list[Outcome[PeerPlan, list[Transfer]]]:
+    """Every peer whose stream failed (`StreamFailed`: SSH refused, save or load failed; not a full disk, not a
+    wrong ID) gets its images through the registry instead, all at once; each keeps its stream error if the
+    registry cannot start, and the registry's error if its pull fails too."""
+    failed = [o for o in outcomes if not o.ok and isinstance(o.error, StreamFailed)]
+    plans = []
+    for o in failed:
+        pl = o.item
+        report(f"{pl.peer.name}: the stream failed ({getattr(o.error, 'message', o.error)}); copying through the "
+               f"registry instead")
+        assert pl.choice is not None
+        plans.append(replace(pl, choice=replace(pl.choice, method="registry",
+                                                reason=f"{pl.choice.reason}; the stream failed")))
+    try:
+        with Registry(source, sorted((pl.peer for pl in plans), key=lambda p: p.name), port) as reg:
+            for image in dict.fromkeys(i for pl in plans for i in pl.todo):
+                report(f"{source.name}: pushing {image} into the fabric registry (only layers it lacks are compressed)")
+                reg.push(image, report)
+            again = fan_out(plans, lambda pl: _pull(pl, reg, ids, report))
+    except ImageError as exc:
+        report(f"{source.name}: the registry after the failed streams did not work either: {exc.message}")
+        return outcomes
+    by_peer = {o.item.peer.name: o for o in again}
+    return [by_peer.get(o.item.peer.name, o) for o in outcomes]
 
 
 def settle(plans: list[PeerPlan], outcomes: list[Outcome[PeerPlan, list[Transfer]]], report: Report) -> list[Transfer]:

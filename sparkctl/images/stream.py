@@ -230,6 +230,12 @@ print("===SAVE",save_rc,n);print(err.read().decode("utf-8","replace")[-1500:])
 """
 
 
+class StreamFailed(ImageError):
+    """The stream itself did not get the images there (the pump did not run, the fabric SSH was refused, docker save
+    or docker load failed): the registry may still, and `sparkctl.images.copy` tries it. A peer that ran out of disk
+    space gets a plain ImageError (the registry would fail the same way)."""
+
+
 @dataclass
 class StreamResult:
     bytes: int
@@ -259,7 +265,7 @@ def stream_images(source: Any, peers: list[Any], images: list[str], report: Call
     save = r.stdout.rpartition("===SAVE ")[2]
     save_rc = save.split(None, 1)[0] if save.strip() else ""
     if r.returncode != 0 or len(sections) != len(peers) or not save_rc.lstrip("-").isdigit():
-        err = ImageError(f"streaming {what} from {source.name} did not run", where=f"[{source.name}] image copy",
+        err = StreamFailed(f"streaming {what} from {source.name} did not run", where=f"[{source.name}] image copy",
                          hint="is python3 on the building node? see the evidence", evidence=r.output[-1500:])
         return {p.name: err for p in peers}
     out: dict[str, StreamResult | ImageError] = {}
@@ -277,14 +283,14 @@ def stream_images(source: Any, peers: list[Any], images: list[str], report: Call
                                           "image prune), then run again; the running deployment is untouched",
                                      evidence=body[-1500:])
         elif int(rc) == 255:
-            out[p.name] = ImageError(f"{source.name} could not SSH to {p.name} over the fabric ({p.fabric_address})",
+            out[p.name] = StreamFailed(f"{source.name} could not SSH to {p.name} over the fabric ({p.fabric_address})",
                                      where=where, hint="sparkctl prepare --tags fabric-ssh (the fabric key and host "
                                                        "keys), and check the fabric link", evidence=body[-1500:])
         elif int(save_rc) != 0:
-            out[p.name] = ImageError(f"docker save of {what} failed on {source.name}",
+            out[p.name] = StreamFailed(f"docker save of {what} failed on {source.name}",
                                      where=f"[{source.name}] image copy", hint="see the evidence",
                                      evidence=save.partition("\n")[2].strip()[-1500:] or r.output[-1500:])
         else:
-            out[p.name] = ImageError(f"docker load of {what} failed on {p.name}", where=where,
+            out[p.name] = StreamFailed(f"docker load of {what} failed on {p.name}", where=where,
                                      hint="see the evidence", evidence=body[-1500:])
     return out

@@ -17,6 +17,7 @@ import yaml
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.nodes.container import MEMLOCK_ENV
+from sparkctl.nodes.host_facts import FABRIC_KNOWN_HOSTS
 from sparkctl.router import strip_colour
 from sparkctl.state.ledger import Ledger
 from testrig.cluster import TestCluster
@@ -135,6 +136,26 @@ def test_images_reach_three_peers_at_once_streamed_when_missing_and_layered_when
         (alone,) = [t for t in distribute([engine], src, peers) if not t.skipped]
         assert (alone.node, alone.via, alone.image_id) == ("spark-d", "stream", engine_id)
         assert abs(alone.rx_bytes - by_node["spark-d"].rx_bytes) < 1_000_000      # the same stream, counted alike
+        # a stream that fails (here spark-a's pinned fabric host key for spark-d is another node's: its SSH is
+        # refused) is retried through the registry, and the image still arrives with its ID
+        _forget(conns["spark-d"], engine)
+        pinned = conns["spark-a"].run(["sh", "-c", f"cat {FABRIC_KNOWN_HOSTS}"], check=True).stdout
+        d_addr = inv.node("spark-d").fabric_address
+        rows = [ln.split() for ln in pinned.splitlines() if ln.strip()]
+        other = next(r for r in rows if d_addr not in r[0].split(","))
+        wrong = "\n".join(" ".join([r[0], *other[1:3]]) if d_addr in r[0].split(",") else " ".join(r)
+                          for r in rows) + "\n"
+        assert wrong != pinned
+        conns["spark-a"].run(["sh", "-c", f"cat > {FABRIC_KNOWN_HOSTS}"], stdin=wrong, check=True)
+        try:
+            lines.clear()
+            (retried,) = [t for t in distribute([engine], src, peers, report=lines.append) if not t.skipped]
+        finally:
+            conns["spark-a"].run(["sh", "-c", f"cat > {FABRIC_KNOWN_HOSTS}"], stdin=pinned, check=True)
+        assert (retried.node, retried.via, retried.image_id) == ("spark-d", "registry", engine_id), "\n".join(lines)
+        assert any(ln.startswith("spark-d: the stream failed (spark-a could not SSH to spark-d over the fabric")
+                   and ln.endswith("copying through the registry instead") for ln in lines), lines
+        assert "spark-d: copy done (registry)" in lines
 
         # One thin layer above the engine: through the registry to all three. Docker's pull cache knows only the
         # layers a daemon pulled, not those it loaded, so the first registry copy after a stream sends the engine's
