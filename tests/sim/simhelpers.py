@@ -42,10 +42,13 @@ class SimProc:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with self._cv:
-                self.lines.append(line.rstrip("\n"))
-                self._cv.notify_all()
+        try:
+            for line in self.proc.stdout:
+                with self._cv:
+                    self.lines.append(line.rstrip("\n"))
+                    self._cv.notify_all()
+        except (ValueError, OSError):      # close() closed the pipe before its end reached us: nothing more to read
+            pass
         with self._cv:
             self._cv.notify_all()
 
@@ -92,6 +95,7 @@ class SimProc:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        self._reader.join(timeout=5)       # the pipe's end arrives once the process is gone; then close it
         if self.proc.stdout:
             self.proc.stdout.close()
 
