@@ -229,14 +229,21 @@ class Deployer:
             raise ConfigError(f"--rank {rank}: deployment {record.id} has no rank {rank}",
                               hint=f"use one of its ranks: {', '.join(map(str, ranks))} (e.g. --rank {ranks[0]})")
         rt = self.runtimes(record.id).for_node(handle.node)
-        text, offset = rt.read_log(handle, 0)
-        lines = text.splitlines()
-        yield "\n".join(lines[-tail:] if tail else lines) + ("\n" if lines else "")
-        while follow:
-            time.sleep(poll_s)
-            text, offset = rt.read_log(handle, offset)
-            if text:
-                yield text
+        yield from follow_reader(lambda offset: rt.read_log(handle, offset), tail=tail, follow=follow, poll_s=poll_s)
+
+
+def follow_reader(read: Callable[[int], tuple[str, int]], *, tail: int, follow: bool,
+                  poll_s: float) -> Iterator[str]:
+    """`sparkctl logs` over a log reader (offset -> (complete new lines, next offset)): the last `tail` lines (0: all),
+    then with `follow` each new piece as it comes, until the caller stops."""
+    text, offset = read(0)
+    lines = text.splitlines()
+    yield "\n".join(lines[-tail:] if tail else lines) + ("\n" if lines else "")
+    while follow:
+        time.sleep(poll_s)
+        text, offset = read(offset)
+        if text:
+            yield text
 
 
 def _view(plan: Plan) -> PlanView:

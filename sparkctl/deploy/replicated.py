@@ -38,7 +38,7 @@ import httpx
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
-from sparkctl.deploy.commands import Deployer, UpOptions
+from sparkctl.deploy.commands import Deployer, UpOptions, follow_reader
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.results import (ReplicaStatus, ReplicatedDownResult, ReplicatedStatusResult, ReplicatedUpResult,
                                      RouterStatus)
@@ -46,6 +46,7 @@ from sparkctl.deploy.steps import REPLICATED_COMMAND as COMMAND
 from sparkctl.deploy.steps import boundary
 from sparkctl.errors import ConfigError, LedgerError, LockHeldError, SparkctlError
 from sparkctl.nodes.fanout import fan_out
+from sparkctl.nodes.process import read_lines
 from sparkctl.router import RouterError, strip_colour
 from sparkctl.router.client import RouterClient, attach, detach
 from sparkctl.router import launch as router_launch
@@ -377,15 +378,7 @@ class ReplicatedDeployer:
                 raise SparkctlError(f"cluster {self.inventory.cluster.name}: the replicated deployment records no "
                                     f"router (status {rec.data.get('status') or 'unknown'})",
                                     hint="sparkctl up --profile NAME starts it again")
-            read = self._router_log(d)
-            text, offset = read(0)
-            lines = text.splitlines()
-            yield "\n".join(lines[-tail:] if tail else lines) + ("\n" if lines else "")
-            while follow:
-                time.sleep(poll_s)
-                text, offset = read(offset)
-                if text:
-                    yield text
+            yield from follow_reader(self._router_log(d), tail=tail, follow=follow, poll_s=poll_s)
             return
         reps = rec.data.get("replicas", [])
         index = 0 if replica is None else replica
@@ -403,7 +396,7 @@ class ReplicatedDeployer:
         """offset -> (complete new lines of the router's log, next offset), whichever kind the record names."""
         spec = RouterSpec("127.0.0.1", 1)
         r = router_launch.from_record(self.inventory, spec, d)          # a damaged entry is a RouterError
-        if getattr(r, "kind", "") == "container":
+        if r.kind == "container":
             from sparkctl.nodes.docker_runtime import DockerRuntime
             from sparkctl.nodes.handles import DockerHandle
             node = self.inventory.node(d["node"])
@@ -463,17 +456,12 @@ def next_commands(endpoint: str) -> list[str]:
 
 
 def _read_file_lines(path: Path, offset: int) -> tuple[str, int]:
-    """Complete lines of `path` from byte `offset` (a partial last line waits), colour codes stripped."""
+    """Complete lines of the router's log file from byte `offset`, colour codes stripped, and the next offset."""
     try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read(MAX_LOG_READ)
-    except FileNotFoundError:
-        return "", offset
+        text, used = read_lines(path, offset, MAX_LOG_READ)
     except OSError as exc:
         raise SparkctlError(f"cannot read the router's log {path}: {exc.strerror}", where=str(path)) from None
-    cut = data.rfind(b"\n") + 1
-    return strip_colour(data[:cut].decode("utf-8", "replace")), offset + cut
+    return strip_colour(text), offset + used
 
 
 def _serves(url: str) -> bool:

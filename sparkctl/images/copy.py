@@ -65,9 +65,7 @@ def distribute(images: list[str], source: Endpoint, peers: list[Endpoint], *, re
     with (Registry(source, sorted((pl.peer for pl in by_registry), key=lambda p: p.name), port)
           if by_registry else contextlib.nullcontext()) as reg:
         if reg is not None:
-            for image in dict.fromkeys(i for pl in by_registry for i in pl.todo):
-                report(f"{source.name}: pushing {image} into the fabric registry (only layers it lacks are compressed)")
-                reg.push(image, report)
+            _push(reg, by_registry, source, report)
         # one task per stream group (peers lacking the same images: one docker save feeds them all) and per
         # registry peer, all at once; every peer's outcome comes back, in the plans' order
         groups: dict[tuple[str, ...], list[PeerPlan]] = {}
@@ -107,9 +105,7 @@ def _registry_after_failed_streams(outcomes: list[Outcome[PeerPlan, list[Transfe
                                                 reason=f"{pl.choice.reason}; the stream failed")))
     try:
         with Registry(source, sorted((pl.peer for pl in plans), key=lambda p: p.name), port) as reg:
-            for image in dict.fromkeys(i for pl in plans for i in pl.todo):
-                report(f"{source.name}: pushing {image} into the fabric registry (only layers it lacks are compressed)")
-                reg.push(image, report)
+            _push(reg, plans, source, report)
             again = fan_out(plans, lambda pl: _pull(pl, reg, ids, report))
     except ImageError as exc:
         report(f"{source.name}: the registry after the failed streams did not work either: {exc.message}")
@@ -183,6 +179,13 @@ def _stream(group: list[PeerPlan], source: Endpoint, ids: dict[str, str | None],
         report(transfers[-1].line())
         out.append(Outcome(pl, transfers))
     return out
+
+
+def _push(reg: Registry, plans: list[PeerPlan], source: Endpoint, report: Report) -> None:
+    """Every image the registry's peers lack into the registry, once each, in order."""
+    for image in dict.fromkeys(i for pl in plans for i in pl.todo):
+        report(f"{source.name}: pushing {image} into the fabric registry (only layers it lacks are compressed)")
+        reg.push(image, report)
 
 
 def _pull(pl: PeerPlan, reg: Registry | None, ids: dict[str, str | None], report: Report) -> list[Transfer]:

@@ -80,6 +80,19 @@ def _own_private_dir(path: Path) -> Path:
     return private_dir(path)
 
 
+
+def read_lines(path: Path, offset: int, limit: int = -1) -> tuple[str, int]:
+    """The complete lines of `path` from byte `offset` (at most `limit` bytes; a partial last line waits for the
+    next read) and how many bytes they took; nothing when the file is not there (yet)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(limit)
+    except FileNotFoundError:
+        return "", 0
+    cut = data.rfind(b"\n") + 1
+    return data[:cut].decode("utf-8", "replace"), cut
+
 class ProcessRuntime:
     """Runs ranks as local processes of the emulator. Example::
 
@@ -173,15 +186,8 @@ class ProcessRuntime:
 
     def read_log(self, handle: ProcessHandle, offset: int = 0) -> tuple[str, int]:
         """This attempt's log text from `offset` (counted from the attempt's start, `handle.log_offset`)."""
-        try:
-            with open(handle.log, "rb") as fh:
-                fh.seek(handle.log_offset + offset)
-                data = fh.read()
-        except FileNotFoundError:
-            return "", offset
-        # Only hand out complete lines; a partial last line waits for the next read.
-        cut = data.rfind(b"\n") + 1
-        return redact(data[:cut].decode("utf-8", "replace"), ()), offset + cut   # logpipe redacted the values
+        text, used = read_lines(Path(handle.log), handle.log_offset + offset)
+        return redact(text, ()), offset + used   # logpipe redacted the values
 
     def stop(self, handle: ProcessHandle, *, timeout_s: float = 15.0) -> None:
         """SIGTERM to the engine's group, SIGKILL after `timeout_s`; once it is gone, its secret files go too
