@@ -51,6 +51,7 @@ from sparkctl.router import RouterError, strip_colour
 from sparkctl.router.client import RouterClient, attach, detach
 from sparkctl.router import launch as router_launch
 from sparkctl.router.spec import RouterSpec
+from sparkctl.sglang.launch import redact
 from sparkctl.sglang.replicas import Replica, render_replicas, router_endpoint, router_spec
 from sparkctl.state.files import private_dir, state_dir_error, write_json_atomic
 from sparkctl.state.ledger import Ledger, now_iso
@@ -461,7 +462,7 @@ def _read_file_lines(path: Path, offset: int) -> tuple[str, int]:
         text, used = read_lines(path, offset, MAX_LOG_READ)
     except OSError as exc:
         raise SparkctlError(f"cannot read the router's log {path}: {exc.strerror}", where=str(path)) from None
-    return strip_colour(text), offset + used
+    return redact(strip_colour(text), ()), offset + used      # the one redaction rule, as the container's log read
 
 
 def _serves(url: str) -> bool:
