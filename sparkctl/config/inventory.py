@@ -24,8 +24,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sparkctl.config.loader import config_error_from, did_you_mean, read_yaml, refusal
-from sparkctl.config.values import (Count, Flag, HcaName, HostPath, IfName, ImageRef, LocalPath, PlainName, Port,
-                                    SimValue, SshHost, SshUser, Text, Word, choice)
+from sparkctl.config.values import (Count, EngineEnvKey, EnvValue, Flag, HcaName, HostPath, IfName, ImageRef,
+                                    LocalPath, PlainName, Port, SimValue, SshHost, SshUser, Text, Word, choice)
 from sparkctl.resources import shipped, user_dirs
 from sparkctl.errors import ConfigError
 
@@ -68,6 +68,9 @@ class Node(BaseModel):
         "nvidia", description="How containers get the GPU: --runtime nvidia, --gpus all, or nothing.")
     api_bind: Word = Field("0.0.0.0", description="Address the engine's HTTP server binds to on this node.")
     gpus: Count = Field(1, ge=1, le=64, description="GPUs on this node (a DGX Spark has one GB10).")
+    engine_env: dict[EngineEnvKey, EnvValue] = Field(
+        default_factory=dict, description="Extra environment for this node's engine only (after the profile's env), "
+                                          "e.g. SGLANG_CPU_OMP_THREADS_BIND per rank on a CPU, NCCL_IB_GID_INDEX.")
 
     @field_validator("fabric_address")
     @classmethod
@@ -92,6 +95,13 @@ class Cluster(BaseModel):
                                                        "the profile's image; e.g. a test cluster's emulator image).")
     sim: dict[PlainName, SimValue] = Field(default_factory=dict,
                                 description="Emulator knobs for the embedded cluster (see sparkctl/sim/README.md).")
+    engine: choice("emulator", "sglang") = Field(
+        "emulator", description="What the process runtime runs for each rank: 'emulator' (sparkctl/sim, the default) "
+                                "or 'sglang' (the real `sglang.launch_server` from engine_python's environment, e.g. "
+                                "on a CPU). Docker nodes run what their image holds.")
+    engine_python: LocalPath | None = Field(
+        None, description="The Python whose environment has SGLang installed, for engine: sglang (its bin/python, "
+                          "e.g. ~/.cache/sparkctl/real-engine/current/venv/bin/python).")
     fabric_topology: choice("direct", "switch") | None = Field(
         None, description="How the fabric joins the nodes: 'direct' (one cable between two nodes) or 'switch' (one "
                           "subnet through a switch). Default: direct for two nodes, switch for more.")
@@ -135,12 +145,36 @@ class Inventory(BaseModel):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"two nodes named {dup[0]!r}")
+        for n in self.nodes:
+            for what, path in (("models", n.host_paths.models), ("cache", n.host_paths.cache)):
+                if n.runtime != "process" and path.startswith("~"):
+                    raise ValueError(f"nodes.{n.name}.host_paths.{what}: {path!r} starts with '~', which only a "
+                                     f"process-runtime node expands (docker mounts need an absolute host path): "
+                                     f"give the absolute path")
+        if self.cluster.engine == "sglang":
+            if self.cluster.engine_python is None:
+                raise ValueError("cluster.engine: 'sglang' needs cluster.engine_python (the Python of the environment "
+                                 "SGLang is installed in)")
+            docker = [n.name for n in self.nodes if n.runtime != "process"]
+            if docker:
+                raise ValueError(f"cluster.engine: 'sglang' chooses the process runtime's engine, but "
+                                 f"{', '.join(docker)} use runtime {self.node(docker[0]).runtime!r} (docker nodes run "
+                                 f"what their image holds): remove sparkctl_engine or set runtime: process")
+        elif self.cluster.engine_python is not None:
+            raise ValueError("cluster.engine_python is set but cluster.engine is 'emulator' (set sparkctl_engine: "
+                             "sglang to run it)")
         return self
 
     @property
     def emulated(self) -> bool:
-        """Its engine is sparkctl's emulator: the embedded cluster, or any node on the process runtime."""
-        return self.embedded or any(n.runtime == "process" for n in self.nodes)
+        """Its engine is sparkctl's emulator: any node on the process runtime, unless the inventory chose the real
+        engine for it (`sparkctl_engine: sglang`)."""
+        return self.cluster.engine == "emulator" and (self.embedded or any(n.runtime == "process" for n in self.nodes))
+
+    @property
+    def real_engine_on_cpu(self) -> bool:
+        """The process runtime runs real SGLang here (on this machine's CPU, not a GB10)."""
+        return self.cluster.engine == "sglang"
 
     @property
     def rank0(self) -> Node:
@@ -162,11 +196,12 @@ class Inventory(BaseModel):
 _ANSIBLE_KEYS = {"ansible_host": "host", "ansible_port": "port", "ansible_user": "user",
                  "ansible_ssh_private_key_file": "key_file", "ansible_connection": "connection"}
 _NODE_KEYS = {"sparkctl_rank", "fabric_interface", "fabric_address", "roce_hcas", "host_paths", "runtime",
-              "gpu_runtime", "api_bind", "gpus"}
+              "gpu_runtime", "api_bind", "gpus", "engine_env"}
 _CLUSTER_KEYS = {"sparkctl_cluster": "name", "sparkctl_known_hosts": "known_hosts",
                  "sparkctl_host_key_policy": "host_key_policy", "sparkctl_sim": "sim",
                  "sparkctl_engine_image": "engine_image", "sparkctl_fabric_topology": "fabric_topology",
-                 "sparkctl_fabric_subnet": "fabric_subnet"}
+                 "sparkctl_fabric_subnet": "fabric_subnet", "sparkctl_engine": "engine",
+                 "sparkctl_engine_python": "engine_python"}
 
 
 def _collect_hosts(group: dict[str, Any], inherited: dict[str, Any], out: list[tuple[str, dict[str, Any]]],

@@ -161,7 +161,9 @@ def _engine_model_path(value: str) -> str:
 
 
 def _host_path(value: str) -> str:
-    return _path(value)
+    """A directory on a node; ``~/`` (the home of the user sparkctl runs as) only for process-runtime nodes
+    (the inventory refuses it on a docker node: `docker run -v` needs an absolute host path)."""
+    return _path(value, tilde=True)
 
 
 def _local_path(value: str) -> str:

@@ -55,11 +55,29 @@ def evaluate(inventory: "Inventory", spec: LaunchSpec, nf: NodeFacts,
     return checks
 
 
+# How the real-engine environment and tiny models of a local cluster are made (in a sparkctl checkout; the test
+# rig is not in the wheel): testrig/realengine.
+REAL_ENGINE_BUILD = "./.venv/bin/python -m testrig.realengine build (in a sparkctl checkout)"
+
+
 def _process_checks(spec: LaunchSpec, nf: NodeFacts, own_ports: set[tuple[str, int]]) -> list[Check]:
-    """The embedded cluster: the emulator imports, and the rank's ports are free (or held by our deployment)."""
+    """The embedded cluster: the engine can run (the emulator imports; the real engine's environment has SGLang,
+    and its model and drafter are here), and the rank's ports are free (or held by our deployment)."""
     node = spec.node
-    checks = [Check.passing(node, "engine", "sparkctl emulator importable (process runtime)") if nf.engine_error is None
-              else Check.failing(node, "engine", f"emulator not importable: {nf.engine_error}", "reinstall sparkctl")]
+    if nf.engine == "sglang":
+        build = REAL_ENGINE_BUILD
+        checks = [Check.passing(node, "engine", "SGLang found in the engine's environment (process runtime, real "
+                                                "engine)") if nf.engine_error is None
+                  else Check.failing(node, "engine", f"real engine cannot run: {nf.engine_error}",
+                                     f"build the environment: {build}, or fix sparkctl_engine_python")]
+        for what, (path, present) in nf.local_paths.items():
+            checks.append(Check.passing(node, what, f"{path} present") if present else
+                          Check.failing(node, what, f"{what} {path} is missing (no config.json there)",
+                                        f"build it: {build}, or fix host_paths.models / the profile's path"))
+    else:
+        checks = [Check.passing(node, "engine", "sparkctl emulator importable (process runtime)")
+                  if nf.engine_error is None else
+                  Check.failing(node, "engine", f"emulator not importable: {nf.engine_error}", "reinstall sparkctl")]
     for addr, port, what in ports_of(spec):
         if (addr, port) in own_ports:
             checks.append(Check.passing(node, f"port {port}", f"{addr}:{port} held by the active deployment"))

@@ -10,7 +10,11 @@ from sparkctl.state.ledger import Ledger
 
 
 def embedded_notice(inventory: Inventory) -> str | None:
-    """The one line every command prints on the embedded cluster (its engine is the emulator), or None."""
+    """The one line every command prints on a local cluster: the embedded one (its engine is the emulator), or
+    any inventory whose process runtime runs real SGLang on this machine's CPU; None for Sparks."""
+    if inventory.real_engine_on_cpu:
+        return (f"using a local cluster ({inventory.path}) whose engine is real SGLang on this machine's CPU "
+                f"({inventory.cluster.engine_python}): its figures are a CPU's, not a GB10's")
     if not inventory.embedded:
         return None
     return (f"using the embedded local cluster ({inventory.path}); its engine is the sparkctl emulator, "
@@ -43,8 +47,10 @@ class Runtimes:
     def _make(self, node: Node) -> Runtime:
         if node.runtime == "process":
             from sparkctl.nodes.process import ProcessRuntime
-            return ProcessRuntime(self.ledger.log_dir(self.deployment_id), self.inventory.cluster.sim,
-                                  secrets_root=self.ledger.root / "secrets")
+            cluster = self.inventory.cluster
+            return ProcessRuntime(self.ledger.log_dir(self.deployment_id), cluster.sim,
+                                  secrets_root=self.ledger.root / "secrets", engine=cluster.engine,
+                                  engine_python=cluster.engine_python, models_dir=node.host_paths.models)
         if node.runtime == "docker":
             try:
                 from sparkctl.nodes.docker_runtime import DockerRuntime

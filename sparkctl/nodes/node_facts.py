@@ -31,7 +31,11 @@ class NodeFacts:
     unreachable: NodeError | None = None           # why SSH did not connect (then nothing else was read)
     outputs: dict[str, CommandResult] = field(default_factory=dict)
     ports_free: dict[tuple[str, int], bool] = field(default_factory=dict)
-    engine_error: str | None = None                # the emulator does not import (process runtime)
+    engine_error: str | None = None                # the engine cannot run here (process runtime), and why
+    engine: str = "emulator"                       # what the process runtime runs: "emulator" | "sglang"
+    engine_fix: str | None = None                  # the command that makes the engine runnable (engine_error set)
+    local_paths: dict[str, tuple[str, bool]] = field(default_factory=dict)  # process runtime, real engine:
+                                                   # what ("model", "drafter") -> (path here, present)
 
     def parsed(self, key: str, parse: Any) -> Any:
         """`parse(stdout)` of a command that exited 0, else None."""

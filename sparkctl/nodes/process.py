@@ -1,7 +1,12 @@
-"""The `process` runtime: each rank of the embedded cluster is a local emulator process.
+"""The `process` runtime: each rank of the embedded cluster is a local engine process.
 
-The LaunchSpec's argv (`python3 -m sglang.launch_server ...`) runs unchanged except
-for the program: `python -m sparkctl.sim`, sparkctl's SGLang emulator. The process
+The LaunchSpec's argv (`python3 -m sglang.launch_server ...`) runs unchanged except for the program, which the
+inventory chooses (`sparkctl_engine`): `python -m sparkctl.sim`, sparkctl's SGLang emulator (the default), or
+`<sparkctl_engine_python> -m sglang.launch_server`, the real SGLang installed in that environment (on this
+machine's CPU: testrig/realengine builds one). Whatever only a CPU needs (`--device cpu`, the thread binding)
+comes from the profile and the inventory, never from here. Two paths are rewritten the way a container's mounts
+would place them: ``/models/...`` is the node's ``host_paths.models`` (``~`` expanded), and the secrets mount is
+the rank's tmpfs directory (below). The process
 is detached (own session) so it outlives `sparkctl up`, its output goes to a log
 file in the state directory through `sparkctl.nodes.logpipe` (secrets redacted line by line;
 the recorded PID is that parent's), and the handle records the PID plus its kernel start
@@ -37,9 +42,10 @@ from typing import Any
 
 from sparkctl.nodes import procfs
 from sparkctl.nodes.logpipe import ENGINE_ENV_FILE
-from sparkctl.nodes.node_facts import NodeFacts
+from sparkctl.nodes.node_facts import NodeFacts, host_model_path, model_paths
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
 from sparkctl.sglang.launch import SECRET_ENV, SECRETS_MOUNT, LaunchSpec, redact, redact_argv
+from sparkctl.sglang.render import MODELS_MOUNT
 from sparkctl.errors import StateDirError
 from sparkctl.state.files import private_dir, state_dir_error
 
@@ -105,12 +111,17 @@ class ProcessRuntime:
     poll_interval_s = 0.1
 
     def __init__(self, log_dir: Path, sim_knobs: dict[str, Any] | None = None, *,
-                 secrets_root: Path | None = None) -> None:
+                 secrets_root: Path | None = None, engine: str = "emulator", engine_python: str | None = None,
+                 models_dir: str = MODELS_MOUNT) -> None:
         """`secrets_root` names whose secrets these are (the state directory's, e.g. ``ledger.root / "secrets"``;
-        default: the one holding `log_dir`): the files themselves live on tmpfs, at `secrets_root_for` of it."""
+        default: the one holding `log_dir`): the files themselves live on tmpfs, at `secrets_root_for` of it.
+        `engine` "sglang" runs ``engine_python -m sglang.launch_server``; `models_dir` is where /models/... is here."""
         self.log_dir = log_dir
-        self.sim_knobs = dict(sim_knobs or {})
+        self.sim_knobs = dict(sim_knobs or {}) if engine == "emulator" else {}
         self.secrets_root = secrets_root_for(secrets_root or log_dir.parent.parent / "secrets")
+        self.engine = engine
+        self.engine_python = os.path.expanduser(engine_python) if engine_python else None
+        self.models_dir = os.path.expanduser(models_dir)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     def secrets_dir(self, deployment_id: str, rank: int) -> Path:
@@ -119,10 +130,17 @@ class ProcessRuntime:
         return self.secrets_root / deployment_id / f"rank{rank}"
 
     def _command(self, spec: LaunchSpec, secrets_dir: Path | None = None) -> list[str]:
-        return [sys.executable, "-m", "sparkctl.sim", *(_local(a, secrets_dir) for a in spec.argv[3:])]
+        args = [self._mounted(_local(a, secrets_dir)) for a in spec.argv[3:]]
+        if self.engine == "sglang":
+            return [self.engine_python or "python3", "-m", "sglang.launch_server", *args]
+        return [sys.executable, "-m", "sparkctl.sim", *args]
+
+    def _mounted(self, value: str) -> str:
+        """A /models/... path of the LaunchSpec where this node keeps it (host_paths.models), as a mount would."""
+        return host_model_path(value, self.models_dir) or value
 
     def launch_argv(self, spec: LaunchSpec, deployment_id: str) -> list[str]:
-        """The command `start` runs: the LaunchSpec's SGLang arguments, given to sparkctl's emulator (the secret
+        """The command `start` runs: the LaunchSpec's SGLang arguments, given to the inventory's engine (the secret
         flags' values redacted, by position: a number equal to a secret stays)."""
         return redact_argv(self._command(spec), spec.secret_options)
 
@@ -134,8 +152,9 @@ class ProcessRuntime:
         own = {k: v for k, v in os.environ.items() if v not in spec.secret_values}
         env = dict(own)
         # Knobs the caller's environment sets (tests, fault injection) win over the inventory's.
-        env.update({k: v for k, v in sim_env(self.sim_knobs).items() if k not in os.environ})
-        env.setdefault("SPARKCTL_SIM_SGLANG_VERSION", spec.sglang_version)
+        if self.engine == "emulator":
+            env.update({k: v for k, v in sim_env(self.sim_knobs).items() if k not in os.environ})
+            env.setdefault("SPARKCTL_SIM_SGLANG_VERSION", spec.sglang_version)
         sdir = self.secrets_dir(deployment_id, spec.rank)
         env.update({k: _local(v, sdir) for k, v in spec.env.items()})
         env["PYTHONUNBUFFERED"] = "1"
@@ -265,14 +284,43 @@ class ProcessRuntime:
         self.stop(handle)
 
     def gather(self, spec: LaunchSpec) -> NodeFacts:
-        """Local facts: does the emulator import, are the rank's ports free here (judged in deploy/)."""
-        nf = NodeFacts(spec.node, self.kind)
-        try:
-            import sparkctl.sim  # noqa: F401
-        except ImportError as exc:
-            nf.engine_error = str(exc)
+        """Local facts: can the engine run (the emulator imports; the real engine's Python has SGLang, and the
+        model and drafter are here), are the rank's ports free here (judged in deploy/)."""
+        nf = NodeFacts(spec.node, self.kind, engine=self.engine)
+        if self.engine == "sglang":
+            nf.engine_error = sglang_missing(self.engine_python)
+            nf.local_paths = {what: (host, os.path.isfile(os.path.join(host, "config.json")))
+                              for what, path in model_paths(spec.argv)
+                              for host in [self._mounted(path)]}
+        else:
+            try:
+                import sparkctl.sim  # noqa: F401
+            except ImportError as exc:
+                nf.engine_error = str(exc)
         nf.ports_free = {(addr, port): local_port_free(addr, port) for addr, port, _ in spec.listen_ports()}
         return nf
+
+
+def sglang_missing(python: str | None) -> str | None:
+    """Why `python -m sglang.launch_server` cannot run (no such Python, or no sglang in its environment), or None.
+    Looks the module up without importing it (SGLang's import takes seconds)."""
+    if not python:
+        return "no engine Python is set (inventory sparkctl_engine_python)"
+    if not os.access(python, os.X_OK):
+        return f"{python} does not exist or is not executable"
+    probe = ("import importlib.util, sys; "
+             "sys.exit(0 if importlib.util.find_spec('sglang.launch_server') else 3)")
+    try:
+        res = subprocess.run([python, "-I", "-c", probe], stdin=subprocess.DEVNULL, capture_output=True,
+                             timeout=30, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{python} cannot run: {exc}"
+    if res.returncode == 3:
+        return f"{python} has no sglang.launch_server (SGLang is not installed in its environment)"
+    if res.returncode != 0:
+        last = (res.stderr.decode("utf-8", "replace").strip().splitlines() or [f"exit {res.returncode}"])[-1]
+        return f"{python} fails to look up sglang: {last[:300]}"
+    return None
 
 
 def attempt_start(fd: int, path: Path) -> int:

@@ -283,6 +283,7 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
             secret_files[ENGINE_SECRETS_FILE] = yaml.safe_dump(config_secrets)
 
         env = dict(profile.env)
+        env.update(node.engine_env)        # this node's own (e.g. its CPU core binding), after the profile's
         env.update({
             "SGLANG_HOST_IP": node.fabric_address,
             "NCCL_SOCKET_IFNAME": node.fabric_interface,
