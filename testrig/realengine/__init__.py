@@ -40,7 +40,9 @@ class RealEngine:
     drafter: Path | None     # EAGLE-format drafter (Qwen2ForCausalLMEagle, 1 layer) for --speculative-draft-model-path
     key: str
     root: Path
-    drafter_dflash: Path | None = None   # DFLASH-format drafter (DFlashDraftModel, 1 layer)
+    # DFLASH-format drafter (DFlashDraftModel, 1 layer), laid out from reading SGLang's dflash.py: unverified,
+    # since SGLang refuses DFLASH on CPU (SPECULATIVE.md)
+    drafter_dflash: Path | None = None
 
     def env(self) -> dict[str, str]:
         """Environment the server must run with (CPU engine, no hub); add SGLANG_CPU_OMP_THREADS_BIND per rank."""
