@@ -12,6 +12,10 @@ An flock on ``<root>/<key>.lock`` serialises builders across processes; ``ready.
 without it is an interrupted build and is rebuilt. The CLI: ``python -m testrig.realengine build|path``.
 
 Run the server with ``RealEngine.env()`` added to the environment (CPU engine, no hub).
+
+Measured here (2 cores, 2026-12-03): cold build 121 s with no pip cache (venv 117 s, models 2 s), 2.8 GB;
+0.25 s when built. TP=1 /health 200 after 25-30 s, ~2.0 GB RSS over its 3 processes; TP=2 on two loopback
+"nodes" 36-58 s, ~2.1 GB + 1.5 GB. Speculative decoding does not run on this CPU: see SPECULATIVE.md.
 """
 from __future__ import annotations
 
