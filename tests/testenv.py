@@ -23,6 +23,20 @@ def need_real_parser(version: str) -> None:
         pytest.skip(f"real SGLang {version} parser unavailable here: {exc}")
 
 
+def need_real_engine():
+    """The real SGLang 0.5.23 CPU environment (testrig.realengine), built on first use (~2 min): a skip with the
+    command that builds it on a laptop where the build fails, a failure under CI=true."""
+    import pytest
+
+    from testrig.realengine import RealEngineUnavailable, ensure_real_engine, missing_message
+    try:
+        return ensure_real_engine()
+    except RealEngineUnavailable as exc:
+        if in_ci():
+            pytest.fail(f"CI=true but the real-engine environment could not be built: {exc}", pytrace=False)
+        pytest.skip(f"{missing_message()}\n(the build failed: {exc})")
+
+
 def need_module(name: str, why: str):
     """`import name`, or: a skip with `why` on a laptop without it, a failure under CI=true (where .ci/run installs
     the test extra, so a missing module is a broken install, never a reason to skip)."""
