@@ -38,6 +38,7 @@ from typing import Any
 from sparkctl.nodes import procfs
 from sparkctl.nodes.logpipe import ENGINE_ENV_FILE
 from sparkctl.nodes.node_facts import NodeFacts
+from sparkctl.nodes.results import CommandResult
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
 from sparkctl.sglang.launch import SECRET_ENV, SECRETS_MOUNT, LaunchSpec, redact, redact_argv
 from sparkctl.errors import StateDirError
@@ -272,7 +273,18 @@ class ProcessRuntime:
         except ImportError as exc:
             nf.engine_error = str(exc)
         nf.ports_free = {(addr, port): local_port_free(addr, port) for addr, port, _ in spec.listen_ports()}
+        nf.outputs["mem"] = read_local_meminfo(spec.node)
         return nf
+
+
+def read_local_meminfo(node: str, path: str = "/proc/meminfo") -> CommandResult:
+    """This machine's /proc/meminfo as a command result (the embedded cluster's nodes are this machine): read, not
+    run, so a missing or unreadable file is a result with exit 1 and the reason, never an exception."""
+    try:
+        return CommandResult(node, ["cat", path], 0, Path(path).read_text(encoding="utf-8", errors="replace"), "",
+                             0.0)
+    except OSError as exc:
+        return CommandResult(node, ["cat", path], 1, "", f"{path}: {exc.strerror or exc}", 0.0)
 
 
 def attempt_start(fd: int, path: Path) -> int:
