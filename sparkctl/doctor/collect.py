@@ -72,8 +72,9 @@ class Collected:
         self.texts: list[LogText] = []
         self.reads: list[SourceRead] = []
 
-    def add(self, name: str, text: str, *, path: str | None = None, truncated: bool = False) -> None:
-        self.texts.append(LogText(name, text))
+    def add(self, name: str, text: str, *, path: str | None = None, truncated: bool = False,
+            secondary: bool = False) -> None:
+        self.texts.append(LogText(name, text, secondary))
         self.reads.append(SourceRead(name=printable(name, 120), path=printable(path, 300) if path else None,
                                      lines=text.count("\n") + (1 if text and not text.endswith("\n") else 0),
                                      bytes=len(text.encode("utf-8", "replace")), truncated=truncated))
@@ -177,9 +178,9 @@ def collect_deployment(rec: DeploymentRecord, ledger: Any, runtimes: Any, *, ker
     failure = "\n".join(filter(None, [rec.failure.message if rec.failure else None]
                                + [s.error for s in rec.stages if s.error]))
     if failure:
-        got.add("failure record", failure)
+        got.add("failure record", failure, secondary=True)
     if rec.journal:
-        got.add("journal", "\n".join(e.line() for e in rec.journal))
+        got.add("journal", "\n".join(e.line() for e in rec.journal), secondary=True)
     return got
 
 

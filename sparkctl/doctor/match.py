@@ -62,6 +62,8 @@ class LogText:
 
     name: str
     text: str
+    secondary: bool = False     # a summary of other sources (the failure record, the journal): its lines count
+                                # only for signatures no primary source showed (they quote the rank logs' lines)
 
 
 @dataclass
@@ -69,6 +71,7 @@ class _Hits:
     sig: Signature
     seen: dict[str, Evidence] = field(default_factory=dict)     # escaped text -> first evidence
     order: tuple[int, int] = (0, 0)                             # (source index, line) of the first match
+    secondary_only: bool = False                                # seen so far only in summaries
 
 
 def segments(text: str) -> Iterable[tuple[int, str]]:
@@ -82,8 +85,9 @@ def segments(text: str) -> Iterable[tuple[int, str]]:
 
 
 def match_sources(sources: Iterable[LogText], catalogue: tuple[Signature, ...] = CATALOGUE) -> list[Finding]:
-    """Every signature seen in `sources`, in the order first seen; evidence de-duplicated across sources (a boot's
-    log tail is in the rank log and in the failure record), at most EVIDENCE_LINES lines per finding."""
+    """Every signature seen in `sources`, in the order first seen; evidence de-duplicated across sources, and a
+    secondary source (the failure record, the journal: they quote the rank logs) adds evidence only to signatures no
+    primary source showed; at most EVIDENCE_LINES lines per finding. Primary sources come first in `sources`."""
     hits: dict[str, _Hits] = {}
     for si, src in enumerate(sources):
         live: dict[str, list[tuple[int, str]]] = {}      # this source's matches, until a later line cancels them
@@ -94,8 +98,10 @@ def match_sources(sources: Iterable[LogText], catalogue: tuple[Signature, ...] =
                 if sig.pattern.search(seg):
                     live.setdefault(sig.id, []).append((no, seg))
         for sig in catalogue:
+            if src.secondary and sig.id in hits and not hits[sig.id].secondary_only:
+                continue
             for no, seg in live.get(sig.id, []):
-                h = hits.setdefault(sig.id, _Hits(sig, order=(si, no)))
+                h = hits.setdefault(sig.id, _Hits(sig, order=(si, no), secondary_only=src.secondary))
                 text = printable(seg.strip())
                 h.seen.setdefault(text, Evidence(source=printable(src.name, 120), line=no, text=text))
     ordered = sorted(hits.values(), key=lambda h: (h.order, h.sig.id))

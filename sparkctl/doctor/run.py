@@ -13,13 +13,16 @@ from typing import Any
 from sparkctl.doctor.bundle import bundle_data, secret_values, write_bundle
 from sparkctl.doctor.collect import Collected, DoctorReport, collect_deployment, collect_files, pick_deployment, \
     report_of
+from sparkctl.sglang.launch import redact
 from sparkctl.state.records import DeploymentRecord
 
 
 def _finish(got: Collected, rec: DeploymentRecord | None, bundle: Path | None) -> DoctorReport:
+    secrets = secret_values(rec)
+    for t in got.texts:     # a --log file may hold what sparkctl's own logs never do: redacted before any output
+        t.text = redact(t.text, secrets)
     report = report_of(got, rec)
     if bundle is not None:
-        secrets = secret_values(rec)
         write_bundle(bundle, bundle_data(report, got, rec, secrets))
         report.bundle = str(bundle)
     return report

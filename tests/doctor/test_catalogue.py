@@ -148,6 +148,15 @@ def test_evidence_is_bounded_and_deduplicated_across_sources():
     assert len(f.evidence) == EVIDENCE_LINES and f.matches > EVIDENCE_LINES
 
 
+def test_summaries_add_evidence_only_where_no_log_showed_it():
+    wrong = capture_text("sglang/multinode-rank1-nccl-bootstrap-wrong-interface.txt")
+    oom = capture_text("sglang/2spark-load-host-oom-scheduler-died-poster-edited.txt")
+    found = {f.signature: f for f in match_sources([LogText("rank 1", wrong),
+                                                    LogText("failure record", wrong + "\n" + oom, secondary=True)])}
+    assert {e.source for e in found["nccl-bootstrap-connect-failed"].evidence} == {"rank 1"}
+    assert {e.source for e in found["host-oom-killed-at-load"].evidence} == {"failure record"}   # the log was gone
+
+
 # ------------------------------------------------------------------------------------------------- hostile
 PUBLISHED_LINE = PUBLISHED["sglang-kv-pool-no-memory"][1]
 
