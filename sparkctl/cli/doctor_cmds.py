@@ -10,10 +10,6 @@ import typer
 from sparkctl.cli.options import flag
 from sparkctl.errors import STATUS_NOT_OK
 
-DOCTOR_EXIT = ("Exit codes: 0 read, no known failure signature found (or nothing to diagnose); 8 a known failure "
-               "signature found; 2 a bad flag, a --log that is a directory or unreadable, an unknown --deployment, a "
-               "--bundle path that is a directory; 6 ledger corrupt; 70 internal error.")
-
 
 def _human(report: Any) -> None:
     r = report
@@ -48,7 +44,7 @@ def _list() -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(epilog=DOCTOR_EXIT)
+    @app.command()
     def doctor(log: Optional[list[Path]] = typer.Option(None, "--log", metavar="FILE",
                                                         help="Read this log file instead of a deployment (repeatable)."),
                deployment: Optional[str] = typer.Option(None, "--deployment", metavar="ID",
@@ -63,7 +59,10 @@ def register(app: typer.Typer) -> None:
                as_json: bool = flag("--json", help="The report as JSON on stdout.")) -> None:
         """Match known SGLang / NCCL / GB10 failure signatures in the last failed or unhealthy deployment (rank logs,
         failure, journal, preflight facts, kernel logs where readable) or in --log files: cause, evidence, fix and
-        source of each."""
+        source of each.
+
+        Exit 0 when no known failure signature was found (or nothing failed), 8 when one was; 2 for a --log or
+        --bundle that is a directory, an unreadable --log, an unknown --deployment."""
         from sparkctl.errors import ConfigError
 
         if list_:
