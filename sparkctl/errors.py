@@ -32,11 +32,14 @@ class SparkctlError(Exception):
         self.hint = hint
         self.evidence = evidence
 
-    def amended(self: _E, *, message: str | None = None, where: str | None = None) -> _E:
-        """A copy with a new message or place (raise it `from` this one); a raised error is never changed."""
+    def amended(self: _E, *, message: str | None = None, where: str | None = None,
+                evidence: str | None = None) -> _E:
+        """A copy with a new message, place or evidence (raise it `from` this one); a raised error is never
+        changed."""
         new = copy.copy(self)
         new.message = self.message if message is None else message
         new.where = self.where if where is None else where
+        new.evidence = self.evidence if evidence is None else evidence
         new.args = (new.message,)
         return new
 

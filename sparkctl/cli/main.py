@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from sparkctl.cli import bench_cmds, deploy_cmds, image_cmds, prepare_cmds, render_cmds, tune_cmds
+from sparkctl.cli import bench_cmds, deploy_cmds, doctor_cmds, image_cmds, prepare_cmds, render_cmds, tune_cmds
 from sparkctl.cli.options import EXIT_CODES, PlainFlagsGroup, flag, plain_flags
 
 app = typer.Typer(cls=PlainFlagsGroup, add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -62,6 +62,7 @@ bench_cmds.register(app)
 image_cmds.register(app)
 prepare_cmds.register(app)
 tune_cmds.register(app)
+doctor_cmds.register(app)
 plain_flags(app)
 
 

@@ -10,6 +10,8 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
+from sparkctl.doctor.collect import DoctorReport
+
 
 class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -259,7 +261,7 @@ OUTPUTS: dict[str, type[BaseModel]] = {
     "image-build": ImageBuildOutput,
     "image-verify": ImageVerifyOutput, "image-prune": ImagePruneOutput, "prepare": PrepareOutput, "patches-check": PatchesCheckOutput,
     "facts": FactsOutput, "bench-history": HistoryOutput, "bench-diff": DiffOutput,
-    "tune": TuneOutput,
+    "tune": TuneOutput, "doctor": DoctorReport,
 }
 
 

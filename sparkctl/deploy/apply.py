@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sparkctl.config.profile import Profile
-from sparkctl.deploy.boot import BootResult
+from sparkctl.deploy.boot import BootResult, doctor_lines
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import mark_superseded, stop_engines, stop_started
 from sparkctl.deploy.gates import Gate
@@ -184,12 +184,35 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
         booted.append(b)
         record.handles, record.capacity = b.handles, b.capacity()
 
+    def with_doctor(exc: DeployError) -> DeployError:
+        """The failure with what the doctor recognises in the ranks' logs appended (the engine may have died
+        during warm-up or verify: its log says why), or itself when nothing matches."""
+        try:
+            lines = doctor_lines([(f"rank {w.spec.rank} [{w.spec.node}]", w.full_log()) for w in booted[0].watches])
+        except (SparkctlError, OSError):
+            return exc
+        if not lines:
+            return exc
+        return exc.amended(evidence="\n".join(filter(None, [exc.evidence, *lines])))
+
     def warm() -> None:
-        with c.client(spec0, profile.api.api_key_env, timeout=profile.warmup.timeout_s) as client:
-            record.warmup = warm_up(profile, client, c.reporter, spec0.node)
+        try:
+            with c.client(spec0, profile.api.api_key_env, timeout=profile.warmup.timeout_s) as client:
+                record.warmup = warm_up(profile, client, c.reporter, spec0.node)
+        except DeployError as exc:
+            cited = with_doctor(exc)
+            if cited is exc:
+                raise
+            raise cited from exc
 
     def do_verify() -> None:
-        verify(c, profile, result, booted[0], record)
+        try:
+            verify(c, profile, result, booted[0], record)
+        except DeployError as exc:
+            cited = with_doctor(exc)
+            if cited is exc:
+                raise
+            raise cited from exc
 
     def hand_off() -> None:
         # One write makes it the active deployment (Ledger.active_id derives it from this record's status);

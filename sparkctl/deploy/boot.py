@@ -73,13 +73,22 @@ class BootResult:
         return rank0.follower.capacity
 
 
+def doctor_lines(logs: list[tuple[str, str]]) -> list[str]:
+    """What the doctor recognises in these (name, log text) pairs, as evidence lines (sparkctl.doctor): its cause,
+    fix and source, so a failed `up` names a known failure without a second command. Empty when nothing matches."""
+    from sparkctl.doctor.match import LogText, finding_lines, match_sources
+    return finding_lines(match_sources([LogText(name, text) for name, text in logs]))
+
+
 def _fail(watch: RankWatch, message: str, hint: str, elapsed: float) -> DeployError:
     f = watch.follower.failure
     evidence = []
     if f is not None:
         evidence.append(f"first error ({f.kind.value}): {f.first_line}")
+    full = watch.full_log()
     evidence.append(f"log tail ({watch.handle.log_ref}):")
-    evidence.append(log_tail(watch.full_log(), 25))
+    evidence.append(log_tail(full, 25))
+    evidence += doctor_lines([(f"rank {watch.spec.rank} [{watch.spec.node}]", full)])
     return DeployError(f"boot failed on rank {watch.spec.rank} ({watch.spec.node}) after {elapsed:.1f}s: {message}",
                        where=f"[{watch.spec.node}] boot", hint=hint, evidence="\n".join(evidence), node=watch.spec.node)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sparkctl.deploy.preflight import Check, ports_of
+from sparkctl.deploy.preflight import Check, Severity, ports_of
 from sparkctl.nodes import facts
 from sparkctl.nodes.node_facts import NodeFacts, host_model_path, model_paths
 from sparkctl.nodes.results import CommandResult
@@ -40,7 +40,8 @@ def evaluate(inventory: "Inventory", spec: LaunchSpec, nf: NodeFacts,
     iface = fabric_checks(node, checks, out["ip"])
     checks += peer_checks(name, peers, iface, out)
     checks += port_checks(node, spec, nf.parsed("ss", facts.parse_ss_listen), out["ss"], own_ports)
-    checks.append(memory_check(name, nf.parsed("mem", facts.parse_meminfo)))
+    checks.append(memory_check(name, nf.parsed("mem", facts.parse_meminfo), mem_fraction_of(spec.argv),
+                               ours_running=bool(own_ports)))
     ib = out["ib"].returncode == 0
     if node.roce_hcas and not ib:
         checks.append(Check.failing(name, "infiniband", "roce_hcas is set but /dev/infiniband is missing",
@@ -87,6 +88,9 @@ def _process_checks(spec: LaunchSpec, nf: NodeFacts, own_ports: set[tuple[str, i
             checks.append(Check.failing(node, f"port {port}", f"{addr}:{port} ({what}) is already in use by another "
                                      f"program", f"stop what listens there (ss -ltnp 'sport = :{port}') or change "
                                      f"api.port / api.dist_port in the profile"))
+    if "mem" in nf.outputs:      # this machine's /proc/meminfo (the emulator takes none of it: warnings only)
+        checks.append(memory_check(node, nf.parsed("mem", facts.parse_meminfo), mem_fraction_of(spec.argv),
+                                   ours_running=bool(own_ports), embedded=True))
     return checks
 
 
@@ -265,13 +269,90 @@ def port_checks(node: "Node", spec: LaunchSpec, listeners: list[facts.Listener] 
     return checks
 
 
-def memory_check(name: str, mem: facts.Memory | None) -> Check:
+GIB = 2**30
+SWAP_NOTE_BYTES = GIB        # swap in use from here on is worth a warning: the host is already under pressure
+MIN_USEFUL_FRACTION = 0.3   # below it, "lower the fraction" is no advice: free the memory instead
+DROP_CACHES = "sync; echo 3 | sudo tee /proc/sys/vm/drop_caches"
+
+
+def mem_fraction_of(argv: list[str]) -> float | None:
+    """The --mem-fraction-static the rank is launched with (`--flag X` or `--flag=X`); None when SGLang picks it."""
+    for i, arg in enumerate(argv):
+        opt, eq, value = arg.partition("=")
+        if opt == "--mem-fraction-static":
+            raw = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            try:
+                return float(raw)
+            except ValueError:
+                return None
+    return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def memory_check(name: str, mem: facts.Memory | None, mem_fraction: float | None = None, *,
+                 ours_running: bool = False, embedded: bool = False) -> Check:
+    """What the boot will find in the node's memory (GB10: one unified pool for the host and the GPU).
+
+    SGLang takes ``mem_fraction_static`` x total for weights and KV cache and leaves the rest to everything else, so
+    whatever already holds memory when it starts comes out of its KV pool (or the host's share, then the OOM-killer
+    ends the boot). Judged from /proc/meminfo:
+
+    * MemFree >= fraction x MemTotal: enough without evicting anything (ok);
+    * MemFree + droppable page cache (Cached - Shmem, see `facts.Memory.evictable_cache`) >= it: enough only once
+      the page cache is evicted, which GB10 owners report the CUDA allocator does not reliably get (operations.md:
+      boots fail on page cache): a warning whose text says how to drop it;
+    * less: not enough even then, a failure naming what to stop or the fraction that fits.
+
+    Swap in use (>= 1 GiB) adds a warning: the host is under memory pressure before the boot. Without a fraction in
+    the argv (SGLang sizes it itself) the old rule stays: a warning under a quarter free. `ours_running`: the
+    active deployment's engine holds the memory now and is stopped before the boot, so nothing fails. `embedded`:
+    the process runtime's emulator allocates nothing, so a shortfall only warns.
+    """
     if mem is None:
         return Check.failing(name, "memory", "cannot read /proc/meminfo", "check the node")
-    seen = f"{mem.available / 2**30:.1f} GiB available of {mem.total / 2**30:.1f} GiB"
-    if mem.available < mem.total * 0.25:
-        return Check.warning(name, "memory", seen + " (less than a quarter free: page cache and other programs share "
-                                                 "the GPU's memory)")
+    seen = f"{_gib(mem.available)} available of {_gib(mem.total)}"
+    notes: list[str] = []
+    swap = mem.swap_used
+    if swap is not None and swap >= SWAP_NOTE_BYTES:
+        notes.append(f"{_gib(swap)} of swap in use: the host is under memory pressure before the boot")
+    if mem_fraction is None:
+        if mem.available < mem.total * 0.25:
+            notes.insert(0, "less than a quarter free: page cache and other programs share the GPU's memory")
+        return Check.warning(name, "memory", seen + f" ({'; '.join(notes)})") if notes else \
+            Check.passing(name, "memory", seen)
+    need = mem_fraction * mem.total
+    free = mem.free if mem.free is not None else mem.available
+    droppable = mem.evictable_cache or 0
+    reachable = free + droppable if mem.free is not None else mem.available
+    seen = (f"mem_fraction_static {mem_fraction:g} x {_gib(mem.total)} = {_gib(int(need))} for the engine; "
+            f"{_gib(free)} free" + (f", {_gib(droppable)} more in droppable page cache" if droppable else "")
+            + f" (MemAvailable {_gib(mem.available)})")
+    if ours_running and free < need:
+        notes.insert(0, "the active deployment's engine holds memory now; it is stopped before the new boot")
+        return Check.warning(name, "memory", seen + f" ({'; '.join(notes)})")
+    if reachable < need:
+        fits = max(0.0, int((reachable / mem.total - 0.02) * 100) / 100)
+        fix = (f"free memory on {name}: stop what holds it (a leftover engine or container: `free -h`, `docker ps`, "
+               f"`ps aux --sort=-rss | head`) and drop the page cache ({DROP_CACHES})"
+               + (f", or lower server.mem_fraction_static to {fits:.2f} or less" if fits >= MIN_USEFUL_FRACTION else
+                  "; no smaller fraction would hold a model here"))
+        short = f"{_gib(int(need - reachable))} short even with the page cache dropped"
+        if embedded:
+            return Check(name, "memory", Severity.WARN, seen + f" ({short}; embedded cluster: the emulator does not "
+                                                               f"take it, a real engine would)", fix)
+        return Check.failing(name, "memory", seen + f": {short}" + (f"; {notes[0]}" if notes else ""), fix)
+    if free < need:
+        fix = f"drop the page cache on {name} before the boot: {DROP_CACHES}"
+        notes.insert(0, f"enough only once {_gib(int(need - free))} of page cache is evicted, which the GPU's "
+                        f"allocator on GB10 does not reliably get; to drop it: {DROP_CACHES}")
+        return Check(name, "memory", Severity.WARN, seen + f" ({'; '.join(notes)})", fix)
+    if notes:
+        return Check(name, "memory", Severity.WARN, seen + f" ({'; '.join(notes)})",
+                     f"find what was swapped out on {name} (`free -h`, `smem` or `ps aux --sort=-rss`) and stop it, or "
+                     f"`sudo swapoff -a && sudo swapon -a` once memory is free")
     return Check.passing(name, "memory", seen)
 
 

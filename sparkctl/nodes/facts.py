@@ -152,13 +152,38 @@ def parse_container_inspect(text: str) -> ContainerState | None:
 # ------------------------------------------------------------------------------------------------ memory
 @dataclass(frozen=True)
 class Memory:
-    """Memory of a node in bytes. ``available`` is what the kernel could give without swapping (page cache
-    counts as available: on GB10 the GPU shares this memory)."""
+    """Memory of a node in bytes, from ``/proc/meminfo``. ``available`` is the kernel's MemAvailable (its own
+    estimate of what it could give without swapping, page cache counted); on GB10 the GPU shares this memory.
+
+    ``free`` (MemFree), ``cached`` (Cached), ``shmem`` (Shmem) and ``swap_cached`` are None when the text did not
+    have them (a pasted excerpt)."""
 
     total: int
     available: int
     swap_total: int | None = None
     swap_free: int | None = None
+    free: int | None = None
+    cached: int | None = None
+    shmem: int | None = None
+    swap_cached: int | None = None
+
+    @property
+    def evictable_cache(self) -> int | None:
+        """Page cache that ``echo 3 > /proc/sys/vm/drop_caches`` could hand back: Cached minus Shmem.
+
+        Shmem (tmpfs, /dev/shm, shared anonymous memory) is counted in Cached but no cache drop frees it. Buffers
+        are left out (block-device metadata, small), and so is reclaimable slab: a lower bound on purpose, since
+        dirty or mapped pages stay too. None when Cached is unknown (Shmem unknown counts as 0)."""
+        if self.cached is None:
+            return None
+        return max(0, self.cached - (self.shmem or 0))
+
+    @property
+    def swap_used(self) -> int | None:
+        """Swap holding pages now (SwapTotal - SwapFree); None when unknown."""
+        if self.swap_total is None or self.swap_free is None:
+            return None
+        return max(0, self.swap_total - self.swap_free)
 
 
 def meminfo() -> Fact[Memory]:
@@ -174,7 +199,9 @@ def parse_meminfo(text: str) -> Memory:
             values.setdefault(m.group(1), int(m.group(2)) * (1024 if ln.rstrip().endswith("kB") else 1))
     if "MemTotal" not in values or "MemAvailable" not in values:
         raise ValueError("MemTotal/MemAvailable missing from /proc/meminfo")
-    return Memory(values["MemTotal"], values["MemAvailable"], values.get("SwapTotal"), values.get("SwapFree"))
+    return Memory(values["MemTotal"], values["MemAvailable"], values.get("SwapTotal"), values.get("SwapFree"),
+                  free=values.get("MemFree"), cached=values.get("Cached"), shmem=values.get("Shmem"),
+                  swap_cached=values.get("SwapCached"))
 
 
 # ------------------------------------------------------------------------------------------------ network

@@ -43,6 +43,7 @@ from typing import Any
 from sparkctl.nodes import procfs
 from sparkctl.nodes.logpipe import ENGINE_ENV_FILE
 from sparkctl.nodes.node_facts import NodeFacts, host_model_path, model_paths
+from sparkctl.nodes.results import CommandResult
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
 from sparkctl.sglang.launch import SECRET_ENV, SECRETS_MOUNT, LaunchSpec, redact, redact_argv
 from sparkctl.sglang.render import MODELS_MOUNT
@@ -298,6 +299,7 @@ class ProcessRuntime:
             except ImportError as exc:
                 nf.engine_error = str(exc)
         nf.ports_free = {(addr, port): local_port_free(addr, port) for addr, port, _ in spec.listen_ports()}
+        nf.outputs["mem"] = read_local_meminfo(spec.node)
         return nf
 
 
@@ -321,6 +323,14 @@ def sglang_missing(python: str | None) -> str | None:
         last = (res.stderr.decode("utf-8", "replace").strip().splitlines() or [f"exit {res.returncode}"])[-1]
         return f"{python} fails to look up sglang: {last[:300]}"
     return None
+def read_local_meminfo(node: str, path: str = "/proc/meminfo") -> CommandResult:
+    """This machine's /proc/meminfo as a command result (the embedded cluster's nodes are this machine): read, not
+    run, so a missing or unreadable file is a result with exit 1 and the reason, never an exception."""
+    try:
+        return CommandResult(node, ["cat", path], 0, Path(path).read_text(encoding="utf-8", errors="replace"), "",
+                             0.0)
+    except OSError as exc:
+        return CommandResult(node, ["cat", path], 1, "", f"{path}: {exc.strerror or exc}", 0.0)
 
 
 def attempt_start(fd: int, path: Path) -> int:

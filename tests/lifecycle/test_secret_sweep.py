@@ -73,6 +73,11 @@ def test_no_command_leaves_the_api_key_or_hf_token_anywhere(cli, local_cluster, 
     run("logs", "--rank", "0", "--tail", "0")
     run("logs", "--rank", "1", "--tail", "0")
     run("bench", "--gates", "decode", "--runs", "1", "--max-tokens", "8", "--warmup", "0", "--json")
+    # the support bundle (doctor --bundle): written into the state directory's tree so the file sweep below greps it
+    bundle = state_dir / "doctor-bundle.json"
+    run("doctor", "--bundle", str(bundle), "--no-kernel-log")
+    run("doctor", "--json", "--no-kernel-log")
+    assert json.loads(bundle.read_text())["ranks"]                # argv, env, log tails: there was much to grep
     run("rollback", "--to", "dflash-off", "--yes")
     assert _processes_holding(values) == []
     run("status", "--json")

@@ -55,6 +55,56 @@ def test_memory_with_little_available_warns_on_the_captured_meminfo():
     assert memory_check("spark-a", None).severity is Severity.FAIL
 
 
+MEMINFO_DEV = REPO / "tests" / "fixtures" / "meminfo" / "dev-host-24g-no-swap.txt"
+
+
+def test_memory_against_the_fraction_on_a_real_gb10_meminfo_fails_and_names_the_fix():
+    # spark-1 of the 3-Spark capture: 3.5 GiB available of 121.7 GiB, 6.3 GiB swapped out (an engine still runs)
+    text = _section(capture_text("spark/free-h-meminfo-docker-ps-3-sparks-zh.txt"), "### spark-1", "### spark-2")
+    check = memory_check("spark-a", facts.parse_meminfo(text), 0.88)
+    assert check.severity is Severity.FAIL and check.node == "spark-a"
+    assert "mem_fraction_static 0.88 x 121.7 GiB = 107.1 GiB for the engine" in check.seen
+    assert "short even with the page cache dropped" in check.seen and "6.3 GiB of swap in use" in check.seen
+    assert "drop_caches" in check.fix and "no smaller fraction would hold a model here" in check.fix
+    # sparkctl's own engine holds that memory and is stopped before the boot: not a failure
+    assert memory_check("spark-a", facts.parse_meminfo(text), 0.88, ours_running=True).severity is Severity.WARN
+
+
+def test_memory_free_cache_and_swap_on_a_real_meminfo():
+    mem = facts.parse_meminfo(MEMINFO_DEV.read_text())
+    assert (mem.free, mem.cached, mem.shmem) == (21130744 * 1024, 2026412 * 1024, 9828 * 1024)
+    assert mem.evictable_cache == (2026412 - 9828) * 1024 and mem.swap_used == 0
+    ok = memory_check("dev", mem, 0.80)                 # 18.8 GiB wanted, 20.2 GiB free
+    assert ok.severity is Severity.OK and "20.2 GiB free, 1.9 GiB more in droppable page cache" in ok.seen
+    cache = memory_check("dev", mem, 0.90)              # 21.2 GiB wanted: free only once the page cache goes
+    assert cache.severity is Severity.WARN and "echo 3 | sudo tee /proc/sys/vm/drop_caches" in cache.fix
+    assert "enough only once 1.0 GiB of page cache is evicted" in cache.seen
+    short = memory_check("dev", mem, 0.97)              # 22.8 GiB wanted: 22.1 GiB even with the cache dropped
+    assert short.severity is Severity.FAIL and "0.8 GiB short" in short.seen and "0.91 or less" in short.fix
+    # the embedded cluster's emulator takes none of it: the same shortfall only warns, and says why
+    emb = memory_check("local", mem, 0.97, embedded=True)
+    assert emb.severity is Severity.WARN and "embedded cluster" in emb.seen and emb.fix == short.fix.replace("dev", "local")
+
+
+def test_memory_fraction_is_read_from_the_rendered_argv():
+    from sparkctl.deploy.preflight_rules import mem_fraction_of
+    assert mem_fraction_of(["python3", "-m", "sglang.launch_server", "--mem-fraction-static", "0.88"]) == 0.88
+    assert mem_fraction_of(["--mem-fraction-static=0.7"]) == 0.7
+    assert mem_fraction_of(["--tp-size", "2"]) is None and mem_fraction_of(["--mem-fraction-static"]) is None
+
+
+def test_embedded_node_reads_this_machines_meminfo():
+    from sparkctl.nodes.process import read_local_meminfo
+    spec = LaunchSpec(rank=0, node="local-a", sglang_version="0.5.23", env={},
+                      argv=["python3", "-m", "sglang.launch_server", "--mem-fraction-static", "0.5"])
+    nf = NodeFacts("local-a", "process", ports_free={("127.0.0.1", 30000): True},
+                   outputs={"mem": read_local_meminfo("local-a")})
+    mem = [c for c in evaluate(INV, spec, nf, set()) if c.name == "memory"]
+    assert len(mem) == 1 and mem[0].severity is not Severity.FAIL and "mem_fraction_static 0.5" in mem[0].seen
+    missing = read_local_meminfo("local-a", "/nonexistent/meminfo")
+    assert missing.returncode == 1 and "/nonexistent/meminfo" in missing.stderr
+
+
 def test_no_nvidia_smi_fails_a_real_node_and_warns_without_a_gpu_runtime():
     node = INV.node("spark-a")
     missing = _out(returncode=127, stderr="bash: nvidia-smi: command not found")

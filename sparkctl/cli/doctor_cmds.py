@@ -1,0 +1,102 @@
+"""`sparkctl doctor`: match known SGLang / NCCL / GB10 failure signatures in a deployment's logs or in files."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from sparkctl.cli.options import flag
+from sparkctl.errors import STATUS_NOT_OK
+
+
+def _human(report: Any) -> None:
+    r = report
+    if r.deployment:
+        where = f" (profile {r.profile}, {r.status}" + (f" at {r.failed_stage}" if r.failed_stage else "") + ")"
+        print(f"doctor: deployment {r.deployment}{where}")
+        if r.failure:
+            print(f"  failure: {r.failure.split(chr(92) + 'n', 1)[0]}")
+    for s in r.sources:
+        print(f"  read {s.name}: " + (f"not readable: {s.error}" if s.error else
+                                      f"{s.lines} lines" + (" (last 8 MiB)" if s.truncated else "")))
+    for f in r.facts:
+        print(f"  preflight [{f.node}] {f.name}: {f.severity}: {f.seen}")
+    for f in r.findings:
+        print(f"FOUND {f.signature}: {f.title}")
+        print(f"  cause: {f.cause}")
+        print(f"  fix: {f.fix}")
+        print(f"  source: {f.source}")
+        print(f"  evidence ({f.matches} line{'s' if f.matches != 1 else ''}):")
+        for e in f.evidence:
+            print(f"    {e.source}:{e.line}: {e.text}")
+    if not r.findings:
+        print("no known failure signature found (`sparkctl doctor --list` shows the catalogue)")
+    if r.bundle:
+        print(f"bundle written: {r.bundle}")
+
+
+def _list() -> None:
+    from sparkctl.doctor.catalogue import CATALOGUE
+    for s in CATALOGUE:
+        print(f"{s.id}: {s.title}\n  pattern: {s.pattern.pattern}\n  fix: {s.fix}\n  source: {s.source}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def doctor(log: Optional[list[Path]] = typer.Option(None, "--log", metavar="FILE",
+                                                        help="Read this log file instead of a deployment (repeatable)."),
+               deployment: Optional[str] = typer.Option(None, "--deployment", metavar="ID",
+                                                        help="Diagnose this deployment (default: the active one when "
+                                                             "unhealthy, else the newest failed one)."),
+               bundle: Optional[Path] = typer.Option(None, "--bundle", metavar="FILE",
+                                                     help="Also write a redacted support bundle (one JSON file)."),
+               no_kernel_log: bool = flag("--no-kernel-log", help="Do not read the nodes' kernel logs (dmesg)."),
+               list_: bool = flag("--list", help="Print the catalogue of known failure signatures and exit."),
+               inventory: Optional[str] = typer.Option(None, "--inventory", "-i",
+                                                       help="Ansible inventory file (default: see README)."),
+               as_json: bool = flag("--json", help="The report as JSON on stdout.")) -> None:
+        """Match known SGLang / NCCL / GB10 failure signatures in the last failed or unhealthy deployment (rank logs,
+        failure, journal, preflight facts, kernel logs where readable) or in --log files: cause, evidence, fix and
+        source of each.
+
+        Exit 0 when no known failure signature was found (or nothing failed), 8 when one was; 2 for a --log or
+        --bundle that is a directory, an unreadable --log, an unknown --deployment."""
+        from sparkctl.errors import ConfigError
+
+        if list_:
+            _list()
+            return
+        if log and deployment:
+            raise ConfigError("--log and --deployment name different things to read: give one of them",
+                              hint="sparkctl doctor --log FILE, or sparkctl doctor --deployment ID")
+        if log:
+            from sparkctl.doctor.run import doctor_files
+            report = doctor_files(list(log), bundle=bundle)
+        else:
+            from sparkctl.cli.deploy_cmds import _deployer
+            from sparkctl.deploy.replicated import is_replicated
+            from sparkctl.doctor.run import doctor_deployment
+            d = _deployer(inventory, quiet=True)
+            if is_replicated(d.inventory):
+                raise ConfigError("the cluster runs a replicated deployment: the doctor reads one group's ledger",
+                                  hint="save a replica's log (sparkctl logs --replica I --rank N --tail 0 > r.log) "
+                                       "and run sparkctl doctor --log r.log")
+            report = doctor_deployment(d.cluster, dep_id=deployment, bundle=bundle, kernel_log=not no_kernel_log)
+            if report is None:
+                msg = "nothing to diagnose: no failed, cancelled or interrupted deployment, and the active one (if " \
+                      "any) is healthy"
+                if as_json:
+                    from sparkctl.doctor.collect import DoctorReport
+                    print(DoctorReport(target="nothing", sources=[], findings=[]).model_dump_json(indent=2))
+                else:
+                    print(f"doctor: {msg}")
+                return
+        if as_json:
+            print(report.model_dump_json(indent=2))
+        else:
+            _human(report)
+        if report.findings:
+            sys.stdout.flush()
+            raise typer.Exit(STATUS_NOT_OK)

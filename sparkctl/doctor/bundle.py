@@ -1,0 +1,118 @@
+"""`doctor --bundle FILE`: one redacted JSON file to attach to an issue.
+
+One JSON document rather than a tar.gz: it opens in any editor or `jq`, a reader sees at once everything it holds
+(no member to forget when checking it for secrets), the secret sweep greps it as it is, and its size is bounded
+anyway (log tails, not logs). Schema ``sparkctl-doctor-bundle/1``: versions, the deployment's summary and stages,
+every rank's rendered argv and env, the journal, the tail of each source read, the preflight facts and the findings.
+
+Redaction: the record's argv and env were stored redacted (LaunchSpec.redacted); they pass again through
+`redact_argv` and SECRET_ENV, and every string of the bundle through `redact` (sparkctl.sglang.launch, the one
+redaction rule) with the values of the environment variables that hold secrets here (the profile's api_key_env and
+hf_token_env, and SECRET_ENV's) plus its ServerArgs field rule (``api_key='...'``).
+
+The path is the user's: written as given (never a directory, never its parent created or chmod-ed); a new file is
+created 0600 (it holds logs), an existing one keeps its mode.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from sparkctl.doctor.collect import Collected, DoctorReport
+from sparkctl.errors import ConfigError
+from sparkctl.sglang.launch import REDACTED, SECRET_ENV, SECRET_OPTIONS, redact, redact_argv
+from sparkctl.state.ledger import now_iso
+from sparkctl.state.records import DeploymentRecord
+
+SCHEMA = "sparkctl-doctor-bundle/1"
+TAIL_LINES = 200
+TAIL_LINE_CHARS = 2000
+
+
+def secret_values(rec: DeploymentRecord | None, environ: dict[str, str] | None = None) -> set[str]:
+    """Values of this environment's secret variables: the record's profile's api_key_env / hf_token_env (their
+    defaults when there is no record) and SECRET_ENV."""
+    env = dict(os.environ if environ is None else environ)
+    names = set(SECRET_ENV) | {"SPARKCTL_API_KEY", "HF_TOKEN"}
+    if rec is not None:
+        api = rec.profile_data.get("api") or {}
+        names |= {n for n in (api.get("api_key_env"), api.get("hf_token_env")) if n}
+    return {env[n] for n in names if env.get(n)}
+
+
+def _scrub(value: Any, secrets: set[str]) -> Any:
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if isinstance(value, list):
+        return [_scrub(v, secrets) for v in value]
+    if isinstance(value, dict):
+        return {redact(str(k), secrets): _scrub(v, secrets) for k, v in value.items()}
+    return value
+
+
+def _tail(text: str) -> list[str]:
+    lines = text.splitlines()[-TAIL_LINES:]
+    return [ln if len(ln) <= TAIL_LINE_CHARS else f"{ln[:TAIL_LINE_CHARS]}... [{len(ln) - TAIL_LINE_CHARS} more "
+            f"characters]" for ln in lines]
+
+
+def bundle_data(report: DoctorReport, got: Collected, rec: DeploymentRecord | None,
+                secrets: set[str]) -> dict[str, Any]:
+    """The bundle as JSON data, redacted."""
+    from sparkctl.resources import version
+    data: dict[str, Any] = {
+        "schema": SCHEMA, "created": now_iso(),
+        "versions": {"sparkctl": version(), "python": sys.version.split()[0], "platform": platform.platform(),
+                     "sglang": rec.sglang_version if rec else None,
+                     "images": {n: i.model_dump(mode="json") for n, i in rec.images.items()} if rec else {}},
+        "report": report.model_dump(mode="json"),
+        "deployment": None, "ranks": [], "journal": [],
+        "log_tails": {t.name: _tail(t.text) for t in got.texts},
+        "facts": [c.model_dump(mode="json") for c in rec.preflight] if rec else [],
+    }
+    if rec is not None:
+        data["deployment"] = {
+            "id": rec.id, "kind": rec.kind, "profile": rec.profile, "cluster": rec.cluster, "emulated": rec.emulated,
+            "status": rec.status.value, "created": rec.created, "finished": rec.finished,
+            "failure": rec.failure.model_dump(mode="json") if rec.failure else None, "rollback": rec.rollback,
+            "restored": rec.restored, "restore_error": rec.restore_error,
+            "stages": [s.model_dump(mode="json") for s in rec.stages],
+            "gates": [g.model_dump(mode="json") for g in rec.gates],
+            "capacity": rec.capacity.model_dump(mode="json") if rec.capacity else None,
+            "identity": rec.identity, "endpoint": rec.endpoint}
+        data["ranks"] = [{"rank": s.rank, "node": s.node, "image": s.image,
+                          "argv": redact_argv(list(s.argv), SECRET_OPTIONS),
+                          "env": {k: REDACTED if k in SECRET_ENV else v for k, v in sorted(s.env.items())}}
+                         for s in rec.specs]
+        data["journal"] = [e.line() for e in rec.journal]
+    return _scrub(data, secrets)
+
+
+def write_bundle(path: Path, data: dict[str, Any]) -> Path:
+    """Write the bundle at `path` exactly (module doc); ConfigError (exit 2) when it is a directory or cannot be
+    written."""
+    if path.is_dir():
+        raise ConfigError(f"--bundle {path} is a directory: name the file to write",
+                          hint=f"e.g. --bundle {path / 'sparkctl-bundle.json'}")
+    if not path.parent.is_dir():
+        raise ConfigError(f"--bundle {path}: the directory {path.parent} does not exist",
+                          hint="create it first, or name a file in an existing directory")
+    body = (json.dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"--bundle {path}: cannot write it: {exc.strerror or exc}",
+                          hint="name a file you may write") from None
+    try:
+        view = memoryview(body)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as exc:
+        raise ConfigError(f"--bundle {path}: writing failed: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    return path

@@ -1,0 +1,44 @@
+"""The doctor's two entry points, one per target: files the user names, or a deployment of the ledger.
+
+Example::
+
+    report = doctor_files([Path("rank0.log")])
+    report = doctor_deployment(Deployer(resolve_inventory(None)).cluster, bundle=Path("bundle.json"))
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sparkctl.doctor.bundle import bundle_data, secret_values, write_bundle
+from sparkctl.doctor.collect import Collected, DoctorReport, collect_deployment, collect_files, pick_deployment, \
+    report_of
+from sparkctl.sglang.launch import redact
+from sparkctl.state.records import DeploymentRecord
+
+
+def _finish(got: Collected, rec: DeploymentRecord | None, bundle: Path | None) -> DoctorReport:
+    secrets = secret_values(rec)
+    for t in got.texts:     # a --log file may hold what sparkctl's own logs never do: redacted before any output
+        t.text = redact(t.text, secrets)
+    report = report_of(got, rec)
+    if bundle is not None:
+        write_bundle(bundle, bundle_data(report, got, rec, secrets))
+        report.bundle = str(bundle)
+    return report
+
+
+def doctor_files(paths: list[Path], *, bundle: Path | None = None) -> DoctorReport:
+    """Match the catalogue in `paths` (the last 8 MiB of each); ConfigError for a directory or unreadable file."""
+    return _finish(collect_files(paths), None, bundle)
+
+
+def doctor_deployment(cluster: Any, *, dep_id: str | None = None, bundle: Path | None = None,
+                      kernel_log: bool = True) -> DoctorReport | None:
+    """Match the catalogue in what a deployment left: `dep_id`, else the active one when unhealthy, else the newest
+    failed, cancelled or interrupted one (a bundle asked for: else the newest). None when nothing is to diagnose."""
+    rec = pick_deployment(cluster.ledger, health_of=cluster.health_of, dep_id=dep_id, any_record=bundle is not None)
+    if rec is None:
+        return None
+    got = collect_deployment(rec, cluster.ledger, cluster.runtimes(rec.id), kernel_log=kernel_log)
+    return _finish(got, rec, bundle)
