@@ -90,12 +90,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
+    """Run one command with stdout and stderr guarded: everything printed passes through the one sanitiser of
+    untrusted text (sparkctl.untrusted.clean: control characters escaped, long lines cut, URL credentials masked),
+    whoever prints it (the renderers, error messages, logging, progress lines)."""
     from sparkctl.deploy import progress
+    from sparkctl.untrusted import GuardedStream
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = GuardedStream(saved[0]), GuardedStream(saved[1])
     try:
         return _dispatch(argv)
     finally:
         progress.close_live()   # a live display on the terminal ends before the shell prompt comes back
         progress.set_quiet(False)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        sys.stdout, sys.stderr = saved
 
 
 def _dispatch(argv: list[str] | None) -> int:

@@ -139,5 +139,16 @@ def winner_dir() -> Path:
     return Path(env) if env else config_home() / "profiles"
 
 
+WINNER_WHERE = "the tuned profile (SPARKCTL_PROFILES_DIR or ~/.config/sparkctl/profiles)"
+
+
+def winner_path(profile: str, run_id: str) -> Path:
+    """The winner's profile file: ``<winner_dir>/<profile>-tuned-<run start, lower case>.yml`` (a file name built
+    from two plain names, never a path taken from the journal)."""
+    from sparkctl.config.values import check_plain_name
+    name = f"{check_plain_name(profile, 'profile')}-tuned-{check_plain_name(run_id, 'run_id').split('-')[0].lower()}"
+    return winner_dir() / f"{name}.yml"
+
+
 def copy_changes(changes: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(changes)
