@@ -72,10 +72,10 @@ def _debug_log_path() -> Path:
 
 
 def _write_debug_log(text: str) -> Path:
-    from sparkctl.state.files import private_dir
+    from sparkctl.state.files import open_state_file, private_dir
     path = _debug_log_path()
     private_dir(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = open_state_file(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "a", encoding="utf-8") as fh:
         fh.write(text)
     os.chmod(path, 0o600)

@@ -145,8 +145,9 @@ WINNER_WHERE = "the tuned profile (SPARKCTL_PROFILES_DIR or ~/.config/sparkctl/p
 def winner_path(profile: str, run_id: str) -> Path:
     """The winner's profile file: ``<winner_dir>/<profile>-tuned-<run start, lower case>.yml`` (a file name built
     from two plain names, never a path taken from the journal)."""
-    from sparkctl.config.values import check_plain_name
-    name = f"{check_plain_name(profile, 'profile')}-tuned-{check_plain_name(run_id, 'run_id').split('-')[0].lower()}"
+    from sparkctl.untrusted import record_name
+    where = "the tune journal (runs/<id>/tune.json)"
+    name = f"{record_name(profile, 'profile', where)}-tuned-{record_name(run_id, 'run_id', where).split('-')[0].lower()}"
     return winner_dir() / f"{name}.yml"
 
 
