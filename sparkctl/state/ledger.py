@@ -14,6 +14,10 @@ Layout (all files mode 0600, directories 0700; `private_dir` tightens sparkctl's
         compare.json              a `bench --compare` in progress: what it will restore (deploy/compare.py)
         damaged/                  records `sparkctl repair` moved aside (kept, never deleted)
 
+Nothing sparkctl did not make is followed or changed: a state root of another user, a symlinked ``<cluster>``,
+``logs`` or ``logs/router.log`` is refused naming the path and its owner (`sparkctl.state.files.check_state_path`,
+`open_state_file`). Paths the user names for outputs are not the ledger's: `sparkctl.userfiles`.
+
 Writes are atomic (temp file + fsync + rename). Records are typed (`sparkctl.state.records`): a missing
 record, a file that is not JSON, or JSON of the wrong shape is reported as a LedgerError naming the file, never
 silently replaced or read as "nothing recorded".
