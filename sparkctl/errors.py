@@ -64,6 +64,11 @@ class ConfigError(SparkctlError):
     exit_code = 2
 
 
+class OutputPathError(ConfigError):
+    """A path the user named for an output (``--chart``, ``--out``, the tuned profile's directory) cannot take it
+    as given: a directory, not writable, or an existing file without ``--force`` (exit 2, like a bad flag)."""
+
+
 class PreflightError(SparkctlError):
     """A read-only check on a node failed before anything was changed; `checks` holds every check's result
     (empty when the failure was not a node check, e.g. the image stage)."""

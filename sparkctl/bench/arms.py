@@ -61,7 +61,8 @@ class BenchOptions:
     g6_max_tokens: int | None = None               # None: max_tokens
     g6_limit: int | None = None                    # use only the first N G6 prompts (tests); None = all 20
     reference: list[str] = field(default_factory=list)   # lines for the reference-comparison slot
-    out_dir: Path | None = None
+    out_dir: Path | None = None                    # a directory the user named (--out): written as given
+    overwrite: bool = False                        # --force: replace a card already in out_dir
     timeout_s: float = 900.0
 
     def as_dict(self) -> dict[str, Any]:

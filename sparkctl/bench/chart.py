@@ -7,9 +7,17 @@ renders in any browser and in GitHub's Markdown, and stays diffable text.
 from __future__ import annotations
 
 from typing import Any
-from xml.sax.saxutils import escape
+from xml.sax.saxutils import escape as _xml_escape
+
+from sparkctl.untrusted import clean
 
 __all__ = ["decode_svg", "history_svg"]
+
+def escape(text: str) -> str:
+    """A label from a card (class, role, change, time) as SVG text: control characters escaped by the one
+    sanitiser (sparkctl.untrusted.clean; XML cannot hold most of them), bounded, then XML-escaped."""
+    return _xml_escape(clean(text, 200))
+
 
 _COLORS = {"ON": "#2b6cb0", "OFF": "#a0aec0", "A": "#2b6cb0", "B": "#a0aec0"}
 

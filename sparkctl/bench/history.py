@@ -12,6 +12,7 @@ from typing import Any
 
 from sparkctl.state.cards import CardIndex, changes, describe_change, pick_arm
 from sparkctl.state.files import write_text_atomic
+from sparkctl.userfiles import write_user_text
 
 __all__ = ["history", "render_history"]
 
@@ -20,8 +21,11 @@ def _primary(entry: dict[str, Any]) -> dict[str, Any] | None:
     return pick_arm(entry, "ON") or next(iter(entry.get("arms") or []), None)
 
 
-def history(index: CardIndex, *, profile: str | None = None, chart: Path | None = None) -> dict[str, Any]:
-    """Rows of the history (and the SVG written to ``chart`` when given)."""
+def history(index: CardIndex, *, profile: str | None = None, chart: Path | None = None,
+            user_chart: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    """Rows of the history (and the SVG written to ``chart`` when given). ``user_chart``: ``chart`` is a path the
+    user named (``--chart``), written as given (`sparkctl.userfiles`: refused when it is a directory, not
+    writable, or exists without ``overwrite``); else it is the ledger's own ``history.svg`` (private)."""
     from sparkctl.bench.chart import history_svg
 
     entries = index.query(profile=profile)
@@ -41,7 +45,10 @@ def history(index: CardIndex, *, profile: str | None = None, chart: Path | None 
     out: dict[str, Any] = {"profile": profile, "cards": rows, "skipped": list(index.skipped),
                            "index": str(index.path), "chart": None}
     if chart is not None and rows:
-        write_text_atomic(chart, history_svg(rows))
+        if user_chart:
+            write_user_text(chart, history_svg(rows), overwrite=overwrite, option="--chart")
+        else:
+            write_text_atomic(chart, history_svg(rows))
         out["chart"] = str(chart)
     return out
 

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from sparkctl.errors import BenchError, SparkctlError
 from sparkctl.sglang.client import EndpointBoundError, EndpointProtocolError, Limits, RunGuard, SGLangAPIError
+from sparkctl.untrusted import mask_url_credentials
 from sparkctl.sglang.launch import redact
 from sparkctl.state.records import RunRecord
 
@@ -106,10 +107,11 @@ def failures(result: RunRecord) -> list[str]:
 
 
 def scrubbed(value: Any, secrets: set[str]) -> Any:
-    """Every string in the record with the run's secret values (the API keys it used) masked: a server that
-    echoes a request header back in what it answers cannot put a key in the card."""
+    """Every string in the record with the run's secret values (the API keys it used) and every URL's credentials
+    (``http://user:***@host``) masked: a server that echoes a request header back in what it answers cannot put a
+    key in the card, nor an ``--endpoint http://user:password@host`` its password."""
     if isinstance(value, str):
-        return redact(value, secrets)
+        return mask_url_credentials(redact(value, secrets))
     if isinstance(value, dict):
         return {k: scrubbed(v, secrets) for k, v in value.items()}
     if isinstance(value, list):

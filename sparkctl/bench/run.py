@@ -17,14 +17,17 @@ also when a measurement failed (``status: failed`` with the error).
 from __future__ import annotations
 
 import copy
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from sparkctl.errors import BenchError, ConfigError, SparkctlError
+from sparkctl.errors import BenchError, ConfigError, OutputPathError, SparkctlError
 from sparkctl.sglang.client import Limits, SGLangAPIError
-from sparkctl.state.files import write_json_atomic, write_text_atomic
+from sparkctl.state.files import write_text_atomic
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, RunRecord, Status
+from sparkctl.untrusted import clean
 
 from sparkctl.bench import losslessness
 from sparkctl.bench.arms import (GATES, BenchOptions, Progress, _noop, arm_from_endpoint, arm_from_record,
@@ -129,7 +132,7 @@ def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts
                          evidence="\n".join(failed[:20]))
 
 
-def _run(result: RunRecord, body: Callable[[], None], out_dir: Path, run: RunState | None = None) -> dict[str, Any]:
+def _run(result: RunRecord, body: Callable[[], None], out_dir: ReportDir, run: RunState | None = None) -> dict[str, Any]:
     """Run `body`, record how it ended (successful, failed, canceled), write the report either way."""
     secrets = run.secrets if run else set()
     try:
@@ -151,13 +154,42 @@ def _run(result: RunRecord, body: Callable[[], None], out_dir: Path, run: RunSta
     return write_report(result, out_dir, secrets)
 
 
-def _out_dir(opts: BenchOptions, ledger: Ledger | None, run_id: str) -> Path:
+REPORT_FILES = ("report.json", "report.md", "decode.svg")
+CARD_LINE_LIMIT = 16384        # characters of one line of report.md (a wide table row fits; a 100 kB line does not)
+
+
+@dataclass(frozen=True)
+class ReportDir:
+    """Where the card goes: the run's directory in the ledger (sparkctl's: private, `user` False) or the
+    directory the user named with ``--out`` (theirs: written as given, `sparkctl.userfiles`; an existing card
+    there is replaced only with `overwrite`, ``--force``)."""
+
+    path: Path
+    user: bool = False
+    overwrite: bool = False
+
+
+def _out_dir(opts: BenchOptions, ledger: Ledger | None, run_id: str) -> ReportDir:
+    """The card's directory; a user-named ``--out`` is checked before anything is measured (a directory that
+    cannot take the card, or a card already there without --force, is refused now, not after the run)."""
     if opts.out_dir:
-        opts.out_dir.mkdir(parents=True, exist_ok=True)
-        return opts.out_dir
+        from sparkctl.userfiles import check_user_target
+        out = Path(opts.out_dir)
+        if not out.is_dir():
+            if out.exists() or out.is_symlink():
+                raise OutputPathError("is not a directory", where=f"--out {out}",
+                                      hint="--out names the directory for report.md, report.json and decode.svg")
+            try:
+                out.mkdir(parents=True)              # the user's umask: a directory sparkctl creates for them
+            except OSError as exc:
+                raise OutputPathError(f"cannot be created: {exc.strerror or exc}", where=f"--out {out}",
+                                      hint="create it first, or choose a directory you can write to") from None
+        for name in REPORT_FILES:
+            check_user_target(out / name, overwrite=opts.overwrite, option="--out")
+        return ReportDir(out, user=True, overwrite=opts.overwrite)
     if ledger is None:
         raise ConfigError("no place to write the report", hint="pass --out DIR")
-    return ledger.run_dir(run_id)
+    return ReportDir(ledger.run_dir(run_id))
 
 
 def bench_endpoint(url: str, opts: BenchOptions, *, ledger: Ledger | None = None, api_key: str | None = None,
@@ -344,22 +376,33 @@ def _replicated(inventory: Any, profile: Any) -> bool:
 
 # --------------------------------------------------------------------------- files
 
-def write_report(result: RunRecord, out_dir: Path, secrets: set[str] | None = None) -> dict[str, Any]:
-    """``report.json``, ``report.md`` (rendered from the same JSON) and ``decode.svg``, atomically, mode 0600.
+def write_report(result: RunRecord, out_dir: ReportDir | Path, secrets: set[str] | None = None) -> dict[str, Any]:
+    """``report.json``, ``report.md`` (rendered from the same JSON) and ``decode.svg``, atomically: mode 0600 in
+    the ledger's run directory, as given (`sparkctl.userfiles`) in a directory the user named.
 
     Returns the record's JSON (what ``report.json`` holds), with ``files`` naming the files written; every string
-    in it has the run's ``secrets`` masked.
+    in it has the run's ``secrets`` and any URL's credentials masked.
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out_dir / "report.json", out_dir / "report.md"
+    target = out_dir if isinstance(out_dir, ReportDir) else ReportDir(Path(out_dir))
+    if target.user:
+        from sparkctl.userfiles import write_user_text
+
+        def write(path: Path, text: str) -> None:
+            write_user_text(path, text, overwrite=target.overwrite, option="--out")
+    else:
+        target.path.mkdir(parents=True, exist_ok=True)
+
+        def write(path: Path, text: str) -> None:
+            write_text_atomic(path, text)
+    json_path, md_path = target.path / "report.json", target.path / "report.md"
     files = {"json": str(json_path), "markdown": str(md_path)}
     svg = decode_svg(scrubbed(result.as_json(), set(secrets or ())))
     if svg is not None:
-        svg_path = out_dir / "decode.svg"
-        write_text_atomic(svg_path, svg)
+        svg_path = target.path / "decode.svg"
+        write(svg_path, svg)
         files["chart"] = str(svg_path)
     result.files = files
     data = scrubbed(result.as_json(), set(secrets or ()))
-    write_json_atomic(json_path, data)
-    write_text_atomic(md_path, render_card(data))
+    write(json_path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    write(md_path, clean(render_card(data), CARD_LINE_LIMIT))     # names and evidence from outside: escaped, bounded
     return data

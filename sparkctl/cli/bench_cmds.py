@@ -1,7 +1,6 @@
 """`sparkctl bench`: the measurement card from one command (library: sparkctl.bench.run)."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -130,8 +129,10 @@ def register(app: typer.Typer) -> None:
                                                  parser=bounds.seconds(), metavar="SECONDS", help="Deadline of every request of the "
                                                  "run (s); --compare deployments keep their own boot timeouts."),
               log_only: bool = flag("--log-only", help="Analyse --log alone; send no request."),
-              out: Optional[Path] = typer.Option(None, "--out", help="Directory for report.md/report.json "
-                                                 "(default: the run's record in the ledger)."),
+              out: Optional[Path] = typer.Option(None, "--out", help="Directory for report.md/report.json/"
+                                                 "decode.svg, written as given (default: the run's record in the "
+                                                 "ledger); a card already there is refused unless --force."),
+              force: bool = flag("--force", help="Replace report.md/report.json/decode.svg already in --out."),
               inventory: Optional[str] = INVENTORY_OPT,
               as_json: bool = flag("--json", help="The full result JSON on stdout (`sparkctl schema bench`).")) -> None:
         """The measurement card: cold start, decode ON/OFF, acceptance, TTFT, concurrency, G6 (not idempotent:
@@ -155,7 +156,7 @@ def register(app: typer.Typer) -> None:
         opts = bench_run.BenchOptions(
             gates=bench_run.parse_gates(gates), runs=runs, max_tokens=max_tokens, warmup=warmup,
             ttft_sizes=_int_list(ttft_sizes, "--ttft-sizes"), ttft_runs=ttft_runs, **_levels(concurrency),
-            g6_max_tokens=g6_max_tokens, out_dir=out,
+            g6_max_tokens=g6_max_tokens, out_dir=out, overwrite=force,
             reference=[ln.strip() for ln in reference.read_text(encoding="utf-8").splitlines() if ln.strip()]
             if reference else [])
         reporter = Reporter()
@@ -174,7 +175,8 @@ def register(app: typer.Typer) -> None:
         if as_json:
             from sparkctl.state.records import RunRecord
             RunRecord.model_validate(result)          # the run record `sparkctl schema bench` exports
-            print(json.dumps(result, indent=2, default=str))
+            from sparkctl.cli.outputs import print_json
+            print_json(result)
         else:
             sys.stdout.write(Path(files["markdown"]).read_text(encoding="utf-8"))
         print(f"sparkctl: card {files.get('markdown')}, data {files.get('json')}"
@@ -185,8 +187,10 @@ def _register_cards(bench_app: typer.Typer) -> None:
     @bench_app.command("history")
     def history(profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Only cards with an arm of "
                                                       "this profile."),
-                chart: Optional[Path] = typer.Option(None, "--chart", help="Where to write the SVG chart (default: "
-                                                     "history.svg in the cluster's state directory)."),
+                chart: Optional[Path] = typer.Option(None, "--chart", help="SVG chart file to write, as given "
+                                                     "(default: history.svg in the cluster's state directory); an "
+                                                     "existing file is refused unless --force."),
+                force: bool = flag("--force", help="Replace the --chart file if it exists."),
                 inventory: Optional[str] = INVENTORY_OPT,
                 as_json: bool = flag("--json", help="The rows as JSON on stdout.")) -> None:
         """Every card of this cluster in time order: decode ON/OFF per class and what changed (changes nothing on
@@ -201,8 +205,12 @@ def _register_cards(bench_app: typer.Typer) -> None:
         index = CardIndex(ledger)
         import re
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", profile) if profile else None     # a file name, never a path
+        if chart is not None:
+            from sparkctl.userfiles import check_user_target
+            check_user_target(chart, overwrite=force, option="--chart")    # refused before anything is read
         target = chart or (ledger.root / (f"history-{safe}.svg" if safe else "history.svg"))
-        h = build(index, profile=profile, chart=target if ledger.root.exists() or chart else None)
+        h = build(index, profile=profile, chart=target if ledger.root.exists() or chart else None,
+                  user_chart=chart is not None, overwrite=force)
         if as_json:
             emit(HistoryOutput, h)
         else:

@@ -1,7 +1,6 @@
 """Commands that change the cluster (up, rollback, down) and their read-only companions (status, logs)."""
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any, Optional
 
@@ -54,7 +53,8 @@ def _confirm(assume_yes: bool, action: str, d: Any, command: str) -> Any:
 def _emit(result: Any, as_json: bool, human: Any) -> None:
     data = result.as_json() if hasattr(result, "as_json") else result
     if as_json:
-        print(json.dumps(data, indent=2, default=str))
+        from sparkctl.cli.outputs import print_json
+        print_json(data)
     else:
         human(data)
 

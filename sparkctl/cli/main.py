@@ -73,10 +73,10 @@ def _debug_log_path() -> Path:
 
 
 def _write_debug_log(text: str) -> Path:
-    from sparkctl.state.files import private_dir
+    from sparkctl.state.files import open_state_file, private_dir
     path = _debug_log_path()
     private_dir(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = open_state_file(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "a", encoding="utf-8") as fh:
         fh.write(text)
     os.chmod(path, 0o600)
@@ -91,12 +91,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
+    """Run one command with stdout and stderr guarded: everything printed passes through the one sanitiser of
+    untrusted text (sparkctl.untrusted.clean: control characters escaped, long lines cut, URL credentials masked),
+    whoever prints it (the renderers, error messages, logging, progress lines)."""
     from sparkctl.deploy import progress
+    from sparkctl.untrusted import GuardedStream
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = GuardedStream(saved[0]), GuardedStream(saved[1])
     try:
         return _dispatch(argv)
     finally:
         progress.close_live()   # a live display on the terminal ends before the shell prompt comes back
         progress.set_quiet(False)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        sys.stdout, sys.stderr = saved
 
 
 def _dispatch(argv: list[str] | None) -> int:

@@ -265,6 +265,17 @@ OUTPUTS: dict[str, type[BaseModel]] = {
 }
 
 
+def print_json(data: Any, *, default: Any = str) -> None:
+    """`data` as indented JSON on stdout: ASCII (every control character and non-ASCII character a JSON escape,
+    so the data is intact and nothing in it acts on a terminal), URL credentials masked; written past the
+    terminal guard (sparkctl.untrusted.GuardedStream), which would bound its long lines."""
+    import json
+    import sys
+
+    from sparkctl.untrusted import mask_url_credentials, write_json
+    write_json(sys.stdout, mask_url_credentials(json.dumps(data, indent=2, default=default)) + "\n")
+
+
 def emit(model: type[BaseModel], data: Any) -> None:
     """Validate `data` against the command's output model and print it as indented JSON on stdout."""
-    print(model.model_validate(data).model_dump_json(indent=2))
+    print_json(model.model_validate(data).model_dump(mode="json", by_alias=True))

@@ -95,7 +95,8 @@ def register(app: typer.Typer) -> None:
         if kind == "list":
             print("\n".join(schema_names()))
             return
-        print(json.dumps(json_schema(kind), indent=2))
+        from sparkctl.cli.outputs import print_json
+        print_json(json_schema(kind))
 
 
 def _quote(arg: str) -> str:

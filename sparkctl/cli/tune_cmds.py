@@ -44,10 +44,11 @@ def register(app: typer.Typer) -> None:
              resume_run: Optional[str] = typer.Option(None, "--resume", help="Continue this tune run (finished "
                                                       "trials are not redone)."),
              inventory: Optional[str] = typer.Option(None, "--inventory", "-i", help="Ansible inventory file."),
+             force: bool = flag("--force", help="Replace a tuned profile file of the same name in the profiles "
+                                "directory ($SPARKCTL_PROFILES_DIR; without --force it is refused before any trial)."),
              as_json: bool = flag("--json", help="The whole tune journal as JSON on stdout.")) -> None:
         """Grid search of launch flags: each trial a full deploy + bench; the best candidate confirmed against the
         baseline A B A B beyond the noise band and written as a profile; what ran before restored (journaled)."""
-        import json
 
         from sparkctl.config.inventory import resolve_inventory
         from sparkctl.deploy.lifecycle import Deployer
@@ -73,10 +74,12 @@ def register(app: typer.Typer) -> None:
                                   hint="e.g. sparkctl tune --profile d5 --vary speculative.num_draft_tokens=4,6,8")
             opts = tr.TuneOptions(profile=profile, vary=list(vary), objective=objective,
                                   budget_s=parse_duration(budget) if budget else None, trials=trials, runs=runs,
-                                  max_tokens=max_tokens, warmup=warmup, confirm_rounds=confirm_rounds)
+                                  max_tokens=max_tokens, warmup=warmup, confirm_rounds=confirm_rounds,
+                                  overwrite=force)
             data = tr.tune(deployer, opts, progress)
         if as_json:
-            print(json.dumps(data, indent=2, default=str))
+            from sparkctl.cli.outputs import print_json
+            print_json(data)
         else:
             from sparkctl.tune.table import render
             render(data, sys.stdout)                 # rich on a terminal, plain text in a pipe

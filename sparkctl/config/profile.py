@@ -212,6 +212,11 @@ def find_profile(name: str) -> Path:
     """A profile name (d5) or a path to a YAML file."""
     if name.endswith((".yml", ".yaml")) or os.sep in name:
         return Path(name)
+    from sparkctl.untrusted import is_plain_name
+    if not is_plain_name(name):            # a profile's name is a plain name (Profile.name): nothing to look up
+        raise ConfigError(f"{name!r} is not a profile name", where="--profile",
+                          hint="give a profile name (letters, digits, '.', '-', '_', as `sparkctl profiles` lists "
+                               "them) or a path to a .yml file")
     for d in profile_dirs():
         for ext in (".yml", ".yaml"):
             candidate = d / f"{name}{ext}"

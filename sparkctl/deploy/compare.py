@@ -59,4 +59,7 @@ def unfinished(c: Cluster) -> Unfinished | None:
         return None
     if controller_alive(ctl):
         return None
+    from sparkctl.untrusted import is_plain_name
+    if not all(data.get(k) is None or is_plain_name(data.get(k)) for k in ("original", "arm")):
+        return None                      # not ids sparkctl wrote: `sparkctl repair` moves the marker aside
     return Unfinished(data.get("original"), data.get("arm"), str(data.get("since")))

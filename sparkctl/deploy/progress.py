@@ -39,12 +39,23 @@ class _LiveLine:
         self.stage_t0 = t0
         self.last = ""
         self.lock = threading.Lock()
-        self.console = Console(file=stream, force_terminal=True, highlight=False, soft_wrap=True)
+        from sparkctl.untrusted import GuardedStream, raw_stream
+
+        # rich draws the display with its own escape sequences, so it writes past the terminal guard; what it is
+        # given to show passes through `clean` instead (`line`).
+        self.console = Console(file=raw_stream(stream), force_terminal=True, highlight=False, soft_wrap=True)
         # What else the command prints to the same terminal goes above the display, not through it; a piped
         # stdout is left alone (data never goes to the terminal's stream).
+        redirect_out, redirect_err = sys.stdout.isatty(), stream is sys.stderr
         self.live = Live(self, console=self.console, refresh_per_second=4, transient=True,
-                         redirect_stdout=sys.stdout.isatty(), redirect_stderr=stream is sys.stderr)
+                         redirect_stdout=redirect_out, redirect_stderr=redirect_err)
         self.live.start()
+        # rich's redirection replaced sys.stdout/sys.stderr with its own proxies: guarded again (Live.stop puts
+        # back the streams it found).
+        if redirect_out:
+            sys.stdout = GuardedStream(sys.stdout)   # type: ignore[assignment]
+        if redirect_err:
+            sys.stderr = GuardedStream(sys.stderr)   # type: ignore[assignment]
 
     def __rich__(self) -> Any:
         from rich.spinner import Spinner
@@ -55,6 +66,8 @@ class _LiveLine:
         return Spinner("dots", text=text)
 
     def line(self, text: str, stage: str, last: str) -> None:
+        from sparkctl.untrusted import clean
+        text, stage, last = clean(text), clean(stage), clean(last)
         with self.lock:
             if stage != self.stage:
                 self.stage, self.stage_t0 = stage, time.monotonic()

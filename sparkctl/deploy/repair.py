@@ -51,7 +51,7 @@ class RepairPlan:
                     or self.active != self.active_before)
 
     def lines(self) -> list[str]:
-        out = [f"move aside {p.name}: {why}" for p, why in self.damaged]
+        out = [f"move aside {p.name if p.parent.name in ('deployments', '') else p}: {why}" for p, why in self.damaged]
         out += [f"drop {i} from the history: its record is missing" for i in self.dropped]
         if self.rebuilt is not None:
             r = self.rebuilt
@@ -83,7 +83,88 @@ def _ledger_state(ledger: Ledger, plan: RepairPlan) -> tuple[dict[str, Deploymen
         index = ledger.read_index_file()
     except SparkctlError as exc:
         plan.damaged.append((ledger.index_path, exc.message))
+    plan.damaged += damaged_files(ledger)
     return good, index
+
+
+def damaged_files(ledger: Ledger) -> list[tuple[Path, str]]:
+    """Every other file sparkctl writes in a cluster's state directory that does not read back as what sparkctl
+    wrote, with why: the cards (``runs/<id>/report.json``), the tune journals (``runs/<id>/tune.json``), the tune
+    and comparison markers (``tune.json``, ``compare.json``), the replicated deployment's record
+    (``replicated.json``) and the card index (``cards.json``, derived: rebuilt from the cards once moved aside).
+    The deployment records and ``cluster.json`` are `_ledger_state`'s; the lock and its holder, the logs and the
+    secrets are not records (the lock frees itself; logs are text; secrets go with their engine)."""
+    from sparkctl.deploy import compare
+    from sparkctl.state.cards import SCHEMA as CARDS_SCHEMA, card_entry, read_card
+    from sparkctl.state.records import Controller, ReplicatedRecord
+    from sparkctl.state.ledger import read_json
+    from sparkctl.tune.journal import MARKER, read_marker, validate_journal
+    from sparkctl.untrusted import is_plain_name
+
+    out: list[tuple[Path, str]] = []
+    runs = ledger.root / "runs"
+    for path in sorted(runs.glob("*/report.json")) if runs.is_dir() else []:
+        try:
+            card_entry(read_card(path), path)
+        except SparkctlError as exc:
+            out.append((path, exc.message))
+    for path in sorted(runs.glob("*/tune.json")) if runs.is_dir() else []:
+        try:
+            validate_journal(read_json(path), path, path.parent.name)
+        except SparkctlError as exc:
+            out.append((path, exc.message))
+    marker = ledger.root / MARKER
+    if marker.exists():
+        try:
+            read_json(marker)
+            read_marker(ledger)
+        except SparkctlError as exc:
+            out.append((marker, exc.message))
+    cmp = ledger.root / compare.NAME
+    if cmp.exists():
+        try:
+            data = read_json(cmp)
+            ok = (isinstance(data, dict) and all(data.get(k) is None or is_plain_name(data.get(k))
+                                                  for k in ("original", "arm")))
+            if ok:
+                Controller.model_validate(data.get("controller"))
+            else:
+                out.append((cmp, "the comparison marker names an original or arm that is not a deployment id"))
+        except SparkctlError as exc:
+            out.append((cmp, exc.message))
+        except ValueError as exc:                     # pydantic's ValidationError
+            out.append((cmp, f"the comparison marker's controller is damaged ({type(exc).__name__})"))
+    replicated = ledger.root / "replicated.json"      # deploy.replicated.RECORD (read here without that layer)
+    if replicated.exists():
+        try:
+            ReplicatedRecord.model_validate(read_json(replicated))
+        except SparkctlError as exc:
+            out.append((replicated, exc.message))
+        except ValueError as exc:                     # pydantic's ValidationError
+            first = exc.errors()[0] if hasattr(exc, "errors") else {"loc": (), "msg": str(exc)}
+            out.append((replicated, f"the replicated deployment's record has the wrong shape at "
+                                    f"{'.'.join(map(str, first['loc'])) or '(top)'}: {first['msg']}"))
+    index = ledger.root / "cards.json"
+    if index.exists():
+        try:
+            data = read_json(index)
+            if not (isinstance(data, dict) and data.get("schema") == CARDS_SCHEMA and isinstance(data.get("cards"), dict)):
+                out.append((index, "the card index has an unexpected shape (it is rebuilt from the cards)"))
+        except SparkctlError as exc:
+            out.append((index, exc.message + " (it is rebuilt from the cards)"))
+    return out
+
+
+def aside_name(ledger: Ledger, path: Path) -> str:
+    """The name a damaged file gets under ``damaged/`` (before its timestamp): a record or the index keeps its own
+    name; a file deeper down is named by its place (``runs__<id>__report.json``), so two never collide."""
+    try:
+        rel = path.relative_to(ledger.root)
+    except ValueError:
+        return path.name
+    if len(rel.parts) == 1 or rel.parts[0] == "deployments":
+        return path.name
+    return "__".join(rel.parts)
 
 
 def _rebuild(d: Cluster, dep_id: str, engines: list[Engine]) -> DeploymentRecord | str:
@@ -159,7 +240,8 @@ def apply_repair(d: Cluster, plan: RepairPlan) -> None:
     aside.mkdir(parents=True, exist_ok=True, mode=0o700)
     boundary("repair", "move-aside", "before")
     for path, _ in plan.damaged:
-        path.rename(aside / f"{path.name}.{stamp}")    # each a rename: done again after a crash, it is a no-op
+        if path.exists() or path.is_symlink():
+            path.rename(aside / f"{aside_name(ledger, path)}.{stamp}")   # each a rename: again after a crash, a no-op
     boundary("repair", "move-aside", "after")
     boundary("repair", "rebuild", "before")
     if plan.rebuilt is not None:

@@ -26,6 +26,7 @@ replica's `up` settles its own journal, and the next `up` converges from what ru
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ from sparkctl.router import launch as router_launch
 from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.launch import redact
 from sparkctl.sglang.replicas import Replica, render_replicas, router_endpoint, router_spec
-from sparkctl.state.files import private_dir, state_dir_error, write_json_atomic
+from sparkctl.state.files import open_state_file, private_dir, state_dir_error, write_json_atomic
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import ReplicatedRecord
 
@@ -90,9 +91,13 @@ class Record:
         path = root / RECORD
         hint = "run `sparkctl repair`, or move the file aside if no replica runs"
         try:
-            data = json.loads(path.read_text())
+            with os.fdopen(open_state_file(path, os.O_RDONLY), "rb") as fh:   # never through a planted symlink
+                data = json.loads(fh.read())
         except FileNotFoundError:
             return cls(path, {})
+        except RecursionError:
+            raise LedgerError("the replicated deployment's record is corrupt: nested too deep", where=str(path),
+                              hint=hint) from None
         except OSError as exc:           # not a directory, unreadable: the state directory's error (exit 6)
             raise state_dir_error(root, exc) from None
         except ValueError as exc:
@@ -409,7 +414,10 @@ class ReplicatedDeployer:
                 text, nxt = rt.read_log(handle, offset)
                 return strip_colour(text), nxt
             return read
-        return lambda offset: _read_file_lines(Path(d["log"]), offset)
+        # The router's log is always <ledger>/logs/router.log (where `up` starts it): the path in the record is
+        # never followed elsewhere (a damaged or planted record cannot make `logs --router` print another file).
+        own = self.ledger.root / "logs" / "router.log"
+        return lambda offset: _read_file_lines(own, offset)
 
     def down(self) -> ReplicatedDownResult:
         rec = Record.load(self.ledger.root)

@@ -179,7 +179,7 @@ def main(argv: list[str]) -> int:
     for sig in FORWARDED:
         signal.signal(sig, forward)     # a handler (not SIG_IGN): the engine gets default dispositions
     try:
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         print(f"sparkctl logpipe: cannot open the log {log_path}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_NOT_RUNNABLE

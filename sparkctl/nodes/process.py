@@ -48,7 +48,7 @@ from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
 from sparkctl.sglang.launch import SECRET_ENV, SECRETS_MOUNT, LaunchSpec, redact, redact_argv
 from sparkctl.sglang.render import MODELS_MOUNT
 from sparkctl.errors import StateDirError
-from sparkctl.state.files import private_dir, state_dir_error
+from sparkctl.state.files import open_state_file, private_dir, state_dir_error
 
 log = logging.getLogger("sparkctl.nodes.process")
 
@@ -92,11 +92,12 @@ def read_lines(path: Path, offset: int, limit: int = -1) -> tuple[str, int]:
     """The complete lines of `path` from byte `offset` (at most `limit` bytes; a partial last line waits for the
     next read) and how many bytes they took; nothing when the file is not there (yet)."""
     try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read(limit)
+        fd = open_state_file(path, os.O_RDONLY)      # a planted symlink (logs/router.log -> elsewhere) is refused
     except FileNotFoundError:
         return "", 0
+    with os.fdopen(fd, "rb") as fh:
+        fh.seek(offset)
+        data = fh.read(limit)
     cut = data.rfind(b"\n") + 1
     return data[:cut].decode("utf-8", "replace"), cut
 
@@ -170,7 +171,7 @@ class ProcessRuntime:
         # One log per rank and deployment, one attempt after the other: this attempt starts at `log_offset` (after
         # a newline ending whatever a killed attempt left half-written), and the handle reads from there only.
         try:
-            fd = os.open(log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            fd = open_state_file(log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as exc:
             raise state_dir_error(log_path, exc) from None
         try:

@@ -58,8 +58,9 @@ class RouterProcess:
     @classmethod
     def start(cls, spec: RouterSpec, log_path: Path, *, ready_timeout_s: float = 30.0,
               python: str | None = None) -> "RouterProcess":
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        from sparkctl.state.files import open_state_file, private_dir
+        private_dir(log_path.parent)
+        fd = open_state_file(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
         env["NO_COLOR"] = "1"
         try:
@@ -139,7 +140,11 @@ def _runs_router(cmdline: list[str]) -> bool:
 
 
 def _tail(path: Path, n: int = 20) -> str:
+    from sparkctl.errors import StateDirError
+    from sparkctl.state.files import open_state_file
     try:
-        return strip_colour("\n".join(path.read_text(errors="replace").splitlines()[-n:]))
-    except OSError:
+        with os.fdopen(open_state_file(path, os.O_RDONLY), "rb") as fh:     # never through a planted symlink
+            text = fh.read().decode("utf-8", "replace")
+    except (OSError, StateDirError):
         return ""
+    return strip_colour("\n".join(text.splitlines()[-n:]))

@@ -30,6 +30,7 @@ from typing import Any, Iterable
 from sparkctl.errors import ConfigError, LedgerError
 from sparkctl.state.files import write_json_atomic
 from sparkctl.state.ledger import Ledger
+from sparkctl.untrusted import is_plain_name, record_name
 
 SCHEMA = "sparkctl.cards/2"           # /2: arms carry model + served_model, cards replicated
 _PROFILE_SECTIONS = ("image", "model", "server", "speculative", "env", "warmup")
@@ -66,10 +67,19 @@ def _series_hash(name: str | None) -> str | None:
         return None
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
 def _summary(s: Any) -> dict[str, Any] | None:
-    if not isinstance(s, dict) or s.get("median") is None:
+    """A figure's summary, or None when the card does not hold one (or holds a damaged one: a median that is not
+    a number is no figure)."""
+    if not isinstance(s, dict) or not all(_number(s.get(k)) for k in ("median", "min", "max")):
         return None
-    return {k: s.get(k) for k in ("n", "median", "min", "max", "spread", "samples")}
+    samples = s.get("samples")
+    return {"n": s.get("n") if isinstance(s.get("n"), int) else None, "median": s["median"], "min": s["min"],
+            "max": s["max"], "spread": s.get("spread") if _number(s.get("spread")) else None,
+            "samples": [x for x in samples if _number(x)] if isinstance(samples, list) else []}
 
 
 def arm_metrics(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -86,7 +96,7 @@ def arm_metrics(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         out["accept_len"] = s
     for lv in (results.get("concurrency") or {}).get("levels") or []:
         agg = lv.get("aggregate_tok_s")
-        if agg is not None:                       # one figure per level: its own spread is unknown (n=1)
+        if _number(agg):                       # one figure per level: its own spread is unknown (n=1)
             out[f"aggregate.c{lv.get('concurrency')}"] = {"n": 1, "median": agg, "min": agg, "max": agg,
                                                           "spread": 0.0, "samples": [agg]}
     return out
@@ -120,7 +130,30 @@ def _arm_entry(arm: dict[str, Any], ledger: Ledger | None) -> dict[str, Any]:
 
 
 def card_entry(card: dict[str, Any], path: Path, ledger: Ledger | None = None) -> dict[str, Any]:
-    """The index entry of one card (its report.json content)."""
+    """The index entry of one card (its report.json content); LedgerError naming the card when it is damaged (a
+    run id that is not a plain name, a section of the wrong shape): the index skips it with a line."""
+    try:
+        return _card_entry(card, path, ledger)
+    except (TypeError, AttributeError, KeyError, ValueError) as exc:      # a field of the wrong type somewhere
+        raise LedgerError(f"card has an unexpected shape ({type(exc).__name__}: {exc})", where=str(path),
+                          hint="the run's report.json is damaged; the index skips it") from None
+
+
+_TEXT_KEYS = ("started", "finished", "status", "mode")
+
+
+def _card_entry(card: dict[str, Any], path: Path, ledger: Ledger | None = None) -> dict[str, Any]:
+    run_id = record_name(card.get("run_id") or path.parent.name, "run_id", str(path))
+    for key in _TEXT_KEYS:
+        if card.get(key) is not None and not isinstance(card.get(key), str):
+            raise ValueError(f"{key} is not text")
+    if not isinstance(card.get("arms"), list) or not all(isinstance(a, dict) for a in card["arms"]):
+        raise ValueError("arms is not a list of objects")
+    for a in card["arms"]:
+        c = a.get("config") if isinstance(a.get("config"), dict) else {}
+        for key in ("profile", "deployment"):
+            if c.get(key) is not None:
+                record_name(c.get(key), f"arm {key}", str(path))
     arms = [_arm_entry(a, ledger) for a in card.get("arms") or []]
 
     def union(key: str) -> list[str]:
@@ -139,7 +172,7 @@ def card_entry(card: dict[str, Any], path: Path, ledger: Ledger | None = None) -
         stamp = [st.st_mtime_ns, st.st_size]
     except OSError:
         stamp = None
-    return {"run_id": card.get("run_id") or path.parent.name, "started": card.get("started"),
+    return {"run_id": run_id, "started": card.get("started"),
             "finished": card.get("finished"), "status": card.get("status"), "mode": card.get("mode"),
             "emulated": bool(card.get("emulated")), "path": str(path), "stamp": stamp,
             "replicated": bool(card.get("router")),
@@ -154,12 +187,32 @@ def read_card(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise LedgerError("card is missing", where=str(path)) from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise LedgerError(f"card is not readable JSON ({exc})", where=str(path),
+    except (OSError, ValueError, RecursionError) as exc:       # ValueError: not JSON, not UTF-8
+        raise LedgerError(f"card is not readable JSON ({type(exc).__name__}: {exc})", where=str(path),
                           hint="the run's report.json is damaged; the index skips it") from None
     if not isinstance(data, dict) or "arms" not in data:
         raise LedgerError("not a bench card (no 'arms')", where=str(path))
     return data
+
+
+_LIST_KEYS = ("deployments", "profiles", "images", "image_ids", "patch_series")
+
+
+def _entry_ok(run_id: Any, e: Any) -> bool:
+    """An entry of cards.json (derived, so a damaged one is dropped and rebuilt) has the shape `card_entry` gives."""
+    return (is_plain_name(run_id) and isinstance(e, dict) and e.get("run_id") == run_id
+            and all(isinstance(e.get(k), list) and all(isinstance(x, str) for x in e[k]) for k in _LIST_KEYS)
+            and isinstance(e.get("arms"), list) and all(isinstance(a, dict) for a in e["arms"])
+            and all(e.get(k) is None or isinstance(e.get(k), str) for k in _TEXT_KEYS + ("path",))
+            and (e.get("stamp") is None or isinstance(e.get("stamp"), list))
+            and all(_arm_ok(a) for a in e["arms"]))
+
+
+def _arm_ok(a: dict[str, Any]) -> bool:
+    figures = [a.get("decode"), a.get("metrics")]
+    return (all(isinstance(f, dict) and all(_summary(v) == v for v in f.values()) for f in figures)
+            and all(a.get(k) is None or isinstance(a.get(k), str) for k in ("role", "profile", "deployment"))
+            and isinstance(a.get("flags", {}), dict))
 
 
 class CardIndex:
@@ -178,7 +231,9 @@ class CardIndex:
         except (OSError, json.JSONDecodeError):
             return {}                         # the index is derived: a damaged one is rebuilt from the cards
         cards = data.get("cards") if isinstance(data, dict) and data.get("schema") == SCHEMA else None
-        return cards if isinstance(cards, dict) else {}
+        if not isinstance(cards, dict):
+            return {}
+        return {k: v for k, v in cards.items() if _entry_ok(k, v)}    # a damaged entry is re-read from its card
 
     def sync(self) -> dict[str, dict[str, Any]]:
         """Index every card under ``runs/``; returns run id -> entry (and rewrites cards.json if anything changed)."""

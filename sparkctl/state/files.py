@@ -123,10 +123,111 @@ def check_room(path: Path, *, need_bytes: int | None = None, need_inodes: int | 
         raise state_dir_full_error(path, need_bytes=need, need_inodes=need_in, why=why)
 
 
+def _owner(st: os.stat_result) -> str:
+    try:
+        import pwd
+        return f"uid {st.st_uid} ({pwd.getpwuid(st.st_uid).pw_name})"
+    except (KeyError, ImportError):
+        return f"uid {st.st_uid}"
+
+
+def _me() -> str:
+    try:
+        import pwd
+        return f"uid {os.getuid()} ({pwd.getpwuid(os.getuid()).pw_name})"
+    except (KeyError, ImportError):
+        return f"uid {os.getuid()}"
+
+
+def _state_root() -> Path:
+    from sparkctl.state.ledger import default_state_root
+    return Path(os.path.abspath(default_state_root()))
+
+
+def foreign_error(path: Path, st: os.stat_result, what: str) -> StateDirError:
+    """The refusal of a path in the state directory that sparkctl did not make: a symlink, or something owned
+    by another user (named with its owner)."""
+    return StateDirError(f"{what}, owned by {_owner(st)}; sparkctl runs as {_me()} and does not follow or "
+                         "change what it did not make", where=str(path),
+                         hint=f"look at {path}: remove it if it is not yours, or point SPARKCTL_STATE_DIR at a "
+                              "directory this user owns (e.g. $HOME/.local/state/sparkctl)")
+
+
+def check_state_path(path: Path) -> None:
+    """Refuse (StateDirError naming the path and its owner, exit 6) a path under the state directory that goes
+    through something sparkctl did not make: a state root owned by another user, or below it a symlink (a planted
+    ``<cluster>``, ``logs``, ``logs/router.log``) or a file or directory of another user. The root itself may be a
+    link the user made (it is theirs to choose); nothing below it is followed. Paths outside the state directory
+    (the process runtime's tmpfs, a test's own directory) are checked only for their last existing component's
+    owner before sparkctl changes its mode."""
+    path = Path(os.path.abspath(path))
+    root = _state_root()
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        return
+    try:
+        st = os.stat(root)
+    except FileNotFoundError:
+        return                                   # created by sparkctl, 0700
+    except OSError as exc:
+        raise state_dir_error(root, exc) from None
+    if st.st_uid != os.getuid():
+        raise foreign_error(root, st, "the state directory is another user's")
+    p = root
+    for part in rel.parts:
+        p = p / part
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise state_dir_error(p, exc) from None
+        if stat.S_ISLNK(st.st_mode):
+            raise foreign_error(p, st, f"a symlink (to {os.readlink(p)!r}) in the state directory")
+        if st.st_uid != os.getuid():
+            raise foreign_error(p, st, "in the state directory but another user's")
+
+
+def open_state_file(path: Path, flags: int, mode: int = 0o600) -> int:
+    """`os.open` of a file in sparkctl's state directory without following links: every directory on the way is
+    checked (`check_state_path`), the file itself opened O_NOFOLLOW (a planted symlink, e.g. ``logs/router.log``
+    pointing at a file of another user, is refused naming it and its owner, never read or appended to).
+    FileNotFoundError as is; StateDirError otherwise as `state_dir_error`."""
+    check_state_path(path)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except FileNotFoundError:
+        raise                           # the caller decides what a missing file means (a log not written yet)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            try:
+                raise foreign_error(path, os.lstat(path), f"a symlink (to {os.readlink(path)!r}) in the state "
+                                                          "directory") from None
+            except OSError:
+                pass
+        raise state_dir_error(path, exc) from None
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise foreign_error(path, st, "in the state directory but another user's" if st.st_uid != os.getuid()
+                            else "in the state directory but not a regular file")
+    return fd
+
+
 def private_dir(path: Path) -> Path:
     """`path` as a private directory of sparkctl: created (with any missing parents) mode 0700, an existing one
     with looser modes tightened to 0700 (call it only for sparkctl's own directories). StateDirError (or
-    StateDirFullError), naming the directory and the fix, when it cannot be created or changed."""
+    StateDirFullError), naming the directory and the fix, when it cannot be created or changed; StateDirError
+    naming path and owner when it is (or goes through) something sparkctl did not make (`check_state_path`):
+    a directory of another user is never tightened, a symlink never followed."""
+    check_state_path(path)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        st = None
+    if st is not None and (stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid()) and stat.S_IMODE(st.st_mode) & 0o077:
+        raise foreign_error(path, st, "a symlink" if stat.S_ISLNK(st.st_mode) else "another user's directory")
     try:
         missing = []
         p = path
@@ -172,7 +273,7 @@ def write_bytes_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
     private_dir(path.parent)
     tmp = _tmp_name(path, os.getpid())
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     except OSError as exc:
         raise state_dir_error(path.parent, exc) from None
     try:

@@ -14,6 +14,10 @@ Layout (all files mode 0600, directories 0700; `private_dir` tightens sparkctl's
         compare.json              a `bench --compare` in progress: what it will restore (deploy/compare.py)
         damaged/                  records `sparkctl repair` moved aside (kept, never deleted)
 
+Nothing sparkctl did not make is followed or changed: a state root of another user, a symlinked ``<cluster>``,
+``logs`` or ``logs/router.log`` is refused naming the path and its owner (`sparkctl.state.files.check_state_path`,
+`open_state_file`). Paths the user names for outputs are not the ledger's: `sparkctl.userfiles`.
+
 Writes are atomic (temp file + fsync + rename). Records are typed (`sparkctl.state.records`): a missing
 record, a file that is not JSON, or JSON of the wrong shape is reported as a LedgerError naming the file, never
 silently replaced or read as "nothing recorded".
@@ -35,7 +39,7 @@ from typing import Any, Iterator
 from pydantic import ValidationError
 
 from sparkctl.errors import LedgerError, LockHeldError
-from sparkctl.state.files import private_dir, state_dir_error, write_json_atomic
+from sparkctl.state.files import check_state_path, open_state_file, private_dir, state_dir_error, write_json_atomic
 from sparkctl.state.records import DeploymentRecord, RunRecord, Status
 
 
@@ -69,16 +73,26 @@ def check_state_root(root: Path) -> str | None:
 
 
 def read_json(path: Path) -> Any:
+    """A JSON file of the state directory, read without following links (`open_state_file`): LedgerError (exit 6)
+    naming the file when it is missing, not UTF-8 JSON, or a planted symlink."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with os.fdopen(open_state_file(path, os.O_RDONLY), "rb") as fh:
+            raw = fh.read()
     except FileNotFoundError:
         raise LedgerError("record is missing", where=str(path),
                           hint="the ledger refers to a record that is not there (moved aside?): " + REPAIR_HINT) from None
+    except OSError as exc:
+        raise state_dir_error(path, exc) from None
     try:
-        return json.loads(text)
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise LedgerError(f"record is corrupt (not UTF-8 at byte {exc.start})", where=str(path),
+                          hint=REPAIR_HINT) from None
     except json.JSONDecodeError as exc:
         raise LedgerError(f"record is corrupt ({exc.msg} at line {exc.lineno})", where=str(path),
                           hint=REPAIR_HINT) from None
+    except RecursionError:
+        raise LedgerError("record is corrupt (nested too deep)", where=str(path), hint=REPAIR_HINT) from None
 
 
 def _validated(model: type[Any], data: Any, path: Path) -> Any:
@@ -115,7 +129,11 @@ class Ledger:
 
     @classmethod
     def for_cluster(cls, cluster: str, state_root: Path | None = None) -> "Ledger":
-        return cls((state_root or default_state_root()) / cluster)
+        """The ledger of `cluster`; StateDirError (exit 6, naming path and owner) when the state root is another
+        user's or ``<cluster>`` is a symlink or another user's (`check_state_path`): never followed."""
+        root = (state_root or default_state_root()) / cluster
+        check_state_path(root)
+        return cls(root)
 
     # -- paths ---------------------------------------------------------------------------------------------------
     @property

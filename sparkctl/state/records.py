@@ -11,11 +11,23 @@ controller's PID), each an entry of its own model like the handles.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from sparkctl.nodes.handles import Handle
+
+
+def _record_name(value: str) -> str:
+    from sparkctl.untrusted import clean, is_plain_name
+    if not is_plain_name(value):
+        raise ValueError(f"{clean(repr(value), 80)} is not a plain name (letters, digits, '.', '-', '_'; never a path)")
+    return value
+
+
+# A name read back from a record (a deployment id, a profile, a run id): a name, never a path or a terminal
+# sequence, validated like a profile's own name (a file changed by hand is a LedgerError naming it, exit 6).
+RecordName = Annotated[str, AfterValidator(_record_name)]
 
 
 class Status(StrEnum):
@@ -185,9 +197,9 @@ class RestoreEntry(_Record):
 class DeploymentRecord(_Record):
     """One `up`, `rollback` or bench-driven deployment, from plan to hand-off (or failure and restore)."""
 
-    id: str
+    id: RecordName
     kind: str = "up"
-    profile: str
+    profile: RecordName
     profile_data: dict[str, Any]
     inventory: str | None = None
     cluster: str
@@ -206,8 +218,8 @@ class DeploymentRecord(_Record):
     images: dict[str, NodeImages] = Field(default_factory=dict)   # node -> engine_tag/_id, launch_tag/_id
     launch_doc: dict[str, Any] | None = None     # the launch image's /etc/sparkctl/launch.json (holds no secret)
     gates: list[GateResult] = Field(default_factory=list)
-    previous: str | None = None
-    previous_known_good: str | None = None
+    previous: RecordName | None = None
+    previous_known_good: RecordName | None = None
     handles: list[Handle] = Field(default_factory=list)
     capacity: Capacity | None = None
     warmup: Warmup | None = None
@@ -334,7 +346,7 @@ class RunRecord(_Record):
     """
 
     schema_: str = Field(alias="schema")
-    run_id: str
+    run_id: RecordName
     mode: str                                   # deployment | replicated | endpoint | log-only
     status: Status = Status.RUNNING
     started: str
@@ -393,7 +405,7 @@ class ReplicatedRecord(_Record):
     """The parent cluster's `replicated.json`: K replicas behind SGLang's router (deploy/replicated.py). Read and
     written only through this model, so a file of the wrong shape is a LedgerError, not a KeyError mid-`down`."""
 
-    profile: str | None = None
+    profile: RecordName | None = None
     endpoint: str | None = None
     status: str | None = None          # updating | active | failed | down
     started: str | None = None

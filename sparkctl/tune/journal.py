@@ -10,9 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from sparkctl.errors import ConfigError, SparkctlError
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, TypeAdapter, ValidationError
+
+from sparkctl.errors import ConfigError, LedgerError, SparkctlError
 from sparkctl.state.files import write_json_atomic
 from sparkctl.state.ledger import Ledger, now_iso, read_json
+from sparkctl.state.records import RecordName
+from sparkctl.untrusted import clean, is_plain_name
 
 MARKER = "tune.json"
 Progress = Callable[[str], None]
@@ -27,11 +33,19 @@ class Journal:
 
     @classmethod
     def load(cls, ledger: Ledger, run_id: str) -> "Journal":
+        """The journal of `run_id`: ConfigError when there is none; LedgerError (exit 6) naming the file when it is
+        damaged (not JSON, or not of the shape `TuneJournal` describes: the profile is a plain name, never a path,
+        the options are `TuneOptions`, every trial has its index, changes and status)."""
+        if not is_plain_name(run_id):
+            raise ConfigError(f"{clean(repr(run_id), 80)} is not a tune run id", where="--resume",
+                              hint="`sparkctl tune --resume RUN` takes the id a tune printed (runs/*/tune.json)")
         path = ledger.root / "runs" / run_id / "tune.json"
         if not path.is_file():
             raise ConfigError(f"no tune run {run_id!r}", where=str(path.parent),
                               hint="`sparkctl tune --resume RUN` takes the id a tune printed (runs/*/tune.json)")
-        return cls(ledger, run_id, read_json(path))
+        data = read_json(path)
+        validate_journal(data, path, run_id)
+        return cls(ledger, run_id, data)
 
     def save(self) -> None:
         self.data["updated"] = now_iso()
@@ -39,12 +53,79 @@ class Journal:
         write_json_atomic(self.path, self.data)
 
 
+class _Trial(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    index: StrictInt = Field(ge=0)
+    changes: dict[str, Any]
+    baseline: StrictBool
+    status: Literal["pending", "feasible", "infeasible", "skipped"]
+    reason: Optional[str] = None
+    deployment: Optional[RecordName] = None
+    card: Optional[str] = None
+    objective: Optional[dict[str, Any]] = None
+    elapsed_s: Optional[float] = None
+
+
+class TuneJournal(BaseModel):
+    """The shape of ``runs/<id>/tune.json`` as read back (extra keys kept): what `resume` and `settle` rely on."""
+    model_config = ConfigDict(extra="allow")
+    schema_: Literal["sparkctl.tune/1"] = Field(alias="schema")
+    run_id: RecordName
+    state: str
+    profile: RecordName
+    profile_data: dict[str, Any]
+    space: list[list[Any]]
+    baseline_values: dict[str, Any]
+    options: dict[str, Any]
+    trials: list[_Trial] = Field(min_length=1)
+    original: Optional[RecordName] = None
+    estimate: Optional[dict[str, Any]] = None
+    confirmation: Optional[dict[str, Any]] = None
+    winner: Optional[dict[str, Any]] = None
+    restore: Optional[dict[str, Any]] = None
+    timing: dict[str, Any] = Field(default_factory=dict)
+
+
+def validate_journal(data: Any, path: Path, run_id: str) -> None:
+    """LedgerError (exit 6) naming `path` and the first field that does not fit, when `data` is not a journal."""
+    from sparkctl.tune.run import TuneOptions
+    hint = (f"the journal is damaged; move {path.parent} aside (the trials' cards and deployments stay in the "
+            "ledger) and start a new `sparkctl tune`")
+    try:
+        TuneJournal.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "(top)"
+        raise LedgerError(f"damaged tune journal at {where}: {clean(first['msg'], 200)}", where=str(path),
+                          hint=hint) from None
+    if data["run_id"] != run_id:
+        raise LedgerError(f"damaged tune journal: it names run {data['run_id']}, its directory {run_id}",
+                          where=str(path), hint=hint)
+    try:
+        TypeAdapter(TuneOptions).validate_python(data["options"])
+    except (TypeError, ValueError) as exc:            # pydantic's ValidationError is a ValueError
+        raise LedgerError(f"damaged tune journal at options: {clean(str(exc), 200)}", where=str(path),
+                          hint=hint) from None
+
+
 def read_marker(ledger: Ledger) -> dict[str, Any] | None:
+    """The tune marker, or None when there is none; a marker that is not JSON is None too (as before: the next
+    tune's lock and journal speak for it); one of the wrong shape (its run or original not a plain name, its
+    controller not an object) is a LedgerError naming it (exit 6)."""
     path = ledger.root / MARKER
     try:
-        return read_json(path) if path.exists() else None
+        m = read_json(path) if path.exists() else None
     except SparkctlError:
         return None
+    if m is None:
+        return None
+    if not (isinstance(m, dict) and is_plain_name(m.get("run"))
+            and (m.get("original") is None or is_plain_name(m.get("original")))
+            and isinstance(m.get("controller") or {}, dict)):
+        raise LedgerError("the tune marker is damaged (its run, original or controller is not what a tune writes)",
+                          where=str(path), hint=f"look at it, then move {path} aside (no tune runs while it is "
+                                                "there) and run the command again")
+    return m
 
 
 def write_marker(ledger: Ledger, run_id: str, original: str | None) -> None:

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
-from sparkctl.state.files import write_text_atomic
+from sparkctl.userfiles import check_user_target, write_user_text
 from sparkctl.state.ledger import Ledger, now_iso
 
 from sparkctl.tune import g6, space as sp
@@ -56,6 +57,7 @@ class TuneOptions:
     max_tokens: int = 800
     warmup: int = 1
     confirm_rounds: int = 2
+    overwrite: bool = False                      # --force: replace a tuned profile file already there
     ttft_sizes: tuple[int, ...] = (4096,)
 
     def as_dict(self) -> dict[str, Any]:
@@ -344,21 +346,37 @@ def _decide(deployer: Any, j: Journal, opts: TuneOptions, started: float, progre
         progress(why + ": nothing promoted")
         return
     changed = {k: v for k, v in best["changes"].items() if j.data["baseline_values"].get(k) != v}
-    name = f"{j.data['profile']}-tuned-{j.run_id.split('-')[0].lower()}"
+    path = sp.winner_path(j.data["profile"], j.run_id)
+    name = path.stem
     c = conf["comparison"]
     note = (f"Confirmed A B A B x{opts.confirm_rounds} against {j.data['profile']}: {opts.objective} "
             f"{c['a']:.3f} -> {c['b']:.3f} ({c['delta_pct']:+.1f}%, noise band {c['band']:.3f}).")
-    path = sp.winner_dir() / f"{name}.yml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, sp.winner_profile_text(j.data["profile"], changed, j.run_id, note))
+    # The user's profiles directory: written as given (never chmod-ed); a file already there is replaced only with
+    # --force or when this very run wrote it (a resumed tune promoting again).
+    write_user_text(path, sp.winner_profile_text(j.data["profile"], changed, j.run_id, note),
+                    overwrite=opts.overwrite or _written_by(path, j.run_id), option=sp.WINNER_WHERE,
+                    create_parent=True)
     j.data["winner"] = {"promoted": True, "candidate": best["index"], "changes": changed, "profile": name,
                         "path": str(path), "card": best["card"], "note": note}
     progress(f"winner: {', '.join(f'{k}={v}' for k, v in best['changes'].items())} -> profile {name} ({path})")
 
 
+def _written_by(path: Path, run_id: str) -> bool:
+    """Was the profile at `path` written by tune run `run_id` (its first line names the run)?"""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.readline().startswith(f"# Written by `sparkctl tune` run {run_id} ")
+    except OSError:
+        return False
+
+
 def tune(deployer: Any, opts: TuneOptions, progress: Progress) -> dict[str, Any]:
     settle(deployer, progress)
     j = new_journal(deployer, opts)              # written once the lock is held (execute)
+    # Where the winner will go is refused now (a directory, not writable, a file there without --force), not
+    # after hours of trials.
+    check_user_target(sp.winner_path(j.data["profile"], j.run_id), overwrite=opts.overwrite,
+                      option=sp.WINNER_WHERE, create_parent=True)
     progress(f"tune {j.run_id}: {len(j.data['trials'])} trials (baseline + {len(j.data['trials']) - 1} candidates)")
     return execute(deployer, j, progress)
 

@@ -139,5 +139,17 @@ def winner_dir() -> Path:
     return Path(env) if env else config_home() / "profiles"
 
 
+WINNER_WHERE = "the tuned profile (SPARKCTL_PROFILES_DIR or ~/.config/sparkctl/profiles)"
+
+
+def winner_path(profile: str, run_id: str) -> Path:
+    """The winner's profile file: ``<winner_dir>/<profile>-tuned-<run start, lower case>.yml`` (a file name built
+    from two plain names, never a path taken from the journal)."""
+    from sparkctl.untrusted import record_name
+    where = "the tune journal (runs/<id>/tune.json)"
+    name = f"{record_name(profile, 'profile', where)}-tuned-{record_name(run_id, 'run_id', where).split('-')[0].lower()}"
+    return winner_dir() / f"{name}.yml"
+
+
 def copy_changes(changes: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(changes)

@@ -70,16 +70,19 @@ def render(data: dict[str, Any], stream: IO[str], *, terminal: bool | None = Non
     from rich.table import Table
     from rich.text import Text
 
+    from sparkctl.untrusted import clean, raw_stream
+
+    # rich writes its own escape sequences, so past the terminal guard: every cell from the journal is cleaned.
     w = data.get("winner") or {}
-    table = Table(title=f"tune {data['run_id']} ({data['profile']})", title_justify="left")
+    table = Table(title=Text(clean(f"tune {data['run_id']} ({data['profile']})")), title_justify="left")
     for h in _header(data):
-        table.add_column(h, overflow="fold", justify="right" if h in ("#", "time s") else "left")
+        table.add_column(clean(h), overflow="fold", justify="right" if h in ("#", "time s") else "left")
     for t, cells in zip(data["trials"], rows(data)):
         style = _STYLE.get(t["status"], "")
         if w.get("promoted") and t["index"] == w.get("candidate"):
             style = "bold green"
-        table.add_row(*[Text(c, style=style) if k in (2, 7) else Text(c) for k, c in enumerate(cells)])
-    console = Console(file=stream, force_terminal=True, highlight=False, soft_wrap=False, width=width)
+        table.add_row(*[Text(clean(c), style=style) if k in (2, 7) else Text(clean(c)) for k, c in enumerate(cells)])
+    console = Console(file=raw_stream(stream), force_terminal=True, highlight=False, soft_wrap=False, width=width)
     console.print(table)
     for line in footer(data):
-        console.print(Text(line))
+        console.print(Text(clean(line)))
