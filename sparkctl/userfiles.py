@@ -1,8 +1,9 @@
 """Files the user names (``bench history --chart``, ``bench --out``, tune's winner profile): theirs, written as given.
 
 The other kind of path, sparkctl's own state directory, goes through `sparkctl.state.files` (private modes, no
-links followed). Here nothing is chmod-ed or created with tightened modes: the file gets the mode the user's
-umask gives a new file (an existing file keeps its mode when it is replaced), the directory it goes into is used
+links followed). Here no path the user has is chmod-ed: a new file is created 0600 (a card or a profile is the
+user's to share; sparkctl does not decide that for them, as before), an existing file keeps its mode when it is
+replaced, and the directory it goes into is used
 as it is, and is never created, tightened or otherwise changed. The write is atomic (a temporary file in the same
 directory, fsync, rename, fsync of the directory), so a crash leaves the old file or the new one.
 
@@ -105,7 +106,7 @@ def write_user_file(path: Path, data: bytes, *, overwrite: bool, option: str | N
         pass
     tmp = path.with_name(f".{path.name}.{os.getpid()}.sparkctl-tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         raise _refuse(path, f"cannot be written: {exc.strerror or exc}", option,
                       "choose a directory you can write to") from None

@@ -311,8 +311,10 @@ def sglang_missing(python: str | None) -> str | None:
         return "no engine Python is set (inventory sparkctl_engine_python)"
     if not os.access(python, os.X_OK):
         return f"{python} does not exist or is not executable"
-    probe = ("import importlib.util, sys; "
-             "sys.exit(0 if importlib.util.find_spec('sglang.launch_server') else 3)")
+    # find_spec of a top-level name imports nothing (of `sglang.launch_server` it would import sglang: seconds)
+    probe = ("import importlib.util, os, sys; s = importlib.util.find_spec('sglang'); "
+             "sys.exit(0 if s and any(os.path.isfile(os.path.join(d, 'launch_server.py')) "
+             "for d in (s.submodule_search_locations or ())) else 3)")
     try:
         res = subprocess.run([python, "-I", "-c", probe], stdin=subprocess.DEVNULL, capture_output=True,
                              timeout=30, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})

@@ -108,7 +108,26 @@ def ensure_real_engine(*, with_drafter: bool = True) -> RealEngine:
             raise RealEngineUnavailable(f"another process has held {root}.lock for over {LOCK_TIMEOUT_S:.0f}s") from exc
         except _build.BuildError as exc:
             raise RealEngineUnavailable(str(exc)) from exc
+    _point_current(root)
     return _engine(root, k, with_drafter)
+
+
+def _point_current(root: Path) -> None:
+    """``<engines root>/current`` -> the newest complete build (relative link, replaced atomically): what the
+    shipped inventory/local-sglang.yml names, so a user's inventory need not know the key."""
+    link = root.parent / "current"
+    try:
+        if os.readlink(link) == root.name:
+            return
+    except OSError:
+        pass
+    tmp = root.parent / f".current.{os.getpid()}"
+    try:
+        tmp.unlink(missing_ok=True)
+        os.symlink(root.name, tmp)
+        os.replace(tmp, link)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 @contextmanager

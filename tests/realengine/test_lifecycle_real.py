@@ -1,0 +1,179 @@
+"""Every lifecycle path on the real engine: SGLang 0.5.23 itself, TP=2 across two loopback "nodes" on this CPU.
+
+One real deployment is shared by the module, in order (each real TP=2 boot costs 35-60 s here): `up` with warm-up
+and every gate judged from the real server -> `status` / `logs --rank 1` -> a small `bench` card from the real
+scheduler log -> `rollback --to` a second real profile -> a boot the real server refuses (the real log's line is
+the evidence, the previous deployment restored) -> a missing model (preflight, exit 3, the command that builds it)
+-> rank 1 killed after hand-off (status 8) -> plain `rollback` back to the first profile -> the controller killed
+during boot and during warm-up (the next `up` converges) -> `down` leaves no process and frees the ports.
+The engine's environment and tiny model: testrig/realengine (built by .ci/run; under CI=true never skipped).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from sparkctl.config.inventory import load_inventory
+from sparkctl.deploy.lifecycle import Deployer
+from sparkctl.deploy.observe import process_engines
+from sparkctl.nodes.process import local_port_free
+from sparkctl.state.ledger import Ledger
+from testenv import need_real_engine
+from testrig.controller import assert_status_interrupted, kill_up_at
+from testrig.embedded import stop_recorded_engines, write_real_engine_inventory
+
+pytestmark = pytest.mark.real_engine
+
+PORT = 31000          # cpu-tiny's api.port
+
+
+@pytest.fixture(scope="module")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A two-node process-runtime cluster running real SGLang (inventory, state and profiles of its own)."""
+    engine = need_real_engine()
+    root = tmp_path_factory.mktemp("real")
+    inv = write_real_engine_inventory(root / "inventory.yml", engine)
+    profiles = root / "profiles"
+    profiles.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPARKCTL_INVENTORY", str(inv))
+        mp.setenv("SPARKCTL_STATE_DIR", str(root / "state"))
+        mp.setenv("SPARKCTL_PROFILES_DIR", str(profiles))
+        for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_") or k == "SPARKCTL_CRASH_AT"]:
+            mp.delenv(key)
+        try:
+            yield inv, profiles
+        finally:
+            stop_recorded_engines(inv)
+
+
+def _up(cli, profile: str) -> dict:
+    code, out, err = cli("up", "--profile", profile, "--yes", "--json")
+    assert code == 0, err[-4000:]
+    return json.loads(out)
+
+
+def _status(cli) -> tuple[int, dict]:
+    code, out, _ = cli("status", "--json")
+    return code, json.loads(out)
+
+
+def test_up_tp2_on_the_real_engine_gates_from_the_real_server(cli, real_cluster):
+    res = _up(cli, "cpu-tiny")
+    assert res["outcome"] == "deployed" and res["emulated"] is False
+    gates = {g["name"]: g for g in res["gates"]}
+    assert set(gates) >= {"health", "models", "settings", "capacity", "workers", "smoke"}
+    assert all(g["ok"] for g in gates.values()), gates
+    # settings in force from the real /get_server_info, capacity from the real log's KV line
+    assert "tp_size=2" in gates["settings"]["evidence"] and "context_length=1024" in gates["settings"]["evidence"]
+    assert "max_total_num_tokens=16384" in gates["capacity"]["evidence"]
+    assert "worker-ready" in gates["workers"]["evidence"]
+
+
+def test_status_and_rank1_log_are_the_real_servers(cli, real_cluster):
+    code, data = _status(cli)
+    assert code == 0 and data["ok"], data
+    code, out, _ = cli("status")
+    assert "healthy" in out and "real SGLang on this machine's CPU" in _notice(cli)
+    code, out, err = cli("logs", "--rank", "1", "--tail", "400")
+    assert code == 0, err
+    # rank 1 of a real TP=2 pair serves SGLang's own dummy health server (real-engine.md)
+    assert "Dummy health check server started" in out and " TP1] " in out
+
+
+def _notice(cli) -> str:
+    _, _, err = cli("status")
+    return err
+
+
+def test_bench_card_measures_the_real_engine(cli, real_cluster, tmp_path):
+    code, out, err = cli("bench", "--runs", "2", "--max-tokens", "24", "--warmup", "1", "--ttft-sizes", "256",
+                         "--ttft-runs", "1", "--concurrency", "1,2", "--g6-max-tokens", "8",
+                         "--out", str(tmp_path / "card"), "--json")
+    assert code == 0, err[-3000:]
+    card = json.loads((tmp_path / "card" / "report.json").read_text())
+    assert card["emulated"] is False and card["status"] == "successful"
+    results = card["arms"][0]["results"]
+    code_class = results["decode"]["classes"]["code"]
+    assert code_class["decode_tok_s"]["median"] > 0 and all(r["completion_tokens"] == 24 for r in code_class["runs"])
+    assert [lv["concurrency"] for lv in results["concurrency"]["levels"]] == [1, 2]
+    # the radix cache hit is read from the real scheduler's "Prefill batch ... #cached-token" line
+    assert results["ttft"]["cached_repeat"]["radix_cached"] is True
+
+
+def test_rollback_to_a_second_real_profile(cli, real_cluster):
+    code, out, err = cli("rollback", "--to", "cpu-tiny-small", "--yes", "--json")
+    assert code == 0, err[-3000:]
+    code, data = _status(cli)
+    assert code == 0 and data["profile"] == "cpu-tiny-small", data
+
+
+def test_a_boot_the_real_server_refuses_is_rolled_back_with_its_log_line(cli, real_cluster):
+    _, profiles = real_cluster
+    # Rendered and parsed fine; the real server refuses it at start-up (the tiny model's config holds far less).
+    (profiles / "too-long.yml").write_text("extends: cpu-tiny-small\nserver:\n  context_length: 999999\n")
+    code, out, err = cli("up", "--profile", "too-long", "--yes")
+    assert code == 4, err[-3000:]
+    assert "context_length" in err and "999999" in err, err[-3000:]      # the real log's own line, as evidence
+    assert "restored" in err or "rolled back" in err, err[-3000:]
+    code, data = _status(cli)
+    assert code == 0 and data["profile"] == "cpu-tiny-small", data
+
+
+def test_a_missing_model_is_a_preflight_failure_naming_the_build(cli, real_cluster):
+    _, profiles = real_cluster
+    (profiles / "no-model.yml").write_text("extends: cpu-tiny\nmodel:\n  path: /models/not-built\n")
+    code, out, err = cli("up", "--profile", "no-model", "--yes")
+    assert code == 3, err[-3000:]
+    assert "not-built is missing" in err and "testrig.realengine build" in err, err[-3000:]
+    assert _status(cli)[1]["profile"] == "cpu-tiny-small"
+
+
+def test_rank1_killed_after_hand_off_then_rollback_back(cli, real_cluster):
+    inv, _ = real_cluster
+    ledger = Ledger.for_cluster(load_inventory(inv).cluster.name)
+    active = ledger.load(ledger.index()["active"])
+    rank1 = next(h for h in active.handles if h.rank == 1)
+    os.kill(rank1.pid, signal.SIGKILL)      # the log pipe: the kernel takes the engine with it (PDEATHSIG)
+    code, data = _status(cli)
+    assert code == 8 and not data["ok"], data
+    code, out, err = cli("rollback", "--yes", "--json")      # back to the previous known-good: cpu-tiny
+    assert code == 0, err[-3000:]
+    code, data = _status(cli)
+    assert code == 0 and data["profile"] == "cpu-tiny", data
+
+
+@pytest.mark.parametrize("step,marker,profile", [("boot", r"rank 0 started", "cpu-tiny-small"),
+                                                ("warm-up", r"warm-up +warm-up: \d+ x", "cpu-tiny")])
+def test_controller_killed_then_the_next_up_converges(cli, real_cluster, step, marker, profile):
+    # each case changes the profile (an `up` of what already runs healthy is a no-op with nothing to kill); the
+    # marker is the step's own progress line, not the plan's line naming it
+    pid = kill_up_at(marker, profile, after=r"boot +done")
+    assert_status_interrupted(cli, pid, step)
+    res = _up(cli, profile)
+    assert res["outcome"] == "deployed"
+    code, data = _status(cli)
+    assert code == 0 and data["profile"] == profile and not data["interrupted"], data
+
+
+def test_down_leaves_no_real_engine(cli, real_cluster):
+    inv, _ = real_cluster
+    code, out, err = cli("down", "--yes")
+    assert code == 0 and "stopped rank 1" in out and "stopped rank 0" in out, out + err
+    inventory = load_inventory(inv)
+    assert process_engines(Deployer(inventory)) == []
+    assert all(local_port_free(n.api_bind, PORT) for n in inventory.nodes)
+    # no SGLang process of ours is left (rank 1 exits on its own once rank 0 is gone; the pipe's group is killed)
+    ours = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _names(p, str(inventory.nodes[0].api_bind))]
+    assert ours == [], ours
+
+
+def _names(proc: Path, address: str) -> bool:
+    try:
+        return address in (proc / "cmdline").read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return False
