@@ -18,9 +18,11 @@ REDACTED = "***"
 SECRETS_MOUNT = "/run/sparkctl-secrets"
 ENGINE_SECRETS_FILE = "engine-secrets.yaml"   # SGLang `--config` YAML holding `api-key: KEY`
 HF_TOKEN_FILE = "hf-token"                    # read by huggingface_hub through HF_TOKEN_PATH
-# SGLang prints its ServerArgs repr at start-up (`server_args=ServerArgs(..., api_key='KEY', ...)`): the values of
-# these fields are hidden even when the value itself is not known to sparkctl.
-_SECRET_FIELDS = re.compile(r"\b((?:admin_)?api_key|hf_token|ssl_keyfile_password)=(['\"])(.*?)\2")
+# SGLang prints its server args at start-up, as the dataclass repr up to 0.5.16 (`server_args=ServerArgs(...,
+# api_key='KEY', ...)`) and as a dict on 0.5.23 (`server_args={..., 'api_key': 'KEY', ...}`): the values of these
+# fields are hidden in either form even when the value itself is not known to sparkctl.
+_SECRET_FIELDS = re.compile(r"\b(?P<key>(?:admin_)?api_key|hf_token|ssl_keyfile_password)(?P<sep>=|['\"]:\s*)"
+                            r"(?P<q>['\"])(?P<value>.*?)(?P=q)")
 
 
 def redact(text: str, secrets: "frozenset[str] | set[str] | list[str] | tuple[str, ...]") -> str:
@@ -28,7 +30,7 @@ def redact(text: str, secrets: "frozenset[str] | set[str] | list[str] | tuple[st
     Longest first, so a secret that contains another is hidden whole."""
     for value in sorted({s for s in secrets if s}, key=len, reverse=True):
         text = text.replace(value, REDACTED)
-    return _SECRET_FIELDS.sub(lambda m: f"{m.group(1)}={m.group(2)}{REDACTED}{m.group(2)}", text)
+    return _SECRET_FIELDS.sub(lambda m: f"{m['key']}{m['sep']}{m['q']}{REDACTED}{m['q']}", text)
 
 
 # Flags whose value is a credential when a spec does not name its own (the dialects' secret flags,

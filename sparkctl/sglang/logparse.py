@@ -131,7 +131,10 @@ _DUMMY_RE = re.compile(r"Dummy health check server started in background thread 
 _SPANS_RE = re.compile(r"(?P<who>[\w ]+?) is disabled because this process group spans across nodes")
 _NCCL_VER_RE = re.compile(r"sglang is using nccl==(?P<version>[\w.+-]+)")
 _BATCH_RE = re.compile(r"^(?P<which>Prefill|Decode) batch(?: \[(?P<iter>\d+)\])?(?P<sep>[.,])\s+(?P<body>.*)$")
-_SERVER_ARGS_RE = re.compile(r"server_args=ServerArgs\((?P<body>.*)\)\s*$")
+# SGLang 0.5.16 (captures/sglang/spark-1node-dflash-...) prints the dataclass repr ``server_args=ServerArgs(...)``;
+# 0.5.23 prints a dict, ``server_args={'model_path': ..., ...}`` (the real engine's log on CPU:
+# tests/fixtures/real-engine/0.5.23/tp1/server.log). Both are read.
+_SERVER_ARGS_RE = re.compile(r"server_args=(?:ServerArgs\((?P<body>.*)\)|(?P<dict>\{.*\}))\s*$")
 _GRAPH_RE = re.compile(r"^Capture\b.*?\bcuda graph (?P<what>begin|end)\b", re.IGNORECASE)
 _SHUTDOWN_RE = re.compile(r"SIGTERM received")
 
@@ -218,12 +221,17 @@ def _split_top_level(body: str) -> list[str]:
 
 
 def parse_server_args(line_or_body: str) -> dict[str, Any]:
-    """Parse the ``server_args=ServerArgs(...)`` repr into a dict of top-level fields.
+    """Parse the ``server_args=ServerArgs(...)`` repr (or 0.5.23's ``server_args={...}`` dict) into a dict of
+    top-level fields.
 
     Python literals (str, int, float, None, bool, lists, dicts) become values; anything
     else (nested dataclass reprs, enums) is kept as its printed text.
     """
     m = _SERVER_ARGS_RE.search(line_or_body)
+    text = m.group("dict") if m and m.group("dict") else line_or_body.strip() if not m else None
+    if text is not None and text.startswith("{"):
+        value = _literal(text)
+        return {k: v for k, v in value.items() if isinstance(k, str)} if isinstance(value, dict) else {}
     body = m.group("body") if m else line_or_body
     out: dict[str, Any] = {}
     for part in _split_top_level(body):
@@ -309,7 +317,7 @@ def _match_milestone(msg: str) -> tuple[EventKind, dict[str, Any]] | None:
     if m := _NCCL_VER_RE.search(msg):
         return EventKind.NCCL_VERSION, {"version": m.group("version")}
     if m := _SERVER_ARGS_RE.search(msg):
-        args = parse_server_args(m.group("body"))
+        args = parse_server_args(m.group(0))
         return EventKind.SERVER_ARGS, {"args": args, **{k: args[k] for k in SERVER_ARGS_KEYS if k in args}}
     if m := _GRAPH_RE.match(msg):
         return (EventKind.CUDA_GRAPH_BEGIN if m.group("what").lower() == "begin" else EventKind.CUDA_GRAPH_END), {}

@@ -258,8 +258,20 @@ def torch_dtype(kv_dtype: str) -> str:
     return _TORCH_DTYPES.get(kv_dtype, f"torch.{kv_dtype}")
 
 
-def server_args_repr(args: dict[str, Any]) -> str:
-    """``ServerArgs(model_path='...', tp_size=2, ...)`` as SGLang's dataclass repr prints it."""
+def server_args_repr(args: dict[str, Any], version: str = "0.5.16") -> str:
+    """What follows ``server_args=`` in the log: the dataclass repr ``ServerArgs(model_path='...', tp_size=2, ...)``
+    up to 0.5.16 (the captured Spark log), a dict ``{'model_path': '...', ...}`` on 0.5.23 (the real engine's log
+    on CPU); versions in between are not known either way and print the older form."""
     first = [k for k in ("model_path", "tokenizer_path") if k in args]   # SGLang's dataclass starts with these
     items = [(k, args[k]) for k in first] + [(k, v) for k, v in args.items() if k not in first]
+    if _version_tuple(version) >= (0, 5, 23):
+        return repr(dict(items))
     return "ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in items) + ")"
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    out = []
+    for part in version.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit()) if not part.isdigit() else part
+        out.append(int(digits or 0))
+    return tuple(out)

@@ -143,7 +143,7 @@ class Engine:
         if r.speculative and not r.extras.get("mrr_given"):
             log.main(f"Max running requests is reset to {k.default_max_running_requests} for speculative decoding. "
                      "You can override this by explicitly setting --max-running-requests.")
-        log.main(f"server_args={server_args_repr(r.args)}")
+        log.main(f"server_args={server_args_repr(r.args, r.version)}")
         self._pause(0.02)
         t0 = time.monotonic()
         log.tp("Init torch distributed begin.")

@@ -400,3 +400,42 @@ def test_mamba_cap_warning_from_sglang_format_string() -> None:
     ev = parse_line(fmt % (1, 186, 2))
     assert ev.kind is EventKind.MAMBA_CAP_WARNING
     assert ev.fields == {"max_running_requests": 1, "max_mamba_cache_size": 186, "state_slots_per_request": 2}
+
+
+# ---- the real engine's own log (SGLang 0.5.23 on CPU, tests/fixtures/real-engine/0.5.23: testrig/realengine) ----
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real-engine" / "0.5.23"
+
+
+def _kinds(path: Path) -> list[str]:
+    events = [logparse.parse_line(line) for line in path.read_text().splitlines()]
+    return [e.kind.name for e in events if e is not None]
+
+
+@pytest.mark.parametrize("log", ["tp1/server.log", "tp2/server-rank0.log"])
+def test_real_rank0_log_gives_every_milestone_boot_follows(log):
+    kinds = _kinds(REAL / log)
+    order = ["SERVER_ARGS", "WEIGHTS_LOADED", "KV_ALLOCATED", "CAPACITY", "READY"]
+    assert [k for k in kinds if k in order] == order, kinds
+    assert "PREFILL_BATCH" in kinds and "DECODE_BATCH" in kinds
+
+
+def test_real_rank1_log_gives_the_dummy_health_server():
+    assert "WORKER_DUMMY_HEALTH" in _kinds(REAL / "tp2" / "rank1" / "server-rank1.log")
+
+
+def test_real_0523_server_args_is_a_dict_and_parses_like_the_0516_repr():
+    line = next(l for l in (REAL / "tp1" / "server.log").read_text().splitlines() if "server_args=" in l)
+    assert "server_args={'model_path': " in line         # 0.5.23's spelling; 0.5.16 printed ServerArgs(...)
+    args = logparse.parse_server_args(line)
+    assert args["tp_size"] == 1 and args["device"] == "cpu" and args["max_total_tokens"] == 16384
+    event = logparse.parse_line(line)
+    assert event is not None and event.fields["context_length"] == 1024 and event.fields["speculative_algorithm"] is None
+    old = logparse.parse_server_args("server_args=ServerArgs(model_path='/m', tp_size=2, device='cpu')")
+    assert old == {"model_path": "/m", "tp_size": 2, "device": "cpu"}
+
+
+def test_api_key_redacted_in_both_spellings_of_server_args():
+    from sparkctl.sglang.launch import redact
+    assert redact("server_args={'model_path': '/m', 'api_key': 'k-unknown', 'admin_api_key': None}", ()) == \
+        "server_args={'model_path': '/m', 'api_key': '***', 'admin_api_key': None}"
+    assert redact("server_args=ServerArgs(api_key='k-unknown', port=1)", ()) == "server_args=ServerArgs(api_key='***', port=1)"
