@@ -22,6 +22,7 @@ from typing import Any
 
 from sparkctl.sim import decoding as dec
 from sparkctl.sim.responses import (ChatView, completion_body, completion_chunk, drain, generate_out, metrics_text,
+                                    weight_metadata,
                                     server_info, usage)
 from sparkctl.sim.scheduler import Request, Scheduler
 
@@ -42,6 +43,17 @@ class ApiState:
 
 def _error(message: str, code: int = 400, typ: str = "BadRequestError") -> bytes:
     return _dumps({"object": "error", "message": message, "type": typ, "param": None, "code": code}).encode()
+
+
+def _bad_int(body: dict[str, Any], key: str, where: tuple[str, ...] = ("body",)) -> bytes | None:
+    """SGLang's 400 for a field that is not an integer (its pydantic validation, as the real 0.5.23 answers
+    `"max_tokens": "many"`: tests/fixtures/real-engine/0.5.23/tp1/chat_bad_type.http), or None when it is fine."""
+    value = body.get(key)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return None
+    detail = {"type": "int_parsing", "loc": (*where, key), "msg": "Input should be a valid integer, unable to parse "
+              "string as an integer", "input": value}
+    return _error(f"1 validation error:\n  {detail!r}\n", typ="Bad Request")
 
 
 class _ApiHandler(BaseHandler):
@@ -224,6 +236,10 @@ class _ApiHandler(BaseHandler):
         if body is None or not isinstance(body.get("messages"), list):
             self._json(400, _error("Invalid request: 'messages' is required"))
             return
+        bad = _bad_int(body, "max_tokens") or _bad_int(body, "max_completion_tokens")
+        if bad is not None:
+            self._json(400, bad)
+            return
         text = dec.chat_prompt_text(body["messages"])
         ctk = body.get("chat_template_kwargs") or {}
         thinking = ctk.get("enable_thinking", ctk.get("thinking", True)) is not False
@@ -248,7 +264,7 @@ class _ApiHandler(BaseHandler):
         self._json(200, {"id": cid, "object": "chat.completion", "created": created, "model": model,
                          "choices": [{"index": 0, "message": msg, "logprobs": None,
                                       "finish_reason": req.finish_reason, "matched_stop": None}],
-                         "usage": usage(req), "metadata": {"weight_version": "default"}})
+                         "usage": usage(req), "metadata": weight_metadata(req)})
 
     def _wait(self, req: Request) -> bool:
         while True:
@@ -287,6 +303,10 @@ class _ApiHandler(BaseHandler):
             prompt = prompt[0]
         if not isinstance(prompt, str):
             self._json(400, _error("Invalid request: 'prompt' must be a string (or a list of one string)"))
+            return
+        bad = _bad_int(body, "max_tokens")
+        if bad is not None:
+            self._json(400, bad)
             return
         max_new = body.get("max_tokens", 16)          # OpenAI's and SGLang's CompletionRequest default
         req = self._admit(prompt, dec.tokenize(prompt), int(max_new) if max_new is not None else None,
@@ -351,9 +371,13 @@ class _ApiHandler(BaseHandler):
         st = self.state
         body = self._body()
         if body is None or not isinstance(body.get("text"), str):
-            self._json(400, {"error": "Either text or input_ids should be provided."})
+            self._json(400, _error("Either text or input_ids should be provided."))
             return
         sp = body.get("sampling_params") or {}
+        bad = _bad_int(sp, "max_new_tokens", ("body", "sampling_params")) if isinstance(sp, dict) else None
+        if bad is not None or not isinstance(sp, dict):
+            self._json(400, bad or _error("sampling_params must be an object", typ="Bad Request"))
+            return
         text = body["text"]
         max_new = int(sp.get("max_new_tokens", 128))
         req = self._admit(text, dec.tokenize(text), max_new, sp.get("temperature"), thinking=False)

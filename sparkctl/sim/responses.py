@@ -89,7 +89,12 @@ def completion_body(head: dict[str, Any], req: Request, text: str) -> dict[str, 
     return {**head, "object": "text_completion",
             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": req.finish_reason,
                          "matched_stop": None}],
-            "usage": usage(req), "metadata": {"weight_version": "default"}}
+            "usage": usage(req), "metadata": weight_metadata(req)}
+
+
+def weight_metadata(req: Request) -> dict[str, Any]:
+    """``metadata`` of an OpenAI answer as 0.5.23 gives it (weight_versions: which weights made which tokens)."""
+    return {"weight_version": "default", "weight_versions": [{"version": "default", "start": 0, "end": req.generated}]}
 
 
 def completion_chunk(head: dict[str, Any], text: str, finish: str | None) -> dict[str, Any]:
@@ -107,7 +112,7 @@ def generate_out(req: Request, t0: float, done: bool) -> dict[str, Any]:
     elif done:
         finish = {"type": "stop", "matched": 151336}
     meta: dict[str, Any] = {"id": req.rid, "finish_reason": finish, "prompt_tokens": len(req.prompt_tokens),
-                            "weight_version": "default", "total_retractions": 0,
+                            "weight_version": "default", "num_retractions": 0,   # 0.5.23's name
                             "completion_tokens": req.generated, "cached_tokens": req.cached_tokens,
                             "e2e_latency": round(time.monotonic() - t0, 6)}
     if req.accept is not None:
