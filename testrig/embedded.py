@@ -83,6 +83,25 @@ def stop_recorded_engines(inventory_path: Path) -> None:
         d.runtimes(engine.deployment).for_node(engine.handle.node).stop(engine.handle, timeout_s=3)
 
 
+def stop_cluster_engines(inventory: Any) -> None:
+    """Stop every engine one cluster's ledger recorded (a loaded Inventory: e.g. a replica's sub-cluster, which has
+    no inventory file of its own), through its runtime, by PID."""
+    from sparkctl.deploy.lifecycle import Deployer
+    from sparkctl.state.ledger import Ledger
+
+    ledger = Ledger.for_cluster(inventory.cluster.name)
+    if not ledger.root.exists():
+        return
+    d = Deployer(inventory)
+    for dep_id in ledger.index().get("history", []):
+        try:
+            record = ledger.load(dep_id)
+        except Exception:  # noqa: BLE001 - teardown
+            continue
+        for handle in record.handles:
+            d.runtimes(dep_id).for_node(handle.node).stop(handle, timeout_s=3)
+
+
 def write_replicated_profile(path: Path, max_running_requests: int, *, drain_timeout_s: int = 60,
                              warmup_requests: int = 1) -> Path:
     """A profile of two TP=1 replicas behind the router (round robin, 1 s health checks) extending `base`; a

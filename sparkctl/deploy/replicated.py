@@ -170,7 +170,7 @@ class ReplicatedDeployer:
         lines = [f"router {spec.url} ({spec.policy}): " + (f"running ({router.where})" if router else "start")]
         client = RouterClient(spec.url, metrics_url=spec.metrics_url) if router else None
         for rep in reps:
-            _, plan = self._sub(rep, rec).plan(profile)
+            _, plan = self._sub(rep, rec).plan(rep.result.profile)
             listed = client.find(rep.url) if client else None
             head = f"replica {rep.index} ({', '.join(rep.nodes)}, {rep.url})"
             if plan.noop and listed is not None and listed.healthy:
@@ -228,7 +228,7 @@ class ReplicatedDeployer:
             todo: list[tuple[Replica, Deployer, Any]] = []
             for rep in reps:
                 sub = self._sub(rep, rec)
-                _, plan = sub.plan(profile)
+                _, plan = sub.plan(rep.result.profile)
                 listed = client.find(rep.url) if router is not None else None
                 if plan.noop and listed is not None and listed.healthy:
                     self.reporter.event(f"replica {rep.index} ({', '.join(rep.nodes)}): unchanged, in the router")
@@ -276,7 +276,7 @@ class ReplicatedDeployer:
     def _replica_up(self, rec: Record, profile: Profile, opts: UpOptions, rep: Replica, sub: Deployer) -> bool:
         """The replica's own `up`; True when it deployed (False: it already ran this profile, healthy)."""
         res = self._step(rec, "replica-up", f"replica {rep.index}: up {profile.name} on {', '.join(rep.nodes)}",
-                         lambda: sub.up(profile, UpOptions(boot_timeout_s=opts.boot_timeout_s)), rep.index)
+                         lambda: sub.up(rep.result.profile, UpOptions(boot_timeout_s=opts.boot_timeout_s)), rep.index)
         return bool(res.changed)
 
     def _attach(self, rec: Record, client: RouterClient, rep: Replica, ensure_router: Any) -> None:

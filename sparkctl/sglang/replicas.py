@@ -64,8 +64,22 @@ def render_replicas(profile: Profile, inventory: Inventory, *,
                           f"does not do", where=profile.origin_of("api.api_key_env"),
                           hint=f"unset {key_env} (or api.api_key_env) for a replicated deployment, and bind the "
                                f"router to a trusted network")
-    return [Replica(i, inv, render(profile, inv, environ=environ))
+    return [Replica(i, inv, render(_own_dist_port(profile, i), inv, environ=environ))
             for i, inv in enumerate(replica_inventories(profile, inventory))]
+
+
+def _own_dist_port(profile: Profile, index: int) -> Profile:
+    """Replica `index` rendezvouses on api.dist_port + index. SGLang's TCPStore listens on that port on every
+    interface, not only the dist-init address (seen on the real 0.5.23 engine: the second replica on one machine
+    failed with EADDRINUSE), so replicas that share a machine (a local cluster; any node holding two groups' rank 0)
+    need ports of their own; on Sparks where each replica has its own nodes it changes nothing else."""
+    if index == 0:
+        return profile
+    port = profile.api.dist_port + index
+    if port > 65535:
+        raise ConfigError(f"api.dist_port {profile.api.dist_port} + replica {index} is past 65535",
+                          where=profile.origin_of("api.dist_port"), hint="choose a lower api.dist_port")
+    return profile.model_copy(update={"api": profile.api.model_copy(update={"dist_port": port})})
 
 
 def router_spec(profile: Profile, inventory: Inventory, replicas: list[Replica]) -> RouterSpec:
@@ -74,7 +88,9 @@ def router_spec(profile: Profile, inventory: Inventory, replicas: list[Replica])
     node = inventory.rank0
     bind = profile.api.host or node.api_bind
     r = profile.router
-    for port, name in ((profile.api.port, "api.port"), (profile.api.dist_port, "api.dist_port")):
+    dist_ports = [(profile.api.dist_port + i, f"api.dist_port (+{i} for replica {i})" if i else "api.dist_port")
+                  for i in range(len(replicas))]
+    for port, name in ((profile.api.port, "api.port"), *dist_ports):
         if r.port == port or r.prometheus_port == port:
             raise ConfigError(f"router ports ({r.port}, {r.prometheus_port}) collide with {name} {port} on rank 0's "
                               f"node", where=profile.origin_of("router"), hint="give router.port and "

@@ -29,7 +29,8 @@ def test_two_by_tp2_on_four_sparks(tmp_path):
     for r, head in zip(reps, ("192.168.100.10", "192.168.100.12")):
         for spec in r.result.specs:
             assert (_flag(spec.argv, "--tp-size"), _flag(spec.argv, "--nnodes")) == ("2", "2")
-            assert _flag(spec.argv, "--dist-init-addr") == f"{head}:{profile.api.dist_port}"
+            # each replica rendezvouses on a port of its own (SGLang's TCPStore listens on every interface)
+            assert _flag(spec.argv, "--dist-init-addr") == f"{head}:{profile.api.dist_port + r.index}"
         assert [s.rank for s in r.result.specs] == [0, 1]
     assert [r.url for r in reps] == ["http://spark-0.local:30000", "http://spark-2.local:30000"]
     spec = router_spec(profile, inv, reps)

@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from testrig.embedded import stop_recorded_engines, write_embedded_inventory, write_replicated_profile
+from testrig.embedded import (stop_cluster_engines, stop_recorded_engines, write_embedded_inventory,
+                              write_replicated_profile)
 from testenv import need_module
 from sparkctl.router import strip_colour
 
@@ -112,24 +113,7 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
         finally:
             for rep in render_replicas(p1, inv, environ={}):
                 path = tmp_path / f"sub{rep.index}.yml"
-                stop_recorded_engines_for(sub_inventory(rep, inv.cluster.name), inv_path)
-
-
-def stop_recorded_engines_for(sub_inv, inv_path) -> None:
-    """stop_recorded_engines reads an inventory file: the sub-cluster's engines through its own ledger."""
-    from sparkctl.deploy.lifecycle import Deployer
-    from sparkctl.state.ledger import Ledger
-    ledger = Ledger.for_cluster(sub_inv.cluster.name)
-    if not ledger.root.exists():
-        return
-    d = Deployer(sub_inv)
-    for dep_id in ledger.index().get("history", []):
-        try:
-            record = ledger.load(dep_id)
-        except Exception:  # noqa: BLE001 - teardown
-            continue
-        for handle in record.handles:
-            d.runtimes(dep_id).for_node(handle.node).stop(handle, timeout_s=3)
+                stop_cluster_engines(sub_inventory(rep, inv.cluster.name))
 
 
 def test_two_tp2_replicas_on_four_nodes(tmp_path, monkeypatch, state_dir):
