@@ -147,12 +147,13 @@ def test_rank1_killed_after_hand_off_then_rollback_back(cli, real_cluster):
     assert code == 0 and data["profile"] == "cpu-tiny", data
 
 
-@pytest.mark.parametrize("step,marker,profile", [("boot", r"rank 0 started", "cpu-tiny-small"),
-                                                ("warm-up", r"warm-up +warm-up: \d+ x", "cpu-tiny")])
-def test_controller_killed_then_the_next_up_converges(cli, real_cluster, step, marker, profile):
+@pytest.mark.parametrize("step,marker,after,profile", [
+    ("boot", r"boot +\[spark-a\] rank 0 started", None, "cpu-tiny-small"),
+    ("warm-up", r"warm-up +warm-up: \d+ x", r"boot +done", "cpu-tiny")])
+def test_controller_killed_then_the_next_up_converges(cli, real_cluster, step, marker, after, profile):
     # each case changes the profile (an `up` of what already runs healthy is a no-op with nothing to kill); the
     # marker is the step's own progress line, not the plan's line naming it
-    pid = kill_up_at(marker, profile, after=r"boot +done")
+    pid = kill_up_at(marker, profile, after=after)
     assert_status_interrupted(cli, pid, step)
     res = _up(cli, profile)
     assert res["outcome"] == "deployed"

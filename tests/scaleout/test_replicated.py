@@ -166,7 +166,8 @@ def test_a_failing_replica_is_left_serving_alone_while_the_other_updated(tmp_pat
     blocker = socket.socket()
     try:
         endpoint = d.up(p1)["endpoint"]
-        blocker.bind((inv.nodes[1].fabric_address, 25001))
+        # replica i rendezvouses on api.dist_port + i: replica 1's new port is 25002
+        blocker.bind((inv.nodes[1].fabric_address, 25002))
         blocker.listen(1)
         failures: list[str] = []
 
@@ -183,7 +184,7 @@ def test_a_failing_replica_is_left_serving_alone_while_the_other_updated(tmp_pat
             d.up(load_profile(str(p2_path)))
         t.join(timeout=120)
         assert "replica 1:" in info.value.message and "replica(s) 0 run p2" in info.value.message
-        assert "25001" in info.value.render()
+        assert "25002" in info.value.render()
         assert failures == []
         st = d.status()
         assert all(r["in_router"] and r["healthy"] for r in st["replicas"]), st
