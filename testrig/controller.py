@@ -112,6 +112,18 @@ def kill_up_at(marker: str, profile: str, *, after: str | None = None, cli: Cli 
         return run.pid
 
 
+def crash_up_at(step: str, profile: str, when: str = "before", *, timeout: float = 600.0) -> int:
+    """Run `sparkctl up --profile PROFILE --yes` with ``SPARKCTL_CRASH_AT=up:<step>:<when>``: the controller
+    SIGKILLs itself at that step boundary (sparkctl/deploy/steps.py). The dead controller's pid."""
+    from sparkctl.deploy.steps import CRASH_ENV
+
+    with SparkctlProcess(["up", "--profile", profile, "--yes"],
+                         env={**os.environ, CRASH_ENV: f"up:{step}:{when}"}) as run:
+        code = run.wait(timeout=timeout)
+        assert code == -signal.SIGKILL, f"`up` did not reach up:{step}:{when} (exit {code}):\n{run.stderr}"
+        return run.pid
+
+
 def assert_status_interrupted(cli: Cli, pid: int, during: str) -> dict[str, Any]:
     """`status` exits 8 and says the deployment was interrupted by the death of `pid` during `during`, with both
     ranks alive; its JSON says the same."""

@@ -218,6 +218,9 @@ class DockerRuntime:
         state = self._inspect(handle.container_id)
         if state is None:
             return Liveness(False, f"container {handle.container} is gone (removed)")
+        if state.running and state.status == "paused":    # docker inspect: Running and Paused both true
+            return Liveness(False, f"container {handle.container} paused (`docker unpause {handle.container}` "
+                                   f"resumes it, `sparkctl up` replaces it)")
         if state.running:
             return Liveness(True, f"container {handle.container} running")
         return Liveness(False, f"container {handle.container} {state.status} ({state.exit_code})"

@@ -202,6 +202,11 @@ class ProcessRuntime:
             if code is not None:
                 return Liveness(False, f"exited with code {code}", code)
         if self._ours(handle):
+            stopped = procfs.stopped_in_tree(pid)
+            if stopped is not None:
+                who = f"pid {stopped[0]}" + ("" if stopped[0] == pid else f", under pid {pid}")
+                return Liveness(False, f"stopped ({who} is in state {stopped[1]}: SIGSTOP, Ctrl-Z or a tracer; "
+                                       f"`kill -CONT {stopped[0]}` resumes it, `sparkctl up` replaces it)")
             return Liveness(True, f"running (pid {pid})")
         return Liveness(False, f"not running (pid {pid} gone)")
 
@@ -225,6 +230,8 @@ class ProcessRuntime:
         for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(pid, sig)
+                if sig == signal.SIGTERM:      # a stopped (SIGSTOPped) engine acts on SIGTERM only once continued
+                    os.killpg(pid, signal.SIGCONT)
             except ProcessLookupError:
                 break
             deadline = time.monotonic() + wait

@@ -30,6 +30,39 @@ def running(pid: int, ticks: int | None) -> bool:
     return stat is not None and stat[0] != "Z" and (ticks is None or stat[1] == ticks)
 
 
+# Process states that are not "running" although the PID exists: zombie (Z), dead (X), stopped by a signal (T:
+# SIGSTOP, Ctrl-Z, a frozen cgroup) or by a tracer (t). A stopped engine holds its port and answers nothing.
+STOPPED_STATES = frozenset("Tt")
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (children, their children...), from one scan of /proc (parent is field 4)."""
+    parents: dict[int, list[int]] = {}
+    for p in pids():
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        parents.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(p)
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in out:
+                out.append(child)
+                todo.append(child)
+    return out
+
+
+def stopped_in_tree(pid: int) -> tuple[int, str] | None:
+    """(pid, state) of the first process of `pid`'s tree (itself, then its descendants) that is stopped (T/t),
+    or None: a SIGSTOPped engine behind a running log pipe is not a running rank."""
+    for p in [pid, *descendants(pid)]:
+        stat = proc_stat(p)
+        if stat is not None and stat[0] in STOPPED_STATES:
+            return p, stat[0]
+    return None
+
+
 def cmdline(pid: int) -> list[str]:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")[:-1]

@@ -72,3 +72,38 @@ def test_an_engine_killed_after_hand_off_is_unhealthy_and_the_next_up_redeploys(
     assert code == 0 and json.loads(out)["healthy"]
     code, out, err = cli("down", "--yes")
     assert code == 0, err
+
+
+def test_a_stopped_engine_is_not_running_in_status_and_the_next_up_replaces_it(cli, local_cluster):
+    """SIGSTOP of rank 1's engine (behind its live log pipe): the PID exists and holds its port, yet it serves
+    nothing. `status` says it is stopped and how to resume it (exit 8), an `up` of the same profile replaces the
+    pair; SIGCONT of a stopped engine makes `status` healthy again."""
+    from sparkctl.nodes import procfs
+
+    first = _up(cli)
+    pipe = _ledger(local_cluster).load(first["deployment"]).handle_of(1).pid
+    engine = procfs.descendants(pipe)[0]
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        code, out, err = cli("status", "--json")
+        data = json.loads(out)
+        assert code == 8 and not data["healthy"], out
+        rank1 = next(r for r in data["ranks"] if r["rank"] == 1)
+        assert not rank1["alive"] and f"pid {engine}" in rank1["state"] and "state T" in rank1["state"], rank1
+        assert f"kill -CONT {engine}" in rank1["state"], rank1
+        os.kill(engine, signal.SIGCONT)
+        code, out, _ = cli("status", "--json")
+        assert code == 0 and json.loads(out)["healthy"], out
+        os.kill(engine, signal.SIGSTOP)
+        again = _up(cli)
+        assert again["outcome"] == "deployed" and again["deployment"] != first["deployment"], again
+        assert not procfs.running(engine, None) or procfs.proc_stat(engine) is None, "the stopped engine was left"
+    finally:
+        try:
+            os.kill(engine, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    code, out, _ = cli("status", "--json")
+    assert code == 0 and json.loads(out)["healthy"]
+    code, out, err = cli("down", "--yes")
+    assert code == 0, err

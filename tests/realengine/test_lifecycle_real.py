@@ -5,7 +5,7 @@ and every gate judged from the real server -> `status` / `logs --rank 1` -> a sm
 scheduler log -> `rollback --to` a second real profile -> a boot the real server refuses (the real log's line is
 the evidence, the previous deployment restored) -> a missing model (preflight, exit 3, the command that builds it)
 -> rank 1 killed after hand-off (status 8) -> plain `rollback` back to the first profile -> the controller killed
-during boot and during warm-up (the next `up` converges) -> `down` leaves no process and frees the ports.
+during boot, warm-up and hand-off (the next `up` converges) -> `down` leaves no process and frees the ports.
 The engine's environment and tiny model: testrig/realengine (built by .ci/run; under CI=true never skipped).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from sparkctl.deploy.observe import process_engines
 from sparkctl.nodes.process import local_port_free
 from sparkctl.state.ledger import Ledger
 from testenv import need_real_engine
-from testrig.controller import assert_status_interrupted, kill_up_at
+from testrig.controller import assert_status_interrupted, crash_up_at, kill_up_at
 from testrig.embedded import stop_recorded_engines, write_real_engine_inventory
 
 pytestmark = pytest.mark.real_engine
@@ -149,11 +149,14 @@ def test_rank1_killed_after_hand_off_then_rollback_back(cli, real_cluster):
 
 @pytest.mark.parametrize("step,marker,after,profile", [
     ("boot", r"boot +\[spark-a\] rank 0 started", None, "cpu-tiny-small"),
-    ("warm-up", r"warm-up +warm-up: \d+ x", r"boot +done", "cpu-tiny")])
+    ("warm-up", r"warm-up +warm-up: \d+ x", r"boot +done", "cpu-tiny"),
+    ("hand-off", None, None, "cpu-tiny-small")])
 def test_controller_killed_then_the_next_up_converges(cli, real_cluster, step, marker, after, profile):
     # each case changes the profile (an `up` of what already runs healthy is a no-op with nothing to kill); the
-    # marker is the step's own progress line, not the plan's line naming it
-    pid = kill_up_at(marker, profile, after=after)
+    # marker is the step's own progress line, not the plan's line naming it. Hand-off has no line of its own
+    # before its effect: the controller kills itself at the step's boundary (SPARKCTL_CRASH_AT), after every gate
+    # passed on the real server and before the deployment is handed off.
+    pid = kill_up_at(marker, profile, after=after) if marker else crash_up_at(step, profile)
     assert_status_interrupted(cli, pid, step)
     res = _up(cli, profile)
     assert res["outcome"] == "deployed"
