@@ -145,6 +145,10 @@ def measure_decode(arm: Arm, prompts: dict[str, Prompt], *, runs: int, max_token
     return out
 
 
+# HTTP statuses that say a route is absent (not that a request was refused): an optional endpoint degrades on them.
+NO_ROUTE_STATUSES = (404, 405, 501)
+
+
 def acceptance_from_generate(arm: Arm, prompt: Prompt, *, runs: int, max_tokens: int) -> dict[str, Any]:
     """Per-request accept length from native ``/generate`` (completion_tokens / spec_verify_ct).
 
@@ -162,6 +166,13 @@ def acceptance_from_generate(arm: Arm, prompt: Prompt, *, runs: int, max_tokens:
         except SGLangAPIError as exc:
             if isinstance(exc, (EndpointBoundError, EndpointProtocolError)) and arm.guard is not None:
                 arm.guard.trip(exc)             # a broken endpoint, not a refused request: the run stops
+            if not vals and exc.status in NO_ROUTE_STATUSES:
+                # an optional endpoint that is not there (an OpenAI-only gateway in front of SGLang): degrade
+                return {"source": "/generate meta_info", "prompt": prompt.id, "status": "unavailable",
+                        "per_request": [], "accept_len": None, "meta": [], "error": None,
+                        "note": f"unavailable: {exc.message} (this endpoint has no SGLang native /generate, as "
+                                f"behind an OpenAI-only gateway); acceptance then comes from the scheduler log "
+                                f"(--log FILE) or the engine's metrics"}
             err = exc.message
             break
         metas.append({k: meta.get(k) for k in ("completion_tokens", "spec_verify_ct", "spec_accept_length")

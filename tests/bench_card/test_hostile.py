@@ -335,3 +335,29 @@ def test_run_deadline_stops_a_run_whose_requests_are_each_within_bounds(hostile,
     assert code == 4 and "the run's deadline of 2 s passed" in err and "--run-deadline" in err, err
     assert time.monotonic() - t0 < 2 + SLACK_S
     assert json.loads((tmp_path / "report.json").read_text())["status"] == "failed"
+
+
+def _not_found(self: Hostile, ep: str) -> None:
+    self._send(404, b'{"detail":"Not Found"}')
+
+
+Hostile._not_found = _not_found  # type: ignore[attr-defined]
+
+
+def test_an_openai_only_gateway_gives_the_card_with_acceptance_unavailable(hostile, cli, state_dir, tmp_path,
+                                                                          monkeypatch):
+    """An OpenAI-compatible gateway in front of SGLang has no native /generate (404): the card is still made, its
+    acceptance measurement marked unavailable with the reason, the other measurements as usual."""
+    monkeypatch.delenv("SPARKCTL_INVENTORY", raising=False)
+    url = hostile({"generate": "not_found"})
+    code, out, err = cli("bench", "--endpoint", url, *WORKLOAD, *FLAGS, "--out", str(tmp_path / "card"), "--json")
+    assert code == 0, err[-3000:]
+    card = json.loads((tmp_path / "card" / "report.json").read_text())
+    assert card["status"] == "successful", card["status"]
+    results = card["arms"][0]["results"]
+    gen = results["acceptance"]["generate"]
+    assert gen["status"] == "unavailable" and gen["error"] is None and "HTTP 404" in gen["note"], gen
+    assert "no SGLang native /generate" in gen["note"], gen
+    assert results["ttft"]["sizes"][0]["status"] == "measured" and not results["cold"].get("error"), results
+    md = (tmp_path / "card" / "report.md").read_text()
+    assert "unavailable: HTTP 404" in md, md
