@@ -22,6 +22,7 @@ from pathlib import Path
 
 from sparkctl.errors import ConfigError, ImageError, SparkctlError
 from sparkctl.images import patchapply
+from sparkctl.nodes.environ import helper_env
 from sparkctl.resources import shipped
 
 log = logging.getLogger("sparkctl.images")
@@ -95,7 +96,7 @@ def ensure_wheel(version: str) -> Path:
         for extra in attempts:
             cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--disable-pip-version-check",
                    *extra, "-d", tmp, f"sglang=={version}"]
-            result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=helper_env(network=True))
             wheels = list(Path(tmp).glob(f"sglang-{version}-*.whl"))
             if result.returncode == 0 and wheels:
                 target = cache / wheels[0].name

@@ -41,11 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.nodes import procfs
+from sparkctl.nodes.environ import helper_env
 from sparkctl.nodes.logpipe import ENGINE_ENV_FILE
 from sparkctl.nodes.node_facts import NodeFacts, host_model_path, model_paths
 from sparkctl.nodes.results import CommandResult
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
-from sparkctl.sglang.launch import SECRET_ENV, SECRETS_MOUNT, LaunchSpec, redact, redact_argv
+from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec, redact, redact_argv
 from sparkctl.sglang.render import MODELS_MOUNT
 from sparkctl.errors import StateDirError
 from sparkctl.state.files import open_state_file, private_dir, state_dir_error
@@ -163,10 +164,10 @@ class ProcessRuntime:
         # The engine's output reaches the log through sparkctl.nodes.logpipe, which redacts secrets line by line.
         # Its stdout is the rank log from the moment it exists (it appends there itself, and its own errors land
         # there too): a later command finds a running engine by the rank log it writes (sparkctl.deploy.observe).
-        # The pipe is sparkctl's own code: it runs with sparkctl's environment (minus secrets), isolated (`-I`: no
+        # The pipe is sparkctl's own code: it runs with a helper's environment (sparkctl.nodes.environ), isolated (`-I`: no
         # PYTHON* variable, no user site, no cwd on sys.path), never with the rank's; the engine's environment
         # (the profile's env included) reaches the engine alone through a 0400 file the pipe reads and deletes.
-        helper_env = {k: v for k, v in own.items() if k not in SECRET_ENV}
+        pipe_env = helper_env()
         pipe = [sys.executable, "-I", "-m", "sparkctl.nodes.logpipe", str(log_path), str(sdir), "--"]
         # One log per rank and deployment, one attempt after the other: this attempt starts at `log_offset` (after
         # a newline ending whatever a killed attempt left half-written), and the handle reads from there only.
@@ -179,7 +180,7 @@ class ProcessRuntime:
             _own_private_dir(secrets_home())
             write_secret_files(sdir, {**spec.secret_files, ENGINE_ENV_FILE: json.dumps(env)})
             proc = subprocess.Popen(pipe + self._command(spec, sdir), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
-                                    env=helper_env, start_new_session=True, close_fds=True)
+                                    env=pipe_env, start_new_session=True, close_fds=True)
         except BaseException:
             self._drop_secrets(deployment_id, spec.rank)
             raise
@@ -324,7 +325,7 @@ def sglang_missing(python: str | None) -> str | None:
              "for d in (s.submodule_search_locations or ())) else 3)")
     try:
         res = subprocess.run([python, "-I", "-c", probe], stdin=subprocess.DEVNULL, capture_output=True,
-                             timeout=30, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+                             timeout=30, env=helper_env())
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{python} cannot run: {exc}"
     if res.returncode == 3:

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from sparkctl.nodes import procfs
+from sparkctl.nodes.environ import helper_env
 from sparkctl.router import RouterError, strip_colour
 from sparkctl.router.spec import MODULE, RouterSpec
 
@@ -61,8 +62,7 @@ class RouterProcess:
         from sparkctl.state.files import open_state_file, private_dir
         private_dir(log_path.parent)
         fd = open_state_file(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-        env["NO_COLOR"] = "1"
+        env = helper_env(extra={"NO_COLOR": "1"})     # no proxy (it talks to local workers), no secret
         try:
             popen = subprocess.Popen(spec.process_argv(python or router_python()), stdin=subprocess.DEVNULL,
                                      stdout=fd, stderr=subprocess.STDOUT, start_new_session=True, env=env)

@@ -64,8 +64,15 @@ def test_no_command_leaves_the_api_key_or_hf_token_anywhere(cli, local_cluster, 
     run("render", "--profile", "d5")
     run("render", "--profile", "d5", "--rank", "0", "--json")
     run("preflight", "--profile", "d5")
+    foreign = f"foreign-{secrets.token_hex(8)}"     # a secret sparkctl never heard of, in the caller's environment
+    monkeypatch.setenv("SOME_CLOUD_SECRET_KEY", foreign)
     dep = json.loads(run("up", "--profile", "d5", "--yes", "--json"))["deployment"]
     assert _processes_holding(values) == []                    # the engines run: argv and env clean
+    # the log pipes are helpers: an allowlisted environment (sparkctl.nodes.environ), so no unknown variable either
+    for handle in ledger.load(dep).handles:
+        environ = Path(f"/proc/{handle.pid}/environ").read_bytes().split(b"\0")
+        assert not [e for e in environ if foreign.encode() in e or e.startswith(b"SPARKCTL_")], handle.pid
+    monkeypatch.delenv("SOME_CLOUD_SECRET_KEY")
     sroot = secrets_root_for(ledger.root / "secrets")
     assert (sroot / dep / "rank0" / "hf-token").read_text() == token     # the token reaches the engine, on tmpfs
     run("status")

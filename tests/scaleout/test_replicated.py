@@ -220,6 +220,9 @@ def test_cli_up_status_down_of_a_replicated_profile(tmp_path, monkeypatch, cli, 
         assert code == 0 and out.strip() and "\x1b[" not in out, err[-2000:]
         rec = json.loads(next(state_dir.rglob("replicated.json")).read_text())
         raw = Path(rec["router"]["log"]).read_text()           # the file as the router wrote it
+        # the router is a helper: an allowlisted environment (no API key, token or unknown variable of the caller)
+        environ = Path(f"/proc/{rec['router']['pid']}/environ").read_bytes().split(b"\0")
+        assert not [e for e in environ if e.startswith((b"SPARKCTL_", b"HF_", b"SGLANG_", b"PYTEST_"))], environ
         assert out.splitlines() == strip_colour(raw).splitlines()
         for index in (0, 1):
             code, out, err = cli("logs", "--replica", str(index), "--rank", "0", "-i", str(inv))
