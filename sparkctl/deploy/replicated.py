@@ -192,6 +192,8 @@ class ReplicatedDeployer:
         parent = Deployer(self.inventory, self.reporter)
         with self.ledger.lock(COMMAND):
             rec = Record.load(self.ledger.root)
+            if self._router(rec, spec) is None:     # none of ours runs: its ports must be free before anything boots
+                router_launch.check_ports(self.inventory, spec)
             rec.data.update(profile=profile.name, endpoint=router_endpoint(profile, self.inventory),
                             replicas=[{"index": r.index, "url": r.url, "nodes": r.nodes,
                                        "cluster": _recorded_name(rec, r.index)

@@ -140,3 +140,39 @@ def processes_naming(text: str) -> list[int]:
             if stat is not None and stat[0] != "Z":
                 out.append(pid)
     return out
+
+
+def _listen_inodes(port: int) -> set[str]:
+    """Socket inodes of TCP listeners (state 0A) on `port`, any address, from /proc/net/tcp and tcp6."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f[9])
+    return inodes
+
+
+def listener_of(port: int) -> tuple[int, list[str]] | None:
+    """(pid, command line) of a process of this user's that listens on TCP `port` here, or None (nobody, or a
+    process whose descriptors this user cannot read): names who holds a port in an error message."""
+    inodes = _listen_inodes(port)
+    if not inodes:
+        return None
+    wanted = {f"socket:[{i}]" for i in inodes}
+    for pid in pids():
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
+                    return pid, cmdline(pid)
+            except OSError:
+                continue
+    return None

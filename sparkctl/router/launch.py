@@ -39,6 +39,14 @@ def _container_side(inventory: "Inventory") -> bool:
     return inventory.rank0.runtime == "docker"
 
 
+def check_ports(inventory: "Inventory", spec: RouterSpec) -> None:
+    """The router's ports are free where it will run, or RouterError naming who holds them (on the embedded
+    cluster; on Sparks the router container's own bind fails and its start says so)."""
+    if not _container_side(inventory):
+        from sparkctl.router.process import ports_free
+        ports_free(spec)
+
+
 def start_router(inventory: "Inventory", spec: RouterSpec, *, image: str | None, log_path: Path,
                  ready_timeout_s: float = 60.0) -> Router:
     """Start the router where the inventory's rank 0 runs its engine and wait until it is live (RouterError

@@ -60,6 +60,7 @@ class RouterProcess:
     def start(cls, spec: RouterSpec, log_path: Path, *, ready_timeout_s: float = 30.0,
               python: str | None = None) -> "RouterProcess":
         from sparkctl.state.files import open_state_file, private_dir
+        ports_free(spec)
         private_dir(log_path.parent)
         fd = open_state_file(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         env = helper_env(extra={"NO_COLOR": "1"})     # no proxy (it talks to local workers), no secret
@@ -148,3 +149,19 @@ def _tail(path: Path, n: int = 20) -> str:
     except (OSError, StateDirError):
         return ""
     return strip_colour("\n".join(text.splitlines()[-n:]))
+
+
+def ports_free(spec: RouterSpec) -> None:
+    """The router's port and metrics port are free here, or RouterError naming who holds them: a foreign router
+    on the port would answer our liveness probe while ours dies on its bind, and take our replicas."""
+    from sparkctl.nodes.process import local_port_free
+
+    for what, host, port in (("port", spec.host, spec.port), ("metrics port", spec.metrics_host, spec.prometheus_port)):
+        if local_port_free(host, port):
+            continue
+        holder = procfs.listener_of(port)
+        who = (f"pid {holder[0]} ({' '.join(holder[1])[:200] or 'no command line'})" if holder
+               else "a process this user cannot see")
+        raise RouterError(f"the router's {what} {host}:{port} is already held by {who}", where=f"{host}:{port}",
+                          hint=f"stop that program, or set router.{'port' if what == 'port' else 'prometheus_port'} "
+                               f"in the profile to a free port")

@@ -262,3 +262,56 @@ def _valid(kind: str, doc: dict) -> dict:
     from sparkctl.config.schema import json_schema
     jsonschema.validate(doc, json_schema(kind))
     return doc
+
+
+def test_a_foreign_listener_on_the_router_port_is_named_and_nothing_is_left(tmp_path, monkeypatch, cli, state_dir):
+    """Something else (here an HTTP server that answers like a live router) listens on the router's port: `up` of a
+    replicated profile fails naming who holds the port, registers nothing in it, leaves no engine of ours running,
+    and `status` does not call anything healthy."""
+    from http.server import BaseHTTPRequestHandler
+
+    from sparkctl.config.inventory import load_inventory
+    from testenv import local_server
+
+    seen: list[str] = []
+
+    class Foreign(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _answer(self):
+            seen.append(f"{self.command} {self.path}")
+            body = b"{}"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_DELETE = do_PUT = _answer
+
+    for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
+        monkeypatch.delenv(key)
+    inv = write_embedded_inventory(tmp_path / "inventory.yml", FAST, nodes=2)
+    host = load_inventory(inv).nodes[0].api_bind
+    port = 30780
+    prof = tmp_path / "rep.yml"
+    prof.write_text(write_replicated_profile(tmp_path / "two-replicas.yml", 16).read_text()
+                    .replace("router:\n", f"router:\n  port: {port}\n  prometheus_port: 30781\n"))
+    from http.server import ThreadingHTTPServer
+    srv = ThreadingHTTPServer((host, port), Foreign)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        code, out, err = cli("up", "-p", str(prof), "-i", str(inv), "--yes")
+        assert code != 0 and code != 70, err[-3000:]
+        assert f"{host}:{port} is already held by pid {os.getpid()}" in err, err[-3000:]
+        assert not [s for s in seen if "/workers" in s or "add_worker" in s], seen     # nothing registered there
+        assert "boot" not in err and "router-start" not in err, err[-3000:]      # refused before anything booted
+        code, out, err = cli("status", "-i", str(inv), "--json")
+        assert code != 0 or not json.loads(out).get("healthy"), out
+        from sparkctl.deploy.lifecycle import Deployer
+        from sparkctl.deploy.observe import process_engines
+        assert process_engines(Deployer(load_inventory(inv))) == []
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        cli("down", "-i", str(inv), "--yes")
