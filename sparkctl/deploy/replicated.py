@@ -49,7 +49,7 @@ from sparkctl.errors import ConfigError, LedgerError, LockHeldError, SparkctlErr
 from sparkctl.nodes.fanout import fan_out
 from sparkctl.nodes.process import read_lines
 from sparkctl.router import RouterError, strip_colour
-from sparkctl.router.client import RouterClient, attach, detach
+from sparkctl.router.client import RouterClient, attach, detach, drain, engine_in_flight
 from sparkctl.router import launch as router_launch
 from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.launch import redact
@@ -294,6 +294,11 @@ class ReplicatedDeployer:
             self._step(rec, "replica-detach", f"replica {rep.index}: out of the router, drain (at most "
                        f"{profile.router.drain_timeout_s:g}s)",
                        lambda: detach(client, rep.url, drain_s=profile.router.drain_timeout_s), rep.index)
+        else:       # already out of the router (a controller killed mid-drain): its requests still finish first
+            self._step(rec, "replica-detach", f"replica {rep.index}: out of the router already, drain (at most "
+                       f"{profile.router.drain_timeout_s:g}s)",
+                       lambda: drain(lambda: engine_in_flight(rep.url), timeout_s=profile.router.drain_timeout_s,
+                                     what=f"replica {rep.url}"), rep.index)
         try:
             deployed = self._replica_up(rec, profile, opts, rep, sub)
         except (LedgerError, LockHeldError):

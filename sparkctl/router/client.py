@@ -139,6 +139,10 @@ class RouterClient:
         return True
 
 
+class EngineFrozen(Exception):
+    """An engine's /metrics read timed out (an engine that answers nothing, unlike one that is gone)."""
+
+
 def drain(in_flight: Callable[[], int | None], *, timeout_s: float, poll_s: float = 0.1,
           what: str = "worker") -> float:
     """Wait (bounded) until ``in_flight()`` reads 0: the requests a removed worker still serves. Returns the seconds
@@ -146,8 +150,19 @@ def drain(in_flight: Callable[[], int | None], *, timeout_s: float, poll_s: floa
     not drained."""
     t0 = time.monotonic()
     last: int | None = None
+    frozen = 0
     while True:
-        last = in_flight()
+        try:
+            last = in_flight()
+            frozen = 0
+        except EngineFrozen as exc:
+            frozen += 1
+            if frozen >= FROZEN_READS:
+                raise RouterError(f"{what}: frozen: {exc} {frozen} times in a row (stopped, hung or swapping), "
+                                  f"after {time.monotonic() - t0:.1f}s of the {timeout_s:g}s drain",
+                                  hint="look at the engine (sparkctl status, sparkctl doctor); the update replaces "
+                                       "it once it is stopped") from None
+            continue
         if last == 0:
             return time.monotonic() - t0
         if time.monotonic() - t0 >= timeout_s:
@@ -156,11 +171,22 @@ def drain(in_flight: Callable[[], int | None], *, timeout_s: float, poll_s: floa
         time.sleep(poll_s)
 
 
+FROZEN_READS = 2     # consecutive /metrics reads that time out: the engine is frozen, not busy
+
+
 def engine_in_flight(api_url: str, *, timeout_s: float = 2.0) -> int | None:
-    """Running + queued requests of one SGLang engine, from its /metrics (needs --enable-metrics); None if unread."""
+    """Running + queued requests of one SGLang engine, from its /metrics (needs --enable-metrics); None if unread.
+    A refused connection is 0: no process listens there, so nothing is in flight (a dead engine is not waited
+    for). A read that times out raises EngineFrozen: see `drain`."""
     from sparkctl.sglang.serverinfo import parse_prometheus
     try:
         r = httpx.get(api_url.rstrip("/") + "/metrics", timeout=timeout_s, trust_env=False)
+    except httpx.ConnectError as exc:
+        if isinstance(exc.__cause__ or exc.__context__, ConnectionRefusedError) or "refused" in str(exc).lower():
+            return 0
+        return None
+    except httpx.TimeoutException:
+        raise EngineFrozen(f"{api_url}/metrics did not answer within {timeout_s:g}s") from None
     except httpx.HTTPError:
         return None
     if r.status_code != 200:

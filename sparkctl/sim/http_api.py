@@ -202,7 +202,7 @@ class _ApiHandler(BaseHandler):
 
     # ---- generation -----------------------------------------------------------------------------
     def _admit(self, text: str, prompt_tokens: list[str], max_new: int | None, temperature: float | None,
-               thinking: bool) -> Request | None:
+               thinking: bool, ignore_eos: bool = False) -> Request | None:
         st = self.state
         ctx = st.res.context_len
         n = len(prompt_tokens)
@@ -221,7 +221,7 @@ class _ApiHandler(BaseHandler):
                              temperature=temperature or 0.0)
         req = Request(prompt_tokens=prompt_tokens, plan=plan,
                       max_new_tokens=max_new if max_new is not None else max(1, ctx - n),
-                      created=getattr(self, "_arrived", None) or time.monotonic())
+                      created=getattr(self, "_arrived", None) or time.monotonic(), ignore_eos=ignore_eos)
         st.sched.submit(req)
         return req
 
@@ -246,7 +246,7 @@ class _ApiHandler(BaseHandler):
         separate = bool(st.res.reasoning_parser) and body.get("separate_reasoning", True) is not False
         max_new = body.get("max_completion_tokens") or body.get("max_tokens")
         req = self._admit(text, dec.tokenize(text), int(max_new) if max_new is not None else None,
-                          body.get("temperature"), thinking)
+                          body.get("temperature"), thinking, ignore_eos=body.get("ignore_eos") is True)
         if req is None:
             return
         cid = uuid.uuid4().hex
@@ -310,7 +310,7 @@ class _ApiHandler(BaseHandler):
             return
         max_new = body.get("max_tokens", 16)          # OpenAI's and SGLang's CompletionRequest default
         req = self._admit(prompt, dec.tokenize(prompt), int(max_new) if max_new is not None else None,
-                          body.get("temperature"), thinking=False)
+                          body.get("temperature"), thinking=False, ignore_eos=body.get("ignore_eos") is True)
         if req is None:
             return
         view = ChatView(req, separate=False)
@@ -380,7 +380,8 @@ class _ApiHandler(BaseHandler):
             return
         text = body["text"]
         max_new = int(sp.get("max_new_tokens", 128))
-        req = self._admit(text, dec.tokenize(text), max_new, sp.get("temperature"), thinking=False)
+        req = self._admit(text, dec.tokenize(text), max_new, sp.get("temperature"), thinking=False,
+                          ignore_eos=sp.get("ignore_eos") is True)
         if req is None:
             return
         t0 = req.created                      # e2e_latency from the request's arrival, as SGLang reports it

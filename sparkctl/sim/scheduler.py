@@ -50,10 +50,11 @@ class Request:
     finished_at: float | None = None
     aborted: bool = False
     accept: AcceptanceModel | None = None
+    ignore_eos: bool = False      # SGLang's sampling parameter: generate max_new_tokens, past the natural end
 
     @property
     def limit(self) -> int:
-        return min(self.max_new_tokens, self.plan.natural_len)
+        return self.max_new_tokens if self.ignore_eos else min(self.max_new_tokens, self.plan.natural_len)
 
     def emit(self, n: int) -> None:
         start = self.generated
@@ -62,7 +63,7 @@ class Request:
             self.out.put((start, self.generated))
         if self.generated >= self.limit:
             self.finish_reason = "length" if self.generated >= self.max_new_tokens and \
-                self.max_new_tokens < self.plan.natural_len else "stop"
+                (self.ignore_eos or self.max_new_tokens < self.plan.natural_len) else "stop"
 
 
 class Scheduler:

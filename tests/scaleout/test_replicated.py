@@ -315,3 +315,48 @@ def test_a_foreign_listener_on_the_router_port_is_named_and_nothing_is_left(tmp_
         srv.shutdown()
         srv.server_close()
         cli("down", "-i", str(inv), "--yes")
+
+
+def test_a_replica_already_out_of_the_router_is_drained_before_it_is_stopped(tmp_path, monkeypatch, state_dir):
+    """As after a controller killed between a replica's removal and the end of its drain: replica 1 is out of the
+    router with a long request in flight; the next (changed) `up` drains it before stopping it: the request ends
+    200 with every token."""
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.config.profile import load_profile
+    from sparkctl.deploy.replicated import ReplicatedDeployer
+    from sparkctl.router.client import RouterClient, engine_in_flight
+
+    for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
+        monkeypatch.delenv(key)
+    inv = load_inventory(write_embedded_inventory(tmp_path / "inventory.yml", FAST, nodes=2))
+    d = ReplicatedDeployer(inv)
+    p1 = load_profile(str(write_replicated_profile(tmp_path / "p1.yml", 16)))
+    p2 = load_profile(str(write_replicated_profile(tmp_path / "p2.yml", 24)))
+    try:
+        d.up(p1)
+        st = d.status()
+        url = st["replicas"][1]["url"]
+        result: dict = {}
+
+        def long_request() -> None:          # ~6 s at the emulator's 2000 tok/s
+            try:
+                result["r"] = httpx.post(url + "/generate", json={"text": "long", "sampling_params": {
+                    "max_new_tokens": 12000, "ignore_eos": True}}, timeout=120, trust_env=False)
+            except httpx.HTTPError as exc:
+                result["error"] = f"the in-flight request was cut: {exc!r}"
+
+        t = threading.Thread(target=long_request)
+        t.start()
+        deadline = time.monotonic() + 10
+        while (engine_in_flight(url) or 0) == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert engine_in_flight(url) == 1
+        assert RouterClient(st["router"]["url"]).remove_worker(url)        # the killed controller's first move
+        d.up(p2)
+        t.join(timeout=60)
+        assert "r" in result, result
+        assert result["r"].status_code == 200, result["r"].text[:300]
+        assert result["r"].json()["meta_info"]["completion_tokens"] == 12000, result["r"].json()["meta_info"]
+        assert all(r["in_router"] and r["healthy"] for r in d.status()["replicas"])
+    finally:
+        d.down()

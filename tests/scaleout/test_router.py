@@ -258,3 +258,30 @@ def test_router_client_reads_a_hostile_json_body_as_not_ready_or_a_router_error(
         assert h.healthy_workers == 0      # (ready by its status word alone: the gates want every worker healthy)
         with pytest.raises(RouterError):
             client.list_workers()
+
+
+def test_a_dead_engine_is_drained_at_once_and_a_frozen_one_fails_quickly():
+    """Drain by what the engine says: nothing listens (the engine is gone) -> nothing in flight, no wait; a listener
+    that never answers (a SIGSTOPped or hung engine) -> a clear failure after two read timeouts, not the whole bound."""
+    import socket
+    import time as _time
+
+    from sparkctl.router import RouterError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"      # closed again: connections to it are refused
+    t0 = _time.monotonic()
+    assert drain(lambda: engine_in_flight(dead), timeout_s=30, what="dead") < 1.0
+    assert _time.monotonic() - t0 < 2.0
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(8)                    # the kernel accepts connections; nobody ever reads or answers
+    try:
+        url = f"http://127.0.0.1:{frozen.getsockname()[1]}"
+        t0 = _time.monotonic()
+        with pytest.raises(RouterError, match=r"frozen: .*did not answer within 2s 2 times in a row"):
+            drain(lambda: engine_in_flight(url), timeout_s=60, what="frozen")
+        assert _time.monotonic() - t0 < 10.0
+    finally:
+        frozen.close()
