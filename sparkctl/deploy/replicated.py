@@ -325,7 +325,13 @@ class ReplicatedDeployer:
         into the router, in order. The first error is raised once every replica has finished and been attached.
         Returns the replicas whose own `up` deployed."""
         self.reporter.event(f"no replica in the router yet: {len(todo)} replicas boot at once")
-        outcomes = fan_out(todo, lambda t: self._replica_up(rec, profile, opts, t[0], t[1]))
+        try:
+            outcomes = fan_out(todo, lambda t: self._replica_up(rec, profile, opts, t[0], t[1]))
+        except KeyboardInterrupt:
+            # every replica's own `up` took the interrupt and stopped what it started (fan_out waited for them)
+            rec.data["status"] = "failed"
+            rec.save()
+            raise
         for rep, _, _ in todo:
             if _serves(rep.url):
                 self._attach(rec, client, rep, ensure_router)

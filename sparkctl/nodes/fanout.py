@@ -7,9 +7,18 @@ layer that needs it, and imports nothing of sparkctl.
 `pool.map` re-raises the first error and drops what the other nodes did (a stop that failed on one node hid
 that the other node stopped fine). `fan_out` waits for all of them and returns one `Outcome` per item, in the
 items' order; `raise_first` re-raises the first error once every node's outcome is known.
+
+Signals reach the main thread only. When one interrupts the main thread while it waits here (the CLI's handler
+raises a KeyboardInterrupt subclass: Ctrl-C, SIGTERM, SIGHUP), the same interrupt is raised inside every worker
+still running its call (CPython's per-thread asynchronous exception: it lands at the worker's next Python
+instruction, e.g. when a poll's sleep or a bounded read returns), so each worker stops and cleans up what it
+started through its own error path, at once, instead of finishing minutes of boot first; the main thread waits
+for those cleanups, then re-raises. A second signal during that wait exits at once (sparkctl.cli.signals).
 """
 from __future__ import annotations
 
+import ctypes
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Generic, Iterable, TypeVar
@@ -37,15 +46,49 @@ def fan_out(items: Iterable[T], fn: Callable[[T], R], *, max_workers: int | None
     if not items:
         return []
 
+    running: dict[int, bool] = {}          # worker thread ident -> inside `fn` (may take an interrupt)
+    lock = threading.Lock()
+
     def one(item: T) -> Outcome[T, R]:
+        me = threading.get_ident()
         try:
-            return Outcome(item, fn(item))
+            with lock:
+                running[me] = True
+            try:
+                return Outcome(item, fn(item))
+            finally:
+                with lock:
+                    running[me] = False
         except BaseException as exc:  # noqa: BLE001 - kept, and re-raised by the caller (raise_first)
             return Outcome(item, None, exc)
     if len(items) == 1:
         return [one(items[0])]
     with ThreadPoolExecutor(max_workers=max_workers or len(items), thread_name_prefix="sparkctl-fan-out") as pool:
-        return list(pool.map(one, items))
+        futures = [pool.submit(one, item) for item in items]
+        try:
+            return [f.result() for f in futures]
+        except KeyboardInterrupt as exc:
+            with lock:
+                for ident, inside in running.items():
+                    if inside:
+                        _raise_in(ident, exc)
+            for f in futures:       # each worker's own cleanup; a second signal exits at once (cli.signals)
+                f.exception()
+            raise
+
+
+def _raise_in(ident: int, exc: KeyboardInterrupt) -> None:
+    """Raise (a copy of) `exc` in thread `ident` at its next Python instruction. The exception type is made with
+    no-argument construction (what the interpreter does), carrying `exc`'s arguments and attributes."""
+    base = type(exc)
+    attrs = dict(vars(exc))
+    args = exc.args
+
+    def __init__(self: BaseException) -> None:
+        BaseException.__init__(self, *args)
+        self.__dict__.update(attrs)
+    kind = type(base.__name__, (base,), {"__init__": __init__, "__module__": base.__module__})
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(kind))
 
 
 def raise_first(outcomes: list[Outcome[T, R]]) -> list[R]:

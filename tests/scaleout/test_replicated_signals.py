@@ -1,0 +1,72 @@
+"""Ctrl-C, SIGTERM and SIGHUP during a first replicated `up` (every replica booting at once, each in its own
+thread): the CLI starts stopping within 2 s, every replica's own `up` stops what it started, the CLI exits 128 +
+the signal, no engine of the cluster is left running, the record is not left "updating", and the next `up`
+converges."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from testenv import need_module
+from testrig.controller import SparkctlProcess
+from testrig.embedded import stop_recorded_engines, write_embedded_inventory, write_replicated_profile
+
+need_module("sglang_router", "the router extra (sglang-router) is not installed")
+SLOW_BOOT = {"boot_s": 20.0, "decode_tps": 4000, "peer_timeout_s": 2, "ttft_base_s": 0.002}
+
+
+@pytest.fixture(scope="module")
+def slow_cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("repsig")
+    inv = write_embedded_inventory(tmp / "inventory.yml", SLOW_BOOT, nodes=2)
+    prof = write_replicated_profile(tmp / "rep.yml", 16, warmup_requests=0)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKCTL_")}
+    env.update(SPARKCTL_STATE_DIR=str(tmp / "state"), SPARKCTL_INVENTORY=str(inv))
+    try:
+        yield inv, prof, env
+    finally:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("SPARKCTL_STATE_DIR", env["SPARKCTL_STATE_DIR"])
+            stop_recorded_engines(inv)
+            from sparkctl.config.inventory import load_inventory
+            from sparkctl.deploy.replicated import ReplicatedDeployer
+            ReplicatedDeployer(load_inventory(inv)).down()
+
+
+def _engines(env: dict[str, str], inv) -> list:
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.deploy.lifecycle import Deployer
+    from sparkctl.deploy.observe import process_engines
+    from sparkctl.deploy.replicated import _named
+    from sparkctl.state.ledger import Ledger  # noqa: F401
+    inventory = load_inventory(inv)
+    out = []
+    for i, node in enumerate(inventory.nodes):
+        sub = _named(inventory, f"{inventory.cluster.name}.r{i}", [node.name])
+        out += process_engines(Deployer(sub))
+    return out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_during_a_first_replicated_up_stops_every_replica_at_once(slow_cluster, sig, monkeypatch):
+    inv, prof, env = slow_cluster
+    monkeypatch.setenv("SPARKCTL_STATE_DIR", env["SPARKCTL_STATE_DIR"])
+    with SparkctlProcess(["up", "--profile", str(prof), "--yes"], env=env) as run:
+        run.wait_for(r"replica 1: up .* on spark-b")          # both replicas' own `up` started
+        run.wait_for(r"\[spark-b\] rank 0 started")            # and booting (a 20 s emulated boot)
+        t0 = time.monotonic()
+        run.kill(sig)
+        code = run.wait(timeout=60)
+        took = time.monotonic() - t0
+    assert code == 128 + sig, run.stderr[-3000:]
+    assert took < 12, f"the signal was acted on after {took:.1f}s:\n{run.stderr[-3000:]}"
+    assert _engines(env, inv) == [], "engines left running"
+    from sparkctl.deploy.replicated import Record
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.state.ledger import Ledger
+    rec = Record.load(Ledger.for_cluster(load_inventory(inv).cluster.name).root)
+    assert rec.data.get("status") != "updating", rec.data.get("status")
