@@ -158,6 +158,20 @@ def restore(deployer: Any, original: str | None, progress: Progress) -> dict[str
     return {"ok": True, "profile": rec.profile, "outcome": str(up.get("outcome")), "deployment": up.get("deployment")}
 
 
+def _deployed_since(ledger: Ledger, marker: dict[str, Any]) -> str | None:
+    """What was deployed since the tune in `marker` began, when it was not the tune: None while the cluster is
+    still the tune's (nothing active: a trial's boot was cut; one of the tune's trial arms, made since it began;
+    or what ran before it), else "deployment X (profile P) was deployed"."""
+    original, since = marker.get("original"), str(marker.get("since") or "")
+    try:
+        active = ledger.active()
+    except LedgerError:
+        return None                  # unreadable: the restore's own `up` reports it
+    if active is None or active.id == original or (active.kind == "bench-compare" and active.created >= since):
+        return None
+    return f"deployment {active.id} (profile {active.profile}) was deployed"
+
+
 def settle(deployer: Any, progress: Progress, *, resuming: str | None = None) -> dict[str, Any] | None:
     """A tune whose controller died (kill -9): returns its marker when `resuming` names it; otherwise restores
     what ran before it, marks its journal interrupted, and clears the marker. None when there is nothing."""
@@ -169,8 +183,14 @@ def settle(deployer: Any, progress: Progress, *, resuming: str | None = None) ->
         return m             # a live tune holds the lock too: the caller's lock attempt names it
     if resuming and m.get("run") == resuming:
         return m
-    progress(f"tune {m.get('run')} was interrupted (controller gone); restoring what ran before it")
-    result = restore(deployer, m.get("original"), progress)
+    theirs = _deployed_since(deployer.ledger, m)
+    if theirs is not None:        # anything deployed since the tune died wins: its restore would take it down
+        progress(f"tune {m.get('run')} was interrupted (controller gone); {theirs} since, so what ran before the "
+                 f"tune is not restored (what runs now wins)")
+        result: dict[str, Any] = {"ok": True, "action": "none", "reason": f"{theirs} since the tune"}
+    else:
+        progress(f"tune {m.get('run')} was interrupted (controller gone); restoring what ran before it")
+        result = restore(deployer, m.get("original"), progress)
     try:
         j = Journal.load(deployer.ledger, str(m.get("run")))
         j.data.update(state="interrupted", restore=result, settled_at=now_iso())

@@ -214,3 +214,31 @@ def test_a_candidate_that_is_not_a_profile_fails_before_anything_is_deployed(cli
     code, out, err = cli("tune", "--profile", "t5", "--vary", "server.mem_fraction_static=2")
     assert code == 2 and "mem_fraction_static" in err
     assert not list(state_dir.glob("*/deployments/*.json")) and not list(state_dir.glob("*/runs/*"))
+
+
+def test_a_dead_tune_never_takes_down_what_was_deployed_since(cli, tune_cluster, state_dir, profiles_dir):
+    """A tune killed in its A/B confirmation; the user then deploys a profile of their own; the next `tune` settles
+    the dead one without restoring what ran before it (that would take the user's deployment down): the journal is
+    closed as interrupted with a line saying why, and the user's deployment still serves."""
+    code, out, err = cli("up", "--profile", "t5-off", "--yes", "--json")
+    assert code == 0, err
+    env = {**os.environ, "SPARKCTL_CRASH_AT": "tune:confirm-1:after",
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, "-m", "sparkctl", "tune", "--profile", "t5", "--vary",
+                        "speculative.num_draft_tokens=6", *WORK, "--confirm-rounds", "1"],
+                       env=env, capture_output=True, text=True, timeout=300, cwd=str(REPO))
+    assert p.returncode == -9, p.stderr[-2000:]
+    (marker_path,) = list(state_dir.glob("*/tune.json"))
+    killed = json.loads(marker_path.read_text())["run"]
+    (profiles_dir / "mine.yml").write_text("extends: t5-off\nserver:\n  max_running_requests: 12\n")
+    code, out, err = cli("up", "--profile", "mine", "--yes", "--json")
+    assert code == 0, err
+    mine = json.loads(out)["deployment"]
+    code, out, err = cli("tune", "--profile", "t5", "--vary", "speculative.num_draft_tokens=6", *WORK,
+                         "--budget", "2", "--json")
+    assert code == 0, err
+    assert f"tune {killed} was interrupted" in err and f"deployment {mine} (profile mine) was deployed" in err, err
+    old = json.loads((marker_path.parent / "runs" / killed / "tune.json").read_text())
+    assert old["state"] == "interrupted" and old["restore"]["action"] == "none", old["restore"]
+    assert json.loads(out)["original"] == mine          # this tune restores what ran before it: the user's
+    assert _active_profile(cli) == "mine"
