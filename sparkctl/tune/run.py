@@ -139,6 +139,7 @@ def new_journal(deployer: Any, opts: TuneOptions) -> Journal:
         cands = cands[:opts.trials]
     for k, c in enumerate(cands, 1):
         sp.candidate_profile(base, c, f"{base.name}-t{k}")     # fails now, before anything is deployed
+    sp.refuse_inert_keys(base, space, deployer.inventory)
     run_id = Ledger.new_id(f"tune-{base.name}")
     trials = [_trial_entry(0, {}, True)] + [_trial_entry(k, c, False) for k, c in enumerate(cands, 1)]
     data = {"schema": SCHEMA, "run_id": run_id, "state": "running", "created": now_iso(), "profile": base.name,
@@ -301,10 +302,12 @@ def _trials(deployer: Any, j: Journal, opts: TuneOptions, started: float, progre
         est = j.data.get("estimate")
         if opts.budget_s is not None and est:
             need = est["after_trial_s"] * (1 + 2 * opts.confirm_rounds + 1)
-            if elapsed + need > opts.budget_s:
-                t.update(status="skipped", reason="budget")
+            if elapsed + need > opts.budget_s:      # this one and every one after it: one journal write for all
+                for rest in j.data["trials"]:
+                    if rest["status"] == "pending":
+                        rest.update(status="skipped", reason="budget")
                 j.save()
-                continue
+                break
         _run_trial(deployer, j, t, progress)
         j.data["timing"]["elapsed_before_s"] = round(time.monotonic() - started, 3)
         if not j.data.get("estimate"):

@@ -34,7 +34,7 @@ def parse_vary(items: list[str]) -> list[tuple[str, list[Any]]]:
                               hint="e.g. --vary speculative.num_draft_tokens=4,6,8 (a dotted profile key)")
         if key.split(".")[0] in _NOT_TUNABLE:
             raise ConfigError(f"--vary {key}: not a launch setting", where="--vary",
-                              hint="vary server.*, speculative.*, model.*, image.*, env.* or warmup.* keys")
+                              hint="vary server.*, speculative.*, model.*, image.* or env.* keys")
         if any(k == key for k, _ in out):
             raise ConfigError(f"--vary {key} given twice", where="--vary", hint="list every value in one --vary")
         values = []
@@ -153,3 +153,28 @@ def winner_path(profile: str, run_id: str) -> Path:
 
 def copy_changes(changes: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(changes)
+
+
+def launch_identity(profile: Any, inventory: Any) -> str:
+    """What the engine runs for `profile` on `inventory`: every rank's rendered argv and environment, the image
+    settings, and the router's settings when there are replicas. Two profiles with the same identity run the same."""
+    import json
+
+    from sparkctl.sglang.render import render
+    specs = [[s.rank, s.node, list(s.argv), dict(s.env)] for s in render(profile, inventory).specs]
+    router = profile.router.model_dump(mode="json") if profile.replicas > 1 else None
+    return json.dumps([specs, profile.image.model_dump(mode="json"), profile.replicas, router], sort_keys=True,
+                      default=str)
+
+
+def refuse_inert_keys(base: Any, space: list[tuple[str, list[Any]]], inventory: Any) -> None:
+    """Only keys that change what the engine runs are tunable: a --vary key for which every value renders the
+    same launch as the base profile (warm-up, expectations, the router's keys without replicas...) is refused
+    before anything is deployed, naming it."""
+    same = launch_identity(base, inventory)
+    for key, values in space:
+        if all(launch_identity(candidate_profile(base, {key: v}, base.name), inventory) == same for v in values):
+            hint = ("router.* keys change what runs only with replicas > 1" if key.startswith("router.") else
+                    "vary server.*, speculative.*, model.*, image.* or env.* keys")
+            raise ConfigError(f"--vary {key}: not a setting of what the engine runs (every value renders the same "
+                              f"launch as {base.name}: argv, environment, image)", where="--vary", hint=hint)

@@ -242,3 +242,17 @@ def test_a_dead_tune_never_takes_down_what_was_deployed_since(cli, tune_cluster,
     assert old["state"] == "interrupted" and old["restore"]["action"] == "none", old["restore"]
     assert json.loads(out)["original"] == mine          # this tune restores what ran before it: the user's
     assert _active_profile(cli) == "mine"
+
+
+def test_only_keys_that_change_what_the_engine_runs_are_tunable(cli, tune_cluster, state_dir):
+    """A --vary key whose every value renders the same launch as the profile (warm-up, expectations, the router
+    without replicas) is refused before anything is deployed, naming it; nothing is journaled or deployed."""
+    for vary, hint in (("warmup.requests=2,3", "server.*"), ("expect.min_max_total_num_tokens=1000,2000", "server.*"),
+                       ("router.policy=random,round_robin", "only with replicas > 1")):
+        code, out, err = cli("tune", "--profile", "t5", "--vary", vary, *WORK)
+        key = vary.split("=")[0]
+        assert code == 2 and f"--vary {key}: not a setting of what the engine runs" in err and hint in err, err
+    assert not list(state_dir.glob("*/runs/*/tune.json")) and not list(state_dir.glob("*/deployments/*"))
+    code, out, err = cli("tune", "--profile", "t5", "--vary", "speculative.num_draft_tokens=6", "--vary",
+                         "warmup.requests=2", *WORK)
+    assert code == 2 and "--vary warmup.requests" in err, err     # one inert key among real ones: refused too
