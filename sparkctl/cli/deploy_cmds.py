@@ -132,6 +132,8 @@ def _replicated_status_human(r: dict[str, Any]) -> None:
     print(f"  endpoint: {r.get('endpoint')}   router "
           + (f"ready, {router.get('healthy_workers')}/{router.get('total_workers')} workers healthy"
              if router.get("ready") else "NOT READY" if router else "not running"))
+    if r.get("progress"):
+        print(f"  {r['progress']}")
     for rep in r["replicas"]:
         where = "in the router" if rep["in_router"] else "NOT in the router"
         print(f"  replica {rep['index']} [{', '.join(rep['nodes'])}] {rep['url']}: "

@@ -54,12 +54,26 @@ from sparkctl.router import launch as router_launch
 from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.launch import redact
 from sparkctl.sglang.replicas import Replica, render_replicas, router_endpoint, router_spec
+from sparkctl.state.controller import controller_alive, this_controller
 from sparkctl.state.files import open_state_file, private_dir, state_dir_error, write_json_atomic
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import ReplicatedRecord
 
 RECORD = "replicated.json"
 MAX_LOG_READ = 64 * 1024 * 1024     # one read of the router's log file (a follow reads on from there)
+
+
+def _progress(rec: "Record") -> str | None:
+    """"`sparkctl up` in progress (pid P on H, since T)" while the `up` that set status "updating" lives;
+    "interrupted: ..." once its controller is gone; None when the record is settled."""
+    ctl = rec.data.get("controller")
+    if rec.data.get("status") != "updating" or not isinstance(ctl, dict):
+        return None
+    who = f"pid {ctl.get('pid')} on {ctl.get('host')}, since {ctl.get('since')}"
+    if controller_alive(ctl):
+        return f"`sparkctl up` in progress ({who})"
+    return (f"interrupted: the `sparkctl up` that was updating it is gone ({who}); the next `sparkctl up` "
+            f"converges, `sparkctl down` stops it")
 
 
 def replica_cluster(parent: str, index: int) -> str:
@@ -198,7 +212,8 @@ class ReplicatedDeployer:
                             replicas=[{"index": r.index, "url": r.url, "nodes": r.nodes,
                                        "cluster": _recorded_name(rec, r.index)
                                        or replica_cluster(self.inventory.cluster.name, r.index)} for r in reps],
-                            status="updating", started=now_iso())
+                            status="updating", started=now_iso(),
+                            controller=this_controller(COMMAND, now_iso()).model_dump(mode="json"))
             rec.save()
 
             def settle_parent() -> None:
@@ -379,10 +394,13 @@ class ReplicatedDeployer:
                                        healthy=bool(st.healthy), in_router=w is not None,
                                        router_healthy=bool(w and w.healthy), deployment=st.active, ranks=st.ranks))
             healthy &= bool(st.healthy) and w is not None
+        progress = _progress(rec)
+        if progress is not None:     # an `up` in progress, or one whose controller died: not ok, whatever serves
+            healthy = False
         return ReplicatedStatusResult(cluster=self.inventory.cluster.name, emulated=self.inventory.emulated,
                                       ok=healthy, healthy=healthy, profile=rec.data.get("profile"),
                                       endpoint=rec.data.get("endpoint"), status=rec.data.get("status"),
-                                      router=router, replicas=views)
+                                      router=router, replicas=views, progress=progress)
 
     def follow_log(self, *, replica: int | None = None, rank: int = 0, router: bool = False, tail: int = 50,
                    follow: bool = False, poll_s: float = 0.5) -> Iterator[str]:

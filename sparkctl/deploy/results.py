@@ -179,6 +179,7 @@ class ReplicatedStatusResult(_Result):
     status: str | None = None
     router: RouterStatus | None = None
     replicas: list[ReplicaStatus] = Field(default_factory=list)
+    progress: str | None = None          # an `up` in progress, or interrupted (its controller gone)
 
 
 class ReplicatedDownResult(_Result):

@@ -413,3 +413,4 @@ class ReplicatedRecord(_Record):
     replicas: list[ReplicaEntry] = Field(default_factory=list)
     router: RouterEntry | None = None
     journal: list[ReplicatedJournalEntry] = Field(default_factory=list)
+    controller: Controller | None = None   # the `up` that set status "updating" (alive: in progress; gone: interrupted)

@@ -70,3 +70,24 @@ def test_a_signal_during_a_first_replicated_up_stops_every_replica_at_once(slow_
     from sparkctl.state.ledger import Ledger
     rec = Record.load(Ledger.for_cluster(load_inventory(inv).cluster.name).root)
     assert rec.data.get("status") != "updating", rec.data.get("status")
+
+
+def test_status_of_a_replicated_up_in_progress_then_interrupted(slow_cluster, monkeypatch, cli):
+    """`status` while a replicated `up` runs says it is in progress (exit 8, its pid); after the controller is
+    killed -9 it says interrupted and how to converge (exit 8); the next `up` converges and status is healthy."""
+    inv, prof, env = slow_cluster
+    for k in ("SPARKCTL_STATE_DIR", "SPARKCTL_INVENTORY"):
+        monkeypatch.setenv(k, env[k])
+    with SparkctlProcess(["up", "--profile", str(prof), "--yes"], env=env) as run:
+        run.wait_for(r"\[spark-b\] rank 0 started")
+        code, out, err = cli("status", "--json")
+        data = json.loads(out)
+        assert code == 8 and f"`sparkctl up` in progress (pid {run.pid} on" in data["progress"], out
+        run.kill(signal.SIGKILL)
+        run.wait()
+    code, out, err = cli("status")
+    assert code == 8 and "interrupted: the `sparkctl up` that was updating it is gone" in out, out
+    code, out, err = cli("up", "--profile", str(prof), "--yes")
+    assert code == 0, err[-3000:]
+    code, out, err = cli("status", "--json")
+    assert code == 0 and json.loads(out)["progress"] is None, out
