@@ -318,6 +318,14 @@ class ReplicatedDeployer:
             deployed = self._replica_up(rec, profile, opts, rep, sub)
         except (LedgerError, LockHeldError):
             raise                    # the state directory or a lock, not the replica: nothing to amend
+        except KeyboardInterrupt:
+            # Ctrl-C / SIGTERM / SIGHUP: the replica's own `up` restored what it ran; back into the router if it
+            # serves, the roll stops there (a second signal exits at once: the next `up` converges)
+            if _serves(rep.url):
+                self._attach(rec, client, rep, ensure_router)
+            rec.data["status"] = "failed"
+            rec.save()
+            raise
         except SparkctlError as exc:
             serves = _serves(rep.url)
             if serves:

@@ -91,3 +91,30 @@ def test_status_of_a_replicated_up_in_progress_then_interrupted(slow_cluster, mo
     assert code == 0, err[-3000:]
     code, out, err = cli("status", "--json")
     assert code == 0 and json.loads(out)["progress"] is None, out
+
+
+def test_sigterm_during_a_rolling_update_leaves_every_replica_serving_in_the_router(tmp_path, monkeypatch, cli):
+    """SIGTERM while a rolling update boots replica 0's new engine: replica 0's own `up` restores what it ran, it
+    goes back into the router, the CLI exits 143, the record is not left "updating", and both replicas are healthy
+    in the router."""
+    inv = write_embedded_inventory(tmp_path / "inventory.yml", {**SLOW_BOOT, "boot_s": 4.0}, nodes=2)
+    p1 = write_replicated_profile(tmp_path / "p1.yml", 16, warmup_requests=0)
+    p2 = write_replicated_profile(tmp_path / "p2.yml", 24, warmup_requests=0)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKCTL_")}
+    env.update(SPARKCTL_STATE_DIR=str(tmp_path / "state"), SPARKCTL_INVENTORY=str(inv))
+    for k in ("SPARKCTL_STATE_DIR", "SPARKCTL_INVENTORY"):
+        monkeypatch.setenv(k, env[k])
+    try:
+        code, out, err = cli("up", "--profile", str(p1), "--yes")
+        assert code == 0, err[-3000:]
+        with SparkctlProcess(["up", "--profile", str(p2), "--yes"], env=env) as run:
+            run.wait_for(r"\[spark-a\] rank 0 started")       # replica 0's new engine is booting
+            run.kill(signal.SIGTERM)
+            code = run.wait(timeout=90)
+        assert code == 143, run.stderr[-3000:]
+        code, out, err = cli("status", "--json")
+        st = json.loads(out)
+        assert code == 0 and st["healthy"] and st["status"] != "updating", out
+        assert all(r["in_router"] and r["healthy"] for r in st["replicas"]), out
+    finally:
+        cli("down", "--yes")
