@@ -4,15 +4,13 @@ requests, every replica replaced in turn, and `down` stops router and replicas."
 from __future__ import annotations
 
 import os
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
 from testenv import need_module, need_real_engine
+from testrig.traffic import Traffic
 from testrig.embedded import stop_cluster_engines, write_real_engine_inventory
 
 pytestmark = pytest.mark.real_engine
@@ -47,41 +45,13 @@ def test_real_replicas_rolling_update_under_load_fails_no_request(tmp_path, monk
         st = d.status()
         assert st["healthy"] and st["router"]["healthy_workers"] == 2
 
-        failures: list[str] = []
-        done = [0]
-        lock = threading.Lock()
-        rolled_at: list[float] = []
-        started: list[float] = []
-
-        def client(k: int) -> None:
-            # Bounded: at least 10 requests each and on until the update is over (at most 2000 each).
-            with httpx.Client(timeout=120, trust_env=False) as c:
-                for i in range(2000):
-                    if i >= 10 and rolled_at:
-                        break
-                    with lock:
-                        started.append(time.monotonic())
-                    try:
-                        r = c.post(endpoint + "/generate", json={"text": f"c{k} {i}",
-                                                                 "sampling_params": {"max_new_tokens": 8}})
-                        if r.status_code != 200:
-                            failures.append(f"{r.status_code} {r.text[:200]}")
-                    except httpx.HTTPError as exc:
-                        failures.append(repr(exc))
-                    with lock:
-                        done[0] += 1
-
         p2 = load_profile(str(_profile(tmp_path / "rep.yml", 24)))       # changed: a rolling update
-        with ThreadPoolExecutor(2) as pool:
-            futures = [pool.submit(client, k) for k in range(2)]
-            u0 = time.monotonic()
+        # at least 10 requests each and on until the update is over (at most 2000 each)
+        with Traffic(endpoint, clients=2, at_least=10, at_most=2000, max_new_tokens=8, timeout_s=120,
+                     join_s=600) as load:
             rolled = d.up(p2)
-            rolled_at.append(time.monotonic())
-            for f in futures:
-                f.result(timeout=600)
-        assert failures == [], failures[:5]
-        during = sum(1 for t in started if u0 <= t < rolled_at[0])
-        assert during > 0, (done[0], during)                              # the update ran under load
+        assert load.failures == [], load.failures[:5]
+        assert load.during > 0, (load.done, load.during)                   # the update ran under load
         assert rolled["outcome"] == "deployed" and rolled["updated"] == [0, 1]
         st = d.status()
         assert st["healthy"] and all(r["in_router"] for r in st["replicas"])

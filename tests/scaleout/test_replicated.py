@@ -8,12 +8,12 @@ import json
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
+from testrig.traffic import Traffic
 from testrig.embedded import (stop_cluster_engines, stop_recorded_engines, write_embedded_inventory,
                               write_replicated_profile)
 from testenv import need_module
@@ -53,43 +53,13 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
         assert d.up(p1)["outcome"] == "unchanged"
         assert [line.split(": ", 1)[1][:9] for line in d.plan_lines(p1)[1:3]] == ["unchanged"] * 2
 
-        failures: list[str] = []
-        done = [0]
-        lock = threading.Lock()
-        rolled_at: list[float] = []           # set once the rolling update returned
-        started: list[float] = []             # when each request started
-
-        def client(k: int) -> None:
-            # Bounded: at least 50 requests each and on until the update is over (at most 1000 each), so the update
-            # runs under load however fast this machine is.
-            with httpx.Client(timeout=60, trust_env=False) as c:
-                for i in range(1000):
-                    if i >= 50 and rolled_at:
-                        break
-                    with lock:
-                        started.append(time.monotonic())
-                    try:
-                        r = c.post(endpoint + "/generate", json={"text": f"c{k} {i}",
-                                                                 "sampling_params": {"max_new_tokens": 64}})
-                        if r.status_code != 200:
-                            failures.append(f"{r.status_code} {r.text[:200]}")
-                    except httpx.HTTPError as exc:
-                        failures.append(repr(exc))
-                    with lock:
-                        done[0] += 1
-
         p2 = load_profile(str(write_replicated_profile(tmp_path / "rep.yml", 24)))     # a changed profile: a rolling update
         assert sum("out of the router, drain" in line for line in d.plan_lines(p2)) == 2
-        with ThreadPoolExecutor(4) as pool:
-            futures = [pool.submit(client, k) for k in range(4)]
-            u0 = time.monotonic()
+        # at least 50 requests each and on until the update is over (at most 1000 each)
+        with Traffic(endpoint, clients=4, at_least=50, at_most=1000, max_new_tokens=64) as load:
             rolled = d.up(p2)
-            rolled_at.append(time.monotonic())
-            for f in futures:
-                f.result(timeout=300)
-        assert failures == [], failures[:5]
-        during = sum(1 for t in started if u0 <= t < rolled_at[0])
-        assert done[0] >= 200 and during > 0, (done[0], during)       # the update ran under load
+        assert load.failures == [], load.failures[:5]
+        assert load.done >= 200 and load.during > 0, (load.done, load.during)       # the update ran under load
         assert rolled["outcome"] == "deployed" and rolled["updated"] == [0, 1]
         journal = Record.load(d.ledger.root).data["journal"]
         ok = [(e["step"], e["replica"]) for e in journal if e["phase"] == "ok"]

@@ -16,6 +16,15 @@ REPO = Path(__file__).resolve().parents[2]
 WORK = ("--runs", "3", "--max-tokens", "161", "--warmup", "0")
 
 
+def _tune_killed_at(point: str, *args: str) -> None:
+    """`sparkctl tune ARGS` in a subprocess that SIGKILLs itself at the tune boundary `point` (tune:<step>:after)."""
+    env = {**os.environ, "SPARKCTL_CRASH_AT": point,
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, "-m", "sparkctl", "tune", *args], env=env, capture_output=True, text=True,
+                       timeout=300, cwd=str(REPO))
+    assert p.returncode == -9, p.stderr[-2000:]
+
+
 def _active_profile(cli, expect_code: int = 0) -> str:
     code, out, err = cli("status", "--json")
     assert code == expect_code, err
@@ -132,12 +141,8 @@ def test_a_candidate_whose_g6_sample_diverges_is_infeasible(cli, tune_cluster):
 def test_kill_9_then_resume_redoes_no_finished_trial(cli, tune_cluster, state_dir):
     code, out, err = cli("up", "--profile", "t5-off", "--yes", "--json")
     assert code == 0, err
-    env = {**os.environ, "SPARKCTL_CRASH_AT": "tune:trial-1:after",
-           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    p = subprocess.run([sys.executable, "-m", "sparkctl", "tune", "--profile", "t5", "--vary",
-                        "speculative.num_draft_tokens=4,6", *WORK, "--confirm-rounds", "1"],
-                       env=env, capture_output=True, text=True, timeout=300, cwd=str(REPO))
-    assert p.returncode == -9, p.stderr[-2000:]
+    _tune_killed_at("tune:trial-1:after", "--profile", "t5", "--vary", "speculative.num_draft_tokens=4,6", *WORK,
+                    "--confirm-rounds", "1")
     (marker_path,) = list(state_dir.glob("*/tune.json"))
     marker = json.loads(marker_path.read_text())
     journal = json.loads((marker_path.parent / "runs" / marker["run"] / "tune.json").read_text())
@@ -156,12 +161,7 @@ def test_kill_9_then_resume_redoes_no_finished_trial(cli, tune_cluster, state_di
 def test_budget_stops_trials_and_the_next_tune_restores_after_a_kill_9(cli, tune_cluster, state_dir):
     code, out, err = cli("up", "--profile", "t5-off", "--yes", "--json")
     assert code == 0, err
-    env = {**os.environ, "SPARKCTL_CRASH_AT": "tune:trial-0:after",
-           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    p = subprocess.run([sys.executable, "-m", "sparkctl", "tune", "--profile", "t5", "--vary",
-                        "server.max_total_tokens=100000", *WORK], env=env, capture_output=True, text=True,
-                       timeout=300, cwd=str(REPO))
-    assert p.returncode == -9, p.stderr[-2000:]
+    _tune_killed_at("tune:trial-0:after", "--profile", "t5", "--vary", "server.max_total_tokens=100000", *WORK)
     (marker_path,) = list(state_dir.glob("*/tune.json"))
     killed = json.loads(marker_path.read_text())["run"]
     # the killed tune's baseline trial still runs; its trials are the lifecycle's compare arms, so `status` says
@@ -222,12 +222,8 @@ def test_a_dead_tune_never_takes_down_what_was_deployed_since(cli, tune_cluster,
     closed as interrupted with a line saying why, and the user's deployment still serves."""
     code, out, err = cli("up", "--profile", "t5-off", "--yes", "--json")
     assert code == 0, err
-    env = {**os.environ, "SPARKCTL_CRASH_AT": "tune:confirm-1:after",
-           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    p = subprocess.run([sys.executable, "-m", "sparkctl", "tune", "--profile", "t5", "--vary",
-                        "speculative.num_draft_tokens=6", *WORK, "--confirm-rounds", "1"],
-                       env=env, capture_output=True, text=True, timeout=300, cwd=str(REPO))
-    assert p.returncode == -9, p.stderr[-2000:]
+    _tune_killed_at("tune:confirm-1:after", "--profile", "t5", "--vary", "speculative.num_draft_tokens=6", *WORK,
+                    "--confirm-rounds", "1")
     (marker_path,) = list(state_dir.glob("*/tune.json"))
     killed = json.loads(marker_path.read_text())["run"]
     (profiles_dir / "mine.yml").write_text("extends: t5-off\nserver:\n  max_running_requests: 12\n")

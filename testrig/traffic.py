@@ -1,0 +1,71 @@
+"""Tests' bounded client load: requests through an endpoint while something changes behind it (a rolling update).
+
+    with Traffic(endpoint, clients=4, at_least=50, at_most=1000, max_new_tokens=64) as load:
+        result = deployer.up(p2)          # the change, under load
+    assert load.failures == [] and load.during > 0
+
+Each client sends `/generate` requests one after the other: at least `at_least` each, then on until the change is
+over (the `with` block left), never more than `at_most` each, so the change runs under load however fast the
+machine is and the loop always ends. Failures (non-200, transport errors) are kept with their text.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+
+
+class Traffic:
+    def __init__(self, endpoint: str, *, clients: int, at_least: int, at_most: int, max_new_tokens: int,
+                 timeout_s: float = 60.0, join_s: float = 300.0) -> None:
+        self.endpoint, self.clients, self.at_least, self.at_most = endpoint, clients, at_least, at_most
+        self.max_new_tokens, self.timeout_s, self.join_s = max_new_tokens, timeout_s, join_s
+        self.failures: list[str] = []
+        self.done = 0
+        self.started: list[float] = []        # when each request started
+        self.began: float | None = None       # the change's start and end (the `with` block)
+        self.ended: float | None = None
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._futures: list[Any] = []
+
+    @property
+    def during(self) -> int:
+        """Requests started while the change ran."""
+        assert self.began is not None and self.ended is not None
+        return sum(1 for t in self.started if self.began <= t < self.ended)
+
+    def _client(self, k: int) -> None:
+        with httpx.Client(timeout=self.timeout_s, trust_env=False) as c:
+            for i in range(self.at_most):
+                if i >= self.at_least and self.ended is not None:
+                    break
+                with self._lock:
+                    self.started.append(time.monotonic())
+                try:
+                    r = c.post(self.endpoint + "/generate", json={
+                        "text": f"c{k} {i}", "sampling_params": {"max_new_tokens": self.max_new_tokens}})
+                    if r.status_code != 200:
+                        self.failures.append(f"{r.status_code} {r.text[:200]}")
+                except httpx.HTTPError as exc:
+                    self.failures.append(repr(exc))
+                with self._lock:
+                    self.done += 1
+
+    def __enter__(self) -> "Traffic":
+        self._pool = ThreadPoolExecutor(self.clients)
+        self._futures = [self._pool.submit(self._client, k) for k in range(self.clients)]
+        self.began = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.ended = time.monotonic()
+        assert self._pool is not None
+        try:
+            for f in self._futures:
+                f.result(timeout=self.join_s)
+        finally:
+            self._pool.shutdown(wait=False)
