@@ -8,43 +8,17 @@ One deployment shared by every command, a fast emulator (tests/conftest.py FAST_
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from pathlib import Path
 
-import pytest
-
 from sparkctl.config.inventory import load_inventory
-from sparkctl.nodes import procfs
 from sparkctl.nodes.process import secrets_root_for
 from sparkctl.state.ledger import Ledger
+from testrig.sweep import files_holding, processes_holding
 
 
 def _values() -> tuple[str, str]:
     return f"sk-sweep-{secrets.token_hex(8)}", f"hf_sweep{secrets.token_hex(8)}"
-
-
-def _files_holding(root: Path, values: tuple[str, ...]) -> list[str]:
-    hits = []
-    for path in root.rglob("*"):
-        if path.is_file() and not path.is_symlink():
-            data = path.read_bytes()
-            hits += [f"{path}: {v[:8]}..." for v in values if v.encode() in data]
-    return hits
-
-
-def _processes_holding(values: tuple[str, ...]) -> list[str]:
-    hits = []
-    for pid in procfs.pids():
-        if pid == os.getpid():
-            continue                       # the test itself holds them (set in os.environ for the commands)
-        for what in ("cmdline", "environ"):
-            try:
-                data = Path(f"/proc/{pid}/{what}").read_bytes()
-            except OSError:
-                continue                   # gone meanwhile
-            hits += [f"pid {pid} {what}: {procfs.cmdline(pid)[:3]}" for v in values if v.encode() in data]
-    return hits
 
 
 def test_no_command_leaves_the_api_key_or_hf_token_anywhere(cli, local_cluster, state_dir, monkeypatch):
@@ -67,7 +41,7 @@ def test_no_command_leaves_the_api_key_or_hf_token_anywhere(cli, local_cluster, 
     foreign = f"foreign-{secrets.token_hex(8)}"     # a secret sparkctl never heard of, in the caller's environment
     monkeypatch.setenv("SOME_CLOUD_SECRET_KEY", foreign)
     dep = json.loads(run("up", "--profile", "d5", "--yes", "--json"))["deployment"]
-    assert _processes_holding(values) == []                    # the engines run: argv and env clean
+    assert processes_holding(values) == []                    # the engines run: argv and env clean
     # the log pipes are helpers: an allowlisted environment (sparkctl.nodes.environ), so no unknown variable either
     for handle in ledger.load(dep).handles:
         environ = Path(f"/proc/{handle.pid}/environ").read_bytes().split(b"\0")
@@ -86,7 +60,7 @@ def test_no_command_leaves_the_api_key_or_hf_token_anywhere(cli, local_cluster, 
     run("doctor", "--json", "--no-kernel-log")
     assert json.loads(bundle.read_text())["ranks"]                # argv, env, log tails: there was much to grep
     run("rollback", "--to", "dflash-off", "--yes")
-    assert _processes_holding(values) == []
+    assert processes_holding(values) == []
     run("status", "--json")
     run("down", "--yes")
     # prepare --check runs ansible-runner with the inventory's local connection; this machine is no Spark (no
@@ -100,7 +74,7 @@ def test_no_command_leaves_the_api_key_or_hf_token_anywhere(cli, local_cluster, 
              for stream, text in (("stdout", out), ("stderr", err)) if key in text or token in text]
     assert leaks == []
     assert len(list(state_dir.rglob("*"))) > 10                 # records, logs, the bench run: there was much to grep
-    assert _files_holding(state_dir, values) == []
-    assert _processes_holding(values) == []
+    assert files_holding(state_dir, values) == []
+    assert processes_holding(values) == []
     # no secret file is left once its engine is gone
     assert not sroot.exists() or not any(sroot.rglob("*")), sorted(sroot.rglob("*"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 from pathlib import Path
 
@@ -25,10 +26,12 @@ from sparkctl.state.ledger import Ledger
 from testenv import need_real_engine
 from testrig.controller import assert_status_interrupted, crash_up_at, kill_up_at
 from testrig.embedded import stop_recorded_engines, write_real_engine_inventory
+from testrig.sweep import files_holding, processes_holding
 
 pytestmark = pytest.mark.real_engine
 
 PORT = 31000          # cpu-tiny's api.port
+KEY = f"sk-real-{secrets.token_hex(8)}"
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +46,7 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory):
         mp.setenv("SPARKCTL_INVENTORY", str(inv))
         mp.setenv("SPARKCTL_STATE_DIR", str(root / "state"))
         mp.setenv("SPARKCTL_PROFILES_DIR", str(profiles))
+        mp.setenv("SPARKCTL_API_KEY", KEY)      # the real server runs with --api-key: swept for before `down`
         for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_") or k == "SPARKCTL_CRASH_AT"]:
             mp.delenv(key)
         try:
@@ -162,6 +166,26 @@ def test_controller_killed_then_the_next_up_converges(cli, real_cluster, step, m
     assert res["outcome"] == "deployed"
     code, data = _status(cli)
     assert code == 0 and data["profile"] == profile and not data["interrupted"], data
+
+
+def test_the_api_key_is_in_no_file_log_or_process_of_the_real_deployment(cli, real_cluster):
+    """Everything above ran with an API key (the real SGLang prints its server_args, api_key included, into the
+    rank logs): the key is in no file of the state directory (records, rank logs, cards, journals) and in no
+    process's command line or environment; the real server does require it."""
+    import httpx
+
+    inv, _ = real_cluster
+    state = Path(os.environ["SPARKCTL_STATE_DIR"])
+    assert len(list(state.rglob("*.log"))) >= 2                 # the real engines' logs are among what is searched
+    assert files_holding(state, (KEY,)) == []
+    assert processes_holding((KEY,)) == []
+    code, data = _status(cli)
+    assert code == 0, data
+    r = httpx.get(data["endpoint"] + "/v1/models", timeout=10, trust_env=False)
+    assert r.status_code == 401, r.text[:200]                   # the key is in force on the real server
+    r = httpx.get(data["endpoint"] + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=10,
+                  trust_env=False)
+    assert r.status_code == 200, r.text[:200]
 
 
 def test_down_leaves_no_real_engine(cli, real_cluster):
