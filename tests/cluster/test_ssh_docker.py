@@ -314,6 +314,14 @@ def test_engine_container_lifecycle(test_cluster: TestCluster, inv: Inventory, t
         assert "sparkctl SGLang emulator" in followed
         assert "emu; name with spaces" in followed                       # one argv element, unsplit
         assert rt.liveness(handle).alive
+        # a paused container holds its port and answers nothing: not running, with how to resume it
+        test_cluster.run_on(node, ["docker", "pause", handle.container_id])
+        try:
+            live = rt.liveness(handle)
+            assert not live.alive and "paused" in live.detail and "docker unpause" in live.detail, live
+        finally:
+            test_cluster.run_on(node, ["docker", "unpause", handle.container_id])
+        assert rt.liveness(handle).alive
         full, end = rt.read_log(handle, 0)
         assert full.startswith(followed) and end >= offset               # following lost and duplicated nothing
         # stop keeps the container: start() of the same deployment again reuses it (rollback's fast path)
