@@ -25,6 +25,7 @@ import stat
 from pathlib import Path
 
 from sparkctl.errors import OutputPathError
+from sparkctl.state.files import fsync_dir
 
 __all__ = ["check_user_target", "write_user_file", "write_user_text"]
 
@@ -131,13 +132,9 @@ def write_user_file(path: Path, data: bytes, *, overwrite: bool, option: str | N
         except OSError:
             pass
     try:
-        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fsync_dir(path.parent)
     except OSError:
-        pass                       # some file systems refuse a directory fsync; the rename itself is done
+        pass                       # the rename itself is done; a directory we may not open is the user's
     return path
 
 

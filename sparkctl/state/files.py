@@ -267,6 +267,18 @@ def _sweep_stale_tmp(path: Path) -> None:
                 pass
 
 
+def fsync_dir(directory: Path) -> None:
+    """fsync a directory (after a rename into it); file systems that cannot (EINVAL) are left as they are."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+    finally:
+        os.close(fd)
+
+
 def write_bytes_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Write `data` to `path` atomically (temp file, fsync, rename) with `mode`; a crash leaves old or new, never
     half; a failure (StateDirFullError / StateDirError) leaves the old file and no temporary file."""
@@ -286,6 +298,7 @@ def write_bytes_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
             os.close(fd)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
+        fsync_dir(path.parent)       # the rename itself reaches the disk: a power cut keeps old or new
     except OSError as exc:
         raise state_dir_error(path, exc) from None
     finally:
