@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-INVENTORY = REPO / "sparkctl" / "data" / "inventory" / "sparks.example.yml"
+INVENTORY = REPO / "inventory" / "sparks.example.yml"
 
 
 def alias_bomb(levels: int = 14) -> str:

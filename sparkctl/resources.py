@@ -1,12 +1,23 @@
 """Where sparkctl finds its files: the user's own first, then what the package ships.
 
-Shipped data (``sparkctl/data/``: profiles, the embedded inventory, Dockerfile templates, GB10 patch series,
-Ansible playbooks) is package data read through ``importlib.resources``, so an installed wheel (``pip`` or
-``pipx``) works with no source tree. A user's own profiles and inventory are looked up, in this order:
+Shipped data lives at the top of the repository (``profiles/``, ``inventory/``, ``images/`` (the Dockerfile
+templates), ``patches/``, ``playbooks/``): one copy of each file. The wheel carries them under
+``sparkctl/data/<kind>/`` (``setup.py`` maps each directory into the package at build time), and this module is
+the one reader of both places, through ``importlib.resources``:
+
+- an installed wheel (``pip``/``pipx``): ``sparkctl/data/<kind>/`` inside the installed package;
+- a checkout (an editable install, as ``bin/_bootstrap`` makes, or the tests importing the checkout): the
+  directory next to the ``sparkctl`` package, ``<checkout>/<kind>/``, recognised by the checkout's
+  ``pyproject.toml`` beside it.
+
+A user's own profiles and inventory are looked up, in this order:
 
 1. the working directory (``./profiles/``, ``./inventory/sparks.yml``);
 2. the user's configuration directory, ``$XDG_CONFIG_HOME/sparkctl/`` (default ``~/.config/sparkctl/``);
-3. what the package ships (``sparkctl/data/``).
+3. what the package ships (above).
+
+Run from the root of a checkout, ``./profiles/`` *is* the shipped directory: it keeps its place as the shipped
+one (after the configuration directory), so a checkout behaves like an installed package.
 """
 from __future__ import annotations
 
@@ -16,18 +27,37 @@ from pathlib import Path
 
 from sparkctl.errors import SparkctlError
 
+# The shipped directories: each is a top-level directory of the repository and sparkctl/data/<name>/ in the
+# wheel. setup.py maps the same names (tests/unit/test_resources.py checks the two lists agree).
+SHIPPED_DIRS = ("profiles", "inventory", "images", "patches", "playbooks")
 
-def shipped(*parts: str) -> Path:
-    """A file or directory the package ships under ``sparkctl/data/`` (e.g. ``shipped("profiles")``).
+
+def data_root() -> Path:
+    """The directory holding the shipped directories: the installed ``sparkctl/data/`` or the checkout's root.
 
     Returns a real filesystem path: Ansible, ``docker build`` contexts and the patch applier read these files
     directly, and wheels install unzipped. A zipped install is refused with what to do instead."""
-    root = resources.files("sparkctl") / "data"
-    found = root.joinpath(*parts) if parts else root
-    if not isinstance(found, Path):
-        raise SparkctlError(f"sparkctl's data is inside an archive ({found}): it needs an unpacked install",
+    package = resources.files("sparkctl")
+    if not isinstance(package, Path):
+        raise SparkctlError(f"sparkctl's data is inside an archive ({package}): it needs an unpacked install",
                             hint="install sparkctl with pip or pipx (not as a zipped egg or zipapp)")
-    return found
+    checkout = package.parent
+    if (checkout / "pyproject.toml").is_file() and all((checkout / kind).is_dir() for kind in SHIPPED_DIRS):
+        return checkout                   # a checkout: the top-level directories themselves
+    installed = package / "data"
+    missing = [kind for kind in SHIPPED_DIRS if not (installed / kind).is_dir()]
+    if missing:
+        raise SparkctlError(f"sparkctl's shipped data is incomplete: {', '.join(missing)} not found in {installed} "
+                            f"(installed package) nor in {checkout} (checkout)",
+                            hint="reinstall sparkctl (pip install --force-reinstall, or pipx reinstall sparkctl); "
+                                 "in a checkout, restore the top-level directories with `git checkout -- .`")
+    return installed
+
+
+def shipped(*parts: str) -> Path:
+    """A file or directory sparkctl ships (e.g. ``shipped("profiles")``, ``shipped("images", "engine")``)."""
+    root = data_root()
+    return root.joinpath(*parts) if parts else root
 
 
 def version() -> str:
@@ -52,5 +82,9 @@ def user_dirs() -> list[Path]:
 
 
 def search_dirs(kind: str) -> list[Path]:
-    """Every directory named `kind` (``profiles``, ``inventory``) in lookup order: user_dirs() then the shipped one."""
-    return [base / kind for base in user_dirs()] + [shipped(kind)]
+    """Every directory named `kind` (``profiles``, ``inventory``) in lookup order: user_dirs() then the shipped one.
+
+    A user directory that is the shipped one (the working directory is a checkout's root) is left out of the
+    user's part: the shipped files keep their place after the configuration directory."""
+    own = shipped(kind)
+    return [base / kind for base in user_dirs() if os.path.realpath(base / kind) != os.path.realpath(own)] + [own]

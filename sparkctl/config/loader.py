@@ -19,7 +19,8 @@ from sparkctl.errors import ConfigError
 
 
 def repo_root() -> Path:
-    """The shipped data root, ``sparkctl/data/`` (profiles/, inventory/, patches/ ...): see sparkctl.resources."""
+    """The shipped data root (profiles/, inventory/, patches/ ...): the checkout's root or the installed
+    ``sparkctl/data/``; see sparkctl.resources."""
     from sparkctl.resources import shipped
     return shipped()
 

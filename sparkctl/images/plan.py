@@ -37,7 +37,7 @@ BASE_IMAGE_LABEL = "org.sparkctl.base-image"
 
 
 def templates_dir() -> Path:
-    return shipped("dockerfiles")
+    return shipped("images")
 
 
 @dataclass(frozen=True)

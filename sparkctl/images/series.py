@@ -33,7 +33,7 @@ class PatchCheckError(ImageError):
 
 
 def patches_dir() -> Path:
-    """``$SPARKCTL_PATCHES_DIR`` or the shipped ``sparkctl/data/patches/``."""
+    """``$SPARKCTL_PATCHES_DIR`` or the shipped ``patches/`` (``sparkctl/data/patches/`` when installed)."""
     return Path(os.environ.get("SPARKCTL_PATCHES_DIR") or shipped("patches"))
 
 

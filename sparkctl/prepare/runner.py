@@ -28,11 +28,12 @@ from typing import Any, Callable
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.errors import ConfigError, NodeError
+from sparkctl.resources import shipped
 from sparkctl.state.files import private_dir
 
 log = logging.getLogger("sparkctl.prepare")
 
-PLAYBOOK_DIR = Path(__file__).resolve().parents[1] / "data" / "playbooks"
+PLAYBOOK_DIR = shipped("playbooks")
 PLAYBOOKS = ("prepare.yml", "models.yml", "facts.yml", "restore.yml")
 KEEP_ARTIFACTS = 20
 # What ansible-playbook and ssh need of the caller's environment: the user and home (~/.ssh, ~/.ansible), the

@@ -156,7 +156,7 @@ def test_peer_receives_only_missing_layers_and_nothing_when_it_has_them(env, bui
 
 
 def test_broken_patch_fails_the_build_naming_patch_and_hunk(env, tmp_path, monkeypatch):
-    shutil.copytree(REPO / "sparkctl" / "data" / "patches" / "gb10-0.5.23", tmp_path / "gb10-0.5.23")
+    shutil.copytree(REPO / "patches" / "gb10-0.5.23", tmp_path / "gb10-0.5.23")
     p = tmp_path / "gb10-0.5.23" / "0002-deepgemm-ue8m0-requant-sm121.patch"
     p.write_text(p.read_text().replace("         and weight_block_size is not None",
                                        f"         and weight_block_size is not None  # {RUN}"))
@@ -209,7 +209,7 @@ def test_base_image_missing_and_not_pullable(env, test_cluster):
 
 def test_process_inventory_has_no_images():
     with pytest.raises(ConfigError, match="not in Docker"):
-        pipeline.connections(load_inventory(REPO / "sparkctl" / "data" / "inventory" / "local.yml"))
+        pipeline.connections(load_inventory(REPO / "inventory" / "local.yml"))
 
 
 def test_ls_and_prune_keep_what_the_ledger_uses(env, built, tmp_path):
@@ -291,7 +291,7 @@ def test_cli_plan_build_ls_verify_prune(env, tmp_path, monkeypatch, capsys):
 def test_series_for_another_version_than_the_base_image_fails_the_build(env, tmp_path, monkeypatch):
     """Profile and series agree on 0.5.11, but the base image carries 0.5.23: the build says so."""
     series = tmp_path / "gb10-0.5.11"
-    shutil.copytree(REPO / "sparkctl" / "data" / "patches" / "gb10-0.5.23", series)
+    shutil.copytree(REPO / "patches" / "gb10-0.5.23", series)
     (series / "series").write_text((series / "series").read_text().replace("sglang==0.5.23", "sglang==0.5.11"))
     monkeypatch.setenv("SPARKCTL_PATCHES_DIR", str(tmp_path))
     prof = load_profile("base")

@@ -15,8 +15,8 @@ from sparkctl.sglang.render import render
 pytestmark = [pytest.mark.contract, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = sorted(p.stem for p in (REPO / "sparkctl" / "data" / "profiles").glob("*.yml"))
-INVENTORY = REPO / "sparkctl" / "data" / "inventory" / "sparks.example.yml"
+SHIPPED = sorted(p.stem for p in (REPO / "profiles").glob("*.yml"))
+INVENTORY = REPO / "inventory" / "sparks.example.yml"
 
 
 def _expected(profile: Profile, rank: int) -> dict:

@@ -194,7 +194,7 @@ def test_api_key_from_the_rendered_config_file_reaches_server_args(real_sglang, 
 
     real_sglang(version)
     monkeypatch.setenv("SPARKCTL_API_KEY", "sk-contract-1e3")       # a key YAML would read as a float unquoted
-    spec = render(load_profile("d5"), load_inventory(ROOT / "sparkctl" / "data" / "inventory" / "sparks.example.yml")).specs[0]
+    spec = render(load_profile("d5"), load_inventory(ROOT / "inventory" / "sparks.example.yml")).specs[0]
     for name, content in spec.secret_files.items():
         (tmp_path / name).write_text(content)
     argv = [a.replace(SECRETS_MOUNT, str(tmp_path)) for a in ["--config", f"{SECRETS_MOUNT}/engine-secrets.yaml"]]

@@ -60,11 +60,21 @@ def test_wheel_carries_the_data_and_not_the_test_rig(wheel: Path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for must in ("sparkctl/data/profiles/d5.yml", "sparkctl/data/profiles/base.yml",
                  "sparkctl/data/inventory/local.yml", "sparkctl/data/inventory/sparks.example.yml",
-                 "sparkctl/data/dockerfiles/engine/Dockerfile.j2", "sparkctl/data/dockerfiles/launch/Dockerfile.j2",
+                 "sparkctl/data/images/engine/Dockerfile.j2", "sparkctl/data/images/launch/Dockerfile.j2",
                  "sparkctl/data/patches/gb10-0.5.23/series", "sparkctl/data/playbooks/prepare.yml",
                  "sparkctl/data/playbooks/filter_plugins/sparkctl_models.py", "sparkctl/prepare/model_manifest.py"):
         assert must in names, f"{must} missing from {wheel.name}"
     assert not [n for n in names if n.startswith(("testrig/", "sparkctl/testing/", "tests/"))]
+    # every file of the checkout's top-level data directories, exactly once, under sparkctl/data/<dir>/
+    from sparkctl.resources import SHIPPED_DIRS
+    tracked = subprocess.run(["git", "ls-files", "--", *SHIPPED_DIRS], cwd=REPO, capture_output=True, text=True,
+                             check=False)
+    if tracked.returncode == 0 and tracked.stdout:
+        want = {f"sparkctl/data/{path}" for path in tracked.stdout.split()}
+        assert want <= names, f"missing from {wheel.name}: {sorted(want - names)} (setup.py maps the data directories)"
+    stray = sorted(n for n in names if n.startswith("sparkctl/data/") and n.split("/")[2] not in SHIPPED_DIRS)
+    assert not stray, (f"{wheel.name} carries {stray[:5]}: left by an earlier build in {REPO / 'build'}; "
+                       f"remove that directory (rm -rf build) and build again")
 
 
 def test_installed_wheel_deploys_d5_from_an_empty_directory(installed: dict[str, Path]):

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 REPO = Path(__file__).resolve().parents[2]
-SPARKS = REPO / "sparkctl" / "data" / "inventory" / "sparks.example.yml"
+SPARKS = REPO / "inventory" / "sparks.example.yml"
 
 # Deterministic for CI (no example database, derandomized), bounded, never a deadline on a loaded machine.
 CI_SETTINGS = dict(derandomize=True, database=None, deadline=None, print_blob=True,
@@ -219,7 +219,7 @@ def check_refusal(err: str, own_file: Path) -> str:
     head = err.splitlines()[0]
     m = _HEAD.match(head)
     assert m, f"no file named: {head!r}"
-    assert m.group("file") == str(own_file) or m.group("file").startswith(str(REPO / "sparkctl" / "data" / "profiles")), head
+    assert m.group("file") == str(own_file) or m.group("file").startswith(str(REPO / "profiles")), head
     assert m.group("rest").strip(), head
     assert "\n  fix: " in err, err
     return m.group("file")

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from property.mutations import REPO, ci_settings, run_cli
 
-LOCAL = str(REPO / "sparkctl" / "data" / "inventory" / "local.yml")
+LOCAL = str(REPO / "inventory" / "local.yml")
 CONTROL = {chr(c) for c in list(range(0x00, 0x09)) + list(range(0x0b, 0x20)) + list(range(0x7f, 0xa0))}
 RUN = "20250101T000000Z-bench-d5-0001"
 

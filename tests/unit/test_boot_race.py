@@ -51,7 +51,7 @@ class _DiesBetweenReads:
 
 
 def test_error_printed_just_before_exit_is_named():
-    spec = render(load_profile("dflash-off"), load_inventory(REPO / "sparkctl" / "data" / "inventory" / "local.yml"), environ={}).specs[0]
+    spec = render(load_profile("dflash-off"), load_inventory(REPO / "inventory" / "local.yml"), environ={}).specs[0]
     runtime = _DiesBetweenReads()
     with pytest.raises(DeployError) as info:
         boot([spec], lambda node: runtime, "dep-1", Reporter(quiet=True), timeout_s=5)
@@ -76,7 +76,7 @@ class _SilentLog:
 
 
 def test_readiness_by_health_alone_only_when_the_log_cannot_grow():
-    spec = render(load_profile("dflash-off"), load_inventory(REPO / "sparkctl" / "data" / "inventory" / "local.yml"),
+    spec = render(load_profile("dflash-off"), load_inventory(REPO / "inventory" / "local.yml"),
                   environ={}).specs[0]
     runtime = _SilentLog()
     reporter = Reporter(quiet=True)

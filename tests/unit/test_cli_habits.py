@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SPARKS = str(REPO / "sparkctl" / "data" / "inventory" / "sparks.example.yml")
+SPARKS = str(REPO / "inventory" / "sparks.example.yml")
 
 
 def test_help_shows_flags_without_a_value_and_yes_takes_none(cli):

@@ -37,10 +37,10 @@ def test_dflash_off_is_d5_with_only_speculative_off():
 
 
 def test_inventories_load_in_rank_order():
-    local = resolve_inventory(str(REPO / "sparkctl" / "data" / "inventory" / "local.yml"))
+    local = resolve_inventory(str(REPO / "inventory" / "local.yml"))
     assert [n.name for n in local.nodes] == ["spark-a", "spark-b"]
     assert local.nodes[0].ssh.connection == "local" and local.nodes[0].runtime == "process"
-    example = load_inventory(REPO / "sparkctl" / "data" / "inventory" / "sparks.example.yml")
+    example = load_inventory(REPO / "inventory" / "sparks.example.yml")
     assert example.nodes[1].roce_hcas == ["rocep1s0f0", "roceP2p1s0f0"]
     assert example.nodes[0].ssh.user == "spark" and example.cluster.name == "desk"
 

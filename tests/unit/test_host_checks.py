@@ -151,7 +151,7 @@ def test_an_unreachable_host_whose_reason_ansible_lost_gets_it_from_a_probe(tmp_
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     repo = Path(__file__).resolve().parents[2]
-    doc = yaml.safe_load((repo / "sparkctl" / "data" / "inventory" / "sparks.example.yml").read_text())
+    doc = yaml.safe_load((repo / "inventory" / "sparks.example.yml").read_text())
     host = doc["all"]["children"]["sparks"]["hosts"]["spark-b"]
     host["ansible_host"], host["ansible_port"] = "127.0.0.1", port
     (tmp_path / "inv.yml").write_text(yaml.safe_dump(doc))

@@ -14,7 +14,7 @@ from sparkctl.images.plan import BaseImage, plan_images
 from sparkctl.sglang.render import render
 
 REPO = Path(__file__).resolve().parents[2]
-INV = load_inventory(REPO / "sparkctl" / "data" / "inventory" / "sparks.example.yml")
+INV = load_inventory(REPO / "inventory" / "sparks.example.yml")
 BASE = BaseImage("lmsysorg/sglang:v0.5.23", "sha256:" + "1" * 64, "lmsysorg/sglang@sha256:" + "2" * 64)
 
 

@@ -19,7 +19,7 @@ import pytest
 from sparkctl.untrusted import LINE_LIMIT, clean, mask_url_credentials
 
 REPO = Path(__file__).resolve().parents[2]
-LOCAL = str(REPO / "sparkctl" / "data" / "inventory" / "local.yml")
+LOCAL = str(REPO / "inventory" / "local.yml")
 CONTROL = [chr(c) for c in list(range(0x00, 0x09)) + list(range(0x0b, 0x20)) + list(range(0x7f, 0xa0))]
 
 

@@ -13,7 +13,7 @@ from sparkctl.images.series import PatchCheckError, check_series, list_series, l
 from testenv import in_ci
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = sorted(p.parent.name for p in (REPO / "sparkctl" / "data" / "patches").glob("*/series"))
+SHIPPED = sorted(p.parent.name for p in (REPO / "patches").glob("*/series"))
 
 ORIGINAL = "def f(x):\n    a = 1\n    b = 2\n    return a + b + x\n"
 PATCH = """What: test patch
@@ -112,14 +112,14 @@ def test_shipped_patches_carry_the_header():
 
 
 def test_dsa_tile_patch_targets_the_real_kernel_file():
-    patch = (REPO / "sparkctl" / "data" / "patches" / "gb10-0.5.23" / "0001-dsa-tilelang-sm12x-tiles.patch").read_text()
+    patch = (REPO / "patches" / "gb10-0.5.23" / "0001-dsa-tilelang-sm12x-tiles.patch").read_text()
     assert "+++ b/python/sglang/kernels/ops/attention/dsa/tilelang_kernel.py" in patch
     assert '{"block_I": 32, "num_stages": 1, "threads": 128}' in patch
 
 
 def test_a_broken_patch_fails_the_check_naming_patch_and_hunk(tmp_path, monkeypatch, capsys):
     _wheel_or_skip("0.5.23")
-    real = REPO / "sparkctl" / "data" / "patches" / "gb10-0.5.23"
+    real = REPO / "patches" / "gb10-0.5.23"
     target = tmp_path / "patches" / "broken-0.5.23"
     shutil.copytree(real, target)
     p = target / "0002-deepgemm-ue8m0-requant-sm121.patch"

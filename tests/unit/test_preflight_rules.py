@@ -14,7 +14,7 @@ from sparkctl.nodes.results import CommandResult
 from sparkctl.sglang.launch import LaunchSpec
 
 REPO = Path(__file__).resolve().parents[2]
-INV = load_inventory(REPO / "sparkctl" / "data" / "inventory" / "sparks.example.yml")
+INV = load_inventory(REPO / "inventory" / "sparks.example.yml")
 
 
 def _out(stdout: str = "", returncode: int = 0, stderr: str = "") -> CommandResult:

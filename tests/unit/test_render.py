@@ -15,13 +15,13 @@ from sparkctl.sglang.render import render
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "render"
-SHIPPED = sorted(p.stem for p in (REPO / "sparkctl" / "data" / "profiles").glob("*.yml"))
-INVENTORIES = {"local": REPO / "sparkctl" / "data" / "inventory" / "local.yml", "sparks": REPO / "sparkctl" / "data" / "inventory" / "sparks.example.yml"}
+SHIPPED = sorted(p.stem for p in (REPO / "profiles").glob("*.yml"))
+INVENTORIES = {"local": REPO / "inventory" / "local.yml", "sparks": REPO / "inventory" / "sparks.example.yml"}
 
 
 def _rendered(profile: str, inv: str) -> dict:
     out = render(load_profile(profile), load_inventory(INVENTORIES[inv]), environ={}).to_json()
-    out["inventory"] = os.path.relpath(out["inventory"], REPO / "sparkctl" / "data")
+    out["inventory"] = os.path.relpath(out["inventory"], REPO)
     return out
 
 
@@ -95,7 +95,7 @@ def test_refusals_name_file_key_and_fix(cli, profiles_dir, body, fragment):
     code, out, err = cli("render", "--profile", "v", "--inventory", str(INVENTORIES["sparks"]))
     assert code == 2, err
     assert fragment in err and "fix:" in err and "Traceback" not in err and out == ""
-    assert str(profiles_dir) in err or str(REPO / "sparkctl" / "data" / "profiles") in err
+    assert str(profiles_dir) in err or str(REPO / "profiles") in err
 
 
 def test_error_points_at_the_file_that_set_the_key(profiles_dir):

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.resources import config_home, search_dirs, shipped
+from sparkctl.resources import SHIPPED_DIRS, config_home, data_root, search_dirs, shipped
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -21,9 +23,33 @@ def places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]
 
 
 def test_shipped_data_is_on_disk():
-    for kind, probe in (("profiles", "d5.yml"), ("inventory", "local.yml"), ("dockerfiles", "engine/Dockerfile.j2"),
+    for kind, probe in (("profiles", "d5.yml"), ("inventory", "local.yml"), ("images", "engine/Dockerfile.j2"),
                         ("patches", "gb10-0.5.23/series"), ("playbooks", "prepare.yml")):
         assert (shipped(kind) / probe).is_file(), kind
+
+
+def test_a_checkout_reads_its_top_level_directories():
+    # the tests import the checkout: its profiles/, images/ ... are the shipped data (no copy under sparkctl/)
+    assert data_root() == REPO
+    stray = [p for p in (REPO / "sparkctl" / "data").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    assert not stray, (f"{stray[:3]}: files under sparkctl/data/ in the checkout; the shipped data lives at the top "
+                       f"({', '.join(SHIPPED_DIRS)}) and setup.py maps it into the wheel: move them there")
+
+
+def test_setup_py_maps_the_same_directories_into_the_wheel():
+    import ast
+    tree = ast.parse((REPO / "setup.py").read_text())
+    mapped = next(ast.literal_eval(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                  and any(getattr(t, "id", None) == "SHIPPED_DIRS" for t in node.targets))
+    assert tuple(mapped) == SHIPPED_DIRS, (
+        f"setup.py SHIPPED_DIRS {mapped} != sparkctl/resources.py SHIPPED_DIRS {SHIPPED_DIRS}: "
+        "make the two lists the same (setup.py puts them in the wheel, resources.py reads them)")
+
+
+def test_run_from_the_checkout_root_shipped_profiles_stay_after_the_config_dir(places, monkeypatch):
+    _, conf = places
+    monkeypatch.chdir(REPO)   # ./profiles is the shipped directory here: not the user's own
+    assert search_dirs("profiles") == [conf / "profiles", REPO / "profiles"]
 
 
 def test_profile_order_working_dir_then_config_then_shipped(places):

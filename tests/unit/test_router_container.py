@@ -21,7 +21,7 @@ from sparkctl.router.spec import RouterSpec
 
 REPO = Path(__file__).resolve().parents[2]
 CAP = REPO / "tests" / "fixtures" / "router-0.3.2" / "container"
-SPARKS = REPO / "sparkctl" / "data" / "inventory" / "sparks.example.yml"
+SPARKS = REPO / "inventory" / "sparks.example.yml"
 IMAGE = "sparkctl-test-engine:139c540564510a97"
 # the spec the captured router ran (README): its identity label matches this spec's
 CAPTURED = RouterSpec("0.0.0.0", 30080, ("http://198.19.8.1:30000",), health_check_interval_s=1)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SPARKS = REPO / "sparkctl" / "data" / "inventory" / "sparks.example.yml"
+SPARKS = REPO / "inventory" / "sparks.example.yml"
 HOST = "{{fabric_interface: e, fabric_address: {addr}}}"
 
 
@@ -47,7 +47,7 @@ PROFILE_CASES = [
     ("extends: d5\nspeculative: {num_draft_tokens: 0}\n", "speculative.num_draft_tokens",
      "greater than or equal to 1 (got 0)", "tokens verified per step, 1..64"),
     ("extends: d5\napi: {port: 25000}\n", "api.port", "25000 is also api.dist_port (set in "
-     + str(REPO / "sparkctl" / "data" / "profiles" / "base.yml"), "give api.port and api.dist_port different values"),
+     + str(REPO / "profiles" / "base.yml"), "give api.port and api.dist_port different values"),
     ("extends: d5\napi: {dist_port: 30000}\n", "api.dist_port", "30000 is also api.port",
      "give api.port and api.dist_port different values"),
     ('extends: d5\nenv: {NCCL_DEBUG: "INFO\\nLD_PRELOAD=/tmp/x.so"}\n', "env.NCCL_DEBUG",
@@ -110,7 +110,7 @@ INVENTORY_CASES = [
     (_hosts("198.18.0.1", "198.18.0.2", extra="  vars: {sparkctl_cluster: '..'}\n"), "all.vars.sparkctl_cluster",
      "'..' is not a plain cluster name", "letters, digits"),
     (_hosts("198.18.0.1", "198.18.0.2", "198.18.0.3"), "hosts",
-     "3 node(s) with 3 GPU(s) cannot hold the 2 ranks of server.tp_size (set in " + str(REPO / "sparkctl" / "data" / "profiles" / "base.yml"),
+     "3 node(s) with 3 GPU(s) cannot hold the 2 ranks of server.tp_size (set in " + str(REPO / "profiles" / "base.yml"),
      "list 2 single-GPU nodes"),
     (_hosts("198.18.0.1"), "hosts", "1 node(s) with 1 GPU(s) cannot hold the 2 ranks", "list 2 single-GPU nodes"),
     ("all:\n  hosts:\n    a: {sparkctl_rank: 0, fabric_interface: e, fabric_address: 198.18.0.1}\n"
