@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
-
-from sparkctl.errors import ConfigError, SparkctlError
-from sparkctl.sglang.client import SGLangAPIError, SGLangClient
-from sparkctl.state.records import DeploymentRecord
+from typing import Any
 
 from sparkctl.bench import losslessness, measure
 from sparkctl.bench.logsource import FileLog, LogSource, RuntimeLog, capacity_from_log, scheduler_summary
 from sparkctl.bench.prompts import decode_prompts, g6_prompts
 from sparkctl.bench.target import Arm
+from sparkctl.errors import ConfigError, SparkctlError
+from sparkctl.sglang.client import SGLangAPIError, SGLangClient
+from sparkctl.state.records import DeploymentRecord
 
 log = logging.getLogger("sparkctl.bench")
 

@@ -14,8 +14,9 @@ Example::
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from sparkctl.nodes.handles import Handle
 from sparkctl.sglang.bootwatch import LogFollower

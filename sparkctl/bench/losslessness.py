@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
-
-from sparkctl.sglang.client import ChatResult, SGLangAPIError, SGLangClient
+from typing import Any
 
 from sparkctl.bench.prompts import Prompt
+from sparkctl.sglang.client import ChatResult, SGLangAPIError, SGLangClient
 
 log = logging.getLogger("sparkctl.bench")
 

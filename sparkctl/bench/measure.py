@@ -19,22 +19,22 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-from typing import Any, Callable, Sequence
-
-from sparkctl.sglang.client import ChatResult, SGLangAPIError, SGLangClient, accept_length_from_meta
-from sparkctl.sglang.responses import EndpointBoundError, EndpointProtocolError, evidence_of
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from sparkctl.bench.logsource import scheduler_summary
 from sparkctl.bench.prompts import (
+    ASSUMED_CALIBRATION,
     Prompt,
     TokenCalibration,
-    ASSUMED_CALIBRATION,
     calibration_from_probes,
     long_prompt,
     words_for_tokens,
 )
 from sparkctl.bench.stats import summarize
 from sparkctl.bench.target import Arm
+from sparkctl.sglang.client import ChatResult, SGLangAPIError, SGLangClient, accept_length_from_meta
+from sparkctl.sglang.responses import EndpointBoundError, EndpointProtocolError, evidence_of
 
 log = logging.getLogger("sparkctl.bench")
 

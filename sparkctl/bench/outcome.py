@@ -5,15 +5,15 @@ failed, and the last sweep that masks the run's secret values in everything writ
 """
 from __future__ import annotations
 
-from typing import Any, Callable
-
-from sparkctl.errors import BenchError, SparkctlError
-from sparkctl.sglang.client import EndpointBoundError, EndpointProtocolError, Limits, RunGuard, SGLangAPIError
-from sparkctl.untrusted import mask_url_credentials
-from sparkctl.sglang.launch import redact
-from sparkctl.state.records import RunRecord
+from collections.abc import Callable
+from typing import Any
 
 from sparkctl.bench.target import Arm
+from sparkctl.errors import BenchError, SparkctlError
+from sparkctl.sglang.client import EndpointBoundError, EndpointProtocolError, Limits, RunGuard, SGLangAPIError
+from sparkctl.sglang.launch import redact
+from sparkctl.state.records import RunRecord
+from sparkctl.untrusted import mask_url_credentials
 
 __all__ = ["RunState", "bench_error", "failures", "scrubbed"]
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import datetime, timezone
-from typing import Any, Callable
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
 
 from sparkctl.errors import BenchError, SparkctlError
 from sparkctl.sglang.bounds import RunGuard
@@ -34,7 +35,7 @@ _TAIL_LINES = 15
 
 
 def _utc() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class RankWatch:

@@ -22,14 +22,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkctl.bench.logsource import LogSource, RuntimeLog, concurrency_cap_from_log
+from sparkctl.bench.target import Arm
 from sparkctl.errors import SparkctlError
 from sparkctl.sglang.bounds import Limits
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.serverinfo import parse_prometheus
 from sparkctl.state.records import ReplicaShare, RouterBench, RouterLevel, RouterReplica
-
-from sparkctl.bench.logsource import LogSource, RuntimeLog, concurrency_cap_from_log
-from sparkctl.bench.target import Arm
 
 __all__ = ["RouterArm", "MetricsReader", "LevelSplit", "metrics_limits", "REQUESTS_SOURCE", "TOKENS_SOURCE"]
 

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkctl.errors import ConfigError, SparkctlError
-from sparkctl.sglang.bounds import Limits
-from sparkctl.state.ledger import Ledger
-
 from sparkctl.bench import replicas as rb
 from sparkctl.bench.arms import BenchOptions, Progress, _noop
 from sparkctl.bench.outcome import RunState
 from sparkctl.bench.ranks import RankWatch, RankWatches
 from sparkctl.bench.router_card import single_pair
 from sparkctl.bench.target import Arm
+from sparkctl.errors import ConfigError, SparkctlError
+from sparkctl.sglang.bounds import Limits
+from sparkctl.state.ledger import Ledger
 
 __all__ = ["bench_replicated"]
 

@@ -18,28 +18,36 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from sparkctl.bench import losslessness
+from sparkctl.bench.arms import (
+    GATES,
+    BenchOptions,
+    Progress,
+    _noop,
+    arm_from_endpoint,
+    arm_from_record,
+    measure_arm,
+    parse_gates,
+)
+from sparkctl.bench.chart import decode_svg
+from sparkctl.bench.logsource import FileLog, capacity_from_log, scheduler_summary
+from sparkctl.bench.outcome import RunState, bench_error, failures, scrubbed
+from sparkctl.bench.prompts import decode_prompts, g6_prompts, prompt_set_digest
+from sparkctl.bench.ranks import RankWatch
+from sparkctl.bench.report import render_card
+from sparkctl.bench.stats import ratio
+from sparkctl.bench.target import Arm, arm_role
 from sparkctl.errors import BenchError, ConfigError, OutputPathError, SparkctlError
 from sparkctl.sglang.client import Limits, SGLangAPIError
 from sparkctl.state.files import write_text_atomic
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, RunRecord, Status
 from sparkctl.untrusted import clean
-
-from sparkctl.bench import losslessness
-from sparkctl.bench.arms import (GATES, BenchOptions, Progress, _noop, arm_from_endpoint, arm_from_record,
-                                 measure_arm, parse_gates)
-from sparkctl.bench.chart import decode_svg
-from sparkctl.bench.outcome import RunState, bench_error, failures, scrubbed
-from sparkctl.bench.logsource import FileLog, capacity_from_log, scheduler_summary
-from sparkctl.bench.prompts import decode_prompts, g6_prompts, prompt_set_digest
-from sparkctl.bench.ranks import RankWatch
-from sparkctl.bench.report import render_card
-from sparkctl.bench.stats import ratio
-from sparkctl.bench.target import Arm, arm_role
 
 __all__ = ["GATES", "BenchOptions", "parse_gates", "arm_from_endpoint", "bench", "bench_deployment",
            "bench_endpoint", "bench_log", "write_report", "SCHEMA"]

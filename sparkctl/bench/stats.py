@@ -5,8 +5,9 @@ Kept apart and pure so the numbers a card shows are computed in exactly one plac
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["Summary", "summarize", "ratio", "NOISY_SPREAD"]
 

@@ -12,11 +12,17 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkctl.sglang.client import (EndpointBoundError, EndpointProtocolError, Limits, RunGuard,
-                                   SGLangAPIError, SGLangClient, parse_server_info)
-from sparkctl.state.records import DeploymentRecord
-
 from sparkctl.bench.logsource import LogSource
+from sparkctl.sglang.client import (
+    EndpointBoundError,
+    EndpointProtocolError,
+    Limits,
+    RunGuard,
+    SGLangAPIError,
+    SGLangClient,
+    parse_server_info,
+)
+from sparkctl.state.records import DeploymentRecord
 
 log = logging.getLogger("sparkctl.bench")
 

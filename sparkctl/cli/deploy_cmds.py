@@ -2,22 +2,21 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
 from sparkctl.cli import bounds
 from sparkctl.cli.options import flag
-
 from sparkctl.errors import STATUS_NOT_OK  # noqa: E402 - exit 8: unhealthy, interrupted, or a comparison unfinished
+
 INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory file (default: see README).")
 
 
-def _deployer(inventory: Optional[str], quiet: bool = False) -> Any:
+def _deployer(inventory: str | None, quiet: bool = False) -> Any:
     from sparkctl.config.inventory import resolve_inventory
     from sparkctl.deploy.lifecycle import Deployer
     from sparkctl.deploy.progress import Reporter
-
     from sparkctl.state.ledger import check_state_root
 
     d = Deployer(resolve_inventory(inventory), Reporter(quiet=quiet))
@@ -85,7 +84,7 @@ def _next_lines(result: dict[str, Any]) -> None:
         print("next: " + "  |  ".join(result["next_commands"]))
 
 
-def _replicated_up(d: Any, prof: Any, dry_run: bool, yes: bool, boot_timeout: Optional[float], as_json: bool) -> bool:
+def _replicated_up(d: Any, prof: Any, dry_run: bool, yes: bool, boot_timeout: float | None, as_json: bool) -> bool:
     """`up` of a profile with replicas > 1 (deploy/replicated.py), or leaving a replicated deployment for a single
     group (the router and replicas go down first). True when it handled the command."""
     from sparkctl.deploy.commands import UpOptions
@@ -143,12 +142,12 @@ def _replicated_status_human(r: dict[str, Any]) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def up(profile: str = typer.Option(..., "--profile", "-p", help="Profile to deploy."),
-           inventory: Optional[str] = INVENTORY_OPT,
+           inventory: str | None = INVENTORY_OPT,
            dry_run: bool = flag("--dry-run", help="Print the plan and stop."),
            yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
            no_rollback: bool = flag("--no-rollback", help="On failure, leave the new engines for "
                                                                          "inspection instead of rolling back."),
-           boot_timeout: Optional[float] = typer.Option(None, "--boot-timeout", parser=bounds.seconds(), metavar="SECONDS",
+           boot_timeout: float | None = typer.Option(None, "--boot-timeout", parser=bounds.seconds(), metavar="SECONDS",
                                                          help="Seconds (default: profile)."),
            as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Deploy a profile: plan, preflight, image, boot (rank 1 then rank 0), warm-up, verify, hand off."""
@@ -165,7 +164,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def preflight(profile: str = typer.Option(..., "--profile", "-p", help="Profile whose ranks are checked."),
-                  inventory: Optional[str] = INVENTORY_OPT,
+                  inventory: str | None = INVENTORY_OPT,
                   as_json: bool = flag("--json", help="Checks as JSON on stdout.")) -> None:
         """Read-only checks on every node (what `up` runs first): nothing is changed."""
         from sparkctl.config.profile import load_profile
@@ -177,11 +176,11 @@ def register(app: typer.Typer) -> None:
                               f"{len({c['node'] for c in r['checks']})} nodes"))
 
     @app.command()
-    def rollback(to: Optional[str] = typer.Option(None, "--to", help="Profile to roll back to (e.g. dflash-off); "
+    def rollback(to: str | None = typer.Option(None, "--to", help="Profile to roll back to (e.g. dflash-off); "
                                                                       "default: the previous known-good deployment."),
-                 inventory: Optional[str] = INVENTORY_OPT,
+                 inventory: str | None = INVENTORY_OPT,
                  yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
-                 boot_timeout: Optional[float] = typer.Option(None, "--boot-timeout", parser=bounds.seconds(),
+                 boot_timeout: float | None = typer.Option(None, "--boot-timeout", parser=bounds.seconds(),
                                                               metavar="SECONDS", help="Seconds."),
                  as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Roll back: to a profile, or to the previous known-good deployment."""
@@ -208,7 +207,7 @@ def register(app: typer.Typer) -> None:
         _emit(result, as_json, _up_human)
 
     @app.command()
-    def down(inventory: Optional[str] = INVENTORY_OPT,
+    def down(inventory: str | None = INVENTORY_OPT,
              yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
              as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Stop the active deployment on every node."""
@@ -235,7 +234,7 @@ def register(app: typer.Typer) -> None:
         _emit(result, as_json, human)
 
     @app.command()
-    def status(inventory: Optional[str] = INVENTORY_OPT,
+    def status(inventory: str | None = INVENTORY_OPT,
                as_json: bool = flag("--json", help="Status as JSON on stdout.")) -> None:
         """Profile, deployment, health per rank, endpoint, speculative algorithm, identity, since when.
 
@@ -282,7 +281,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(STATUS_NOT_OK)
 
     @app.command()
-    def repair(inventory: Optional[str] = INVENTORY_OPT,
+    def repair(inventory: str | None = INVENTORY_OPT,
                yes: bool = flag("--yes", "-y", help="Apply without asking."),
                as_json: bool = flag("--json", help="What changed, as JSON on stdout.")) -> None:
         """Repair a damaged ledger: move damaged records aside (kept), rebuild the index and the active deployment
@@ -316,11 +315,11 @@ def register(app: typer.Typer) -> None:
              tail: int = typer.Option(50, "--tail", parser=bounds.count(0, 10_000_000, what="a line count"), metavar="N",
                                    help="Last N lines (0: all)."),
              follow: bool = flag("--follow", "-f", help="Keep printing new lines (Ctrl-C stops)."),
-             replica: Optional[int] = typer.Option(None, "--replica", parser=bounds.count(0, 1023, what="a replica"),
+             replica: int | None = typer.Option(None, "--replica", parser=bounds.count(0, 1023, what="a replica"),
                                                    metavar="I", help="Replicated deployment: replica I's rank log "
                                                                      "(default 0)."),
              router: bool = flag("--router", help="Replicated deployment: the router's log."),
-             inventory: Optional[str] = INVENTORY_OPT) -> None:
+             inventory: str | None = INVENTORY_OPT) -> None:
         """Print a rank's engine log of the active deployment (or, replicated, a replica's rank or the router's)."""
         from sparkctl.deploy.replicated import ReplicatedDeployer, is_replicated
         from sparkctl.errors import ConfigError

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -45,16 +45,16 @@ def _list() -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command()
-    def doctor(log: Optional[list[Path]] = typer.Option(None, "--log", metavar="FILE",
+    def doctor(log: list[Path] | None = typer.Option(None, "--log", metavar="FILE",
                                                         help="Read this log file instead of a deployment (repeatable)."),
-               deployment: Optional[str] = typer.Option(None, "--deployment", metavar="ID",
+               deployment: str | None = typer.Option(None, "--deployment", metavar="ID",
                                                         help="Diagnose this deployment (default: the active one when "
                                                              "unhealthy, else the newest failed one)."),
-               bundle: Optional[Path] = typer.Option(None, "--bundle", metavar="FILE",
+               bundle: Path | None = typer.Option(None, "--bundle", metavar="FILE",
                                                      help="Also write a redacted support bundle (one JSON file)."),
                no_kernel_log: bool = flag("--no-kernel-log", help="Do not read the nodes' kernel logs (dmesg)."),
                list_: bool = flag("--list", help="Print the catalogue of known failure signatures and exit."),
-               inventory: Optional[str] = typer.Option(None, "--inventory", "-i",
+               inventory: str | None = typer.Option(None, "--inventory", "-i",
                                                        help="Ansible inventory file (default: see README)."),
                as_json: bool = flag("--json", help="The report as JSON on stdout.")) -> None:
         """Match known SGLang / NCCL / GB10 failure signatures in the last failed or unhealthy deployment (rank logs,

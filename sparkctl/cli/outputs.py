@@ -6,7 +6,7 @@ Models are strict about their own keys (``extra="forbid"``): a library change th
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
@@ -39,7 +39,7 @@ class ProfileEntry(_Out):
     description: str
     path: str
     renders: bool = Field(description="The profile renders against the inventory (validated, nothing started).")
-    problem: Optional[str] = Field(description="Why it does not render there (null when it does).")
+    problem: str | None = Field(description="Why it does not render there (null when it does).")
 
 
 class ProfilesOutput(_Out):
@@ -50,9 +50,9 @@ class ProfilesOutput(_Out):
 
 
 class ImageSide(_Out):
-    tag: Optional[str] = Field(description="Content-addressed tag; null while an input is unresolved.")
+    tag: str | None = Field(description="Content-addressed tag; null while an input is unresolved.")
     inputs: dict[str, Any] = Field(description="What the tag is computed from (unresolved inputs are null).")
-    inputs_sha256: Optional[str]
+    inputs_sha256: str | None
 
 
 class ImagePlanOutput(_Out):
@@ -61,7 +61,7 @@ class ImagePlanOutput(_Out):
     builder: str = Field(description="The node that builds (rank 0).")
     resolved: bool = Field(description="Every input is known, so both tags are computed.")
     unresolved: list[str] = Field(description="Inputs not known yet, e.g. engine.inputs.base_digest.")
-    reason: Optional[str] = Field(description="Why an input is unresolved (null when resolved).")
+    reason: str | None = Field(description="Why an input is unresolved (null when resolved).")
     engine: ImageSide
     launch: ImageSide
 
@@ -84,7 +84,7 @@ class LayerMoveOut(_Out):
 class TransferOut(_Out):
     node: str
     image: str
-    skipped: Optional[str]
+    skipped: str | None
     layers: list[LayerMoveOut]
     rx_bytes: int
     seconds: float
@@ -103,9 +103,9 @@ class ImageRow(_Out):
     node: str
     id: str
     tags: list[str]
-    role: Optional[str]
-    size: Optional[int]
-    created: Optional[str]
+    role: str | None
+    size: int | None
+    created: str | None
     labels: dict[str, str]
 
 
@@ -118,7 +118,7 @@ class ImageVerifyOutput(RootModel[dict[str, dict[str, str]]]):
 
 
 class PrunedImage(ImageRow):
-    error: Optional[str] = None
+    error: str | None = None
 
 
 class RegistryCachePrune(_Out):
@@ -136,10 +136,10 @@ class PatchResult(_Out):
     patch: str
     status: str
     files: list[str]
-    file: Optional[str] = None
-    hunk_index: Optional[int] = None
-    hunk: Optional[str] = None
-    reason: Optional[str] = None
+    file: str | None = None
+    hunk_index: int | None = None
+    hunk: str | None = None
+    reason: str | None = None
 
 
 class SeriesReport(_Out):
@@ -174,18 +174,18 @@ class PrepareOutput(_Out):
 
 
 class Gpu(_Out):
-    name: Optional[str]
-    driver: Optional[str]
-    cuda: Optional[str]
+    name: str | None
+    driver: str | None
+    cuda: str | None
 
 
 class Fabric(_Out):
     interface: str
     state: str
-    mtu: Optional[int]
+    mtu: int | None
     ipv4: list[str] = Field(description="IPv4 addresses the interface carries.")
-    address: Optional[str] = Field(description="The inventory's fabric_address (what the ranks dial).")
-    holds_address: Optional[bool] = Field(description="The interface answers on `address`.")
+    address: str | None = Field(description="The inventory's fabric_address (what the ranks dial).")
+    holds_address: bool | None = Field(description="The interface answers on `address`.")
 
 
 class RoceLink(_Out):
@@ -195,9 +195,9 @@ class RoceLink(_Out):
 
 
 class Docker(_Out):
-    version: Optional[str]
+    version: str | None
     runtimes: list[str]
-    default_runtime: Optional[str]
+    default_runtime: str | None
 
 
 class ModelManifest(_Out):
@@ -207,11 +207,11 @@ class ModelManifest(_Out):
 
 
 class NodeFacts(_Out):
-    gpu: Optional[Gpu]
-    memory_gib: Optional[float]
-    fabric: Optional[Fabric]
-    roce: Optional[list[RoceLink]]
-    docker: Optional[Docker]
+    gpu: Gpu | None
+    memory_gib: float | None
+    fabric: Fabric | None
+    roce: list[RoceLink] | None
+    docker: Docker | None
     models: dict[str, ModelManifest]
 
 
@@ -222,12 +222,12 @@ class FactsOutput(RootModel[dict[str, NodeFacts]]):
 # `sparkctl schema NAME`: the file formats (profile, inventory) and these outputs.
 class HistoryOutput(BaseModel):
     """`sparkctl bench history --json` (rows: sparkctl.bench.history)."""
-    profile: Optional[str]
+    profile: str | None
     cards: list[dict[str, Any]] = Field(description="One row per card, oldest first: run_id, started, status, "
                                         "on/off decode summaries per class, changed (since the previous row).")
     skipped: list[str]
     index: str
-    chart: Optional[str]
+    chart: str | None
 
 
 class DiffOutput(BaseModel):
@@ -249,10 +249,10 @@ class TuneOutput(BaseModel):
     profile: str
     trials: list[dict[str, Any]] = Field(description="index, changes, baseline, status (feasible/infeasible/"
                                          "skipped), reason, deployment, card, objective summary, elapsed_s.")
-    confirmation: Optional[dict[str, Any]]
-    winner: Optional[dict[str, Any]]
-    restore: Optional[dict[str, Any]]
-    estimate: Optional[dict[str, Any]]
+    confirmation: dict[str, Any] | None
+    winner: dict[str, Any] | None
+    restore: dict[str, Any] | None
+    estimate: dict[str, Any] | None
     timing: dict[str, Any]
 
 

@@ -19,15 +19,32 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sparkctl.config.loader import config_error_from, did_you_mean, read_yaml, refusal
-from sparkctl.config.values import (Count, EngineEnvKey, EnvValue, Flag, HcaName, HostPath, IfName, ImageRef,
-                                    LocalPath, PlainName, Port, SimValue, SshHost, SshUser, Text, Word, choice)
-from sparkctl.resources import shipped, user_dirs
+from sparkctl.config.values import (
+    Count,
+    EngineEnvKey,
+    EnvValue,
+    Flag,
+    HcaName,
+    HostPath,
+    IfName,
+    ImageRef,
+    LocalPath,
+    PlainName,
+    Port,
+    SimValue,
+    SshHost,
+    SshUser,
+    Text,
+    Word,
+    choice,
+)
 from sparkctl.errors import ConfigError
+from sparkctl.resources import shipped, user_dirs
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 _CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
@@ -140,7 +157,7 @@ class Inventory(BaseModel):
     embedded: Flag = Field(False, description="True for the embedded local cluster (emulated engine).")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Inventory":
+    def _consistent(self) -> Inventory:
         names = [n.name for n in self.nodes]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:

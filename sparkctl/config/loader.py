@@ -284,7 +284,7 @@ def config_error_from(exc: ValidationError, model: type[BaseModel], where: str,
             hint = f"add '{loc[-1]}'"
         elif isinstance(err.get("input"), bool) and err["type"] in ("int_type", "float_type"):
             msg = f"{str(err['input']).lower()} is a boolean, not a number"
-            hint = (f"write the number itself (YAML reads true/false as booleans); "
+            hint = ("write the number itself (YAML reads true/false as booleans); "
                     + (_described(model, loc) or "see the field's description"))
         elif err.get("input", 0) is None and err["type"].endswith(("_type", "_parsing")):
             msg = "null is not a value here"

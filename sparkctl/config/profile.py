@@ -16,11 +16,31 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from pydantic_core import PydanticCustomError
 
 from sparkctl.config.loader import config_error_from, key_path, origin_of, read_yaml, refusal
-from sparkctl.config.values import (ArgToken, ArgValue, Count, EngineEnvKey, EnvName, EnvValue, Flag, ImageRef, Int, ModelPath,
-                                    Number, PlainName, Platform, Prose, Port, Seconds, Text, Version, Word,
-                                    choice, engine_env_key)
-from sparkctl.resources import search_dirs
+from sparkctl.config.values import (
+    ArgToken,
+    ArgValue,
+    Count,
+    EngineEnvKey,
+    EnvName,
+    EnvValue,
+    Flag,
+    ImageRef,
+    Int,
+    ModelPath,
+    Number,
+    PlainName,
+    Platform,
+    Port,
+    Prose,
+    Seconds,
+    Text,
+    Version,
+    Word,
+    choice,
+    engine_env_key,
+)
 from sparkctl.errors import ConfigError
+from sparkctl.resources import search_dirs
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 

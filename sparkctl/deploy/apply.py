@@ -9,8 +9,9 @@ its last line goes to stderr; the error (exit 6) says what was restored.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import BootResult, doctor_lines

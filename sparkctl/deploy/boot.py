@@ -6,8 +6,9 @@ node, the first error and the log tail as evidence; never waits past its timeout
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import DeployError

@@ -8,20 +8,20 @@ call back up. Example::
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
-from sparkctl.errors import LedgerError
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.runtimes import Runtimes, embedded_notice
+from sparkctl.errors import LedgerError
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult, render
-from sparkctl.state.files import check_room      # the threshold lives with the writes it protects
+from sparkctl.state.files import check_room  # the threshold lives with the writes it protects
 from sparkctl.state.ledger import Ledger
 from sparkctl.state.records import DeploymentRecord
 

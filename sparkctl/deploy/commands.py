@@ -10,8 +10,8 @@ settles what a dead controller left (reconcile), and only then plans from what i
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile, load_profile

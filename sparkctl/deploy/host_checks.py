@@ -11,8 +11,9 @@ Wired into ``apply.run_checks`` (sparkctl/deploy/apply.py) through ``run_preflig
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from sparkctl.deploy.preflight import Check, Severity
 from sparkctl.nodes import facts, host_facts
@@ -153,7 +154,8 @@ class CrossNodeChecks:
 
     def collect(self, spec: Any, runtime: Any) -> None:
         from sparkctl.errors import SparkctlError
-        from sparkctl.nodes.node_facts import host_model_path, model_paths as _model_paths
+        from sparkctl.nodes.node_facts import host_model_path
+        from sparkctl.nodes.node_facts import model_paths as _model_paths
 
         ssh = getattr(runtime, "ssh", None)
         if ssh is None:

@@ -16,9 +16,10 @@ Three kinds of cluster (`survey` tells which, read-only, when `up` plans):
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile

@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from sparkctl.sglang.render import RenderResult
 from sparkctl.state.records import DeploymentRecord

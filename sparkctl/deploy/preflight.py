@@ -7,9 +7,10 @@ listing every failure.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Callable
+from typing import Any
 
 from sparkctl.deploy.fanout import fan_out, raise_first
 from sparkctl.errors import PreflightError, SparkctlError
@@ -31,15 +32,15 @@ class Check:
     fix: str = ""
 
     @classmethod
-    def passing(cls, node: str, name: str, seen: str) -> "Check":
+    def passing(cls, node: str, name: str, seen: str) -> Check:
         return cls(node, name, Severity.OK, seen)
 
     @classmethod
-    def warning(cls, node: str, name: str, seen: str) -> "Check":
+    def warning(cls, node: str, name: str, seen: str) -> Check:
         return cls(node, name, Severity.WARN, seen)
 
     @classmethod
-    def failing(cls, node: str, name: str, seen: str, fix: str) -> "Check":
+    def failing(cls, node: str, name: str, seen: str, fix: str) -> Check:
         return cls(node, name, Severity.FAIL, seen, fix)
 
     @property

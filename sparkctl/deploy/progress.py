@@ -13,7 +13,7 @@ import time
 from typing import Any, TextIO
 
 _quiet = False                     # `sparkctl -q`: every Reporter of this process is silent
-_live: list["_LiveLine"] = []      # live displays to stop before the process returns to the shell
+_live: list[_LiveLine] = []      # live displays to stop before the process returns to the shell
 
 
 def set_quiet(quiet: bool) -> None:

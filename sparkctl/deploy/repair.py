@@ -95,9 +95,10 @@ def damaged_files(ledger: Ledger) -> list[tuple[Path, str]]:
     The deployment records and ``cluster.json`` are `_ledger_state`'s; the lock and its holder, the logs and the
     secrets are not records (the lock frees itself; logs are text; secrets go with their engine)."""
     from sparkctl.deploy import compare
-    from sparkctl.state.cards import SCHEMA as CARDS_SCHEMA, card_entry, read_card
-    from sparkctl.state.records import Controller, ReplicatedRecord
+    from sparkctl.state.cards import SCHEMA as CARDS_SCHEMA
+    from sparkctl.state.cards import card_entry, read_card
     from sparkctl.state.ledger import read_json
+    from sparkctl.state.records import Controller, ReplicatedRecord
     from sparkctl.tune.journal import MARKER, read_marker, validate_journal
     from sparkctl.untrusted import is_plain_name
 

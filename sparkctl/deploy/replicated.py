@@ -29,28 +29,33 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
-
-from pydantic import ValidationError
+from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.commands import Deployer, UpOptions, follow_reader
 from sparkctl.deploy.progress import Reporter
-from sparkctl.deploy.results import (ReplicaStatus, ReplicatedDownResult, ReplicatedStatusResult, ReplicatedUpResult,
-                                     RouterStatus)
+from sparkctl.deploy.results import (
+    ReplicaStatus,
+    ReplicatedDownResult,
+    ReplicatedStatusResult,
+    ReplicatedUpResult,
+    RouterStatus,
+)
 from sparkctl.deploy.steps import REPLICATED_COMMAND as COMMAND
 from sparkctl.deploy.steps import boundary
 from sparkctl.errors import ConfigError, LedgerError, LockHeldError, SparkctlError
 from sparkctl.nodes.fanout import fan_out
 from sparkctl.nodes.process import read_lines
 from sparkctl.router import RouterError, strip_colour
-from sparkctl.router.client import RouterClient, attach, detach
 from sparkctl.router import launch as router_launch
+from sparkctl.router.client import RouterClient, attach, detach
 from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.launch import redact
 from sparkctl.sglang.replicas import Replica, render_replicas, router_endpoint, router_spec
@@ -72,7 +77,7 @@ def sub_inventory(rep: Replica, parent: str, name: str | None = None) -> Invento
     return _named(rep.inventory, name or replica_cluster(parent, rep.index), rep.nodes)
 
 
-def _recorded_name(rec: "Record", index: int) -> str | None:
+def _recorded_name(rec: Record, index: int) -> str | None:
     """The name a replica was deployed under (kept: its ledger and engines are there)."""
     return next((r.get("cluster") for r in rec.data.get("replicas", []) if r.get("index") == index), None)
 
@@ -86,7 +91,7 @@ class Record:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def load(cls, root: Path) -> "Record":
+    def load(cls, root: Path) -> Record:
         """The record, checked against `ReplicatedRecord` (a wrong shape is a LedgerError naming the file)."""
         path = root / RECORD
         hint = "run `sparkctl repair`, or move the file aside if no replica runs"

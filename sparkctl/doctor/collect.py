@@ -12,7 +12,7 @@ import logging
 import os
 import subprocess
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,11 +34,11 @@ class _Out(BaseModel):
 
 class SourceRead(_Out):
     name: str
-    path: Optional[str] = Field(None, description="The file read (rank logs of the process runtime, --log files).")
+    path: str | None = Field(None, description="The file read (rank logs of the process runtime, --log files).")
     lines: int = 0
     bytes: int = 0
     truncated: bool = Field(False, description="Only the last 8 MiB were read.")
-    error: Optional[str] = Field(None, description="Why it could not be read (escaped).")
+    error: str | None = Field(None, description="Why it could not be read (escaped).")
 
 
 class FactLine(_Out):
@@ -53,16 +53,16 @@ class DoctorReport(_Out):
     """`sparkctl doctor --json`: what was read and every known failure signature found in it."""
 
     target: str = Field(description="'deployment ID' or 'files'.")
-    deployment: Optional[str] = None
-    profile: Optional[str] = None
-    status: Optional[str] = None
-    failed_stage: Optional[str] = None
-    failure: Optional[str] = Field(None, description="The record's failure message (escaped, first 600 chars).")
+    deployment: str | None = None
+    profile: str | None = None
+    status: str | None = None
+    failed_stage: str | None = None
+    failure: str | None = Field(None, description="The record's failure message (escaped, first 600 chars).")
     sources: list[SourceRead]
     facts: list[FactLine] = Field(default_factory=list,
                                   description="Preflight checks of the deployment that warned or failed.")
     findings: list[Finding]
-    bundle: Optional[str] = Field(None, description="The support bundle written (--bundle).")
+    bundle: str | None = Field(None, description="The support bundle written (--bundle).")
 
 
 class Collected:

@@ -11,8 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.doctor.bundle import bundle_data, secret_values, write_bundle
-from sparkctl.doctor.collect import Collected, DoctorReport, collect_deployment, collect_files, pick_deployment, \
-    report_of
+from sparkctl.doctor.collect import (
+    Collected,
+    DoctorReport,
+    collect_deployment,
+    collect_files,
+    pick_deployment,
+    report_of,
+)
 from sparkctl.sglang.launch import redact
 from sparkctl.state.records import DeploymentRecord
 

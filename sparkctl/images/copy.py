@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from sparkctl.errors import ImageError
 from sparkctl.images.registry import PORT, Endpoint, Registry, Transfer, human
 from sparkctl.images.stream import CopyChoice, StreamFailed, Survey, choose_copy, stream_images, survey
-from sparkctl.nodes.host_facts import FABRIC_KEY
 from sparkctl.nodes.fanout import Outcome, fan_out, raise_first
+from sparkctl.nodes.host_facts import FABRIC_KEY
 
 Report = Callable[[str], None]
 

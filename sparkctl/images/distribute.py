@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sparkctl.errors import PreflightError
 from sparkctl.nodes.fanout import fan_out, raise_first

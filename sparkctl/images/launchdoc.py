@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from sparkctl.errors import ConfigError
 from sparkctl.sglang.launch import SECRET_ENV, SECRETS_MOUNT, LaunchSpec

@@ -10,16 +10,17 @@ Example (what `up`'s image stage becomes)::
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError, ImageError
 from sparkctl.images.build import BuildStep, build_images, ensure_base
+from sparkctl.images.copy import distribute
 from sparkctl.images.manage import verify_images
 from sparkctl.images.plan import BaseImage, ImagePlan, inspect_base, plan_images
-from sparkctl.images.copy import distribute
 from sparkctl.images.registry import Endpoint, Transfer
 
 Report = Callable[[str], None]

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.config.inventory import Inventory
-from sparkctl.resources import shipped
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
 from sparkctl.images import entrypoint, launchdoc, patchapply
 from sparkctl.images.series import Series, load_series
+from sparkctl.resources import shipped
 
 ENGINE_REPO = "sparkctl/sglang-gb10"
 LAUNCH_REPO = "sparkctl/sglang-gb10-launch"
@@ -79,7 +79,7 @@ def _sha256(*parts: bytes) -> str:
 
 
 def _render(template: str, **values: Any) -> str:
-    import jinja2   # lazy: only the image commands need it
+    import jinja2  # lazy: only the image commands need it
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False)

@@ -25,14 +25,13 @@ peer gets what, all at once, is `sparkctl.images.copy.distribute`. Example::
 """
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
 import re
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from sparkctl.errors import ImageError
 
@@ -113,7 +112,7 @@ class Endpoint:
     user: str = "root"          # SSH user on this node (the fabric stream logs in as it)
 
     @classmethod
-    def of(cls, inventory: Any, node: Any) -> "Endpoint":
+    def of(cls, inventory: Any, node: Any) -> Endpoint:
         from sparkctl.nodes.ssh import connector_for
         return cls(node.name, connector_for(inventory, node), node.fabric_address, node.fabric_interface,
                    node.host_paths.cache, node.ssh.user)
@@ -222,7 +221,7 @@ print(json.dumps({"removed": removed, "freed": before - (size() if os.path.isdir
 """
 
 
-def prune_cache(endpoint: "Endpoint", keep: set[str], *, dry_run: bool = False) -> dict[str, Any]:
+def prune_cache(endpoint: Endpoint, keep: set[str], *, dry_run: bool = False) -> dict[str, Any]:
     """Drop from the node's registry cache every image not in ``keep`` (tags), then the blobs only they used.
 
     The cache makes a re-push of unchanged layers free; what no kept image references is dead weight (a real
@@ -249,7 +248,7 @@ class Registry:
         self.tmp = ""
         self.pid = ""
 
-    def __enter__(self) -> "Registry":
+    def __enter__(self) -> Registry:
         s = self.source
         certs = f"{CERTS_D}/{self.host}"
         r = s.conn.run(["sh", "-c", _UP, REGISTRY_BINARY, self.storage, s.fabric_address, str(self.port), certs, _WAIT],

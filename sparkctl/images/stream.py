@@ -23,8 +23,9 @@ Example::
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from sparkctl.errors import ImageError
 from sparkctl.nodes.host_facts import FABRIC_KEY, FABRIC_KNOWN_HOSTS
@@ -244,7 +245,7 @@ class StreamResult:
 
 
 def stream_images(source: Any, peers: list[Any], images: list[str], report: Callable[[str], None] = lambda _: None,
-                  *, timeout: float = 7200) -> dict[str, "StreamResult | ImageError"]:
+                  *, timeout: float = 7200) -> dict[str, StreamResult | ImageError]:
     """``docker save images`` once on ``source`` into ``docker load`` on every peer over the fabric (all
     `sparkctl.images.registry.Endpoint`s). Returns each peer's result, or the ImageError naming what went wrong there
     (disk full, fabric SSH refused, load failed); a failed ``docker save`` or pump is every peer's error."""

@@ -98,7 +98,7 @@ class ContainerConfig:
         return {k: REDACTED if k in CONTAINER_SECRET_ENV else v for k, v in sorted(self.env.items())}
 
 
-def container_config(spec: LaunchSpec, node: "Node", *, cluster: str, deployment_id: str, image: str,
+def container_config(spec: LaunchSpec, node: Node, *, cluster: str, deployment_id: str, image: str,
                      infiniband: bool = False, identity: str | None = None, memlock: str = "-1",
                      extra_env: dict[str, str] | None = None, command: list[str] | None = None) -> ContainerConfig:
     """Build the `docker run` parameters for one rank (pure: no daemon, no SSH). Example::

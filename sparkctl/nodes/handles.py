@@ -5,7 +5,7 @@ told apart by `kind` (a discriminated union), so a record read from disk comes b
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -70,4 +70,4 @@ class DockerHandle(_HandleBase):
         return self.container
 
 
-Handle = Annotated[Union[ProcessHandle, DockerHandle], Field(discriminator="kind")]
+Handle = Annotated[ProcessHandle | DockerHandle, Field(discriminator="kind")]

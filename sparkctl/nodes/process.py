@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sparkctl.errors import StateDirError
 from sparkctl.nodes import procfs
 from sparkctl.nodes.logpipe import ENGINE_ENV_FILE
 from sparkctl.nodes.node_facts import NodeFacts, host_model_path, model_paths
@@ -47,7 +48,6 @@ from sparkctl.nodes.results import CommandResult
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
 from sparkctl.sglang.launch import SECRET_ENV, SECRETS_MOUNT, LaunchSpec, redact, redact_argv
 from sparkctl.sglang.render import MODELS_MOUNT
-from sparkctl.errors import StateDirError
 from sparkctl.state.files import open_state_file, private_dir, state_dir_error
 
 log = logging.getLogger("sparkctl.nodes.process")

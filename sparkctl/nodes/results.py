@@ -4,8 +4,9 @@ The connector that produces them is `sparkctl.nodes.ssh` (and the process runtim
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterable, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sparkctl.errors import CommandFailed, NodeError
 from sparkctl.nodes.fanout import fan_out
@@ -34,7 +35,7 @@ class CommandResult:
         return self.stdout + (("\n" if self.stdout and not self.stdout.endswith("\n") else "") + self.stderr
                               if self.stderr else "")
 
-    def check(self) -> "CommandResult":
+    def check(self) -> CommandResult:
         """Raise CommandFailed (argv, exit code, output tail) unless the command exited 0."""
         if self.returncode != 0:
             raise CommandFailed(node=self.node, argv=self.argv, returncode=self.returncode, output=self.output)
@@ -55,7 +56,7 @@ class GroupResult(dict, Generic[T]):  # type: ignore[type-arg]
     def failed(self) -> dict[str, BaseException]:
         return {k: v for k, v in self.items() if isinstance(v, BaseException)}
 
-    def raise_for_failures(self) -> "GroupResult[T]":
+    def raise_for_failures(self) -> GroupResult[T]:
         """Raise GroupError naming every failed node (the successes stay readable on the error)."""
         if self.failed:
             raise GroupError(self)

@@ -6,13 +6,14 @@ here with the parsers preflight uses (``sparkctl.nodes.facts``).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.errors import ConfigError
-from sparkctl.prepare.runner import PlaybookRun, TaskResult, run_playbook
 from sparkctl.nodes import facts
+from sparkctl.prepare.runner import PlaybookRun, TaskResult, run_playbook
 
 PREPARE_TAGS = ("docker", "fabric", "dirs", "gpu", "fabric-ssh")
 MODELS_MOUNT = "/models"
@@ -21,7 +22,7 @@ MODELS_MOUNT = "/models"
 def profile_models(profile_name: str, inv: Inventory) -> list[str]:
     """Model and drafter directories of a profile, relative to host_paths.models (``/models/X`` -> ``X``)."""
     from sparkctl.config.profile import load_profile
-    from sparkctl.nodes.node_facts import model_paths as _model_paths   # the one reading of --model-path & co.
+    from sparkctl.nodes.node_facts import model_paths as _model_paths  # the one reading of --model-path & co.
     from sparkctl.sglang.render import render
 
     result = render(load_profile(profile_name), inv)

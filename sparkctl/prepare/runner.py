@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.errors import ConfigError, NodeError
@@ -120,12 +121,12 @@ def fix_for(result: TaskResult) -> str:
         return (f"give the SSH user passwordless sudo on {result.host} (sudoers: USER ALL=(ALL) NOPASSWD: ALL) or "
                 f"run again with --ask-become-pass")
     if "no space left on device" in text:
-        return (f"free space under host_paths.models on the receiving node, then re-run: files already copied "
-                f"are kept and only the rest is sent")
+        return ("free space under host_paths.models on the receiving node, then re-run: files already copied "
+                "are kept and only the rest is sent")
     if "netplan" in text or "failed to validate" in text:
         return (f"fix the netplan configuration on {result.host} named above (the fabric file was not replaced; "
                 f"the previous one is still in force), then re-run")
-    return f"see the task's output above; the run's events are in the state directory; re-run once fixed"
+    return "see the task's output above; the run's events are in the state directory; re-run once fixed"
 
 
 def ansible_env(job_env: dict[str, str], caller: dict[str, str], settings: dict[str, str]) -> dict[str, str]:

@@ -14,8 +14,9 @@ Every wait is bounded and polls; nothing here sleeps without a deadline.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -32,7 +33,7 @@ class Worker:
     model_id: str | None
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Worker":
+    def from_json(cls, d: dict[str, Any]) -> Worker:
         return cls(id=str(d.get("id", "")), url=str(d.get("url", "")).rstrip("/"), healthy=bool(d.get("is_healthy")),
                    load=int(d.get("load") or 0), model_id=d.get("model_id"))
 
@@ -55,7 +56,7 @@ class RouterClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "RouterClient":
+    def __enter__(self) -> RouterClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

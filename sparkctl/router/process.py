@@ -45,7 +45,7 @@ class RouterProcess:
         return _tail(self.log_path, lines)
 
     @classmethod
-    def from_dict(cls, spec: RouterSpec, d: dict) -> "RouterProcess":
+    def from_dict(cls, spec: RouterSpec, d: dict) -> RouterProcess:
         """The router a previous controller started (read from its record): stop and liveness by PID + start time.
         A damaged entry is a RouterError naming what is wrong (never a KeyError, never a guessed PID)."""
         pid, ticks, log = d.get("pid"), d.get("ticks"), d.get("log")
@@ -57,7 +57,7 @@ class RouterProcess:
 
     @classmethod
     def start(cls, spec: RouterSpec, log_path: Path, *, ready_timeout_s: float = 30.0,
-              python: str | None = None) -> "RouterProcess":
+              python: str | None = None) -> RouterProcess:
         from sparkctl.state.files import open_state_file, private_dir
         private_dir(log_path.parent)
         fd = open_state_file(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

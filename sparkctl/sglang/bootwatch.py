@@ -14,8 +14,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sparkctl.sglang.logparse import (FATAL_KINDS, STAT_KINDS, DecodeStats, EventKind, LogEvent, parse_segment,
-                                      split_segments)
+from sparkctl.sglang.logparse import (
+    FATAL_KINDS,
+    STAT_KINDS,
+    DecodeStats,
+    EventKind,
+    LogEvent,
+    parse_segment,
+    split_segments,
+)
 
 log = logging.getLogger("sparkctl.sglang")
 

@@ -30,8 +30,9 @@ import math
 import ssl
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import httpcore
 import httpx

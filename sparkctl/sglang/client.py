@@ -23,20 +23,39 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
+from typing import Any
 
 import httpx
 
 from sparkctl.sglang.bounds import DeadlineTransport, Limits, RunGuard
 from sparkctl.sglang.launch import redact
 from sparkctl.sglang.responses import (
-    ChatResult, Delta, EndpointBoundError, EndpointProtocolError, SGLangAPIError, SSEFrame, Usage,
-    as_json_object, assemble_chat_stream, evidence_of, iter_sse_frames, parse_chat_response, parse_sse_lines,
+    ChatResult,
+    Delta,
+    EndpointBoundError,
+    EndpointProtocolError,
+    SGLangAPIError,
+    SSEFrame,
+    Usage,
+    as_json_object,
+    assemble_chat_stream,
+    evidence_of,
+    iter_sse_frames,
+    parse_chat_response,
+    parse_sse_lines,
     parse_usage,
 )
 from sparkctl.sglang.serverinfo import (
-    NodeRole, PromSample, ServerInfo, accept_length_from_meta, detect_role, parse_models, parse_prometheus,
-    parse_prometheus_samples, parse_server_info,
+    NodeRole,
+    PromSample,
+    ServerInfo,
+    accept_length_from_meta,
+    detect_role,
+    parse_models,
+    parse_prometheus,
+    parse_prometheus_samples,
+    parse_server_info,
 )
 
 log = logging.getLogger("sparkctl.sglang")

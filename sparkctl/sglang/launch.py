@@ -25,7 +25,7 @@ _SECRET_FIELDS = re.compile(r"\b(?P<key>(?:admin_)?api_key|hf_token|ssl_keyfile_
                             r"(?P<q>['\"])(?P<value>.*?)(?P=q)")
 
 
-def redact(text: str, secrets: "frozenset[str] | set[str] | list[str] | tuple[str, ...]") -> str:
+def redact(text: str, secrets: frozenset[str] | set[str] | list[str] | tuple[str, ...]) -> str:
     """`text` with every (non-empty) secret value replaced by '***': the one redaction rule of sparkctl.
     Longest first, so a secret that contains another is hidden whole."""
     for value in sorted({s for s in secrets if s}, key=len, reverse=True):
@@ -39,7 +39,7 @@ SECRET_OPTIONS = frozenset({"--api-key", "--admin-api-key", "--ssl-keyfile-passw
 SECRET_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "SGLANG_API_KEY"})
 
 
-def redact_argv(argv: list[str], secret_options: "frozenset[str] | set[str]") -> list[str]:
+def redact_argv(argv: list[str], secret_options: frozenset[str] | set[str]) -> list[str]:
     """argv with the value of every secret flag replaced by '***', by position (`--api-key X`, `--api-key=X`):
     redaction by field, so a number that happens to equal a secret is never hidden."""
     out: list[str] = []

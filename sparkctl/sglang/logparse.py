@@ -18,9 +18,10 @@ import ast
 import enum
 import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
 __all__ = [
     "EventKind", "FATAL_KINDS", "LogEvent", "clean_line", "split_segments", "parse_line",

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -124,7 +125,7 @@ class _ArgvBuilder:
             if flag.dest in self.dests:
                 by = self.dests[flag.dest]
                 raise self._refuse(key, f"{opt} is given twice" if by == key else f"{opt} is already set by {by}",
-                                   f"set it once: remove it from extra_args" + ("" if by == key else f" or {by}"))
+                                   "set it once: remove it from extra_args" + ("" if by == key else f" or {by}"))
             self.dests[flag.dest] = key
             if flag.deprecated:
                 self.warnings.append(f"{key}: {opt} is deprecated in SGLang {version}")

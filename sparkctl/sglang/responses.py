@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from sparkctl.errors import NodeError
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from sparkctl.sglang.responses import as_json_object, int_or_none
 

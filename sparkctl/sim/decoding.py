@@ -30,7 +30,7 @@ import random
 import re
 import threading
 from collections import OrderedDict
-from typing import Iterable
+from collections.abc import Iterable
 
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 

@@ -20,7 +20,7 @@ import json
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 PeerLost = Callable[[int, float, int], None]
 

@@ -26,8 +26,8 @@ import time
 
 from sparkctl.sim import failures
 from sparkctl.sim.args import Resolved, build_parser, resolve, server_args_repr, startup_error, torch_dtype
+from sparkctl.sim.config import KnobError, Knobs, load_knobs, sglang_version
 from sparkctl.sim.config_file import ConfigFileError, merge_config_args
-from sparkctl.sim.config import Knobs, KnobError, load_knobs, sglang_version
 from sparkctl.sim.dist import DistError, StoreClient, StoreServer
 from sparkctl.sim.logfmt import EngineLog
 

@@ -21,14 +21,27 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from sparkctl.sim import decoding as dec
-from sparkctl.sim.responses import (ChatView, completion_body, completion_chunk, drain, generate_out, metrics_text,
-                                    weight_metadata,
-                                    server_info, usage)
-from sparkctl.sim.scheduler import Request, Scheduler
-
 from sparkctl.sim.httpbase import HEALTH as _HEALTH
-from sparkctl.sim.httpbase import METHOD_NOT_ALLOWED, NOT_FOUND, BaseHandler, Server, _dumps
-from sparkctl.sim.httpbase import serve_dummy  # noqa: F401 - engine.py's import
+from sparkctl.sim.httpbase import (
+    METHOD_NOT_ALLOWED,
+    NOT_FOUND,
+    BaseHandler,
+    Server,
+    _dumps,
+    serve_dummy,  # noqa: F401 - engine.py's import
+)
+from sparkctl.sim.responses import (
+    ChatView,
+    completion_body,
+    completion_chunk,
+    drain,
+    generate_out,
+    metrics_text,
+    server_info,
+    usage,
+    weight_metadata,
+)
+from sparkctl.sim.scheduler import Request, Scheduler
 
 
 class ApiState:
@@ -336,7 +349,7 @@ class _ApiHandler(BaseHandler):
             st.sched.abort(req)
             self.close_connection = True
 
-    def _chat_stream(self, req: Request, view: "ChatView", cid: str, created: int, model: str,
+    def _chat_stream(self, req: Request, view: ChatView, cid: str, created: int, model: str,
                      include_usage: bool) -> None:
         def frame(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,

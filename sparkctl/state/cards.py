@@ -24,8 +24,9 @@ the deployment record the card names. Example::
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from sparkctl.errors import ConfigError, LedgerError
 from sparkctl.state.files import write_json_atomic

@@ -31,17 +31,17 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pydantic import ValidationError
 
 from sparkctl.errors import LedgerError, LockHeldError
 from sparkctl.state.files import check_state_path, open_state_file, private_dir, state_dir_error, write_json_atomic
 from sparkctl.state.records import DeploymentRecord, RunRecord, Status
-
 
 REPAIR_HINT = ("run `sparkctl repair`: it keeps the damaged file (moved aside), rebuilds the ledger from the engines "
                "actually running and asks before changing anything")
@@ -56,7 +56,7 @@ def default_state_root() -> Path:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def check_state_root(root: Path) -> str | None:
@@ -128,7 +128,7 @@ class Ledger:
         self.root = root
 
     @classmethod
-    def for_cluster(cls, cluster: str, state_root: Path | None = None) -> "Ledger":
+    def for_cluster(cls, cluster: str, state_root: Path | None = None) -> Ledger:
         """The ledger of `cluster`; StateDirError (exit 6, naming path and owner) when the state root is another
         user's or ``<cluster>`` is a symlink or another user's (`check_state_path`): never followed."""
         root = (state_root or default_state_root()) / cluster
@@ -223,7 +223,7 @@ class Ledger:
     # -- records -------------------------------------------------------------------------------------------------
     @staticmethod
     def new_id(profile: str) -> str:
-        return f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{profile}-{secrets.token_hex(2)}"
+        return f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{profile}-{secrets.token_hex(2)}"
 
     def save(self, record: DeploymentRecord) -> None:
         _write_fault(self.deployment_path(record.id))

@@ -7,10 +7,9 @@ run continues it; any other tune first restores what ran before and marks the ol
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
-
-from typing import Literal, Optional
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, TypeAdapter, ValidationError
 
@@ -32,7 +31,7 @@ class Journal:
         self.path = ledger.root / "runs" / run_id / "tune.json"
 
     @classmethod
-    def load(cls, ledger: Ledger, run_id: str) -> "Journal":
+    def load(cls, ledger: Ledger, run_id: str) -> Journal:
         """The journal of `run_id`: ConfigError when there is none; LedgerError (exit 6) naming the file when it is
         damaged (not JSON, or not of the shape `TuneJournal` describes: the profile is a plain name, never a path,
         the options are `TuneOptions`, every trial has its index, changes and status)."""
@@ -59,11 +58,11 @@ class _Trial(BaseModel):
     changes: dict[str, Any]
     baseline: StrictBool
     status: Literal["pending", "feasible", "infeasible", "skipped"]
-    reason: Optional[str] = None
-    deployment: Optional[RecordName] = None
-    card: Optional[str] = None
-    objective: Optional[dict[str, Any]] = None
-    elapsed_s: Optional[float] = None
+    reason: str | None = None
+    deployment: RecordName | None = None
+    card: str | None = None
+    objective: dict[str, Any] | None = None
+    elapsed_s: float | None = None
 
 
 class TuneJournal(BaseModel):
@@ -78,11 +77,11 @@ class TuneJournal(BaseModel):
     baseline_values: dict[str, Any]
     options: dict[str, Any]
     trials: list[_Trial] = Field(min_length=1)
-    original: Optional[RecordName] = None
-    estimate: Optional[dict[str, Any]] = None
-    confirmation: Optional[dict[str, Any]] = None
-    winner: Optional[dict[str, Any]] = None
-    restore: Optional[dict[str, Any]] = None
+    original: RecordName | None = None
+    estimate: dict[str, Any] | None = None
+    confirmation: dict[str, Any] | None = None
+    winner: dict[str, Any] | None = None
+    restore: dict[str, Any] | None = None
     timing: dict[str, Any] = Field(default_factory=dict)
 
 

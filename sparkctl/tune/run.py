@@ -28,17 +28,18 @@ from __future__ import annotations
 
 import statistics
 import time
-from pathlib import Path
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
-from sparkctl.userfiles import check_user_target, write_user_text
 from sparkctl.state.ledger import Ledger, now_iso
-
-from sparkctl.tune import g6, space as sp
+from sparkctl.tune import g6
+from sparkctl.tune import space as sp
 from sparkctl.tune.journal import Journal, clear_marker, restore, settle, write_marker
 from sparkctl.tune.table import trial_table
+from sparkctl.userfiles import check_user_target, write_user_text
 
 SCHEMA = "sparkctl.tune/1"
 OBJECTIVES = {"decode": ("decode", "higher"), "ttft": ("ttft", "lower"), "aggregate-c2": ("concurrency", "higher")}

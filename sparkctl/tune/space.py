@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import itertools
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +122,7 @@ def _nest(changes: dict[str, Any]) -> dict[str, Any]:
 
 def winner_profile_text(base_name: str, changes: dict[str, Any], run_id: str, note: str) -> str:
     """A profile that `extends:` the original with only the changed keys, and a comment naming the tune run."""
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     head = [f"# Written by `sparkctl tune` run {run_id} ({stamp}).",
             f"# {note}",
             f"# Only the keys the tune changed from {base_name}; everything else comes from {base_name}."]

@@ -20,7 +20,7 @@ import hashlib
 import json
 import random
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any
 
@@ -39,7 +39,7 @@ class Prompt:
         return [{"role": "user", "content": self.text}]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(name: str) -> dict[str, Any]:
     return json.loads(resources.files("sparkctl.bench.prompts").joinpath(name).read_text(encoding="utf-8"))
 
