@@ -19,6 +19,7 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -126,10 +127,8 @@ def write_user_file(path: Path, data: bytes, *, overwrite: bool, option: str | N
         raise _refuse(path, f"cannot be written: {exc.strerror or exc}", option,
                       "free space on its file system" if full else "choose another path") from None
     finally:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
     try:
         dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:

@@ -143,7 +143,10 @@ def measure_arm(arm: Arm, opts: BenchOptions, run_tag: str, *, primary: bool, g6
     prompts = {c: p for c, p in decode_prompts().items() if c in opts.classes}
     code = decode_prompts()["code"]
     results: dict[str, Any] = {}
-    say = (lambda m: progress(f"[{arm.role} {arm.name}] {m}"))
+
+    def say(m: str) -> None:
+        progress(f"[{arm.role} {arm.name}] {m}")
+
     if arm.log is not None:
         results["boot_log_capacity"] = capacity_from_log(arm.log.whole()) or None
     if "cold" in gates:
@@ -209,5 +212,6 @@ def _acceptance(arm: Arm, decode: dict[str, Any] | None, opts: BenchOptions, say
         out["log"] = {"note": "no scheduler log available for this arm (use --log FILE)"}
     out["generate"] = measure.acceptance_from_generate(arm, decode_prompts()["code"], runs=opts.acceptance_runs,
                                                        max_tokens=opts.max_tokens)
-    say(f"acceptance: log {out['log'].get('accept_len')}, /generate {(out['generate'].get('accept_len') or {}).get('median')}")
+    generated = (out['generate'].get('accept_len') or {}).get('median')
+    say(f"acceptance: log {out['log'].get('accept_len')}, /generate {generated}")
     return out

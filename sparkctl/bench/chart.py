@@ -35,7 +35,10 @@ def decode_svg(result: dict[str, Any]) -> str | None:
     top = max(b[2]["max"] for b in bars) * 1.15
     w, h, left, bottom, bw, gap = 120 + 70 * len(bars), 260, 60, 40, 46, 24
     plot_h = h - bottom - 30
-    y = (lambda v: 30 + plot_h * (1 - v / top))
+
+    def y(v: float) -> float:
+        return 30 + plot_h * (1 - v / top)
+
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
            f'<text x="{left}" y="16" font-size="12">Decode tok/s, medians (min–max)'
            f'{" — EMULATED" if result.get("emulated") else ""}</text>',
@@ -80,8 +83,13 @@ def history_svg(rows: list[dict[str, Any]]) -> str:
     w = left + right + max(1, n - 1) * 70 + 40
     h = 320
     plot_h = h - top_pad - bottom
-    x = (lambda i: left + 20 + i * 70)
-    y = (lambda v: top_pad + plot_h * (1 - v / top))
+
+    def x(i: int) -> float:
+        return left + 20 + i * 70
+
+    def y(v: float) -> float:
+        return top_pad + plot_h * (1 - v / top)
+
     emulated = any(r.get("emulated") for r in rows)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
            f'<text x="{left}" y="16" font-size="12">Decode tok/s over time, medians (min–max)'
@@ -107,7 +115,8 @@ def history_svg(rows: list[dict[str, Any]]) -> str:
         series = pts.get((role, cls))
         if not series:
             continue
-        d = " ".join(f"{'M' if k == 0 else 'L'}{x(i):.1f},{y(float(s['median'])):.1f}" for k, (i, s) in enumerate(series))
+        d = " ".join(f"{'M' if k == 0 else 'L'}{x(i):.1f},{y(float(s['median'])):.1f}"
+                     for k, (i, s) in enumerate(series))
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
         out.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="2"{dash_attr}/>')
         for i, s in series:

@@ -72,7 +72,9 @@ def diff_entries(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
                      "metrics": metrics, "only_in": only, "changed": ch,
                      "changed_text": [describe_change(c) for c in ch]})
     ratio = {}
-    for cls in sorted(set((a.get("comparison") or {}).get("decode") or {}) & set((b.get("comparison") or {}).get("decode") or {})):
+    decode_a = (a.get("comparison") or {}).get("decode") or {}
+    decode_b = (b.get("comparison") or {}).get("decode") or {}
+    for cls in sorted(set(decode_a) & set(decode_b)):
         ra, rb = a["comparison"]["decode"][cls].get("ratio"), b["comparison"]["decode"][cls].get("ratio")
         ratio[cls] = {"a": ra, "b": rb, "delta": None if ra is None or rb is None else round(rb - ra, 3)}
     return {"a": {k: a.get(k) for k in ("run_id", "started", "status", "emulated", "path", "profiles")},

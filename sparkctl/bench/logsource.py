@@ -139,7 +139,8 @@ def concurrency_cap_from_log(lines: Iterable[str]) -> dict[str, Any] | None:
         if ev is None or ev.kind is not EventKind.MAMBA_CAP_WARNING:
             continue
         f = ev.fields
-        cap, size, slots = f.get("max_running_requests"), f.get("max_mamba_cache_size"), f.get("state_slots_per_request")
+        cap, size = f.get("max_running_requests"), f.get("max_mamba_cache_size")
+        slots = f.get("state_slots_per_request")
         fix = "raise --max-mamba-cache-size"
         if isinstance(size, int) and isinstance(slots, int) and slots > 0:
             fix += (f" (now {size}: {size // slots} request(s) at {slots} state slots each; 2 concurrent requests "

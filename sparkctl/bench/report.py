@@ -107,14 +107,16 @@ def _serving(L: list[str], result: dict[str, Any]) -> None:
         res = si.get("resolved") or {}
         mrr = c.get("max_running_requests") or {}
         spec = c.get("speculative_algorithm")
+        total = res.get('max_total_num_tokens') or (c.get('capacity') or {}).get('max_total_num_tokens') or 'unknown'
         L.append(f"**{_arm_title(a)}** — {c['endpoint']}")
         L.append(f"- SGLang {c.get('sglang_version') or 'unknown'}; model {c.get('model') or 'unknown'}; "
                  f"speculative {spec + ' (' + str(c.get('draft_tokens')) + ' draft tokens)' if spec else 'off'}")
         L.append(f"- context {c.get('context_length') or 'unknown'}, max_total_num_tokens "
-                 f"{res.get('max_total_num_tokens') or (c.get('capacity') or {}).get('max_total_num_tokens') or 'unknown'}, "
+                 f"{total}, "
                  f"max_running_requests resolved to {mrr.get('value') if mrr.get('value') is not None else 'unknown'} "
                  f"({mrr.get('source', 'unknown')}), KV {si.get('kv_cache_dtype') or 'unknown'}, "
-                 f"mem-fraction-static {si.get('mem_fraction_static') or 'unknown'}, prefix cache {c.get('prefix_cache')}")
+                 f"mem-fraction-static {si.get('mem_fraction_static') or 'unknown'}, "
+                 f"prefix cache {c.get('prefix_cache')}")
         L.append(f"- profile {c.get('profile') or 'none (bare endpoint)'}, deployment {c.get('deployment') or 'none'}, "
                  f"identity {c.get('identity') or 'unknown'}, image {', '.join(c.get('images') or []) or 'unknown'}")
         L.append(f"- clocks: {c.get('clocks_policy', 'unknown')}; scheduler log: {c.get('log') or 'none'}")
@@ -255,6 +257,10 @@ def _g6(L: list[str], result: dict[str, Any]) -> None:
     L.append("")
     L.append(f"| prompt | verdict | token index | {g['on']} around the index | {g['off']} around the index |")
     L.append("|---|---|---|---|---|")
+
+    def esc(s: str | None) -> str:
+        return (s or "").replace("|", "\\|").replace("\n", " ")
+
     for p in g["prompts"]:
         verdict = {"identical": "identical", "diverged": "diverged", "void": "VOID"}[p["status"]]
         if p["status"] == "diverged" and p.get("detail"):
@@ -262,7 +268,6 @@ def _g6(L: list[str], result: dict[str, Any]) -> None:
         if p["status"] == "void":
             verdict += f" ({p.get('detail')})"
         idx = "" if p.get("index") is None else str(p["index"]) + (f" ({p['channel']})" if p.get("channel") else "")
-        esc = (lambda s: (s or "").replace("|", "\\|").replace("\n", " "))
         L.append(f"| {p['prompt_id']} | {verdict} | {idx} | {esc(p.get('on_context'))} | {esc(p.get('off_context'))} |")
 
 
@@ -283,14 +288,16 @@ def _ttft(L: list[str], result: dict[str, Any]) -> None:
                 s, p = e.get("ttft_s") or {}, e.get("prefill_tok_s") or {}
                 L.append(f"- ~{size:,}-token prompt ({', '.join(str(x) for x in e.get('prompt_tokens') or [])} "
                          f"prompt tokens, unique prefix, uncached): TTFT {fmt_s(s.get('median'))} s"
-                         + (f" ({fmt_s(s.get('min'))}–{fmt_s(s.get('max'))}, n={s.get('n')})" if s.get("n", 1) > 1 else "")
+                         + (f" ({fmt_s(s.get('min'))}–{fmt_s(s.get('max'))}, n={s.get('n')})"
+                            if s.get("n", 1) > 1 else "")
                          + f", prefill {fmt_tps(p.get('median'))} tok/s")
             else:
                 L.append(f"- ~{size:,}: {e.get('note')}")
         c = t.get("cached_repeat")
         if c:
             s = c.get("ttft_s") or {}
-            L.append(f"- radix-cached repeat of the ~{c.get('target_tokens'):,} prompt: TTFT {fmt_s(s.get('median'))} s; "
+            L.append(f"- radix-cached repeat of the ~{c.get('target_tokens'):,} prompt: "
+                     f"TTFT {fmt_s(s.get('median'))} s; "
                      f"{'recognised as cached' if c.get('radix_cached') else 'NOT recognised as cached'} "
                      f"({c.get('basis')})")
         L.append(f"- prompt sizes from {'a measured' if cal.get('measured') else 'an assumed'} token calibration "

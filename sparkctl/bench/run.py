@@ -140,7 +140,8 @@ def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts
                          evidence="\n".join(failed[:20]))
 
 
-def _run(result: RunRecord, body: Callable[[], None], out_dir: ReportDir, run: RunState | None = None) -> dict[str, Any]:
+def _run(result: RunRecord, body: Callable[[], None], out_dir: ReportDir,
+         run: RunState | None = None) -> dict[str, Any]:
     """Run `body`, record how it ended (successful, failed, canceled), write the report either way."""
     secrets = run.secrets if run else set()
     try:

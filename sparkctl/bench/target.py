@@ -184,7 +184,8 @@ class Arm:
         """Resolved max running requests and where it was read."""
         s = parse_server_info(self.server_info) if self.server_info else None
         if s and s.effective_max_running_requests is not None:
-            return s.effective_max_running_requests, "/server_info internal_states effective_max_running_requests_per_dp"
+            return (s.effective_max_running_requests,
+                    "/server_info internal_states effective_max_running_requests_per_dp")
         cap = (self.record.capacity if self.record else None) or {}
         if isinstance(cap.get("max_running_requests"), int):
             return cap["max_running_requests"], "boot log capacity line (ledger record)"

@@ -44,7 +44,8 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
         try:
             value = int(float(part.rstrip("k")) * mult)
         except (ValueError, OverflowError):   # "x", "nan", "inf", "1e400"
-            raise ConfigError(f"not a number: {part!r}", where=option, hint="a comma-separated list, e.g. 4k,16k") from None
+            raise ConfigError(f"not a number: {part!r}", where=option,
+                              hint="a comma-separated list, e.g. 4k,16k") from None
         if not 0 < value <= 1 << 24:
             raise ConfigError(f"out of range: {part!r}", where=option, hint="each value from 1 to 16384k")
         out.append(value)
@@ -96,14 +97,18 @@ def register(app: typer.Typer) -> None:
               log: Path | None = typer.Option(None, "--log", help="Scheduler log of the (first) arm: a file the "
                                                  "engine writes, or a captured log (alone: log-only analysis)."),
               compare_log: Path | None = typer.Option(None, "--compare-log", help="Scheduler log of the second arm."),
-              runs: int = typer.Option(5, "--runs", min=1, max=10_000, help="Measured runs per prompt class (medians)."),
-              max_tokens: int = typer.Option(800, "--max-tokens", min=2, max=1 << 20, help="max_tokens per decode request."),
-              warmup: int = typer.Option(2, "--warmup", min=0, max=1000, help="Warm-up requests after the first (cold) one."),
+              runs: int = typer.Option(5, "--runs", min=1, max=10_000,
+                                       help="Measured runs per prompt class (medians)."),
+              max_tokens: int = typer.Option(800, "--max-tokens", min=2, max=1 << 20,
+                                             help="max_tokens per decode request."),
+              warmup: int = typer.Option(2, "--warmup", min=0, max=1000,
+                                         help="Warm-up requests after the first (cold) one."),
               gates: str | None = typer.Option(None, "--gates", help="Comma list of cold,decode,acceptance,ttft,"
                                                   "concurrency,g6 (default: all)."),
               ttft_sizes: str = typer.Option("4k,16k,64k", "--ttft-sizes", help="Prompt sizes in tokens for TTFT."),
-              ttft_runs: int = typer.Option(3, "--ttft-runs", min=1, max=1000, help="Runs per TTFT size, each with its own "
-                                            "unique prefix (median (min-max); one delayed run cannot set it)."),
+              ttft_runs: int = typer.Option(3, "--ttft-runs", min=1, max=1000,
+                                            help="Runs per TTFT size, each with its own unique prefix "
+                                            "(median (min-max); one delayed run cannot set it)."),
               concurrency: str | None = typer.Option(None, "--concurrency", help="Concurrency levels (default "
                                                         "1,2; 1,2,4,8 through the router of a replicated deployment)."),
               g6_max_tokens: int | None = typer.Option(None, "--g6-max-tokens", min=1, max=1 << 20,
@@ -114,19 +119,22 @@ def register(app: typer.Typer) -> None:
                                                         "to send to --endpoint/--compare-endpoint (never stored); "
                                                         "without it no key is sent to them."),
               connect_timeout: float = typer.Option(10.0, "--connect-timeout",
-                                                 parser=bounds.seconds(), metavar="SECONDS", help="Seconds to connect."),
+                                                    parser=bounds.seconds(), metavar="SECONDS",
+                                                    help="Seconds to connect."),
               read_timeout: float = typer.Option(120.0, "--read-timeout",
-                                                 parser=bounds.seconds(), metavar="SECONDS", help="Longest silence (s) while any byte is "
-                                                 "awaited; covers a non-streamed 800-token answer at 14.7 tok/s."),
+                                                 parser=bounds.seconds(), metavar="SECONDS",
+                                                 help="Longest silence (s) while any byte is awaited; covers a "
+                                                 "non-streamed 800-token answer at 14.7 tok/s."),
               idle_timeout: float = typer.Option(120.0, "--idle-timeout",
-                                                 parser=bounds.seconds(), metavar="SECONDS", help="Longest a stream may go without a "
-                                                 "data event (s)."),
+                                                 parser=bounds.seconds(), metavar="SECONDS",
+                                                 help="Longest a stream may go without a data event (s)."),
               request_deadline: float = typer.Option(600.0, "--request-deadline",
-                                                 parser=bounds.seconds(), metavar="SECONDS", help="Deadline of one whole "
-                                                     "request (s)."),
+                                                     parser=bounds.seconds(), metavar="SECONDS",
+                                                     help="Deadline of one whole request (s)."),
               run_deadline: float = typer.Option(14400.0, "--run-deadline",
-                                                 parser=bounds.seconds(), metavar="SECONDS", help="Deadline of every request of the "
-                                                 "run (s); --compare deployments keep their own boot timeouts."),
+                                                 parser=bounds.seconds(), metavar="SECONDS",
+                                                 help="Deadline of every request of the run (s); --compare "
+                                                 "deployments keep their own boot timeouts."),
               log_only: bool = flag("--log-only", help="Analyse --log alone; send no request."),
               out: Path | None = typer.Option(None, "--out", help="Directory for report.md/report.json/"
                                                  "decode.svg, written as given (default: the run's record in the "

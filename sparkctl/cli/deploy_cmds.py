@@ -61,7 +61,8 @@ def _emit(result: Any, as_json: bool, human: Any) -> None:
 def _up_human(result: dict[str, Any]) -> None:
     outcome = result.get("outcome")
     if outcome == "deployed":
-        print(f"deployed {result['deployment']}: {result['endpoint']}" + ("  (emulated)" if result.get("emulated") else ""))
+        print(f"deployed {result['deployment']}: {result['endpoint']}"
+              + ("  (emulated)" if result.get("emulated") else ""))
         cap = result.get("capacity") or {}
         if cap:
             print("capacity: " + ", ".join(f"{k}={v}" for k, v in cap.items()))
@@ -312,8 +313,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def logs(rank: int = typer.Option(0, "--rank", parser=bounds.count(0, 1023, what="a rank"), metavar="N",
                                    help="Rank whose engine log to show."),
-             tail: int = typer.Option(50, "--tail", parser=bounds.count(0, 10_000_000, what="a line count"), metavar="N",
-                                   help="Last N lines (0: all)."),
+             tail: int = typer.Option(50, "--tail", parser=bounds.count(0, 10_000_000, what="a line count"),
+                                   metavar="N", help="Last N lines (0: all)."),
              follow: bool = flag("--follow", "-f", help="Keep printing new lines (Ctrl-C stops)."),
              replica: int | None = typer.Option(None, "--replica", parser=bounds.count(0, 1023, what="a replica"),
                                                    metavar="I", help="Replicated deployment: replica I's rank log "

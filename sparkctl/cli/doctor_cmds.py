@@ -46,7 +46,7 @@ def _list() -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def doctor(log: list[Path] | None = typer.Option(None, "--log", metavar="FILE",
-                                                        help="Read this log file instead of a deployment (repeatable)."),
+                                                     help="Read this log file instead of a deployment (repeatable)."),
                deployment: str | None = typer.Option(None, "--deployment", metavar="ID",
                                                         help="Diagnose this deployment (default: the active one when "
                                                              "unhealthy, else the newest failed one)."),

@@ -1,4 +1,5 @@
-"""Image pipeline commands: `patches check`, `image plan|build|ls|verify|prune` (thin; the work is in sparkctl.images)."""
+"""Image pipeline commands: `patches check`, `image plan|build|ls|verify|prune` (thin; the work is in
+sparkctl.images)."""
 from __future__ import annotations
 
 import sys
@@ -8,7 +9,8 @@ import typer
 from sparkctl.cli.options import PlainFlagsGroup, flag
 
 patches_app = typer.Typer(cls=PlainFlagsGroup, no_args_is_help=True, help="GB10 patch series (patches/<series>/).")
-image_app = typer.Typer(cls=PlainFlagsGroup, no_args_is_help=True, help="Engine and launch images: plan, build, list, verify, prune.")
+image_app = typer.Typer(cls=PlainFlagsGroup, no_args_is_help=True,
+                        help="Engine and launch images: plan, build, list, verify, prune.")
 
 
 def register(app: typer.Typer) -> None:
@@ -88,7 +90,8 @@ def image_plan(profile: str = _PROFILE, inventory: str | None = _INVENTORY, as_j
 
 @image_app.command("build")
 def image_build(profile: str = _PROFILE, inventory: str | None = _INVENTORY,
-                copy: bool = typer.Option(True, "--copy/--no-copy", metavar="", help="Copy to the other nodes over the fabric."),
+                copy: bool = typer.Option(True, "--copy/--no-copy", metavar="",
+                                          help="Copy to the other nodes over the fabric."),
                 as_json: bool = _JSON) -> None:
     """Build the engine + launch images on the rank-0 node (no-op when present), copy them, verify them."""
     from sparkctl.deploy.progress import Reporter
@@ -112,7 +115,8 @@ def image_build(profile: str = _PROFILE, inventory: str | None = _INVENTORY,
         from sparkctl.cli.outputs import ImageBuildOutput, emit
         emit(ImageBuildOutput, {
             **p.to_json(), "steps": [s.__dict__ for s in steps],
-            "transfers": [{"node": t.node, "image": t.image, "skipped": t.skipped, "layers": [x.__dict__ for x in t.layers],
+            "transfers": [{"node": t.node, "image": t.image, "skipped": t.skipped,
+                           "layers": [x.__dict__ for x in t.layers],
                            "rx_bytes": t.rx_bytes, "seconds": t.seconds, "via": t.via} for t in transfers],
             "ids": ids})
     else:   # each step and copy was reported once, as it happened (stderr); stdout keeps the outcome
@@ -174,7 +178,8 @@ def image_prune(inventory: str | None = _INVENTORY,
         return
     for r in rows:
         state = "would remove" if dry_run else ("FAILED to remove" if r.get("error") else "removed")
-        print(f"{r['node']:<10} {state} {', '.join(r['tags']) or r['id'][7:19]}" + (f": {r['error']}" if r.get("error") else ""))
+        print(f"{r['node']:<10} {state} {', '.join(r['tags']) or r['id'][7:19]}"
+              + (f": {r['error']}" if r.get("error") else ""))
     for node, c in caches.items():
         if c["removed"]:
             print(f"{node:<10} registry cache: {'would drop' if dry_run else 'dropped'} {len(c['removed'])} image(s)"

@@ -259,7 +259,8 @@ class TuneOutput(BaseModel):
 OUTPUTS: dict[str, type[BaseModel]] = {
     "render": RenderOutput, "profiles": ProfilesOutput, "image-plan": ImagePlanOutput, "image-ls": ImageListOutput,
     "image-build": ImageBuildOutput,
-    "image-verify": ImageVerifyOutput, "image-prune": ImagePruneOutput, "prepare": PrepareOutput, "patches-check": PatchesCheckOutput,
+    "image-verify": ImageVerifyOutput, "image-prune": ImagePruneOutput, "prepare": PrepareOutput,
+    "patches-check": PatchesCheckOutput,
     "facts": FactsOutput, "bench-history": HistoryOutput, "bench-diff": DiffOutput,
     "tune": TuneOutput, "doctor": DoctorReport,
 }

@@ -55,14 +55,16 @@ class SSHSettings(BaseModel):
     host: SshHost = Field(description="Management address or name sparkctl reaches the node on (ansible_host).")
     port: Port = Field(22, description="SSH port (ansible_port).")
     user: SshUser = Field("root", description="SSH user (ansible_user).")
-    key_file: LocalPath | None = Field(None, description="Private key for key-based auth (ansible_ssh_private_key_file).")
+    key_file: LocalPath | None = Field(None,
+                                       description="Private key for key-based auth (ansible_ssh_private_key_file).")
     connection: choice("ssh", "local") = Field(
         "ssh", description="'local' for the embedded cluster (ansible_connection: local): no SSH at all.")
 
 
 class HostPaths(BaseModel):
     model_config = _STRICT
-    models: HostPath = Field("/models", description="Host directory holding model and drafter weights (mounted read-only).")
+    models: HostPath = Field("/models",
+                             description="Host directory holding model and drafter weights (mounted read-only).")
     cache: HostPath = Field("/var/cache/sparkctl",
                        description="Host directory for JIT caches (TileLang, Triton, FlashInfer, torch compile).")
 
@@ -267,9 +269,9 @@ def _node_from_vars(name: str, hvars: dict[str, Any], where: str) -> dict[str, A
     node["ssh"] = ssh
     for required in ("fabric_interface", "fabric_address"):
         if required not in node:
+            what = "netdev, e.g. enp1s0f0np0" if required == "fabric_interface" else "IPv4 address"
             raise ConfigError(f"hosts.{name}.{required}: missing", where=where,
-                              hint=f"set {required} for {name} (the CX-7 fabric "
-                                   f"{'netdev, e.g. enp1s0f0np0' if required == 'fabric_interface' else 'IPv4 address'})")
+                              hint=f"set {required} for {name} (the CX-7 fabric {what})")
     return node
 
 
@@ -300,7 +302,8 @@ def load_inventory(path: Path, *, embedded: bool = False) -> Inventory:
         if k.startswith("sparkctl_") and k not in _CLUSTER_KEYS:
             guess = did_you_mean(k, sorted(_CLUSTER_KEYS))
             raise ConfigError(f"all.vars.{k}: unknown cluster variable", where=where,
-                              hint=f"did you mean '{guess}'?" if guess else f"known: {', '.join(sorted(_CLUSTER_KEYS))}")
+                              hint=f"did you mean '{guess}'?" if guess
+                              else f"known: {', '.join(sorted(_CLUSTER_KEYS))}")
     nodes = [_node_from_vars(n, v, where) for n, v in hosts]
     if any("rank" in n for n in nodes):
         for n in nodes:
@@ -361,8 +364,9 @@ def _inventory_error(exc: ValidationError, where: str, nodes: list[dict[str, Any
     ansible = {v: k for k, v in _ANSIBLE_KEYS.items()}
     for i, n in enumerate(nodes):
         for field, var in ansible.items():
-            err.message = err.message.replace(f"nodes[{i}].ssh.{field}:", f"hosts.{n['name']}.{var}:")
-            err.evidence = err.evidence and err.evidence.replace(f"nodes[{i}].ssh.{field}:", f"hosts.{n['name']}.{var}:")
+            ours, theirs = f"nodes[{i}].ssh.{field}:", f"hosts.{n['name']}.{var}:"
+            err.message = err.message.replace(ours, theirs)
+            err.evidence = err.evidence and err.evidence.replace(ours, theirs)
         err.message = err.message.replace(f"nodes[{i}].", f"hosts.{n['name']}.")
         err.evidence = err.evidence and err.evidence.replace(f"nodes[{i}].", f"hosts.{n['name']}.")
     return err

@@ -51,7 +51,8 @@ class ImageSettings(BaseModel):
     base_image: ImageRef = Field("lmsysorg/sglang:v0.5.23", description="Engine base image the GB10 layers build on.")
     patch_series: PlainName | None = Field(None, description="Directory under patches/ applied at image build.")
     platform: Platform = Field("linux/arm64", description="Image platform (DGX Spark is aarch64).")
-    ref: ImageRef | None = Field(None, description="Engine image to run; default: sparkctl/sglang-gb10:<version>-<patches>.")
+    ref: ImageRef | None = Field(None, description="Engine image to run; "
+                                 "default: sparkctl/sglang-gb10:<version>-<patches>.")
 
     def engine_ref(self) -> str:
         """The engine image reference this profile runs."""
@@ -141,7 +142,8 @@ class SpeculativeSettings(BaseModel):
 
 class WarmupSettings(BaseModel):
     model_config = _STRICT
-    requests: Count = Field(2, ge=0, le=1000, description="Warm-up requests after boot (the first, cold one is timed apart).")
+    requests: Count = Field(2, ge=0, le=1000,
+                            description="Warm-up requests after boot (the first, cold one is timed apart).")
     max_tokens: Count = Field(800, ge=1, description="max_tokens per warm-up request.")
     prompt: Prose = Field("Write a short, careful explanation of how a thread-safe queue works.",
                         description="Warm-up prompt.")
@@ -197,7 +199,8 @@ class Profile(BaseModel):
     model: ModelSettings = Field(description="Model to serve.")
     server: ServerSettings = Field(default_factory=ServerSettings, description="SGLang server settings.")
     speculative: SpeculativeSettings | None = Field(None, description="Speculative decoding, or null for off.")
-    env: dict[EngineEnvKey, EnvValue] = Field(default_factory=dict, description="Extra environment for the engine on every rank.")
+    env: dict[EngineEnvKey, EnvValue] = Field(default_factory=dict,
+                                              description="Extra environment for the engine on every rank.")
     warmup: WarmupSettings = Field(default_factory=WarmupSettings, description="Warm-up after boot.")
     expect: Expectations = Field(default_factory=Expectations, description="Expectations on resolved capacity.")
     api: ApiSettings = Field(default_factory=ApiSettings, description="HTTP API and rendezvous ports.")
@@ -205,7 +208,8 @@ class Profile(BaseModel):
     replicas: Count = Field(1, ge=1, le=64, description="Data-parallel replicas: K groups of server.tp_size nodes "
                                                        "each (in inventory rank order), behind the router when K > 1.")
     router: RouterSettings = Field(default_factory=RouterSettings, description="The router in front of replicas.")
-    rollback_profile: PlainName | None = Field(None, description="Profile to fall back to when asked (e.g. dflash-off).")
+    rollback_profile: PlainName | None = Field(None,
+                                               description="Profile to fall back to when asked (e.g. dflash-off).")
     extends: list[PlainName] = Field(default_factory=list, description="Chain of profiles this one extends (resolved).")
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -253,7 +257,8 @@ def _merge(base: Any, over: Any, origin: dict[str, str], src: str, path: tuple[A
     if isinstance(base, dict) and isinstance(over, dict):
         out = dict(base)
         for k, v in over.items():
-            out[k] = _merge(base.get(k), v, origin, src, path + (k,)) if k in base else _mark(v, origin, src, path + (k,))
+            here = path + (k,)
+            out[k] = _merge(base.get(k), v, origin, src, here) if k in base else _mark(v, origin, src, here)
         return out
     return _mark(over, origin, src, path)
 

@@ -8,6 +8,7 @@ its last line goes to stderr; the error (exit 6) says what was restored.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -304,10 +305,8 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
                 record.restoring = None
         finally:
             j.save()
-            try:
+            with contextlib.suppress(SparkctlError, OSError):   # a cache: rebuilt by the next command that has room
                 c.ledger.sync_index()
-            except (SparkctlError, OSError):
-                pass     # a cache: rebuilt by the next command that has room
         disk = disk if disk is not None else j.disk_error     # the disk may have failed during the undo
         if record.restored:
             said = f"; restored {record.restored}"

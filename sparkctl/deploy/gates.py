@@ -77,7 +77,8 @@ def run_gates(profile: Profile, client: Any, watches: list[RankWatch], *, smoke_
         bad = {k: (v, info.get(k)) for k, v in exp.items() if not _same(v, info.get(k))}
         shown = ", ".join(f"{k}={info.get(k)!r}" for k in exp)
         if bad:
-            return False, "mismatch " + ", ".join(f"{k}: want {w!r}, engine has {g!r}" for k, (w, g) in bad.items()), info
+            return False, "mismatch " + ", ".join(f"{k}: want {w!r}, engine has {g!r}"
+                                                  for k, (w, g) in bad.items()), info
         return True, shown, info
 
     def capacity(info: dict[str, Any] | None) -> Any:

@@ -10,7 +10,8 @@ Three kinds of cluster (`survey` tells which, read-only, when `up` plans):
 * **pipeline** (the default on Sparks): the profile's base image + patch series become the engine image and
   the launch image on the rank-0 node (`sparkctl.images.pipeline`), built only when their content-addressed
   tags are missing (build logs under ``<state>/builds``), copied to every peer at once over the fabric (missing
-  layers, or a whole-image stream to a peer lacking most: `sparkctl.images.copy`), and checked on every node (planned inputs, one ID per image) before boot. The ranks then run the
+  layers, or a whole-image stream to a peer lacking most: `sparkctl.images.copy`), and checked on every node
+  (planned inputs, one ID per image) before boot. The ranks then run the
   launch image (`LaunchImage`): ``docker inspect`` of an engine names its profile and launch-spec hash, and a
   rollback runs the previous launch image.
 """

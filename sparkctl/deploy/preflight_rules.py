@@ -5,6 +5,7 @@ was seen and what to do. Tested on captured output of real Sparks (tests/fixture
 """
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 from sparkctl.deploy.preflight import Check, Severity, ports_of
@@ -98,10 +99,8 @@ def docker_checks(node: Node, res: CommandResult) -> list[Check]:
     """The daemon answers (`docker info` JSON) and the node's gpu_runtime is registered."""
     name = node.name
     info = None
-    try:
+    with contextlib.suppress(ValueError):
         info = facts.parse_docker_info_json(res.stdout)
-    except ValueError:
-        pass
     if info is None or not info.answering:
         why = (res.stderr.strip() or res.stdout.strip() or f"exit {res.returncode}").splitlines()[-1]
         return [Check.failing(name, "docker", f"docker daemon does not answer: {why}",
@@ -364,7 +363,8 @@ def hca_check(node: Node, res: CommandResult) -> Check:
     bad = [h for h in n.roce_hcas if h not in links or not links[h].up]
     if bad:
         return Check.failing(n.name, "roce hcas",
-                          "; ".join(f"{h}: " + (f"{links[h].netdev} down" if h in links else "not present") for h in bad),
+                          "; ".join(f"{h}: " + (f"{links[h].netdev} down" if h in links else "not present")
+                                    for h in bad),
                           "set roce_hcas to the HCAs of the cabled port (ibdev2netdev shows which are Up)")
     return Check.passing(n.name, "roce hcas", ", ".join(f"{h} -> {links[h].netdev} (Up)" for h in n.roce_hcas))
 

@@ -149,7 +149,8 @@ def damaged_files(ledger: Ledger) -> list[tuple[Path, str]]:
     if index.exists():
         try:
             data = read_json(index)
-            if not (isinstance(data, dict) and data.get("schema") == CARDS_SCHEMA and isinstance(data.get("cards"), dict)):
+            if not (isinstance(data, dict) and data.get("schema") == CARDS_SCHEMA
+                    and isinstance(data.get("cards"), dict)):
                 out.append((index, "the card index has an unexpected shape (it is rebuilt from the cards)"))
         except SparkctlError as exc:
             out.append((index, exc.message + " (it is rebuilt from the cards)"))

@@ -3,7 +3,8 @@
 Each replica is a cluster of its own, `<cluster>.r<i>` (its `server.tp_size` nodes, its own ledger, lock and
 journal; a '.' is never in a cluster name the inventory accepts, so a replica's state and containers cannot be
 another cluster's), deployed by the ordinary `up`: its steps, its gates, its restore when it fails. A replicated
-`up` is more steps around those, journaled in the parent cluster's `replicated.json` (mode 0600), each with the lifecycle's
+`up` is more steps around those, journaled in the parent cluster's `replicated.json` (mode 0600), each with the
+lifecycle's
 crash boundaries (`deploy.steps.REPLICATED_STEPS`):
 
     reconcile       the parent's single-group deployment, if one is active, goes down first

@@ -5,7 +5,8 @@ on every rank and not secret goes into the image; a value that differs between r
 ``--host``) or names a secret file (``--config /run/sparkctl-secrets/...``, present only when the rank has
 an API key) becomes a placeholder ``{"env": "SPARKCTL_ARG_NODE_RANK"}`` that the
 entrypoint (`sparkctl.images.entrypoint`) fills from the container's environment, and env keys that differ
-(``SGLANG_HOST_IP``, ``NCCL_SOCKET_IFNAME`` ...) or name a secret file (``HF_TOKEN_PATH``) are listed in ``rank_env`` / ``optional_env``: the
+(``SGLANG_HOST_IP``, ``NCCL_SOCKET_IFNAME`` ...) or name a secret file (``HF_TOKEN_PATH``) are listed in
+``rank_env`` / ``optional_env``: the
 container must carry them. `rank_environment(doc, spec)` is what a runtime passes to one rank's container.
 The document holds no secret: its hash names the launch image. Example::
 

@@ -56,11 +56,12 @@ cp "$tmp/cert.pem" "$4/ca.crt"
 echo "TMP $tmp $!"
 python3 -c "$5" "$2" "$3" 15 || { echo "NOT-READY"; tail -n 20 "$tmp/registry.log"; exit 4; }
 cat "$tmp/cert.pem"
-"""
+"""  # noqa: E501 - the registry's config.yml as one printf format
 _TRUST = 'mkdir -p "$0" && cat >"$0/ca.crt"'
 _DOWN = 'kill "$0" 2>/dev/null; rm -rf "$1" "$2"; true'
 _PUSH = 'docker tag "$0" "$1" && docker push "$1" 2>&1; rc=$?; docker rmi "$1" >/dev/null 2>&1; exit $rc'
-_MANIFEST = 'l=$(cat "$1/repositories/$0/current/link") && h=${l#sha256:} && cat "$1/blobs/sha256/${h%"${h#??}"}/$h/data"'
+_MANIFEST = ('l=$(cat "$1/repositories/$0/current/link") && h=${l#sha256:} && '
+             'cat "$1/blobs/sha256/${h%"${h#??}"}/$h/data"')
 _SAMPLE = ("import sys,time\nf=open('/proc/net/dev');last=None\nwhile True:\n    f.seek(0)\n"
            "    for ln in f.read().splitlines():\n        n,_,c=ln.partition(':')\n"
            "        if n.strip()==sys.argv[1] and c.split():\n            v=c.split()[0]\n"

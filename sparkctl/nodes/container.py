@@ -163,7 +163,8 @@ def container_config(spec: LaunchSpec, node: Node, *, cluster: str, deployment_i
     cmd = list(spec.argv if command is None else command)
     shown = redact_argv(argv + [image, *cmd], spec.secret_options)
     labels["sparkctl.config-hash"] = hashlib.sha256(json.dumps(shown).encode()).hexdigest()[:16]
-    argv[argv.index("--network"):argv.index("--network")] = ["--label", f"sparkctl.config-hash={labels['sparkctl.config-hash']}"]
+    at = argv.index("--network")
+    argv[at:at] = ["--label", f"sparkctl.config-hash={labels['sparkctl.config-hash']}"]
     argv += ["--env-file", "/dev/stdin", image, *cmd]
     return ContainerConfig(name=name, image=image, argv=argv, env=env, labels=labels, mounts=mounts,
                            host_dirs=sorted(set(host_dirs)), secret_values=spec.secret_values,

@@ -143,7 +143,8 @@ def parse_container_inspect(text: str) -> ContainerState | None:
     status = state.get("Status") or ""
     return ContainerState(
         id=d.get("Id", ""), name=(d.get("Name") or "").lstrip("/"), status=status,
-        running=bool(state.get("Running")), exit_code=None if status in ("created", "running") else state.get("ExitCode"),
+        running=bool(state.get("Running")),
+        exit_code=None if status in ("created", "running") else state.get("ExitCode"),
         oom_killed=bool(state.get("OOMKilled")), error=state.get("Error") or "",
         started_at=None if started == _ZERO_TIME else started, finished_at=None if finished == _ZERO_TIME else finished,
         image_id=d.get("Image", ""), labels=dict(cfg.get("Labels") or {}), env=tuple(cfg.get("Env") or ()),

@@ -72,7 +72,8 @@ def missing_key_policy(kind: str, node: str, path: Path) -> paramiko.MissingHost
             raise NodeError(
                 f"host key of {hostname} is not in {path} and host_key_policy is 'pinned'",
                 where=f"[{node}] ssh",
-                hint=f"verify the key out of band (on the node: ssh-keygen -lf /etc/ssh/ssh_host_{key_type(key)}_key.pub)"
+                hint="verify the key out of band "
+                     f"(on the node: ssh-keygen -lf /etc/ssh/ssh_host_{key_type(key)}_key.pub)"
                      f", then add it: ssh-keyscan -t {key_type(key)} {hostname.strip('[]').split(']:')[0]} >> {path}",
                 evidence=f"offered: {key.get_name()} {fingerprint(key)}")
 

@@ -26,6 +26,7 @@ directory (0400), deletes it, and passes it to the engine only (`sparkctl.nodes.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -264,14 +265,10 @@ class ProcessRuntime:
             for rank_dir in sorted(dep.glob("rank*")):
                 if rank_dir.name[4:].isdigit() and self._drop_secrets(dep.name, int(rank_dir.name[4:])):
                     removed.append(str(rank_dir))
-            try:
+            with contextlib.suppress(OSError):
                 dep.rmdir()
-            except OSError:
-                pass
-        try:
+        with contextlib.suppress(OSError):
             self.secrets_root.rmdir()
-        except OSError:
-            pass
         if removed:
             log.info("removed %d secret directories of stopped engines under %s", len(removed), self.secrets_root)
         return removed

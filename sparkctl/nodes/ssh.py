@@ -38,6 +38,7 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -167,10 +168,8 @@ class SSHConnector:
 
     def _close_quietly(self) -> None:
         if self._conn is not None:
-            try:
+            with contextlib.suppress(Exception):  # closing a dead connection
                 self._conn.close()
-            except Exception:  # noqa: BLE001 - closing a dead connection
-                pass
             self._conn = None
 
     def __enter__(self) -> SSHConnector:

@@ -10,7 +10,8 @@ else of the caller's that the playbooks do not use. ``suppress_env_files`` keeps
 ``env/``; the become password goes to the prompt only. The
 playbooks gather no Ansible facts (they read what they need with small commands), and SSH multiplexing
 (ControlPersist) plus pipelining, and prepare.yml's one-round-trip state read
-(playbooks/README.md), keep a no-change run to a few seconds. Host keys are verified with the inventory's known_hosts and policy, never ignored.
+(playbooks/README.md), keep a no-change run to a few seconds. Host keys are verified with the inventory's
+known_hosts and policy, never ignored.
 
 Example::
 
@@ -62,7 +63,8 @@ class TaskResult:
             text = str(res.get(key) or "").strip()
             if text and text not in parts[0]:
                 lines = text.splitlines()
-                telling = [ln for ln in lines if any(w in ln.lower() for w in ("error", "failed", "denied", "no space"))]
+                telling = [ln for ln in lines
+                           if any(w in ln.lower() for w in ("error", "failed", "denied", "no space"))]
                 parts.append("\n".join((telling or lines[-6:])[:6]))
                 break
         if not any(parts) and res.get("results"):
@@ -184,7 +186,7 @@ def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: li
         raise ConfigError("prepare needs real nodes: the embedded local cluster is this machine",
                           where=inv.path, hint="point --inventory (or SPARKCTL_INVENTORY) at your Sparks' inventory")
     try:
-        import ansible_runner
+        import ansible_runner  # noqa: F401 - only whether it is installed; _run imports it for use
     except ImportError:
         raise ConfigError("ansible-runner is not installed", hint="pip install 'sparkctl[prepare]' "
                           "(ansible-core + ansible-runner; bin/_bootstrap installs them)") from None

@@ -2,6 +2,7 @@
 a log file (mode 0600), ready when /liveness answers, stopped by its PID (SIGTERM, then SIGKILL at the bound)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -116,18 +117,14 @@ class RouterProcess:
             self._reap()
             time.sleep(0.05)
         else:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self._reap()
 
     def _reap(self) -> None:
         if self._popen is not None:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self._popen.wait(timeout=0.01)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 # sglang-router 0.3.2's launch_router.py sets its process title to this (setproctitle): /proc/PID/cmdline reads

@@ -160,7 +160,8 @@ class Resolved:
 
 _TORCH_DTYPES = {"auto": "torch.bfloat16", "bf16": "torch.bfloat16", "bfloat16": "torch.bfloat16",
                  "fp16": "torch.float16", "float16": "torch.float16",
-                 "fp8_e4m3": "torch.float8_e4m3fn", "fp8_e5m2": "torch.float8_e5m2", "fp4_e2m1": "torch.float4_e2m1fn_x2"}
+                 "fp8_e4m3": "torch.float8_e4m3fn", "fp8_e5m2": "torch.float8_e5m2",
+                 "fp4_e2m1": "torch.float4_e2m1fn_x2"}
 
 
 def resolve(ns: argparse.Namespace, argv: list[str], version: str, knobs: Knobs) -> Resolved:

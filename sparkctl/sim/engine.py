@@ -184,9 +184,8 @@ class Engine:
         log.tp(f"Capture cuda graph end. Time elapsed: {t_graph:.2f} s. mem usage={graph_gb:.2f} GB. "
                f"avail mem={avail - graph_gb:.2f} GB.")
         avail -= graph_gb
-        if self.group:
-            if not self.group.barrier("model"):
-                raise _Stop
+        if self.group and not self.group.barrier("model"):
+            raise _Stop
         if r.node_rank > 0:   # workers print no capacity line (spark-3node-tp3-rank2-worker-dummy-health.txt)
             self._serve_worker()
             return

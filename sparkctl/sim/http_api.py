@@ -11,6 +11,7 @@ access line. Ranks > 0 answer only /ping, /health, /health_generate (200, empty)
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -172,10 +173,8 @@ class _ApiHandler(BaseHandler):
                 self._send(404, NOT_FOUND)
             self._access()
             return
-        try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             handler()
-        except (BrokenPipeError, ConnectionResetError):
-            pass
 
     # ---- simple endpoints -----------------------------------------------------------------------
     def _models(self) -> None:
@@ -202,7 +201,8 @@ class _ApiHandler(BaseHandler):
     def _flush(self) -> None:
         if self.state.sched.flush_cache():
             self._send(200, b"Cache flushed.\nPlease check backend logs for more details. (When there are running "
-                            b"or waiting requests, the operation will not be performed.)\n", "text/plain; charset=utf-8")
+                            b"or waiting requests, the operation will not be performed.)\n",
+                       "text/plain; charset=utf-8")
         else:
             self._send(400, b"Cache not flushed. Please check backend logs for more details. (When there are "
                             b"running or waiting requests, the operation will not be performed.)\n",

@@ -75,7 +75,8 @@ def drain(out: queue.Queue, item: tuple[int, int] | None) -> tuple[tuple[int, in
 
 def usage(req: Request) -> dict[str, Any]:
     reasoning = min(req.generated, req.plan.reasoning_len)
-    usage: dict[str, Any] = {"prompt_tokens": len(req.prompt_tokens), "total_tokens": len(req.prompt_tokens) + req.generated,
+    usage: dict[str, Any] = {"prompt_tokens": len(req.prompt_tokens),
+                             "total_tokens": len(req.prompt_tokens) + req.generated,
                              "completion_tokens": req.generated,
                              "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
                              "reasoning_tokens": reasoning}

@@ -118,7 +118,8 @@ def _arm_entry(arm: dict[str, Any], ledger: Ledger | None) -> dict[str, Any]:
             pass                                  # a record moved aside: the card's own fields still index it
     metrics = arm_metrics(arm.get("results") or {})
     return {"role": c.get("role"), "profile": c.get("profile"), "deployment": c.get("deployment"),
-            "speculative": bool(c.get("speculative_algorithm")), "speculative_algorithm": c.get("speculative_algorithm"),
+            "speculative": bool(c.get("speculative_algorithm")),
+            "speculative_algorithm": c.get("speculative_algorithm"),
             "draft_tokens": c.get("draft_tokens"), "sglang_version": c.get("sglang_version"),
             "images": list(c.get("images") or []), "image_ids": image_ids, "identity": identity,
             "patch_series": {"name": series, "hash": _series_hash(series)} if series else None,
@@ -284,7 +285,8 @@ class CardIndex:
         if len(hits) == 1:
             return entries[hits[0]]
         known = ", ".join(list(entries)[-5:]) or "none"
-        raise ConfigError(f"{'ambiguous' if hits else 'no'} card {ref!r}" + (f" ({', '.join(hits[:5])})" if hits else ""),
+        raise ConfigError(f"{'ambiguous' if hits else 'no'} card {ref!r}"
+                          + (f" ({', '.join(hits[:5])})" if hits else ""),
                           where=str(self.ledger.root / "runs"),
                           hint=f"give a run id from `sparkctl bench history` (latest: {known}) or a report.json path")
 

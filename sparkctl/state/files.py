@@ -14,6 +14,7 @@ state directory's file system has less than `ROOM_BYTES` free (or fewer than `RO
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -261,10 +262,8 @@ def _sweep_stale_tmp(path: Path) -> None:
     for name in names:
         pid = name[len(prefix):-len(".tmp")] if name.startswith(prefix) and name.endswith(".tmp") else ""
         if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(path.parent / name)
-            except OSError:
-                pass
 
 
 def write_bytes_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:

@@ -32,7 +32,7 @@ import stat
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -80,7 +80,8 @@ def read_json(path: Path) -> Any:
             raw = fh.read()
     except FileNotFoundError:
         raise LedgerError("record is missing", where=str(path),
-                          hint="the ledger refers to a record that is not there (moved aside?): " + REPAIR_HINT) from None
+                          hint="the ledger refers to a record that is not there (moved aside?): "
+                               + REPAIR_HINT) from None
     except OSError as exc:
         raise state_dir_error(path, exc) from None
     try:
@@ -302,10 +303,8 @@ class Ledger:
             yield
         finally:
             Ledger._held.pop(key, None)
-            try:
+            with suppress(FileNotFoundError):
                 holder_path.unlink()
-            except FileNotFoundError:
-                pass
             lock.release()
 
 

@@ -13,7 +13,8 @@ Order (each step journaled in ``runs/<tune id>/tune.json`` before the next begin
    of them). Each trial is a full ``up`` through the lifecycle (preflight, boot, warm-up, gates; rollback on
    failure) and a bench subset whose card lands in the ledger: decode medians (``--runs``, default n=5),
    acceptance, and a G6 sample (sparkctl/tune/g6.py: greedy outputs of 2 G6 prompts compared token for token
-   with the baseline trial's; a candidate that differs is infeasible, ``G6 failed``). A candidate that does not boot, dies of OOM,
+   with the baseline trial's; a candidate that differs is infeasible, ``G6 failed``). A candidate that does not
+   boot, dies of OOM,
    resolves less capacity than ``expect``, or fails a gate or its bench is recorded **infeasible** with its
    reason, and the search goes on. After the first trial the time of the whole tune is estimated; a trial that
    would not fit the ``--budget`` (with the confirmation still to come) is not started (``skipped: budget``).
@@ -111,7 +112,7 @@ def classify_failure(exc: BaseException) -> str:
         return "preflight failed"
     if "oom" in text or "out of memory" in text or "exit code: -9" in text:
         return "oom"
-    if "max_total_num_tokens=" in text and "< expected" in text or "max_running_requests=" in text and "< expected" in text:
+    if "< expected" in text and ("max_total_num_tokens=" in text or "max_running_requests=" in text):
         return "capacity below expect"
     if "gate" in text:
         return "gates failed"

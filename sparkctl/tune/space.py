@@ -2,7 +2,8 @@
 
 ``--vary speculative.num_draft_tokens=4,6,8 --vary server.mem_fraction_static=0.85,0.88`` is a grid of 3 x 2
 candidates, in --vary order (the last key varies fastest). Values are YAML scalars (``8`` an int, ``0.88`` a
-float, ``null``, ``flashinfer`` a string; ``env.NAME`` values stay strings); every candidate is validated as a whole profile before anything is
+float, ``null``, ``flashinfer`` a string; ``env.NAME`` values stay strings); every candidate is validated as a
+whole profile before anything is
 deployed, so a key that does not exist or a value of the wrong type fails at once naming the --vary (exit 2).
 """
 from __future__ import annotations
@@ -147,7 +148,8 @@ def winner_path(profile: str, run_id: str) -> Path:
     from two plain names, never a path taken from the journal)."""
     from sparkctl.untrusted import record_name
     where = "the tune journal (runs/<id>/tune.json)"
-    name = f"{record_name(profile, 'profile', where)}-tuned-{record_name(run_id, 'run_id', where).split('-')[0].lower()}"
+    run_tag = record_name(run_id, 'run_id', where).split('-')[0].lower()
+    name = f"{record_name(profile, 'profile', where)}-tuned-{run_tag}"
     return winner_dir() / f"{name}.yml"
 
 

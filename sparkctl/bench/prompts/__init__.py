@@ -20,7 +20,7 @@ import hashlib
 import json
 import random
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -46,7 +46,8 @@ def _load(name: str) -> dict[str, Any]:
 
 def decode_prompts() -> dict[str, Prompt]:
     """{class: Prompt} for the decode-throughput classes, in file order (code, prose)."""
-    return {p["class"]: Prompt(p["id"], p["class"], p["text"], p.get("title", "")) for p in _load("decode.json")["prompts"]}
+    return {p["class"]: Prompt(p["id"], p["class"], p["text"], p.get("title", ""))
+            for p in _load("decode.json")["prompts"]}
 
 
 def g6_prompts() -> list[Prompt]:
@@ -110,7 +111,8 @@ ASSUMED_CALIBRATION = TokenCalibration(1.0, 0, measured=False)
 
 
 def calibration_from_probes(small_tokens: int, big_tokens: int, big_words: int) -> TokenCalibration:
-    """From two probes: ``long_prompt(0, ...)`` gave ``small_tokens``, ``long_prompt(big_words, ...)`` gave ``big_tokens``."""
+    """From two probes: ``long_prompt(0, ...)`` gave ``small_tokens``, ``long_prompt(big_words, ...)`` gave
+    ``big_tokens``."""
     if big_words <= 0 or big_tokens <= small_tokens:
         return ASSUMED_CALIBRATION
     return TokenCalibration((big_tokens - small_tokens) / big_words, small_tokens, measured=True)
