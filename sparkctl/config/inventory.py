@@ -19,12 +19,13 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sparkctl.config.loader import config_error_from, did_you_mean, read_yaml, refusal
 from sparkctl.config.values import (
+    Choice,
     Count,
     EngineEnvKey,
     EnvValue,
@@ -41,7 +42,6 @@ from sparkctl.config.values import (
     SshUser,
     Text,
     Word,
-    choice,
 )
 from sparkctl.errors import ConfigError
 from sparkctl.resources import shipped, user_dirs
@@ -57,7 +57,7 @@ class SSHSettings(BaseModel):
     user: SshUser = Field("root", description="SSH user (ansible_user).")
     key_file: LocalPath | None = Field(None,
                                        description="Private key for key-based auth (ansible_ssh_private_key_file).")
-    connection: choice("ssh", "local") = Field(
+    connection: Choice[Literal["ssh", "local"]] = Field(
         "ssh", description="'local' for the embedded cluster (ansible_connection: local): no SSH at all.")
 
 
@@ -81,9 +81,9 @@ class Node(BaseModel):
     roce_hcas: list[HcaName] = Field(default_factory=list,
                                  description="RoCE HCAs for NCCL_IB_HCA (both twins of the cabled port).")
     host_paths: HostPaths = Field(default_factory=HostPaths, description="Host directories used by the engine.")
-    runtime: choice("docker", "process") = Field(
+    runtime: Choice[Literal["docker", "process"]] = Field(
         "docker", description="'docker' (real Sparks) or 'process' (the embedded cluster's local emulator).")
-    gpu_runtime: choice("nvidia", "gpus-all", "none") = Field(
+    gpu_runtime: Choice[Literal["nvidia", "gpus-all", "none"]] = Field(
         "nvidia", description="How containers get the GPU: --runtime nvidia, --gpus all, or nothing.")
     api_bind: Word = Field("0.0.0.0", description="Address the engine's HTTP server binds to on this node.")
     gpus: Count = Field(1, ge=1, le=64, description="GPUs on this node (a DGX Spark has one GB10).")
@@ -108,20 +108,20 @@ class Cluster(BaseModel):
     name: Text = Field("default", description="Cluster name (letters, digits, '-' and '_'; at most 64); names "
                                              "containers and the state directory <state root>/<name>.")
     known_hosts: LocalPath | None = Field(None, description="known_hosts file used to verify node host keys.")
-    host_key_policy: choice("accept-new", "pinned") = Field(
+    host_key_policy: Choice[Literal["accept-new", "pinned"]] = Field(
         "accept-new", description="accept-new: trust a host key on first contact; pinned: only keys in known_hosts.")
     engine_image: ImageRef | None = Field(None, description="Engine image for every profile on this cluster (overrides "
                                                        "the profile's image; e.g. a test cluster's emulator image).")
     sim: dict[PlainName, SimValue] = Field(default_factory=dict,
                                 description="Emulator knobs for the embedded cluster (see sparkctl/sim/README.md).")
-    engine: choice("emulator", "sglang") = Field(
+    engine: Choice[Literal["emulator", "sglang"]] = Field(
         "emulator", description="What the process runtime runs for each rank: 'emulator' (sparkctl/sim, the default) "
                                 "or 'sglang' (the real `sglang.launch_server` from engine_python's environment, e.g. "
                                 "on a CPU). Docker nodes run what their image holds.")
     engine_python: LocalPath | None = Field(
         None, description="The Python whose environment has SGLang installed, for engine: sglang (its bin/python, "
                           "e.g. ~/.cache/sparkctl/real-engine/current/venv/bin/python).")
-    fabric_topology: choice("direct", "switch") | None = Field(
+    fabric_topology: Choice[Literal["direct", "switch"]] | None = Field(
         None, description="How the fabric joins the nodes: 'direct' (one cable between two nodes) or 'switch' (one "
                           "subnet through a switch). Default: direct for two nodes, switch for more.")
     fabric_subnet: Text | None = Field(
@@ -292,10 +292,10 @@ def load_inventory(path: Path, *, embedded: bool = False) -> Inventory:
         raise ConfigError("no hosts in the inventory", where=where, hint="add hosts under all.children.sparks.hosts")
     names = [h[0] for h in hosts]
     seen: set[str] = set()
-    for n in names:
-        if n in seen:
-            raise ConfigError(f"two nodes named {n!r}", where=where, hint="give every host a unique name")
-        seen.add(n)
+    for name in names:
+        if name in seen:
+            raise ConfigError(f"two nodes named {name!r}", where=where, hint="give every host a unique name")
+        seen.add(name)
     cvars = root.get("vars") or {}
     cluster = {_CLUSTER_KEYS[k]: v for k, v in cvars.items() if k in _CLUSTER_KEYS}
     for k in cvars:
@@ -306,10 +306,11 @@ def load_inventory(path: Path, *, embedded: bool = False) -> Inventory:
                               else f"known: {', '.join(sorted(_CLUSTER_KEYS))}")
     nodes = [_node_from_vars(n, v, where) for n, v in hosts]
     if any("rank" in n for n in nodes):
-        for n in nodes:
-            if not isinstance(n.get("rank"), int) or isinstance(n.get("rank"), bool):
-                problem = "missing (other hosts set it)" if "rank" not in n else f"not an integer (got {n['rank']!r})"
-                raise ConfigError(f"hosts.{n['name']}.sparkctl_rank: {problem}", where=where,
+        for spec in nodes:
+            if not isinstance(spec.get("rank"), int) or isinstance(spec.get("rank"), bool):
+                problem = ("missing (other hosts set it)" if "rank" not in spec
+                           else f"not an integer (got {spec['rank']!r})")
+                raise ConfigError(f"hosts.{spec['name']}.sparkctl_rank: {problem}", where=where,
                                   hint="set sparkctl_rank on all nodes (0 for rank 0, 1, ...), or on none")
         ranks = [n["rank"] for n in nodes]
         if sorted(ranks) != list(range(len(nodes))):
@@ -321,10 +322,10 @@ def load_inventory(path: Path, *, embedded: bool = False) -> Inventory:
     except ValidationError as exc:
         raise _inventory_error(exc, where, nodes) from None
     seen_fabric: dict[str, str] = {}
-    for n in inventory.nodes:
-        first = seen_fabric.setdefault(n.fabric_address, n.name)
-        if first != n.name:
-            raise ConfigError(f"hosts.{n.name}.fabric_address: {n.fabric_address} is also "
+    for node in inventory.nodes:
+        first = seen_fabric.setdefault(node.fabric_address, node.name)
+        if first != node.name:
+            raise ConfigError(f"hosts.{node.name}.fabric_address: {node.fabric_address} is also "
                               f"hosts.{first}.fabric_address", where=where,
                               hint="give every node its own address on the fabric link (rank 0's is the rendezvous "
                                    "address the other ranks dial)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
@@ -19,6 +19,7 @@ from sparkctl.config.loader import config_error_from, key_path, origin_of, read_
 from sparkctl.config.values import (
     ArgToken,
     ArgValue,
+    Choice,
     Count,
     EngineEnvKey,
     EnvName,
@@ -36,7 +37,6 @@ from sparkctl.config.values import (
     Text,
     Version,
     Word,
-    choice,
     engine_env_key,
 )
 from sparkctl.errors import ConfigError
@@ -178,7 +178,7 @@ class LifecycleSettings(BaseModel):
 class RouterSettings(BaseModel):
     """SGLang's router (sglang-router 0.3.2) in front of the replicas, on rank 0's node (replicas > 1 only)."""
     model_config = _STRICT
-    policy: choice("random", "round_robin", "cache_aware", "power_of_two") = Field(
+    policy: Choice[Literal["random", "round_robin", "cache_aware", "power_of_two"]] = Field(
         "cache_aware", description="--policy (sglang-router 0.3.2's; cache_aware is its default).")
     port: Port = Field(30080, description="Port of the router: the endpoint handed off when replicas > 1.")
     prometheus_port: Port = Field(29000, description="Port of the router's Prometheus /metrics.")
