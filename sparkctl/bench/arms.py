@@ -17,7 +17,7 @@ from sparkctl.bench.logsource import FileLog, LogSource, RuntimeLog, capacity_fr
 from sparkctl.bench.prompts import decode_prompts, g6_prompts
 from sparkctl.bench.target import Arm
 from sparkctl.errors import ConfigError, SparkctlError
-from sparkctl.sglang.client import SGLangAPIError, SGLangClient
+from sparkctl.sglang.client import Limits, SGLangAPIError, SGLangClient
 from sparkctl.state.records import DeploymentRecord
 
 log = logging.getLogger("sparkctl.bench")
@@ -89,7 +89,7 @@ def _check_reachable(arm: Arm) -> None:
 
 
 def arm_from_endpoint(url: str, *, api_key: str | None = None, log_path: Path | None = None,
-                      timeout_s: float = 900.0) -> Arm:
+                      timeout_s: float | Limits = 900.0) -> Arm:
     url = url.rstrip("/")
     client = SGLangClient(url, api_key=api_key, timeout=timeout_s)
     arm = Arm(name=url, client=client, endpoint=url, log=FileLog(log_path) if log_path else None,
@@ -100,7 +100,7 @@ def arm_from_endpoint(url: str, *, api_key: str | None = None, log_path: Path | 
 
 
 def arm_from_record(deployer: Any, record: DeploymentRecord, *, log_path: Path | None = None,
-                    timeout_s: float | None = None) -> Arm:
+                    timeout_s: float | Limits | None = None) -> Arm:
     """The arm of a deployment record: its endpoint, its API key (from the env var the profile names),
     rank 0's log through the runtime (or ``log_path``)."""
     prof = record.profile_data
@@ -152,7 +152,7 @@ def measure_arm(arm: Arm, opts: BenchOptions, run_tag: str, *, primary: bool, g6
     if "cold" in gates:
         _gate(results, "cold", lambda: {
             "first_request": measure.first_request(arm, code, opts.warmup_max_tokens or opts.max_tokens),
-            "at_boot": ((arm.record.warmup if arm.record else None) or {}).get("cold"),
+            "at_boot": arm.record.warmup.cold if arm.record and arm.record.warmup else None,
             "note": "excluded from every median; the first request of this bench is cold only if nothing ran "
                     "since boot (a deployment's own warm-up at boot is reported as at_boot)"}, say)
         say(f"first request: {((results.get('cold') or {}).get('first_request') or {}).get('latency_s')} s")

@@ -63,13 +63,14 @@ def _logprob_tokens(raw: dict[str, Any] | None) -> tuple[list[str] | None, list[
     lp = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
     if not isinstance(lp, list) or not lp:
         return None, None
-    tokens, gaps = [], []
+    tokens: list[str] = []
+    gaps: list[float | None] = []
     for entry in lp:
         if not isinstance(entry, dict) or "token" not in entry:
             return None, None
         tokens.append(str(entry["token"]))
-        top = [t.get("logprob") for t in entry.get("top_logprobs") or [] if isinstance(t, dict)]
-        top = sorted((x for x in top if isinstance(x, (int, float))), reverse=True)
+        given = [t.get("logprob") for t in entry.get("top_logprobs") or [] if isinstance(t, dict)]
+        top = sorted((x for x in given if isinstance(x, (int, float))), reverse=True)
         gaps.append(top[0] - top[1] if len(top) >= 2 else None)
     return tokens, gaps
 
@@ -124,7 +125,7 @@ def compare(prompt_id: str, on: Capture, off: Capture) -> Verdict:
                   and on.completion_tokens == len(on.tokens) and off.completion_tokens == len(off.tokens))
     if use_server:
         a, b = on.tokens or [], off.tokens or []
-        i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        i: int | None = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         if a == b and on.reasoning == off.reasoning and on.content == off.content:
             return Verdict(prompt_id, "identical", tokenization="server tokens", tokens_compared=len(a))
         if a == b:
@@ -151,11 +152,11 @@ def compare(prompt_id: str, on: Capture, off: Capture) -> Verdict:
                                detail=f"whitespace only, at character {k} of {channel}",
                                on_context=repr(x[max(0, k - 40):k + 40]), off_context=repr(y[max(0, k - 40):k + 40]))
     i = next((k for k, (x, y) in enumerate(zip(sa, sb)) if x != y), min(len(sa), len(sb)))
-    channel = (sa[i] if i < len(sa) else sb[i])[0] if (i < len(sa) or i < len(sb)) else None
+    at_channel = (sa[i] if i < len(sa) else sb[i])[0] if (i < len(sa) or i < len(sb)) else None
     detail = _end_note(i, len(sa), len(sb))
     if on.empty != off.empty:
         detail = f"{'ON' if on.empty else 'OFF'} side captured nothing; " + detail
-    return Verdict(prompt_id, "diverged", index=i, channel=channel, tokens_compared=min(len(sa), len(sb)),
+    return Verdict(prompt_id, "diverged", index=i, channel=at_channel, tokens_compared=min(len(sa), len(sb)),
                    detail=detail, on_context=_show([t for _, t in sa], i), off_context=_show([t for _, t in sb], i))
 
 

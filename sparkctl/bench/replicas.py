@@ -211,8 +211,9 @@ class RouterArm(Arm):
     @property
     def max_running_requests(self) -> tuple[int | None, str]:
         caps = self._caps()
-        if caps and all(isinstance(c, int) for c in caps):
-            return sum(caps), (f"sum over the {len(caps)} replicas' /server_info effective_max_running_requests "
+        known = [c for c in caps if isinstance(c, int)]
+        if caps and len(known) == len(caps):
+            return sum(known), (f"sum over the {len(caps)} replicas' /server_info effective_max_running_requests "
                                f"({' + '.join(map(str, caps))})")
         return None, "unknown (a replica's resolved max_running_requests could not be read)"
 

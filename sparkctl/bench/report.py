@@ -173,7 +173,7 @@ def _decode(L: list[str], result: dict[str, Any]) -> None:
     L.append("|" + "---|" * (head.count("|") - 1))
     classes = list(dict.fromkeys(c for a in arms for c in ((a["results"].get("decode") or {}).get("classes") or {})))
     for cls in classes:
-        entry0 = next(((a["results"]["decode"]["classes"][cls]) for a in arms
+        entry0: dict[str, Any] = next(((a["results"]["decode"]["classes"][cls]) for a in arms
                        if cls in ((a["results"].get("decode") or {}).get("classes") or {})), {})
         cells = [f"{entry0.get('prompt')} ({entry0.get('title')})"]
         for r in cols:

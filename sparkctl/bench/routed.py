@@ -60,7 +60,7 @@ def bench_replicated(inventory: Any, opts: BenchOptions, *, progress: Progress =
 
     def body() -> None:
         try:
-            _measure_all(result, [make], opts, run, watch)       # type: ignore[list-item]
+            _measure_all(result, [make], opts, run, watch)
         finally:
             arm = made.get("arm")
             if made.get("reader") is not None:

@@ -38,7 +38,7 @@ from sparkctl.bench.chart import decode_svg
 from sparkctl.bench.logsource import FileLog, capacity_from_log, scheduler_summary
 from sparkctl.bench.outcome import RunState, bench_error, failures, scrubbed
 from sparkctl.bench.prompts import decode_prompts, g6_prompts, prompt_set_digest
-from sparkctl.bench.ranks import RankWatch
+from sparkctl.bench.ranks import RankWatch, RankWatches
 from sparkctl.bench.report import render_card
 from sparkctl.bench.stats import ratio
 from sparkctl.bench.target import Arm, arm_role
@@ -77,7 +77,7 @@ def _compare(arms: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _new_result(mode: str, opts: BenchOptions, run_id: str, limits: Limits, run_s: float | None) -> RunRecord:
     options = {**opts.as_dict(), "limits": limits.as_dict(), "run_deadline_s": run_s}
-    return RunRecord(schema=SCHEMA, run_id=run_id, mode=mode, started=now_iso(), options=options,
+    return RunRecord(schema_=SCHEMA, run_id=run_id, mode=mode, started=now_iso(), options=options,
                      prompt_set=prompt_set_digest(), reference=list(opts.reference))
 
 
@@ -87,7 +87,7 @@ def _finish(result: RunRecord, arms: list[Arm]) -> None:
 
 
 def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts: BenchOptions,
-                 run: RunState, watch: Callable[[Arm], RankWatch | None] = lambda arm: None) -> None:
+                 run: RunState, watch: Callable[[Arm], RankWatch | RankWatches | None] = lambda arm: None) -> None:
     """Build and measure the arms one after another (a later arm may need an earlier one torn down)."""
     run_tag = result.run_id
     g6 = len(arms_in_order) == 2
@@ -110,7 +110,9 @@ def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts
             if watcher is not None:
                 watcher.__exit__(None, None, None)
                 if watcher.death is not None:
-                    result.rank_death = watcher.death
+                    # An extra field of the record (extra="allow"): written only when a rank died, so the JSON
+                    # of every other run keeps its shape.
+                    setattr(result, "rank_death", watcher.death)  # noqa: B010
             arm.client.close()
         result.arms.append({"config": arm.config(), "results": res})
         captures.append(caps)
@@ -120,18 +122,20 @@ def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts
         for entry, arm in zip(result.arms, built):
             entry["config"]["role"] = arm.role
         result.comparison = _compare(result.arms)
-        if captures[0] is not None and captures[1] is not None:
+        first, second = captures[0], captures[1]
+        if first is not None and second is not None:
             on_i = 0 if built[0].role in ("ON", "A") else 1
+            on_caps, off_caps = (first, second) if on_i == 0 else (second, first)
             plist = g6_prompts()[: opts.g6_limit] if opts.g6_limit else g6_prompts()
             verdicts = [losslessness.compare(p.id, a, b)
-                        for p, a, b in zip(plist, captures[on_i], captures[1 - on_i])]
+                        for p, a, b in zip(plist, on_caps, off_caps)]
             result.g6 = {"on": built[on_i].role, "off": built[1 - on_i].role,
                             "max_tokens": opts.g6_max_tokens or opts.max_tokens, "temperature": 0,
                             "captured": "reasoning_content + content (+ tool calls); server tokens when logprobs "
                                         "cover the completion, else whitespace tokens",
                             **losslessness.summarize_verdicts(verdicts),
                             "prompts": [{**v.as_dict(), "on_output": a.as_dict(), "off_output": b.as_dict()}
-                                        for v, a, b in zip(verdicts, captures[on_i], captures[1 - on_i])]}
+                                        for v, a, b in zip(verdicts, on_caps, off_caps)]}
     _finish(result, built)
     failed = failures(result)
     if failed:

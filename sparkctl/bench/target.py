@@ -65,7 +65,7 @@ def redact_argv(argv: list[str] | str | None) -> list[str] | str | None:
     if argv is None:
         return None
     if isinstance(argv, str):
-        return " ".join(redact_argv(argv.split()) or [])  # type: ignore[arg-type]
+        return " ".join(redact_argv(argv.split()) or [])
     out: list[str] = []
     hide_next = False
     for a in argv:
@@ -173,7 +173,7 @@ class Arm:
         s = parse_server_info(self.server_info) if self.server_info else None
         rec = self.record
         for v in ((s.context_length if s else None),
-                  ((rec.capacity or {}).get("context_len") if rec else None),
+                  (rec.capacity.context_len if rec and rec.capacity else None),
                   ((rec.profile_data.get("server") or {}).get("context_length") if rec else None)):
             if isinstance(v, int) and v > 0:
                 return v
@@ -186,9 +186,9 @@ class Arm:
         if s and s.effective_max_running_requests is not None:
             return (s.effective_max_running_requests,
                     "/server_info internal_states effective_max_running_requests_per_dp")
-        cap = (self.record.capacity if self.record else None) or {}
-        if isinstance(cap.get("max_running_requests"), int):
-            return cap["max_running_requests"], "boot log capacity line (ledger record)"
+        cap = self.record.capacity if self.record else None
+        if cap is not None and isinstance(cap.max_running_requests, int):
+            return cap.max_running_requests, "boot log capacity line (ledger record)"
         if s and s.max_running_requests is not None:
             return s.max_running_requests, "/server_info max_running_requests"
         return None, "unknown"

@@ -256,7 +256,7 @@ def _next(endpoint: str) -> list[str]:
 
 
 def _concurrency(rec: DeploymentRecord, cap_line: str | None) -> Concurrency | None:
-    cap = (rec.capacity or {}).get("max_running_requests")
+    cap = rec.capacity.max_running_requests if rec.capacity else None
     if cap_line is None or cap is None:
         return None
     return Concurrency(max_running_requests=int(cap), reason=cap_line, setting=CAP_SETTING)
