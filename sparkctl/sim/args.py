@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,7 +167,7 @@ _TORCH_DTYPES = {"auto": "torch.bfloat16", "bf16": "torch.bfloat16", "bfloat16":
 
 def resolve(ns: argparse.Namespace, argv: list[str], version: str, knobs: Knobs) -> Resolved:
     a: dict[str, Any] = dict(vars(ns))
-    g = a.get
+    g: Callable[[str], Any] = a.get     # any value argparse gave, None when absent
     mrr_given = g("max_running_requests") is not None
     model_path = g("model_path") or "default-model"
     served = g("served_model_name") or model_path

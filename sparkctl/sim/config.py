@@ -176,7 +176,7 @@ def load_knobs(node_rank: int = 0, environ: dict[str, str] | None = None) -> Kno
             values[k] = v
         if not isinstance(ranks, dict):
             raise KnobError(f"{path}: 'ranks' must map a node rank to knobs")
-        for k, v in (ranks.get(str(node_rank)) or ranks.get(node_rank) or {}).items():  # type: ignore[call-overload]
+        for k, v in (ranks.get(str(node_rank)) or ranks.get(node_rank) or {}).items():
             _check_name(k, f"{path}: ranks.{node_rank}")
             values[k] = v
     for key, raw in env.items():

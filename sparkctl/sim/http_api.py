@@ -314,7 +314,7 @@ class _ApiHandler(BaseHandler):
         prompt = body.get("prompt") if body is not None else None
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
-        if not isinstance(prompt, str):
+        if body is None or not isinstance(prompt, str):
             self._json(400, _error("Invalid request: 'prompt' must be a string (or a list of one string)"))
             return
         bad = _bad_int(body, "max_tokens")

@@ -38,7 +38,8 @@ class ChatView:
         return None
 
     def pieces(self, start: int, end: int) -> tuple[str, str]:
-        reasoning, content = [], []
+        reasoning: list[str] = []
+        content: list[str] = []
         for i in range(start, end):
             if not self._visible(i):
                 continue
@@ -59,7 +60,8 @@ def drain(out: queue.Queue, item: tuple[int, int] | None) -> tuple[tuple[int, in
     SGLang's detokenizer also sends whatever accumulated since its last send; here it keeps a CPU-starved
     emulator from falling further behind its schedule by writing one frame per token. Returns the merged
     range (None if there was none) and whether the end-of-request marker was reached."""
-    start = end = None
+    start: int | None = None
+    end = 0
     if item is not None:
         start, end = item
     while item is not None:
