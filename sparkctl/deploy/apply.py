@@ -34,7 +34,19 @@ from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult
 from sparkctl.state.controller import this_controller
 from sparkctl.state.ledger import Stopwatch, now_iso
-from sparkctl.state.records import DeploymentRecord, Failure, Intent, JournalEntry, StageEntry, Status
+from sparkctl.state.records import (
+    Capacity,
+    CheckResult,
+    DeploymentRecord,
+    Failure,
+    GateResult,
+    Intent,
+    JournalEntry,
+    NodeImages,
+    StageEntry,
+    Status,
+    Warmup,
+)
 
 
 @dataclass
@@ -100,7 +112,7 @@ def run_checks(c: Cluster, result: RenderResult, rts: Runtimes, own: set[tuple[s
 def verify(c: Cluster, profile: Profile, result: RenderResult, booted: BootResult,
            record: DeploymentRecord) -> list[Gate]:
     gates, emulated = gate_ranks(c, profile, result, booted)
-    record.gates = [g.as_dict() for g in gates]
+    record.gates = [GateResult.model_validate(g.as_dict()) for g in gates]
     record.emulated = bool(record.emulated or emulated)
     for g in gates:
         c.reporter.event(f"{'PASS' if g.ok else 'FAIL'} {g.name}: {g.evidence}")
@@ -155,10 +167,12 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
                        report=lambda msg, node: c.reporter.event(msg, node))
 
     def preflight() -> None:
-        record.preflight = [ch.as_dict() for ch in run_checks(c, result, rts, own_ports(active))]
+        record.preflight = [CheckResult.model_validate(ch.as_dict())
+                            for ch in run_checks(c, result, rts, own_ports(active))]
 
     def image_verify() -> None:
-        record.image_ids, record.images = stage.verify()
+        record.image_ids, images = stage.verify()
+        record.images = {node: NodeImages.model_validate(per_node) for node, per_node in images.items()}
         if rts.launch is not None:
             record.launch_doc = rts.launch.doc
 
@@ -184,7 +198,9 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
     def start_and_wait() -> None:
         b = boot_ranks(c, profile, result, rts, dep_id, timeout_s=timeout, started=started, on_start=intent)
         booted.append(b)
-        record.handles, record.capacity = b.handles, b.capacity()
+        capacity = b.capacity()
+        record.handles = b.handles
+        record.capacity = None if capacity is None else Capacity.model_validate(capacity)
 
     def with_doctor(exc: DeployError) -> DeployError:
         """The failure with what the doctor recognises in the ranks' logs appended (the engine may have died
@@ -200,7 +216,7 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
     def warm() -> None:
         try:
             with c.client(spec0, profile.api.api_key_env, timeout=profile.warmup.timeout_s) as client:
-                record.warmup = warm_up(profile, client, c.reporter, spec0.node)
+                record.warmup = Warmup.model_validate(warm_up(profile, client, c.reporter, spec0.node))
         except DeployError as exc:
             cited = with_doctor(exc)
             if cited is exc:
@@ -272,8 +288,8 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
     except (PreflightError, ImageError) as exc:   # preflight or image steps: nothing was changed yet
         record.status, record.finished, record.elapsed_s = Status.FAILED, now_iso(), total.elapsed()
         record.failure = Failure(stage=_failed_stage(record), message=exc.render())
-        if getattr(exc, "checks", None):
-            record.preflight = [ch.as_dict() for ch in exc.checks]
+        if isinstance(exc, PreflightError) and exc.checks:
+            record.preflight = [CheckResult.model_validate(ch.as_dict()) for ch in exc.checks]
         j.save()
         raise
     except (Exception, KeyboardInterrupt) as exc:

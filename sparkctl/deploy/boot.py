@@ -94,7 +94,7 @@ def _fail(watch: RankWatch, message: str, hint: str, elapsed: float) -> DeployEr
                        where=f"[{watch.spec.node}] boot", hint=hint, evidence="\n".join(evidence), node=watch.spec.node)
 
 
-_HINTS = {
+_HINTS: dict[EventKind | None, str] = {
     EventKind.OOM: "unified memory ran out while loading: lower server.mem_fraction_static, free memory on the node "
                    "(page cache counts), or check nothing else holds the GPU",
     EventKind.NCCL_ERROR: "NCCL could not talk across the fabric: check fabric_interface/fabric_address and "

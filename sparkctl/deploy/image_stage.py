@@ -229,10 +229,10 @@ class ImageStage:
                     {n: {"engine_tag": image, "engine_id": str(i)} for n, i in ids.items()})
         from sparkctl.images import pipeline
         p = self.plan
-        ids = pipeline.verify(p, self.inventory)
-        for tag, per_node in ids.items():
+        tag_ids = pipeline.verify(p, self.inventory)
+        for tag, per_node in tag_ids.items():
             self._say(f"{tag}: same ID on {', '.join(per_node)} ({next(iter(per_node.values()))[:19]})")
         self.rts.bind_launch(LaunchImage(p.launch_tag, p.launch_doc))
-        per_node = {n: {"engine_tag": p.engine_tag, "engine_id": ids[p.engine_tag][n],
-                        "launch_tag": p.launch_tag, "launch_id": ids[p.launch_tag][n]} for n in ids[p.launch_tag]}
-        return dict(ids[p.launch_tag]), per_node
+        images = {n: {"engine_tag": p.engine_tag, "engine_id": tag_ids[p.engine_tag][n],
+                      "launch_tag": p.launch_tag, "launch_id": tag_ids[p.launch_tag][n]} for n in tag_ids[p.launch_tag]}
+        return dict(tag_ids[p.launch_tag]), images

@@ -42,7 +42,7 @@ class CommandResult:
         return self
 
 
-class GroupResult(dict, Generic[T]):  # type: ignore[type-arg]
+class GroupResult(dict[str, T | BaseException], Generic[T]):
     """Per-node results of `run_all`, like fabric's GroupResult: node name -> value or exception.
 
     ``succeeded`` / ``failed`` split them; one node's failure never hides the others' results.
@@ -92,5 +92,6 @@ def run_all(nodes: Iterable[Any], fn: Callable[[Any], T], *, max_workers: int | 
     for name, o in zip(names, fan_out(items, fn, max_workers=max_workers)):
         if o.error is not None and not isinstance(o.error, Exception):
             raise o.error                    # KeyboardInterrupt / SystemExit: after every node finished
+        # Outcome.value is `R | None` for both cases; a successful outcome holds fn's value (a T).
         out[str(name)] = o.value if o.error is None else o.error  # type: ignore[assignment]
     return out

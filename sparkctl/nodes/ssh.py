@@ -242,7 +242,8 @@ class SSHConnector:
     def _drop_if_dead(self, conn: Connection) -> None:
         """Forget ``conn`` if it is still this connector's and has died (a live one serves other commands)."""
         with self._lock:
-            if self._conn is conn and not conn.is_connected:
+            ours = self._conn is conn
+            if ours and not conn.is_connected:
                 self._close_quietly()
 
     def _exec(self, conn: Connection, command: str, stdin: str | bytes | None,
