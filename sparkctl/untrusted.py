@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import io
 import re
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 from sparkctl.errors import LedgerError
 
@@ -102,7 +102,7 @@ class GuardedStream(io.TextIOBase):
         self.raw = raw
         self._col = 0                   # characters of the current line already written
 
-    def write(self, s: str) -> int:  # type: ignore[override]
+    def write(self, s: str) -> int:
         if not isinstance(s, str):
             s = str(s)
         out = []
@@ -139,16 +139,16 @@ class GuardedStream(io.TextIOBase):
         return self.raw.fileno()
 
     @property
-    def encoding(self) -> str:  # type: ignore[override]
+    def encoding(self) -> str:  # type: ignore[override]  # read-only here: the raw stream's encoding
         return getattr(self.raw, "encoding", "utf-8") or "utf-8"
 
     def writable(self) -> bool:
         return True
 
 
-def raw_stream(stream: TextIO) -> TextIO:
+def raw_stream(stream: IO[str]) -> IO[str]:
     """The stream under a `GuardedStream` (or `stream` itself)."""
-    return stream.raw if isinstance(stream, GuardedStream) else stream  # type: ignore[return-value]
+    return stream.raw if isinstance(stream, GuardedStream) else stream
 
 
 def write_json(stream: TextIO, text: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TypedDict
 
 import typer
 
@@ -52,7 +53,12 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _levels(text: str | None) -> dict[str, tuple[int, ...]]:
+class _Levels(TypedDict, total=False):
+    concurrency: tuple[int, ...]
+    router_concurrency: tuple[int, ...]
+
+
+def _levels(text: str | None) -> _Levels:
     """``--concurrency`` given: the levels everywhere (a single pair and through a router); else the defaults."""
     if text is None:
         return {}

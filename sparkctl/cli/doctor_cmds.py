@@ -83,8 +83,8 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError("the cluster runs a replicated deployment: the doctor reads one group's ledger",
                                   hint="save a replica's log (sparkctl logs --replica I --rank N --tail 0 > r.log) "
                                        "and run sparkctl doctor --log r.log")
-            report = doctor_deployment(d.cluster, dep_id=deployment, bundle=bundle, kernel_log=not no_kernel_log)
-            if report is None:
+            found = doctor_deployment(d.cluster, dep_id=deployment, bundle=bundle, kernel_log=not no_kernel_log)
+            if found is None:
                 msg = "nothing to diagnose: no failed, cancelled or interrupted deployment, and the active one (if " \
                       "any) is healthy"
                 if as_json:
@@ -93,6 +93,7 @@ def register(app: typer.Typer) -> None:
                 else:
                     print(f"doctor: {msg}")
                 return
+            report = found
         if as_json:
             print(report.model_dump_json(indent=2))
         else:

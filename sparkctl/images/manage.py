@@ -79,7 +79,8 @@ def images_in_use(state_dirs: list[Path]) -> set[str]:
                 continue
             if not isinstance(record, dict):
                 continue
-            keep.update(s.get("image") for s in record.get("specs", []) if isinstance(s, dict) and s.get("image"))
+            keep.update(s["image"] for s in record.get("specs", [])
+                        if isinstance(s, dict) and isinstance(s.get("image"), str) and s["image"])
             keep.update(v for v in (record.get("image_ids") or {}).values() if isinstance(v, str))
             for per_node in (record.get("images") or {}).values():       # engine and launch tags and IDs
                 if isinstance(per_node, dict):

@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import httpx
 
@@ -51,7 +51,7 @@ def router_container_name(cluster: str) -> str:
     return f"sparkctl-{safe}-router"
 
 
-def removable(state: facts.ContainerState | None) -> bool:
+def removable(state: facts.ContainerState | None) -> TypeGuard[facts.ContainerState]:
     """Only a container sparkctl started as a router may be removed by the router's stop."""
     return state is not None and state.labels.get(ROLE_LABEL) == ROLE
 
