@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.bench import losslessness, measure
 from sparkctl.bench.logsource import FileLog, LogSource, RuntimeLog, capacity_from_log, scheduler_summary
@@ -19,6 +19,9 @@ from sparkctl.bench.target import Arm
 from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.sglang.client import Limits, SGLangAPIError, SGLangClient
 from sparkctl.state.records import DeploymentRecord
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.commands import Deployer
 
 log = logging.getLogger("sparkctl.bench")
 
@@ -99,7 +102,7 @@ def arm_from_endpoint(url: str, *, api_key: str | None = None, log_path: Path | 
     return arm
 
 
-def arm_from_record(deployer: Any, record: DeploymentRecord, *, log_path: Path | None = None,
+def arm_from_record(deployer: Deployer, record: DeploymentRecord, *, log_path: Path | None = None,
                     timeout_s: float | Limits | None = None) -> Arm:
     """The arm of a deployment record: its endpoint, its API key (from the env var the profile names),
     rank 0's log through the runtime (or ``log_path``)."""

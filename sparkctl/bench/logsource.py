@@ -16,11 +16,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.nodes.handles import Handle
 from sparkctl.sglang.bootwatch import LogFollower
 from sparkctl.sglang.logparse import EventKind, decode_stats, parse_line
+
+if TYPE_CHECKING:
+    from sparkctl.nodes.runtime import Runtime
 
 __all__ = ["LogSource", "FileLog", "RuntimeLog", "scheduler_summary", "prefill_events", "capacity_from_log",
            "concurrency_cap_from_log"]
@@ -82,7 +85,7 @@ class FileLog(LogSource):
 class RuntimeLog(LogSource):
     """Rank N's engine log of a deployment, through its runtime's ``read_log(handle, offset)``."""
 
-    def __init__(self, runtime: Any, handle: Handle, *, settle_s: float = 0.5) -> None:
+    def __init__(self, runtime: Runtime, handle: Handle, *, settle_s: float = 0.5) -> None:
         super().__init__(lambda off: runtime.read_log(handle, off),
                          f"rank {handle.rank} log of deployment {handle.deployment} [{handle.node}]",
                          settle_s=settle_s)

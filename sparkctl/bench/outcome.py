@@ -6,7 +6,7 @@ failed, and the last sweep that masks the run's secret values in everything writ
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.bench.target import Arm
 from sparkctl.errors import BenchError, SparkctlError
@@ -14,6 +14,9 @@ from sparkctl.sglang.client import EndpointBoundError, EndpointProtocolError, Li
 from sparkctl.sglang.launch import redact
 from sparkctl.state.records import RunRecord
 from sparkctl.untrusted import mask_url_credentials
+
+if TYPE_CHECKING:
+    from sparkctl.bench.ranks import RankWatch, RankWatches
 
 __all__ = ["RunState", "bench_error", "failures", "scrubbed"]
 
@@ -30,7 +33,7 @@ class RunState:
         self.secrets: set[str] = set()
         self.doing = ""
         self._progress = progress
-        self.watch: Any = None                # the RankWatch of the arm being measured (a deployment's)
+        self.watch: RankWatch | RankWatches | None = None   # the watch of the arm being measured (a deployment's)
 
     def progress(self, message: str) -> None:
         self.doing = message

@@ -21,11 +21,16 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.errors import BenchError, SparkctlError
 from sparkctl.sglang.bounds import RunGuard
 from sparkctl.sglang.launch import redact
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.runtimes import Runtimes
+    from sparkctl.nodes.runtime import Handle, Liveness
+    from sparkctl.state.records import DeploymentRecord
 
 log = logging.getLogger("sparkctl.bench")
 
@@ -41,7 +46,7 @@ def _utc() -> str:
 class RankWatch:
     """Liveness of every rank of ``record`` polled while a bench arm is measured (a context manager)."""
 
-    def __init__(self, runtimes: Any, record: Any, guard: RunGuard, *, doing: Callable[[], str],
+    def __init__(self, runtimes: Runtimes, record: DeploymentRecord, guard: RunGuard, *, doing: Callable[[], str],
                  interval_s: float | None = None) -> None:
         self.runtimes = runtimes
         self.record = record
@@ -85,7 +90,7 @@ class RankWatch:
                 return False
         return True
 
-    def _died(self, h: Any, live: Any) -> None:
+    def _died(self, h: Handle, live: Liveness) -> None:
         if self.death is not None:
             return
         at = _utc()
@@ -106,7 +111,7 @@ class RankWatch:
         if self.guard.trip(err):
             log.warning("%s", err.message)
 
-    def _log_tail(self, h: Any) -> str | None:
+    def _log_tail(self, h: Handle) -> str | None:
         try:
             text, _ = self.runtimes.for_node(h.node).read_log(h, 0)
         except Exception:  # noqa: BLE001 - evidence is best-effort; the death itself is already known

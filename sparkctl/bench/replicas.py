@@ -20,7 +20,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.bench.logsource import LogSource, RuntimeLog, concurrency_cap_from_log
 from sparkctl.bench.target import Arm
@@ -29,6 +29,10 @@ from sparkctl.sglang.bounds import Limits
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.serverinfo import parse_prometheus
 from sparkctl.state.records import ReplicaShare, RouterBench, RouterLevel, RouterReplica
+
+if TYPE_CHECKING:
+    from sparkctl.bench.arms import BenchOptions
+    from sparkctl.config.inventory import Inventory
 
 __all__ = ["RouterArm", "MetricsReader", "LevelSplit", "metrics_limits", "REQUESTS_SOURCE", "TOKENS_SOURCE"]
 
@@ -238,7 +242,7 @@ class RouterArm(Arm):
         return rows
 
 
-def replica_entries(inventory: Any, data: dict[str, Any], limits: Limits) -> list[dict[str, Any]]:
+def replica_entries(inventory: Inventory, data: dict[str, Any], limits: Limits) -> list[dict[str, Any]]:
     """Every replica of the record with its deployment record (its own ledger), /server_info and rank 0's log."""
     from sparkctl.deploy.lifecycle import Deployer
     from sparkctl.deploy.progress import Reporter
@@ -301,7 +305,7 @@ def router_section(data: dict[str, Any], arm: RouterArm, split: LevelSplit, read
                        tokens_error=reader.tokens_error, metrics_read_s=round(reader.read_s, 3))
 
 
-def with_router_levels(opts: Any) -> Any:
+def with_router_levels(opts: BenchOptions) -> Any:
     """The options with the router's concurrency levels (1, 2, 4, 8 unless --concurrency was given)."""
     return dataclasses.replace(opts, concurrency=tuple(opts.router_concurrency))
 

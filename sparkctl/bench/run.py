@@ -21,7 +21,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.bench import losslessness
 from sparkctl.bench.arms import (
@@ -48,6 +48,12 @@ from sparkctl.state.files import write_text_atomic
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, RunRecord, Status
 from sparkctl.untrusted import clean
+
+if TYPE_CHECKING:
+    from sparkctl.config.inventory import Inventory
+    from sparkctl.config.profile import Profile
+    from sparkctl.deploy.commands import Deployer
+    from sparkctl.deploy.progress import Reporter
 
 __all__ = ["GATES", "BenchOptions", "parse_gates", "arm_from_endpoint", "bench", "bench_deployment",
            "bench_endpoint", "bench_log", "write_report", "SCHEMA"]
@@ -227,7 +233,8 @@ def bench_endpoint(url: str, opts: BenchOptions, *, ledger: Ledger | None = None
     return _run(result, lambda: _measure_all(result, makers, opts, run), out, run)
 
 
-def bench_deployment(deployer: Any, opts: BenchOptions, *, primary_profile: Any = None, compare_profile: Any = None,
+def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile: Profile | None = None,
+                     compare_profile: Profile | None = None,
                      compare_endpoint: str | None = None, log_path: Path | None = None,
                      compare_log_path: Path | None = None, compare_api_key: str | None = None,
                      progress: Progress = _noop, limits: Limits | None = None,
@@ -290,7 +297,7 @@ def bench_deployment(deployer: Any, opts: BenchOptions, *, primary_profile: Any 
     return _run(result, body, out, run)
 
 
-def _restore(deployer: Any, original: DeploymentRecord, progress: Progress) -> dict[str, Any]:
+def _restore(deployer: Deployer, original: DeploymentRecord, progress: Progress) -> dict[str, Any]:
     from sparkctl.config.profile import Profile
     from sparkctl.deploy.lifecycle import UpOptions
 
@@ -329,7 +336,8 @@ def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -
     return _run(result, body, out)
 
 
-def bench(inventory: Any, opts: BenchOptions, *, reporter: Any = None, profile: Any = None, compare: Any = None,
+def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None = None,
+          profile: Profile | None = None, compare: Any = None,
           endpoint: str | None = None, compare_endpoint: str | None = None, log: Path | None = None,
           compare_log: Path | None = None, log_only: bool = False, api_key: str | None = None,
           progress: Progress = _noop, limits: Limits | None = None, run_s: float | None = None) -> dict[str, Any]:
@@ -377,7 +385,7 @@ def bench(inventory: Any, opts: BenchOptions, *, reporter: Any = None, profile: 
                             compare_api_key=api_key, progress=progress, limits=limits, run_s=run_s)
 
 
-def _replicated(inventory: Any, profile: Any) -> bool:
+def _replicated(inventory: Inventory, profile: Profile | None) -> bool:
     """Is what gets measured a replicated deployment: ``profile`` with ``replicas`` > 1 (deployed first by the
     caller), or, with no profile named, the cluster's active replicated record?"""
     from sparkctl.deploy.replicated import is_replicated

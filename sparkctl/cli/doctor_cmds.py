@@ -3,15 +3,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from sparkctl.cli.options import flag
 from sparkctl.errors import STATUS_NOT_OK
 
+if TYPE_CHECKING:
+    from sparkctl.doctor.collect import DoctorReport
 
-def _human(report: Any) -> None:
+
+def _human(report: DoctorReport) -> None:
     r = report
     if r.deployment:
         where = f" (profile {r.profile}, {r.status}" + (f" at {r.failed_stage}" if r.failed_stage else "") + ")"
@@ -21,8 +24,8 @@ def _human(report: Any) -> None:
     for s in r.sources:
         print(f"  read {s.name}: " + (f"not readable: {s.error}" if s.error else
                                       f"{s.lines} lines" + (" (last 8 MiB)" if s.truncated else "")))
-    for f in r.facts:
-        print(f"  preflight [{f.node}] {f.name}: {f.severity}: {f.seen}")
+    for fact in r.facts:
+        print(f"  preflight [{fact.node}] {fact.name}: {fact.severity}: {fact.seen}")
     for f in r.findings:
         print(f"FOUND {f.signature}: {f.title}")
         print(f"  cause: {f.cause}")

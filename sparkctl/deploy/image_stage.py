@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
@@ -28,6 +28,9 @@ from sparkctl.deploy.fanout import fan_out, raise_first
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult
+
+if TYPE_CHECKING:
+    from sparkctl.nodes.ssh import SSHConnector
 
 STEPS = ("image-build", "image-distribute", "image-verify")
 NO_IMAGE = "no-op (process runtime: no image)"
@@ -128,7 +131,7 @@ def _ids(conns: dict[str, Any], tags: list[str]) -> dict[str, dict[str, str | No
     """{node: {tag: image id or None}}: one round trip per node (``registry.image_ids``), nodes in parallel."""
     from sparkctl.images.registry import image_ids
 
-    def one(conn: Any) -> dict[str, str | None]:
+    def one(conn: SSHConnector) -> dict[str, str | None]:
         return image_ids(conn, tags)
     return dict(zip(conns, raise_first(fan_out(list(conns.values()), one))))
 

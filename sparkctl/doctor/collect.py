@@ -12,13 +12,17 @@ import logging
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sparkctl.doctor.match import Finding, LogText, match_sources, printable
 from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.state.records import DeploymentRecord, Status
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.runtimes import Runtimes
+    from sparkctl.state.ledger import Ledger
 
 log = logging.getLogger("sparkctl.doctor")
 
@@ -122,7 +126,7 @@ def collect_files(paths: list[Path]) -> Collected:
 
 
 # ----------------------------------------------------------------------------------------------- deployments
-def pick_deployment(ledger: Any, *, health_of: Any, dep_id: str | None = None,
+def pick_deployment(ledger: Ledger, *, health_of: Any, dep_id: str | None = None,
                     any_record: bool = False) -> DeploymentRecord | None:
     """The deployment to diagnose (module doc); with `any_record` (a bundle was asked for) the newest record when
     nothing failed. None when there is nothing to diagnose."""
@@ -144,7 +148,7 @@ def pick_deployment(ledger: Any, *, health_of: Any, dep_id: str | None = None,
     return None
 
 
-def _archived_log(ledger: Any, rec: DeploymentRecord, handle: Any) -> Path | None:
+def _archived_log(ledger: Ledger, rec: DeploymentRecord, handle: Any) -> Path | None:
     """The archive of a removed container's log (DockerRuntime.remove), or a process runtime's rank log."""
     d = ledger.log_dir(rec.id)
     name = getattr(handle, "container", None)
@@ -154,7 +158,8 @@ def _archived_log(ledger: Any, rec: DeploymentRecord, handle: Any) -> Path | Non
     return None
 
 
-def collect_deployment(rec: DeploymentRecord, ledger: Any, runtimes: Any, *, kernel_log: bool = True) -> Collected:
+def collect_deployment(rec: DeploymentRecord, ledger: Ledger, runtimes: Runtimes, *,
+                       kernel_log: bool = True) -> Collected:
     """Rank logs, the kernel log of each node, the failure and the journal of `rec` (in that order: the rank logs'
     lines are the evidence a finding shows first)."""
     got = Collected()
@@ -184,7 +189,7 @@ def collect_deployment(rec: DeploymentRecord, ledger: Any, runtimes: Any, *, ker
     return got
 
 
-def _kernel_logs(rec: DeploymentRecord, runtimes: Any, got: Collected) -> None:
+def _kernel_logs(rec: DeploymentRecord, runtimes: Runtimes, got: Collected) -> None:
     """`dmesg` (errors and warnings) of each node of `rec`, where the user may read it (kernel.dmesg_restrict=1 is
     common: then a note, never sudo). The process runtime's nodes are this machine: read once."""
     local_done = False

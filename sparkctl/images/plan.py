@@ -19,7 +19,7 @@ import json
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
@@ -27,6 +27,9 @@ from sparkctl.errors import ConfigError
 from sparkctl.images import entrypoint, launchdoc, patchapply
 from sparkctl.images.series import Series, load_series
 from sparkctl.resources import shipped
+
+if TYPE_CHECKING:
+    from sparkctl.nodes.ssh import SSHConnector
 
 ENGINE_REPO = "sparkctl/sglang-gb10"
 LAUNCH_REPO = "sparkctl/sglang-gb10-launch"
@@ -59,7 +62,7 @@ class BaseImage:
         return self.digest or self.ref
 
 
-def inspect_base(conn: Any, ref: str) -> BaseImage | None:
+def inspect_base(conn: SSHConnector, ref: str) -> BaseImage | None:
     """``docker image inspect`` of ``ref`` on a node connection (``.run(argv)``); None when the node lacks it."""
     r = conn.run(["docker", "image", "inspect", "--format", "{{json .Id}} {{json .RepoDigests}}", ref], timeout=30)
     if r.returncode != 0:

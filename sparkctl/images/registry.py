@@ -31,9 +31,13 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.errors import ImageError
+
+if TYPE_CHECKING:
+    from sparkctl.config.inventory import Inventory, Node
+    from sparkctl.nodes.ssh import SSHConnector
 
 log = logging.getLogger("sparkctl.images")
 PORT = int(os.environ.get("SPARKCTL_REGISTRY_PORT", "5055"))
@@ -106,14 +110,14 @@ class Endpoint:
     """A node as the copy sees it: its connection (``.run``/``.put``), fabric address and interface, cache dir."""
 
     name: str
-    conn: Any
+    conn: SSHConnector
     fabric_address: str
     fabric_iface: str
     cache_dir: str
     user: str = "root"          # SSH user on this node (the fabric stream logs in as it)
 
     @classmethod
-    def of(cls, inventory: Any, node: Any) -> Endpoint:
+    def of(cls, inventory: Inventory, node: Node) -> Endpoint:
         from sparkctl.nodes.ssh import connector_for
         return cls(node.name, connector_for(inventory, node), node.fabric_address, node.fabric_interface,
                    node.host_paths.cache, node.ssh.user)
@@ -188,7 +192,7 @@ def _wire_window(samples: str, before: int | None, after: int | None) -> float:
     return round(last - first, 4) if first is not None and last is not None and last > first else 0.0
 
 
-def image_ids(conn: Any, refs: list[str]) -> dict[str, str | None]:
+def image_ids(conn: SSHConnector, refs: list[str]) -> dict[str, str | None]:
     """{ref: image id or None} on one node, in one round trip."""
     r = conn.run(["sh", "-c", _IDS, "sh", *refs], timeout=60)
     values = r.stdout.split()

@@ -20,10 +20,14 @@ Verdicts per trial (``trial["g6"]``):
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.bench import losslessness
 from sparkctl.bench.prompts import g6_prompts
+from sparkctl.errors import SparkctlError
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.commands import Deployer
 
 PROMPTS = 2        # the first N prompts of the bench's G6 set
 MAX_TOKENS = 48    # tokens per prompt: enough to cover a divergence early in the answer, cheap per trial
@@ -35,10 +39,13 @@ def _prompts() -> list[Any]:
     return list(g6_prompts()[:PROMPTS])
 
 
-def capture(deployer: Any) -> list[dict[str, Any]]:
+def capture(deployer: Deployer) -> list[dict[str, Any]]:
     """Greedy outputs of the sample prompts on the active deployment (one dict per prompt, journal-ready)."""
     from sparkctl.bench.arms import arm_from_record
     record = deployer.ledger.active()
+    if record is None:
+        raise SparkctlError("no active deployment to capture G6 outputs from", where=str(deployer.ledger.root),
+                            hint="the trial's deployment is gone: see `sparkctl status`")
     arm = arm_from_record(deployer, record)
     try:
         caps = losslessness.run_g6_arm(arm.client, _prompts(), max_tokens=MAX_TOKENS, model=arm.model)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, TypeAdapter, ValidationError
 
@@ -18,6 +18,9 @@ from sparkctl.state.files import write_json_atomic
 from sparkctl.state.ledger import Ledger, now_iso, read_json
 from sparkctl.state.records import RecordName
 from sparkctl.untrusted import clean, is_plain_name
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.commands import Deployer
 
 MARKER = "tune.json"
 Progress = Callable[[str], None]
@@ -137,7 +140,7 @@ def clear_marker(ledger: Ledger) -> None:
     (ledger.root / MARKER).unlink(missing_ok=True)
 
 
-def restore(deployer: Any, original: str | None, progress: Progress) -> dict[str, Any]:
+def restore(deployer: Deployer, original: str | None, progress: Progress) -> dict[str, Any]:
     from sparkctl.config.profile import Profile
     from sparkctl.deploy.lifecycle import UpOptions
     if original is None:
@@ -157,7 +160,7 @@ def restore(deployer: Any, original: str | None, progress: Progress) -> dict[str
     return {"ok": True, "profile": rec.profile, "outcome": str(up.get("outcome")), "deployment": up.get("deployment")}
 
 
-def settle(deployer: Any, progress: Progress, *, resuming: str | None = None) -> dict[str, Any] | None:
+def settle(deployer: Deployer, progress: Progress, *, resuming: str | None = None) -> dict[str, Any] | None:
     """A tune whose controller died (kill -9): returns its marker when `resuming` names it; otherwise restores
     what ran before it, marks its journal interrupted, and clears the marker. None when there is nothing."""
     from sparkctl.state.controller import controller_alive

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
 from sparkctl.state.ledger import Ledger, now_iso
@@ -41,6 +41,11 @@ from sparkctl.tune import space as sp
 from sparkctl.tune.journal import Journal, clear_marker, restore, settle, write_marker
 from sparkctl.tune.table import trial_table
 from sparkctl.userfiles import check_user_target, write_user_text
+
+if TYPE_CHECKING:
+    from sparkctl.config.profile import Profile
+    from sparkctl.deploy.commands import Deployer
+    from sparkctl.deploy.results import UpResult
 
 SCHEMA = "sparkctl.tune/1"
 OBJECTIVES = {"decode": ("decode", "higher"), "ttft": ("ttft", "lower"), "aggregate-c2": ("concurrency", "higher")}
@@ -127,7 +132,7 @@ def _trial_entry(i: int, changes: dict[str, Any], baseline: bool) -> dict[str, A
             "capacity": None, "g6": None}
 
 
-def new_journal(deployer: Any, opts: TuneOptions) -> Journal:
+def new_journal(deployer: Deployer, opts: TuneOptions) -> Journal:
     """Validate the search (every candidate a valid profile) and write its journal; nothing deployed yet."""
     from sparkctl.config.profile import load_profile
     if opts.objective not in OBJECTIVES:
@@ -150,12 +155,12 @@ def new_journal(deployer: Any, opts: TuneOptions) -> Journal:
     return Journal(deployer.ledger, run_id, data)
 
 
-def _deploy(deployer: Any, profile: Any) -> dict[str, Any]:
+def _deploy(deployer: Deployer, profile: Profile) -> UpResult:
     from sparkctl.deploy.lifecycle import UpOptions
     return deployer.up(profile, UpOptions(), kind="bench-compare")
 
 
-def _measure(deployer: Any, opts: TuneOptions, progress: Progress) -> dict[str, Any]:
+def _measure(deployer: Deployer, opts: TuneOptions, progress: Progress) -> dict[str, Any]:
     from sparkctl.bench.run import bench_deployment
     return bench_deployment(deployer, _bench_opts(opts), progress=lambda m: None)
 
@@ -171,7 +176,7 @@ def _candidate(j: Journal, t: dict[str, Any]) -> Any:
     return base if t["baseline"] else sp.candidate_profile(base, t["changes"], f"{base.name}-t{t['index']}")
 
 
-def _run_trial(deployer: Any, j: Journal, t: dict[str, Any], progress: Progress) -> None:
+def _run_trial(deployer: Deployer, j: Journal, t: dict[str, Any], progress: Progress) -> None:
     opts = TuneOptions(**j.data["options"])
     label = "baseline" if t["baseline"] else ", ".join(f"{k}={v}" for k, v in t["changes"].items())
     progress(f"trial {t['index']}: {label}")
@@ -225,7 +230,7 @@ def _best(j: Journal) -> dict[str, Any] | None:
     return (max if higher else min)(ok, key=lambda t: t["objective"]["median"])
 
 
-def _confirm(deployer: Any, j: Journal, winner: dict[str, Any], progress: Progress) -> dict[str, Any]:
+def _confirm(deployer: Deployer, j: Journal, winner: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """A B A B: baseline and candidate alternated, each a fresh deploy + bench; samples pooled per side."""
     from sparkctl.bench.diff import compare_summaries
     opts = TuneOptions(**j.data["options"])
@@ -268,7 +273,7 @@ def _estimate(j: Journal, elapsed_s: float) -> None:
                           "formula": "elapsed + first trial x (remaining trials + 2 x confirm rounds + 1 restore)"}
 
 
-def execute(deployer: Any, j: Journal, progress: Progress) -> dict[str, Any]:
+def execute(deployer: Deployer, j: Journal, progress: Progress) -> dict[str, Any]:
     """Run (or continue) the tune in `j` to its end: trials, confirmation, promotion, restore."""
     ledger = deployer.ledger
     opts = TuneOptions(**j.data["options"])
@@ -295,7 +300,7 @@ def execute(deployer: Any, j: Journal, progress: Progress) -> dict[str, Any]:
     return j.data
 
 
-def _trials(deployer: Any, j: Journal, opts: TuneOptions, started: float, progress: Progress) -> None:
+def _trials(deployer: Deployer, j: Journal, opts: TuneOptions, started: float, progress: Progress) -> None:
     for t in j.data["trials"]:
         if t["status"] != "pending":
             continue                                            # finished before a resume: never redone
@@ -319,7 +324,7 @@ def _trials(deployer: Any, j: Journal, opts: TuneOptions, started: float, progre
         _boundary(f"trial-{t['index']}")
 
 
-def _decide(deployer: Any, j: Journal, opts: TuneOptions, started: float, progress: Progress) -> None:
+def _decide(deployer: Deployer, j: Journal, opts: TuneOptions, started: float, progress: Progress) -> None:
     base_t = j.data["trials"][0]
     best = _best(j)
     if base_t["status"] != "feasible":
@@ -372,7 +377,7 @@ def _written_by(path: Path, run_id: str) -> bool:
         return False
 
 
-def tune(deployer: Any, opts: TuneOptions, progress: Progress) -> dict[str, Any]:
+def tune(deployer: Deployer, opts: TuneOptions, progress: Progress) -> dict[str, Any]:
     settle(deployer, progress)
     j = new_journal(deployer, opts)              # written once the lock is held (execute)
     # Where the winner will go is refused now (a directory, not writable, a file there without --force), not
@@ -383,7 +388,7 @@ def tune(deployer: Any, opts: TuneOptions, progress: Progress) -> dict[str, Any]
     return execute(deployer, j, progress)
 
 
-def resume(deployer: Any, run_id: str, progress: Progress) -> dict[str, Any]:
+def resume(deployer: Deployer, run_id: str, progress: Progress) -> dict[str, Any]:
     j = Journal.load(deployer.ledger, run_id)
     if j.data.get("state") == "finished":
         raise ConfigError(f"tune {run_id} already finished", where=str(j.path), hint="start a new `sparkctl tune`")
