@@ -17,6 +17,7 @@ from sparkctl.bench.logsource import FileLog, LogSource, RuntimeLog, capacity_fr
 from sparkctl.bench.prompts import decode_prompts, g6_prompts
 from sparkctl.bench.target import Arm
 from sparkctl.errors import ConfigError, SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import Limits, SGLangAPIError, SGLangClient
 from sparkctl.state.records import DeploymentRecord
 
@@ -68,7 +69,7 @@ class BenchOptions:
     overwrite: bool = False                        # --force: replace a card already in out_dir
     timeout_s: float = 900.0
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         d = asdict(self)
         d["out_dir"] = str(self.out_dir) if self.out_dir else None
         return d
@@ -127,7 +128,7 @@ def arm_from_record(deployer: Deployer, record: DeploymentRecord, *, log_path: P
 
 # --------------------------------------------------------------------------- one arm
 
-def _gate(results: dict[str, Any], name: str, fn: Callable[[], Any], progress: Progress) -> Any:
+def _gate(results: JSONObject, name: str, fn: Callable[[], Any], progress: Progress) -> Any:
     """Run one measurement; a known failure is recorded under the gate and the bench goes on."""
     try:
         value = fn()
@@ -140,12 +141,12 @@ def _gate(results: dict[str, Any], name: str, fn: Callable[[], Any], progress: P
 
 
 def measure_arm(arm: Arm, opts: BenchOptions, run_tag: str, *, primary: bool, g6: bool,
-                progress: Progress = _noop) -> tuple[dict[str, Any], list[losslessness.Capture] | None]:
+                progress: Progress = _noop) -> tuple[JSONObject, list[losslessness.Capture] | None]:
     """Every selected measurement on one arm (TTFT and concurrency on the primary arm only)."""
     gates = set(opts.gates)
     prompts = {c: p for c, p in decode_prompts().items() if c in opts.classes}
     code = decode_prompts()["code"]
-    results: dict[str, Any] = {}
+    results: JSONObject = {}
 
     def say(m: str) -> None:
         progress(f"[{arm.role} {arm.name}] {m}")
@@ -185,8 +186,8 @@ def measure_arm(arm: Arm, opts: BenchOptions, run_tag: str, *, primary: bool, g6
     return results, captures
 
 
-def _acceptance(arm: Arm, decode: dict[str, Any] | None, opts: BenchOptions, say: Progress) -> dict[str, Any]:
-    out: dict[str, Any] = {"speculative_algorithm": arm.speculative_algorithm, "draft_tokens": arm.draft_tokens,
+def _acceptance(arm: Arm, decode: JSONObject | None, opts: BenchOptions, say: Progress) -> JSONObject:
+    out: JSONObject = {"speculative_algorithm": arm.speculative_algorithm, "draft_tokens": arm.draft_tokens,
                            "sglang_version": arm.version}
     if not arm.speculative:
         out["status"] = "no speculative decoding on this arm"

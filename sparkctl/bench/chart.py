@@ -6,9 +6,9 @@ renders in any browser and in GitHub's Markdown, and stays diffable text.
 """
 from __future__ import annotations
 
-from typing import Any
 from xml.sax.saxutils import escape as _xml_escape
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.untrusted import clean
 
 __all__ = ["decode_svg", "history_svg"]
@@ -22,9 +22,9 @@ def escape(text: str) -> str:
 _COLORS = {"ON": "#2b6cb0", "OFF": "#a0aec0", "A": "#2b6cb0", "B": "#a0aec0"}
 
 
-def decode_svg(result: dict[str, Any]) -> str | None:
+def decode_svg(result: JSONObject) -> str | None:
     """The chart, or None when no arm measured decode throughput."""
-    bars: list[tuple[str, str, dict[str, Any]]] = []     # (class, role, summary)
+    bars: list[tuple[str, str, JSONObject]] = []     # (class, role, summary)
     for a in result.get("arms") or []:
         for cls, e in ((a["results"].get("decode") or {}).get("classes") or {}).items():
             if e.get("decode_tok_s"):
@@ -66,11 +66,11 @@ _SERIES = (("on", "code", "#2b6cb0", ""), ("on", "prose", "#63b3ed", ""),
            ("off", "code", "#4a5568", "5,3"), ("off", "prose", "#a0aec0", "5,3"))
 
 
-def history_svg(rows: list[dict[str, Any]]) -> str:
+def history_svg(rows: list[JSONObject]) -> str:
     """Decode tok/s medians (min-max whiskers) of ON and OFF per class, one x step per card in time order; a
     vertical dashed line before each card whose configuration changed, labelled with the change."""
     n = len(rows)
-    pts: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = {}
+    pts: dict[tuple[str, str], list[tuple[int, JSONObject]]] = {}
     top = 1.0
     for i, r in enumerate(rows):
         for role, cls, _, _ in _SERIES:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.handles import Handle
 from sparkctl.sglang.bootwatch import LogFollower
 from sparkctl.sglang.logparse import EventKind, decode_stats, parse_line
@@ -91,7 +92,7 @@ class RuntimeLog(LogSource):
                          settle_s=settle_s)
 
 
-def prefill_events(lines: Iterable[str]) -> list[dict[str, Any]]:
+def prefill_events(lines: Iterable[str]) -> list[JSONObject]:
     """Fields of every ``Prefill batch`` line (new/cached tokens, input throughput gauge...)."""
     out = []
     for line in lines:
@@ -101,7 +102,7 @@ def prefill_events(lines: Iterable[str]) -> list[dict[str, Any]]:
     return out
 
 
-def scheduler_summary(lines: Iterable[str]) -> dict[str, Any]:
+def scheduler_summary(lines: Iterable[str]) -> JSONObject:
     """Decode stats (accept len/rate ranges during active decode, gauge peak, max #running-req) and
     prefill totals for a window of lines."""
     lines = list(lines)
@@ -113,13 +114,13 @@ def scheduler_summary(lines: Iterable[str]) -> dict[str, Any]:
                                             if isinstance(p.get("running_req"), int)), default=None)}
 
 
-def capacity_from_log(lines: Iterable[str]) -> dict[str, Any]:
+def capacity_from_log(lines: Iterable[str]) -> JSONObject:
     """Resolved capacity as the engine printed it at boot (``max_total_num_tokens=...`` line, the mamba
     cap warning) and the server_args it started with."""
     f = LogFollower()
     for line in lines:
         f.feed(line)
-    out: dict[str, Any] = dict(f.capacity or {})
+    out: JSONObject = dict(f.capacity or {})
     if f.mamba_cap is not None:
         out["mamba_capped_max_running_requests"] = f.mamba_cap
     if f.server_args:
@@ -129,7 +130,7 @@ def capacity_from_log(lines: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def concurrency_cap_from_log(lines: Iterable[str]) -> dict[str, Any] | None:
+def concurrency_cap_from_log(lines: Iterable[str]) -> JSONObject | None:
     """The engine's own reason for capping max_running_requests, as it printed it at boot, and the setting that
     would change it; None when the log printed no cap.
 

@@ -17,9 +17,9 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from sparkctl.bench.prompts import Prompt
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import ChatResult, SGLangAPIError, SGLangClient
 
 log = logging.getLogger("sparkctl.bench")
@@ -36,7 +36,7 @@ class Capture:
 
     reasoning: str = ""
     content: str = ""
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[JSONObject] = field(default_factory=list)
     tokens: list[str] | None = None          # server tokens (logprobs.content[].token), when given
     top2_gaps: list[float | None] | None = None
     completion_tokens: int | None = None
@@ -48,14 +48,14 @@ class Capture:
     def empty(self) -> bool:
         return not (self.reasoning or self.content or self.tool_calls)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {"reasoning": self.reasoning, "content": self.content, "tool_calls": self.tool_calls,
                 "completion_tokens": self.completion_tokens, "reasoning_tokens": self.reasoning_tokens,
                 "finish_reason": self.finish_reason, "error": self.error,
                 "server_tokens": len(self.tokens) if self.tokens is not None else None}
 
 
-def _logprob_tokens(raw: dict[str, Any] | None) -> tuple[list[str] | None, list[float | None] | None]:
+def _logprob_tokens(raw: JSONObject | None) -> tuple[list[str] | None, list[float | None] | None]:
     """Token strings and top-2 logprob gaps from a non-streamed body's ``choices[0].logprobs.content``."""
     if not raw:
         return None, None
@@ -96,7 +96,7 @@ class Verdict:
     top2_gap_off: float | None = None
     tokens_compared: int = 0
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {k: v for k, v in self.__dict__.items()}
 
 
@@ -168,7 +168,7 @@ def _end_note(i: int, la: int, lb: int) -> str:
     return f"first differing token at index {i}"
 
 
-def summarize_verdicts(verdicts: Sequence[Verdict]) -> dict[str, Any]:
+def summarize_verdicts(verdicts: Sequence[Verdict]) -> JSONObject:
     """Counts and the one-line verdict. "lossless" appears only when every prompt is identical."""
     n = len(verdicts)
     k = sum(v.status == "identical" for v in verdicts)

@@ -21,9 +21,10 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sparkctl.errors import BenchError, SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.bounds import RunGuard
 from sparkctl.sglang.launch import redact
 
@@ -55,7 +56,7 @@ class RankWatch:
         self.handles = sorted(record.handles, key=lambda h: -h.rank)      # rank 1 first: it has no API
         polls = [getattr(runtimes.for_node(h.node), "poll_interval_s", 0.5) for h in self.handles]
         self.interval_s = interval_s if interval_s is not None else max(0.5, 2 * max(polls, default=0.5))
-        self.death: dict[str, Any] | None = None
+        self.death: JSONObject | None = None
         self.last_alive: tuple[str, float, str] | None = None     # (UTC, seconds into the run, what ran then)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -145,7 +146,7 @@ class RankWatches:
         self.watches = watches
 
     @property
-    def death(self) -> dict[str, Any] | None:
+    def death(self) -> JSONObject | None:
         return next((w.death for w in self.watches if w.death is not None), None)
 
     def poll(self) -> None:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from sparkctl.bench.logsource import LogSource, RuntimeLog, concurrency_cap_from_log
 from sparkctl.bench.target import Arm
 from sparkctl.errors import SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.bounds import Limits
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.serverinfo import parse_prometheus
@@ -136,14 +137,14 @@ class LevelSplit:
     """The concurrency measurement's level observer: per-replica requests (and tokens) of each level."""
 
     reader: MetricsReader
-    replicas: list[dict[str, Any]]                          # {"index", "url"} of every replica, in order
+    replicas: list[JSONObject]                          # {"index", "url"} of every replica, in order
     settle_s: float = SETTLE_S
     levels: list[RouterLevel] = field(default_factory=list)
 
     def before(self, c: int) -> tuple[dict[str, float] | None, dict[str, float] | None]:
         return self.reader.requests(), self.reader.tokens()
 
-    def after(self, c: int, entry: dict[str, Any], token: tuple[Any, Any]) -> None:
+    def after(self, c: int, entry: JSONObject, token: tuple[Any, Any]) -> None:
         try:
             self._after(c, entry, token)
         except Exception as exc:  # noqa: BLE001 - an observer never breaks the measurement it watches
@@ -151,7 +152,7 @@ class LevelSplit:
                                            requests_sent=c, split="unavailable",
                                            split_note=f"{type(exc).__name__}: {exc}"))
 
-    def _after(self, c: int, entry: dict[str, Any], token: tuple[Any, Any]) -> None:
+    def _after(self, c: int, entry: JSONObject, token: tuple[Any, Any]) -> None:
         req0, tok0 = token
         answered = len(entry.get("requests") or [])
         tokens_sent = entry.get("total_completion_tokens") or 0
@@ -196,7 +197,7 @@ class LevelSplit:
 class RouterArm(Arm):
     """The router's endpoint as an arm: replica 0's configuration, the replicas' summed concurrency cap."""
 
-    replicas: list[dict[str, Any]] = field(default_factory=list)   # index, url, server_info, record, log
+    replicas: list[JSONObject] = field(default_factory=list)   # index, url, server_info, record, log
     replica_logs: list[LogSource] = field(default_factory=list)
 
     def _caps(self) -> list[int | None]:
@@ -221,7 +222,7 @@ class RouterArm(Arm):
                                f"({' + '.join(map(str, caps))})")
         return None, "unknown (a replica's resolved max_running_requests could not be read)"
 
-    def concurrency_cap(self) -> dict[str, Any] | None:
+    def concurrency_cap(self) -> JSONObject | None:
         for src in self.replica_logs:
             found = concurrency_cap_from_log(src.whole())
             if found:
@@ -242,7 +243,7 @@ class RouterArm(Arm):
         return rows
 
 
-def replica_entries(inventory: Inventory, data: dict[str, Any], limits: Limits) -> list[dict[str, Any]]:
+def replica_entries(inventory: Inventory, data: JSONObject, limits: Limits) -> list[JSONObject]:
     """Every replica of the record with its deployment record (its own ledger), /server_info and rank 0's log."""
     from sparkctl.deploy.lifecycle import Deployer
     from sparkctl.deploy.progress import Reporter
@@ -250,7 +251,7 @@ def replica_entries(inventory: Inventory, data: dict[str, Any], limits: Limits) 
 
     out = []
     for entry in data.get("replicas") or []:
-        rep: dict[str, Any] = {"index": int(entry["index"]), "url": str(entry["url"]).rstrip("/"),
+        rep: JSONObject = {"index": int(entry["index"]), "url": str(entry["url"]).rstrip("/"),
                                "nodes": list(entry.get("nodes") or []), "cluster": entry.get("cluster"),
                                "record": None, "server_info": {}, "log": None, "deployer": None}
         try:
@@ -270,7 +271,7 @@ def replica_entries(inventory: Inventory, data: dict[str, Any], limits: Limits) 
     return out
 
 
-def router_arm(data: dict[str, Any], replicas: list[dict[str, Any]], limits: Limits) -> RouterArm:
+def router_arm(data: JSONObject, replicas: list[JSONObject], limits: Limits) -> RouterArm:
     """The arm of the router's endpoint (raises when the router does not answer /health 200)."""
     from sparkctl.bench.arms import _check_reachable
 
@@ -288,7 +289,7 @@ def router_arm(data: dict[str, Any], replicas: list[dict[str, Any]], limits: Lim
     return arm
 
 
-def router_section(data: dict[str, Any], arm: RouterArm, split: LevelSplit, reader: MetricsReader,
+def router_section(data: JSONObject, arm: RouterArm, split: LevelSplit, reader: MetricsReader,
                    single: tuple[Any, str]) -> RouterBench:
     r = data.get("router") or {}
     card, note = single

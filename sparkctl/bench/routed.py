@@ -15,6 +15,7 @@ from sparkctl.bench.ranks import RankWatch, RankWatches
 from sparkctl.bench.router_card import single_pair
 from sparkctl.bench.target import Arm
 from sparkctl.errors import ConfigError, SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.bounds import Limits
 from sparkctl.state.ledger import Ledger
 
@@ -22,7 +23,7 @@ __all__ = ["bench_replicated"]
 
 
 def bench_replicated(inventory: Any, opts: BenchOptions, *, progress: Progress = _noop, limits: Limits | None = None,
-                     run_s: float | None = None) -> dict[str, Any]:
+                     run_s: float | None = None) -> JSONObject:
     """Measure the cluster's replicated deployment through its router; returns the run record's JSON."""
     from sparkctl.bench.run import _measure_all, _new_result, _out_dir, _run
     from sparkctl.deploy.replicated import Record

@@ -43,6 +43,7 @@ from sparkctl.bench.report import render_card
 from sparkctl.bench.stats import ratio
 from sparkctl.bench.target import Arm, arm_role
 from sparkctl.errors import BenchError, ConfigError, OutputPathError, SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import Limits, SGLangAPIError
 from sparkctl.state.files import write_text_atomic
 from sparkctl.state.ledger import Ledger, now_iso
@@ -63,14 +64,14 @@ SCHEMA = "sparkctl.bench/1"
 
 # --------------------------------------------------------------------------- comparison + run
 
-def _compare(arms: list[dict[str, Any]]) -> dict[str, Any]:
+def _compare(arms: list[JSONObject]) -> JSONObject:
     """ON/OFF (or A/B) decode ratios per class from two measured arms."""
     if len(arms) != 2:
         return {}
     on, off = (arms[0], arms[1])
     if off["config"]["role"] == "ON":
         on, off = off, on
-    out: dict[str, Any] = {"numerator": on["config"]["role"], "denominator": off["config"]["role"], "decode": {}}
+    out: JSONObject = {"numerator": on["config"]["role"], "denominator": off["config"]["role"], "decode": {}}
     for cls in decode_prompts():
         a = (((on["results"].get("decode") or {}).get("classes") or {}).get(cls) or {}).get("decode_tok_s")
         b = (((off["results"].get("decode") or {}).get("classes") or {}).get(cls) or {}).get("decode_tok_s")
@@ -151,7 +152,7 @@ def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts
 
 
 def _run(result: RunRecord, body: Callable[[], None], out_dir: ReportDir,
-         run: RunState | None = None) -> dict[str, Any]:
+         run: RunState | None = None) -> JSONObject:
     """Run `body`, record how it ended (successful, failed, canceled), write the report either way."""
     secrets = run.secrets if run else set()
     try:
@@ -214,7 +215,7 @@ def _out_dir(opts: BenchOptions, ledger: Ledger | None, run_id: str) -> ReportDi
 def bench_endpoint(url: str, opts: BenchOptions, *, ledger: Ledger | None = None, api_key: str | None = None,
                    log_path: Path | None = None, compare_endpoint: str | None = None,
                    compare_log_path: Path | None = None, progress: Progress = _noop, limits: Limits | None = None,
-                   run_s: float | None = None, compare_api_key: str | None = None) -> dict[str, Any]:
+                   run_s: float | None = None, compare_api_key: str | None = None) -> JSONObject:
     """Measure a running endpoint (and optionally a second one to compare against).
 
     ``api_key`` goes to ``url`` and ``compare_api_key`` to ``compare_endpoint``, each only when given (the CLI
@@ -238,7 +239,7 @@ def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile:
                      compare_endpoint: str | None = None, log_path: Path | None = None,
                      compare_log_path: Path | None = None, compare_api_key: str | None = None,
                      progress: Progress = _noop, limits: Limits | None = None,
-                     run_s: float | None = None) -> dict[str, Any]:
+                     run_s: float | None = None) -> JSONObject:
     """Measure the active deployment; with ``compare_profile`` deploy it, measure, restore the original.
 
     ``primary_profile``: deploy that profile first (a no-op when it already runs healthy) and measure it;
@@ -297,7 +298,7 @@ def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile:
     return _run(result, body, out, run)
 
 
-def _restore(deployer: Deployer, original: DeploymentRecord, progress: Progress) -> dict[str, Any]:
+def _restore(deployer: Deployer, original: DeploymentRecord, progress: Progress) -> JSONObject:
     from sparkctl.config.profile import Profile
     from sparkctl.deploy.lifecycle import UpOptions
 
@@ -311,7 +312,7 @@ def _restore(deployer: Deployer, original: DeploymentRecord, progress: Progress)
             "deployment": up.get("deployment"), "endpoint": up.get("endpoint")}
 
 
-def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -> dict[str, Any]:
+def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -> JSONObject:
     """Scheduler numbers from a captured log alone: accept len/rate ranges, the gauge peak, capacity."""
     run_id = Ledger.new_id("bench-log")
     result = _new_result("log-only", opts, run_id, Limits(), None)
@@ -340,7 +341,7 @@ def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None
           profile: Profile | None = None, compare: Any = None,
           endpoint: str | None = None, compare_endpoint: str | None = None, log: Path | None = None,
           compare_log: Path | None = None, log_only: bool = False, api_key: str | None = None,
-          progress: Progress = _noop, limits: Limits | None = None, run_s: float | None = None) -> dict[str, Any]:
+          progress: Progress = _noop, limits: Limits | None = None, run_s: float | None = None) -> JSONObject:
     """`sparkctl bench`: pick the mode from what is given, run it, return the run record's JSON.
 
     ``endpoint``: measure that server (and ``compare_endpoint``). ``log_only``, or a ``log`` with nothing
@@ -397,7 +398,7 @@ def _replicated(inventory: Inventory, profile: Profile | None) -> bool:
 
 # --------------------------------------------------------------------------- files
 
-def write_report(result: RunRecord, out_dir: ReportDir | Path, secrets: set[str] | None = None) -> dict[str, Any]:
+def write_report(result: RunRecord, out_dir: ReportDir | Path, secrets: set[str] | None = None) -> JSONObject:
     """``report.json``, ``report.md`` (rendered from the same JSON) and ``decode.svg``, atomically: mode 0600 in
     the ledger's run directory, as given (`sparkctl.userfiles`) in a directory the user named.
 

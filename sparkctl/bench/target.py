@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkctl.bench.logsource import LogSource
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import (
     EndpointBoundError,
     EndpointProtocolError,
@@ -93,7 +94,7 @@ _SERVER_KEYS = ("version", "model_path", "served_model_name", "tp_size", "nnodes
                 "reasoning_parser", "decode_log_interval", "enable_metrics", "emulated")
 
 
-def describe_server(info: dict[str, Any]) -> dict[str, Any]:
+def describe_server(info: JSONObject) -> JSONObject:
     """The recorded subset of a ``/server_info`` body (secrets masked), plus the resolved live values."""
     s = parse_server_info(info)
     out = {k: info.get(k) for k in _SERVER_KEYS if k in info}
@@ -119,7 +120,7 @@ class Arm:
     endpoint: str
     model: str | None = None          # served model name sent with each request
     log: LogSource | None = None
-    server_info: dict[str, Any] = field(default_factory=dict)
+    server_info: JSONObject = field(default_factory=dict)
     record: DeploymentRecord | None = None  # the ledger's deployment record, when deployed by sparkctl
     role: str = "?"                   # ON | OFF (speculation), or A | B when that does not tell them apart
     api_key: str | None = field(default=None, repr=False)
@@ -193,7 +194,7 @@ class Arm:
             return s.max_running_requests, "/server_info max_running_requests"
         return None, "unknown"
 
-    def concurrency_cap(self) -> dict[str, Any] | None:
+    def concurrency_cap(self) -> JSONObject | None:
         """Why the engine runs at most N requests at once, in its own words when it printed them (the mamba state
         cache warning at boot), else the launch flag that set it; with the setting that would change it."""
         if self.log is not None:
@@ -237,7 +238,7 @@ class Arm:
                 except SGLangAPIError:
                     pass
 
-    def config(self) -> dict[str, Any]:
+    def config(self) -> JSONObject:
         """Everything this arm's numbers must be recorded with."""
         rec = self.record
         specs = rec.specs if rec else []

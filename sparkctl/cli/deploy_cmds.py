@@ -9,6 +9,7 @@ import typer
 from sparkctl.cli import bounds
 from sparkctl.cli.options import flag
 from sparkctl.errors import STATUS_NOT_OK  # noqa: E402 - exit 8: unhealthy, interrupted, or a comparison unfinished
+from sparkctl.jsontypes import JSONObject
 
 INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory file (default: see README).")
 
@@ -58,7 +59,7 @@ def _emit(result: Any, as_json: bool, human: Any) -> None:
         human(data)
 
 
-def _up_human(result: dict[str, Any]) -> None:
+def _up_human(result: JSONObject) -> None:
     outcome = result.get("outcome")
     if outcome == "deployed":
         print(f"deployed {result['deployment']}: {result['endpoint']}"
@@ -80,7 +81,7 @@ def _up_human(result: dict[str, Any]) -> None:
         print("dry run: plan above; nothing was changed")
 
 
-def _next_lines(result: dict[str, Any]) -> None:
+def _next_lines(result: JSONObject) -> None:
     if result.get("next_commands"):
         print("next: " + "  |  ".join(result["next_commands"]))
 
@@ -117,7 +118,7 @@ def _replicated_up(d: Any, prof: Any, dry_run: bool, yes: bool, boot_timeout: fl
     if not _confirm(yes, f"deploy {prof.name} ({prof.replicas} replicas behind the router)", d, "up")(None):
         raise typer.Abort()
     result = rd.up(prof, UpOptions(boot_timeout_s=boot_timeout))
-    def human(r: dict[str, Any]) -> None:
+    def human(r: JSONObject) -> None:
         print(f"{r['outcome']} {r['profile']}: {r['replicas']} replicas behind {r['endpoint']} (updated: "
               f"{', '.join(map(str, r['updated'])) or 'none'}" + ("; booted at once" if r["parallel"] else "") + ")")
         _next_lines(r)
@@ -125,7 +126,7 @@ def _replicated_up(d: Any, prof: Any, dry_run: bool, yes: bool, boot_timeout: fl
     return True
 
 
-def _replicated_status_human(r: dict[str, Any]) -> None:
+def _replicated_status_human(r: JSONObject) -> None:
     router = r.get("router") or {}
     print(f"cluster {r['cluster']}: {r.get('profile')} ({len(r['replicas'])} replicas) "
           f"{'healthy' if r['healthy'] else 'UNHEALTHY'}")
@@ -225,7 +226,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Abort()
         result = d.down()
 
-        def human(r: dict[str, Any]) -> None:
+        def human(r: JSONObject) -> None:
             if not r.get("changed"):
                 print(r["reason"])
                 return
@@ -251,7 +252,7 @@ def register(app: typer.Typer) -> None:
             return
         result = d.status()
 
-        def human(r: dict[str, Any]) -> None:
+        def human(r: JSONObject) -> None:
             p = r.get("in_progress")
             if p:
                 what = f": deployment {p['deployment']} ({p['profile']}), stage {p['stage']}" if p.get("deployment") \

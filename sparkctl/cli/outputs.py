@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from sparkctl.doctor.collect import DoctorReport
+from sparkctl.jsontypes import JSONObject
 
 
 class _Out(BaseModel):
@@ -51,7 +52,7 @@ class ProfilesOutput(_Out):
 
 class ImageSide(_Out):
     tag: str | None = Field(description="Content-addressed tag; null while an input is unresolved.")
-    inputs: dict[str, Any] = Field(description="What the tag is computed from (unresolved inputs are null).")
+    inputs: JSONObject = Field(description="What the tag is computed from (unresolved inputs are null).")
     inputs_sha256: str | None
 
 
@@ -223,7 +224,7 @@ class FactsOutput(RootModel[dict[str, NodeFacts]]):
 class HistoryOutput(BaseModel):
     """`sparkctl bench history --json` (rows: sparkctl.bench.history)."""
     profile: str | None
-    cards: list[dict[str, Any]] = Field(description="One row per card, oldest first: run_id, started, status, "
+    cards: list[JSONObject] = Field(description="One row per card, oldest first: run_id, started, status, "
                                         "on/off decode summaries per class, changed (since the previous row).")
     skipped: list[str]
     index: str
@@ -232,11 +233,11 @@ class HistoryOutput(BaseModel):
 
 class DiffOutput(BaseModel):
     """`sparkctl bench diff A B --json` (sparkctl.bench.diff)."""
-    a: dict[str, Any]
-    b: dict[str, Any]
+    a: JSONObject
+    b: JSONObject
     noise_band: str
-    arms: list[dict[str, Any]] = Field(description="Per matched arm: metrics {name: delta, band, verdict}, changed.")
-    ratio: dict[str, Any]
+    arms: list[JSONObject] = Field(description="Per matched arm: metrics {name: delta, band, verdict}, changed.")
+    ratio: JSONObject
     emulated: bool
 
 
@@ -247,13 +248,13 @@ class TuneOutput(BaseModel):
     run_id: str
     state: str
     profile: str
-    trials: list[dict[str, Any]] = Field(description="index, changes, baseline, status (feasible/infeasible/"
+    trials: list[JSONObject] = Field(description="index, changes, baseline, status (feasible/infeasible/"
                                          "skipped), reason, deployment, card, objective summary, elapsed_s.")
-    confirmation: dict[str, Any] | None
-    winner: dict[str, Any] | None
-    restore: dict[str, Any] | None
-    estimate: dict[str, Any] | None
-    timing: dict[str, Any]
+    confirmation: JSONObject | None
+    winner: JSONObject | None
+    restore: JSONObject | None
+    estimate: JSONObject | None
+    timing: JSONObject
 
 
 OUTPUTS: dict[str, type[BaseModel]] = {

@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from sparkctl.cli.options import flag
+from sparkctl.jsontypes import JSONObject
 
 INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory file (default: see README).")
 
@@ -38,7 +39,7 @@ def _progress(check: bool) -> Any:
     return show
 
 
-def _fabric_address(fab: dict[str, Any]) -> str:
+def _fabric_address(fab: JSONObject) -> str:
     """The inventory's fabric address (what the ranks dial), and what the interface carries when that differs."""
     addr, carried = fab.get("address"), ",".join(fab.get("ipv4", []))
     if not addr:

@@ -19,7 +19,7 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -44,6 +44,7 @@ from sparkctl.config.values import (
     Word,
 )
 from sparkctl.errors import ConfigError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.resources import shipped, user_dirs
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -223,7 +224,7 @@ _CLUSTER_KEYS = {"sparkctl_cluster": "name", "sparkctl_known_hosts": "known_host
                  "sparkctl_engine_python": "engine_python"}
 
 
-def _collect_hosts(group: dict[str, Any], inherited: dict[str, Any], out: list[tuple[str, dict[str, Any]]],
+def _collect_hosts(group: JSONObject, inherited: JSONObject, out: list[tuple[str, JSONObject]],
                    where: str, path: str) -> None:
     if not isinstance(group, dict):
         raise ConfigError(f"{path}: expected a mapping (got {type(group).__name__})", where=where,
@@ -248,9 +249,9 @@ def _collect_hosts(group: dict[str, Any], inherited: dict[str, Any], out: list[t
         _collect_hosts(child or {}, gvars, out, where, f"{path}.children.{cname}")
 
 
-def _node_from_vars(name: str, hvars: dict[str, Any], where: str) -> dict[str, Any]:
-    ssh: dict[str, Any] = {}
-    node: dict[str, Any] = {"name": name}
+def _node_from_vars(name: str, hvars: JSONObject, where: str) -> JSONObject:
+    ssh: JSONObject = {}
+    node: JSONObject = {"name": name}
     for key, value in hvars.items():
         if key in _ANSIBLE_KEYS:
             ssh[_ANSIBLE_KEYS[key]] = value
@@ -286,7 +287,7 @@ def load_inventory(path: Path, *, embedded: bool = False) -> Inventory:
     if not isinstance(root, dict):
         raise ConfigError(f"all: expected a mapping (got {type(root).__name__})", where=where,
                           hint="see inventory/sparks.example.yml")
-    hosts: list[tuple[str, dict[str, Any]]] = []
+    hosts: list[tuple[str, JSONObject]] = []
     _collect_hosts(root, {}, hosts, where, "all")
     if not hosts:
         raise ConfigError("no hosts in the inventory", where=where, hint="add hosts under all.children.sparks.hosts")
@@ -355,7 +356,7 @@ def _check_fabric(inventory: Inventory, where: str) -> None:
                                    "set sparkctl_fabric_subnet to the switch's subnet (e.g. 192.168.100.0/24)")
 
 
-def _inventory_error(exc: ValidationError, where: str, nodes: list[dict[str, Any]]) -> ConfigError:
+def _inventory_error(exc: ValidationError, where: str, nodes: list[JSONObject]) -> ConfigError:
     err = config_error_from(exc, Inventory, where)
     # Show the key the user wrote: 'all.vars.sparkctl_cluster' rather than 'cluster.name'.
     for var, key in _CLUSTER_KEYS.items():

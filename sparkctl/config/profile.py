@@ -40,6 +40,7 @@ from sparkctl.config.values import (
     engine_env_key,
 )
 from sparkctl.errors import ConfigError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.resources import search_dirs
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -274,7 +275,7 @@ def _mark(value: Any, origin: dict[str, str], src: str, path: tuple[Any, ...]) -
 MAX_EXTENDS_DEPTH = 16   # profiles in one `extends:` chain (the shipped ones use 3)
 
 
-def _load_raw(path: Path, chain: list[Path], origin: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+def _load_raw(path: Path, chain: list[Path], origin: dict[str, str]) -> tuple[JSONObject, list[str]]:
     resolved = path.resolve()
     if resolved in [c.resolve() for c in chain]:
         cycle = " -> ".join(p.stem for p in chain + [path])
@@ -292,7 +293,7 @@ def _load_raw(path: Path, chain: list[Path], origin: dict[str, str]) -> tuple[di
         raise ConfigError("a profile must be a YAML mapping", where=str(path))
     parent = data.pop("extends", None)
     parents: list[str] = []
-    merged: dict[str, Any] = {}
+    merged: JSONObject = {}
     if parent is not None:
         if not isinstance(parent, str):
             raise ConfigError("extends: must be one profile name", where=str(path), hint="e.g. extends: base")

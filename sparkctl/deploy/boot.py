@@ -8,10 +8,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import DeployError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.runtime import Handle, Runtime, log_tail
 from sparkctl.sglang.bootwatch import BootState, LogFollower
 from sparkctl.sglang.launch import LaunchSpec
@@ -69,7 +69,7 @@ class BootResult:
     def handles(self) -> list[Handle]:
         return [w.handle for w in self.watches]
 
-    def capacity(self) -> dict[str, Any] | None:
+    def capacity(self) -> JSONObject | None:
         rank0 = next(w for w in self.watches if w.spec.rank == 0)
         return rank0.follower.capacity
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
 
 from pydantic import BaseModel
 
@@ -18,6 +17,7 @@ from sparkctl.config.profile import Profile
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.runtimes import Runtimes, embedded_notice
 from sparkctl.errors import LedgerError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult, render
@@ -55,7 +55,7 @@ class Cluster:
         return Runtimes(self.inventory, self.ledger, dep_id)
 
     @staticmethod
-    def client(spec0: LaunchSpec | RankSpec | dict[str, Any], key_env: str | None,
+    def client(spec0: LaunchSpec | RankSpec | JSONObject, key_env: str | None,
                timeout: float = 60.0) -> SGLangClient:
         """Client for rank 0's API (its launch, or its recorded spec); the API key comes from the environment
         variable the profile names."""

@@ -14,6 +14,7 @@ from typing import Any
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import RankWatch
 from sparkctl.errors import SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.bootwatch import BootState
 
 
@@ -23,12 +24,12 @@ class Gate:
     ok: bool
     evidence: str
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return asdict(self)
 
 
-def _expected_settings(profile: Profile) -> dict[str, Any]:
-    exp: dict[str, Any] = {"tp_size": profile.server.tp_size}
+def _expected_settings(profile: Profile) -> JSONObject:
+    exp: JSONObject = {"tp_size": profile.server.tp_size}
     spec = profile.speculative
     exp["speculative_algorithm"] = spec.algorithm if spec else None
     if spec and spec.num_draft_tokens is not None:
@@ -71,7 +72,7 @@ def run_gates(profile: Profile, client: Any, watches: list[RankWatch], *, smoke_
         want = profile.model.served_name or profile.model.path
         return want in ids, f"/v1/models ids={ids}, want {want!r}", None
 
-    def settings() -> tuple[bool, str, dict[str, Any]]:
+    def settings() -> tuple[bool, str, JSONObject]:
         info = client.server_info()
         exp = _expected_settings(profile)
         bad = {k: (v, info.get(k)) for k, v in exp.items() if not _same(v, info.get(k))}
@@ -81,7 +82,7 @@ def run_gates(profile: Profile, client: Any, watches: list[RankWatch], *, smoke_
                                                   for k, (w, g) in bad.items()), info
         return True, shown, info
 
-    def capacity(info: dict[str, Any] | None) -> Any:
+    def capacity(info: JSONObject | None) -> Any:
         def check() -> tuple[bool, str, None]:
             if info is None:
                 return False, "no /server_info to read the resolved capacity from", None

@@ -26,6 +26,7 @@ from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.fanout import fan_out, raise_first
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult
 
@@ -41,7 +42,7 @@ class LaunchImage:
     """The launch image the ranks run: its tag and launch document (no secrets; per-rank values from the env)."""
 
     tag: str
-    doc: dict[str, Any]
+    doc: JSONObject
 
     def environment(self, spec: LaunchSpec) -> dict[str, str]:
         """What this rank's container needs on top of the image (ConfigError when the image cannot run `spec`)."""
@@ -122,12 +123,12 @@ class ImageSurvey:
                 ("image-verify", f"image-verify: {shown} on {', '.join(nodes)} with one ID each, before boot")]
 
 
-def _conns(inventory: Inventory) -> dict[str, Any]:
+def _conns(inventory: Inventory) -> JSONObject:
     from sparkctl.images.pipeline import connections
     return connections(inventory)
 
 
-def _ids(conns: dict[str, Any], tags: list[str]) -> dict[str, dict[str, str | None]]:
+def _ids(conns: dict[str, SSHConnector], tags: list[str]) -> dict[str, dict[str, str | None]]:
     """{node: {tag: image id or None}}: one round trip per node (``registry.image_ids``), nodes in parallel."""
     from sparkctl.images.registry import image_ids
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.render import RenderResult
 from sparkctl.state.records import DeploymentRecord
 
@@ -44,7 +45,7 @@ class Step:
     def commands(self) -> list[tuple[str, list[str]]]:
         return self.preview() if self.preview else []
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {"name": self.name, "what": self.what, "idempotent": self.idempotent, "node": self.node}
 
 
@@ -76,7 +77,7 @@ class Plan:
                     out.append(f"     (commands not shown: {exc})")
         return out
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {"profile": self.profile, "identity": self.identity, "deployment": self.deployment_id,
                 "steps": [s.as_dict() for s in self.steps], "noop_reason": self.noop_reason,
                 "active": self.active_id}

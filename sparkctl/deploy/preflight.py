@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from sparkctl.deploy.fanout import fan_out, raise_first
 from sparkctl.errors import PreflightError, SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.launch import LaunchSpec
 
 
@@ -52,7 +52,7 @@ class Check:
         """`name: seen`, with `warning:` before a warning's text."""
         return f"{self.name}: " + ("warning: " if self.severity is Severity.WARN else "") + self.seen
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {"node": self.node, "name": self.name, "ok": self.ok, "severity": self.severity.value,
                 "seen": self.seen, "fix": self.fix}
 

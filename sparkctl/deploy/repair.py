@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from sparkctl.config.profile import load_profile
 from sparkctl.deploy.cluster import Cluster
@@ -27,6 +26,7 @@ from sparkctl.deploy.observe import Engine, observe
 from sparkctl.deploy.plan import launch_identity
 from sparkctl.deploy.steps import boundary
 from sparkctl.errors import SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.state.files import write_json_atomic
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, Status
@@ -64,12 +64,12 @@ class RepairPlan:
             out.append(f"rewrite cluster.json (history of {len(self.history)}, active {self.active or 'none'})")
         return out + [f"note: {n}" for n in self.notes]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {"changes": self.lines() if self.changes else [], "active": self.active,
                 "damaged": [str(p) for p, _ in self.damaged], "notes": self.notes}
 
 
-def _ledger_state(ledger: Ledger, plan: RepairPlan) -> tuple[dict[str, DeploymentRecord], dict[str, Any] | None]:
+def _ledger_state(ledger: Ledger, plan: RepairPlan) -> tuple[dict[str, DeploymentRecord], JSONObject | None]:
     good: dict[str, DeploymentRecord] = {}
     for path in sorted((ledger.root / "deployments").glob("*.json")):
         try:

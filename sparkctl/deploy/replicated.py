@@ -52,6 +52,7 @@ from sparkctl.deploy.results import (
 from sparkctl.deploy.steps import REPLICATED_COMMAND as COMMAND
 from sparkctl.deploy.steps import boundary
 from sparkctl.errors import ConfigError, LedgerError, LockHeldError, SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.fanout import fan_out
 from sparkctl.nodes.process import read_lines
 from sparkctl.router import RouterError, strip_colour
@@ -87,7 +88,7 @@ def _recorded_name(rec: Record, index: int) -> str | None:
 class Record:
     """What the parent cluster's state directory holds for a replicated deployment."""
     path: Path
-    data: dict[str, Any] = field(default_factory=dict)
+    data: JSONObject = field(default_factory=dict)
 
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -404,7 +405,7 @@ class ReplicatedDeployer:
         yield from Deployer(replica_inventory(self.inventory, entry), self.reporter).follow_log(
             rank, tail=tail, follow=follow, poll_s=poll_s)
 
-    def _router_log(self, d: dict[str, Any]) -> Callable[[int], tuple[str, int]]:
+    def _router_log(self, d: JSONObject) -> Callable[[int], tuple[str, int]]:
         """offset -> (complete new lines of the router's log, next offset), whichever kind the record names."""
         spec = RouterSpec("127.0.0.1", 1)
         r = router_launch.from_record(self.inventory, spec, d)          # a damaged entry is a RouterError
@@ -492,7 +493,7 @@ def _named(inv: Inventory, cluster: str, nodes: list[str]) -> Inventory:
     return inv.model_copy(update={"nodes": picked, "cluster": inv.cluster.model_copy(update={"name": cluster})})
 
 
-def replica_inventory(inventory: Inventory, entry: dict[str, Any]) -> Inventory:
+def replica_inventory(inventory: Inventory, entry: JSONObject) -> Inventory:
     """The sub-inventory of one ``replicas`` entry of the record (its cluster name, its nodes re-ranked); read-only,
     for readers of a replicated deployment (the bench reaches each replica's ledger and runtimes through it)."""
     return _named(inventory, entry["cluster"], entry["nodes"])

@@ -31,9 +31,10 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sparkctl.errors import ImageError
+from sparkctl.jsontypes import JSONObject
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Inventory, Node
@@ -226,7 +227,7 @@ print(json.dumps({"removed": removed, "freed": before - (size() if os.path.isdir
 """
 
 
-def prune_cache(endpoint: Endpoint, keep: set[str], *, dry_run: bool = False) -> dict[str, Any]:
+def prune_cache(endpoint: Endpoint, keep: set[str], *, dry_run: bool = False) -> JSONObject:
     """Drop from the node's registry cache every image not in ``keep`` (tags), then the blobs only they used.
 
     The cache makes a re-push of unchanged layers free; what no kept image references is dead weight (a real

@@ -11,9 +11,10 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sparkctl.errors import ConfigError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.launch import REDACTED, SECRET_ENV, SECRETS_MOUNT, LaunchSpec, redact_argv
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ class ContainerConfig:
     argv: list[str]
     env: dict[str, str]
     labels: dict[str, str]
-    mounts: list[dict[str, Any]]
+    mounts: list[JSONObject]
     host_dirs: list[str]                 # writable host directories to create before the container starts
     secret_values: frozenset[str] = frozenset()
     secrets_dir: str | None = None       # node directory of the rank's secret files (mounted at SECRETS_MOUNT)
@@ -111,7 +112,7 @@ def container_config(spec: LaunchSpec, node: Node, *, cluster: str, deployment_i
     name = container_name(cluster, spec.rank, deployment_id)
     labels = {"sparkctl.cluster": cluster, "sparkctl.deployment": deployment_id, "sparkctl.rank": str(spec.rank),
               "sparkctl.node": node.name, "sparkctl.profile-identity": identity or spec_identity(spec, image)}
-    mounts: list[dict[str, Any]] = []
+    mounts: list[JSONObject] = []
     host_dirs: list[str] = []
     for m in spec.mounts:
         src = _check_path(str(m["source"]), "mount source", node.name)

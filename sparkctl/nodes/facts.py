@@ -20,7 +20,9 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
+
+from sparkctl.jsontypes import JSONObject
 
 T = TypeVar("T")
 
@@ -71,7 +73,7 @@ def parse_docker_info_json(text: str) -> DockerInfo:
     line = next((ln for ln in text.splitlines() if ln.lstrip().startswith("{")), "")
     if not line:
         raise ValueError("no JSON object in docker info output")
-    data: dict[str, Any] = json.loads(line)
+    data: JSONObject = json.loads(line)
     runtimes = data.get("Runtimes") or {}
     paths = {name: str((spec or {}).get("path") or (spec or {}).get("runtimeType") or "")
              for name, spec in runtimes.items()}

@@ -5,9 +5,11 @@ told apart by `kind` (a discriminated union), so a record read from disk comes b
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from sparkctl.jsontypes import JSONObject
 
 
 class _HandleBase(BaseModel):
@@ -37,7 +39,7 @@ class ProcessHandle(_HandleBase):
     # Where this boot attempt's lines start in `log` (bytes): earlier attempts of the same rank and deployment (a
     # restore, a rollback's restart) come before it, and readiness and fatal-line detection never read them.
     log_offset: int = 0
-    spec: dict[str, Any] = Field(default_factory=dict)
+    spec: JSONObject = Field(default_factory=dict)
 
     @property
     def where(self) -> str:

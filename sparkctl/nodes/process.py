@@ -39,9 +39,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from sparkctl.errors import StateDirError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes import procfs
 from sparkctl.nodes.logpipe import ENGINE_ENV_FILE
 from sparkctl.nodes.node_facts import NodeFacts, host_model_path, model_paths
@@ -113,7 +113,7 @@ class ProcessRuntime:
     needs_image = False       # the emulator runs in place
     poll_interval_s = 0.1
 
-    def __init__(self, log_dir: Path, sim_knobs: dict[str, Any] | None = None, *,
+    def __init__(self, log_dir: Path, sim_knobs: JSONObject | None = None, *,
                  secrets_root: Path | None = None, engine: str = "emulator", engine_python: str | None = None,
                  models_dir: str = MODELS_MOUNT) -> None:
         """`secrets_root` names whose secrets these are (the state directory's, e.g. ``ledger.root / "secrets"``;

@@ -26,10 +26,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.errors import ConfigError, NodeError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.state.files import private_dir
 
 log = logging.getLogger("sparkctl.prepare")
@@ -51,7 +51,7 @@ class TaskResult:
     host: str
     task: str
     status: str                 # ok | changed | failed | unreachable | skipped
-    res: dict[str, Any]
+    res: JSONObject
     ignored: bool = False
 
     @property
@@ -90,7 +90,7 @@ class PlaybookRun:
     def failures(self) -> list[TaskResult]:
         return [r for r in self.results if r.status in ("failed", "unreachable") and not r.ignored]
 
-    def registered(self, host: str, task: str) -> dict[str, Any] | None:
+    def registered(self, host: str, task: str) -> JSONObject | None:
         """The result of ``task`` on ``host`` (its last event), e.g. a registered command's stdout."""
         found = [r.res for r in self.results if r.host == host and r.task == task and "_ansible_item_label" not in r.res
                  and "item" not in r.res]
@@ -175,7 +175,7 @@ def ssh_common_args(inv: Inventory) -> str:
 
 
 def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: list[str] | None = None,
-                 extravars: dict[str, Any] | None = None, become_password: str | None = None,
+                 extravars: JSONObject | None = None, become_password: str | None = None,
                  on_event: Callable[[TaskResult], None] | None = None, forks: int = 10,
                  env: dict[str, str] | None = None) -> PlaybookRun:
     """Run ``playbooks/<playbook>`` on every node of ``inv``; returns what happened, per host and task.
@@ -211,7 +211,7 @@ def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: li
     }
     envvars.update(env or {})
 
-    def handler(event: dict[str, Any]) -> bool:
+    def handler(event: JSONObject) -> bool:
         result = _result_of(event)
         if result is not None:
             run.results.append(result)
@@ -310,7 +310,7 @@ _STATUS = {"runner_on_ok": "ok", "runner_on_failed": "failed", "runner_on_unreac
            "runner_item_on_skipped": "skipped"}
 
 
-def _result_of(event: dict[str, Any]) -> TaskResult | None:
+def _result_of(event: JSONObject) -> TaskResult | None:
     status = _STATUS.get(event.get("event", ""))
     if status is None:
         return None

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.router import RouterError
 from sparkctl.router.metrics import RouterMetrics, parse_router_metrics
 
@@ -33,7 +34,7 @@ class Worker:
     model_id: str | None
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Worker:
+    def from_json(cls, d: JSONObject) -> Worker:
         return cls(id=str(d.get("id", "")), url=str(d.get("url", "")).rstrip("/"), healthy=bool(d.get("is_healthy")),
                    load=int(d.get("load") or 0), model_id=d.get("model_id"))
 
@@ -189,7 +190,7 @@ def attach(router: RouterClient, worker_url: str, *, timeout_s: float = 30.0) ->
     return router.add_worker(worker_url, timeout_s=timeout_s)
 
 
-def _json_object(r: httpx.Response) -> dict[str, Any] | None:
+def _json_object(r: httpx.Response) -> JSONObject | None:
     """The body as a JSON object when it is one (a router of another version or a hostile one: None)."""
     try:
         doc = r.json()

@@ -23,10 +23,11 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
+from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 import httpx
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes import facts
 from sparkctl.router import RouterError, strip_colour
 from sparkctl.router.spec import CLUSTER_LABEL, IDENTITY_LABEL, ROLE, ROLE_LABEL, RouterSpec
@@ -82,12 +83,12 @@ class RouterContainer:
     kept = False                   # start found this very launch running (a dead controller's) and kept it
 
     # ---- record --------------------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"kind": KIND, "node": self.node, "container": self.name, "container_id": self.container_id,
                 "image": self.image, "argv": self.spec.args()}
 
     @classmethod
-    def from_dict(cls, spec: RouterSpec, runner: Runner, d: dict[str, Any]) -> RouterContainer:
+    def from_dict(cls, spec: RouterSpec, runner: Runner, d: JSONObject) -> RouterContainer:
         """The router a previous controller started (read from its record): liveness and stop by container ID."""
         return cls(spec, str(d["node"]), runner, str(d["container"]), str(d.get("container_id") or d["container"]),
                    str(d.get("image", "")))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.router.spec import RouterSpec
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ class Router(Protocol):
 
     def stop(self, timeout_s: float = 10.0) -> Any: ...
 
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> JSONObject: ...
 
     def log_tail(self, lines: int = 20) -> str: ...
 
@@ -57,7 +58,7 @@ def start_router(inventory: Inventory, spec: RouterSpec, *, image: str | None, l
     return RouterProcess.start(spec, log_path, ready_timeout_s=ready_timeout_s)
 
 
-def from_record(inventory: Inventory, spec: RouterSpec, d: dict[str, Any]) -> Router:
+def from_record(inventory: Inventory, spec: RouterSpec, d: JSONObject) -> Router:
     """The router a record names (its kind from the record; a record from before kinds were kept is a process)."""
     if d.get("kind") == "container":
         from sparkctl.nodes.ssh import connector_for
@@ -81,7 +82,7 @@ def from_record(inventory: Inventory, spec: RouterSpec, d: dict[str, Any]) -> Ro
     return RouterProcess.from_dict(spec, d)
 
 
-def recorded_router(inventory: Inventory, spec: RouterSpec, d: dict[str, Any] | None) -> Router | None:
+def recorded_router(inventory: Inventory, spec: RouterSpec, d: JSONObject | None) -> Router | None:
     """The recorded router if it still runs, else None (then `start_router` starts, or takes over, one)."""
     if not d:
         return None
@@ -89,7 +90,7 @@ def recorded_router(inventory: Inventory, spec: RouterSpec, d: dict[str, Any] | 
     return router if router.alive() else None
 
 
-def stop_router(inventory: Inventory, d: dict[str, Any] | None, *, timeout_s: float = 10.0) -> bool:
+def stop_router(inventory: Inventory, d: JSONObject | None, *, timeout_s: float = 10.0) -> bool:
     """Stop the router the record names and, on the docker runtime, every other router container of this cluster
     on rank 0's node (one a controller killed between `docker run` and its record left behind: the record does
     not name it). Only containers labelled ``sparkctl.role=router`` are removed. True when something was stopped

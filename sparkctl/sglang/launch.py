@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+
+from sparkctl.jsontypes import JSONObject
 
 REDACTED = "***"
 # Where an engine finds its secret files (the runtime puts the directory there: a read-only bind mount in a
@@ -75,7 +76,7 @@ class LaunchSpec:
     api_host: str = "127.0.0.1"   # where a client reaches rank 0's HTTP API
     api_port: int = 30000
     image: str | None = None      # engine image reference (docker runtime)
-    mounts: list[dict[str, Any]] = field(default_factory=list)  # {"source","target","read_only"}
+    mounts: list[JSONObject] = field(default_factory=list)  # {"source","target","read_only"}
     secret_values: frozenset[str] = field(default=frozenset(), repr=False)  # values to redact wherever printed
     # File name -> content of the files the runtime writes (0400, in a private 0700 directory) at SECRETS_MOUNT
     # before the engine starts: the API key and HF token reach the engine there, never in its argv or env.
@@ -98,7 +99,7 @@ class LaunchSpec:
     def redact_text(self, text: str) -> str:
         return redact(text, self.secret_values)
 
-    def redacted(self) -> dict[str, Any]:
+    def redacted(self) -> JSONObject:
         """JSON-safe view with every secret replaced by '***' (for printing and the ledger): by field (the
         secret flags' values and secret variables), never by what a value looks like."""
         return {

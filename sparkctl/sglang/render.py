@@ -21,6 +21,7 @@ import yaml
 from sparkctl.config.inventory import Inventory, Node
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.dialect import Dialect, Flag, load_dialect
 from sparkctl.sglang.launch import ENGINE_SECRETS_FILE, HF_TOKEN_FILE, SECRET_OPTIONS, SECRETS_MOUNT, LaunchSpec
 
@@ -52,7 +53,7 @@ class RenderResult:
     specs: list[LaunchSpec]
     warnings: list[str] = field(default_factory=list)
 
-    def to_json(self, rank: int | None = None) -> dict[str, Any]:
+    def to_json(self, rank: int | None = None) -> JSONObject:
         ranks = [s.redacted() for s in self.specs if rank is None or s.rank == rank]
         return {"profile": self.profile.name, "sglang_version": self.profile.image.sglang_version,
                 "inventory": self.inventory.path, "emulated": self.inventory.emulated,

@@ -21,6 +21,7 @@ from email.utils import formatdate
 from http.server import ThreadingHTTPServer
 from typing import Any
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sim import decoding as dec
 from sparkctl.sim.httpbase import HEALTH as _HEALTH
 from sparkctl.sim.httpbase import (
@@ -59,7 +60,7 @@ def _error(message: str, code: int = 400, typ: str = "BadRequestError") -> bytes
     return _dumps({"object": "error", "message": message, "type": typ, "param": None, "code": code}).encode()
 
 
-def _bad_int(body: dict[str, Any], key: str, where: tuple[str, ...] = ("body",)) -> bytes | None:
+def _bad_int(body: JSONObject, key: str, where: tuple[str, ...] = ("body",)) -> bytes | None:
     """SGLang's 400 for a field that is not an integer (its pydantic validation, as the real 0.5.23 answers
     `"max_tokens": "many"`: tests/fixtures/real-engine/0.5.23/tp1/chat_bad_type.http), or None when it is fine."""
     value = body.get(key)
@@ -78,7 +79,7 @@ class _ApiHandler(BaseHandler):
         host, port = self.client_address[:2]
         self.state.log.access(f"{host}:{port}", self.command, self.path, getattr(self, "_status", 200))
 
-    def _body(self) -> dict[str, Any] | None:
+    def _body(self) -> JSONObject | None:
         raw = self._read_body()
         try:
             data = json.loads(raw or b"{}")
@@ -272,7 +273,7 @@ class _ApiHandler(BaseHandler):
             return
         if not self._wait(req):
             return
-        msg: dict[str, Any] = {"role": "assistant", "content": view.content_text(),
+        msg: JSONObject = {"role": "assistant", "content": view.content_text(),
                                "reasoning_content": view.reasoning_text() or None}
         self._json(200, {"id": cid, "object": "chat.completion", "created": created, "model": model,
                          "choices": [{"index": 0, "message": msg, "logprobs": None,
@@ -351,7 +352,7 @@ class _ApiHandler(BaseHandler):
 
     def _chat_stream(self, req: Request, view: ChatView, cid: str, created: int, model: str,
                      include_usage: bool) -> None:
-        def frame(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        def frame(delta: JSONObject, finish: str | None = None) -> JSONObject:
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                     "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
                                  "matched_stop": None}], "usage": None}

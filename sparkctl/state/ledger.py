@@ -40,6 +40,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sparkctl.errors import LedgerError, LockHeldError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.state.files import check_state_path, open_state_file, private_dir, state_dir_error, write_json_atomic
 from sparkctl.state.records import DeploymentRecord, RunRecord, Status
 
@@ -156,7 +157,7 @@ class Ledger:
     # read as "nothing deployed". The records decide: the history is every record on disk (in the order the
     # cache knows, the others by id, which starts with the UTC time), the active deployment the newest record
     # that took over and still serves (`active_id`).
-    def read_index_file(self) -> dict[str, Any] | None:
+    def read_index_file(self) -> JSONObject | None:
         """cluster.json as written (None when missing); LedgerError when it is not an index (`repair` uses it)."""
         if not self.index_path.exists():
             return None
@@ -200,7 +201,7 @@ class Ledger:
                 return None
         return None
 
-    def index(self) -> dict[str, Any]:
+    def index(self) -> JSONObject:
         return {"active": self.active_id(), "history": self.history()}
 
     def sync_index(self) -> None:

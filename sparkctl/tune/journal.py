@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, TypeAdapter, ValidationError
 
 from sparkctl.errors import ConfigError, LedgerError, SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.state.files import write_json_atomic
 from sparkctl.state.ledger import Ledger, now_iso, read_json
 from sparkctl.state.records import RecordName
@@ -29,7 +30,7 @@ Progress = Callable[[str], None]
 class Journal:
     """``runs/<id>/tune.json``: the whole state of one tune, rewritten atomically after every step."""
 
-    def __init__(self, ledger: Ledger, run_id: str, data: dict[str, Any]) -> None:
+    def __init__(self, ledger: Ledger, run_id: str, data: JSONObject) -> None:
         self.ledger, self.run_id, self.data = ledger, run_id, data
         self.path = ledger.root / "runs" / run_id / "tune.json"
 
@@ -58,13 +59,13 @@ class Journal:
 class _Trial(BaseModel):
     model_config = ConfigDict(extra="allow")
     index: StrictInt = Field(ge=0)
-    changes: dict[str, Any]
+    changes: JSONObject
     baseline: StrictBool
     status: Literal["pending", "feasible", "infeasible", "skipped"]
     reason: str | None = None
     deployment: RecordName | None = None
     card: str | None = None
-    objective: dict[str, Any] | None = None
+    objective: JSONObject | None = None
     elapsed_s: float | None = None
 
 
@@ -75,17 +76,17 @@ class TuneJournal(BaseModel):
     run_id: RecordName
     state: str
     profile: RecordName
-    profile_data: dict[str, Any]
+    profile_data: JSONObject
     space: list[list[Any]]
-    baseline_values: dict[str, Any]
-    options: dict[str, Any]
+    baseline_values: JSONObject
+    options: JSONObject
     trials: list[_Trial] = Field(min_length=1)
     original: RecordName | None = None
-    estimate: dict[str, Any] | None = None
-    confirmation: dict[str, Any] | None = None
-    winner: dict[str, Any] | None = None
-    restore: dict[str, Any] | None = None
-    timing: dict[str, Any] = Field(default_factory=dict)
+    estimate: JSONObject | None = None
+    confirmation: JSONObject | None = None
+    winner: JSONObject | None = None
+    restore: JSONObject | None = None
+    timing: JSONObject = Field(default_factory=dict)
 
 
 def validate_journal(data: Any, path: Path, run_id: str) -> None:
@@ -110,7 +111,7 @@ def validate_journal(data: Any, path: Path, run_id: str) -> None:
                           hint=hint) from None
 
 
-def read_marker(ledger: Ledger) -> dict[str, Any] | None:
+def read_marker(ledger: Ledger) -> JSONObject | None:
     """The tune marker, or None when there is none; a marker that is not JSON is None too (as before: the next
     tune's lock and journal speak for it); one of the wrong shape (its run or original not a plain name, its
     controller not an object) is a LedgerError naming it (exit 6)."""
@@ -140,7 +141,7 @@ def clear_marker(ledger: Ledger) -> None:
     (ledger.root / MARKER).unlink(missing_ok=True)
 
 
-def restore(deployer: Deployer, original: str | None, progress: Progress) -> dict[str, Any]:
+def restore(deployer: Deployer, original: str | None, progress: Progress) -> JSONObject:
     from sparkctl.config.profile import Profile
     from sparkctl.deploy.lifecycle import UpOptions
     if original is None:
@@ -160,7 +161,7 @@ def restore(deployer: Deployer, original: str | None, progress: Progress) -> dic
     return {"ok": True, "profile": rec.profile, "outcome": str(up.get("outcome")), "deployment": up.get("deployment")}
 
 
-def settle(deployer: Deployer, progress: Progress, *, resuming: str | None = None) -> dict[str, Any] | None:
+def settle(deployer: Deployer, progress: Progress, *, resuming: str | None = None) -> JSONObject | None:
     """A tune whose controller died (kill -9): returns its marker when `resuming` names it; otherwise restores
     what ran before it, marks its journal interrupted, and clears the marker. None when there is nothing."""
     from sparkctl.state.controller import controller_alive

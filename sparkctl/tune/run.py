@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.tune import g6
 from sparkctl.tune import space as sp
@@ -67,7 +68,7 @@ class TuneOptions:
     overwrite: bool = False                      # --force: replace a tuned profile file already there
     ttft_sizes: tuple[int, ...] = (4096,)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return asdict(self)
 
 
@@ -86,7 +87,7 @@ def _bench_opts(o: TuneOptions) -> Any:
                         ttft_sizes=o.ttft_sizes, ttft_runs=max(2, min(o.runs, 3)), concurrency=(1, 2))
 
 
-def objective_samples(card: dict[str, Any], objective: str) -> list[float]:
+def objective_samples(card: JSONObject, objective: str) -> list[float]:
     """The samples the objective is judged on, from a card's (first) arm."""
     res = ((card.get("arms") or [{}])[0]).get("results") or {}
     if objective == "decode":
@@ -103,7 +104,7 @@ def objective_samples(card: dict[str, Any], objective: str) -> list[float]:
     return []
 
 
-def _summary(samples: list[float]) -> dict[str, Any] | None:
+def _summary(samples: list[float]) -> JSONObject | None:
     if not samples:
         return None
     return {"n": len(samples), "median": statistics.median(samples), "min": min(samples), "max": max(samples),
@@ -126,7 +127,7 @@ def classify_failure(exc: BaseException) -> str:
     return "no boot"
 
 
-def _trial_entry(i: int, changes: dict[str, Any], baseline: bool) -> dict[str, Any]:
+def _trial_entry(i: int, changes: JSONObject, baseline: bool) -> JSONObject:
     return {"index": i, "changes": changes, "baseline": baseline, "status": "pending", "reason": None,
             "deployment": None, "card": None, "objective": None, "elapsed_s": None, "accept_len": None,
             "capacity": None, "g6": None}
@@ -160,7 +161,7 @@ def _deploy(deployer: Deployer, profile: Profile) -> UpResult:
     return deployer.up(profile, UpOptions(), kind="bench-compare")
 
 
-def _measure(deployer: Deployer, opts: TuneOptions, progress: Progress) -> dict[str, Any]:
+def _measure(deployer: Deployer, opts: TuneOptions, progress: Progress) -> JSONObject:
     from sparkctl.bench.run import bench_deployment
     return bench_deployment(deployer, _bench_opts(opts), progress=lambda m: None)
 
@@ -170,13 +171,13 @@ def _plain(value: Any) -> Any:
     return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
 
 
-def _candidate(j: Journal, t: dict[str, Any]) -> Any:
+def _candidate(j: Journal, t: JSONObject) -> Any:
     from sparkctl.config.profile import Profile
     base = Profile.model_validate(j.data["profile_data"])
     return base if t["baseline"] else sp.candidate_profile(base, t["changes"], f"{base.name}-t{t['index']}")
 
 
-def _run_trial(deployer: Deployer, j: Journal, t: dict[str, Any], progress: Progress) -> None:
+def _run_trial(deployer: Deployer, j: Journal, t: JSONObject, progress: Progress) -> None:
     opts = TuneOptions(**j.data["options"])
     label = "baseline" if t["baseline"] else ", ".join(f"{k}={v}" for k, v in t["changes"].items())
     progress(f"trial {t['index']}: {label}")
@@ -207,7 +208,7 @@ def _run_trial(deployer: Deployer, j: Journal, t: dict[str, Any], progress: Prog
                  f"({t['objective']['min']:.3f}-{t['objective']['max']:.3f}) in {t['elapsed_s']:.1f} s")
 
 
-def _g6_verdict(j: Journal, t: dict[str, Any], outputs: list[dict[str, Any]]) -> None:
+def _g6_verdict(j: Journal, t: JSONObject, outputs: list[JSONObject]) -> None:
     """The trial's G6 sample (sparkctl/tune/g6.py): the baseline's outputs are the reference (kept in the
     journal); a candidate that is not identical to them, or a void sample, makes the trial infeasible."""
     if t["baseline"]:
@@ -222,7 +223,7 @@ def _g6_verdict(j: Journal, t: dict[str, Any], outputs: list[dict[str, Any]]) ->
         t.update(status="infeasible", reason="G6 failed", error=f"G6 sample: {t['g6']['detail']}")
 
 
-def _best(j: Journal) -> dict[str, Any] | None:
+def _best(j: Journal) -> JSONObject | None:
     higher = OBJECTIVES[j.data["options"]["objective"]][1] == "higher"
     ok = [t for t in j.data["trials"] if not t["baseline"] and t["status"] == "feasible"]
     if not ok:
@@ -230,7 +231,7 @@ def _best(j: Journal) -> dict[str, Any] | None:
     return (max if higher else min)(ok, key=lambda t: t["objective"]["median"])
 
 
-def _confirm(deployer: Deployer, j: Journal, winner: dict[str, Any], progress: Progress) -> dict[str, Any]:
+def _confirm(deployer: Deployer, j: Journal, winner: JSONObject, progress: Progress) -> JSONObject:
     """A B A B: baseline and candidate alternated, each a fresh deploy + bench; samples pooled per side."""
     from sparkctl.bench.diff import compare_summaries
     opts = TuneOptions(**j.data["options"])
@@ -273,7 +274,7 @@ def _estimate(j: Journal, elapsed_s: float) -> None:
                           "formula": "elapsed + first trial x (remaining trials + 2 x confirm rounds + 1 restore)"}
 
 
-def execute(deployer: Deployer, j: Journal, progress: Progress) -> dict[str, Any]:
+def execute(deployer: Deployer, j: Journal, progress: Progress) -> JSONObject:
     """Run (or continue) the tune in `j` to its end: trials, confirmation, promotion, restore."""
     ledger = deployer.ledger
     opts = TuneOptions(**j.data["options"])
@@ -377,7 +378,7 @@ def _written_by(path: Path, run_id: str) -> bool:
         return False
 
 
-def tune(deployer: Deployer, opts: TuneOptions, progress: Progress) -> dict[str, Any]:
+def tune(deployer: Deployer, opts: TuneOptions, progress: Progress) -> JSONObject:
     settle(deployer, progress)
     j = new_journal(deployer, opts)              # written once the lock is held (execute)
     # Where the winner will go is refused now (a directory, not writable, a file there without --force), not
@@ -388,7 +389,7 @@ def tune(deployer: Deployer, opts: TuneOptions, progress: Progress) -> dict[str,
     return execute(deployer, j, progress)
 
 
-def resume(deployer: Deployer, run_id: str, progress: Progress) -> dict[str, Any]:
+def resume(deployer: Deployer, run_id: str, progress: Progress) -> JSONObject:
     j = Journal.load(deployer.ledger, run_id)
     if j.data.get("state") == "finished":
         raise ConfigError(f"tune {run_id} already finished", where=str(j.path), hint="start a new `sparkctl tune`")

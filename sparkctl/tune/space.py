@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from sparkctl.errors import ConfigError
+from sparkctl.jsontypes import JSONObject
 
 _KEY_RE = re.compile(r"^(?:[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+|env\.[A-Za-z_][A-Za-z0-9_]*)$")
 _NOT_TUNABLE = ("name", "path", "extends", "description", "api", "rollback_profile", "lifecycle")
@@ -58,7 +59,7 @@ def parse_vary(items: list[str]) -> list[tuple[str, list[Any]]]:
     return out
 
 
-def get_key(data: dict[str, Any], key: str) -> Any:
+def get_key(data: JSONObject, key: str) -> Any:
     cur: Any = data
     for part in key.split("."):
         if not isinstance(cur, dict) or part not in cur:
@@ -67,7 +68,7 @@ def get_key(data: dict[str, Any], key: str) -> Any:
     return cur
 
 
-def set_key(data: dict[str, Any], key: str, value: Any) -> None:
+def set_key(data: JSONObject, key: str, value: Any) -> None:
     parts = key.split(".")
     cur = data
     for part in parts[:-1]:
@@ -82,13 +83,13 @@ def set_key(data: dict[str, Any], key: str, value: Any) -> None:
     cur[parts[-1]] = value
 
 
-def grid(space: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
+def grid(space: list[tuple[str, list[Any]]]) -> list[JSONObject]:
     """Every combination, in --vary order (the last key varies fastest)."""
     keys = [k for k, _ in space]
     return [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in space))]
 
 
-def candidate_profile(base: Any, changes: dict[str, Any], name: str) -> Any:
+def candidate_profile(base: Any, changes: JSONObject, name: str) -> Any:
     """The base profile with `changes` applied, validated; ConfigError naming the --vary that does not fit."""
     from sparkctl.config.profile import Profile
     data = base.model_dump(mode="json")
@@ -105,13 +106,13 @@ def candidate_profile(base: Any, changes: dict[str, Any], name: str) -> Any:
                                                "(`sparkctl schema profile`)") from None
 
 
-def baseline_values(base: Any, space: list[tuple[str, list[Any]]]) -> dict[str, Any]:
+def baseline_values(base: Any, space: list[tuple[str, list[Any]]]) -> JSONObject:
     data = base.model_dump(mode="json")
     return {k: get_key(data, k) for k, _ in space}
 
 
-def _nest(changes: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _nest(changes: JSONObject) -> JSONObject:
+    out: JSONObject = {}
     for key, value in changes.items():
         cur = out
         parts = key.split(".")
@@ -121,7 +122,7 @@ def _nest(changes: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def winner_profile_text(base_name: str, changes: dict[str, Any], run_id: str, note: str) -> str:
+def winner_profile_text(base_name: str, changes: JSONObject, run_id: str, note: str) -> str:
     """A profile that `extends:` the original with only the changed keys, and a comment naming the tune run."""
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     head = [f"# Written by `sparkctl tune` run {run_id} ({stamp}).",
@@ -153,5 +154,5 @@ def winner_path(profile: str, run_id: str) -> Path:
     return winner_dir() / f"{name}.yml"
 
 
-def copy_changes(changes: dict[str, Any]) -> dict[str, Any]:
+def copy_changes(changes: JSONObject) -> JSONObject:
     return copy.deepcopy(changes)

@@ -22,7 +22,8 @@ import random
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any
+
+from sparkctl.jsontypes import JSONObject
 
 __all__ = ["Prompt", "decode_prompts", "g6_prompts", "long_prompt", "TokenCalibration", "words_for_tokens",
            "prompt_set_digest", "LONG_PROMPT_QUESTION"]
@@ -40,7 +41,7 @@ class Prompt:
 
 
 @cache
-def _load(name: str) -> dict[str, Any]:
+def _load(name: str) -> JSONObject:
     return json.loads(resources.files("sparkctl.bench.prompts").joinpath(name).read_text(encoding="utf-8"))
 
 
@@ -102,7 +103,7 @@ class TokenCalibration:
     overhead_tokens: int
     measured: bool        # False: the 1.0/0 assumption, no probe was run
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {"tokens_per_word": round(self.tokens_per_word, 4), "overhead_tokens": self.overhead_tokens,
                 "measured": self.measured}
 
