@@ -322,7 +322,7 @@ def measure_concurrency(arm: Arm, prompt: Prompt, levels: Sequence[int], *, max_
             entry["log_decode_batches"] = sch["decode"]["batches"]
         if c > 1:
             entry["serialization"] = _serialization(entry, cap, cap_src, out["cap_reason"])
-        if observer is not None:
+        if observer is not None and token is not None:
             observer.after(c, entry, token)
         out["levels"].append(entry)
         progress(f"concurrency c{c}: {entry.get('aggregate_tok_s')} tok/s aggregate")

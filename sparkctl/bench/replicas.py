@@ -132,6 +132,10 @@ def _delta(before: dict[str, float] | None, after: dict[str, float] | None) -> d
     return None if any(v < 0 for v in d.values()) else d
 
 
+# The router's request and token counters per replica URL when a level starts (None: not readable).
+LevelToken = tuple[dict[str, float] | None, dict[str, float] | None]
+
+
 @dataclass
 class LevelSplit:
     """The concurrency measurement's level observer: per-replica requests (and tokens) of each level."""
@@ -141,10 +145,10 @@ class LevelSplit:
     settle_s: float = SETTLE_S
     levels: list[RouterLevel] = field(default_factory=list)
 
-    def before(self, c: int) -> tuple[dict[str, float] | None, dict[str, float] | None]:
+    def before(self, c: int) -> LevelToken:
         return self.reader.requests(), self.reader.tokens()
 
-    def after(self, c: int, entry: JSONObject, token: tuple[Any, Any]) -> None:
+    def after(self, c: int, entry: JSONObject, token: LevelToken) -> None:
         try:
             self._after(c, entry, token)
         except Exception as exc:  # noqa: BLE001 - an observer never breaks the measurement it watches
@@ -152,7 +156,7 @@ class LevelSplit:
                                            requests_sent=c, split="unavailable",
                                            split_note=f"{type(exc).__name__}: {exc}"))
 
-    def _after(self, c: int, entry: JSONObject, token: tuple[Any, Any]) -> None:
+    def _after(self, c: int, entry: JSONObject, token: LevelToken) -> None:
         req0, tok0 = token
         answered = len(entry.get("requests") or [])
         tokens_sent = entry.get("total_completion_tokens") or 0
@@ -306,7 +310,7 @@ def router_section(data: JSONObject, arm: RouterArm, split: LevelSplit, reader: 
                        tokens_error=reader.tokens_error, metrics_read_s=round(reader.read_s, 3))
 
 
-def with_router_levels(opts: BenchOptions) -> Any:
+def with_router_levels(opts: BenchOptions) -> BenchOptions:
     """The options with the router's concurrency levels (1, 2, 4, 8 unless --concurrency was given)."""
     return dataclasses.replace(opts, concurrency=tuple(opts.router_concurrency))
 

@@ -6,7 +6,7 @@ replicated record is only read (``sparkctl.deploy.replicated.Record``), never wr
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.bench import replicas as rb
 from sparkctl.bench.arms import BenchOptions, Progress, _noop
@@ -19,11 +19,14 @@ from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.bounds import Limits
 from sparkctl.state.ledger import Ledger
 
+if TYPE_CHECKING:
+    from sparkctl.config.inventory import Inventory
+
 __all__ = ["bench_replicated"]
 
 
-def bench_replicated(inventory: Any, opts: BenchOptions, *, progress: Progress = _noop, limits: Limits | None = None,
-                     run_s: float | None = None) -> JSONObject:
+def bench_replicated(inventory: Inventory, opts: BenchOptions, *, progress: Progress = _noop,
+                     limits: Limits | None = None, run_s: float | None = None) -> JSONObject:
     """Measure the cluster's replicated deployment through its router; returns the run record's JSON."""
     from sparkctl.bench.run import _measure_all, _new_result, _out_dir, _run
     from sparkctl.deploy.replicated import Record

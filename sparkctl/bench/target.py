@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sparkctl.bench.logsource import LogSource
 from sparkctl.jsontypes import JSONObject
@@ -24,6 +24,9 @@ from sparkctl.sglang.client import (
     parse_server_info,
 )
 from sparkctl.state.records import DeploymentRecord
+
+if TYPE_CHECKING:
+    from sparkctl.bench.replicas import LevelSplit
 
 log = logging.getLogger("sparkctl.bench")
 
@@ -128,7 +131,7 @@ class Arm:
     guard: RunGuard | None = None         # the run's deadline and stop signal, shared by its clients
     # Called around each concurrency level (``before(c) -> token``, ``after(c, entry, token)``): the router's
     # per-replica split of a replicated deployment (sparkctl.bench.replicas). It never raises.
-    level_observer: Any = None
+    level_observer: LevelSplit | None = None
 
     def new_client(self) -> SGLangClient:
         """A separate client (own connection pool) for a concurrent request, under the run's bounds."""

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -11,10 +11,17 @@ from sparkctl.cli.options import flag
 from sparkctl.errors import STATUS_NOT_OK  # noqa: E402 - exit 8: unhealthy, interrupted, or a comparison unfinished
 from sparkctl.jsontypes import JSONObject
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from sparkctl.config.profile import Profile
+    from sparkctl.deploy.commands import Deployer
+    from sparkctl.deploy.plan import Plan
+
 INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory file (default: see README).")
 
 
-def _deployer(inventory: str | None, quiet: bool = False) -> Any:
+def _deployer(inventory: str | None, quiet: bool = False) -> Deployer:
     from sparkctl.config.inventory import resolve_inventory
     from sparkctl.deploy.lifecycle import Deployer
     from sparkctl.deploy.progress import Reporter
@@ -29,7 +36,7 @@ def _deployer(inventory: str | None, quiet: bool = False) -> Any:
     return d
 
 
-def _confirm(assume_yes: bool, action: str, d: Any, command: str) -> Any:
+def _confirm(assume_yes: bool, action: str, d: Deployer, command: str) -> Callable[[Plan | None], bool]:
     """Ask on a terminal. Without a terminal, never prompt (and never hang): refuse with "add --yes" (exit 2),
     like `terraform apply` without -auto-approve, unless --yes was given or every node of the inventory runs
     the process runtime (the embedded cluster: emulator processes on this machine's loopback, nothing
@@ -38,7 +45,7 @@ def _confirm(assume_yes: bool, action: str, d: Any, command: str) -> Any:
 
     local = all(n.runtime == "process" for n in d.inventory.nodes)
 
-    def ask(plan: Any) -> bool:
+    def ask(plan: Plan | None) -> bool:
         if assume_yes or (local and not sys.stdin.isatty()):
             return True
         if not sys.stdin.isatty():
@@ -50,7 +57,7 @@ def _confirm(assume_yes: bool, action: str, d: Any, command: str) -> Any:
     return ask
 
 
-def _emit(result: Any, as_json: bool, human: Any) -> None:
+def _emit(result: Any, as_json: bool, human: Callable[[Any], None]) -> None:
     data = result.as_json() if hasattr(result, "as_json") else result
     if as_json:
         from sparkctl.cli.outputs import print_json
@@ -86,7 +93,8 @@ def _next_lines(result: JSONObject) -> None:
         print("next: " + "  |  ".join(result["next_commands"]))
 
 
-def _replicated_up(d: Any, prof: Any, dry_run: bool, yes: bool, boot_timeout: float | None, as_json: bool) -> bool:
+def _replicated_up(d: Deployer, prof: Profile, dry_run: bool, yes: bool, boot_timeout: float | None,
+                   as_json: bool) -> bool:
     """`up` of a profile with replicas > 1 (deploy/replicated.py), or leaving a replicated deployment for a single
     group (the router and replicas go down first). True when it handled the command."""
     from sparkctl.deploy.commands import UpOptions

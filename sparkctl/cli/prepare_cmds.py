@@ -4,17 +4,20 @@ from __future__ import annotations
 import difflib
 import getpass
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from sparkctl.cli.options import flag
 from sparkctl.jsontypes import JSONObject
 
+if TYPE_CHECKING:
+    from sparkctl.config.inventory import Inventory
+
 INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory file (default: see README).")
 
 
-def _inventory(inventory: str | None) -> Any:
+def _inventory(inventory: str | None) -> Inventory:
     from sparkctl.config.inventory import resolve_inventory
     return resolve_inventory(inventory)
 

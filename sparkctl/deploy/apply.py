@@ -163,6 +163,8 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
     booted: list[BootResult] = []
     nodes_of = [n.name for n in c.inventory.nodes]
 
+    if plan.images is None:     # deploy.commands surveys the images of every plan it makes
+        raise TypeError(f"plan {plan.identity} has no image survey")
     stage = ImageStage(profile, c.inventory, result, plan.images, runtimes=rts, log_dir=c.ledger.root / "builds",
                        report=lambda msg, node: c.reporter.event(msg, node))
 

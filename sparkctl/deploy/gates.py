@@ -9,13 +9,16 @@ state and log: its own /health is a dummy), smoke (a generation returns tokens).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import RankWatch
 from sparkctl.errors import SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.bootwatch import BootState
+
+if TYPE_CHECKING:
+    from sparkctl.sglang.client import SGLangClient
 
 
 @dataclass
@@ -51,7 +54,8 @@ def _same(expected: Any, seen: Any) -> bool:
     return str(expected) == str(seen)
 
 
-def run_gates(profile: Profile, client: Any, watches: list[RankWatch], *, smoke_tokens: int = 16) -> list[Gate]:
+def run_gates(profile: Profile, client: SGLangClient, watches: list[RankWatch], *,
+              smoke_tokens: int = 16) -> list[Gate]:
     """Run every gate (all of them, even after one fails, so the record shows the whole picture)."""
     gates: list[Gate] = []
 

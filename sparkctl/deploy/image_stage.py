@@ -31,6 +31,7 @@ from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult
 
 if TYPE_CHECKING:
+    from sparkctl.images.plan import BaseImage
     from sparkctl.nodes.ssh import SSHConnector
 
 STEPS = ("image-build", "image-distribute", "image-verify")
@@ -59,7 +60,7 @@ class ImageSurvey:
     source: str = ""                              # prebuilt: who names it
     plan: Any = None                              # pipeline: ImagePlan (None while the base is missing)
     base_missing: bool = False
-    pinned_base: Any = None                       # pipeline: the recorded base a rollback plans on (BaseImage)
+    pinned_base: BaseImage | None = None          # pipeline: the recorded base a rollback plans on
     present: dict[str, dict[str, str | None]] = field(default_factory=dict)   # node -> {tag: id or None}
     error: str | None = None                      # the survey could not look (unreachable node ...)
 

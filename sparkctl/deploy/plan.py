@@ -12,11 +12,14 @@ import json
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.render import RenderResult
 from sparkctl.state.records import DeploymentRecord
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.image_stage import ImageSurvey
 
 Preview = Callable[[], list[tuple[str, list[str]]]]   # -> [(node, argv)] of the commands a step runs
 
@@ -57,7 +60,7 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     noop_reason: str | None = None
     active_id: str | None = None
-    images: Any = field(default=None, repr=False)   # deploy.image_stage.ImageSurvey the image steps came from
+    images: ImageSurvey | None = field(default=None, repr=False)   # the survey the image steps came from
 
     @property
     def noop(self) -> bool:

@@ -286,13 +286,13 @@ class ReplicatedDeployer:
                          lambda: sub.up(rep.result.profile, UpOptions(boot_timeout_s=opts.boot_timeout_s)), rep.index)
         return bool(res.changed)
 
-    def _attach(self, rec: Record, client: RouterClient, rep: Replica, ensure_router: Any) -> None:
+    def _attach(self, rec: Record, client: RouterClient, rep: Replica, ensure_router: Callable[[], None]) -> None:
         ensure_router()
         self._step(rec, "replica-attach", f"replica {rep.index}: back into the router",
                    lambda: attach(client, rep.url), rep.index)
 
     def _one_at_a_time(self, rec: Record, profile: Profile, opts: UpOptions, client: RouterClient, rep: Replica,
-                       sub: Deployer, listed: Any, changed: list[int], ensure_router: Any) -> bool:
+                       sub: Deployer, listed: Any, changed: list[int], ensure_router: Callable[[], None]) -> bool:
         """The rolling step: out of the router (drained), its own `up`, back in. A replica whose `up` failed was
         restored alone by that `up`: it goes back into the router and the roll stops with the error."""
         if listed is not None:
@@ -320,7 +320,7 @@ class ReplicatedDeployer:
         return deployed
 
     def _all_at_once(self, rec: Record, profile: Profile, opts: UpOptions, client: RouterClient,
-                     todo: list[tuple[Replica, Deployer, Any]], ensure_router: Any) -> list[int]:
+                     todo: list[tuple[Replica, Deployer, Any]], ensure_router: Callable[[], None]) -> list[int]:
         """A first `up` (the router lists no worker): every replica's own `up` at once, then each that serves goes
         into the router, in order. The first error is raised once every replica has finished and been attached.
         Returns the replicas whose own `up` deployed."""

@@ -12,7 +12,7 @@ import logging
 import os
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,7 +21,11 @@ from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.state.records import DeploymentRecord, Status
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from sparkctl.deploy.results import RankHealth
     from sparkctl.deploy.runtimes import Runtimes
+    from sparkctl.nodes.handles import Handle
     from sparkctl.state.ledger import Ledger
 
 log = logging.getLogger("sparkctl.doctor")
@@ -126,8 +130,8 @@ def collect_files(paths: list[Path]) -> Collected:
 
 
 # ----------------------------------------------------------------------------------------------- deployments
-def pick_deployment(ledger: Ledger, *, health_of: Any, dep_id: str | None = None,
-                    any_record: bool = False) -> DeploymentRecord | None:
+def pick_deployment(ledger: Ledger, *, health_of: Callable[[DeploymentRecord], tuple[bool, str, list[RankHealth]]],
+                    dep_id: str | None = None, any_record: bool = False) -> DeploymentRecord | None:
     """The deployment to diagnose (module doc); with `any_record` (a bundle was asked for) the newest record when
     nothing failed. None when there is nothing to diagnose."""
     if dep_id is not None:
@@ -148,7 +152,7 @@ def pick_deployment(ledger: Ledger, *, health_of: Any, dep_id: str | None = None
     return None
 
 
-def _archived_log(ledger: Ledger, rec: DeploymentRecord, handle: Any) -> Path | None:
+def _archived_log(ledger: Ledger, rec: DeploymentRecord, handle: Handle) -> Path | None:
     """The archive of a removed container's log (DockerRuntime.remove), or a process runtime's rank log."""
     d = ledger.log_dir(rec.id)
     name = getattr(handle, "container", None)

@@ -44,6 +44,7 @@ from sparkctl.tune.table import trial_table
 from sparkctl.userfiles import check_user_target, write_user_text
 
 if TYPE_CHECKING:
+    from sparkctl.bench.arms import BenchOptions
     from sparkctl.config.profile import Profile
     from sparkctl.deploy.commands import Deployer
     from sparkctl.deploy.results import UpResult
@@ -79,7 +80,7 @@ def _boundary(step: str) -> None:
     boundary("tune", step, "after")
 
 
-def _bench_opts(o: TuneOptions) -> Any:
+def _bench_opts(o: TuneOptions) -> BenchOptions:
     from sparkctl.bench.arms import BenchOptions
     gates = {"decode": ("decode", "acceptance"), "ttft": ("decode", "ttft"),
              "aggregate-c2": ("decode", "concurrency")}[o.objective]
@@ -171,7 +172,7 @@ def _plain(value: Any) -> Any:
     return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
 
 
-def _candidate(j: Journal, t: JSONObject) -> Any:
+def _candidate(j: Journal, t: JSONObject) -> Profile:
     from sparkctl.config.profile import Profile
     base = Profile.model_validate(j.data["profile_data"])
     return base if t["baseline"] else sp.candidate_profile(base, t["changes"], f"{base.name}-t{t['index']}")

@@ -13,13 +13,16 @@ import itertools
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
 
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
+
+if TYPE_CHECKING:
+    from sparkctl.config.profile import Profile
 
 _KEY_RE = re.compile(r"^(?:[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+|env\.[A-Za-z_][A-Za-z0-9_]*)$")
 _NOT_TUNABLE = ("name", "path", "extends", "description", "api", "rollback_profile", "lifecycle")
@@ -89,7 +92,7 @@ def grid(space: list[tuple[str, list[Any]]]) -> list[JSONObject]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in space))]
 
 
-def candidate_profile(base: Any, changes: JSONObject, name: str) -> Any:
+def candidate_profile(base: Profile, changes: JSONObject, name: str) -> Profile:
     """The base profile with `changes` applied, validated; ConfigError naming the --vary that does not fit."""
     from sparkctl.config.profile import Profile
     data = base.model_dump(mode="json")
@@ -106,7 +109,7 @@ def candidate_profile(base: Any, changes: JSONObject, name: str) -> Any:
                                                "(`sparkctl schema profile`)") from None
 
 
-def baseline_values(base: Any, space: list[tuple[str, list[Any]]]) -> JSONObject:
+def baseline_values(base: Profile, space: list[tuple[str, list[Any]]]) -> JSONObject:
     data = base.model_dump(mode="json")
     return {k: get_key(data, k) for k, _ in space}
 
