@@ -64,7 +64,7 @@ def clean_line(line: str, limit: int = LINE_LIMIT) -> str:
     return line
 
 
-def clean(text: Any, limit: int = LINE_LIMIT) -> str:
+def clean(text: object, limit: int = LINE_LIMIT) -> str:
     """Untrusted text as it may reach a terminal or a card: every line through `clean_line` (newlines kept; a
     carriage return is escaped, so nothing overwrites what was printed). Example::
 
@@ -77,7 +77,7 @@ def clean(text: Any, limit: int = LINE_LIMIT) -> str:
 _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 
-def is_plain_name(value: Any) -> bool:
+def is_plain_name(value: object) -> bool:
     """Letters, digits, '.', '-', '_' (not leading '-' or '.'), no '..', at most 255: a name, never a path."""
     return isinstance(value, str) and bool(_PLAIN.fullmatch(value)) and ".." not in value
 

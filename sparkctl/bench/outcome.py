@@ -109,7 +109,7 @@ def failures(result: RunRecord) -> list[str]:
     return out
 
 
-def scrubbed(value: Any, secrets: set[str]) -> Any:
+def scrubbed(value: object, secrets: set[str]) -> Any:
     """Every string in the record with the run's secret values (the API keys it used) and every URL's credentials
     (``http://user:***@host``) masked: a server that echoes a request header back in what it answers cannot put a
     key in the card, nor an ``--endpoint http://user:password@host`` its password."""

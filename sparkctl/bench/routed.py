@@ -77,7 +77,7 @@ def bench_replicated(inventory: Inventory, opts: BenchOptions, *, progress: Prog
     return _run(result, body, out, run)
 
 
-def refuse_compare(compare: Any, compare_endpoint: str | None, logs: tuple[Any, ...] = ()) -> None:
+def refuse_compare(compare: object, compare_endpoint: str | None, logs: tuple[Any, ...] = ()) -> None:
     """What a replicated bench does not take: a second arm, or a log file (each replica's log is read through its
     own runtime)."""
     if any(p is not None for p in logs):

@@ -57,7 +57,7 @@ def _confirm(assume_yes: bool, action: str, d: Deployer, command: str) -> Callab
     return ask
 
 
-def _emit(result: Any, as_json: bool, human: Callable[[Any], None]) -> None:
+def _emit(result: object, as_json: bool, human: Callable[[Any], None]) -> None:
     data = result.as_json() if hasattr(result, "as_json") else result
     if as_json:
         from sparkctl.cli.outputs import print_json

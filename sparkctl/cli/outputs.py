@@ -267,7 +267,7 @@ OUTPUTS: dict[str, type[BaseModel]] = {
 }
 
 
-def print_json(data: Any, *, default: Any = str) -> None:
+def print_json(data: object, *, default: Any = str) -> None:
     """`data` as indented JSON on stdout: ASCII (every control character and non-ASCII character a JSON escape,
     so the data is intact and nothing in it acts on a terminal), URL credentials masked; written past the
     terminal guard (sparkctl.untrusted.GuardedStream), which would bound its long lines."""
@@ -278,6 +278,6 @@ def print_json(data: Any, *, default: Any = str) -> None:
     write_json(sys.stdout, mask_url_credentials(json.dumps(data, indent=2, default=default)) + "\n")
 
 
-def emit(model: type[BaseModel], data: Any) -> None:
+def emit(model: type[BaseModel], data: object) -> None:
     """Validate `data` against the command's output model and print it as indented JSON on stdout."""
     print_json(model.model_validate(data).model_dump(mode="json", by_alias=True))

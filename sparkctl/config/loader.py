@@ -37,7 +37,7 @@ _NULL = "tag:yaml.org,2002:null"
 class _Bound(yaml.YAMLError):
     """A document past one of the bounds above (reported like a syntax error: file, line, column)."""
 
-    def __init__(self, problem: str, mark: Any, hint: str) -> None:
+    def __init__(self, problem: str, mark: object, hint: str) -> None:
         super().__init__(problem)
         self.problem, self.problem_mark, self.hint = problem, mark, hint
 
@@ -234,7 +234,7 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
 
 
-def _first_model(ann: Any) -> Any:
+def _first_model(ann: object) -> Any:
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         return ann
     for arg in getattr(ann, "__args__", ()) or ():

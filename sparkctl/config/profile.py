@@ -254,7 +254,7 @@ def find_profile(name: str) -> Path:
                       hint=(f"did you mean '{guess}'? " if guess else "") + f"known profiles: {', '.join(known)}")
 
 
-def _merge(base: Any, over: Any, origin: dict[str, str], src: str, path: tuple[Any, ...]) -> Any:
+def _merge(base: object, over: object, origin: dict[str, str], src: str, path: tuple[Any, ...]) -> Any:
     if isinstance(base, dict) and isinstance(over, dict):
         out = dict(base)
         for k, v in over.items():
@@ -264,7 +264,7 @@ def _merge(base: Any, over: Any, origin: dict[str, str], src: str, path: tuple[A
     return _mark(over, origin, src, path)
 
 
-def _mark(value: Any, origin: dict[str, str], src: str, path: tuple[Any, ...]) -> Any:
+def _mark(value: object, origin: dict[str, str], src: str, path: tuple[Any, ...]) -> Any:
     origin[key_path(path)] = src
     if isinstance(value, dict):
         for k, v in value.items():
@@ -314,7 +314,7 @@ def _load_raw(path: Path, chain: list[Path], origin: dict[str, str]) -> tuple[JS
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _check_env(env: Any, origin: dict[str, str], default: str) -> None:
+def _check_env(env: object, origin: dict[str, str], default: str) -> None:
     """Environment names are POSIX names a profile may set (values.engine_env_key); values are the one-line
     strings as written (the loader reads every `env` value as a string: `010` stays "010", `yes` stays "yes")."""
     if not isinstance(env, dict):

@@ -46,10 +46,10 @@ class Bound:
     le: float | None = None
     max_length: int | None = None
 
-    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+    def __get_pydantic_core_schema__(self, source: object, handler: Any) -> Any:
         return core_schema.no_info_after_validator_function(self._check, handler(source))
 
-    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> Any:
+    def __get_pydantic_json_schema__(self, schema: object, handler: Any) -> Any:
         js = handler(schema)
         for key, value in (("minimum", self.ge), ("exclusiveMinimum", self.gt), ("maximum", self.le),
                            ("maxLength", self.max_length)):
@@ -317,7 +317,7 @@ _Names = TypeVar("_Names")
 Choice = Annotated[_Names, Policy("choice")]
 
 
-def policy_of(annotation: Any) -> str | None:
+def policy_of(annotation: object) -> str | None:
     """The policy name an annotated type carries, or None (used by the schema coverage test)."""
     for meta in getattr(annotation, "__metadata__", ()) or ():
         if isinstance(meta, Policy):

@@ -46,7 +46,7 @@ def _expected_settings(profile: Profile) -> JSONObject:
     return exp
 
 
-def _same(expected: Any, seen: Any) -> bool:
+def _same(expected: object, seen: object) -> bool:
     if expected is None:
         return seen in (None, "", "NONE", "None")
     if isinstance(expected, float) and isinstance(seen, (int, float)):

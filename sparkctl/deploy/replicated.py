@@ -292,7 +292,7 @@ class ReplicatedDeployer:
                    lambda: attach(client, rep.url), rep.index)
 
     def _one_at_a_time(self, rec: Record, profile: Profile, opts: UpOptions, client: RouterClient, rep: Replica,
-                       sub: Deployer, listed: Any, changed: list[int], ensure_router: Callable[[], None]) -> bool:
+                       sub: Deployer, listed: object, changed: list[int], ensure_router: Callable[[], None]) -> bool:
         """The rolling step: out of the router (drained), its own `up`, back in. A replica whose `up` failed was
         restored alone by that `up`: it goes back into the router and the roll stops with the error."""
         if listed is not None:

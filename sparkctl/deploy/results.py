@@ -19,7 +19,7 @@ class _Result(BaseModel):
     def __getitem__(self, key: str) -> Any:
         return getattr(self, key)
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str, default: object = None) -> Any:
         return getattr(self, key, default)
 
     def as_json(self) -> JSONObject:

@@ -45,7 +45,7 @@ def secret_values(rec: DeploymentRecord | None, environ: dict[str, str] | None =
     return {env[n] for n in names if env.get(n)}
 
 
-def _scrub(value: Any, secrets: set[str]) -> Any:
+def _scrub(value: object, secrets: set[str]) -> Any:
     if isinstance(value, str):
         return redact(value, secrets)
     if isinstance(value, list):

@@ -199,5 +199,5 @@ def _json_object(r: httpx.Response) -> JSONObject | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _count(value: Any) -> int:
+def _count(value: object) -> int:
     return value if type(value) is int and value >= 0 else 0

@@ -124,7 +124,7 @@ class Dialect:
         return parser
 
 
-def _convertible(conv: Any, value: Any) -> bool:
+def _convertible(conv: Any, value: object) -> bool:
     try:
         conv(value)
         return True

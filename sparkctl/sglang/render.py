@@ -14,7 +14,6 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import yaml
 
@@ -61,7 +60,7 @@ class RenderResult:
                 "warnings": list(self.warnings)}
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
@@ -77,7 +76,7 @@ class _ArgvBuilder:
     def _refuse(self, key: str, message: str, hint: str) -> ConfigError:
         return ConfigError(f"{key}: {message}", where=self.profile.origin_of(key), hint=hint)
 
-    def add(self, key: str, dest: str, value: Any) -> None:
+    def add(self, key: str, dest: str, value: object) -> None:
         """Append one setting (skipped when None / False) in this dialect's spelling."""
         if value is None or value is False:
             return

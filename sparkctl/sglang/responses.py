@@ -214,7 +214,7 @@ def parse_sse_lines(lines: Iterable[str]) -> list[SSEFrame]:
     return [f for _, f in iter_sse_frames((0.0, line) for line in lines)]
 
 
-def int_or_none(v: Any) -> int | None:
+def int_or_none(v: object) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 

@@ -69,7 +69,7 @@ def parse_server_info(body: str | bytes | Mapping[str, Any]) -> ServerInfo:
     def pick(key: str) -> Any:
         return d.get(key, st.get(key))
 
-    def num(v: Any) -> float | None:
+    def num(v: object) -> float | None:
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
     return ServerInfo(

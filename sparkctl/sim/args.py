@@ -84,7 +84,7 @@ def _standin_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _parse_tokens(value: Any) -> int | None:
+def _parse_tokens(value: object) -> int | None:
     """'128k' / '131072' / 131072 -> int (SGLang accepts k/m suffixes for --max-total-tokens)."""
     if value is None:
         return None

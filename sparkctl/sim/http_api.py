@@ -19,7 +19,6 @@ import time
 import uuid
 from email.utils import formatdate
 from http.server import ThreadingHTTPServer
-from typing import Any
 
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sim import decoding as dec
@@ -111,7 +110,7 @@ class _ApiHandler(BaseHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
-    def _sse(self, obj: Any) -> None:
+    def _sse(self, obj: object) -> None:
         payload = obj if isinstance(obj, str) else _dumps(obj)
         self._chunk(f"data: {payload}\n\n".encode())
 
@@ -239,7 +238,7 @@ class _ApiHandler(BaseHandler):
         st.sched.submit(req)
         return req
 
-    def _json(self, status: int, obj: Any) -> None:
+    def _json(self, status: int, obj: object) -> None:
         body = obj if isinstance(obj, bytes) else _dumps(obj).encode()
         self._send(status, body)
         self._access()

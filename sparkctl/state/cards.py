@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from sparkctl.errors import ConfigError, LedgerError
 from sparkctl.jsontypes import JSONObject
@@ -39,7 +38,7 @@ _PROFILE_SECTIONS = ("image", "model", "server", "speculative", "env", "warmup")
 _SKIP_FLAGS = {"description", "extends", "expect", "rollback_profile", "api"}
 
 
-def _flatten(data: Any, prefix: str = "") -> JSONObject:
+def _flatten(data: object, prefix: str = "") -> JSONObject:
     """``{"server": {"x": 1}}`` -> ``{"server.x": 1}``; lists stay values; None is kept (a key set to null)."""
     out: JSONObject = {}
     if isinstance(data, dict):
@@ -69,11 +68,11 @@ def _series_hash(name: str | None) -> str | None:
         return None
 
 
-def _number(v: Any) -> bool:
+def _number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
 
 
-def _summary(s: Any) -> JSONObject | None:
+def _summary(s: object) -> JSONObject | None:
     """A figure's summary, or None when the card does not hold one (or holds a damaged one: a median that is not
     a number is no figure)."""
     if not isinstance(s, dict) or not all(_number(s.get(k)) for k in ("median", "min", "max")):
@@ -201,7 +200,7 @@ def read_card(path: Path) -> JSONObject:
 _LIST_KEYS = ("deployments", "profiles", "images", "image_ids", "patch_series")
 
 
-def _entry_ok(run_id: Any, e: Any) -> bool:
+def _entry_ok(run_id: object, e: object) -> bool:
     """An entry of cards.json (derived, so a damaged one is dropped and rebuilt) has the shape `card_entry` gives."""
     return (is_plain_name(run_id) and isinstance(e, dict) and e.get("run_id") == run_id
             and all(isinstance(e.get(k), list) and all(isinstance(x, str) for x in e[k]) for k in _LIST_KEYS)
@@ -309,7 +308,7 @@ def changes(a: JSONObject, b: JSONObject) -> list[JSONObject]:
 
 
 def describe_change(c: JSONObject) -> str:
-    def short(v: Any) -> str:
+    def short(v: object) -> str:
         if isinstance(v, dict) and "name" in v:
             return f"{v['name']}@{(v.get('hash') or '?')[:12]}"
         if isinstance(v, list):

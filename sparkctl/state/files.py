@@ -20,7 +20,6 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 from sparkctl.errors import LedgerError, StateDirError, StateDirFullError
 
@@ -302,6 +301,6 @@ def write_text_atomic(path: Path, text: str, mode: int = 0o600) -> None:
     write_bytes_atomic(path, text.encode("utf-8"), mode)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: object) -> None:
     """Write JSON to path atomically with mode 0600."""
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")

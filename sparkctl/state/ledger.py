@@ -97,7 +97,7 @@ def read_json(path: Path) -> Any:
         raise LedgerError("record is corrupt (nested too deep)", where=str(path), hint=REPAIR_HINT) from None
 
 
-def _validated(model: type[Any], data: Any, path: Path) -> Any:
+def _validated(model: type[Any], data: object, path: Path) -> Any:
     """`data` as a `model`, or LedgerError naming the file and the first fields that do not fit."""
     try:
         return model.model_validate(data)

@@ -56,7 +56,7 @@ class _Record(BaseModel):
 class _View(_Record):
     """A typed part of a record that callers written for the dict form can still read (`x["k"]`, `x.get("k")`)."""
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str, default: object = None) -> Any:
         if key in type(self).model_fields:
             value = getattr(self, key)
             return default if value is None else value
@@ -246,7 +246,7 @@ class DeploymentRecord(_Record):
 
     @model_validator(mode="before")
     @classmethod
-    def _drop_derived(cls, data: Any) -> Any:
+    def _drop_derived(cls, data: object) -> Any:
         if isinstance(data, dict) and "known_good" in data:
             data = {k: v for k, v in data.items() if k != "known_good"}
         return data

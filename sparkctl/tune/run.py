@@ -167,7 +167,7 @@ def _measure(deployer: Deployer, opts: TuneOptions, progress: Progress) -> JSONO
     return bench_deployment(deployer, _bench_opts(opts), progress=lambda m: None)
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> Any:
     """A result field as JSON data (the lifecycle's typed results are pydantic models, dict-readable)."""
     return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
 

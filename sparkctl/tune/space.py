@@ -71,7 +71,7 @@ def get_key(data: JSONObject, key: str) -> Any:
     return cur
 
 
-def set_key(data: JSONObject, key: str, value: Any) -> None:
+def set_key(data: JSONObject, key: str, value: object) -> None:
     parts = key.split(".")
     cur = data
     for part in parts[:-1]:
