@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import io
 import re
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 from sparkctl.errors import LedgerError
 
@@ -64,7 +64,7 @@ def clean_line(line: str, limit: int = LINE_LIMIT) -> str:
     return line
 
 
-def clean(text: Any, limit: int = LINE_LIMIT) -> str:
+def clean(text: object, limit: int = LINE_LIMIT) -> str:
     """Untrusted text as it may reach a terminal or a card: every line through `clean_line` (newlines kept; a
     carriage return is escaped, so nothing overwrites what was printed). Example::
 
@@ -77,7 +77,7 @@ def clean(text: Any, limit: int = LINE_LIMIT) -> str:
 _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 
-def is_plain_name(value: Any) -> bool:
+def is_plain_name(value: object) -> bool:
     """Letters, digits, '.', '-', '_' (not leading '-' or '.'), no '..', at most 255: a name, never a path."""
     return isinstance(value, str) and bool(_PLAIN.fullmatch(value)) and ".." not in value
 
@@ -102,7 +102,7 @@ class GuardedStream(io.TextIOBase):
         self.raw = raw
         self._col = 0                   # characters of the current line already written
 
-    def write(self, s: str) -> int:  # type: ignore[override]
+    def write(self, s: str) -> int:
         if not isinstance(s, str):
             s = str(s)
         out = []
@@ -139,16 +139,16 @@ class GuardedStream(io.TextIOBase):
         return self.raw.fileno()
 
     @property
-    def encoding(self) -> str:  # type: ignore[override]
+    def encoding(self) -> str:  # type: ignore[override]  # read-only here: the raw stream's encoding
         return getattr(self.raw, "encoding", "utf-8") or "utf-8"
 
     def writable(self) -> bool:
         return True
 
 
-def raw_stream(stream: TextIO) -> TextIO:
+def raw_stream(stream: IO[str]) -> IO[str]:
     """The stream under a `GuardedStream` (or `stream` itself)."""
-    return stream.raw if isinstance(stream, GuardedStream) else stream  # type: ignore[return-value]
+    return stream.raw if isinstance(stream, GuardedStream) else stream
 
 
 def write_json(stream: TextIO, text: str) -> None:

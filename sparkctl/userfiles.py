@@ -19,6 +19,7 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -127,14 +128,10 @@ def write_user_file(path: Path, data: bytes, *, overwrite: bool, option: str | N
         raise _refuse(path, f"cannot be written: {exc.strerror or exc}", option,
                       "free space on its file system" if full else "choose another path") from None
     finally:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
-    try:
+    with contextlib.suppress(OSError):   # the rename itself is done; a directory we may not open is the user's
         fsync_dir(path.parent)
-    except OSError:
-        pass                       # the rename itself is done; a directory we may not open is the user's
     return path
 
 

@@ -8,10 +8,11 @@ copy has rank 0 at one end: a push when rank 0 is the source, a pull when it is 
 from __future__ import annotations
 
 import json
-from typing import Any
+
+from sparkctl.jsontypes import JSONObject
 
 
-def sync_plan(manifests: dict[str, Any], models: list[str], rank0: str) -> list[dict[str, Any]]:
+def sync_plan(manifests: JSONObject, models: list[str], rank0: str) -> list[JSONObject]:
     """``manifests``: host -> {model: {"status", "files": {relpath: sha256}}} (hosts that did not answer: absent
     or None). Returns one entry per (model, target) that differs: model, source, target, push, files, extra.
     Raises ValueError when a model is on no node, or a copy would not involve rank 0."""
@@ -41,5 +42,5 @@ def sync_plan(manifests: dict[str, Any], models: list[str], rank0: str) -> list[
 
 
 class FilterModule:
-    def filters(self) -> dict[str, Any]:
+    def filters(self) -> JSONObject:
         return {"sparkctl_sync_plan": sync_plan}

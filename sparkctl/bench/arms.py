@@ -7,18 +7,22 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
-
-from sparkctl.errors import ConfigError, SparkctlError
-from sparkctl.sglang.client import SGLangAPIError, SGLangClient
-from sparkctl.state.records import DeploymentRecord
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.bench import losslessness, measure
 from sparkctl.bench.logsource import FileLog, LogSource, RuntimeLog, capacity_from_log, scheduler_summary
 from sparkctl.bench.prompts import decode_prompts, g6_prompts
 from sparkctl.bench.target import Arm
+from sparkctl.errors import ConfigError, SparkctlError
+from sparkctl.jsontypes import JSONObject
+from sparkctl.sglang.client import Limits, SGLangAPIError, SGLangClient
+from sparkctl.state.records import DeploymentRecord
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.commands import Deployer
 
 log = logging.getLogger("sparkctl.bench")
 
@@ -65,7 +69,7 @@ class BenchOptions:
     overwrite: bool = False                        # --force: replace a card already in out_dir
     timeout_s: float = 900.0
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         d = asdict(self)
         d["out_dir"] = str(self.out_dir) if self.out_dir else None
         return d
@@ -89,7 +93,7 @@ def _check_reachable(arm: Arm) -> None:
 
 
 def arm_from_endpoint(url: str, *, api_key: str | None = None, log_path: Path | None = None,
-                      timeout_s: float = 900.0) -> Arm:
+                      timeout_s: float | Limits = 900.0) -> Arm:
     url = url.rstrip("/")
     client = SGLangClient(url, api_key=api_key, timeout=timeout_s)
     arm = Arm(name=url, client=client, endpoint=url, log=FileLog(log_path) if log_path else None,
@@ -99,8 +103,8 @@ def arm_from_endpoint(url: str, *, api_key: str | None = None, log_path: Path | 
     return arm
 
 
-def arm_from_record(deployer: Any, record: DeploymentRecord, *, log_path: Path | None = None,
-                    timeout_s: float | None = None) -> Arm:
+def arm_from_record(deployer: Deployer, record: DeploymentRecord, *, log_path: Path | None = None,
+                    timeout_s: float | Limits | None = None) -> Arm:
     """The arm of a deployment record: its endpoint, its API key (from the env var the profile names),
     rank 0's log through the runtime (or ``log_path``)."""
     prof = record.profile_data
@@ -124,7 +128,7 @@ def arm_from_record(deployer: Any, record: DeploymentRecord, *, log_path: Path |
 
 # --------------------------------------------------------------------------- one arm
 
-def _gate(results: dict[str, Any], name: str, fn: Callable[[], Any], progress: Progress) -> Any:
+def _gate(results: JSONObject, name: str, fn: Callable[[], Any], progress: Progress) -> Any:
     """Run one measurement; a known failure is recorded under the gate and the bench goes on."""
     try:
         value = fn()
@@ -137,19 +141,22 @@ def _gate(results: dict[str, Any], name: str, fn: Callable[[], Any], progress: P
 
 
 def measure_arm(arm: Arm, opts: BenchOptions, run_tag: str, *, primary: bool, g6: bool,
-                progress: Progress = _noop) -> tuple[dict[str, Any], list[losslessness.Capture] | None]:
+                progress: Progress = _noop) -> tuple[JSONObject, list[losslessness.Capture] | None]:
     """Every selected measurement on one arm (TTFT and concurrency on the primary arm only)."""
     gates = set(opts.gates)
     prompts = {c: p for c, p in decode_prompts().items() if c in opts.classes}
     code = decode_prompts()["code"]
-    results: dict[str, Any] = {}
-    say = (lambda m: progress(f"[{arm.role} {arm.name}] {m}"))
+    results: JSONObject = {}
+
+    def say(m: str) -> None:
+        progress(f"[{arm.role} {arm.name}] {m}")
+
     if arm.log is not None:
         results["boot_log_capacity"] = capacity_from_log(arm.log.whole()) or None
     if "cold" in gates:
         _gate(results, "cold", lambda: {
             "first_request": measure.first_request(arm, code, opts.warmup_max_tokens or opts.max_tokens),
-            "at_boot": ((arm.record.warmup if arm.record else None) or {}).get("cold"),
+            "at_boot": arm.record.warmup.cold if arm.record and arm.record.warmup else None,
             "note": "excluded from every median; the first request of this bench is cold only if nothing ran "
                     "since boot (a deployment's own warm-up at boot is reported as at_boot)"}, say)
         say(f"first request: {((results.get('cold') or {}).get('first_request') or {}).get('latency_s')} s")
@@ -179,8 +186,8 @@ def measure_arm(arm: Arm, opts: BenchOptions, run_tag: str, *, primary: bool, g6
     return results, captures
 
 
-def _acceptance(arm: Arm, decode: dict[str, Any] | None, opts: BenchOptions, say: Progress) -> dict[str, Any]:
-    out: dict[str, Any] = {"speculative_algorithm": arm.speculative_algorithm, "draft_tokens": arm.draft_tokens,
+def _acceptance(arm: Arm, decode: JSONObject | None, opts: BenchOptions, say: Progress) -> JSONObject:
+    out: JSONObject = {"speculative_algorithm": arm.speculative_algorithm, "draft_tokens": arm.draft_tokens,
                            "sglang_version": arm.version}
     if not arm.speculative:
         out["status"] = "no speculative decoding on this arm"
@@ -209,5 +216,6 @@ def _acceptance(arm: Arm, decode: dict[str, Any] | None, opts: BenchOptions, say
         out["log"] = {"note": "no scheduler log available for this arm (use --log FILE)"}
     out["generate"] = measure.acceptance_from_generate(arm, decode_prompts()["code"], runs=opts.acceptance_runs,
                                                        max_tokens=opts.max_tokens)
-    say(f"acceptance: log {out['log'].get('accept_len')}, /generate {(out['generate'].get('accept_len') or {}).get('median')}")
+    generated = (out['generate'].get('accept_len') or {}).get('median')
+    say(f"acceptance: log {out['log'].get('accept_len')}, /generate {generated}")
     return out

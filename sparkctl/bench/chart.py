@@ -6,9 +6,9 @@ renders in any browser and in GitHub's Markdown, and stays diffable text.
 """
 from __future__ import annotations
 
-from typing import Any
 from xml.sax.saxutils import escape as _xml_escape
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.untrusted import clean
 
 __all__ = ["decode_svg", "history_svg"]
@@ -22,9 +22,9 @@ def escape(text: str) -> str:
 _COLORS = {"ON": "#2b6cb0", "OFF": "#a0aec0", "A": "#2b6cb0", "B": "#a0aec0"}
 
 
-def decode_svg(result: dict[str, Any]) -> str | None:
+def decode_svg(result: JSONObject) -> str | None:
     """The chart, or None when no arm measured decode throughput."""
-    bars: list[tuple[str, str, dict[str, Any]]] = []     # (class, role, summary)
+    bars: list[tuple[str, str, JSONObject]] = []     # (class, role, summary)
     for a in result.get("arms") or []:
         for cls, e in ((a["results"].get("decode") or {}).get("classes") or {}).items():
             if e.get("decode_tok_s"):
@@ -35,7 +35,10 @@ def decode_svg(result: dict[str, Any]) -> str | None:
     top = max(b[2]["max"] for b in bars) * 1.15
     w, h, left, bottom, bw, gap = 120 + 70 * len(bars), 260, 60, 40, 46, 24
     plot_h = h - bottom - 30
-    y = (lambda v: 30 + plot_h * (1 - v / top))
+
+    def y(v: float) -> float:
+        return 30 + plot_h * (1 - v / top)
+
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
            f'<text x="{left}" y="16" font-size="12">Decode tok/s, medians (min–max)'
            f'{" — EMULATED" if result.get("emulated") else ""}</text>',
@@ -63,11 +66,11 @@ _SERIES = (("on", "code", "#2b6cb0", ""), ("on", "prose", "#63b3ed", ""),
            ("off", "code", "#4a5568", "5,3"), ("off", "prose", "#a0aec0", "5,3"))
 
 
-def history_svg(rows: list[dict[str, Any]]) -> str:
+def history_svg(rows: list[JSONObject]) -> str:
     """Decode tok/s medians (min-max whiskers) of ON and OFF per class, one x step per card in time order; a
     vertical dashed line before each card whose configuration changed, labelled with the change."""
     n = len(rows)
-    pts: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = {}
+    pts: dict[tuple[str, str], list[tuple[int, JSONObject]]] = {}
     top = 1.0
     for i, r in enumerate(rows):
         for role, cls, _, _ in _SERIES:
@@ -80,8 +83,13 @@ def history_svg(rows: list[dict[str, Any]]) -> str:
     w = left + right + max(1, n - 1) * 70 + 40
     h = 320
     plot_h = h - top_pad - bottom
-    x = (lambda i: left + 20 + i * 70)
-    y = (lambda v: top_pad + plot_h * (1 - v / top))
+
+    def x(i: int) -> float:
+        return left + 20 + i * 70
+
+    def y(v: float) -> float:
+        return top_pad + plot_h * (1 - v / top)
+
     emulated = any(r.get("emulated") for r in rows)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
            f'<text x="{left}" y="16" font-size="12">Decode tok/s over time, medians (min–max)'
@@ -107,7 +115,8 @@ def history_svg(rows: list[dict[str, Any]]) -> str:
         series = pts.get((role, cls))
         if not series:
             continue
-        d = " ".join(f"{'M' if k == 0 else 'L'}{x(i):.1f},{y(float(s['median'])):.1f}" for k, (i, s) in enumerate(series))
+        d = " ".join(f"{'M' if k == 0 else 'L'}{x(i):.1f},{y(float(s['median'])):.1f}"
+                     for k, (i, s) in enumerate(series))
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
         out.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="2"{dash_attr}/>')
         for i, s in series:

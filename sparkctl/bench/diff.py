@@ -15,8 +15,7 @@ The same rule decides a tune's confirmation (sparkctl.bench.diff.compare_summari
 """
 from __future__ import annotations
 
-from typing import Any
-
+from sparkctl.jsontypes import JSONObject
 from sparkctl.state.cards import CardIndex, changes, describe_change, pick_arm
 
 __all__ = ["FLOOR", "compare_summaries", "diff_entries", "diff_cards", "render_diff"]
@@ -28,12 +27,12 @@ def _lower_is_better(metric: str) -> bool:
     return metric.startswith("ttft.")
 
 
-def _half_range(s: dict[str, Any]) -> float:
+def _half_range(s: JSONObject) -> float:
     return (float(s["max"]) - float(s["min"])) / 2.0
 
 
-def compare_summaries(a: dict[str, Any], b: dict[str, Any], *, lower_is_better: bool = False,
-                      floor: float = FLOOR) -> dict[str, Any]:
+def compare_summaries(a: JSONObject, b: JSONObject, *, lower_is_better: bool = False,
+                      floor: float = FLOOR) -> JSONObject:
     """Delta of B against A (medians), the noise band from both spreads, and the verdict."""
     ma, mb = float(a["median"]), float(b["median"])
     delta = mb - ma
@@ -51,7 +50,7 @@ def compare_summaries(a: dict[str, Any], b: dict[str, Any], *, lower_is_better: 
             "verdict": verdict, "direction": "lower is better" if lower_is_better else "higher is better"}
 
 
-def _pairs(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+def _pairs(a: JSONObject, b: JSONObject) -> list[tuple[str, JSONObject, JSONObject]]:
     """Matching arms of two cards: ON with ON and OFF with OFF when both have them, else A's arms with B's in order."""
     roles = [r for r in ("ON", "OFF") if pick_arm(a, r) and pick_arm(b, r)]
     if roles:
@@ -59,7 +58,7 @@ def _pairs(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, dict[str, An
     return [(f"{x.get('role')}/{y.get('role')}", x, y) for x, y in zip(a.get("arms") or [], b.get("arms") or [])]
 
 
-def diff_entries(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def diff_entries(a: JSONObject, b: JSONObject) -> JSONObject:
     """The diff of two card index entries (sparkctl.state.cards.card_entry)."""
     arms = []
     for role, x, y in _pairs(a, b):
@@ -72,7 +71,9 @@ def diff_entries(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
                      "metrics": metrics, "only_in": only, "changed": ch,
                      "changed_text": [describe_change(c) for c in ch]})
     ratio = {}
-    for cls in sorted(set((a.get("comparison") or {}).get("decode") or {}) & set((b.get("comparison") or {}).get("decode") or {})):
+    decode_a = (a.get("comparison") or {}).get("decode") or {}
+    decode_b = (b.get("comparison") or {}).get("decode") or {}
+    for cls in sorted(set(decode_a) & set(decode_b)):
         ra, rb = a["comparison"]["decode"][cls].get("ratio"), b["comparison"]["decode"][cls].get("ratio")
         ratio[cls] = {"a": ra, "b": rb, "delta": None if ra is None or rb is None else round(rb - ra, 3)}
     return {"a": {k: a.get(k) for k in ("run_id", "started", "status", "emulated", "path", "profiles")},
@@ -83,11 +84,11 @@ def diff_entries(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             "emulated": bool(a.get("emulated") or b.get("emulated"))}
 
 
-def diff_cards(index: CardIndex, ref_a: str, ref_b: str) -> dict[str, Any]:
+def diff_cards(index: CardIndex, ref_a: str, ref_b: str) -> JSONObject:
     return diff_entries(index.resolve(ref_a), index.resolve(ref_b))
 
 
-def render_diff(d: dict[str, Any]) -> str:
+def render_diff(d: JSONObject) -> str:
     lines = [f"A {d['a']['run_id']} ({d['a']['started']})", f"B {d['b']['run_id']} ({d['b']['started']})"]
     if d["emulated"]:
         lines.append("EMULATED: figures from sparkctl's SGLang emulator, not a Spark")

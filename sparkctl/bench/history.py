@@ -8,8 +8,8 @@ and IDs, patch series, SGLang version; computed on the ON arm, else the first ar
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.state.cards import CardIndex, changes, describe_change, pick_arm
 from sparkctl.state.files import write_text_atomic
 from sparkctl.userfiles import write_user_text
@@ -17,20 +17,20 @@ from sparkctl.userfiles import write_user_text
 __all__ = ["history", "render_history"]
 
 
-def _primary(entry: dict[str, Any]) -> dict[str, Any] | None:
+def _primary(entry: JSONObject) -> JSONObject | None:
     return pick_arm(entry, "ON") or next(iter(entry.get("arms") or []), None)
 
 
 def history(index: CardIndex, *, profile: str | None = None, chart: Path | None = None,
-            user_chart: bool = False, overwrite: bool = False) -> dict[str, Any]:
+            user_chart: bool = False, overwrite: bool = False) -> JSONObject:
     """Rows of the history (and the SVG written to ``chart`` when given). ``user_chart``: ``chart`` is a path the
     user named (``--chart``), written as given (`sparkctl.userfiles`: refused when it is a directory, not
     writable, or exists without ``overwrite``); else it is the ledger's own ``history.svg`` (private)."""
     from sparkctl.bench.chart import history_svg
 
     entries = index.query(profile=profile)
-    rows: list[dict[str, Any]] = []
-    prev: dict[str, Any] | None = None
+    rows: list[JSONObject] = []
+    prev: JSONObject | None = None
     for e in entries:
         on, off = pick_arm(e, "ON"), pick_arm(e, "OFF")
         cur = _primary(e)
@@ -42,7 +42,7 @@ def history(index: CardIndex, *, profile: str | None = None, chart: Path | None 
                      "changed": [describe_change(c) for c in ch], "first": prev is None, "path": e.get("path")})
         if cur is not None:
             prev = cur
-    out: dict[str, Any] = {"profile": profile, "cards": rows, "skipped": list(index.skipped),
+    out: JSONObject = {"profile": profile, "cards": rows, "skipped": list(index.skipped),
                            "index": str(index.path), "chart": None}
     if chart is not None and rows:
         if user_chart:
@@ -53,14 +53,14 @@ def history(index: CardIndex, *, profile: str | None = None, chart: Path | None 
     return out
 
 
-def _cell(arm: dict[str, Any] | None, cls: str) -> str:
+def _cell(arm: JSONObject | None, cls: str) -> str:
     s = ((arm or {}).get("decode") or {}).get(cls)
     if not s:
         return "-"
     return f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
 
 
-def render_history(h: dict[str, Any]) -> str:
+def render_history(h: JSONObject) -> str:
     rows = h["cards"]
     if not rows:
         return f"no cards{' for profile ' + h['profile'] if h['profile'] else ''} in {h['index']}\n"

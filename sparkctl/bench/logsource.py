@@ -14,12 +14,17 @@ Example::
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.handles import Handle
 from sparkctl.sglang.bootwatch import LogFollower
 from sparkctl.sglang.logparse import EventKind, decode_stats, parse_line
+
+if TYPE_CHECKING:
+    from sparkctl.nodes.runtime import Runtime
 
 __all__ = ["LogSource", "FileLog", "RuntimeLog", "scheduler_summary", "prefill_events", "capacity_from_log",
            "concurrency_cap_from_log"]
@@ -81,13 +86,13 @@ class FileLog(LogSource):
 class RuntimeLog(LogSource):
     """Rank N's engine log of a deployment, through its runtime's ``read_log(handle, offset)``."""
 
-    def __init__(self, runtime: Any, handle: Handle, *, settle_s: float = 0.5) -> None:
+    def __init__(self, runtime: Runtime, handle: Handle, *, settle_s: float = 0.5) -> None:
         super().__init__(lambda off: runtime.read_log(handle, off),
                          f"rank {handle.rank} log of deployment {handle.deployment} [{handle.node}]",
                          settle_s=settle_s)
 
 
-def prefill_events(lines: Iterable[str]) -> list[dict[str, Any]]:
+def prefill_events(lines: Iterable[str]) -> list[JSONObject]:
     """Fields of every ``Prefill batch`` line (new/cached tokens, input throughput gauge...)."""
     out = []
     for line in lines:
@@ -97,7 +102,7 @@ def prefill_events(lines: Iterable[str]) -> list[dict[str, Any]]:
     return out
 
 
-def scheduler_summary(lines: Iterable[str]) -> dict[str, Any]:
+def scheduler_summary(lines: Iterable[str]) -> JSONObject:
     """Decode stats (accept len/rate ranges during active decode, gauge peak, max #running-req) and
     prefill totals for a window of lines."""
     lines = list(lines)
@@ -109,13 +114,13 @@ def scheduler_summary(lines: Iterable[str]) -> dict[str, Any]:
                                             if isinstance(p.get("running_req"), int)), default=None)}
 
 
-def capacity_from_log(lines: Iterable[str]) -> dict[str, Any]:
+def capacity_from_log(lines: Iterable[str]) -> JSONObject:
     """Resolved capacity as the engine printed it at boot (``max_total_num_tokens=...`` line, the mamba
     cap warning) and the server_args it started with."""
     f = LogFollower()
     for line in lines:
         f.feed(line)
-    out: dict[str, Any] = dict(f.capacity or {})
+    out: JSONObject = dict(f.capacity or {})
     if f.mamba_cap is not None:
         out["mamba_capped_max_running_requests"] = f.mamba_cap
     if f.server_args:
@@ -125,7 +130,7 @@ def capacity_from_log(lines: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def concurrency_cap_from_log(lines: Iterable[str]) -> dict[str, Any] | None:
+def concurrency_cap_from_log(lines: Iterable[str]) -> JSONObject | None:
     """The engine's own reason for capping max_running_requests, as it printed it at boot, and the setting that
     would change it; None when the log printed no cap.
 
@@ -138,7 +143,8 @@ def concurrency_cap_from_log(lines: Iterable[str]) -> dict[str, Any] | None:
         if ev is None or ev.kind is not EventKind.MAMBA_CAP_WARNING:
             continue
         f = ev.fields
-        cap, size, slots = f.get("max_running_requests"), f.get("max_mamba_cache_size"), f.get("state_slots_per_request")
+        cap, size = f.get("max_running_requests"), f.get("max_mamba_cache_size")
+        slots = f.get("state_slots_per_request")
         fix = "raise --max-mamba-cache-size"
         if isinstance(size, int) and isinstance(slots, int) and slots > 0:
             fix += (f" (now {size}: {size // slots} request(s) at {slots} state slots each; 2 concurrent requests "

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
-
-from sparkctl.sglang.client import ChatResult, SGLangAPIError, SGLangClient
 
 from sparkctl.bench.prompts import Prompt
+from sparkctl.jsontypes import JSONObject
+from sparkctl.sglang.client import ChatResult, SGLangAPIError, SGLangClient
 
 log = logging.getLogger("sparkctl.bench")
 
@@ -36,7 +36,7 @@ class Capture:
 
     reasoning: str = ""
     content: str = ""
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[JSONObject] = field(default_factory=list)
     tokens: list[str] | None = None          # server tokens (logprobs.content[].token), when given
     top2_gaps: list[float | None] | None = None
     completion_tokens: int | None = None
@@ -48,14 +48,14 @@ class Capture:
     def empty(self) -> bool:
         return not (self.reasoning or self.content or self.tool_calls)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {"reasoning": self.reasoning, "content": self.content, "tool_calls": self.tool_calls,
                 "completion_tokens": self.completion_tokens, "reasoning_tokens": self.reasoning_tokens,
                 "finish_reason": self.finish_reason, "error": self.error,
                 "server_tokens": len(self.tokens) if self.tokens is not None else None}
 
 
-def _logprob_tokens(raw: dict[str, Any] | None) -> tuple[list[str] | None, list[float | None] | None]:
+def _logprob_tokens(raw: JSONObject | None) -> tuple[list[str] | None, list[float | None] | None]:
     """Token strings and top-2 logprob gaps from a non-streamed body's ``choices[0].logprobs.content``."""
     if not raw:
         return None, None
@@ -63,13 +63,14 @@ def _logprob_tokens(raw: dict[str, Any] | None) -> tuple[list[str] | None, list[
     lp = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
     if not isinstance(lp, list) or not lp:
         return None, None
-    tokens, gaps = [], []
+    tokens: list[str] = []
+    gaps: list[float | None] = []
     for entry in lp:
         if not isinstance(entry, dict) or "token" not in entry:
             return None, None
         tokens.append(str(entry["token"]))
-        top = [t.get("logprob") for t in entry.get("top_logprobs") or [] if isinstance(t, dict)]
-        top = sorted((x for x in top if isinstance(x, (int, float))), reverse=True)
+        given = [t.get("logprob") for t in entry.get("top_logprobs") or [] if isinstance(t, dict)]
+        top = sorted((x for x in given if isinstance(x, (int, float))), reverse=True)
         gaps.append(top[0] - top[1] if len(top) >= 2 else None)
     return tokens, gaps
 
@@ -95,7 +96,7 @@ class Verdict:
     top2_gap_off: float | None = None
     tokens_compared: int = 0
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {k: v for k, v in self.__dict__.items()}
 
 
@@ -124,7 +125,7 @@ def compare(prompt_id: str, on: Capture, off: Capture) -> Verdict:
                   and on.completion_tokens == len(on.tokens) and off.completion_tokens == len(off.tokens))
     if use_server:
         a, b = on.tokens or [], off.tokens or []
-        i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        i: int | None = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         if a == b and on.reasoning == off.reasoning and on.content == off.content:
             return Verdict(prompt_id, "identical", tokenization="server tokens", tokens_compared=len(a))
         if a == b:
@@ -151,11 +152,11 @@ def compare(prompt_id: str, on: Capture, off: Capture) -> Verdict:
                                detail=f"whitespace only, at character {k} of {channel}",
                                on_context=repr(x[max(0, k - 40):k + 40]), off_context=repr(y[max(0, k - 40):k + 40]))
     i = next((k for k, (x, y) in enumerate(zip(sa, sb)) if x != y), min(len(sa), len(sb)))
-    channel = (sa[i] if i < len(sa) else sb[i])[0] if (i < len(sa) or i < len(sb)) else None
+    at_channel = (sa[i] if i < len(sa) else sb[i])[0] if (i < len(sa) or i < len(sb)) else None
     detail = _end_note(i, len(sa), len(sb))
     if on.empty != off.empty:
         detail = f"{'ON' if on.empty else 'OFF'} side captured nothing; " + detail
-    return Verdict(prompt_id, "diverged", index=i, channel=channel, tokens_compared=min(len(sa), len(sb)),
+    return Verdict(prompt_id, "diverged", index=i, channel=at_channel, tokens_compared=min(len(sa), len(sb)),
                    detail=detail, on_context=_show([t for _, t in sa], i), off_context=_show([t for _, t in sb], i))
 
 
@@ -167,7 +168,7 @@ def _end_note(i: int, la: int, lb: int) -> str:
     return f"first differing token at index {i}"
 
 
-def summarize_verdicts(verdicts: Sequence[Verdict]) -> dict[str, Any]:
+def summarize_verdicts(verdicts: Sequence[Verdict]) -> JSONObject:
     """Counts and the one-line verdict. "lossless" appears only when every prompt is identical."""
     n = len(verdicts)
     k = sum(v.status == "identical" for v in verdicts)

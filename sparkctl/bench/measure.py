@@ -19,22 +19,22 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-from typing import Any, Callable, Sequence
-
-from sparkctl.sglang.client import ChatResult, SGLangAPIError, SGLangClient, accept_length_from_meta
-from sparkctl.sglang.responses import EndpointBoundError, EndpointProtocolError, evidence_of
+from collections.abc import Callable, Sequence
 
 from sparkctl.bench.logsource import scheduler_summary
 from sparkctl.bench.prompts import (
+    ASSUMED_CALIBRATION,
     Prompt,
     TokenCalibration,
-    ASSUMED_CALIBRATION,
     calibration_from_probes,
     long_prompt,
     words_for_tokens,
 )
 from sparkctl.bench.stats import summarize
 from sparkctl.bench.target import Arm
+from sparkctl.jsontypes import JSONObject
+from sparkctl.sglang.client import ChatResult, SGLangAPIError, SGLangClient, accept_length_from_meta
+from sparkctl.sglang.responses import EndpointBoundError, EndpointProtocolError, evidence_of
 
 log = logging.getLogger("sparkctl.bench")
 
@@ -48,7 +48,7 @@ def _noop(_: str) -> None:
     pass
 
 
-def run_record(res: ChatResult) -> dict[str, Any]:
+def run_record(res: ChatResult) -> JSONObject:
     """One streamed request as recorded: tokens, timings, rates (rounded for the record)."""
     n = res.usage.completion_tokens
     tps = res.decode_tokens_per_s()
@@ -98,14 +98,14 @@ class _GcPaused:
 _GC_PAUSED = _GcPaused()
 
 
-def _stream(arm: Arm, prompt_messages: list[dict[str, Any]], max_tokens: int,
+def _stream(arm: Arm, prompt_messages: list[JSONObject], max_tokens: int,
             client: SGLangClient | None = None) -> ChatResult:
     with _GC_PAUSED:
         return (client or arm.client).chat(prompt_messages, max_tokens=max_tokens, temperature=0, stream=True,
                                            model=arm.model)
 
 
-def first_request(arm: Arm, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
+def first_request(arm: Arm, prompt: Prompt, max_tokens: int) -> JSONObject:
     """The bench's first request on this arm, streamed and timed; excluded from every median.
 
     It is the cold request only when nothing ran since boot; a deployment's warm-up at boot already
@@ -115,15 +115,15 @@ def first_request(arm: Arm, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
     return {"prompt": prompt.id, "max_tokens": max_tokens, **run_record(res)}
 
 
-def warm_up(arm: Arm, prompt: Prompt, n: int, max_tokens: int) -> list[dict[str, Any]]:
+def warm_up(arm: Arm, prompt: Prompt, n: int, max_tokens: int) -> list[JSONObject]:
     return [{"prompt": prompt.id, **run_record(_stream(arm, prompt.messages(), max_tokens))} for _ in range(n)]
 
 
 def measure_decode(arm: Arm, prompts: dict[str, Prompt], *, runs: int, max_tokens: int,
-                   progress: Progress = _noop) -> dict[str, Any]:
+                   progress: Progress = _noop) -> JSONObject:
     """Per class: n streamed runs at temperature 0; median (min-max) of decode tok/s; the scheduler log
     window of each class (acceptance ranges, gauge peak)."""
-    out: dict[str, Any] = {"max_tokens": max_tokens, "runs": runs, "temperature": 0, "stream": True,
+    out: JSONObject = {"max_tokens": max_tokens, "runs": runs, "temperature": 0, "stream": True,
                            "formula": "(completion_tokens - 1) / (t_last_token - t_first_token)", "classes": {}}
     for cls, prompt in prompts.items():
         mark = arm.log.mark() if arm.log else None
@@ -134,7 +134,7 @@ def measure_decode(arm: Arm, prompts: dict[str, Prompt], *, runs: int, max_token
             progress(f"decode {cls} run {i + 1}/{runs}: {rec['decode_tok_s']} tok/s "
                      f"({rec['completion_tokens']} tokens)")
         s = summarize([r["decode_tok_s"] for r in recs])
-        entry: dict[str, Any] = {"prompt": prompt.id, "title": prompt.title, "runs": recs,
+        entry: JSONObject = {"prompt": prompt.id, "title": prompt.title, "runs": recs,
                                  "decode_tok_s": s.as_dict() if s else None,
                                  "note": None if s else "no usage.completion_tokens in the stream: not measured"}
         e2e = summarize([r["e2e_tok_s"] for r in recs])
@@ -149,13 +149,15 @@ def measure_decode(arm: Arm, prompts: dict[str, Prompt], *, runs: int, max_token
 NO_ROUTE_STATUSES = (404, 405, 501)
 
 
-def acceptance_from_generate(arm: Arm, prompt: Prompt, *, runs: int, max_tokens: int) -> dict[str, Any]:
+def acceptance_from_generate(arm: Arm, prompt: Prompt, *, runs: int, max_tokens: int) -> JSONObject:
     """Per-request accept length from native ``/generate`` (completion_tokens / spec_verify_ct).
 
     ``/generate`` takes raw text (no chat template), so the prompt is the same words but not the same
     tokens as the chat runs: said in the record.
     """
-    vals, metas, err = [], [], None
+    vals: list[float | None] = []
+    metas: list[JSONObject] = []
+    err: str | None = None
     for _ in range(runs):
         try:
             body = arm.client.generate(prompt.text, {"temperature": 0, "max_new_tokens": max_tokens})
@@ -202,7 +204,7 @@ def calibrate_tokens(arm: Arm, tag: str, probe_words: int = 512) -> TokenCalibra
     return calibration_from_probes(small.usage.prompt_tokens, big.usage.prompt_tokens, probe_words)
 
 
-def _ttft_run(arm: Arm, text: str, max_tokens: int) -> dict[str, Any]:
+def _ttft_run(arm: Arm, text: str, max_tokens: int) -> JSONObject:
     mark = arm.log.mark() if arm.log else None
     res = _stream(arm, [{"role": "user", "content": text}], max_tokens)
     rec = run_record(res)
@@ -216,17 +218,17 @@ def _ttft_run(arm: Arm, text: str, max_tokens: int) -> dict[str, Any]:
 
 
 def measure_ttft(arm: Arm, sizes: Sequence[int], *, runs: int, run_tag: str, max_tokens: int = 8,
-                 progress: Progress = _noop) -> dict[str, Any]:
+                 progress: Progress = _noop) -> JSONObject:
     """TTFT at each target prompt size with unique prefixes, then the radix-cached repeat of the smallest."""
     window = arm.context_length
     cal = calibrate_tokens(arm, f"{run_tag}/cal")
-    out: dict[str, Any] = {"context_length": window, "calibration": cal.as_dict(), "stream": True,
+    out: JSONObject = {"context_length": window, "calibration": cal.as_dict(), "stream": True,
                            "clock": "first non-empty content or reasoning delta", "max_tokens": max_tokens,
                            "sizes": [], "cached_repeat": None}
     first_measured: list[str] | None = None
     first_summary: float | None = None
     for size in sizes:
-        entry: dict[str, Any] = {"target_tokens": size}
+        entry: JSONObject = {"target_tokens": size}
         if window is not None and size + max_tokens > window:
             entry.update(status="unmeasurable", note=f"unmeasurable at this window ({size:,} + {max_tokens} "
                                                      f"output tokens > context {window:,})")
@@ -305,10 +307,10 @@ def _concurrent(arm: Arm, prompt: Prompt, c: int, max_tokens: int) -> list[ChatR
 
 
 def measure_concurrency(arm: Arm, prompt: Prompt, levels: Sequence[int], *, max_tokens: int,
-                        progress: Progress = _noop) -> dict[str, Any]:
+                        progress: Progress = _noop) -> JSONObject:
     """c identical requests started together per level; aggregate tok/s and a serialisation check."""
     cap, cap_src = arm.max_running_requests
-    out: dict[str, Any] = {"prompt": prompt.id, "max_tokens": max_tokens, "max_running_requests": cap,
+    out: JSONObject = {"prompt": prompt.id, "max_tokens": max_tokens, "max_running_requests": cap,
                            "max_running_requests_source": cap_src, "cap_reason": arm.concurrency_cap(),
                            "formula": "total completion tokens / (last finish - first start)", "levels": []}
     observer = arm.level_observer
@@ -318,7 +320,7 @@ def measure_concurrency(arm: Arm, prompt: Prompt, levels: Sequence[int], *, max_
         res = _concurrent(arm, prompt, c, max_tokens)
         ok = [r for r in res if isinstance(r, ChatResult)]
         errors = [f"{type(r).__name__}: {getattr(r, 'message', r)}" for r in res if not isinstance(r, ChatResult)]
-        entry: dict[str, Any] = {"concurrency": c, "requests": [run_record(r) for r in ok], "errors": errors or None}
+        entry: JSONObject = {"concurrency": c, "requests": [run_record(r) for r in ok], "errors": errors or None}
         if ok:
             t0, t1 = min(r.t_start for r in ok), max(r.t_end for r in ok)
             tokens = sum(r.usage.completion_tokens or 0 for r in ok)
@@ -333,7 +335,7 @@ def measure_concurrency(arm: Arm, prompt: Prompt, levels: Sequence[int], *, max_
             entry["log_decode_batches"] = sch["decode"]["batches"]
         if c > 1:
             entry["serialization"] = _serialization(entry, cap, cap_src, out["cap_reason"])
-        if observer is not None:
+        if observer is not None and token is not None:
             observer.after(c, entry, token)
         out["levels"].append(entry)
         progress(f"concurrency c{c}: {entry.get('aggregate_tok_s')} tok/s aggregate")
@@ -344,8 +346,8 @@ def measure_concurrency(arm: Arm, prompt: Prompt, levels: Sequence[int], *, max_
     return out
 
 
-def _serialization(entry: dict[str, Any], cap: int | None, cap_src: str,
-                   cap_reason: dict[str, Any] | None = None) -> dict[str, Any]:
+def _serialization(entry: JSONObject, cap: int | None, cap_src: str,
+                   cap_reason: JSONObject | None = None) -> JSONObject:
     evidence = []
     if cap == 1:
         evidence.append(f"max_running_requests resolved to 1 ({cap_src})")

@@ -5,15 +5,18 @@ failed, and the last sweep that masks the run's secret values in everything writ
 """
 from __future__ import annotations
 
-from typing import Any, Callable
-
-from sparkctl.errors import BenchError, SparkctlError
-from sparkctl.sglang.client import EndpointBoundError, EndpointProtocolError, Limits, RunGuard, SGLangAPIError
-from sparkctl.untrusted import mask_url_credentials
-from sparkctl.sglang.launch import redact
-from sparkctl.state.records import RunRecord
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.bench.target import Arm
+from sparkctl.errors import BenchError, SparkctlError
+from sparkctl.sglang.client import EndpointBoundError, EndpointProtocolError, Limits, RunGuard, SGLangAPIError
+from sparkctl.sglang.launch import redact
+from sparkctl.state.records import RunRecord
+from sparkctl.untrusted import mask_url_credentials
+
+if TYPE_CHECKING:
+    from sparkctl.bench.ranks import RankWatch, RankWatches
 
 __all__ = ["RunState", "bench_error", "failures", "scrubbed"]
 
@@ -30,7 +33,7 @@ class RunState:
         self.secrets: set[str] = set()
         self.doing = ""
         self._progress = progress
-        self.watch: Any = None                # the RankWatch of the arm being measured (a deployment's)
+        self.watch: RankWatch | RankWatches | None = None   # the watch of the arm being measured (a deployment's)
 
     def progress(self, message: str) -> None:
         self.doing = message
@@ -106,7 +109,7 @@ def failures(result: RunRecord) -> list[str]:
     return out
 
 
-def scrubbed(value: Any, secrets: set[str]) -> Any:
+def scrubbed(value: object, secrets: set[str]) -> Any:
     """Every string in the record with the run's secret values (the API keys it used) and every URL's credentials
     (``http://user:***@host``) masked: a server that echoes a request header back in what it answers cannot put a
     key in the card, nor an ``--endpoint http://user:password@host`` its password."""

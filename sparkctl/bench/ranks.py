@@ -19,12 +19,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import datetime, timezone
-from typing import Any, Callable
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from sparkctl.errors import BenchError, SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.bounds import RunGuard
 from sparkctl.sglang.launch import redact
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.runtimes import Runtimes
+    from sparkctl.nodes.runtime import Handle, Liveness
+    from sparkctl.state.records import DeploymentRecord
 
 log = logging.getLogger("sparkctl.bench")
 
@@ -34,13 +41,13 @@ _TAIL_LINES = 15
 
 
 def _utc() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class RankWatch:
     """Liveness of every rank of ``record`` polled while a bench arm is measured (a context manager)."""
 
-    def __init__(self, runtimes: Any, record: Any, guard: RunGuard, *, doing: Callable[[], str],
+    def __init__(self, runtimes: Runtimes, record: DeploymentRecord, guard: RunGuard, *, doing: Callable[[], str],
                  interval_s: float | None = None) -> None:
         self.runtimes = runtimes
         self.record = record
@@ -49,7 +56,7 @@ class RankWatch:
         self.handles = sorted(record.handles, key=lambda h: -h.rank)      # rank 1 first: it has no API
         polls = [getattr(runtimes.for_node(h.node), "poll_interval_s", 0.5) for h in self.handles]
         self.interval_s = interval_s if interval_s is not None else max(0.5, 2 * max(polls, default=0.5))
-        self.death: dict[str, Any] | None = None
+        self.death: JSONObject | None = None
         self.last_alive: tuple[str, float, str] | None = None     # (UTC, seconds into the run, what ran then)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -84,7 +91,7 @@ class RankWatch:
                 return False
         return True
 
-    def _died(self, h: Any, live: Any) -> None:
+    def _died(self, h: Handle, live: Liveness) -> None:
         if self.death is not None:
             return
         at = _utc()
@@ -105,7 +112,7 @@ class RankWatch:
         if self.guard.trip(err):
             log.warning("%s", err.message)
 
-    def _log_tail(self, h: Any) -> str | None:
+    def _log_tail(self, h: Handle) -> str | None:
         try:
             text, _ = self.runtimes.for_node(h.node).read_log(h, 0)
         except Exception:  # noqa: BLE001 - evidence is best-effort; the death itself is already known
@@ -139,7 +146,7 @@ class RankWatches:
         self.watches = watches
 
     @property
-    def death(self) -> dict[str, Any] | None:
+    def death(self) -> JSONObject | None:
         return next((w.death for w in self.watches if w.death is not None), None)
 
     def poll(self) -> None:

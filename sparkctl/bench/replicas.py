@@ -20,16 +20,20 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from sparkctl.bench.logsource import LogSource, RuntimeLog, concurrency_cap_from_log
+from sparkctl.bench.target import Arm
 from sparkctl.errors import SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.bounds import Limits
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.serverinfo import parse_prometheus
 from sparkctl.state.records import ReplicaShare, RouterBench, RouterLevel, RouterReplica
 
-from sparkctl.bench.logsource import LogSource, RuntimeLog, concurrency_cap_from_log
-from sparkctl.bench.target import Arm
+if TYPE_CHECKING:
+    from sparkctl.bench.arms import BenchOptions
+    from sparkctl.config.inventory import Inventory
 
 __all__ = ["RouterArm", "MetricsReader", "LevelSplit", "metrics_limits", "REQUESTS_SOURCE", "TOKENS_SOURCE"]
 
@@ -128,19 +132,23 @@ def _delta(before: dict[str, float] | None, after: dict[str, float] | None) -> d
     return None if any(v < 0 for v in d.values()) else d
 
 
+# The router's request and token counters per replica URL when a level starts (None: not readable).
+LevelToken = tuple[dict[str, float] | None, dict[str, float] | None]
+
+
 @dataclass
 class LevelSplit:
     """The concurrency measurement's level observer: per-replica requests (and tokens) of each level."""
 
     reader: MetricsReader
-    replicas: list[dict[str, Any]]                          # {"index", "url"} of every replica, in order
+    replicas: list[JSONObject]                          # {"index", "url"} of every replica, in order
     settle_s: float = SETTLE_S
     levels: list[RouterLevel] = field(default_factory=list)
 
-    def before(self, c: int) -> tuple[dict[str, float] | None, dict[str, float] | None]:
+    def before(self, c: int) -> LevelToken:
         return self.reader.requests(), self.reader.tokens()
 
-    def after(self, c: int, entry: dict[str, Any], token: tuple[Any, Any]) -> None:
+    def after(self, c: int, entry: JSONObject, token: LevelToken) -> None:
         try:
             self._after(c, entry, token)
         except Exception as exc:  # noqa: BLE001 - an observer never breaks the measurement it watches
@@ -148,7 +156,7 @@ class LevelSplit:
                                            requests_sent=c, split="unavailable",
                                            split_note=f"{type(exc).__name__}: {exc}"))
 
-    def _after(self, c: int, entry: dict[str, Any], token: tuple[Any, Any]) -> None:
+    def _after(self, c: int, entry: JSONObject, token: LevelToken) -> None:
         req0, tok0 = token
         answered = len(entry.get("requests") or [])
         tokens_sent = entry.get("total_completion_tokens") or 0
@@ -193,7 +201,7 @@ class LevelSplit:
 class RouterArm(Arm):
     """The router's endpoint as an arm: replica 0's configuration, the replicas' summed concurrency cap."""
 
-    replicas: list[dict[str, Any]] = field(default_factory=list)   # index, url, server_info, record, log
+    replicas: list[JSONObject] = field(default_factory=list)   # index, url, server_info, record, log
     replica_logs: list[LogSource] = field(default_factory=list)
 
     def _caps(self) -> list[int | None]:
@@ -212,12 +220,13 @@ class RouterArm(Arm):
     @property
     def max_running_requests(self) -> tuple[int | None, str]:
         caps = self._caps()
-        if caps and all(isinstance(c, int) for c in caps):
-            return sum(caps), (f"sum over the {len(caps)} replicas' /server_info effective_max_running_requests "
+        known = [c for c in caps if isinstance(c, int)]
+        if caps and len(known) == len(caps):
+            return sum(known), (f"sum over the {len(caps)} replicas' /server_info effective_max_running_requests "
                                f"({' + '.join(map(str, caps))})")
         return None, "unknown (a replica's resolved max_running_requests could not be read)"
 
-    def concurrency_cap(self) -> dict[str, Any] | None:
+    def concurrency_cap(self) -> JSONObject | None:
         for src in self.replica_logs:
             found = concurrency_cap_from_log(src.whole())
             if found:
@@ -238,7 +247,7 @@ class RouterArm(Arm):
         return rows
 
 
-def replica_entries(inventory: Any, data: dict[str, Any], limits: Limits) -> list[dict[str, Any]]:
+def replica_entries(inventory: Inventory, data: JSONObject, limits: Limits) -> list[JSONObject]:
     """Every replica of the record with its deployment record (its own ledger), /server_info and rank 0's log."""
     from sparkctl.deploy.lifecycle import Deployer
     from sparkctl.deploy.progress import Reporter
@@ -246,7 +255,7 @@ def replica_entries(inventory: Any, data: dict[str, Any], limits: Limits) -> lis
 
     out = []
     for entry in data.get("replicas") or []:
-        rep: dict[str, Any] = {"index": int(entry["index"]), "url": str(entry["url"]).rstrip("/"),
+        rep: JSONObject = {"index": int(entry["index"]), "url": str(entry["url"]).rstrip("/"),
                                "nodes": list(entry.get("nodes") or []), "cluster": entry.get("cluster"),
                                "record": None, "server_info": {}, "log": None, "deployer": None}
         try:
@@ -266,7 +275,7 @@ def replica_entries(inventory: Any, data: dict[str, Any], limits: Limits) -> lis
     return out
 
 
-def router_arm(data: dict[str, Any], replicas: list[dict[str, Any]], limits: Limits) -> RouterArm:
+def router_arm(data: JSONObject, replicas: list[JSONObject], limits: Limits) -> RouterArm:
     """The arm of the router's endpoint (raises when the router does not answer /health 200)."""
     from sparkctl.bench.arms import _check_reachable
 
@@ -284,7 +293,7 @@ def router_arm(data: dict[str, Any], replicas: list[dict[str, Any]], limits: Lim
     return arm
 
 
-def router_section(data: dict[str, Any], arm: RouterArm, split: LevelSplit, reader: MetricsReader,
+def router_section(data: JSONObject, arm: RouterArm, split: LevelSplit, reader: MetricsReader,
                    single: tuple[Any, str]) -> RouterBench:
     r = data.get("router") or {}
     card, note = single
@@ -301,7 +310,7 @@ def router_section(data: dict[str, Any], arm: RouterArm, split: LevelSplit, read
                        tokens_error=reader.tokens_error, metrics_read_s=round(reader.read_s, 3))
 
 
-def with_router_levels(opts: Any) -> Any:
+def with_router_levels(opts: BenchOptions) -> BenchOptions:
     """The options with the router's concurrency levels (1, 2, 4, 8 unless --concurrency was given)."""
     return dataclasses.replace(opts, concurrency=tuple(opts.router_concurrency))
 

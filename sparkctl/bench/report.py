@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from sparkctl.bench.router_card import render_router
+from sparkctl.jsontypes import JSONObject
 
 __all__ = ["render_card", "fmt_tps", "fmt_s", "fmt_ratio"]
 
@@ -39,7 +40,7 @@ def _rng(r: Any) -> str:
     return f"{lo:.2f}–{hi:.2f}"
 
 
-def _summary_cell(s: dict[str, Any] | None, unit: str = " tok/s") -> str:
+def _summary_cell(s: JSONObject | None, unit: str = " tok/s") -> str:
     if not s:
         return "not measured"
     cell = f"{fmt_tps(s['median'])}{unit} ({fmt_tps(s['min'])}–{fmt_tps(s['max'])})"
@@ -48,7 +49,7 @@ def _summary_cell(s: dict[str, Any] | None, unit: str = " tok/s") -> str:
     return cell
 
 
-def _arm_title(a: dict[str, Any]) -> str:
+def _arm_title(a: JSONObject) -> str:
     c = a["config"]
     t = f"{c['role']}: {c['name']}"
     if c.get("emulated"):
@@ -56,11 +57,11 @@ def _arm_title(a: dict[str, Any]) -> str:
     return t
 
 
-def _by_role(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _by_role(result: JSONObject) -> dict[str, JSONObject]:
     return {a["config"]["role"]: a for a in result.get("arms") or []}
 
 
-def render_card(result: dict[str, Any]) -> str:
+def render_card(result: JSONObject) -> str:
     L: list[str] = []
     arms = result.get("arms") or []
     model = next((a["config"].get("model") for a in arms if a["config"].get("model")), None)
@@ -99,7 +100,7 @@ def render_card(result: dict[str, Any]) -> str:
     return "\n".join(L) + "\n"
 
 
-def _serving(L: list[str], result: dict[str, Any]) -> None:
+def _serving(L: list[str], result: JSONObject) -> None:
     L += ["", "## Serving config", ""]
     for a in result.get("arms") or []:
         c = a["config"]
@@ -107,14 +108,16 @@ def _serving(L: list[str], result: dict[str, Any]) -> None:
         res = si.get("resolved") or {}
         mrr = c.get("max_running_requests") or {}
         spec = c.get("speculative_algorithm")
+        total = res.get('max_total_num_tokens') or (c.get('capacity') or {}).get('max_total_num_tokens') or 'unknown'
         L.append(f"**{_arm_title(a)}** — {c['endpoint']}")
         L.append(f"- SGLang {c.get('sglang_version') or 'unknown'}; model {c.get('model') or 'unknown'}; "
                  f"speculative {spec + ' (' + str(c.get('draft_tokens')) + ' draft tokens)' if spec else 'off'}")
         L.append(f"- context {c.get('context_length') or 'unknown'}, max_total_num_tokens "
-                 f"{res.get('max_total_num_tokens') or (c.get('capacity') or {}).get('max_total_num_tokens') or 'unknown'}, "
+                 f"{total}, "
                  f"max_running_requests resolved to {mrr.get('value') if mrr.get('value') is not None else 'unknown'} "
                  f"({mrr.get('source', 'unknown')}), KV {si.get('kv_cache_dtype') or 'unknown'}, "
-                 f"mem-fraction-static {si.get('mem_fraction_static') or 'unknown'}, prefix cache {c.get('prefix_cache')}")
+                 f"mem-fraction-static {si.get('mem_fraction_static') or 'unknown'}, "
+                 f"prefix cache {c.get('prefix_cache')}")
         L.append(f"- profile {c.get('profile') or 'none (bare endpoint)'}, deployment {c.get('deployment') or 'none'}, "
                  f"identity {c.get('identity') or 'unknown'}, image {', '.join(c.get('images') or []) or 'unknown'}")
         L.append(f"- clocks: {c.get('clocks_policy', 'unknown')}; scheduler log: {c.get('log') or 'none'}")
@@ -133,7 +136,7 @@ def _serving(L: list[str], result: dict[str, Any]) -> None:
                  f"body cap {lim['max_body_bytes']:,} bytes, event cap {lim['max_event_bytes']:,} bytes.")
 
 
-def _cold(L: list[str], result: dict[str, Any]) -> None:
+def _cold(L: list[str], result: JSONObject) -> None:
     rows = [(a, (a["results"].get("cold") or {})) for a in result.get("arms") or [] if a["results"].get("cold")]
     if not rows:
         return
@@ -151,7 +154,7 @@ def _cold(L: list[str], result: dict[str, Any]) -> None:
                      f"{boot.get('completion_tokens')} tokens")
 
 
-def _decode(L: list[str], result: dict[str, Any]) -> None:
+def _decode(L: list[str], result: JSONObject) -> None:
     arms = result.get("arms") or []
     if not any(a["results"].get("decode") for a in arms):
         return
@@ -171,7 +174,7 @@ def _decode(L: list[str], result: dict[str, Any]) -> None:
     L.append("|" + "---|" * (head.count("|") - 1))
     classes = list(dict.fromkeys(c for a in arms for c in ((a["results"].get("decode") or {}).get("classes") or {})))
     for cls in classes:
-        entry0 = next(((a["results"]["decode"]["classes"][cls]) for a in arms
+        entry0: JSONObject = next(((a["results"]["decode"]["classes"][cls]) for a in arms
                        if cls in ((a["results"].get("decode") or {}).get("classes") or {})), {})
         cells = [f"{entry0.get('prompt')} ({entry0.get('title')})"]
         for r in cols:
@@ -205,7 +208,7 @@ def _decode(L: list[str], result: dict[str, Any]) -> None:
             L.append(f"Decode on {_arm_title(a)} FAILED: {d['error'].splitlines()[0]}")
 
 
-def _acceptance(L: list[str], result: dict[str, Any]) -> None:
+def _acceptance(L: list[str], result: JSONObject) -> None:
     arms = [a for a in result.get("arms") or [] if a["results"].get("acceptance")]
     if not arms:
         return
@@ -239,7 +242,7 @@ def _acceptance(L: list[str], result: dict[str, Any]) -> None:
             L.append(f"- {_arm_title(a)} (per request, /generate meta_info): {gen.get('note') or gen.get('error')}")
 
 
-def _g6(L: list[str], result: dict[str, Any]) -> None:
+def _g6(L: list[str], result: JSONObject) -> None:
     g = result.get("g6")
     gates = (result.get("options") or {}).get("gates") or []
     if not g:
@@ -255,6 +258,10 @@ def _g6(L: list[str], result: dict[str, Any]) -> None:
     L.append("")
     L.append(f"| prompt | verdict | token index | {g['on']} around the index | {g['off']} around the index |")
     L.append("|---|---|---|---|---|")
+
+    def esc(s: str | None) -> str:
+        return (s or "").replace("|", "\\|").replace("\n", " ")
+
     for p in g["prompts"]:
         verdict = {"identical": "identical", "diverged": "diverged", "void": "VOID"}[p["status"]]
         if p["status"] == "diverged" and p.get("detail"):
@@ -262,11 +269,10 @@ def _g6(L: list[str], result: dict[str, Any]) -> None:
         if p["status"] == "void":
             verdict += f" ({p.get('detail')})"
         idx = "" if p.get("index") is None else str(p["index"]) + (f" ({p['channel']})" if p.get("channel") else "")
-        esc = (lambda s: (s or "").replace("|", "\\|").replace("\n", " "))
         L.append(f"| {p['prompt_id']} | {verdict} | {idx} | {esc(p.get('on_context'))} | {esc(p.get('off_context'))} |")
 
 
-def _ttft(L: list[str], result: dict[str, Any]) -> None:
+def _ttft(L: list[str], result: JSONObject) -> None:
     arms = [a for a in result.get("arms") or [] if a["results"].get("ttft")]
     if not arms:
         return
@@ -283,21 +289,23 @@ def _ttft(L: list[str], result: dict[str, Any]) -> None:
                 s, p = e.get("ttft_s") or {}, e.get("prefill_tok_s") or {}
                 L.append(f"- ~{size:,}-token prompt ({', '.join(str(x) for x in e.get('prompt_tokens') or [])} "
                          f"prompt tokens, unique prefix, uncached): TTFT {fmt_s(s.get('median'))} s"
-                         + (f" ({fmt_s(s.get('min'))}–{fmt_s(s.get('max'))}, n={s.get('n')})" if s.get("n", 1) > 1 else "")
+                         + (f" ({fmt_s(s.get('min'))}–{fmt_s(s.get('max'))}, n={s.get('n')})"
+                            if s.get("n", 1) > 1 else "")
                          + f", prefill {fmt_tps(p.get('median'))} tok/s")
             else:
                 L.append(f"- ~{size:,}: {e.get('note')}")
         c = t.get("cached_repeat")
         if c:
             s = c.get("ttft_s") or {}
-            L.append(f"- radix-cached repeat of the ~{c.get('target_tokens'):,} prompt: TTFT {fmt_s(s.get('median'))} s; "
+            L.append(f"- radix-cached repeat of the ~{c.get('target_tokens'):,} prompt: "
+                     f"TTFT {fmt_s(s.get('median'))} s; "
                      f"{'recognised as cached' if c.get('radix_cached') else 'NOT recognised as cached'} "
                      f"({c.get('basis')})")
         L.append(f"- prompt sizes from {'a measured' if cal.get('measured') else 'an assumed'} token calibration "
                  f"({cal.get('tokens_per_word')} tokens/word); context window {t.get('context_length') or 'unknown'}")
 
 
-def _concurrency(L: list[str], result: dict[str, Any]) -> None:
+def _concurrency(L: list[str], result: JSONObject) -> None:
     arms = [a for a in result.get("arms") or [] if a["results"].get("concurrency")]
     for a in arms:
         c = a["results"]["concurrency"]
@@ -329,7 +337,7 @@ def _concurrency(L: list[str], result: dict[str, Any]) -> None:
                  f"({c.get('max_running_requests_source')})")
 
 
-def _reference(L: list[str], result: dict[str, Any]) -> None:
+def _reference(L: list[str], result: JSONObject) -> None:
     L += ["", "## Reference comparison (other published numbers, different stacks; not measured here)", ""]
     ref = result.get("reference") or []
     if ref:
@@ -338,7 +346,7 @@ def _reference(L: list[str], result: dict[str, Any]) -> None:
         L.append("- none given (`--reference FILE`: one line per published number, with its source and stack)")
 
 
-def _restore(L: list[str], result: dict[str, Any]) -> None:
+def _restore(L: list[str], result: JSONObject) -> None:
     r = result.get("restore")
     if r is None:
         return
@@ -350,7 +358,7 @@ def _restore(L: list[str], result: dict[str, Any]) -> None:
         L.append(f"**RESTORE FAILED** for {r.get('profile')}: {(r.get('error') or '').splitlines()[0]}")
 
 
-def _log_only(L: list[str], result: dict[str, Any]) -> None:
+def _log_only(L: list[str], result: JSONObject) -> None:
     lo = result.get("log_only") or {}
     if not lo:
         return

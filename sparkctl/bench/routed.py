@@ -6,11 +6,7 @@ replicated record is only read (``sparkctl.deploy.replicated.Record``), never wr
 """
 from __future__ import annotations
 
-from typing import Any
-
-from sparkctl.errors import ConfigError, SparkctlError
-from sparkctl.sglang.bounds import Limits
-from sparkctl.state.ledger import Ledger
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.bench import replicas as rb
 from sparkctl.bench.arms import BenchOptions, Progress, _noop
@@ -18,12 +14,19 @@ from sparkctl.bench.outcome import RunState
 from sparkctl.bench.ranks import RankWatch, RankWatches
 from sparkctl.bench.router_card import single_pair
 from sparkctl.bench.target import Arm
+from sparkctl.errors import ConfigError, SparkctlError
+from sparkctl.jsontypes import JSONObject
+from sparkctl.sglang.bounds import Limits
+from sparkctl.state.ledger import Ledger
+
+if TYPE_CHECKING:
+    from sparkctl.config.inventory import Inventory
 
 __all__ = ["bench_replicated"]
 
 
-def bench_replicated(inventory: Any, opts: BenchOptions, *, progress: Progress = _noop, limits: Limits | None = None,
-                     run_s: float | None = None) -> dict[str, Any]:
+def bench_replicated(inventory: Inventory, opts: BenchOptions, *, progress: Progress = _noop,
+                     limits: Limits | None = None, run_s: float | None = None) -> JSONObject:
     """Measure the cluster's replicated deployment through its router; returns the run record's JSON."""
     from sparkctl.bench.run import _measure_all, _new_result, _out_dir, _run
     from sparkctl.deploy.replicated import Record
@@ -61,7 +64,7 @@ def bench_replicated(inventory: Any, opts: BenchOptions, *, progress: Progress =
 
     def body() -> None:
         try:
-            _measure_all(result, [make], opts, run, watch)       # type: ignore[list-item]
+            _measure_all(result, [make], opts, run, watch)
         finally:
             arm = made.get("arm")
             if made.get("reader") is not None:
@@ -74,7 +77,7 @@ def bench_replicated(inventory: Any, opts: BenchOptions, *, progress: Progress =
     return _run(result, body, out, run)
 
 
-def refuse_compare(compare: Any, compare_endpoint: str | None, logs: tuple[Any, ...] = ()) -> None:
+def refuse_compare(compare: object, compare_endpoint: str | None, logs: tuple[Any, ...] = ()) -> None:
     """What a replicated bench does not take: a second arm, or a log file (each replica's log is read through its
     own runtime)."""
     if any(p is not None for p in logs):

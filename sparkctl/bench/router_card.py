@@ -6,8 +6,7 @@ Without one the card says none was measured; a number is never made up.
 """
 from __future__ import annotations
 
-from typing import Any
-
+from sparkctl.jsontypes import JSONObject
 from sparkctl.state.cards import CardIndex
 from sparkctl.state.ledger import Ledger
 from sparkctl.state.records import SinglePairCard
@@ -15,7 +14,7 @@ from sparkctl.state.records import SinglePairCard
 __all__ = ["single_pair", "render_router"]
 
 
-def _same_model(arm: dict[str, Any], model: str | None, served: str | None) -> bool:
+def _same_model(arm: JSONObject, model: str | None, served: str | None) -> bool:
     if model and arm.get("model"):
         return arm["model"] == model
     return bool(served) and arm.get("served_model") == served
@@ -49,7 +48,7 @@ def _n(x: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
-def render_router(L: list[str], result: dict[str, Any]) -> None:
+def render_router(L: list[str], result: JSONObject) -> None:
     r = result.get("router")
     if not r:
         return

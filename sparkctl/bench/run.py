@@ -18,28 +18,43 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
+from sparkctl.bench import losslessness
+from sparkctl.bench.arms import (
+    GATES,
+    BenchOptions,
+    Progress,
+    _noop,
+    arm_from_endpoint,
+    arm_from_record,
+    measure_arm,
+    parse_gates,
+)
+from sparkctl.bench.chart import decode_svg
+from sparkctl.bench.logsource import FileLog, capacity_from_log, scheduler_summary
+from sparkctl.bench.outcome import RunState, bench_error, failures, scrubbed
+from sparkctl.bench.prompts import decode_prompts, g6_prompts, prompt_set_digest
+from sparkctl.bench.ranks import RankWatch, RankWatches
+from sparkctl.bench.report import render_card
+from sparkctl.bench.stats import ratio
+from sparkctl.bench.target import Arm, arm_role
 from sparkctl.errors import BenchError, ConfigError, OutputPathError, SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import Limits, SGLangAPIError
 from sparkctl.state.files import write_text_atomic
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, RunRecord, Status
 from sparkctl.untrusted import clean
 
-from sparkctl.bench import losslessness
-from sparkctl.bench.arms import (GATES, BenchOptions, Progress, _noop, arm_from_endpoint, arm_from_record,
-                                 measure_arm, parse_gates)
-from sparkctl.bench.chart import decode_svg
-from sparkctl.bench.outcome import RunState, bench_error, failures, scrubbed
-from sparkctl.bench.logsource import FileLog, capacity_from_log, scheduler_summary
-from sparkctl.bench.prompts import decode_prompts, g6_prompts, prompt_set_digest
-from sparkctl.bench.ranks import RankWatch
-from sparkctl.bench.report import render_card
-from sparkctl.bench.stats import ratio
-from sparkctl.bench.target import Arm, arm_role
+if TYPE_CHECKING:
+    from sparkctl.config.inventory import Inventory
+    from sparkctl.config.profile import Profile
+    from sparkctl.deploy.commands import Deployer
+    from sparkctl.deploy.progress import Reporter
 
 __all__ = ["GATES", "BenchOptions", "parse_gates", "arm_from_endpoint", "bench", "bench_deployment",
            "bench_endpoint", "bench_log", "write_report", "SCHEMA"]
@@ -49,14 +64,14 @@ SCHEMA = "sparkctl.bench/1"
 
 # --------------------------------------------------------------------------- comparison + run
 
-def _compare(arms: list[dict[str, Any]]) -> dict[str, Any]:
+def _compare(arms: list[JSONObject]) -> JSONObject:
     """ON/OFF (or A/B) decode ratios per class from two measured arms."""
     if len(arms) != 2:
         return {}
     on, off = (arms[0], arms[1])
     if off["config"]["role"] == "ON":
         on, off = off, on
-    out: dict[str, Any] = {"numerator": on["config"]["role"], "denominator": off["config"]["role"], "decode": {}}
+    out: JSONObject = {"numerator": on["config"]["role"], "denominator": off["config"]["role"], "decode": {}}
     for cls in decode_prompts():
         a = (((on["results"].get("decode") or {}).get("classes") or {}).get(cls) or {}).get("decode_tok_s")
         b = (((off["results"].get("decode") or {}).get("classes") or {}).get(cls) or {}).get("decode_tok_s")
@@ -69,7 +84,7 @@ def _compare(arms: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _new_result(mode: str, opts: BenchOptions, run_id: str, limits: Limits, run_s: float | None) -> RunRecord:
     options = {**opts.as_dict(), "limits": limits.as_dict(), "run_deadline_s": run_s}
-    return RunRecord(schema=SCHEMA, run_id=run_id, mode=mode, started=now_iso(), options=options,
+    return RunRecord(schema_=SCHEMA, run_id=run_id, mode=mode, started=now_iso(), options=options,
                      prompt_set=prompt_set_digest(), reference=list(opts.reference))
 
 
@@ -79,7 +94,7 @@ def _finish(result: RunRecord, arms: list[Arm]) -> None:
 
 
 def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts: BenchOptions,
-                 run: RunState, watch: Callable[[Arm], RankWatch | None] = lambda arm: None) -> None:
+                 run: RunState, watch: Callable[[Arm], RankWatch | RankWatches | None] = lambda arm: None) -> None:
     """Build and measure the arms one after another (a later arm may need an earlier one torn down)."""
     run_tag = result.run_id
     g6 = len(arms_in_order) == 2
@@ -102,7 +117,9 @@ def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts
             if watcher is not None:
                 watcher.__exit__(None, None, None)
                 if watcher.death is not None:
-                    result.rank_death = watcher.death
+                    # An extra field of the record (extra="allow"): written only when a rank died, so the JSON
+                    # of every other run keeps its shape.
+                    setattr(result, "rank_death", watcher.death)  # noqa: B010
             arm.client.close()
         result.arms.append({"config": arm.config(), "results": res})
         captures.append(caps)
@@ -112,18 +129,20 @@ def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts
         for entry, arm in zip(result.arms, built):
             entry["config"]["role"] = arm.role
         result.comparison = _compare(result.arms)
-        if captures[0] is not None and captures[1] is not None:
+        first, second = captures[0], captures[1]
+        if first is not None and second is not None:
             on_i = 0 if built[0].role in ("ON", "A") else 1
+            on_caps, off_caps = (first, second) if on_i == 0 else (second, first)
             plist = g6_prompts()[: opts.g6_limit] if opts.g6_limit else g6_prompts()
             verdicts = [losslessness.compare(p.id, a, b)
-                        for p, a, b in zip(plist, captures[on_i], captures[1 - on_i])]
+                        for p, a, b in zip(plist, on_caps, off_caps)]
             result.g6 = {"on": built[on_i].role, "off": built[1 - on_i].role,
                             "max_tokens": opts.g6_max_tokens or opts.max_tokens, "temperature": 0,
                             "captured": "reasoning_content + content (+ tool calls); server tokens when logprobs "
                                         "cover the completion, else whitespace tokens",
                             **losslessness.summarize_verdicts(verdicts),
                             "prompts": [{**v.as_dict(), "on_output": a.as_dict(), "off_output": b.as_dict()}
-                                        for v, a, b in zip(verdicts, captures[on_i], captures[1 - on_i])]}
+                                        for v, a, b in zip(verdicts, on_caps, off_caps)]}
     _finish(result, built)
     failed = failures(result)
     if failed:
@@ -132,7 +151,8 @@ def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts
                          evidence="\n".join(failed[:20]))
 
 
-def _run(result: RunRecord, body: Callable[[], None], out_dir: ReportDir, run: RunState | None = None) -> dict[str, Any]:
+def _run(result: RunRecord, body: Callable[[], None], out_dir: ReportDir,
+         run: RunState | None = None) -> JSONObject:
     """Run `body`, record how it ended (successful, failed, canceled), write the report either way."""
     secrets = run.secrets if run else set()
     try:
@@ -195,7 +215,7 @@ def _out_dir(opts: BenchOptions, ledger: Ledger | None, run_id: str) -> ReportDi
 def bench_endpoint(url: str, opts: BenchOptions, *, ledger: Ledger | None = None, api_key: str | None = None,
                    log_path: Path | None = None, compare_endpoint: str | None = None,
                    compare_log_path: Path | None = None, progress: Progress = _noop, limits: Limits | None = None,
-                   run_s: float | None = None, compare_api_key: str | None = None) -> dict[str, Any]:
+                   run_s: float | None = None, compare_api_key: str | None = None) -> JSONObject:
     """Measure a running endpoint (and optionally a second one to compare against).
 
     ``api_key`` goes to ``url`` and ``compare_api_key`` to ``compare_endpoint``, each only when given (the CLI
@@ -214,11 +234,12 @@ def bench_endpoint(url: str, opts: BenchOptions, *, ledger: Ledger | None = None
     return _run(result, lambda: _measure_all(result, makers, opts, run), out, run)
 
 
-def bench_deployment(deployer: Any, opts: BenchOptions, *, primary_profile: Any = None, compare_profile: Any = None,
+def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile: Profile | None = None,
+                     compare_profile: Profile | None = None,
                      compare_endpoint: str | None = None, log_path: Path | None = None,
                      compare_log_path: Path | None = None, compare_api_key: str | None = None,
                      progress: Progress = _noop, limits: Limits | None = None,
-                     run_s: float | None = None) -> dict[str, Any]:
+                     run_s: float | None = None) -> JSONObject:
     """Measure the active deployment; with ``compare_profile`` deploy it, measure, restore the original.
 
     ``primary_profile``: deploy that profile first (a no-op when it already runs healthy) and measure it;
@@ -277,7 +298,7 @@ def bench_deployment(deployer: Any, opts: BenchOptions, *, primary_profile: Any 
     return _run(result, body, out, run)
 
 
-def _restore(deployer: Any, original: DeploymentRecord, progress: Progress) -> dict[str, Any]:
+def _restore(deployer: Deployer, original: DeploymentRecord, progress: Progress) -> JSONObject:
     from sparkctl.config.profile import Profile
     from sparkctl.deploy.lifecycle import UpOptions
 
@@ -291,7 +312,7 @@ def _restore(deployer: Any, original: DeploymentRecord, progress: Progress) -> d
             "deployment": up.get("deployment"), "endpoint": up.get("endpoint")}
 
 
-def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -> dict[str, Any]:
+def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -> JSONObject:
     """Scheduler numbers from a captured log alone: accept len/rate ranges, the gauge peak, capacity."""
     run_id = Ledger.new_id("bench-log")
     result = _new_result("log-only", opts, run_id, Limits(), None)
@@ -316,10 +337,11 @@ def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -
     return _run(result, body, out)
 
 
-def bench(inventory: Any, opts: BenchOptions, *, reporter: Any = None, profile: Any = None, compare: Any = None,
+def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None = None,
+          profile: Profile | None = None, compare: Any = None,
           endpoint: str | None = None, compare_endpoint: str | None = None, log: Path | None = None,
           compare_log: Path | None = None, log_only: bool = False, api_key: str | None = None,
-          progress: Progress = _noop, limits: Limits | None = None, run_s: float | None = None) -> dict[str, Any]:
+          progress: Progress = _noop, limits: Limits | None = None, run_s: float | None = None) -> JSONObject:
     """`sparkctl bench`: pick the mode from what is given, run it, return the run record's JSON.
 
     ``endpoint``: measure that server (and ``compare_endpoint``). ``log_only``, or a ``log`` with nothing
@@ -364,7 +386,7 @@ def bench(inventory: Any, opts: BenchOptions, *, reporter: Any = None, profile: 
                             compare_api_key=api_key, progress=progress, limits=limits, run_s=run_s)
 
 
-def _replicated(inventory: Any, profile: Any) -> bool:
+def _replicated(inventory: Inventory, profile: Profile | None) -> bool:
     """Is what gets measured a replicated deployment: ``profile`` with ``replicas`` > 1 (deployed first by the
     caller), or, with no profile named, the cluster's active replicated record?"""
     from sparkctl.deploy.replicated import is_replicated
@@ -376,7 +398,7 @@ def _replicated(inventory: Any, profile: Any) -> bool:
 
 # --------------------------------------------------------------------------- files
 
-def write_report(result: RunRecord, out_dir: ReportDir | Path, secrets: set[str] | None = None) -> dict[str, Any]:
+def write_report(result: RunRecord, out_dir: ReportDir | Path, secrets: set[str] | None = None) -> JSONObject:
     """``report.json``, ``report.md`` (rendered from the same JSON) and ``decode.svg``, atomically: mode 0600 in
     the ledger's run directory, as given (`sparkctl.userfiles`) in a directory the user named.
 

@@ -5,8 +5,10 @@ Kept apart and pure so the numbers a card shows are computed in exactly one plac
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+
+from sparkctl.jsontypes import JSONObject
 
 __all__ = ["Summary", "summarize", "ratio", "NOISY_SPREAD"]
 
@@ -31,7 +33,7 @@ class Summary:
     def noisy(self) -> bool:
         return self.n > 1 and self.spread > NOISY_SPREAD
 
-    def as_dict(self, digits: int = 3) -> dict[str, Any]:
+    def as_dict(self, digits: int = 3) -> JSONObject:
         return {"n": self.n, "median": round(self.median, digits), "min": round(self.min, digits),
                 "max": round(self.max, digits), "spread": round(self.spread, 4),
                 "spread_pct": round(self.spread * 100, 1), "noisy": self.noisy,

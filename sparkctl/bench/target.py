@@ -10,13 +10,23 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import Any
-
-from sparkctl.sglang.client import (EndpointBoundError, EndpointProtocolError, Limits, RunGuard,
-                                   SGLangAPIError, SGLangClient, parse_server_info)
-from sparkctl.state.records import DeploymentRecord
+from typing import TYPE_CHECKING
 
 from sparkctl.bench.logsource import LogSource
+from sparkctl.jsontypes import JSONObject
+from sparkctl.sglang.client import (
+    EndpointBoundError,
+    EndpointProtocolError,
+    Limits,
+    RunGuard,
+    SGLangAPIError,
+    SGLangClient,
+    parse_server_info,
+)
+from sparkctl.state.records import DeploymentRecord
+
+if TYPE_CHECKING:
+    from sparkctl.bench.replicas import LevelSplit
 
 log = logging.getLogger("sparkctl.bench")
 
@@ -59,7 +69,7 @@ def redact_argv(argv: list[str] | str | None) -> list[str] | str | None:
     if argv is None:
         return None
     if isinstance(argv, str):
-        return " ".join(redact_argv(argv.split()) or [])  # type: ignore[arg-type]
+        return " ".join(redact_argv(argv.split()) or [])
     out: list[str] = []
     hide_next = False
     for a in argv:
@@ -87,7 +97,7 @@ _SERVER_KEYS = ("version", "model_path", "served_model_name", "tp_size", "nnodes
                 "reasoning_parser", "decode_log_interval", "enable_metrics", "emulated")
 
 
-def describe_server(info: dict[str, Any]) -> dict[str, Any]:
+def describe_server(info: JSONObject) -> JSONObject:
     """The recorded subset of a ``/server_info`` body (secrets masked), plus the resolved live values."""
     s = parse_server_info(info)
     out = {k: info.get(k) for k in _SERVER_KEYS if k in info}
@@ -113,7 +123,7 @@ class Arm:
     endpoint: str
     model: str | None = None          # served model name sent with each request
     log: LogSource | None = None
-    server_info: dict[str, Any] = field(default_factory=dict)
+    server_info: JSONObject = field(default_factory=dict)
     record: DeploymentRecord | None = None  # the ledger's deployment record, when deployed by sparkctl
     role: str = "?"                   # ON | OFF (speculation), or A | B when that does not tell them apart
     api_key: str | None = field(default=None, repr=False)
@@ -121,7 +131,7 @@ class Arm:
     guard: RunGuard | None = None         # the run's deadline and stop signal, shared by its clients
     # Called around each concurrency level (``before(c) -> token``, ``after(c, entry, token)``): the router's
     # per-replica split of a replicated deployment (sparkctl.bench.replicas). It never raises.
-    level_observer: Any = None
+    level_observer: LevelSplit | None = None
 
     def new_client(self) -> SGLangClient:
         """A separate client (own connection pool) for a concurrent request, under the run's bounds."""
@@ -167,7 +177,7 @@ class Arm:
         s = parse_server_info(self.server_info) if self.server_info else None
         rec = self.record
         for v in ((s.context_length if s else None),
-                  ((rec.capacity or {}).get("context_len") if rec else None),
+                  (rec.capacity.context_len if rec and rec.capacity else None),
                   ((rec.profile_data.get("server") or {}).get("context_length") if rec else None)):
             if isinstance(v, int) and v > 0:
                 return v
@@ -178,15 +188,16 @@ class Arm:
         """Resolved max running requests and where it was read."""
         s = parse_server_info(self.server_info) if self.server_info else None
         if s and s.effective_max_running_requests is not None:
-            return s.effective_max_running_requests, "/server_info internal_states effective_max_running_requests_per_dp"
-        cap = (self.record.capacity if self.record else None) or {}
-        if isinstance(cap.get("max_running_requests"), int):
-            return cap["max_running_requests"], "boot log capacity line (ledger record)"
+            return (s.effective_max_running_requests,
+                    "/server_info internal_states effective_max_running_requests_per_dp")
+        cap = self.record.capacity if self.record else None
+        if cap is not None and isinstance(cap.max_running_requests, int):
+            return cap.max_running_requests, "boot log capacity line (ledger record)"
         if s and s.max_running_requests is not None:
             return s.max_running_requests, "/server_info max_running_requests"
         return None, "unknown"
 
-    def concurrency_cap(self) -> dict[str, Any] | None:
+    def concurrency_cap(self) -> JSONObject | None:
         """Why the engine runs at most N requests at once, in its own words when it printed them (the mamba state
         cache warning at boot), else the launch flag that set it; with the setting that would change it."""
         if self.log is not None:
@@ -230,7 +241,7 @@ class Arm:
                 except SGLangAPIError:
                     pass
 
-    def config(self) -> dict[str, Any]:
+    def config(self) -> JSONObject:
         """Everything this arm's numbers must be recorded with."""
         rec = self.record
         specs = rec.specs if rec else []

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TypedDict
 
 import typer
 
@@ -45,14 +45,20 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
         try:
             value = int(float(part.rstrip("k")) * mult)
         except (ValueError, OverflowError):   # "x", "nan", "inf", "1e400"
-            raise ConfigError(f"not a number: {part!r}", where=option, hint="a comma-separated list, e.g. 4k,16k") from None
+            raise ConfigError(f"not a number: {part!r}", where=option,
+                              hint="a comma-separated list, e.g. 4k,16k") from None
         if not 0 < value <= 1 << 24:
             raise ConfigError(f"out of range: {part!r}", where=option, hint="each value from 1 to 16384k")
         out.append(value)
     return tuple(out)
 
 
-def _levels(text: str | None) -> dict[str, tuple[int, ...]]:
+class _Levels(TypedDict, total=False):
+    concurrency: tuple[int, ...]
+    router_concurrency: tuple[int, ...]
+
+
+def _levels(text: str | None) -> _Levels:
     """``--concurrency`` given: the levels everywhere (a single pair and through a router); else the defaults."""
     if text is None:
         return {}
@@ -86,54 +92,61 @@ def register(app: typer.Typer) -> None:
 
     @bench_app.callback()
     def bench(ctx: typer.Context,
-              profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Measure this profile: deployed "
+              profile: str | None = typer.Option(None, "--profile", "-p", help="Measure this profile: deployed "
                                                     "first through the lifecycle unless it already runs."),
-              compare: Optional[str] = typer.Option(None, "--compare", help="Second arm: deploy this profile (e.g. "
+              compare: str | None = typer.Option(None, "--compare", help="Second arm: deploy this profile (e.g. "
                                                     "dflash-off), measure it, then restore the original."),
-              endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Measure this OpenAI-compatible SGLang "
+              endpoint: str | None = typer.Option(None, "--endpoint", help="Measure this OpenAI-compatible SGLang "
                                                      "endpoint instead of the deployment (config from /server_info)."),
-              compare_endpoint: Optional[str] = typer.Option(None, "--compare-endpoint",
+              compare_endpoint: str | None = typer.Option(None, "--compare-endpoint",
                                                              help="Second arm: another running endpoint."),
-              log: Optional[Path] = typer.Option(None, "--log", help="Scheduler log of the (first) arm: a file the "
+              log: Path | None = typer.Option(None, "--log", help="Scheduler log of the (first) arm: a file the "
                                                  "engine writes, or a captured log (alone: log-only analysis)."),
-              compare_log: Optional[Path] = typer.Option(None, "--compare-log", help="Scheduler log of the second arm."),
-              runs: int = typer.Option(5, "--runs", min=1, max=10_000, help="Measured runs per prompt class (medians)."),
-              max_tokens: int = typer.Option(800, "--max-tokens", min=2, max=1 << 20, help="max_tokens per decode request."),
-              warmup: int = typer.Option(2, "--warmup", min=0, max=1000, help="Warm-up requests after the first (cold) one."),
-              gates: Optional[str] = typer.Option(None, "--gates", help="Comma list of cold,decode,acceptance,ttft,"
+              compare_log: Path | None = typer.Option(None, "--compare-log", help="Scheduler log of the second arm."),
+              runs: int = typer.Option(5, "--runs", min=1, max=10_000,
+                                       help="Measured runs per prompt class (medians)."),
+              max_tokens: int = typer.Option(800, "--max-tokens", min=2, max=1 << 20,
+                                             help="max_tokens per decode request."),
+              warmup: int = typer.Option(2, "--warmup", min=0, max=1000,
+                                         help="Warm-up requests after the first (cold) one."),
+              gates: str | None = typer.Option(None, "--gates", help="Comma list of cold,decode,acceptance,ttft,"
                                                   "concurrency,g6 (default: all)."),
               ttft_sizes: str = typer.Option("4k,16k,64k", "--ttft-sizes", help="Prompt sizes in tokens for TTFT."),
-              ttft_runs: int = typer.Option(3, "--ttft-runs", min=1, max=1000, help="Runs per TTFT size, each with its own "
-                                            "unique prefix (median (min-max); one delayed run cannot set it)."),
-              concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Concurrency levels (default "
+              ttft_runs: int = typer.Option(3, "--ttft-runs", min=1, max=1000,
+                                            help="Runs per TTFT size, each with its own unique prefix "
+                                            "(median (min-max); one delayed run cannot set it)."),
+              concurrency: str | None = typer.Option(None, "--concurrency", help="Concurrency levels (default "
                                                         "1,2; 1,2,4,8 through the router of a replicated deployment)."),
-              g6_max_tokens: Optional[int] = typer.Option(None, "--g6-max-tokens", min=1, max=1 << 20,
+              g6_max_tokens: int | None = typer.Option(None, "--g6-max-tokens", min=1, max=1 << 20,
                                                           help="max_tokens per G6 prompt (default: --max-tokens)."),
-              reference: Optional[Path] = typer.Option(None, "--reference", help="Text file: one published reference "
+              reference: Path | None = typer.Option(None, "--reference", help="Text file: one published reference "
                                                        "number per line (source, stack) for the card's slot."),
-              api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Env var holding the API key "
+              api_key_env: str | None = typer.Option(None, "--api-key-env", help="Env var holding the API key "
                                                         "to send to --endpoint/--compare-endpoint (never stored); "
                                                         "without it no key is sent to them."),
               connect_timeout: float = typer.Option(10.0, "--connect-timeout",
-                                                 parser=bounds.seconds(), metavar="SECONDS", help="Seconds to connect."),
+                                                    parser=bounds.seconds(), metavar="SECONDS",
+                                                    help="Seconds to connect."),
               read_timeout: float = typer.Option(120.0, "--read-timeout",
-                                                 parser=bounds.seconds(), metavar="SECONDS", help="Longest silence (s) while any byte is "
-                                                 "awaited; covers a non-streamed 800-token answer at 14.7 tok/s."),
+                                                 parser=bounds.seconds(), metavar="SECONDS",
+                                                 help="Longest silence (s) while any byte is awaited; covers a "
+                                                 "non-streamed 800-token answer at 14.7 tok/s."),
               idle_timeout: float = typer.Option(120.0, "--idle-timeout",
-                                                 parser=bounds.seconds(), metavar="SECONDS", help="Longest a stream may go without a "
-                                                 "data event (s)."),
+                                                 parser=bounds.seconds(), metavar="SECONDS",
+                                                 help="Longest a stream may go without a data event (s)."),
               request_deadline: float = typer.Option(600.0, "--request-deadline",
-                                                 parser=bounds.seconds(), metavar="SECONDS", help="Deadline of one whole "
-                                                     "request (s)."),
+                                                     parser=bounds.seconds(), metavar="SECONDS",
+                                                     help="Deadline of one whole request (s)."),
               run_deadline: float = typer.Option(14400.0, "--run-deadline",
-                                                 parser=bounds.seconds(), metavar="SECONDS", help="Deadline of every request of the "
-                                                 "run (s); --compare deployments keep their own boot timeouts."),
+                                                 parser=bounds.seconds(), metavar="SECONDS",
+                                                 help="Deadline of every request of the run (s); --compare "
+                                                 "deployments keep their own boot timeouts."),
               log_only: bool = flag("--log-only", help="Analyse --log alone; send no request."),
-              out: Optional[Path] = typer.Option(None, "--out", help="Directory for report.md/report.json/"
+              out: Path | None = typer.Option(None, "--out", help="Directory for report.md/report.json/"
                                                  "decode.svg, written as given (default: the run's record in the "
                                                  "ledger); a card already there is refused unless --force."),
               force: bool = flag("--force", help="Replace report.md/report.json/decode.svg already in --out."),
-              inventory: Optional[str] = INVENTORY_OPT,
+              inventory: str | None = INVENTORY_OPT,
               as_json: bool = flag("--json", help="The full result JSON on stdout (`sparkctl schema bench`).")) -> None:
         """The measurement card: cold start, decode ON/OFF, acceptance, TTFT, concurrency, G6 (not idempotent:
         it loads the server; --compare redeploys twice). `bench history` / `bench diff A B`: the cards so far."""
@@ -185,17 +198,18 @@ def register(app: typer.Typer) -> None:
 
 def _register_cards(bench_app: typer.Typer) -> None:
     @bench_app.command("history")
-    def history(profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Only cards with an arm of "
+    def history(profile: str | None = typer.Option(None, "--profile", "-p", help="Only cards with an arm of "
                                                       "this profile."),
-                chart: Optional[Path] = typer.Option(None, "--chart", help="SVG chart file to write, as given "
+                chart: Path | None = typer.Option(None, "--chart", help="SVG chart file to write, as given "
                                                      "(default: history.svg in the cluster's state directory); an "
                                                      "existing file is refused unless --force."),
                 force: bool = flag("--force", help="Replace the --chart file if it exists."),
-                inventory: Optional[str] = INVENTORY_OPT,
+                inventory: str | None = INVENTORY_OPT,
                 as_json: bool = flag("--json", help="The rows as JSON on stdout.")) -> None:
         """Every card of this cluster in time order: decode ON/OFF per class and what changed (changes nothing on
         the cluster; writes the SVG chart)."""
-        from sparkctl.bench.history import history as build, render_history
+        from sparkctl.bench.history import history as build
+        from sparkctl.bench.history import render_history
         from sparkctl.cli.outputs import HistoryOutput, emit
         from sparkctl.config.inventory import resolve_inventory
         from sparkctl.state.cards import CardIndex
@@ -219,7 +233,7 @@ def _register_cards(bench_app: typer.Typer) -> None:
     @bench_app.command("diff")
     def diff(a: str = typer.Argument(..., help="Run id (or unique prefix, or report.json path) of card A."),
              b: str = typer.Argument(..., help="Card B, compared against A."),
-             inventory: Optional[str] = INVENTORY_OPT,
+             inventory: str | None = INVENTORY_OPT,
              as_json: bool = flag("--json", help="The diff as JSON on stdout.")) -> None:
         """Per metric the delta of B against A, the noise band and a verdict; what changed (read-only)."""
         from sparkctl.bench.diff import diff_cards, render_diff

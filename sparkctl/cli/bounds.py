@@ -13,7 +13,7 @@ an integer where a count is meant (`--tail 2.5` is refused, not truncated).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import typer
 

@@ -2,22 +2,29 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from sparkctl.cli import bounds
 from sparkctl.cli.options import flag
-
 from sparkctl.errors import STATUS_NOT_OK  # noqa: E402 - exit 8: unhealthy, interrupted, or a comparison unfinished
+from sparkctl.jsontypes import JSONObject
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from sparkctl.config.profile import Profile
+    from sparkctl.deploy.commands import Deployer
+    from sparkctl.deploy.plan import Plan
+
 INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory file (default: see README).")
 
 
-def _deployer(inventory: Optional[str], quiet: bool = False) -> Any:
+def _deployer(inventory: str | None, quiet: bool = False) -> Deployer:
     from sparkctl.config.inventory import resolve_inventory
     from sparkctl.deploy.lifecycle import Deployer
     from sparkctl.deploy.progress import Reporter
-
     from sparkctl.state.ledger import check_state_root
 
     d = Deployer(resolve_inventory(inventory), Reporter(quiet=quiet))
@@ -29,7 +36,7 @@ def _deployer(inventory: Optional[str], quiet: bool = False) -> Any:
     return d
 
 
-def _confirm(assume_yes: bool, action: str, d: Any, command: str) -> Any:
+def _confirm(assume_yes: bool, action: str, d: Deployer, command: str) -> Callable[[Plan | None], bool]:
     """Ask on a terminal. Without a terminal, never prompt (and never hang): refuse with "add --yes" (exit 2),
     like `terraform apply` without -auto-approve, unless --yes was given or every node of the inventory runs
     the process runtime (the embedded cluster: emulator processes on this machine's loopback, nothing
@@ -38,7 +45,7 @@ def _confirm(assume_yes: bool, action: str, d: Any, command: str) -> Any:
 
     local = all(n.runtime == "process" for n in d.inventory.nodes)
 
-    def ask(plan: Any) -> bool:
+    def ask(plan: Plan | None) -> bool:
         if assume_yes or (local and not sys.stdin.isatty()):
             return True
         if not sys.stdin.isatty():
@@ -50,7 +57,7 @@ def _confirm(assume_yes: bool, action: str, d: Any, command: str) -> Any:
     return ask
 
 
-def _emit(result: Any, as_json: bool, human: Any) -> None:
+def _emit(result: object, as_json: bool, human: Callable[[Any], None]) -> None:
     data = result.as_json() if hasattr(result, "as_json") else result
     if as_json:
         from sparkctl.cli.outputs import print_json
@@ -59,10 +66,11 @@ def _emit(result: Any, as_json: bool, human: Any) -> None:
         human(data)
 
 
-def _up_human(result: dict[str, Any]) -> None:
+def _up_human(result: JSONObject) -> None:
     outcome = result.get("outcome")
     if outcome == "deployed":
-        print(f"deployed {result['deployment']}: {result['endpoint']}" + ("  (emulated)" if result.get("emulated") else ""))
+        print(f"deployed {result['deployment']}: {result['endpoint']}"
+              + ("  (emulated)" if result.get("emulated") else ""))
         cap = result.get("capacity") or {}
         if cap:
             print("capacity: " + ", ".join(f"{k}={v}" for k, v in cap.items()))
@@ -80,12 +88,13 @@ def _up_human(result: dict[str, Any]) -> None:
         print("dry run: plan above; nothing was changed")
 
 
-def _next_lines(result: dict[str, Any]) -> None:
+def _next_lines(result: JSONObject) -> None:
     if result.get("next_commands"):
         print("next: " + "  |  ".join(result["next_commands"]))
 
 
-def _replicated_up(d: Any, prof: Any, dry_run: bool, yes: bool, boot_timeout: Optional[float], as_json: bool) -> bool:
+def _replicated_up(d: Deployer, prof: Profile, dry_run: bool, yes: bool, boot_timeout: float | None,
+                   as_json: bool) -> bool:
     """`up` of a profile with replicas > 1 (deploy/replicated.py), or leaving a replicated deployment for a single
     group (the router and replicas go down first). True when it handled the command."""
     from sparkctl.deploy.commands import UpOptions
@@ -117,7 +126,7 @@ def _replicated_up(d: Any, prof: Any, dry_run: bool, yes: bool, boot_timeout: Op
     if not _confirm(yes, f"deploy {prof.name} ({prof.replicas} replicas behind the router)", d, "up")(None):
         raise typer.Abort()
     result = rd.up(prof, UpOptions(boot_timeout_s=boot_timeout))
-    def human(r: dict[str, Any]) -> None:
+    def human(r: JSONObject) -> None:
         print(f"{r['outcome']} {r['profile']}: {r['replicas']} replicas behind {r['endpoint']} (updated: "
               f"{', '.join(map(str, r['updated'])) or 'none'}" + ("; booted at once" if r["parallel"] else "") + ")")
         _next_lines(r)
@@ -125,7 +134,7 @@ def _replicated_up(d: Any, prof: Any, dry_run: bool, yes: bool, boot_timeout: Op
     return True
 
 
-def _replicated_status_human(r: dict[str, Any]) -> None:
+def _replicated_status_human(r: JSONObject) -> None:
     router = r.get("router") or {}
     print(f"cluster {r['cluster']}: {r.get('profile')} ({len(r['replicas'])} replicas) "
           f"{'healthy' if r['healthy'] else 'UNHEALTHY'}")
@@ -145,12 +154,12 @@ def _replicated_status_human(r: dict[str, Any]) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def up(profile: str = typer.Option(..., "--profile", "-p", help="Profile to deploy."),
-           inventory: Optional[str] = INVENTORY_OPT,
+           inventory: str | None = INVENTORY_OPT,
            dry_run: bool = flag("--dry-run", help="Print the plan and stop."),
            yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
            no_rollback: bool = flag("--no-rollback", help="On failure, leave the new engines for "
                                                                          "inspection instead of rolling back."),
-           boot_timeout: Optional[float] = typer.Option(None, "--boot-timeout", parser=bounds.seconds(), metavar="SECONDS",
+           boot_timeout: float | None = typer.Option(None, "--boot-timeout", parser=bounds.seconds(), metavar="SECONDS",
                                                          help="Seconds (default: profile)."),
            as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Deploy a profile: plan, preflight, image, boot (rank 1 then rank 0), warm-up, verify, hand off."""
@@ -167,7 +176,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def preflight(profile: str = typer.Option(..., "--profile", "-p", help="Profile whose ranks are checked."),
-                  inventory: Optional[str] = INVENTORY_OPT,
+                  inventory: str | None = INVENTORY_OPT,
                   as_json: bool = flag("--json", help="Checks as JSON on stdout.")) -> None:
         """Read-only checks on every node (what `up` runs first): nothing is changed."""
         from sparkctl.config.profile import load_profile
@@ -179,11 +188,11 @@ def register(app: typer.Typer) -> None:
                               f"{len({c['node'] for c in r['checks']})} nodes"))
 
     @app.command()
-    def rollback(to: Optional[str] = typer.Option(None, "--to", help="Profile to roll back to (e.g. dflash-off); "
+    def rollback(to: str | None = typer.Option(None, "--to", help="Profile to roll back to (e.g. dflash-off); "
                                                                       "default: the previous known-good deployment."),
-                 inventory: Optional[str] = INVENTORY_OPT,
+                 inventory: str | None = INVENTORY_OPT,
                  yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
-                 boot_timeout: Optional[float] = typer.Option(None, "--boot-timeout", parser=bounds.seconds(),
+                 boot_timeout: float | None = typer.Option(None, "--boot-timeout", parser=bounds.seconds(),
                                                               metavar="SECONDS", help="Seconds."),
                  as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Roll back: to a profile, or to the previous known-good deployment."""
@@ -210,7 +219,7 @@ def register(app: typer.Typer) -> None:
         _emit(result, as_json, _up_human)
 
     @app.command()
-    def down(inventory: Optional[str] = INVENTORY_OPT,
+    def down(inventory: str | None = INVENTORY_OPT,
              yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
              as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Stop the active deployment on every node."""
@@ -227,7 +236,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Abort()
         result = d.down()
 
-        def human(r: dict[str, Any]) -> None:
+        def human(r: JSONObject) -> None:
             if not r.get("changed"):
                 print(r["reason"])
                 return
@@ -237,7 +246,7 @@ def register(app: typer.Typer) -> None:
         _emit(result, as_json, human)
 
     @app.command()
-    def status(inventory: Optional[str] = INVENTORY_OPT,
+    def status(inventory: str | None = INVENTORY_OPT,
                as_json: bool = flag("--json", help="Status as JSON on stdout.")) -> None:
         """Profile, deployment, health per rank, endpoint, speculative algorithm, identity, since when.
 
@@ -253,7 +262,7 @@ def register(app: typer.Typer) -> None:
             return
         result = d.status()
 
-        def human(r: dict[str, Any]) -> None:
+        def human(r: JSONObject) -> None:
             p = r.get("in_progress")
             if p:
                 what = f": deployment {p['deployment']} ({p['profile']}), stage {p['stage']}" if p.get("deployment") \
@@ -284,7 +293,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(STATUS_NOT_OK)
 
     @app.command()
-    def repair(inventory: Optional[str] = INVENTORY_OPT,
+    def repair(inventory: str | None = INVENTORY_OPT,
                yes: bool = flag("--yes", "-y", help="Apply without asking."),
                as_json: bool = flag("--json", help="What changed, as JSON on stdout.")) -> None:
         """Repair a damaged ledger: move damaged records aside (kept), rebuild the index and the active deployment
@@ -315,14 +324,14 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def logs(rank: int = typer.Option(0, "--rank", parser=bounds.count(0, 1023, what="a rank"), metavar="N",
                                    help="Rank whose engine log to show."),
-             tail: int = typer.Option(50, "--tail", parser=bounds.count(0, 10_000_000, what="a line count"), metavar="N",
-                                   help="Last N lines (0: all)."),
+             tail: int = typer.Option(50, "--tail", parser=bounds.count(0, 10_000_000, what="a line count"),
+                                   metavar="N", help="Last N lines (0: all)."),
              follow: bool = flag("--follow", "-f", help="Keep printing new lines (Ctrl-C stops)."),
-             replica: Optional[int] = typer.Option(None, "--replica", parser=bounds.count(0, 1023, what="a replica"),
+             replica: int | None = typer.Option(None, "--replica", parser=bounds.count(0, 1023, what="a replica"),
                                                    metavar="I", help="Replicated deployment: replica I's rank log "
                                                                      "(default 0)."),
              router: bool = flag("--router", help="Replicated deployment: the router's log."),
-             inventory: Optional[str] = INVENTORY_OPT) -> None:
+             inventory: str | None = INVENTORY_OPT) -> None:
         """Print a rank's engine log of the active deployment (or, replicated, a replica's rank or the router's)."""
         from sparkctl.deploy.replicated import ReplicatedDeployer, is_replicated
         from sparkctl.errors import ConfigError

@@ -112,7 +112,8 @@ def exit_codes() -> list[str]:
     from sparkctl.cli.options import EXIT_CODES
     body = EXIT_CODES.removeprefix("Exit codes: ")
     items = [part.strip() for part in re.split(r",\s(?=\d)", body.rstrip("."))]
-    lines = ["## Exit codes", "", "Every command's `--help` ends with the same list (`sparkctl.cli.options.EXIT_CODES`).",
+    lines = ["## Exit codes", "",
+             "Every command's `--help` ends with the same list (`sparkctl.cli.options.EXIT_CODES`).",
              "", "| code | meaning |", "|---|---|"]
     for item in items:
         code, _, meaning = item.partition(" ")

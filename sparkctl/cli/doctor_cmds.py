@@ -3,15 +3,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
 from sparkctl.cli.options import flag
 from sparkctl.errors import STATUS_NOT_OK
 
+if TYPE_CHECKING:
+    from sparkctl.doctor.collect import DoctorReport
 
-def _human(report: Any) -> None:
+
+def _human(report: DoctorReport) -> None:
     r = report
     if r.deployment:
         where = f" (profile {r.profile}, {r.status}" + (f" at {r.failed_stage}" if r.failed_stage else "") + ")"
@@ -21,8 +24,8 @@ def _human(report: Any) -> None:
     for s in r.sources:
         print(f"  read {s.name}: " + (f"not readable: {s.error}" if s.error else
                                       f"{s.lines} lines" + (" (last 8 MiB)" if s.truncated else "")))
-    for f in r.facts:
-        print(f"  preflight [{f.node}] {f.name}: {f.severity}: {f.seen}")
+    for fact in r.facts:
+        print(f"  preflight [{fact.node}] {fact.name}: {fact.severity}: {fact.seen}")
     for f in r.findings:
         print(f"FOUND {f.signature}: {f.title}")
         print(f"  cause: {f.cause}")
@@ -45,16 +48,16 @@ def _list() -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command()
-    def doctor(log: Optional[list[Path]] = typer.Option(None, "--log", metavar="FILE",
-                                                        help="Read this log file instead of a deployment (repeatable)."),
-               deployment: Optional[str] = typer.Option(None, "--deployment", metavar="ID",
+    def doctor(log: list[Path] | None = typer.Option(None, "--log", metavar="FILE",
+                                                     help="Read this log file instead of a deployment (repeatable)."),
+               deployment: str | None = typer.Option(None, "--deployment", metavar="ID",
                                                         help="Diagnose this deployment (default: the active one when "
                                                              "unhealthy, else the newest failed one)."),
-               bundle: Optional[Path] = typer.Option(None, "--bundle", metavar="FILE",
+               bundle: Path | None = typer.Option(None, "--bundle", metavar="FILE",
                                                      help="Also write a redacted support bundle (one JSON file)."),
                no_kernel_log: bool = flag("--no-kernel-log", help="Do not read the nodes' kernel logs (dmesg)."),
                list_: bool = flag("--list", help="Print the catalogue of known failure signatures and exit."),
-               inventory: Optional[str] = typer.Option(None, "--inventory", "-i",
+               inventory: str | None = typer.Option(None, "--inventory", "-i",
                                                        help="Ansible inventory file (default: see README)."),
                as_json: bool = flag("--json", help="The report as JSON on stdout.")) -> None:
         """Match known SGLang / NCCL / GB10 failure signatures in the last failed or unhealthy deployment (rank logs,
@@ -83,8 +86,8 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError("the cluster runs a replicated deployment: the doctor reads one group's ledger",
                                   hint="save a replica's log (sparkctl logs --replica I --rank N --tail 0 > r.log) "
                                        "and run sparkctl doctor --log r.log")
-            report = doctor_deployment(d.cluster, dep_id=deployment, bundle=bundle, kernel_log=not no_kernel_log)
-            if report is None:
+            found = doctor_deployment(d.cluster, dep_id=deployment, bundle=bundle, kernel_log=not no_kernel_log)
+            if found is None:
                 msg = "nothing to diagnose: no failed, cancelled or interrupted deployment, and the active one (if " \
                       "any) is healthy"
                 if as_json:
@@ -93,6 +96,7 @@ def register(app: typer.Typer) -> None:
                 else:
                     print(f"doctor: {msg}")
                 return
+            report = found
         if as_json:
             print(report.model_dump_json(indent=2))
         else:

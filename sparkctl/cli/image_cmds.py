@@ -1,15 +1,16 @@
-"""Image pipeline commands: `patches check`, `image plan|build|ls|verify|prune` (thin; the work is in sparkctl.images)."""
+"""Image pipeline commands: `patches check`, `image plan|build|ls|verify|prune` (thin; the work is in
+sparkctl.images)."""
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 import typer
 
 from sparkctl.cli.options import PlainFlagsGroup, flag
 
 patches_app = typer.Typer(cls=PlainFlagsGroup, no_args_is_help=True, help="GB10 patch series (patches/<series>/).")
-image_app = typer.Typer(cls=PlainFlagsGroup, no_args_is_help=True, help="Engine and launch images: plan, build, list, verify, prune.")
+image_app = typer.Typer(cls=PlainFlagsGroup, no_args_is_help=True,
+                        help="Engine and launch images: plan, build, list, verify, prune.")
 
 
 def register(app: typer.Typer) -> None:
@@ -18,8 +19,8 @@ def register(app: typer.Typer) -> None:
 
 
 @patches_app.command("check")
-def patches_check(series: Optional[str] = typer.Option(None, "--series", "-s", help="One series (default: all)."),
-                  profile: Optional[str] = typer.Option(None, "--profile", "-p",
+def patches_check(series: str | None = typer.Option(None, "--series", "-s", help="One series (default: all)."),
+                  profile: str | None = typer.Option(None, "--profile", "-p",
                                                         help="Check the profile's series against its SGLang version."),
                   as_json: bool = flag("--json", help="Print JSON on stdout.")) -> None:
     """Apply every patch to the released SGLang wheel of the series' version (cached); report each patch."""
@@ -66,7 +67,7 @@ _JSON = flag("--json", help="Print JSON on stdout.")
 
 
 @image_app.command("plan")
-def image_plan(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY, as_json: bool = _JSON) -> None:
+def image_plan(profile: str = _PROFILE, inventory: str | None = _INVENTORY, as_json: bool = _JSON) -> None:
     """Print the engine and launch image tags and their inputs, without building. Without docker on the building
     node (the embedded cluster) the base image's digest is unknown: the tags it pins are shown as unresolved."""
     from sparkctl.images import pipeline
@@ -88,14 +89,14 @@ def image_plan(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY, a
 
 
 @image_app.command("build")
-def image_build(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY,
-                copy: bool = typer.Option(True, "--copy/--no-copy", metavar="", help="Copy to the other nodes over the fabric."),
+def image_build(profile: str = _PROFILE, inventory: str | None = _INVENTORY,
+                copy: bool = typer.Option(True, "--copy/--no-copy", metavar="",
+                                          help="Copy to the other nodes over the fabric."),
                 as_json: bool = _JSON) -> None:
     """Build the engine + launch images on the rank-0 node (no-op when present), copy them, verify them."""
+    from sparkctl.deploy.progress import Reporter
     from sparkctl.images import pipeline
     from sparkctl.state.ledger import Ledger
-
-    from sparkctl.deploy.progress import Reporter
 
     prof, inv = _ctx(profile, inventory)
     progress = Reporter()               # stderr: timestamped lines, or a live display with elapsed time on a terminal
@@ -114,7 +115,8 @@ def image_build(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY,
         from sparkctl.cli.outputs import ImageBuildOutput, emit
         emit(ImageBuildOutput, {
             **p.to_json(), "steps": [s.__dict__ for s in steps],
-            "transfers": [{"node": t.node, "image": t.image, "skipped": t.skipped, "layers": [x.__dict__ for x in t.layers],
+            "transfers": [{"node": t.node, "image": t.image, "skipped": t.skipped,
+                           "layers": [x.__dict__ for x in t.layers],
                            "rx_bytes": t.rx_bytes, "seconds": t.seconds, "via": t.via} for t in transfers],
             "ids": ids})
     else:   # each step and copy was reported once, as it happened (stderr); stdout keeps the outcome
@@ -124,7 +126,7 @@ def image_build(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY,
 
 
 @image_app.command("ls")
-def image_ls(inventory: Optional[str] = _INVENTORY, as_json: bool = _JSON) -> None:
+def image_ls(inventory: str | None = _INVENTORY, as_json: bool = _JSON) -> None:
     """Per node: the sparkctl-built images (tags, IDs, role, labels, sizes)."""
     from sparkctl.images import manage, pipeline
 
@@ -140,7 +142,7 @@ def image_ls(inventory: Optional[str] = _INVENTORY, as_json: bool = _JSON) -> No
 
 
 @image_app.command("verify")
-def image_verify(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY, as_json: bool = _JSON) -> None:
+def image_verify(profile: str = _PROFILE, inventory: str | None = _INVENTORY, as_json: bool = _JSON) -> None:
     """Check every node holds the profile's planned engine + launch images with one ID each (what up checks)."""
     from sparkctl.images import pipeline
 
@@ -156,7 +158,7 @@ def image_verify(profile: str = _PROFILE, inventory: Optional[str] = _INVENTORY,
 
 
 @image_app.command("prune")
-def image_prune(inventory: Optional[str] = _INVENTORY,
+def image_prune(inventory: str | None = _INVENTORY,
                 dry_run: bool = flag("--dry-run", help="Only say what would be removed."),
                 as_json: bool = _JSON) -> None:
     """Remove sparkctl-built images that no deployment in the ledger uses (base images are never touched)."""
@@ -176,7 +178,8 @@ def image_prune(inventory: Optional[str] = _INVENTORY,
         return
     for r in rows:
         state = "would remove" if dry_run else ("FAILED to remove" if r.get("error") else "removed")
-        print(f"{r['node']:<10} {state} {', '.join(r['tags']) or r['id'][7:19]}" + (f": {r['error']}" if r.get("error") else ""))
+        print(f"{r['node']:<10} {state} {', '.join(r['tags']) or r['id'][7:19]}"
+              + (f": {r['error']}" if r.get("error") else ""))
     for node, c in caches.items():
         if c["removed"]:
             print(f"{node:<10} registry cache: {'would drop' if dry_run else 'dropped'} {len(c['removed'])} image(s)"

@@ -136,7 +136,11 @@ def _dispatch(argv: list[str] | None) -> int:
             print("sparkctl: aborted", file=sys.stderr)
             return 1
         if isinstance(exc, typer.TyperException):  # usage errors: bad option, missing argument
-            exc.show()
+            show = getattr(exc, "show", None)       # typer's click exceptions print the usage and "Error: ..."
+            if callable(show):
+                show()
+            else:                                   # a bare TyperException has only its message
+                print(f"Error: {exc.format_message()}", file=sys.stderr)
             return int(getattr(exc, "exit_code", 2) or 2)
         try:
             where = f"traceback written to {_write_debug_log(traceback.format_exc())}"

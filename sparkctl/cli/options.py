@@ -6,7 +6,6 @@ from typing import Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-
 EXIT_CODES = ("Exit codes: 0 ok, 1 cancelled at the prompt, 2 bad profile/inventory/flag or a request that cannot "
               "be done as given, 3 preflight failed, 4 deploy or image step failed, 5 cluster locked, 6 ledger "
               "corrupt or state directory not writable, 7 node command failed, 8 status not ok, 70 internal error "

@@ -6,11 +6,12 @@ Models are strict about their own keys (``extra="forbid"``): a library change th
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from sparkctl.doctor.collect import DoctorReport
+from sparkctl.jsontypes import JSONObject
 
 
 class _Out(BaseModel):
@@ -39,7 +40,7 @@ class ProfileEntry(_Out):
     description: str
     path: str
     renders: bool = Field(description="The profile renders against the inventory (validated, nothing started).")
-    problem: Optional[str] = Field(description="Why it does not render there (null when it does).")
+    problem: str | None = Field(description="Why it does not render there (null when it does).")
 
 
 class ProfilesOutput(_Out):
@@ -50,9 +51,9 @@ class ProfilesOutput(_Out):
 
 
 class ImageSide(_Out):
-    tag: Optional[str] = Field(description="Content-addressed tag; null while an input is unresolved.")
-    inputs: dict[str, Any] = Field(description="What the tag is computed from (unresolved inputs are null).")
-    inputs_sha256: Optional[str]
+    tag: str | None = Field(description="Content-addressed tag; null while an input is unresolved.")
+    inputs: JSONObject = Field(description="What the tag is computed from (unresolved inputs are null).")
+    inputs_sha256: str | None
 
 
 class ImagePlanOutput(_Out):
@@ -61,7 +62,7 @@ class ImagePlanOutput(_Out):
     builder: str = Field(description="The node that builds (rank 0).")
     resolved: bool = Field(description="Every input is known, so both tags are computed.")
     unresolved: list[str] = Field(description="Inputs not known yet, e.g. engine.inputs.base_digest.")
-    reason: Optional[str] = Field(description="Why an input is unresolved (null when resolved).")
+    reason: str | None = Field(description="Why an input is unresolved (null when resolved).")
     engine: ImageSide
     launch: ImageSide
 
@@ -84,7 +85,7 @@ class LayerMoveOut(_Out):
 class TransferOut(_Out):
     node: str
     image: str
-    skipped: Optional[str]
+    skipped: str | None
     layers: list[LayerMoveOut]
     rx_bytes: int
     seconds: float
@@ -103,9 +104,9 @@ class ImageRow(_Out):
     node: str
     id: str
     tags: list[str]
-    role: Optional[str]
-    size: Optional[int]
-    created: Optional[str]
+    role: str | None
+    size: int | None
+    created: str | None
     labels: dict[str, str]
 
 
@@ -118,7 +119,7 @@ class ImageVerifyOutput(RootModel[dict[str, dict[str, str]]]):
 
 
 class PrunedImage(ImageRow):
-    error: Optional[str] = None
+    error: str | None = None
 
 
 class RegistryCachePrune(_Out):
@@ -136,10 +137,10 @@ class PatchResult(_Out):
     patch: str
     status: str
     files: list[str]
-    file: Optional[str] = None
-    hunk_index: Optional[int] = None
-    hunk: Optional[str] = None
-    reason: Optional[str] = None
+    file: str | None = None
+    hunk_index: int | None = None
+    hunk: str | None = None
+    reason: str | None = None
 
 
 class SeriesReport(_Out):
@@ -174,18 +175,18 @@ class PrepareOutput(_Out):
 
 
 class Gpu(_Out):
-    name: Optional[str]
-    driver: Optional[str]
-    cuda: Optional[str]
+    name: str | None
+    driver: str | None
+    cuda: str | None
 
 
 class Fabric(_Out):
     interface: str
     state: str
-    mtu: Optional[int]
+    mtu: int | None
     ipv4: list[str] = Field(description="IPv4 addresses the interface carries.")
-    address: Optional[str] = Field(description="The inventory's fabric_address (what the ranks dial).")
-    holds_address: Optional[bool] = Field(description="The interface answers on `address`.")
+    address: str | None = Field(description="The inventory's fabric_address (what the ranks dial).")
+    holds_address: bool | None = Field(description="The interface answers on `address`.")
 
 
 class RoceLink(_Out):
@@ -195,9 +196,9 @@ class RoceLink(_Out):
 
 
 class Docker(_Out):
-    version: Optional[str]
+    version: str | None
     runtimes: list[str]
-    default_runtime: Optional[str]
+    default_runtime: str | None
 
 
 class ModelManifest(_Out):
@@ -207,11 +208,11 @@ class ModelManifest(_Out):
 
 
 class NodeFacts(_Out):
-    gpu: Optional[Gpu]
-    memory_gib: Optional[float]
-    fabric: Optional[Fabric]
-    roce: Optional[list[RoceLink]]
-    docker: Optional[Docker]
+    gpu: Gpu | None
+    memory_gib: float | None
+    fabric: Fabric | None
+    roce: list[RoceLink] | None
+    docker: Docker | None
     models: dict[str, ModelManifest]
 
 
@@ -222,21 +223,21 @@ class FactsOutput(RootModel[dict[str, NodeFacts]]):
 # `sparkctl schema NAME`: the file formats (profile, inventory) and these outputs.
 class HistoryOutput(BaseModel):
     """`sparkctl bench history --json` (rows: sparkctl.bench.history)."""
-    profile: Optional[str]
-    cards: list[dict[str, Any]] = Field(description="One row per card, oldest first: run_id, started, status, "
+    profile: str | None
+    cards: list[JSONObject] = Field(description="One row per card, oldest first: run_id, started, status, "
                                         "on/off decode summaries per class, changed (since the previous row).")
     skipped: list[str]
     index: str
-    chart: Optional[str]
+    chart: str | None
 
 
 class DiffOutput(BaseModel):
     """`sparkctl bench diff A B --json` (sparkctl.bench.diff)."""
-    a: dict[str, Any]
-    b: dict[str, Any]
+    a: JSONObject
+    b: JSONObject
     noise_band: str
-    arms: list[dict[str, Any]] = Field(description="Per matched arm: metrics {name: delta, band, verdict}, changed.")
-    ratio: dict[str, Any]
+    arms: list[JSONObject] = Field(description="Per matched arm: metrics {name: delta, band, verdict}, changed.")
+    ratio: JSONObject
     emulated: bool
 
 
@@ -247,25 +248,26 @@ class TuneOutput(BaseModel):
     run_id: str
     state: str
     profile: str
-    trials: list[dict[str, Any]] = Field(description="index, changes, baseline, status (feasible/infeasible/"
+    trials: list[JSONObject] = Field(description="index, changes, baseline, status (feasible/infeasible/"
                                          "skipped), reason, deployment, card, objective summary, elapsed_s.")
-    confirmation: Optional[dict[str, Any]]
-    winner: Optional[dict[str, Any]]
-    restore: Optional[dict[str, Any]]
-    estimate: Optional[dict[str, Any]]
-    timing: dict[str, Any]
+    confirmation: JSONObject | None
+    winner: JSONObject | None
+    restore: JSONObject | None
+    estimate: JSONObject | None
+    timing: JSONObject
 
 
 OUTPUTS: dict[str, type[BaseModel]] = {
     "render": RenderOutput, "profiles": ProfilesOutput, "image-plan": ImagePlanOutput, "image-ls": ImageListOutput,
     "image-build": ImageBuildOutput,
-    "image-verify": ImageVerifyOutput, "image-prune": ImagePruneOutput, "prepare": PrepareOutput, "patches-check": PatchesCheckOutput,
+    "image-verify": ImageVerifyOutput, "image-prune": ImagePruneOutput, "prepare": PrepareOutput,
+    "patches-check": PatchesCheckOutput,
     "facts": FactsOutput, "bench-history": HistoryOutput, "bench-diff": DiffOutput,
     "tune": TuneOutput, "doctor": DoctorReport,
 }
 
 
-def print_json(data: Any, *, default: Any = str) -> None:
+def print_json(data: object, *, default: Any = str) -> None:
     """`data` as indented JSON on stdout: ASCII (every control character and non-ASCII character a JSON escape,
     so the data is intact and nothing in it acts on a terminal), URL credentials masked; written past the
     terminal guard (sparkctl.untrusted.GuardedStream), which would bound its long lines."""
@@ -276,6 +278,6 @@ def print_json(data: Any, *, default: Any = str) -> None:
     write_json(sys.stdout, mask_url_credentials(json.dumps(data, indent=2, default=default)) + "\n")
 
 
-def emit(model: type[BaseModel], data: Any) -> None:
+def emit(model: type[BaseModel], data: object) -> None:
     """Validate `data` against the command's output model and print it as indented JSON on stdout."""
     print_json(model.model_validate(data).model_dump(mode="json", by_alias=True))

@@ -4,16 +4,20 @@ from __future__ import annotations
 import difflib
 import getpass
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from sparkctl.cli.options import flag
+from sparkctl.jsontypes import JSONObject
+
+if TYPE_CHECKING:
+    from sparkctl.config.inventory import Inventory
 
 INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory file (default: see README).")
 
 
-def _inventory(inventory: Optional[str]) -> Any:
+def _inventory(inventory: str | None) -> Inventory:
     from sparkctl.config.inventory import resolve_inventory
     return resolve_inventory(inventory)
 
@@ -38,7 +42,7 @@ def _progress(check: bool) -> Any:
     return show
 
 
-def _fabric_address(fab: dict[str, Any]) -> str:
+def _fabric_address(fab: JSONObject) -> str:
     """The inventory's fabric address (what the ranks dial), and what the interface carries when that differs."""
     addr, carried = fab.get("address"), ",".join(fab.get("ipv4", []))
     if not addr:
@@ -50,12 +54,12 @@ def _fabric_address(fab: dict[str, Any]) -> str:
 
 def register(app: typer.Typer) -> None:
     @app.command()
-    def prepare(inventory: Optional[str] = INVENTORY_OPT,
-                profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Also sync this profile's "
+    def prepare(inventory: str | None = INVENTORY_OPT,
+                profile: str | None = typer.Option(None, "--profile", "-p", help="Also sync this profile's "
                                                       "model and drafter to every node (models.yml)."),
                 check: bool = flag("--check", help="Show what would change, per host; change "
                                            "nothing."),
-                tags: Optional[str] = typer.Option(None, "--tags", help="Only these parts, comma-separated: docker, "
+                tags: str | None = typer.Option(None, "--tags", help="Only these parts, comma-separated: docker, "
                                                    "fabric, dirs, gpu, fabric-ssh, models."),
                 restore: bool = flag("--restore", help="Put back the files prepare changed "
                                              "(daemon.json, fabric netplan)."),
@@ -83,8 +87,8 @@ def register(app: typer.Typer) -> None:
             print(f"{run.playbook}: events in {run.artifacts}")
 
     @app.command()
-    def facts(inventory: Optional[str] = INVENTORY_OPT,
-              profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Include the manifests of this "
+    def facts(inventory: str | None = INVENTORY_OPT,
+              profile: str | None = typer.Option(None, "--profile", "-p", help="Include the manifests of this "
                                                     "profile's model and drafter."),
               as_json: bool = flag("--json", help="Facts as JSON on stdout.")) -> None:
         """Read-only facts of every node: GPU and driver, memory, fabric interface, RoCE devices, Docker

@@ -1,9 +1,7 @@
 """Read-only commands: render, profiles, schema."""
 from __future__ import annotations
 
-import json
 import sys
-from typing import Optional
 
 import typer
 
@@ -14,8 +12,8 @@ from sparkctl.cli.options import flag
 def register(app: typer.Typer) -> None:
     @app.command()
     def render(profile: str = typer.Option(..., "--profile", "-p", help="Profile name (profiles/NAME.yml) or path."),
-               inventory: Optional[str] = typer.Option(None, "--inventory", "-i", help="Ansible inventory file."),
-               rank: Optional[int] = typer.Option(None, "--rank", parser=bounds.count(0, 1023, what="a rank"),
+               inventory: str | None = typer.Option(None, "--inventory", "-i", help="Ansible inventory file."),
+               rank: int | None = typer.Option(None, "--rank", parser=bounds.count(0, 1023, what="a rank"),
                                                    metavar="N", help="Only this rank."),
                as_json: bool = flag("--json", help="Print JSON on stdout.")) -> None:
         """Print the exact argv and env of every rank; nothing is started. Secrets print as ***."""
@@ -59,7 +57,7 @@ def register(app: typer.Typer) -> None:
             print()
 
     @app.command()
-    def profiles(inventory: Optional[str] = typer.Option(None, "--inventory", "-i", help="Ansible inventory file "
+    def profiles(inventory: str | None = typer.Option(None, "--inventory", "-i", help="Ansible inventory file "
                                                          "each profile is checked against (default: see README)."),
                  as_json: bool = flag("--json", help="Print JSON on stdout.")) -> None:
         """List the profiles (yours first: ./profiles, ~/.config/sparkctl/profiles, then the shipped ones) with

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Optional
 
 import typer
 
@@ -27,23 +26,23 @@ def parse_duration(text: str, option: str = "--budget") -> float:
 
 def register(app: typer.Typer) -> None:
     @app.command()
-    def tune(profile: Optional[str] = typer.Option(None, "--profile", "-p", help="The profile to tune (the baseline)."),
+    def tune(profile: str | None = typer.Option(None, "--profile", "-p", help="The profile to tune (the baseline)."),
              vary: list[str] = typer.Option([], "--vary", help="KEY=V1,V2,... a dotted profile key and its values "
                                             "(repeat for a grid), e.g. speculative.num_draft_tokens=4,6,8."),
              objective: str = typer.Option("decode", "--objective", help="decode (code tok/s, higher), ttft "
                                            "(smallest size, lower) or aggregate-c2 (c2 aggregate tok/s, higher)."),
-             budget: Optional[str] = typer.Option(None, "--budget", help="Wall-clock budget (2h, 90m, 600): no trial "
+             budget: str | None = typer.Option(None, "--budget", help="Wall-clock budget (2h, 90m, 600): no trial "
                                                   "starts that would not fit with the confirmation."),
-             trials: Optional[int] = typer.Option(None, "--trials", min=1, max=10_000, help="At most N candidates "
+             trials: int | None = typer.Option(None, "--trials", min=1, max=10_000, help="At most N candidates "
                                                   "(grid order) besides the baseline."),
              runs: int = typer.Option(5, "--runs", min=1, max=1000, help="Decode runs per trial (medians)."),
              max_tokens: int = typer.Option(800, "--max-tokens", min=2, max=1 << 20, help="max_tokens per decode run."),
              warmup: int = typer.Option(1, "--warmup", min=0, max=1000, help="Warm-up requests per trial."),
              confirm_rounds: int = typer.Option(2, "--confirm-rounds", min=1, max=50, help="A B rounds of the "
                                                 "confirmation (2 = A B A B)."),
-             resume_run: Optional[str] = typer.Option(None, "--resume", help="Continue this tune run (finished "
+             resume_run: str | None = typer.Option(None, "--resume", help="Continue this tune run (finished "
                                                       "trials are not redone)."),
-             inventory: Optional[str] = typer.Option(None, "--inventory", "-i", help="Ansible inventory file."),
+             inventory: str | None = typer.Option(None, "--inventory", "-i", help="Ansible inventory file."),
              force: bool = flag("--force", help="Replace a tuned profile file of the same name in the profiles "
                                 "directory ($SPARKCTL_PROFILES_DIR; without --force it is refused before any trial)."),
              as_json: bool = flag("--json", help="The whole tune journal as JSON on stdout.")) -> None:

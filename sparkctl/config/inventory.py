@@ -19,15 +19,33 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sparkctl.config.loader import config_error_from, did_you_mean, read_yaml, refusal
-from sparkctl.config.values import (Count, EngineEnvKey, EnvValue, Flag, HcaName, HostPath, IfName, ImageRef,
-                                    LocalPath, PlainName, Port, SimValue, SshHost, SshUser, Text, Word, choice)
-from sparkctl.resources import shipped, user_dirs
+from sparkctl.config.values import (
+    Choice,
+    Count,
+    EngineEnvKey,
+    EnvValue,
+    Flag,
+    HcaName,
+    HostPath,
+    IfName,
+    ImageRef,
+    LocalPath,
+    PlainName,
+    Port,
+    SimValue,
+    SshHost,
+    SshUser,
+    Text,
+    Word,
+)
 from sparkctl.errors import ConfigError
+from sparkctl.jsontypes import JSONObject
+from sparkctl.resources import shipped, user_dirs
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 _CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
@@ -38,14 +56,16 @@ class SSHSettings(BaseModel):
     host: SshHost = Field(description="Management address or name sparkctl reaches the node on (ansible_host).")
     port: Port = Field(22, description="SSH port (ansible_port).")
     user: SshUser = Field("root", description="SSH user (ansible_user).")
-    key_file: LocalPath | None = Field(None, description="Private key for key-based auth (ansible_ssh_private_key_file).")
-    connection: choice("ssh", "local") = Field(
+    key_file: LocalPath | None = Field(None,
+                                       description="Private key for key-based auth (ansible_ssh_private_key_file).")
+    connection: Choice[Literal["ssh", "local"]] = Field(
         "ssh", description="'local' for the embedded cluster (ansible_connection: local): no SSH at all.")
 
 
 class HostPaths(BaseModel):
     model_config = _STRICT
-    models: HostPath = Field("/models", description="Host directory holding model and drafter weights (mounted read-only).")
+    models: HostPath = Field("/models",
+                             description="Host directory holding model and drafter weights (mounted read-only).")
     cache: HostPath = Field("/var/cache/sparkctl",
                        description="Host directory for JIT caches (TileLang, Triton, FlashInfer, torch compile).")
 
@@ -62,9 +82,9 @@ class Node(BaseModel):
     roce_hcas: list[HcaName] = Field(default_factory=list,
                                  description="RoCE HCAs for NCCL_IB_HCA (both twins of the cabled port).")
     host_paths: HostPaths = Field(default_factory=HostPaths, description="Host directories used by the engine.")
-    runtime: choice("docker", "process") = Field(
+    runtime: Choice[Literal["docker", "process"]] = Field(
         "docker", description="'docker' (real Sparks) or 'process' (the embedded cluster's local emulator).")
-    gpu_runtime: choice("nvidia", "gpus-all", "none") = Field(
+    gpu_runtime: Choice[Literal["nvidia", "gpus-all", "none"]] = Field(
         "nvidia", description="How containers get the GPU: --runtime nvidia, --gpus all, or nothing.")
     api_bind: Word = Field("0.0.0.0", description="Address the engine's HTTP server binds to on this node.")
     gpus: Count = Field(1, ge=1, le=64, description="GPUs on this node (a DGX Spark has one GB10).")
@@ -89,20 +109,20 @@ class Cluster(BaseModel):
     name: Text = Field("default", description="Cluster name (letters, digits, '-' and '_'; at most 64); names "
                                              "containers and the state directory <state root>/<name>.")
     known_hosts: LocalPath | None = Field(None, description="known_hosts file used to verify node host keys.")
-    host_key_policy: choice("accept-new", "pinned") = Field(
+    host_key_policy: Choice[Literal["accept-new", "pinned"]] = Field(
         "accept-new", description="accept-new: trust a host key on first contact; pinned: only keys in known_hosts.")
     engine_image: ImageRef | None = Field(None, description="Engine image for every profile on this cluster (overrides "
                                                        "the profile's image; e.g. a test cluster's emulator image).")
     sim: dict[PlainName, SimValue] = Field(default_factory=dict,
                                 description="Emulator knobs for the embedded cluster (see sparkctl/sim/README.md).")
-    engine: choice("emulator", "sglang") = Field(
+    engine: Choice[Literal["emulator", "sglang"]] = Field(
         "emulator", description="What the process runtime runs for each rank: 'emulator' (sparkctl/sim, the default) "
                                 "or 'sglang' (the real `sglang.launch_server` from engine_python's environment, e.g. "
                                 "on a CPU). Docker nodes run what their image holds.")
     engine_python: LocalPath | None = Field(
         None, description="The Python whose environment has SGLang installed, for engine: sglang (its bin/python, "
                           "e.g. ~/.cache/sparkctl/real-engine/current/venv/bin/python).")
-    fabric_topology: choice("direct", "switch") | None = Field(
+    fabric_topology: Choice[Literal["direct", "switch"]] | None = Field(
         None, description="How the fabric joins the nodes: 'direct' (one cable between two nodes) or 'switch' (one "
                           "subnet through a switch). Default: direct for two nodes, switch for more.")
     fabric_subnet: Text | None = Field(
@@ -140,7 +160,7 @@ class Inventory(BaseModel):
     embedded: Flag = Field(False, description="True for the embedded local cluster (emulated engine).")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Inventory":
+    def _consistent(self) -> Inventory:
         names = [n.name for n in self.nodes]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -204,7 +224,7 @@ _CLUSTER_KEYS = {"sparkctl_cluster": "name", "sparkctl_known_hosts": "known_host
                  "sparkctl_engine_python": "engine_python"}
 
 
-def _collect_hosts(group: dict[str, Any], inherited: dict[str, Any], out: list[tuple[str, dict[str, Any]]],
+def _collect_hosts(group: JSONObject, inherited: JSONObject, out: list[tuple[str, JSONObject]],
                    where: str, path: str) -> None:
     if not isinstance(group, dict):
         raise ConfigError(f"{path}: expected a mapping (got {type(group).__name__})", where=where,
@@ -229,9 +249,9 @@ def _collect_hosts(group: dict[str, Any], inherited: dict[str, Any], out: list[t
         _collect_hosts(child or {}, gvars, out, where, f"{path}.children.{cname}")
 
 
-def _node_from_vars(name: str, hvars: dict[str, Any], where: str) -> dict[str, Any]:
-    ssh: dict[str, Any] = {}
-    node: dict[str, Any] = {"name": name}
+def _node_from_vars(name: str, hvars: JSONObject, where: str) -> JSONObject:
+    ssh: JSONObject = {}
+    node: JSONObject = {"name": name}
     for key, value in hvars.items():
         if key in _ANSIBLE_KEYS:
             ssh[_ANSIBLE_KEYS[key]] = value
@@ -250,9 +270,9 @@ def _node_from_vars(name: str, hvars: dict[str, Any], where: str) -> dict[str, A
     node["ssh"] = ssh
     for required in ("fabric_interface", "fabric_address"):
         if required not in node:
+            what = "netdev, e.g. enp1s0f0np0" if required == "fabric_interface" else "IPv4 address"
             raise ConfigError(f"hosts.{name}.{required}: missing", where=where,
-                              hint=f"set {required} for {name} (the CX-7 fabric "
-                                   f"{'netdev, e.g. enp1s0f0np0' if required == 'fabric_interface' else 'IPv4 address'})")
+                              hint=f"set {required} for {name} (the CX-7 fabric {what})")
     return node
 
 
@@ -267,29 +287,31 @@ def load_inventory(path: Path, *, embedded: bool = False) -> Inventory:
     if not isinstance(root, dict):
         raise ConfigError(f"all: expected a mapping (got {type(root).__name__})", where=where,
                           hint="see inventory/sparks.example.yml")
-    hosts: list[tuple[str, dict[str, Any]]] = []
+    hosts: list[tuple[str, JSONObject]] = []
     _collect_hosts(root, {}, hosts, where, "all")
     if not hosts:
         raise ConfigError("no hosts in the inventory", where=where, hint="add hosts under all.children.sparks.hosts")
     names = [h[0] for h in hosts]
     seen: set[str] = set()
-    for n in names:
-        if n in seen:
-            raise ConfigError(f"two nodes named {n!r}", where=where, hint="give every host a unique name")
-        seen.add(n)
+    for name in names:
+        if name in seen:
+            raise ConfigError(f"two nodes named {name!r}", where=where, hint="give every host a unique name")
+        seen.add(name)
     cvars = root.get("vars") or {}
     cluster = {_CLUSTER_KEYS[k]: v for k, v in cvars.items() if k in _CLUSTER_KEYS}
     for k in cvars:
         if k.startswith("sparkctl_") and k not in _CLUSTER_KEYS:
             guess = did_you_mean(k, sorted(_CLUSTER_KEYS))
             raise ConfigError(f"all.vars.{k}: unknown cluster variable", where=where,
-                              hint=f"did you mean '{guess}'?" if guess else f"known: {', '.join(sorted(_CLUSTER_KEYS))}")
+                              hint=f"did you mean '{guess}'?" if guess
+                              else f"known: {', '.join(sorted(_CLUSTER_KEYS))}")
     nodes = [_node_from_vars(n, v, where) for n, v in hosts]
     if any("rank" in n for n in nodes):
-        for n in nodes:
-            if not isinstance(n.get("rank"), int) or isinstance(n.get("rank"), bool):
-                problem = "missing (other hosts set it)" if "rank" not in n else f"not an integer (got {n['rank']!r})"
-                raise ConfigError(f"hosts.{n['name']}.sparkctl_rank: {problem}", where=where,
+        for spec in nodes:
+            if not isinstance(spec.get("rank"), int) or isinstance(spec.get("rank"), bool):
+                problem = ("missing (other hosts set it)" if "rank" not in spec
+                           else f"not an integer (got {spec['rank']!r})")
+                raise ConfigError(f"hosts.{spec['name']}.sparkctl_rank: {problem}", where=where,
                                   hint="set sparkctl_rank on all nodes (0 for rank 0, 1, ...), or on none")
         ranks = [n["rank"] for n in nodes]
         if sorted(ranks) != list(range(len(nodes))):
@@ -301,10 +323,10 @@ def load_inventory(path: Path, *, embedded: bool = False) -> Inventory:
     except ValidationError as exc:
         raise _inventory_error(exc, where, nodes) from None
     seen_fabric: dict[str, str] = {}
-    for n in inventory.nodes:
-        first = seen_fabric.setdefault(n.fabric_address, n.name)
-        if first != n.name:
-            raise ConfigError(f"hosts.{n.name}.fabric_address: {n.fabric_address} is also "
+    for node in inventory.nodes:
+        first = seen_fabric.setdefault(node.fabric_address, node.name)
+        if first != node.name:
+            raise ConfigError(f"hosts.{node.name}.fabric_address: {node.fabric_address} is also "
                               f"hosts.{first}.fabric_address", where=where,
                               hint="give every node its own address on the fabric link (rank 0's is the rendezvous "
                                    "address the other ranks dial)")
@@ -334,7 +356,7 @@ def _check_fabric(inventory: Inventory, where: str) -> None:
                                    "set sparkctl_fabric_subnet to the switch's subnet (e.g. 192.168.100.0/24)")
 
 
-def _inventory_error(exc: ValidationError, where: str, nodes: list[dict[str, Any]]) -> ConfigError:
+def _inventory_error(exc: ValidationError, where: str, nodes: list[JSONObject]) -> ConfigError:
     err = config_error_from(exc, Inventory, where)
     # Show the key the user wrote: 'all.vars.sparkctl_cluster' rather than 'cluster.name'.
     for var, key in _CLUSTER_KEYS.items():
@@ -344,8 +366,9 @@ def _inventory_error(exc: ValidationError, where: str, nodes: list[dict[str, Any
     ansible = {v: k for k, v in _ANSIBLE_KEYS.items()}
     for i, n in enumerate(nodes):
         for field, var in ansible.items():
-            err.message = err.message.replace(f"nodes[{i}].ssh.{field}:", f"hosts.{n['name']}.{var}:")
-            err.evidence = err.evidence and err.evidence.replace(f"nodes[{i}].ssh.{field}:", f"hosts.{n['name']}.{var}:")
+            ours, theirs = f"nodes[{i}].ssh.{field}:", f"hosts.{n['name']}.{var}:"
+            err.message = err.message.replace(ours, theirs)
+            err.evidence = err.evidence and err.evidence.replace(ours, theirs)
         err.message = err.message.replace(f"nodes[{i}].", f"hosts.{n['name']}.")
         err.evidence = err.evidence and err.evidence.replace(f"nodes[{i}].", f"hosts.{n['name']}.")
     return err

@@ -38,7 +38,7 @@ _NULL = "tag:yaml.org,2002:null"
 class _Bound(yaml.YAMLError):
     """A document past one of the bounds above (reported like a syntax error: file, line, column)."""
 
-    def __init__(self, problem: str, mark: Any, hint: str) -> None:
+    def __init__(self, problem: str, mark: object, hint: str) -> None:
         super().__init__(problem)
         self.problem, self.problem_mark, self.hint = problem, mark, hint
 
@@ -235,7 +235,7 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
 
 
-def _first_model(ann: Any) -> Any:
+def _first_model(ann: object) -> Any:
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         return ann
     for arg in getattr(ann, "__args__", ()) or ():
@@ -285,7 +285,7 @@ def config_error_from(exc: ValidationError, model: type[BaseModel], where: str,
             hint = f"add '{loc[-1]}'"
         elif isinstance(err.get("input"), bool) and err["type"] in ("int_type", "float_type"):
             msg = f"{str(err['input']).lower()} is a boolean, not a number"
-            hint = (f"write the number itself (YAML reads true/false as booleans); "
+            hint = ("write the number itself (YAML reads true/false as booleans); "
                     + (_described(model, loc) or "see the field's description"))
         elif err.get("input", 0) is None and err["type"].endswith(("_type", "_parsing")):
             msg = "null is not a value here"

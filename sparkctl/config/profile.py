@@ -10,17 +10,38 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from sparkctl.config.loader import config_error_from, key_path, origin_of, read_yaml, refusal
-from sparkctl.config.values import (ArgToken, ArgValue, Count, EngineEnvKey, EnvName, EnvValue, Flag, ImageRef, Int, ModelPath,
-                                    Number, PlainName, Platform, Prose, Port, Seconds, Text, Version, Word,
-                                    choice, engine_env_key)
-from sparkctl.resources import search_dirs
+from sparkctl.config.values import (
+    ArgToken,
+    ArgValue,
+    Choice,
+    Count,
+    EngineEnvKey,
+    EnvName,
+    EnvValue,
+    Flag,
+    ImageRef,
+    Int,
+    ModelPath,
+    Number,
+    PlainName,
+    Platform,
+    Port,
+    Prose,
+    Seconds,
+    Text,
+    Version,
+    Word,
+    engine_env_key,
+)
 from sparkctl.errors import ConfigError
+from sparkctl.jsontypes import JSONObject
+from sparkctl.resources import search_dirs
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -31,7 +52,8 @@ class ImageSettings(BaseModel):
     base_image: ImageRef = Field("lmsysorg/sglang:v0.5.23", description="Engine base image the GB10 layers build on.")
     patch_series: PlainName | None = Field(None, description="Directory under patches/ applied at image build.")
     platform: Platform = Field("linux/arm64", description="Image platform (DGX Spark is aarch64).")
-    ref: ImageRef | None = Field(None, description="Engine image to run; default: sparkctl/sglang-gb10:<version>-<patches>.")
+    ref: ImageRef | None = Field(None, description="Engine image to run; "
+                                 "default: sparkctl/sglang-gb10:<version>-<patches>.")
 
     def engine_ref(self) -> str:
         """The engine image reference this profile runs."""
@@ -121,7 +143,8 @@ class SpeculativeSettings(BaseModel):
 
 class WarmupSettings(BaseModel):
     model_config = _STRICT
-    requests: Count = Field(2, ge=0, le=1000, description="Warm-up requests after boot (the first, cold one is timed apart).")
+    requests: Count = Field(2, ge=0, le=1000,
+                            description="Warm-up requests after boot (the first, cold one is timed apart).")
     max_tokens: Count = Field(800, ge=1, description="max_tokens per warm-up request.")
     prompt: Prose = Field("Write a short, careful explanation of how a thread-safe queue works.",
                         description="Warm-up prompt.")
@@ -156,7 +179,7 @@ class LifecycleSettings(BaseModel):
 class RouterSettings(BaseModel):
     """SGLang's router (sglang-router 0.3.2) in front of the replicas, on rank 0's node (replicas > 1 only)."""
     model_config = _STRICT
-    policy: choice("random", "round_robin", "cache_aware", "power_of_two") = Field(
+    policy: Choice[Literal["random", "round_robin", "cache_aware", "power_of_two"]] = Field(
         "cache_aware", description="--policy (sglang-router 0.3.2's; cache_aware is its default).")
     port: Port = Field(30080, description="Port of the router: the endpoint handed off when replicas > 1.")
     prometheus_port: Port = Field(29000, description="Port of the router's Prometheus /metrics.")
@@ -177,7 +200,8 @@ class Profile(BaseModel):
     model: ModelSettings = Field(description="Model to serve.")
     server: ServerSettings = Field(default_factory=ServerSettings, description="SGLang server settings.")
     speculative: SpeculativeSettings | None = Field(None, description="Speculative decoding, or null for off.")
-    env: dict[EngineEnvKey, EnvValue] = Field(default_factory=dict, description="Extra environment for the engine on every rank.")
+    env: dict[EngineEnvKey, EnvValue] = Field(default_factory=dict,
+                                              description="Extra environment for the engine on every rank.")
     warmup: WarmupSettings = Field(default_factory=WarmupSettings, description="Warm-up after boot.")
     expect: Expectations = Field(default_factory=Expectations, description="Expectations on resolved capacity.")
     api: ApiSettings = Field(default_factory=ApiSettings, description="HTTP API and rendezvous ports.")
@@ -185,7 +209,8 @@ class Profile(BaseModel):
     replicas: Count = Field(1, ge=1, le=64, description="Data-parallel replicas: K groups of server.tp_size nodes "
                                                        "each (in inventory rank order), behind the router when K > 1.")
     router: RouterSettings = Field(default_factory=RouterSettings, description="The router in front of replicas.")
-    rollback_profile: PlainName | None = Field(None, description="Profile to fall back to when asked (e.g. dflash-off).")
+    rollback_profile: PlainName | None = Field(None,
+                                               description="Profile to fall back to when asked (e.g. dflash-off).")
     extends: list[PlainName] = Field(default_factory=list, description="Chain of profiles this one extends (resolved).")
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -229,16 +254,17 @@ def find_profile(name: str) -> Path:
                       hint=(f"did you mean '{guess}'? " if guess else "") + f"known profiles: {', '.join(known)}")
 
 
-def _merge(base: Any, over: Any, origin: dict[str, str], src: str, path: tuple[Any, ...]) -> Any:
+def _merge(base: object, over: object, origin: dict[str, str], src: str, path: tuple[Any, ...]) -> Any:
     if isinstance(base, dict) and isinstance(over, dict):
         out = dict(base)
         for k, v in over.items():
-            out[k] = _merge(base.get(k), v, origin, src, path + (k,)) if k in base else _mark(v, origin, src, path + (k,))
+            here = path + (k,)
+            out[k] = _merge(base.get(k), v, origin, src, here) if k in base else _mark(v, origin, src, here)
         return out
     return _mark(over, origin, src, path)
 
 
-def _mark(value: Any, origin: dict[str, str], src: str, path: tuple[Any, ...]) -> Any:
+def _mark(value: object, origin: dict[str, str], src: str, path: tuple[Any, ...]) -> Any:
     origin[key_path(path)] = src
     if isinstance(value, dict):
         for k, v in value.items():
@@ -249,7 +275,7 @@ def _mark(value: Any, origin: dict[str, str], src: str, path: tuple[Any, ...]) -
 MAX_EXTENDS_DEPTH = 16   # profiles in one `extends:` chain (the shipped ones use 3)
 
 
-def _load_raw(path: Path, chain: list[Path], origin: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+def _load_raw(path: Path, chain: list[Path], origin: dict[str, str]) -> tuple[JSONObject, list[str]]:
     resolved = path.resolve()
     if resolved in [c.resolve() for c in chain]:
         cycle = " -> ".join(p.stem for p in chain + [path])
@@ -267,7 +293,7 @@ def _load_raw(path: Path, chain: list[Path], origin: dict[str, str]) -> tuple[di
         raise ConfigError("a profile must be a YAML mapping", where=str(path))
     parent = data.pop("extends", None)
     parents: list[str] = []
-    merged: dict[str, Any] = {}
+    merged: JSONObject = {}
     if parent is not None:
         if not isinstance(parent, str):
             raise ConfigError("extends: must be one profile name", where=str(path), hint="e.g. extends: base")
@@ -288,7 +314,7 @@ def _load_raw(path: Path, chain: list[Path], origin: dict[str, str]) -> tuple[di
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _check_env(env: Any, origin: dict[str, str], default: str) -> None:
+def _check_env(env: object, origin: dict[str, str], default: str) -> None:
     """Environment names are POSIX names a profile may set (values.engine_env_key); values are the one-line
     strings as written (the loader reads every `env` value as a string: `010` stays "010", `yes` stays "yes")."""
     if not isinstance(env, dict):

@@ -2,12 +2,11 @@
 --json outputs (sparkctl.cli.outputs)."""
 from __future__ import annotations
 
-from typing import Any
-
 from sparkctl.errors import ConfigError
+from sparkctl.jsontypes import JSONObject
 
 
-def json_schema(kind: str) -> dict[str, Any]:
+def json_schema(kind: str) -> JSONObject:
     """Schema of the YAML a user writes: a profile file, or one inventory host's variables."""
     if kind == "profile":
         from sparkctl.config.profile import Profile

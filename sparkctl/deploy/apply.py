@@ -8,9 +8,11 @@ its last line goes to stderr; the error (exit 6) says what was restored.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import BootResult, doctor_lines
@@ -32,7 +34,19 @@ from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult
 from sparkctl.state.controller import this_controller
 from sparkctl.state.ledger import Stopwatch, now_iso
-from sparkctl.state.records import DeploymentRecord, Failure, Intent, JournalEntry, StageEntry, Status
+from sparkctl.state.records import (
+    Capacity,
+    CheckResult,
+    DeploymentRecord,
+    Failure,
+    GateResult,
+    Intent,
+    JournalEntry,
+    NodeImages,
+    StageEntry,
+    Status,
+    Warmup,
+)
 
 
 @dataclass
@@ -98,7 +112,7 @@ def run_checks(c: Cluster, result: RenderResult, rts: Runtimes, own: set[tuple[s
 def verify(c: Cluster, profile: Profile, result: RenderResult, booted: BootResult,
            record: DeploymentRecord) -> list[Gate]:
     gates, emulated = gate_ranks(c, profile, result, booted)
-    record.gates = [g.as_dict() for g in gates]
+    record.gates = [GateResult.model_validate(g.as_dict()) for g in gates]
     record.emulated = bool(record.emulated or emulated)
     for g in gates:
         c.reporter.event(f"{'PASS' if g.ok else 'FAIL'} {g.name}: {g.evidence}")
@@ -149,14 +163,18 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
     booted: list[BootResult] = []
     nodes_of = [n.name for n in c.inventory.nodes]
 
+    if plan.images is None:     # deploy.commands surveys the images of every plan it makes
+        raise TypeError(f"plan {plan.identity} has no image survey")
     stage = ImageStage(profile, c.inventory, result, plan.images, runtimes=rts, log_dir=c.ledger.root / "builds",
                        report=lambda msg, node: c.reporter.event(msg, node))
 
     def preflight() -> None:
-        record.preflight = [ch.as_dict() for ch in run_checks(c, result, rts, own_ports(active))]
+        record.preflight = [CheckResult.model_validate(ch.as_dict())
+                            for ch in run_checks(c, result, rts, own_ports(active))]
 
     def image_verify() -> None:
-        record.image_ids, record.images = stage.verify()
+        record.image_ids, images = stage.verify()
+        record.images = {node: NodeImages.model_validate(per_node) for node, per_node in images.items()}
         if rts.launch is not None:
             record.launch_doc = rts.launch.doc
 
@@ -182,7 +200,9 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
     def start_and_wait() -> None:
         b = boot_ranks(c, profile, result, rts, dep_id, timeout_s=timeout, started=started, on_start=intent)
         booted.append(b)
-        record.handles, record.capacity = b.handles, b.capacity()
+        capacity = b.capacity()
+        record.handles = b.handles
+        record.capacity = None if capacity is None else Capacity.model_validate(capacity)
 
     def with_doctor(exc: DeployError) -> DeployError:
         """The failure with what the doctor recognises in the ranks' logs appended (the engine may have died
@@ -198,7 +218,7 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
     def warm() -> None:
         try:
             with c.client(spec0, profile.api.api_key_env, timeout=profile.warmup.timeout_s) as client:
-                record.warmup = warm_up(profile, client, c.reporter, spec0.node)
+                record.warmup = Warmup.model_validate(warm_up(profile, client, c.reporter, spec0.node))
         except DeployError as exc:
             cited = with_doctor(exc)
             if cited is exc:
@@ -270,8 +290,8 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
     except (PreflightError, ImageError) as exc:   # preflight or image steps: nothing was changed yet
         record.status, record.finished, record.elapsed_s = Status.FAILED, now_iso(), total.elapsed()
         record.failure = Failure(stage=_failed_stage(record), message=exc.render())
-        if getattr(exc, "checks", None):
-            record.preflight = [ch.as_dict() for ch in exc.checks]
+        if isinstance(exc, PreflightError) and exc.checks:
+            record.preflight = [CheckResult.model_validate(ch.as_dict()) for ch in exc.checks]
         j.save()
         raise
     except (Exception, KeyboardInterrupt) as exc:
@@ -303,10 +323,8 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
                 record.restoring = None
         finally:
             j.save()
-            try:
+            with contextlib.suppress(SparkctlError, OSError):   # a cache: rebuilt by the next command that has room
                 c.ledger.sync_index()
-            except (SparkctlError, OSError):
-                pass     # a cache: rebuilt by the next command that has room
         disk = disk if disk is not None else j.disk_error     # the disk may have failed during the undo
         if record.restored:
             said = f"; restored {record.restored}"

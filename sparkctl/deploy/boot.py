@@ -6,11 +6,12 @@ node, the first error and the log tail as evidence; never waits past its timeout
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
 
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import DeployError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.runtime import Handle, Runtime, log_tail
 from sparkctl.sglang.bootwatch import BootState, LogFollower
 from sparkctl.sglang.launch import LaunchSpec
@@ -68,7 +69,7 @@ class BootResult:
     def handles(self) -> list[Handle]:
         return [w.handle for w in self.watches]
 
-    def capacity(self) -> dict[str, Any] | None:
+    def capacity(self) -> JSONObject | None:
         rank0 = next(w for w in self.watches if w.spec.rank == 0)
         return rank0.follower.capacity
 
@@ -93,7 +94,7 @@ def _fail(watch: RankWatch, message: str, hint: str, elapsed: float) -> DeployEr
                        where=f"[{watch.spec.node}] boot", hint=hint, evidence="\n".join(evidence), node=watch.spec.node)
 
 
-_HINTS = {
+_HINTS: dict[EventKind | None, str] = {
     EventKind.OOM: "unified memory ran out while loading: lower server.mem_fraction_static, free memory on the node "
                    "(page cache counts), or check nothing else holds the GPU",
     EventKind.NCCL_ERROR: "NCCL could not talk across the fabric: check fabric_interface/fabric_address and "

@@ -8,22 +8,22 @@ call back up. Example::
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
 
 from pydantic import BaseModel
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
-from sparkctl.errors import LedgerError
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.runtimes import Runtimes, embedded_notice
+from sparkctl.errors import LedgerError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult, render
-from sparkctl.state.files import check_room      # the threshold lives with the writes it protects
+from sparkctl.state.files import check_room  # the threshold lives with the writes it protects
 from sparkctl.state.ledger import Ledger
-from sparkctl.state.records import DeploymentRecord
+from sparkctl.state.records import DeploymentRecord, RankSpec
 
 # Room a rank log needs to keep growing through a boot: twice the largest boot log measured (real SGLang rank logs
 # of a boot are 10-35 KB, see state/files.ROOM_BYTES). Below it (or read-only), readiness is rank 0's /health alone.
@@ -55,10 +55,12 @@ class Cluster:
         return Runtimes(self.inventory, self.ledger, dep_id)
 
     @staticmethod
-    def client(spec0: LaunchSpec | dict[str, Any], key_env: str | None, timeout: float = 60.0) -> SGLangClient:
-        """Client for rank 0's API; the API key comes from the environment variable the profile names."""
-        host = spec0.api_host if isinstance(spec0, LaunchSpec) else spec0["api_host"]
-        port = spec0.api_port if isinstance(spec0, LaunchSpec) else spec0["api_port"]
+    def client(spec0: LaunchSpec | RankSpec | JSONObject, key_env: str | None,
+               timeout: float = 60.0) -> SGLangClient:
+        """Client for rank 0's API (its launch, or its recorded spec); the API key comes from the environment
+        variable the profile names."""
+        host = spec0.api_host if isinstance(spec0, LaunchSpec | RankSpec) else spec0["api_host"]
+        port = spec0.api_port if isinstance(spec0, LaunchSpec | RankSpec) else spec0["api_port"]
         key = os.environ.get(key_env) if key_env else None
         return SGLangClient(f"http://{host}:{port}", api_key=key or None, timeout=timeout)
 

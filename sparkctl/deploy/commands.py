@@ -10,8 +10,8 @@ settles what a dead controller left (reconcile), and only then plans from what i
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile, load_profile
@@ -256,7 +256,7 @@ def _next(endpoint: str) -> list[str]:
 
 
 def _concurrency(rec: DeploymentRecord, cap_line: str | None) -> Concurrency | None:
-    cap = (rec.capacity or {}).get("max_running_requests")
+    cap = rec.capacity.max_running_requests if rec.capacity else None
     if cap_line is None or cap is None:
         return None
     return Concurrency(max_running_requests=int(cap), reason=cap_line, setting=CAP_SETTING)

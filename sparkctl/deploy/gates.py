@@ -9,12 +9,16 @@ state and log: its own /health is a dummy), smoke (a generation returns tokens).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import RankWatch
 from sparkctl.errors import SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.bootwatch import BootState
+
+if TYPE_CHECKING:
+    from sparkctl.sglang.client import SGLangClient
 
 
 @dataclass
@@ -23,12 +27,12 @@ class Gate:
     ok: bool
     evidence: str
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return asdict(self)
 
 
-def _expected_settings(profile: Profile) -> dict[str, Any]:
-    exp: dict[str, Any] = {"tp_size": profile.server.tp_size}
+def _expected_settings(profile: Profile) -> JSONObject:
+    exp: JSONObject = {"tp_size": profile.server.tp_size}
     spec = profile.speculative
     exp["speculative_algorithm"] = spec.algorithm if spec else None
     if spec and spec.num_draft_tokens is not None:
@@ -42,7 +46,7 @@ def _expected_settings(profile: Profile) -> dict[str, Any]:
     return exp
 
 
-def _same(expected: Any, seen: Any) -> bool:
+def _same(expected: object, seen: object) -> bool:
     if expected is None:
         return seen in (None, "", "NONE", "None")
     if isinstance(expected, float) and isinstance(seen, (int, float)):
@@ -50,7 +54,8 @@ def _same(expected: Any, seen: Any) -> bool:
     return str(expected) == str(seen)
 
 
-def run_gates(profile: Profile, client: Any, watches: list[RankWatch], *, smoke_tokens: int = 16) -> list[Gate]:
+def run_gates(profile: Profile, client: SGLangClient, watches: list[RankWatch], *,
+              smoke_tokens: int = 16) -> list[Gate]:
     """Run every gate (all of them, even after one fails, so the record shows the whole picture)."""
     gates: list[Gate] = []
 
@@ -71,16 +76,17 @@ def run_gates(profile: Profile, client: Any, watches: list[RankWatch], *, smoke_
         want = profile.model.served_name or profile.model.path
         return want in ids, f"/v1/models ids={ids}, want {want!r}", None
 
-    def settings() -> tuple[bool, str, dict[str, Any]]:
+    def settings() -> tuple[bool, str, JSONObject]:
         info = client.server_info()
         exp = _expected_settings(profile)
         bad = {k: (v, info.get(k)) for k, v in exp.items() if not _same(v, info.get(k))}
         shown = ", ".join(f"{k}={info.get(k)!r}" for k in exp)
         if bad:
-            return False, "mismatch " + ", ".join(f"{k}: want {w!r}, engine has {g!r}" for k, (w, g) in bad.items()), info
+            return False, "mismatch " + ", ".join(f"{k}: want {w!r}, engine has {g!r}"
+                                                  for k, (w, g) in bad.items()), info
         return True, shown, info
 
-    def capacity(info: dict[str, Any] | None) -> Any:
+    def capacity(info: JSONObject | None) -> Any:
         def check() -> tuple[bool, str, None]:
             if info is None:
                 return False, "no /server_info to read the resolved capacity from", None

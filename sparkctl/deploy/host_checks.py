@@ -11,12 +11,18 @@ Wired into ``apply.run_checks`` (sparkctl/deploy/apply.py) through ``run_preflig
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.deploy.preflight import Check, Severity
 from sparkctl.nodes import facts, host_facts
 from sparkctl.nodes.host_facts import FabricSsh, Manifest
+
+if TYPE_CHECKING:
+    from sparkctl.config.inventory import Inventory, Node
+    from sparkctl.nodes.runtime import Runtime
+    from sparkctl.sglang.launch import LaunchSpec
 
 MANIFEST_TIMEOUT_S = 1800.0
 PREPARE_MODELS = "sparkctl prepare --tags models --profile PROFILE"
@@ -36,7 +42,7 @@ class HostFacts:
     errors: list[str] = field(default_factory=list)
 
 
-def gather(run_many: Callable[[list[list[str]]], Sequence[Any]], node: Any, peers: Sequence[Any],
+def gather(run_many: Callable[[list[list[str]]], Sequence[Any]], node: Node, peers: Sequence[Any],
            model_dirs: Sequence[tuple[str, str, str]], *, rank0: bool) -> HostFacts:
     """Run the facts on one node in one round-trip. ``model_dirs``: (what, engine path, host path);
     ``peers``: inventory nodes (rank 0 probes SSH to each over the fabric). ``run_many`` returns objects with
@@ -147,13 +153,14 @@ class CrossNodeChecks:
     then ``checks()`` evaluates them together. Nodes without an SSH connector (the process runtime of the
     embedded cluster) are left out."""
 
-    def __init__(self, inventory: Any) -> None:
+    def __init__(self, inventory: Inventory) -> None:
         self.inventory = inventory
         self.facts: dict[str, HostFacts] = {}
 
-    def collect(self, spec: Any, runtime: Any) -> None:
+    def collect(self, spec: LaunchSpec, runtime: Runtime) -> None:
         from sparkctl.errors import SparkctlError
-        from sparkctl.nodes.node_facts import host_model_path, model_paths as _model_paths
+        from sparkctl.nodes.node_facts import host_model_path
+        from sparkctl.nodes.node_facts import model_paths as _model_paths
 
         ssh = getattr(runtime, "ssh", None)
         if ssh is None:

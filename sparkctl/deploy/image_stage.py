@@ -10,22 +10,29 @@ Three kinds of cluster (`survey` tells which, read-only, when `up` plans):
 * **pipeline** (the default on Sparks): the profile's base image + patch series become the engine image and
   the launch image on the rank-0 node (`sparkctl.images.pipeline`), built only when their content-addressed
   tags are missing (build logs under ``<state>/builds``), copied to every peer at once over the fabric (missing
-  layers, or a whole-image stream to a peer lacking most: `sparkctl.images.copy`), and checked on every node (planned inputs, one ID per image) before boot. The ranks then run the
+  layers, or a whole-image stream to a peer lacking most: `sparkctl.images.copy`), and checked on every node
+  (planned inputs, one ID per image) before boot. The ranks then run the
   launch image (`LaunchImage`): ``docker inspect`` of an engine names its profile and launch-spec hash, and a
   rollback runs the previous launch image.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.fanout import fan_out, raise_first
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult
+
+if TYPE_CHECKING:
+    from sparkctl.images.plan import BaseImage
+    from sparkctl.nodes.ssh import SSHConnector
 
 STEPS = ("image-build", "image-distribute", "image-verify")
 NO_IMAGE = "no-op (process runtime: no image)"
@@ -36,7 +43,7 @@ class LaunchImage:
     """The launch image the ranks run: its tag and launch document (no secrets; per-rank values from the env)."""
 
     tag: str
-    doc: dict[str, Any]
+    doc: JSONObject
 
     def environment(self, spec: LaunchSpec) -> dict[str, str]:
         """What this rank's container needs on top of the image (ConfigError when the image cannot run `spec`)."""
@@ -53,7 +60,7 @@ class ImageSurvey:
     source: str = ""                              # prebuilt: who names it
     plan: Any = None                              # pipeline: ImagePlan (None while the base is missing)
     base_missing: bool = False
-    pinned_base: Any = None                       # pipeline: the recorded base a rollback plans on (BaseImage)
+    pinned_base: BaseImage | None = None          # pipeline: the recorded base a rollback plans on
     present: dict[str, dict[str, str | None]] = field(default_factory=dict)   # node -> {tag: id or None}
     error: str | None = None                      # the survey could not look (unreachable node ...)
 
@@ -117,16 +124,16 @@ class ImageSurvey:
                 ("image-verify", f"image-verify: {shown} on {', '.join(nodes)} with one ID each, before boot")]
 
 
-def _conns(inventory: Inventory) -> dict[str, Any]:
+def _conns(inventory: Inventory) -> JSONObject:
     from sparkctl.images.pipeline import connections
     return connections(inventory)
 
 
-def _ids(conns: dict[str, Any], tags: list[str]) -> dict[str, dict[str, str | None]]:
+def _ids(conns: dict[str, SSHConnector], tags: list[str]) -> dict[str, dict[str, str | None]]:
     """{node: {tag: image id or None}}: one round trip per node (``registry.image_ids``), nodes in parallel."""
     from sparkctl.images.registry import image_ids
 
-    def one(conn: Any) -> dict[str, str | None]:
+    def one(conn: SSHConnector) -> dict[str, str | None]:
         return image_ids(conn, tags)
     return dict(zip(conns, raise_first(fan_out(list(conns.values()), one))))
 
@@ -227,10 +234,10 @@ class ImageStage:
                     {n: {"engine_tag": image, "engine_id": str(i)} for n, i in ids.items()})
         from sparkctl.images import pipeline
         p = self.plan
-        ids = pipeline.verify(p, self.inventory)
-        for tag, per_node in ids.items():
+        tag_ids = pipeline.verify(p, self.inventory)
+        for tag, per_node in tag_ids.items():
             self._say(f"{tag}: same ID on {', '.join(per_node)} ({next(iter(per_node.values()))[:19]})")
         self.rts.bind_launch(LaunchImage(p.launch_tag, p.launch_doc))
-        per_node = {n: {"engine_tag": p.engine_tag, "engine_id": ids[p.engine_tag][n],
-                        "launch_tag": p.launch_tag, "launch_id": ids[p.launch_tag][n]} for n in ids[p.launch_tag]}
-        return dict(ids[p.launch_tag]), per_node
+        images = {n: {"engine_tag": p.engine_tag, "engine_id": tag_ids[p.engine_tag][n],
+                      "launch_tag": p.launch_tag, "launch_id": tag_ids[p.launch_tag][n]} for n in tag_ids[p.launch_tag]}
+        return dict(tag_ids[p.launch_tag]), images

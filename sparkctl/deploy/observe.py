@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.fanout import fan_out
@@ -19,6 +19,9 @@ from sparkctl.errors import SparkctlError
 from sparkctl.nodes import procfs
 from sparkctl.nodes.handles import ProcessHandle
 from sparkctl.nodes.runtime import Handle
+
+if TYPE_CHECKING:
+    from sparkctl.config.inventory import Node
 
 _RANK_LOG = re.compile(r"^rank(\d+)\.log$")
 
@@ -66,8 +69,12 @@ def observe(d: Cluster, unreachable: list[str] | None = None) -> list[Engine]:
     docker = [n for n in d.inventory.nodes if n.runtime == "docker"]
     rts = d.runtimes("observe")
 
-    def ps(node: Any) -> list[Engine]:
-        return [Engine(h, running) for h, running in rts.for_node(node).labelled()]
+    def ps(node: Node) -> list[Engine]:
+        from sparkctl.nodes.docker_runtime import DockerRuntime  # loaded already: for_node made this node's
+        rt = rts.for_node(node)
+        if not isinstance(rt, DockerRuntime):
+            raise TypeError(f"[{node.name}] a docker node without a docker runtime: {type(rt).__name__}")
+        return [Engine(h, running) for h, running in rt.labelled()]
     for o in fan_out(docker, ps):
         if o.error is None:
             found.extend(o.value or [])

@@ -10,11 +10,16 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.render import RenderResult
 from sparkctl.state.records import DeploymentRecord
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.image_stage import ImageSurvey
 
 Preview = Callable[[], list[tuple[str, list[str]]]]   # -> [(node, argv)] of the commands a step runs
 
@@ -43,7 +48,7 @@ class Step:
     def commands(self) -> list[tuple[str, list[str]]]:
         return self.preview() if self.preview else []
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {"name": self.name, "what": self.what, "idempotent": self.idempotent, "node": self.node}
 
 
@@ -55,7 +60,7 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     noop_reason: str | None = None
     active_id: str | None = None
-    images: Any = field(default=None, repr=False)   # deploy.image_stage.ImageSurvey the image steps came from
+    images: ImageSurvey | None = field(default=None, repr=False)   # the survey the image steps came from
 
     @property
     def noop(self) -> bool:
@@ -75,7 +80,7 @@ class Plan:
                     out.append(f"     (commands not shown: {exc})")
         return out
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {"profile": self.profile, "identity": self.identity, "deployment": self.deployment_id,
                 "steps": [s.as_dict() for s in self.steps], "noop_reason": self.noop_reason,
                 "active": self.active_id}

@@ -7,12 +7,13 @@ listing every failure.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Callable
 
 from sparkctl.deploy.fanout import fan_out, raise_first
 from sparkctl.errors import PreflightError, SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.launch import LaunchSpec
 
 
@@ -31,15 +32,15 @@ class Check:
     fix: str = ""
 
     @classmethod
-    def passing(cls, node: str, name: str, seen: str) -> "Check":
+    def passing(cls, node: str, name: str, seen: str) -> Check:
         return cls(node, name, Severity.OK, seen)
 
     @classmethod
-    def warning(cls, node: str, name: str, seen: str) -> "Check":
+    def warning(cls, node: str, name: str, seen: str) -> Check:
         return cls(node, name, Severity.WARN, seen)
 
     @classmethod
-    def failing(cls, node: str, name: str, seen: str, fix: str) -> "Check":
+    def failing(cls, node: str, name: str, seen: str, fix: str) -> Check:
         return cls(node, name, Severity.FAIL, seen, fix)
 
     @property
@@ -51,7 +52,7 @@ class Check:
         """`name: seen`, with `warning:` before a warning's text."""
         return f"{self.name}: " + ("warning: " if self.severity is Severity.WARN else "") + self.seen
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {"node": self.node, "name": self.name, "ok": self.ok, "severity": self.severity.value,
                 "seen": self.seen, "fix": self.fix}
 

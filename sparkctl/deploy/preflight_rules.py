@@ -5,6 +5,7 @@ was seen and what to do. Tested on captured output of real Sparks (tests/fixture
 """
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 from sparkctl.deploy.preflight import Check, Severity, ports_of
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 MIN_FABRIC_MTU = 9000
 
 
-def evaluate(inventory: "Inventory", spec: LaunchSpec, nf: NodeFacts,
+def evaluate(inventory: Inventory, spec: LaunchSpec, nf: NodeFacts,
              own_ports: set[tuple[str, int]]) -> list[Check]:
     """Every check for rank `spec` on its node; `own_ports` are held by the active deployment (not a conflict)."""
     if nf.runtime == "process":
@@ -94,14 +95,12 @@ def _process_checks(spec: LaunchSpec, nf: NodeFacts, own_ports: set[tuple[str, i
     return checks
 
 
-def docker_checks(node: "Node", res: CommandResult) -> list[Check]:
+def docker_checks(node: Node, res: CommandResult) -> list[Check]:
     """The daemon answers (`docker info` JSON) and the node's gpu_runtime is registered."""
     name = node.name
     info = None
-    try:
+    with contextlib.suppress(ValueError):
         info = facts.parse_docker_info_json(res.stdout)
-    except ValueError:
-        pass
     if info is None or not info.answering:
         why = (res.stderr.strip() or res.stdout.strip() or f"exit {res.returncode}").splitlines()[-1]
         return [Check.failing(name, "docker", f"docker daemon does not answer: {why}",
@@ -128,7 +127,7 @@ def docker_checks(node: "Node", res: CommandResult) -> list[Check]:
     return out
 
 
-def gpu_checks(node: "Node", res: CommandResult, docker_res: CommandResult) -> list[Check]:
+def gpu_checks(node: Node, res: CommandResult, docker_res: CommandResult) -> list[Check]:
     """GPU model/driver. No nvidia-smi is a failure on a real node, a warning on a test node (whose nvidia
     runtime is plain runc) or when gpu_runtime is none."""
     name = node.name
@@ -179,7 +178,7 @@ def gpu_idle_check(node: str, smi: facts.NvidiaSmi, *, ours_running: bool) -> Ch
                       f"stop those processes on {node} first: on unified memory they take what the engine needs")
 
 
-def fabric_checks(node: "Node", checks: list[Check], res: CommandResult) -> facts.Interface | None:
+def fabric_checks(node: Node, checks: list[Check], res: CommandResult) -> facts.Interface | None:
     """The fabric interface exists, is up, carries fabric_address; its MTU. Returns it when up."""
     n = node
     if res.returncode != 0:
@@ -221,7 +220,7 @@ def fabric_checks(node: "Node", checks: list[Check], res: CommandResult) -> fact
     return iface if iface.up else None
 
 
-def peer_checks(name: str, peers: list["Node"], iface: facts.Interface | None,
+def peer_checks(name: str, peers: list[Node], iface: facts.Interface | None,
                 out: dict[str, CommandResult]) -> list[Check]:
     """Each peer's fabric address answers a ping, and full-MTU packets pass unfragmented when they were tried."""
     checks: list[Check] = []
@@ -250,7 +249,7 @@ def peer_checks(name: str, peers: list["Node"], iface: facts.Interface | None,
     return checks
 
 
-def port_checks(node: "Node", spec: LaunchSpec, listeners: list[facts.Listener] | None, ss: CommandResult,
+def port_checks(node: Node, spec: LaunchSpec, listeners: list[facts.Listener] | None, ss: CommandResult,
                 own_ports: set[tuple[str, int]]) -> list[Check]:
     checks = []
     for addr, port, what in ports_of(spec):
@@ -356,7 +355,7 @@ def memory_check(name: str, mem: facts.Memory | None, mem_fraction: float | None
     return Check.passing(name, "memory", seen)
 
 
-def hca_check(node: "Node", res: CommandResult) -> Check:
+def hca_check(node: Node, res: CommandResult) -> Check:
     n = node
     if res.returncode != 0:
         return Check.warning(n.name, "roce hcas", "ibdev2netdev not available; roce_hcas not verified")
@@ -364,12 +363,13 @@ def hca_check(node: "Node", res: CommandResult) -> Check:
     bad = [h for h in n.roce_hcas if h not in links or not links[h].up]
     if bad:
         return Check.failing(n.name, "roce hcas",
-                          "; ".join(f"{h}: " + (f"{links[h].netdev} down" if h in links else "not present") for h in bad),
+                          "; ".join(f"{h}: " + (f"{links[h].netdev} down" if h in links else "not present")
+                                    for h in bad),
                           "set roce_hcas to the HCAs of the cabled port (ibdev2netdev shows which are Up)")
     return Check.passing(n.name, "roce hcas", ", ".join(f"{h} -> {links[h].netdev} (Up)" for h in n.roce_hcas))
 
 
-def model_check(node: "Node", what: str, path: str, res: CommandResult) -> Check:
+def model_check(node: Node, what: str, path: str, res: CommandResult) -> Check:
     n = node
     host = host_model_path(path, n.host_paths.models)
     if host is None:

@@ -13,7 +13,7 @@ import time
 from typing import Any, TextIO
 
 _quiet = False                     # `sparkctl -q`: every Reporter of this process is silent
-_live: list["_LiveLine"] = []      # live displays to stop before the process returns to the shell
+_live: list[_LiveLine] = []      # live displays to stop before the process returns to the shell
 
 
 def set_quiet(quiet: bool) -> None:
@@ -53,9 +53,9 @@ class _LiveLine:
         # rich's redirection replaced sys.stdout/sys.stderr with its own proxies: guarded again (Live.stop puts
         # back the streams it found).
         if redirect_out:
-            sys.stdout = GuardedStream(sys.stdout)   # type: ignore[assignment]
+            sys.stdout = GuardedStream(sys.stdout)
         if redirect_err:
-            sys.stderr = GuardedStream(sys.stderr)   # type: ignore[assignment]
+            sys.stderr = GuardedStream(sys.stderr)
 
     def __rich__(self) -> Any:
         from rich.spinner import Spinner

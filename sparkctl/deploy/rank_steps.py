@@ -7,7 +7,7 @@ Verify: every gate of `deploy.gates` against rank 0, within the profile's health
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import BootResult, boot

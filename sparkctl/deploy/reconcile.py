@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
@@ -26,6 +26,7 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import mark_superseded, sweep_secrets
 from sparkctl.deploy.observe import Engine, observe, stop_engine, unrecorded
 from sparkctl.errors import SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import SGLangAPIError
 from sparkctl.state.controller import controller_alive, live_lock_holder
 from sparkctl.state.ledger import Ledger, now_iso
@@ -81,7 +82,7 @@ class Reconciled(BaseModel):
     adopted: str | None = None
     stopped: list[str] = Field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return self.model_dump()
 
 
@@ -179,7 +180,8 @@ def reconcile(d: Cluster, command: str) -> Reconciled:
     return Reconciled(lines=lines, adopted=adopted, stopped=stopped)
 
 
-def refresh_handles(d: Cluster, active_id: str, engines: list[Engine], say: Any, lines: list[str]) -> None:
+def refresh_handles(d: Cluster, active_id: str, engines: list[Engine], say: Callable[[str], None],
+                    lines: list[str]) -> None:
     """The active deployment's engines as found on the nodes, written to its record when it names others (a
     restore that ran without the disk restarted them)."""
     if not engines:
@@ -196,7 +198,7 @@ def refresh_handles(d: Cluster, active_id: str, engines: list[Engine], say: Any,
     lines.append(line)
 
 
-def finish_hand_off(d: Cluster, active_id: str, say: Any, lines: list[str]) -> None:
+def finish_hand_off(d: Cluster, active_id: str, say: Callable[[str], None], lines: list[str]) -> None:
     """A hand-off is one write (the new record's status); marking the replaced deployment superseded and pruning
     older engines come after it. A controller killed between the two left the old one `successful`: finish."""
     history = d.ledger.history()

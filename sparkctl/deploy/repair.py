@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from sparkctl.config.profile import load_profile
 from sparkctl.deploy.cluster import Cluster
@@ -27,6 +26,7 @@ from sparkctl.deploy.observe import Engine, observe
 from sparkctl.deploy.plan import launch_identity
 from sparkctl.deploy.steps import boundary
 from sparkctl.errors import SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.state.files import write_json_atomic
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, Status
@@ -64,12 +64,12 @@ class RepairPlan:
             out.append(f"rewrite cluster.json (history of {len(self.history)}, active {self.active or 'none'})")
         return out + [f"note: {n}" for n in self.notes]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {"changes": self.lines() if self.changes else [], "active": self.active,
                 "damaged": [str(p) for p, _ in self.damaged], "notes": self.notes}
 
 
-def _ledger_state(ledger: Ledger, plan: RepairPlan) -> tuple[dict[str, DeploymentRecord], dict[str, Any] | None]:
+def _ledger_state(ledger: Ledger, plan: RepairPlan) -> tuple[dict[str, DeploymentRecord], JSONObject | None]:
     good: dict[str, DeploymentRecord] = {}
     for path in sorted((ledger.root / "deployments").glob("*.json")):
         try:
@@ -95,9 +95,10 @@ def damaged_files(ledger: Ledger) -> list[tuple[Path, str]]:
     The deployment records and ``cluster.json`` are `_ledger_state`'s; the lock and its holder, the logs and the
     secrets are not records (the lock frees itself; logs are text; secrets go with their engine)."""
     from sparkctl.deploy import compare
-    from sparkctl.state.cards import SCHEMA as CARDS_SCHEMA, card_entry, read_card
-    from sparkctl.state.records import Controller, ReplicatedRecord
+    from sparkctl.state.cards import SCHEMA as CARDS_SCHEMA
+    from sparkctl.state.cards import card_entry, read_card
     from sparkctl.state.ledger import read_json
+    from sparkctl.state.records import Controller, ReplicatedRecord
     from sparkctl.tune.journal import MARKER, read_marker, validate_journal
     from sparkctl.untrusted import is_plain_name
 
@@ -148,7 +149,8 @@ def damaged_files(ledger: Ledger) -> list[tuple[Path, str]]:
     if index.exists():
         try:
             data = read_json(index)
-            if not (isinstance(data, dict) and data.get("schema") == CARDS_SCHEMA and isinstance(data.get("cards"), dict)):
+            if not (isinstance(data, dict) and data.get("schema") == CARDS_SCHEMA
+                    and isinstance(data.get("cards"), dict)):
                 out.append((index, "the card index has an unexpected shape (it is rebuilt from the cards)"))
         except SparkctlError as exc:
             out.append((index, exc.message + " (it is rebuilt from the cards)"))

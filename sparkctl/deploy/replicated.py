@@ -3,7 +3,8 @@
 Each replica is a cluster of its own, `<cluster>.r<i>` (its `server.tp_size` nodes, its own ledger, lock and
 journal; a '.' is never in a cluster name the inventory accepts, so a replica's state and containers cannot be
 another cluster's), deployed by the ordinary `up`: its steps, its gates, its restore when it fails. A replicated
-`up` is more steps around those, journaled in the parent cluster's `replicated.json` (mode 0600), each with the lifecycle's
+`up` is more steps around those, journaled in the parent cluster's `replicated.json` (mode 0600), each with the
+lifecycle's
 crash boundaries (`deploy.steps.REPLICATED_STEPS`):
 
     reconcile       the parent's single-group deployment, if one is active, goes down first
@@ -29,28 +30,34 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
-
-from pydantic import ValidationError
+from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.commands import Deployer, UpOptions, follow_reader
 from sparkctl.deploy.progress import Reporter
-from sparkctl.deploy.results import (ReplicaStatus, ReplicatedDownResult, ReplicatedStatusResult, ReplicatedUpResult,
-                                     RouterStatus)
+from sparkctl.deploy.results import (
+    ReplicaStatus,
+    ReplicatedDownResult,
+    ReplicatedStatusResult,
+    ReplicatedUpResult,
+    RouterStatus,
+)
 from sparkctl.deploy.steps import REPLICATED_COMMAND as COMMAND
 from sparkctl.deploy.steps import boundary
 from sparkctl.errors import ConfigError, LedgerError, LockHeldError, SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.fanout import fan_out
 from sparkctl.nodes.process import read_lines
 from sparkctl.router import RouterError, strip_colour
-from sparkctl.router.client import RouterClient, attach, detach, drain, engine_in_flight
 from sparkctl.router import launch as router_launch
+from sparkctl.router.client import RouterClient, attach, detach, drain, engine_in_flight
 from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.launch import redact
 from sparkctl.sglang.replicas import Replica, render_replicas, router_endpoint, router_spec
@@ -63,7 +70,7 @@ RECORD = "replicated.json"
 MAX_LOG_READ = 64 * 1024 * 1024     # one read of the router's log file (a follow reads on from there)
 
 
-def _progress(rec: "Record") -> str | None:
+def _progress(rec: Record) -> str | None:
     """"`sparkctl up` in progress (pid P on H, since T)" while the `up` that set status "updating" lives;
     "interrupted: ..." once its controller is gone; None when the record is settled."""
     ctl = rec.data.get("controller")
@@ -86,7 +93,7 @@ def sub_inventory(rep: Replica, parent: str, name: str | None = None) -> Invento
     return _named(rep.inventory, name or replica_cluster(parent, rep.index), rep.nodes)
 
 
-def _recorded_name(rec: "Record", index: int) -> str | None:
+def _recorded_name(rec: Record, index: int) -> str | None:
     """The name a replica was deployed under (kept: its ledger and engines are there)."""
     return next((r.get("cluster") for r in rec.data.get("replicas", []) if r.get("index") == index), None)
 
@@ -95,12 +102,12 @@ def _recorded_name(rec: "Record", index: int) -> str | None:
 class Record:
     """What the parent cluster's state directory holds for a replicated deployment."""
     path: Path
-    data: dict[str, Any] = field(default_factory=dict)
+    data: JSONObject = field(default_factory=dict)
 
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def load(cls, root: Path) -> "Record":
+    def load(cls, root: Path) -> Record:
         """The record, checked against `ReplicatedRecord` (a wrong shape is a LedgerError naming the file)."""
         path = root / RECORD
         hint = "run `sparkctl repair`, or move the file aside if no replica runs"
@@ -296,13 +303,13 @@ class ReplicatedDeployer:
                          lambda: sub.up(rep.result.profile, UpOptions(boot_timeout_s=opts.boot_timeout_s)), rep.index)
         return bool(res.changed)
 
-    def _attach(self, rec: Record, client: RouterClient, rep: Replica, ensure_router: Any) -> None:
+    def _attach(self, rec: Record, client: RouterClient, rep: Replica, ensure_router: Callable[[], None]) -> None:
         ensure_router()
         self._step(rec, "replica-attach", f"replica {rep.index}: back into the router",
                    lambda: attach(client, rep.url), rep.index)
 
     def _one_at_a_time(self, rec: Record, profile: Profile, opts: UpOptions, client: RouterClient, rep: Replica,
-                       sub: Deployer, listed: Any, changed: list[int], ensure_router: Any) -> bool:
+                       sub: Deployer, listed: object, changed: list[int], ensure_router: Callable[[], None]) -> bool:
         """The rolling step: out of the router (drained), its own `up`, back in. A replica whose `up` failed was
         restored alone by that `up`: it goes back into the router and the roll stops with the error."""
         if listed is not None:
@@ -343,7 +350,7 @@ class ReplicatedDeployer:
         return deployed
 
     def _all_at_once(self, rec: Record, profile: Profile, opts: UpOptions, client: RouterClient,
-                     todo: list[tuple[Replica, Deployer, Any]], ensure_router: Any) -> list[int]:
+                     todo: list[tuple[Replica, Deployer, Any]], ensure_router: Callable[[], None]) -> list[int]:
         """A first `up` (the router lists no worker): every replica's own `up` at once, then each that serves goes
         into the router, in order. The first error is raised once every replica has finished and been attached.
         Returns the replicas whose own `up` deployed."""
@@ -437,7 +444,7 @@ class ReplicatedDeployer:
         yield from Deployer(replica_inventory(self.inventory, entry), self.reporter).follow_log(
             rank, tail=tail, follow=follow, poll_s=poll_s)
 
-    def _router_log(self, d: dict[str, Any]) -> Callable[[int], tuple[str, int]]:
+    def _router_log(self, d: JSONObject) -> Callable[[int], tuple[str, int]]:
         """offset -> (complete new lines of the router's log, next offset), whichever kind the record names."""
         spec = RouterSpec("127.0.0.1", 1)
         r = router_launch.from_record(self.inventory, spec, d)          # a damaged entry is a RouterError
@@ -525,7 +532,7 @@ def _named(inv: Inventory, cluster: str, nodes: list[str]) -> Inventory:
     return inv.model_copy(update={"nodes": picked, "cluster": inv.cluster.model_copy(update={"name": cluster})})
 
 
-def replica_inventory(inventory: Inventory, entry: dict[str, Any]) -> Inventory:
+def replica_inventory(inventory: Inventory, entry: JSONObject) -> Inventory:
     """The sub-inventory of one ``replicas`` entry of the record (its cluster name, its nodes re-ranked); read-only,
     for readers of a replicated deployment (the bench reaches each replica's ledger and runtimes through it)."""
     return _named(inventory, entry["cluster"], entry["nodes"])

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sparkctl.deploy.cluster import RankHealth
 from sparkctl.deploy.reconcile import Reconciled
+from sparkctl.jsontypes import JSONObject
 from sparkctl.state.records import Capacity, GateResult, NodeImages, Warmup
 
 
@@ -18,10 +19,10 @@ class _Result(BaseModel):
     def __getitem__(self, key: str) -> Any:
         return getattr(self, key)
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str, default: object = None) -> Any:
         return getattr(self, key, default)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JSONObject:
         return self.model_dump(mode="json")
 
 
@@ -64,7 +65,7 @@ class UpResult(_Result):
     capacity: Capacity | None = None
     concurrency: Concurrency | None = None
     gates: list[GateResult] | None = None
-    stages: list[dict[str, Any]] | None = None
+    stages: list[JSONObject] | None = None
     warmup: Warmup | None = None
     elapsed_s: float | None = None
     reconciled: Reconciled | None = None

@@ -1,7 +1,8 @@
 """Restore a stopped deployment, and pick a rollback target.
 
 `apply` restores the previous deployment when `up` fails after stopping it (steps restore-boot, restore-verify,
-restore-hand-off of `deploy.steps`; boot and gates are `up`'s own, from `deploy.rank_steps`); `sparkctl rollback` without --to picks its target here. Every outcome is
+restore-hand-off of `deploy.steps`; boot and gates are `up`'s own, from `deploy.rank_steps`); `sparkctl rollback`
+without --to picks its target here. Every outcome is
 written to the ledger: a restore that fails says why in the failed deployment's record (`restore_error`).
 """
 from __future__ import annotations

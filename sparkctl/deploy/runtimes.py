@@ -1,12 +1,15 @@
 """Pick the runtime for each node of an inventory (process for the embedded cluster, docker for Sparks)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sparkctl.config.inventory import Inventory, Node
 from sparkctl.errors import ConfigError
 from sparkctl.nodes.runtime import Runtime
 from sparkctl.state.ledger import Ledger
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.image_stage import LaunchImage
 
 
 def embedded_notice(inventory: Inventory) -> str | None:
@@ -29,9 +32,9 @@ class Runtimes:
         self.ledger = ledger
         self.deployment_id = deployment_id
         self._cache: dict[str, Runtime] = {}
-        self.launch: Any = None           # deploy.image_stage.LaunchImage the docker ranks run, once bound
+        self.launch: LaunchImage | None = None   # the launch image the docker ranks run, once bound
 
-    def bind_launch(self, launch: Any) -> None:
+    def bind_launch(self, launch: LaunchImage | None) -> None:
         """Docker ranks run this launch image (entrypoint + launch document) instead of the engine image + argv."""
         self.launch = launch
         for rt in self._cache.values():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Iterator
+from collections.abc import Iterator
 
 CRASH_ENV = "SPARKCTL_CRASH_AT"
 

@@ -1,18 +1,17 @@
 """Warm-up: the profile's requests after boot; the first (cold) one is timed and kept apart."""
 from __future__ import annotations
 
-from typing import Any
-
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import DeployError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 
 
-def warm_up(profile: Profile, client: SGLangClient, reporter: Reporter, node: str) -> dict[str, Any]:
+def warm_up(profile: Profile, client: SGLangClient, reporter: Reporter, node: str) -> JSONObject:
     """Run the warm-up requests. Returns {"cold": {...}, "warm": [{...}, ...]}; raises DeployError on failure."""
     w = profile.warmup
-    out: dict[str, Any] = {"cold": None, "warm": [], "max_tokens": w.max_tokens}
+    out: JSONObject = {"cold": None, "warm": [], "max_tokens": w.max_tokens}
     for i in range(w.requests):
         try:
             res = client.chat([{"role": "user", "content": w.prompt}], max_tokens=w.max_tokens, temperature=0,

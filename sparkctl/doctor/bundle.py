@@ -24,6 +24,7 @@ from typing import Any
 
 from sparkctl.doctor.collect import Collected, DoctorReport
 from sparkctl.errors import ConfigError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.launch import REDACTED, SECRET_ENV, SECRET_OPTIONS, redact, redact_argv
 from sparkctl.state.ledger import now_iso
 from sparkctl.state.records import DeploymentRecord
@@ -44,7 +45,7 @@ def secret_values(rec: DeploymentRecord | None, environ: dict[str, str] | None =
     return {env[n] for n in names if env.get(n)}
 
 
-def _scrub(value: Any, secrets: set[str]) -> Any:
+def _scrub(value: object, secrets: set[str]) -> Any:
     if isinstance(value, str):
         return redact(value, secrets)
     if isinstance(value, list):
@@ -61,10 +62,10 @@ def _tail(text: str) -> list[str]:
 
 
 def bundle_data(report: DoctorReport, got: Collected, rec: DeploymentRecord | None,
-                secrets: set[str]) -> dict[str, Any]:
+                secrets: set[str]) -> JSONObject:
     """The bundle as JSON data, redacted."""
     from sparkctl.resources import version
-    data: dict[str, Any] = {
+    data: JSONObject = {
         "schema": SCHEMA, "created": now_iso(),
         "versions": {"sparkctl": version(), "python": sys.version.split()[0], "platform": platform.platform(),
                      "sglang": rec.sglang_version if rec else None,
@@ -92,7 +93,7 @@ def bundle_data(report: DoctorReport, got: Collected, rec: DeploymentRecord | No
     return _scrub(data, secrets)
 
 
-def write_bundle(path: Path, data: dict[str, Any]) -> Path:
+def write_bundle(path: Path, data: JSONObject) -> Path:
     """Write the bundle at `path` exactly (module doc); ConfigError (exit 2) when it is a directory or cannot be
     written."""
     if path.is_dir():

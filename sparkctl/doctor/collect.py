@@ -12,13 +12,21 @@ import logging
 import os
 import subprocess
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sparkctl.doctor.match import Finding, LogText, match_sources, printable
 from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.state.records import DeploymentRecord, Status
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from sparkctl.deploy.results import RankHealth
+    from sparkctl.deploy.runtimes import Runtimes
+    from sparkctl.nodes.handles import Handle
+    from sparkctl.state.ledger import Ledger
 
 log = logging.getLogger("sparkctl.doctor")
 
@@ -34,11 +42,11 @@ class _Out(BaseModel):
 
 class SourceRead(_Out):
     name: str
-    path: Optional[str] = Field(None, description="The file read (rank logs of the process runtime, --log files).")
+    path: str | None = Field(None, description="The file read (rank logs of the process runtime, --log files).")
     lines: int = 0
     bytes: int = 0
     truncated: bool = Field(False, description="Only the last 8 MiB were read.")
-    error: Optional[str] = Field(None, description="Why it could not be read (escaped).")
+    error: str | None = Field(None, description="Why it could not be read (escaped).")
 
 
 class FactLine(_Out):
@@ -53,16 +61,16 @@ class DoctorReport(_Out):
     """`sparkctl doctor --json`: what was read and every known failure signature found in it."""
 
     target: str = Field(description="'deployment ID' or 'files'.")
-    deployment: Optional[str] = None
-    profile: Optional[str] = None
-    status: Optional[str] = None
-    failed_stage: Optional[str] = None
-    failure: Optional[str] = Field(None, description="The record's failure message (escaped, first 600 chars).")
+    deployment: str | None = None
+    profile: str | None = None
+    status: str | None = None
+    failed_stage: str | None = None
+    failure: str | None = Field(None, description="The record's failure message (escaped, first 600 chars).")
     sources: list[SourceRead]
     facts: list[FactLine] = Field(default_factory=list,
                                   description="Preflight checks of the deployment that warned or failed.")
     findings: list[Finding]
-    bundle: Optional[str] = Field(None, description="The support bundle written (--bundle).")
+    bundle: str | None = Field(None, description="The support bundle written (--bundle).")
 
 
 class Collected:
@@ -122,8 +130,8 @@ def collect_files(paths: list[Path]) -> Collected:
 
 
 # ----------------------------------------------------------------------------------------------- deployments
-def pick_deployment(ledger: Any, *, health_of: Any, dep_id: str | None = None,
-                    any_record: bool = False) -> DeploymentRecord | None:
+def pick_deployment(ledger: Ledger, *, health_of: Callable[[DeploymentRecord], tuple[bool, str, list[RankHealth]]],
+                    dep_id: str | None = None, any_record: bool = False) -> DeploymentRecord | None:
     """The deployment to diagnose (module doc); with `any_record` (a bundle was asked for) the newest record when
     nothing failed. None when there is nothing to diagnose."""
     if dep_id is not None:
@@ -144,7 +152,7 @@ def pick_deployment(ledger: Any, *, health_of: Any, dep_id: str | None = None,
     return None
 
 
-def _archived_log(ledger: Any, rec: DeploymentRecord, handle: Any) -> Path | None:
+def _archived_log(ledger: Ledger, rec: DeploymentRecord, handle: Handle) -> Path | None:
     """The archive of a removed container's log (DockerRuntime.remove), or a process runtime's rank log."""
     d = ledger.log_dir(rec.id)
     name = getattr(handle, "container", None)
@@ -154,7 +162,8 @@ def _archived_log(ledger: Any, rec: DeploymentRecord, handle: Any) -> Path | Non
     return None
 
 
-def collect_deployment(rec: DeploymentRecord, ledger: Any, runtimes: Any, *, kernel_log: bool = True) -> Collected:
+def collect_deployment(rec: DeploymentRecord, ledger: Ledger, runtimes: Runtimes, *,
+                       kernel_log: bool = True) -> Collected:
     """Rank logs, the kernel log of each node, the failure and the journal of `rec` (in that order: the rank logs'
     lines are the evidence a finding shows first)."""
     got = Collected()
@@ -184,7 +193,7 @@ def collect_deployment(rec: DeploymentRecord, ledger: Any, runtimes: Any, *, ker
     return got
 
 
-def _kernel_logs(rec: DeploymentRecord, runtimes: Any, got: Collected) -> None:
+def _kernel_logs(rec: DeploymentRecord, runtimes: Runtimes, got: Collected) -> None:
     """`dmesg` (errors and warnings) of each node of `rec`, where the user may read it (kernel.dmesg_restrict=1 is
     common: then a note, never sudo). The process runtime's nodes are this machine: read once."""
     local_done = False

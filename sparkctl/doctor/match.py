@@ -12,8 +12,8 @@ Example::
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 

@@ -8,13 +8,22 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sparkctl.doctor.bundle import bundle_data, secret_values, write_bundle
-from sparkctl.doctor.collect import Collected, DoctorReport, collect_deployment, collect_files, pick_deployment, \
-    report_of
+from sparkctl.doctor.collect import (
+    Collected,
+    DoctorReport,
+    collect_deployment,
+    collect_files,
+    pick_deployment,
+    report_of,
+)
 from sparkctl.sglang.launch import redact
 from sparkctl.state.records import DeploymentRecord
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.cluster import Cluster
 
 
 def _finish(got: Collected, rec: DeploymentRecord | None, bundle: Path | None) -> DoctorReport:
@@ -33,7 +42,7 @@ def doctor_files(paths: list[Path], *, bundle: Path | None = None) -> DoctorRepo
     return _finish(collect_files(paths), None, bundle)
 
 
-def doctor_deployment(cluster: Any, *, dep_id: str | None = None, bundle: Path | None = None,
+def doctor_deployment(cluster: Cluster, *, dep_id: str | None = None, bundle: Path | None = None,
                       kernel_log: bool = True) -> DoctorReport | None:
     """Match the catalogue in what a deployment left: `dep_id`, else the active one when unhealthy, else the newest
     failed, cancelled or interrupted one (a bundle asked for: else the newest). None when nothing is to diagnose."""

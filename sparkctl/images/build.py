@@ -17,13 +17,16 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING
 
 from sparkctl.errors import ImageError
-from sparkctl.images.plan import (BASE_DIGEST_LABEL, BASE_IMAGE_LABEL, INPUTS_LABEL, BaseImage, ImagePlan,
-                                  inspect_base)
+from sparkctl.images.plan import BASE_DIGEST_LABEL, BASE_IMAGE_LABEL, INPUTS_LABEL, BaseImage, ImagePlan, inspect_base
+
+if TYPE_CHECKING:
+    from sparkctl.nodes.ssh import SSHConnector
 
 log = logging.getLogger("sparkctl.images")
 _PATCH_FAILED = re.compile(r"^sparkctl-patch: (FAILED|ERROR) .*$", re.M)
@@ -44,7 +47,7 @@ class BuildStep:
         return f"{self.role} {self.tag} {what} ({self.image_id[:19]})"
 
 
-def image_labels(conn: Any, ref: str) -> tuple[str, dict[str, str]] | None:
+def image_labels(conn: SSHConnector, ref: str) -> tuple[str, dict[str, str]] | None:
     """(image id, labels) of ``ref`` on the node, or None when absent."""
     r = conn.run(["docker", "image", "inspect", "--format", "{{json .Id}} {{json .Config.Labels}}", ref], timeout=30)
     if r.returncode != 0:
@@ -53,7 +56,7 @@ def image_labels(conn: Any, ref: str) -> tuple[str, dict[str, str]] | None:
     return json.loads(image_id), json.loads(labels) or {}
 
 
-def recorded_base(conn: Any, engine_tag: str, ref: str) -> BaseImage | None:
+def recorded_base(conn: SSHConnector, engine_tag: str, ref: str) -> BaseImage | None:
     """The base an engine image on the node was built from (its labels), when that was ``ref``; else None.
 
     A rollback plans on it, so it arrives at the recorded engine and launch tags even after ``ref`` was
@@ -67,7 +70,7 @@ def recorded_base(conn: Any, engine_tag: str, ref: str) -> BaseImage | None:
     return BaseImage(ref, pinned, pinned if "@" in pinned else None)
 
 
-def ensure_base(conn: Any, ref: str, *, node: str, pull: bool = True, timeout: float = 3600) -> BaseImage:
+def ensure_base(conn: SSHConnector, ref: str, *, node: str, pull: bool = True, timeout: float = 3600) -> BaseImage:
     """The base image on the building node: inspected, or pulled once when missing; ImageError if neither."""
     base = inspect_base(conn, ref)
     if base is not None:
@@ -86,7 +89,7 @@ def ensure_base(conn: Any, ref: str, *, node: str, pull: bool = True, timeout: f
                           f"image.base_image to an image {node} has", evidence=evidence)
 
 
-def _check_existing(conn: Any, tag: str, inputs_sha256: str, node: str) -> str | None:
+def _check_existing(conn: SSHConnector, tag: str, inputs_sha256: str, node: str) -> str | None:
     found = image_labels(conn, tag)
     if found is None:
         return None
@@ -100,7 +103,7 @@ def _check_existing(conn: Any, tag: str, inputs_sha256: str, node: str) -> str |
     return image_id
 
 
-def build_image(conn: Any, *, role: str, tag: str, context: bytes, inputs_sha256: str, node: str,
+def build_image(conn: SSHConnector, *, role: str, tag: str, context: bytes, inputs_sha256: str, node: str,
                 log_dir: Path | None = None, timeout: float = 7200,
                 before_build: Callable[[], None] | None = None) -> BuildStep:
     """Build one image from a tar context on the node (no-op when the tag holds the planned content).
@@ -137,7 +140,7 @@ def build_image(conn: Any, *, role: str, tag: str, context: bytes, inputs_sha256
     return BuildStep(role, tag, found, True, round(seconds, 2), "built")
 
 
-def build_images(plan: ImagePlan, conn: Any, *, log_dir: Path | None = None,
+def build_images(plan: ImagePlan, conn: SSHConnector, *, log_dir: Path | None = None,
                  report: Callable[[str], None] = lambda _: None) -> list[BuildStep]:
     """Engine then launch image on ``plan.builder`` (each a no-op with a reason when already there)."""
     node = plan.builder
@@ -159,7 +162,7 @@ def build_images(plan: ImagePlan, conn: Any, *, log_dir: Path | None = None,
     return steps
 
 
-def image_layers(conn: Any, ref: str) -> list[str]:
+def image_layers(conn: SSHConnector, ref: str) -> list[str]:
     """The image's layer diff IDs (RootFS.Layers), bottom first."""
     r = conn.run(["docker", "image", "inspect", "--format", "{{json .RootFS.Layers}}", ref], timeout=30, check=True)
     return list(json.loads(r.stdout))

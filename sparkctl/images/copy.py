@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from sparkctl.errors import ImageError
 from sparkctl.images.registry import PORT, Endpoint, Registry, Transfer, human
 from sparkctl.images.stream import CopyChoice, StreamFailed, Survey, choose_copy, stream_images, survey
-from sparkctl.nodes.host_facts import FABRIC_KEY
 from sparkctl.nodes.fanout import Outcome, fan_out, raise_first
+from sparkctl.nodes.host_facts import FABRIC_KEY
 
 Report = Callable[[str], None]
 
@@ -81,7 +81,8 @@ def distribute(images: list[str], source: Endpoint, peers: list[Endpoint], *, re
             return fan_out(group, lambda pl: _pull(pl, reg, ids, report))   # one peer: kept as its outcome
         done = fan_out(tasks, run)
         per_peer = {o.item.peer.name: o for task in done
-                    for o in (task.value if task.ok else [Outcome(pl, None, task.error) for pl in task.item[1]])}
+                    for o in (task.value if task.value is not None
+                              else [Outcome(pl, None, task.error) for pl in task.item[1]])}
         outcomes = [per_peer[pl.peer.name] for pl in busy]
     if any(not o.ok and isinstance(o.error, StreamFailed) for o in outcomes):
         outcomes = _registry_after_failed_streams(outcomes, source, ids, report, port)
@@ -160,7 +161,7 @@ def _stream(group: list[PeerPlan], source: Endpoint, ids: dict[str, str | None],
     todo, names = group[0].todo, ", ".join(pl.peer.name for pl in group)
     report(f"{names} <- {', '.join(todo)}: one docker save on {source.name} | docker load on {names} over the fabric")
     results = stream_images(source, [pl.peer for pl in group], todo, report)
-    out = []
+    out: list[Outcome[PeerPlan, list[Transfer]]] = []
     for pl in group:
         res, peer = results[pl.peer.name], pl.peer
         if isinstance(res, ImageError):
@@ -173,8 +174,10 @@ def _stream(group: list[PeerPlan], source: Endpoint, ids: dict[str, str | None],
                 f"{image} on {peer.name} has ID {got[:19]} after the copy, {source.name} has {str(ids[image])[:19]}",
                 where=f"[{peer.name}] image copy", hint=f"docker rmi {image} on {peer.name} and run again")))
             continue
+        last = todo[-1]     # the stream's bytes and time are on its last image
         transfers = [Transfer(peer.name, i, got, via="stream", streamed_with=tuple(x for x in todo if x != i),
-                              **({"rx_bytes": res.bytes, "seconds": round(res.seconds, 3)} if i == todo[-1] else {}))
+                              rx_bytes=res.bytes if i == last else 0,
+                              seconds=round(res.seconds, 3) if i == last else 0.0)
                      for i, got in zip(todo, res.image_ids)]
         report(transfers[-1].line())
         out.append(Outcome(pl, transfers))

@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from sparkctl.errors import PreflightError
 from sparkctl.nodes.fanout import fan_out, raise_first
 
+if TYPE_CHECKING:
+    from sparkctl.nodes.docker_runtime import DockerRuntime
+
 log = logging.getLogger("sparkctl.images")
 
 
-def ensure_same_image(image: str, runtimes: dict[str, Any], report: Callable[[str, str], None]) -> dict[str, str]:
+def ensure_same_image(image: str, runtimes: dict[str, DockerRuntime],
+                      report: Callable[[str, str], None]) -> dict[str, str]:
     """Make `image` present with one ID on every node of `runtimes` (node name -> DockerRuntime).
 
     Returns {node: image id}. Raises PreflightError when no node has it or the IDs differ.
@@ -50,7 +55,7 @@ def ensure_same_image(image: str, runtimes: dict[str, Any], report: Callable[[st
     return {n: str(i) for n, i in ids.items()}
 
 
-def _refuse_mismatch(image: str, ids: dict[str, str | None]) -> None:
+def _refuse_mismatch(image: str, ids: Mapping[str, str | None]) -> None:
     distinct = {i for i in ids.values() if i}
     if len(distinct) > 1:
         shown = ", ".join(f"{n}={str(i)[:19]}" for n, i in ids.items())

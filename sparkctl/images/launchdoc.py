@@ -5,7 +5,8 @@ on every rank and not secret goes into the image; a value that differs between r
 ``--host``) or names a secret file (``--config /run/sparkctl-secrets/...``, present only when the rank has
 an API key) becomes a placeholder ``{"env": "SPARKCTL_ARG_NODE_RANK"}`` that the
 entrypoint (`sparkctl.images.entrypoint`) fills from the container's environment, and env keys that differ
-(``SGLANG_HOST_IP``, ``NCCL_SOCKET_IFNAME`` ...) or name a secret file (``HF_TOKEN_PATH``) are listed in ``rank_env`` / ``optional_env``: the
+(``SGLANG_HOST_IP``, ``NCCL_SOCKET_IFNAME`` ...) or name a secret file (``HF_TOKEN_PATH``) are listed in
+``rank_env`` / ``optional_env``: the
 container must carry them. `rank_environment(doc, spec)` is what a runtime passes to one rank's container.
 The document holds no secret: its hash names the launch image. Example::
 
@@ -18,9 +19,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from sparkctl.errors import ConfigError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.launch import SECRET_ENV, SECRETS_MOUNT, LaunchSpec
 
 LAUNCH_JSON = "/etc/sparkctl/launch.json"
@@ -33,7 +36,7 @@ def _arg_env(flag: str) -> str:
     return ARG_ENV_PREFIX + re.sub(r"[^A-Z0-9]+", "_", flag.lstrip("-").upper())
 
 
-def launch_doc(specs: Sequence[LaunchSpec], *, profile: str) -> dict[str, Any]:
+def launch_doc(specs: Sequence[LaunchSpec], *, profile: str) -> JSONObject:
     """The rank-independent launch document of ``specs`` (one per rank, from one render)."""
     if not specs:
         raise ConfigError("no ranks to build a launch image for")
@@ -77,7 +80,7 @@ def launch_doc(specs: Sequence[LaunchSpec], *, profile: str) -> dict[str, Any]:
             "argv": argv, "env": env, "rank_env": rank_env, "optional_env": optional_env}
 
 
-def rank_environment(doc: dict[str, Any], spec: LaunchSpec) -> dict[str, str]:
+def rank_environment(doc: JSONObject, spec: LaunchSpec) -> dict[str, str]:
     """The environment one rank's container needs on top of the image: placeholder values + ``rank_env``.
 
     Walks the document's argv against the rank's rendered argv, so a spec that the image cannot reproduce
@@ -111,10 +114,10 @@ def rank_environment(doc: dict[str, Any], spec: LaunchSpec) -> dict[str, str]:
     return {k: v for k, v in out.items() if v != SECRET_PLACEHOLDER}
 
 
-def doc_bytes(doc: dict[str, Any]) -> bytes:
+def doc_bytes(doc: JSONObject) -> bytes:
     """Canonical JSON of the document (what goes into the image and into its hash)."""
     return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
 
 
-def doc_sha256(doc: dict[str, Any]) -> str:
+def doc_sha256(doc: JSONObject) -> str:
     return hashlib.sha256(doc_bytes(doc)).hexdigest()

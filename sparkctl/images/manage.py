@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.errors import ImageError
 from sparkctl.images.build import image_labels
 from sparkctl.images.plan import INPUTS_LABEL, ROLE_LABEL, ImagePlan
+from sparkctl.jsontypes import JSONObject
+
+if TYPE_CHECKING:
+    from sparkctl.nodes.ssh import SSHConnector
 
 
-def list_images(conns: dict[str, Any]) -> list[dict[str, Any]]:
+def list_images(conns: dict[str, SSHConnector]) -> list[JSONObject]:
     """One row per (node, sparkctl image): tags, ID, role, labels, size in bytes."""
     rows = []
     for node, conn in conns.items():
@@ -38,7 +42,7 @@ def list_images(conns: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def verify_images(plan: ImagePlan, conns: dict[str, Any]) -> dict[str, dict[str, str]]:
+def verify_images(plan: ImagePlan, conns: dict[str, SSHConnector]) -> dict[str, dict[str, str]]:
     """Every node has the plan's engine and launch images, with the planned inputs and one ID per image.
 
     Returns {image: {node: id}}; ImageError naming the node and image otherwise (what ``up`` checks before boot).
@@ -79,7 +83,8 @@ def images_in_use(state_dirs: list[Path]) -> set[str]:
                 continue
             if not isinstance(record, dict):
                 continue
-            keep.update(s.get("image") for s in record.get("specs", []) if isinstance(s, dict) and s.get("image"))
+            keep.update(s["image"] for s in record.get("specs", [])
+                        if isinstance(s, dict) and isinstance(s.get("image"), str) and s["image"])
             keep.update(v for v in (record.get("image_ids") or {}).values() if isinstance(v, str))
             for per_node in (record.get("images") or {}).values():       # engine and launch tags and IDs
                 if isinstance(per_node, dict):
@@ -87,8 +92,8 @@ def images_in_use(state_dirs: list[Path]) -> set[str]:
     return keep
 
 
-def prune_images(conns: dict[str, Any], keep: set[str], *, dry_run: bool = False,
-                 listed: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def prune_images(conns: dict[str, SSHConnector], keep: set[str], *, dry_run: bool = False,
+                 listed: list[JSONObject] | None = None) -> list[JSONObject]:
     """Remove sparkctl-built images on every node unless a tag or ID of theirs is in ``keep``.
 
     Launch images go before engine images (a launch image is a child of its engine). Returns what was
@@ -111,8 +116,8 @@ def prune_images(conns: dict[str, Any], keep: set[str], *, dry_run: bool = False
     return removed
 
 
-def prune_registry_caches(endpoints: list[Any], listed: list[dict[str, Any]], removed: list[dict[str, Any]], *,
-                          dry_run: bool = False) -> dict[str, dict[str, Any]]:
+def prune_registry_caches(endpoints: list[Any], listed: list[JSONObject], removed: list[JSONObject], *,
+                          dry_run: bool = False) -> dict[str, JSONObject]:
     """After ``prune_images`` over the ``listed`` rows: each node's registry cache (``Endpoint``) keeps only images
     still on the nodes (listed, less what was removed; a failed ``docker rmi`` left its image there).
 

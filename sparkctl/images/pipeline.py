@@ -10,17 +10,18 @@ Example (what `up`'s image stage becomes)::
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError, ImageError
 from sparkctl.images.build import BuildStep, build_images, ensure_base
+from sparkctl.images.copy import distribute
 from sparkctl.images.manage import verify_images
 from sparkctl.images.plan import BaseImage, ImagePlan, inspect_base, plan_images
-from sparkctl.images.copy import distribute
 from sparkctl.images.registry import Endpoint, Transfer
+from sparkctl.jsontypes import JSONObject
 
 Report = Callable[[str], None]
 
@@ -29,7 +30,7 @@ def _quiet(_: str) -> None:
     pass
 
 
-def connections(inventory: Inventory) -> dict[str, Any]:
+def connections(inventory: Inventory) -> JSONObject:
     """{node name: SSH connection} of a docker inventory (rank order); ConfigError for process-runtime nodes."""
     from sparkctl.nodes.ssh import connector_for
 

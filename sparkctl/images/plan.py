@@ -19,14 +19,18 @@ import json
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.config.inventory import Inventory
-from sparkctl.resources import shipped
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
 from sparkctl.images import entrypoint, launchdoc, patchapply
 from sparkctl.images.series import Series, load_series
+from sparkctl.jsontypes import JSONObject
+from sparkctl.resources import shipped
+
+if TYPE_CHECKING:
+    from sparkctl.nodes.ssh import SSHConnector
 
 ENGINE_REPO = "sparkctl/sglang-gb10"
 LAUNCH_REPO = "sparkctl/sglang-gb10-launch"
@@ -59,7 +63,7 @@ class BaseImage:
         return self.digest or self.ref
 
 
-def inspect_base(conn: Any, ref: str) -> BaseImage | None:
+def inspect_base(conn: SSHConnector, ref: str) -> BaseImage | None:
     """``docker image inspect`` of ``ref`` on a node connection (``.run(argv)``); None when the node lacks it."""
     r = conn.run(["docker", "image", "inspect", "--format", "{{json .Id}} {{json .RepoDigests}}", ref], timeout=30)
     if r.returncode != 0:
@@ -79,7 +83,7 @@ def _sha256(*parts: bytes) -> str:
 
 
 def _render(template: str, **values: Any) -> str:
-    import jinja2   # lazy: only the image commands need it
+    import jinja2  # lazy: only the image commands need it
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False)
@@ -103,16 +107,16 @@ class ImagePlan:
     base: BaseImage
     series: Series | None
     engine_tag: str
-    engine_inputs: dict[str, Any]
+    engine_inputs: JSONObject
     engine_inputs_sha256: str
     engine_dockerfile: str
     launch_tag: str
-    launch_inputs: dict[str, Any]
+    launch_inputs: JSONObject
     launch_inputs_sha256: str
     launch_dockerfile: str
-    launch_doc: dict[str, Any]
+    launch_doc: JSONObject
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """The plan as `image plan --json` prints it (the same keys as `unresolved_plan`)."""
         return {"profile": self.launch_inputs["profile"], "builder": self.builder, "resolved": True, "unresolved": [],
                 "reason": None,
@@ -135,7 +139,7 @@ class ImagePlan:
                      "etc-sparkctl/entrypoint.py": Path(entrypoint.__file__).read_bytes()})
 
 
-def unresolved_plan(profile: Profile, inventory: Inventory, reason: str) -> dict[str, Any]:
+def unresolved_plan(profile: Profile, inventory: Inventory, reason: str) -> JSONObject:
     """What can be planned without the building node's docker (`image plan` on the embedded cluster): every input
     but the base image's digest, which pins the engine tag (and so the launch tag); `reason` says why it is not
     known. The shape of ImagePlan.to_json plus `resolved`, `unresolved` and `reason`."""

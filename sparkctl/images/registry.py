@@ -25,16 +25,20 @@ peer gets what, all at once, is `sparkctl.images.copy.distribute`. Example::
 """
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
 import re
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING
 
 from sparkctl.errors import ImageError
+from sparkctl.jsontypes import JSONObject
+
+if TYPE_CHECKING:
+    from sparkctl.config.inventory import Inventory, Node
+    from sparkctl.nodes.ssh import SSHConnector
 
 log = logging.getLogger("sparkctl.images")
 PORT = int(os.environ.get("SPARKCTL_REGISTRY_PORT", "5055"))
@@ -57,11 +61,12 @@ cp "$tmp/cert.pem" "$4/ca.crt"
 echo "TMP $tmp $!"
 python3 -c "$5" "$2" "$3" 15 || { echo "NOT-READY"; tail -n 20 "$tmp/registry.log"; exit 4; }
 cat "$tmp/cert.pem"
-"""
+"""  # noqa: E501 - the registry's config.yml as one printf format
 _TRUST = 'mkdir -p "$0" && cat >"$0/ca.crt"'
 _DOWN = 'kill "$0" 2>/dev/null; rm -rf "$1" "$2"; true'
 _PUSH = 'docker tag "$0" "$1" && docker push "$1" 2>&1; rc=$?; docker rmi "$1" >/dev/null 2>&1; exit $rc'
-_MANIFEST = 'l=$(cat "$1/repositories/$0/current/link") && h=${l#sha256:} && cat "$1/blobs/sha256/${h%"${h#??}"}/$h/data"'
+_MANIFEST = ('l=$(cat "$1/repositories/$0/current/link") && h=${l#sha256:} && '
+             'cat "$1/blobs/sha256/${h%"${h#??}"}/$h/data"')
 _SAMPLE = ("import sys,time\nf=open('/proc/net/dev');last=None\nwhile True:\n    f.seek(0)\n"
            "    for ln in f.read().splitlines():\n        n,_,c=ln.partition(':')\n"
            "        if n.strip()==sys.argv[1] and c.split():\n            v=c.split()[0]\n"
@@ -106,14 +111,14 @@ class Endpoint:
     """A node as the copy sees it: its connection (``.run``/``.put``), fabric address and interface, cache dir."""
 
     name: str
-    conn: Any
+    conn: SSHConnector
     fabric_address: str
     fabric_iface: str
     cache_dir: str
     user: str = "root"          # SSH user on this node (the fabric stream logs in as it)
 
     @classmethod
-    def of(cls, inventory: Any, node: Any) -> "Endpoint":
+    def of(cls, inventory: Inventory, node: Node) -> Endpoint:
         from sparkctl.nodes.ssh import connector_for
         return cls(node.name, connector_for(inventory, node), node.fabric_address, node.fabric_interface,
                    node.host_paths.cache, node.ssh.user)
@@ -188,7 +193,7 @@ def _wire_window(samples: str, before: int | None, after: int | None) -> float:
     return round(last - first, 4) if first is not None and last is not None and last > first else 0.0
 
 
-def image_ids(conn: Any, refs: list[str]) -> dict[str, str | None]:
+def image_ids(conn: SSHConnector, refs: list[str]) -> dict[str, str | None]:
     """{ref: image id or None} on one node, in one round trip."""
     r = conn.run(["sh", "-c", _IDS, "sh", *refs], timeout=60)
     values = r.stdout.split()
@@ -222,7 +227,7 @@ print(json.dumps({"removed": removed, "freed": before - (size() if os.path.isdir
 """
 
 
-def prune_cache(endpoint: "Endpoint", keep: set[str], *, dry_run: bool = False) -> dict[str, Any]:
+def prune_cache(endpoint: Endpoint, keep: set[str], *, dry_run: bool = False) -> JSONObject:
     """Drop from the node's registry cache every image not in ``keep`` (tags), then the blobs only they used.
 
     The cache makes a re-push of unchanged layers free; what no kept image references is dead weight (a real
@@ -249,7 +254,7 @@ class Registry:
         self.tmp = ""
         self.pid = ""
 
-    def __enter__(self) -> "Registry":
+    def __enter__(self) -> Registry:
         s = self.source
         certs = f"{CERTS_D}/{self.host}"
         r = s.conn.run(["sh", "-c", _UP, REGISTRY_BINARY, self.storage, s.fabric_address, str(self.port), certs, _WAIT],

@@ -23,11 +23,16 @@ Example::
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from sparkctl.errors import ImageError
 from sparkctl.nodes.host_facts import FABRIC_KEY, FABRIC_KNOWN_HOSTS
+
+if TYPE_CHECKING:
+    from sparkctl.images.registry import Endpoint
+    from sparkctl.nodes.ssh import SSHConnector
 
 STREAM_FRACTION = 0.5          # stream when the peer lacks more than this share of the image's bytes
 # AES-GCM first: the CPUs of a Spark (and of CI machines) have AES instructions, so it costs less CPU per byte than
@@ -132,7 +137,7 @@ class Survey:
     fabric: dict[str, str] = field(default_factory=dict)   # peer fabric address -> ok | key | host-key
 
 
-def survey(conn: Any, refs: list[str], *, held: bool = False, fabric_peers: Sequence[str] = ()) -> Survey:
+def survey(conn: SSHConnector, refs: list[str], *, held: bool = False, fabric_peers: Sequence[str] = ()) -> Survey:
     """One round trip: each ref's image ID and layers on the node, and (``held``) every image it stores, or
     (``fabric_peers``: the building node) whether its fabric key and each peer's fabric host key are in place."""
     if held and fabric_peers:
@@ -243,8 +248,9 @@ class StreamResult:
     image_ids: list[str]          # what the peer's docker says after the load, in the images' order
 
 
-def stream_images(source: Any, peers: list[Any], images: list[str], report: Callable[[str], None] = lambda _: None,
-                  *, timeout: float = 7200) -> dict[str, "StreamResult | ImageError"]:
+def stream_images(source: Endpoint, peers: list[Endpoint], images: list[str],
+                  report: Callable[[str], None] = lambda _: None,
+                  *, timeout: float = 7200) -> dict[str, StreamResult | ImageError]:
     """``docker save images`` once on ``source`` into ``docker load`` on every peer over the fabric (all
     `sparkctl.images.registry.Endpoint`s). Returns each peer's result, or the ImageError naming what went wrong there
     (disk full, fabric SSH refused, load failed); a failed ``docker save`` or pump is every peer's error."""

@@ -11,9 +11,10 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sparkctl.errors import ConfigError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.launch import REDACTED, SECRET_ENV, SECRETS_MOUNT, LaunchSpec, redact_argv
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ class ContainerConfig:
     argv: list[str]
     env: dict[str, str]
     labels: dict[str, str]
-    mounts: list[dict[str, Any]]
+    mounts: list[JSONObject]
     host_dirs: list[str]                 # writable host directories to create before the container starts
     secret_values: frozenset[str] = frozenset()
     secrets_dir: str | None = None       # node directory of the rank's secret files (mounted at SECRETS_MOUNT)
@@ -98,7 +99,7 @@ class ContainerConfig:
         return {k: REDACTED if k in CONTAINER_SECRET_ENV else v for k, v in sorted(self.env.items())}
 
 
-def container_config(spec: LaunchSpec, node: "Node", *, cluster: str, deployment_id: str, image: str,
+def container_config(spec: LaunchSpec, node: Node, *, cluster: str, deployment_id: str, image: str,
                      infiniband: bool = False, identity: str | None = None, memlock: str = "-1",
                      extra_env: dict[str, str] | None = None, command: list[str] | None = None) -> ContainerConfig:
     """Build the `docker run` parameters for one rank (pure: no daemon, no SSH). Example::
@@ -111,7 +112,7 @@ def container_config(spec: LaunchSpec, node: "Node", *, cluster: str, deployment
     name = container_name(cluster, spec.rank, deployment_id)
     labels = {"sparkctl.cluster": cluster, "sparkctl.deployment": deployment_id, "sparkctl.rank": str(spec.rank),
               "sparkctl.node": node.name, "sparkctl.profile-identity": identity or spec_identity(spec, image)}
-    mounts: list[dict[str, Any]] = []
+    mounts: list[JSONObject] = []
     host_dirs: list[str] = []
     for m in spec.mounts:
         src = _check_path(str(m["source"]), "mount source", node.name)
@@ -163,7 +164,8 @@ def container_config(spec: LaunchSpec, node: "Node", *, cluster: str, deployment
     cmd = list(spec.argv if command is None else command)
     shown = redact_argv(argv + [image, *cmd], spec.secret_options)
     labels["sparkctl.config-hash"] = hashlib.sha256(json.dumps(shown).encode()).hexdigest()[:16]
-    argv[argv.index("--network"):argv.index("--network")] = ["--label", f"sparkctl.config-hash={labels['sparkctl.config-hash']}"]
+    at = argv.index("--network")
+    argv[at:at] = ["--label", f"sparkctl.config-hash={labels['sparkctl.config-hash']}"]
     argv += ["--env-file", "/dev/stdin", image, *cmd]
     return ContainerConfig(name=name, image=image, argv=argv, env=env, labels=labels, mounts=mounts,
                            host_dirs=sorted(set(host_dirs)), secret_values=spec.secret_values,

@@ -69,8 +69,14 @@ from typing import TYPE_CHECKING, Any
 
 from sparkctl.errors import LedgerError, NodeError
 from sparkctl.nodes import facts
-from sparkctl.nodes.container import (MEMLOCK_ENV, SECRETS_HOST_ROOT, ContainerConfig, container_config,
-                                      container_name, resolve_image)
+from sparkctl.nodes.container import (
+    MEMLOCK_ENV,
+    SECRETS_HOST_ROOT,
+    ContainerConfig,
+    container_config,
+    container_name,
+    resolve_image,
+)
 from sparkctl.nodes.docker_logs import LOG_LOOKBACK_NS, LogEntry, _Cursor, _since_arg, _ts_ns, parse_log_lines
 from sparkctl.nodes.node_facts import NodeFacts, gather_over_ssh
 from sparkctl.nodes.runtime import DockerHandle, Liveness, sim_env
@@ -95,7 +101,7 @@ class DockerRuntime:
     needs_image = True
     poll_interval_s = 0.5   # each read_log/liveness is an SSH round-trip (~0.2 s here)
 
-    def __init__(self, inventory: "Inventory", node: "Node", *, cluster: str, connector: SSHConnector | None = None,
+    def __init__(self, inventory: Inventory, node: Node, *, cluster: str, connector: SSHConnector | None = None,
                  log_dir: Path | None = None, environ: dict[str, str] | None = None) -> None:
         self.inventory = inventory
         self.node = node

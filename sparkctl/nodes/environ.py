@@ -8,7 +8,7 @@ engine_env, the caller's environment minus the rank's secrets): the process runt
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 # What a process needs to find programs, write temporary files, speak a locale and reach a Docker daemon.
 KEEP = frozenset({

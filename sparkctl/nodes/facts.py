@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, TypeVar
+from typing import Generic, TypeVar
+
+from sparkctl.jsontypes import JSONObject
 
 T = TypeVar("T")
 
@@ -70,7 +73,7 @@ def parse_docker_info_json(text: str) -> DockerInfo:
     line = next((ln for ln in text.splitlines() if ln.lstrip().startswith("{")), "")
     if not line:
         raise ValueError("no JSON object in docker info output")
-    data: dict[str, Any] = json.loads(line)
+    data: JSONObject = json.loads(line)
     runtimes = data.get("Runtimes") or {}
     paths = {name: str((spec or {}).get("path") or (spec or {}).get("runtimeType") or "")
              for name, spec in runtimes.items()}
@@ -142,7 +145,8 @@ def parse_container_inspect(text: str) -> ContainerState | None:
     status = state.get("Status") or ""
     return ContainerState(
         id=d.get("Id", ""), name=(d.get("Name") or "").lstrip("/"), status=status,
-        running=bool(state.get("Running")), exit_code=None if status in ("created", "running") else state.get("ExitCode"),
+        running=bool(state.get("Running")),
+        exit_code=None if status in ("created", "running") else state.get("ExitCode"),
         oom_killed=bool(state.get("OOMKilled")), error=state.get("Error") or "",
         started_at=None if started == _ZERO_TIME else started, finished_at=None if finished == _ZERO_TIME else finished,
         image_id=d.get("Image", ""), labels=dict(cfg.get("Labels") or {}), env=tuple(cfg.get("Env") or ()),

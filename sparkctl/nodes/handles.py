@@ -5,9 +5,11 @@ told apart by `kind` (a discriminated union), so a record read from disk comes b
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from sparkctl.jsontypes import JSONObject
 
 
 class _HandleBase(BaseModel):
@@ -37,7 +39,7 @@ class ProcessHandle(_HandleBase):
     # Where this boot attempt's lines start in `log` (bytes): earlier attempts of the same rank and deployment (a
     # restore, a rollback's restart) come before it, and readiness and fatal-line detection never read them.
     log_offset: int = 0
-    spec: dict[str, Any] = Field(default_factory=dict)
+    spec: JSONObject = Field(default_factory=dict)
 
     @property
     def where(self) -> str:
@@ -70,4 +72,4 @@ class DockerHandle(_HandleBase):
         return self.container
 
 
-Handle = Annotated[Union[ProcessHandle, DockerHandle], Field(discriminator="kind")]
+Handle = Annotated[ProcessHandle | DockerHandle, Field(discriminator="kind")]

@@ -11,9 +11,8 @@ The interface MTU comes from ``sparkctl.nodes.facts.ip_addr`` (``Interface.mtu``
 from __future__ import annotations
 
 import json
-from importlib import resources
 from dataclasses import dataclass, field
-from pathlib import Path
+from importlib import resources
 
 from sparkctl.nodes.facts import Fact
 

@@ -28,7 +28,7 @@ log = logging.getLogger("sparkctl.nodes.ssh")
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 
-def known_hosts_path(cluster: "Cluster | None") -> Path:
+def known_hosts_path(cluster: Cluster | None) -> Path:
     return Path(os.path.expanduser((cluster.known_hosts if cluster else None) or DEFAULT_KNOWN_HOSTS))
 
 
@@ -37,7 +37,7 @@ def host_key_name(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
-def fingerprint(key: "paramiko.PKey") -> str:
+def fingerprint(key: paramiko.PKey) -> str:
     """OpenSSH-style ``SHA256:...`` fingerprint of a host key."""
     digest = hashlib.sha256(key.asbytes()).digest()
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
@@ -46,7 +46,7 @@ def fingerprint(key: "paramiko.PKey") -> str:
 _KNOWN_HOSTS_LOCK = threading.Lock()
 
 
-def missing_key_policy(kind: str, node: str, path: Path) -> "paramiko.MissingHostKeyPolicy":
+def missing_key_policy(kind: str, node: str, path: Path) -> paramiko.MissingHostKeyPolicy:
     """What to do with a host not in known_hosts: ``accept-new`` (append its key) or ``pinned`` (refuse)."""
     import paramiko
 
@@ -72,14 +72,15 @@ def missing_key_policy(kind: str, node: str, path: Path) -> "paramiko.MissingHos
             raise NodeError(
                 f"host key of {hostname} is not in {path} and host_key_policy is 'pinned'",
                 where=f"[{node}] ssh",
-                hint=f"verify the key out of band (on the node: ssh-keygen -lf /etc/ssh/ssh_host_{key_type(key)}_key.pub)"
+                hint="verify the key out of band "
+                     f"(on the node: ssh-keygen -lf /etc/ssh/ssh_host_{key_type(key)}_key.pub)"
                      f", then add it: ssh-keyscan -t {key_type(key)} {hostname.strip('[]').split(']:')[0]} >> {path}",
                 evidence=f"offered: {key.get_name()} {fingerprint(key)}")
 
     return AcceptNew() if kind == "accept-new" else Pinned()
 
 
-def key_type(key: "paramiko.PKey") -> str:
+def key_type(key: paramiko.PKey) -> str:
     """``ed25519``, ``rsa``, ``ecdsa``: the key type as ssh-keygen and /etc/ssh file names spell it."""
     name = key.get_name()
     return {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa"}.get(name, "ecdsa" if name.startswith("ecdsa") else name)

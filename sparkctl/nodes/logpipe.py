@@ -31,6 +31,7 @@ that is not a mapping of strings is one line in the log and exit 126.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -69,10 +70,8 @@ def take_engine_env(directory: Path) -> dict[str, str] | None:
         with os.fdopen(fd, "rb") as fh:
             data = fh.read()
     finally:
-        try:
+        with contextlib.suppress(OSError):
             path.unlink()
-        except OSError:
-            pass
     try:
         env = json.loads(data)
     except ValueError as exc:
@@ -108,10 +107,8 @@ def secret_values(directory: Path) -> set[str]:
 
 
 def _die_with_parent() -> None:
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the engine may outlive a killed parent
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the engine may outlive a killed parent
-        pass
 
 
 class _Log:
@@ -139,14 +136,10 @@ def end_like(code: int) -> int:
     if code >= 0:
         return code
     sig = -code
-    try:
+    with contextlib.suppress(OSError, ValueError):
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))    # SIGSEGV/SIGABRT: the engine's end, not a core of ours
-    except (OSError, ValueError):
-        pass
-    try:
+    with contextlib.suppress(OSError, ValueError):
         signal.signal(sig, signal.SIG_DFL)                 # SIGKILL/SIGSTOP cannot be changed: they need not be
-    except (OSError, ValueError):
-        pass
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
         os.kill(os.getpid(), sig)
@@ -172,10 +165,8 @@ def main(argv: list[str]) -> int:
         # The engine's only door for signals (its own process group). Until it has started there is nothing to
         # pass it to: the runtime's stop escalates to SIGKILL, and PR_SET_PDEATHSIG takes the engine along.
         if child and child[0].poll() is None:
-            try:
+            with contextlib.suppress(OSError):
                 child[0].send_signal(signum)
-            except OSError:
-                pass
     for sig in FORWARDED:
         signal.signal(sig, forward)     # a handler (not SIG_IGN): the engine gets default dispositions
     try:

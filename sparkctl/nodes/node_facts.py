@@ -63,7 +63,7 @@ def model_paths(argv: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def gather_over_ssh(ssh: SSHConnector, node: "Node", peers: list["Node"], spec: LaunchSpec) -> NodeFacts:
+def gather_over_ssh(ssh: SSHConnector, node: Node, peers: list[Node], spec: LaunchSpec) -> NodeFacts:
     """Read a Spark's facts: one round-trip of parallel commands, then full-MTU don't-fragment pings to the
     peers that answered a small ping (what to ask second depends on the first answers, nothing is judged here)."""
     out = NodeFacts(node.name, "docker")

@@ -26,6 +26,7 @@ directory (0400), deletes it, and passes it to the engine only (`sparkctl.nodes.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -38,8 +39,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
+from sparkctl.errors import StateDirError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes import procfs
 from sparkctl.nodes.environ import helper_env
 from sparkctl.nodes.logpipe import ENGINE_ENV_FILE
@@ -48,7 +50,6 @@ from sparkctl.nodes.results import CommandResult
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
 from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec, redact, redact_argv
 from sparkctl.sglang.render import MODELS_MOUNT
-from sparkctl.errors import StateDirError
 from sparkctl.state.files import open_state_file, private_dir, state_dir_error
 
 log = logging.getLogger("sparkctl.nodes.process")
@@ -113,7 +114,7 @@ class ProcessRuntime:
     needs_image = False       # the emulator runs in place
     poll_interval_s = 0.1
 
-    def __init__(self, log_dir: Path, sim_knobs: dict[str, Any] | None = None, *,
+    def __init__(self, log_dir: Path, sim_knobs: JSONObject | None = None, *,
                  secrets_root: Path | None = None, engine: str = "emulator", engine_python: str | None = None,
                  models_dir: str = MODELS_MOUNT) -> None:
         """`secrets_root` names whose secrets these are (the state directory's, e.g. ``ledger.root / "secrets"``;
@@ -164,8 +165,8 @@ class ProcessRuntime:
         # The engine's output reaches the log through sparkctl.nodes.logpipe, which redacts secrets line by line.
         # Its stdout is the rank log from the moment it exists (it appends there itself, and its own errors land
         # there too): a later command finds a running engine by the rank log it writes (sparkctl.deploy.observe).
-        # The pipe is sparkctl's own code: it runs with a helper's environment (sparkctl.nodes.environ), isolated (`-I`: no
-        # PYTHON* variable, no user site, no cwd on sys.path), never with the rank's; the engine's environment
+        # The pipe is sparkctl's own code: it runs with a helper's environment (sparkctl.nodes.environ), isolated
+        # (`-I`: no PYTHON* variable, no user site, no cwd on sys.path), never with the rank's; the engine's environment
         # (the profile's env included) reaches the engine alone through a 0400 file the pipe reads and deletes.
         pipe_env = helper_env()
         pipe = [sys.executable, "-I", "-m", "sparkctl.nodes.logpipe", str(log_path), str(sdir), "--"]
@@ -272,14 +273,10 @@ class ProcessRuntime:
             for rank_dir in sorted(dep.glob("rank*")):
                 if rank_dir.name[4:].isdigit() and self._drop_secrets(dep.name, int(rank_dir.name[4:])):
                     removed.append(str(rank_dir))
-            try:
+            with contextlib.suppress(OSError):
                 dep.rmdir()
-            except OSError:
-                pass
-        try:
+        with contextlib.suppress(OSError):
             self.secrets_root.rmdir()
-        except OSError:
-            pass
         if removed:
             log.info("removed %d secret directories of stopped engines under %s", len(removed), self.secrets_root)
         return removed

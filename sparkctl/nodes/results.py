@@ -4,8 +4,9 @@ The connector that produces them is `sparkctl.nodes.ssh` (and the process runtim
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterable, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sparkctl.errors import CommandFailed, NodeError
 from sparkctl.nodes.fanout import fan_out
@@ -34,14 +35,14 @@ class CommandResult:
         return self.stdout + (("\n" if self.stdout and not self.stdout.endswith("\n") else "") + self.stderr
                               if self.stderr else "")
 
-    def check(self) -> "CommandResult":
+    def check(self) -> CommandResult:
         """Raise CommandFailed (argv, exit code, output tail) unless the command exited 0."""
         if self.returncode != 0:
             raise CommandFailed(node=self.node, argv=self.argv, returncode=self.returncode, output=self.output)
         return self
 
 
-class GroupResult(dict, Generic[T]):  # type: ignore[type-arg]
+class GroupResult(dict[str, T | BaseException], Generic[T]):
     """Per-node results of `run_all`, like fabric's GroupResult: node name -> value or exception.
 
     ``succeeded`` / ``failed`` split them; one node's failure never hides the others' results.
@@ -55,7 +56,7 @@ class GroupResult(dict, Generic[T]):  # type: ignore[type-arg]
     def failed(self) -> dict[str, BaseException]:
         return {k: v for k, v in self.items() if isinstance(v, BaseException)}
 
-    def raise_for_failures(self) -> "GroupResult[T]":
+    def raise_for_failures(self) -> GroupResult[T]:
         """Raise GroupError naming every failed node (the successes stay readable on the error)."""
         if self.failed:
             raise GroupError(self)
@@ -91,5 +92,6 @@ def run_all(nodes: Iterable[Any], fn: Callable[[Any], T], *, max_workers: int | 
     for name, o in zip(names, fan_out(items, fn, max_workers=max_workers)):
         if o.error is not None and not isinstance(o.error, Exception):
             raise o.error                    # KeyboardInterrupt / SystemExit: after every node finished
+        # Outcome.value is `R | None` for both cases; a successful outcome holds fn's value (a T).
         out[str(name)] = o.value if o.error is None else o.error  # type: ignore[assignment]
     return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sparkctl.nodes.handles import DockerHandle, Handle, ProcessHandle
 from sparkctl.nodes.node_facts import NodeFacts
@@ -25,7 +25,12 @@ class Liveness:
     exit_code: int | None = None
 
 
-class Runtime(Protocol):
+# The handle a runtime takes back: its own kind (a process runtime's `ProcessHandle`, a docker runtime's
+# `DockerHandle`). Callers hold a plain `Runtime` (any kind) and pass it the handles it returned.
+H = TypeVar("H", bound=ProcessHandle | DockerHandle, contravariant=True)
+
+
+class Runtime(Protocol[H]):
     kind: str
     needs_image: bool          # the engine runs from an image that the image stage must put on the node
     poll_interval_s: float     # how often boot polls its log and liveness (an SSH round-trip costs ~0.2 s)
@@ -39,18 +44,18 @@ class Runtime(Protocol):
     def start(self, spec: LaunchSpec, deployment_id: str) -> Handle:
         """Start the rank's engine (detached: it outlives the sparkctl command)."""
 
-    def liveness(self, handle: Handle) -> Liveness:
+    def liveness(self, handle: H) -> Liveness:
         """Is the engine process/container alive right now."""
 
-    def read_log(self, handle: Handle, offset: int = 0) -> tuple[str, int]:
+    def read_log(self, handle: H, offset: int = 0) -> tuple[str, int]:
         """Log text from byte offset `offset` (for following) and the next offset."""
 
-    def stop(self, handle: Handle, *, timeout_s: float = 15.0) -> None:
+    def stop(self, handle: H, *, timeout_s: float = 15.0) -> None:
         """Stop the engine, keeping what is needed to restart it (idempotent). Starting the same spec under the
         same deployment id again is the restart: a docker runtime reuses the stopped container (rollback's fast
         path), a process runtime starts a fresh process."""
 
-    def remove(self, handle: Handle) -> None:
+    def remove(self, handle: H) -> None:
         """Forget a stopped engine for good (containers removed; logs stay)."""
 
     def cleanup_secrets(self) -> list[str]:

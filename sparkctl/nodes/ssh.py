@@ -38,23 +38,24 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import IO, TYPE_CHECKING, Any
 
-from sparkctl.errors import CommandFailed, NodeError
-from sparkctl.nodes.hostkeys import fingerprint, host_key_name, key_type, known_hosts_path, missing_key_policy
+from sparkctl.errors import NodeError
 from sparkctl.nodes.fanout import fan_out, raise_first
+from sparkctl.nodes.hostkeys import fingerprint, host_key_name, key_type, known_hosts_path, missing_key_policy
 from sparkctl.nodes.results import CommandResult
 from sparkctl.sglang.launch import redact
 
 if TYPE_CHECKING:  # heavy imports stay lazy: `sparkctl --help` must not import paramiko
-    import paramiko
     from fabric import Connection
 
     from sparkctl.config.inventory import Cluster, Inventory, Node
@@ -73,10 +74,10 @@ class SSHConnector:
     ``node`` is an inventory Node; ``cluster`` gives known_hosts and the host-key policy.
     """
 
-    node: "Node"
-    cluster: "Cluster | None" = None
+    node: Node
+    cluster: Cluster | None = None
     connect_timeout_s: float = CONNECT_TIMEOUT_S
-    _conn: "Connection | None" = field(default=None, init=False, repr=False)
+    _conn: Connection | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @property
@@ -89,7 +90,7 @@ class SSHConnector:
         return f"{s.user}@{s.host}:{s.port}"
 
     # -- connection --------------------------------------------------------------------------------------------
-    def connect(self) -> "Connection":
+    def connect(self) -> Connection:
         """Open (or reuse) the SSH connection; NodeError on unreachable host, bad host key or failed auth."""
         with self._lock:
             if self._conn is not None and self._conn.is_connected:
@@ -99,7 +100,7 @@ class SSHConnector:
             self._conn = self._open()
             return self._conn
 
-    def _open(self) -> "Connection":
+    def _open(self) -> Connection:
         import paramiko
         from fabric import Config, Connection
 
@@ -167,13 +168,11 @@ class SSHConnector:
 
     def _close_quietly(self) -> None:
         if self._conn is not None:
-            try:
+            with contextlib.suppress(Exception):  # closing a dead connection
                 self._conn.close()
-            except Exception:  # noqa: BLE001 - closing a dead connection
-                pass
             self._conn = None
 
-    def __enter__(self) -> "SSHConnector":
+    def __enter__(self) -> SSHConnector:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -217,7 +216,7 @@ class SSHConnector:
         log.debug("[%s] exit %d in %.3fs", self.name, result.returncode, result.elapsed_s)
         return result.check() if check else result
 
-    def _exec_started(self, conn: "Connection", command: str, stdin: str | bytes | None,
+    def _exec_started(self, conn: Connection, command: str, stdin: str | bytes | None,
                       timeout: float | None,
                       on_line: Callable[[bytes], None] | None = None) -> tuple[int, bytes, bytes]:
         """``_exec``, asked again while the command has not started. A channel the server refused while the
@@ -240,13 +239,14 @@ class SSHConnector:
                 conn, reconnected = self.connect(), True
         raise _NotStarted("no channel after reconnecting")
 
-    def _drop_if_dead(self, conn: "Connection") -> None:
+    def _drop_if_dead(self, conn: Connection) -> None:
         """Forget ``conn`` if it is still this connector's and has died (a live one serves other commands)."""
         with self._lock:
-            if self._conn is conn and not conn.is_connected:
+            ours = self._conn is conn
+            if ours and not conn.is_connected:
                 self._close_quietly()
 
-    def _exec(self, conn: "Connection", command: str, stdin: str | bytes | None,
+    def _exec(self, conn: Connection, command: str, stdin: str | bytes | None,
               timeout: float | None, on_line: Callable[[bytes], None] | None = None) -> tuple[int, bytes, bytes]:
         """One exec channel: send stdin then EOF, collect stdout/stderr as bytes (decoded once, at the end, so a
         multi-byte character split between packets stays intact), return the exit status. ``on_line`` gets each
@@ -310,7 +310,7 @@ class SSHConnector:
         finally:
             chan.close()
 
-    def pipe_to(self, other: "SSHConnector", src_argv: Sequence[str], dst_argv: Sequence[str], *,
+    def pipe_to(self, other: SSHConnector, src_argv: Sequence[str], dst_argv: Sequence[str], *,
                 timeout: float = 1800.0) -> tuple[int, int, int]:
         """Stream ``src_argv``'s stdout on this node into ``dst_argv``'s stdin on ``other`` (through the controller).
 
@@ -410,7 +410,7 @@ _POOL: dict[tuple[str, str, int, str, str], SSHConnector] = {}
 _POOL_LOCK = threading.Lock()
 
 
-def connector_for(inventory: "Inventory", node: "Node | str") -> SSHConnector:
+def connector_for(inventory: Inventory, node: Node | str) -> SSHConnector:
     """The shared connector of a node (one SSH connection per node and process)."""
     node = inventory.node(node) if isinstance(node, str) else node
     s = node.ssh

@@ -6,13 +6,15 @@ here with the parsers preflight uses (``sparkctl.nodes.facts``).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.errors import ConfigError
-from sparkctl.prepare.runner import PlaybookRun, TaskResult, run_playbook
+from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes import facts
+from sparkctl.prepare.runner import PlaybookRun, TaskResult, run_playbook
 
 PREPARE_TAGS = ("docker", "fabric", "dirs", "gpu", "fabric-ssh")
 MODELS_MOUNT = "/models"
@@ -21,7 +23,7 @@ MODELS_MOUNT = "/models"
 def profile_models(profile_name: str, inv: Inventory) -> list[str]:
     """Model and drafter directories of a profile, relative to host_paths.models (``/models/X`` -> ``X``)."""
     from sparkctl.config.profile import load_profile
-    from sparkctl.nodes.node_facts import model_paths as _model_paths   # the one reading of --model-path & co.
+    from sparkctl.nodes.node_facts import model_paths as _model_paths  # the one reading of --model-path & co.
     from sparkctl.sglang.render import render
 
     result = render(load_profile(profile_name), inv)
@@ -51,7 +53,7 @@ class PrepareResult:
                     acc[k] = acc.get(k, 0) + v
         return out
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {"stats": self.stats, "runs": [
             {"playbook": r.playbook, "check": r.check, "status": r.status, "artifacts": str(r.artifacts),
              "changed": [{"host": c.host, "task": c.task} for c in r.changed() if "item" not in c.res]}
@@ -88,7 +90,7 @@ _FACT_TASKS = {"nvidia-smi": "Fact: nvidia-smi", "ip": "Fact: ip -j addr", "ibde
                "docker": "Fact: docker info", "meminfo": "Fact: meminfo", "manifests": "Fact: model manifests"}
 
 
-def gather_facts(inv: Inventory, *, models: list[str] | None = None) -> dict[str, dict[str, Any]]:
+def gather_facts(inv: Inventory, *, models: list[str] | None = None) -> dict[str, JSONObject]:
     """Per node: gpu, driver, memory, fabric interface, RoCE links, docker runtimes, model manifests."""
     run = run_playbook(inv, "facts.yml", extravars={"prepare_models": models or []})
     run.raise_for_failures()
@@ -110,7 +112,7 @@ def fabric_address_held(address: str | None, networks: tuple[str, ...]) -> bool 
 
 
 def node_facts(run: PlaybookRun, host: str, fabric_interface: str, models: list[str], *,
-               fabric_address: str | None = None) -> dict[str, Any]:
+               fabric_address: str | None = None) -> JSONObject:
     """Parse one host's registered fact outputs (pure: only the run's recorded results). The fabric's `address`
     is the inventory's (what the ranks dial), `ipv4` what the interface carries, `holds_address` whether the
     interface answers on the address."""
@@ -118,7 +120,7 @@ def node_facts(run: PlaybookRun, host: str, fabric_interface: str, models: list[
         res = run.registered(host, _FACT_TASKS[key])
         return str(res.get("stdout", "")) if res and res.get("rc") == 0 else None
 
-    result: dict[str, Any] = {}
+    result: JSONObject = {}
     smi = out("nvidia-smi")
     parsed = facts.parse_nvidia_smi(smi) if smi else None
     result["gpu"] = {"name": parsed.gpus[0][1] if parsed and parsed.gpus else None,

@@ -10,7 +10,8 @@ else of the caller's that the playbooks do not use. ``suppress_env_files`` keeps
 ``env/``; the become password goes to the prompt only. The
 playbooks gather no Ansible facts (they read what they need with small commands), and SSH multiplexing
 (ControlPersist) plus pipelining, and prepare.yml's one-round-trip state read
-(playbooks/README.md), keep a no-change run to a few seconds. Host keys are verified with the inventory's known_hosts and policy, never ignored.
+(playbooks/README.md), keep a no-change run to a few seconds. Host keys are verified with the inventory's
+known_hosts and policy, never ignored.
 
 Example::
 
@@ -22,12 +23,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.errors import ConfigError, NodeError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.resources import shipped
 from sparkctl.state.files import private_dir
 
@@ -50,7 +52,7 @@ class TaskResult:
     host: str
     task: str
     status: str                 # ok | changed | failed | unreachable | skipped
-    res: dict[str, Any]
+    res: JSONObject
     ignored: bool = False
 
     @property
@@ -62,7 +64,8 @@ class TaskResult:
             text = str(res.get(key) or "").strip()
             if text and text not in parts[0]:
                 lines = text.splitlines()
-                telling = [ln for ln in lines if any(w in ln.lower() for w in ("error", "failed", "denied", "no space"))]
+                telling = [ln for ln in lines
+                           if any(w in ln.lower() for w in ("error", "failed", "denied", "no space"))]
                 parts.append("\n".join((telling or lines[-6:])[:6]))
                 break
         if not any(parts) and res.get("results"):
@@ -88,7 +91,7 @@ class PlaybookRun:
     def failures(self) -> list[TaskResult]:
         return [r for r in self.results if r.status in ("failed", "unreachable") and not r.ignored]
 
-    def registered(self, host: str, task: str) -> dict[str, Any] | None:
+    def registered(self, host: str, task: str) -> JSONObject | None:
         """The result of ``task`` on ``host`` (its last event), e.g. a registered command's stdout."""
         found = [r.res for r in self.results if r.host == host and r.task == task and "_ansible_item_label" not in r.res
                  and "item" not in r.res]
@@ -121,12 +124,12 @@ def fix_for(result: TaskResult) -> str:
         return (f"give the SSH user passwordless sudo on {result.host} (sudoers: USER ALL=(ALL) NOPASSWD: ALL) or "
                 f"run again with --ask-become-pass")
     if "no space left on device" in text:
-        return (f"free space under host_paths.models on the receiving node, then re-run: files already copied "
-                f"are kept and only the rest is sent")
+        return ("free space under host_paths.models on the receiving node, then re-run: files already copied "
+                "are kept and only the rest is sent")
     if "netplan" in text or "failed to validate" in text:
         return (f"fix the netplan configuration on {result.host} named above (the fabric file was not replaced; "
                 f"the previous one is still in force), then re-run")
-    return f"see the task's output above; the run's events are in the state directory; re-run once fixed"
+    return "see the task's output above; the run's events are in the state directory; re-run once fixed"
 
 
 def ansible_env(job_env: dict[str, str], caller: dict[str, str], settings: dict[str, str]) -> dict[str, str]:
@@ -173,7 +176,7 @@ def ssh_common_args(inv: Inventory) -> str:
 
 
 def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: list[str] | None = None,
-                 extravars: dict[str, Any] | None = None, become_password: str | None = None,
+                 extravars: JSONObject | None = None, become_password: str | None = None,
                  on_event: Callable[[TaskResult], None] | None = None, forks: int = 10,
                  env: dict[str, str] | None = None) -> PlaybookRun:
     """Run ``playbooks/<playbook>`` on every node of ``inv``; returns what happened, per host and task.
@@ -184,7 +187,7 @@ def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: li
         raise ConfigError("prepare needs real nodes: the embedded local cluster is this machine",
                           where=inv.path, hint="point --inventory (or SPARKCTL_INVENTORY) at your Sparks' inventory")
     try:
-        import ansible_runner
+        import ansible_runner  # noqa: F401 - only whether it is installed; _run imports it for use
     except ImportError:
         raise ConfigError("ansible-runner is not installed", hint="pip install 'sparkctl[prepare]' "
                           "(ansible-core + ansible-runner; bin/_bootstrap installs them)") from None
@@ -209,7 +212,7 @@ def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: li
     }
     envvars.update(env or {})
 
-    def handler(event: dict[str, Any]) -> bool:
+    def handler(event: JSONObject) -> bool:
         result = _result_of(event)
         if result is not None:
             run.results.append(result)
@@ -308,7 +311,7 @@ _STATUS = {"runner_on_ok": "ok", "runner_on_failed": "failed", "runner_on_unreac
            "runner_item_on_skipped": "skipped"}
 
 
-def _result_of(event: dict[str, Any]) -> TaskResult | None:
+def _result_of(event: JSONObject) -> TaskResult | None:
     status = _STATUS.get(event.get("event", ""))
     if status is None:
         return None

@@ -14,11 +14,13 @@ Every wait is bounded and polls; nothing here sleeps without a deadline.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.router import RouterError
 from sparkctl.router.metrics import RouterMetrics, parse_router_metrics
 
@@ -32,7 +34,7 @@ class Worker:
     model_id: str | None
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Worker":
+    def from_json(cls, d: JSONObject) -> Worker:
         return cls(id=str(d.get("id", "")), url=str(d.get("url", "")).rstrip("/"), healthy=bool(d.get("is_healthy")),
                    load=int(d.get("load") or 0), model_id=d.get("model_id"))
 
@@ -55,7 +57,7 @@ class RouterClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "RouterClient":
+    def __enter__(self) -> RouterClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -214,7 +216,7 @@ def attach(router: RouterClient, worker_url: str, *, timeout_s: float = 30.0) ->
     return router.add_worker(worker_url, timeout_s=timeout_s)
 
 
-def _json_object(r: httpx.Response) -> dict[str, Any] | None:
+def _json_object(r: httpx.Response) -> JSONObject | None:
     """The body as a JSON object when it is one (a router of another version or a hostile one: None)."""
     try:
         doc = r.json()
@@ -223,5 +225,5 @@ def _json_object(r: httpx.Response) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _count(value: Any) -> int:
+def _count(value: object) -> int:
     return value if type(value) is int and value >= 0 else 0

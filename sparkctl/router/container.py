@@ -21,17 +21,18 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 import httpx
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes import facts
 from sparkctl.router import RouterError, strip_colour
 from sparkctl.router.spec import CLUSTER_LABEL, IDENTITY_LABEL, ROLE, ROLE_LABEL, RouterSpec
 
 if TYPE_CHECKING:
-    from sparkctl.config.inventory import Inventory
     from sparkctl.nodes.results import CommandResult
 
 log = logging.getLogger("sparkctl.router")
@@ -42,7 +43,7 @@ class Runner(Protocol):
     """What the container needs of a node connector (`sparkctl.nodes.ssh.SSHConnector` is one)."""
 
     def run(self, argv: Sequence[str], *, check: bool = False, timeout: float | None = 60.0,
-            merge_stderr: bool = False) -> "CommandResult": ...
+            merge_stderr: bool = False) -> CommandResult: ...
 
 
 def router_container_name(cluster: str) -> str:
@@ -51,7 +52,7 @@ def router_container_name(cluster: str) -> str:
     return f"sparkctl-{safe}-router"
 
 
-def removable(state: facts.ContainerState | None) -> bool:
+def removable(state: facts.ContainerState | None) -> TypeGuard[facts.ContainerState]:
     """Only a container sparkctl started as a router may be removed by the router's stop."""
     return state is not None and state.labels.get(ROLE_LABEL) == ROLE
 
@@ -82,12 +83,12 @@ class RouterContainer:
     kept = False                   # start found this very launch running (a dead controller's) and kept it
 
     # ---- record --------------------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"kind": KIND, "node": self.node, "container": self.name, "container_id": self.container_id,
                 "image": self.image, "argv": self.spec.args()}
 
     @classmethod
-    def from_dict(cls, spec: RouterSpec, runner: Runner, d: dict[str, Any]) -> "RouterContainer":
+    def from_dict(cls, spec: RouterSpec, runner: Runner, d: JSONObject) -> RouterContainer:
         """The router a previous controller started (read from its record): liveness and stop by container ID."""
         return cls(spec, str(d["node"]), runner, str(d["container"]), str(d.get("container_id") or d["container"]),
                    str(d.get("image", "")))
@@ -99,7 +100,7 @@ class RouterContainer:
     # ---- start ---------------------------------------------------------------------------------------------
     @classmethod
     def start(cls, spec: RouterSpec, runner: Runner, *, node: str, cluster: str, image: str,
-              ready_timeout_s: float = 60.0) -> "RouterContainer":
+              ready_timeout_s: float = 60.0) -> RouterContainer:
         """Run the router (or keep the one a dead controller left running this very launch) and wait until it is
         live. RouterError names the node, the container and the log tail when it does not come up."""
         name = router_container_name(cluster)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.router.spec import RouterSpec
 
 if TYPE_CHECKING:
@@ -30,16 +31,16 @@ class Router(Protocol):
 
     def stop(self, timeout_s: float = 10.0) -> Any: ...
 
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> JSONObject: ...
 
     def log_tail(self, lines: int = 20) -> str: ...
 
 
-def _container_side(inventory: "Inventory") -> bool:
+def _container_side(inventory: Inventory) -> bool:
     return inventory.rank0.runtime == "docker"
 
 
-def check_ports(inventory: "Inventory", spec: RouterSpec) -> None:
+def check_ports(inventory: Inventory, spec: RouterSpec) -> None:
     """The router's ports are free where it will run, or RouterError naming who holds them (on the embedded
     cluster; on Sparks the router container's own bind fails and its start says so)."""
     if not _container_side(inventory):
@@ -47,7 +48,7 @@ def check_ports(inventory: "Inventory", spec: RouterSpec) -> None:
         ports_free(spec)
 
 
-def start_router(inventory: "Inventory", spec: RouterSpec, *, image: str | None, log_path: Path,
+def start_router(inventory: Inventory, spec: RouterSpec, *, image: str | None, log_path: Path,
                  ready_timeout_s: float = 60.0) -> Router:
     """Start the router where the inventory's rank 0 runs its engine and wait until it is live (RouterError
     otherwise, with its log tail). ``image``: the engine image the replicas run (docker runtime only)."""
@@ -65,7 +66,7 @@ def start_router(inventory: "Inventory", spec: RouterSpec, *, image: str | None,
     return RouterProcess.start(spec, log_path, ready_timeout_s=ready_timeout_s)
 
 
-def from_record(inventory: "Inventory", spec: RouterSpec, d: dict[str, Any]) -> Router:
+def from_record(inventory: Inventory, spec: RouterSpec, d: JSONObject) -> Router:
     """The router a record names (its kind from the record; a record from before kinds were kept is a process)."""
     if d.get("kind") == "container":
         from sparkctl.nodes.ssh import connector_for
@@ -89,7 +90,7 @@ def from_record(inventory: "Inventory", spec: RouterSpec, d: dict[str, Any]) -> 
     return RouterProcess.from_dict(spec, d)
 
 
-def recorded_router(inventory: "Inventory", spec: RouterSpec, d: dict[str, Any] | None) -> Router | None:
+def recorded_router(inventory: Inventory, spec: RouterSpec, d: JSONObject | None) -> Router | None:
     """The recorded router if it still runs, else None (then `start_router` starts, or takes over, one)."""
     if not d:
         return None
@@ -97,7 +98,7 @@ def recorded_router(inventory: "Inventory", spec: RouterSpec, d: dict[str, Any] 
     return router if router.alive() else None
 
 
-def stop_router(inventory: "Inventory", d: dict[str, Any] | None, *, timeout_s: float = 10.0) -> bool:
+def stop_router(inventory: Inventory, d: JSONObject | None, *, timeout_s: float = 10.0) -> bool:
     """Stop the router the record names and, on the docker runtime, every other router container of this cluster
     on rank 0's node (one a controller killed between `docker run` and its record left behind: the record does
     not name it). Only containers labelled ``sparkctl.role=router`` are removed. True when something was stopped

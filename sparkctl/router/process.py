@@ -2,6 +2,7 @@
 a log file (mode 0600), ready when /liveness answers, stopped by its PID (SIGTERM, then SIGKILL at the bound)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -46,7 +47,7 @@ class RouterProcess:
         return _tail(self.log_path, lines)
 
     @classmethod
-    def from_dict(cls, spec: RouterSpec, d: dict) -> "RouterProcess":
+    def from_dict(cls, spec: RouterSpec, d: dict) -> RouterProcess:
         """The router a previous controller started (read from its record): stop and liveness by PID + start time.
         A damaged entry is a RouterError naming what is wrong (never a KeyError, never a guessed PID)."""
         pid, ticks, log = d.get("pid"), d.get("ticks"), d.get("log")
@@ -58,7 +59,7 @@ class RouterProcess:
 
     @classmethod
     def start(cls, spec: RouterSpec, log_path: Path, *, ready_timeout_s: float = 30.0,
-              python: str | None = None) -> "RouterProcess":
+              python: str | None = None) -> RouterProcess:
         from sparkctl.state.files import open_state_file, private_dir
         ports_free(spec)
         private_dir(log_path.parent)
@@ -117,18 +118,14 @@ class RouterProcess:
             self._reap()
             time.sleep(0.05)
         else:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self._reap()
 
     def _reap(self) -> None:
         if self._popen is not None:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self._popen.wait(timeout=0.01)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 # sglang-router 0.3.2's launch_router.py sets its process title to this (setproctitle): /proc/PID/cmdline reads

@@ -12,10 +12,17 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
-from sparkctl.sglang.logparse import (FATAL_KINDS, STAT_KINDS, DecodeStats, EventKind, LogEvent, parse_segment,
-                                      split_segments)
+from sparkctl.jsontypes import JSONObject
+from sparkctl.sglang.logparse import (
+    FATAL_KINDS,
+    STAT_KINDS,
+    DecodeStats,
+    EventKind,
+    LogEvent,
+    parse_segment,
+    split_segments,
+)
 
 log = logging.getLogger("sparkctl.sglang")
 
@@ -51,7 +58,7 @@ class Failure:
     first_kind: EventKind
     exception: str | None = None
     exit_code: int | None = None
-    fields: dict[str, Any] = field(default_factory=dict)
+    fields: JSONObject = field(default_factory=dict)
     context: list[str] = field(default_factory=list)   # lines before + after the first error
 
 
@@ -86,11 +93,11 @@ class LogFollower:
         self.last_line: str | None = None
         self.line_no = 0
         self.capacity: dict[str, int | float] | None = None
-        self.kv_pools: list[dict[str, Any]] = []
-        self.mamba_pools: list[dict[str, Any]] = []
+        self.kv_pools: list[JSONObject] = []
+        self.mamba_pools: list[JSONObject] = []
         self.mamba_cap: int | None = None
         self.nccl_version: str | None = None
-        self.server_args: dict[str, Any] | None = None
+        self.server_args: JSONObject | None = None
         self.worker_health_address: str | None = None
         self.failure: Failure | None = None
         self.fatal_events: list[LogEvent] = []

@@ -30,11 +30,14 @@ import math
 import ssl
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import httpcore
 import httpx
+
+from sparkctl.jsontypes import JSONObject
 
 __all__ = ["Limits", "RunGuard", "DeadlineTransport", "SLICE_S"]
 
@@ -82,7 +85,7 @@ class Limits:
         """Most events a stream asked for ``max_tokens`` may send (one per token is what SGLang does)."""
         return self.events_per_token * max(1, max_tokens or 1) + self.events_extra
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return asdict(self)
 
 

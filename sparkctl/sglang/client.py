@@ -23,20 +23,40 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
+from typing import Any
 
 import httpx
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.bounds import DeadlineTransport, Limits, RunGuard
 from sparkctl.sglang.launch import redact
 from sparkctl.sglang.responses import (
-    ChatResult, Delta, EndpointBoundError, EndpointProtocolError, SGLangAPIError, SSEFrame, Usage,
-    as_json_object, assemble_chat_stream, evidence_of, iter_sse_frames, parse_chat_response, parse_sse_lines,
+    ChatResult,
+    Delta,
+    EndpointBoundError,
+    EndpointProtocolError,
+    SGLangAPIError,
+    SSEFrame,
+    Usage,
+    as_json_object,
+    assemble_chat_stream,
+    evidence_of,
+    iter_sse_frames,
+    parse_chat_response,
+    parse_sse_lines,
     parse_usage,
 )
 from sparkctl.sglang.serverinfo import (
-    NodeRole, PromSample, ServerInfo, accept_length_from_meta, detect_role, parse_models, parse_prometheus,
-    parse_prometheus_samples, parse_server_info,
+    NodeRole,
+    PromSample,
+    ServerInfo,
+    accept_length_from_meta,
+    detect_role,
+    parse_models,
+    parse_prometheus,
+    parse_prometheus_samples,
+    parse_server_info,
 )
 
 log = logging.getLogger("sparkctl.sglang")
@@ -206,7 +226,7 @@ class SGLangClient:
         hint = "check the API key (--api-key-env NAME for --endpoint)" if r.status_code in (401, 403) else None
         return SGLangAPIError(url, r.status_code, self._redact(body), hint=hint)
 
-    def _json(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+    def _json(self, method: str, path: str, **kw: Any) -> JSONObject:
         with self._exchange(method, path, **kw) as (r, deadline):
             if r.status_code != 200:
                 raise self._error(r, path, deadline)
@@ -256,7 +276,7 @@ class SGLangClient:
         if buf:
             yield time.perf_counter(), buf.decode("utf-8", "replace")
 
-    def _get_with_fallback(self, primary: str, legacy: str) -> dict[str, Any]:
+    def _get_with_fallback(self, primary: str, legacy: str) -> JSONObject:
         with self._exchange("GET", primary) as (r, deadline):
             if r.status_code not in (200, 404):
                 raise self._error(r, primary, deadline)
@@ -272,13 +292,13 @@ class SGLangClient:
         with self._exchange("GET", "/health") as (r, _):
             return r.status_code
 
-    def models(self) -> list[dict[str, Any]]:
+    def models(self) -> list[JSONObject]:
         try:
             return parse_models(self._json("GET", "/v1/models"), url=self._url("/v1/models"))
         except SGLangAPIError as exc:
             raise self._scrub(exc) from None
 
-    def server_info(self) -> dict[str, Any]:
+    def server_info(self) -> JSONObject:
         """Raw server-info JSON: ``/server_info``, falling back to ``/get_server_info`` (0.5.3) on 404."""
         return self._get_with_fallback("/server_info", "/get_server_info")
 
@@ -298,18 +318,18 @@ class SGLangClient:
             return self._read_body(r, self._url("/flush_cache"), deadline).decode("utf-8", "replace")
 
     def generate(self, text: str, sampling_params: Mapping[str, Any] | None = None, *,
-                 extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 extra: Mapping[str, Any] | None = None) -> JSONObject:
         """Native ``POST /generate``; ``meta_info`` has completion_tokens, spec_verify_ct (see
         ``accept_length_from_meta``), e2e_latency..."""
-        body: dict[str, Any] = {"text": text, "sampling_params": dict(sampling_params or {})}
+        body: JSONObject = {"text": text, "sampling_params": dict(sampling_params or {})}
         body.update(extra or {})
         return self._json("POST", "/generate", json=body)
 
     # chat ------------------------------------------------------------------
     @staticmethod
-    def _chat_body(messages: list[dict[str, Any]], max_tokens: int, temperature: float, stream: bool,
-                   model: str | None, extra: Mapping[str, Any] | None) -> dict[str, Any]:
-        body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature,
+    def _chat_body(messages: list[JSONObject], max_tokens: int, temperature: float, stream: bool,
+                   model: str | None, extra: Mapping[str, Any] | None) -> JSONObject:
+        body: JSONObject = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature,
                                 "stream": stream}
         if model is not None:
             body["model"] = model
@@ -318,7 +338,7 @@ class SGLangClient:
         body.update(extra or {})
         return body
 
-    def stream_chat(self, messages: list[dict[str, Any]], *, max_tokens: int, temperature: float = 0,
+    def stream_chat(self, messages: list[JSONObject], *, max_tokens: int, temperature: float = 0,
                     model: str | None = None, extra: Mapping[str, Any] | None = None
                     ) -> Generator[tuple[float, SSEFrame], None, None]:
         """Stream ``/v1/chat/completions``; yields ``(perf_counter arrival, frame)`` as frames arrive."""
@@ -342,7 +362,7 @@ class SGLangClient:
             max_events = self.limits.max_events(max_tokens)
             yield from iter_sse_frames(self._lines(r, url, deadline, max_events), url=url)
 
-    def chat(self, messages: list[dict[str, Any]], *, max_tokens: int, temperature: float = 0,
+    def chat(self, messages: list[JSONObject], *, max_tokens: int, temperature: float = 0,
              stream: bool = False, model: str | None = None, extra: Mapping[str, Any] | None = None) -> ChatResult:
         """One chat completion; ``extra`` merges into the request (``chat_template_kwargs``,
         ``separate_reasoning``, ``logprobs``...). Streaming adds per-delta arrival times and TTFT."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -124,7 +124,7 @@ class Dialect:
         return parser
 
 
-def _convertible(conv: Any, value: Any) -> bool:
+def _convertible(conv: Any, value: object) -> bool:
     try:
         conv(value)
         return True
@@ -139,7 +139,7 @@ def available_versions() -> list[str]:
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_dialect(version: str = DEFAULT_VERSION) -> Dialect:
     """The dialect of an SGLang version; ConfigError if sparkctl has no schema for it."""
     root = resources.files("sparkctl.sglang") / "dialects"

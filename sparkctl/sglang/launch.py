@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+
+from sparkctl.jsontypes import JSONObject
 
 REDACTED = "***"
 # Where an engine finds its secret files (the runtime puts the directory there: a read-only bind mount in a
@@ -25,7 +26,7 @@ _SECRET_FIELDS = re.compile(r"\b(?P<key>(?:admin_)?api_key|hf_token|ssl_keyfile_
                             r"(?P<q>['\"])(?P<value>.*?)(?P=q)")
 
 
-def redact(text: str, secrets: "frozenset[str] | set[str] | list[str] | tuple[str, ...]") -> str:
+def redact(text: str, secrets: frozenset[str] | set[str] | list[str] | tuple[str, ...]) -> str:
     """`text` with every (non-empty) secret value replaced by '***': the one redaction rule of sparkctl.
     Longest first, so a secret that contains another is hidden whole."""
     for value in sorted({s for s in secrets if s}, key=len, reverse=True):
@@ -39,7 +40,7 @@ SECRET_OPTIONS = frozenset({"--api-key", "--admin-api-key", "--ssl-keyfile-passw
 SECRET_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "SGLANG_API_KEY"})
 
 
-def redact_argv(argv: list[str], secret_options: "frozenset[str] | set[str]") -> list[str]:
+def redact_argv(argv: list[str], secret_options: frozenset[str] | set[str]) -> list[str]:
     """argv with the value of every secret flag replaced by '***', by position (`--api-key X`, `--api-key=X`):
     redaction by field, so a number that happens to equal a secret is never hidden."""
     out: list[str] = []
@@ -75,7 +76,7 @@ class LaunchSpec:
     api_host: str = "127.0.0.1"   # where a client reaches rank 0's HTTP API
     api_port: int = 30000
     image: str | None = None      # engine image reference (docker runtime)
-    mounts: list[dict[str, Any]] = field(default_factory=list)  # {"source","target","read_only"}
+    mounts: list[JSONObject] = field(default_factory=list)  # {"source","target","read_only"}
     secret_values: frozenset[str] = field(default=frozenset(), repr=False)  # values to redact wherever printed
     # File name -> content of the files the runtime writes (0400, in a private 0700 directory) at SECRETS_MOUNT
     # before the engine starts: the API key and HF token reach the engine there, never in its argv or env.
@@ -98,7 +99,7 @@ class LaunchSpec:
     def redact_text(self, text: str) -> str:
         return redact(text, self.secret_values)
 
-    def redacted(self) -> dict[str, Any]:
+    def redacted(self) -> JSONObject:
         """JSON-safe view with every secret replaced by '***' (for printing and the ledger): by field (the
         secret flags' values and secret variables), never by what a value looks like."""
         return {

@@ -18,9 +18,12 @@ import ast
 import enum
 import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
+
+from sparkctl.jsontypes import JSONObject
 
 __all__ = [
     "EventKind", "FATAL_KINDS", "LogEvent", "clean_line", "split_segments", "parse_line",
@@ -74,7 +77,7 @@ class LogEvent:
     message: str                    # the line without its ``[date time TPn]`` prefix
     ts: datetime | None = None
     ranks: tuple[str, ...] = ()
-    fields: dict[str, Any] = field(default_factory=dict)
+    fields: JSONObject = field(default_factory=dict)
 
     @property
     def fatal(self) -> bool:
@@ -154,13 +157,13 @@ _TRACEBACK_RE = re.compile(r"^Traceback \(most recent call last\):")
 _EXC_LINE_RE = re.compile(r"^(?P<exc>[A-Za-z_][\w.:]*(?:Error|Exception|Interrupt))(?::\s*(?P<msg>.*))?$")
 
 
-def parse_batch_fields(body: str) -> dict[str, Any]:
+def parse_batch_fields(body: str) -> JSONObject:
     """``#running-req: 1, accept len: 2.75, cuda graph: True, ...`` -> {key: int|float|bool|str}.
 
     Generic on purpose: SGLang adds and renames fields between releases (``#token`` vs
     ``#full token``/``#swa token``, ``cap len``...); the caller picks what it knows.
     """
-    out: dict[str, Any] = {}
+    out: JSONObject = {}
     for part in body.split(", "):
         key, sep, value = part.partition(": ")
         if not sep:
@@ -176,9 +179,9 @@ def parse_batch_fields(body: str) -> dict[str, Any]:
     return out
 
 
-def _batch_event_fields(kind: EventKind, m: re.Match[str]) -> dict[str, Any]:
+def _batch_event_fields(kind: EventKind, m: re.Match[str]) -> JSONObject:
     raw = parse_batch_fields(m.group("body"))
-    f: dict[str, Any] = {"dialect": "period" if m.group("sep") == "." else "comma", "raw": raw}
+    f: JSONObject = {"dialect": "period" if m.group("sep") == "." else "comma", "raw": raw}
     names = {
         "#running-req": "running_req", "#queue-req": "queue_req", "token usage": "token_usage",
         "full token usage": "token_usage", "accept len": "accept_len", "accept rate": "accept_rate",
@@ -220,7 +223,7 @@ def _split_top_level(body: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def parse_server_args(line_or_body: str) -> dict[str, Any]:
+def parse_server_args(line_or_body: str) -> JSONObject:
     """Parse the ``server_args=ServerArgs(...)`` repr (or 0.5.23's ``server_args={...}`` dict) into a dict of
     top-level fields.
 
@@ -233,7 +236,7 @@ def parse_server_args(line_or_body: str) -> dict[str, Any]:
         value = _literal(text)
         return {k: v for k, v in value.items() if isinstance(k, str)} if isinstance(value, dict) else {}
     body = m.group("body") if m else line_or_body
-    out: dict[str, Any] = {}
+    out: JSONObject = {}
     for part in _split_top_level(body):
         key, sep, value = part.partition("=")
         if not sep or not key.isidentifier():
@@ -270,12 +273,12 @@ SERVER_ARGS_KEYS = ("model_path", "served_model_name", "tp_size", "nnodes", "nod
 
 # --------------------------------------------------------------------------- parse_line
 
-def _match_milestone(msg: str) -> tuple[EventKind, dict[str, Any]] | None:
+def _match_milestone(msg: str) -> tuple[EventKind, JSONObject] | None:
     if m := _BATCH_RE.match(msg):
         kind = EventKind.PREFILL_BATCH if m.group("which") == "Prefill" else EventKind.DECODE_BATCH
         return kind, _batch_event_fields(kind, m)
     if _LOAD_END_RE.match(msg):
-        f: dict[str, Any] = {}
+        f: JSONObject = {}
         for key, rx in (("elapsed_s", r"elapsed=([\d.]+) s"), ("avail_mem_gb", r"avail mem=([\d.]+) GB"),
                         ("mem_usage_gb", r"mem usage=([\d.]+) GB")):
             if mm := re.search(rx, msg):
@@ -326,7 +329,7 @@ def _match_milestone(msg: str) -> tuple[EventKind, dict[str, Any]] | None:
     return None
 
 
-def _match_fatal(line: str, msg: str) -> tuple[EventKind, dict[str, Any]] | None:
+def _match_fatal(line: str, msg: str) -> tuple[EventKind, JSONObject] | None:
     if m := _WATCHDOG_RE.search(line):   # also inside an indented C++ ``what():`` line
         f = {"seqnum": int(m.group("seq")), "optype": m.group("op"), "timeout_ms": int(m.group("timeout"))}
         if m.group("ran"):
@@ -427,7 +430,7 @@ class DecodeStats:
             if "accept_rate" in f:
                 self.accept_rate.append(float(f["accept_rate"]))
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         def rng(xs: list[float]) -> tuple[float, float] | None:
             return (min(xs), max(xs)) if xs else None
         return {
@@ -441,7 +444,7 @@ class DecodeStats:
         }
 
 
-def decode_stats(lines: Iterable[str]) -> dict[str, Any]:
+def decode_stats(lines: Iterable[str]) -> JSONObject:
     """Summarise scheduler decode lines: accept len/rate (min, max) during active decode,
     peak gen-throughput gauge, batch counts, and max ``#running-req`` (1 everywhere under
     concurrency means the server serialised the requests)."""

@@ -12,14 +12,15 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
 
 import yaml
 
 from sparkctl.config.inventory import Inventory, Node
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.dialect import Dialect, Flag, load_dialect
 from sparkctl.sglang.launch import ENGINE_SECRETS_FILE, HF_TOKEN_FILE, SECRET_OPTIONS, SECRETS_MOUNT, LaunchSpec
 
@@ -51,7 +52,7 @@ class RenderResult:
     specs: list[LaunchSpec]
     warnings: list[str] = field(default_factory=list)
 
-    def to_json(self, rank: int | None = None) -> dict[str, Any]:
+    def to_json(self, rank: int | None = None) -> JSONObject:
         ranks = [s.redacted() for s in self.specs if rank is None or s.rank == rank]
         return {"profile": self.profile.name, "sglang_version": self.profile.image.sglang_version,
                 "inventory": self.inventory.path, "emulated": self.inventory.emulated,
@@ -59,7 +60,7 @@ class RenderResult:
                 "warnings": list(self.warnings)}
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
@@ -75,7 +76,7 @@ class _ArgvBuilder:
     def _refuse(self, key: str, message: str, hint: str) -> ConfigError:
         return ConfigError(f"{key}: {message}", where=self.profile.origin_of(key), hint=hint)
 
-    def add(self, key: str, dest: str, value: Any) -> None:
+    def add(self, key: str, dest: str, value: object) -> None:
         """Append one setting (skipped when None / False) in this dialect's spelling."""
         if value is None or value is False:
             return
@@ -124,7 +125,7 @@ class _ArgvBuilder:
             if flag.dest in self.dests:
                 by = self.dests[flag.dest]
                 raise self._refuse(key, f"{opt} is given twice" if by == key else f"{opt} is already set by {by}",
-                                   f"set it once: remove it from extra_args" + ("" if by == key else f" or {by}"))
+                                   "set it once: remove it from extra_args" + ("" if by == key else f" or {by}"))
             self.dests[flag.dest] = key
             if flag.deprecated:
                 self.warnings.append(f"{key}: {opt} is deprecated in SGLang {version}")

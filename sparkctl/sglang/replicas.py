@@ -4,9 +4,9 @@ replica 0 is ranks 0..tp-1, replica 1 the next tp, ...), each rendered as its ow
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 import os
-from typing import Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile

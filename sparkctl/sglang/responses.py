@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from sparkctl.errors import NodeError
+from sparkctl.jsontypes import JSONObject
 
 __all__ = [
     "SGLangAPIError", "EndpointBoundError", "EndpointProtocolError", "ChatResult", "Usage", "Delta", "SSEFrame",
@@ -96,7 +98,7 @@ class Delta:
     t: float
     content: str = ""
     reasoning_content: str = ""
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[JSONObject] = field(default_factory=list)
     role: str | None = None
 
     @property
@@ -120,12 +122,12 @@ class ChatResult:
     t_end: float
     t_first_token: float | None = None
     t_last_token: float | None = None
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[JSONObject] = field(default_factory=list)
     deltas: list[Delta] = field(default_factory=list)
     model: str | None = None
     id: str | None = None
     stream: bool = False
-    raw: dict[str, Any] | None = None   # non-streamed body
+    raw: JSONObject | None = None   # non-streamed body
 
     @property
     def ttft(self) -> float | None:
@@ -153,7 +155,7 @@ class ChatResult:
 class SSEFrame:
     """One server-sent event: parsed JSON ``payload`` or ``done`` for ``data: [DONE]``."""
 
-    payload: dict[str, Any] | None
+    payload: JSONObject | None
     done: bool = False
     raw: str = ""
 
@@ -212,7 +214,7 @@ def parse_sse_lines(lines: Iterable[str]) -> list[SSEFrame]:
     return [f for _, f in iter_sse_frames((0.0, line) for line in lines)]
 
 
-def int_or_none(v: Any) -> int | None:
+def int_or_none(v: object) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
@@ -252,7 +254,7 @@ def assemble_chat_stream(frames: Iterable[tuple[float, SSEFrame]], t_start: floa
     """
     content: list[str] = []
     reasoning: list[str] = []
-    tool_calls: list[dict[str, Any]] = []
+    tool_calls: list[JSONObject] = []
     deltas: list[Delta] = []
     usage = Usage()
     finish_reason = model = rid = None
@@ -285,7 +287,7 @@ def _shape_checked(url: str, raw: str, what: str) -> Iterator[None]:
 
 
 def _fold_frame(p: Mapping[str, Any], t: float, deltas: list[Delta], content: list[str], reasoning: list[str],
-                tool_calls: list[dict[str, Any]], state: tuple[Any, ...]) -> tuple[Any, ...]:
+                tool_calls: list[JSONObject], state: tuple[Any, ...]) -> tuple[Any, ...]:
     model, rid, usage, finish_reason, t_first, t_last = state
     model = p.get("model", model)
     rid = p.get("id", rid)
@@ -325,7 +327,7 @@ def parse_chat_response(body: Mapping[str, Any], t_start: float, t_end: float, *
     return res
 
 
-def as_json_object(body: str | bytes | Mapping[str, Any], url: str = "", status: int | None = 200) -> dict[str, Any]:
+def as_json_object(body: str | bytes | Mapping[str, Any], url: str = "", status: int | None = 200) -> JSONObject:
     """A body that must be one JSON object, else ``EndpointProtocolError`` with what came as evidence."""
     if isinstance(body, Mapping):
         return dict(body)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.responses import as_json_object, int_or_none
 
 __all__ = ["ServerInfo", "PromSample", "NodeRole", "parse_server_info", "parse_prometheus",
@@ -36,8 +38,8 @@ class ServerInfo:
     mem_fraction_static: float | None
     last_gen_throughput: float | None
     avg_spec_accept_length: float | None
-    memory_usage: dict[str, Any] | None
-    raw: dict[str, Any]
+    memory_usage: JSONObject | None
+    raw: JSONObject
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ def parse_server_info(body: str | bytes | Mapping[str, Any]) -> ServerInfo:
     def pick(key: str) -> Any:
         return d.get(key, st.get(key))
 
-    def num(v: Any) -> float | None:
+    def num(v: object) -> float | None:
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
     return ServerInfo(
@@ -121,7 +123,7 @@ def parse_prometheus(text: str, prefix: str = "sglang:") -> dict[str, float]:
     return out
 
 
-def parse_models(body: str | bytes | Mapping[str, Any], *, url: str = "/v1/models") -> list[dict[str, Any]]:
+def parse_models(body: str | bytes | Mapping[str, Any], *, url: str = "/v1/models") -> list[JSONObject]:
     """``/v1/models`` body -> its ``data`` list (``id`` = served model name, ``max_model_len``...)."""
     d = as_json_object(body)
     data = d.get("data") or []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +84,7 @@ def _standin_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _parse_tokens(value: Any) -> int | None:
+def _parse_tokens(value: object) -> int | None:
     """'128k' / '131072' / 131072 -> int (SGLang accepts k/m suffixes for --max-total-tokens)."""
     if value is None:
         return None
@@ -160,12 +161,13 @@ class Resolved:
 
 _TORCH_DTYPES = {"auto": "torch.bfloat16", "bf16": "torch.bfloat16", "bfloat16": "torch.bfloat16",
                  "fp16": "torch.float16", "float16": "torch.float16",
-                 "fp8_e4m3": "torch.float8_e4m3fn", "fp8_e5m2": "torch.float8_e5m2", "fp4_e2m1": "torch.float4_e2m1fn_x2"}
+                 "fp8_e4m3": "torch.float8_e4m3fn", "fp8_e5m2": "torch.float8_e5m2",
+                 "fp4_e2m1": "torch.float4_e2m1fn_x2"}
 
 
 def resolve(ns: argparse.Namespace, argv: list[str], version: str, knobs: Knobs) -> Resolved:
     a: dict[str, Any] = dict(vars(ns))
-    g = a.get
+    g: Callable[[str], Any] = a.get     # any value argparse gave, None when absent
     mrr_given = g("max_running_requests") is not None
     model_path = g("model_path") or "default-model"
     served = g("served_model_name") or model_path

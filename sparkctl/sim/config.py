@@ -11,7 +11,8 @@ Sources, later wins:
      ``SPARKCTL_SIM_DIVERGENCE='{"3fa1c2": 17}'``).
 
 A deployment's own config file (fault injection in a profile's ``env``) therefore beats the cluster's
-defaults, and a knob set in the caller's environment beats both. Unknown knob names are an error (with a did-you-mean), so a typo never silently runs defaults.
+defaults, and a knob set in the caller's environment beats both. Unknown knob names are an error (with a
+did-you-mean), so a typo never silently runs defaults.
 The knob table (name -> default, meaning) is in ``KNOBS`` and in ``sparkctl/sim/README.md``.
 """
 from __future__ import annotations
@@ -134,7 +135,8 @@ def _check_name(name: str, where: str) -> None:
 
 def _read_file(path: str) -> dict[str, Any]:
     try:
-        text = open(path, encoding="utf-8").read()
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
     except OSError as e:
         raise KnobError(f"{ENV_CONFIG}={path}: {e}") from None
     try:
@@ -174,7 +176,7 @@ def load_knobs(node_rank: int = 0, environ: dict[str, str] | None = None) -> Kno
             values[k] = v
         if not isinstance(ranks, dict):
             raise KnobError(f"{path}: 'ranks' must map a node rank to knobs")
-        for k, v in (ranks.get(str(node_rank)) or ranks.get(node_rank) or {}).items():  # type: ignore[call-overload]
+        for k, v in (ranks.get(str(node_rank)) or ranks.get(node_rank) or {}).items():
             _check_name(k, f"{path}: ranks.{node_rank}")
             values[k] = v
     for key, raw in env.items():

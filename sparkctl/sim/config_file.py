@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
 import yaml
 
 from sparkctl.sim.failures import launcher_value_error

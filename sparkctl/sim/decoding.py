@@ -11,7 +11,8 @@ Documented simplifications (so tests and the bench can reason about them):
   generator seeded by sha256 of the prompt); one word or punctuation mark = one token. With
   thinking on (chat requests, unless ``chat_template_kwargs.enable_thinking`` is false) the output is
   reasoning words + ``</think>`` + answer words: ``<think>`` belongs to the prompt (as in GLM/Qwen3
-  templates) and ``</think>`` is the last token of the reasoning part. Natural lengths are drawn per prompt from the ``reasoning_tokens`` / ``content_tokens`` knob
+  templates) and ``</think>`` is the last token of the reasoning part. Natural lengths are drawn per prompt from
+  the ``reasoning_tokens`` / ``content_tokens`` knob
   ranges; reaching the natural end finishes with ``stop``, ``max_tokens`` with ``length``.
 * **Divergence**: with speculative decoding on, a prompt listed in the ``divergence`` knob (key = a
   prompt-key prefix, or ``contains:TEXT``), or picked by ``divergence_rate``, produces a different
@@ -30,7 +31,7 @@ import random
 import re
 import threading
 from collections import OrderedDict
-from typing import Iterable
+from collections.abc import Iterable
 
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 

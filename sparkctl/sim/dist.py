@@ -16,11 +16,12 @@ stops the heartbeats), the way a collective hangs until the NCCL watchdog fires.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 PeerLost = Callable[[int, float, int], None]
 
@@ -53,10 +54,8 @@ class _Conn:
     def close(self) -> None:
         self.closed = True
         for closer in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
-            try:
+            with contextlib.suppress(OSError):
                 closer()
-            except OSError:
-                pass
 
 
 class _Group:
@@ -198,10 +197,8 @@ class StoreServer(_Group):
         return self.wait_release(name)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
         super().close()
 
 

@@ -23,13 +23,18 @@ import signal
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from sparkctl.sim import failures
 from sparkctl.sim.args import Resolved, build_parser, resolve, server_args_repr, startup_error, torch_dtype
+from sparkctl.sim.config import KnobError, Knobs, load_knobs, sglang_version
 from sparkctl.sim.config_file import ConfigFileError, merge_config_args
-from sparkctl.sim.config import Knobs, KnobError, load_knobs, sglang_version
 from sparkctl.sim.dist import DistError, StoreClient, StoreServer
 from sparkctl.sim.logfmt import EngineLog
+
+if TYPE_CHECKING:  # imported where used: a worker rank never loads the HTTP API or the scheduler
+    from sparkctl.sim.http_api import ApiState
+    from sparkctl.sim.scheduler import Scheduler
 
 EXIT_FAILURE = 1
 _BOOT_COLLECTIVES = 1000   # NCCL work items done during boot (base of the watchdog SeqNum)
@@ -48,8 +53,8 @@ class Engine:
         self._exit_lock = threading.Lock()
         self.t_start = time.monotonic()
         self.group: StoreServer | StoreClient | None = None
-        self.sched = None
-        self.api_state = None
+        self.sched: Scheduler | None = None
+        self.api_state: ApiState | None = None
         self.servers: list = []
         self.ready = False
 
@@ -184,9 +189,8 @@ class Engine:
         log.tp(f"Capture cuda graph end. Time elapsed: {t_graph:.2f} s. mem usage={graph_gb:.2f} GB. "
                f"avail mem={avail - graph_gb:.2f} GB.")
         avail -= graph_gb
-        if self.group:
-            if not self.group.barrier("model"):
-                raise _Stop
+        if self.group and not self.group.barrier("model"):
+            raise _Stop
         if r.node_rank > 0:   # workers print no capacity line (spark-3node-tp3-rank2-worker-dummy-health.txt)
             self._serve_worker()
             return
@@ -201,6 +205,7 @@ class Engine:
             log.raw("ValueError: --dist-init-addr is required when --nnodes > 1")
             self.finish(EXIT_FAILURE)
             raise _Stop
+        dist_host, dist_port = r.dist_host, r.dist_port
         common = dict(peer_timeout_s=k.peer_timeout_s, heartbeat_s=k.heartbeat_period(), seq=self._seq,
                       on_peer_lost=self._on_peer_lost, stopping=self.stopping)
         if r.node_rank == 0:
@@ -222,7 +227,7 @@ class Engine:
 
             def on_retry(attempt: int, err: str) -> None:
                 if attempt == 1 or attempt % 20 == 0:
-                    failures.store_connect_warning(log, r.dist_host, r.dist_port, err)
+                    failures.store_connect_warning(log, dist_host, dist_port, err)
             try:
                 self.group = StoreClient(r.node_rank, r.dist_host, r.dist_port, r.nnodes, timeout,
                                          on_retry=on_retry, **common)
@@ -301,9 +306,9 @@ class Engine:
         from sparkctl.sim.http_api import ApiState, serve_api
         from sparkctl.sim.scheduler import Request, Scheduler
         r, k, log = self.res, self.knobs, self.log
-        self.sched = Scheduler(r, k, log)
-        self.sched.start()
-        state = ApiState(r, k, self.sched, log)
+        sched = self.sched = Scheduler(r, k, log)
+        sched.start()
+        state = ApiState(r, k, sched, log)
         state.memory_usage.update({"weight": round(k.weight_gb, 2), "kvcache": round(kv_gb, 2), "graph": graph_gb})
         self.api_state = state
         try:
@@ -324,7 +329,7 @@ class Engine:
         text = "The capital city of France is"
         warm = Request(prompt_tokens=dec.tokenize(text), max_new_tokens=1,
                        plan=dec.make_plan(text, thinking=False, knobs=k, spec_on=False, temperature=0.0))
-        self.sched.submit(warm)
+        sched.submit(warm)
         while warm.finish_reason is None:
             if self.stopping.wait(0.01):
                 raise _Stop

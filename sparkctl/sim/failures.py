@@ -85,7 +85,8 @@ def scheduler_crash(log: EngineLog, serving: bool) -> None:
         (f"{_SG}/managers/scheduler.py", 2949, "run_scheduler_process", "scheduler.event_loop_overlap()"),
         (f"{_SITE}/torch/utils/_contextlib.py", 120, "decorate_context", "return func(*args, **kwargs)"),
         (f"{_SG}/managers/scheduler.py", 1108, "event_loop_overlap", "batch_result = self.run_batch(batch)"),
-        (f"{_SG}/managers/scheduler.py", 2211, "run_batch", "batch_result = self.model_worker.forward_batch_generation("),
+        (f"{_SG}/managers/scheduler.py", 2211, "run_batch",
+         "batch_result = self.model_worker.forward_batch_generation("),
         (f"{_SG}/model_executor/model_runner.py", 2318, "forward", "output = self._forward_raw("),
     ]) + ["RuntimeError: CUDA error: an illegal memory access was encountered",
           "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "

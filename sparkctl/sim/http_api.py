@@ -11,6 +11,7 @@ access line. Ranks > 0 answer only /ping, /health, /health_generate (200, empty)
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -18,17 +19,30 @@ import time
 import uuid
 from email.utils import formatdate
 from http.server import ThreadingHTTPServer
-from typing import Any
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sim import decoding as dec
-from sparkctl.sim.responses import (ChatView, completion_body, completion_chunk, drain, generate_out, metrics_text,
-                                    weight_metadata,
-                                    server_info, usage)
-from sparkctl.sim.scheduler import Request, Scheduler
-
 from sparkctl.sim.httpbase import HEALTH as _HEALTH
-from sparkctl.sim.httpbase import METHOD_NOT_ALLOWED, NOT_FOUND, BaseHandler, Server, _dumps
-from sparkctl.sim.httpbase import serve_dummy  # noqa: F401 - engine.py's import
+from sparkctl.sim.httpbase import (
+    METHOD_NOT_ALLOWED,
+    NOT_FOUND,
+    BaseHandler,
+    Server,
+    _dumps,
+    serve_dummy,  # noqa: F401 - engine.py's import
+)
+from sparkctl.sim.responses import (
+    ChatView,
+    completion_body,
+    completion_chunk,
+    drain,
+    generate_out,
+    metrics_text,
+    server_info,
+    usage,
+    weight_metadata,
+)
+from sparkctl.sim.scheduler import Request, Scheduler
 
 
 class ApiState:
@@ -45,7 +59,7 @@ def _error(message: str, code: int = 400, typ: str = "BadRequestError") -> bytes
     return _dumps({"object": "error", "message": message, "type": typ, "param": None, "code": code}).encode()
 
 
-def _bad_int(body: dict[str, Any], key: str, where: tuple[str, ...] = ("body",)) -> bytes | None:
+def _bad_int(body: JSONObject, key: str, where: tuple[str, ...] = ("body",)) -> bytes | None:
     """SGLang's 400 for a field that is not an integer (its pydantic validation, as the real 0.5.23 answers
     `"max_tokens": "many"`: tests/fixtures/real-engine/0.5.23/tp1/chat_bad_type.http), or None when it is fine."""
     value = body.get(key)
@@ -64,7 +78,7 @@ class _ApiHandler(BaseHandler):
         host, port = self.client_address[:2]
         self.state.log.access(f"{host}:{port}", self.command, self.path, getattr(self, "_status", 200))
 
-    def _body(self) -> dict[str, Any] | None:
+    def _body(self) -> JSONObject | None:
         raw = self._read_body()
         try:
             data = json.loads(raw or b"{}")
@@ -96,7 +110,7 @@ class _ApiHandler(BaseHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
-    def _sse(self, obj: Any) -> None:
+    def _sse(self, obj: object) -> None:
         payload = obj if isinstance(obj, str) else _dumps(obj)
         self._chunk(f"data: {payload}\n\n".encode())
 
@@ -159,10 +173,8 @@ class _ApiHandler(BaseHandler):
                 self._send(404, NOT_FOUND)
             self._access()
             return
-        try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             handler()
-        except (BrokenPipeError, ConnectionResetError):
-            pass
 
     # ---- simple endpoints -----------------------------------------------------------------------
     def _models(self) -> None:
@@ -189,7 +201,8 @@ class _ApiHandler(BaseHandler):
     def _flush(self) -> None:
         if self.state.sched.flush_cache():
             self._send(200, b"Cache flushed.\nPlease check backend logs for more details. (When there are running "
-                            b"or waiting requests, the operation will not be performed.)\n", "text/plain; charset=utf-8")
+                            b"or waiting requests, the operation will not be performed.)\n",
+                       "text/plain; charset=utf-8")
         else:
             self._send(400, b"Cache not flushed. Please check backend logs for more details. (When there are "
                             b"running or waiting requests, the operation will not be performed.)\n",
@@ -225,7 +238,7 @@ class _ApiHandler(BaseHandler):
         st.sched.submit(req)
         return req
 
-    def _json(self, status: int, obj: Any) -> None:
+    def _json(self, status: int, obj: object) -> None:
         body = obj if isinstance(obj, bytes) else _dumps(obj).encode()
         self._send(status, body)
         self._access()
@@ -259,7 +272,7 @@ class _ApiHandler(BaseHandler):
             return
         if not self._wait(req):
             return
-        msg: dict[str, Any] = {"role": "assistant", "content": view.content_text(),
+        msg: JSONObject = {"role": "assistant", "content": view.content_text(),
                                "reasoning_content": view.reasoning_text() or None}
         self._json(200, {"id": cid, "object": "chat.completion", "created": created, "model": model,
                          "choices": [{"index": 0, "message": msg, "logprobs": None,
@@ -301,7 +314,7 @@ class _ApiHandler(BaseHandler):
         prompt = body.get("prompt") if body is not None else None
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
-        if not isinstance(prompt, str):
+        if body is None or not isinstance(prompt, str):
             self._json(400, _error("Invalid request: 'prompt' must be a string (or a list of one string)"))
             return
         bad = _bad_int(body, "max_tokens")
@@ -336,9 +349,9 @@ class _ApiHandler(BaseHandler):
             st.sched.abort(req)
             self.close_connection = True
 
-    def _chat_stream(self, req: Request, view: "ChatView", cid: str, created: int, model: str,
+    def _chat_stream(self, req: Request, view: ChatView, cid: str, created: int, model: str,
                      include_usage: bool) -> None:
-        def frame(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        def frame(delta: JSONObject, finish: str | None = None) -> JSONObject:
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                     "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
                                  "matched_stop": None}], "usage": None}

@@ -16,7 +16,7 @@ NOT_FOUND = b'{"detail":"Not Found"}'
 METHOD_NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
 
 
-def _dumps(obj: Any) -> str:
+def _dumps(obj: object) -> str:
     """Compact JSON, as SGLang's ORJSONResponse writes it."""
     return json.dumps(obj, separators=(",", ":"))
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import queue
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sim import decoding as dec
 from sparkctl.sim.scheduler import TTFT_BUCKETS, Request
 
@@ -38,7 +39,8 @@ class ChatView:
         return None
 
     def pieces(self, start: int, end: int) -> tuple[str, str]:
-        reasoning, content = [], []
+        reasoning: list[str] = []
+        content: list[str] = []
         for i in range(start, end):
             if not self._visible(i):
                 continue
@@ -59,7 +61,8 @@ def drain(out: queue.Queue, item: tuple[int, int] | None) -> tuple[tuple[int, in
     SGLang's detokenizer also sends whatever accumulated since its last send; here it keeps a CPU-starved
     emulator from falling further behind its schedule by writing one frame per token. Returns the merged
     range (None if there was none) and whether the end-of-request marker was reached."""
-    start = end = None
+    start: int | None = None
+    end = 0
     if item is not None:
         start, end = item
     while item is not None:
@@ -73,9 +76,10 @@ def drain(out: queue.Queue, item: tuple[int, int] | None) -> tuple[tuple[int, in
     return ((start, end) if start is not None else None), True
 
 
-def usage(req: Request) -> dict[str, Any]:
+def usage(req: Request) -> JSONObject:
     reasoning = min(req.generated, req.plan.reasoning_len)
-    usage: dict[str, Any] = {"prompt_tokens": len(req.prompt_tokens), "total_tokens": len(req.prompt_tokens) + req.generated,
+    usage: JSONObject = {"prompt_tokens": len(req.prompt_tokens),
+                             "total_tokens": len(req.prompt_tokens) + req.generated,
                              "completion_tokens": req.generated,
                              "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
                              "reasoning_tokens": reasoning}
@@ -84,7 +88,7 @@ def usage(req: Request) -> dict[str, Any]:
     return usage
 
 
-def completion_body(head: dict[str, Any], req: Request, text: str) -> dict[str, Any]:
+def completion_body(head: JSONObject, req: Request, text: str) -> JSONObject:
     """/v1/completions' answer (SGLang's CompletionResponse): ``head`` holds id, created and model."""
     return {**head, "object": "text_completion",
             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": req.finish_reason,
@@ -92,26 +96,26 @@ def completion_body(head: dict[str, Any], req: Request, text: str) -> dict[str, 
             "usage": usage(req), "metadata": weight_metadata(req)}
 
 
-def weight_metadata(req: Request) -> dict[str, Any]:
+def weight_metadata(req: Request) -> JSONObject:
     """``metadata`` of an OpenAI answer as 0.5.23 gives it (weight_versions: which weights made which tokens)."""
     return {"weight_version": "default", "weight_versions": [{"version": "default", "start": 0, "end": req.generated}]}
 
 
-def completion_chunk(head: dict[str, Any], text: str, finish: str | None) -> dict[str, Any]:
+def completion_chunk(head: JSONObject, text: str, finish: str | None) -> JSONObject:
     """One SSE frame of a streamed /v1/completions answer (CompletionStreamResponse)."""
     return {**head, "object": "text_completion",
             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "matched_stop": None}],
             "usage": None}
 
 
-def generate_out(req: Request, t0: float, done: bool) -> dict[str, Any]:
+def generate_out(req: Request, t0: float, done: bool) -> JSONObject:
     toks = req.plan.tokens(0, req.generated)
     finish = None
     if done and req.finish_reason == "length":
         finish = {"type": "length", "length": req.generated}
     elif done:
         finish = {"type": "stop", "matched": 151336}
-    meta: dict[str, Any] = {"id": req.rid, "finish_reason": finish, "prompt_tokens": len(req.prompt_tokens),
+    meta: JSONObject = {"id": req.rid, "finish_reason": finish, "prompt_tokens": len(req.prompt_tokens),
                             "weight_version": "default", "num_retractions": 0,   # 0.5.23's name
                             "completion_tokens": req.generated, "cached_tokens": req.cached_tokens,
                             "e2e_latency": round(time.monotonic() - t0, 6)}
@@ -121,9 +125,9 @@ def generate_out(req: Request, t0: float, done: bool) -> dict[str, Any]:
     return {"text": dec.render(toks), "output_ids": [dec.token_id(t) for t in toks], "meta_info": meta}
 
 
-def server_info(st: ApiState) -> dict[str, Any]:
+def server_info(st: ApiState) -> JSONObject:
     r, s = st.res, st.sched
-    info: dict[str, Any] = dict(r.args)
+    info: JSONObject = dict(r.args)
     if not r.old_dialect:
         info["launch_command"] = " ".join(r.argv)
     info.update({"status": "ready" if st.ready.is_set() else "starting", "max_total_num_tokens": r.max_total_num_tokens,

@@ -179,10 +179,7 @@ class Scheduler:
             if deadline is None:       # idle until now: the clock starts at the oldest admitted arrival
                 now = time.monotonic()
                 deadline = min([now] + [r.created for r in batch])
-            if batch:
-                deadline = self._prefill(batch, deadline)
-            else:
-                deadline = self._decode_step(deadline)
+            deadline = self._prefill(batch, deadline) if batch else self._decode_step(deadline)
 
     def _prefill(self, batch: list[Request], deadline: float) -> float:
         new_tokens = cached = 0

@@ -24,10 +24,11 @@ the deployment record the card names. Example::
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
 
 from sparkctl.errors import ConfigError, LedgerError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.state.files import write_json_atomic
 from sparkctl.state.ledger import Ledger
 from sparkctl.untrusted import is_plain_name, record_name
@@ -37,9 +38,9 @@ _PROFILE_SECTIONS = ("image", "model", "server", "speculative", "env", "warmup")
 _SKIP_FLAGS = {"description", "extends", "expect", "rollback_profile", "api"}
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+def _flatten(data: object, prefix: str = "") -> JSONObject:
     """``{"server": {"x": 1}}`` -> ``{"server.x": 1}``; lists stay values; None is kept (a key set to null)."""
-    out: dict[str, Any] = {}
+    out: JSONObject = {}
     if isinstance(data, dict):
         for k, v in data.items():
             key = f"{prefix}.{k}" if prefix else str(k)
@@ -50,7 +51,7 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def profile_flags(profile_data: dict[str, Any] | None) -> dict[str, Any]:
+def profile_flags(profile_data: JSONObject | None) -> JSONObject:
     """The tunable content of a resolved profile as dotted keys (server.mem_fraction_static, speculative...)."""
     if not profile_data:
         return {}
@@ -67,11 +68,11 @@ def _series_hash(name: str | None) -> str | None:
         return None
 
 
-def _number(v: Any) -> bool:
+def _number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
 
 
-def _summary(s: Any) -> dict[str, Any] | None:
+def _summary(s: object) -> JSONObject | None:
     """A figure's summary, or None when the card does not hold one (or holds a damaged one: a median that is not
     a number is no figure)."""
     if not isinstance(s, dict) or not all(_number(s.get(k)) for k in ("median", "min", "max")):
@@ -82,9 +83,9 @@ def _summary(s: Any) -> dict[str, Any] | None:
             "samples": [x for x in samples if _number(x)] if isinstance(samples, list) else []}
 
 
-def arm_metrics(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def arm_metrics(results: JSONObject) -> dict[str, JSONObject]:
     """Every figure of an arm that has a spread: name -> summary (median, min, max, n, samples)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, JSONObject] = {}
     for cls, e in ((results.get("decode") or {}).get("classes") or {}).items():
         if s := _summary(e.get("decode_tok_s")):
             out[f"decode.{cls}"] = s
@@ -102,7 +103,7 @@ def arm_metrics(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _arm_entry(arm: dict[str, Any], ledger: Ledger | None) -> dict[str, Any]:
+def _arm_entry(arm: JSONObject, ledger: Ledger | None) -> JSONObject:
     c = arm.get("config") or {}
     pdata = c.get("profile_data") or {}
     series = ((pdata.get("image") or {}).get("patch_series"))
@@ -117,7 +118,8 @@ def _arm_entry(arm: dict[str, Any], ledger: Ledger | None) -> dict[str, Any]:
             pass                                  # a record moved aside: the card's own fields still index it
     metrics = arm_metrics(arm.get("results") or {})
     return {"role": c.get("role"), "profile": c.get("profile"), "deployment": c.get("deployment"),
-            "speculative": bool(c.get("speculative_algorithm")), "speculative_algorithm": c.get("speculative_algorithm"),
+            "speculative": bool(c.get("speculative_algorithm")),
+            "speculative_algorithm": c.get("speculative_algorithm"),
             "draft_tokens": c.get("draft_tokens"), "sglang_version": c.get("sglang_version"),
             "images": list(c.get("images") or []), "image_ids": image_ids, "identity": identity,
             "patch_series": {"name": series, "hash": _series_hash(series)} if series else None,
@@ -129,7 +131,7 @@ def _arm_entry(arm: dict[str, Any], ledger: Ledger | None) -> dict[str, Any]:
             "metrics": metrics}
 
 
-def card_entry(card: dict[str, Any], path: Path, ledger: Ledger | None = None) -> dict[str, Any]:
+def card_entry(card: JSONObject, path: Path, ledger: Ledger | None = None) -> JSONObject:
     """The index entry of one card (its report.json content); LedgerError naming the card when it is damaged (a
     run id that is not a plain name, a section of the wrong shape): the index skips it with a line."""
     try:
@@ -142,7 +144,7 @@ def card_entry(card: dict[str, Any], path: Path, ledger: Ledger | None = None) -
 _TEXT_KEYS = ("started", "finished", "status", "mode")
 
 
-def _card_entry(card: dict[str, Any], path: Path, ledger: Ledger | None = None) -> dict[str, Any]:
+def _card_entry(card: JSONObject, path: Path, ledger: Ledger | None = None) -> JSONObject:
     run_id = record_name(card.get("run_id") or path.parent.name, "run_id", str(path))
     for key in _TEXT_KEYS:
         if card.get(key) is not None and not isinstance(card.get(key), str):
@@ -181,7 +183,7 @@ def _card_entry(card: dict[str, Any], path: Path, ledger: Ledger | None = None) 
             "comparison": card.get("comparison") or {}, "arms": arms}
 
 
-def read_card(path: Path) -> dict[str, Any]:
+def read_card(path: Path) -> JSONObject:
     """A card's JSON, or LedgerError naming the file."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -198,7 +200,7 @@ def read_card(path: Path) -> dict[str, Any]:
 _LIST_KEYS = ("deployments", "profiles", "images", "image_ids", "patch_series")
 
 
-def _entry_ok(run_id: Any, e: Any) -> bool:
+def _entry_ok(run_id: object, e: object) -> bool:
     """An entry of cards.json (derived, so a damaged one is dropped and rebuilt) has the shape `card_entry` gives."""
     return (is_plain_name(run_id) and isinstance(e, dict) and e.get("run_id") == run_id
             and all(isinstance(e.get(k), list) and all(isinstance(x, str) for x in e[k]) for k in _LIST_KEYS)
@@ -208,7 +210,7 @@ def _entry_ok(run_id: Any, e: Any) -> bool:
             and all(_arm_ok(a) for a in e["arms"]))
 
 
-def _arm_ok(a: dict[str, Any]) -> bool:
+def _arm_ok(a: JSONObject) -> bool:
     figures = [a.get("decode"), a.get("metrics")]
     return (all(isinstance(f, dict) and all(_summary(v) == v for v in f.values()) for f in figures)
             and all(a.get(k) is None or isinstance(a.get(k), str) for k in ("role", "profile", "deployment"))
@@ -223,7 +225,7 @@ class CardIndex:
         self.path = ledger.root / "cards.json"
         self.skipped: list[str] = []          # cards sync() could not read, with why
 
-    def _load(self) -> dict[str, Any]:
+    def _load(self) -> JSONObject:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -235,10 +237,10 @@ class CardIndex:
             return {}
         return {k: v for k, v in cards.items() if _entry_ok(k, v)}    # a damaged entry is re-read from its card
 
-    def sync(self) -> dict[str, dict[str, Any]]:
+    def sync(self) -> dict[str, JSONObject]:
         """Index every card under ``runs/``; returns run id -> entry (and rewrites cards.json if anything changed)."""
         old = self._load()
-        new: dict[str, dict[str, Any]] = {}
+        new: dict[str, JSONObject] = {}
         self.skipped = []
         runs = self.ledger.root / "runs"
         for path in sorted(runs.glob("*/report.json")) if runs.is_dir() else []:
@@ -260,16 +262,16 @@ class CardIndex:
         return new
 
     def query(self, *, profile: str | None = None, deployment: str | None = None, image: str | None = None,
-              patch_series: str | None = None) -> list[dict[str, Any]]:
+              patch_series: str | None = None) -> list[JSONObject]:
         """Indexed cards matching every filter given, oldest first (by start time)."""
-        def ok(e: dict[str, Any]) -> bool:
+        def ok(e: JSONObject) -> bool:
             return ((profile is None or profile in e["profiles"]) and
                     (deployment is None or deployment in e["deployments"]) and
                     (image is None or any(image in i for i in e["images"] + e["image_ids"])) and
                     (patch_series is None or patch_series in e["patch_series"]))
         return sorted((e for e in self.sync().values() if ok(e)), key=lambda e: (e.get("started") or "", e["run_id"]))
 
-    def resolve(self, ref: str) -> dict[str, Any]:
+    def resolve(self, ref: str) -> JSONObject:
         """A card by run id, unique run-id prefix, or path to a report.json (or its directory): its index entry."""
         p = Path(ref)
         if p.is_dir():
@@ -283,14 +285,15 @@ class CardIndex:
         if len(hits) == 1:
             return entries[hits[0]]
         known = ", ".join(list(entries)[-5:]) or "none"
-        raise ConfigError(f"{'ambiguous' if hits else 'no'} card {ref!r}" + (f" ({', '.join(hits[:5])})" if hits else ""),
+        raise ConfigError(f"{'ambiguous' if hits else 'no'} card {ref!r}"
+                          + (f" ({', '.join(hits[:5])})" if hits else ""),
                           where=str(self.ledger.root / "runs"),
                           hint=f"give a run id from `sparkctl bench history` (latest: {known}) or a report.json path")
 
 
-def changes(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+def changes(a: JSONObject, b: JSONObject) -> list[JSONObject]:
     """What differs between two index arms: flags, image tags and IDs, patch series, SGLang version, profile."""
-    out: list[dict[str, Any]] = []
+    out: list[JSONObject] = []
     fa, fb = a.get("flags") or {}, b.get("flags") or {}
     for k in sorted(set(fa) | set(fb)):
         if fa.get(k) != fb.get(k):
@@ -304,8 +307,8 @@ def changes(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def describe_change(c: dict[str, Any]) -> str:
-    def short(v: Any) -> str:
+def describe_change(c: JSONObject) -> str:
+    def short(v: object) -> str:
         if isinstance(v, dict) and "name" in v:
             return f"{v['name']}@{(v.get('hash') or '?')[:12]}"
         if isinstance(v, list):
@@ -315,9 +318,9 @@ def describe_change(c: dict[str, Any]) -> str:
     return f"{label} {short(c['a'])} -> {short(c['b'])}"
 
 
-def pick_arm(entry: dict[str, Any], role: str) -> dict[str, Any] | None:
+def pick_arm(entry: JSONObject, role: str) -> JSONObject | None:
     """The arm of a card with that role (ON/OFF by speculation, A/B by position)."""
-    arms: Iterable[dict[str, Any]] = entry.get("arms") or []
+    arms: Iterable[JSONObject] = entry.get("arms") or []
     for a in arms:
         if a.get("role") == role:
             return a

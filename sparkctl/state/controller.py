@@ -10,8 +10,8 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes import procfs
 from sparkctl.state.records import Controller
 
@@ -22,7 +22,7 @@ def this_controller(command: str, since: str) -> Controller:
                       command=command)
 
 
-def controller_alive(c: Controller | dict[str, Any]) -> bool:
+def controller_alive(c: Controller | JSONObject) -> bool:
     """False when the controller process is provably gone (same host, pid gone or recycled)."""
     data = c.model_dump() if isinstance(c, Controller) else c
     if data.get("host") != socket.gethostname():
@@ -30,7 +30,7 @@ def controller_alive(c: Controller | dict[str, Any]) -> bool:
     return procfs.running(int(data["pid"]), data.get("start_ticks"))
 
 
-def live_lock_holder(root: Path) -> dict[str, Any] | None:
+def live_lock_holder(root: Path) -> JSONObject | None:
     """Who holds the cluster lock now (pid, host, command, since), or None when it is free.
 
     Read from `lock.holder` without taking the lock (a status must never make a starting `up` fail); a holder

@@ -14,12 +14,12 @@ state directory's file system has less than `ROOM_BYTES` free (or fewer than `RO
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 from sparkctl.errors import LedgerError, StateDirError, StateDirFullError
 
@@ -261,10 +261,8 @@ def _sweep_stale_tmp(path: Path) -> None:
     for name in names:
         pid = name[len(prefix):-len(".tmp")] if name.startswith(prefix) and name.endswith(".tmp") else ""
         if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(path.parent / name)
-            except OSError:
-                pass
 
 
 def fsync_dir(directory: Path) -> None:
@@ -316,6 +314,6 @@ def write_text_atomic(path: Path, text: str, mode: int = 0o600) -> None:
     write_bytes_atomic(path, text.encode("utf-8"), mode)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: object) -> None:
     """Write JSON to path atomically with mode 0600."""
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")

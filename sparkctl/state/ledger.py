@@ -31,17 +31,18 @@ import socket
 import stat
 import sys
 import time
-from contextlib import contextmanager
-from datetime import datetime, timezone
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pydantic import ValidationError
 
 from sparkctl.errors import LedgerError, LockHeldError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.state.files import check_state_path, open_state_file, private_dir, state_dir_error, write_json_atomic
 from sparkctl.state.records import DeploymentRecord, RunRecord, Status
-
 
 REPAIR_HINT = ("run `sparkctl repair`: it keeps the damaged file (moved aside), rebuilds the ledger from the engines "
                "actually running and asks before changing anything")
@@ -56,7 +57,7 @@ def default_state_root() -> Path:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def check_state_root(root: Path) -> str | None:
@@ -80,7 +81,8 @@ def read_json(path: Path) -> Any:
             raw = fh.read()
     except FileNotFoundError:
         raise LedgerError("record is missing", where=str(path),
-                          hint="the ledger refers to a record that is not there (moved aside?): " + REPAIR_HINT) from None
+                          hint="the ledger refers to a record that is not there (moved aside?): "
+                               + REPAIR_HINT) from None
     except OSError as exc:
         raise state_dir_error(path, exc) from None
     try:
@@ -95,7 +97,7 @@ def read_json(path: Path) -> Any:
         raise LedgerError("record is corrupt (nested too deep)", where=str(path), hint=REPAIR_HINT) from None
 
 
-def _validated(model: type[Any], data: Any, path: Path) -> Any:
+def _validated(model: type[Any], data: object, path: Path) -> Any:
     """`data` as a `model`, or LedgerError naming the file and the first fields that do not fit."""
     try:
         return model.model_validate(data)
@@ -128,7 +130,7 @@ class Ledger:
         self.root = root
 
     @classmethod
-    def for_cluster(cls, cluster: str, state_root: Path | None = None) -> "Ledger":
+    def for_cluster(cls, cluster: str, state_root: Path | None = None) -> Ledger:
         """The ledger of `cluster`; StateDirError (exit 6, naming path and owner) when the state root is another
         user's or ``<cluster>`` is a symlink or another user's (`check_state_path`): never followed."""
         root = (state_root or default_state_root()) / cluster
@@ -155,7 +157,7 @@ class Ledger:
     # read as "nothing deployed". The records decide: the history is every record on disk (in the order the
     # cache knows, the others by id, which starts with the UTC time), the active deployment the newest record
     # that took over and still serves (`active_id`).
-    def read_index_file(self) -> dict[str, Any] | None:
+    def read_index_file(self) -> JSONObject | None:
         """cluster.json as written (None when missing); LedgerError when it is not an index (`repair` uses it)."""
         if not self.index_path.exists():
             return None
@@ -199,7 +201,7 @@ class Ledger:
                 return None
         return None
 
-    def index(self) -> dict[str, Any]:
+    def index(self) -> JSONObject:
         return {"active": self.active_id(), "history": self.history()}
 
     def sync_index(self) -> None:
@@ -223,7 +225,7 @@ class Ledger:
     # -- records -------------------------------------------------------------------------------------------------
     @staticmethod
     def new_id(profile: str) -> str:
-        return f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{profile}-{secrets.token_hex(2)}"
+        return f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{profile}-{secrets.token_hex(2)}"
 
     def save(self, record: DeploymentRecord) -> None:
         _write_fault(self.deployment_path(record.id))
@@ -302,10 +304,8 @@ class Ledger:
             yield
         finally:
             Ledger._held.pop(key, None)
-            try:
+            with suppress(FileNotFoundError):
                 holder_path.unlink()
-            except FileNotFoundError:
-                pass
             lock.release()
 
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field, model_validator
 
+from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.handles import Handle
 
 
@@ -55,7 +56,7 @@ class _Record(BaseModel):
 class _View(_Record):
     """A typed part of a record that callers written for the dict form can still read (`x["k"]`, `x.get("k")`)."""
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str, default: object = None) -> Any:
         if key in type(self).model_fields:
             value = getattr(self, key)
             return default if value is None else value
@@ -200,7 +201,7 @@ class DeploymentRecord(_Record):
     id: RecordName
     kind: str = "up"
     profile: RecordName
-    profile_data: dict[str, Any]
+    profile_data: JSONObject
     inventory: str | None = None
     cluster: str
     emulated: bool = False
@@ -216,7 +217,7 @@ class DeploymentRecord(_Record):
     preflight: list[CheckResult] = Field(default_factory=list)
     image_ids: dict[str, str] = Field(default_factory=dict)      # node -> ID of the image its rank runs
     images: dict[str, NodeImages] = Field(default_factory=dict)   # node -> engine_tag/_id, launch_tag/_id
-    launch_doc: dict[str, Any] | None = None     # the launch image's /etc/sparkctl/launch.json (holds no secret)
+    launch_doc: JSONObject | None = None     # the launch image's /etc/sparkctl/launch.json (holds no secret)
     gates: list[GateResult] = Field(default_factory=list)
     previous: RecordName | None = None
     previous_known_good: RecordName | None = None
@@ -245,7 +246,7 @@ class DeploymentRecord(_Record):
 
     @model_validator(mode="before")
     @classmethod
-    def _drop_derived(cls, data: Any) -> Any:
+    def _drop_derived(cls, data: object) -> Any:
         if isinstance(data, dict) and "known_good" in data:
             data = {k: v for k, v in data.items() if k != "known_good"}
         return data
@@ -264,7 +265,7 @@ class DeploymentRecord(_Record):
         """The environment variable holding the API key, as the recorded profile names it."""
         return (self.profile_data.get("api") or {}).get("api_key_env")
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JSONObject:
         return self.model_dump(mode="json", exclude_none=False)
 
 
@@ -351,18 +352,18 @@ class RunRecord(_Record):
     status: Status = Status.RUNNING
     started: str
     finished: str | None = None
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: JSONObject = Field(default_factory=dict)
     prompt_set: str | None = None
-    arms: list[dict[str, Any]] = Field(default_factory=list)
-    comparison: dict[str, Any] = Field(default_factory=dict)
-    g6: dict[str, Any] | None = None
+    arms: list[JSONObject] = Field(default_factory=list)
+    comparison: JSONObject = Field(default_factory=dict)
+    g6: JSONObject | None = None
     reference: list[str] = Field(default_factory=list)
     emulated: bool = False
     errors: list[str] = Field(default_factory=list)
     deployment: str | None = None
-    compare_deployment: dict[str, Any] | None = None
-    restore: dict[str, Any] | None = None
-    log_only: dict[str, Any] | None = None
+    compare_deployment: JSONObject | None = None
+    restore: JSONObject | None = None
+    log_only: JSONObject | None = None
     files: dict[str, str] = Field(default_factory=dict)
     router: RouterBench | None = Field(None, description="A replicated deployment: the run went through the "
                                        "router; aggregate per concurrency level, per-replica split, the single "
@@ -370,7 +371,7 @@ class RunRecord(_Record):
 
     model_config = ConfigDict(extra="allow", validate_assignment=True, populate_by_name=True)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JSONObject:
         return self.model_dump(mode="json", by_alias=True, exclude_none=False)
 
 

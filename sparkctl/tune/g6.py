@@ -20,10 +20,15 @@ Verdicts per trial (``trial["g6"]``):
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.bench import losslessness
 from sparkctl.bench.prompts import g6_prompts
+from sparkctl.errors import SparkctlError
+from sparkctl.jsontypes import JSONObject
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.commands import Deployer
 
 PROMPTS = 2        # the first N prompts of the bench's G6 set
 MAX_TOKENS = 48    # tokens per prompt: enough to cover a divergence early in the answer, cheap per trial
@@ -35,10 +40,13 @@ def _prompts() -> list[Any]:
     return list(g6_prompts()[:PROMPTS])
 
 
-def capture(deployer: Any) -> list[dict[str, Any]]:
+def capture(deployer: Deployer) -> list[JSONObject]:
     """Greedy outputs of the sample prompts on the active deployment (one dict per prompt, journal-ready)."""
     from sparkctl.bench.arms import arm_from_record
     record = deployer.ledger.active()
+    if record is None:
+        raise SparkctlError("no active deployment to capture G6 outputs from", where=str(deployer.ledger.root),
+                            hint="the trial's deployment is gone: see `sparkctl status`")
     arm = arm_from_record(deployer, record)
     try:
         caps = losslessness.run_g6_arm(arm.client, _prompts(), max_tokens=MAX_TOKENS, model=arm.model)
@@ -47,18 +55,18 @@ def capture(deployer: Any) -> list[dict[str, Any]]:
     return [asdict(c) for c in caps]
 
 
-def _caps(raw: list[dict[str, Any]]) -> list[losslessness.Capture]:
+def _caps(raw: list[JSONObject]) -> list[losslessness.Capture]:
     return [losslessness.Capture(**c) for c in raw]
 
 
-def _base(verdicts: list[losslessness.Verdict], reference: str) -> dict[str, Any]:
+def _base(verdicts: list[losslessness.Verdict], reference: str) -> JSONObject:
     s = losslessness.summarize_verdicts(verdicts)
     return {"reference": reference, "prompts": [p.id for p in _prompts()], "max_tokens": MAX_TOKENS,
             "temperature": 0, "n": s["n"], "identical": s["identical"], "diverged": s["diverged"],
             "void": s["void"], "verdicts": [v.as_dict() for v in verdicts]}
 
 
-def judge_reference(outputs: list[dict[str, Any]]) -> dict[str, Any]:
+def judge_reference(outputs: list[JSONObject]) -> JSONObject:
     """The baseline's own sample: ``reference`` when every prompt produced output, else ``void``."""
     caps = _caps(outputs)
     bad = [(p.id, c) for p, c in zip(_prompts(), caps) if c.error or c.empty]
@@ -73,7 +81,7 @@ def judge_reference(outputs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def judge(reference: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> dict[str, Any]:
+def judge(reference: list[JSONObject], outputs: list[JSONObject]) -> JSONObject:
     """A candidate's sample against the baseline's: verdict ``identical`` only when every prompt is identical."""
     verdicts = [losslessness.compare(p.id, c, r) for p, c, r in zip(_prompts(), _caps(outputs), _caps(reference))]
     out = _base(verdicts, "baseline trial 0")

@@ -7,18 +7,21 @@ run continues it; any other tune first restores what ran before and marks the ol
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
-
-from typing import Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, TypeAdapter, ValidationError
 
 from sparkctl.errors import ConfigError, LedgerError, SparkctlError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.state.files import write_json_atomic
 from sparkctl.state.ledger import Ledger, now_iso, read_json
 from sparkctl.state.records import RecordName
 from sparkctl.untrusted import clean, is_plain_name
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.commands import Deployer
 
 MARKER = "tune.json"
 Progress = Callable[[str], None]
@@ -27,12 +30,12 @@ Progress = Callable[[str], None]
 class Journal:
     """``runs/<id>/tune.json``: the whole state of one tune, rewritten atomically after every step."""
 
-    def __init__(self, ledger: Ledger, run_id: str, data: dict[str, Any]) -> None:
+    def __init__(self, ledger: Ledger, run_id: str, data: JSONObject) -> None:
         self.ledger, self.run_id, self.data = ledger, run_id, data
         self.path = ledger.root / "runs" / run_id / "tune.json"
 
     @classmethod
-    def load(cls, ledger: Ledger, run_id: str) -> "Journal":
+    def load(cls, ledger: Ledger, run_id: str) -> Journal:
         """The journal of `run_id`: ConfigError when there is none; LedgerError (exit 6) naming the file when it is
         damaged (not JSON, or not of the shape `TuneJournal` describes: the profile is a plain name, never a path,
         the options are `TuneOptions`, every trial has its index, changes and status)."""
@@ -56,14 +59,14 @@ class Journal:
 class _Trial(BaseModel):
     model_config = ConfigDict(extra="allow")
     index: StrictInt = Field(ge=0)
-    changes: dict[str, Any]
+    changes: JSONObject
     baseline: StrictBool
     status: Literal["pending", "feasible", "infeasible", "skipped"]
-    reason: Optional[str] = None
-    deployment: Optional[RecordName] = None
-    card: Optional[str] = None
-    objective: Optional[dict[str, Any]] = None
-    elapsed_s: Optional[float] = None
+    reason: str | None = None
+    deployment: RecordName | None = None
+    card: str | None = None
+    objective: JSONObject | None = None
+    elapsed_s: float | None = None
 
 
 class TuneJournal(BaseModel):
@@ -73,17 +76,17 @@ class TuneJournal(BaseModel):
     run_id: RecordName
     state: str
     profile: RecordName
-    profile_data: dict[str, Any]
+    profile_data: JSONObject
     space: list[list[Any]]
-    baseline_values: dict[str, Any]
-    options: dict[str, Any]
+    baseline_values: JSONObject
+    options: JSONObject
     trials: list[_Trial] = Field(min_length=1)
-    original: Optional[RecordName] = None
-    estimate: Optional[dict[str, Any]] = None
-    confirmation: Optional[dict[str, Any]] = None
-    winner: Optional[dict[str, Any]] = None
-    restore: Optional[dict[str, Any]] = None
-    timing: dict[str, Any] = Field(default_factory=dict)
+    original: RecordName | None = None
+    estimate: JSONObject | None = None
+    confirmation: JSONObject | None = None
+    winner: JSONObject | None = None
+    restore: JSONObject | None = None
+    timing: JSONObject = Field(default_factory=dict)
 
 
 def validate_journal(data: Any, path: Path, run_id: str) -> None:
@@ -108,7 +111,7 @@ def validate_journal(data: Any, path: Path, run_id: str) -> None:
                           hint=hint) from None
 
 
-def read_marker(ledger: Ledger) -> dict[str, Any] | None:
+def read_marker(ledger: Ledger) -> JSONObject | None:
     """The tune marker, or None when there is none; a marker that is not JSON is None too (as before: the next
     tune's lock and journal speak for it); one of the wrong shape (its run or original not a plain name, its
     controller not an object) is a LedgerError naming it (exit 6)."""
@@ -138,7 +141,7 @@ def clear_marker(ledger: Ledger) -> None:
     (ledger.root / MARKER).unlink(missing_ok=True)
 
 
-def restore(deployer: Any, original: str | None, progress: Progress) -> dict[str, Any]:
+def restore(deployer: Deployer, original: str | None, progress: Progress) -> JSONObject:
     from sparkctl.config.profile import Profile
     from sparkctl.deploy.lifecycle import UpOptions
     if original is None:
@@ -158,7 +161,7 @@ def restore(deployer: Any, original: str | None, progress: Progress) -> dict[str
     return {"ok": True, "profile": rec.profile, "outcome": str(up.get("outcome")), "deployment": up.get("deployment")}
 
 
-def _deployed_since(ledger: Ledger, marker: dict[str, Any]) -> str | None:
+def _deployed_since(ledger: Ledger, marker: JSONObject) -> str | None:
     """What was deployed since the tune in `marker` began, when it was not the tune: None while the cluster is
     still the tune's (nothing active: a trial's boot was cut; one of the tune's trial arms, made since it began;
     or what ran before it), else "deployment X (profile P) was deployed"."""
@@ -172,7 +175,7 @@ def _deployed_since(ledger: Ledger, marker: dict[str, Any]) -> str | None:
     return f"deployment {active.id} (profile {active.profile}) was deployed"
 
 
-def settle(deployer: Any, progress: Progress, *, resuming: str | None = None) -> dict[str, Any] | None:
+def settle(deployer: Deployer, progress: Progress, *, resuming: str | None = None) -> JSONObject | None:
     """A tune whose controller died (kill -9): returns its marker when `resuming` names it; otherwise restores
     what ran before it, marks its journal interrupted, and clears the marker. None when there is nothing."""
     from sparkctl.state.controller import controller_alive

@@ -13,7 +13,8 @@ Order (each step journaled in ``runs/<tune id>/tune.json`` before the next begin
    of them). Each trial is a full ``up`` through the lifecycle (preflight, boot, warm-up, gates; rollback on
    failure) and a bench subset whose card lands in the ledger: decode medians (``--runs``, default n=5),
    acceptance, and a G6 sample (sparkctl/tune/g6.py: greedy outputs of 2 G6 prompts compared token for token
-   with the baseline trial's; a candidate that differs is infeasible, ``G6 failed``). A candidate that does not boot, dies of OOM,
+   with the baseline trial's; a candidate that differs is infeasible, ``G6 failed``). A candidate that does not
+   boot, dies of OOM,
    resolves less capacity than ``expect``, or fails a gate or its bench is recorded **infeasible** with its
    reason, and the search goes on. After the first trial the time of the whole tune is estimated; a trial that
    would not fit the ``--budget`` (with the confirmation still to come) is not started (``skipped: budget``).
@@ -28,17 +29,25 @@ from __future__ import annotations
 
 import statistics
 import time
-from pathlib import Path
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
-from sparkctl.userfiles import check_user_target, write_user_text
+from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger, now_iso
-
-from sparkctl.tune import g6, space as sp
+from sparkctl.tune import g6
+from sparkctl.tune import space as sp
 from sparkctl.tune.journal import Journal, clear_marker, restore, settle, write_marker
 from sparkctl.tune.table import trial_table
+from sparkctl.userfiles import check_user_target, write_user_text
+
+if TYPE_CHECKING:
+    from sparkctl.bench.arms import BenchOptions
+    from sparkctl.config.profile import Profile
+    from sparkctl.deploy.commands import Deployer
+    from sparkctl.deploy.results import UpResult
 
 SCHEMA = "sparkctl.tune/1"
 OBJECTIVES = {"decode": ("decode", "higher"), "ttft": ("ttft", "lower"), "aggregate-c2": ("concurrency", "higher")}
@@ -60,7 +69,7 @@ class TuneOptions:
     overwrite: bool = False                      # --force: replace a tuned profile file already there
     ttft_sizes: tuple[int, ...] = (4096,)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return asdict(self)
 
 
@@ -71,7 +80,7 @@ def _boundary(step: str) -> None:
     boundary("tune", step, "after")
 
 
-def _bench_opts(o: TuneOptions) -> Any:
+def _bench_opts(o: TuneOptions) -> BenchOptions:
     from sparkctl.bench.arms import BenchOptions
     gates = {"decode": ("decode", "acceptance"), "ttft": ("decode", "ttft"),
              "aggregate-c2": ("decode", "concurrency")}[o.objective]
@@ -79,7 +88,7 @@ def _bench_opts(o: TuneOptions) -> Any:
                         ttft_sizes=o.ttft_sizes, ttft_runs=max(2, min(o.runs, 3)), concurrency=(1, 2))
 
 
-def objective_samples(card: dict[str, Any], objective: str) -> list[float]:
+def objective_samples(card: JSONObject, objective: str) -> list[float]:
     """The samples the objective is judged on, from a card's (first) arm."""
     res = ((card.get("arms") or [{}])[0]).get("results") or {}
     if objective == "decode":
@@ -96,7 +105,7 @@ def objective_samples(card: dict[str, Any], objective: str) -> list[float]:
     return []
 
 
-def _summary(samples: list[float]) -> dict[str, Any] | None:
+def _summary(samples: list[float]) -> JSONObject | None:
     if not samples:
         return None
     return {"n": len(samples), "median": statistics.median(samples), "min": min(samples), "max": max(samples),
@@ -110,7 +119,7 @@ def classify_failure(exc: BaseException) -> str:
         return "preflight failed"
     if "oom" in text or "out of memory" in text or "exit code: -9" in text:
         return "oom"
-    if "max_total_num_tokens=" in text and "< expected" in text or "max_running_requests=" in text and "< expected" in text:
+    if "< expected" in text and ("max_total_num_tokens=" in text or "max_running_requests=" in text):
         return "capacity below expect"
     if "gate" in text:
         return "gates failed"
@@ -119,13 +128,13 @@ def classify_failure(exc: BaseException) -> str:
     return "no boot"
 
 
-def _trial_entry(i: int, changes: dict[str, Any], baseline: bool) -> dict[str, Any]:
+def _trial_entry(i: int, changes: JSONObject, baseline: bool) -> JSONObject:
     return {"index": i, "changes": changes, "baseline": baseline, "status": "pending", "reason": None,
             "deployment": None, "card": None, "objective": None, "elapsed_s": None, "accept_len": None,
             "capacity": None, "g6": None}
 
 
-def new_journal(deployer: Any, opts: TuneOptions) -> Journal:
+def new_journal(deployer: Deployer, opts: TuneOptions) -> Journal:
     """Validate the search (every candidate a valid profile) and write its journal; nothing deployed yet."""
     from sparkctl.config.profile import load_profile
     if opts.objective not in OBJECTIVES:
@@ -149,28 +158,28 @@ def new_journal(deployer: Any, opts: TuneOptions) -> Journal:
     return Journal(deployer.ledger, run_id, data)
 
 
-def _deploy(deployer: Any, profile: Any) -> dict[str, Any]:
+def _deploy(deployer: Deployer, profile: Profile) -> UpResult:
     from sparkctl.deploy.lifecycle import UpOptions
     return deployer.up(profile, UpOptions(), kind="bench-compare")
 
 
-def _measure(deployer: Any, opts: TuneOptions, progress: Progress) -> dict[str, Any]:
+def _measure(deployer: Deployer, opts: TuneOptions, progress: Progress) -> JSONObject:
     from sparkctl.bench.run import bench_deployment
     return bench_deployment(deployer, _bench_opts(opts), progress=lambda m: None)
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> Any:
     """A result field as JSON data (the lifecycle's typed results are pydantic models, dict-readable)."""
     return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
 
 
-def _candidate(j: Journal, t: dict[str, Any]) -> Any:
+def _candidate(j: Journal, t: JSONObject) -> Profile:
     from sparkctl.config.profile import Profile
     base = Profile.model_validate(j.data["profile_data"])
     return base if t["baseline"] else sp.candidate_profile(base, t["changes"], f"{base.name}-t{t['index']}")
 
 
-def _run_trial(deployer: Any, j: Journal, t: dict[str, Any], progress: Progress) -> None:
+def _run_trial(deployer: Deployer, j: Journal, t: JSONObject, progress: Progress) -> None:
     opts = TuneOptions(**j.data["options"])
     label = "baseline" if t["baseline"] else ", ".join(f"{k}={v}" for k, v in t["changes"].items())
     progress(f"trial {t['index']}: {label}")
@@ -201,7 +210,7 @@ def _run_trial(deployer: Any, j: Journal, t: dict[str, Any], progress: Progress)
                  f"({t['objective']['min']:.3f}-{t['objective']['max']:.3f}) in {t['elapsed_s']:.1f} s")
 
 
-def _g6_verdict(j: Journal, t: dict[str, Any], outputs: list[dict[str, Any]]) -> None:
+def _g6_verdict(j: Journal, t: JSONObject, outputs: list[JSONObject]) -> None:
     """The trial's G6 sample (sparkctl/tune/g6.py): the baseline's outputs are the reference (kept in the
     journal); a candidate that is not identical to them, or a void sample, makes the trial infeasible."""
     if t["baseline"]:
@@ -216,7 +225,7 @@ def _g6_verdict(j: Journal, t: dict[str, Any], outputs: list[dict[str, Any]]) ->
         t.update(status="infeasible", reason="G6 failed", error=f"G6 sample: {t['g6']['detail']}")
 
 
-def _best(j: Journal) -> dict[str, Any] | None:
+def _best(j: Journal) -> JSONObject | None:
     higher = OBJECTIVES[j.data["options"]["objective"]][1] == "higher"
     ok = [t for t in j.data["trials"] if not t["baseline"] and t["status"] == "feasible"]
     if not ok:
@@ -224,7 +233,7 @@ def _best(j: Journal) -> dict[str, Any] | None:
     return (max if higher else min)(ok, key=lambda t: t["objective"]["median"])
 
 
-def _confirm(deployer: Any, j: Journal, winner: dict[str, Any], progress: Progress) -> dict[str, Any]:
+def _confirm(deployer: Deployer, j: Journal, winner: JSONObject, progress: Progress) -> JSONObject:
     """A B A B: baseline and candidate alternated, each a fresh deploy + bench; samples pooled per side."""
     from sparkctl.bench.diff import compare_summaries
     opts = TuneOptions(**j.data["options"])
@@ -267,7 +276,7 @@ def _estimate(j: Journal, elapsed_s: float) -> None:
                           "formula": "elapsed + first trial x (remaining trials + 2 x confirm rounds + 1 restore)"}
 
 
-def execute(deployer: Any, j: Journal, progress: Progress) -> dict[str, Any]:
+def execute(deployer: Deployer, j: Journal, progress: Progress) -> JSONObject:
     """Run (or continue) the tune in `j` to its end: trials, confirmation, promotion, restore."""
     ledger = deployer.ledger
     opts = TuneOptions(**j.data["options"])
@@ -294,7 +303,7 @@ def execute(deployer: Any, j: Journal, progress: Progress) -> dict[str, Any]:
     return j.data
 
 
-def _trials(deployer: Any, j: Journal, opts: TuneOptions, started: float, progress: Progress) -> None:
+def _trials(deployer: Deployer, j: Journal, opts: TuneOptions, started: float, progress: Progress) -> None:
     for t in j.data["trials"]:
         if t["status"] != "pending":
             continue                                            # finished before a resume: never redone
@@ -320,7 +329,7 @@ def _trials(deployer: Any, j: Journal, opts: TuneOptions, started: float, progre
         _boundary(f"trial-{t['index']}")
 
 
-def _decide(deployer: Any, j: Journal, opts: TuneOptions, started: float, progress: Progress) -> None:
+def _decide(deployer: Deployer, j: Journal, opts: TuneOptions, started: float, progress: Progress) -> None:
     base_t = j.data["trials"][0]
     best = _best(j)
     if base_t["status"] != "feasible":
@@ -373,7 +382,7 @@ def _written_by(path: Path, run_id: str) -> bool:
         return False
 
 
-def tune(deployer: Any, opts: TuneOptions, progress: Progress) -> dict[str, Any]:
+def tune(deployer: Deployer, opts: TuneOptions, progress: Progress) -> JSONObject:
     settle(deployer, progress)
     j = new_journal(deployer, opts)              # written once the lock is held (execute)
     # Where the winner will go is refused now (a directory, not writable, a file there without --force), not
@@ -384,7 +393,7 @@ def tune(deployer: Any, opts: TuneOptions, progress: Progress) -> dict[str, Any]
     return execute(deployer, j, progress)
 
 
-def resume(deployer: Any, run_id: str, progress: Progress) -> dict[str, Any]:
+def resume(deployer: Deployer, run_id: str, progress: Progress) -> JSONObject:
     j = Journal.load(deployer.ledger, run_id)
     if j.data.get("state") == "finished":
         raise ConfigError(f"tune {run_id} already finished", where=str(j.path), hint="start a new `sparkctl tune`")

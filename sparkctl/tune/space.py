@@ -2,7 +2,8 @@
 
 ``--vary speculative.num_draft_tokens=4,6,8 --vary server.mem_fraction_static=0.85,0.88`` is a grid of 3 x 2
 candidates, in --vary order (the last key varies fastest). Values are YAML scalars (``8`` an int, ``0.88`` a
-float, ``null``, ``flashinfer`` a string; ``env.NAME`` values stay strings); every candidate is validated as a whole profile before anything is
+float, ``null``, ``flashinfer`` a string; ``env.NAME`` values stay strings); every candidate is validated as a
+whole profile before anything is
 deployed, so a key that does not exist or a value of the wrong type fails at once naming the --vary (exit 2).
 """
 from __future__ import annotations
@@ -10,14 +11,18 @@ from __future__ import annotations
 import copy
 import itertools
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
 
 from sparkctl.errors import ConfigError
+from sparkctl.jsontypes import JSONObject
+
+if TYPE_CHECKING:
+    from sparkctl.config.profile import Profile
 
 _KEY_RE = re.compile(r"^(?:[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+|env\.[A-Za-z_][A-Za-z0-9_]*)$")
 _NOT_TUNABLE = ("name", "path", "extends", "description", "api", "rollback_profile", "lifecycle")
@@ -57,7 +62,7 @@ def parse_vary(items: list[str]) -> list[tuple[str, list[Any]]]:
     return out
 
 
-def get_key(data: dict[str, Any], key: str) -> Any:
+def get_key(data: JSONObject, key: str) -> Any:
     cur: Any = data
     for part in key.split("."):
         if not isinstance(cur, dict) or part not in cur:
@@ -66,7 +71,7 @@ def get_key(data: dict[str, Any], key: str) -> Any:
     return cur
 
 
-def set_key(data: dict[str, Any], key: str, value: Any) -> None:
+def set_key(data: JSONObject, key: str, value: object) -> None:
     parts = key.split(".")
     cur = data
     for part in parts[:-1]:
@@ -81,13 +86,13 @@ def set_key(data: dict[str, Any], key: str, value: Any) -> None:
     cur[parts[-1]] = value
 
 
-def grid(space: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
+def grid(space: list[tuple[str, list[Any]]]) -> list[JSONObject]:
     """Every combination, in --vary order (the last key varies fastest)."""
     keys = [k for k, _ in space]
     return [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in space))]
 
 
-def candidate_profile(base: Any, changes: dict[str, Any], name: str) -> Any:
+def candidate_profile(base: Profile, changes: JSONObject, name: str) -> Profile:
     """The base profile with `changes` applied, validated; ConfigError naming the --vary that does not fit."""
     from sparkctl.config.profile import Profile
     data = base.model_dump(mode="json")
@@ -104,13 +109,13 @@ def candidate_profile(base: Any, changes: dict[str, Any], name: str) -> Any:
                                                "(`sparkctl schema profile`)") from None
 
 
-def baseline_values(base: Any, space: list[tuple[str, list[Any]]]) -> dict[str, Any]:
+def baseline_values(base: Profile, space: list[tuple[str, list[Any]]]) -> JSONObject:
     data = base.model_dump(mode="json")
     return {k: get_key(data, k) for k, _ in space}
 
 
-def _nest(changes: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _nest(changes: JSONObject) -> JSONObject:
+    out: JSONObject = {}
     for key, value in changes.items():
         cur = out
         parts = key.split(".")
@@ -120,9 +125,9 @@ def _nest(changes: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def winner_profile_text(base_name: str, changes: dict[str, Any], run_id: str, note: str) -> str:
+def winner_profile_text(base_name: str, changes: JSONObject, run_id: str, note: str) -> str:
     """A profile that `extends:` the original with only the changed keys, and a comment naming the tune run."""
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     head = [f"# Written by `sparkctl tune` run {run_id} ({stamp}).",
             f"# {note}",
             f"# Only the keys the tune changed from {base_name}; everything else comes from {base_name}."]
@@ -147,11 +152,12 @@ def winner_path(profile: str, run_id: str) -> Path:
     from two plain names, never a path taken from the journal)."""
     from sparkctl.untrusted import record_name
     where = "the tune journal (runs/<id>/tune.json)"
-    name = f"{record_name(profile, 'profile', where)}-tuned-{record_name(run_id, 'run_id', where).split('-')[0].lower()}"
+    run_tag = record_name(run_id, 'run_id', where).split('-')[0].lower()
+    name = f"{record_name(profile, 'profile', where)}-tuned-{run_tag}"
     return winner_dir() / f"{name}.yml"
 
 
-def copy_changes(changes: dict[str, Any]) -> dict[str, Any]:
+def copy_changes(changes: JSONObject) -> JSONObject:
     return copy.deepcopy(changes)
 
 

@@ -2,19 +2,21 @@
 journal itself). Infeasible trials show their reason (and the first line of the error behind it)."""
 from __future__ import annotations
 
-from typing import IO, Any
+from typing import IO
+
+from sparkctl.jsontypes import JSONObject
 
 HEADER = ("#", "changes", "status", "{obj} median (min-max)", "accept len", "G6", "time s", "card / reason")
 
 
-def _reason(t: dict[str, Any]) -> str:
+def _reason(t: JSONObject) -> str:
     if t["status"] in ("infeasible", "skipped"):
         err = (t.get("error") or "").strip().splitlines()
         return f"{t.get('reason')}: {err[0][:120]}" if err else str(t.get("reason"))
     return t.get("card") or "-"
 
 
-def rows(data: dict[str, Any]) -> list[list[str]]:
+def rows(data: JSONObject) -> list[list[str]]:
     """One row of cells per trial (the same cells in both renderings)."""
     out = []
     for t in data["trials"]:
@@ -29,7 +31,7 @@ def rows(data: dict[str, Any]) -> list[list[str]]:
     return out
 
 
-def footer(data: dict[str, Any]) -> list[str]:
+def footer(data: JSONObject) -> list[str]:
     w = data.get("winner") or {}
     lines = [f"winner: {w.get('profile')} ({w.get('path')})" if w.get("promoted") else
              f"nothing promoted: {w.get('why')}"]
@@ -42,11 +44,11 @@ def footer(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _header(data: dict[str, Any]) -> list[str]:
+def _header(data: JSONObject) -> list[str]:
     return [h.format(obj=data["options"]["objective"]) for h in HEADER]
 
 
-def trial_table(data: dict[str, Any]) -> str:
+def trial_table(data: JSONObject) -> str:
     """The table of all trials, plain text (for a pipe or a file)."""
     table = [_header(data)] + rows(data)
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
@@ -57,7 +59,7 @@ def trial_table(data: dict[str, Any]) -> str:
 _STYLE = {"feasible": "green", "infeasible": "red", "skipped": "yellow", "pending": "dim"}
 
 
-def render(data: dict[str, Any], stream: IO[str], *, terminal: bool | None = None, width: int | None = None) -> None:
+def render(data: JSONObject, stream: IO[str], *, terminal: bool | None = None, width: int | None = None) -> None:
     """Write the table to `stream`: a rich table when it is a terminal (or ``terminal=True``), else plain text.
     ``width``: the terminal's columns (None: rich asks the terminal)."""
     if terminal is None:

@@ -20,9 +20,10 @@ import hashlib
 import json
 import random
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from importlib import resources
-from typing import Any
+
+from sparkctl.jsontypes import JSONObject
 
 __all__ = ["Prompt", "decode_prompts", "g6_prompts", "long_prompt", "TokenCalibration", "words_for_tokens",
            "prompt_set_digest", "LONG_PROMPT_QUESTION"]
@@ -39,14 +40,15 @@ class Prompt:
         return [{"role": "user", "content": self.text}]
 
 
-@lru_cache(maxsize=None)
-def _load(name: str) -> dict[str, Any]:
+@cache
+def _load(name: str) -> JSONObject:
     return json.loads(resources.files("sparkctl.bench.prompts").joinpath(name).read_text(encoding="utf-8"))
 
 
 def decode_prompts() -> dict[str, Prompt]:
     """{class: Prompt} for the decode-throughput classes, in file order (code, prose)."""
-    return {p["class"]: Prompt(p["id"], p["class"], p["text"], p.get("title", "")) for p in _load("decode.json")["prompts"]}
+    return {p["class"]: Prompt(p["id"], p["class"], p["text"], p.get("title", ""))
+            for p in _load("decode.json")["prompts"]}
 
 
 def g6_prompts() -> list[Prompt]:
@@ -101,7 +103,7 @@ class TokenCalibration:
     overhead_tokens: int
     measured: bool        # False: the 1.0/0 assumption, no probe was run
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {"tokens_per_word": round(self.tokens_per_word, 4), "overhead_tokens": self.overhead_tokens,
                 "measured": self.measured}
 
@@ -110,7 +112,8 @@ ASSUMED_CALIBRATION = TokenCalibration(1.0, 0, measured=False)
 
 
 def calibration_from_probes(small_tokens: int, big_tokens: int, big_words: int) -> TokenCalibration:
-    """From two probes: ``long_prompt(0, ...)`` gave ``small_tokens``, ``long_prompt(big_words, ...)`` gave ``big_tokens``."""
+    """From two probes: ``long_prompt(0, ...)`` gave ``small_tokens``, ``long_prompt(big_words, ...)`` gave
+    ``big_tokens``."""
     if big_words <= 0 or big_tokens <= small_tokens:
         return ASSUMED_CALIBRATION
     return TokenCalibration((big_tokens - small_tokens) / big_words, small_tokens, measured=True)

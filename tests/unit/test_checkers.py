@@ -1,0 +1,73 @@
+"""The type checker and the linter over sparkctl/, as CI runs them (./bin/test): no error, or the test fails with
+their output.
+
+Both tools are pinned in pyproject.toml's `test` extra (bin/_bootstrap installs it) and configured there
+([tool.mypy], [tool.ruff]). On a laptop without them the tests skip with the reason; under CI=true a missing
+tool fails (testenv.need_module), since there a missing tool is a broken install, never a reason to skip.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from testenv import in_ci, need_module
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _pinned(name: str) -> str | None:
+    """The version the test extra pins for `name` (``name==X``), or None."""
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    for req in extra:
+        m = re.fullmatch(rf"{re.escape(name)}==(\S+)", req.strip())
+        if m:
+            return m.group(1)
+    return None
+
+
+def _run(args: list[str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def _version_note(tool: str, installed: str) -> str:
+    pinned = _pinned(tool)
+    if pinned and pinned != installed:
+        return f" (installed {tool} {installed}, the test extra pins {pinned}: results may differ)"
+    return ""
+
+
+def test_mypy_reports_no_error_over_sparkctl():
+    mypy_version = need_module("mypy.version", "mypy checks the types of sparkctl/ (pip install -e '.[test]')")
+    res = _run(["mypy"])         # files, plugins and strictness: [tool.mypy] in pyproject.toml
+    if res.returncode != 0:
+        pytest.fail(f"mypy found errors{_version_note('mypy', mypy_version.__version__)}:\n"
+                    f"{res.stdout}{res.stderr}", pytrace=False)
+
+
+def test_ruff_reports_no_error_over_sparkctl():
+    need_module("ruff", "ruff lints sparkctl/ (pip install -e '.[test]')")
+    version = _run(["ruff", "--version"], timeout=60)
+    res = _run(["ruff", "check", "--no-cache", "sparkctl"], timeout=300)   # rules: [tool.ruff] in pyproject.toml
+    if res.returncode != 0:
+        installed = version.stdout.strip().rpartition(" ")[2]
+        pytest.fail(f"ruff found errors{_version_note('ruff', installed)}:\n{res.stdout}{res.stderr}",
+                    pytrace=False)
+
+
+def test_the_checkers_are_pinned_in_the_test_extra():
+    """A new release brings new rules and new inference: CI must not turn red on unchanged code."""
+    assert _pinned("mypy") and _pinned("ruff"), "pin mypy and ruff (name==X) in pyproject.toml's test extra"
+
+
+def test_under_ci_the_installed_checkers_are_the_pinned_ones():
+    if not in_ci():
+        pytest.skip("a laptop may run other versions (the checker tests then name both)")
+    from importlib.metadata import version
+    for tool in ("mypy", "ruff"):
+        assert version(tool) == _pinned(tool), f"{tool} {version(tool)} installed, {_pinned(tool)} pinned"
