@@ -42,7 +42,7 @@ from sparkctl.config.profile import Profile
 from sparkctl.deploy.commands import Deployer, UpOptions, follow_reader
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.results import (ReplicaStatus, ReplicatedDownResult, ReplicatedStatusResult, ReplicatedUpResult,
-                                     RouterStatus)
+                                     RouterStatus, watcher_of)
 from sparkctl.deploy.steps import REPLICATED_COMMAND as COMMAND
 from sparkctl.deploy.steps import boundary
 from sparkctl.errors import ConfigError, LedgerError, LockHeldError, SparkctlError
@@ -408,7 +408,8 @@ class ReplicatedDeployer:
         return ReplicatedStatusResult(cluster=self.inventory.cluster.name, emulated=self.inventory.emulated,
                                       ok=healthy, healthy=healthy, profile=rec.data.get("profile"),
                                       endpoint=rec.data.get("endpoint"), status=rec.data.get("status"),
-                                      router=router, replicas=views, progress=progress)
+                                      router=router, replicas=views, progress=progress,
+                                      watcher=watcher_of(self.ledger.root))
 
     def follow_log(self, *, replica: int | None = None, rank: int = 0, router: bool = False, tail: int = 50,
                    follow: bool = False, poll_s: float = 0.5) -> Iterator[str]:
