@@ -194,9 +194,10 @@ class Watcher:
         self.in_a_row = 0
         took = time.monotonic() - t0
         new = getattr(result, "deployment", None) or label
-        self._act_line(f"restarted {label} as {new} ({v.reason}) in {took:.1f}s")
         if self.metrics is not None:
             self.metrics.restart(v.reason, "ok")
+        self._checked(check(self.c, self.desired))     # serving again: the time to recover is known now
+        self._act_line(f"restarted {label} as {new} ({v.reason}) in {took:.1f}s")
         self._notify("restart", v, outcome="ok", deployment=new, seconds=round(took, 3))
 
     def _up_again(self) -> Any:
