@@ -256,10 +256,9 @@ class Watcher:
         self.state.gave_up = (f"crash loop: {n} failed restarts of {label} within {self.opts.window_s:g}s; {rolled}; "
                               f"the watcher no longer acts (it keeps checking) until a `sparkctl up`, `rollback` or "
                               f"`down` sets a new desired state")
+        self._checked(check(self.c, self.desired))      # what runs after the rollback, seen before the line
         self._act_line(f"gave up: {self.state.gave_up}")
         self._notify("give-up", v, outcome=rolled)
-        if self.metrics is not None:
-            self.metrics.check(self.c, self.desired, check(self.c, self.desired), gave_up=True)
 
     # -- reporting ---------------------------------------------------------------------------------------------
     def _say(self, message: str) -> None:
