@@ -67,10 +67,10 @@ def unit_text(argv: list[str], cluster: str, *, scope: Scope, environ: dict[str,
     env = os.environ if environ is None else environ
     carried = [f"Environment={systemd_quote(f'{k}={env[k]}')}" for k in CARRIED_ENV if env.get(k)]
     lines = [
-        "# written by `sparkctl watch --install`; remove with `sparkctl watch --uninstall`",
+        "# written by `sparkctl watch --install`; remove with `sparkctl watch --uninstall` (sparkctl's docs/watch.md)",
+        "# secrets (the API key's variable) go in the EnvironmentFile below (mode 0600), never in this unit",
         "[Unit]",
         f"Description=sparkctl watch: supervisor of the SGLang cluster {cluster}",
-        "Documentation=https://github.com/sparkctl/sparkctl/blob/main/docs/watch.md",
         "Wants=network-online.target docker.service",
         "After=network-online.target docker.service",
         "",
