@@ -140,3 +140,28 @@ def test_webhook_that_hangs_is_bounded_and_never_stops_the_watcher(cli, local_cl
         run.wait_for(rf"notify: http://127.0.0.1:{port}/hook failed \(ReadTimeout\); the watcher goes on", timeout=90)
         release.set()
     assert load_watch(ledger_of(local_cluster).root).healthy
+
+
+def test_grafana_dashboard_names_only_metrics_that_exist():
+    """Every `sglang:` series the shipped dashboard queries is one the real SGLang 0.5.23 exported (its captured
+    /metrics), every `sparkctl_` series one the watcher exports."""
+    from pathlib import Path
+
+    from sparkctl.resources import shipped
+    from sparkctl.watch.metrics import WatchMetrics
+
+    repo = Path(__file__).resolve().parents[2]
+    dash = json.loads(shipped("grafana", "sparkctl.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    used = {m for e in exprs for m in re.findall(r"\b(sglang:[a-z_]+|sparkctl_[a-z_]+)", e)}
+    real = set(re.findall(r"^(sglang:[a-z_]+)", (repo / "tests/fixtures/real-engine/0.5.23/tp2/metrics.http")
+                          .read_text(), re.M))
+    metrics = WatchMetrics(0, cluster="c")
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    try:
+        ours = {fam.name + sfx for fam in metrics.registry.collect() for sfx in suffixes[fam.type]}
+    finally:
+        metrics.close()
+    assert {m for m in used if m.startswith("sglang:")} <= real, {m for m in used if m.startswith("sglang:")} - real
+    assert {m for m in used if m.startswith("sparkctl_")} <= {n for n in ours if n.startswith("sparkctl_")}
+    assert len([m for m in used if m.startswith("sglang:")]) >= 10 and "sparkctl_watch_restarts_total" in used
