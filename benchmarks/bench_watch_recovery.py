@@ -78,11 +78,11 @@ def main() -> None:
                 before = load_watch(ledger.root)
                 t_kill = time.time()
                 os.kill(active.handle_of(1).pid, signal.SIGKILL)
-                st = _wait(lambda: (s := load_watch(ledger.root)) and s.detected_at and s.detected_at !=
-                           before.detected_at and s, "the failure to be seen")
+                st = _wait(lambda b=before: (s := load_watch(ledger.root)) and s.detected_at and s.detected_at !=
+                           b.detected_at and s, "the failure to be seen")
                 detect = _ts(st.detected_at) - t_kill
-                st = _wait(lambda: (s := load_watch(ledger.root)) and s.recovered_at and s.recovered_at !=
-                           before.recovered_at and s, "the recovery", timeout=300)
+                st = _wait(lambda b=before: (s := load_watch(ledger.root)) and s.recovered_at and s.recovered_at !=
+                           b.recovered_at and s, "the recovery", timeout=300)
                 recover = _ts(st.recovered_at) - t_kill
                 new = ledger.active()
                 assert new is not None and new.id != active.id

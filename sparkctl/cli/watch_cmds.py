@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TextIO, cast
 
 import typer
 
@@ -120,7 +120,7 @@ def _run(inventory: Optional[str], interval: float, backoff: float, backoff_max:
     from sparkctl.watch.supervisor import Watcher, WatchOptions
 
     d = _deployer(inventory)
-    reporter = Reporter(stream=WatchLog(d.ledger.root / WATCH_LOG, sys.stderr), live=False)
+    reporter = Reporter(stream=cast(TextIO, WatchLog(d.ledger.root / WATCH_LOG, sys.stderr)), live=False)
     metrics = None
     if metrics_port is not None:
         from sparkctl.watch.metrics import WatchMetrics
