@@ -20,12 +20,7 @@ from typing import Any, Iterator
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sparkctl.errors import LockHeldError
-from sparkctl.state.files import (
-    open_state_file,
-    private_dir,
-    state_dir_error,
-    write_json_atomic,
-)
+from sparkctl.state.files import open_state_file, private_dir, state_dir_error, write_json_atomic
 
 WATCH_FILE = "watch.json"
 WATCH_LOCK = "watch.lock"
@@ -39,11 +34,13 @@ class WatchState(BaseModel):
 
     pid: int = Field(description="The watcher's process id.")
     host: str = Field(description="Host the watcher runs on.")
-    start_ticks: int | None = Field(default=None, description="Kernel start time of the pid (tells a recycled pid apart).")
+    start_ticks: int | None = Field(default=None,
+        description="Kernel start time of the pid (tells a recycled pid apart).")
     since: str = Field(description="When the watcher started (UTC, ISO 8601).")
     interval_s: float = Field(description="Seconds between two checks.")
     stopped: str | None = Field(default=None, description="When the watcher stopped cleanly; None while it runs.")
-    desired: str = Field(default="down", description="What it keeps running: a deployment id, 'replicated:PROFILE' or 'down'.")
+    desired: str = Field(default="down",
+        description="What it keeps running: a deployment id, 'replicated:PROFILE' or 'down'.")
     healthy: bool | None = Field(default=None, description="The last check's verdict (None: nothing to check).")
     last_check: str | None = Field(default=None, description="When it last checked (UTC).")
     detail: str | None = Field(default=None, description="The last check's evidence.")
@@ -52,11 +49,13 @@ class WatchState(BaseModel):
     restarts: int = Field(default=0, description="Restarts it attempted (successful or not).")
     failures: int = Field(default=0, description="Restarts that failed.")
     rollbacks: int = Field(default=0, description="Rollbacks it made after a crash loop.")
-    gave_up: str | None = Field(default=None, description="Why it stopped acting (crash-loop limit); None while it acts.")
+    gave_up: str | None = Field(default=None,
+        description="Why it stopped acting (crash-loop limit); None while it acts.")
     detected_at: str | None = Field(default=None, description="When it last saw the desired state broken (UTC).")
     recovered_at: str | None = Field(default=None, description="When it last saw it serving again (UTC).")
     time_to_recover_s: float | None = Field(default=None, description="Seconds from that detection to serving again.")
-    metrics: str | None = Field(default=None, description="Where its Prometheus metrics are served (http://addr:port/).")
+    metrics: str | None = Field(default=None,
+        description="Where its Prometheus metrics are served (http://addr:port/).")
 
 
 def watch_path(root: Path) -> Path:

@@ -126,7 +126,8 @@ def uninstall(directory: Path, name: str) -> Path | None:
 def next_steps(scope: Scope, name: str, installed: bool) -> list[str]:
     ctl = "systemctl --user" if scope == "user" else "systemctl"
     if installed:
-        steps = [f"{ctl} daemon-reload", f"{ctl} enable --now {name}", f"journalctl {'--user ' if scope == 'user' else ''}-u {name} -f"]
+        journal = "journalctl --user" if scope == "user" else "journalctl"
+        steps = [f"{ctl} daemon-reload", f"{ctl} enable --now {name}", f"{journal} -u {name} -f"]
         if scope == "user":
             steps.append("loginctl enable-linger $USER   # so it starts at boot, before you log in")
         return steps
