@@ -29,7 +29,7 @@ from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile, load_profile
 from sparkctl.deploy.commands import Deployer, UpOptions
 from sparkctl.deploy.progress import Reporter
-from sparkctl.errors import LockHeldError, SparkctlError
+from sparkctl.errors import LockHeldError, PreflightError, SparkctlError
 from sparkctl.nodes import procfs
 from sparkctl.state.controller import live_lock_holder
 from sparkctl.state.ledger import now_iso
@@ -122,12 +122,13 @@ class Watcher:
         self.state.healthy, self.state.detail, self.state.last_check = v.healthy, v.detail, now_iso()
         if self.metrics is not None:
             self.metrics.check(self.c, self.desired, v, gave_up=self.state.gave_up is not None)
+        lines = []
         if v.healthy is False and self.detected is None:
             self.detected = now
             self.state.detected_at = now_iso()
-            self._say(f"detected: {self.desired.label} is not serving ({v.reason}): {v.detail}")
+            lines.append(f"detected: {self.desired.label} is not serving ({v.reason}): {v.detail}")
             if self.state.gave_up:
-                self._say(f"not acting: {self.state.gave_up}")
+                lines.append(f"not acting: {self.state.gave_up}")
         elif v.healthy is not False and self.detected is not None:
             took = round(now - self.detected, 3)
             self.detected = None
@@ -135,8 +136,10 @@ class Watcher:
                 self.state.recovered_at, self.state.time_to_recover_s = now_iso(), took
                 if self.metrics is not None:
                     self.metrics.recovered(took)
-                self._say(f"{self.desired.label} serves again, {took:.1f}s after the failure was seen")
+                lines.append(f"{self.desired.label} serves again, {took:.1f}s after the failure was seen")
         self._save()
+        for line in lines:
+            self._say(line)
 
     def _wait_on(self, holder: dict[str, Any]) -> None:
         if self.waiting_on != holder.get("pid"):
@@ -151,10 +154,12 @@ class Watcher:
         self.desired, self.baseline = desired, fp
         self.failed_at.clear()
         self.in_a_row, self.next_attempt, self.detected = 0, 0.0, None
-        if self.state.gave_up:
-            self._say("a command changed the cluster after the watcher gave up: acting again")
+        was_given_up = self.state.gave_up is not None
         self.state.gave_up = None
         self.state.desired = desired.label
+        self._save()
+        if was_given_up:
+            self._say("a command changed the cluster after the watcher gave up: acting again")
         if desired.label != before:
             self._act_line(f"followed a command: desired state {before} -> {desired.label}")
 
@@ -186,6 +191,10 @@ class Watcher:
         t0 = time.monotonic()
         try:
             result = self._up_again()
+        except PreflightError as exc:       # nothing was changed: the nodes are not ready (a fabric still down
+            self._after_own_action(success=False)      # after a reboot); back off, but it is no crash loop
+            self._failed(v, exc, counts=False)
+            return
         except SparkctlError as exc:
             self._after_own_action(success=False)
             self._failed(v, exc)
@@ -216,16 +225,19 @@ class Watcher:
             self.desired = desired
             self.state.desired = desired.label
 
-    def _failed(self, v: Verdict, exc: SparkctlError) -> None:
+    def _failed(self, v: Verdict, exc: SparkctlError, *, counts: bool = True) -> None:
+        """A failed restart: backoff; `counts` toward the crash loop unless preflight refused it (nothing was
+        changed, and rolling back cannot help nodes that are not ready: the watcher keeps trying, backing off)."""
         now = time.monotonic()
         self.state.failures += 1
         self.in_a_row += 1
-        self.failed_at = [t for t in self.failed_at if now - t <= self.opts.window_s] + [now]
+        self.failed_at = [t for t in self.failed_at if now - t <= self.opts.window_s] + ([now] if counts else [])
         first = exc.message.splitlines()[0]
-        self._act_line(f"restart of {self.desired.label} failed: {first}")
+        self._act_line(f"restart of {self.desired.label} failed: {first}"
+                       + ("" if counts else " (preflight: nothing changed; not counted toward the crash loop)"))
         if self.metrics is not None:
-            self.metrics.restart(v.reason, "failed")
-        self._notify("restart", v, outcome="failed", error=first)
+            self.metrics.restart(v.reason, "failed" if counts else "preflight-failed")
+        self._notify("restart", v, outcome="failed" if counts else "preflight-failed", error=first)
         if len(self.failed_at) >= self.opts.max_failures:
             self._give_up(v)
             return
@@ -265,9 +277,10 @@ class Watcher:
         self.r.stage("watch", message)
 
     def _act_line(self, message: str) -> None:
+        """Record an action, then say it (what was said is on disk: `status` agrees with the line)."""
         self.state.last_action, self.state.last_action_at = message, now_iso()
-        self._say(message)
         self._save()
+        self._say(message)
 
     def _save(self) -> None:
         try:
