@@ -305,7 +305,11 @@ class ReplicatedDeployer:
                        sub: Deployer, listed: Any, changed: list[int], ensure_router: Any) -> bool:
         """The rolling step: out of the router (drained), its own `up`, back in. A replica whose `up` failed was
         restored alone by that `up`: it goes back into the router and the roll stops with the error."""
-        if listed is not None:
+        if listed is not None and not _serves(rep.url):
+            # a dead replica (the watcher brings it back) has no request that can finish: nothing to drain
+            self._step(rec, "replica-detach", f"replica {rep.index}: out of the router (it does not serve: nothing "
+                       f"to drain)", lambda: client.remove_worker(rep.url), rep.index)
+        elif listed is not None:
             self._step(rec, "replica-detach", f"replica {rep.index}: out of the router, drain (at most "
                        f"{profile.router.drain_timeout_s:g}s)",
                        lambda: detach(client, rep.url, drain_s=profile.router.drain_timeout_s), rep.index)
@@ -462,19 +466,21 @@ class ReplicatedDeployer:
     def down(self) -> ReplicatedDownResult:
         rec = Record.load(self.ledger.root)
         stopped = []
+        # The parent's lock for the whole of it: nothing (a watcher) sees the router gone while the record still
+        # says active, and starts it again in the middle of a `down`.
         with self.ledger.lock("down"):
             r = rec.data.get("router")
             if router_launch.stop_router(self.inventory, r, timeout_s=10):    # recorded, or left unrecorded
                 stopped.append("router")
                 rec.data.pop("router", None)
                 rec.journal("stop-router", "ok", "router stopped")
-        for rep in rec.data.get("replicas", []):
-            res = Deployer(_named(self.inventory, rep["cluster"], rep["nodes"]), self.reporter).down()
-            if res.get("changed"):
-                stopped.append(f"replica {rep['index']}")
-        if rec.data:
-            rec.data["status"] = "down"
-            rec.save()
+            for rep in rec.data.get("replicas", []):
+                res = Deployer(_named(self.inventory, rep["cluster"], rep["nodes"]), self.reporter).down()
+                if res.get("changed"):
+                    stopped.append(f"replica {rep['index']}")
+            if rec.data:
+                rec.data["status"] = "down"
+                rec.save()
         return ReplicatedDownResult(changed=bool(stopped), stopped=stopped)
 
 
