@@ -72,6 +72,7 @@ class Watcher:
         self.next_attempt = 0.0
         self.detected: float | None = None    # monotonic time the current failure was first seen
         self.waiting_on: int | None = None    # pid of the lock holder we said we wait for
+        self.poll_error: str | None = None    # the last poll's own failure, said once
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(self, *, polls: int | None = None) -> None:
@@ -88,7 +89,7 @@ class Watcher:
             n = 0
             try:
                 while polls is None or n < polls:
-                    self.poll()
+                    self._poll_once()
                     n += 1
                     if polls is None or n < polls:
                         time.sleep(self.opts.interval_s)
@@ -96,6 +97,24 @@ class Watcher:
                 self.state.stopped = now_iso()
                 self._save()
                 self._say("watcher stopped")
+
+    def _poll_once(self) -> None:
+        """One poll; a known failure of the poll itself (the ledger damaged, a node not answering over SSH) is
+        reported once (and again when it changes) and the watcher goes on without acting: it decides nothing from
+        what it could not read."""
+        try:
+            self.poll()
+        except SparkctlError as exc:
+            line = exc.render().splitlines()[0]
+            self.state.healthy, self.state.detail, self.state.last_check = None, line, now_iso()
+            self._save()
+            if line != self.poll_error:
+                self.poll_error = line
+                self._say(f"cannot check the cluster now: {exc.render()}")
+            return
+        if self.poll_error is not None:
+            self.poll_error = None
+            self._say("checking again")
 
     def poll(self) -> None:
         holder = live_lock_holder(self.c.ledger.root)
@@ -191,6 +210,11 @@ class Watcher:
         t0 = time.monotonic()
         try:
             result = self._up_again()
+        except LockHeldError as exc:        # a replica's own lock (a command on it): wait, like for the cluster's
+            self._after_own_action(success=False)
+            self.state.restarts -= 1
+            self._say(f"waiting: {exc.message}")
+            return
         except PreflightError as exc:       # nothing was changed: the nodes are not ready (a fabric still down
             self._after_own_action(success=False)      # after a reboot); back off, but it is no crash loop
             self._failed(v, exc, counts=False)

@@ -104,3 +104,20 @@ def test_sigterm_during_a_restart_finishes_or_restores_the_group_never_half(cli,
     assert sorted(e.handle.rank for e in running) == [0, 1] and {e.deployment for e in running} == {st["active"]}
     assert st["watcher"]["running"] is False and st["watcher"]["stopped"]
     assert not alive(run.pid)
+
+
+def test_a_damaged_ledger_is_reported_and_nothing_is_decided_from_it(cli, local_cluster, watcher):
+    dep = up(cli)["deployment"]
+    ledger = ledger_of(local_cluster)
+    run = watcher()
+    path = ledger.deployment_path(dep)
+    good = path.read_bytes()
+    path.write_text("[]")                                  # damaged: never read as "nothing deployed"
+    run.wait_for(r"cannot check the cluster now: .*" + re.escape(str(path)))
+    assert "repair" in run.stderr
+    polls_after(ledger.root, 3)
+    assert run.proc.poll() is None and "restarting" not in run.stderr and "followed a command" not in run.stderr
+    path.write_bytes(good)
+    run.wait_for(r"watch +checking again")
+    code, st = status(cli)
+    assert code == 0 and st["healthy"] and st["watcher"]["restarts"] == 0
