@@ -87,6 +87,10 @@ def test_a_second_watcher_of_the_same_cluster_is_refused(cli, local_cluster, wat
     assert code == 5, err
     assert f"already watched by pid {first.pid}" in err and "fix:" in err and "one watcher per cluster" in err
     assert first.proc.poll() is None                       # the first one goes on
+    first.kill(signal.SIGINT)                              # Ctrl-C between checks: it ends at once, cleanly
+    assert first.wait(timeout=30) == 130 and "watch      watcher stopped" in first.stderr
+    code, out, _ = cli("status")
+    assert code == 0 and f"watcher: not running (last: pid {first.pid} on" in out and ", stopped 20" in out, out
 
 
 def test_sigterm_during_a_restart_finishes_or_restores_the_group_never_half(cli, local_cluster, watcher):
