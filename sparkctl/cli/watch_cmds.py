@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Optional, TextIO, cast
+from typing import Any, Optional
 
 import typer
 
@@ -114,13 +114,12 @@ def register(app: typer.Typer) -> None:
 def _run(inventory: Optional[str], interval: float, backoff: float, backoff_max: float, max_failures: int,
          window: float, boot_timeout: Optional[float], metrics_port: Optional[int], metrics_addr: str,
          notify: Optional[str]) -> None:
-    from sparkctl.deploy.progress import Reporter
     from sparkctl.state.watchfile import WATCH_LOG
-    from sparkctl.watch.log import WatchLog
+    from sparkctl.watch.log import WatchLog, WatchReporter
     from sparkctl.watch.supervisor import Watcher, WatchOptions
 
     d = _deployer(inventory)
-    reporter = Reporter(stream=cast(TextIO, WatchLog(d.ledger.root / WATCH_LOG, sys.stderr)), live=False)
+    reporter = WatchReporter(WatchLog(d.ledger.root / WATCH_LOG), sys.stderr)
     metrics = None
     if metrics_port is not None:
         from sparkctl.watch.metrics import WatchMetrics

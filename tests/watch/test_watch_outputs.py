@@ -165,3 +165,16 @@ def test_grafana_dashboard_names_only_metrics_that_exist():
     assert {m for m in used if m.startswith("sglang:")} <= real, {m for m in used if m.startswith("sglang:")} - real
     assert {m for m in used if m.startswith("sparkctl_")} <= {n for n in ours if n.startswith("sparkctl_")}
     assert len([m for m in used if m.startswith("sglang:")]) >= 10 and "sparkctl_watch_restarts_total" in used
+
+
+def test_quiet_silences_stderr_never_the_watch_log(local_cluster, watcher):
+    root = ledger_of(local_cluster).root
+    run = watcher("-q", ready=False)
+    log = root / "watch.log"
+    wait_until(lambda: log.exists() and "watching cluster" in log.read_text(), "the watch log's first line")
+    run.kill(signal.SIGTERM)
+    assert run.wait(timeout=30) == 143
+    assert "watch      " not in run.stderr and "watcher stopped" in log.read_text()
+    assert oct(log.stat().st_mode & 0o777) == "0o600"
+    first = log.read_text().splitlines()[0]
+    assert re.match(r"^20\d\d-\d\d-\d\dT[\d:.]+Z \[ +[\d.]+s\] watch +watching cluster ", first), first
