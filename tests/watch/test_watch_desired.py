@@ -12,6 +12,7 @@ from sparkctl.config.inventory import load_inventory
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import process_engines
 from sparkctl.state.watchfile import load_watch
+from testrig.controller import SparkctlProcess
 from watch.watchrig import alive, ledger_of, polls_after, serves, status, up, wait_until
 
 
@@ -46,6 +47,22 @@ def test_up_of_another_profile_while_watching_is_followed(cli, local_cluster, wa
     assert code == 0 and st["healthy"] and st["active"] == new and st["profile"] == "dflash-off", st
     assert st["speculative_algorithm"] is None           # it kept the user's choice, not the first profile
     assert serves(st["endpoint"])
+
+
+def test_a_users_up_in_progress_is_waited_for_never_fought(cli, local_cluster, watcher, fault_profile):
+    first = up(cli)["deployment"]
+    run = watcher()
+    name, _ = fault_profile("slowboot", {"boot_s": 4.0})
+    with SparkctlProcess(["up", "--profile", name, "--yes", "--json"]) as user:
+        user.wait_for("rank 1 started")                    # the old group is stopped: nothing serves now
+        run.wait_for(rf"waiting: `sparkctl up` \(pid {user.pid} on ")
+        assert user.wait(timeout=120) == 0, user.stderr
+        new = json.loads(user.stdout)["deployment"]
+    run.wait_for(rf"followed a command: desired state {re.escape(first)} -> {re.escape(new)}")
+    polls_after(ledger_of(local_cluster).root, 3)
+    assert "restarting" not in run.stderr
+    code, st = status(cli)
+    assert code == 0 and st["healthy"] and st["active"] == new and st["watcher"]["restarts"] == 0
 
 
 def test_a_profile_that_can_no_longer_boot_hits_the_crash_loop_limit_rolls_back_and_stops_acting(
