@@ -12,8 +12,12 @@ under the cluster lock, like every command, after reading the ledger and checkin
   `window_s` are a crash loop: the watcher rolls back (`Deployer.rollback`, never to the launch identity that
   keeps failing), then stops acting and says why, and keeps checking and reporting until a user's command gives
   it a new desired state.
+* a restart that preflight refuses changed nothing (the nodes are not ready, e.g. a fabric still down after a
+  reboot): it backs off like any failure but does not count toward the crash loop.
 * a lock held by someone else (a user's command) is never fought: the watcher waits for the next poll and reads
   the desired state again.
+* a poll that cannot read the cluster (a damaged ledger, a node not answering) is reported once and decides
+  nothing; the watcher goes on.
 
 SIGINT/SIGTERM/SIGHUP reach it as `Interrupted` (cli/signals.py): between polls it ends at once; during a restart,
 `up`'s own path stops what it started and restores the previous deployment, then the watcher ends.
