@@ -305,11 +305,7 @@ class ReplicatedDeployer:
                        sub: Deployer, listed: Any, changed: list[int], ensure_router: Any) -> bool:
         """The rolling step: out of the router (drained), its own `up`, back in. A replica whose `up` failed was
         restored alone by that `up`: it goes back into the router and the roll stops with the error."""
-        if listed is not None and not _serves(rep.url):
-            # a dead replica (the watcher brings it back) has no request that can finish: nothing to drain
-            self._step(rec, "replica-detach", f"replica {rep.index}: out of the router (it does not serve: nothing "
-                       f"to drain)", lambda: client.remove_worker(rep.url), rep.index)
-        elif listed is not None:
+        if listed is not None:
             self._step(rec, "replica-detach", f"replica {rep.index}: out of the router, drain (at most "
                        f"{profile.router.drain_timeout_s:g}s)",
                        lambda: detach(client, rep.url, drain_s=profile.router.drain_timeout_s), rep.index)

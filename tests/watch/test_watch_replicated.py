@@ -45,6 +45,7 @@ def test_a_replica_killed_and_the_router_killed_are_brought_back(cli, local_clus
         run.wait_for(r"detected: replicated:rep is not serving \(replica\): replica 0 unhealthy")
         run.wait_for(r"restarted replicated:rep as ", timeout=120)
         assert "replica 0: out of the router" in run.stderr and "replica 0: back into the router" in run.stderr
+        assert run.stderr.count("restarting replicated:rep") == 1      # a dead replica is not waited for (drain)
         assert "replica 1: out of the router" not in run.stderr          # the healthy one kept serving
         code, st = _status(cli)
         assert code == 0 and st["healthy"] and st["router"]["healthy_workers"] == 2, st

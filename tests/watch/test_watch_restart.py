@@ -58,7 +58,7 @@ def test_a_sigstopped_rank_counts_as_not_running_and_the_group_is_restarted(cli,
     stopped = engine_pid(rec.handle_of(1).pid)
     run = watcher()
     os.kill(stopped, signal.SIGSTOP)
-    run.wait_for(rf"\(rank-stopped\): rank 1 stopped \(pid {stopped} in state T")
+    run.wait_for(rf"\(rank-stopped\): rank 1 stopped \(pid {stopped}, under pid \d+ is in state T")
     new = _restarted(run, old)
     _serving_again(cli, new)
     wait_until(lambda: not alive(stopped), "the stopped engine to be gone (continued, then it took its SIGTERM)", 20)
