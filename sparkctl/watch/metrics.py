@@ -40,8 +40,9 @@ def _node_output(inventory: Any, node: Any, argv: tuple[str, ...]) -> str | None
         if argv == ("cat", "/proc/meminfo"):
             res = read_local_meminfo(node.name)
             return res.stdout if res.returncode == 0 else None
-        try:
-            done = subprocess.run(list(argv), capture_output=True, text=True, timeout=10)
+        from sparkctl.nodes.environ import helper_env
+        try:      # a helper: the allowlisted environment, never the caller's secrets
+            done = subprocess.run(list(argv), capture_output=True, text=True, timeout=10, env=helper_env())
         except (OSError, subprocess.TimeoutExpired):
             return None
         return done.stdout if done.returncode == 0 else None
