@@ -39,8 +39,7 @@ def _install(inventory: Optional[str], opts: dict[str, Any], *, system: bool, un
         return
     argv = systemd.sparkctl_argv() + _carried(inventory, opts)
     cluster = name.removeprefix("sparkctl-watch-").removesuffix(".service")
-    path = systemd.install(systemd.unit_text(argv, cluster, scope=scope), directory, name,
-                           private=opts.get("--notify") is not None)
+    path = systemd.install(systemd.unit_text(argv, cluster, scope=scope), directory, name)
     print(f"wrote {path}")
     for step in systemd.next_steps(scope, name, installed=True):
         print(f"next: {step}")

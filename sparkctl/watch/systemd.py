@@ -93,22 +93,12 @@ def unit_text(argv: list[str], cluster: str, *, scope: Scope, environ: dict[str,
     return "\n".join(lines)
 
 
-def install(text: str, directory: Path, name: str, *, private: bool) -> Path:
-    """Write the unit (mode 0600 when it carries a webhook URL, else 0644); a path the user's system owns,
-    written as given (never a state-directory file)."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / name
-        tmp = directory / f".{name}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600 if private else 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o600 if private else 0o644)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise OutputPathError(f"cannot write the unit: {exc.strerror or exc}", where=str(directory),
-                              hint="run as root for --system, or use --user (the default)") from None
-    return path
+def install(text: str, directory: Path, name: str) -> Path:
+    """Write the unit through the one writer of user-named paths (`sparkctl.userfiles`: atomic, fsynced, a new file
+    0600, a replaced one keeping its mode; a missing unit directory created). It may carry a webhook URL with a
+    token: private unless the user opens it."""
+    from sparkctl.userfiles import write_user_text
+    return write_user_text(directory / name, text, overwrite=True, option="--install", create_parent=True)
 
 
 def uninstall(directory: Path, name: str) -> Path | None:

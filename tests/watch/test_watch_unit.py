@@ -59,7 +59,7 @@ def test_install_writes_a_unit_systemd_accepts_and_uninstall_removes_it(cli, loc
     for arg in ("watch", "--inventory", str(local_cluster.resolve()), "--interval", "2", "--metrics-port", "9464"):
         assert systemd_quote(arg) in exec_start, exec_start
     assert f'"SPARKCTL_STATE_DIR={os.environ["SPARKCTL_STATE_DIR"]}"' in keys["Environment"][0]
-    assert stat.S_IMODE(path.stat().st_mode) == 0o644           # no webhook URL in it: readable
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600           # a new user file: private (userfiles)
     done = _verify(path, user=scope == "user", tmp=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Unknown" not in done.stderr and "bad" not in done.stderr.lower(), done.stderr
@@ -71,13 +71,17 @@ def test_install_writes_a_unit_systemd_accepts_and_uninstall_removes_it(cli, loc
     assert code == 0 and "no unit" in out
 
 
-def test_a_unit_with_a_webhook_is_private(cli, local_cluster, tmp_path):
+def test_a_unit_with_a_webhook_is_private_and_a_replaced_one_keeps_its_mode(cli, local_cluster, tmp_path):
     units = tmp_path / "units"
     code, out, err = cli("watch", "--install", "--unit-dir", str(units), "--notify", "https://u:pw@hooks.example/x")
     assert code == 0, err
     (path,) = units.iterdir()
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and "https://u:pw@hooks.example/x" in path.read_text()
     assert "pw" not in out                     # the URL is in the unit, never echoed
+    os.chmod(path, 0o640)                      # the user's choice stands when the unit is written again
+    code, _, err = cli("watch", "--install", "--unit-dir", str(units), "--interval", "7")
+    assert code == 0, err
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640 and '"--interval" "7"' in path.read_text()
 
 
 def test_flags_that_do_not_go_together_are_refused(cli, local_cluster, tmp_path):
