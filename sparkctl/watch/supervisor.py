@@ -82,16 +82,16 @@ class Watcher:
     def run(self, *, polls: int | None = None) -> None:
         """Poll until interrupted (or `polls` times). LockHeldError (exit 5) when the cluster is already watched."""
         with exclusive(self.c.ledger.root):
-            if self.metrics is not None:
-                self.state.metrics = self.metrics.url
-            self.desired, self.baseline = read_desired(self.c)
-            self.state.desired = self.desired.label
-            self._say(f"watching cluster {self.c.name}: desired state {self.desired.label}; a check every "
-                      f"{self.opts.interval_s:g}s, crash loop at {self.opts.max_failures} failed restarts within "
-                      f"{self.opts.window_s:g}s" + (f"; metrics at {self.metrics.url}" if self.metrics else ""))
-            self._save()
-            n = 0
-            try:
+            try:         # from the lock on: however it ends (a signal at any point), it says it stopped
+                if self.metrics is not None:
+                    self.state.metrics = self.metrics.url
+                self.desired, self.baseline = read_desired(self.c)
+                self.state.desired = self.desired.label
+                self._save()
+                self._say(f"watching cluster {self.c.name}: desired state {self.desired.label}; a check every "
+                          f"{self.opts.interval_s:g}s, crash loop at {self.opts.max_failures} failed restarts within "
+                          f"{self.opts.window_s:g}s" + (f"; metrics at {self.metrics.url}" if self.metrics else ""))
+                n = 0
                 while polls is None or n < polls:
                     self._poll_once()
                     n += 1

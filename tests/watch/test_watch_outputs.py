@@ -12,7 +12,6 @@ import threading
 from http.server import BaseHTTPRequestHandler
 
 import httpx
-import pytest
 
 from sparkctl.state.watchfile import load_watch
 from testenv import local_server, need_module
@@ -55,22 +54,28 @@ def test_metrics_endpoint_scraped_and_parsed(cli, local_cluster, watcher):
     assert _value(samples, "sparkctl_rank_alive", rank="1", node="spark-b") == 1
     assert {_value(samples, "sparkctl_gate_passed", gate=g) for g in
             ("health", "models", "settings", "capacity", "workers", "smoke")} == {1}
-    meminfo = dict(re.findall(r"^(\w+):\s+(\d+) kB$", open("/proc/meminfo").read(), re.M))
-    for node in ("spark-a", "spark-b"):          # this machine's /proc/meminfo (the embedded nodes are this host)
+    meminfo = {k: int(v) * 1024 for k, v in re.findall(r"^(\w+):\s+(\d+) kB$", open("/proc/meminfo").read(), re.M)}
+    # this machine's /proc/meminfo (the embedded nodes are this host), read by the watcher at its last check: the
+    # same figures give or take what the other processes on this shared machine did since (a tenth of its memory)
+    slack = max(2 ** 30, meminfo["MemTotal"] // 10)
+    for node in ("spark-a", "spark-b"):
         avail = _value(samples, "sparkctl_node_memory_available_bytes", node=node)
-        assert avail is not None and abs(avail - int(meminfo["MemAvailable"]) * 1024) < 2 ** 30
-        assert _value(samples, "sparkctl_node_memory_cached_bytes", node=node) is not None
-        assert _value(samples, "sparkctl_node_swap_free_bytes", node=node) == pytest.approx(
-            int(meminfo["SwapFree"]) * 1024, abs=2 ** 28)
+        assert avail is not None and 0 < avail <= meminfo["MemTotal"] and abs(avail - meminfo["MemAvailable"]) < slack
+        cached = _value(samples, "sparkctl_node_memory_cached_bytes", node=node)
+        assert cached is not None and 0 < cached <= meminfo["MemTotal"]
+        swap = _value(samples, "sparkctl_node_swap_free_bytes", node=node)
+        assert swap is not None and 0 <= swap <= meminfo["SwapTotal"] and abs(swap - meminfo["SwapFree"]) < slack
     assert not [k for k in samples if k[0].startswith("sparkctl_gpu_")]      # no GPU here: no value made up
     os.kill(ledger_of(local_cluster).load(dep).handle_of(1).pid, signal.SIGKILL)
+    reason = re.search(r"is not serving \(([a-z-]+)\)", run.wait_for(rf"detected: {re.escape(dep)} ")).group(1)
+    assert reason in ("rank-dead", "engines-gone")     # rank 0 follows its peer within the emulator's peer timeout
     run.wait_for(rf"restarted {re.escape(dep)} as ", timeout=90)
 
     def recovered() -> dict | None:
         s = _scrape(url)
         return s if _value(s, "sparkctl_watch_time_to_recover_seconds_count") == 1 else None
     samples = wait_until(recovered, "the recovery in the metrics")
-    assert _value(samples, "sparkctl_watch_restarts_total", reason="rank-dead", outcome="ok") == 1
+    assert _value(samples, "sparkctl_watch_restarts_total", reason=reason, outcome="ok") == 1
     assert 0 < _value(samples, "sparkctl_watch_time_to_recover_seconds_sum") < 60
     assert _value(samples, "sparkctl_deployment_healthy", profile="d5") == 1
     assert _value(samples, "sparkctl_watch_gave_up") == 0
