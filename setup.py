@@ -1,7 +1,7 @@
 """Build-time layout of the wheel (everything else is in pyproject.toml).
 
 The shipped data lives at the top of the repository, one copy of each file: profiles/, inventory/, images/
-(Dockerfile templates), patches/, playbooks/. The wheel carries each as ``sparkctl/data/<name>/`` through
+(Dockerfile templates), patches/, playbooks/, grafana/. The wheel carries each as ``sparkctl/data/<name>/`` through
 setuptools' own ``package_dir`` mapping (no copying, no generated files), and sparkctl.resources reads them
 there when installed, or from the top of the checkout in an editable install (``pip install -e .``, as
 bin/_bootstrap does) and when the tests import the checkout. The names match sparkctl.resources.SHIPPED_DIRS
@@ -10,7 +10,7 @@ bin/_bootstrap does) and when the tests import the checkout. The names match spa
 """
 from setuptools import find_namespace_packages, setup
 
-SHIPPED_DIRS = ("profiles", "inventory", "images", "patches", "playbooks")
+SHIPPED_DIRS = ("profiles", "inventory", "images", "patches", "playbooks", "grafana")
 DATA = {f"sparkctl.data.{name}": name for name in SHIPPED_DIRS}
 
 setup(

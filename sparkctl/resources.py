@@ -1,7 +1,8 @@
 """Where sparkctl finds its files: the user's own first, then what the package ships.
 
 Shipped data lives at the top of the repository (``profiles/``, ``inventory/``, ``images/`` (the Dockerfile
-templates), ``patches/``, ``playbooks/``): one copy of each file. The wheel carries them under
+templates), ``patches/``, ``playbooks/``, ``grafana/`` (the dashboard of `sparkctl watch`)): one copy of each
+file. The wheel carries them under
 ``sparkctl/data/<kind>/`` (``setup.py`` maps each directory into the package at build time), and this module is
 the one reader of both places, through ``importlib.resources``:
 
@@ -29,7 +30,7 @@ from sparkctl.errors import SparkctlError
 
 # The shipped directories: each is a top-level directory of the repository and sparkctl/data/<name>/ in the
 # wheel. setup.py maps the same names (tests/unit/test_resources.py checks the two lists agree).
-SHIPPED_DIRS = ("profiles", "inventory", "images", "patches", "playbooks")
+SHIPPED_DIRS = ("profiles", "inventory", "images", "patches", "playbooks", "grafana")
 
 
 def data_root() -> Path:

@@ -134,6 +134,23 @@ def _replicated_up(d: Deployer, prof: Profile, dry_run: bool, yes: bool, boot_ti
     return True
 
 
+def watcher_line(w: JSONObject | None) -> str | None:
+    """`status`'s line about `sparkctl watch` on the cluster (None when no watcher ever ran there)."""
+    if not w:
+        return None
+    if w["running"]:
+        head = f"  watcher: running (pid {w['pid']} on {w['host']} since {w['since']}), desired {w['desired']}"
+    else:
+        head = f"  watcher: not running (last: pid {w['pid']} on {w['host']}" + (
+            f", stopped {w['stopped']})" if w.get("stopped") else ", gone without stopping: killed?)")
+    head += f"; restarts {w['restarts']} ({w['failures']} failed)"
+    if w.get("last_action"):
+        head += f"; last action {w['last_action_at']}: {w['last_action']}"
+    if w.get("gave_up"):
+        head += f"\n  watcher gave up: {w['gave_up']}"
+    return head
+
+
 def _replicated_status_human(r: JSONObject) -> None:
     router = r.get("router") or {}
     print(f"cluster {r['cluster']}: {r.get('profile')} ({len(r['replicas'])} replicas) "
@@ -149,6 +166,9 @@ def _replicated_status_human(r: JSONObject) -> None:
               f"{'healthy' if rep['healthy'] else 'UNHEALTHY'}, {where}"
               + (f", {int(router['requests_per_replica'].get(rep['url'], 0))} requests"
                  if router.get("requests_per_replica") else ""))
+    line = watcher_line(r.get("watcher"))
+    if line:
+        print(line)
 
 
 def register(app: typer.Typer) -> None:
@@ -277,8 +297,11 @@ def register(app: typer.Typer) -> None:
             if r.get("unfinished_compare"):
                 print(f"cluster {r['cluster']}: {r['unfinished_compare']}; the next `sparkctl up`, `rollback`, "
                       f"`down` or `bench` settles it")
+            line = watcher_line(r.get("watcher"))
             if not r.get("active"):
                 print(f"cluster {r['cluster']}: no active deployment")
+                if line:
+                    print(line)
                 return
             print(f"cluster {r['cluster']}: {r['profile']} ({r['active']}) "
                   f"{'healthy' if r['healthy'] else 'UNHEALTHY'}{'  [emulated]' if r.get('emulated') else ''}")
@@ -288,6 +311,8 @@ def register(app: typer.Typer) -> None:
             for rank in r["ranks"]:
                 extra = f", /health {rank.get('health')}" if rank["rank"] == 0 else ""
                 print(f"  rank {rank['rank']} [{rank['node']}]: {rank['state']}{extra}")
+            if line:
+                print(line)
         _emit(result, as_json, human)
         if not result.ok:
             raise typer.Exit(STATUS_NOT_OK)

@@ -13,7 +13,16 @@ from pathlib import Path
 
 import typer
 
-from sparkctl.cli import bench_cmds, deploy_cmds, doctor_cmds, image_cmds, prepare_cmds, render_cmds, tune_cmds
+from sparkctl.cli import (
+    bench_cmds,
+    deploy_cmds,
+    doctor_cmds,
+    image_cmds,
+    prepare_cmds,
+    render_cmds,
+    tune_cmds,
+    watch_cmds,
+)
 from sparkctl.cli.options import EXIT_CODES, PlainFlagsGroup, flag, plain_flags
 
 app = typer.Typer(cls=PlainFlagsGroup, add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -63,6 +72,7 @@ image_cmds.register(app)
 prepare_cmds.register(app)
 tune_cmds.register(app)
 doctor_cmds.register(app)
+watch_cmds.register(app)
 plain_flags(app)
 
 

@@ -171,14 +171,16 @@ class Deployer:
                                 f"target; `sparkctl rollback` returns to {left.original or 'nothing'})")
             compare.end(self.cluster)
 
-    def rollback_target(self) -> DeploymentRecord | None:
-        return rollback_target(self.ledger)
+    def rollback_target(self, avoid_identity: str | None = None) -> DeploymentRecord | None:
+        return rollback_target(self.ledger, avoid_identity)
 
-    def rollback(self, to: Profile | None, opts: UpOptions) -> UpResult:
+    def rollback(self, to: Profile | None, opts: UpOptions, *, failing: DeploymentRecord | None = None) -> UpResult:
         """Deploy `to`, or the profile of the previous known-good deployment (never a bench arm), or, with no
-        known-good history, the active profile's `rollback_profile`. Same steps and guarantees as `up`."""
+        known-good history, the active profile's `rollback_profile`. Same steps and guarantees as `up`.
+        `failing` (the watcher's crash loop): the deployment that keeps failing, never the target, nor any of its
+        launch identity; its `rollback_profile` when nothing else is known-good."""
         if to is None:
-            target = self.rollback_target()
+            target = self.rollback_target(failing.identity if failing else None)
             if target is not None:
                 self.reporter.stage("rollback", f"rolling back to {target.id} ({target.profile})")
                 to = Profile.model_validate(target.profile_data)
@@ -186,7 +188,7 @@ class Deployer:
                 if len(engine) == 1:       # the images it ran, even when its base tag names another image now
                     opts = replace(opts, base_of=engine.pop())
             else:
-                active = self.ledger.active()
+                active = self.ledger.active() or failing
                 name = (active.profile_data.get("rollback_profile") if active else None)
                 if not name:
                     raise no_target_error(self.ledger)

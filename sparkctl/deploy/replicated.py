@@ -48,6 +48,7 @@ from sparkctl.deploy.results import (
     ReplicatedStatusResult,
     ReplicatedUpResult,
     RouterStatus,
+    watcher_of,
 )
 from sparkctl.deploy.steps import REPLICATED_COMMAND as COMMAND
 from sparkctl.deploy.steps import boundary
@@ -415,7 +416,8 @@ class ReplicatedDeployer:
         return ReplicatedStatusResult(cluster=self.inventory.cluster.name, emulated=self.inventory.emulated,
                                       ok=healthy, healthy=healthy, profile=rec.data.get("profile"),
                                       endpoint=rec.data.get("endpoint"), status=rec.data.get("status"),
-                                      router=router, replicas=views, progress=progress)
+                                      router=router, replicas=views, progress=progress,
+                                      watcher=watcher_of(self.ledger.root))
 
     def follow_log(self, *, replica: int | None = None, rank: int = 0, router: bool = False, tail: int = 50,
                    follow: bool = False, poll_s: float = 0.5) -> Iterator[str]:
@@ -468,19 +470,21 @@ class ReplicatedDeployer:
     def down(self) -> ReplicatedDownResult:
         rec = Record.load(self.ledger.root)
         stopped = []
+        # The parent's lock for the whole of it: nothing (a watcher) sees the router gone while the record still
+        # says active, and starts it again in the middle of a `down`.
         with self.ledger.lock("down"):
             r = rec.data.get("router")
             if router_launch.stop_router(self.inventory, r, timeout_s=10):    # recorded, or left unrecorded
                 stopped.append("router")
                 rec.data.pop("router", None)
                 rec.journal("stop-router", "ok", "router stopped")
-        for rep in rec.data.get("replicas", []):
-            res = Deployer(_named(self.inventory, rep["cluster"], rep["nodes"]), self.reporter).down()
-            if res.get("changed"):
-                stopped.append(f"replica {rep['index']}")
-        if rec.data:
-            rec.data["status"] = "down"
-            rec.save()
+            for rep in rec.data.get("replicas", []):
+                res = Deployer(_named(self.inventory, rep["cluster"], rep["nodes"]), self.reporter).down()
+                if res.get("changed"):
+                    stopped.append(f"replica {rep['index']}")
+            if rec.data:
+                rec.data["status"] = "down"
+                rec.save()
         return ReplicatedDownResult(changed=bool(stopped), stopped=stopped)
 
 

@@ -10,6 +10,7 @@ from sparkctl.deploy.cluster import RankHealth
 from sparkctl.deploy.reconcile import Reconciled
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.records import Capacity, GateResult, NodeImages, Warmup
+from sparkctl.state.watchfile import WatchState, watcher_view
 
 
 class _Result(BaseModel):
@@ -99,6 +100,17 @@ class InterruptedView(BaseModel):
     ranks_alive: list[int] = Field(default_factory=list)
 
 
+class WatcherView(WatchState):
+    """`sparkctl watch` on this cluster, as its file says, and whether that process runs now."""
+
+    running: bool = Field(description="The watcher's pid runs now (checked with its start time).")
+
+
+def watcher_of(root: Any) -> WatcherView | None:
+    view = watcher_view(root)
+    return WatcherView.model_validate(view) if view is not None else None
+
+
 class StatusResult(_Result):
     """`status`: `ok` is False when the active deployment is unhealthy, something was interrupted, a comparison
     did not finish, or nothing is active while a command changes the cluster."""
@@ -124,6 +136,7 @@ class StatusResult(_Result):
     in_progress: InProgress | None = None
     interrupted: list[InterruptedView] = Field(default_factory=list)
     unfinished_compare: str | None = None
+    watcher: WatcherView | None = None
 
 
 # ---- replicated deployments (`replicas: K`, deploy/replicated.py) -------------------------------------------------
@@ -181,6 +194,7 @@ class ReplicatedStatusResult(_Result):
     router: RouterStatus | None = None
     replicas: list[ReplicaStatus] = Field(default_factory=list)
     progress: str | None = None          # an `up` in progress, or interrupted (its controller gone)
+    watcher: WatcherView | None = None
 
 
 class ReplicatedDownResult(_Result):

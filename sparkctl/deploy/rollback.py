@@ -117,10 +117,11 @@ def restore(c: Cluster, previous: DeploymentRecord, failed: DeploymentRecord, *,
         return RestoreOutcome(None, reason)
 
 
-def rollback_target(ledger: Ledger) -> DeploymentRecord | None:
-    """The newest known-good deployment other than the active one, never a bench comparison's arm; None when
-    there is none (the caller then uses the active profile's `rollback_profile`, or refuses)."""
-    return ledger.known_good(exclude=ledger.active_id(), rollback=True)
+def rollback_target(ledger: Ledger, avoid_identity: str | None = None) -> DeploymentRecord | None:
+    """The newest known-good deployment other than the active one (and not of launch identity `avoid_identity`),
+    never a bench comparison's arm; None when there is none (the caller then uses the active profile's
+    `rollback_profile`, or refuses)."""
+    return ledger.known_good(exclude=ledger.active_id(), rollback=True, avoid_identity=avoid_identity)
 
 
 def no_target_error(ledger: Ledger) -> ConfigError:

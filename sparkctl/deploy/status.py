@@ -10,7 +10,7 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import stop_engines, sweep_secrets
 from sparkctl.deploy.observe import observe, stop_engine, unrecorded
 from sparkctl.deploy.reconcile import controller_text, interrupted, reconcile, stage_of
-from sparkctl.deploy.results import DownResult, InProgress, InterruptedView, StatusResult
+from sparkctl.deploy.results import DownResult, InProgress, InterruptedView, StatusResult, watcher_of
 from sparkctl.deploy.steps import boundary
 from sparkctl.state.controller import live_lock_holder
 from sparkctl.state.ledger import now_iso
@@ -85,7 +85,8 @@ def status(c: Cluster, *, unfinished_compare: str | None = None) -> StatusResult
                                                      if e.deployment in (r.id, r.restoring)}))
                  for r in dead]
     base = dict(cluster=c.name, emulated=c.inventory.emulated, in_progress=in_progress, interrupted=views,
-                unfinished_compare=unfinished_compare, history=len(c.ledger.history()))
+                unfinished_compare=unfinished_compare, history=len(c.ledger.history()),
+                watcher=watcher_of(c.ledger.root))
     active = c.ledger.active()
     if not active:
         return StatusResult(**base, active=None, ok=not dead and not holder and not unfinished_compare)

@@ -146,7 +146,9 @@ def container_config(spec: LaunchSpec, node: Node, *, cluster: str, deployment_i
     argv = ["docker", "run", "--detach", "--pull", "never", "--name", name]
     for k, v in labels.items():
         argv += ["--label", f"{k}={v}"]
-    argv += ["--network", "host", "--ipc", "host", "--init"]
+    # `--restart no`, said outright: a rank restarted alone by Docker joins no collective (the pair stays wedged);
+    # `sparkctl watch` restarts the whole group, in order (docs/watch.md)
+    argv += ["--network", "host", "--ipc", "host", "--init", "--restart", "no"]
     if node.gpu_runtime == "nvidia":
         argv += ["--runtime", "nvidia"]
     elif node.gpu_runtime == "gpus-all":

@@ -425,3 +425,38 @@ def parse_nvidia_smi(text: str) -> NvidiaSmi:
         if m:
             procs.append(GpuProcess(int(m.group(1)), int(m.group(2)), m.group(3), m.group(4), int(m.group(5))))
     return NvidiaSmi(drv.group(1) if drv else None, cuda.group(1) if cuda else None, gpus, procs)
+
+
+# ------------------------------------------------------------------------------------------------ GPU sensors
+@dataclass(frozen=True)
+class GpuSensors:
+    """One GPU's temperature (C), power draw (W) and SM clock (MHz) as nvidia-smi reports them; a field nvidia-smi
+    reports as ``[N/A]`` or ``[Not Supported]`` (GB10 reports its memory that way) is None, never a guess."""
+
+    index: int
+    temperature_c: float | None
+    power_w: float | None
+    sm_clock_mhz: float | None
+
+
+def gpu_sensors() -> Fact[list[GpuSensors]]:
+    return Fact("gpu-sensors", ("nvidia-smi", "--query-gpu=index,temperature.gpu,power.draw,clocks.sm",
+                                "--format=csv,noheader,nounits"), parse_gpu_sensors)
+
+
+def _reading(text: str) -> float | None:
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None          # "[N/A]", "N/A", "[Not Supported]", "[Unknown Error]"
+
+
+def parse_gpu_sensors(text: str) -> list[GpuSensors]:
+    """Parse ``nvidia-smi --query-gpu=index,temperature.gpu,power.draw,clocks.sm --format=csv,noheader,nounits``."""
+    out = []
+    for ln in text.splitlines():
+        fields = [f.strip() for f in ln.split(",")]
+        if len(fields) != 4 or not fields[0].isdigit():
+            continue
+        out.append(GpuSensors(int(fields[0]), _reading(fields[1]), _reading(fields[2]), _reading(fields[3])))
+    return out

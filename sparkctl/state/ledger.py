@@ -240,13 +240,17 @@ class Ledger:
         dep_id = self.active_id()
         return self.load(dep_id) if dep_id else None
 
-    def known_good(self, *, exclude: str | None = None, rollback: bool = False) -> DeploymentRecord | None:
-        """The newest known-good deployment (never `exclude`); with `rollback`, never a bench comparison's arm
+    def known_good(self, *, exclude: str | None = None, rollback: bool = False,
+                   avoid_identity: str | None = None) -> DeploymentRecord | None:
+        """The newest known-good deployment (never `exclude`, nor one of launch identity `avoid_identity`: the
+        watcher's crash loop never rolls back to what is crashing); with `rollback`, never a bench comparison's arm
         (a temporary deployment, not something the user chose to run)."""
         for dep_id in reversed(self.history()):
             if dep_id == exclude:
                 continue
             rec = self.load(dep_id)
+            if avoid_identity is not None and rec.identity == avoid_identity:
+                continue
             if rec.known_good and not (rollback and rec.kind == "bench-compare"):
                 return rec
         return None

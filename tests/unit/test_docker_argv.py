@@ -52,7 +52,7 @@ def test_full_argv_shape() -> None:
     a = cfg.argv
     assert a[:7] == ["docker", "run", "--detach", "--pull", "never", "--name", name]
     i = a.index("--network")
-    assert a[i:i + 5] == ["--network", "host", "--ipc", "host", "--init"]
+    assert a[i:i + 7] == ["--network", "host", "--ipc", "host", "--init", "--restart", "no"]   # the watcher restarts
     assert a[a.index("--runtime") + 1] == "nvidia"
     assert "--gpus" not in a
     assert [a[j + 1] for j, x in enumerate(a) if x == "--ulimit"] == ["memlock=-1", "stack=67108864"]

@@ -1,0 +1,136 @@
+"""`sparkctl watch`: the supervisor of one cluster (sparkctl/watch/), and its systemd unit (--install/--uninstall)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from sparkctl.cli import bounds
+from sparkctl.cli.deploy_cmds import INVENTORY_OPT, _deployer
+from sparkctl.cli.options import flag
+
+
+def _carried(inventory: str | None, opts: dict[str, Any]) -> list[str]:
+    """The options a unit's `sparkctl watch` runs with: the inventory (absolute) and every option given."""
+    args = ["watch"]
+    if inventory:
+        args += ["--inventory", str(Path(inventory).expanduser().resolve())]
+    for name, value in opts.items():
+        if value is not None:
+            args += [name, f"{value:g}" if isinstance(value, float) else str(value)]
+    return args
+
+
+def _install(inventory: str | None, opts: dict[str, Any], *, system: bool, uninstall: bool,
+             unit_dir: str | None) -> None:
+    from sparkctl.config.inventory import resolve_inventory
+    from sparkctl.watch import systemd
+
+    scope: systemd.Scope = "system" if system else "user"
+    name = systemd.unit_name(resolve_inventory(inventory).cluster.name)
+    directory = Path(unit_dir) if unit_dir else systemd.unit_dir(scope)
+    if uninstall:
+        removed = systemd.uninstall(directory, name)
+        print(f"removed {removed}" if removed else f"no unit {directory / name} to remove")
+        for step in systemd.next_steps(scope, name, installed=False):
+            print(f"next: {step}")
+        return
+    argv = systemd.sparkctl_argv() + _carried(inventory, opts)
+    cluster = name.removeprefix("sparkctl-watch-").removesuffix(".service")
+    path = systemd.install(systemd.unit_text(argv, cluster, scope=scope), directory, name)
+    print(f"wrote {path}")
+    for step in systemd.next_steps(scope, name, installed=True):
+        print(f"next: {step}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def watch(inventory: str | None = INVENTORY_OPT,
+              interval: float = typer.Option(5.0, "--interval", parser=bounds.seconds(0.0, 3600), metavar="SECONDS",
+                                             help="Seconds between two checks."),
+              backoff: float = typer.Option(10.0, "--backoff", parser=bounds.seconds(0.0, 3600), metavar="SECONDS",
+                                            help="Wait after a failed restart; doubles with each failure in a row."),
+              backoff_max: float = typer.Option(300.0, "--backoff-max", parser=bounds.seconds(0.0, 86400),
+                                                metavar="SECONDS", help="Longest wait between two restarts."),
+              max_failures: int = typer.Option(3, "--max-failures", parser=bounds.count(1, 1000), metavar="N",
+                                               help="Failed restarts within --window that make a crash loop: roll "
+                                                    "back, then stop acting."),
+              window: float = typer.Option(600.0, "--window", parser=bounds.seconds(0.0, 7 * 86400),
+                                           metavar="SECONDS", help="The crash-loop window (default 10 minutes)."),
+              boot_timeout: float | None = typer.Option(None, "--boot-timeout", parser=bounds.seconds(),
+                                                           metavar="SECONDS", help="Each restart's boot timeout "
+                                                                                   "(default: the profile's)."),
+              metrics_port: int | None = typer.Option(None, "--metrics-port", parser=bounds.count(0, 65535),
+                                                         metavar="PORT", help="Serve Prometheus metrics on this port "
+                                                                              "(needs the `watch` extra)."),
+              metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr", metavar="ADDR",
+                                               help="Address the metrics are served on."),
+              notify: str | None = typer.Option(None, "--notify", metavar="URL",
+                                                   help="POST a JSON event to this webhook on each restart and "
+                                                        "give-up (no secrets in it)."),
+              install: bool = flag("--install", help="Write a systemd unit that runs this watcher (with these "
+                                                      "options) instead of running it."),
+              uninstall: bool = flag("--uninstall", help="Remove the systemd unit."),
+              user: bool = flag("--user", help="With --install/--uninstall: a user unit (the default)."),
+              system: bool = flag("--system", help="With --install/--uninstall: a system unit (root)."),
+              unit_dir: str | None = typer.Option(None, "--unit-dir", metavar="DIR", hidden=True,
+                                                     help="Write the unit there (tests)."),
+              ) -> None:
+        """Supervise the cluster: restart a failed TP group as a group, in order, gated; roll back a crash loop.
+
+        Runs in the foreground until SIGINT/SIGTERM (a restart in progress is finished or restored first); logs to
+        stderr and to the state directory's watch.log. A user's `up`, `rollback` or `down` becomes its desired
+        state. `sparkctl status` shows it."""
+        from sparkctl.errors import ConfigError
+
+        if user and system:
+            raise ConfigError("--user and --system choose where the unit goes: give one of them",
+                              hint="sparkctl watch --install --user (default) or --install --system")
+        if install and uninstall:
+            raise ConfigError("--install and --uninstall: give one of them", hint="sparkctl watch --install")
+        if (user or system or unit_dir) and not (install or uninstall):
+            raise ConfigError("--user/--system/--unit-dir go with --install or --uninstall",
+                              hint="sparkctl watch --install --user")
+        if notify is not None:
+            from sparkctl.watch.notify import check_url
+            check_url(notify)
+        if metrics_port is not None:
+            from sparkctl.watch.metrics import require_prometheus
+            require_prometheus()
+        if install or uninstall:
+            _install(inventory, {"--interval": interval, "--backoff": backoff, "--backoff-max": backoff_max,
+                                 "--max-failures": max_failures, "--window": window, "--boot-timeout": boot_timeout,
+                                 "--metrics-port": metrics_port,
+                                 "--metrics-addr": metrics_addr if metrics_port is not None else None,
+                                 "--notify": notify}, system=system, uninstall=uninstall, unit_dir=unit_dir)
+            return
+        _run(inventory, interval, backoff, backoff_max, max_failures, window, boot_timeout, metrics_port,
+             metrics_addr, notify)
+
+
+def _run(inventory: str | None, interval: float, backoff: float, backoff_max: float, max_failures: int,
+         window: float, boot_timeout: float | None, metrics_port: int | None, metrics_addr: str,
+         notify: str | None) -> None:
+    from sparkctl.state.watchfile import WATCH_LOG
+    from sparkctl.watch.log import WatchLog, WatchReporter
+    from sparkctl.watch.supervisor import Watcher, WatchOptions
+
+    d = _deployer(inventory)
+    reporter = WatchReporter(WatchLog(d.ledger.root / WATCH_LOG), sys.stderr)
+    metrics = None
+    if metrics_port is not None:
+        from sparkctl.watch.metrics import WatchMetrics
+        metrics = WatchMetrics(metrics_port, metrics_addr, d.inventory.cluster.name)
+    notifier = None
+    if notify is not None:
+        from sparkctl.watch.notify import Notifier
+        notifier = Notifier(notify)
+    opts = WatchOptions(interval_s=interval, backoff_s=backoff, backoff_max_s=backoff_max, max_failures=max_failures,
+                        window_s=window, boot_timeout_s=boot_timeout)
+    try:
+        Watcher(d.inventory, reporter, opts, metrics=metrics, notifier=notifier).run()
+    finally:
+        if metrics is not None:
+            metrics.close()

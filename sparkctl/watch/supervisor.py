@@ -1,0 +1,330 @@
+"""The supervisor loop: observe -> decide -> act, every `interval_s`, through deploy's one door.
+
+Each poll reads the desired state from the ledger (a user's `up`, `rollback` or `down` since the last poll becomes
+the new one: `desired.read_desired`'s fingerprint changed) and checks it (`desired.check`). On a failure it acts
+under the cluster lock, like every command, after reading the ledger and checking once more there:
+
+* a TP group is restarted as a whole by `Deployer.up` of the deployment's own recorded profile: stop what is left
+  (kept restartable), boot ranks N-1 ... 1 then 0, warm-up, every gate, hand-off; a group that fails them is
+  restored by that `up` (its own undo). A replicated deployment goes through `ReplicatedDeployer.up` (a replica
+  that fails is redeployed alone; a router that is gone is started again).
+* failed attempts back off (`backoff_s`, doubling up to `backoff_max_s`); `max_failures` failures within
+  `window_s` are a crash loop: the watcher rolls back (`Deployer.rollback`, never to the launch identity that
+  keeps failing), then stops acting and says why, and keeps checking and reporting until a user's command gives
+  it a new desired state.
+* a restart that preflight refuses changed nothing (the nodes are not ready, e.g. a fabric still down after a
+  reboot): it backs off like any failure but does not count toward the crash loop.
+* a lock held by someone else (a user's command) is never fought: the watcher waits for the next poll and reads
+  the desired state again.
+* a poll that cannot read the cluster (a damaged ledger, a node not answering) is reported once and decides
+  nothing; the watcher goes on.
+
+SIGINT/SIGTERM/SIGHUP reach it as `Interrupted` (cli/signals.py): between polls it ends at once; during a restart,
+`up`'s own path stops what it started and restores the previous deployment, then the watcher ends.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sparkctl.config.inventory import Inventory
+from sparkctl.config.profile import Profile, load_profile
+from sparkctl.deploy.commands import Deployer, UpOptions
+from sparkctl.deploy.progress import Reporter
+from sparkctl.errors import LockHeldError, PreflightError, SparkctlError
+from sparkctl.nodes import procfs
+from sparkctl.state.controller import live_lock_holder
+from sparkctl.state.ledger import now_iso
+from sparkctl.state.watchfile import WatchState, exclusive, host, save_watch
+from sparkctl.watch.desired import Desired, Verdict, check, read_desired
+
+
+@dataclass
+class WatchOptions:
+    interval_s: float = 5.0          # between two checks
+    backoff_s: float = 10.0          # after a failed restart; doubles with each failure in a row
+    backoff_max_s: float = 300.0
+    max_failures: int = 3            # this many failed restarts within `window_s` is a crash loop
+    window_s: float = 600.0
+    boot_timeout_s: float | None = None     # for each restart's boot (default: the profile's)
+
+
+class Watcher:
+    """One cluster's supervisor. `metrics` and `notifier` are optional sinks (watch/metrics.py, watch/notify.py).
+
+    Example::
+
+        Watcher(resolve_inventory(None), Reporter(), WatchOptions(interval_s=2)).run()
+    """
+
+    def __init__(self, inventory: Inventory, reporter: Reporter, opts: WatchOptions, *, metrics: Any = None,
+                 notifier: Any = None) -> None:
+        self.d = Deployer(inventory, reporter)
+        self.c = self.d.cluster
+        self.r = reporter
+        self.opts = opts
+        self.metrics = metrics
+        self.notifier = notifier
+        self.state = WatchState(pid=os.getpid(), host=host(), start_ticks=procfs.start_ticks(os.getpid()),
+                                since=now_iso(), interval_s=opts.interval_s)
+        self.desired = Desired("down")
+        self.baseline = ""
+        self.failed_at: list[float] = []      # monotonic times of failed restarts (the crash-loop window)
+        self.in_a_row = 0
+        self.next_attempt = 0.0
+        self.detected: float | None = None    # monotonic time the current failure was first seen
+        self.waiting_on: int | None = None    # pid of the lock holder we said we wait for
+        self.poll_error: str | None = None    # the last poll's own failure, said once
+
+    # -- the loop ----------------------------------------------------------------------------------------------
+    def run(self, *, polls: int | None = None) -> None:
+        """Poll until interrupted (or `polls` times). LockHeldError (exit 5) when the cluster is already watched."""
+        with exclusive(self.c.ledger.root):
+            try:         # from the lock on: however it ends (a signal at any point), it says it stopped
+                if self.metrics is not None:
+                    self.state.metrics = self.metrics.url
+                self.desired, self.baseline = read_desired(self.c)
+                self.state.desired = self.desired.label
+                self._save()
+                self._say(f"watching cluster {self.c.name}: desired state {self.desired.label}; a check every "
+                          f"{self.opts.interval_s:g}s, crash loop at {self.opts.max_failures} failed restarts within "
+                          f"{self.opts.window_s:g}s" + (f"; metrics at {self.metrics.url}" if self.metrics else ""))
+                n = 0
+                while polls is None or n < polls:
+                    self._poll_once()
+                    n += 1
+                    if polls is None or n < polls:
+                        time.sleep(self.opts.interval_s)
+            finally:
+                self.state.stopped = now_iso()
+                self._save()
+                self._say("watcher stopped")
+
+    def _poll_once(self) -> None:
+        """One poll; a known failure of the poll itself (the ledger damaged, a node not answering over SSH) is
+        reported once (and again when it changes) and the watcher goes on without acting: it decides nothing from
+        what it could not read."""
+        try:
+            self.poll()
+        except SparkctlError as exc:
+            line = exc.render().splitlines()[0]
+            self.state.healthy, self.state.detail, self.state.last_check = None, line, now_iso()
+            self._save()
+            if line != self.poll_error:
+                self.poll_error = line
+                self._say(f"cannot check the cluster now: {exc.render()}")
+            return
+        if self.poll_error is not None:
+            self.poll_error = None
+            self._say("checking again")
+
+    def poll(self) -> None:
+        holder = live_lock_holder(self.c.ledger.root)
+        if holder and holder.get("pid") != os.getpid():
+            self._wait_on(holder)
+            return
+        self.waiting_on = None
+        desired, fp = read_desired(self.c)
+        if fp != self.baseline:
+            self._adopt(desired, fp)
+        verdict = check(self.c, self.desired)
+        self._checked(verdict)
+        if self.metrics is not None:
+            self.metrics.nodes(self.c.inventory)
+        if verdict.healthy is not False:
+            return
+        if self.state.gave_up or time.monotonic() < self.next_attempt:
+            return
+        self._restart()
+
+    # -- deciding ----------------------------------------------------------------------------------------------
+    def _checked(self, v: Verdict) -> None:
+        now = time.monotonic()
+        self.state.healthy, self.state.detail, self.state.last_check = v.healthy, v.detail, now_iso()
+        if self.metrics is not None:
+            self.metrics.check(self.c, self.desired, v, gave_up=self.state.gave_up is not None)
+        lines = []
+        if v.healthy is False and self.detected is None:
+            self.detected = now
+            self.state.detected_at = now_iso()
+            lines.append(f"detected: {self.desired.label} is not serving ({v.reason}): {v.detail}")
+            if self.state.gave_up:
+                lines.append(f"not acting: {self.state.gave_up}")
+        elif v.healthy is not False and self.detected is not None:
+            took = round(now - self.detected, 3)
+            self.detected = None
+            if v.healthy:
+                self.state.recovered_at, self.state.time_to_recover_s = now_iso(), took
+                if self.metrics is not None:
+                    self.metrics.recovered(took)
+                lines.append(f"{self.desired.label} serves again, {took:.1f}s after the failure was seen")
+        self._save()
+        for line in lines:
+            self._say(line)
+
+    def _wait_on(self, holder: dict[str, Any]) -> None:
+        if self.waiting_on != holder.get("pid"):
+            self.waiting_on = holder.get("pid")
+            self._say(f"waiting: `sparkctl {holder.get('command')}` (pid {holder.get('pid')} on {holder.get('host')}) "
+                      f"holds the cluster lock; the desired state is read again once it is done")
+
+    def _adopt(self, desired: Desired, fp: str) -> None:
+        """Someone else changed the cluster (a user's up, rollback, down, repair): that is the desired state now,
+        and whatever the watcher had decided before (backoff, crash loop, give-up) is forgotten."""
+        before = self.desired.label
+        self.desired, self.baseline = desired, fp
+        self.failed_at.clear()
+        self.in_a_row, self.next_attempt, self.detected = 0, 0.0, None
+        was_given_up = self.state.gave_up is not None
+        self.state.gave_up = None
+        self.state.desired = desired.label
+        self._save()
+        if was_given_up:
+            self._say("a command changed the cluster after the watcher gave up: acting again")
+        if desired.label != before:
+            self._act_line(f"followed a command: desired state {before} -> {desired.label}")
+
+    # -- acting ------------------------------------------------------------------------------------------------
+    def _restart(self) -> None:
+        try:
+            lock = self.c.ledger.lock("watch")
+            lock.__enter__()
+        except LockHeldError as exc:
+            self._say(f"waiting: {exc.message}")
+            return
+        try:
+            desired, fp = read_desired(self.c)          # under the lock: what a command did just before counts
+            if fp != self.baseline:
+                self._adopt(desired, fp)
+                return
+            v = check(self.c, self.desired)
+            if v.healthy is not False:
+                return
+            self._attempt(v)
+        finally:
+            lock.__exit__(None, None, None)
+
+    def _attempt(self, v: Verdict) -> None:
+        label = self.desired.label
+        self.state.restarts += 1
+        self._act_line(f"restarting {label} ({v.reason}): the whole group in order, with up's gates "
+                       f"(attempt {self.in_a_row + 1})")
+        t0 = time.monotonic()
+        try:
+            result = self._up_again()
+        except LockHeldError as exc:        # a replica's own lock (a command on it): wait, like for the cluster's
+            self._after_own_action(success=False)
+            self.state.restarts -= 1
+            self._say(f"waiting: {exc.message}")
+            return
+        except PreflightError as exc:       # nothing was changed: the nodes are not ready (a fabric still down
+            self._after_own_action(success=False)      # after a reboot); back off, but it is no crash loop
+            self._failed(v, exc, counts=False)
+            return
+        except SparkctlError as exc:
+            self._after_own_action(success=False)
+            self._failed(v, exc)
+            return
+        self._after_own_action(success=True)
+        self.in_a_row = 0
+        took = time.monotonic() - t0
+        new = getattr(result, "deployment", None) or label
+        if self.metrics is not None:
+            self.metrics.restart(v.reason, "ok")
+        self._checked(check(self.c, self.desired))     # serving again: the time to recover is known now
+        self._act_line(f"restarted {label} as {new} ({v.reason}) in {took:.1f}s")
+        self._notify("restart", v, outcome="ok", deployment=new, seconds=round(took, 3))
+
+    def _up_again(self) -> Any:
+        opts = UpOptions(boot_timeout_s=self.opts.boot_timeout_s)
+        if self.desired.kind == "replicated":
+            from sparkctl.deploy.replicated import ReplicatedDeployer
+            return ReplicatedDeployer(self.c.inventory, self.r).up(load_profile(str(self.desired.profile)), opts)
+        record = self.c.ledger.load(str(self.desired.deployment))
+        return self.d.up(Profile.model_validate(record.profile_data), opts)
+
+    def _after_own_action(self, *, success: bool) -> None:
+        """The ledger after the watcher's own action is the new baseline (its own records are not a user's
+        command). A failed restart whose undo left nothing active keeps the old target: that is still desired."""
+        desired, self.baseline = read_desired(self.c)
+        if success or desired.kind != "down":
+            self.desired = desired
+            self.state.desired = desired.label
+
+    def _failed(self, v: Verdict, exc: SparkctlError, *, counts: bool = True) -> None:
+        """A failed restart: backoff; `counts` toward the crash loop unless preflight refused it (nothing was
+        changed, and rolling back cannot help nodes that are not ready: the watcher keeps trying, backing off)."""
+        now = time.monotonic()
+        self.state.failures += 1
+        self.in_a_row += 1
+        self.failed_at = [t for t in self.failed_at if now - t <= self.opts.window_s] + ([now] if counts else [])
+        first = exc.message.splitlines()[0]
+        self._act_line(f"restart of {self.desired.label} failed: {first}"
+                       + ("" if counts else " (preflight: nothing changed; not counted toward the crash loop)"))
+        if self.metrics is not None:
+            self.metrics.restart(v.reason, "failed" if counts else "preflight-failed")
+        self._notify("restart", v, outcome="failed" if counts else "preflight-failed", error=first)
+        if len(self.failed_at) >= self.opts.max_failures:
+            self._give_up(v)
+            return
+        delay = min(self.opts.backoff_s * 2 ** (self.in_a_row - 1), self.opts.backoff_max_s)
+        self.next_attempt = now + delay
+        self._say(f"next attempt in {delay:g}s ({len(self.failed_at)} of {self.opts.max_failures} failed restarts "
+                  f"within {self.opts.window_s:g}s before the watcher rolls back and stops acting)")
+
+    def _give_up(self, v: Verdict) -> None:
+        label = self.desired.label
+        n = len(self.failed_at)
+        if self.desired.kind == "deployment":
+            failing = self.c.ledger.load(str(self.desired.deployment))
+            self._say(f"crash loop: {n} failed restarts of {label} within {self.opts.window_s:g}s: rolling back")
+            try:
+                res = self.d.rollback(None, UpOptions(boot_timeout_s=self.opts.boot_timeout_s), failing=failing)
+                rolled = f"rolled back to {res.deployment} ({res.profile})"
+                self.state.rollbacks += 1
+                if self.metrics is not None:
+                    self.metrics.rollback("ok")
+            except SparkctlError as exc:
+                rolled = f"the rollback failed: {exc.message.splitlines()[0]}"
+                if self.metrics is not None:
+                    self.metrics.rollback("failed")
+            self._after_own_action(success=True)
+        else:
+            rolled = "not rolled back (a replicated deployment keeps no known-good history)"
+        self.state.gave_up = (f"crash loop: {n} failed restarts of {label} within {self.opts.window_s:g}s; {rolled}; "
+                              f"the watcher no longer acts (it keeps checking) until a `sparkctl up`, `rollback` or "
+                              f"`down` sets a new desired state")
+        self._checked(check(self.c, self.desired))      # what runs after the rollback, seen before the line
+        self._act_line(f"gave up: {self.state.gave_up}")
+        self._notify("give-up", v, outcome=rolled)
+
+    # -- reporting ---------------------------------------------------------------------------------------------
+    def _say(self, message: str) -> None:
+        self.r.stage("watch", message)
+
+    def _act_line(self, message: str) -> None:
+        """Record an action, then say it (what was said is on disk: `status` agrees with the line)."""
+        self.state.last_action, self.state.last_action_at = message, now_iso()
+        self._save()
+        self._say(message)
+
+    def _save(self) -> None:
+        try:
+            save_watch(self.c.ledger.root, self.state)
+        except SparkctlError as exc:      # a full state directory: say so, keep supervising
+            self.r.event(f"note: could not write the watcher's state: {exc.message}")
+
+    def _notify(self, event: str, v: Verdict, **extra: Any) -> None:
+        if self.notifier is None:
+            return
+        key_env: tuple[str, ...] = ()
+        if self.desired.kind == "deployment":
+            with contextlib.suppress(SparkctlError):
+                key_env = tuple(filter(None, [self.c.ledger.load(str(self.desired.deployment)).api_key_env]))
+        self.notifier.send({"event": event, "cluster": self.c.name, "desired": self.desired.label,
+                            "reason": v.reason, "detail": v.detail, "restarts": self.state.restarts,
+                            "failures": self.state.failures, "gave_up": self.state.gave_up, "at": now_iso(),
+                            **extra}, self.r, secret_env=key_env)

@@ -1,0 +1,71 @@
+"""A replicated deployment (2 x TP=1 behind the real sglang-router) under the watcher: a replica's engine killed
+is redeployed alone through the replicated `up` (out of the router, its own `up` and gates, back in), and a router
+that died is started again; the router's endpoint generates through both replicas afterwards."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+
+import httpx
+
+from sparkctl.deploy.replicated import Record
+from sparkctl.state.ledger import Ledger
+from testenv import need_module
+from testrig.embedded import stop_cluster_engines, write_replicated_profile
+from watch.watchrig import ledger_of, polls_after, wait_until
+
+need_module("sglang_router", "the router extra (sglang-router) is not installed")
+
+
+def _status(cli) -> tuple[int, dict]:
+    code, out, _ = cli("status", "--json")
+    return code, json.loads(out)
+
+
+def _generates(endpoint: str) -> bool:
+    r = httpx.post(endpoint + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 4}}, timeout=30)
+    return r.status_code == 200
+
+
+def test_a_replica_killed_and_the_router_killed_are_brought_back(cli, local_cluster, profiles_dir, watcher):
+    write_replicated_profile(profiles_dir / "rep.yml", 16)
+    code, out, err = cli("up", "--profile", "rep", "--yes", "--json")
+    assert code == 0, err
+    endpoint = json.loads(out)["endpoint"]
+    root = ledger_of(local_cluster).root
+    rec = Record.load(root).data
+    try:
+        run = watcher()
+        assert "desired state replicated:rep" in run.stderr
+        replica0 = Ledger.for_cluster(rec["replicas"][0]["cluster"])
+        old = replica0.active()
+        os.kill(old.handle_of(0).pid, signal.SIGKILL)
+        run.wait_for(r"detected: replicated:rep is not serving \(replica\): replica 0 unhealthy")
+        run.wait_for(r"restarted replicated:rep as ", timeout=120)
+        assert "replica 0: out of the router" in run.stderr and "replica 0: back into the router" in run.stderr
+        assert run.stderr.count("restarting replicated:rep") == 1      # a dead replica is not waited for (drain)
+        assert "replica 1: out of the router" not in run.stderr          # the healthy one kept serving
+        code, st = _status(cli)
+        assert code == 0 and st["healthy"] and st["router"]["healthy_workers"] == 2, st
+        assert replica0.active().id != old.id and st["watcher"]["restarts"] == 1
+        os.kill(Record.load(root).data["router"]["pid"], signal.SIGKILL)
+        run.wait_for(r"detected: replicated:rep is not serving \(router\)", after=r"restarted replicated:rep")
+        wait_until(lambda: run.stderr.count("restarted replicated:rep as ") == 2, "the router started again", 120)
+        code, st = _status(cli)
+        assert code == 0 and st["healthy"] and st["router"]["healthy_workers"] == 2, st
+        assert re.search(r"router-start", run.stderr) and _generates(endpoint)
+        code, _, err = cli("down", "--yes")               # and a user's down of it stays down
+        assert code == 0, err
+        run.wait_for(r"followed a command: desired state replicated:rep -> down")
+        polls_after(root, 5)
+        assert run.stderr.count("restarting replicated:rep") == 2, run.stderr
+        assert Record.load(root).data.get("router") is None
+    finally:
+        code, _, err = cli("down", "--yes")
+        assert code == 0, err
+        from sparkctl.config.inventory import load_inventory
+        from sparkctl.deploy.replicated import replica_inventory
+        for entry in rec["replicas"]:
+            stop_cluster_engines(replica_inventory(load_inventory(local_cluster), entry))

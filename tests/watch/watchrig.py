@@ -1,0 +1,82 @@
+"""Helpers of the watcher tests: waits on observable conditions with bounded timeouts, a real generation through
+the endpoint, the engine under a rank's log pipe."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+from sparkctl.config.inventory import load_inventory
+from sparkctl.state.ledger import Ledger
+from sparkctl.state.watchfile import load_watch
+
+FAST = ["--interval", "0.3", "--backoff", "0.3", "--backoff-max", "1"]
+
+
+def ledger_of(inv: Path) -> Ledger:
+    return Ledger.for_cluster(load_inventory(inv).cluster.name)
+
+
+def wait_until(pred: Callable[[], Any], what: str, timeout: float = 60.0, every: float = 0.05) -> Any:
+    """Poll `pred` until it returns something truthy (returned), or fail after `timeout` seconds naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(every)
+
+
+def up(cli, profile: str = "d5") -> dict:
+    code, out, err = cli("up", "--profile", profile, "--yes", "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def status(cli) -> tuple[int, dict]:
+    code, out, _ = cli("status", "--json")
+    return code, json.loads(out)
+
+
+def engine_pid(pipe_pid: int) -> int:
+    """The engine under a rank's log pipe (the recorded pid)."""
+    kids = Path(f"/proc/{pipe_pid}/task/{pipe_pid}/children").read_text().split()
+    assert kids, f"log pipe {pipe_pid} has no engine child"
+    return int(kids[0])
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def serves(endpoint: str) -> bool:
+    """A real generation through the endpoint (the API key from the environment, as a client would have it)."""
+    key = os.environ.get("SPARKCTL_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        r = httpx.post(f"{endpoint}/v1/chat/completions", headers=headers, timeout=10,
+                       json={"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    except httpx.HTTPError:
+        return False
+    return r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0
+
+
+def polls_after(root: Path, n: int, timeout: float = 30.0) -> None:
+    """Wait until the watcher has checked `n` more times (its file's last_check moves on each poll)."""
+    seen: list[str] = []
+
+    def moved() -> bool:
+        st = load_watch(root)
+        if st and st.last_check and (not seen or seen[-1] != st.last_check):
+            seen.append(st.last_check)
+        return len(seen) > n
+    wait_until(moved, f"{n} more checks by the watcher", timeout)
