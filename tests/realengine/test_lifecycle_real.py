@@ -5,7 +5,9 @@ and every gate judged from the real server -> `status` / `logs --rank 1` -> a sm
 scheduler log -> `rollback --to` a second real profile -> a boot the real server refuses (the real log's line is
 the evidence, the previous deployment restored) -> a missing model (preflight, exit 3, the command that builds it)
 -> rank 1 killed after hand-off (status 8) -> plain `rollback` back to the first profile -> the controller killed
-during boot, warm-up and hand-off (the next `up` converges) -> `down` leaves no process and frees the ports.
+during boot, warm-up and hand-off (the next `up` converges) -> `sparkctl watch` restarts the pair after rank 1 is
+killed -> the API key (in force throughout) found in no file, log or process -> `down` leaves no process and frees
+the ports.
 The engine's environment and tiny model: testrig/realengine (built by .ci/run; under CI=true never skipped).
 """
 from __future__ import annotations
@@ -168,6 +170,38 @@ def test_controller_killed_then_the_next_up_converges(cli, real_cluster, step, m
     assert res["outcome"] == ("unchanged" if step == "hand-off" else "deployed"), res
     code, data = _status(cli)
     assert code == 0 and data["profile"] == profile and not data["interrupted"], data
+
+
+def test_the_watcher_restarts_the_real_pair_as_a_pair(cli, real_cluster):
+    """`sparkctl watch` over the real engine: rank 1's engine killed after hand-off -> the watcher sees it within
+    its poll interval and restarts the whole TP=2 group through the lifecycle (rank 1, then rank 0, every gate
+    judged from the real server), so the endpoint serves again with no command typed; SIGTERM stops it (143)."""
+    import re
+    import time
+
+    from testrig.controller import SparkctlProcess
+
+    inv, _ = real_cluster
+    ledger = Ledger.for_cluster(load_inventory(inv).cluster.name)
+    old = ledger.index()["active"]
+    with SparkctlProcess(["watch", "--interval", "1", "--backoff", "1", "--backoff-max", "5"]) as run:
+        run.wait_for(r"watch +watching cluster", timeout=60)
+        os.kill(ledger.load(old).handle_of(1).pid, signal.SIGKILL)
+        run.wait_for(rf"detected: {re.escape(old)} is not serving", timeout=60)
+        run.wait_for(rf"restarted {re.escape(old)} as ", timeout=600)
+        deadline = time.monotonic() + 60
+        while True:
+            code, data = _status(cli)
+            if code == 0 and data["healthy"] and data["active"] != old:
+                break
+            assert time.monotonic() < deadline, data
+            time.sleep(1)
+        assert data["watcher"]["running"] and data["watcher"]["restarts"] == 1, data["watcher"]
+        run.kill(signal.SIGTERM)
+        assert run.wait(timeout=120) == 143, run.stderr[-3000:]
+    rec = ledger.load(data["active"])
+    starts = [e for e in rec.journal if e.step == "boot" and e.phase == "ok" and "started" in (e.what or "")]
+    assert [e.nodes for e in starts][:2] == [["spark-b"], ["spark-a"]], starts     # rank 1 first, then rank 0
 
 
 def test_the_api_key_is_in_no_file_log_or_process_of_the_real_deployment(cli, real_cluster):
