@@ -101,7 +101,14 @@ def _bench_serving(engine, endpoint: str, served: str, input_len: int, output_le
             str(output_len), "--random-range-ratio", "1.0", "--num-prompts", str(runs), "--max-concurrency", "1",
             "--request-rate", "inf", "--tokenizer", str(engine.model), "--model", served, "--served-model-name",
             served, "--disable-tqdm", "--warmup-requests", "1", "--output-file", str(result)]
-    p = subprocess.run(argv, env={**os.environ, **engine.env()}, capture_output=True, text=True, timeout=1800)
+    # sglang.benchmark.serving imports HF `datasets` at module level (for the mmmu dataset) and the real-engine venv
+    # does not carry it: a stub module answers that import (random-ids never calls it)
+    stub = tmp / "stub"
+    (stub / "datasets").mkdir(parents=True, exist_ok=True)
+    (stub / "datasets" / "__init__.py").write_text(
+        "def load_dataset(*a, **k):\n    raise RuntimeError('datasets is not in the real-engine venv')\n")
+    env = {**os.environ, **engine.env(), "PYTHONPATH": str(stub)}
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800, cwd=str(tmp))
     if p.returncode != 0:
         raise SystemExit(f"sglang.benchmark.serving exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
     return json.loads(result.read_text().strip().splitlines()[-1])
