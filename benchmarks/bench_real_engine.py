@@ -101,7 +101,14 @@ def _bench_serving(engine, endpoint: str, served: str, input_len: int, output_le
             str(output_len), "--random-range-ratio", "1.0", "--num-prompts", str(runs), "--max-concurrency", "1",
             "--request-rate", "inf", "--tokenizer", str(engine.model), "--model", served, "--served-model-name",
             served, "--disable-tqdm", "--warmup-requests", "1", "--output-file", str(result)]
-    p = subprocess.run(argv, env={**os.environ, **engine.env()}, capture_output=True, text=True, timeout=1800)
+    # sglang.benchmark.serving imports HF `datasets` at module level (for the mmmu dataset) and the real-engine venv
+    # does not carry it: a stub module answers that import (random-ids never calls it)
+    stub = tmp / "stub"
+    (stub / "datasets").mkdir(parents=True, exist_ok=True)
+    (stub / "datasets" / "__init__.py").write_text(
+        "def load_dataset(*a, **k):\n    raise RuntimeError('datasets is not in the real-engine venv')\n")
+    env = {**os.environ, **engine.env(), "PYTHONPATH": str(stub)}
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800, cwd=str(tmp))
     if p.returncode != 0:
         raise SystemExit(f"sglang.benchmark.serving exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
     return json.loads(result.read_text().strip().splitlines()[-1])
@@ -120,16 +127,20 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
-        inv = write_real_engine_inventory(tmp / "inventory.yml", engine, prefix="rb")
+        invs = {1: write_real_engine_inventory(tmp / "inventory-1.yml", engine, prefix="rb", nodes=1),
+                2: write_real_engine_inventory(tmp / "inventory-2.yml", engine, prefix="rb")}
         profiles = tmp / "profiles"
         profiles.mkdir()
         (profiles / "cpu-tiny-tp1.yml").write_text("extends: cpu-tiny\nserver:\n  tp_size: 1\n")
-        env = dict(os.environ, SPARKCTL_STATE_DIR=str(tmp / "state"), SPARKCTL_INVENTORY=str(inv),
-                   SPARKCTL_PROFILES_DIR=str(profiles))
-        os.environ.update({k: env[k] for k in ("SPARKCTL_STATE_DIR", "SPARKCTL_INVENTORY", "SPARKCTL_PROFILES_DIR")})
+        base_env = dict(os.environ, SPARKCTL_STATE_DIR=str(tmp / "state"), SPARKCTL_PROFILES_DIR=str(profiles))
         card = serving = None
+        env = base_env
         try:
-            for profile in ("cpu-tiny-tp1", "cpu-tiny"):
+            for profile, nodes in (("cpu-tiny-tp1", 1), ("cpu-tiny", 2)):
+                inv = invs[nodes]
+                env = dict(base_env, SPARKCTL_INVENTORY=str(inv))
+                os.environ.update({k: env[k] for k in ("SPARKCTL_STATE_DIR", "SPARKCTL_INVENTORY",
+                                                       "SPARKCTL_PROFILES_DIR")})
                 wall, res = _sparkctl(env, "up", "--profile", profile, "--yes")
                 stages = {s["name"]: s["elapsed_s"] for s in res["stages"]}
                 if profile == "cpu-tiny" and not args.skip_card:
@@ -145,8 +156,11 @@ def main() -> None:
                 rows.append({"profile": profile, "wall": wall, "hand": hand, "warm": warm,
                              "verify": stages.get("verify", 0.0), "stages": stages})
         finally:
-            subprocess.run([sys.executable, "-m", "sparkctl", "down", "--yes"], env=env, capture_output=True)
-            stop_recorded_engines(inv)
+            for inv in invs.values():
+                subprocess.run([sys.executable, "-m", "sparkctl", "down", "--yes"],
+                               env=dict(base_env, SPARKCTL_INVENTORY=str(inv)), capture_output=True)
+                os.environ["SPARKCTL_INVENTORY"] = str(inv)
+                stop_recorded_engines(inv)
     print(f"real SGLang 0.5.23 on CPU ({os.cpu_count()} cores), tiny model {engine.model}")
     for r in rows:
         over = r["wall"] - r["hand"] - r["warm"]
