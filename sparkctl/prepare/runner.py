@@ -175,6 +175,12 @@ def ssh_common_args(inv: Inventory) -> str:
     return " ".join(args)
 
 
+def code_paths() -> dict[str, str]:
+    """Where the playbooks find sparkctl's own helper scripts: next to this code, wherever the data directories are
+    (a checkout keeps playbooks/ at its top, a wheel under sparkctl/data/)."""
+    return {"prepare_manifest_script": str(Path(__file__).resolve().parent / "model_manifest.py")}
+
+
 def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: list[str] | None = None,
                  extravars: JSONObject | None = None, become_password: str | None = None,
                  on_event: Callable[[TaskResult], None] | None = None, forks: int = 10,
@@ -234,7 +240,8 @@ def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: li
         runner = init_runner(
             private_data_dir=str(base), project_dir=str(PLAYBOOK_DIR), playbook=str(PLAYBOOK_DIR / playbook),
             inventory=str(Path(inv.path).resolve()), cmdline=" ".join(cmdline),
-            tags=",".join(tags) if tags else None, extravars=extravars or {}, envvars=envvars, passwords=passwords,
+            tags=",".join(tags) if tags else None, extravars={**(extravars or {}), **code_paths()}, envvars=envvars,
+            passwords=passwords,
             forks=forks, quiet=True, event_handler=handler, rotate_artifacts=KEEP_ARTIFACTS,
             suppress_env_files=True)
         runner.config.env = ansible_env(runner.config.env, dict(os.environ), envvars)
