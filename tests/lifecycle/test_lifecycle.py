@@ -13,6 +13,7 @@ from pathlib import Path
 
 
 from sparkctl.config.inventory import load_inventory
+from sparkctl.nodes import procfs
 from sparkctl.state.ledger import Ledger
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,14 +21,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _ledger(inv: Path) -> Ledger:
     return Ledger.for_cluster(load_inventory(inv).cluster.name)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _status(cli) -> dict:
@@ -73,7 +66,7 @@ def test_rollback_to_a_profile_replaces_the_engines(cli, local_cluster):
     assert st["speculative_algorithm"] is None
     old = _ledger(local_cluster).load(first["deployment"])
     assert old.status == "superseded" and old.superseded_by == off["deployment"]
-    assert not any(_alive(h.pid) for h in old.handles)
+    assert not any(procfs.running(h.pid, None) for h in old.handles)
 
 
 def test_rollback_without_to_returns_to_the_previous_known_good(cli, local_cluster):
@@ -109,7 +102,7 @@ def test_down_stops_every_rank_and_keeps_the_history(cli, local_cluster):
     ledger = _ledger(local_cluster)
     rec = ledger.load(first["deployment"])
     assert rec.status == "stopped" and rec.known_good          # still a rollback target
-    assert not any(_alive(h.pid) for h in rec.handles)
+    assert not any(procfs.running(h.pid, None) for h in rec.handles)
     assert ledger.index()["history"] == [first["deployment"]]
     for p in (ledger.root / "deployments").iterdir():
         assert p.stat().st_mode & 0o777 == 0o600
@@ -153,7 +146,7 @@ def test_rank1_crash_during_boot_rolls_back_to_previous(cli, local_cluster, faul
     assert st["active"] == prev["deployment"] and st["healthy"]
     failed = _ledger(local_cluster).load(_ledger(local_cluster).index()["history"][-1])
     assert failed.status == "failed" and failed.restored == prev["deployment"] and not failed.known_good
-    assert not any(_alive(h.pid) for h in failed.handles)
+    assert not any(procfs.running(h.pid, None) for h in failed.handles)
 
 
 def test_oom_fails_fast_without_waiting_for_the_timeout(cli, local_cluster, faulty_profile):
@@ -245,7 +238,7 @@ def test_sigint_during_up_releases_lock_and_leaves_nothing_running(local_cluster
     # landed in boot, not after it (it once did not: the inventory's knobs shadowed the file).
     assert rec.failure.stage == "boot", rec.failure
     handles = rec.handles
-    assert handles and not any(_alive(h.pid) for h in handles)
+    assert handles and not any(procfs.running(h.pid, None) for h in handles)
     assert ledger.index()["active"] is None
     with ledger.lock("check"):  # the lock is free again
         pass
@@ -310,4 +303,4 @@ def test_why_a_restore_failed_reaches_the_error_and_the_ledger(cli, local_cluste
     assert failed.status == "failed" and failed.failure.stage == "boot" and failed.restored is None
     assert "oom" in failed.restore_error.lower()
     assert ledger.index()["active"] is None
-    assert not any(_alive(h.pid) for h in ledger.load(prev["deployment"]).handles)
+    assert not any(procfs.running(h.pid, None) for h in ledger.load(prev["deployment"]).handles)

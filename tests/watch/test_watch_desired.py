@@ -13,7 +13,7 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import process_engines
 from sparkctl.state.watchfile import load_watch
 from testrig.controller import SparkctlProcess
-from watch.watchrig import alive, ledger_of, polls_after, serves, status, up
+from watch.watchrig import alive, killed_mid_restart, ledger_of, polls_after, serves, status, up
 
 
 def _engines(inv) -> list:
@@ -111,11 +111,7 @@ def test_a_second_watcher_of_the_same_cluster_is_refused(cli, local_cluster, wat
 
 
 def test_sigterm_during_a_restart_finishes_or_restores_the_group_never_half(cli, local_cluster, watcher):
-    old = up(cli)["deployment"]
-    rec = ledger_of(local_cluster).load(old)
-    run = watcher()
-    os.kill(rec.handle_of(1).pid, signal.SIGKILL)
-    run.wait_for("rank 1 started", after=rf"restarting {re.escape(old)}")
+    _, run = killed_mid_restart(cli, local_cluster, watcher)
     run.kill(signal.SIGTERM)
     assert run.wait() == 143, run.stderr
     assert "sparkctl: interrupted (SIGTERM)" in run.stderr

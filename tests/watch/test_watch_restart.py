@@ -11,7 +11,7 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import process_engines
 from sparkctl.config.inventory import load_inventory
 
-from watch.watchrig import alive, engine_pid, ledger_of, polls_after, serves, status, up, wait_until
+from watch.watchrig import alive, engine_pid, killed_mid_restart, ledger_of, polls_after, serves, status, up, wait_until
 
 
 def _restarted(run, old: str) -> str:
@@ -80,11 +80,7 @@ def test_every_engine_gone_and_a_new_watcher_after_a_reboot_restores_the_deploym
 
 
 def test_a_watcher_killed_with_kill_9_mid_restart_and_a_new_one_converges(cli, local_cluster, watcher):
-    old = up(cli)["deployment"]
-    rec = ledger_of(local_cluster).load(old)
-    first = watcher()
-    os.kill(rec.handle_of(1).pid, signal.SIGKILL)
-    first.wait_for("rank 1 started", after=rf"restarting {re.escape(old)}")
+    old, first = killed_mid_restart(cli, local_cluster, watcher)
     first.kill(signal.SIGKILL)
     assert first.wait() == -signal.SIGKILL
     code, st = status(cli)

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import httpx
 from sparkctl.config.inventory import load_inventory
+from sparkctl.nodes import procfs
 from sparkctl.state.ledger import Ledger
 from sparkctl.state.watchfile import load_watch
 
@@ -45,17 +46,26 @@ def status(cli) -> tuple[int, dict]:
 
 def engine_pid(pipe_pid: int) -> int:
     """The engine under a rank's log pipe (the recorded pid)."""
-    kids = Path(f"/proc/{pipe_pid}/task/{pipe_pid}/children").read_text().split()
+    kids = procfs.descendants(pipe_pid)
     assert kids, f"log pipe {pipe_pid} has no engine child"
-    return int(kids[0])
+    return kids[0]
 
 
 def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    return procfs.running(pid, None)          # a zombie is dead
+
+
+def killed_mid_restart(cli, inventory: Path, watcher: Callable[..., Any]) -> tuple[str, Any]:
+    """Deploy d5, start a watcher, kill rank 1, and return (the old deployment, the watcher) once the watcher's
+    restart has started rank 1 again: the moment a test signals the watcher in."""
+    import re
+    import signal
+
+    old = up(cli)["deployment"]
+    run = watcher()
+    os.kill(ledger_of(inventory).load(old).handle_of(1).pid, signal.SIGKILL)
+    run.wait_for("rank 1 started", after=rf"restarting {re.escape(old)}")
+    return old, run
 
 
 def serves(endpoint: str) -> bool:
