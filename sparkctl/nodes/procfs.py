@@ -35,8 +35,40 @@ def running(pid: int, ticks: int | None) -> bool:
 STOPPED_STATES = frozenset("Tt")
 
 
+def _children(pid: int) -> list[int] | None:
+    """`pid`'s children from /proc/PID/task/*/children (a few small reads), or None where the kernel lacks it."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []                                   # gone
+    out: list[int] = []
+    for tid in tasks:
+        try:
+            out += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except FileNotFoundError:
+            return None                             # CONFIG_PROC_CHILDREN off: the caller scans /proc
+        except OSError:
+            continue
+    return out
+
+
 def descendants(pid: int) -> list[int]:
-    """The processes below `pid` (children, their children...), from one scan of /proc (parent is field 4)."""
+    """The processes below `pid` (children, their children...): from each process's children list (liveness calls
+    this on every poll of a boot, so not a scan of all of /proc), else from one scan of /proc (parent: field 4)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        kids = _children(todo.pop())
+        if kids is None:
+            return _descendants_by_scan(pid)
+        for child in kids:
+            if child not in out:
+                out.append(child)
+                todo.append(child)
+    return out
+
+
+def _descendants_by_scan(pid: int) -> list[int]:
     parents: dict[int, list[int]] = {}
     for p in pids():
         try:
