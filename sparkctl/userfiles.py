@@ -1,6 +1,6 @@
 """Files the user names (``bench history --chart``, ``bench --out``, tune's winner profile): theirs, written as given.
 
-The other kind of path, sparkctl's own state directory, goes through `sparkctl.state.files` (private modes, no
+The other kind of path, sparkctl's own state directory, goes through `sparkctl.statefiles` (private modes, no
 links followed). Here no path the user has is chmod-ed: a new file is created 0600 (a card or a profile is the
 user's to share; sparkctl does not decide that for them, as before), an existing file keeps its mode when it is
 replaced, and the directory it goes into is used
@@ -26,7 +26,7 @@ import stat
 from pathlib import Path
 
 from sparkctl.errors import OutputPathError
-from sparkctl.state.files import fsync_dir
+from sparkctl.statefiles import fsync_dir
 
 __all__ = ["check_user_target", "write_user_file", "write_user_text"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.cards import CardIndex, changes, describe_change, pick_arm
-from sparkctl.state.files import write_text_atomic
+from sparkctl.statefiles import write_text_atomic
 from sparkctl.userfiles import write_user_text
 
 __all__ = ["history", "render_history"]

@@ -45,9 +45,9 @@ from sparkctl.bench.target import Arm, arm_role
 from sparkctl.errors import BenchError, ConfigError, OutputPathError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import Limits, SGLangAPIError
-from sparkctl.state.files import write_text_atomic
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, RunRecord, Status
+from sparkctl.statefiles import write_text_atomic
 from sparkctl.untrusted import clean
 
 if TYPE_CHECKING:

@@ -78,12 +78,12 @@ plain_flags(app)
 
 def _debug_log_path() -> Path:
     """Tracebacks of internal errors go to the state directory (private: 0700), never a shared /tmp file."""
-    from sparkctl.state.ledger import default_state_root
+    from sparkctl.statefiles import default_state_root
     return default_state_root() / "debug.log"
 
 
 def _write_debug_log(text: str) -> Path:
-    from sparkctl.state.files import open_state_file, private_dir
+    from sparkctl.statefiles import open_state_file, private_dir
     path = _debug_log_path()
     private_dir(path.parent)
     fd = open_state_file(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

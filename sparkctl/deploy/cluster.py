@@ -21,9 +21,9 @@ from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult, render
-from sparkctl.state.files import check_room  # the threshold lives with the writes it protects
 from sparkctl.state.ledger import Ledger
 from sparkctl.state.records import DeploymentRecord, RankSpec
+from sparkctl.statefiles import check_room  # the threshold lives with the writes it protects
 
 # Room a rank log needs to keep growing through a boot: twice the largest boot log measured (real SGLang rank logs
 # of a boot are 10-35 KB, see state/files.ROOM_BYTES). Below it (or read-only), readiness is rank 0's /health alone.

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.steps import boundary
 from sparkctl.state.controller import controller_alive, this_controller
-from sparkctl.state.files import write_json_atomic
 from sparkctl.state.ledger import now_iso
 from sparkctl.state.records import Controller
+from sparkctl.statefiles import write_json_atomic
 
 NAME = "compare.json"
 

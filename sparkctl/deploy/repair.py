@@ -27,9 +27,9 @@ from sparkctl.deploy.plan import launch_identity
 from sparkctl.deploy.steps import boundary
 from sparkctl.errors import SparkctlError
 from sparkctl.jsontypes import JSONObject
-from sparkctl.state.files import write_json_atomic
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, Status
+from sparkctl.statefiles import write_json_atomic
 
 _ID = re.compile(r"^\d{8}T\d{6}Z-(?P<profile>.+)-[0-9a-f]{4}$")
 

@@ -63,9 +63,9 @@ from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.launch import redact
 from sparkctl.sglang.replicas import Replica, render_replicas, router_endpoint, router_spec
 from sparkctl.state.controller import controller_alive, this_controller
-from sparkctl.state.files import open_state_file, private_dir, state_dir_error, write_json_atomic
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import ReplicatedRecord
+from sparkctl.statefiles import open_state_file, private_dir, state_dir_error, write_json_atomic
 
 RECORD = "replicated.json"
 MAX_LOG_READ = 64 * 1024 * 1024     # one read of the router's log file (a follow reads on from there)

@@ -82,7 +82,7 @@ from sparkctl.nodes.node_facts import NodeFacts, gather_over_ssh
 from sparkctl.nodes.runtime import DockerHandle, Liveness, sim_env
 from sparkctl.nodes.ssh import CommandResult, SSHConnector, connector_for
 from sparkctl.sglang.launch import LaunchSpec, redact, redact_argv
-from sparkctl.state.files import write_text_atomic
+from sparkctl.statefiles import write_text_atomic
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Inventory, Node

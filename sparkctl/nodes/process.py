@@ -50,7 +50,7 @@ from sparkctl.nodes.results import CommandResult
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
 from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec, redact, redact_argv
 from sparkctl.sglang.render import MODELS_MOUNT
-from sparkctl.state.files import open_state_file, private_dir, state_dir_error
+from sparkctl.statefiles import open_state_file, private_dir, state_dir_error
 
 log = logging.getLogger("sparkctl.nodes.process")
 

@@ -31,7 +31,7 @@ from sparkctl.config.inventory import Inventory
 from sparkctl.errors import ConfigError, NodeError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.resources import shipped
-from sparkctl.state.files import private_dir
+from sparkctl.statefiles import private_dir
 
 log = logging.getLogger("sparkctl.prepare")
 
@@ -162,7 +162,7 @@ def tighten_artifacts(base: Path) -> None:
 
 
 def state_dir(inv: Inventory) -> Path:
-    from sparkctl.state.ledger import default_state_root
+    from sparkctl.statefiles import default_state_root
     return default_state_root() / inv.cluster.name / "ansible"
 
 

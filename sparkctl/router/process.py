@@ -60,7 +60,7 @@ class RouterProcess:
     @classmethod
     def start(cls, spec: RouterSpec, log_path: Path, *, ready_timeout_s: float = 30.0,
               python: str | None = None) -> RouterProcess:
-        from sparkctl.state.files import open_state_file, private_dir
+        from sparkctl.statefiles import open_state_file, private_dir
         ports_free(spec)
         private_dir(log_path.parent)
         fd = open_state_file(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -139,7 +139,7 @@ def _runs_router(cmdline: list[str]) -> bool:
 
 def _tail(path: Path, n: int = 20) -> str:
     from sparkctl.errors import StateDirError
-    from sparkctl.state.files import open_state_file
+    from sparkctl.statefiles import open_state_file
     try:
         with os.fdopen(open_state_file(path, os.O_RDONLY), "rb") as fh:     # never through a planted symlink
             text = fh.read().decode("utf-8", "replace")

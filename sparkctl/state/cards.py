@@ -29,8 +29,8 @@ from pathlib import Path
 
 from sparkctl.errors import ConfigError, LedgerError
 from sparkctl.jsontypes import JSONObject
-from sparkctl.state.files import write_json_atomic
 from sparkctl.state.ledger import Ledger
+from sparkctl.statefiles import write_json_atomic
 from sparkctl.untrusted import is_plain_name, record_name
 
 SCHEMA = "sparkctl.cards/2"           # /2: arms carry model + served_model, cards replicated

@@ -15,7 +15,7 @@ Layout (all files mode 0600, directories 0700; `private_dir` tightens sparkctl's
         damaged/                  records `sparkctl repair` moved aside (kept, never deleted)
 
 Nothing sparkctl did not make is followed or changed: a state root of another user, a symlinked ``<cluster>``,
-``logs`` or ``logs/router.log`` is refused naming the path and its owner (`sparkctl.state.files.check_state_path`,
+``logs`` or ``logs/router.log`` is refused naming the path and its owner (`sparkctl.statefiles.check_state_path`,
 `open_state_file`). Paths the user names for outputs are not the ledger's: `sparkctl.userfiles`.
 
 Writes are atomic (temp file + fsync + rename). Records are typed (`sparkctl.state.records`): a missing
@@ -41,19 +41,18 @@ from pydantic import ValidationError
 
 from sparkctl.errors import LedgerError, LockHeldError
 from sparkctl.jsontypes import JSONObject
-from sparkctl.state.files import check_state_path, open_state_file, private_dir, state_dir_error, write_json_atomic
 from sparkctl.state.records import DeploymentRecord, RunRecord, Status
+from sparkctl.statefiles import (
+    check_state_path,
+    default_state_root,
+    open_state_file,
+    private_dir,
+    state_dir_error,
+    write_json_atomic,
+)
 
 REPAIR_HINT = ("run `sparkctl repair`: it keeps the damaged file (moved aside), rebuilds the ledger from the engines "
                "actually running and asks before changing anything")
-
-
-def default_state_root() -> Path:
-    env = os.environ.get("SPARKCTL_STATE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "sparkctl"
 
 
 def now_iso() -> str:

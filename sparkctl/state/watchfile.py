@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sparkctl.errors import LockHeldError
-from sparkctl.state.files import open_state_file, private_dir, state_dir_error, write_json_atomic
+from sparkctl.statefiles import open_state_file, private_dir, state_dir_error, write_json_atomic
 
 WATCH_FILE = "watch.json"
 WATCH_LOCK = "watch.lock"
@@ -64,7 +64,7 @@ def watch_path(root: Path) -> Path:
 
 
 def save_watch(root: Path, state: WatchState) -> None:
-    """Atomic write, mode 0600 (state/files.py)."""
+    """Atomic write, mode 0600 (sparkctl/statefiles.py)."""
     private_dir(root)
     write_json_atomic(watch_path(root), state.model_dump(mode="json"))
 

@@ -15,9 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, TypeAd
 
 from sparkctl.errors import ConfigError, LedgerError, SparkctlError
 from sparkctl.jsontypes import JSONObject
-from sparkctl.state.files import write_json_atomic
 from sparkctl.state.ledger import Ledger, now_iso, read_json
 from sparkctl.state.records import RecordName
+from sparkctl.statefiles import write_json_atomic
 from sparkctl.untrusted import clean, is_plain_name
 
 if TYPE_CHECKING:

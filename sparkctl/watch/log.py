@@ -1,6 +1,6 @@
 """The watcher's log: every progress line on stderr and, timestamped, in the state directory's ``watch.log``.
 
-The file is the state directory's (0600, opened without following a planted link: state/files.py), each line passed
+The file is the state directory's (0600, opened without following a planted link: statefiles.py), each line passed
 through the one sanitiser (`sparkctl.untrusted.clean_line`: controls escaped, URL credentials masked), and kept
 bounded: past `MAX_BYTES` it moves to ``watch.log.1`` (one generation kept) and a new one starts. `-q` silences
 stderr only: a supervisor's record of what it did is never switched off.
@@ -14,8 +14,8 @@ from typing import TextIO
 
 from sparkctl.deploy import progress
 from sparkctl.errors import SparkctlError
-from sparkctl.state.files import open_state_file, private_dir
 from sparkctl.state.ledger import now_iso
+from sparkctl.statefiles import open_state_file, private_dir
 from sparkctl.untrusted import clean_line
 
 MAX_BYTES = 8 * 1024 * 1024

@@ -48,7 +48,7 @@ from typing import Any
 from zipfile import ZipFile
 
 from sparkctl.errors import ConfigError, SparkctlError
-from sparkctl.state.files import write_json_atomic
+from sparkctl.statefiles import write_json_atomic
 
 log = logging.getLogger("sparkctl")
 

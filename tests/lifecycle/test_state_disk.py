@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from sparkctl.state.files import ROOM_BYTES
+from sparkctl.statefiles import ROOM_BYTES
 
 
 def _root_or_skip() -> None:
@@ -66,8 +65,8 @@ def test_a_record_write_failing_mid_way_stops_the_new_engines_and_restores_witho
     (The engines' own logs and secret files live in the state directory too: a restore on a completely full
     file system needs the runtime to keep those elsewhere, see the report; the records are what this layer
     writes.)"""
-    from sparkctl.state.ledger import Ledger
     from sparkctl.config.inventory import load_inventory
+    from sparkctl.state.ledger import Ledger
     from testrig.controller import SparkctlProcess
 
     _root_or_skip()

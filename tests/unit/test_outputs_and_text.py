@@ -191,7 +191,7 @@ def test_a_planted_router_log_symlink_is_never_read(state_dir, tmp_path):
 
 def test_state_dir_writes_refuse_a_foreign_subdirectory(state_dir):
     from sparkctl.errors import StateDirError
-    from sparkctl.state.files import write_json_atomic
+    from sparkctl.statefiles import write_json_atomic
     runs = state_dir / "local" / "runs"
     runs.mkdir(parents=True)
     os.chmod(runs, 0o777)

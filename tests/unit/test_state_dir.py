@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from sparkctl.errors import StateDirError
-from sparkctl.state.files import private_dir, write_json_atomic
 from sparkctl.state.ledger import Ledger, check_state_root
+from sparkctl.statefiles import private_dir, write_json_atomic
 
 
 def _mode(p: Path) -> int:

@@ -1,4 +1,4 @@
-"""The state directory without room, on a real small tmpfs: every write point of sparkctl/state/files.py (and the
+"""The state directory without room, on a real small tmpfs: every write point of sparkctl/statefiles.py (and the
 ledger's index and lock, which write through it) hit with no space, no inodes and a read-only remount.
 
 The write points are generated, not listed: a run with room records every file-system change the operation
@@ -19,16 +19,16 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
+from sparkctl import statefiles
 from sparkctl.errors import LedgerError, StateDirError, StateDirFullError
-from sparkctl.state import files
-from sparkctl.state.files import ROOM_BYTES, check_room, private_dir, write_json_atomic, write_text_atomic
 from sparkctl.state.ledger import Ledger
+from sparkctl.statefiles import ROOM_BYTES, check_room, private_dir, write_json_atomic, write_text_atomic
 
 SIZE = 64 * 1024
 INODES = 48
@@ -264,7 +264,7 @@ def test_check_room_refuses_with_what_it_saw_the_threshold_and_why(tmpfs):
     text = err.render()
     assert err.exit_code == 6 and err.need_bytes == ROOM_BYTES and 0 < (err.free_bytes or 0) <= SIZE
     assert re.search(r"\d+\.\d KiB and \d+ inodes free", text), text
-    assert "needs at least 16.0 MiB and 256 inodes" in text and files.ROOM_WHY in text
+    assert "needs at least 16.0 MiB and 256 inodes" in text and statefiles.ROOM_WHY in text
     assert "SPARKCTL_STATE_DIR" in text and str(state) in text
     check_room(state, need_bytes=8 * 1024, need_inodes=8)                    # room for what the caller says it writes
     _fill_blocks(tmpfs)

@@ -139,8 +139,16 @@ def _me() -> str:
         return f"uid {os.getuid()}"
 
 
+def default_state_root() -> Path:
+    """Where sparkctl keeps its state: $SPARKCTL_STATE_DIR, else $XDG_STATE_HOME/sparkctl (~/.local/state/sparkctl)."""
+    env = os.environ.get("SPARKCTL_STATE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "sparkctl"
+
+
 def _state_root() -> Path:
-    from sparkctl.state.ledger import default_state_root
     return Path(os.path.abspath(default_state_root()))
 
 
