@@ -107,7 +107,7 @@ def _replicated_up(d: Deployer, prof: Profile, dry_run: bool, yes: bool, boot_ti
     rd = ReplicatedDeployer(d.inventory, d.reporter)
     if dry_run and prof.replicas > 1:
         from sparkctl.deploy.results import ReplicatedUpResult
-        from sparkctl.sglang.replicas import router_endpoint
+        from sparkctl.router.replicas import router_endpoint
         lines = rd.plan_lines(prof)
         _emit(ReplicatedUpResult(outcome="dry-run", changed=False, profile=prof.name, cluster=d.inventory.cluster.name,
                                  emulated=d.inventory.emulated, replicas=prof.replicas,

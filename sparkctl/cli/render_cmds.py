@@ -25,8 +25,8 @@ def register(app: typer.Typer) -> None:
 
         inv = resolve_inventory(inventory)
         prof = load_profile(profile)
-        if prof.replicas > 1:            # each replica on its own nodes (sglang/replicas.py)
-            from sparkctl.sglang.replicas import render_replicas
+        if prof.replicas > 1:            # each replica on its own nodes (router/replicas.py)
+            from sparkctl.router.replicas import render_replicas
             if as_json or rank is not None:
                 raise ConfigError(f"--json and --rank are not available for a profile with replicas: "
                                   f"{prof.replicas} yet", hint="run sparkctl render without them")

@@ -59,9 +59,9 @@ from sparkctl.nodes.process import read_lines
 from sparkctl.router import RouterError, strip_colour
 from sparkctl.router import launch as router_launch
 from sparkctl.router.client import RouterClient, attach, detach, drain, engine_in_flight
+from sparkctl.router.replicas import Replica, render_replicas, router_endpoint, router_spec
 from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.launch import redact
-from sparkctl.sglang.replicas import Replica, render_replicas, router_endpoint, router_spec
 from sparkctl.state.controller import controller_alive, this_controller
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import ReplicatedRecord

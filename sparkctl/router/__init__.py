@@ -1,6 +1,7 @@
 """SGLang's own request router in front of replicas: `sglang-router` 0.3.2 (the `smg` gateway's code, as the PyPI
 release that ships aarch64 wheels and is inside the lmsysorg/sglang images).
 
+replicas.py a profile's `replicas: K` rendered as K TP groups, and the `RouterSpec` in front of them
 spec.py     what to run: `RouterSpec` -> the argv (a list), for a local process or a container from the engine image
 process.py  the router as a local process (embedded cluster): start, wait ready, stop by PID
 container.py the router as a container from the engine image on rank 0's node (docker runtime): docker over SSH

@@ -189,7 +189,7 @@ def _check_topology(profile: Profile, inventory: Inventory) -> None:
     if profile.replicas > 1 and len(inventory.nodes) == profile.replicas * tp // max(1, min(per_node)):
         raise ConfigError(f"replicas: {profile.replicas}: the {len(inventory.nodes)} nodes hold {profile.replicas} "
                           f"replicas of {tp} rank(s) each, not one group", where=profile.origin_of("replicas"),
-                          hint="render them with sparkctl.sglang.replicas.render_replicas (`sparkctl render` prints "
+                          hint="render them with sparkctl.router.replicas.render_replicas (`sparkctl render` prints "
                                "each replica; `sparkctl up` deploys them behind the router)")
     if len(inventory.nodes) != 2 or per_node != {1}:  # not the two single-GPU Sparks sparkctl is built for
         raise ConfigError(

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from testenv import need_module, need_real_engine
-from testrig.traffic import Traffic
 from testrig.embedded import stop_cluster_engines, write_real_engine_inventory
+from testrig.traffic import Traffic
 
 pytestmark = pytest.mark.real_engine
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
@@ -29,7 +29,7 @@ def test_real_replicas_rolling_update_under_load_fails_no_request(tmp_path, monk
     from sparkctl.config.inventory import load_inventory
     from sparkctl.config.profile import load_profile
     from sparkctl.deploy.replicated import ReplicatedDeployer, sub_inventory
-    from sparkctl.sglang.replicas import render_replicas
+    from sparkctl.router.replicas import render_replicas
 
     engine = need_real_engine()
     for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:

@@ -13,11 +13,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from testrig.traffic import Traffic
-from testrig.embedded import (stop_cluster_engines, stop_recorded_engines, write_embedded_inventory,
-                              write_replicated_profile)
-from testenv import need_module
 from sparkctl.router import strip_colour
+from testenv import need_module
+from testrig.embedded import (
+    stop_cluster_engines,
+    write_embedded_inventory,
+    write_replicated_profile,
+)
+from testrig.traffic import Traffic
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
 FAST = {"boot_s": 0.3, "decode_tps": 2000, "peer_timeout_s": 2, "ttft_base_s": 0.002}
@@ -27,7 +30,7 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
     from sparkctl.config.inventory import load_inventory
     from sparkctl.config.profile import load_profile
     from sparkctl.deploy.replicated import Record, ReplicatedDeployer, sub_inventory
-    from sparkctl.sglang.replicas import render_replicas
+    from sparkctl.router.replicas import render_replicas
 
     for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
         monkeypatch.delenv(key)
@@ -241,7 +244,6 @@ def test_a_foreign_listener_on_the_router_port_is_named_and_nothing_is_left(tmp_
     from http.server import BaseHTTPRequestHandler
 
     from sparkctl.config.inventory import load_inventory
-    from testenv import local_server
 
     seen: list[str] = []
 
