@@ -41,7 +41,7 @@ def _human(report: DoctorReport) -> None:
 
 
 def _list() -> None:
-    from sparkctl.doctor.catalogue import CATALOGUE
+    from sparkctl.sglang.signatures import CATALOGUE
     for s in CATALOGUE:
         print(f"{s.id}: {s.title}\n  pattern: {s.pattern.pattern}\n  fix: {s.fix}\n  source: {s.source}")
 

@@ -77,7 +77,7 @@ class BootResult:
 def doctor_lines(logs: list[tuple[str, str]]) -> list[str]:
     """What the doctor recognises in these (name, log text) pairs, as evidence lines (sparkctl.doctor): its cause,
     fix and source, so a failed `up` names a known failure without a second command. Empty when nothing matches."""
-    from sparkctl.doctor.match import LogText, finding_lines, match_sources
+    from sparkctl.sglang.findings import LogText, finding_lines, match_sources
     return finding_lines(match_sources([LogText(name, text) for name, text in logs]))
 
 

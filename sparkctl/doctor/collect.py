@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sparkctl.doctor.match import Finding, LogText, match_sources, printable
 from sparkctl.errors import ConfigError, SparkctlError
+from sparkctl.sglang.findings import Finding, LogText, match_sources, printable
 from sparkctl.state.records import DeploymentRecord, Status
 
 if TYPE_CHECKING:

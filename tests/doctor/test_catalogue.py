@@ -1,4 +1,4 @@
-"""The doctor's catalogue (sparkctl/doctor/catalogue.py), each signature on a real line: a capture under
+"""The doctor's catalogue (sparkctl/sglang/signatures.py), each signature on a real line: a capture under
 tests/fixtures/captures/ as it was printed, or a message exactly as it was published (operations.md's table, SGLang
 0.5.23's source). No line here is written by this project. Clean boot logs match nothing; hostile text never crashes
 the matcher and never comes back raw."""
@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from sparkctl.sglang.findings import EVIDENCE_CHARS, EVIDENCE_LINES, LogText, match_sources, match_text, printable
+from sparkctl.sglang.signatures import CATALOGUE, by_id
 from tests.sglang_captures import capture_lines, capture_text
-
-from sparkctl.doctor.catalogue import CATALOGUE, by_id
-from sparkctl.doctor.match import EVIDENCE_CHARS, EVIDENCE_LINES, LogText, match_sources, match_text, printable
 
 OPERATIONS = Path("/work/shared/reference/operations.md")
 
@@ -107,7 +106,7 @@ def test_signature_on_its_capture(sid):
     found = {f.signature: f for f in match_text(capture_text(rel), rel)}
     assert sid in found
     assert any(fragment in e.text for e in found[sid].evidence)
-    assert all(e.source == rel and 1 <= e.line for e in found[sid].evidence)
+    assert all(e.source == rel and e.line >= 1 for e in found[sid].evidence)
 
 
 def test_each_failure_capture_names_its_own_causes_and_nothing_else():

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import os
 import stat
-from pathlib import Path
-
-from tests.sglang_captures import capture_path
 
 from sparkctl.doctor.collect import DoctorReport
+from tests.sglang_captures import capture_path
 
 WRONG_IFACE = capture_path("sglang/multinode-rank1-nccl-bootstrap-wrong-interface.txt")
 CLEAN = capture_path("sglang/spark-1node-dflash-startup-decode-shutdown.txt")
@@ -55,7 +53,7 @@ def test_hostile_log_never_reaches_the_terminal_raw(cli, tmp_path):
 
 
 def test_list_prints_the_catalogue(cli):
-    from sparkctl.doctor.catalogue import CATALOGUE
+    from sparkctl.sglang.signatures import CATALOGUE
     code, out, _ = cli("doctor", "--list")
     assert code == 0 and all(f"{s.id}: " in out for s in CATALOGUE)
 

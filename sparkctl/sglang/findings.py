@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sparkctl.doctor.catalogue import CATALOGUE, Signature
 from sparkctl.sglang.logparse import clean_line
+from sparkctl.sglang.signatures import CATALOGUE, Signature
 
 SCAN_CHARS = 32 * 1024      # a server_args line runs to 14 KB; nothing in the catalogue sits further in
 EVIDENCE_LINES = 5
