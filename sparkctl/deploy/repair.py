@@ -99,7 +99,7 @@ def damaged_files(ledger: Ledger) -> list[tuple[Path, str]]:
     from sparkctl.state.cards import card_entry, read_card
     from sparkctl.state.ledger import read_json
     from sparkctl.state.records import Controller, ReplicatedRecord
-    from sparkctl.tune.journal import MARKER, read_marker, validate_journal
+    from sparkctl.state.tunejournal import MARKER, read_marker, validate_journal
     from sparkctl.untrusted import is_plain_name
 
     out: list[tuple[Path, str]] = []

@@ -30,16 +30,16 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger, now_iso
+from sparkctl.state.tunejournal import Journal, TuneOptions, clear_marker, journal_path, write_marker
 from sparkctl.tune import g6
 from sparkctl.tune import space as sp
-from sparkctl.tune.journal import Journal, clear_marker, restore, settle, write_marker
+from sparkctl.tune.settle import restore, settle
 from sparkctl.tune.table import trial_table
 from sparkctl.userfiles import check_user_target, write_user_text
 
@@ -53,24 +53,6 @@ SCHEMA = "sparkctl.tune/1"
 OBJECTIVES = {"decode": ("decode", "higher"), "ttft": ("ttft", "lower"), "aggregate-c2": ("concurrency", "higher")}
 
 Progress = Callable[[str], None]
-
-
-@dataclass
-class TuneOptions:
-    profile: str
-    vary: list[str]
-    objective: str = "decode"
-    budget_s: float | None = None
-    trials: int | None = None
-    runs: int = 5
-    max_tokens: int = 800
-    warmup: int = 1
-    confirm_rounds: int = 2
-    overwrite: bool = False                      # --force: replace a tuned profile file already there
-    ttft_sizes: tuple[int, ...] = (4096,)
-
-    def as_dict(self) -> JSONObject:
-        return asdict(self)
 
 
 def _boundary(step: str) -> None:
@@ -407,4 +389,3 @@ def resume(deployer: Deployer, run_id: str, progress: Progress) -> JSONObject:
 __all__ = ["TuneOptions", "tune", "resume", "settle", "trial_table", "objective_samples", "classify_failure",
            "journal_path"]
 
-from sparkctl.tune.journal import journal_path  # noqa: E402  (re-exported for the CLI)

@@ -46,7 +46,7 @@ def _check(code: int, out: str, err: str, *, url_secret: bool = True) -> None:
 class _Env:
     """A throwaway state directory (and profiles directory) for one generated example."""
 
-    def __enter__(self) -> "_Env":
+    def __enter__(self) -> _Env:
         self.tmp = Path(tempfile.mkdtemp(prefix="sparkctl-prop-"))
         self.state = self.tmp / "state"
         self.profiles = self.tmp / "profiles"
@@ -164,7 +164,7 @@ def test_damaged_cards_are_skipped_with_a_line_or_exit_6_never_70(data):
 
 def _journal() -> dict[str, Any]:
     run_id = "20250101T000000Z-tune-d5-abcd"
-    from sparkctl.tune.run import TuneOptions
+    from sparkctl.state.tunejournal import TuneOptions
     trial = {"index": 0, "changes": {}, "baseline": True, "status": "pending", "reason": None, "deployment": None,
              "card": None, "objective": None, "elapsed_s": None, "accept_len": None, "capacity": None, "g6": None}
     return {"schema": "sparkctl.tune/1", "run_id": run_id, "state": "running", "created": "x", "profile": "d5",
@@ -180,7 +180,7 @@ def test_damaged_tune_journals_are_exit_6_never_70(data):
     journal); `tune --resume` of a refused one is exit 6 before anything is deployed."""
     from sparkctl.errors import LedgerError
     from sparkctl.state.ledger import Ledger
-    from sparkctl.tune.journal import Journal
+    from sparkctl.state.tunejournal import Journal
     with _Env() as env:
         doc = _journal()
         damaged = _damage(doc, data)

@@ -1,15 +1,16 @@
-"""The tune's journal and its cluster marker: what a kill -9 leaves behind, and how the next command settles it.
+"""A tune's files in the ledger: its journal and the cluster's tune marker, as written and as read back.
 
 ``runs/<id>/tune.json`` holds the whole state of one tune (rewritten atomically after every step); ``tune.json``
 at the ledger root names the tune in progress, the deployment that ran before it and its controller (pid +
-start time). A marker whose controller is dead is settled by the next ``sparkctl tune``: ``--resume`` of that
-run continues it; any other tune first restores what ran before and marks the old journal ``interrupted``.
+start time). Reading them back is validated here (a damaged file is a LedgerError, exit 6), so `repair` can
+check them without importing the tune; settling a tune a kill -9 left is the tune's own (sparkctl/tune/settle.py).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, TypeAdapter, ValidationError
 
@@ -20,8 +21,24 @@ from sparkctl.state.records import RecordName
 from sparkctl.statefiles import write_json_atomic
 from sparkctl.untrusted import clean, is_plain_name
 
-if TYPE_CHECKING:
-    from sparkctl.deploy.commands import Deployer
+
+@dataclass
+class TuneOptions:
+    profile: str
+    vary: list[str]
+    objective: str = "decode"
+    budget_s: float | None = None
+    trials: int | None = None
+    runs: int = 5
+    max_tokens: int = 800
+    warmup: int = 1
+    confirm_rounds: int = 2
+    overwrite: bool = False                      # --force: replace a tuned profile file already there
+    ttft_sizes: tuple[int, ...] = (4096,)
+
+    def as_dict(self) -> JSONObject:
+        return asdict(self)
+
 
 MARKER = "tune.json"
 Progress = Callable[[str], None]
@@ -91,7 +108,6 @@ class TuneJournal(BaseModel):
 
 def validate_journal(data: Any, path: Path, run_id: str) -> None:
     """LedgerError (exit 6) naming `path` and the first field that does not fit, when `data` is not a journal."""
-    from sparkctl.tune.run import TuneOptions
     hint = (f"the journal is damaged; move {path.parent} aside (the trials' cards and deployments stay in the "
             "ledger) and start a new `sparkctl tune`")
     try:
@@ -139,70 +155,6 @@ def write_marker(ledger: Ledger, run_id: str, original: str | None) -> None:
 
 def clear_marker(ledger: Ledger) -> None:
     (ledger.root / MARKER).unlink(missing_ok=True)
-
-
-def restore(deployer: Deployer, original: str | None, progress: Progress) -> JSONObject:
-    from sparkctl.config.profile import Profile
-    from sparkctl.deploy.lifecycle import UpOptions
-    if original is None:
-        progress("nothing ran before the tune: bringing the trial deployment down")
-        try:
-            deployer.down()
-            return {"ok": True, "action": "down"}
-        except SparkctlError as exc:
-            return {"ok": False, "action": "down", "error": exc.render()}
-    rec = deployer.ledger.load(original)
-    progress(f"restoring the deployment that ran before the tune ({rec.profile}, {original})")
-    try:
-        up = deployer.up(Profile.model_validate(rec.profile_data), UpOptions(), kind="bench-restore")
-    except SparkctlError as exc:
-        progress(f"restore FAILED: {exc.message}")
-        return {"ok": False, "profile": rec.profile, "error": exc.render()}
-    return {"ok": True, "profile": rec.profile, "outcome": str(up.get("outcome")), "deployment": up.get("deployment")}
-
-
-def _deployed_since(ledger: Ledger, marker: JSONObject) -> str | None:
-    """What was deployed since the tune in `marker` began, when it was not the tune: None while the cluster is
-    still the tune's (nothing active: a trial's boot was cut; one of the tune's trial arms, made since it began;
-    or what ran before it), else "deployment X (profile P) was deployed"."""
-    original, since = marker.get("original"), str(marker.get("since") or "")
-    try:
-        active = ledger.active()
-    except LedgerError:
-        return None                  # unreadable: the restore's own `up` reports it
-    if active is None or active.id == original or (active.kind == "bench-compare" and active.created >= since):
-        return None
-    return f"deployment {active.id} (profile {active.profile}) was deployed"
-
-
-def settle(deployer: Deployer, progress: Progress, *, resuming: str | None = None) -> JSONObject | None:
-    """A tune whose controller died (kill -9): returns its marker when `resuming` names it; otherwise restores
-    what ran before it, marks its journal interrupted, and clears the marker. None when there is nothing."""
-    from sparkctl.state.controller import controller_alive
-    m = read_marker(deployer.ledger)
-    if m is None:
-        return None
-    if controller_alive(m.get("controller") or {}):
-        return m             # a live tune holds the lock too: the caller's lock attempt names it
-    if resuming and m.get("run") == resuming:
-        return m
-    theirs = _deployed_since(deployer.ledger, m)
-    if theirs is not None:        # anything deployed since the tune died wins: its restore would take it down
-        progress(f"tune {m.get('run')} was interrupted (controller gone); {theirs} since, so what ran before the "
-                 f"tune is not restored (what runs now wins)")
-        result: dict[str, Any] = {"ok": True, "action": "none", "reason": f"{theirs} since the tune"}
-    else:
-        progress(f"tune {m.get('run')} was interrupted (controller gone); restoring what ran before it")
-        result = restore(deployer, m.get("original"), progress)
-    try:
-        j = Journal.load(deployer.ledger, str(m.get("run")))
-        j.data.update(state="interrupted", restore=result, settled_at=now_iso())
-        j.save()
-    except SparkctlError:
-        pass
-    if result.get("ok"):
-        clear_marker(deployer.ledger)
-    return None
 
 
 def journal_path(ledger: Ledger, run_id: str) -> Path:

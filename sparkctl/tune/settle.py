@@ -1,0 +1,85 @@
+"""Settling a tune a kill -9 left behind (its journal and marker: sparkctl/state/tunejournal.py).
+
+``runs/<id>/tune.json`` holds the whole state of one tune (rewritten atomically after every step); ``tune.json``
+at the ledger root names the tune in progress, the deployment that ran before it and its controller (pid +
+start time). A marker whose controller is dead is settled by the next ``sparkctl tune``: ``--resume`` of that
+run continues it; any other tune first restores what ran before and marks the old journal ``interrupted``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sparkctl.errors import LedgerError, SparkctlError
+from sparkctl.jsontypes import JSONObject
+from sparkctl.state.ledger import Ledger, now_iso
+from sparkctl.state.tunejournal import Journal, clear_marker, read_marker
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.commands import Deployer
+
+Progress = Callable[[str], None]
+
+
+def restore(deployer: Deployer, original: str | None, progress: Progress) -> JSONObject:
+    from sparkctl.config.profile import Profile
+    from sparkctl.deploy.lifecycle import UpOptions
+    if original is None:
+        progress("nothing ran before the tune: bringing the trial deployment down")
+        try:
+            deployer.down()
+            return {"ok": True, "action": "down"}
+        except SparkctlError as exc:
+            return {"ok": False, "action": "down", "error": exc.render()}
+    rec = deployer.ledger.load(original)
+    progress(f"restoring the deployment that ran before the tune ({rec.profile}, {original})")
+    try:
+        up = deployer.up(Profile.model_validate(rec.profile_data), UpOptions(), kind="bench-restore")
+    except SparkctlError as exc:
+        progress(f"restore FAILED: {exc.message}")
+        return {"ok": False, "profile": rec.profile, "error": exc.render()}
+    return {"ok": True, "profile": rec.profile, "outcome": str(up.get("outcome")), "deployment": up.get("deployment")}
+
+
+def _deployed_since(ledger: Ledger, marker: JSONObject) -> str | None:
+    """What was deployed since the tune in `marker` began, when it was not the tune: None while the cluster is
+    still the tune's (nothing active: a trial's boot was cut; one of the tune's trial arms, made since it began;
+    or what ran before it), else "deployment X (profile P) was deployed"."""
+    original, since = marker.get("original"), str(marker.get("since") or "")
+    try:
+        active = ledger.active()
+    except LedgerError:
+        return None                  # unreadable: the restore's own `up` reports it
+    if active is None or active.id == original or (active.kind == "bench-compare" and active.created >= since):
+        return None
+    return f"deployment {active.id} (profile {active.profile}) was deployed"
+
+
+def settle(deployer: Deployer, progress: Progress, *, resuming: str | None = None) -> JSONObject | None:
+    """A tune whose controller died (kill -9): returns its marker when `resuming` names it; otherwise restores
+    what ran before it, marks its journal interrupted, and clears the marker. None when there is nothing."""
+    from sparkctl.state.controller import controller_alive
+    m = read_marker(deployer.ledger)
+    if m is None:
+        return None
+    if controller_alive(m.get("controller") or {}):
+        return m             # a live tune holds the lock too: the caller's lock attempt names it
+    if resuming and m.get("run") == resuming:
+        return m
+    theirs = _deployed_since(deployer.ledger, m)
+    if theirs is not None:        # anything deployed since the tune died wins: its restore would take it down
+        progress(f"tune {m.get('run')} was interrupted (controller gone); {theirs} since, so what ran before the "
+                 f"tune is not restored (what runs now wins)")
+        result: dict[str, Any] = {"ok": True, "action": "none", "reason": f"{theirs} since the tune"}
+    else:
+        progress(f"tune {m.get('run')} was interrupted (controller gone); restoring what ran before it")
+        result = restore(deployer, m.get("original"), progress)
+    try:
+        j = Journal.load(deployer.ledger, str(m.get("run")))
+        j.data.update(state="interrupted", restore=result, settled_at=now_iso())
+        j.save()
+    except SparkctlError:
+        pass
+    if result.get("ok"):
+        clear_marker(deployer.ledger)
+    return None
