@@ -1,7 +1,7 @@
 """Generate docs/reference.md from the typer app and the pydantic models, so the reference cannot go stale.
 
 Every command and option comes from the CLI itself (the same help records `--help` prints), the exit codes from
-sparkctl.cli.options.EXIT_CODES, the JSON Schemas from sparkctl.config.schema, the profile and inventory keys from
+sparkctl.cli.options.EXIT_CODES, the JSON Schemas from sparkctl.cli.outputs, the profile and inventory keys from
 the pydantic models (Profile, Cluster, Node). tests/unit/test_docs.py regenerates it and fails when the checked-in
 file differs.
 
@@ -122,8 +122,7 @@ def exit_codes() -> list[str]:
 
 
 def schemas() -> list[str]:
-    from sparkctl.cli.outputs import OUTPUTS
-    from sparkctl.config.schema import LIFECYCLE_OUTPUTS, schema_names
+    from sparkctl.cli.outputs import LIFECYCLE_OUTPUTS, OUTPUTS, schema_names
     lines = ["## JSON Schemas", "",
              ("`sparkctl schema NAME` prints the JSON Schema of a file format or of a command's `--json` output; "
               "`sparkctl schema list` names them. Each is generated from the model named here."), "",
@@ -186,8 +185,8 @@ def _key_rows(schema: dict[str, Any], defs: dict[str, Any], prefix: str, skip: t
 
 
 def profile_keys() -> list[str]:
-    from sparkctl.config.schema import json_schema
-    schema = json_schema("profile")
+    from sparkctl.config.schema import file_schema
+    schema = file_schema("profile")
     defs = schema.get("$defs", {})
     return ["## Profile keys", "",
             ("A profile is a YAML file (`profiles/*.yml`, your own in `./profiles/`, `~/.config/sparkctl/profiles/` "

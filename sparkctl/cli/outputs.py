@@ -267,6 +267,40 @@ OUTPUTS: dict[str, type[BaseModel]] = {
 }
 
 
+# The lifecycle's typed results and the ledger's record (imported only when asked for: deploy/ is heavy).
+LIFECYCLE_OUTPUTS = {
+    "up": "sparkctl.deploy.results:UpResult", "rollback": "sparkctl.deploy.results:UpResult",
+    "down": "sparkctl.deploy.results:DownResult", "status": "sparkctl.deploy.results:StatusResult",
+    "deployment-record": "sparkctl.state.records:DeploymentRecord",
+    "up-replicated": "sparkctl.deploy.results:ReplicatedUpResult",
+    "status-replicated": "sparkctl.deploy.results:ReplicatedStatusResult",
+    "down-replicated": "sparkctl.deploy.results:ReplicatedDownResult",
+    "replicated-record": "sparkctl.state.records:ReplicatedRecord",
+    "bench": "sparkctl.state.records:RunRecord",
+}
+
+
+def schema_names() -> list[str]:
+    """What `sparkctl schema` knows: the two file formats, then every modelled --json output."""
+    return ["profile", "inventory", *OUTPUTS, *LIFECYCLE_OUTPUTS]
+
+
+def json_schema(kind: str) -> JSONObject:
+    """The JSON Schema `sparkctl schema KIND` prints: a file format (sparkctl.config.schema) or a --json output."""
+    from sparkctl.config.schema import file_schema
+    from sparkctl.errors import ConfigError
+    if kind in ("profile", "inventory"):
+        return file_schema(kind)
+    if kind in OUTPUTS:
+        return OUTPUTS[kind].model_json_schema()
+    if kind in LIFECYCLE_OUTPUTS:
+        import importlib
+        module, name = LIFECYCLE_OUTPUTS[kind].split(":")
+        schema: JSONObject = getattr(importlib.import_module(module), name).model_json_schema()
+        return schema
+    raise ConfigError(f"unknown schema kind {kind!r}", hint=f"use one of: {', '.join(schema_names())}")
+
+
 def print_json(data: object, *, default: Any = str) -> None:
     """`data` as indented JSON on stdout: ASCII (every control character and non-ASCII character a JSON escape,
     so the data is intact and nothing in it acts on a terminal), URL credentials masked; written past the

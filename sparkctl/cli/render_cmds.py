@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
     def schema(kind: str = typer.Argument(..., help="profile | inventory | the name of a command's --json output "
                                                     "(sparkctl schema list names them)")) -> None:
         """Print a JSON Schema: of the profile or inventory format (for editors), or of a command's --json output."""
-        from sparkctl.config.schema import json_schema, schema_names
+        from sparkctl.cli.outputs import json_schema, schema_names
         if kind == "list":
             print("\n".join(schema_names()))
             return

@@ -1,12 +1,12 @@
-"""JSON Schema of the profile and inventory file formats (for editors: yaml-language-server) and of the CLI's
---json outputs (sparkctl.cli.outputs)."""
+"""JSON Schema of the profile and inventory file formats (for editors: yaml-language-server). The schemas of the
+CLI's --json outputs live with the commands (sparkctl.cli.outputs.json_schema), which serves these two as well."""
 from __future__ import annotations
 
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
 
 
-def json_schema(kind: str) -> JSONObject:
+def file_schema(kind: str) -> JSONObject:
     """Schema of the YAML a user writes: a profile file, or one inventory host's variables."""
     if kind == "profile":
         from sparkctl.config.profile import Profile
@@ -40,30 +40,4 @@ def json_schema(kind: str) -> JSONObject:
                                **{k: v for k, v in node["properties"].items()
                                   if k not in ("name", "ssh", "rank")}}}},
         }
-    from sparkctl.cli.outputs import OUTPUTS
-    if kind in OUTPUTS:
-        return OUTPUTS[kind].model_json_schema()
-    if kind in LIFECYCLE_OUTPUTS:
-        import importlib
-        module, name = LIFECYCLE_OUTPUTS[kind].split(":")
-        return getattr(importlib.import_module(module), name).model_json_schema()
-    raise ConfigError(f"unknown schema kind {kind!r}", hint=f"use one of: {', '.join(schema_names())}")
-
-
-def schema_names() -> list[str]:
-    """What `sparkctl schema` knows: the two file formats, then every modelled --json output."""
-    from sparkctl.cli.outputs import OUTPUTS
-    return ["profile", "inventory", *OUTPUTS, *LIFECYCLE_OUTPUTS]
-
-
-# The lifecycle's typed results and the ledger's record (imported only when asked for: deploy/ is heavy).
-LIFECYCLE_OUTPUTS = {
-    "up": "sparkctl.deploy.results:UpResult", "rollback": "sparkctl.deploy.results:UpResult",
-    "down": "sparkctl.deploy.results:DownResult", "status": "sparkctl.deploy.results:StatusResult",
-    "deployment-record": "sparkctl.state.records:DeploymentRecord",
-    "up-replicated": "sparkctl.deploy.results:ReplicatedUpResult",
-    "status-replicated": "sparkctl.deploy.results:ReplicatedStatusResult",
-    "down-replicated": "sparkctl.deploy.results:ReplicatedDownResult",
-    "replicated-record": "sparkctl.state.records:ReplicatedRecord",
-    "bench": "sparkctl.state.records:RunRecord",
-}
+    raise ConfigError(f"unknown file format {kind!r}", hint="use one of: profile, inventory")

@@ -15,9 +15,10 @@ import os
 import re
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -74,7 +75,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
 def _schema_valid(doc: dict[str, Any]) -> None:
     import jsonschema
 
-    from sparkctl.config.schema import json_schema
+    from sparkctl.cli.outputs import json_schema
     jsonschema.validate(doc, json_schema("bench"))
 
 

@@ -232,7 +232,7 @@ def _valid(kind: str, doc: dict) -> dict:
     """`doc` validates against the schema `sparkctl schema KIND` exports (the model's own JSON schema)."""
     import jsonschema
 
-    from sparkctl.config.schema import json_schema
+    from sparkctl.cli.outputs import json_schema
     jsonschema.validate(doc, json_schema(kind))
     return doc
 

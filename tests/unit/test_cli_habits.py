@@ -65,6 +65,7 @@ def test_non_interactive_change_without_yes_is_refused_on_a_real_cluster(cli, st
 def _commands():
     """(name, click command) of every leaf command of the CLI, e.g. ('image plan', <Command>)."""
     import typer as _typer
+
     from sparkctl.cli.main import app
 
     out = []
@@ -167,6 +168,7 @@ def test_quiet_silences_progress_anywhere_on_the_line(cli, state_dir, local_clus
 def test_progress_on_a_terminal_is_a_live_display_and_lines_without_one():
     import io
     import time as _time
+
     from sparkctl.deploy.progress import Reporter, close_live
 
     class Tty(io.StringIO):
@@ -206,8 +208,8 @@ def test_image_plan_on_the_embedded_cluster_marks_the_base_digest_unresolved(cli
 
 def test_schema_lists_and_exports_every_json_output(cli):
     import json
-    from sparkctl.cli.outputs import OUTPUTS
-    from sparkctl.config.schema import LIFECYCLE_OUTPUTS
+
+    from sparkctl.cli.outputs import LIFECYCLE_OUTPUTS, OUTPUTS
     code, out, _ = cli("schema", "list")
     assert code == 0 and out.split() == ["profile", "inventory", *OUTPUTS, *LIFECYCLE_OUTPUTS]
     for name in [*OUTPUTS, *LIFECYCLE_OUTPUTS]:
