@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 from sparkctl.bench import losslessness, measure
 from sparkctl.bench.logsource import FileLog, LogSource, RuntimeLog, capacity_from_log, scheduler_summary
 from sparkctl.bench.prompts import decode_prompts, g6_prompts
-from sparkctl.bench.target import Arm
+from sparkctl.bench.target import Arm, check_reachable
 from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.jsontypes import JSONObject
-from sparkctl.sglang.client import Limits, SGLangAPIError, SGLangClient
+from sparkctl.sglang.client import Limits, SGLangClient
 from sparkctl.state.records import DeploymentRecord
 
 if TYPE_CHECKING:
@@ -81,24 +81,13 @@ def _noop(_: str) -> None:
 
 # --------------------------------------------------------------------------- arms
 
-def _check_reachable(arm: Arm) -> None:
-    try:
-        code = arm.client.health()
-    except SGLangAPIError as exc:
-        raise SparkctlError(f"cannot reach {arm.endpoint}: {exc.message}", where=f"bench arm {arm.name}",
-                            hint="is the server running? `sparkctl status` for a deployment") from None
-    if code != 200:
-        raise SparkctlError(f"{arm.endpoint}/health answered {code}", where=f"bench arm {arm.name}",
-                            hint="the server is not ready yet; wait for it or check its log")
-
-
 def arm_from_endpoint(url: str, *, api_key: str | None = None, log_path: Path | None = None,
                       timeout_s: float | Limits = 900.0) -> Arm:
     url = url.rstrip("/")
     client = SGLangClient(url, api_key=api_key, timeout=timeout_s)
     arm = Arm(name=url, client=client, endpoint=url, log=FileLog(log_path) if log_path else None,
               api_key=api_key, timeout_s=timeout_s)
-    _check_reachable(arm)
+    check_reachable(arm)
     arm.refresh()
     return arm
 
@@ -121,7 +110,7 @@ def arm_from_record(deployer: Deployer, record: DeploymentRecord, *, log_path: P
     arm = Arm(name=record.profile or record.id, client=SGLangClient(endpoint, api_key=api_key, timeout=timeout),
               endpoint=endpoint, model=(prof.get("model") or {}).get("served_name"), log=src, record=record,
               api_key=api_key, timeout_s=timeout)
-    _check_reachable(arm)
+    check_reachable(arm)
     arm.refresh()
     return arm
 

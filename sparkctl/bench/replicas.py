@@ -16,14 +16,13 @@ stand either way and the card says why the split is unavailable.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.bench.logsource import LogSource, RuntimeLog, concurrency_cap_from_log
-from sparkctl.bench.target import Arm
+from sparkctl.bench.target import Arm, check_reachable
 from sparkctl.errors import SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.bounds import Limits
@@ -32,7 +31,6 @@ from sparkctl.sglang.serverinfo import parse_prometheus
 from sparkctl.state.records import ReplicaShare, RouterBench, RouterLevel, RouterReplica
 
 if TYPE_CHECKING:
-    from sparkctl.bench.arms import BenchOptions
     from sparkctl.config.inventory import Inventory
 
 __all__ = ["RouterArm", "MetricsReader", "LevelSplit", "metrics_limits", "REQUESTS_SOURCE", "TOKENS_SOURCE"]
@@ -277,8 +275,6 @@ def replica_entries(inventory: Inventory, data: JSONObject, limits: Limits) -> l
 
 def router_arm(data: JSONObject, replicas: list[JSONObject], limits: Limits) -> RouterArm:
     """The arm of the router's endpoint (raises when the router does not answer /health 200)."""
-    from sparkctl.bench.arms import _check_reachable
-
     endpoint = str(data.get("endpoint") or (data.get("router") or {}).get("url") or "").rstrip("/")
     first = replicas[0] if replicas else {}
     rec = first.get("record")
@@ -288,7 +284,7 @@ def router_arm(data: JSONObject, replicas: list[JSONObject], limits: Limits) -> 
                     model=(prof.get("model") or {}).get("served_name") or first.get("server_info", {}).get(
                         "served_model_name"), record=rec, timeout_s=limits, replicas=replicas,
                     replica_logs=[r["log"] for r in replicas if r.get("log") is not None])
-    _check_reachable(arm)
+    check_reachable(arm)
     arm.server_info = dict(first.get("server_info") or {})        # the router's own /get_server_info says little
     return arm
 
@@ -308,9 +304,3 @@ def router_section(data: JSONObject, arm: RouterArm, split: LevelSplit, reader: 
                        tokens_source=TOKENS_SOURCE if reader.tokens_error is None else None,
                        levels=levels, single_pair=card, single_pair_note=note, metrics_error=reader.router_error,
                        tokens_error=reader.tokens_error, metrics_read_s=round(reader.read_s, 3))
-
-
-def with_router_levels(opts: BenchOptions) -> BenchOptions:
-    """The options with the router's concurrency levels (1, 2, 4, 8 unless --concurrency was given)."""
-    return dataclasses.replace(opts, concurrency=tuple(opts.router_concurrency))
-

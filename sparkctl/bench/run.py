@@ -9,6 +9,10 @@ Three ways in:
 * ``bench_endpoint(url, opts)``: any OpenAI-compatible SGLang endpoint, nothing deployed; the
   configuration comes from ``/server_info``. ``compare_endpoint`` adds a second running endpoint.
 * ``bench_log(path, opts)``: scheduler lines of a captured log only (acceptance, gauge, capacity).
+* ``bench_replicated(inventory, opts)``: a replicated deployment, one arm: the router's endpoint, measured as any
+  arm is; the card gets the "through the router" section (per-level aggregate, per-replica split, the single
+  pair's figures beside them). Every replica's ranks are watched while the arm is measured (a death fails the run
+  as for a single pair); the replicated record is only read (``sparkctl.deploy.replicated.Record``), never written.
 
 Every run leaves a record: ``report.json`` (every number plus the configuration it came from) and
 ``report.md`` (the card, rendered from that JSON) under ``Ledger.run_dir(run_id)`` or ``opts.out_dir``,
@@ -17,6 +21,7 @@ also when a measurement failed (``status: failed`` with the error).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.bench import losslessness
+from sparkctl.bench import replicas as rb
 from sparkctl.bench.arms import (
     GATES,
     BenchOptions,
@@ -40,6 +46,7 @@ from sparkctl.bench.outcome import RunState, bench_error, failures, scrubbed
 from sparkctl.bench.prompts import decode_prompts, g6_prompts, prompt_set_digest
 from sparkctl.bench.ranks import RankWatch, RankWatches
 from sparkctl.bench.report import render_card
+from sparkctl.bench.router_card import single_pair
 from sparkctl.bench.stats import ratio
 from sparkctl.bench.target import Arm, arm_role
 from sparkctl.errors import BenchError, ConfigError, OutputPathError, SparkctlError
@@ -57,7 +64,7 @@ if TYPE_CHECKING:
     from sparkctl.deploy.progress import Reporter
 
 __all__ = ["GATES", "BenchOptions", "parse_gates", "arm_from_endpoint", "bench", "bench_deployment",
-           "bench_endpoint", "bench_log", "write_report", "SCHEMA"]
+           "bench_endpoint", "bench_log", "bench_replicated", "refuse_compare", "write_report", "SCHEMA"]
 
 SCHEMA = "sparkctl.bench/1"
 
@@ -363,7 +370,6 @@ def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None
             raise ConfigError(f"no such log file: {p}", where="--log")
     ledger = Ledger.for_cluster(inventory.cluster.name)
     if not log_only and not endpoint and _replicated(inventory, profile):
-        from sparkctl.bench.routed import bench_replicated, refuse_compare
         from sparkctl.deploy.replicated import ReplicatedDeployer
         refuse_compare(compare, compare_endpoint, (log, compare_log))
         if profile is not None:
@@ -428,3 +434,70 @@ def write_report(result: RunRecord, out_dir: ReportDir | Path, secrets: set[str]
     write(json_path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     write(md_path, clean(render_card(data), CARD_LINE_LIMIT))     # names and evidence from outside: escaped, bounded
     return data
+
+
+# ------------------------------------------------------------------------------------ replicated deployments
+def bench_replicated(inventory: Inventory, opts: BenchOptions, *, progress: Progress = _noop,
+                     limits: Limits | None = None, run_s: float | None = None) -> JSONObject:
+    """Measure the cluster's replicated deployment through its router; returns the run record's JSON."""
+    from sparkctl.deploy.replicated import Record
+
+    ledger = Ledger.for_cluster(inventory.cluster.name)
+    rec = Record.load(ledger.root)
+    data = rec.data
+    if not (data.get("endpoint") or (data.get("router") or {}).get("url")) or not data.get("replicas"):
+        raise SparkctlError("the replicated deployment's record names no router endpoint or no replica",
+                            where=str(rec.path), hint="`sparkctl status` shows it; `sparkctl up --profile P` "
+                                                      "deploys it again")
+    limits = limits or Limits()
+    opts = dataclasses.replace(opts, concurrency=tuple(opts.router_concurrency))   # 1, 2, 4, 8 unless given
+    run_id = Ledger.new_id(f"bench-{data.get('profile') or 'replicated'}")
+    result = _new_result("replicated", opts, run_id, limits, run_s)
+    out = _out_dir(opts, ledger, run_id)
+    run = RunState(limits, run_s, progress)
+    made: dict[str, Any] = {}
+    progress(f"replicated deployment {data.get('profile')}: measured through the router {data.get('endpoint')}")
+
+    def make() -> Arm:
+        reps = rb.replica_entries(inventory, data, limits)
+        arm = rb.router_arm(data, reps, limits)
+        reader = rb.MetricsReader((data.get("router") or {}).get("metrics_url"), [r["url"] for r in reps],
+                                  rb.metrics_limits(limits))
+        split = rb.LevelSplit(reader, [{"index": r["index"], "url": r["url"]} for r in reps])
+        arm.level_observer = split
+        made.update(arm=arm, reader=reader, split=split)
+        return arm
+
+    def watch(arm: Arm) -> RankWatches | None:
+        watches = [RankWatch(r["deployer"].runtimes(r["record"].id), r["record"], run.guard,
+                             doing=lambda: run.doing)
+                   for r in getattr(arm, "replicas", []) if r.get("record") is not None and r.get("deployer")]
+        return RankWatches(watches) if watches else None
+
+    def body() -> None:
+        try:
+            _measure_all(result, [make], opts, run, watch)
+        finally:
+            arm = made.get("arm")
+            if made.get("reader") is not None:
+                made["reader"].close()
+            if arm is not None:
+                pdata = arm.record.profile_data if arm.record is not None else {}
+                model = (pdata.get("model") or {}).get("path") or arm.server_info.get("model_path")
+                result.router = rb.router_section(data, arm, made["split"], made["reader"],
+                                                  single_pair(ledger, model, arm.model))
+    return _run(result, body, out, run)
+
+
+def refuse_compare(compare: object, compare_endpoint: str | None, logs: tuple[Any, ...] = ()) -> None:
+    """What a replicated bench does not take: a second arm, or a log file (each replica's log is read through its
+    own runtime)."""
+    if any(p is not None for p in logs):
+        raise ConfigError("--log/--compare-log name one engine's log; a replicated deployment's replicas are read "
+                          "through their own runtimes", where="--log",
+                          hint="drop --log; `sparkctl logs` shows each replica's log")
+    if compare is not None or compare_endpoint:
+        raise ConfigError("a replicated deployment is measured alone, through its router: --compare and "
+                          "--compare-endpoint are for a single-group deployment",
+                          hint="the card sets the latest single-group card of the same model beside the router's "
+                               "figures; bench that deployment on its own to record one")

@@ -10,9 +10,10 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from sparkctl.bench.logsource import LogSource
+from sparkctl.errors import SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import (
     EndpointBoundError,
@@ -25,8 +26,15 @@ from sparkctl.sglang.client import (
 )
 from sparkctl.state.records import DeploymentRecord
 
-if TYPE_CHECKING:
-    from sparkctl.bench.replicas import LevelSplit
+
+class LevelObserver(Protocol):
+    """Called around each concurrency level: ``before(c) -> token``, then ``after(c, entry, token)`` with the
+    level's entry of the card. It never raises. The router's per-replica split of a replicated deployment is one
+    (sparkctl.bench.replicas.LevelSplit); the token is the observer's own."""
+
+    def before(self, c: int) -> Any: ...
+
+    def after(self, c: int, entry: JSONObject, token: Any) -> None: ...
 
 log = logging.getLogger("sparkctl.bench")
 
@@ -129,9 +137,7 @@ class Arm:
     api_key: str | None = field(default=None, repr=False)
     timeout_s: float | Limits = 900.0     # a number (the read timeout) or the run's Limits
     guard: RunGuard | None = None         # the run's deadline and stop signal, shared by its clients
-    # Called around each concurrency level (``before(c) -> token``, ``after(c, entry, token)``): the router's
-    # per-replica split of a replicated deployment (sparkctl.bench.replicas). It never raises.
-    level_observer: LevelSplit | None = None
+    level_observer: LevelObserver | None = None    # around each concurrency level (a replicated deployment's split)
 
     def new_client(self) -> SGLangClient:
         """A separate client (own connection pool) for a concurrent request, under the run's bounds."""
@@ -276,3 +282,15 @@ def arm_role(arms: list[Arm]) -> None:
     else:
         for a, r in zip(arms, "AB"):
             a.role = r
+
+
+def check_reachable(arm: Arm) -> None:
+    """Raises a SparkctlError naming the arm unless its endpoint answers /health 200."""
+    try:
+        code = arm.client.health()
+    except SGLangAPIError as exc:
+        raise SparkctlError(f"cannot reach {arm.endpoint}: {exc.message}", where=f"bench arm {arm.name}",
+                            hint="is the server running? `sparkctl status` for a deployment") from None
+    if code != 200:
+        raise SparkctlError(f"{arm.endpoint}/health answered {code}", where=f"bench arm {arm.name}",
+                            hint="the server is not ready yet; wait for it or check its log")

@@ -33,7 +33,7 @@ from sparkctl.sim.dist import DistError, StoreClient, StoreServer
 from sparkctl.sim.logfmt import EngineLog
 
 if TYPE_CHECKING:  # imported where used: a worker rank never loads the HTTP API or the scheduler
-    from sparkctl.sim.http_api import ApiState
+    from sparkctl.sim.responses import ApiState
     from sparkctl.sim.scheduler import Scheduler
 
 EXIT_FAILURE = 1
@@ -303,7 +303,8 @@ class Engine:
 
     def _serve_rank0(self, kv_gb: float, graph_gb: float) -> None:
         from sparkctl.sim import decoding as dec
-        from sparkctl.sim.http_api import ApiState, serve_api
+        from sparkctl.sim.http_api import serve_api
+        from sparkctl.sim.responses import ApiState
         from sparkctl.sim.scheduler import Request, Scheduler
         r, k, log = self.res, self.knobs, self.log
         sched = self.sched = Scheduler(r, k, log)

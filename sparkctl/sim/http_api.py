@@ -32,6 +32,7 @@ from sparkctl.sim.httpbase import (
     serve_dummy,  # noqa: F401 - engine.py's import
 )
 from sparkctl.sim.responses import (
+    ApiState,
     ChatView,
     completion_body,
     completion_chunk,
@@ -42,17 +43,7 @@ from sparkctl.sim.responses import (
     usage,
     weight_metadata,
 )
-from sparkctl.sim.scheduler import Request, Scheduler
-
-
-class ApiState:
-    """What the handlers read: resolved args, knobs, scheduler, readiness."""
-
-    def __init__(self, res, knobs, sched: Scheduler, log) -> None:
-        self.res, self.knobs, self.sched, self.log = res, knobs, sched, log
-        self.ready = threading.Event()
-        self.started = time.time()
-        self.memory_usage = {"weight": 0.0, "kvcache": 0.0, "token_capacity": res.max_total_num_tokens, "graph": 0.0}
+from sparkctl.sim.scheduler import Request
 
 
 def _error(message: str, code: int = 400, typ: str = "BadRequestError") -> bytes:

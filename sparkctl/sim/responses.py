@@ -1,19 +1,26 @@
 """What the emulator's HTTP API answers, built from a request's state: the chat view (reasoning vs content
-pieces), usage, /generate's body, /server_info and the Prometheus /metrics text. Pure builders; the server and
-its routes are `sparkctl.sim.http_api`.
+pieces), usage, /generate's body, /server_info and the Prometheus /metrics text, from the `ApiState` the
+handlers share. Pure builders; the server and its routes are `sparkctl.sim.http_api`.
 """
 from __future__ import annotations
 
 import queue
+import threading
 import time
-from typing import TYPE_CHECKING
 
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sim import decoding as dec
-from sparkctl.sim.scheduler import TTFT_BUCKETS, Request
+from sparkctl.sim.scheduler import TTFT_BUCKETS, Request, Scheduler
 
-if TYPE_CHECKING:
-    from sparkctl.sim.http_api import ApiState
+
+class ApiState:
+    """What the handlers read: resolved args, knobs, scheduler, readiness."""
+
+    def __init__(self, res, knobs, sched: Scheduler, log) -> None:
+        self.res, self.knobs, self.sched, self.log = res, knobs, sched, log
+        self.ready = threading.Event()
+        self.started = time.time()
+        self.memory_usage = {"weight": 0.0, "kvcache": 0.0, "token_capacity": res.max_total_num_tokens, "graph": 0.0}
 
 
 class ChatView:
