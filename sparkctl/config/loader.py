@@ -102,6 +102,21 @@ _CoreLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
 _CoreLoader.add_constructor(_INT, _CoreLoader.construct_core_int)
 
 
+class _CoreDumper(yaml.SafeDumper):
+    """SafeDumper that quotes every string `_CoreLoader` (or YAML 1.1) would read as something else: a string
+    "0o17" or "0x1F" is written quoted, so what sparkctl writes reads back as what it wrote."""
+
+
+for _first, _resolvers in _CoreLoader.yaml_implicit_resolvers.items():
+    for _tag, _regexp in _resolvers:
+        _CoreDumper.add_implicit_resolver(_tag, _regexp, [_first])
+
+
+def dump_yaml(data: object) -> str:
+    """YAML text of `data` that `load_yaml` reads back as `data` (block style, keys in the given order)."""
+    return str(yaml.dump(data, Dumper=_CoreDumper, sort_keys=False, allow_unicode=True))
+
+
 def _expanded_weight(root: yaml.Node) -> int:
     """Nodes plus scalar characters of the document once every alias is expanded, computed once per node (an
     alias is the very node object of its anchor); a recursive alias is refused. Depth is already bounded."""
@@ -171,6 +186,14 @@ def read_yaml(path: Path) -> Any:
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", where=str(path),
                           hint="give the path of a readable YAML file") from None
+    return load_yaml(text, str(path))
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """One YAML document read the one way sparkctl reads YAML (`_CoreLoader`: YAML 1.2 core schema, bounds,
+    duplicate keys refused, a top-level `env:` mapping's values as written); errors are a ConfigError at `where`
+    (with line and column). `read_yaml` (profiles, inventories) and `read_value` (tune's --vary) both come here.
+    """
     loader: _CoreLoader | None = None
     try:
         loader = _CoreLoader(text)
@@ -186,10 +209,10 @@ def read_yaml(path: Path) -> Any:
         return loader.construct_document(root)
     except yaml.reader.ReaderError as exc:  # a binary file that happens to decode: NUL and other control characters
         raise ConfigError(f"not a YAML text file: control character #x{exc.character:04x} at offset {exc.position}",
-                          where=str(path), hint=_TEXT_HINT) from None
+                          where=where, hint=_TEXT_HINT) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        loc = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark else where
         problem = getattr(exc, "problem", None) or str(exc)
         hint = (getattr(exc, "hint", None) or
                 ("each key may appear once in a mapping: rename or merge the duplicates" if "duplicate key" in problem
@@ -199,6 +222,25 @@ def read_yaml(path: Path) -> Any:
     finally:
         if loader is not None:
             loader.dispose()
+
+
+def read_value(text: str, key: str) -> Any:
+    """The value `text` is when a profile sets the dotted `key` to it: ``read_value("010", "server.x")`` is 10,
+    ``"yes"`` stays "yes", ``env.NAME`` values stay the string as written (``null``/``~`` are null, as in the
+    file). Read by `load_yaml` as the document ``{key: text}``, so a --vary value and the same text in a profile
+    are one value; text that is no YAML value on its own (``[1``, ``a: b``) is the string itself, as before."""
+    parts = key.split(".")
+    doc = "".join(f"{'  ' * i}{part}:\n" for i, part in enumerate(parts[:-1]))
+    doc += f"{'  ' * (len(parts) - 1)}{parts[-1]}: {text}\n"
+    try:
+        data = load_yaml(doc, key)
+        for part in parts:
+            data = data[part]
+    except (ConfigError, KeyError, TypeError):
+        return text
+    if isinstance(data, dict):         # "a: b" read as a nested mapping: not the one value the text spells
+        return text
+    return data
 
 
 def refusal(message: str, hint: str) -> PydanticCustomError:

@@ -1,8 +1,9 @@
 """What `sparkctl tune` searches: the --vary grid over profile keys, candidate profiles, the winner's profile file.
 
 ``--vary speculative.num_draft_tokens=4,6,8 --vary server.mem_fraction_static=0.85,0.88`` is a grid of 3 x 2
-candidates, in --vary order (the last key varies fastest). Values are YAML scalars (``8`` an int, ``0.88`` a
-float, ``null``, ``flashinfer`` a string; ``env.NAME`` values stay strings); every candidate is validated as a
+candidates, in --vary order (the last key varies fastest). Values are read as the same text in a profile is
+(sparkctl.config.loader.read_value: ``8`` an int, ``0.88`` a float, ``010`` ten, ``yes`` and ``null`` as YAML 1.2
+reads them, ``flashinfer`` a string; ``env.NAME`` values stay strings); every candidate is validated as a
 whole profile before anything is
 deployed, so a key that does not exist or a value of the wrong type fails at once naming the --vary (exit 2).
 """
@@ -15,9 +16,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 from pydantic import ValidationError
 
+from sparkctl.config.loader import dump_yaml, read_value
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
 
@@ -47,13 +48,7 @@ def parse_vary(items: list[str]) -> list[tuple[str, list[Any]]]:
             raw = raw.strip()
             if not raw:
                 raise ConfigError(f"--vary {item!r}: an empty value", where="--vary", hint="V1,V2 with no empty item")
-            if key.startswith("env."):
-                values.append(raw)              # environment values are strings, as the profile loader reads them
-                continue
-            try:
-                values.append(yaml.safe_load(raw))
-            except yaml.YAMLError:
-                values.append(raw)
+            values.append(read_value(raw, key))   # as the same text in a profile (env.* values as written)
         if len(set(map(repr, values))) != len(values):
             raise ConfigError(f"--vary {key}: a value is listed twice", where="--vary", hint="list each value once")
         out.append((key, values))
@@ -132,7 +127,7 @@ def winner_profile_text(base_name: str, changes: JSONObject, run_id: str, note: 
             f"# {note}",
             f"# Only the keys the tune changed from {base_name}; everything else comes from {base_name}."]
     body = {"description": f"{base_name} tuned by run {run_id}", "extends": base_name, **_nest(changes)}
-    return "\n".join(head) + "\n" + yaml.safe_dump(body, sort_keys=False)
+    return "\n".join(head) + "\n" + dump_yaml(body)
 
 
 def winner_dir() -> Path:
