@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from sparkctl.deploy.preflight import Check, Severity, ports_of
 from sparkctl.nodes import facts
 from sparkctl.nodes.node_facts import NodeFacts, host_model_path, model_paths
-from sparkctl.nodes.results import CommandResult
+from sparkctl.nodes.ssh import CommandResult
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import MODELS_MOUNT
 

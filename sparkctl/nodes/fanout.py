@@ -1,8 +1,11 @@
 """The one fan-out helper for parallel node work: run a call on every item at once, keep every outcome.
 
 Every parallel call over nodes goes through it: deploy/ (preflight, observe, stop, secret sweep, the image survey),
-images/ (the image-ID survey of `ensure_same_image`) and nodes/ (`results.run_all`). It sits in nodes/, the lowest
-layer that needs it, and imports nothing of sparkctl.
+images/ (the image-ID survey of `ensure_same_image`) and nodes/ (`run_all`). It sits in nodes/, the lowest
+layer that needs it, and imports only sparkctl's errors.
+
+`run_all` is the by-name view of the same (like fabric's `GroupResult`): node name -> value or exception, whose
+failures raise one `GroupError` naming every failed node.
 
 `pool.map` re-raises the first error and drops what the other nodes did (a stop that failed on one node hid
 that the other node stopped fine). `fan_out` waits for all of them and returns one `Outcome` per item, in the
@@ -22,7 +25,9 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+from sparkctl.errors import NodeError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -98,3 +103,58 @@ def raise_first(outcomes: list[Outcome[T, R]]) -> list[R]:
         if o.error is not None:
             raise o.error
     return [o.value for o in outcomes]  # type: ignore[misc]
+
+
+class GroupResult(dict[str, T | BaseException], Generic[T]):
+    """Per-node results of `run_all`, like fabric's GroupResult: node name -> value or exception.
+
+    ``succeeded`` / ``failed`` split them; one node's failure never hides the others' results.
+    """
+
+    @property
+    def succeeded(self) -> dict[str, T]:
+        return {k: v for k, v in self.items() if not isinstance(v, BaseException)}
+
+    @property
+    def failed(self) -> dict[str, BaseException]:
+        return {k: v for k, v in self.items() if isinstance(v, BaseException)}
+
+    def raise_for_failures(self) -> GroupResult[T]:
+        """Raise GroupError naming every failed node (the successes stay readable on the error)."""
+        if self.failed:
+            raise GroupError(self)
+        return self
+
+
+class GroupError(NodeError):
+    """One or more nodes failed in `run_all`; ``result`` keeps every node's outcome."""
+
+    def __init__(self, result: GroupResult[Any]) -> None:
+        failed = result.failed
+        lines = []
+        for name, exc in failed.items():
+            text = exc.render() if hasattr(exc, "render") else f"{type(exc).__name__}: {exc}"
+            lines.append(f"[{name}] {text}")
+        ok = sorted(result.succeeded)
+        super().__init__(f"failed on {len(failed)} of {len(result)} node(s): {', '.join(sorted(failed))}"
+                         + (f" (ok: {', '.join(ok)})" if ok else ""), evidence="\n".join(lines))
+        self.result = result
+
+
+def run_all(nodes: Iterable[Any], fn: Callable[[Any], T], *, max_workers: int | None = None) -> GroupResult[T]:
+    """Call ``fn(node)`` for every node in parallel; return node name -> value, or the exception it raised.
+
+    ``nodes`` are inventory Nodes (or anything with ``.name``, or plain names). Example::
+
+        res = run_all(inv.nodes, lambda n: connector_for(inv, n).run(["uptime"], check=True).stdout)
+        for name, exc in res.failed.items(): ...
+    """
+    items = list(nodes)
+    names = [getattr(n, "name", n) for n in items]
+    out: GroupResult[T] = GroupResult()
+    for name, o in zip(names, fan_out(items, fn, max_workers=max_workers)):
+        if o.error is not None and not isinstance(o.error, Exception):
+            raise o.error                    # KeyboardInterrupt / SystemExit: after every node finished
+        # Outcome.value is `R | None` for both cases; a successful outcome holds fn's value (a T).
+        out[str(name)] = o.value if o.error is None else o.error  # type: ignore[assignment]
+    return out

@@ -33,7 +33,7 @@ Example::
 
     ssh = SSHConnector(inventory.node("spark-a"), inventory.cluster)
     print(ssh.run(["docker", "info", "--format", "{{json .}}"], check=True).stdout)
-    results = run_all(inventory.nodes, lambda n: connector_for(inventory, n).run(["uname", "-r"]))  # nodes.results
+    results = run_all(inventory.nodes, lambda n: connector_for(inventory, n).run(["uname", "-r"]))  # nodes.fanout
     results.raise_for_failures()
 """
 from __future__ import annotations
@@ -49,10 +49,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
-from sparkctl.errors import NodeError
+from sparkctl.errors import CommandFailed, NodeError
 from sparkctl.nodes.fanout import fan_out, raise_first
 from sparkctl.nodes.hostkeys import fingerprint, host_key_name, key_type, known_hosts_path, missing_key_policy
-from sparkctl.nodes.results import CommandResult
 from sparkctl.sglang.launch import redact
 
 if TYPE_CHECKING:  # heavy imports stay lazy: `sparkctl --help` must not import paramiko
@@ -64,6 +63,34 @@ log = logging.getLogger("sparkctl.nodes.ssh")
 
 CONNECT_TIMEOUT_S = 5.0
 CHANNEL_RETRIES = 8             # asks for a channel the server refused: about 3.5 s of waits in all
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one command printed on one node (argv and output already redacted)."""
+
+    node: str
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    elapsed_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    @property
+    def output(self) -> str:
+        """stdout then stderr, for evidence."""
+        return self.stdout + (("\n" if self.stdout and not self.stdout.endswith("\n") else "") + self.stderr
+                              if self.stderr else "")
+
+    def check(self) -> CommandResult:
+        """Raise CommandFailed (argv, exit code, output tail) unless the command exited 0."""
+        if self.returncode != 0:
+            raise CommandFailed(node=self.node, argv=self.argv, returncode=self.returncode, output=self.output)
+        return self
 
 
 # --------------------------------------------------------------------------------------------------- connector

@@ -33,7 +33,7 @@ from sparkctl.router import RouterError, strip_colour
 from sparkctl.router.spec import CLUSTER_LABEL, IDENTITY_LABEL, ROLE, ROLE_LABEL, RouterSpec
 
 if TYPE_CHECKING:
-    from sparkctl.nodes.results import CommandResult
+    from sparkctl.nodes.ssh import CommandResult
 
 log = logging.getLogger("sparkctl.router")
 KIND = "container"

@@ -20,7 +20,7 @@ from sparkctl.deploy.preflight_rules import evaluate
 from sparkctl.errors import NodeError
 from sparkctl.nodes.container import MEMLOCK_ENV
 from sparkctl.nodes.docker_runtime import DockerRuntime
-from sparkctl.nodes.results import run_all
+from sparkctl.nodes.fanout import run_all
 from sparkctl.nodes.ssh import SSHConnector
 from sparkctl.sglang.launch import LaunchSpec
 from testrig.cluster import TestCluster

@@ -101,7 +101,7 @@ def test_every_parallel_call_goes_through_the_one_fan_out():
 
 
 def test_run_all_keeps_every_node_and_runs_on_the_fan_out():
-    from sparkctl.nodes.results import GroupError, run_all
+    from sparkctl.nodes.fanout import GroupError, run_all
     res = run_all(["a", "b", "c"], lambda n: 1 / 0 if n == "b" else n.upper())
     assert res.succeeded == {"a": "A", "c": "C"} and isinstance(res.failed["b"], ZeroDivisionError)
     try:

@@ -11,7 +11,7 @@ from sparkctl.nodes.container import container_config, container_name, resolve_i
 from sparkctl.nodes.docker_logs import _ts_ns, parse_log_lines
 from sparkctl.nodes.docker_runtime import DockerRuntime
 from sparkctl.nodes.handles import DockerHandle
-from sparkctl.nodes.results import CommandResult
+from sparkctl.nodes.ssh import CommandResult
 from sparkctl.sglang.launch import LaunchSpec
 
 API_KEY = "sk-very-secret-key"

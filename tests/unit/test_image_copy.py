@@ -3,13 +3,22 @@ layers), measured from layer chains; and how the copy to every peer at once ends
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sparkctl.errors import ImageError
 from sparkctl.images.copy import PeerPlan, settle
 from sparkctl.images.registry import Endpoint, Transfer
-from sparkctl.images.stream import (_PUMP, CopyChoice, ImageLayers, choose_copy, fabric_ssh_argv, parse_held, survey,
-                                    shared_bytes)
+from sparkctl.images.stream import (
+    _PUMP,
+    CopyChoice,
+    ImageLayers,
+    choose_copy,
+    fabric_ssh_argv,
+    parse_held,
+    shared_bytes,
+    survey,
+)
 from sparkctl.nodes.fanout import Outcome, fan_out
 
 # `docker image inspect --format "{{.Size}} {{json .RootFS.Layers}}"` of the test engine image on a test-cluster node
@@ -144,7 +153,7 @@ class _Canned:
         self.stdout, self.argv = stdout, None
 
     def run(self, argv, timeout=None):
-        from sparkctl.nodes.results import CommandResult
+        from sparkctl.nodes.ssh import CommandResult
         self.argv = argv
         return CommandResult("spark-b", list(argv), 0, self.stdout, "", 0.1)
 
