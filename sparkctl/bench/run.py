@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.bench import losslessness
-from sparkctl.bench import replicas as rb
+from sparkctl.bench import router_arm as rb
 from sparkctl.bench.arms import (
     GATES,
     BenchOptions,

@@ -30,7 +30,7 @@ from sparkctl.state.records import DeploymentRecord
 class LevelObserver(Protocol):
     """Called around each concurrency level: ``before(c) -> token``, then ``after(c, entry, token)`` with the
     level's entry of the card. It never raises. The router's per-replica split of a replicated deployment is one
-    (sparkctl.bench.replicas.LevelSplit); the token is the observer's own."""
+    (sparkctl.bench.router_arm.LevelSplit); the token is the observer's own."""
 
     def before(self, c: int) -> Any: ...
 

@@ -3,6 +3,10 @@
 Each command builds its model from the library's result and prints ``model_dump_json``: the keys are the same in
 every outcome (null where they do not apply) and ``sparkctl schema NAME`` prints each one's JSON Schema.
 Models are strict about their own keys (``extra="forbid"``): a library change that adds a key fails here first.
+A model that is the JSON view of a library object is named after it with ``Out`` (``PatchResultOut`` is the view of
+`sparkctl.images.patchapply.PatchResult`, which stays a stdlib dataclass: it runs inside the image build, and its
+bytes are part of the image tag; ``NodeFactsOut`` is `sparkctl facts`' summary, not preflight's raw
+`sparkctl.nodes.node_facts.NodeFacts`; ``RankSpecOut`` the render view of `LaunchSpec`), so one name is one model.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class RankLaunch(_Out):
+class RankSpecOut(_Out):
     rank: int
     node: str
     argv: list[str] = Field(description="The engine's exact argv (secrets as ***).")
@@ -31,7 +35,7 @@ class RenderOutput(_Out):
     sglang_version: str
     inventory: str
     emulated: bool
-    ranks: list[RankLaunch]
+    ranks: list[RankSpecOut]
     warnings: list[str]
 
 
@@ -133,7 +137,7 @@ class ImagePruneOutput(_Out):
     registry_caches: dict[str, RegistryCachePrune]
 
 
-class PatchResult(_Out):
+class PatchResultOut(_Out):
     patch: str
     status: str
     files: list[str]
@@ -143,15 +147,15 @@ class PatchResult(_Out):
     reason: str | None = None
 
 
-class SeriesReport(_Out):
+class SeriesReportOut(_Out):
     series: str
     sglang_version: str
     wheel: str
     ok: bool
-    patches: list[PatchResult]
+    patches: list[PatchResultOut]
 
 
-class PatchesCheckOutput(RootModel[list[SeriesReport]]):
+class PatchesCheckOutput(RootModel[list[SeriesReportOut]]):
     """`sparkctl patches check --json`: one report per series."""
 
 
@@ -174,13 +178,13 @@ class PrepareOutput(_Out):
     runs: list[PlaybookRunOut]
 
 
-class Gpu(_Out):
+class GpuOut(_Out):
     name: str | None
     driver: str | None
     cuda: str | None
 
 
-class Fabric(_Out):
+class FabricOut(_Out):
     interface: str
     state: str
     mtu: int | None
@@ -189,34 +193,34 @@ class Fabric(_Out):
     holds_address: bool | None = Field(description="The interface answers on `address`.")
 
 
-class RoceLink(_Out):
+class RoceLinkOut(_Out):
     hca: str
     netdev: str
     up: bool
 
 
-class Docker(_Out):
+class DockerOut(_Out):
     version: str | None
     runtimes: list[str]
     default_runtime: str | None
 
 
-class ModelManifest(_Out):
+class ManifestOut(_Out):
     status: str
     files: int
     manifest: str
 
 
-class NodeFacts(_Out):
-    gpu: Gpu | None
+class NodeFactsOut(_Out):
+    gpu: GpuOut | None
     memory_gib: float | None
-    fabric: Fabric | None
-    roce: list[RoceLink] | None
-    docker: Docker | None
-    models: dict[str, ModelManifest]
+    fabric: FabricOut | None
+    roce: list[RoceLinkOut] | None
+    docker: DockerOut | None
+    models: dict[str, ManifestOut]
 
 
-class FactsOutput(RootModel[dict[str, NodeFacts]]):
+class FactsOutput(RootModel[dict[str, NodeFactsOut]]):
     """`sparkctl facts --json`: {node: facts}."""
 
 

@@ -3,8 +3,8 @@ every node, the same fabric MTU on both ends, rank 0's fabric SSH path to each p
 
 Two halves, so the checks work with any runtime that can run an argv on a node:
 
-* ``gather(run_many, node, peers, model_dirs)`` -> ``HostFacts``: runs the facts' argvs (``sparkctl.nodes.facts``
-  and ``sparkctl.nodes.host_facts``) through the given ``run_many`` (e.g. a node's SSH connector) and parses them;
+* ``gather(run_many, node, peers, model_dirs)`` -> ``HostFacts``: runs the facts' argvs (``sparkctl.nodes.facts``)
+  through the given ``run_many`` (e.g. a node's SSH connector) and parses them;
 * ``evaluate(facts_by_node, rank0)`` -> list of ``Check`` (node, name, ok, seen, fix): PURE, no I/O.
 
 Wired into ``apply.run_checks`` (sparkctl/deploy/apply.py) through ``run_preflight(..., then=...)``.
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.deploy.preflight import Check, Severity
-from sparkctl.nodes import facts, host_facts
-from sparkctl.nodes.host_facts import FabricSsh, Manifest
+from sparkctl.nodes import facts
+from sparkctl.nodes.facts import FabricSsh, Manifest
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Inventory, Node
@@ -48,9 +48,9 @@ def gather(run_many: Callable[[list[list[str]]], Sequence[Any]], node: Node, pee
     ``peers``: inventory nodes (rank 0 probes SSH to each over the fabric). ``run_many`` returns objects with
     returncode/stdout/output (``sparkctl.nodes.ssh.CommandResult``)."""
     named: list[tuple[Any, Any]] = [("ip", facts.ip_addr_dev(node.fabric_interface))]
-    named += [((what, path), host_facts.model_manifest(host)) for what, path, host in model_dirs]
+    named += [((what, path), facts.model_manifest(host)) for what, path, host in model_dirs]
     if rank0:
-        named += [(("ssh", p.name), host_facts.fabric_ssh(p.ssh.user, p.fabric_address)) for p in peers]
+        named += [(("ssh", p.name), facts.fabric_ssh(p.ssh.user, p.fabric_address)) for p in peers]
     results = run_many([list(f.argv) for _, f in named])
     out = HostFacts(node.name, fabric_interface=node.fabric_interface)
     for (key, fact), res in zip(named, results):
@@ -138,7 +138,7 @@ def fabric_ssh(rank0: HostFacts | None) -> list[Check]:
             out.append(Check.passing(rank0.node, f"fabric ssh {peer}", f"{rank0.node} reaches {peer} over the fabric"))
         elif r.key_missing:   # serving does not need it (only node-to-node copies do): a warning
             out.append(Check(rank0.node, f"fabric ssh {peer}", Severity.WARN,
-                             f"the fabric SSH key {host_facts.FABRIC_KEY} is missing on {rank0.node} "
+                             f"the fabric SSH key {facts.FABRIC_KEY} is missing on {rank0.node} "
                              f"(node-to-node model copies need it; fix: {PREPARE_SSH})", PREPARE_SSH))
         else:
             out.append(Check.failing(rank0.node, f"fabric ssh {peer}",

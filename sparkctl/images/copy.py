@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from sparkctl.errors import ImageError
 from sparkctl.images.registry import PORT, Endpoint, Registry, Transfer, human
 from sparkctl.images.stream import CopyChoice, StreamFailed, Survey, choose_copy, stream_images, survey
+from sparkctl.nodes.facts import FABRIC_KEY
 from sparkctl.nodes.fanout import Outcome, fan_out, raise_first
-from sparkctl.nodes.host_facts import FABRIC_KEY
 
 Report = Callable[[str], None]
 

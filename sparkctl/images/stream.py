@@ -5,7 +5,7 @@ on the building node and gunzipped on the peer: for a peer that has (almost) not
 than it saves (a 386 MB first copy: 25.9 s through the registry against 12.1 s for a plain ``docker save |
 docker load``). So a peer that lacks most of the image's bytes gets the whole images as one ``docker save`` on the
 building node piped into ``docker load`` on the peer, over SSH on the fabric with the fabric key ``sparkctl
-prepare --tags fabric-ssh`` made (host keys pinned in its known_hosts, as `sparkctl.nodes.host_facts.fabric_ssh`
+prepare --tags fabric-ssh`` made (host keys pinned in its known_hosts, as `sparkctl.nodes.facts.fabric_ssh`
 checks them); any other peer pulls the missing layers from the registry.
 
 What a peer holds is measured, not guessed: Docker stores layers by chain (a layer and every layer under it), so
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sparkctl.errors import ImageError
-from sparkctl.nodes.host_facts import FABRIC_KEY, FABRIC_KNOWN_HOSTS
+from sparkctl.nodes.facts import FABRIC_KEY, FABRIC_KNOWN_HOSTS
 
 if TYPE_CHECKING:
     from sparkctl.images.registry import Endpoint

@@ -142,7 +142,7 @@ def node_facts(run: PlaybookRun, host: str, fabric_interface: str, models: list[
     result["docker"] = ({"version": info.server_version, "runtimes": list(info.runtimes),
                          "default_runtime": info.default_runtime} if info else None)
     man = run.registered(host, _FACT_TASKS["manifests"]) or {}
-    from sparkctl.nodes.host_facts import parse_manifest
+    from sparkctl.nodes.facts import parse_manifest
     result["models"] = {}
     for item in man.get("results") or []:
         if item.get("rc") == 0:

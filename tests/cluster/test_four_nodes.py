@@ -17,7 +17,7 @@ import yaml
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.nodes.container import MEMLOCK_ENV
-from sparkctl.nodes.host_facts import FABRIC_KNOWN_HOSTS
+from sparkctl.nodes.facts import FABRIC_KNOWN_HOSTS
 from sparkctl.router import strip_colour
 from sparkctl.state.ledger import Ledger
 from testrig.cluster import TestCluster

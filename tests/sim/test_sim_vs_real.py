@@ -131,7 +131,7 @@ def test_emulator_answers_like_the_real_engine(sim):
                                             "sim/README.md):", *new, "listed but gone:", *gone])
 
 
-# Metric names sparkctl's own code reads (bench/replicas.py, router/client.py): each must be the real engine's.
+# Metric names sparkctl's own code reads (bench/router_arm.py, router/client.py): each must be the real engine's.
 READ_BY_SPARKCTL = ("sglang:generation_tokens_total", "sglang:num_running_reqs", "sglang:num_queue_reqs",
                     "sglang:time_to_first_token_seconds")
 

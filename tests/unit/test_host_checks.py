@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from sparkctl.deploy.host_checks import HostFacts, evaluate, fabric_ssh, model_parity, mtu_equal
+from sparkctl.nodes.facts import MANIFEST_SOURCE, FabricSsh, Manifest, model_manifest, parse_fabric_ssh, parse_manifest
 from sparkctl.prepare.runner import PLAYBOOK_DIR, TaskResult, fix_for
-from sparkctl.nodes.host_facts import (MANIFEST_SOURCE, FabricSsh, Manifest, model_manifest, parse_fabric_ssh,
-                                       parse_manifest)
 
 HELPER = Path(__file__).resolve().parents[2] / "sparkctl" / "prepare" / "model_manifest.py"
 
