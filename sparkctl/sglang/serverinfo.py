@@ -6,8 +6,8 @@ Tested on captured real bodies (``tests/sglang/test_client.py``); the HTTP clien
 """
 from __future__ import annotations
 
+import contextlib
 import enum
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -86,27 +86,30 @@ def parse_server_info(body: str | bytes | Mapping[str, Any]) -> ServerInfo:
         memory_usage=st.get("memory_usage"), raw=d)
 
 
-_PROM_LINE_RE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\d+)?\s*$")
-_PROM_LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
 def parse_prometheus_samples(text: str) -> list[PromSample]:
-    """Prometheus text exposition -> samples (comments skipped, NaN/Inf kept as floats)."""
-    out = []
+    """Prometheus text exposition -> samples (comments skipped, NaN/Inf kept as floats), read by
+    `prometheus_client.parser` (label values unescaped: ``\\"`` is ``"``, ``\\n`` a newline). Untrusted text: when
+    the whole text does not parse, each line is read on its own, so a line that is not exposition text is skipped
+    and the others stand."""
+    try:
+        return _samples(text)
+    except _PARSE_ERRORS:
+        pass
+    out: list[PromSample] = []
     for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _PROM_LINE_RE.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m.group("value"))
-        except ValueError:
-            continue
-        labels = dict(_PROM_LABEL_RE.findall(m.group("labels") or ""))
-        out.append(PromSample(m.group("name"), labels, value))
+        if line.strip() and not line.lstrip().startswith("#"):
+            with contextlib.suppress(*_PARSE_ERRORS):
+                out += _samples(line.strip())
     return out
+
+
+_PARSE_ERRORS = (ValueError, IndexError, KeyError)     # what prometheus_client's parser raises on a bad line
+
+
+def _samples(text: str) -> list[PromSample]:
+    from prometheus_client.parser import text_string_to_metric_families
+    return [PromSample(s.name, dict(s.labels), float(s.value))
+            for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 def parse_prometheus(text: str, prefix: str = "sglang:") -> dict[str, float]:

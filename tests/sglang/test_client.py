@@ -163,6 +163,21 @@ def test_parse_prometheus_from_prometheus_client_output() -> None:
     assert not any(k.endswith("_bucket") for k in m) and "other_total" not in m
 
 
+def test_prometheus_label_values_are_unescaped_and_a_bad_line_is_skipped() -> None:
+    """The exposition format escapes `"`, `\\` and newlines in label values; the hand-written parser kept `\\"`
+    as written. A line that is not exposition text (untrusted input) costs only itself."""
+    from sparkctl.sglang.serverinfo import parse_prometheus_samples
+    text = ('# TYPE sglang:num_running_reqs gauge\n'
+            'sglang:num_running_reqs{model_name="a \\"quoted\\" \\\\ name\\nx"} 3\n'
+            'this is { not exposition\n'
+            'sglang:gen_throughput{model_name="m"} NaN 1700000000\n')
+    samples = parse_prometheus_samples(text)
+    assert [s.name for s in samples] == ["sglang:num_running_reqs", "sglang:gen_throughput"]
+    assert samples[0].labels == {"model_name": 'a "quoted" \\ name\nx'} and samples[0].value == 3.0
+    assert samples[1].value != samples[1].value          # NaN kept as a float
+    assert parse_prometheus(text)["sglang:num_running_reqs"] == 3.0
+
+
 # ----------------------------------------------------------------------------- loopback server
 
 def _frame(base: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> bytes:
