@@ -285,6 +285,21 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def replace_durably(src: Path | str, dst: Path, *, dir_may_refuse: bool = False) -> None:
+    """``os.replace(src, dst)``, then fsync `dst`'s directory, so the rename itself reaches the disk (a power cut
+    keeps the old name or the new one). Every rename in sparkctl goes through here: the state directory's atomic
+    writes, user-named outputs (sparkctl.userfiles), log rotation, the wheel cache (tests/unit/test_replace.py).
+    OSError as os.replace raises it; a directory that cannot be fsynced (EINVAL) is left as it is, and with
+    `dir_may_refuse` (a user's directory, which sparkctl may write but not open) so is one that cannot be opened:
+    the rename is done either way."""
+    os.replace(src, dst)
+    if dir_may_refuse:
+        with contextlib.suppress(OSError):
+            fsync_dir(dst.parent)
+    else:
+        fsync_dir(dst.parent)
+
+
 def write_bytes_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Write `data` to `path` atomically (temp file, fsync, rename) with `mode`; a crash leaves old or new, never
     half; a failure (StateDirFullError / StateDirError) leaves the old file and no temporary file."""
@@ -303,8 +318,7 @@ def write_bytes_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
         finally:
             os.close(fd)
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)       # the rename itself reaches the disk: a power cut keeps old or new
+        replace_durably(tmp, path)
     except OSError as exc:
         raise state_dir_error(path, exc) from None
     finally:

@@ -26,7 +26,7 @@ import stat
 from pathlib import Path
 
 from sparkctl.errors import OutputPathError
-from sparkctl.statefiles import fsync_dir
+from sparkctl.statefiles import replace_durably
 
 __all__ = ["check_user_target", "write_user_file", "write_user_text"]
 
@@ -122,7 +122,7 @@ def write_user_file(path: Path, data: bytes, *, overwrite: bool, option: str | N
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        replace_durably(tmp, path, dir_may_refuse=True)   # a directory we may not open is the user's
     except OSError as exc:
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
         raise _refuse(path, f"cannot be written: {exc.strerror or exc}", option,
@@ -130,8 +130,6 @@ def write_user_file(path: Path, data: bytes, *, overwrite: bool, option: str | N
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-    with contextlib.suppress(OSError):   # the rename itself is done; a directory we may not open is the user's
-        fsync_dir(path.parent)
     return path
 
 

@@ -24,6 +24,7 @@ from sparkctl.errors import ConfigError, ImageError, SparkctlError
 from sparkctl.images import patchapply
 from sparkctl.nodes.environ import helper_env
 from sparkctl.resources import shipped
+from sparkctl.statefiles import replace_durably
 
 log = logging.getLogger("sparkctl.images")
 
@@ -100,7 +101,7 @@ def ensure_wheel(version: str) -> Path:
             wheels = list(Path(tmp).glob(f"sglang-{version}-*.whl"))
             if result.returncode == 0 and wheels:
                 target = cache / wheels[0].name
-                os.replace(wheels[0], target)
+                replace_durably(wheels[0], target)
                 return target
             errors.append(result.stderr.strip()[-800:])
     raise SparkctlError(f"could not download the sglang=={version} wheel from PyPI", where="patches check",

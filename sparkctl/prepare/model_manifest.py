@@ -66,7 +66,16 @@ def main(argv):
     tmp = f"{manifest}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         f.writelines(f"{digest}  {rel}\n" for rel, digest in sorted(files.items()))
-    os.replace(tmp, manifest)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, manifest)     # standalone on the node: sparkctl.statefiles.replace_durably's steps, inline
+    dfd = os.open(os.path.dirname(manifest) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass                      # a file system that cannot fsync a directory: the rename is done
+    finally:
+        os.close(dfd)
     return {"status": "computed", "manifest": manifest, "files": files}
 
 

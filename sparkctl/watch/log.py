@@ -15,7 +15,7 @@ from typing import TextIO
 from sparkctl.deploy import progress
 from sparkctl.errors import SparkctlError
 from sparkctl.state.ledger import now_iso
-from sparkctl.statefiles import open_state_file, private_dir
+from sparkctl.statefiles import open_state_file, private_dir, replace_durably
 from sparkctl.untrusted import clean_line
 
 MAX_BYTES = 8 * 1024 * 1024
@@ -32,7 +32,7 @@ class WatchLog:
     def line(self, text: str) -> None:
         try:
             if self.path.exists() and self.path.stat().st_size > MAX_BYTES:
-                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+                replace_durably(self.path, self.path.with_name(self.path.name + ".1"))
             fd = open_state_file(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             with os.fdopen(fd, "a", encoding="utf-8") as fh:
                 fh.write(f"{now_iso()} {clean_line(text)}\n")
