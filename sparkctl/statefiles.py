@@ -40,11 +40,10 @@ _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} B"  # pragma: no cover
+    """``16777216`` -> ``'16.0 MiB'``: binary units, as `df -h` and the room bounds are written (rich's units)."""
+    from rich.filesize import pick_unit_and_suffix
+    unit, suffix = pick_unit_and_suffix(n, ["B", "KiB", "MiB", "GiB", "TiB"], 1024)
+    return f"{n} B" if unit == 1 else f"{n / unit:.1f} {suffix}"
 
 
 def _existing(path: Path) -> Path:

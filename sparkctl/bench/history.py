@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sparkctl import texttable
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.cards import CardIndex, changes, describe_change, pick_arm
 from sparkctl.statefiles import write_text_atomic
@@ -72,9 +73,7 @@ def render_history(h: JSONObject) -> str:
         changed = "first card" if r["first"] else ("; ".join(r["changed"]) or "nothing recorded")
         body.append([r["run_id"], (r["started"] or "")[:19], str(r["status"]) + (" EMULATED" if r["emulated"] else "")]
                     + [_cell(r[role], c) for role in ("on", "off") for c in classes] + [changed])
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
-    fmt = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    lines = [fmt(head)] + [fmt(b) for b in body]
+    lines = texttable.lines(head, body)
     if h.get("chart"):
         lines.append(f"chart: {h['chart']}")
     for s in h.get("skipped") or []:

@@ -162,8 +162,10 @@ def image_prune(inventory: str | None = _INVENTORY,
                 dry_run: bool = flag("--dry-run", help="Only say what would be removed."),
                 as_json: bool = _JSON) -> None:
     """Remove sparkctl-built images that no deployment in the ledger uses (base images are never touched)."""
+    from rich.filesize import decimal
+
     from sparkctl.images import manage, pipeline
-    from sparkctl.images.registry import Endpoint, human
+    from sparkctl.images.registry import Endpoint
     from sparkctl.state.ledger import Ledger
 
     _, inv = _ctx(None, inventory)
@@ -183,5 +185,5 @@ def image_prune(inventory: str | None = _INVENTORY,
     for node, c in caches.items():
         if c["removed"]:
             print(f"{node:<10} registry cache: {'would drop' if dry_run else 'dropped'} {len(c['removed'])} image(s)"
-                  + ("" if dry_run else f", freed {human(c['freed'])}"))
+                  + ("" if dry_run else f", freed {decimal(c['freed'])}"))
     print(f"{len(rows)} image(s); kept {len(keep)} reference(s) used by the ledger's deployments")

@@ -21,8 +21,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from rich.filesize import decimal
+
 from sparkctl.errors import ImageError
-from sparkctl.images.registry import PORT, Endpoint, Registry, Transfer, human
+from sparkctl.images.registry import PORT, Endpoint, Registry, Transfer
 from sparkctl.images.stream import CopyChoice, StreamFailed, Survey, choose_copy, stream_images, survey
 from sparkctl.nodes.facts import FABRIC_KEY
 from sparkctl.nodes.fanout import Outcome, fan_out, raise_first
@@ -199,7 +201,7 @@ def _pull(pl: PeerPlan, reg: Registry | None, ids: dict[str, str | None], report
         report(f"{peer.name} <- {image}: pulling from {reg.host} over the fabric")
         t = reg.pull(peer, image, str(ids[image]), report)
         for layer in t.layers:
-            report(f"  [{peer.name}] {layer.digest[:19]} {human(layer.size):>9}  "
+            report(f"  [{peer.name}] {layer.digest[:19]} {decimal(layer.size):>9}  "
                    f"{'sent' if layer.sent else 'present on ' + peer.name}")
         report(t.line())
         out.append(t)

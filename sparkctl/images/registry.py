@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rich.filesize import decimal
+
 from sparkctl.errors import ImageError
 from sparkctl.jsontypes import JSONObject
 
@@ -101,7 +103,7 @@ def _layer_progress(node: str, report: Callable[[str], None], sizes: dict[str, i
     def on_line(line: str) -> None:
         m = _LAYER_STATUS.match(line.strip())
         if m:
-            size = f" {human(sizes[m.group(1)]):>9}" if sizes and m.group(1) in sizes else ""
+            size = f" {decimal(sizes[m.group(1)]):>9}" if sizes and m.group(1) in sizes else ""
             report(f"  [{node}] layer {m.group(1)}{size}: {_SAID[m.group(2)]}")
     return on_line
 
@@ -154,22 +156,14 @@ class Transfer:
         if self.via == "stream":
             rate = self.rx_bytes / self.seconds / 1e6 if self.seconds else 0.0
             also = f" (with {', '.join(self.streamed_with)})" if self.streamed_with else ""
-            return (f"{self.node} <- {self.image}{also}: streamed whole, {human(self.rx_bytes)} over the fabric in "
+            return (f"{self.node} <- {self.image}{also}: streamed whole, {decimal(self.rx_bytes)} over the fabric in "
                     f"{self.seconds:.1f}s ({rate:.1f} MB/s)") if self.seconds else \
                 f"{self.node} <- {self.image}: in the same stream as the next image"
         sent = [x for x in self.layers if x.sent]
         rate = self.rx_bytes / self.seconds / 1e6 if self.seconds else 0.0
         return (f"{self.node} <- {self.image}: {len(sent)} of {len(self.layers)} layers sent, "
-                f"{human(self.sent_bytes)} compressed, {human(self.rx_bytes)} on the fabric in "
+                f"{decimal(self.sent_bytes)} compressed, {decimal(self.rx_bytes)} on the fabric in "
                 f"{self.seconds:.1f}s ({rate:.1f} MB/s)")
-
-
-def human(n: int) -> str:
-    """``1234567`` -> ``'1.2 MB'`` (decimal units, as docker prints)."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def _rx(proc_net_dev: str, iface: str) -> int | None:

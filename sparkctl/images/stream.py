@@ -254,7 +254,9 @@ def stream_images(source: Endpoint, peers: list[Endpoint], images: list[str],
     """``docker save images`` once on ``source`` into ``docker load`` on every peer over the fabric (all
     `sparkctl.images.registry.Endpoint`s). Returns each peer's result, or the ImageError naming what went wrong there
     (disk full, fabric SSH refused, load failed); a failed ``docker save`` or pump is every peer's error."""
-    from sparkctl.images.registry import _NO_SPACE, human
+    from rich.filesize import decimal
+
+    from sparkctl.images.registry import _NO_SPACE
 
     arg = json.dumps({"ssh": [fabric_ssh_argv(p.user, p.fabric_address) for p in peers], "images": images})
 
@@ -263,7 +265,7 @@ def stream_images(source: Endpoint, peers: list[Endpoint], images: list[str],
         if len(parts) == 2 + len(peers) and parts[0] == "===PROGRESS":
             secs = float(parts[1])
             for p, sent in zip(peers, map(int, parts[2:])):
-                report(f"  [{p.name}] streamed {human(sent):>9} ({sent / max(secs, 1e-6) / 1e6:.0f} MB/s)")
+                report(f"  [{p.name}] streamed {decimal(sent):>9} ({sent / max(secs, 1e-6) / 1e6:.0f} MB/s)")
 
     r = source.conn.run(["python3", "-c", _PUMP, arg], timeout=timeout, on_line=on_line)
     what = ", ".join(images)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import IO
 
+from sparkctl import texttable
 from sparkctl.jsontypes import JSONObject
 
 HEADER = ("#", "changes", "status", "{obj} median (min-max)", "accept len", "G6", "time s", "card / reason")
@@ -50,10 +51,7 @@ def _header(data: JSONObject) -> list[str]:
 
 def trial_table(data: JSONObject) -> str:
     """The table of all trials, plain text (for a pipe or a file)."""
-    table = [_header(data)] + rows(data)
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
-    return "\n".join(lines + [""] + footer(data)) + "\n"
+    return "\n".join(texttable.lines(_header(data), rows(data)) + [""] + footer(data)) + "\n"
 
 
 _STYLE = {"feasible": "green", "infeasible": "red", "skipped": "yellow", "pending": "dim"}
