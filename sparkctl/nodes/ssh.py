@@ -17,8 +17,8 @@ does not do for us:
   shell must be POSIX (sh, bash, dash, zsh).
 * **Exec on the paramiko channel.** `run` opens one channel per command on the shared
   transport (no pty, stdin fed then closed) and decodes stdout/stderr once at the end:
-  invoke's runner decodes every 1000-byte chunk on its own, which breaks UTF-8
-  characters that straddle a chunk, and its polling costs ~20 ms per command.
+  invoke's runner (`Connection.run`) decodes every 1000-byte chunk on its own, which breaks
+  UTF-8 characters that straddle a chunk (benchmarks/bench_ssh_run.py shows it).
 * **Secrets.** `run(..., secrets=[...])` redacts those values from the logged command,
   from errors (CommandFailed carries the redacted argv and output tail) and from the
   returned result. Pass secret *data* through `stdin=` rather than the argv: stdin
