@@ -53,6 +53,7 @@ def register(app: typer.Typer) -> None:
         from sparkctl.deploy.lifecycle import Deployer
         from sparkctl.deploy.progress import Reporter
         from sparkctl.errors import ConfigError
+        from sparkctl.state.tunejournal import TuneOptions, journal_path
         from sparkctl.tune import run as tr
 
         reporter = Reporter()
@@ -71,7 +72,7 @@ def register(app: typer.Typer) -> None:
             if not profile or not vary:
                 raise ConfigError("tune needs --profile and at least one --vary", where="--profile/--vary",
                                   hint="e.g. sparkctl tune --profile d5 --vary speculative.num_draft_tokens=4,6,8")
-            opts = tr.TuneOptions(profile=profile, vary=list(vary), objective=objective,
+            opts = TuneOptions(profile=profile, vary=list(vary), objective=objective,
                                   budget_s=parse_duration(budget) if budget else None, trials=trials, runs=runs,
                                   max_tokens=max_tokens, warmup=warmup, confirm_rounds=confirm_rounds,
                                   overwrite=force)
@@ -82,5 +83,5 @@ def register(app: typer.Typer) -> None:
         else:
             from sparkctl.tune.table import render
             render(data, sys.stdout)                 # rich on a terminal, plain text in a pipe
-        print(f"sparkctl: tune {data['run_id']}: journal {tr.journal_path(deployer.ledger, data['run_id'])}",
+        print(f"sparkctl: tune {data['run_id']}: journal {journal_path(deployer.ledger, data['run_id'])}",
               file=sys.stderr)

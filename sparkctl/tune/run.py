@@ -36,11 +36,10 @@ from typing import TYPE_CHECKING, Any
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.tunejournal import Journal, TuneOptions, clear_marker, journal_path, write_marker
+from sparkctl.state.tunejournal import Journal, TuneOptions, clear_marker, write_marker
 from sparkctl.tune import g6
 from sparkctl.tune import space as sp
 from sparkctl.tune.settle import restore, settle
-from sparkctl.tune.table import trial_table
 from sparkctl.userfiles import check_user_target, write_user_text
 
 if TYPE_CHECKING:
@@ -386,6 +385,5 @@ def resume(deployer: Deployer, run_id: str, progress: Progress) -> JSONObject:
     return execute(deployer, j, progress)
 
 
-__all__ = ["TuneOptions", "tune", "resume", "settle", "trial_table", "objective_samples", "classify_failure",
-           "journal_path"]
+__all__ = ["tune", "resume", "objective_samples", "classify_failure"]
 
