@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.errors import LedgerError, NodeError
-from sparkctl.nodes import facts
+from sparkctl.nodes import facts, procfs
 from sparkctl.nodes.container import (
     MEMLOCK_ENV,
     SECRETS_HOST_ROOT,
@@ -228,10 +228,26 @@ class DockerRuntime:
             return Liveness(False, f"container {handle.container} paused (`docker unpause {handle.container}` "
                                    f"resumes it, `sparkctl up` replaces it)")
         if state.running:
+            stopped = self._stopped_process(handle)
+            if stopped is not None:
+                return Liveness(False, f"container {handle.container} running but its process {stopped.pid} "
+                                       f"({stopped.command}) is stopped (state {stopped.state}: SIGSTOP, Ctrl-Z or a "
+                                       f"tracer; `kill -CONT {stopped.pid}` on {self.node.name} resumes it, "
+                                       f"`sparkctl up` replaces it)")
             return Liveness(True, f"container {handle.container} running")
         return Liveness(False, f"container {handle.container} {state.status} ({state.exit_code})"
                                + (" OOM-killed" if state.oom_killed else "")
                                + (f": {state.error}" if state.error else ""), state.exit_code)
+
+    def _stopped_process(self, handle: DockerHandle) -> facts.ContainerProcess | None:
+        """The first process of a running container in state T/t (the same rule as the process runtime's
+        `procfs.stopped_in_tree`), or None; None too when `docker top` cannot answer (the container ended between
+        the two calls: the next liveness sees it)."""
+        fact = facts.container_processes(handle.container_id)
+        res = self.ssh.run(list(fact.argv))
+        if res.returncode != 0:
+            return None
+        return next((p for p in fact.parse(res.stdout) if p.state in procfs.STOPPED_STATES), None)
 
     def read_log(self, handle: DockerHandle, offset: int = 0) -> tuple[str, int]:
         """Complete log lines from byte ``offset`` of this run's log, and the next offset (see module docstring)."""
