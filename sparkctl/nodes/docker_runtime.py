@@ -230,10 +230,10 @@ class DockerRuntime:
         if state.running:
             stopped = self._stopped_process(handle)
             if stopped is not None:
-                return Liveness(False, f"container {handle.container} running but its process {stopped.pid} "
-                                       f"({stopped.command}) is stopped (state {stopped.state}: SIGSTOP, Ctrl-Z or a "
-                                       f"tracer; `kill -CONT {stopped.pid}` on {self.node.name} resumes it, "
-                                       f"`sparkctl up` replaces it)")
+                return Liveness(False, f"stopped (process {stopped.pid} ({stopped.command}) of running container "
+                                       f"{handle.container} is in state {stopped.state}: SIGSTOP, Ctrl-Z or a tracer; "
+                                       f"`kill -CONT {stopped.pid}` on {self.node.name} resumes it, `sparkctl up` "
+                                       f"replaces it)")
             return Liveness(True, f"container {handle.container} running")
         return Liveness(False, f"container {handle.container} {state.status} ({state.exit_code})"
                                + (" OOM-killed" if state.oom_killed else "")
