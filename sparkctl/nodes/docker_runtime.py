@@ -304,7 +304,13 @@ class DockerRuntime:
 
     def stop(self, handle: DockerHandle, *, timeout_s: float = 15.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout_s``; the container stays (stopped) for a fast restart, its secret
-        files on the node go (`start` writes them again before a restart)."""
+        files on the node go (`start` writes them again before a restart).
+
+        A container whose process is stopped (SIGSTOP, Ctrl-Z, a tracer) would keep SIGTERM pending for the whole
+        timeout: it gets SIGCONT first (`docker kill --signal CONT` reaches PID 1, the `--init` process, which
+        forwards it to its child, the engine), as the process runtime's `stop` does."""
+        if self._stopped_process(handle) is not None:
+            self._docker("kill", "--signal", "CONT", handle.container_id, check=False)
         res = self._docker("stop", "--time", str(max(0, int(round(timeout_s)))), handle.container_id,
                            check=False, timeout=timeout_s + 60)
         if res.returncode != 0 and "no such container" not in res.stderr.lower():

@@ -112,6 +112,9 @@ def test_the_watcher_restarts_the_pair_after_a_stopped_rank_and_a_killed_contain
         assert code == 0 and st["healthy"] and st["active"] == new1, st
         assert serves(st["endpoint"])
         assert not _docker(test_cluster, rank1.node, "top", rank1.container_id).strip()   # the stopped one is gone
+        # ... continued and ended by SIGTERM (stop sends SIGCONT first), not SIGKILLed after the stop timeout (137)
+        code = _docker(test_cluster, rank1.node, "inspect", "--format", "{{.State.ExitCode}}", rank1.container_id)
+        assert code.strip() != "137", code
 
         # 2. the grant, then rank 1's container killed on its node
         granted = prepare(load_inventory(_with_vars(cluster_env, prepare_drop_caches=True)), tags=["drop-caches"])
