@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
                 check: bool = flag("--check", help="Show what would change, per host; change "
                                            "nothing."),
                 tags: str | None = typer.Option(None, "--tags", help="Only these parts, comma-separated: docker, "
-                                                   "fabric, dirs, gpu, fabric-ssh, models."),
+                                                   "fabric, dirs, gpu, fabric-ssh, drop-caches, models."),
                 restore: bool = flag("--restore", help="Put back the files prepare changed "
                                              "(daemon.json, fabric netplan)."),
                 ask_become_pass: bool = flag("--ask-become-pass", "-K", help="Ask for the sudo "

@@ -344,7 +344,8 @@ def memory_check(name: str, mem: facts.Memory | None, mem_fraction: float | None
                                                                f"take it, a real engine would)", fix)
         return Check.failing(name, "memory", seen + f": {short}" + (f"; {notes[0]}" if notes else ""), fix)
     if free < need:
-        fix = f"drop the page cache on {name} before the boot: {DROP_CACHES}"
+        fix = (f"drop the page cache on {name} before the boot: {DROP_CACHES} (`sparkctl watch` does it before its "
+               f"restarts where `prepare_drop_caches: true` and `sparkctl prepare --tags drop-caches` granted it)")
         notes.insert(0, f"enough only once {_gib(int(need - free))} of page cache is evicted, which the GPU's "
                         f"allocator on GB10 does not reliably get; to drop it: {DROP_CACHES}")
         return Check(name, "memory", Severity.WARN, seen + f" ({'; '.join(notes)})", fix)

@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.errors import LedgerError, NodeError
-from sparkctl.nodes import facts
+from sparkctl.nodes import facts, procfs
 from sparkctl.nodes.container import (
     MEMLOCK_ENV,
     SECRETS_HOST_ROOT,
@@ -228,10 +228,26 @@ class DockerRuntime:
             return Liveness(False, f"container {handle.container} paused (`docker unpause {handle.container}` "
                                    f"resumes it, `sparkctl up` replaces it)")
         if state.running:
+            stopped = self._stopped_process(handle)
+            if stopped is not None:
+                return Liveness(False, f"stopped (process {stopped.pid} ({stopped.command}) of running container "
+                                       f"{handle.container} is in state {stopped.state}: SIGSTOP, Ctrl-Z or a tracer; "
+                                       f"`kill -CONT {stopped.pid}` on {self.node.name} resumes it, `sparkctl up` "
+                                       f"replaces it)")
             return Liveness(True, f"container {handle.container} running")
         return Liveness(False, f"container {handle.container} {state.status} ({state.exit_code})"
                                + (" OOM-killed" if state.oom_killed else "")
                                + (f": {state.error}" if state.error else ""), state.exit_code)
+
+    def _stopped_process(self, handle: DockerHandle) -> facts.ContainerProcess | None:
+        """The first process of a running container in state T/t (the same rule as the process runtime's
+        `procfs.stopped_in_tree`), or None; None too when `docker top` cannot answer (the container ended between
+        the two calls: the next liveness sees it)."""
+        fact = facts.container_processes(handle.container_id)
+        res = self.ssh.run(list(fact.argv))
+        if res.returncode != 0:
+            return None
+        return next((p for p in fact.parse(res.stdout) if p.state in procfs.STOPPED_STATES), None)
 
     def read_log(self, handle: DockerHandle, offset: int = 0) -> tuple[str, int]:
         """Complete log lines from byte ``offset`` of this run's log, and the next offset (see module docstring)."""
@@ -288,7 +304,13 @@ class DockerRuntime:
 
     def stop(self, handle: DockerHandle, *, timeout_s: float = 15.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout_s``; the container stays (stopped) for a fast restart, its secret
-        files on the node go (`start` writes them again before a restart)."""
+        files on the node go (`start` writes them again before a restart).
+
+        A container whose process is stopped (SIGSTOP, Ctrl-Z, a tracer) would keep SIGTERM pending for the whole
+        timeout: it gets SIGCONT first (`docker kill --signal CONT` reaches PID 1, the `--init` process, which
+        forwards it to its child, the engine), as the process runtime's `stop` does."""
+        if self._stopped_process(handle) is not None:
+            self._docker("kill", "--signal", "CONT", handle.container_id, check=False)
         res = self._docker("stop", "--time", str(max(0, int(round(timeout_s)))), handle.container_id,
                            check=False, timeout=timeout_s + 60)
         if res.returncode != 0 and "no such container" not in res.stderr.lower():

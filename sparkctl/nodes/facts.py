@@ -160,6 +160,36 @@ def parse_container_inspect(text: str) -> ContainerState | None:
         cmd=tuple(cfg.get("Cmd") or ()))
 
 
+@dataclass(frozen=True)
+class ContainerProcess:
+    """One process of a running container as ``docker top CONTAINER -o pid,stat,comm`` lists it (host PIDs: the
+    daemon runs ``ps`` on the node). ``state`` is the first letter of ps's STAT (R, S, D, T, t, Z ...)."""
+
+    pid: int
+    state: str
+    command: str
+
+
+def container_processes(name_or_id: str) -> Fact[list[ContainerProcess]]:
+    """Every process of a running container with its state: a rank SIGSTOPped inside its container (the
+    container still "running" to `docker inspect`) shows as state T. `docker top` fails on a container that is
+    not running (inspect answers that)."""
+    return Fact(f"processes of container {name_or_id}", ("docker", "top", name_or_id, "-o", "pid,stat,comm"),
+                parse_docker_top)
+
+
+def parse_docker_top(text: str) -> list[ContainerProcess]:
+    """Parse ``docker top ... -o pid,stat,comm``: a header line (PID STAT COMMAND), then one process a line;
+    lines that do not parse (a cut mark, an empty line) are skipped."""
+    out: list[ContainerProcess] = []
+    for line in text.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) < 2 or not parts[0].isdigit():
+            continue
+        out.append(ContainerProcess(int(parts[0]), parts[1][:1], parts[2].strip() if len(parts) > 2 else ""))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ memory
 @dataclass(frozen=True)
 class Memory:

@@ -16,7 +16,7 @@ from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes import facts
 from sparkctl.prepare.runner import PlaybookRun, TaskResult, run_playbook
 
-PREPARE_TAGS = ("docker", "fabric", "dirs", "gpu", "fabric-ssh")
+PREPARE_TAGS = ("docker", "fabric", "dirs", "gpu", "fabric-ssh", "drop-caches")
 MODELS_MOUNT = "/models"
 
 

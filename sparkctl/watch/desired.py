@@ -74,10 +74,10 @@ def _single(c: Cluster, dep_id: str) -> Verdict:
     if healthy:
         return Verdict(True, "", detail, ranks)
     dead = [r for r in ranks if not r.alive]
-    if ranks and len(dead) == len(ranks):
+    if any(r.state.startswith("stopped") for r in dead):   # first: a stopped engine still holds its memory,
+        reason = "rank-stopped"                             # even once its peer has exited (engines-gone)
+    elif ranks and len(dead) == len(ranks):
         reason = "engines-gone"
-    elif any(r.state.startswith("stopped") for r in dead):
-        reason = "rank-stopped"
     elif dead or len(ranks) < len(record.specs):
         reason = "rank-dead"
     else:

@@ -12,6 +12,8 @@ under the cluster lock, like every command, after reading the ledger and checkin
   `window_s` are a crash loop: the watcher rolls back (`Deployer.rollback`, never to the launch identity that
   keeps failing), then stops acting and says why, and keeps checking and reporting until a user's command gives
   it a new desired state.
+* before each restart the page cache is dropped on the nodes where `sparkctl prepare` granted it
+  (watch/caches.py: GB10's page cache holds the unified memory the boot needs); where it did not, the log says so.
 * a restart that preflight refuses changed nothing (the nodes are not ready, e.g. a fabric still down after a
   reboot): it backs off like any failure but does not count toward the crash loop.
 * a lock held by someone else (a user's command) is never fought: the watcher waits for the next poll and reads
@@ -213,6 +215,7 @@ class Watcher:
         self._act_line(f"restarting {label} ({v.reason}): the whole group in order, with up's gates "
                        f"(attempt {self.in_a_row + 1})")
         t0 = time.monotonic()
+        self._drop_caches()
         try:
             result = self._up_again()
         except LockHeldError as exc:        # a replica's own lock (a command on it): wait, like for the cluster's
@@ -237,6 +240,14 @@ class Watcher:
         self._checked(check(self.c, self.desired))     # serving again: the time to recover is known now
         self._act_line(f"restarted {label} as {new} ({v.reason}) in {took:.1f}s")
         self._notify("restart", v, outcome="ok", deployment=new, seconds=round(took, 3))
+
+    def _drop_caches(self) -> None:
+        """Before the group boots again: drop the page cache on the nodes where `prepare` granted it
+        (watch/caches.py), and say what was done and where it was not granted."""
+        from sparkctl.watch.caches import drop_caches, summary
+        line = summary(drop_caches(self.c.inventory))
+        if line:
+            self._say(line)
 
     def _up_again(self) -> Any:
         opts = UpOptions(boot_timeout_s=self.opts.boot_timeout_s)

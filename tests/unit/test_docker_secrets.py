@@ -42,6 +42,10 @@ class LocalNode:
                 res = CommandResult("spark-a", argv, 0, out, "", 0.0)
             elif argv[1] == "stop":
                 res = CommandResult("spark-a", argv, 0, argv[-1] + "\n", "", 0.0)
+            elif argv[1] == "top":          # `stop` first looks for a stopped process (none here: docker's layout)
+                res = CommandResult("spark-a", argv, 0, "PID                 STAT                COMMAND\n"
+                                    "1542                Ss                  docker-init\n"
+                                    "1555                S                   python3\n", "", 0.0)
             else:
                 raise AssertionError(f"unexpected docker call {argv}")
         else:

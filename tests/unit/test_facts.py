@@ -189,3 +189,25 @@ def test_container_inspect() -> None:
     assert st is not None and st.name == "sparkctl-desk-rank0-1" and st.exit_code == 137 and st.oom_killed
     assert st.describe() == "container exited (137) (OOM-killed)"
     assert facts.parse_container_inspect("") is None
+
+
+# `docker top CONTAINER -o pid,stat,comm` on the test cluster's spark-b daemon (Docker 20.10.24, over SSH), a
+# container started with --init running python3 with a `sleep` child: the child SIGSTOPped from the node (state T),
+# then the container paused (the freezer: every process in D).
+LIVE_DOCKER_TOP_STOPPED = ("PID                 STAT                COMMAND\n"
+                           "1542                Ss                  docker-init\n"
+                           "1555                S                   python3\n"
+                           "1557                T                   sleep\n")
+LIVE_DOCKER_TOP_PAUSED = ("PID                 STAT                COMMAND\n"
+                          "1542                Ds                  docker-init\n"
+                          "1555                D                   python3\n"
+                          "1557                D                   sleep\n")
+
+
+def test_docker_top() -> None:
+    assert facts.container_processes("abc").argv == ("docker", "top", "abc", "-o", "pid,stat,comm")
+    procs = facts.parse_docker_top(LIVE_DOCKER_TOP_STOPPED)
+    assert [(p.pid, p.state, p.command) for p in procs] == [(1542, "S", "docker-init"), (1555, "S", "python3"),
+                                                             (1557, "T", "sleep")]
+    assert {p.state for p in facts.parse_docker_top(LIVE_DOCKER_TOP_PAUSED)} == {"D"}
+    assert facts.parse_docker_top("") == [] and facts.parse_docker_top("[...]\n") == []

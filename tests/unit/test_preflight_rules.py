@@ -69,6 +69,14 @@ def test_memory_against_the_fraction_on_a_real_gb10_meminfo_fails_and_names_the_
     assert memory_check("spark-a", facts.parse_meminfo(text), 0.88, ours_running=True).severity is Severity.WARN
 
 
+def test_swap_in_use_with_enough_memory_warns_with_a_fix_on_a_real_gb10_meminfo():
+    # spark-2 of the 3-Spark capture: 4.4 GiB available, 4.2 GiB swapped out; a fraction that fits in what is free
+    text = _section(capture_text("spark/free-h-meminfo-docker-ps-3-sparks-zh.txt"), "### spark-2", "### spark-3")
+    check = memory_check("spark-b", facts.parse_meminfo(text), 0.03)
+    assert check.severity is Severity.WARN and "4.2 GiB of swap in use" in check.seen, check
+    assert "swapoff" in check.fix and "spark-b" in check.fix
+
+
 def test_memory_free_cache_and_swap_on_a_real_meminfo():
     mem = facts.parse_meminfo(MEMINFO_DEV.read_text())
     assert (mem.free, mem.cached, mem.shmem) == (21130744 * 1024, 2026412 * 1024, 9828 * 1024)
@@ -77,6 +85,7 @@ def test_memory_free_cache_and_swap_on_a_real_meminfo():
     assert ok.severity is Severity.OK and "20.2 GiB free, 1.9 GiB more in droppable page cache" in ok.seen
     cache = memory_check("dev", mem, 0.90)              # 21.2 GiB wanted: free only once the page cache goes
     assert cache.severity is Severity.WARN and "echo 3 | sudo tee /proc/sys/vm/drop_caches" in cache.fix
+    assert "`sparkctl watch` does it before its restarts where `prepare_drop_caches: true`" in cache.fix
     assert "enough only once 1.0 GiB of page cache is evicted" in cache.seen
     short = memory_check("dev", mem, 0.97)              # 22.8 GiB wanted: 22.1 GiB even with the cache dropped
     assert short.severity is Severity.FAIL and "0.8 GiB short" in short.seen and "0.91 or less" in short.fix

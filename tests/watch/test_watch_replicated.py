@@ -1,6 +1,7 @@
 """A replicated deployment (2 x TP=1 behind the real sglang-router) under the watcher: a replica's engine killed
-is redeployed alone through the replicated `up` (out of the router, its own `up` and gates, back in), and a router
-that died is started again; the router's endpoint generates through both replicas afterwards."""
+is redeployed alone through the replicated `up` (out of the router, its own `up` and gates, back in) while a client
+loop through the router sees no failed request, and a router that died is started again; the router's endpoint
+generates through both replicas afterwards."""
 from __future__ import annotations
 
 import json
@@ -29,6 +30,38 @@ def _generates(endpoint: str) -> bool:
     return r.status_code == 200
 
 
+class _ClientLoop:
+    """Generations through the router, one after another on a thread, until the block ends: how many answered
+    200 and what every other one got (a status or the error)."""
+
+    def __init__(self, endpoint: str) -> None:
+        import threading
+        self.endpoint, self.ok, self.failed = endpoint, 0, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                r = httpx.post(self.endpoint + "/generate", json={"text": "hi", "sampling_params": {
+                    "max_new_tokens": 4}}, timeout=30)
+                if r.status_code == 200:
+                    self.ok += 1
+                else:
+                    self.failed.append(f"{r.status_code}: {r.text[:200]}")
+            except httpx.HTTPError as exc:
+                self.failed.append(repr(exc))
+            self._stop.wait(0.05)
+
+    def __enter__(self) -> _ClientLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+
 def test_a_replica_killed_and_the_router_killed_are_brought_back(cli, local_cluster, profiles_dir, watcher):
     write_replicated_profile(profiles_dir / "rep.yml", 16)
     code, out, err = cli("up", "--profile", "rep", "--yes", "--json")
@@ -41,9 +74,11 @@ def test_a_replica_killed_and_the_router_killed_are_brought_back(cli, local_clus
         assert "desired state replicated:rep" in run.stderr
         replica0 = Ledger.for_cluster(rec["replicas"][0]["cluster"])
         old = replica0.active()
-        os.kill(old.handle_of(0).pid, signal.SIGKILL)
-        run.wait_for(r"detected: replicated:rep is not serving \(replica\): replica 0 unhealthy")
-        run.wait_for(r"restarted replicated:rep as ", timeout=120)
+        with _ClientLoop(endpoint) as client:      # a client the whole time: the router serves from replica 1
+            os.kill(old.handle_of(0).pid, signal.SIGKILL)
+            run.wait_for(r"detected: replicated:rep is not serving \(replica\): replica 0 unhealthy")
+            run.wait_for(r"restarted replicated:rep as ", timeout=120)
+        assert client.ok >= 5 and client.failed == [], (client.ok, client.failed[:5])
         assert "replica 0: out of the router" in run.stderr and "replica 0: back into the router" in run.stderr
         assert run.stderr.count("restarting replicated:rep") == 1      # a dead replica is not waited for (drain)
         assert "replica 1: out of the router" not in run.stderr          # the healthy one kept serving

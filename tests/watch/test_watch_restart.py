@@ -42,6 +42,7 @@ def test_rank_1_killed_after_hand_off_the_group_is_restarted_in_order_and_serves
     # rank-dead (rank 0 still up), or engines-gone if rank 0 already followed its peer (the emulator's peer timeout)
     run.wait_for(rf"detected: {re.escape(old)} is not serving \((rank-dead|engines-gone)\): rank 1 not running")
     new = _restarted(run, old)
+    assert "page cache left alone (embedded cluster: nothing is dropped on this machine)" in run.stderr
     st = _serving_again(cli, new)
     assert st["profile"] == "d5"
     w = st["watcher"]
