@@ -70,7 +70,7 @@ class Journal:
             return
         try:
             self.c.ledger.save(self.record)
-        except LedgerError as exc:           # state/files.py names every OS error (StateDirFullError, StateDirError)
+        except LedgerError as exc:           # statefiles.py names every OS error (StateDirFullError, StateDirError)
             self.disk_error = exc
             last = self.record.journal[-1].line() if self.record.journal else "(journal empty)"
             print(f"sparkctl: the state directory failed mid-way ({exc.message}); journal tail, kept in memory: "

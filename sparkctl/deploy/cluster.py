@@ -26,7 +26,7 @@ from sparkctl.state.records import DeploymentRecord, RankSpec
 from sparkctl.statefiles import check_room  # the threshold lives with the writes it protects
 
 # Room a rank log needs to keep growing through a boot: twice the largest boot log measured (real SGLang rank logs
-# of a boot are 10-35 KB, see state/files.ROOM_BYTES). Below it (or read-only), readiness is rank 0's /health alone.
+# of a boot are 10-35 KB, see statefiles.ROOM_BYTES). Below it (or read-only), readiness is rank 0's /health alone.
 LOG_ROOM_BYTES = 64 * 1024
 
 

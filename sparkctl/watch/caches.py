@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from sparkctl.config.inventory import Inventory, Node
 from sparkctl.nodes.fanout import fan_out
-from sparkctl.nodes.results import CommandResult
+from sparkctl.nodes.ssh import CommandResult
 
 HELPER = "/usr/local/sbin/sparkctl-drop-caches"
 SUDOERS_FILE = "/etc/sudoers.d/sparkctl-drop-caches"
