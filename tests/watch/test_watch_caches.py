@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sparkctl.config.inventory import load_inventory
-from sparkctl.nodes.results import CommandResult
+from sparkctl.nodes.ssh import CommandResult
 from sparkctl.watch.caches import HELPER, Dropped, drop_argv, drop_caches, parse_drop, summary
 
 REPO = Path(__file__).resolve().parents[2]
