@@ -29,7 +29,7 @@ from sparkctl.deploy.rollback import no_target_error, rollback_target
 from sparkctl.deploy.runtimes import Runtimes
 from sparkctl.deploy.status import down as down_cmd
 from sparkctl.deploy.status import status as status_cmd
-from sparkctl.deploy.steps import boundary
+from sparkctl.deploy.steps import RECONCILE, boundary
 from sparkctl.errors import CancelledError, ConfigError, SparkctlError
 from sparkctl.sglang.render import RenderResult
 from sparkctl.state.ledger import Ledger
@@ -90,10 +90,11 @@ class Deployer:
         images = survey(profile, c.inventory, result, base_of=base_of)
         if images.launch is not None:
             rts.bind_launch(images.launch)       # the boot preview shows the launch image's docker run
-        plan = make_plan(result, active, healthy, detail, deployment_id=dep_id,
-                         start_preview=lambda spec: rts.for_node(spec.node).launch_argv(spec, dep_id),
-                         image_steps=images.steps(), launch_image=images.identity_key)
-        plan.images = images
+        known_good = c.ledger.known_good()
+        plan = make_plan(result, active, healthy, detail, deployment_id=dep_id, images=images,
+                         own_ports=frozenset(own_ports(active)),
+                         prior_known_good=known_good.id if known_good else None,
+                         start_preview=lambda spec: rts.for_node(spec.node).launch_argv(spec, dep_id))
         return result, plan
 
     def preflight(self, profile: Profile) -> list[Check]:
@@ -119,9 +120,9 @@ class Deployer:
                             reason=plan.noop_reason, endpoint=c.endpoint(result.specs[0]))
         with c.ledger.lock(kind):
             c.check_room()
-            boundary(command, "reconcile", "before")
+            boundary(command, RECONCILE, "before")
             settled = reconcile(c, kind)
-            boundary(command, "reconcile", "after")
+            boundary(command, RECONCILE, "after")
             if kind not in ("bench-compare", "bench-restore"):
                 self._settle_compare()
             result, plan = self.plan(profile, base_of=opts.base_of)   # from what runs now, health measured now

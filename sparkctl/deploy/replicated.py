@@ -50,8 +50,17 @@ from sparkctl.deploy.results import (
     RouterStatus,
     watcher_of,
 )
+from sparkctl.deploy.steps import (
+    HAND_OFF,
+    RECONCILE,
+    REPLICA_ATTACH,
+    REPLICA_DETACH,
+    REPLICA_UP,
+    ROUTER_GATES,
+    ROUTER_START,
+    boundary,
+)
 from sparkctl.deploy.steps import REPLICATED_COMMAND as COMMAND
-from sparkctl.deploy.steps import boundary
 from sparkctl.errors import ConfigError, LedgerError, LockHeldError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.fanout import fan_out
@@ -227,7 +236,7 @@ class ReplicatedDeployer:
             def settle_parent() -> None:
                 if parent.ledger.active() is not None:      # a single-group deployment on these nodes
                     self.reporter.event("the cluster runs a single-group deployment: it goes down first")
-            self._step(rec, "reconcile", "settle what runs on the cluster's nodes", settle_parent)
+            self._step(rec, RECONCILE, "settle what runs on the cluster's nodes", settle_parent)
         if parent.ledger.active() is not None:
             parent.down()          # its own lock and steps
         with self.ledger.lock(COMMAND):
@@ -247,7 +256,7 @@ class ReplicatedDeployer:
                 """Started once a replica serves (before its attach): on a first `up` rank 0 has the engine image
                 the router runs from only after a replica's image stage."""
                 if running[0] is None:
-                    running[0] = self._step(rec, "router-start", f"start the router on {spec.url} ({spec.policy})",
+                    running[0] = self._step(rec, ROUTER_START, f"start the router on {spec.url} ({spec.policy})",
                                             start_router)
             client = RouterClient(spec.url, metrics_url=spec.metrics_url)
             todo: list[tuple[Replica, Deployer, Any]] = []
@@ -283,13 +292,13 @@ class ReplicatedDeployer:
                         raise
                     raise RouterError(exc.message, where=exc.where, hint=exc.hint, evidence="\n".join(
                         x for x in (exc.evidence, "router log (last lines):\n" + tail) if x)) from exc
-            self._step(rec, "router-gates", f"router ready with {len(reps)} healthy replicas; a generation "
+            self._step(rec, ROUTER_GATES, f"router ready with {len(reps)} healthy replicas; a generation "
                        f"through it", gates)
 
             def hand_off() -> None:
                 rec.data.update(status="active", handed_off=now_iso())
                 rec.save()
-            self._step(rec, "hand-off", f"hand off {rec.data['endpoint']}", hand_off)
+            self._step(rec, HAND_OFF, f"hand off {rec.data['endpoint']}", hand_off)
         started = router is None and running[0] is not None and not running[0].kept
         moved = bool(deployed) or started
         return ReplicatedUpResult(outcome="deployed" if moved else "unchanged", changed=moved,
@@ -300,13 +309,13 @@ class ReplicatedDeployer:
 
     def _replica_up(self, rec: Record, profile: Profile, opts: UpOptions, rep: Replica, sub: Deployer) -> bool:
         """The replica's own `up`; True when it deployed (False: it already ran this profile, healthy)."""
-        res = self._step(rec, "replica-up", f"replica {rep.index}: up {profile.name} on {', '.join(rep.nodes)}",
+        res = self._step(rec, REPLICA_UP, f"replica {rep.index}: up {profile.name} on {', '.join(rep.nodes)}",
                          lambda: sub.up(rep.result.profile, UpOptions(boot_timeout_s=opts.boot_timeout_s)), rep.index)
         return bool(res.changed)
 
     def _attach(self, rec: Record, client: RouterClient, rep: Replica, ensure_router: Callable[[], None]) -> None:
         ensure_router()
-        self._step(rec, "replica-attach", f"replica {rep.index}: back into the router",
+        self._step(rec, REPLICA_ATTACH, f"replica {rep.index}: back into the router",
                    lambda: attach(client, rep.url), rep.index)
 
     def _one_at_a_time(self, rec: Record, profile: Profile, opts: UpOptions, client: RouterClient, rep: Replica,
@@ -314,11 +323,11 @@ class ReplicatedDeployer:
         """The rolling step: out of the router (drained), its own `up`, back in. A replica whose `up` failed was
         restored alone by that `up`: it goes back into the router and the roll stops with the error."""
         if listed is not None:
-            self._step(rec, "replica-detach", f"replica {rep.index}: out of the router, drain (at most "
+            self._step(rec, REPLICA_DETACH, f"replica {rep.index}: out of the router, drain (at most "
                        f"{profile.router.drain_timeout_s:g}s)",
                        lambda: detach(client, rep.url, drain_s=profile.router.drain_timeout_s), rep.index)
         else:       # already out of the router (a controller killed mid-drain): its requests still finish first
-            self._step(rec, "replica-detach", f"replica {rep.index}: out of the router already, drain (at most "
+            self._step(rec, REPLICA_DETACH, f"replica {rep.index}: out of the router already, drain (at most "
                        f"{profile.router.drain_timeout_s:g}s)",
                        lambda: drain(lambda: engine_in_flight(rep.url), timeout_s=profile.router.drain_timeout_s,
                                      what=f"replica {rep.url}"), rep.index)
