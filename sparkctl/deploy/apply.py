@@ -22,7 +22,6 @@ from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import BootResult, doctor_lines
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import mark_superseded, stop_engines, stop_started
-from sparkctl.deploy.gates import Gate
 from sparkctl.deploy.image_stage import ImageStage, ImageSurvey
 from sparkctl.deploy.plan import (
     Boot,
@@ -127,9 +126,9 @@ def run_checks(c: Cluster, result: RenderResult, rts: Runtimes, own: set[tuple[s
 
 
 def verify(c: Cluster, profile: Profile, result: RenderResult, booted: BootResult,
-           record: DeploymentRecord) -> list[Gate]:
+           record: DeploymentRecord) -> list[GateResult]:
     gates, emulated = gate_ranks(c, profile, result, booted)
-    record.gates = [GateResult.model_validate(g.as_dict()) for g in gates]
+    record.gates = gates
     record.emulated = bool(record.emulated or emulated)
     for g in gates:
         c.reporter.event(f"{'PASS' if g.ok else 'FAIL'} {g.name}: {g.evidence}")

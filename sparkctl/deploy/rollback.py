@@ -92,7 +92,7 @@ def restore(c: Cluster, previous: DeploymentRecord, failed: DeploymentRecord, *,
             prev.status = Status.SUCCESSFUL if not bad else Status.FAILED
             prev.stopped = None
             prev.restored_at, prev.restored_after = now_iso(), failed.id
-            prev.restores.append(RestoreEntry(at=now_iso(), after=failed.id, gates=[g.as_dict() for g in gates]))
+            prev.restores.append(RestoreEntry(at=now_iso(), after=failed.id, gates=gates))
             write(prev)
         boundary(command, RESTORE_HAND_OFF, "after")
         if bad:
