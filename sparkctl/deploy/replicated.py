@@ -41,6 +41,7 @@ from pydantic import ValidationError
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.commands import Deployer, UpOptions, follow_reader
+from sparkctl.deploy.plan import Plan
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.results import (
     ReplicaStatus,
@@ -67,7 +68,7 @@ from sparkctl.nodes.fanout import fan_out
 from sparkctl.nodes.process import read_lines
 from sparkctl.router import RouterError, strip_colour
 from sparkctl.router import launch as router_launch
-from sparkctl.router.client import RouterClient, attach, detach, drain, engine_in_flight
+from sparkctl.router.client import RouterClient, Worker, attach, detach, drain, engine_in_flight
 from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.launch import redact
 from sparkctl.sglang.replicas import Replica, render_replicas, router_endpoint, router_spec
@@ -163,6 +164,52 @@ class Record:
         return self.data.get("status") in ("active", "updating", "failed")   # failed: its replicas still run
 
 
+@dataclass(frozen=True)
+class ReplicaMove:
+    """One replica in a replicated `up`: its own plan, and the router's entry for it (None: not listed)."""
+
+    replica: Replica
+    sub: Deployer
+    plan: Plan
+    listed: Worker | None
+
+    @property
+    def unchanged(self) -> bool:
+        """Already runs this profile, healthy, and healthy in the router: nothing to do, not even a drain."""
+        return self.plan.noop and self.listed is not None and self.listed.healthy
+
+
+@dataclass(frozen=True)
+class ReplicatedPlan:
+    """A replicated `up` as data: the router and each replica's move, made once from what runs now."""
+
+    profile: Profile
+    replicas: list[Replica]
+    spec: RouterSpec
+    router: router_launch.Router | None          # ours, running (None: it starts before the first attach)
+    client: RouterClient
+    moves: list[ReplicaMove]
+    parallel: bool                               # a first `up`: every replica's own `up` at once
+    endpoint: str
+
+    def lines(self) -> list[str]:
+        spec, drain_s = self.spec, self.profile.router.drain_timeout_s
+        lines = [f"router {spec.url} ({spec.policy}): " + (f"running ({self.router.where})" if self.router
+                                                           else "start")]
+        for m in self.moves:
+            rep = m.replica
+            head = f"replica {rep.index} ({', '.join(rep.nodes)}, {rep.url})"
+            if m.unchanged:
+                lines.append(f"{head}: unchanged ({m.plan.noop_reason})")
+                continue
+            if m.listed is not None:
+                lines.append(f"{head}: out of the router, drain (at most {drain_s:g}s)")
+            lines += [f"{head}: {line}" for line in m.plan.lines()]
+            lines.append(f"{head}: back into the router once its gates pass")
+        lines.append(f"router gates, then hand off {self.endpoint}")
+        return lines
+
+
 class ReplicatedDeployer:
     parallel_first_up = True      # False: a first up goes one replica at a time too (the benchmark's baseline)
 
@@ -192,27 +239,28 @@ class ReplicatedDeployer:
         return out
 
     # ---- plan (read-only) ------------------------------------------------------------------------------------
-    def plan_lines(self, profile: Profile) -> list[str]:
-        """What `up` would do, replica by replica (each replica's own plan under its steps); nothing is changed."""
+    def make_plan(self, profile: Profile, rec: Record) -> ReplicatedPlan:
+        """What a replicated `up` of `profile` does from what runs now: the router (ours, running, or to start)
+        and, per replica, its own plan (`deploy.plan.Plan`) and whether the router lists it. `up` runs this plan;
+        `up --dry-run` prints it (`ReplicatedPlan.lines`)."""
         reps = render_replicas(profile, self.inventory)
         spec = router_spec(profile, self.inventory, reps)
-        rec = Record.load(self.ledger.root)
         router = self._router(rec, spec)
-        lines = [f"router {spec.url} ({spec.policy}): " + (f"running ({router.where})" if router else "start")]
-        client = RouterClient(spec.url, metrics_url=spec.metrics_url) if router else None
+        client = RouterClient(spec.url, metrics_url=spec.metrics_url)
+        moves = []
         for rep in reps:
-            _, plan = self._sub(rep, rec).plan(rep.result.profile)
-            listed = client.find(rep.url) if client else None
-            head = f"replica {rep.index} ({', '.join(rep.nodes)}, {rep.url})"
-            if plan.noop and listed is not None and listed.healthy:
-                lines.append(f"{head}: unchanged ({plan.noop_reason})")
-                continue
-            if listed is not None:
-                lines.append(f"{head}: out of the router, drain (at most {profile.router.drain_timeout_s:g}s)")
-            lines += [f"{head}: {line}" for line in plan.lines()]
-            lines.append(f"{head}: back into the router once its gates pass")
-        lines.append(f"router gates, then hand off {router_endpoint(profile, self.inventory)}")
-        return lines
+            sub = self._sub(rep, rec)
+            _, plan = sub.plan(rep.result.profile)
+            moves.append(ReplicaMove(rep, sub, plan, client.find(rep.url) if router is not None else None))
+        todo = [m for m in moves if not m.unchanged]
+        # Nothing in the router: nothing serves through it, so there is no traffic to keep: all at once.
+        parallel = self.parallel_first_up and len(todo) > 1 and (router is None or not client.list_workers())
+        return ReplicatedPlan(profile, reps, spec, router, client, moves, parallel,
+                              router_endpoint(profile, self.inventory))
+
+    def plan_lines(self, profile: Profile) -> list[str]:
+        """What `up` would do, replica by replica (each replica's own plan under its steps); nothing is changed."""
+        return self.make_plan(profile, Record.load(self.ledger.root)).lines()
 
     # ---- up --------------------------------------------------------------------------------------------------
     def up(self, profile: Profile, opts: UpOptions | None = None) -> ReplicatedUpResult:
@@ -240,7 +288,8 @@ class ReplicatedDeployer:
         if parent.ledger.active() is not None:
             parent.down()          # its own lock and steps
         with self.ledger.lock(COMMAND):
-            router = self._router(rec, spec)
+            planned = self.make_plan(profile, rec)       # under the lock, from what runs now
+            router = planned.router
 
             def start_router() -> router_launch.Router:
                 from sparkctl.deploy.router_image import router_image
@@ -258,20 +307,15 @@ class ReplicatedDeployer:
                 if running[0] is None:
                     running[0] = self._step(rec, ROUTER_START, f"start the router on {spec.url} ({spec.policy})",
                                             start_router)
-            client = RouterClient(spec.url, metrics_url=spec.metrics_url)
-            todo: list[tuple[Replica, Deployer, Any]] = []
-            for rep in reps:
-                sub = self._sub(rep, rec)
-                _, plan = sub.plan(rep.result.profile)
-                listed = client.find(rep.url) if router is not None else None
-                if plan.noop and listed is not None and listed.healthy:
-                    self.reporter.event(f"replica {rep.index} ({', '.join(rep.nodes)}): unchanged, in the router")
-                    continue
-                todo.append((rep, sub, listed))
+            client = planned.client
+            for move in planned.moves:
+                if move.unchanged:
+                    self.reporter.event(f"replica {move.replica.index} ({', '.join(move.replica.nodes)}): "
+                                        f"unchanged, in the router")
+            todo = [(m.replica, m.sub, m.listed) for m in planned.moves if not m.unchanged]
             changed = [rep.index for rep, _, _ in todo]          # to go through (some may find nothing to do)
             deployed: list[int] = []                               # those whose own `up` deployed
-            # Nothing in the router: nothing serves through it, so there is no traffic to keep: all at once.
-            parallel = self.parallel_first_up and len(todo) > 1 and (router is None or not client.list_workers())
+            parallel = planned.parallel
             if parallel:
                 deployed += self._all_at_once(rec, profile, opts, client, todo, ensure_router)
             else:
