@@ -37,7 +37,7 @@ from sparkctl.deploy.plan import (
     Verify,
     WarmUp,
 )
-from sparkctl.deploy.preflight import Check, ports_of, run_preflight
+from sparkctl.deploy.preflight import ports_of, run_preflight
 from sparkctl.deploy.preflight_rules import evaluate
 from sparkctl.deploy.rank_steps import boot_ranks, gate_ranks
 from sparkctl.deploy.rollback import restore
@@ -109,12 +109,12 @@ def own_ports(active: DeploymentRecord | None) -> set[tuple[str, int]]:
     return out
 
 
-def run_checks(c: Cluster, result: RenderResult, rts: Runtimes, own: set[tuple[str, int]]) -> list[Check]:
+def run_checks(c: Cluster, result: RenderResult, rts: Runtimes, own: set[tuple[str, int]]) -> list[CheckResult]:
     """Every node's preflight checks (all nodes at once), then the cross-node ones; PreflightError on a failure."""
     from sparkctl.deploy.host_checks import CrossNodeChecks
     cross = CrossNodeChecks(c.inventory)   # model parity, fabric MTU equal, fabric SSH (host preparation)
 
-    def node_checks(spec: LaunchSpec) -> list[Check]:
+    def node_checks(spec: LaunchSpec) -> list[CheckResult]:
         rt = rts.for_node(spec.node)
         checks = evaluate(c.inventory, spec, rt.gather(spec), own)
         cross.collect(spec, rt)
@@ -202,8 +202,7 @@ class Run:
 
 # ---- what each kind of step does (apply dispatches on the step's class) ----------------------------------------
 def run_preflight_step(run: Run, step: Preflight) -> None:
-    run.record.preflight = [CheckResult.model_validate(ch.as_dict())
-                            for ch in run_checks(run.c, run.result, run.rts, set(step.own_ports))]
+    run.record.preflight = list(run_checks(run.c, run.result, run.rts, set(step.own_ports)))
 
 
 def run_image_build(run: Run, step: ImageStep) -> None:
@@ -354,7 +353,7 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
         record.status, record.finished, record.elapsed_s = Status.FAILED, now_iso(), run.total.elapsed()
         record.failure = Failure(stage=_failed_stage(record), message=exc.render())
         if isinstance(exc, PreflightError) and exc.checks:
-            record.preflight = [CheckResult.model_validate(ch.as_dict()) for ch in exc.checks]
+            record.preflight = list(exc.checks)
         j.save()
         raise
     except (Exception, KeyboardInterrupt) as exc:

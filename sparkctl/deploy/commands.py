@@ -20,7 +20,6 @@ from sparkctl.deploy.apply import apply, own_ports, run_checks
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.image_stage import survey
 from sparkctl.deploy.plan import Plan, make_plan
-from sparkctl.deploy.preflight import Check
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.reconcile import Reconciled, reconcile
 from sparkctl.deploy.repair import RepairPlan, apply_repair, plan_repair
@@ -33,7 +32,7 @@ from sparkctl.deploy.steps import RECONCILE, boundary
 from sparkctl.errors import CancelledError, ConfigError, SparkctlError
 from sparkctl.sglang.render import RenderResult
 from sparkctl.state.ledger import Ledger
-from sparkctl.state.records import DeploymentRecord
+from sparkctl.state.records import CheckResult, DeploymentRecord
 
 CAP_SETTING = ("server.mamba_full_memory_ratio or server.max_mamba_cache_size in the profile "
                "(--mamba-full-memory-ratio / --max-mamba-cache-size), or server.mamba_ssm_dtype: bfloat16")
@@ -97,7 +96,7 @@ class Deployer:
                          start_preview=lambda spec: rts.for_node(spec.node).launch_argv(spec, dep_id))
         return result, plan
 
-    def preflight(self, profile: Profile) -> list[Check]:
+    def preflight(self, profile: Profile) -> list[CheckResult]:
         """Read-only checks on every node for this profile (what `up` runs first); raises PreflightError."""
         c = self.cluster
         result = c.render(profile)

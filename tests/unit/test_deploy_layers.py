@@ -115,7 +115,8 @@ def test_run_all_keeps_every_node_and_runs_on_the_fan_out():
 
 
 def test_preflight_runs_every_node_before_raising():
-    from sparkctl.deploy.preflight import Check, run_preflight
+    from sparkctl.deploy.preflight import run_preflight
+    from sparkctl.state.records import CheckResult
     from sparkctl.errors import PreflightError
     seen: list[str] = []
 
@@ -123,11 +124,11 @@ def test_preflight_runs_every_node_before_raising():
         def __init__(self, node: str) -> None:
             self.node = node
 
-    def checks(spec: Spec) -> list[Check]:
+    def checks(spec: Spec) -> list[CheckResult]:
         seen.append(spec.node)
         if spec.node == "n0":
             raise ValueError("a bug on n0")
-        return [Check.failing(spec.node, "disk", "full", "free some")]
+        return [CheckResult.failing(spec.node, "disk", "full", "free some")]
     try:
         run_preflight([Spec("n0"), Spec("n1")], checks)  # type: ignore[list-item]
     except ValueError:
