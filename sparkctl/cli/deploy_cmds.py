@@ -25,7 +25,7 @@ INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory 
 
 def _deployer(inventory: str | None, quiet: bool = False) -> Deployer:
     from sparkctl.config.inventory import resolve_inventory
-    from sparkctl.deploy.lifecycle import Deployer
+    from sparkctl.deploy.commands import Deployer
     from sparkctl.deploy.progress import Reporter
     from sparkctl.state.ledger import check_state_root
 

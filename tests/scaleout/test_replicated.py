@@ -283,7 +283,7 @@ def test_a_foreign_listener_on_the_router_port_is_named_and_nothing_is_left(tmp_
         assert "boot" not in err and "router-start" not in err, err[-3000:]      # refused before anything booted
         code, out, err = cli("status", "-i", str(inv), "--json")
         assert code != 0 or not json.loads(out).get("healthy"), out
-        from sparkctl.deploy.lifecycle import Deployer
+        from sparkctl.deploy.commands import Deployer
         from sparkctl.deploy.observe import process_engines
         assert process_engines(Deployer(load_inventory(inv))) == []
     finally:
