@@ -1,4 +1,5 @@
-"""The commands (the only door to `deploy/`): up, rollback, down, status, repair, the compare transaction.
+"""The commands on one TP group: up, rollback, down, status, repair, the compare transaction. Callers outside
+`deploy/` reach them through `deploy.door`, which decides between this and the replicated deployment.
 
 Every command that changes the cluster takes the lock, checks the state directory has room, observes and
 settles what a dead controller left (reconcile), and only then plans from what it observed: a no-op
