@@ -1,5 +1,6 @@
-"""The commands on one TP group: up, rollback, down, status, repair, the compare transaction. Callers outside
-`deploy/` reach them through `deploy.door`, which decides between this and the replicated deployment.
+"""The commands on one TP group: up, rollback, down, status, repair, the compare transaction. The CLI reaches
+them through `deploy.door`, which decides between this and the replicated deployment (bench, tune and the
+watcher still call `Deployer` directly).
 
 Every command that changes the cluster takes the lock, checks the state directory has room, observes and
 settles what a dead controller left (reconcile), and only then plans from what it observed: a no-op
