@@ -66,7 +66,7 @@ def main() -> None:
             os.environ.update(env)
             from sparkctl.config.inventory import resolve_inventory
             from sparkctl.config.profile import load_profile
-            from sparkctl.deploy.lifecycle import Deployer, UpOptions
+            from sparkctl.deploy.commands import Deployer, UpOptions
             d = Deployer(resolve_inventory(None))
             inproc = []
             for _ in range(args.runs):

@@ -58,7 +58,7 @@ def stop_recorded_engines(inventory_path: Path) -> None:
     every engine still writing to one of this ledger's rank logs (a test that damaged the ledger, or failed before
     a handle was recorded, leaves nothing running either)."""
     from sparkctl.config.inventory import load_inventory
-    from sparkctl.deploy.lifecycle import Deployer
+    from sparkctl.deploy.commands import Deployer
     from sparkctl.deploy.observe import process_engines
     from sparkctl.deploy.progress import Reporter
     from sparkctl.state.ledger import Ledger
@@ -86,7 +86,7 @@ def stop_recorded_engines(inventory_path: Path) -> None:
 def stop_cluster_engines(inventory: Any) -> None:
     """Stop every engine one cluster's ledger recorded (a loaded Inventory: e.g. a replica's sub-cluster, which has
     no inventory file of its own), through its runtime, by PID."""
-    from sparkctl.deploy.lifecycle import Deployer
+    from sparkctl.deploy.commands import Deployer
     from sparkctl.state.ledger import Ledger
 
     ledger = Ledger.for_cluster(inventory.cluster.name)

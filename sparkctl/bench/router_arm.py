@@ -247,7 +247,7 @@ class RouterArm(Arm):
 
 def replica_entries(inventory: Inventory, data: JSONObject, limits: Limits) -> list[JSONObject]:
     """Every replica of the record with its deployment record (its own ledger), /server_info and rank 0's log."""
-    from sparkctl.deploy.lifecycle import Deployer
+    from sparkctl.deploy.commands import Deployer
     from sparkctl.deploy.progress import Reporter
     from sparkctl.deploy.replicated import replica_inventory
 

@@ -252,7 +252,7 @@ def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile:
     ``primary_profile``: deploy that profile first (a no-op when it already runs healthy) and measure it;
     it stays deployed afterwards, as after ``sparkctl up``.
     """
-    from sparkctl.deploy.lifecycle import UpOptions
+    from sparkctl.deploy.commands import UpOptions
 
     if primary_profile is not None:
         progress(f"making sure {primary_profile.name} is deployed")
@@ -307,7 +307,7 @@ def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile:
 
 def _restore(deployer: Deployer, original: DeploymentRecord, progress: Progress) -> JSONObject:
     from sparkctl.config.profile import Profile
-    from sparkctl.deploy.lifecycle import UpOptions
+    from sparkctl.deploy.commands import UpOptions
 
     progress(f"restoring the original deployment ({original.profile})")
     try:
@@ -358,7 +358,7 @@ def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None
     NAME``); deployments use the env var their own profile names, and nothing else gets a key.
     ``limits`` bound every request and ``run_s`` the whole run.
     """
-    from sparkctl.deploy.lifecycle import Deployer
+    from sparkctl.deploy.commands import Deployer
 
     if endpoint and (compare or profile):
         raise ConfigError("--endpoint measures a running server; --profile/--compare deploy profiles",

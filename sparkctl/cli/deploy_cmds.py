@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -14,8 +16,8 @@ from sparkctl.jsontypes import JSONObject
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from sparkctl.config.profile import Profile
     from sparkctl.deploy.commands import Deployer
+    from sparkctl.deploy.door import Confirm
     from sparkctl.deploy.plan import Plan
 
 INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory file (default: see README).")
@@ -23,7 +25,7 @@ INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory 
 
 def _deployer(inventory: str | None, quiet: bool = False) -> Deployer:
     from sparkctl.config.inventory import resolve_inventory
-    from sparkctl.deploy.lifecycle import Deployer
+    from sparkctl.deploy.commands import Deployer
     from sparkctl.deploy.progress import Reporter
     from sparkctl.state.ledger import check_state_root
 
@@ -36,7 +38,7 @@ def _deployer(inventory: str | None, quiet: bool = False) -> Deployer:
     return d
 
 
-def _confirm(assume_yes: bool, action: str, d: Deployer, command: str) -> Callable[[Plan | None], bool]:
+def _confirm(assume_yes: bool, d: Deployer, command: str) -> Confirm:
     """Ask on a terminal. Without a terminal, never prompt (and never hang): refuse with "add --yes" (exit 2),
     like `terraform apply` without -auto-approve, unless --yes was given or every node of the inventory runs
     the process runtime (the embedded cluster: emulator processes on this machine's loopback, nothing
@@ -45,7 +47,7 @@ def _confirm(assume_yes: bool, action: str, d: Deployer, command: str) -> Callab
 
     local = all(n.runtime == "process" for n in d.inventory.nodes)
 
-    def ask(plan: Plan | None) -> bool:
+    def ask(action: str, plan: Plan | None) -> bool:
         if assume_yes or (local and not sys.stdin.isatty()):
             return True
         if not sys.stdin.isatty():
@@ -55,6 +57,16 @@ def _confirm(assume_yes: bool, action: str, d: Deployer, command: str) -> Callab
                                    f"on a terminal to be asked")
         return typer.confirm(f"{action}?", default=False)
     return ask
+
+
+@contextmanager
+def _declined_aborts() -> Iterator[None]:
+    """A "no" at the door's question (`deploy.door.Declined`) is typer's Abort (exit 1, "Aborted!")."""
+    from sparkctl.deploy.door import Declined
+    try:
+        yield
+    except Declined:
+        raise typer.Abort() from None
 
 
 def _emit(result: object, as_json: bool, human: Callable[[Any], None]) -> None:
@@ -93,45 +105,17 @@ def _next_lines(result: JSONObject) -> None:
         print("next: " + "  |  ".join(result["next_commands"]))
 
 
-def _replicated_up(d: Deployer, prof: Profile, dry_run: bool, yes: bool, boot_timeout: float | None,
-                   as_json: bool) -> bool:
-    """`up` of a profile with replicas > 1 (deploy/replicated.py), or leaving a replicated deployment for a single
-    group (the router and replicas go down first). True when it handled the command."""
-    from sparkctl.deploy.commands import UpOptions
-    from sparkctl.deploy.replicated import ReplicatedDeployer, is_replicated
-    from sparkctl.errors import ConfigError
+def _replicated_up_human(r: JSONObject) -> None:
+    if r["outcome"] == "dry-run":
+        print("\n".join(r["plan"]))
+        return
+    print(f"{r['outcome']} {r['profile']}: {r['replicas']} replicas behind {r['endpoint']} (updated: "
+          f"{', '.join(map(str, r['updated'])) or 'none'}" + ("; booted at once" if r["parallel"] else "") + ")")
+    _next_lines(r)
 
-    replicated = is_replicated(d.inventory)
-    if prof.replicas == 1 and not replicated:
-        return False
-    rd = ReplicatedDeployer(d.inventory, d.reporter)
-    if dry_run and prof.replicas > 1:
-        from sparkctl.deploy.results import ReplicatedUpResult
-        from sparkctl.router.replicas import router_endpoint
-        lines = rd.plan_lines(prof)
-        _emit(ReplicatedUpResult(outcome="dry-run", changed=False, profile=prof.name, cluster=d.inventory.cluster.name,
-                                 emulated=d.inventory.emulated, replicas=prof.replicas,
-                                 endpoint=router_endpoint(prof, d.inventory), plan=lines), as_json,
-              lambda r: print("\n".join(r["plan"])))
-        return True
-    if dry_run:
-        raise ConfigError("--dry-run from a replicated deployment to a single group is not available yet",
-                          hint="run `sparkctl down` first, then `sparkctl up --dry-run`")
-    if prof.replicas == 1:
-        if not _confirm(yes, f"stop the router and replicas, then deploy {prof.name}", d, "up")(None):
-            raise typer.Abort()
-        d.reporter.event("leaving the replicated deployment: the router and its replicas stop first")
-        rd.down()
-        return False
-    if not _confirm(yes, f"deploy {prof.name} ({prof.replicas} replicas behind the router)", d, "up")(None):
-        raise typer.Abort()
-    result = rd.up(prof, UpOptions(boot_timeout_s=boot_timeout))
-    def human(r: JSONObject) -> None:
-        print(f"{r['outcome']} {r['profile']}: {r['replicas']} replicas behind {r['endpoint']} (updated: "
-              f"{', '.join(map(str, r['updated'])) or 'none'}" + ("; booted at once" if r["parallel"] else "") + ")")
-        _next_lines(r)
-    _emit(result, as_json, human)
-    return True
+
+def _any_up_human(r: JSONObject) -> None:
+    (_replicated_up_human if r.get("replicated") else _up_human)(r)
 
 
 def watcher_line(w: JSONObject | None) -> str | None:
@@ -184,15 +168,15 @@ def register(app: typer.Typer) -> None:
            as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Deploy a profile: plan, preflight, image, boot (rank 1 then rank 0), warm-up, verify, hand off."""
         from sparkctl.config.profile import load_profile
-        from sparkctl.deploy.lifecycle import UpOptions
+        from sparkctl.deploy import door
 
         d = _deployer(inventory)
         prof = load_profile(profile)
-        if _replicated_up(d, prof, dry_run, yes, boot_timeout, as_json):
-            return
-        result = d.up(prof, UpOptions(dry_run=dry_run, no_rollback=no_rollback, boot_timeout_s=boot_timeout,
-                                      confirm=_confirm(yes, f"deploy {prof.name}", d, "up")))
-        _emit(result, as_json, _up_human)
+        with _declined_aborts():
+            result = door.up(d, prof, door.UpRequest(dry_run=dry_run, no_rollback=no_rollback,
+                                                     boot_timeout_s=boot_timeout),
+                             confirm=_confirm(yes, d, "up"))
+        _emit(result, as_json, _any_up_human)
 
     @app.command()
     def preflight(profile: str = typer.Option(..., "--profile", "-p", help="Profile whose ranks are checked."),
@@ -217,46 +201,30 @@ def register(app: typer.Typer) -> None:
                  as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Roll back: to a profile, or to the previous known-good deployment."""
         from sparkctl.config.profile import load_profile
-        from sparkctl.deploy.lifecycle import UpOptions
+        from sparkctl.deploy import door
 
         d = _deployer(inventory)
         prof = load_profile(to) if to else None
-        from sparkctl.deploy.replicated import is_replicated
-        if is_replicated(d.inventory) or (prof is not None and prof.replicas > 1):
-            # The router and its replicas hold the nodes' ports: a rollback goes the way `up` does (a rolling
-            # update to a replicated profile, or the router and replicas down first for one group).
-            if prof is None:
-                from sparkctl.errors import ConfigError
-                raise ConfigError("the cluster runs a replicated deployment, which keeps no known-good history of "
-                                  "its own: say where to roll back to", where="rollback",
-                                  hint="sparkctl rollback --to dflash-off (one group; the router and replicas stop "
-                                       "first), or --to a profile with replicas: K (a rolling update)")
-            if _replicated_up(d, prof, False, yes, boot_timeout, as_json):
-                return
-        what = prof.name if prof else "the previous known-good deployment"
-        confirm = _confirm(yes, f"roll back to {what}", d, "rollback")
-        result = d.rollback(prof, UpOptions(boot_timeout_s=boot_timeout, confirm=confirm))
-        _emit(result, as_json, _up_human)
+        with _declined_aborts():
+            result = door.rollback(d, prof, door.UpRequest(boot_timeout_s=boot_timeout),
+                                   confirm=_confirm(yes, d, "rollback"))
+        _emit(result, as_json, _any_up_human)
 
     @app.command()
     def down(inventory: str | None = INVENTORY_OPT,
              yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
              as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
         """Stop the active deployment on every node."""
+        from sparkctl.deploy import door
+
         d = _deployer(inventory)
-        from sparkctl.deploy.replicated import ReplicatedDeployer, is_replicated
-        if is_replicated(d.inventory):
-            if not _confirm(yes, "stop the router and every replica", d, "down")(None):
-                raise typer.Abort()
-            _emit(ReplicatedDeployer(d.inventory, d.reporter).down(), as_json,
-                  lambda r: print("stopped " + ", ".join(r["stopped"]) if r["stopped"] else "nothing was running"))
-            return
-        active = d.ledger.active()
-        if active and not _confirm(yes, f"stop {active.id} ({active.profile})", d, "down")(None):
-            raise typer.Abort()
-        result = d.down()
+        with _declined_aborts():
+            result = door.down(d, confirm=_confirm(yes, d, "down"))
 
         def human(r: JSONObject) -> None:
+            if r.get("replicated"):
+                print("stopped " + ", ".join(r["stopped"]) if r["stopped"] else "nothing was running")
+                return
             if not r.get("changed"):
                 print(r["reason"])
                 return
@@ -272,17 +240,15 @@ def register(app: typer.Typer) -> None:
 
         Exit 0 when the active deployment is healthy (or nothing is deployed and nothing was interrupted);
         8 when it is unhealthy or a deployment was interrupted (its controller died)."""
+        from sparkctl.deploy import door
+
         d = _deployer(inventory, quiet=as_json)
-        from sparkctl.deploy.replicated import ReplicatedDeployer, is_replicated
-        if is_replicated(d.inventory):
-            rep = ReplicatedDeployer(d.inventory, d.reporter).status()
-            _emit(rep, as_json, _replicated_status_human)
-            if not rep["healthy"]:
-                raise typer.Exit(STATUS_NOT_OK)
-            return
-        result = d.status()
+        result = door.status(d)
 
         def human(r: JSONObject) -> None:
+            if r.get("replicated"):
+                _replicated_status_human(r)
+                return
             p = r.get("in_progress")
             if p:
                 what = f": deployment {p['deployment']} ({p['profile']}), stage {p['stage']}" if p.get("deployment") \
@@ -358,21 +324,10 @@ def register(app: typer.Typer) -> None:
              router: bool = flag("--router", help="Replicated deployment: the router's log."),
              inventory: str | None = INVENTORY_OPT) -> None:
         """Print a rank's engine log of the active deployment (or, replicated, a replica's rank or the router's)."""
-        from sparkctl.deploy.replicated import ReplicatedDeployer, is_replicated
-        from sparkctl.errors import ConfigError
+        from sparkctl.deploy import door
+
         d = _deployer(inventory, quiet=True)
-        if is_replicated(d.inventory):
-            if router and replica is not None:
-                raise ConfigError("--router and --replica name different logs: give one of them",
-                                  hint="sparkctl logs --router, or sparkctl logs --replica I --rank N")
-            texts = ReplicatedDeployer(d.inventory, d.reporter).follow_log(replica=replica, rank=rank, router=router,
-                                                                            tail=tail, follow=follow)
-        elif router or replica is not None:
-            raise ConfigError(f"{'--router' if router else '--replica'}: cluster {d.inventory.cluster.name} runs no "
-                              f"replicated deployment (one group, no router)",
-                              hint="sparkctl logs --rank N shows its ranks' logs")
-        else:
-            texts = d.follow_log(rank, tail=tail, follow=follow)
+        texts = door.logs(d, rank=rank, tail=tail, follow=follow, replica=replica, router=router)
         for text in texts:
             sys.stdout.write(text)
             sys.stdout.flush()

@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         baseline A B A B beyond the noise band and written as a profile; what ran before restored (journaled)."""
 
         from sparkctl.config.inventory import resolve_inventory
-        from sparkctl.deploy.lifecycle import Deployer
+        from sparkctl.deploy.commands import Deployer
         from sparkctl.deploy.progress import Reporter
         from sparkctl.errors import ConfigError
         from sparkctl.state.tunejournal import TuneOptions, journal_path

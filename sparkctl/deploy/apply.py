@@ -1,4 +1,8 @@
-"""Apply a plan: run its steps in order under the lock, journal each (intent, then outcome), undo on failure.
+"""Apply a plan: run exactly its steps in order under the lock, journal each (intent, then outcome), undo on failure.
+
+Each step is typed (`deploy.plan`) and carries its inputs; `RUNNERS` maps its class to the module-level function
+that does it, over the `Run` the steps share (the record, its journal, the runtimes, what started). Nothing here
+re-reads the ledger to decide: the prior deployment is the one the plan observed.
 
 Each step is recorded in the deployment's record before its effect (a `stages` entry and a journal `intent`
 saying what and where) and after it (`ok` or `failed`); `deploy.steps.boundary` marks both sides. A failure
@@ -18,15 +22,27 @@ from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import BootResult, doctor_lines
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import mark_superseded, stop_engines, stop_started
-from sparkctl.deploy.gates import Gate
-from sparkctl.deploy.image_stage import ImageStage
-from sparkctl.deploy.plan import Plan
-from sparkctl.deploy.preflight import Check, ports_of, run_preflight
+from sparkctl.deploy.image_stage import ImageStage, ImageSurvey
+from sparkctl.deploy.plan import (
+    Boot,
+    HandOff,
+    ImageBuild,
+    ImageDistribute,
+    ImageStep,
+    ImageVerify,
+    Plan,
+    Preflight,
+    Step,
+    StopOld,
+    Verify,
+    WarmUp,
+)
+from sparkctl.deploy.preflight import ports_of, run_preflight
 from sparkctl.deploy.preflight_rules import evaluate
 from sparkctl.deploy.rank_steps import boot_ranks, gate_ranks
 from sparkctl.deploy.rollback import restore
 from sparkctl.deploy.runtimes import Runtimes
-from sparkctl.deploy.steps import boundary
+from sparkctl.deploy.steps import STOP_NEW, boundary
 from sparkctl.deploy.warmup import warm_up
 from sparkctl.errors import DeployError, ImageError, LedgerError, PreflightError, SparkctlError, interrupt_name
 from sparkctl.nodes.runtime import Handle, Runtime
@@ -93,12 +109,12 @@ def own_ports(active: DeploymentRecord | None) -> set[tuple[str, int]]:
     return out
 
 
-def run_checks(c: Cluster, result: RenderResult, rts: Runtimes, own: set[tuple[str, int]]) -> list[Check]:
+def run_checks(c: Cluster, result: RenderResult, rts: Runtimes, own: set[tuple[str, int]]) -> list[CheckResult]:
     """Every node's preflight checks (all nodes at once), then the cross-node ones; PreflightError on a failure."""
     from sparkctl.deploy.host_checks import CrossNodeChecks
     cross = CrossNodeChecks(c.inventory)   # model parity, fabric MTU equal, fabric SSH (host preparation)
 
-    def node_checks(spec: LaunchSpec) -> list[Check]:
+    def node_checks(spec: LaunchSpec) -> list[CheckResult]:
         rt = rts.for_node(spec.node)
         checks = evaluate(c.inventory, spec, rt.gather(spec), own)
         cross.collect(spec, rt)
@@ -110,9 +126,9 @@ def run_checks(c: Cluster, result: RenderResult, rts: Runtimes, own: set[tuple[s
 
 
 def verify(c: Cluster, profile: Profile, result: RenderResult, booted: BootResult,
-           record: DeploymentRecord) -> list[Gate]:
+           record: DeploymentRecord) -> list[GateResult]:
     gates, emulated = gate_ranks(c, profile, result, booted)
-    record.gates = [GateResult.model_validate(g.as_dict()) for g in gates]
+    record.gates = gates
     record.emulated = bool(record.emulated or emulated)
     for g in gates:
         c.reporter.event(f"{'PASS' if g.ok else 'FAIL'} {g.name}: {g.evidence}")
@@ -125,19 +141,191 @@ def verify(c: Cluster, profile: Profile, result: RenderResult, booted: BootResul
 
 
 def new_record(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, kind: str) -> DeploymentRecord:
-    active = c.ledger.active()
-    prev_good = c.ledger.known_good()
+    """The new deployment's record, from the plan (its prior and known-good deployments as observed then)."""
     return DeploymentRecord(
         id=plan.deployment_id, kind=kind, profile=profile.name,
         profile_data=profile.model_dump(mode="json"), inventory=c.inventory.path,
         cluster=c.name, emulated=c.inventory.emulated,
         identity=plan.identity, sglang_version=profile.image.sglang_version,
         specs=[s.redacted() for s in result.specs], warnings=result.warnings, created=now_iso(),
-        previous=active.id if active else None, previous_known_good=prev_good.id if prev_good else None,
+        previous=plan.active_id, previous_known_good=plan.prior_known_good,
         endpoint=c.endpoint(result.specs[0]),
         speculative_algorithm=profile.speculative.algorithm if profile.speculative else None,
         controller=this_controller(kind, now_iso()),
     )
+
+
+@dataclass
+class Run:
+    """One `apply` in progress: what the steps share (the record and its journal, the runtimes, what started)."""
+
+    c: Cluster
+    profile: Profile
+    result: RenderResult
+    plan: Plan
+    record: DeploymentRecord
+    journal: Journal
+    rts: Runtimes
+    boot_timeout_s: float
+    started: list[tuple[Runtime, Handle]] = field(default_factory=list)
+    booted: BootResult | None = None
+    stopped_prior: bool = False
+    total: Stopwatch = field(default_factory=Stopwatch)
+    _images: ImageStage | None = None
+
+    @property
+    def nodes(self) -> list[str]:
+        return [n.name for n in self.c.inventory.nodes]
+
+    def images(self, survey: ImageSurvey) -> ImageStage:
+        """The image stage of this run (build, distribute and verify share it), made from the steps' survey."""
+        if self._images is None:
+            self._images = ImageStage(self.profile, self.c.inventory, self.result, survey, runtimes=self.rts,
+                                      log_dir=self.c.ledger.root / "builds",
+                                      report=lambda msg, node: self.c.reporter.event(msg, node))
+        return self._images
+
+    def with_doctor(self, exc: DeployError) -> DeployError:
+        """The failure with what the doctor recognises in the ranks' logs appended (the engine may have died
+        during warm-up or verify: its log says why), or itself when nothing matches."""
+        if self.booted is None:
+            return exc
+        try:
+            lines = doctor_lines([(f"rank {w.spec.rank} [{w.spec.node}]", w.full_log())
+                                  for w in self.booted.watches])
+        except (SparkctlError, OSError):
+            return exc
+        if not lines:
+            return exc
+        return exc.amended(evidence="\n".join(filter(None, [exc.evidence, *lines])))
+
+
+# ---- what each kind of step does (apply dispatches on the step's class) ----------------------------------------
+def run_preflight_step(run: Run, step: Preflight) -> None:
+    run.record.preflight = list(run_checks(run.c, run.result, run.rts, set(step.own_ports)))
+
+
+def run_image_build(run: Run, step: ImageStep) -> None:
+    run.images(step.survey).build()
+
+
+def run_image_distribute(run: Run, step: ImageStep) -> None:
+    run.images(step.survey).distribute()
+
+
+def run_image_verify(run: Run, step: ImageStep) -> None:
+    record = run.record
+    record.image_ids, images = run.images(step.survey).verify()
+    record.images = {node: NodeImages.model_validate(per_node) for node, per_node in images.items()}
+    if run.rts.launch is not None:
+        record.launch_doc = run.rts.launch.doc
+
+
+def run_stop_old(run: Run, step: StopOld) -> None:
+    run.stopped_prior = True
+    stop_engines(run.c, step.prior, keep=True)
+
+
+def run_boot(run: Run, step: Boot) -> None:
+    record, j, dep_id = run.record, run.journal, run.record.id
+
+    def intent(spec: LaunchSpec, handle: Handle | None) -> None:
+        if handle is None:   # before the start: which engine is about to run where
+            record.intents.append(Intent(node=spec.node, rank=spec.rank, deployment=dep_id, at=now_iso(),
+                                         engine=f"label sparkctl.deployment={dep_id}"))
+            j.entry(step.name, "intent", f"start rank {spec.rank}", [spec.node])
+        else:                # right after: how to find it (pid + start time, or the container)
+            record.intents[-1] = record.intents[-1].model_copy(update={"engine": handle.where})
+            record.handles = [*record.handles, handle]
+            j.entry(step.name, "ok", f"rank {spec.rank} started", [spec.node], detail=handle.where)
+        j.save()
+        if j.disk_error is not None:
+            raise j.disk_error
+    b = boot_ranks(run.c, run.profile, run.result, run.rts, dep_id, timeout_s=run.boot_timeout_s,
+                   started=run.started, on_start=intent)
+    run.booted = b
+    capacity = b.capacity()
+    record.handles = b.handles
+    record.capacity = None if capacity is None else Capacity.model_validate(capacity)
+
+
+def run_warm_up(run: Run, step: WarmUp) -> None:
+    c, profile, spec0 = run.c, run.profile, run.result.specs[0]
+    try:
+        with c.client(spec0, profile.api.api_key_env, timeout=profile.warmup.timeout_s) as client:
+            run.record.warmup = Warmup.model_validate(warm_up(profile, client, c.reporter, spec0.node))
+    except DeployError as exc:
+        cited = run.with_doctor(exc)
+        if cited is exc:
+            raise
+        raise cited from exc
+
+
+def run_verify(run: Run, step: Verify) -> None:
+    if run.booted is None:
+        raise TypeError(f"plan {run.plan.identity}: verify before boot")
+    try:
+        verify(run.c, run.profile, run.result, run.booted, run.record)
+    except DeployError as exc:
+        cited = run.with_doctor(exc)
+        if cited is exc:
+            raise
+        raise cited from exc
+
+
+def run_hand_off(run: Run, step: HandOff) -> None:
+    # One write makes it the active deployment (Ledger.active_id derives it from this record's status);
+    # marking the old one superseded comes after, and a later reconcile finishes it if we die between.
+    c, record, prior = run.c, run.record, step.prior
+    record.status, record.finished = Status.SUCCESSFUL, now_iso()
+    record.elapsed_s, record.handed_off = run.total.elapsed(), now_iso()
+    run.journal.entry(step.name, "intent", f"make {record.id} the active deployment", run.nodes)
+    c.ledger.save(record)        # from here on it is handed off: what follows is tidying
+    try:
+        if prior and prior.id != record.id:
+            mark_superseded(c, prior, record.id)
+        c.ledger.sync_index()
+    except (LedgerError, OSError) as exc:   # the next command's reconcile finishes it (finish_hand_off)
+        c.reporter.event(f"note: could not mark {prior.id if prior else '-'} superseded yet ({exc}); "
+                         f"the next command finishes it")
+    c.reporter.event(f"{record.endpoint} serves {run.profile.model.served_name} ({run.profile.name}, "
+                     f"deployment {record.id})")
+
+
+RUNNERS: dict[type[Step], Callable[[Run, Any], None]] = {
+    Preflight: run_preflight_step, ImageBuild: run_image_build, ImageDistribute: run_image_distribute,
+    ImageVerify: run_image_verify, StopOld: run_stop_old, Boot: run_boot, WarmUp: run_warm_up, Verify: run_verify,
+    HandOff: run_hand_off}
+
+
+def run_step(run: Run, step: Step, command: str) -> None:
+    """One step: its stage and journal intent on disk first, then the screen, the boundary, the effect, the
+    outcome (ok, noop or failed) on disk, the boundary after."""
+    record, j = run.record, run.journal
+    sw = Stopwatch()
+    entry = StageEntry(name=step.name, started=now_iso())
+    record.stages.append(entry)
+    j.entry(step.name, "intent", step.what, run.nodes)
+    j.save()                      # the ledger first, then the screen: what was said is on disk
+    if j.disk_error is not None:
+        raise j.disk_error
+    run.c.reporter.stage(step.name, step.what)
+    boundary(command, step.name, "before")
+    try:
+        RUNNERS[type(step)](run, step)
+    except BaseException as exc:
+        entry.status, entry.elapsed_s = "failed", sw.elapsed()
+        entry.error = exc.render() if isinstance(exc, SparkctlError) else f"{type(exc).__name__}: {exc}"
+        j.entry(step.name, "failed", step.what, detail=entry.error.splitlines()[0])
+        j.save()
+        raise
+    entry.status, entry.elapsed_s = "ok", sw.elapsed()
+    j.entry(step.name, "noop" if "no-op" in step.what else "ok", step.what)
+    run.c.reporter.event(f"done in {entry.elapsed_s:.2f}s")
+    j.save()
+    if j.disk_error is not None:
+        raise j.disk_error
+    boundary(command, step.name, "after")
 
 
 def _failed_stage(record: DeploymentRecord) -> str:
@@ -147,151 +335,25 @@ def _failed_stage(record: DeploymentRecord) -> str:
 
 def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kind: str, command: str,
           no_rollback: bool = False, boot_timeout_s: float | None = None) -> Applied:
-    """Run `plan.steps` in order, each journaled; on failure stop what started and restore the old deployment.
-    Raises what failed (amended with what was restored); a state-directory failure as LedgerError (exit 6)."""
+    """Run exactly `plan.steps`, in order, each journaled (`run_step`); on failure stop what started and restore
+    the prior deployment the plan names. Raises what failed (amended with what was restored); a state-directory
+    failure as LedgerError (exit 6)."""
     record = new_record(c, profile, result, plan, kind)
     j = Journal(c, record)
-    dep_id = record.id
-    active = c.ledger.active()
+    prior = plan.prior
     c.ledger.save(record)      # the first write: a full disk here stops the command before any effect
-    rts = c.runtimes(dep_id)
-    started: list[tuple[Runtime, Handle]] = []
-    stopped_previous = False
-    total = Stopwatch()
-    timeout = boot_timeout_s or profile.lifecycle.boot_timeout_s
-    spec0 = result.specs[0]
-    booted: list[BootResult] = []
-    nodes_of = [n.name for n in c.inventory.nodes]
-
-    if plan.images is None:     # deploy.commands surveys the images of every plan it makes
-        raise TypeError(f"plan {plan.identity} has no image survey")
-    stage = ImageStage(profile, c.inventory, result, plan.images, runtimes=rts, log_dir=c.ledger.root / "builds",
-                       report=lambda msg, node: c.reporter.event(msg, node))
-
-    def preflight() -> None:
-        record.preflight = [CheckResult.model_validate(ch.as_dict())
-                            for ch in run_checks(c, result, rts, own_ports(active))]
-
-    def image_verify() -> None:
-        record.image_ids, images = stage.verify()
-        record.images = {node: NodeImages.model_validate(per_node) for node, per_node in images.items()}
-        if rts.launch is not None:
-            record.launch_doc = rts.launch.doc
-
-    def stop_old() -> None:
-        nonlocal stopped_previous
-        assert active is not None
-        stopped_previous = True
-        stop_engines(c, active, keep=True)
-
-    def intent(spec: LaunchSpec, handle: Handle | None) -> None:
-        if handle is None:   # before the start: which engine is about to run where
-            record.intents.append(Intent(node=spec.node, rank=spec.rank, deployment=dep_id, at=now_iso(),
-                                         engine=f"label sparkctl.deployment={dep_id}"))
-            j.entry("boot", "intent", f"start rank {spec.rank}", [spec.node])
-        else:                # right after: how to find it (pid + start time, or the container)
-            record.intents[-1] = record.intents[-1].model_copy(update={"engine": handle.where})
-            record.handles = [*record.handles, handle]
-            j.entry("boot", "ok", f"rank {spec.rank} started", [spec.node], detail=handle.where)
-        j.save()
-        if j.disk_error is not None:
-            raise j.disk_error
-
-    def start_and_wait() -> None:
-        b = boot_ranks(c, profile, result, rts, dep_id, timeout_s=timeout, started=started, on_start=intent)
-        booted.append(b)
-        capacity = b.capacity()
-        record.handles = b.handles
-        record.capacity = None if capacity is None else Capacity.model_validate(capacity)
-
-    def with_doctor(exc: DeployError) -> DeployError:
-        """The failure with what the doctor recognises in the ranks' logs appended (the engine may have died
-        during warm-up or verify: its log says why), or itself when nothing matches."""
-        try:
-            lines = doctor_lines([(f"rank {w.spec.rank} [{w.spec.node}]", w.full_log()) for w in booted[0].watches])
-        except (SparkctlError, OSError):
-            return exc
-        if not lines:
-            return exc
-        return exc.amended(evidence="\n".join(filter(None, [exc.evidence, *lines])))
-
-    def warm() -> None:
-        try:
-            with c.client(spec0, profile.api.api_key_env, timeout=profile.warmup.timeout_s) as client:
-                record.warmup = Warmup.model_validate(warm_up(profile, client, c.reporter, spec0.node))
-        except DeployError as exc:
-            cited = with_doctor(exc)
-            if cited is exc:
-                raise
-            raise cited from exc
-
-    def do_verify() -> None:
-        try:
-            verify(c, profile, result, booted[0], record)
-        except DeployError as exc:
-            cited = with_doctor(exc)
-            if cited is exc:
-                raise
-            raise cited from exc
-
-    def hand_off() -> None:
-        # One write makes it the active deployment (Ledger.active_id derives it from this record's status);
-        # marking the old one superseded comes after, and a later reconcile finishes it if we die between.
-        record.status, record.finished = Status.SUCCESSFUL, now_iso()
-        record.elapsed_s, record.handed_off = total.elapsed(), now_iso()
-        j.entry("hand-off", "intent", f"make {dep_id} the active deployment", nodes_of)
-        c.ledger.save(record)        # from here on it is handed off: what follows is tidying
-        try:
-            if active and active.id != dep_id:
-                mark_superseded(c, active, dep_id)
-            c.ledger.sync_index()
-        except (LedgerError, OSError) as exc:   # the next command's reconcile finishes it (finish_hand_off)
-            c.reporter.event(f"note: could not mark {active.id if active else '-'} superseded yet ({exc}); "
-                             f"the next command finishes it")
-        c.reporter.event(f"{record.endpoint} serves {profile.model.served_name} ({profile.name}, "
-                         f"deployment {dep_id})")
-
-    actions: dict[str, Callable[[], Any]] = {
-        "preflight": preflight, "image-build": stage.build, "image-distribute": stage.distribute,
-        "image-verify": image_verify, "stop-old": stop_old, "boot": start_and_wait,
-        "warm-up": warm, "verify": do_verify, "hand-off": hand_off}
-
-    def run_step(name: str, what: str) -> None:
-        sw = Stopwatch()
-        entry = StageEntry(name=name, started=now_iso())
-        record.stages.append(entry)
-        j.entry(name, "intent", what, nodes_of)
-        j.save()                      # the ledger first, then the screen: what was said is on disk
-        if j.disk_error is not None:
-            raise j.disk_error
-        c.reporter.stage(name, what)
-        boundary(command, name, "before")
-        try:
-            actions[name]()
-        except BaseException as exc:
-            entry.status, entry.elapsed_s = "failed", sw.elapsed()
-            entry.error = exc.render() if isinstance(exc, SparkctlError) else f"{type(exc).__name__}: {exc}"
-            j.entry(name, "failed", what, detail=entry.error.splitlines()[0])
-            j.save()
-            raise
-        entry.status, entry.elapsed_s = "ok", sw.elapsed()
-        j.entry(name, "noop" if "no-op" in what else "ok", what)
-        c.reporter.event(f"done in {entry.elapsed_s:.2f}s")
-        j.save()
-        if j.disk_error is not None:
-            raise j.disk_error
-        boundary(command, name, "after")
-
+    run = Run(c, profile, result, plan, record, j, c.runtimes(record.id),
+              boot_timeout_s=boot_timeout_s or profile.lifecycle.boot_timeout_s)
     try:
         for step in plan.steps:
-            run_step(step.name, step.what)
-        rank0 = next((w for w in booted[0].watches if w.spec.rank == 0), None) if booted else None
+            run_step(run, step, command)
+        rank0 = next((w for w in run.booted.watches if w.spec.rank == 0), None) if run.booted else None
         return Applied(record, rank0.cap_line if rank0 else None)
     except (PreflightError, ImageError) as exc:   # preflight or image steps: nothing was changed yet
-        record.status, record.finished, record.elapsed_s = Status.FAILED, now_iso(), total.elapsed()
+        record.status, record.finished, record.elapsed_s = Status.FAILED, now_iso(), run.total.elapsed()
         record.failure = Failure(stage=_failed_stage(record), message=exc.render())
         if isinstance(exc, PreflightError) and exc.checks:
-            record.preflight = [CheckResult.model_validate(ch.as_dict()) for ch in exc.checks]
+            record.preflight = list(exc.checks)
         j.save()
         raise
     except (Exception, KeyboardInterrupt) as exc:
@@ -301,24 +363,24 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
         message = f"interrupted ({interrupt_name(exc)})" if interrupted else (
             exc.render() if isinstance(exc, SparkctlError) else f"internal error: {type(exc).__name__}: {exc}")
         record.status = Status.CANCELED if interrupted else Status.FAILED
-        record.finished, record.elapsed_s = now_iso(), total.elapsed()
+        record.finished, record.elapsed_s = now_iso(), run.total.elapsed()
         record.failure = Failure(stage=stage_name, message=message, node=getattr(exc, "node", None))
-        record.handles = record.handles or [h for _, h in started]
+        record.handles = record.handles or [h for _, h in run.started]
         j.save()
         if no_rollback and not interrupted and disk is None:
             c.reporter.event("--no-rollback: leaving the failed engines as they are for inspection")
             record.rollback = "skipped (--no-rollback)"
             j.save()
             raise
-        boundary(command, "stop-new", "before")
-        stop_started(c, started)
-        boundary(command, "stop-new", "after")
+        boundary(command, STOP_NEW, "before")
+        stop_started(c, run.started)
+        boundary(command, STOP_NEW, "after")
         record.rollback = "new engines stopped"
         try:
-            if stopped_previous and active:
-                record.restoring = active.id     # a SIGKILL from here on: the next command settles it
+            if run.stopped_prior and prior:
+                record.restoring = prior.id     # a SIGKILL from here on: the next command settles it
                 j.save()
-                outcome = restore(c, active, record, command=command, save=disk is None and j.disk_error is None)
+                outcome = restore(c, prior, record, command=command, save=disk is None and j.disk_error is None)
                 record.restored, record.restore_error = outcome.restored, outcome.error
                 record.restoring = None
         finally:
@@ -329,9 +391,9 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
         if record.restored:
             said = f"; restored {record.restored}"
         elif record.restore_error:
-            said = f"; restoring {active.id if active else '?'} FAILED: {record.restore_error}"
+            said = f"; restoring {prior.id if prior else '?'} FAILED: {record.restore_error}"
         else:
-            said = "; nothing to restore (no previous deployment)" if not active else ""
+            said = "; nothing to restore (no previous deployment)" if not prior else ""
         if disk is not None:
             raise disk.amended(message=f"{disk.message} (during {stage_name}: the new engines were stopped"
                                        f"{said})") from exc

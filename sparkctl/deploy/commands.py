@@ -1,4 +1,6 @@
-"""The commands (the only door to `deploy/`): up, rollback, down, status, repair, the compare transaction.
+"""The commands on one TP group: up, rollback, down, status, repair, the compare transaction. The CLI reaches
+them through `deploy.door`, which decides between this and the replicated deployment (bench, tune and the
+watcher still call `Deployer` directly).
 
 Every command that changes the cluster takes the lock, checks the state directory has room, observes and
 settles what a dead controller left (reconcile), and only then plans from what it observed: a no-op
@@ -20,7 +22,6 @@ from sparkctl.deploy.apply import apply, own_ports, run_checks
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.image_stage import survey
 from sparkctl.deploy.plan import Plan, make_plan
-from sparkctl.deploy.preflight import Check
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.reconcile import Reconciled, reconcile
 from sparkctl.deploy.repair import RepairPlan, apply_repair, plan_repair
@@ -29,11 +30,11 @@ from sparkctl.deploy.rollback import no_target_error, rollback_target
 from sparkctl.deploy.runtimes import Runtimes
 from sparkctl.deploy.status import down as down_cmd
 from sparkctl.deploy.status import status as status_cmd
-from sparkctl.deploy.steps import boundary
+from sparkctl.deploy.steps import RECONCILE, boundary
 from sparkctl.errors import CancelledError, ConfigError, SparkctlError
 from sparkctl.sglang.render import RenderResult
 from sparkctl.state.ledger import Ledger
-from sparkctl.state.records import DeploymentRecord
+from sparkctl.state.records import CheckResult, DeploymentRecord
 
 CAP_SETTING = ("server.mamba_full_memory_ratio or server.max_mamba_cache_size in the profile "
                "(--mamba-full-memory-ratio / --max-mamba-cache-size), or server.mamba_ssm_dtype: bfloat16")
@@ -90,13 +91,14 @@ class Deployer:
         images = survey(profile, c.inventory, result, base_of=base_of)
         if images.launch is not None:
             rts.bind_launch(images.launch)       # the boot preview shows the launch image's docker run
-        plan = make_plan(result, active, healthy, detail, deployment_id=dep_id,
-                         start_preview=lambda spec: rts.for_node(spec.node).launch_argv(spec, dep_id),
-                         image_steps=images.steps(), launch_image=images.identity_key)
-        plan.images = images
+        known_good = c.ledger.known_good()
+        plan = make_plan(result, active, healthy, detail, deployment_id=dep_id, images=images,
+                         own_ports=frozenset(own_ports(active)),
+                         prior_known_good=known_good.id if known_good else None,
+                         start_preview=lambda spec: rts.for_node(spec.node).launch_argv(spec, dep_id))
         return result, plan
 
-    def preflight(self, profile: Profile) -> list[Check]:
+    def preflight(self, profile: Profile) -> list[CheckResult]:
         """Read-only checks on every node for this profile (what `up` runs first); raises PreflightError."""
         c = self.cluster
         result = c.render(profile)
@@ -119,9 +121,9 @@ class Deployer:
                             reason=plan.noop_reason, endpoint=c.endpoint(result.specs[0]))
         with c.ledger.lock(kind):
             c.check_room()
-            boundary(command, "reconcile", "before")
+            boundary(command, RECONCILE, "before")
             settled = reconcile(c, kind)
-            boundary(command, "reconcile", "after")
+            boundary(command, RECONCILE, "after")
             if kind not in ("bench-compare", "bench-restore"):
                 self._settle_compare()
             result, plan = self.plan(profile, base_of=opts.base_of)   # from what runs now, health measured now

@@ -5,10 +5,11 @@ health (rank 0 /health 200), models (/v1/models lists the served name), settings
 in force), capacity (resolved max_total_num_tokens / max_running_requests meet the
 profile's expectations), workers (every rank > 0 alive by its process/container
 state and log: its own /health is a dummy), smoke (a generation returns tokens).
+
+Each gate is a `state.records.GateResult` (the one model of a gate: what runs it returns is what the record keeps).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.config.profile import Profile
@@ -16,19 +17,10 @@ from sparkctl.deploy.boot import RankWatch
 from sparkctl.errors import SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.bootwatch import BootState
+from sparkctl.state.records import GateResult
 
 if TYPE_CHECKING:
     from sparkctl.sglang.client import SGLangClient
-
-
-@dataclass
-class Gate:
-    name: str
-    ok: bool
-    evidence: str
-
-    def as_dict(self) -> JSONObject:
-        return asdict(self)
 
 
 def _expected_settings(profile: Profile) -> JSONObject:
@@ -55,16 +47,16 @@ def _same(expected: object, seen: object) -> bool:
 
 
 def run_gates(profile: Profile, client: SGLangClient, watches: list[RankWatch], *,
-              smoke_tokens: int = 16) -> list[Gate]:
+              smoke_tokens: int = 16) -> list[GateResult]:
     """Run every gate (all of them, even after one fails, so the record shows the whole picture)."""
-    gates: list[Gate] = []
+    gates: list[GateResult] = []
 
     def gate(name: str, fn: Any) -> Any:
         try:
             ok, evidence, value = fn()
         except SparkctlError as exc:  # the engine did not answer as it must: a failed gate with its reason
             ok, evidence, value = False, exc.message, None     # (a bug in sparkctl propagates instead)
-        gates.append(Gate(name, ok, evidence))
+        gates.append(GateResult(name=name, ok=ok, evidence=evidence))
         return value
 
     def health() -> tuple[bool, str, None]:

@@ -5,7 +5,7 @@ Two halves, so the checks work with any runtime that can run an argv on a node:
 
 * ``gather(run_many, node, peers, model_dirs)`` -> ``HostFacts``: runs the facts' argvs (``sparkctl.nodes.facts``)
   through the given ``run_many`` (e.g. a node's SSH connector) and parses them;
-* ``evaluate(facts_by_node, rank0)`` -> list of ``Check`` (node, name, ok, seen, fix): PURE, no I/O.
+* ``evaluate(facts_by_node, rank0)`` -> list of ``CheckResult`` (node, name, ok, seen, fix): PURE, no I/O.
 
 Wired into ``apply.run_checks`` (sparkctl/deploy/apply.py) through ``run_preflight(..., then=...)``.
 """
@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sparkctl.deploy.preflight import Check, Severity
 from sparkctl.nodes import facts
 from sparkctl.nodes.facts import FabricSsh, Manifest
+from sparkctl.state.records import CheckResult
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Inventory, Node
@@ -69,15 +69,15 @@ def gather(run_many: Callable[[list[list[str]]], Sequence[Any]], node: Node, pee
     return out
 
 
-def evaluate(by_node: dict[str, HostFacts], rank0: str) -> list[Check]:
+def evaluate(by_node: dict[str, HostFacts], rank0: str) -> list[CheckResult]:
     """Every cross-node check from the gathered facts (pure)."""
     return [*model_parity(by_node, rank0), *mtu_equal(by_node, rank0), *fabric_ssh(by_node.get(rank0))]
 
 
-def model_parity(by_node: dict[str, HostFacts], rank0: str) -> list[Check]:
+def model_parity(by_node: dict[str, HostFacts], rank0: str) -> list[CheckResult]:
     """Model and drafter: present on every node, same files with the same checksums as on the reference node
     (rank 0 when it has them, else the first node that does)."""
-    out: list[Check] = []
+    out: list[CheckResult] = []
     keys = sorted({k for f in by_node.values() for k in f.manifests})
     for what, path in keys:
         seen = {n: f.manifests.get((what, path)) for n, f in by_node.items()}
@@ -89,7 +89,7 @@ def model_parity(by_node: dict[str, HostFacts], rank0: str) -> list[Check]:
             m = seen[n]
             why = f"manifest failed ({'; '.join(by_node[n].errors)[:200]})" if m is None else "directory missing"
             src = rank0 if rank0 in present else sorted(present)[0]
-            out.append(Check.failing(n, f"{what} parity", f"{what} {path} is not on {n} ({why}) but is on {src}",
+            out.append(CheckResult.failing(n, f"{what} parity", f"{what} {path} is not on {n} ({why}) but is on {src}",
                              f"{PREPARE_MODELS} (copies it from {src} over the fabric)"))
             failed = True
         ref = rank0 if rank0 in present else sorted(present)[0]
@@ -99,49 +99,51 @@ def model_parity(by_node: dict[str, HostFacts], rank0: str) -> list[Check]:
             extra = sorted(r for r in m.files if r not in want)
             if n != ref and (differ or extra):
                 listed = ", ".join((differ + extra)[:3]) + (" ..." if len(differ) + len(extra) > 3 else "")
-                out.append(Check.failing(n, f"{what} parity",
+                out.append(CheckResult.failing(n, f"{what} parity",
                                  f"{what} {path} differs between {ref} and {n}: {len(differ)} file(s) differ or "
                                  f"are missing, {len(extra)} extra ({listed})",
                                  f"{PREPARE_MODELS} (copies {ref}'s files to {n} over the fabric)"))
                 failed = True
         if not failed:
             stale = [n for n, m in present.items() if m.status == "computed"]
-            out.append(Check.passing(ref, f"{what} parity", f"{what} {path}: {len(want)} files, same checksums on "
+            out.append(CheckResult.passing(ref, f"{what} parity",
+                                           f"{what} {path}: {len(want)} files, same checksums on "
                              f"{', '.join(sorted(present))}" + (f" (manifest recomputed on {', '.join(stale)})"
                                                                  if stale else "")))
     return out
 
 
-def mtu_equal(by_node: dict[str, HostFacts], rank0: str) -> list[Check]:
+def mtu_equal(by_node: dict[str, HostFacts], rank0: str) -> list[CheckResult]:
     """The fabric MTU is the same on every end (a mismatch drops or fragments NCCL's large packets)."""
     mtus = {n: f.mtu for n, f in by_node.items() if f.mtu is not None}
     if len(mtus) < 2:
         return []
     if len(set(mtus.values())) == 1:
-        return [Check.passing(rank0, "fabric mtu equal", f"mtu {next(iter(mtus.values()))} on "
+        return [CheckResult.passing(rank0, "fabric mtu equal", f"mtu {next(iter(mtus.values()))} on "
                       f"{', '.join(sorted(mtus))}")]
     top = max(mtus.values())
     listed = ", ".join(f"{m} on {n}" for n, m in sorted(mtus.items()))
-    return [Check.failing(n, "fabric mtu equal", f"fabric mtu differs between the ends: {listed}",
+    return [CheckResult.failing(n, "fabric mtu equal", f"fabric mtu differs between the ends: {listed}",
                   f"set mtu {top} on {by_node[n].fabric_interface} of {n} too: {PREPARE_FABRIC} (netplan, "
                   f"mtu from prepare_fabric_mtu)")
             for n, m in sorted(mtus.items()) if m != top]
 
 
-def fabric_ssh(rank0: HostFacts | None) -> list[Check]:
+def fabric_ssh(rank0: HostFacts | None) -> list[CheckResult]:
     """Rank 0 reaches every peer over the fabric with the dedicated key (for node-to-node model/image copies)."""
     if rank0 is None:
         return []
     out = []
     for peer, r in sorted(rank0.fabric_ssh.items()):
         if r.ok:
-            out.append(Check.passing(rank0.node, f"fabric ssh {peer}", f"{rank0.node} reaches {peer} over the fabric"))
+            out.append(CheckResult.passing(rank0.node, f"fabric ssh {peer}",
+                                           f"{rank0.node} reaches {peer} over the fabric"))
         elif r.key_missing:   # serving does not need it (only node-to-node copies do): a warning
-            out.append(Check(rank0.node, f"fabric ssh {peer}", Severity.WARN,
+            out.append(CheckResult.warning(rank0.node, f"fabric ssh {peer}",
                              f"the fabric SSH key {facts.FABRIC_KEY} is missing on {rank0.node} "
                              f"(node-to-node model copies need it; fix: {PREPARE_SSH})", PREPARE_SSH))
         else:
-            out.append(Check.failing(rank0.node, f"fabric ssh {peer}",
+            out.append(CheckResult.failing(rank0.node, f"fabric ssh {peer}",
                              f"{rank0.node} cannot SSH to {peer} over the fabric: {r.error}",
                              f"{PREPARE_SSH}" + (" (the peer's fabric host key is not known yet)"
                                                  if r.host_key_problem else "")))
@@ -176,5 +178,5 @@ class CrossNodeChecks:
         except SparkctlError:
             return          # unreachable: the node's own ssh check already failed
 
-    def checks(self) -> list[Check]:
+    def checks(self) -> list[CheckResult]:
         return evaluate(self.facts, self.inventory.nodes[0].name) if len(self.facts) > 1 else []

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.fanout import fan_out, raise_first
+from sparkctl.deploy.steps import IMAGE_BUILD, IMAGE_DISTRIBUTE, IMAGE_STEPS, IMAGE_VERIFY
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.launch import LaunchSpec
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from sparkctl.images.plan import BaseImage
     from sparkctl.nodes.ssh import SSHConnector
 
-STEPS = ("image-build", "image-distribute", "image-verify")
+STEPS = IMAGE_STEPS
 NO_IMAGE = "no-op (process runtime: no image)"
 
 
@@ -85,9 +86,9 @@ class ImageSurvey:
         nodes = list(self.present) or ["every node"]
         if self.error:
             unknown = f"(nodes not surveyed: {self.error})"
-            return [("image-build", f"image-build: build what is missing {unknown}"),
-                    ("image-distribute", f"image-distribute: copy what a node lacks {unknown}"),
-                    ("image-verify", "image-verify: one image ID on every node before boot")]
+            return [(IMAGE_BUILD, f"image-build: build what is missing {unknown}"),
+                    (IMAGE_DISTRIBUTE, f"image-distribute: copy what a node lacks {unknown}"),
+                    (IMAGE_VERIFY, "image-verify: one image ID on every node before boot")]
         tags = self._tags()
         if self.mode == "prebuilt":
             build = f"no-op (prebuilt image {self.image} named by {self.source}: nothing to build)"
@@ -120,8 +121,8 @@ class ImageSurvey:
                 dist = (f"copy from {builder}: {shown} (missing layers only, over the fabric)" if shown else
                         f"no-op (every node has {', '.join(tags)})")
         shown = ", ".join(tags) or "the engine and launch images"
-        return [("image-build", f"image-build: {build}"), ("image-distribute", f"image-distribute: {dist}"),
-                ("image-verify", f"image-verify: {shown} on {', '.join(nodes)} with one ID each, before boot")]
+        return [(IMAGE_BUILD, f"image-build: {build}"), (IMAGE_DISTRIBUTE, f"image-distribute: {dist}"),
+                (IMAGE_VERIFY, f"image-verify: {shown} on {', '.join(nodes)} with one ID each, before boot")]
 
 
 def _conns(inventory: Inventory) -> JSONObject:
@@ -227,7 +228,7 @@ class ImageStage:
             missing = [n for n, i in ids.items() if not i]
             if missing:
                 raise PreflightError(f"image {image} is missing on {', '.join(missing)} right before boot",
-                                     where="image-verify", hint="run up again (it copies the image)")
+                                     where=IMAGE_VERIFY, hint="run up again (it copies the image)")
             _refuse_mismatch(image, ids)
             self._say(f"{image}: same ID on {', '.join(nodes)} ({next(iter(ids.values()))[:19]})")
             return ({n: str(i) for n, i in ids.items()},

@@ -1,8 +1,10 @@
 """Plan: the desired deployment vs what runs now, as the ordered steps `up` will run (or a no-op with its reason).
 
-The steps are the program: `deploy.apply.apply` runs exactly `plan.steps`, in order, each recorded in the ledger
-as a stage under the step's name, so what `--dry-run` prints cannot drift from what `up` does. A step that
-starts engines carries a preview of each command it runs (the `docker run` argv per rank), shown by
+The steps are the program: each is a small frozen dataclass of its kind carrying its inputs (the prior
+deployment, the image survey, the ranks in boot order), made once under the lock from what was observed.
+`deploy.apply.apply` runs exactly `plan.steps`, in order, dispatching on each step's class, each recorded in the
+ledger as a stage under the step's name (from `deploy.steps`), so what `--dry-run` prints cannot drift from what
+`up` does. The boot step carries a preview of each command it runs (the `docker run` argv per rank), shown by
 `--dry-run`.
 """
 from __future__ import annotations
@@ -12,16 +14,16 @@ import json
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ClassVar
 
+from sparkctl.deploy import steps
 from sparkctl.jsontypes import JSONObject
+from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult
 from sparkctl.state.records import DeploymentRecord
 
 if TYPE_CHECKING:
     from sparkctl.deploy.image_stage import ImageSurvey
-
-Preview = Callable[[], list[tuple[str, list[str]]]]   # -> [(node, argv)] of the commands a step runs
 
 
 def launch_identity(result: RenderResult, launch_image: str | None = None) -> str:
@@ -35,32 +37,116 @@ def launch_identity(result: RenderResult, launch_image: str | None = None) -> st
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Step:
-    """One step of `up`: `name` is also the stage name in the ledger; `node` None means every node."""
+    """One step of `up`, carrying its inputs; `name` (one of `deploy.steps.UP_STEPS`) is also the stage name in
+    the ledger and the crash boundary's. `deploy.apply` dispatches on the step's class."""
 
-    name: str
+    name: ClassVar[str]
+    idempotent: ClassVar[bool] = True
     what: str
-    idempotent: bool = True
-    node: str | None = None
-    preview: Preview | None = field(default=None, repr=False)
+    node: str | None = None                # None: every node
 
     def commands(self) -> list[tuple[str, list[str]]]:
-        return self.preview() if self.preview else []
+        """The commands this step runs, [(node, argv)], shown by `--dry-run` (only the boot step says them)."""
+        return []
 
     def as_dict(self) -> JSONObject:
         return {"name": self.name, "what": self.what, "idempotent": self.idempotent, "node": self.node}
 
 
+@dataclass(frozen=True, kw_only=True)
+class Preflight(Step):
+    """Read-only checks on every node; the ports the prior deployment holds are its own, not a conflict."""
+
+    name: ClassVar[str] = steps.PREFLIGHT
+    own_ports: frozenset[tuple[str, int]] = frozenset()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageStep(Step):
+    """One of the three image steps, from the survey of what the nodes hold (`deploy.image_stage`)."""
+
+    survey: ImageSurvey = field(repr=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageBuild(ImageStep):
+    name: ClassVar[str] = steps.IMAGE_BUILD
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageDistribute(ImageStep):
+    name: ClassVar[str] = steps.IMAGE_DISTRIBUTE
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageVerify(ImageStep):
+    name: ClassVar[str] = steps.IMAGE_VERIFY
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopOld(Step):
+    """Stop the prior deployment, kept restartable: a failure after this step restores it."""
+
+    name: ClassVar[str] = steps.STOP_OLD
+    idempotent: ClassVar[bool] = False
+    prior: DeploymentRecord = field(repr=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Boot(Step):
+    """Start the ranks in `order` (rank N-1 .. 0) and wait until rank 0 is ready."""
+
+    name: ClassVar[str] = steps.BOOT
+    idempotent: ClassVar[bool] = False
+    order: tuple[LaunchSpec, ...] = field(repr=False)
+    preview: Callable[[LaunchSpec], list[str]] | None = field(default=None, repr=False, compare=False)
+
+    def commands(self) -> list[tuple[str, list[str]]]:
+        return [(s.node, self.preview(s)) for s in self.order] if self.preview else []
+
+
+@dataclass(frozen=True, kw_only=True)
+class WarmUp(Step):
+    name: ClassVar[str] = steps.WARM_UP
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verify(Step):
+    name: ClassVar[str] = steps.VERIFY
+
+
+@dataclass(frozen=True, kw_only=True)
+class HandOff(Step):
+    """Make the new deployment the active one; the prior one (if any) is marked superseded."""
+
+    name: ClassVar[str] = steps.HAND_OFF
+    idempotent: ClassVar[bool] = False
+    prior: DeploymentRecord | None = field(default=None, repr=False)
+
+
+IMAGE_STEP_TYPES: dict[str, type[ImageStep]] = {c.name: c for c in (ImageBuild, ImageDistribute, ImageVerify)}
+STEP_TYPES: tuple[type[Step], ...] = (Preflight, ImageBuild, ImageDistribute, ImageVerify, StopOld, Boot, WarmUp,
+                                      Verify, HandOff)
+
+
 @dataclass
 class Plan:
+    """The steps `apply` runs, made once from what was observed (`prior`: the active deployment then)."""
+
     profile: str
     identity: str
     deployment_id: str                     # the id the new deployment gets (names its containers)
     steps: list[Step] = field(default_factory=list)
     noop_reason: str | None = None
-    active_id: str | None = None
+    prior: DeploymentRecord | None = field(default=None, repr=False)
+    prior_known_good: str | None = None    # the newest known-good deployment when planned (the record keeps it)
     images: ImageSurvey | None = field(default=None, repr=False)   # the survey the image steps came from
+
+    @property
+    def active_id(self) -> str | None:
+        return self.prior.id if self.prior else None
 
     @property
     def noop(self) -> bool:
@@ -87,36 +173,37 @@ class Plan:
 
 
 def make_plan(result: RenderResult, active: DeploymentRecord | None, active_healthy: bool, health_detail: str,
-              *, deployment_id: str, start_preview: Callable[[Any], list[str]] | None = None,
-              image_steps: list[tuple[str, str]] | None = None, launch_image: str | None = None) -> Plan:
-    """The steps from what runs now (`active`) to `result`. `start_preview(spec)` gives the argv that starts a
-    rank (the runtime's `launch_argv`), shown under the boot step by `--dry-run`. `image_steps` are the image
-    stage's (name, what) from `deploy.image_stage.ImageSurvey.steps` (each says why it is or is not needed);
-    `launch_image` is the launch image tag the ranks will run, part of the identity."""
-    identity = launch_identity(result, launch_image)
-    plan = Plan(profile=result.profile.name, identity=identity, deployment_id=deployment_id,
-                active_id=active.id if active else None)
+              *, deployment_id: str, images: ImageSurvey, own_ports: frozenset[tuple[str, int]] = frozenset(),
+              prior_known_good: str | None = None,
+              start_preview: Callable[[LaunchSpec], list[str]] | None = None) -> Plan:
+    """The steps from what runs now (`active`) to `result`. `images` is the survey of what the nodes hold
+    (`deploy.image_stage.survey`): its steps say why each is or is not needed, and its launch image tag is part
+    of the identity. `own_ports` are the ports `active` holds (preflight does not count them as taken);
+    `start_preview(spec)` gives the argv that starts a rank (the runtime's `launch_argv`), shown under the boot
+    step by `--dry-run`."""
+    identity = launch_identity(result, images.identity_key)
+    plan = Plan(profile=result.profile.name, identity=identity, deployment_id=deployment_id, prior=active,
+                prior_known_good=prior_known_good, images=images)
     if active and active.identity == identity and active_healthy:
         plan.noop_reason = (f"deployment {active.id} already runs profile {result.profile.name} with the same "
                             f"launch identity {identity} and is healthy ({health_detail})")
         return plan
     nodes = result.inventory.nodes
     add = plan.steps.append
-    add(Step("preflight", f"preflight on {', '.join(n.name for n in nodes)} (read-only)"))
-    for name, what in image_steps or []:
-        add(Step(name, what))
+    add(Preflight(what=f"preflight on {', '.join(n.name for n in nodes)} (read-only)", own_ports=own_ports))
+    for name, what in images.steps():
+        add(IMAGE_STEP_TYPES[name](what=what, survey=images))
     if active:
         why = "unhealthy, same identity" if active.identity == identity else f"profile {active.profile}"
-        add(Step("stop-old", f"stop deployment {active.id} ({why}); kept restartable for rollback",
-                 idempotent=False))
-    order = sorted(result.specs, key=lambda s: -s.rank)
+        add(StopOld(what=f"stop deployment {active.id} ({why}); kept restartable for rollback", prior=active))
+    order = tuple(sorted(result.specs, key=lambda s: -s.rank))
     starts = ", then ".join(f"start rank {s.rank} on {s.node}" for s in order)
-    add(Step("boot", f"{starts} (SGLang {order[0].sglang_version}); wait until rank 0 is ready", idempotent=False,
-             preview=(lambda: [(s.node, start_preview(s)) for s in order]) if start_preview else None))
+    add(Boot(what=f"{starts} (SGLang {order[0].sglang_version}); wait until rank 0 is ready", order=order,
+             preview=start_preview))
     w = result.profile.warmup
-    add(Step("warm-up", f"warm-up: {w.requests} x {w.max_tokens} tokens (first request timed apart as cold)"))
-    add(Step("verify", "verify: health, models, settings in force, capacity, workers alive, smoke generation"))
-    add(Step("hand-off", f"hand off http://{result.specs[0].api_host}:{result.specs[0].api_port} "
-                         f"(on failure: {'roll back to ' + active.id if active else 'stop the new engines'})",
-             idempotent=False))
+    add(WarmUp(what=f"warm-up: {w.requests} x {w.max_tokens} tokens (first request timed apart as cold)"))
+    add(Verify(what="verify: health, models, settings in force, capacity, workers alive, smoke generation"))
+    add(HandOff(what=f"hand off http://{result.specs[0].api_host}:{result.specs[0].api_port} "
+                     f"(on failure: {'roll back to ' + active.id if active else 'stop the new engines'})",
+                prior=active))
     return plan

@@ -8,53 +8,11 @@ listing every failure.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import StrEnum
 
 from sparkctl.deploy.fanout import fan_out, raise_first
 from sparkctl.errors import PreflightError, SparkctlError
-from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.launch import LaunchSpec
-
-
-class Severity(StrEnum):
-    OK = "ok"
-    WARN = "warning"      # passes, but worth reading (a test node without nvidia-smi, a small MTU)
-    FAIL = "failed"       # blocks the deployment
-
-
-@dataclass(frozen=True)
-class Check:
-    node: str
-    name: str
-    severity: Severity
-    seen: str
-    fix: str = ""
-
-    @classmethod
-    def passing(cls, node: str, name: str, seen: str) -> Check:
-        return cls(node, name, Severity.OK, seen)
-
-    @classmethod
-    def warning(cls, node: str, name: str, seen: str) -> Check:
-        return cls(node, name, Severity.WARN, seen)
-
-    @classmethod
-    def failing(cls, node: str, name: str, seen: str, fix: str) -> Check:
-        return cls(node, name, Severity.FAIL, seen, fix)
-
-    @property
-    def ok(self) -> bool:
-        return self.severity is not Severity.FAIL
-
-    @property
-    def line(self) -> str:
-        """`name: seen`, with `warning:` before a warning's text."""
-        return f"{self.name}: " + ("warning: " if self.severity is Severity.WARN else "") + self.seen
-
-    def as_dict(self) -> JSONObject:
-        return {"node": self.node, "name": self.name, "ok": self.ok, "severity": self.severity.value,
-                "seen": self.seen, "fix": self.fix}
+from sparkctl.state.records import CheckResult
 
 
 def ports_of(spec: LaunchSpec) -> list[tuple[str, int, str]]:
@@ -62,8 +20,8 @@ def ports_of(spec: LaunchSpec) -> list[tuple[str, int, str]]:
     return spec.listen_ports()
 
 
-def run_preflight(specs: list[LaunchSpec], checks_for: Callable[[LaunchSpec], list[Check]],
-                  then: Callable[[], list[Check]] | None = None) -> list[Check]:
+def run_preflight(specs: list[LaunchSpec], checks_for: Callable[[LaunchSpec], list[CheckResult]],
+                  then: Callable[[], list[CheckResult]] | None = None) -> list[CheckResult]:
     """Run every node's checks in parallel, then the cross-node ones (``then``, e.g.
     ``sparkctl.deploy.host_checks.CrossNodeChecks.checks``); raise PreflightError naming each failed node and check."""
     results = raise_first(fan_out(specs, _safe(checks_for)))   # every node's checks run to the end first
@@ -79,12 +37,12 @@ def run_preflight(specs: list[LaunchSpec], checks_for: Callable[[LaunchSpec], li
     return checks
 
 
-def _safe(fn: Callable[[LaunchSpec], list[Check]]) -> Callable[[LaunchSpec], list[Check]]:
+def _safe(fn: Callable[[LaunchSpec], list[CheckResult]]) -> Callable[[LaunchSpec], list[CheckResult]]:
     """A known failure on one node (SSH refused, a command failed) is that node's failed check; anything else is
     a sparkctl bug and propagates to the CLI's debug-log boundary."""
-    def run(spec: LaunchSpec) -> list[Check]:
+    def run(spec: LaunchSpec) -> list[CheckResult]:
         try:
             return fn(spec)
         except SparkctlError as exc:
-            return [Check.failing(spec.node, "preflight", exc.message, exc.hint or "see the message")]
+            return [CheckResult.failing(spec.node, "preflight", exc.message, exc.hint or "see the message")]
     return run

@@ -12,11 +12,12 @@ from collections.abc import Callable
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import BootResult, boot
 from sparkctl.deploy.cluster import Cluster
-from sparkctl.deploy.gates import Gate, run_gates
+from sparkctl.deploy.gates import run_gates
 from sparkctl.deploy.runtimes import Runtimes
 from sparkctl.nodes.runtime import Handle, Runtime
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult
+from sparkctl.state.records import GateResult
 
 
 def boot_ranks(c: Cluster, profile: Profile, result: RenderResult, rts: Runtimes, dep_id: str, *,
@@ -28,7 +29,7 @@ def boot_ranks(c: Cluster, profile: Profile, result: RenderResult, rts: Runtimes
                 log_room=c.log_room(dep_id))
 
 
-def gate_ranks(c: Cluster, profile: Profile, result: RenderResult, booted: BootResult) -> tuple[list[Gate], bool]:
+def gate_ranks(c: Cluster, profile: Profile, result: RenderResult, booted: BootResult) -> tuple[list[GateResult], bool]:
     """Every gate against the booted ranks; (gates, emulated: the engine says it is sparkctl's emulator)."""
     from sparkctl.sglang.client import SGLangAPIError
     with c.client(result.specs[0], profile.api.api_key_env, timeout=profile.lifecycle.health_timeout_s) as client:

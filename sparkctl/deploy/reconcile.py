@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import mark_superseded, sweep_secrets
 from sparkctl.deploy.observe import Engine, observe, stop_engine, unrecorded
+from sparkctl.deploy.steps import RECONCILE, VERIFY
 from sparkctl.errors import SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import SGLangAPIError
@@ -111,7 +112,7 @@ def reconcile(d: Cluster, command: str) -> Reconciled:
     adopted = None
     active_id = d.ledger.active_id()
     if dead or any(e.deployment != active_id for e in found):
-        d.reporter.stage("reconcile", f"`sparkctl {command}` first settles what a dead controller left")
+        d.reporter.stage(RECONCILE, f"`sparkctl {command}` first settles what a dead controller left")
 
     def stop_all(engines: list[Engine], why: str) -> None:
         for e in engines:
@@ -126,7 +127,7 @@ def reconcile(d: Cluster, command: str) -> Reconciled:
         why = controller_text(rec)
         stage = stage_of(rec)
         mine = [e for e in found if e.deployment == rec.id]
-        verified = any(s.name == "verify" and s.status == "ok" for s in rec.stages)
+        verified = any(s.name == VERIFY and s.status == "ok" for s in rec.stages)
         if rec.status == Status.RUNNING and verified and _healthy(d, rec, mine):
             line = (f"adopted {rec.id} ({rec.profile}): its {why} after every gate passed; all ranks serve "
                     f"/health 200 (hand-off completed by `sparkctl {command}`)")

@@ -41,6 +41,7 @@ from pydantic import ValidationError
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.commands import Deployer, UpOptions, follow_reader
+from sparkctl.deploy.plan import Plan
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.results import (
     ReplicaStatus,
@@ -50,15 +51,24 @@ from sparkctl.deploy.results import (
     RouterStatus,
     watcher_of,
 )
+from sparkctl.deploy.steps import (
+    HAND_OFF,
+    RECONCILE,
+    REPLICA_ATTACH,
+    REPLICA_DETACH,
+    REPLICA_UP,
+    ROUTER_GATES,
+    ROUTER_START,
+    boundary,
+)
 from sparkctl.deploy.steps import REPLICATED_COMMAND as COMMAND
-from sparkctl.deploy.steps import boundary
 from sparkctl.errors import ConfigError, LedgerError, LockHeldError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.fanout import fan_out
 from sparkctl.nodes.process import read_lines
 from sparkctl.router import RouterError, strip_colour
 from sparkctl.router import launch as router_launch
-from sparkctl.router.client import RouterClient, attach, detach, drain, engine_in_flight
+from sparkctl.router.client import RouterClient, Worker, attach, detach, drain, engine_in_flight
 from sparkctl.router.replicas import Replica, render_replicas, router_endpoint, router_spec
 from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.launch import redact
@@ -154,6 +164,52 @@ class Record:
         return self.data.get("status") in ("active", "updating", "failed")   # failed: its replicas still run
 
 
+@dataclass(frozen=True)
+class ReplicaMove:
+    """One replica in a replicated `up`: its own plan, and the router's entry for it (None: not listed)."""
+
+    replica: Replica
+    sub: Deployer
+    plan: Plan
+    listed: Worker | None
+
+    @property
+    def unchanged(self) -> bool:
+        """Already runs this profile, healthy, and healthy in the router: nothing to do, not even a drain."""
+        return self.plan.noop and self.listed is not None and self.listed.healthy
+
+
+@dataclass(frozen=True)
+class ReplicatedPlan:
+    """A replicated `up` as data: the router and each replica's move, made once from what runs now."""
+
+    profile: Profile
+    replicas: list[Replica]
+    spec: RouterSpec
+    router: router_launch.Router | None          # ours, running (None: it starts before the first attach)
+    client: RouterClient
+    moves: list[ReplicaMove]
+    parallel: bool                               # a first `up`: every replica's own `up` at once
+    endpoint: str
+
+    def lines(self) -> list[str]:
+        spec, drain_s = self.spec, self.profile.router.drain_timeout_s
+        lines = [f"router {spec.url} ({spec.policy}): " + (f"running ({self.router.where})" if self.router
+                                                           else "start")]
+        for m in self.moves:
+            rep = m.replica
+            head = f"replica {rep.index} ({', '.join(rep.nodes)}, {rep.url})"
+            if m.unchanged:
+                lines.append(f"{head}: unchanged ({m.plan.noop_reason})")
+                continue
+            if m.listed is not None:
+                lines.append(f"{head}: out of the router, drain (at most {drain_s:g}s)")
+            lines += [f"{head}: {line}" for line in m.plan.lines()]
+            lines.append(f"{head}: back into the router once its gates pass")
+        lines.append(f"router gates, then hand off {self.endpoint}")
+        return lines
+
+
 class ReplicatedDeployer:
     parallel_first_up = True      # False: a first up goes one replica at a time too (the benchmark's baseline)
 
@@ -183,27 +239,28 @@ class ReplicatedDeployer:
         return out
 
     # ---- plan (read-only) ------------------------------------------------------------------------------------
-    def plan_lines(self, profile: Profile) -> list[str]:
-        """What `up` would do, replica by replica (each replica's own plan under its steps); nothing is changed."""
+    def make_plan(self, profile: Profile, rec: Record) -> ReplicatedPlan:
+        """What a replicated `up` of `profile` does from what runs now: the router (ours, running, or to start)
+        and, per replica, its own plan (`deploy.plan.Plan`) and whether the router lists it. `up` runs this plan;
+        `up --dry-run` prints it (`ReplicatedPlan.lines`)."""
         reps = render_replicas(profile, self.inventory)
         spec = router_spec(profile, self.inventory, reps)
-        rec = Record.load(self.ledger.root)
         router = self._router(rec, spec)
-        lines = [f"router {spec.url} ({spec.policy}): " + (f"running ({router.where})" if router else "start")]
-        client = RouterClient(spec.url, metrics_url=spec.metrics_url) if router else None
+        client = RouterClient(spec.url, metrics_url=spec.metrics_url)
+        moves = []
         for rep in reps:
-            _, plan = self._sub(rep, rec).plan(rep.result.profile)
-            listed = client.find(rep.url) if client else None
-            head = f"replica {rep.index} ({', '.join(rep.nodes)}, {rep.url})"
-            if plan.noop and listed is not None and listed.healthy:
-                lines.append(f"{head}: unchanged ({plan.noop_reason})")
-                continue
-            if listed is not None:
-                lines.append(f"{head}: out of the router, drain (at most {profile.router.drain_timeout_s:g}s)")
-            lines += [f"{head}: {line}" for line in plan.lines()]
-            lines.append(f"{head}: back into the router once its gates pass")
-        lines.append(f"router gates, then hand off {router_endpoint(profile, self.inventory)}")
-        return lines
+            sub = self._sub(rep, rec)
+            _, plan = sub.plan(rep.result.profile)
+            moves.append(ReplicaMove(rep, sub, plan, client.find(rep.url) if router is not None else None))
+        todo = [m for m in moves if not m.unchanged]
+        # Nothing in the router: nothing serves through it, so there is no traffic to keep: all at once.
+        parallel = self.parallel_first_up and len(todo) > 1 and (router is None or not client.list_workers())
+        return ReplicatedPlan(profile, reps, spec, router, client, moves, parallel,
+                              router_endpoint(profile, self.inventory))
+
+    def plan_lines(self, profile: Profile) -> list[str]:
+        """What `up` would do, replica by replica (each replica's own plan under its steps); nothing is changed."""
+        return self.make_plan(profile, Record.load(self.ledger.root)).lines()
 
     # ---- up --------------------------------------------------------------------------------------------------
     def up(self, profile: Profile, opts: UpOptions | None = None) -> ReplicatedUpResult:
@@ -227,11 +284,12 @@ class ReplicatedDeployer:
             def settle_parent() -> None:
                 if parent.ledger.active() is not None:      # a single-group deployment on these nodes
                     self.reporter.event("the cluster runs a single-group deployment: it goes down first")
-            self._step(rec, "reconcile", "settle what runs on the cluster's nodes", settle_parent)
+            self._step(rec, RECONCILE, "settle what runs on the cluster's nodes", settle_parent)
         if parent.ledger.active() is not None:
             parent.down()          # its own lock and steps
         with self.ledger.lock(COMMAND):
-            router = self._router(rec, spec)
+            planned = self.make_plan(profile, rec)       # under the lock, from what runs now
+            router = planned.router
 
             def start_router() -> router_launch.Router:
                 from sparkctl.deploy.router_image import router_image
@@ -247,22 +305,17 @@ class ReplicatedDeployer:
                 """Started once a replica serves (before its attach): on a first `up` rank 0 has the engine image
                 the router runs from only after a replica's image stage."""
                 if running[0] is None:
-                    running[0] = self._step(rec, "router-start", f"start the router on {spec.url} ({spec.policy})",
+                    running[0] = self._step(rec, ROUTER_START, f"start the router on {spec.url} ({spec.policy})",
                                             start_router)
-            client = RouterClient(spec.url, metrics_url=spec.metrics_url)
-            todo: list[tuple[Replica, Deployer, Any]] = []
-            for rep in reps:
-                sub = self._sub(rep, rec)
-                _, plan = sub.plan(rep.result.profile)
-                listed = client.find(rep.url) if router is not None else None
-                if plan.noop and listed is not None and listed.healthy:
-                    self.reporter.event(f"replica {rep.index} ({', '.join(rep.nodes)}): unchanged, in the router")
-                    continue
-                todo.append((rep, sub, listed))
+            client = planned.client
+            for move in planned.moves:
+                if move.unchanged:
+                    self.reporter.event(f"replica {move.replica.index} ({', '.join(move.replica.nodes)}): "
+                                        f"unchanged, in the router")
+            todo = [(m.replica, m.sub, m.listed) for m in planned.moves if not m.unchanged]
             changed = [rep.index for rep, _, _ in todo]          # to go through (some may find nothing to do)
             deployed: list[int] = []                               # those whose own `up` deployed
-            # Nothing in the router: nothing serves through it, so there is no traffic to keep: all at once.
-            parallel = self.parallel_first_up and len(todo) > 1 and (router is None or not client.list_workers())
+            parallel = planned.parallel
             if parallel:
                 deployed += self._all_at_once(rec, profile, opts, client, todo, ensure_router)
             else:
@@ -283,13 +336,13 @@ class ReplicatedDeployer:
                         raise
                     raise RouterError(exc.message, where=exc.where, hint=exc.hint, evidence="\n".join(
                         x for x in (exc.evidence, "router log (last lines):\n" + tail) if x)) from exc
-            self._step(rec, "router-gates", f"router ready with {len(reps)} healthy replicas; a generation "
+            self._step(rec, ROUTER_GATES, f"router ready with {len(reps)} healthy replicas; a generation "
                        f"through it", gates)
 
             def hand_off() -> None:
                 rec.data.update(status="active", handed_off=now_iso())
                 rec.save()
-            self._step(rec, "hand-off", f"hand off {rec.data['endpoint']}", hand_off)
+            self._step(rec, HAND_OFF, f"hand off {rec.data['endpoint']}", hand_off)
         started = router is None and running[0] is not None and not running[0].kept
         moved = bool(deployed) or started
         return ReplicatedUpResult(outcome="deployed" if moved else "unchanged", changed=moved,
@@ -300,13 +353,13 @@ class ReplicatedDeployer:
 
     def _replica_up(self, rec: Record, profile: Profile, opts: UpOptions, rep: Replica, sub: Deployer) -> bool:
         """The replica's own `up`; True when it deployed (False: it already ran this profile, healthy)."""
-        res = self._step(rec, "replica-up", f"replica {rep.index}: up {profile.name} on {', '.join(rep.nodes)}",
+        res = self._step(rec, REPLICA_UP, f"replica {rep.index}: up {profile.name} on {', '.join(rep.nodes)}",
                          lambda: sub.up(rep.result.profile, UpOptions(boot_timeout_s=opts.boot_timeout_s)), rep.index)
         return bool(res.changed)
 
     def _attach(self, rec: Record, client: RouterClient, rep: Replica, ensure_router: Callable[[], None]) -> None:
         ensure_router()
-        self._step(rec, "replica-attach", f"replica {rep.index}: back into the router",
+        self._step(rec, REPLICA_ATTACH, f"replica {rep.index}: back into the router",
                    lambda: attach(client, rep.url), rep.index)
 
     def _one_at_a_time(self, rec: Record, profile: Profile, opts: UpOptions, client: RouterClient, rep: Replica,
@@ -314,11 +367,11 @@ class ReplicatedDeployer:
         """The rolling step: out of the router (drained), its own `up`, back in. A replica whose `up` failed was
         restored alone by that `up`: it goes back into the router and the roll stops with the error."""
         if listed is not None:
-            self._step(rec, "replica-detach", f"replica {rep.index}: out of the router, drain (at most "
+            self._step(rec, REPLICA_DETACH, f"replica {rep.index}: out of the router, drain (at most "
                        f"{profile.router.drain_timeout_s:g}s)",
                        lambda: detach(client, rep.url, drain_s=profile.router.drain_timeout_s), rep.index)
         else:       # already out of the router (a controller killed mid-drain): its requests still finish first
-            self._step(rec, "replica-detach", f"replica {rep.index}: out of the router already, drain (at most "
+            self._step(rec, REPLICA_DETACH, f"replica {rep.index}: out of the router already, drain (at most "
                        f"{profile.router.drain_timeout_s:g}s)",
                        lambda: drain(lambda: engine_in_flight(rep.url), timeout_s=profile.router.drain_timeout_s,
                                      what=f"replica {rep.url}"), rep.index)

@@ -15,7 +15,7 @@ from sparkctl.deploy.engines import stop_started
 from sparkctl.deploy.image_stage import LaunchImage
 from sparkctl.deploy.plan import launch_identity
 from sparkctl.deploy.rank_steps import boot_ranks, gate_ranks
-from sparkctl.deploy.steps import boundary
+from sparkctl.deploy.steps import RESTORE_BOOT, RESTORE_HAND_OFF, RESTORE_VERIFY, boundary
 from sparkctl.errors import ConfigError, LedgerError, SparkctlError, interrupt_name
 from sparkctl.nodes.runtime import Handle, Runtime
 from sparkctl.state.ledger import Ledger, now_iso
@@ -75,26 +75,26 @@ def restore(c: Cluster, previous: DeploymentRecord, failed: DeploymentRecord, *,
                 rec = c.ledger.load(previous.id)
                 rec.handles = [h for h in rec.handles if h.rank != handle.rank] + [handle]
                 write(rec)
-        boundary(command, "restore-boot", "before")
+        boundary(command, RESTORE_BOOT, "before")
         booted = boot_ranks(c, profile, result, rts, previous.id, timeout_s=profile.lifecycle.boot_timeout_s,
                             started=started, on_start=record_handle)
-        boundary(command, "restore-boot", "after")
-        boundary(command, "restore-verify", "before")
+        boundary(command, RESTORE_BOOT, "after")
+        boundary(command, RESTORE_VERIFY, "before")
         gates, _ = gate_ranks(c, profile, result, booted)
-        boundary(command, "restore-verify", "after")
+        boundary(command, RESTORE_VERIFY, "after")
         bad = [g for g in gates if not g.ok]
         for g in bad:
             c.reporter.event(f"FAIL {g.name}: {g.evidence}")
-        boundary(command, "restore-hand-off", "before")
+        boundary(command, RESTORE_HAND_OFF, "before")
         if saving:   # one write: the restored record's status is what makes it active again (Ledger.active_id)
             prev = c.ledger.load(previous.id)
             prev.handles = booted.handles
             prev.status = Status.SUCCESSFUL if not bad else Status.FAILED
             prev.stopped = None
             prev.restored_at, prev.restored_after = now_iso(), failed.id
-            prev.restores.append(RestoreEntry(at=now_iso(), after=failed.id, gates=[g.as_dict() for g in gates]))
+            prev.restores.append(RestoreEntry(at=now_iso(), after=failed.id, gates=gates))
             write(prev)
-        boundary(command, "restore-hand-off", "after")
+        boundary(command, RESTORE_HAND_OFF, "after")
         if bad:
             reason = "restored deployment failed gates: " + "; ".join(f"{g.name}: {g.evidence}" for g in bad)
             c.reporter.event(reason)

@@ -11,7 +11,7 @@ from sparkctl.deploy.engines import stop_engines, sweep_secrets
 from sparkctl.deploy.observe import observe, stop_engine, unrecorded
 from sparkctl.deploy.reconcile import controller_text, interrupted, reconcile, stage_of
 from sparkctl.deploy.results import DownResult, InProgress, InterruptedView, StatusResult, watcher_of
-from sparkctl.deploy.steps import boundary
+from sparkctl.deploy.steps import RECONCILE, boundary
 from sparkctl.state.controller import live_lock_holder
 from sparkctl.state.ledger import now_iso
 from sparkctl.state.records import Status
@@ -21,9 +21,9 @@ def down(c: Cluster, *, unfinished_compare: str | None = None) -> DownResult:
     """Under the lock: stop the active deployment on every node (containers removed, logs kept), then every
     other engine sparkctl started on the cluster (docker: by label; process runtime: by its rank log, pid and
     start time); `engines` lists each one stopped. A no-op when nothing runs."""
-    boundary("down", "reconcile", "before")
+    boundary("down", RECONCILE, "before")
     settled = reconcile(c, "down")
-    boundary("down", "reconcile", "after")
+    boundary("down", RECONCILE, "after")
     engines: list[str] = list(settled.stopped)
     active = c.ledger.active()
     boundary("down", "stop-active", "before")

@@ -15,13 +15,27 @@ from collections.abc import Iterator
 
 CRASH_ENV = "SPARKCTL_CRASH_AT"
 
-IMAGE_STEPS = ("image-build", "image-distribute", "image-verify")
+# The step names, each once. `deploy.plan` makes one typed step class per name of `up` (its `name`), `deploy.apply`
+# dispatches on those classes, `deploy.rollback` marks the restore's boundaries with these, the crash matrix
+# enumerates them (`crash_points`), and the ledger's stages and journal lines carry them.
+RECONCILE = "reconcile"
+PREFLIGHT = "preflight"
+IMAGE_BUILD, IMAGE_DISTRIBUTE, IMAGE_VERIFY = "image-build", "image-distribute", "image-verify"
+STOP_OLD = "stop-old"
+BOOT = "boot"
+WARM_UP = "warm-up"
+VERIFY = "verify"
+HAND_OFF = "hand-off"
+STOP_NEW = "stop-new"
+RESTORE_BOOT, RESTORE_VERIFY, RESTORE_HAND_OFF = "restore-boot", "restore-verify", "restore-hand-off"
+
+IMAGE_STEPS = (IMAGE_BUILD, IMAGE_DISTRIBUTE, IMAGE_VERIFY)
 
 # `up` (and `rollback`, which is an `up` of the target profile): in this order; stop-old only when something
 # is active. A failure after stop-old runs the restore steps.
-UP_STEPS = ("reconcile", "preflight", *IMAGE_STEPS, "stop-old", "boot", "warm-up", "verify", "hand-off")
-RESTORE_STEPS = ("stop-new", "restore-boot", "restore-verify", "restore-hand-off")
-DOWN_STEPS = ("reconcile", "stop-active", "stop-rest")
+UP_STEPS = (RECONCILE, PREFLIGHT, *IMAGE_STEPS, STOP_OLD, BOOT, WARM_UP, VERIFY, HAND_OFF)
+RESTORE_STEPS = (STOP_NEW, RESTORE_BOOT, RESTORE_VERIFY, RESTORE_HAND_OFF)
+DOWN_STEPS = (RECONCILE, "stop-active", "stop-rest")
 REPAIR_STEPS = ("move-aside", "rebuild", "index")
 # `bench --compare`: record what it will restore, deploy the other arm (its own `up` steps), measure, restore.
 COMPARE_STEPS = ("compare-begin", "compare-arm", "compare-restore", "compare-end")
@@ -53,8 +67,9 @@ def boundary(command: str, step: str, when: str) -> None:
 # the steps above under the replica's own cluster, ledger and journal. Apart from COMMANDS: the crash matrix of
 # tests/lifecycle drives the single-group commands; tests/scaleout/test_replicated_crash.py drives these.
 REPLICATED_COMMAND = "up-replicated"
-REPLICATED_STEPS = ("reconcile", "router-start", "replica-detach", "replica-up", "replica-attach", "router-gates",
-                    "hand-off")
+ROUTER_START, REPLICA_DETACH, REPLICA_UP, REPLICA_ATTACH, ROUTER_GATES = (
+    "router-start", "replica-detach", "replica-up", "replica-attach", "router-gates")
+REPLICATED_STEPS = (RECONCILE, ROUTER_START, REPLICA_DETACH, REPLICA_UP, REPLICA_ATTACH, ROUTER_GATES, HAND_OFF)
 
 
 def replicated_crash_points() -> Iterator[tuple[str, str, str]]:

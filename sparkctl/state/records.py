@@ -82,15 +82,42 @@ class GateResult(_View):
     evidence: str = ""
 
 
+class Severity(StrEnum):
+    OK = "ok"
+    WARN = "warning"      # passes, but worth reading (a test node without nvidia-smi, a small MTU)
+    FAIL = "failed"       # blocks the deployment
+
+
 class CheckResult(_View):
-    """One preflight check on one node."""
+    """One preflight check on one node: what was checked, what was seen, what to do. The one model of a check:
+    what preflight returns is what the record keeps. `ok` is False only for a failure (a warning passes)."""
 
     node: str
     name: str
-    ok: bool
-    severity: str = "ok"
+    ok: bool = True
+    severity: Severity = Severity.OK
     seen: str = ""
     fix: str = ""
+
+    @classmethod
+    def passing(cls, node: str, name: str, seen: str) -> CheckResult:
+        return cls(node=node, name=name, ok=True, severity=Severity.OK, seen=seen)
+
+    @classmethod
+    def warning(cls, node: str, name: str, seen: str, fix: str = "") -> CheckResult:
+        return cls(node=node, name=name, ok=True, severity=Severity.WARN, seen=seen, fix=fix)
+
+    @classmethod
+    def failing(cls, node: str, name: str, seen: str, fix: str) -> CheckResult:
+        return cls(node=node, name=name, ok=False, severity=Severity.FAIL, seen=seen, fix=fix)
+
+    @property
+    def line(self) -> str:
+        """`name: seen`, with `warning:` before a warning's text."""
+        return f"{self.name}: " + ("warning: " if self.severity is Severity.WARN else "") + self.seen
+
+    def as_dict(self) -> JSONObject:
+        return self.model_dump(mode="json")
 
 
 class RankSpec(_View):

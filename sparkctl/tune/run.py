@@ -140,7 +140,7 @@ def new_journal(deployer: Deployer, opts: TuneOptions) -> Journal:
 
 
 def _deploy(deployer: Deployer, profile: Profile) -> UpResult:
-    from sparkctl.deploy.lifecycle import UpOptions
+    from sparkctl.deploy.commands import UpOptions
     return deployer.up(profile, UpOptions(), kind="bench-compare")
 
 

@@ -23,7 +23,7 @@ Progress = Callable[[str], None]
 
 def restore(deployer: Deployer, original: str | None, progress: Progress) -> JSONObject:
     from sparkctl.config.profile import Profile
-    from sparkctl.deploy.lifecycle import UpOptions
+    from sparkctl.deploy.commands import UpOptions
     if original is None:
         progress("nothing ran before the tune: bringing the trial deployment down")
         try:

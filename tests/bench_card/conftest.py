@@ -116,7 +116,7 @@ def embedded_cluster(local_cluster: Path, state_dir: Path):
     """The shared embedded two-rank cluster (tests/conftest.py `local_cluster`); `down` first at teardown."""
     yield local_cluster
     from sparkctl.config.inventory import load_inventory
-    from sparkctl.deploy.lifecycle import Deployer
+    from sparkctl.deploy.commands import Deployer
     from sparkctl.deploy.progress import Reporter
     try:
         Deployer(load_inventory(local_cluster), Reporter(quiet=True)).down()

@@ -18,7 +18,7 @@ def test_rank_killed_during_decode_fails_the_run(cli, embedded_cluster, tmp_path
     from sparkctl.bench.arms import BenchOptions
     from sparkctl.bench.run import bench_deployment
     from sparkctl.config.inventory import load_inventory
-    from sparkctl.deploy.lifecycle import Deployer
+    from sparkctl.deploy.commands import Deployer
     from sparkctl.deploy.progress import Reporter
     from sparkctl.sglang.bounds import Limits
 

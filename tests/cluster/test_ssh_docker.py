@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.config.inventory import Inventory, load_inventory
-from sparkctl.deploy.preflight import Check, Severity
+from sparkctl.state.records import CheckResult, Severity
 from sparkctl.deploy.preflight_rules import evaluate
 from sparkctl.errors import NodeError
 from sparkctl.nodes.container import MEMLOCK_ENV
@@ -216,7 +216,7 @@ def _runtime(inv: Inventory, node: str, tmp: Path | None = None) -> DockerRuntim
                          log_dir=tmp, environ=_environ())
 
 
-def _preflight(inv: Inventory, rt: DockerRuntime, spec: LaunchSpec, own: set) -> list[Check]:
+def _preflight(inv: Inventory, rt: DockerRuntime, spec: LaunchSpec, own: set) -> list[CheckResult]:
     """What `up` does per node: the runtime gathers, deploy judges."""
     return evaluate(inv, spec, rt.gather(spec), own)
 

@@ -128,12 +128,18 @@ def test_dry_run_prints_the_steps_and_commands_and_changes_nothing(cli, local_cl
     assert "--node-rank 1" in starts[0] and "--node-rank 0" in starts[1]
     ledger = _ledger(local_cluster)
     assert ledger.index()["history"] == [] and not (ledger.root / "logs").exists()
+    # the plan is data: the `up` that follows plans the same steps, and runs exactly those (its stages)
+    deployed = _up_ok(cli)
+    assert deployed["plan"]["steps"] == result["plan"]["steps"]
 
 
 def _up_ok(cli, profile="d5") -> dict:
     code, out, err = cli("up", "--profile", profile, "--yes", "--json")
     assert code == 0, err
-    return json.loads(out)
+    result = json.loads(out)
+    if result["outcome"] == "deployed":      # apply ran exactly the plan's steps, in its order
+        assert [s["name"] for s in result["stages"]] == [s["name"] for s in result["plan"]["steps"]]
+    return result
 
 
 def test_rank1_crash_during_boot_rolls_back_to_previous(cli, local_cluster, faulty_profile):

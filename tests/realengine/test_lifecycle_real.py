@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.config.inventory import load_inventory
-from sparkctl.deploy.lifecycle import Deployer
+from sparkctl.deploy.commands import Deployer
 from sparkctl.deploy.observe import process_engines
 from sparkctl.nodes.process import local_port_free
 from sparkctl.state.ledger import Ledger

@@ -58,12 +58,17 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
 
         p2 = load_profile(str(write_replicated_profile(tmp_path / "rep.yml", 24)))     # a changed profile: a rolling update
         assert sum("out of the router, drain" in line for line in d.plan_lines(p2)) == 2
+        # the plan as data: both replicas move, one at a time (they are in the router); the up below runs it
+        rolling = d.make_plan(p2, Record.load(d.ledger.root))
+        assert [m.replica.index for m in rolling.moves if not m.unchanged] == [0, 1] and not rolling.parallel
+        assert rolling.lines() == d.plan_lines(p2)
         # at least 50 requests each and on until the update is over (at most 1000 each)
         with Traffic(endpoint, clients=4, at_least=50, at_most=1000, max_new_tokens=64) as load:
             rolled = d.up(p2)
         assert load.failures == [], load.failures[:5]
         assert load.done >= 200 and load.during > 0, (load.done, load.during)       # the update ran under load
         assert rolled["outcome"] == "deployed" and rolled["updated"] == [0, 1]
+        assert rolled["parallel"] is rolling.parallel
         journal = Record.load(d.ledger.root).data["journal"]
         ok = [(e["step"], e["replica"]) for e in journal if e["phase"] == "ok"]
         tail = ok[ok.index(("reconcile", None), len(ok) - 1 - ok[::-1].index(("reconcile", None))):]
@@ -280,7 +285,7 @@ def test_a_foreign_listener_on_the_router_port_is_named_and_nothing_is_left(tmp_
         assert "boot" not in err and "router-start" not in err, err[-3000:]      # refused before anything booted
         code, out, err = cli("status", "-i", str(inv), "--json")
         assert code != 0 or not json.loads(out).get("healthy"), out
-        from sparkctl.deploy.lifecycle import Deployer
+        from sparkctl.deploy.commands import Deployer
         from sparkctl.deploy.observe import process_engines
         assert process_engines(Deployer(load_inventory(inv))) == []
     finally:

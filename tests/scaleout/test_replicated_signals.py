@@ -39,7 +39,7 @@ def slow_cluster(tmp_path_factory):
 
 def _engines(env: dict[str, str], inv) -> list:
     from sparkctl.config.inventory import load_inventory
-    from sparkctl.deploy.lifecycle import Deployer
+    from sparkctl.deploy.commands import Deployer
     from sparkctl.deploy.observe import process_engines
     from sparkctl.deploy.replicated import _named
     from sparkctl.state.ledger import Ledger  # noqa: F401

@@ -57,8 +57,10 @@ def test_deploy_import_graph_is_acyclic():
 
 def test_nothing_below_the_commands_imports_them_and_the_cluster_imports_no_layer_above():
     graph = _graph()
-    # lifecycle re-exports the commands; replicated composes them (one `up` per replica): both sit above them
-    assert not [m for m, deps in graph.items() if "commands" in deps and m not in ("lifecycle", "replicated")]
+    # replicated composes them (one `up` per replica); the door chooses between them: both sit above them, and
+    # nothing in deploy/ imports the door
+    assert not [m for m, deps in graph.items() if "commands" in deps and m not in ("replicated", "door")]
+    assert not [m for m, deps in graph.items() if "door" in deps]
     assert graph["cluster"] <= {"progress", "runtimes"}
 
 
@@ -113,7 +115,8 @@ def test_run_all_keeps_every_node_and_runs_on_the_fan_out():
 
 
 def test_preflight_runs_every_node_before_raising():
-    from sparkctl.deploy.preflight import Check, run_preflight
+    from sparkctl.deploy.preflight import run_preflight
+    from sparkctl.state.records import CheckResult
     from sparkctl.errors import PreflightError
     seen: list[str] = []
 
@@ -121,11 +124,11 @@ def test_preflight_runs_every_node_before_raising():
         def __init__(self, node: str) -> None:
             self.node = node
 
-    def checks(spec: Spec) -> list[Check]:
+    def checks(spec: Spec) -> list[CheckResult]:
         seen.append(spec.node)
         if spec.node == "n0":
             raise ValueError("a bug on n0")
-        return [Check.failing(spec.node, "disk", "full", "free some")]
+        return [CheckResult.failing(spec.node, "disk", "full", "free some")]
     try:
         run_preflight([Spec("n0"), Spec("n1")], checks)  # type: ignore[list-item]
     except ValueError:
@@ -139,3 +142,30 @@ def test_preflight_runs_every_node_before_raising():
         assert "[n1]" in exc.render() and "[n2]" in exc.render()
     else:
         raise AssertionError("failed checks must raise PreflightError")
+
+
+def test_one_step_vocabulary_feeds_the_plan_apply_and_the_crash_points():
+    """Each step of `up` is one typed class named from deploy/steps.py, in UP_STEPS' order; apply has a function
+    for every class (no step without its effect, no effect without its step); every name is a crash point."""
+    from sparkctl.deploy import steps
+    from sparkctl.deploy.apply import RUNNERS
+    from sparkctl.deploy.plan import STEP_TYPES
+    assert set(RUNNERS) == set(STEP_TYPES)
+    assert [t.name for t in STEP_TYPES] == [s for s in steps.UP_STEPS if s != steps.RECONCILE]
+    points = set(crash_points())
+    assert all(("up", t.name, when) in points for t in STEP_TYPES for when in ("before", "after"))
+    assert {t.name for t in STEP_TYPES if not t.idempotent} == {steps.STOP_OLD, steps.BOOT, steps.HAND_OFF}
+
+
+def test_no_step_name_is_spelled_outside_the_step_list():
+    """A step name written as a string anywhere in deploy/ but steps.py is a second list that can drift."""
+    from sparkctl.deploy import steps
+    names = set(steps.UP_STEPS + steps.RESTORE_STEPS + steps.REPLICATED_STEPS) - {steps.PREFLIGHT, steps.VERIFY}
+    found = []
+    for path in sorted(DEPLOY.glob("*.py")):
+        if path.name == "steps.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{path.name}:{node.lineno}: {node.value!r}")
+    assert not found, found

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sparkctl.config.inventory import load_inventory
-from sparkctl.deploy.preflight import Severity
+from sparkctl.state.records import Severity
 from sparkctl.deploy.preflight_rules import evaluate, gpu_checks, gpu_idle_check, hca_check, memory_check
 from sparkctl.nodes import facts
 from sparkctl.nodes.node_facts import NodeFacts

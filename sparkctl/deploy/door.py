@@ -1,0 +1,147 @@
+"""The one door of `deploy/`: up, rollback, down, status and logs, each deciding here between a single group
+(`deploy.commands.Deployer`) and replicas behind the router (`deploy.replicated.ReplicatedDeployer`).
+
+The CLI parses its options, calls one of these and renders the typed result it gets back; it chooses nothing.
+The choice is made from the profile (`replicas: K`) and from what the cluster's state directory holds (an active
+replicated deployment):
+
+    profile replicas  cluster runs        up / rollback --to P
+    1                 one group or none   the single-group `up` (rollback: to P, or the previous known-good)
+    K > 1             anything            the replicated `up` (a rolling update when replicas run)
+    1                 replicas            the router and replicas down first, then the single-group `up`
+
+`down`, `status` and `logs` follow what runs. A question to the user goes through `confirm(action, plan)`, which
+the caller provides (the CLI asks on a terminal); a "no" at a question asked before any plan is made raises
+`Declined` (nothing was changed). Example::
+
+    d = Deployer(resolve_inventory(None), Reporter())
+    result = door.up(d, load_profile("d5"), UpRequest(), confirm=lambda action, plan: True)
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from sparkctl.config.profile import Profile
+from sparkctl.deploy.commands import Deployer, UpOptions
+from sparkctl.deploy.plan import Plan
+from sparkctl.deploy.replicated import ReplicatedDeployer, is_replicated
+from sparkctl.deploy.results import (
+    DownResult,
+    ReplicatedDownResult,
+    ReplicatedStatusResult,
+    ReplicatedUpResult,
+    StatusResult,
+    UpResult,
+)
+from sparkctl.errors import ConfigError
+from sparkctl.router.replicas import router_endpoint
+
+Confirm = Callable[[str, Plan | None], bool]     # (what is about to happen, the plan when there is one) -> go on?
+
+
+class Declined(Exception):  # noqa: N818 - a user's answer, not a failure of sparkctl
+    """The user answered no to a question asked before any plan was made; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class UpRequest:
+    """What `up` (and `rollback`) was asked for, apart from the profile."""
+
+    dry_run: bool = False
+    no_rollback: bool = False
+    boot_timeout_s: float | None = None
+
+
+def _single_confirm(confirm: Confirm, action: str) -> Callable[[Plan], bool]:
+    return lambda plan: confirm(action, plan)
+
+
+def _replicated(d: Deployer, profile: Profile, req: UpRequest,
+                confirm: Confirm) -> ReplicatedUpResult | None:
+    """The replicated side of `up`: a profile with replicas > 1, or leaving a replicated deployment for one group
+    (the router and replicas go down first, then None: the single-group `up` follows)."""
+    if profile.replicas == 1 and not is_replicated(d.inventory):
+        return None
+    rd = ReplicatedDeployer(d.inventory, d.reporter)
+    if req.dry_run and profile.replicas > 1:
+        return ReplicatedUpResult(outcome="dry-run", changed=False, profile=profile.name,
+                                  cluster=d.inventory.cluster.name, emulated=d.inventory.emulated,
+                                  replicas=profile.replicas, endpoint=router_endpoint(profile, d.inventory),
+                                  plan=rd.plan_lines(profile))
+    if req.dry_run:
+        raise ConfigError("--dry-run from a replicated deployment to a single group is not available yet",
+                          hint="run `sparkctl down` first, then `sparkctl up --dry-run`")
+    if profile.replicas == 1:
+        if not confirm(f"stop the router and replicas, then deploy {profile.name}", None):
+            raise Declined
+        d.reporter.event("leaving the replicated deployment: the router and its replicas stop first")
+        rd.down()
+        return None
+    if not confirm(f"deploy {profile.name} ({profile.replicas} replicas behind the router)", None):
+        raise Declined
+    return rd.up(profile, UpOptions(boot_timeout_s=req.boot_timeout_s))
+
+
+def up(d: Deployer, profile: Profile, req: UpRequest, *, confirm: Confirm) -> UpResult | ReplicatedUpResult:
+    """Deploy `profile`: one group, or its replicas behind the router (module docstring for the choice)."""
+    done = _replicated(d, profile, req, confirm)
+    if done is not None:
+        return done
+    return d.up(profile, UpOptions(dry_run=req.dry_run, no_rollback=req.no_rollback,
+                                   boot_timeout_s=req.boot_timeout_s,
+                                   confirm=_single_confirm(confirm, f"deploy {profile.name}")))
+
+
+def rollback(d: Deployer, to: Profile | None, req: UpRequest, *,
+             confirm: Confirm) -> UpResult | ReplicatedUpResult:
+    """Roll back to `to`, or to the previous known-good deployment. The router and its replicas hold the nodes'
+    ports: with replicas running, or `to` replicated, a rollback goes the way `up` does (a rolling update to a
+    replicated profile, or the router and replicas down first for one group)."""
+    if is_replicated(d.inventory) or (to is not None and to.replicas > 1):
+        if to is None:
+            raise ConfigError("the cluster runs a replicated deployment, which keeps no known-good history of "
+                              "its own: say where to roll back to", where="rollback",
+                              hint="sparkctl rollback --to dflash-off (one group; the router and replicas stop "
+                                   "first), or --to a profile with replicas: K (a rolling update)")
+        done = _replicated(d, to, UpRequest(boot_timeout_s=req.boot_timeout_s), confirm)
+        if done is not None:
+            return done
+    what = to.name if to else "the previous known-good deployment"
+    return d.rollback(to, UpOptions(boot_timeout_s=req.boot_timeout_s,
+                                    confirm=_single_confirm(confirm, f"roll back to {what}")))
+
+
+def down(d: Deployer, *, confirm: Confirm) -> DownResult | ReplicatedDownResult:
+    """Stop what runs: the router and every replica, or the active single-group deployment."""
+    if is_replicated(d.inventory):
+        if not confirm("stop the router and every replica", None):
+            raise Declined
+        return ReplicatedDeployer(d.inventory, d.reporter).down()
+    active = d.ledger.active()
+    if active and not confirm(f"stop {active.id} ({active.profile})", None):
+        raise Declined
+    return d.down()
+
+
+def status(d: Deployer) -> StatusResult | ReplicatedStatusResult:
+    """What runs and how it is; `ok` False (exit 8 in the CLI) when it is unhealthy or was interrupted."""
+    if is_replicated(d.inventory):
+        return ReplicatedDeployer(d.inventory, d.reporter).status()
+    return d.status()
+
+
+def logs(d: Deployer, *, rank: int, tail: int, follow: bool, replica: int | None = None,
+         router: bool = False) -> Iterator[str]:
+    """A rank's engine log of the active deployment; replicated: replica `replica`'s rank log or the router's."""
+    if is_replicated(d.inventory):
+        if router and replica is not None:
+            raise ConfigError("--router and --replica name different logs: give one of them",
+                              hint="sparkctl logs --router, or sparkctl logs --replica I --rank N")
+        return ReplicatedDeployer(d.inventory, d.reporter).follow_log(replica=replica, rank=rank, router=router,
+                                                                      tail=tail, follow=follow)
+    if router or replica is not None:
+        raise ConfigError(f"{'--router' if router else '--replica'}: cluster {d.inventory.cluster.name} runs no "
+                          f"replicated deployment (one group, no router)",
+                          hint="sparkctl logs --rank N shows its ranks' logs")
+    return d.follow_log(rank, tail=tail, follow=follow)
