@@ -1,4 +1,15 @@
-"""Shared test helpers: run the CLI in-process, write throwaway profiles and inventories."""
+"""Shared test helpers: run the CLI in-process, write throwaway profiles and inventories; the tiers.
+
+Every test gets exactly one tier marker (docs/testing.md), assigned here and only here: by its directory, or by its
+file where a file's tier differs from its directory's. A new file in a listed directory needs nothing; a new
+directory needs one line in TIER_OF_DIR (collection fails naming it until then). A tier marker the file sets itself
+(`pytestmark = pytest.mark.cluster`) wins.
+
+Under pytest-xdist (`./bin/test` with no argument, `-n N --dist loadgroup`) the same hook puts the tests that must
+share one worker in one `xdist_group`: everything on the test clusters (root, network namespaces: one user at a
+time), the real engine (one TP=2 engine takes both cores), and each module whose tests share a module-scoped
+fixture (one deployment, one pool of emulators), so a session fixture is never built twice at great cost.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,6 +17,66 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+
+TIERS = ("unit", "embedded", "crash", "cluster", "contract", "real_engine")
+# tests/<directory>/ -> its tier
+TIER_OF_DIR = {
+    "unit": "unit", "golden": "unit", "sglang": "unit", "property": "unit",
+    "sim": "embedded", "lifecycle": "embedded", "bench_card": "embedded", "tune": "embedded",
+    "doctor": "embedded", "scaleout": "embedded", "watch": "embedded", "install": "embedded",
+    "cluster": "cluster", "contract": "contract", "realengine": "real_engine",
+}
+# files whose tier is not their directory's (path under tests/)
+TIER_OF_FILE = {
+    "lifecycle/test_crash_matrix.py": "crash",
+    "lifecycle/test_crash.py": "crash",
+    "scaleout/test_replicated_crash.py": "crash",
+}
+# modules whose module-scoped fixture is cheap to build once per worker and whose tests are independent of each
+# other's order: spread over the workers instead of grouped (the crash matrix: each point brings the cluster to its
+# own starting state; a worker's first point costs one `up`)
+SPREAD_MODULES = {"lifecycle/test_crash_matrix.py"}
+# one group for everything that needs the machine to itself in one respect
+GROUP_OF_TIER = {"cluster": "cluster", "real_engine": "real_engine"}
+
+
+def tier_of(path: Path) -> str:
+    """The tier of the test file at `path` (under tests/), from TIER_OF_FILE, else TIER_OF_DIR."""
+    rel = path.resolve().relative_to(TESTS).as_posix()
+    if rel in TIER_OF_FILE:
+        return TIER_OF_FILE[rel]
+    top = rel.split("/", 1)[0]
+    if top not in TIER_OF_DIR:
+        raise pytest.UsageError(f"tests/{rel}: tests/{top}/ has no tier: add it to TIER_OF_DIR in tests/conftest.py "
+                                f"(one of {', '.join(TIERS)})")
+    return TIER_OF_DIR[top]
+
+
+def _xdist_group(item: pytest.Item, tier: str) -> str | None:
+    if tier in GROUP_OF_TIER:
+        return GROUP_OF_TIER[tier]
+    rel = Path(str(item.path)).resolve().relative_to(TESTS).as_posix()
+    if rel in SPREAD_MODULES:
+        return None
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        if any(d.scope in ("module", "session") and d.baseid.startswith("tests") for d in defs):
+            return rel
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    xdist = config.pluginmanager.hasplugin("xdist")
+    for item in items:
+        own = [m.name for m in item.iter_markers() if m.name in TIERS]
+        tier = own[0] if own else tier_of(Path(str(item.path)))
+        if not own:
+            item.add_marker(getattr(pytest.mark, tier))
+        if xdist and not any(item.iter_markers("xdist_group")):
+            group = _xdist_group(item, tier)
+            if group:
+                item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture
