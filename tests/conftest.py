@@ -126,3 +126,56 @@ def local_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Pa
         monkeypatch.delenv(key)
     yield inv
     stop_recorded_engines(inv)
+
+
+@pytest.fixture
+def faulty_profile(tmp_path: Path, profiles_dir: Path):
+    """A profile 'faulty' = BASE + an emulator fault config carried in the profile's env.
+
+    The fault travels with this deployment's engines only (SPARKCTL_SIM_CONFIG in the rank env), so the
+    deployment a rollback restores boots clean, as on a real cluster.
+    """
+    import json
+
+    def make(config: dict, base: str = "d5", extra: str = "") -> str:
+        path = tmp_path / "sim-faults.json"
+        path.write_text(json.dumps(config))
+        (profiles_dir / "faulty.yml").write_text(f"extends: {base}\nenv: {{SPARKCTL_SIM_CONFIG: '{path}'}}\n{extra}")
+        return "faulty"
+    return make
+
+
+@pytest.fixture
+def sim(tmp_path: Path):
+    """``sim(extra_argv, knobs=..., host=..., port=..., env=..., model=..., config=...)`` starts an emulator
+    (testrig.simproc.SimProc); all are killed afterwards. The test thread runs at raised priority meanwhile (the
+    client side of the timing tests measures in it; testrig/priority.py)."""
+    import json
+
+    from testrig.priority import raised_priority
+    from testrig.simproc import MODEL, SimProc
+    from testrig.testenv import free_port
+
+    procs: list[SimProc] = []
+
+    def start(argv: list[str] | None = None, *, knobs: dict | None = None, host: str = "127.0.0.1",
+              port: int | None = None, env: dict[str, str] | None = None, model: str = MODEL,
+              config: dict | None = None) -> SimProc:
+        port = port or free_port(host)
+        e = {"SPARKCTL_SIM_BOOT_S": "0.3"}
+        for k, v in (knobs or {}).items():
+            e[f"SPARKCTL_SIM_{k.upper()}"] = json.dumps(v)
+        if config is not None:
+            path = tmp_path / f"sim-{len(procs)}.json"
+            path.write_text(json.dumps(config))
+            e["SPARKCTL_SIM_CONFIG"] = str(path)
+        e.update(env or {})
+        full = ["--model-path", model, "--host", host, "--port", str(port), *(argv or [])]
+        p = SimProc(full, e, host, port)
+        procs.append(p)
+        return p
+
+    with raised_priority():
+        yield start
+    for p in procs:
+        p.close()

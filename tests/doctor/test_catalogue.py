@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sglang_captures import capture_lines, capture_text
+from testrig.captures import capture_lines, capture_text
 
 from sparkctl.doctor.catalogue import CATALOGUE, by_id
 from sparkctl.doctor.match import EVIDENCE_CHARS, EVIDENCE_LINES, LogText, match_sources, match_text, printable

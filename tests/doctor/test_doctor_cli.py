@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from tests.sglang_captures import capture_path
+from testrig.captures import capture_path
 
 from sparkctl.doctor.collect import DoctorReport
 

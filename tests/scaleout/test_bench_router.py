@@ -15,14 +15,15 @@ import os
 import re
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from testenv import need_module
 from testrig.embedded import write_embedded_inventory
+from testrig.testenv import need_module
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
 

@@ -7,7 +7,7 @@ from sparkctl.config.profile import load_profile
 from sparkctl.deploy.host_checks import HostFacts, evaluate
 from sparkctl.nodes.host_facts import FabricSsh, Manifest
 from sparkctl.sglang.render import render
-from scaleout.nnode_inputs import sparks_inventory, tp_profile
+from testrig.nnode_inputs import sparks_inventory, tp_profile
 
 NODES = ["spark-0", "spark-1", "spark-2", "spark-3"]
 FILES = {"config.json": "aa", "model.safetensors": "bb"}

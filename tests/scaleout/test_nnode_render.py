@@ -9,7 +9,7 @@ from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
 from sparkctl.errors import ConfigError
 from sparkctl.sglang.render import render
-from scaleout.nnode_inputs import sparks_inventory, tp_profile
+from testrig.nnode_inputs import sparks_inventory, tp_profile
 
 
 def _flag(argv: list[str], name: str) -> str:

@@ -8,7 +8,7 @@ from sparkctl.config.profile import load_profile
 from sparkctl.errors import ConfigError
 from sparkctl.sglang.render import render
 from sparkctl.sglang.replicas import render_replicas, router_endpoint, router_spec
-from scaleout.nnode_inputs import sparks_inventory
+from testrig.nnode_inputs import sparks_inventory
 
 
 def _profile(tmp_path, tp: int, k: int, extra: str = ""):

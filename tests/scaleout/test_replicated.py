@@ -16,7 +16,7 @@ import pytest
 from testrig.traffic import Traffic
 from testrig.embedded import (stop_cluster_engines, stop_recorded_engines, write_embedded_inventory,
                               write_replicated_profile)
-from testenv import need_module
+from testrig.testenv import need_module
 from sparkctl.router import strip_colour
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
@@ -241,7 +241,6 @@ def test_a_foreign_listener_on_the_router_port_is_named_and_nothing_is_left(tmp_
     from http.server import BaseHTTPRequestHandler
 
     from sparkctl.config.inventory import load_inventory
-    from testenv import local_server
 
     seen: list[str] = []
 

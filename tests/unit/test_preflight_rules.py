@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.sglang_captures import capture_text
+from testrig.captures import capture_text
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.deploy.preflight import Severity

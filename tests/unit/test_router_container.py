@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from testenv import local_server
+from testrig.testenv import local_server
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.nodes import facts

@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler
 import httpx
 
 from sparkctl.state.watchfile import load_watch
-from testenv import local_server, need_module
-from watch.watchrig import ledger_of, up, wait_until
+from testrig.testenv import local_server, need_module
+from testrig.watchrig import ledger_of, up, wait_until
 
 parser = need_module("prometheus_client.parser", "the watcher's metrics (the `watch` extra)")
 
