@@ -6,7 +6,7 @@ directory needs one line in TIER_OF_DIR (collection fails naming it until then).
 (`pytestmark = pytest.mark.cluster`) wins.
 
 Under pytest-xdist (`./bin/test` with no argument, `-n N --dist loadgroup`) the same hook puts the tests that must
-share one worker in one `xdist_group`: everything on the test clusters (root, network namespaces: one user at a
+share one worker in one `xdist_group`: everything on a test cluster (root, network namespaces: one user at a
 time), the real engine (one TP=2 engine takes both cores), and each module whose tests share a module-scoped
 fixture (one deployment, one pool of emulators), so a session fixture is never built twice at great cost.
 """
@@ -37,7 +37,13 @@ TIER_OF_FILE = {
 # other's order: spread over the workers instead of grouped (the crash matrix: each point brings the cluster to its
 # own starting state; a worker's first point costs one `up`)
 SPREAD_MODULES = {"lifecycle/test_crash_matrix.py"}
-# one group for everything that needs the machine to itself in one respect
+# modules that compare what a client measures with an emulator's known timing (decode rates, TTFT, a planted optimum):
+# one worker runs them one after another, so they never measure each other (their processes also run at raised
+# priority, testrig/priority.py)
+TIMING_MODULES = {"bench_card/test_emulated.py", "tune/test_tune.py", "sim/test_sim_timing.py", "sim/test_sim_perf.py"}
+# one group for everything that needs the machine to itself in one respect: the real engine (a TP=2 engine takes
+# both cores) and each test cluster (its namespaces and daemons; the two- and four-node clusters have prefixes and
+# subnets of their own, so they run side by side)
 GROUP_OF_TIER = {"cluster": "cluster", "real_engine": "real_engine"}
 
 
@@ -54,9 +60,13 @@ def tier_of(path: Path) -> str:
 
 
 def _xdist_group(item: pytest.Item, tier: str) -> str | None:
+    if tier == "cluster" and "test_cluster4" in getattr(item, "fixturenames", ()):
+        return "cluster4"
     if tier in GROUP_OF_TIER:
         return GROUP_OF_TIER[tier]
     rel = Path(str(item.path)).resolve().relative_to(TESTS).as_posix()
+    if rel in TIMING_MODULES:
+        return "timing"
     if rel in SPREAD_MODULES:
         return None
     info = getattr(item, "_fixtureinfo", None)
