@@ -38,8 +38,8 @@ TIER_OF_FILE = {
 # own starting state; a worker's first point costs one `up`)
 SPREAD_MODULES = {"lifecycle/test_crash_matrix.py"}
 # modules that compare what a client measures with an emulator's known timing (decode rates, TTFT, a planted optimum):
-# one worker runs them one after another, so they never measure each other (their processes also run at raised
-# priority, testrig/priority.py)
+# marked `timing` besides their tier; `./bin/test` runs them alone after the others (other workers' load moved their
+# measurements past the tolerance), and under `-n` one worker runs them one after another
 TIMING_MODULES = {"bench_card/test_emulated.py", "tune/test_tune.py", "sim/test_sim_timing.py", "sim/test_sim_perf.py"}
 # one group for everything that needs the machine to itself in one respect: the real engine (a TP=2 engine takes
 # both cores) and each test cluster (its namespaces and daemons; the two- and four-node clusters have prefixes and
@@ -59,12 +59,16 @@ def tier_of(path: Path) -> str:
     return TIER_OF_DIR[top]
 
 
+def _rel(item: pytest.Item) -> str:
+    return Path(str(item.path)).resolve().relative_to(TESTS).as_posix()
+
+
 def _xdist_group(item: pytest.Item, tier: str) -> str | None:
     if tier == "cluster" and "test_cluster4" in getattr(item, "fixturenames", ()):
         return "cluster4"
     if tier in GROUP_OF_TIER:
         return GROUP_OF_TIER[tier]
-    rel = Path(str(item.path)).resolve().relative_to(TESTS).as_posix()
+    rel = _rel(item)
     if rel in TIMING_MODULES:
         return "timing"
     if rel in SPREAD_MODULES:
@@ -83,6 +87,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = own[0] if own else tier_of(Path(str(item.path)))
         if not own:
             item.add_marker(getattr(pytest.mark, tier))
+        if _rel(item) in TIMING_MODULES:
+            item.add_marker(pytest.mark.timing)
         if xdist and not any(item.iter_markers("xdist_group")):
             group = _xdist_group(item, tier)
             if group:
