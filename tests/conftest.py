@@ -80,6 +80,7 @@ def _xdist_group(item: pytest.Item, tier: str) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist reads the xdist_group marks (it runs in each worker)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     xdist = config.pluginmanager.hasplugin("xdist")
     for item in items:
@@ -93,6 +94,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             group = _xdist_group(item, tier)
             if group:
                 item.add_marker(pytest.mark.xdist_group(group))
+                if getattr(config.option, "loadgroup", False):    # an xdist worker under --dist loadgroup
+                    _suffix_group(item, group)
+
+
+def _suffix_group(item: pytest.Item, group: str) -> None:
+    """What pytest-xdist 3.8 does with an xdist_group mark (the scheduler groups by the id's "@group" suffix), done
+    here because it writes `item._nodeid`, which pytest 9 no longer reads (the id is `item._id`): without this,
+    --dist loadgroup spread every group over the workers."""
+    if "@" in item.nodeid:
+        return
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import coerce_node_id
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")
+    else:
+        item._nodeid = f"{item.nodeid}@{group}"
 
 
 @pytest.fixture
