@@ -27,7 +27,8 @@ sys.path.insert(0, str(REPO / "tests"))
 
 
 def _workers(n: int, decode_tps: float):
-    from sim.simhelpers import MODEL, SimProc, free_port
+    from testrig.simproc import MODEL, SimProc
+    from testrig.testenv import free_port
     out = []
     for i in range(n):
         host = f"127.0.77.{i + 2}"
@@ -80,7 +81,7 @@ def main() -> None:
     from sparkctl.router.client import RouterClient
     from sparkctl.router.process import RouterProcess
     from sparkctl.router.spec import RouterSpec
-    from sim.simhelpers import free_port
+    from testrig.testenv import free_port
 
     workers = _workers(2, a.decode_tps)
     tmp = Path(tempfile.mkdtemp(prefix="bench-router-"))

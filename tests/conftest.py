@@ -1,4 +1,15 @@
-"""Shared test helpers: run the CLI in-process, write throwaway profiles and inventories."""
+"""Shared test helpers: run the CLI in-process, write throwaway profiles and inventories; the tiers.
+
+Every test gets exactly one tier marker (docs/testing.md), assigned here and only here: by its directory, or by its
+file where a file's tier differs from its directory's. A new file in a listed directory needs nothing; a new
+directory needs one line in TIER_OF_DIR (collection fails naming it until then). A tier marker the file sets itself
+(`pytestmark = pytest.mark.cluster`) wins.
+
+Under pytest-xdist (`./bin/test` with no argument, `-n N --dist loadgroup`) the same hook puts the tests that must
+share one worker in one `xdist_group`: everything on a test cluster (root, network namespaces: one user at a
+time), the real engine (one TP=2 engine takes both cores), and each module whose tests share a module-scoped
+fixture (one deployment, one pool of emulators), so a session fixture is never built twice at great cost.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,6 +17,98 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+
+TIERS = ("unit", "embedded", "crash", "cluster", "contract", "real_engine")
+# tests/<directory>/ -> its tier
+TIER_OF_DIR = {
+    "unit": "unit", "golden": "unit", "sglang": "unit", "property": "unit",
+    "sim": "embedded", "lifecycle": "embedded", "bench_card": "embedded", "tune": "embedded",
+    "doctor": "embedded", "scaleout": "embedded", "watch": "embedded", "install": "embedded",
+    "cluster": "cluster", "contract": "contract", "realengine": "real_engine",
+}
+# files whose tier is not their directory's (path under tests/)
+TIER_OF_FILE = {
+    "lifecycle/test_crash_matrix.py": "crash",
+    "lifecycle/test_crash.py": "crash",
+    "scaleout/test_replicated_crash.py": "crash",
+}
+# modules whose module-scoped fixture is cheap to build once per worker and whose tests are independent of each
+# other's order: spread over the workers instead of grouped (the crash matrix: each point brings the cluster to its
+# own starting state; a worker's first point costs one `up`)
+SPREAD_MODULES = {"lifecycle/test_crash_matrix.py"}
+# modules that compare what a client measures with an emulator's known timing (decode rates, TTFT, a planted optimum):
+# marked `timing` besides their tier; `./bin/test` runs them alone after the others (other workers' load moved their
+# measurements past the tolerance), and under `-n` one worker runs them one after another
+TIMING_MODULES = {"bench_card/test_emulated.py", "tune/test_tune.py", "sim/test_sim_timing.py", "sim/test_sim_perf.py"}
+# one group for everything that needs the machine to itself in one respect: the real engine (a TP=2 engine takes
+# both cores) and each test cluster (its namespaces and daemons; the two- and four-node clusters have prefixes and
+# subnets of their own, so they run side by side)
+GROUP_OF_TIER = {"cluster": "cluster", "real_engine": "real_engine"}
+
+
+def tier_of(path: Path) -> str:
+    """The tier of the test file at `path` (under tests/), from TIER_OF_FILE, else TIER_OF_DIR."""
+    rel = path.resolve().relative_to(TESTS).as_posix()
+    if rel in TIER_OF_FILE:
+        return TIER_OF_FILE[rel]
+    top = rel.split("/", 1)[0]
+    if top not in TIER_OF_DIR:
+        raise pytest.UsageError(f"tests/{rel}: tests/{top}/ has no tier: add it to TIER_OF_DIR in tests/conftest.py "
+                                f"(one of {', '.join(TIERS)})")
+    return TIER_OF_DIR[top]
+
+
+def _rel(item: pytest.Item) -> str:
+    return Path(str(item.path)).resolve().relative_to(TESTS).as_posix()
+
+
+def _xdist_group(item: pytest.Item, tier: str) -> str | None:
+    if tier == "cluster" and "test_cluster4" in getattr(item, "fixturenames", ()):
+        return "cluster4"
+    if tier in GROUP_OF_TIER:
+        return GROUP_OF_TIER[tier]
+    rel = _rel(item)
+    if rel in TIMING_MODULES:
+        return "timing"
+    if rel in SPREAD_MODULES:
+        return None
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        if any(d.scope in ("module", "session") and d.baseid.startswith("tests") for d in defs):
+            return rel
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist reads the xdist_group marks (it runs in each worker)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    xdist = config.pluginmanager.hasplugin("xdist")
+    for item in items:
+        own = [m.name for m in item.iter_markers() if m.name in TIERS]
+        tier = own[0] if own else tier_of(Path(str(item.path)))
+        if not own:
+            item.add_marker(getattr(pytest.mark, tier))
+        if _rel(item) in TIMING_MODULES:
+            item.add_marker(pytest.mark.timing)
+        if xdist and not any(item.iter_markers("xdist_group")):
+            group = _xdist_group(item, tier)
+            if group:
+                item.add_marker(pytest.mark.xdist_group(group))
+                if getattr(config.option, "loadgroup", False):    # an xdist worker under --dist loadgroup
+                    _suffix_group(item, group)
+
+
+def _suffix_group(item: pytest.Item, group: str) -> None:
+    """What pytest-xdist 3.8 does with an xdist_group mark (the scheduler groups by the id's "@group" suffix), done
+    here because it writes `item._nodeid`, which pytest 9 no longer reads (the id is `item._id`): without this,
+    --dist loadgroup spread every group over the workers."""
+    if "@" in item.nodeid:
+        return
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import coerce_node_id
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")
+    else:
+        item._nodeid = f"{item.nodeid}@{group}"
 
 
 @pytest.fixture
@@ -55,3 +158,56 @@ def local_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Pa
         monkeypatch.delenv(key)
     yield inv
     stop_recorded_engines(inv)
+
+
+@pytest.fixture
+def faulty_profile(tmp_path: Path, profiles_dir: Path):
+    """A profile 'faulty' = BASE + an emulator fault config carried in the profile's env.
+
+    The fault travels with this deployment's engines only (SPARKCTL_SIM_CONFIG in the rank env), so the
+    deployment a rollback restores boots clean, as on a real cluster.
+    """
+    import json
+
+    def make(config: dict, base: str = "d5", extra: str = "") -> str:
+        path = tmp_path / "sim-faults.json"
+        path.write_text(json.dumps(config))
+        (profiles_dir / "faulty.yml").write_text(f"extends: {base}\nenv: {{SPARKCTL_SIM_CONFIG: '{path}'}}\n{extra}")
+        return "faulty"
+    return make
+
+
+@pytest.fixture
+def sim(tmp_path: Path):
+    """``sim(extra_argv, knobs=..., host=..., port=..., env=..., model=..., config=...)`` starts an emulator
+    (testrig.simproc.SimProc); all are killed afterwards. The test thread runs at raised priority meanwhile (the
+    client side of the timing tests measures in it; testrig/priority.py)."""
+    import json
+
+    from testrig.priority import raised_priority
+    from testrig.simproc import MODEL, SimProc
+    from testrig.testenv import free_port
+
+    procs: list[SimProc] = []
+
+    def start(argv: list[str] | None = None, *, knobs: dict | None = None, host: str = "127.0.0.1",
+              port: int | None = None, env: dict[str, str] | None = None, model: str = MODEL,
+              config: dict | None = None) -> SimProc:
+        port = port or free_port(host)
+        e = {"SPARKCTL_SIM_BOOT_S": "0.3"}
+        for k, v in (knobs or {}).items():
+            e[f"SPARKCTL_SIM_{k.upper()}"] = json.dumps(v)
+        if config is not None:
+            path = tmp_path / f"sim-{len(procs)}.json"
+            path.write_text(json.dumps(config))
+            e["SPARKCTL_SIM_CONFIG"] = str(path)
+        e.update(env or {})
+        full = ["--model-path", model, "--host", host, "--port", str(port), *(argv or [])]
+        p = SimProc(full, e, host, port)
+        procs.append(p)
+        return p
+
+    with raised_priority():
+        yield start
+    for p in procs:
+        p.close()

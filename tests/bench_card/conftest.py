@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,14 +13,9 @@ import httpx
 import pytest
 
 from testrig.priority import raise_priority, raised_priority
+from testrig.testenv import free_port
 
 CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "captures" / "sglang"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

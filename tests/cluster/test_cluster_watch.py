@@ -26,8 +26,8 @@ from sparkctl.state.ledger import Ledger
 from sparkctl.watch.caches import HELPER, SUDOERS_FILE, drop_caches
 from testrig.cluster import TestCluster
 from testrig.controller import SparkctlProcess
+from testrig.watchrig import serves
 from tests.cluster.test_cluster_lifecycle import _docker, _running, _up, cluster_env  # noqa: F401 (fixture)
-from tests.watch.watchrig import serves
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 

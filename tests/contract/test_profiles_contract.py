@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from testenv import need_real_parser
+from testrig.testenv import need_real_parser
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import Profile, load_profile
 from testrig.realparser import parse_with_real_sglang

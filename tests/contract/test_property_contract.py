@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 
-from property.mutations import SPARKS, ci_settings, mutated_profile, write_yaml
-from testenv import need_real_parser
+from testrig.mutations import SPARKS, ci_settings, mutated_profile, write_yaml
+from testrig.testenv import need_real_parser
 from sparkctl.errors import ConfigError
 from testrig.realparser import parse_with_real_sglang
 

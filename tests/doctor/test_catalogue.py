@@ -12,7 +12,7 @@ import pytest
 
 from sparkctl.sglang.findings import EVIDENCE_CHARS, EVIDENCE_LINES, LogText, match_sources, match_text, printable
 from sparkctl.sglang.signatures import CATALOGUE, by_id
-from tests.sglang_captures import capture_lines, capture_text
+from testrig.captures import capture_lines, capture_text
 
 OPERATIONS = Path("/work/shared/reference/operations.md")
 

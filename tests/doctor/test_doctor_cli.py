@@ -7,7 +7,7 @@ import os
 import stat
 
 from sparkctl.doctor.collect import DoctorReport
-from tests.sglang_captures import capture_path
+from testrig.captures import capture_path
 
 WRONG_IFACE = capture_path("sglang/multinode-rank1-nccl-bootstrap-wrong-interface.txt")
 CLEAN = capture_path("sglang/spark-1node-dflash-startup-decode-shutdown.txt")

@@ -190,16 +190,24 @@ def test_the_matrix_covers_every_step_of_every_command():
     assert covered == {(c, s) for c, steps in COMMANDS.items() for s in steps}
 
 
-def test_the_state_directory_full_from_each_record_write_of_up_on(matrix):
+# The full-disk points are dealt to this many tests (each its own cluster under pytest-xdist: they run side by side).
+FULL_DISK_SHARES = 4
+
+
+@pytest.mark.parametrize("first", range(1, FULL_DISK_SHARES + 1),
+                         ids=[f"writes-{i}-every-{FULL_DISK_SHARES}" for i in range(1, FULL_DISK_SHARES + 1)])
+def test_the_state_directory_full_from_each_record_write_of_up_on(matrix, first):
     """The file system fills up at each record write of an `up` in turn (every write from the Nth fails with
     ENOSPC): exit 6 naming the state directory, never 70 or a traceback, and I1-I5 hold after each. The points
-    are the writes themselves: N grows until the `up` makes fewer writes than N (it then succeeds)."""
+    are the writes themselves: N grows until the `up` makes fewer writes than N (it then succeeds). They are dealt
+    to FULL_DISK_SHARES tests (this one: N = first, first + FULL_DISK_SHARES, ...); together they cover every N
+    up to the first that succeeds, and each ends past the up's last write."""
     from sparkctl.state.ledger import WRITE_FAULT_ENV
 
     m = matrix
-    n, codes = 0, []
+    n, codes = first - FULL_DISK_SHARES, []
     while True:
-        n += 1
+        n += FULL_DISK_SHARES
         if not m.converged:
             code, out, err = m.run("up", "--profile", "d5", "--yes", "--json")
             assert code == 0, err
@@ -219,5 +227,6 @@ def test_the_state_directory_full_from_each_record_write_of_up_on(matrix):
         if code == 0:
             break
         assert n < 60, "an up that never stops writing"
-    print(f"state directory full from each of {n - 1} record writes of an up, then none: exits {codes}")
-    assert codes[:-1] == [6] * (n - 1) and n > 5, codes
+    print(f"state directory full from record writes {first}, {first + FULL_DISK_SHARES} ... {n - FULL_DISK_SHARES} "
+          f"of an up, then none from write {n}: exits {codes}")
+    assert codes[:-1] == [6] * (len(codes) - 1) and n > 5, codes

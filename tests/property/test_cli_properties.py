@@ -13,7 +13,7 @@ import typer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from property.mutations import ci_settings, run_cli
+from testrig.mutations import ci_settings, run_cli
 
 
 def _numeric_options() -> list[tuple[list[str], Any]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hypothesis import event, given
 
-from property.mutations import (SPARKS, check_refusal, ci_settings, mutated_inventory, mutated_profile,
+from testrig.mutations import (SPARKS, check_refusal, ci_settings, mutated_inventory, mutated_profile,
                                 render_json, run_cli, write_yaml)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from property.mutations import REPO, ci_settings, run_cli
+from testrig.mutations import REPO, ci_settings, run_cli
 
 LOCAL = str(REPO / "inventory" / "local.yml")
 CONTROL = {chr(c) for c in list(range(0x00, 0x09)) + list(range(0x0b, 0x20)) + list(range(0x7f, 0xa0))}

@@ -14,10 +14,10 @@ from typing import Any
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from property.mutations import ci_settings
 from sparkctl.config.loader import dump_yaml, load_yaml, read_value, read_yaml
 from sparkctl.errors import ConfigError
 from sparkctl.tune.space import parse_vary
+from testrig.mutations import ci_settings
 
 # What YAML 1.1 and 1.2 read differently, and their neighbours: sexagesimal, octal, hex, booleans, dates, nulls.
 TRICKY = ["yes", "no", "on", "off", "y", "n", "True", "FALSE", "010", "0o17", "0x1F", "0b101", "12:30", "1_000",

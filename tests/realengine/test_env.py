@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import testrig.realengine as realengine
-from testenv import need_real_engine
 from testrig.realengine import build as rebuild
+from testrig.testenv import need_real_engine
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(1800)]
 

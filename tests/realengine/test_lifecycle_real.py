@@ -25,10 +25,10 @@ from sparkctl.deploy.commands import Deployer
 from sparkctl.deploy.observe import process_engines
 from sparkctl.nodes.process import local_port_free
 from sparkctl.state.ledger import Ledger
-from testenv import need_real_engine
 from testrig.controller import assert_status_interrupted, crash_up_at, kill_up_at
 from testrig.embedded import stop_recorded_engines, write_real_engine_inventory
 from testrig.sweep import files_holding, processes_holding
+from testrig.testenv import need_real_engine
 
 pytestmark = pytest.mark.real_engine
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from testenv import need_module, need_real_engine
 from testrig.embedded import stop_cluster_engines, write_real_engine_inventory
+from testrig.testenv import need_module, need_real_engine
 from testrig.traffic import Traffic
 
 pytestmark = pytest.mark.real_engine

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from testenv import need_module
 from testrig.embedded import write_embedded_inventory
+from testrig.testenv import need_module
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
 

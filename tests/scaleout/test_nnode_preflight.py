@@ -2,12 +2,12 @@
 model manifests and the fabric MTU, rank 0's fabric SSH to each of its three peers; and NCCL_IB_HCA per node."""
 from __future__ import annotations
 
-from scaleout.nnode_inputs import sparks_inventory, tp_profile
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
 from sparkctl.deploy.host_checks import HostFacts, evaluate
 from sparkctl.nodes.facts import FabricSsh, Manifest
 from sparkctl.sglang.render import render
+from testrig.nnode_inputs import sparks_inventory, tp_profile
 
 NODES = ["spark-0", "spark-1", "spark-2", "spark-3"]
 FILES = {"config.json": "aa", "model.safetensors": "bb"}

@@ -3,13 +3,14 @@ subnet through a switch, a direct cable only between two) and renders one argv p
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
 from sparkctl.errors import ConfigError
 from sparkctl.sglang.render import render
-from scaleout.nnode_inputs import sparks_inventory, tp_profile
+from testrig.nnode_inputs import sparks_inventory, tp_profile
 
 
 def _flag(argv: list[str], name: str) -> str:

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from scaleout.nnode_inputs import sparks_inventory
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
 from sparkctl.errors import ConfigError
 from sparkctl.router.replicas import render_replicas, router_endpoint, router_spec
 from sparkctl.sglang.render import render
+from testrig.nnode_inputs import sparks_inventory
 
 
 def _profile(tmp_path, tp: int, k: int, extra: str = ""):

@@ -14,12 +14,12 @@ import httpx
 import pytest
 
 from sparkctl.router import strip_colour
-from testenv import need_module
 from testrig.embedded import (
     stop_cluster_engines,
     write_embedded_inventory,
     write_replicated_profile,
 )
+from testrig.testenv import need_module
 from testrig.traffic import Traffic
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")

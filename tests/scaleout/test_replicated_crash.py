@@ -13,7 +13,7 @@ import pytest
 
 from sparkctl.deploy.steps import CRASH_ENV, replicated_crash_points
 from testrig.embedded import write_replicated_profile
-from testenv import need_module
+from testrig.testenv import need_module
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
 REPO = Path(__file__).resolve().parents[2]

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from testenv import need_module
 from testrig.controller import SparkctlProcess
 from testrig.embedded import stop_recorded_engines, write_embedded_inventory, write_replicated_profile
+from testrig.testenv import need_module
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
 SLOW_BOOT = {"boot_s": 20.0, "decode_tps": 4000, "peer_timeout_s": 2, "ttft_base_s": 0.002}
@@ -65,8 +65,8 @@ def test_a_signal_during_a_first_replicated_up_stops_every_replica_at_once(slow_
     assert code == 128 + sig, run.stderr[-3000:]
     assert took < 12, f"the signal was acted on after {took:.1f}s:\n{run.stderr[-3000:]}"
     assert _engines(env, inv) == [], "engines left running"
-    from sparkctl.deploy.replicated import Record
     from sparkctl.config.inventory import load_inventory
+    from sparkctl.deploy.replicated import Record
     from sparkctl.state.ledger import Ledger
     rec = Record.load(Ledger.for_cluster(load_inventory(inv).cluster.name).root)
     assert rec.data.get("status") != "updating", rec.data.get("status")

@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sim.simhelpers import MODEL, SimProc, free_port
 from sparkctl.router.client import RouterClient, Worker, drain, engine_in_flight
 from sparkctl.router.metrics import parse_router_metrics
 from sparkctl.router.process import RouterProcess
 from sparkctl.router.spec import RouterSpec
-from testenv import local_server, need_module
+from testrig.simproc import MODEL, SimProc
+from testrig.testenv import free_port, local_server, need_module
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "router-0.3.2"
@@ -177,7 +177,6 @@ def test_router_gates_refuse_a_hostile_router_with_a_router_error(generate):
     connection, hangs past the bound, answers 500 or garbage: the gate is a RouterError within its bound (never a
     raw transport exception, never a hang)."""
     import socket
-    import threading
     import time
     from http.server import BaseHTTPRequestHandler
     from types import SimpleNamespace
@@ -235,7 +234,6 @@ def test_router_gates_refuse_a_hostile_router_with_a_router_error(generate):
 def test_router_client_reads_a_hostile_json_body_as_not_ready_or_a_router_error(body):
     """/readiness and /workers answering JSON-typed garbage: health is "not ready" and list_workers a RouterError
     (never a ValueError or AttributeError: exit 70)."""
-    import threading
     from http.server import BaseHTTPRequestHandler
 
     from sparkctl.router import RouterError

@@ -10,13 +10,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import pytest
 
-from sim.simhelpers import MODEL, SimProc, free_port
 from sparkctl.router.client import RouterClient, attach, detach
 from sparkctl.router.process import RouterProcess
 from sparkctl.router.spec import RouterSpec
-from testenv import need_module
+from testrig.simproc import MODEL, SimProc
+from testrig.testenv import free_port, need_module
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
 ENV = {"SPARKCTL_SIM_BOOT_S": "0.3", "SPARKCTL_SIM_DECODE_TPS": "2000", "SPARKCTL_SIM_TTFT_BASE_S": "0.002"}

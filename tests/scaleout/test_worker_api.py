@@ -7,7 +7,7 @@ import re
 import httpx
 import pytest
 
-from sim.simhelpers import sse_events
+from testrig.simproc import sse_events
 
 FAST = {"decode_tps": 2000.0, "prefill_tps": 200000.0, "ttft_base_s": 0.002}
 KEY = "sk-test-worker"
@@ -15,7 +15,8 @@ KEY = "sk-test-worker"
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
-    from sim.simhelpers import MODEL, SimProc, free_port
+    from testrig.simproc import MODEL, SimProc
+    from testrig.testenv import free_port
     port = free_port()
     env = {"SPARKCTL_SIM_BOOT_S": "0.3", **{f"SPARKCTL_SIM_{k.upper()}": str(v) for k, v in FAST.items()}}
     p = SimProc(["--model-path", MODEL, "--host", "127.0.0.1", "--port", str(port), "--api-key", KEY,

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from sglang_captures import capture_lines, capture_text
+from testrig.captures import capture_lines, capture_text
 from sparkctl.errors import NodeError
 from sparkctl.sglang.client import (
     NodeRole, SGLangAPIError, SGLangClient, accept_length_from_meta, assemble_chat_stream, detect_role,
@@ -146,7 +146,7 @@ def _captured_generate_response() -> dict[str, Any]:
 # ----------------------------------------------------------------------------- metrics
 
 def test_parse_prometheus_from_prometheus_client_output() -> None:
-    from testenv import need_module
+    from testrig.testenv import need_module
     pc = need_module("prometheus_client", "the test extra (prometheus_client) is not installed")
     reg = pc.CollectorRegistry()
     g = pc.Gauge("sglang:gen_throughput", "gen", ["model_name"], registry=reg)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_captures import CUT, capture_lines, capture_names
+from testrig.captures import CUT, capture_lines, capture_names
 from sparkctl.sglang import logparse
 from sparkctl.sglang.bootwatch import BootState, LogFollower
 from sparkctl.sglang.logparse import (

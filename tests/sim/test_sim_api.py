@@ -4,7 +4,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from simhelpers import chat_body, sse_events
+from testrig.simproc import chat_body, sse_events
 
 FAST = {"decode_tps": 400.0, "prefill_tps": 200000.0, "ttft_base_s": 0.005}
 REASONING = ["--reasoning-parser", "glm45", "--max-running-requests", "8"]

@@ -9,7 +9,7 @@ import sys
 
 import httpx
 
-from simhelpers import REPO
+from testrig.simproc import REPO
 
 HYBRID = ["--mamba-full-memory-ratio", "2", "--context-length", "65536", "--kv-cache-dtype", "bf16"]
 

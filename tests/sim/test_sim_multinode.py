@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from simhelpers import free_port
+from testrig.testenv import free_port
 
 R0, R1 = "127.0.0.2", "127.0.0.3"
 

@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from simhelpers import chat_body
+from testrig.simproc import chat_body
 
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 DFLASH = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "/models/drafter",

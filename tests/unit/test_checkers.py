@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from testenv import in_ci, need_module
+from testrig.testenv import in_ci, need_module
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from sparkctl.nodes import facts
-from tests.sglang_captures import capture_text
+from testrig.captures import capture_text
 
 SPARK = "spark"
 

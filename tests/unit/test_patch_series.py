@@ -10,7 +10,7 @@ from sparkctl.cli.main import main as cli
 from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.images import patchapply, series as series_mod
 from sparkctl.images.series import PatchCheckError, check_series, list_series, load_series
-from testenv import in_ci
+from testrig.testenv import in_ci
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p.parent.name for p in (REPO / "patches").glob("*/series"))

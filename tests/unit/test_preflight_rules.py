@@ -4,13 +4,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from sparkctl.config.inventory import load_inventory
-from sparkctl.state.records import Severity
 from sparkctl.deploy.preflight_rules import evaluate, gpu_checks, gpu_idle_check, hca_check, memory_check
 from sparkctl.nodes import facts
 from sparkctl.nodes.node_facts import NodeFacts
 from sparkctl.nodes.ssh import CommandResult
 from sparkctl.sglang.launch import LaunchSpec
-from tests.sglang_captures import capture_text
+from sparkctl.state.records import Severity
+from testrig.captures import capture_text
 
 REPO = Path(__file__).resolve().parents[2]
 INV = load_inventory(REPO / "inventory" / "sparks.example.yml")

@@ -16,7 +16,7 @@ from sparkctl.router import launch as router_launch
 from sparkctl.router.container import RouterContainer, removable, router_container_name, start_move
 from sparkctl.router.process import RouterProcess
 from sparkctl.router.spec import RouterSpec
-from testenv import local_server
+from testrig.testenv import local_server
 
 REPO = Path(__file__).resolve().parents[2]
 CAP = REPO / "tests" / "fixtures" / "router-0.3.2" / "container"

@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 import pytest
 
 from testrig.controller import SparkctlProcess
-from watch.watchrig import FAST
+from testrig.watchrig import FAST
 
 
 @pytest.fixture

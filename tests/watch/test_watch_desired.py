@@ -13,7 +13,7 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import process_engines
 from sparkctl.state.watchfile import load_watch
 from testrig.controller import SparkctlProcess
-from watch.watchrig import alive, killed_mid_restart, ledger_of, polls_after, serves, status, up
+from testrig.watchrig import alive, killed_mid_restart, ledger_of, polls_after, serves, status, up
 
 
 def _engines(inv) -> list:

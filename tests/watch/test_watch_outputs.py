@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler
 import httpx
 
 from sparkctl.state.watchfile import load_watch
-from testenv import local_server, need_module
-from watch.watchrig import ledger_of, up, wait_until
+from testrig.testenv import local_server, need_module
+from testrig.watchrig import ledger_of, up, wait_until
 
 parser = need_module("prometheus_client.parser", "the watcher's metrics (the `watch` extra)")
 
@@ -47,7 +47,9 @@ def test_metrics_endpoint_scraped_and_parsed(cli, local_cluster, watcher):
     run = watcher("--metrics-port", "0")
     url = wait_until(lambda: (load_watch(root) or None) and load_watch(root).metrics, "the metrics address")
     assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
-    samples = wait_until(lambda: (s := _scrape(url)) and _value(s, "sparkctl_deployment_healthy") is not None and s,
+    # the node gauges are set after the health gauges in a check (a command per node; swap last): wait for both
+    samples = wait_until(lambda: (s := _scrape(url)) and _value(s, "sparkctl_deployment_healthy") is not None
+                         and _value(s, "sparkctl_node_swap_free_bytes", node="spark-b") is not None and s,
                          "a first check in the metrics")
     assert _value(samples, "sparkctl_up") == 1
     assert _value(samples, "sparkctl_deployment_healthy", desired=dep, profile="d5") == 1

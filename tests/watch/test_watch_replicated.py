@@ -13,9 +13,9 @@ import httpx
 
 from sparkctl.deploy.replicated import Record
 from sparkctl.state.ledger import Ledger
-from testenv import need_module
 from testrig.embedded import stop_cluster_engines, write_replicated_profile
-from watch.watchrig import ledger_of, polls_after, wait_until
+from testrig.testenv import need_module
+from testrig.watchrig import ledger_of, polls_after, wait_until
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
 

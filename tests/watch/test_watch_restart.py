@@ -11,7 +11,8 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import process_engines
 from sparkctl.config.inventory import load_inventory
 
-from watch.watchrig import alive, engine_pid, killed_mid_restart, ledger_of, polls_after, serves, status, up, wait_until
+from testrig.watchrig import (alive, engine_pid, killed_mid_restart, ledger_of, polls_after, serves, status, up,
+                              wait_until)
 
 
 def _restarted(run, old: str) -> str:

@@ -12,7 +12,7 @@ import pytest
 
 from sparkctl.nodes.facts import parse_gpu_sensors
 from sparkctl.watch.systemd import systemd_quote, unit_name
-from testenv import in_ci
+from testrig.testenv import in_ci
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SPARKS = REPO / "inventory" / "sparks.example.yml"
 
 # Deterministic for CI (no example database, derandomized), bounded, never a deadline on a loaded machine.

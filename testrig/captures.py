@@ -1,11 +1,11 @@
-"""Load captured real SGLang output from tests/fixtures/captures/ (byte-identical copies of
-the project's reference captures, each naming its source). Each file has 3 header lines (# source/# what/# note) that are
-not printed output: the helpers strip them. ``[...]`` lines are cut marks, kept unless asked."""
+"""Load captured real SGLang output from tests/fixtures/captures/ (byte-identical copies of the project's reference
+captures, each naming its source) for the tests' parsers. Each file has 3 header lines (# source/# what/# note) that
+are not printed output: the helpers strip them. ``[...]`` lines are cut marks, kept unless asked."""
 from __future__ import annotations
 
 from pathlib import Path
 
-CAPTURES = Path(__file__).parent / "fixtures" / "captures"
+CAPTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "captures"
 CUT = "[...]"
 HEADER_PREFIXES = ("# source:", "# what:", "# note:")
 
@@ -28,7 +28,7 @@ def capture_lines(rel: str, *, drop_cuts: bool = False) -> list[str]:
     lines = capture_text(rel).split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    return [l for l in lines if l != CUT] if drop_cuts else lines
+    return [line for line in lines if line != CUT] if drop_cuts else lines
 
 
 def capture_names(subdir: str) -> list[str]:

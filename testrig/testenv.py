@@ -1,4 +1,4 @@
-"""Facts about the environment the tests run in (importable from any test directory)."""
+"""Facts about the environment the tests run in, and loopback servers for them (importable from any test)."""
 from __future__ import annotations
 
 import os
@@ -68,3 +68,12 @@ def local_server(handler: type):
             srv.shutdown()
             srv.server_close()
     return serving()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` right now (the kernel's pick; the caller binds it soon after)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
+
 from sparkctl.config.inventory import load_inventory
 from sparkctl.nodes import procfs
 from sparkctl.state.ledger import Ledger

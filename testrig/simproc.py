@@ -1,11 +1,12 @@
-"""Helpers for the emulator tests: run emulator processes on loopback addresses, parse SSE."""
+"""Emulator processes for the tests (the `sim` fixture in tests/conftest.py): run them on loopback addresses, wait
+for their log lines, parse SSE."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -14,14 +15,8 @@ from pathlib import Path
 
 from testrig.priority import raise_priority
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 MODEL = "/models/GLM-5.3-Flash-NVFP4"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class SimProc:
@@ -70,7 +65,7 @@ class SimProc:
                 left = end - time.monotonic()
                 if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
                     raise AssertionError(f"no line matching {pattern!r} within {timeout}s; log:\n" +
-                                         "\n".join(l[:300] for l in self.lines[-40:]))
+                                         "\n".join(line[:300] for line in self.lines[-40:]))
                 self._cv.wait(min(left, 0.2))
 
     def wait_ready(self, timeout: float = 15.0) -> None:
@@ -91,10 +86,8 @@ class SimProc:
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
         self._reader.join(timeout=5)       # the pipe's end arrives once the process is gone; then close it
         if self.proc.stdout:
             self.proc.stdout.close()
