@@ -338,7 +338,6 @@ def _close(deployer: Deployer, j: Journal, ended: str) -> None:
     j.save()
     if ok:
         clear_marker(deployer.ledger)
-    return j.data
 
 
 def _trials(deployer: Deployer, j: Journal, opts: TuneOptions, started: float, progress: Progress) -> None:
