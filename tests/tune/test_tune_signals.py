@@ -157,3 +157,12 @@ def test_a_signal_at_every_tune_boundary(rig, point, sig):
 def test_the_tune_matrix_covers_every_tune_step():
     from sparkctl.deploy.steps import TUNE_STEPS
     assert {p.split(":")[1] for p, _ in POINTS} == set(TUNE_STEPS) and {s for _, s in POINTS} == set(SIGNALS)
+
+
+def test_the_crash_contract_parses_three_and_four_fields():
+    from sparkctl.deploy.steps import parse_crash_at
+    assert parse_crash_at("up:boot:after") == ("up", "boot", "after", signal.SIGKILL)     # the 3-field form: KILL
+    assert parse_crash_at("tune:trial@1:before:TERM") == ("tune", "trial@1", "before", signal.SIGTERM)
+    assert parse_crash_at("up:boot:after:SIGHUP")[3] == signal.SIGHUP
+    for bad in ("up:boot", "up:boot:during", "up:boot:after:STOP", "up:boot:after:INT:x"):
+        assert parse_crash_at(bad) is None, bad
