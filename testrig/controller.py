@@ -134,3 +134,50 @@ def assert_status_interrupted(cli: Cli, pid: int, during: str) -> dict[str, Any]
     data = json.loads(out)
     assert code == 8 and not data["ok"] and data["interrupted"][0]["controller_pid"] == pid
     return data
+
+
+BOUNDARY_LINE = re.compile(r"sparkctl: SPARKCTL_CRASH_AT: SIG\w+ at ")
+STOPPING_LINE = re.compile(r"sparkctl: SIG\w+: stopping")
+
+
+class AtBoundary:
+    """A `sparkctl` run signalled at a step boundary (``SPARKCTL_CRASH_AT=<point>:<SIG>``), timed by the monotonic
+    clock of this process as its stderr lines arrive: from the boundary's own line to the handler's "stopping"
+    line (the signal acted on) and to the exit."""
+
+    def __init__(self, code: int, stdout: str, stderr: str, to_stop_s: float | None, to_exit_s: float | None) -> None:
+        self.code, self.stdout, self.stderr = code, stdout, stderr
+        self.to_stop_s, self.to_exit_s = to_stop_s, to_exit_s
+
+    @property
+    def reached(self) -> bool:
+        return self.to_exit_s is not None
+
+
+def run_at_boundary(args: list[str], point: str, sig: str, env: dict[str, str], *,
+                    timeout: float = 300.0) -> AtBoundary:
+    """`sparkctl ARGS` with ``SPARKCTL_CRASH_AT=<point>:<sig>`` (sig KILL, INT, TERM or HUP; sparkctl/deploy/steps.py);
+    its exit code, output and timings (None when the boundary was never reached)."""
+    import time
+
+    from sparkctl.deploy.steps import CRASH_ENV
+
+    arrivals: list[tuple[float, str]] = []
+    with SparkctlProcess(args, env={**env, CRASH_ENV: f"{point}:{sig}"}) as run:
+        seen = 0
+        deadline = time.monotonic() + timeout
+        while run.proc.poll() is None and time.monotonic() < deadline:
+            with run._changed:
+                run._changed.wait_for(lambda n=seen: len(run.lines) > n or run._done, timeout=0.05)
+                now, fresh = time.monotonic(), run.lines[seen:]
+            seen += len(fresh)
+            arrivals += [(now, ln) for ln in fresh]
+        code = run.wait(timeout=max(1.0, deadline - time.monotonic()))
+        ended = time.monotonic()
+        with run._changed:
+            arrivals += [(ended, ln) for ln in run.lines[seen:]]
+        t_boundary = next((t for t, ln in arrivals if BOUNDARY_LINE.search(ln)), None)
+        t_stop = next((t for t, ln in arrivals if STOPPING_LINE.search(ln)), None)
+        return AtBoundary(code, run.stdout, run.stderr,
+                          None if t_boundary is None or t_stop is None else t_stop - t_boundary,
+                          None if t_boundary is None else ended - t_boundary)

@@ -32,11 +32,14 @@ TIER_OF_FILE = {
     "lifecycle/test_crash_matrix.py": "crash",
     "lifecycle/test_crash.py": "crash",
     "scaleout/test_replicated_crash.py": "crash",
+    "scaleout/test_replicated_signal_matrix.py": "crash",
+    "tune/test_tune_signals.py": "crash",
 }
 # modules whose module-scoped fixture is cheap to build once per worker and whose tests are independent of each
 # other's order: spread over the workers instead of grouped (the crash matrix: each point brings the cluster to its
 # own starting state; a worker's first point costs one `up`)
-SPREAD_MODULES = {"lifecycle/test_crash_matrix.py"}
+SPREAD_MODULES = {"lifecycle/test_crash_matrix.py", "scaleout/test_replicated_signal_matrix.py",
+                  "tune/test_tune_signals.py"}
 # modules that compare what a client measures with an emulator's known timing (decode rates, TTFT, a planted optimum):
 # marked `timing` besides their tier; `./bin/test` runs them alone after the others (other workers' load moved their
 # measurements past the tolerance), and under `-n` one worker runs them one after another
@@ -90,10 +93,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
         if _rel(item) in TIMING_MODULES:
             item.add_marker(pytest.mark.timing)
-        if xdist and not any(item.iter_markers("xdist_group")):
-            group = _xdist_group(item, tier)
+        if xdist:
+            marked = next(item.iter_markers("xdist_group"), None)     # a test's own mark wins
+            group = (marked.args[0] if marked.args else marked.kwargs.get("name", "default")) if marked else \
+                _xdist_group(item, tier)
             if group:
-                item.add_marker(pytest.mark.xdist_group(group))
+                if not marked:
+                    item.add_marker(pytest.mark.xdist_group(group))
                 if getattr(config.option, "loadgroup", False):    # an xdist worker under --dist loadgroup
                     _suffix_group(item, group)
 

@@ -148,6 +148,8 @@ def _replicated_status_human(r: JSONObject) -> None:
         where = "in the router" if rep["in_router"] else "NOT in the router"
         print(f"  replica {rep['index']} [{', '.join(rep['nodes'])}] {rep['url']}: "
               f"{'healthy' if rep['healthy'] else 'UNHEALTHY'}, {where}"
+              + (f", runs {rep['profile']} (asked: {r.get('profile')})"
+                 if rep.get("profile") and rep["profile"] != r.get("profile") else "")
               + (f", {int(router['requests_per_replica'].get(rep['url'], 0))} requests"
                  if router.get("requests_per_replica") else ""))
     line = watcher_line(r.get("watcher"))

@@ -9,6 +9,7 @@ the intent records are for.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -29,6 +30,10 @@ def _handler(signum: int, frame: FrameType | None) -> None:
               f"settles what was left", file=sys.stderr, flush=True)
         os._exit(128 + signum)
     _received.append(signum)
+    # Said at once (a raw write: safe inside a handler, unlike print), before the cleanup that may take a while
+    with contextlib.suppress(OSError):    # no terminal left (the SIGHUP of a closed one): the stop goes on
+        os.write(2, f"sparkctl: {name}: stopping; what this command started is stopped or restored (a second "
+                    f"signal exits at once)\n".encode())
     raise Interrupted(signum, name)
 
 

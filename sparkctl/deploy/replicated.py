@@ -264,10 +264,38 @@ class ReplicatedDeployer:
 
     # ---- up --------------------------------------------------------------------------------------------------
     def up(self, profile: Profile, opts: UpOptions | None = None) -> ReplicatedUpResult:
-        opts = opts or UpOptions()
-        t0 = time.monotonic()
         reps = render_replicas(profile, self.inventory)
         spec = router_spec(profile, self.inventory, reps)
+        try:
+            return self._up(profile, opts or UpOptions(), reps, spec)
+        except KeyboardInterrupt:
+            self._settle_interrupted(reps, spec)
+            raise
+
+    def _settle_interrupted(self, reps: list[Replica], spec: RouterSpec) -> None:
+        """Ctrl-C, SIGTERM or SIGHUP at any step of a replicated `up` (each replica's own `up` already stopped or
+        restored what it started): every replica that serves goes back into the router when ours runs (none is
+        left out: a detach or an attach the signal cut), and the record is not left "updating". A second signal
+        exits at once; the next `up` converges from what runs."""
+        rec = Record.load(self.ledger.root)
+        if rec.data.get("status") != "updating":
+            return
+        if self._router(rec, spec) is not None:
+            client = RouterClient(spec.url, metrics_url=spec.metrics_url)
+            for rep in reps:
+                try:
+                    if _serves(rep.url) and client.find(rep.url) is None:
+                        what = f"replica {rep.index}: back into the router (the `up` was interrupted)"
+                        rec.journal("replica-attach", "intent", what, rep.index)
+                        attach(client, rep.url)
+                        rec.journal("replica-attach", "ok", what, rep.index)
+                except SparkctlError as exc:     # the next `up` attaches it; the record says so
+                    rec.journal("replica-attach", "failed", f"replica {rep.index}", rep.index, exc.render())
+        rec.data["status"] = "failed"
+        rec.save()
+
+    def _up(self, profile: Profile, opts: UpOptions, reps: list[Replica], spec: RouterSpec) -> ReplicatedUpResult:
+        t0 = time.monotonic()
         parent = Deployer(self.inventory, self.reporter)
         with self.ledger.lock(COMMAND):
             rec = Record.load(self.ledger.root)
@@ -461,7 +489,8 @@ class ReplicatedDeployer:
             w = listed.get(rep["url"])
             views.append(ReplicaStatus(index=rep["index"], nodes=rep["nodes"], url=rep["url"], cluster=rep["cluster"],
                                        healthy=bool(st.healthy), in_router=w is not None,
-                                       router_healthy=bool(w and w.healthy), deployment=st.active, ranks=st.ranks))
+                                       router_healthy=bool(w and w.healthy), deployment=st.active, ranks=st.ranks,
+                                       profile=st.profile if st.active else None))
             healthy &= bool(st.healthy) and w is not None
         progress = _progress(rec)
         if progress is not None:     # an `up` in progress, or one whose controller died: not ok, whatever serves

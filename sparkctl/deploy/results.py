@@ -177,6 +177,7 @@ class ReplicaStatus(_Result):
     in_router: bool
     router_healthy: bool
     deployment: str | None = None
+    profile: str | None = None           # what the replica runs (the record's `profile` is what was asked)
     ranks: list[RankHealth] = Field(default_factory=list)
 
 

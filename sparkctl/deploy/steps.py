@@ -4,13 +4,20 @@ A command's effects happen only inside its steps; `apply` journals each one befo
 (outcome), and calls `boundary(command, step, "before"|"after")` around it. `crash_points()` enumerates every
 boundary from these definitions, so the crash test covers a step the day it is added here.
 
-``SPARKCTL_CRASH_AT=<command>:<step>:<before|after>`` (tests only) makes the controller SIGKILL itself at
-that boundary: no handler, no cleanup, exactly a ``kill -9`` landing there.
+``SPARKCTL_CRASH_AT=<command>:<step>:<before|after>[:<KILL|INT|TERM|HUP>]`` (tests only) sends the controller
+that signal at that boundary, once: KILL (the default, the 3-field form) is a ``kill -9`` landing there (no
+handler, no cleanup); INT, TERM and HUP go through the CLI's own handlers (cli/signals.py) exactly as a user's
+Ctrl-C, ``kill`` or a closed terminal would. A step that repeats (a tune's trials and A/B legs) is named by its
+first occurrence, or one of them by ``<step>@<n>`` (``tune:trial@1:after``: after trial 1). Before the signal a
+line ``sparkctl: SPARKCTL_CRASH_AT: SIG<X> at <point> (t=<unix time>)`` goes to stderr, so a test can time the
+controller from the boundary to its exit.
 """
 from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
 from collections.abc import Iterator
 
 CRASH_ENV = "SPARKCTL_CRASH_AT"
@@ -57,11 +64,36 @@ def crash_points() -> Iterator[tuple[str, str, str]]:
                 yield command, step, when
 
 
-def boundary(command: str, step: str, when: str) -> None:
-    """A step boundary: SIGKILL this process here when SPARKCTL_CRASH_AT names it (see module docstring)."""
+CRASH_SIGNALS: dict[str, signal.Signals] = {"KILL": signal.SIGKILL, "INT": signal.SIGINT, "TERM": signal.SIGTERM,
+                                            "HUP": signal.SIGHUP}
+_delivered: list[str] = []          # a handled signal is sent once per process (its cleanup passes boundaries too)
+
+
+def parse_crash_at(text: str) -> tuple[str, str, str, signal.Signals] | None:
+    """``cmd:step:when[:SIG]`` -> (cmd, step, when, signal); None when it is not of that form."""
+    parts = text.split(":")
+    if len(parts) not in (3, 4) or parts[2] not in ("before", "after"):
+        return None
+    sig = CRASH_SIGNALS.get(parts[3].upper().removeprefix("SIG")) if len(parts) == 4 else signal.SIGKILL
+    return None if sig is None else (parts[0], parts[1], parts[2], sig)
+
+
+def boundary(command: str, step: str, when: str, index: int | None = None) -> None:
+    """A step boundary: signal this process here when SPARKCTL_CRASH_AT names it (see module docstring). `index`:
+    the occurrence of a repeated step (``<step>@<index>`` names it; plain ``<step>`` is the first reached)."""
     want = os.environ.get(CRASH_ENV)
-    if want and want == f"{command}:{step}:{when}":
-        os.kill(os.getpid(), signal.SIGKILL)
+    if not want or _delivered:
+        return
+    parsed = parse_crash_at(want)
+    if parsed is None:
+        return
+    cmd, name, at, sig = parsed
+    if cmd != command or at != when or name not in (step, f"{step}@{index}"):
+        return
+    _delivered.append(want)
+    print(f"sparkctl: {CRASH_ENV}: {sig.name} at {command}:{step}{'' if index is None else f'@{index}'}:{when} "
+          f"(t={time.time():.3f})", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), sig)
 
 # A replicated `up` (deploy/replicated.py, `replicas: K`): these steps around each replica's own `up`, which runs
 # the steps above under the replica's own cluster, ledger and journal. Apart from COMMANDS: the crash matrix of
@@ -77,3 +109,17 @@ def replicated_crash_points() -> Iterator[tuple[str, str, str]]:
     for step in REPLICATED_STEPS:
         for when in ("before", "after"):
             yield REPLICATED_COMMAND, step, when
+
+
+# `sparkctl tune` (sparkctl/tune/run.py): its journal written (tune-begin), each trial (a deploy + bench, its
+# journal write after), each leg of the A/B confirmation, the restore of what ran before. `trial` and `confirm`
+# repeat: ``trial@<i>`` is trial i (0: the baseline), ``confirm@<k>`` the k-th leg (1-based).
+TUNE_COMMAND = "tune"
+TUNE_STEPS = ("tune-begin", "trial", "confirm", "tune-restore")
+
+
+def tune_crash_points() -> Iterator[tuple[str, str, str]]:
+    """Every (command, step, before|after) boundary of a tune (the first occurrence of a repeated step)."""
+    for step in TUNE_STEPS:
+        for when in ("before", "after"):
+            yield TUNE_COMMAND, step, when

@@ -54,11 +54,11 @@ OBJECTIVES = {"decode": ("decode", "higher"), "ttft": ("ttft", "lower"), "aggreg
 Progress = Callable[[str], None]
 
 
-def _boundary(step: str) -> None:
-    """The lifecycle's step boundary (deploy/steps.py): ``SPARKCTL_CRASH_AT=tune:<step>:after`` SIGKILLs the
-    controller there. Tune's steps: trial-<i> after each trial's journal write, confirm-<k> after each A/B leg."""
-    from sparkctl.deploy.steps import boundary
-    boundary("tune", step, "after")
+def _boundary(step: str, when: str, index: int | None = None) -> None:
+    """The lifecycle's step boundary (deploy/steps.py, `TUNE_STEPS`): ``SPARKCTL_CRASH_AT=tune:<step>:<when>[:SIG]``
+    signals the controller there; ``trial@<i>`` is trial i, ``confirm@<k>`` the k-th A/B leg."""
+    from sparkctl.deploy.steps import TUNE_COMMAND, boundary
+    boundary(TUNE_COMMAND, step, when, index)
 
 
 def _bench_opts(o: TuneOptions) -> BenchOptions:
@@ -226,6 +226,7 @@ def _confirm(deployer: Deployer, j: Journal, winner: JSONObject, progress: Progr
         if k < len(conf["order"]):
             continue                                     # done before a resume
         progress(f"confirmation {k + 1}/{len(sides)}: {side}")
+        _boundary("confirm", "before", k + 1)
         try:
             _deploy(deployer, _candidate(j, t))
             samples = objective_samples(_measure(deployer, opts, progress), opts.objective)
@@ -235,7 +236,7 @@ def _confirm(deployer: Deployer, j: Journal, winner: JSONObject, progress: Progr
         conf["order"].append(side)
         conf[side].extend(samples)
         j.save()
-        _boundary(f"confirm-{k + 1}")
+        _boundary("confirm", "after", k + 1)
     a, b = _summary(conf["baseline"]), _summary(conf["winner"])
     if a is None or b is None:
         conf.update(verdict="failed", error="the objective was not measured in the confirmation")
@@ -263,25 +264,61 @@ def execute(deployer: Deployer, j: Journal, progress: Progress) -> JSONObject:
     opts = TuneOptions(**j.data["options"])
     started = time.monotonic() - float(j.data["timing"].get("elapsed_before_s", 0.0))
     with ledger.lock("tune"):
+        _boundary("tune-begin", "before")
         if j.data["original"] is None and not j.data.get("began"):
             active = ledger.active()
             j.data.update(original=active.id if active else None, began=now_iso())
         write_marker(ledger, j.run_id, j.data["original"])
         j.save()
+        ended = "failed"                 # how the trials and the decision ended: done, interrupted (a signal), failed
         try:
+            _boundary("tune-begin", "after")
             _trials(deployer, j, opts, started, progress)
             _decide(deployer, j, opts, started, progress)
+            ended = "done"
+        except KeyboardInterrupt:
+            # Ctrl-C, SIGTERM, SIGHUP: what ran before is restored below and the journal stays resumable (its
+            # unfinished trials pending); a second signal exits at once and the next `sparkctl tune` settles it
+            ended = "interrupted"
+            progress(f"interrupted: restoring what ran before the tune; `sparkctl tune --resume {j.run_id}` "
+                     "continues it")
+            raise
         finally:
             j.data["timing"]["trials_sum_s"] = round(sum(t["elapsed_s"] or 0 for t in j.data["trials"]), 3)
-            restore_t0 = time.monotonic()
-            j.data["restore"] = restore(deployer, j.data["original"], progress)
-            j.data["timing"]["restore_s"] = round(time.monotonic() - restore_t0, 3)
-            j.data["timing"]["total_s"] = round(time.monotonic() - started, 3)
-            j.data["state"] = "finished" if j.data["restore"].get("ok") else "restore failed"
-            j.save()
-            if j.data["restore"].get("ok"):
-                clear_marker(ledger)
+            _restore_and_close(deployer, j, ended, started, progress)
     return j.data
+
+
+def _restore_and_close(deployer: Deployer, j: Journal, ended: str, started: float, progress: Progress) -> None:
+    """Restore what ran before the tune and close its journal: "finished" only when the trials and the decision
+    ran to their end and the restore worked; "interrupted" (resumable) after a signal, "failed" after an error,
+    "restore failed" when the restore did not work. A signal during the restore leaves the journal interrupted
+    and the marker in place: the next `sparkctl tune` (or `--resume`) settles it."""
+    restore_t0, restored = time.monotonic(), False
+    try:
+        _boundary("tune-restore", "before")
+        j.data["restore"] = restore(deployer, j.data["original"], progress)
+        restored = True
+        _boundary("tune-restore", "after")
+    except KeyboardInterrupt:
+        if not restored:                  # cut before the restore ended: the next tune settles it
+            j.data.update(state="interrupted", restore={"ok": False, "error": "interrupted during the restore"})
+            j.save()
+            raise
+        _close(deployer, j, ended)        # the signal came once everything was done: closed as it ended
+        raise
+    finally:
+        j.data["timing"]["restore_s"] = round(time.monotonic() - restore_t0, 3)
+        j.data["timing"]["total_s"] = round(time.monotonic() - started, 3)
+    _close(deployer, j, ended)
+
+
+def _close(deployer: Deployer, j: Journal, ended: str) -> None:
+    ok = bool(j.data["restore"].get("ok"))
+    j.data["state"] = "restore failed" if not ok else "finished" if ended == "done" else ended
+    j.save()
+    if ok:
+        clear_marker(deployer.ledger)
 
 
 def _trials(deployer: Deployer, j: Journal, opts: TuneOptions, started: float, progress: Progress) -> None:
@@ -298,6 +335,7 @@ def _trials(deployer: Deployer, j: Journal, opts: TuneOptions, started: float, p
                         rest.update(status="skipped", reason="budget")
                 j.save()
                 break
+        _boundary("trial", "before", t["index"])
         _run_trial(deployer, j, t, progress)
         j.data["timing"]["elapsed_before_s"] = round(time.monotonic() - started, 3)
         if not j.data.get("estimate"):
@@ -307,7 +345,7 @@ def _trials(deployer: Deployer, j: Journal, opts: TuneOptions, started: float, p
                      f"confirmation + restore = about {e['total_s']:.0f} s"
                      + (f" (budget {opts.budget_s:.0f} s)" if opts.budget_s else ""))
         j.save()
-        _boundary(f"trial-{t['index']}")
+        _boundary("trial", "after", t["index"])
 
 
 def _decide(deployer: Deployer, j: Journal, opts: TuneOptions, started: float, progress: Progress) -> None:

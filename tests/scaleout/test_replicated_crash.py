@@ -57,6 +57,13 @@ def _controller(inv: Path, profile: Path, crash: str) -> int:
                           capture_output=True, timeout=120).returncode
 
 
+def _assert_status_truthful(st, code: int, step: str, when: str) -> None:
+    """After the kill, `status` says the `up` was interrupted (its controller gone) and is not healthy, up to the
+    hand-off's own record write (killed after it, the deployment was handed off)."""
+    if code == -9 and (step, when) != ("hand-off", "after"):
+        assert (st.get("progress") or "").startswith("interrupted: ") and not st["healthy"], (step, when, st)
+
+
 @pytest.mark.parametrize("command,step,when", POINTS, ids=[":".join(p) for p in POINTS])
 def test_sigkill_at_every_replicated_boundary(cluster, command, step, when):
     from sparkctl.config.profile import load_profile
@@ -72,6 +79,7 @@ def test_sigkill_at_every_replicated_boundary(cluster, command, step, when):
     st = d.status()
     if st.get("router"):
         assert st["router"]["live"], st              # the router outlives its controller
+    _assert_status_truthful(st, code, step, when)
     res = d.up(load_profile(str(profiles[dst])))
     assert res["endpoint"]
     current.append(dst)
@@ -94,6 +102,7 @@ def test_sigkill_at_every_boundary_of_a_first_up(cluster, command, step, when):
     d.down()                                            # nothing runs: the next up is a first one
     code = _controller(inv, profiles[0], f"{command}:{step}:{when}")
     assert code == -9, f"{step}:{when} never reached on a first up (exit {code})"
+    _assert_status_truthful(d.status(), code, step, when)
     if (step, when) == ("replica-up", "after"):         # killed as the first replica finished: both had started
         from sparkctl.deploy.replicated import Record
         started = {e["replica"] for e in Record.load(d.ledger.root).data["journal"][-6:]

@@ -141,7 +141,7 @@ def test_a_candidate_whose_g6_sample_diverges_is_infeasible(cli, tune_cluster):
 def test_kill_9_then_resume_redoes_no_finished_trial(cli, tune_cluster, state_dir):
     code, out, err = cli("up", "--profile", "t5-off", "--yes", "--json")
     assert code == 0, err
-    _tune_killed_at("tune:trial-1:after", "--profile", "t5", "--vary", "speculative.num_draft_tokens=4,6", *WORK,
+    _tune_killed_at("tune:trial@1:after", "--profile", "t5", "--vary", "speculative.num_draft_tokens=4,6", *WORK,
                     "--confirm-rounds", "1")
     (marker_path,) = list(state_dir.glob("*/tune.json"))
     marker = json.loads(marker_path.read_text())
@@ -161,7 +161,7 @@ def test_kill_9_then_resume_redoes_no_finished_trial(cli, tune_cluster, state_di
 def test_budget_stops_trials_and_the_next_tune_restores_after_a_kill_9(cli, tune_cluster, state_dir):
     code, out, err = cli("up", "--profile", "t5-off", "--yes", "--json")
     assert code == 0, err
-    _tune_killed_at("tune:trial-0:after", "--profile", "t5", "--vary", "server.max_total_tokens=100000", *WORK)
+    _tune_killed_at("tune:trial@0:after", "--profile", "t5", "--vary", "server.max_total_tokens=100000", *WORK)
     (marker_path,) = list(state_dir.glob("*/tune.json"))
     killed = json.loads(marker_path.read_text())["run"]
     # the killed tune's baseline trial still runs; its trials are the lifecycle's compare arms, so `status` says
@@ -222,7 +222,7 @@ def test_a_dead_tune_never_takes_down_what_was_deployed_since(cli, tune_cluster,
     closed as interrupted with a line saying why, and the user's deployment still serves."""
     code, out, err = cli("up", "--profile", "t5-off", "--yes", "--json")
     assert code == 0, err
-    _tune_killed_at("tune:confirm-1:after", "--profile", "t5", "--vary", "speculative.num_draft_tokens=6", *WORK,
+    _tune_killed_at("tune:confirm@1:after", "--profile", "t5", "--vary", "speculative.num_draft_tokens=6", *WORK,
                     "--confirm-rounds", "1")
     (marker_path,) = list(state_dir.glob("*/tune.json"))
     killed = json.loads(marker_path.read_text())["run"]
