@@ -1,36 +1,56 @@
-"""Benchmark (not a test): sparkctl on the real SGLang 0.5.23 engine (CPU, tiny model), against the engine alone.
+"""Benchmark (not a test): sparkctl on the real SGLang 0.5.23 engine (CPU, tiny model), against the engine alone
+and against SGLang's own benchmark client. Prints both of issue 23's targets as figures and ratios.
 
-One run, on a real-engine embedded cluster (testrig.realengine; built if missing), for TP=1 and TP=2:
-  1. `sparkctl up --profile cpu-tiny[-tp1]` in a fresh process: wall time, and its warm-up requests' service
-     time and verify step as recorded in its --json result;
-  2. `down`, then the same engine commands `up` ran (the runtime's own argv and environment, rank N-1 first) started
-     by hand, polling rank 0's /health until 200 (SGLang answers 503 until its own warm-up): the engine's boot;
-  3. sparkctl's overhead = up wall - boot by hand - warm-up requests (target <= 1.5 s), with and without the
-     verify step (its smoke generation is engine work; its /health, /v1/models and /server_info reads are not).
-Then, on one TP=2 deployment, the card (`sparkctl bench`: decode tok/s and TTFT at c=1) against SGLang's own
-`python -m sglang.benchmark.serving` (random-ids, same output length, same prompt size, c=1) on the same server:
-decode tok/s (1 / median TPOT) and median TTFT, and their ratio (target: within 2%).
+1. sparkctl's overhead on `up` (target <= 1.5 s), for TP=1 (one node) and TP=2 (two loopback nodes), `--runs`
+   pairs in ABBA order (up then by hand, by hand then up, ...: a load that drifts falls on both sides):
+   - `sparkctl up --profile cpu-tiny[-tp1]` in a fresh process: wall time; its boot, warm-up and verify steps
+     from its --json result;
+   - after `down`, the same engine commands `up` ran (the runtime's own argv and environment, rank N-1 .. 0 started
+     back to back, as `up` starts them: it does not wait for rank 1 before rank 0; a TP=2 group needs both
+     ranks to form) started by hand with their output to a file, polling rank 0's /health every 0.1 s until
+     200 (SGLang answers 503 until its own warm-up; its /health then generates a token and sleeps 1 s);
+   - overhead = up wall - by hand - warm-up requests - verify (the verify step's smoke generation is engine work;
+     printed with and without it); median of the pairs.
+   Where the time goes, per pair from timestamps: before boot (interpreter, imports, reconcile, preflight, plan,
+   journal: wall minus the steps), the boot step minus the by-hand boot, split at the moment rank 0's
+   "fired up" line reached its log file (tailed every 20 ms on both sides) into the engine's part (first rank
+   started -> line; the boot step's start and end from the record's journal) and readiness (line -> ready).
+2. The card vs `python -m sglang.benchmark.serving` (0.5.23's name for bench_serving) on the same TP=2 server,
+   like for like: the same endpoint and client mode (backend `sglang-oai-chat`: streamed /v1/chat/completions,
+   temperature 0), the same prompts (a custom dataset holding the card's own decode prompts, and TTFT prompts
+   made by the card's generator at the card's calibration, unique prefixes), the same output length and stop
+   rule (`--disable-ignore-eos`, as the card; usage requested so its output_len is the server's
+   completion_tokens), c=1, one warm-up request. Definitions (they agree): TTFT from just before the request to
+   the first non-empty content/reasoning delta; decode = 1/TPOT, TPOT = (latency - TTFT)/(tokens - 1), the
+   first token excluded (the card: (tokens - 1)/(t_last - t_first)). The ratio is card / bench_serving.
 
-Real boot figures move with the machine's load (2 shared cores here): read the ratios of one run, not absolutes.
-Run:
+Real boot figures move with the machine's load (2 shared cores here): read the ratios of one run, and `uptime`.
+Run (unattended; builds the real-engine environment if missing):
     .venv/bin/python benchmarks/bench_real_engine.py [--runs 3] [--max-tokens 64] [--skip-card]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+FIRED_UP = re.compile(r"fired up and ready")
 
 
 def _sparkctl(env: dict[str, str], *args: str, timeout: float = 900) -> tuple[float, dict]:
@@ -43,9 +63,81 @@ def _sparkctl(env: dict[str, str], *args: str, timeout: float = 900) -> tuple[fl
     return wall, json.loads(p.stdout)
 
 
-def _by_hand(inventory_path: Path, profile: str) -> float:
-    """Start the ranks as `up` would (same argv and engine environment, rank N-1 .. 0), time to rank 0's /health 200;
-    then stop them."""
+class _LineClock(threading.Thread):
+    """Tails one log file every 20 ms and keeps the wall time (time.time) a line matching FIRED_UP arrived."""
+
+    def __init__(self, path: Path, start_offset: int = 0) -> None:
+        super().__init__(daemon=True)
+        self.path, self.offset, self.at = path, start_offset, None
+        self.done = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self.done.is_set() and self.at is None:
+            try:
+                with open(self.path, "rb") as fh:
+                    fh.seek(self.offset)
+                    data = fh.read()
+            except FileNotFoundError:
+                data = b""
+            cut = data.rfind(b"\n") + 1
+            if cut:
+                self.offset += cut
+                if FIRED_UP.search(data[:cut].decode("utf-8", "replace")):
+                    self.at = time.time()
+            self.done.wait(0.02)
+
+    def stop(self) -> float | None:
+        self.done.set()
+        self.join(1)
+        return self.at
+
+
+def _start_wall(start_ticks: int) -> float:
+    """A process's start (its kernel start time, in clock ticks since boot) as wall time: now minus how long ago."""
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def _up(env: dict[str, str], state: Path, profile: str, cluster: str) -> dict:
+    """`sparkctl up` in a fresh process, with the arrival of rank 0's "fired up" line and the boot step's journal
+    times."""
+    from sparkctl.state.ledger import Ledger
+    before = set(state.rglob("rank0.log"))
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.time()
+    p = subprocess.Popen([sys.executable, "-m", "sparkctl", "up", "--profile", profile, "--yes", "--json"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    clock = None
+    while p.poll() is None and clock is None:
+        new = sorted(set(state.rglob("rank0.log")) - before)
+        if new:
+            clock = _LineClock(new[0])
+        time.sleep(0.02)
+    out, err = p.communicate(timeout=900)
+    wall = time.time() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    fired = clock.stop() if clock else None
+    if p.returncode != 0:
+        raise SystemExit(f"sparkctl up exited {p.returncode}:\n{err[-3000:]}")
+    res = json.loads(out)
+    os.environ["SPARKCTL_STATE_DIR"] = env["SPARKCTL_STATE_DIR"]
+    ledger = Ledger.for_cluster(cluster)
+    rec = ledger.load(ledger.index()["active"])
+    at = {(j.step, j.phase): datetime.fromisoformat(j.at.replace("Z", "+00:00")).timestamp()
+          for j in rec.journal if j.step == "boot"}
+    first_start = min(_start_wall(h.start_ticks) for h in rec.handles if h.start_ticks)
+    stages = {s["name"]: s["elapsed_s"] for s in res["stages"]}
+    return {"wall": wall, "stages": stages, "warm": _warm_s(res), "verify": stages.get("verify", 0.0),
+            "boot": stages.get("boot", 0.0), "boot_start": at.get(("boot", "intent")),
+            "boot_end": at.get(("boot", "ok")),
+            "first_start": first_start, "fired": fired, "endpoint": res.get("endpoint"), "cpu": cpu}
+
+
+def _by_hand(inventory_path: Path, profile: str, logs: Path) -> dict:
+    """Start the ranks as `up` would (same argv and engine environment, rank N-1 .. 0 back to back, output to a file),
+    time to rank 0's /health 200 (polled every 0.1 s from the start); then stop them."""
     from sparkctl.config.inventory import load_inventory
     from sparkctl.config.profile import load_profile
     from sparkctl.deploy.cluster import Cluster
@@ -55,29 +147,38 @@ def _by_hand(inventory_path: Path, profile: str) -> float:
     specs = sorted(cluster.render(load_profile(profile)).specs, key=lambda s: -s.rank)
     runtimes = cluster.runtimes("by-hand")
     procs = []
+    logs.mkdir(parents=True, exist_ok=True)
+    clock = None
     t0 = time.perf_counter()
+    w0 = time.time()
     try:
         for spec in specs:
             argv = runtimes.for_node(spec.node).launch_argv(spec, "by-hand")
             env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
-            procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          start_new_session=True))
+            path = logs / f"rank{spec.rank}.log"
+            with open(path, "wb") as out:
+                procs.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
+            if spec.rank == 0:
+                clock = _LineClock(path)
         url = Cluster.endpoint(next(s for s in specs if s.rank == 0)) + "/health"
         while True:
             try:
-                if httpx.get(url, timeout=2, trust_env=False).status_code == 200:
-                    return time.perf_counter() - t0
+                if httpx.get(url, timeout=5, trust_env=False).status_code == 200:
+                    hand = time.perf_counter() - t0
+                    fired = clock.stop() if clock else None
+                    return {"hand": hand, "fired_after": None if fired is None else fired - w0}
             except httpx.HTTPError:
                 pass
             if any(p.poll() is not None for p in procs):
-                raise SystemExit(f"a rank started by hand exited ({[p.returncode for p in procs]})")
+                raise SystemExit(f"a rank started by hand exited ({[p.returncode for p in procs]}); logs in {logs}")
             time.sleep(0.1)
     finally:
+        if clock is not None:
+            clock.stop()
         for p in procs:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, 9)
-            except ProcessLookupError:
-                pass
             p.wait()
 
 
@@ -93,16 +194,32 @@ def _card(env: dict[str, str], out: Path, max_tokens: int, runs: int) -> dict:
     return json.loads((out / "report.json").read_text())
 
 
-def _bench_serving(engine, endpoint: str, served: str, input_len: int, output_len: int, runs: int,
-                   tmp: Path) -> dict:
-    result = tmp / "bench_serving.jsonl"
-    argv = [str(engine.python), "-m", "sglang.benchmark.serving", "--backend", "sglang", "--base-url", endpoint,
-            "--dataset-name", "random-ids", "--random-input-len", str(input_len), "--random-output-len",
-            str(output_len), "--random-range-ratio", "1.0", "--num-prompts", str(runs), "--max-concurrency", "1",
-            "--request-rate", "inf", "--tokenizer", str(engine.model), "--model", served, "--served-model-name",
-            served, "--disable-tqdm", "--warmup-requests", "1", "--output-file", str(result)]
+def _custom_dataset(path: Path, prompts: list[str]) -> Path:
+    """bench_serving's `custom` dataset: one conversation per line (the user turn is the prompt; the assistant
+    turn is unused with --sharegpt-output-len)."""
+    with open(path, "w", encoding="utf-8") as fh:
+        for text in prompts:
+            fh.write(json.dumps({"conversations": [{"role": "user", "content": text},
+                                                   {"role": "assistant", "content": "unused reply"}]}) + "\n")
+    return path
+
+
+def _bench_serving(engine, endpoint: str, served: str, prompts: list[str], output_len: int, tmp: Path,
+                   name: str, *, flush_cache: bool = False) -> dict:
+    """`python -m sglang.benchmark.serving` over exactly `prompts` (c=1, streamed chat, temperature 0), with its
+    per-request output (--output-details). `flush_cache`: its own --flush-cache after its warm-up request (which
+    sends the first prompt: without the flush that prompt is measured from the radix cache)."""
+    result = tmp / f"bench_serving-{name}.jsonl"
+    dataset = _custom_dataset(tmp / f"dataset-{name}.jsonl", prompts)
+    argv = [str(engine.python), "-m", "sglang.benchmark.serving", "--backend", "sglang-oai-chat", "--base-url",
+            endpoint, "--dataset-name", "custom", "--dataset-path", str(dataset), "--num-prompts", str(len(prompts)),
+            "--sharegpt-output-len", str(output_len), "--disable-ignore-eos",
+            "--extra-request-body", json.dumps({"stream_options": {"include_usage": True}}),
+            "--max-concurrency", "1", "--request-rate", "inf", "--tokenizer", str(engine.model), "--model", served,
+            "--served-model-name", served, "--disable-tqdm", "--warmup-requests", "1", "--output-details",
+            "--output-file", str(result), *(["--flush-cache"] if flush_cache else [])]
     # sglang.benchmark.serving imports HF `datasets` at module level (for the mmmu dataset) and the real-engine venv
-    # does not carry it: a stub module answers that import (random-ids never calls it)
+    # does not carry it: a stub module answers that import (the custom dataset never calls it)
     stub = tmp / "stub"
     (stub / "datasets").mkdir(parents=True, exist_ok=True)
     (stub / "datasets" / "__init__.py").write_text(
@@ -111,20 +228,52 @@ def _bench_serving(engine, endpoint: str, served: str, input_len: int, output_le
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800, cwd=str(tmp))
     if p.returncode != 0:
         raise SystemExit(f"sglang.benchmark.serving exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
-    return json.loads(result.read_text().strip().splitlines()[-1])
+    out = json.loads(result.read_text().strip().splitlines()[-1])
+    if out.get("completed") != len(prompts):
+        raise SystemExit(f"sglang.benchmark.serving completed {out.get('completed')} of {len(prompts)}: "
+                         f"{[e for e in out.get('errors', []) if e][:2]}")
+    return out
+
+
+def _pair_row(up: dict, hand: dict) -> dict:
+    over = up["wall"] - hand["hand"] - up["warm"]
+    row = {"wall": up["wall"], "hand": hand["hand"], "warm": up["warm"], "verify": up["verify"], "boot": up["boot"],
+           "overhead_incl_verify": over, "overhead": over - up["verify"],
+           "before_boot": up["wall"] - sum(up["stages"].values()) + sum(
+               v for k, v in up["stages"].items() if k not in ("boot", "warm-up", "verify")),
+           "boot_gap": up["boot"] - hand["hand"], "controller_cpu": up["cpu"]}
+    if up["fired"] and up["boot_start"] and up["boot_end"] and hand["fired_after"] is not None:
+        # engine: first rank process started -> rank 0's "fired up" line in its log (both sides the same clock)
+        row["engine_gap"] = (up["fired"] - up["first_start"]) - hand["fired_after"]
+        row["start_delay"] = up["first_start"] - up["boot_start"]
+        row["ready_up"] = up["boot_end"] - up["fired"]
+        row["ready_hand"] = hand["hand"] - hand["fired_after"]
+    return row
+
+
+def _med(rows: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3, help="measured requests per figure of the card comparison")
+    ap.add_argument("--runs", type=int, default=3, help="up/by-hand pairs per TP size, and measured requests per "
+                                                        "figure of the card comparison")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--skip-card", action="store_true", help="only the up-vs-by-hand part")
+    ap.add_argument("--skip-overhead", action="store_true", help="only the card-vs-bench_serving part")
+    ap.add_argument("--card-rounds", type=int, default=2, help="card/bench_serving rounds, in ABBA order")
     args = ap.parse_args()
+    from sparkctl.bench.prompts import TokenCalibration, decode_prompts, long_prompt, words_for_tokens
+    from sparkctl.config.inventory import load_inventory
     from testrig.embedded import stop_recorded_engines, write_real_engine_inventory
     from testrig.realengine import ensure_real_engine
 
     engine = ensure_real_engine()
-    rows = []
+    results: dict[str, list[dict]] = {}
+    comparison = None
+    load = [os.getloadavg()]
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         invs = {1: write_real_engine_inventory(tmp / "inventory-1.yml", engine, prefix="rb", nodes=1),
@@ -132,59 +281,127 @@ def main() -> None:
         profiles = tmp / "profiles"
         profiles.mkdir()
         (profiles / "cpu-tiny-tp1.yml").write_text("extends: cpu-tiny\nserver:\n  tp_size: 1\n")
-        base_env = dict(os.environ, SPARKCTL_STATE_DIR=str(tmp / "state"), SPARKCTL_PROFILES_DIR=str(profiles))
-        card = serving = None
-        env = base_env
+        state = tmp / "state"
+        base_env = dict(os.environ, SPARKCTL_STATE_DIR=str(state), SPARKCTL_PROFILES_DIR=str(profiles))
         try:
-            for profile, nodes in (("cpu-tiny-tp1", 1), ("cpu-tiny", 2)):
+            plan = [] if args.skip_overhead else [("cpu-tiny-tp1", 1), ("cpu-tiny", 2)]
+            for profile, nodes in plan:
                 inv = invs[nodes]
                 env = dict(base_env, SPARKCTL_INVENTORY=str(inv))
                 os.environ.update({k: env[k] for k in ("SPARKCTL_STATE_DIR", "SPARKCTL_INVENTORY",
                                                        "SPARKCTL_PROFILES_DIR")})
-                wall, res = _sparkctl(env, "up", "--profile", profile, "--yes")
-                stages = {s["name"]: s["elapsed_s"] for s in res["stages"]}
-                if profile == "cpu-tiny" and not args.skip_card:
-                    card = _card(env, tmp / "card", args.max_tokens, args.runs)
-                    dec = card["arms"][0]["results"]["decode"]["classes"]
-                    prompt = int(statistics.median(r["prompt_tokens"] for c in dec.values() for r in c["runs"]))
-                    serving = (prompt, _bench_serving(engine, res["endpoint"], "tiny-qwen2", prompt,
-                                                      args.max_tokens, args.runs, tmp),
-                               _bench_serving(engine, res["endpoint"], "tiny-qwen2", 256, 8, args.runs, tmp))
+                cluster = load_inventory(inv).cluster.name
+                rows = results.setdefault(profile, [])
+                for i in range(args.runs):
+                    # ABBA: up first in even pairs, by hand first in odd ones
+                    if i % 2 == 0:
+                        up = _up(env, state, profile, cluster)
+                        _sparkctl(env, "down", "--yes")
+                        hand = _by_hand(inv, profile, tmp / f"hand-{profile}-{i}")
+                    else:
+                        hand = _by_hand(inv, profile, tmp / f"hand-{profile}-{i}")
+                        up = _up(env, state, profile, cluster)
+                        _sparkctl(env, "down", "--yes")
+                    rows.append(_pair_row(up, hand))
+                    load.append(os.getloadavg())
+            if not args.skip_card:
+                env = dict(base_env, SPARKCTL_INVENTORY=str(invs[2]))
+                os.environ.update({k: env[k] for k in ("SPARKCTL_STATE_DIR", "SPARKCTL_INVENTORY",
+                                                       "SPARKCTL_PROFILES_DIR")})
+                _, res = _sparkctl(env, "up", "--profile", "cpu-tiny", "--yes")
+                cards: list[dict] = []
+                refs: list[tuple[dict, dict]] = []
+                # ABBA (card, bench_serving, bench_serving, card, ...): a load that drifts falls on both clients
+                for i in range(2 * args.card_rounds):
+                    if (i % 4) in (0, 3):
+                        card = _card(env, tmp / f"card-{i}", args.max_tokens, args.runs)
+                        cards.append(card["arms"][0]["results"])
+                        continue
+                    ttft = cards[0]["ttft"]
+                    size = next(x for x in ttft["sizes"] if x["status"] == "measured")
+                    cal = TokenCalibration(**ttft["calibration"])
+                    # the card's own decode prompts, each class `runs` times, as the card sends them; TTFT prompts
+                    # from the card's generator at the card's calibration, unique prefixes (none of them cached)
+                    dec_texts = [p.text for p in decode_prompts().values() for _ in range(args.runs)]
+                    ttft_texts = [long_prompt(words_for_tokens(size["target_tokens"], cal),
+                                              f"bench_serving/{i}/ttft/{j}") for j in range(args.runs)]
+                    refs.append((_bench_serving(engine, res["endpoint"], "tiny-qwen2", dec_texts, args.max_tokens,
+                                                tmp, f"decode-{i}"),
+                                 _bench_serving(engine, res["endpoint"], "tiny-qwen2", ttft_texts, ttft["max_tokens"],
+                                                tmp, f"ttft-{i}", flush_cache=True)))
+                comparison = (cards, refs)
+                load.append(os.getloadavg())
                 _sparkctl(env, "down", "--yes")
-                hand = _by_hand(inv, profile)
-                warm = _warm_s(res)
-                rows.append({"profile": profile, "wall": wall, "hand": hand, "warm": warm,
-                             "verify": stages.get("verify", 0.0), "stages": stages})
         finally:
             for inv in invs.values():
                 subprocess.run([sys.executable, "-m", "sparkctl", "down", "--yes"],
                                env=dict(base_env, SPARKCTL_INVENTORY=str(inv)), capture_output=True)
                 os.environ["SPARKCTL_INVENTORY"] = str(inv)
                 stop_recorded_engines(inv)
-    print(f"real SGLang 0.5.23 on CPU ({os.cpu_count()} cores), tiny model {engine.model}")
-    for r in rows:
-        over = r["wall"] - r["hand"] - r["warm"]
-        st = ", ".join(f"{k} {v:.2f}s" for k, v in r["stages"].items())
-        print(f"  {r['profile']:<13} up wall {r['wall']:.2f}s; by hand to /health 200 {r['hand']:.2f}s; warm-up "
-              f"requests {r['warm']:.2f}s; verify {r['verify']:.2f}s")
-        print(f"  {'':<13} sparkctl overhead {over:.2f}s incl. verify, {over - r['verify']:.2f}s excl. verify "
-              f"(up/by-hand ratio {r['wall'] / r['hand']:.3f})  [{st}]")
-    if card and serving:
-        prompt, dec_ref, ttft_ref = serving
-        res = card["arms"][0]["results"]
-        dec = [r["decode_tok_s"] for c in res["decode"]["classes"].values() for r in c["runs"] if r["decode_tok_s"]]
-        card_dec = statistics.median(dec)
-        ref_dec = 1000.0 / dec_ref["median_tpot_ms"]
-        size = next(s for s in res["ttft"]["sizes"] if s["status"] == "measured")
-        card_ttft = size["ttft_s"]["median"] * 1000
-        ref_ttft = ttft_ref["median_ttft_ms"]
-        print(f"card vs sglang.benchmark.serving on the same TP=2 server (c=1, {args.runs} requests each):")
-        print(f"  decode: card {card_dec:.2f} tok/s (median of {len(dec)} runs, {args.max_tokens} tokens) vs "
-              f"1/median TPOT {ref_dec:.2f} tok/s (random-ids, {prompt} in / {args.max_tokens} out): ratio "
-              f"{card_dec / ref_dec:.3f}")
-        print(f"  TTFT ~{size['target_tokens']} tokens: card {card_ttft:.1f} ms vs median TTFT {ref_ttft:.1f} ms "
-              f"(random-ids 256 in / 8 out): ratio {card_ttft / ref_ttft:.3f}")
+    _report(engine, args, results, comparison, load)
 
+
+def _report(engine, args, results: dict[str, list[dict]], comparison, load: list[tuple[float, float, float]]) -> None:
+    print(f"real SGLang 0.5.23 on CPU ({os.cpu_count()} cores), tiny model {engine.model}")
+    print("load average (1 min) during the run: " + " ".join(f"{la[0]:.2f}" for la in load))
+    for profile, rows in results.items():
+        tp = "TP=1" if profile.endswith("tp1") else "TP=2"
+        m = {k: _med(rows, k) for k in {k for r in rows for k in r}}
+        each = ", ".join(f"{r['overhead']:.2f}" for r in rows)
+        print(f"[target 1] {tp} ({profile}): sparkctl overhead on up = {m['overhead']:.2f} s "
+              f"(median of {len(rows)} ABBA pairs: {each}; target <= 1.5 s: "
+              f"{'MET' if m['overhead'] <= 1.5 else 'NOT MET'}); {m['overhead_incl_verify']:.2f} s incl. verify")
+        print(f"    up wall {m['wall']:.2f} s; by hand to /health 200 {m['hand']:.2f} s "
+              f"(ratio {m['wall'] / m['hand']:.3f}); warm-up requests {m['warm']:.2f} s; verify {m['verify']:.2f} s; "
+              f"the controller's CPU for the whole up {m['controller_cpu']:.2f} s")
+        print(f"    where: before boot (interpreter, imports, reconcile, preflight, plan, journal) "
+              f"{m['before_boot']:.2f} s; boot step {m['boot']:.2f} s - by hand {m['hand']:.2f} s = "
+              f"{m['boot_gap']:+.2f} s")
+        if m.get("engine_gap") is not None:
+            print(f"    boot gap split at rank 0's 'fired up' line: first rank started {m['start_delay']:.2f} s into "
+                  f"the boot step; engine (start -> line) {m['engine_gap']:+.2f} s vs by hand; readiness "
+                  f"(line -> ready) {m['ready_up']:.2f} s vs by hand (line -> /health 200) {m['ready_hand']:.2f} s")
+    if comparison:
+        cards, refs = comparison
+        card_dec, ref_dec, same_def, card_ttft, ref_ttft, n_dec, n_ttft = [], [], [], [], [], 0, 0
+        for arm in cards:
+            runs = [r for c in arm["decode"]["classes"].values() for r in c["runs"] if r["decode_tok_s"]]
+            card_dec.append(statistics.median(r["decode_tok_s"] for r in runs))
+            size = next(x for x in arm["ttft"]["sizes"] if x["status"] == "measured")
+            card_ttft.append(size["ttft_s"]["median"] * 1000)
+            n_dec, n_ttft = n_dec + len(runs), n_ttft + len(size["runs"])
+        for dec_ref, ttft_ref in refs:
+            ref_dec.append(1000.0 / dec_ref["median_tpot_ms"])
+            # the card's formula on bench_serving's per-request output: (tokens - 1) / (t_last - t_first)
+            same_def.append(statistics.median((n - 1) / sum(itl) for n, itl in zip(dec_ref["output_lens"],
+                                              dec_ref["itls"], strict=True) if n > 1 and sum(itl) > 0))
+            ref_ttft.append(ttft_ref["median_ttft_ms"])
+        dec_ratio = statistics.fmean(card_dec) / statistics.fmean(ref_dec)
+        ttft_ratio = statistics.fmean(card_ttft) / statistics.fmean(ref_ttft)
+        last = cards[-1]
+        runs = [r for c in last["decode"]["classes"].values() for r in c["runs"]]
+        size = next(x for x in last["ttft"]["sizes"] if x["status"] == "measured")
+        dec_ref, ttft_ref = refs[-1]
+
+        def fmt(vals: list[float], unit: str, digits: int) -> str:
+            return " / ".join(f"{v:.{digits}f}" for v in vals) + f" {unit}"
+        print(f"card vs sglang.benchmark.serving --backend sglang-oai-chat on the same TP=2 server ({len(cards)} card "
+              f"runs and {len(refs)} bench_serving runs in ABBA order; c=1, streamed chat, temperature 0, the same "
+              f"prompts; each figure the mean of the runs' medians):")
+        print(f"[target 2] decode ratio {dec_ratio:.3f} (target 0.98-1.02: "
+              f"{'MET' if abs(dec_ratio - 1) <= 0.02 else 'NOT MET'}): card {fmt(card_dec, 'tok/s', 2)} "
+              f"(median of {n_dec // len(cards)} requests each: "
+              f"{statistics.median(r['prompt_tokens'] for r in runs):.0f} prompt / "
+              f"{statistics.median(r['completion_tokens'] for r in runs):.0f} completion tokens) vs 1 / median TPOT "
+              f"{fmt(ref_dec, 'tok/s', 2)} (outputs {statistics.median(dec_ref['output_lens']):.0f} tokens; by the "
+              f"card's formula from its per-request output: {fmt(same_def, 'tok/s', 2)})")
+        print(f"[target 2] TTFT ratio {ttft_ratio:.3f} (target 0.98-1.02: "
+              f"{'MET' if abs(ttft_ratio - 1) <= 0.02 else 'NOT MET'}): card {fmt(card_ttft, 'ms', 1)} vs median "
+              f"TTFT {fmt(ref_ttft, 'ms', 1)} (~{size['target_tokens']} target tokens: the card's prompts "
+              f"{statistics.median(r['prompt_tokens'] for r in size['runs']):.0f} server tokens, bench_serving's "
+              f"{statistics.median(ttft_ref['input_lens']):.0f} by its tokenizer without the template; "
+              f"{n_ttft // len(cards)} requests each, unique prefixes; bench_serving flushes the cache after its "
+              f"warm-up request)")
 
 if __name__ == "__main__":
     main()

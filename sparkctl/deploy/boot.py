@@ -2,9 +2,17 @@
 
 Fails fast on a fatal log line (OOM, NCCL error, Traceback) or a dead rank, with the
 node, the first error and the log tail as evidence; never waits past its timeout.
+
+Rank 0's /health is polled on a thread of its own (`HealthWatch`) from the moment its log shows the capacity
+resolved, while the logs are followed: SGLang's /health (health_generate) answers 200 only after an
+``asyncio.sleep(1)`` inside the handler, so a probe sent only once the "fired up" line was read added that second
+(plus the line's trip through the log pipe and a poll) after the engine was already up. A person polling /health by
+hand from the start sees the 200 about one second after SGLang turns Up; the boot now does too. The gate is the
+same: the "fired up" line *and* a 200 (in either order).
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -74,6 +82,36 @@ class BootResult:
         return rank0.follower.capacity
 
 
+class HealthWatch:
+    """`probe` (rank 0's /health is 200) called on a daemon thread until it says yes or `stop()`: a probe that
+    takes a second (SGLang's /health generates a token and sleeps 1 s first) never holds up the log and liveness
+    polls, and the answer is there the moment the engine gives it. `ok` is set once a probe returned True."""
+
+    def __init__(self, probe: Callable[[], bool], interval_s: float) -> None:
+        self.ok = threading.Event()
+        self.answered_at: float | None = None       # time.monotonic() of the first 200
+        self._probe = probe
+        self._interval_s = interval_s
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sparkctl-health-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                healthy = self._probe()
+            except Exception:  # noqa: BLE001 - a probe that raises is a probe that did not say 200
+                healthy = False
+            if healthy:
+                self.answered_at = time.monotonic()
+                self.ok.set()
+                return
+            self._stopping.wait(self._interval_s)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+
 def doctor_lines(logs: list[tuple[str, str]]) -> list[str]:
     """What the doctor recognises in these (name, log text) pairs, as evidence lines (sparkctl.doctor): its cause,
     fix and source, so a failed `up` names a known failure without a second command. Empty when nothing matches."""
@@ -112,7 +150,9 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
          log_room: Callable[[], bool] | None = None) -> BootResult:
     """Start ranks (highest first, rank 0 last) and wait for rank 0 to be ready.
 
-    Ready = rank 0 logged "fired up" and, when given, `ready_probe()` (its /health answers 200). When the log
+    Ready = rank 0 logged "fired up" and, when given, `ready_probe()` (its /health answers 200; asked on a
+    `HealthWatch` thread from the moment rank 0's log shows its capacity, so the 200 and the line count in
+    either order and a slow /health never delays the log and liveness checks). When the log
     cannot grow (`log_room()` False: the state directory holding the process runtime's rank logs is full or
     read-only, and the log pipe drops lines rather than the engine), `ready_probe()` alone: rank 0's /health is
     503 until SGLang is ready (shared/reference/sglang.md), so a restore needs no disk to know it serves.
@@ -146,26 +186,41 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
                 time.sleep(rt.poll_interval_s)
     rank0 = next(w for w in watches if w.spec.rank == 0)
     deadline = t0 + timeout_s
-    while True:
-        for w in watches:
-            _check(w, t0)
-        if rank0.follower.ready and (ready_probe is None or ready_probe()):
-            return BootResult(watches, round(time.monotonic() - t0, 3))
-        if ready_probe is not None and log_room is not None and not log_room() and ready_probe():
-            reporter.event(f"rank 0: ready by /health 200 (its log cannot grow: no room in the state directory, "
-                           f"the log pipe drops the lines; {rank0.handle.log_ref})", rank0.spec.node)
-            return BootResult(watches, round(time.monotonic() - t0, 3))
-        if time.monotonic() > deadline:
-            elapsed = time.monotonic() - t0
-            verdict = rank0.follower.classify(final=True)
-            stuck = f"not ready within {timeout_s:.0f}s; last milestone: " \
-                    f"{verdict.last_milestone.value if verdict.last_milestone else 'none'}"
-            hint = ("the ranks never met: check the fabric link and that every node reaches "
-                    f"{specs[0].env.get('SGLANG_HOST_IP', 'rank 0')} (sparkctl preflight)"
-                    if EventKind.SPANS_ACROSS_NODES not in rank0.follower.milestones and len(specs) > 1 else
-                    "raise lifecycle.boot_timeout_s if this model needs longer, or read the log for the stall")
-            raise _fail(rank0, stuck, hint, elapsed)
-        time.sleep(max(w.runtime.poll_interval_s for w in watches))
+    interval = max(w.runtime.poll_interval_s for w in watches)
+    health: HealthWatch | None = None
+    try:
+        while True:
+            for w in watches:
+                _check(w, t0)
+            if ready_probe is not None and health is None and (
+                    EventKind.CAPACITY in rank0.follower.milestones or rank0.follower.ready):
+                # this engine's scheduler is up (its HTTP server and SGLang's own warm-up come next): from here a
+                # /health 200 can only be its own, so start asking while the logs are followed
+                health = HealthWatch(ready_probe, interval)
+            if rank0.follower.ready and (health is None or health.ok.is_set()):
+                return BootResult(watches, round(time.monotonic() - t0, 3))
+            if ready_probe is not None and log_room is not None and not log_room() and \
+                    (health.ok.is_set() if health is not None else ready_probe()):
+                reporter.event(f"rank 0: ready by /health 200 (its log cannot grow: no room in the state directory, "
+                               f"the log pipe drops the lines; {rank0.handle.log_ref})", rank0.spec.node)
+                return BootResult(watches, round(time.monotonic() - t0, 3))
+            if time.monotonic() > deadline:
+                elapsed = time.monotonic() - t0
+                verdict = rank0.follower.classify(final=True)
+                stuck = f"not ready within {timeout_s:.0f}s; last milestone: " \
+                        f"{verdict.last_milestone.value if verdict.last_milestone else 'none'}"
+                hint = ("the ranks never met: check the fabric link and that every node reaches "
+                        f"{specs[0].env.get('SGLANG_HOST_IP', 'rank 0')} (sparkctl preflight)"
+                        if EventKind.SPANS_ACROSS_NODES not in rank0.follower.milestones and len(specs) > 1 else
+                        "raise lifecycle.boot_timeout_s if this model needs longer, or read the log for the stall")
+                raise _fail(rank0, stuck, hint, elapsed)
+            if health is not None:
+                health.ok.wait(interval)       # the poll's pause, cut short by the 200
+            else:
+                time.sleep(interval)
+    finally:
+        if health is not None:
+            health.stop()
 
 
 def _check(watch: RankWatch, t0: float) -> None:

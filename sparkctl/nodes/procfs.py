@@ -85,10 +85,11 @@ def _descendants_by_scan(pid: int) -> list[int]:
     return out
 
 
-def stopped_in_tree(pid: int) -> tuple[int, str] | None:
+def stopped_in_tree(pid: int, tree: list[int] | None = None) -> tuple[int, str] | None:
     """(pid, state) of the first process of `pid`'s tree (itself, then its descendants) that is stopped (T/t),
-    or None: a SIGSTOPped engine behind a running log pipe is not a running rank."""
-    for p in [pid, *descendants(pid)]:
+    or None: a SIGSTOPped engine behind a running log pipe is not a running rank. `tree`: the descendants when the
+    caller already knows them (`descendants(pid)`, read again here when None)."""
+    for p in [pid, *(descendants(pid) if tree is None else tree)]:
         stat = proc_stat(p)
         if stat is not None and stat[0] in STOPPED_STATES:
             return p, stat[0]

@@ -8,6 +8,7 @@ saw it dead, and the error was read but never classified. This replays that orde
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,65 @@ def test_readiness_by_health_alone_only_when_the_log_cannot_grow():
     with pytest.raises(DeployError):
         boot([spec], lambda node: runtime, "dep-1", reporter, timeout_s=0.3, ready_probe=lambda: False,
              log_room=lambda: False)
+
+
+CAPACITY_LINE = ("[2026-08-01 23:43:42] max_total_num_tokens=185897, chunked_prefill_size=8192, max_prefill_tokens="
+                 "16384, max_running_requests=48, context_len=65536, available_gpu_mem=6.22 GB\n")
+FIRED_UP_LINE = "[2026-08-01 23:43:47] The server is fired up and ready to roll!\n"
+
+
+class _RealTimings:
+    """A live engine that logs its capacity at once and "fired up" after `fired_at_s`, like SGLang: its /health
+    (health_generate) sleeps 1 s before its first 200, and says 503 at once before it is up."""
+
+    poll_interval_s = 0.02
+
+    def __init__(self, fired_at_s: float) -> None:
+        self.t0 = time.monotonic()
+        self.fired_at_s = fired_at_s
+        self.log_reads_while_probing = 0
+        self.probing = False
+
+    def start(self, spec, deployment_id):
+        return ProcessHandle(node=spec.node, rank=spec.rank, deployment=deployment_id, pid=1, log="-")
+
+    def liveness(self, handle):
+        return Liveness(True, "running (pid 1)")
+
+    def read_log(self, handle, offset=0):
+        if self.probing:
+            self.log_reads_while_probing += 1
+        text = CAPACITY_LINE + (FIRED_UP_LINE if time.monotonic() - self.t0 >= self.fired_at_s else "")
+        return text[offset:], len(text)
+
+    def health(self) -> bool:
+        if time.monotonic() - self.t0 < self.fired_at_s - 0.9:   # SGLang turns Up just before it logs the line
+            return False
+        self.probing = True
+        time.sleep(1.0)
+        self.probing = False
+        return True
+
+
+def test_health_is_asked_while_the_log_is_followed_not_after_it():
+    """SGLang's /health answers 200 one second after it is asked (an asyncio.sleep(1) in health_generate). Asked only
+    once "fired up" was read, that second came after the engine was up (issue 23's TP=2 overhead); asked from the
+    capacity line on, on its own thread, the 200 comes with the line, and the log is still read meanwhile."""
+    spec = render(load_profile("dflash-off"), load_inventory(REPO / "inventory" / "local.yml"), environ={}).specs[0]
+    runtime = _RealTimings(fired_at_s=1.0)
+    booted = boot([spec], lambda node: runtime, "dep-1", Reporter(quiet=True), timeout_s=10,
+                  ready_probe=runtime.health, log_room=lambda: True)
+    # both gates held: the line was read and the probe answered (it cannot answer before 1.1 s: 0.1 + its 1 s)
+    assert booted.watches[0].follower.ready
+    assert 1.05 <= booted.elapsed_s < 1.6, booted.elapsed_s      # sequential: >= 2.0 s (line at 1.0, then 1 s)
+    assert runtime.log_reads_while_probing >= 5                  # a slow probe never held up the log's polls
+
+
+def test_a_200_before_the_line_still_waits_for_the_line():
+    """The gate stays "fired up" *and* /health 200, in either order: a 200 alone (the log has room) is not ready."""
+    spec = render(load_profile("dflash-off"), load_inventory(REPO / "inventory" / "local.yml"), environ={}).specs[0]
+    runtime = _RealTimings(fired_at_s=60.0)
+    with pytest.raises(DeployError) as info:
+        boot([spec], lambda node: runtime, "dep-1", Reporter(quiet=True), timeout_s=0.5,
+             ready_probe=lambda: True, log_room=lambda: True)
+    assert "not ready within" in info.value.message and "last milestone: capacity" in info.value.message

@@ -217,3 +217,29 @@ def test_a_planted_sitecustomize_runs_in_the_engine_never_in_the_pipe(setup, tmp
         assert "sparkctl.sim" in ran.get(engine, ""), (engine, ran)     # the engine ran it
         assert h.pid not in ran, ran[h.pid]                              # the pipe did not
     assert not any("logpipe" in argv for argv in ran.values()), ran
+
+
+def test_liveness_reads_every_state_each_call_and_walks_the_tree_at_most_once_a_ttl(setup, monkeypatch):
+    """Boot calls liveness ten times a second per rank, on the cores the engines boot on: the tree of a real SGLang
+    rank is ~70 thread children files, so the walk is reused for `tree_ttl_s`; a stop is still seen on the next
+    call, because each process's state is read every time."""
+    rt, specs, started = setup
+    booted = _boot(rt, specs, started)
+    handle = booted.handles[0]
+    walks = []
+    real = procfs.descendants
+    monkeypatch.setattr(procfs, "descendants", lambda pid: walks.append(pid) or real(pid))
+    rt.tree_ttl_s = 0.0
+    assert rt.liveness(handle).alive and walks == [handle.pid]              # past the TTL: walked again
+    rt.tree_ttl_s = 60.0
+    assert rt.liveness(handle).alive and rt.liveness(handle).alive and walks == [handle.pid]
+    engine = real(handle.pid)[0]
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        live = rt.liveness(handle)                     # the cached tree, the state read now
+        assert not live.alive and f"pid {engine}" in live.detail and "state T" in live.detail, live.detail
+        assert walks == [handle.pid]
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    rt.tree_ttl_s = 0.0
+    assert rt.liveness(handle).alive and walks == [handle.pid, handle.pid]
