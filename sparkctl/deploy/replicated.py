@@ -286,11 +286,11 @@ class ReplicatedDeployer:
                 try:
                     if _serves(rep.url) and client.find(rep.url) is None:
                         what = f"replica {rep.index}: back into the router (the `up` was interrupted)"
-                        rec.journal("replica-attach", "intent", what, rep.index)
+                        rec.journal(REPLICA_ATTACH, "intent", what, rep.index)
                         attach(client, rep.url)
-                        rec.journal("replica-attach", "ok", what, rep.index)
+                        rec.journal(REPLICA_ATTACH, "ok", what, rep.index)
                 except SparkctlError as exc:     # the next `up` attaches it; the record says so
-                    rec.journal("replica-attach", "failed", f"replica {rep.index}", rep.index, exc.render())
+                    rec.journal(REPLICA_ATTACH, "failed", f"replica {rep.index}", rep.index, exc.render())
         rec.data["status"] = "failed"
         rec.save()
 

@@ -115,7 +115,8 @@ def replicated_crash_points() -> Iterator[tuple[str, str, str]]:
 # journal write after), each leg of the A/B confirmation, the restore of what ran before. `trial` and `confirm`
 # repeat: ``trial@<i>`` is trial i (0: the baseline), ``confirm@<k>`` the k-th leg (1-based).
 TUNE_COMMAND = "tune"
-TUNE_STEPS = ("tune-begin", "trial", "confirm", "tune-restore")
+TUNE_BEGIN, TRIAL, CONFIRM, TUNE_RESTORE = "tune-begin", "trial", "confirm", "tune-restore"
+TUNE_STEPS = (TUNE_BEGIN, TRIAL, CONFIRM, TUNE_RESTORE)
 
 
 def tune_crash_points() -> Iterator[tuple[str, str, str]]:

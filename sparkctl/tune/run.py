@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sparkctl.deploy.steps import CONFIRM, TRIAL, TUNE_BEGIN, TUNE_RESTORE
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger, now_iso
@@ -226,7 +227,7 @@ def _confirm(deployer: Deployer, j: Journal, winner: JSONObject, progress: Progr
         if k < len(conf["order"]):
             continue                                     # done before a resume
         progress(f"confirmation {k + 1}/{len(sides)}: {side}")
-        _boundary("confirm", "before", k + 1)
+        _boundary(CONFIRM, "before", k + 1)
         try:
             _deploy(deployer, _candidate(j, t))
             samples = objective_samples(_measure(deployer, opts, progress), opts.objective)
@@ -236,7 +237,7 @@ def _confirm(deployer: Deployer, j: Journal, winner: JSONObject, progress: Progr
         conf["order"].append(side)
         conf[side].extend(samples)
         j.save()
-        _boundary("confirm", "after", k + 1)
+        _boundary(CONFIRM, "after", k + 1)
     a, b = _summary(conf["baseline"]), _summary(conf["winner"])
     if a is None or b is None:
         conf.update(verdict="failed", error="the objective was not measured in the confirmation")
@@ -264,7 +265,7 @@ def execute(deployer: Deployer, j: Journal, progress: Progress) -> JSONObject:
     opts = TuneOptions(**j.data["options"])
     started = time.monotonic() - float(j.data["timing"].get("elapsed_before_s", 0.0))
     with ledger.lock("tune"):
-        _boundary("tune-begin", "before")
+        _boundary(TUNE_BEGIN, "before")
         if j.data["original"] is None and not j.data.get("began"):
             active = ledger.active()
             j.data.update(original=active.id if active else None, began=now_iso())
@@ -272,7 +273,7 @@ def execute(deployer: Deployer, j: Journal, progress: Progress) -> JSONObject:
         j.save()
         ended = "failed"                 # how the trials and the decision ended: done, interrupted (a signal), failed
         try:
-            _boundary("tune-begin", "after")
+            _boundary(TUNE_BEGIN, "after")
             _trials(deployer, j, opts, started, progress)
             _decide(deployer, j, opts, started, progress)
             ended = "done"
@@ -296,10 +297,10 @@ def _restore_and_close(deployer: Deployer, j: Journal, ended: str, started: floa
     and the marker in place: the next `sparkctl tune` (or `--resume`) settles it."""
     restore_t0, restored = time.monotonic(), False
     try:
-        _boundary("tune-restore", "before")
+        _boundary(TUNE_RESTORE, "before")
         j.data["restore"] = restore(deployer, j.data["original"], progress)
         restored = True
-        _boundary("tune-restore", "after")
+        _boundary(TUNE_RESTORE, "after")
     except KeyboardInterrupt:
         if not restored:                  # cut before the restore ended: the next tune settles it
             j.data.update(state="interrupted", restore={"ok": False, "error": "interrupted during the restore"})
@@ -335,7 +336,7 @@ def _trials(deployer: Deployer, j: Journal, opts: TuneOptions, started: float, p
                         rest.update(status="skipped", reason="budget")
                 j.save()
                 break
-        _boundary("trial", "before", t["index"])
+        _boundary(TRIAL, "before", t["index"])
         _run_trial(deployer, j, t, progress)
         j.data["timing"]["elapsed_before_s"] = round(time.monotonic() - started, 3)
         if not j.data.get("estimate"):
@@ -345,7 +346,7 @@ def _trials(deployer: Deployer, j: Journal, opts: TuneOptions, started: float, p
                      f"confirmation + restore = about {e['total_s']:.0f} s"
                      + (f" (budget {opts.budget_s:.0f} s)" if opts.budget_s else ""))
         j.save()
-        _boundary("trial", "after", t["index"])
+        _boundary(TRIAL, "after", t["index"])
 
 
 def _decide(deployer: Deployer, j: Journal, opts: TuneOptions, started: float, progress: Progress) -> None:
