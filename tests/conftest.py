@@ -44,10 +44,13 @@ SPREAD_MODULES = {"lifecycle/test_crash_matrix.py", "scaleout/test_replicated_si
 # marked `timing` besides their tier; `./bin/test` runs them alone after the others (other workers' load moved their
 # measurements past the tolerance), and under `-n` one worker runs them one after another
 TIMING_MODULES = {"bench_card/test_emulated.py", "tune/test_tune.py", "sim/test_sim_timing.py", "sim/test_sim_perf.py"}
-# one group for everything that needs the machine to itself in one respect: the real engine (a TP=2 engine takes
-# both cores) and each test cluster (its namespaces and daemons; the two- and four-node clusters have prefixes and
-# subnets of their own, so they run side by side)
-GROUP_OF_TIER = {"cluster": "cluster", "real_engine": "real_engine"}
+# one group, so one worker, for everything that needs the machine's memory to itself: the test clusters (their
+# preflight judges this host's /proc/meminfo against d5's mem_fraction_static 0.88 of 23.5 GiB, a margin of about
+# 1 GiB on a quiet machine) and the real engine (a TP=2 engine holds ~3 GiB and both cores while it boots). Run side by
+# side, a real engine's boot failed every cluster `up` at preflight ("0.7 GiB short"); emulated tests on the other
+# workers hold a few hundred MB.
+MACHINE_GROUP = "machine"
+GROUP_OF_TIER = {"cluster": MACHINE_GROUP, "real_engine": MACHINE_GROUP}
 
 
 def tier_of(path: Path) -> str:
@@ -67,8 +70,6 @@ def _rel(item: pytest.Item) -> str:
 
 
 def _xdist_group(item: pytest.Item, tier: str) -> str | None:
-    if tier == "cluster" and "test_cluster4" in getattr(item, "fixturenames", ()):
-        return "cluster4"
     if tier in GROUP_OF_TIER:
         return GROUP_OF_TIER[tier]
     rel = _rel(item)
