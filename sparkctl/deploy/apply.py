@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,6 +185,17 @@ class Run:
                                       report=lambda msg, node: self.c.reporter.event(msg, node))
         return self._images
 
+    @contextlib.contextmanager
+    def doctor_cites(self) -> Iterator[None]:
+        """A DeployError raised inside comes out with the doctor's findings in the ranks' logs (`with_doctor`)."""
+        try:
+            yield
+        except DeployError as exc:
+            cited = self.with_doctor(exc)
+            if cited is exc:
+                raise
+            raise cited from exc
+
     def with_doctor(self, exc: DeployError) -> DeployError:
         """The failure with what the doctor recognises in the ranks' logs appended (the engine may have died
         during warm-up or verify: its log says why), or itself when nothing matches."""
@@ -251,26 +262,15 @@ def run_boot(run: Run, step: Boot) -> None:
 
 def run_warm_up(run: Run, step: WarmUp) -> None:
     c, profile, spec0 = run.c, run.profile, run.result.specs[0]
-    try:
-        with c.client(spec0, profile.api.api_key_env, timeout=profile.warmup.timeout_s) as client:
-            run.record.warmup = Warmup.model_validate(warm_up(profile, client, c.reporter, spec0.node))
-    except DeployError as exc:
-        cited = run.with_doctor(exc)
-        if cited is exc:
-            raise
-        raise cited from exc
+    with run.doctor_cites(), c.client(spec0, profile.api.api_key_env, timeout=profile.warmup.timeout_s) as client:
+        run.record.warmup = Warmup.model_validate(warm_up(profile, client, c.reporter, spec0.node))
 
 
 def run_verify(run: Run, step: Verify) -> None:
     if run.booted is None:
         raise TypeError(f"plan {run.plan.identity}: verify before boot")
-    try:
+    with run.doctor_cites():
         verify(run.c, run.profile, run.result, run.booted, run.record)
-    except DeployError as exc:
-        cited = run.with_doctor(exc)
-        if cited is exc:
-            raise
-        raise cited from exc
 
 
 def run_hand_off(run: Run, step: HandOff) -> None:
