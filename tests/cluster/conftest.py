@@ -73,7 +73,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
 # about 1 GiB to spare and a machine running the rest of the suite beside these tests (pytest-xdist workers) does not
 # ("0.0 GiB short"). These tests prove the SSH + Docker path, not that this host has a GB10's free memory: each of
 # them sees a `d5` that asks for 0.5 (everything else as shipped), with the emulator's KV pool anchored at 0.5 so the
-# capacity gate sees d5's pool. Profiles that extend d5 (dflash-off, the tests' own) inherit it.
+# capacity gate sees d5's pool. Profiles that extend d5 inherit it: the tests' own, and dflash-off, copied beside it
+# (a profile's `extends:` looks in its own directory first, so the shipped dflash-off would find the shipped d5).
 CLUSTER_MEM_FRACTION = "0.5"
 
 
@@ -85,6 +86,9 @@ def _d5_for_a_shared_host(directory: os.PathLike[str]) -> None:
     text = text.replace("  mem_fraction_static: 0.88\n", f"  mem_fraction_static: {CLUSTER_MEM_FRACTION}\n")
     text += f"env: {{SPARKCTL_SIM_KV_REF_MEM_FRACTION: '{CLUSTER_MEM_FRACTION}'}}\n"
     (Path(directory) / "d5.yml").write_text(text)
+    dflash_off = shipped.with_name("dflash-off.yml").read_text()
+    assert "extends: d5\n" in dflash_off, "dflash-off no longer extends d5; update this fixture"
+    (Path(directory) / "dflash-off.yml").write_text(dflash_off)
 
 
 @pytest.fixture(autouse=True)
