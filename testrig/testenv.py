@@ -77,3 +77,25 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def signal_and_settle(pid: int, sig: int, timeout_s: float = 5.0) -> None:
+    """Send SIGSTOP or SIGCONT to `pid` and return once /proc shows it took effect (state T, or no longer T).
+    `kill` returns before the target is stopped or resumed (it must be scheduled first; on 2 busy cores that took
+    long enough for a liveness read right after it to see the old state): a test that asserts on the state next
+    waits here, as a person would see it in `ps`."""
+    import signal as _signal
+    import time as _time
+
+    from sparkctl.nodes import procfs
+
+    if sig not in (_signal.SIGSTOP, _signal.SIGCONT):
+        raise ValueError(f"signal_and_settle: {sig} is not SIGSTOP or SIGCONT")
+    os.kill(pid, sig)
+    deadline = _time.monotonic() + timeout_s
+    while _time.monotonic() < deadline:
+        stat = procfs.proc_stat(pid)
+        if stat is None or (stat[0] in ("T", "t")) == (sig == _signal.SIGSTOP):
+            return
+        _time.sleep(0.01)
+    raise AssertionError(f"pid {pid}: signal {sig} had not taken effect after {timeout_s} s")

@@ -10,6 +10,7 @@ import signal
 from sparkctl.config.inventory import load_inventory
 from sparkctl.state.ledger import Ledger
 from testrig.controller import SLOW_PREFILL_TPS, SLOW_WARM_UP, SparkctlProcess
+from testrig.testenv import signal_and_settle
 
 SLOW = 30.0
 
@@ -83,7 +84,7 @@ def test_a_stopped_engine_is_not_running_in_status_and_the_next_up_replaces_it(c
     first = _up(cli)
     pipe = _ledger(local_cluster).load(first["deployment"]).handle_of(1).pid
     engine = procfs.descendants(pipe)[0]
-    os.kill(engine, signal.SIGSTOP)
+    signal_and_settle(engine, signal.SIGSTOP)
     try:
         code, out, err = cli("status", "--json")
         data = json.loads(out)
@@ -91,7 +92,7 @@ def test_a_stopped_engine_is_not_running_in_status_and_the_next_up_replaces_it(c
         rank1 = next(r for r in data["ranks"] if r["rank"] == 1)
         assert not rank1["alive"] and f"pid {engine}" in rank1["state"] and "state T" in rank1["state"], rank1
         assert f"kill -CONT {engine}" in rank1["state"], rank1
-        os.kill(engine, signal.SIGCONT)
+        signal_and_settle(engine, signal.SIGCONT)
         code, out, _ = cli("status", "--json")
         assert code == 0 and json.loads(out)["healthy"], out
         os.kill(engine, signal.SIGSTOP)

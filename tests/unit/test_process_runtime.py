@@ -20,6 +20,7 @@ from sparkctl.nodes import procfs
 from sparkctl.nodes.process import ProcessRuntime, secrets_home
 from sparkctl.sglang.render import render
 from testrig.embedded import write_embedded_inventory
+from testrig.testenv import signal_and_settle
 
 FAST = {"boot_s": 0.3, "decode_tps": 4000, "peer_timeout_s": 2}
 STALE = "Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
@@ -234,7 +235,7 @@ def test_liveness_reads_every_state_each_call_and_walks_the_tree_at_most_once_a_
     rt.tree_ttl_s = 60.0
     assert rt.liveness(handle).alive and rt.liveness(handle).alive and walks == [handle.pid]
     engine = real(handle.pid)[0]
-    os.kill(engine, signal.SIGSTOP)
+    signal_and_settle(engine, signal.SIGSTOP)
     try:
         live = rt.liveness(handle)                     # the cached tree, the state read now
         assert not live.alive and f"pid {engine}" in live.detail and "state T" in live.detail, live.detail
