@@ -31,7 +31,7 @@ from sparkctl.sglang.serverinfo import parse_prometheus
 from sparkctl.state.records import ReplicaShare, RouterBench, RouterLevel, RouterReplica
 
 if TYPE_CHECKING:
-    from sparkctl.config.inventory import Inventory
+    from sparkctl.deploy.door import Deployed
 
 __all__ = ["RouterArm", "MetricsReader", "LevelSplit", "metrics_limits", "REQUESTS_SOURCE", "TOKENS_SOURCE"]
 
@@ -245,19 +245,16 @@ class RouterArm(Arm):
         return rows
 
 
-def replica_entries(inventory: Inventory, data: JSONObject, limits: Limits) -> list[JSONObject]:
-    """Every replica of the record with its deployment record (its own ledger), /server_info and rank 0's log."""
-    from sparkctl.deploy.commands import Deployer
-    from sparkctl.deploy.progress import Reporter
-    from sparkctl.deploy.replicated import replica_inventory
-
+def replica_entries(what: Deployed, limits: Limits) -> list[JSONObject]:
+    """Every replica of the replicated deployment `what` (`deploy.door.deployed`) with its deployment record (its
+    own ledger, reached through the door), /server_info and rank 0's log."""
     out = []
-    for entry in data.get("replicas") or []:
+    for entry in (what.replicated or {}).get("replicas") or []:
         rep: JSONObject = {"index": int(entry["index"]), "url": str(entry["url"]).rstrip("/"),
                                "nodes": list(entry.get("nodes") or []), "cluster": entry.get("cluster"),
                                "record": None, "server_info": {}, "log": None, "deployer": None}
         try:
-            d = Deployer(replica_inventory(inventory, entry), Reporter(quiet=True))
+            d = what.replica(entry)
             rep["deployer"], rep["record"] = d, d.ledger.active()
         except (SparkctlError, KeyError):
             pass                                   # no ledger of its own to read: its HTTP answers still count

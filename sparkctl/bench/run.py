@@ -12,7 +12,8 @@ Three ways in:
 * ``bench_replicated(inventory, opts)``: a replicated deployment, one arm: the router's endpoint, measured as any
   arm is; the card gets the "through the router" section (per-level aggregate, per-replica split, the single
   pair's figures beside them). Every replica's ranks are watched while the arm is measured (a death fails the run
-  as for a single pair); the replicated record is only read (``sparkctl.deploy.replicated.Record``), never written.
+  as for a single pair); what runs and how each replica is reached come from ``sparkctl.deploy.door.deployed``
+  (the replicated record is only read there, never written).
 
 Every run leaves a record: ``report.json`` (every number plus the configuration it came from) and
 ``report.md`` (the card, rendered from that JSON) under ``Ledger.run_dir(run_id)`` or ``opts.out_dir``,
@@ -256,7 +257,7 @@ def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile:
 
     if primary_profile is not None:
         progress(f"making sure {primary_profile.name} is deployed")
-        up = deployer.up(primary_profile, UpOptions())
+        up = _deploy(deployer, primary_profile)
         progress(f"{primary_profile.name}: {up.get('outcome')}" + (f" ({up['reason']})" if up.get("reason") else ""))
     original = deployer.ledger.active()
     if original is None:
@@ -368,13 +369,15 @@ def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None
     for p in (log, compare_log):
         if p is not None and not p.is_file():
             raise ConfigError(f"no such log file: {p}", where="--log")
+    from sparkctl.deploy import door
+
     ledger = Ledger.for_cluster(inventory.cluster.name)
-    if not log_only and not endpoint and _replicated(inventory, profile):
-        from sparkctl.deploy.replicated import ReplicatedDeployer
+    deployer = Deployer(inventory, reporter, ledger)
+    if not log_only and not endpoint and door.deployed(deployer, profile).kind == "replicated":
         refuse_compare(compare, compare_endpoint, (log, compare_log))
         if profile is not None:
             progress(f"making sure {profile.name} is deployed ({profile.replicas} replicas behind the router)")
-            progress(f"{profile.name}: {ReplicatedDeployer(inventory, reporter).up(profile).get('outcome')}")
+            progress(f"{profile.name}: {_deploy(deployer, profile).get('outcome')}")
         return bench_replicated(inventory, opts, progress=progress, limits=limits, run_s=run_s)
     if log_only or (log and not endpoint and not profile and not compare and ledger.active() is None):
         if not log:
@@ -384,7 +387,6 @@ def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None
         return bench_endpoint(endpoint, opts, ledger=ledger, api_key=api_key, log_path=log,
                               compare_endpoint=compare_endpoint, compare_log_path=compare_log, progress=progress,
                               limits=limits, run_s=run_s, compare_api_key=api_key)
-    deployer = Deployer(inventory, reporter, ledger)
     if deployer.embedded_notice:
         progress(deployer.embedded_notice)
     return bench_deployment(deployer, opts, primary_profile=profile, compare_profile=compare,
@@ -392,14 +394,11 @@ def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None
                             compare_api_key=api_key, progress=progress, limits=limits, run_s=run_s)
 
 
-def _replicated(inventory: Inventory, profile: Profile | None) -> bool:
-    """Is what gets measured a replicated deployment: ``profile`` with ``replicas`` > 1 (deployed first by the
-    caller), or, with no profile named, the cluster's active replicated record?"""
-    from sparkctl.deploy.replicated import is_replicated
-
-    if profile is not None:
-        return getattr(profile, "replicas", 1) > 1
-    return is_replicated(inventory)
+def _deploy(deployer: Deployer, profile: Profile) -> Any:
+    """`bench --profile P`: P deployed through deploy's door, as `sparkctl up` would (a no-op when it runs
+    healthy; a replicated profile behind its router; one group after the router and replicas went down)."""
+    from sparkctl.deploy import door
+    return door.up(deployer, profile, door.UpRequest(), confirm=lambda action, plan: True)
 
 
 # --------------------------------------------------------------------------- files
@@ -440,15 +439,16 @@ def write_report(result: RunRecord, out_dir: ReportDir | Path, secrets: set[str]
 def bench_replicated(inventory: Inventory, opts: BenchOptions, *, progress: Progress = _noop,
                      limits: Limits | None = None, run_s: float | None = None) -> JSONObject:
     """Measure the cluster's replicated deployment through its router; returns the run record's JSON."""
-    from sparkctl.deploy.replicated import Record
+    from sparkctl.deploy import door
+    from sparkctl.deploy.cluster import Cluster
 
     ledger = Ledger.for_cluster(inventory.cluster.name)
-    rec = Record.load(ledger.root)
-    data = rec.data
-    if not (data.get("endpoint") or (data.get("router") or {}).get("url")) or not data.get("replicas"):
+    what = door.deployed(Cluster(inventory, None, ledger))
+    data = what.replicated or {}
+    if not what.endpoint or not data.get("replicas"):
         raise SparkctlError("the replicated deployment's record names no router endpoint or no replica",
-                            where=str(rec.path), hint="`sparkctl status` shows it; `sparkctl up --profile P` "
-                                                      "deploys it again")
+                            where=str(what.where or ledger.root), hint="`sparkctl status` shows it; "
+                                                                       "`sparkctl up --profile P` deploys it again")
     limits = limits or Limits()
     opts = dataclasses.replace(opts, concurrency=tuple(opts.router_concurrency))   # 1, 2, 4, 8 unless given
     run_id = Ledger.new_id(f"bench-{data.get('profile') or 'replicated'}")
@@ -459,7 +459,7 @@ def bench_replicated(inventory: Inventory, opts: BenchOptions, *, progress: Prog
     progress(f"replicated deployment {data.get('profile')}: measured through the router {data.get('endpoint')}")
 
     def make() -> Arm:
-        reps = rb.replica_entries(inventory, data, limits)
+        reps = rb.replica_entries(what, limits)
         arm = rb.router_arm(data, reps, limits)
         reader = rb.MetricsReader((data.get("router") or {}).get("metrics_url"), [r["url"] for r in reps],
                                   rb.metrics_limits(limits))

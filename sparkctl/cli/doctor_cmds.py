@@ -79,10 +79,10 @@ def register(app: typer.Typer) -> None:
             report = doctor_files(list(log), bundle=bundle)
         else:
             from sparkctl.cli.deploy_cmds import _deployer
-            from sparkctl.deploy.replicated import is_replicated
+            from sparkctl.deploy.door import deployed
             from sparkctl.doctor.run import doctor_deployment
             d = _deployer(inventory, quiet=True)
-            if is_replicated(d.inventory):
+            if deployed(d).kind == "replicated":
                 raise ConfigError("the cluster runs a replicated deployment: the doctor reads one group's ledger",
                                   hint="save a replica's log (sparkctl logs --replica I --rank N --tail 0 > r.log) "
                                        "and run sparkctl doctor --log r.log")

@@ -10,9 +10,12 @@ replicated deployment):
     K > 1             anything            the replicated `up` (a rolling update when replicas run)
     1                 replicas            the router and replicas down first, then the single-group `up`
 
-`down`, `status` and `logs` follow what runs. A question to the user goes through `confirm(action, plan)`, which
-the caller provides (the CLI asks on a terminal); a "no" at a question asked before any plan is made raises
-`Declined` (nothing was changed). Example::
+`down`, `status` and `logs` follow what runs. Readers outside `deploy/` (bench, the watcher) do not choose either:
+`deployed()` says what the cluster runs (or what `up` of a profile would leave running), how to reach it (its
+endpoint, each replica's own `Deployer`) and how to restart it (`Deployed.restart`).
+
+A question to the user goes through `confirm(action, plan)`, which the caller provides (the CLI asks on a
+terminal); a "no" at a question asked before any plan is made raises `Declined` (nothing was changed). Example::
 
     d = Deployer(resolve_inventory(None), Reporter())
     result = door.up(d, load_profile("d5"), UpRequest(), confirm=lambda action, plan: True)
@@ -20,12 +23,14 @@ the caller provides (the CLI asks on a terminal); a "no" at a question asked bef
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 from sparkctl.config.profile import Profile
+from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.commands import Deployer, UpOptions
 from sparkctl.deploy.plan import Plan
-from sparkctl.deploy.replicated import ReplicatedDeployer, is_replicated
+from sparkctl.deploy.replicated import Record, ReplicatedDeployer, is_replicated, replica_inventory
 from sparkctl.deploy.results import (
     DownResult,
     ReplicatedDownResult,
@@ -35,6 +40,7 @@ from sparkctl.deploy.results import (
     UpResult,
 )
 from sparkctl.errors import ConfigError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.router.replicas import router_endpoint
 
 Confirm = Callable[[str, Plan | None], bool]     # (what is about to happen, the plan when there is one) -> go on?
@@ -51,6 +57,64 @@ class UpRequest:
     dry_run: bool = False
     no_rollback: bool = False
     boot_timeout_s: float | None = None
+
+
+Kind = Literal["down", "deployment", "replicated"]
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """What a cluster runs, as a reader outside `deploy/` needs it (made by `deployed()`, never by hand).
+
+    `kind`: "deployment" (one TP group: `deployment` is its id), "replicated" (replicas behind the router:
+    `replicated` is its record's data, `where` that file) or "down". `endpoint` is where clients reach it."""
+
+    kind: Kind
+    profile: str | None = None
+    deployment: str | None = None
+    endpoint: str | None = None
+    replicated: JSONObject | None = None
+    where: str | None = None
+    _d: Deployer | None = field(default=None, repr=False, compare=False)
+
+    def replica(self, entry: JSONObject) -> Deployer:
+        """One replica of a replicated deployment (an entry of its record's `replicas`), reached through its own
+        cluster: its ledger, records and runtimes. Raises KeyError on an entry without cluster or nodes."""
+        if self._d is None:
+            raise ConfigError("nothing to reach: this answer was not made by door.deployed()")
+        return Deployer(replica_inventory(self._d.inventory, entry), self._d.reporter)
+
+    def restart(self, *, boot_timeout_s: float | None = None) -> UpResult | ReplicatedUpResult:
+        """Bring it back as it was asked: the replicated `up` of its profile (a replica that fails is redeployed
+        alone, a router that is gone started again), or the single-group `up` of the deployment's own recorded
+        profile (stop what is left, boot, gates, hand-off; restored by that `up` when it fails)."""
+        if self._d is None or self.kind == "down":
+            raise ConfigError("nothing to restart: the desired state is down")
+        opts = UpOptions(boot_timeout_s=boot_timeout_s)
+        if self.kind == "replicated":
+            from sparkctl.config.profile import load_profile
+            return ReplicatedDeployer(self._d.inventory, self._d.reporter).up(load_profile(str(self.profile)), opts)
+        record = self._d.ledger.load(str(self.deployment))
+        return self._d.up(Profile.model_validate(record.profile_data), opts)
+
+
+def deployed(where: Deployer | Cluster, profile: Profile | None = None) -> Deployed:
+    """What the cluster runs now; with `profile`, what `up` of it would leave running (its kind and name).
+
+    The one place outside the commands that decides between a single group and replicas: bench measures
+    what this says, the watcher keeps it running. A damaged replicated record is a LedgerError (exit 6)."""
+    d = where if isinstance(where, Deployer) else Deployer(where.inventory, where.reporter, where.ledger)
+    if profile is not None:
+        return Deployed("replicated" if profile.replicas > 1 else "deployment", profile=profile.name, _d=d)
+    rec = Record.load(d.ledger.root)
+    if rec.active:
+        data = rec.data
+        return Deployed("replicated", profile=data.get("profile"), replicated=data, where=str(rec.path), _d=d,
+                        endpoint=data.get("endpoint") or (data.get("router") or {}).get("url"))
+    active = d.ledger.active()
+    if active is not None:
+        return Deployed("deployment", profile=active.profile, deployment=active.id, endpoint=active.endpoint, _d=d)
+    return Deployed("down", _d=d)
 
 
 def _single_confirm(confirm: Confirm, action: str) -> Callable[[Plan], bool]:

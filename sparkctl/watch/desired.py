@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Literal
 
 from sparkctl.deploy.cluster import Cluster, RankHealth
-
-Kind = Literal["down", "deployment", "replicated"]
+from sparkctl.deploy.door import Deployed, Kind, deployed
 
 
 @dataclass(frozen=True)
 class Desired:
-    kind: Kind
+    kind: Kind                         # deploy's door says which (`door.deployed`); the watcher never chooses
     deployment: str | None = None      # kind "deployment": its id
     profile: str | None = None
+    target: Deployed | None = field(default=None, compare=False, repr=False)   # how to restart it (the door's)
 
     @property
     def label(self) -> str:
@@ -45,16 +44,11 @@ class Verdict:
     ranks: list[RankHealth] = field(default_factory=list)
 
 
-def _replicated(c: Cluster) -> dict | None:
-    from sparkctl.deploy.replicated import Record
-    rec = Record.load(c.ledger.root)
-    return rec.data if rec.active else None
-
-
 def read_desired(c: Cluster) -> tuple[Desired, str]:
     """The desired state now, and the ledger's fingerprint (it changes with every command that changes the
     cluster: a new record, another active deployment, a stop, a replicated update)."""
-    rep = _replicated(c)
+    what = deployed(c)
+    rep = what.replicated if what.kind == "replicated" else None
     history = c.ledger.history()
     active = c.ledger.active()
     tail = c.ledger.load(history[-1]) if history else None
@@ -62,10 +56,10 @@ def read_desired(c: Cluster) -> tuple[Desired, str]:
                      tail.stopped if tail else None,
                      rep and [rep.get("profile"), rep.get("status"), rep.get("started")]], default=str)
     if rep is not None:
-        return Desired("replicated", profile=rep.get("profile")), fp
+        return Desired("replicated", profile=rep.get("profile"), target=what), fp
     if active is not None:
-        return Desired("deployment", deployment=active.id, profile=active.profile), fp
-    return Desired("down"), fp
+        return Desired("deployment", deployment=active.id, profile=active.profile, target=what), fp
+    return Desired("down", target=what), fp
 
 
 def _single(c: Cluster, dep_id: str) -> Verdict:
@@ -86,8 +80,12 @@ def _single(c: Cluster, dep_id: str) -> Verdict:
 
 
 def _replicas(c: Cluster) -> Verdict:
-    from sparkctl.deploy.replicated import ReplicatedDeployer
-    st = ReplicatedDeployer(c.inventory, c.reporter).status()
+    from sparkctl.deploy import door
+    from sparkctl.deploy.commands import Deployer
+    from sparkctl.deploy.results import ReplicatedStatusResult
+    st = door.status(Deployer(c.inventory, c.reporter, c.ledger))
+    if not isinstance(st, ReplicatedStatusResult):          # it went down or became one group since the poll
+        return Verdict(False, "router", "router not running (no replicated deployment now)")
     if st.healthy:
         return Verdict(True, "", f"router ready; {len(st.replicas)} replicas healthy")
     router = st.router

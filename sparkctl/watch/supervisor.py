@@ -6,8 +6,9 @@ under the cluster lock, like every command, after reading the ledger and checkin
 
 * a TP group is restarted as a whole by `Deployer.up` of the deployment's own recorded profile: stop what is left
   (kept restartable), boot ranks N-1 ... 1 then 0, warm-up, every gate, hand-off; a group that fails them is
-  restored by that `up` (its own undo). A replicated deployment goes through `ReplicatedDeployer.up` (a replica
-  that fails is redeployed alone; a router that is gone is started again).
+  restored by that `up` (its own undo). A replicated deployment goes through the replicated `up` (a replica
+  that fails is redeployed alone; a router that is gone is started again). Which of the two is deploy's door's
+  answer (`door.deployed(...).restart`); the watcher does not choose.
 * failed attempts back off (`backoff_s`, doubling up to `backoff_max_s`); `max_failures` failures within
   `window_s` are a crash loop: the watcher rolls back (`Deployer.rollback`, never to the launch identity that
   keeps failing), then stops acting and says why, and keeps checking and reporting until a user's command gives
@@ -33,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkctl.config.inventory import Inventory
-from sparkctl.config.profile import Profile, load_profile
 from sparkctl.deploy.commands import Deployer, UpOptions
+from sparkctl.deploy.door import deployed
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import LockHeldError, PreflightError, SparkctlError
 from sparkctl.nodes import procfs
@@ -250,12 +251,11 @@ class Watcher:
             self._say(line)
 
     def _up_again(self) -> Any:
-        opts = UpOptions(boot_timeout_s=self.opts.boot_timeout_s)
-        if self.desired.kind == "replicated":
-            from sparkctl.deploy.replicated import ReplicatedDeployer
-            return ReplicatedDeployer(self.c.inventory, self.r).up(load_profile(str(self.desired.profile)), opts)
-        record = self.c.ledger.load(str(self.desired.deployment))
-        return self.d.up(Profile.model_validate(record.profile_data), opts)
+        """Restart what is desired the way deploy's door says it is restarted (`door.Deployed.restart`)."""
+        target = self.desired.target
+        if target is None:           # a desired state not read from the ledger: read it now
+            target = deployed(self.d)
+        return target.restart(boot_timeout_s=self.opts.boot_timeout_s)
 
     def _after_own_action(self, *, success: bool) -> None:
         """The ledger after the watcher's own action is the new baseline (its own records are not a user's

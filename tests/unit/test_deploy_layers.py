@@ -171,3 +171,18 @@ def test_no_step_name_is_spelled_outside_the_step_list():
             if isinstance(node, ast.Constant) and node.value in names:
                 found.append(f"{path.name}:{node.lineno}: {node.value!r}")
     assert not found, found
+
+
+def test_only_deploy_chooses_between_one_group_and_replicas():
+    """Outside deploy/ nothing imports the replicated deployment to decide for itself (bench, the watcher, the CLI
+    ask `deploy.door`: `deployed()`, `up`, `status`); the choice lives in one place."""
+    names = {"is_replicated", "ReplicatedDeployer", "Record", "replica_inventory"}
+    found = []
+    for path in sorted((DEPLOY.parent).rglob("*.py")):
+        if DEPLOY in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "sparkctl.deploy.replicated":
+                found += [f"{path.relative_to(DEPLOY.parent)}:{node.lineno}: {a.name}" for a in node.names
+                          if a.name in names]
+    assert not found, found
