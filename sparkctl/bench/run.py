@@ -4,8 +4,8 @@ Three ways in:
 
 * ``bench_deployment(deployer, opts)``: the ledger's active deployment (endpoint, launch specs, capacity,
   profile; rank 0's log through its runtime). With ``compare_profile`` the other profile is deployed
-  through the lifecycle, measured with the same workload, and the original deployment is restored
-  (always, also after a failure) with ``kind="bench-restore"``.
+  through deploy's door as the compare transaction's arm (one `up` plan, journal and record), measured with the
+  same workload, and the original deployment is restored (always, also after a failure) by ``door.restore``.
 * ``bench_endpoint(url, opts)``: any OpenAI-compatible SGLang endpoint, nothing deployed; the
   configuration comes from ``/server_info``. ``compare_endpoint`` adds a second running endpoint.
 * ``bench_log(path, opts)``: scheduler lines of a captured log only (acceptance, gauge, capacity).
@@ -54,7 +54,7 @@ from sparkctl.errors import BenchError, ConfigError, OutputPathError, SparkctlEr
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import Limits, SGLangAPIError
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.records import DeploymentRecord, RunRecord, Status
+from sparkctl.state.records import RunRecord, Status
 from sparkctl.statefiles import write_text_atomic
 from sparkctl.untrusted import clean
 
@@ -253,7 +253,8 @@ def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile:
     ``primary_profile``: deploy that profile first (a no-op when it already runs healthy) and measure it;
     it stays deployed afterwards, as after ``sparkctl up``.
     """
-    from sparkctl.deploy.commands import UpOptions
+    from sparkctl.deploy import door
+    from sparkctl.deploy.steps import ARM_KIND
 
     if primary_profile is not None:
         progress(f"making sure {primary_profile.name} is deployed")
@@ -281,7 +282,7 @@ def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile:
     elif compare_profile is not None:
         def deploy_other() -> Arm:
             progress(f"deploying {compare_profile.name} for the comparison arm (the original is restored after)")
-            up = deployer.up(compare_profile, UpOptions(), kind="bench-compare")
+            up = door.up(deployer, compare_profile, door.UpRequest(kind=ARM_KIND), confirm=door.proceed)
             result.compare_deployment = {k: up.get(k) for k in ("deployment", "outcome", "endpoint")}
             return arm_from_record(deployer, deployer.ledger.load(up["deployment"]), log_path=compare_log_path,
                                    timeout_s=limits)
@@ -297,27 +298,14 @@ def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile:
             _measure_all(result, makers, opts, run, watch)
         finally:
             if compare_profile is not None and not compare_endpoint:
-                result.restore = _restore(deployer, original, progress)
+                result.restore = door.restore(deployer, original.id, progress=progress,
+                                              say="restoring the original deployment ({profile})")
 
     if compare_profile is not None and not compare_endpoint:
         # Hold the cluster lock for the whole comparison: no other `up` may redeploy between the arms.
         with deployer.ledger.lock("bench --compare"):
             return _run(result, body, out, run)
     return _run(result, body, out, run)
-
-
-def _restore(deployer: Deployer, original: DeploymentRecord, progress: Progress) -> JSONObject:
-    from sparkctl.config.profile import Profile
-    from sparkctl.deploy.commands import UpOptions
-
-    progress(f"restoring the original deployment ({original.profile})")
-    try:
-        up = deployer.up(Profile.model_validate(original.profile_data), UpOptions(), kind="bench-restore")
-    except SparkctlError as exc:
-        progress(f"restore FAILED: {exc.message}")
-        return {"ok": False, "error": exc.render(), "profile": original.profile}
-    return {"ok": True, "profile": original.profile, "outcome": up.get("outcome"),
-            "deployment": up.get("deployment"), "endpoint": up.get("endpoint")}
 
 
 def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -> JSONObject:
@@ -398,7 +386,7 @@ def _deploy(deployer: Deployer, profile: Profile) -> Any:
     """`bench --profile P`: P deployed through deploy's door, as `sparkctl up` would (a no-op when it runs
     healthy; a replicated profile behind its router; one group after the router and replicas went down)."""
     from sparkctl.deploy import door
-    return door.up(deployer, profile, door.UpRequest(), confirm=lambda action, plan: True)
+    return door.up(deployer, profile, door.UpRequest(), confirm=door.proceed)
 
 
 # --------------------------------------------------------------------------- files

@@ -30,7 +30,16 @@ from sparkctl.deploy.rollback import no_target_error, rollback_target
 from sparkctl.deploy.runtimes import Runtimes
 from sparkctl.deploy.status import down as down_cmd
 from sparkctl.deploy.status import status as status_cmd
-from sparkctl.deploy.steps import RECONCILE, boundary
+from sparkctl.deploy.steps import (
+    ARM_KIND,
+    COMPARE_ARM,
+    COMPARE_COMMAND,
+    COMPARE_RESTORE,
+    RECONCILE,
+    RESTORE_KIND,
+    TRANSACTION_KINDS,
+    boundary,
+)
 from sparkctl.errors import CancelledError, ConfigError, SparkctlError
 from sparkctl.sglang.render import RenderResult
 from sparkctl.state.ledger import Ledger
@@ -124,29 +133,29 @@ class Deployer:
             boundary(command, RECONCILE, "before")
             settled = reconcile(c, kind)
             boundary(command, RECONCILE, "after")
-            if kind not in ("bench-compare", "bench-restore"):
+            if kind not in TRANSACTION_KINDS:
                 self._settle_compare()
             result, plan = self.plan(profile, base_of=opts.base_of)   # from what runs now, health measured now
             self._say_plan(result, plan, commands=False)
             endpoint = c.endpoint(result.specs[0])
             if plan.noop:
-                if kind == "bench-restore":
+                if kind == RESTORE_KIND:
                     compare.end(c)
                 return UpResult(**base, changed=False, outcome="unchanged", reason=plan.noop_reason,
                                 plan=_view(plan), deployment=plan.active_id, endpoint=endpoint, reconciled=settled,
                                 next_commands=_next(endpoint))
             if opts.confirm is not None and not opts.confirm(plan):
                 raise CancelledError("cancelled at the confirmation prompt; nothing was changed")
-            if kind == "bench-compare":
+            if kind == ARM_KIND:
                 compare.begin(c, plan.deployment_id)
-            step = {"bench-compare": "compare-arm", "bench-restore": "compare-restore"}.get(kind)
+            step = {ARM_KIND: COMPARE_ARM, RESTORE_KIND: COMPARE_RESTORE}.get(kind)
             if step:
-                boundary("bench-compare", step, "before")
+                boundary(COMPARE_COMMAND, step, "before")
             applied = apply(c, profile, result, plan, kind=kind, command=command, no_rollback=opts.no_rollback,
                             boot_timeout_s=opts.boot_timeout_s)
             if step:
-                boundary("bench-compare", step, "after")
-            if kind == "bench-restore":
+                boundary(COMPARE_COMMAND, step, "after")
+            if kind == RESTORE_KIND:
                 compare.end(c)
         rec = applied.record
         cap = _concurrency(rec, applied.cap_line)

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 
 from sparkctl.deploy.cluster import Cluster
-from sparkctl.deploy.steps import boundary
+from sparkctl.deploy.steps import COMPARE_BEGIN, COMPARE_COMMAND, COMPARE_END, boundary
 from sparkctl.state.controller import controller_alive, this_controller
 from sparkctl.state.ledger import now_iso
 from sparkctl.state.records import Controller
@@ -35,19 +35,19 @@ def begin(c: Cluster, arm_id: str) -> None:
     path = c.ledger.root / NAME
     if path.exists():
         return
-    boundary("bench-compare", "compare-begin", "before")
+    boundary(COMPARE_COMMAND, COMPARE_BEGIN, "before")
     write_json_atomic(path, {"original": c.ledger.active_id(), "arm": arm_id, "since": now_iso(),
                              "controller": this_controller("bench --compare", now_iso()).model_dump()})
-    boundary("bench-compare", "compare-begin", "after")
+    boundary(COMPARE_COMMAND, COMPARE_BEGIN, "after")
 
 
 def end(c: Cluster) -> None:
     path = c.ledger.root / NAME
     if not path.exists():
         return
-    boundary("bench-compare", "compare-end", "before")
+    boundary(COMPARE_COMMAND, COMPARE_END, "before")
     path.unlink(missing_ok=True)
-    boundary("bench-compare", "compare-end", "after")
+    boundary(COMPARE_COMMAND, COMPARE_END, "after")
 
 
 def unfinished(c: Cluster) -> Unfinished | None:

@@ -15,7 +15,9 @@ replicated deployment):
 endpoint, each replica's own `Deployer`) and how to restart it (`Deployed.restart`).
 
 A question to the user goes through `confirm(action, plan)`, which the caller provides (the CLI asks on a
-terminal); a "no" at a question asked before any plan is made raises `Declined` (nothing was changed). Example::
+terminal; bench, tune and the watcher pass `proceed`); a "no" at a question asked before any plan is made raises
+`Declined` (nothing was changed). A comparison arm, tune trial or the restore after them is `up` with a
+transaction kind (`UpRequest.kind`); `restore` is the compare transaction's one restore. Example::
 
     d = Deployer(resolve_inventory(None), Reporter())
     result = door.up(d, load_profile("d5"), UpRequest(), confirm=lambda action, plan: True)
@@ -39,7 +41,8 @@ from sparkctl.deploy.results import (
     StatusResult,
     UpResult,
 )
-from sparkctl.errors import ConfigError
+from sparkctl.deploy.steps import RESTORE_KIND, TRANSACTION_KINDS
+from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.router.replicas import router_endpoint
 
@@ -57,6 +60,12 @@ class UpRequest:
     dry_run: bool = False
     no_rollback: bool = False
     boot_timeout_s: float | None = None
+    kind: str = "up"     # ARM_KIND: a comparison arm or tune trial; RESTORE_KIND: what ran before it, restored
+
+
+def proceed(action: str, plan: Plan | None) -> bool:
+    """The `confirm` of a caller that asks nobody (bench, tune, the watcher): go on."""
+    return True
 
 
 Kind = Literal["down", "deployment", "replicated"]
@@ -148,7 +157,19 @@ def _replicated(d: Deployer, profile: Profile, req: UpRequest,
 
 
 def up(d: Deployer, profile: Profile, req: UpRequest, *, confirm: Confirm) -> UpResult | ReplicatedUpResult:
-    """Deploy `profile`: one group, or its replicas behind the router (module docstring for the choice)."""
+    """Deploy `profile`: one group, or its replicas behind the router (module docstring for the choice).
+
+    A comparison arm or a tune trial (`req.kind` ARM_KIND) and the restore after it (RESTORE_KIND) are one group's
+    `up` inside the compare transaction (deploy/compare.py): one plan through `apply`, one ledger record, under
+    the cluster lock its caller holds. Replicas take no part in one: refused before anything changes."""
+    if req.kind in TRANSACTION_KINDS:
+        if profile.replicas > 1 or is_replicated(d.inventory):
+            raise ConfigError(f"{profile.name}: a comparison or tune deploys one group at a time, and "
+                              + (f"this profile has replicas: {profile.replicas}" if profile.replicas > 1
+                                 else f"cluster {d.inventory.cluster.name} runs a replicated deployment"),
+                              hint="a replicated deployment is measured alone, through its router: sparkctl bench")
+        return d.up(profile, UpOptions(no_rollback=req.no_rollback, boot_timeout_s=req.boot_timeout_s,
+                                       confirm=_single_confirm(confirm, f"deploy {profile.name}")), kind=req.kind)
     done = _replicated(d, profile, req, confirm)
     if done is not None:
         return done
@@ -174,6 +195,29 @@ def rollback(d: Deployer, to: Profile | None, req: UpRequest, *,
     what = to.name if to else "the previous known-good deployment"
     return d.rollback(to, UpOptions(boot_timeout_s=req.boot_timeout_s,
                                     confirm=_single_confirm(confirm, f"roll back to {what}")))
+
+
+def restore(d: Deployer, original: str | None, *, progress: Callable[[str], None], say: str) -> JSONObject:
+    """The end of a compare transaction (bench --compare, tune): what ran before it (`original`, a deployment id)
+    deployed again through `up` (kind RESTORE_KIND: a no-op when it still runs healthy; clears the transaction's
+    record), or, when nothing ran before, `down`. `say` is the line announcing it. Never raises a SparkctlError:
+    the result says how it went (`ok`, and `error` when it did not work)."""
+    if original is None:
+        progress("nothing ran before the tune: bringing the trial deployment down")
+        try:
+            down(d, confirm=proceed)
+            return {"ok": True, "action": "down"}
+        except SparkctlError as exc:
+            return {"ok": False, "action": "down", "error": exc.render()}
+    rec = d.ledger.load(original)
+    progress(say.format(profile=rec.profile, id=original))
+    try:
+        result = up(d, Profile.model_validate(rec.profile_data), UpRequest(kind=RESTORE_KIND), confirm=proceed)
+    except SparkctlError as exc:
+        progress(f"restore FAILED: {exc.message}")
+        return {"ok": False, "profile": rec.profile, "error": exc.render()}
+    return {"ok": True, "profile": rec.profile, "outcome": str(result.get("outcome")),
+            "deployment": result.get("deployment"), "endpoint": result.get("endpoint")}
 
 
 def down(d: Deployer, *, confirm: Confirm) -> DownResult | ReplicatedDownResult:

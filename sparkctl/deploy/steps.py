@@ -44,15 +44,22 @@ UP_STEPS = (RECONCILE, PREFLIGHT, *IMAGE_STEPS, STOP_OLD, BOOT, WARM_UP, VERIFY,
 RESTORE_STEPS = (STOP_NEW, RESTORE_BOOT, RESTORE_VERIFY, RESTORE_HAND_OFF)
 DOWN_STEPS = (RECONCILE, "stop-active", "stop-rest")
 REPAIR_STEPS = ("move-aside", "rebuild", "index")
-# `bench --compare`: record what it will restore, deploy the other arm (its own `up` steps), measure, restore.
-COMPARE_STEPS = ("compare-begin", "compare-arm", "compare-restore", "compare-end")
+# The compare transaction (`bench --compare`, and each tune trial and A/B leg): record what it will restore, deploy
+# the arm (its own `up` steps, one plan through `apply`, its deployment kind ARM_KIND), measure, restore what ran
+# before (an `up` of kind RESTORE_KIND, or `down` when nothing did), clear the record.
+COMPARE_COMMAND = "bench-compare"
+COMPARE_BEGIN, COMPARE_ARM, COMPARE_RESTORE, COMPARE_END = (
+    "compare-begin", "compare-arm", "compare-restore", "compare-end")
+COMPARE_STEPS = (COMPARE_BEGIN, COMPARE_ARM, COMPARE_RESTORE, COMPARE_END)
+ARM_KIND, RESTORE_KIND = COMPARE_COMMAND, "bench-restore"      # ledger kinds of the arm and of the restore
+TRANSACTION_KINDS = (ARM_KIND, RESTORE_KIND)
 
 COMMANDS: dict[str, tuple[str, ...]] = {
     "up": UP_STEPS + RESTORE_STEPS,
     "rollback": UP_STEPS + RESTORE_STEPS,
     "down": DOWN_STEPS,
     "repair": REPAIR_STEPS,
-    "bench-compare": COMPARE_STEPS,
+    COMPARE_COMMAND: COMPARE_STEPS,
 }
 
 

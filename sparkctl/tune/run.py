@@ -22,8 +22,8 @@ Order (each step journaled in ``runs/<tune id>/tune.json`` before the next begin
    rounds, each a fresh deploy and bench of each), the samples of each side pooled; it is promoted only when it
    beats the baseline beyond the noise band (``sparkctl.bench.diff.compare_summaries``), else nothing is.
 4. **promote**: the winner's profile (``extends:`` the original, only the changed keys, a comment naming the run).
-5. **restore**: the original deployment (an ``up`` of its recorded profile, kind ``bench-restore``), or ``down``
-   when nothing ran before; ``tune.json`` is removed.
+5. **restore**: the original deployment (``deploy.door.restore``: an ``up`` of its recorded profile, kind
+   ``bench-restore``), or ``down`` when nothing ran before; ``tune.json`` is removed.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from sparkctl.bench.arms import BenchOptions
     from sparkctl.config.profile import Profile
     from sparkctl.deploy.commands import Deployer
-    from sparkctl.deploy.results import UpResult
+    from sparkctl.deploy.results import ReplicatedUpResult, UpResult
 
 SCHEMA = "sparkctl.tune/1"
 OBJECTIVES = {"decode": ("decode", "higher"), "ttft": ("ttft", "lower"), "aggregate-c2": ("concurrency", "higher")}
@@ -140,9 +140,12 @@ def new_journal(deployer: Deployer, opts: TuneOptions) -> Journal:
     return Journal(deployer.ledger, run_id, data)
 
 
-def _deploy(deployer: Deployer, profile: Profile) -> UpResult:
-    from sparkctl.deploy.commands import UpOptions
-    return deployer.up(profile, UpOptions(), kind="bench-compare")
+def _deploy(deployer: Deployer, profile: Profile) -> UpResult | ReplicatedUpResult:
+    """A trial or A/B leg: an arm of the compare transaction through deploy's door (one `up` plan, journal and
+    record, under the tune's lock)."""
+    from sparkctl.deploy import door
+    from sparkctl.deploy.steps import ARM_KIND
+    return door.up(deployer, profile, door.UpRequest(kind=ARM_KIND), confirm=door.proceed)
 
 
 def _measure(deployer: Deployer, opts: TuneOptions, progress: Progress) -> JSONObject:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from sparkctl.deploy.steps import ARM_KIND
 from sparkctl.errors import LedgerError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger, now_iso
@@ -22,23 +23,10 @@ Progress = Callable[[str], None]
 
 
 def restore(deployer: Deployer, original: str | None, progress: Progress) -> JSONObject:
-    from sparkctl.config.profile import Profile
-    from sparkctl.deploy.commands import UpOptions
-    if original is None:
-        progress("nothing ran before the tune: bringing the trial deployment down")
-        try:
-            deployer.down()
-            return {"ok": True, "action": "down"}
-        except SparkctlError as exc:
-            return {"ok": False, "action": "down", "error": exc.render()}
-    rec = deployer.ledger.load(original)
-    progress(f"restoring the deployment that ran before the tune ({rec.profile}, {original})")
-    try:
-        up = deployer.up(Profile.model_validate(rec.profile_data), UpOptions(), kind="bench-restore")
-    except SparkctlError as exc:
-        progress(f"restore FAILED: {exc.message}")
-        return {"ok": False, "profile": rec.profile, "error": exc.render()}
-    return {"ok": True, "profile": rec.profile, "outcome": str(up.get("outcome")), "deployment": up.get("deployment")}
+    """What ran before the tune, back (`deploy.door.restore`: the compare transaction's one restore)."""
+    from sparkctl.deploy import door
+    return door.restore(deployer, original, progress=progress,
+                        say="restoring the deployment that ran before the tune ({profile}, {id})")
 
 
 def _deployed_since(ledger: Ledger, marker: JSONObject) -> str | None:
@@ -50,7 +38,7 @@ def _deployed_since(ledger: Ledger, marker: JSONObject) -> str | None:
         active = ledger.active()
     except LedgerError:
         return None                  # unreadable: the restore's own `up` reports it
-    if active is None or active.id == original or (active.kind == "bench-compare" and active.created >= since):
+    if active is None or active.id == original or (active.kind == ARM_KIND and active.created >= since):
         return None
     return f"deployment {active.id} (profile {active.profile}) was deployed"
 

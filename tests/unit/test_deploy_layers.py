@@ -158,13 +158,15 @@ def test_one_step_vocabulary_feeds_the_plan_apply_and_the_crash_points():
 
 
 def test_no_step_name_is_spelled_outside_the_step_list():
-    """A step name written as a string anywhere in deploy/ (or tune/, whose trials are steps too) but steps.py is a
-    second list that can drift."""
+    """A step name written as a string anywhere in deploy/ (or tune/ and bench/, whose trials and comparison arms are
+    steps too) but steps.py is a second list that can drift. The compare transaction's steps and its ledger kinds
+    count too."""
     from sparkctl.deploy import steps
-    names = set(steps.UP_STEPS + steps.RESTORE_STEPS + steps.REPLICATED_STEPS + steps.TUNE_STEPS) - {
-        steps.PREFLIGHT, steps.VERIFY}
+    names = set(steps.UP_STEPS + steps.RESTORE_STEPS + steps.REPLICATED_STEPS + steps.TUNE_STEPS
+                + steps.COMPARE_STEPS + steps.TRANSACTION_KINDS) - {steps.PREFLIGHT, steps.VERIFY}
     found = []
-    for path in sorted([*DEPLOY.glob("*.py"), *(DEPLOY.parent / "tune").glob("*.py")]):
+    for path in sorted([*DEPLOY.glob("*.py"), *(DEPLOY.parent / "tune").glob("*.py"),
+                        *(DEPLOY.parent / "bench").glob("*.py")]):
         if path.name == "steps.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
