@@ -34,12 +34,13 @@ TIER_OF_FILE = {
     "scaleout/test_replicated_crash.py": "crash",
     "scaleout/test_replicated_signal_matrix.py": "crash",
     "tune/test_tune_signals.py": "crash",
+    "bench_card/test_compare_signals.py": "crash",
 }
 # modules whose module-scoped fixture is cheap to build once per worker and whose tests are independent of each
 # other's order: spread over the workers instead of grouped (the crash matrix: each point brings the cluster to its
 # own starting state; a worker's first point costs one `up`)
 SPREAD_MODULES = {"lifecycle/test_crash_matrix.py", "scaleout/test_replicated_signal_matrix.py",
-                  "tune/test_tune_signals.py"}
+                  "tune/test_tune_signals.py", "bench_card/test_compare_signals.py"}
 # modules that compare what a client measures with an emulator's known timing (decode rates, TTFT, a planted optimum):
 # marked `timing` besides their tier; `./bin/test` runs them alone after the others (other workers' load moved their
 # measurements past the tolerance), and under `-n` one worker runs them one after another

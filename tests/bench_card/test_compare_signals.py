@@ -1,0 +1,134 @@
+"""Every `bench --compare` boundary (`deploy.steps.COMPARE_STEPS`, before and after) x {SIGINT, SIGTERM, SIGHUP},
+each followed by `status` (truthful) and the next command (converges, what ran before the comparison restored).
+Its SIGKILL points are in tests/lifecycle/test_crash_matrix.py (`bench-compare:*`).
+
+One embedded cluster on a short emulator boot is shared by the points of a worker (the converging `up` of one point
+is the setup of the next, as in the crash matrix). Each point starts from d5 deployed, runs `bench --compare
+dflash-off` (the cold gate only) signalled at its boundary, then checks:
+
+- the signal is acted on within 2 s of the boundary (its "stopping" line), and the CLI exits 128 + signal;
+- `status` exits 0 only when d5 (what ran before the comparison) is active and serves with its settings in force;
+  while the comparison's arm is left active it exits 8 and names the unfinished comparison;
+- the next command (`up --profile d5`, what a user runs) exits 0 and converges: d5 active and serving, no
+  unfinished comparison, and a plain `rollback` would never go to the arm.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkctl.deploy.steps import COMPARE_COMMAND, COMPARE_STEPS, crash_points
+from testrig.controller import run_at_boundary
+
+FAST = {"boot_s": 0.3, "decode_tps": 6000, "peer_timeout_s": 2, "ttft_base_s": 0.01}
+KEY = "sk-compare-signals-secret"
+BENCH = ["bench", "--compare", "dflash-off", "--gates", "cold", "--warmup", "0", "--json"]
+SIGNALS = ("INT", "TERM", "HUP")
+POINTS = [(f"{c}:{s}:{w}", sig) for c, s, w in crash_points() if c == COMPARE_COMMAND for sig in SIGNALS]
+TIMES: list[tuple[str, float | None, float | None]] = []
+
+
+class CompareRig:
+    def __init__(self, root: Path) -> None:
+        from testrig.embedded import write_embedded_inventory
+        self.inv = write_embedded_inventory(root / "inventory.yml", FAST, prefix="cs")
+        profiles = root / "profiles"
+        profiles.mkdir()
+        self.state = root / "state"
+        self.converged = False          # the last point ended with d5 active and healthy (checked by status)
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKCTL_")}
+        self.env.update(SPARKCTL_STATE_DIR=str(self.state), SPARKCTL_INVENTORY=str(self.inv),
+                        SPARKCTL_PROFILES_DIR=str(profiles), SPARKCTL_API_KEY=KEY)
+
+    def run(self, *args: str) -> tuple[int, str, str]:
+        p = subprocess.run([sys.executable, "-m", "sparkctl", *args], env=self.env, capture_output=True, text=True,
+                           timeout=180)
+        return p.returncode, p.stdout, p.stderr
+
+    @property
+    def ledger(self):
+        from sparkctl.config.inventory import load_inventory
+        from sparkctl.state.ledger import Ledger
+        return Ledger(self.state / load_inventory(self.inv).cluster.name)
+
+    def serves(self, endpoint: str | None, spec: str) -> bool:
+        from sparkctl.sglang.client import SGLangAPIError, SGLangClient
+        if not endpoint:
+            return False
+        try:
+            with SGLangClient(endpoint, api_key=KEY, timeout=5) as c:
+                return c.health() == 200 and c.server_info().get("speculative_algorithm") == spec
+        except SGLangAPIError:
+            return False
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    from testrig.embedded import stop_recorded_engines
+    r = CompareRig(tmp_path_factory.mktemp("compare-signals"))
+    try:
+        yield r
+    finally:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("SPARKCTL_STATE_DIR", str(r.state))
+            stop_recorded_engines(r.inv)
+        if TIMES:
+            acted = [s for _, s, _ in TIMES if s is not None]
+            print(f"\ncompare signals: {len(TIMES)} points; boundary -> stopping line max {max(acted or [0]):.3f} s; "
+                  f"boundary -> exit max {max(e for _, _, e in TIMES if e is not None):.2f} s")
+
+
+@pytest.mark.parametrize("point,sig", POINTS, ids=[f"{p}:{s}" for p, s in POINTS])
+def test_a_signal_at_every_compare_boundary(rig, point, sig):
+    if not rig.converged:
+        code, out, err = rig.run("up", "--profile", "d5", "--yes", "--json")
+        assert code == 0, err[-3000:]
+    rig.converged = False
+    original = rig.ledger.active_id()
+    r = run_at_boundary(BENCH, point, sig, rig.env, timeout=180)
+    assert r.reached, f"{point} never reached (exit {r.code}):\n{r.stderr[-3000:]}"
+    TIMES.append((f"{point}:{sig}", r.to_stop_s, r.to_exit_s))
+    signum = signal.Signals[f"SIG{sig}"]
+    assert r.code == 128 + signum, f"{point}:{sig}: exit {r.code}\n{r.stderr[-3000:]}"
+    assert r.to_stop_s is not None and r.to_stop_s < 2.0, f"{point}:{sig}: acted on after {r.to_stop_s}"
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr[-3000:]
+
+    # status: exit 0 only when d5, what ran before the comparison, is active and serves it
+    code, out, err = rig.run("status", "--json")
+    assert code in (0, 8), f"{point}:{sig}: status exit {code}: {err[-2000:]}"
+    st = json.loads(out)
+    if code == 0:
+        assert st["profile"] == "d5" and st["healthy"] and rig.serves(st["endpoint"], "DFLASH"), f"{point}: {out}"
+        assert st["unfinished_compare"] is None, out
+    elif st.get("active") and st["profile"] != "d5":
+        assert st["unfinished_compare"] and "did not finish" in st["unfinished_compare"], f"{point}:{sig}: {out}"
+    if st.get("active") and not rig.serves(st["endpoint"], "DFLASH" if st["profile"] == "d5" else None):
+        assert code == 8 and not st["healthy"], f"{point}:{sig}: healthy while nothing serves: {out}"
+    ledger = rig.ledger
+    target = ledger.known_good(exclude=ledger.active_id(), rollback=True)
+    assert target is None or target.kind != COMPARE_COMMAND, f"{point}:{sig}: rollback would go to the arm"
+
+    # the next command converges: what ran before (d5) active and serving, the comparison settled
+    code, out, err = rig.run("up", "--profile", "d5", "--yes", "--json")
+    assert code == 0, f"{point}:{sig}: the next up exited {code}:\n{err[-3000:]}"
+    res = json.loads(out)
+    assert res["outcome"] in ("deployed", "unchanged") and rig.serves(res["endpoint"], "DFLASH"), f"{point}: {out}"
+    code, out, err = rig.run("status", "--json")
+    st = json.loads(out)
+    assert code == 0 and st["healthy"] and st["profile"] == "d5", f"{point}:{sig}: not converged: {out}"
+    assert st["unfinished_compare"] is None, out
+    assert not (ledger.root / "compare.json").exists(), f"{point}:{sig}: the comparison's marker is left"
+    if res["outcome"] == "unchanged":      # the interrupted bench restored it itself (or it never left)
+        assert ledger.load(ledger.active_id()).profile == "d5" and original is not None
+    rig.converged = True
+
+
+def test_the_compare_matrix_covers_every_compare_step():
+    assert {p.split(":")[1] for p, _ in POINTS} == set(COMPARE_STEPS) and {s for _, s in POINTS} == set(SIGNALS)
+    assert len(POINTS) == len(COMPARE_STEPS) * 2 * len(SIGNALS)
