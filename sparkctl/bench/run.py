@@ -257,7 +257,7 @@ def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile:
     if primary_profile is not None:
         progress(f"making sure {primary_profile.name} is deployed")
         up = deployer.up(primary_profile, UpOptions())
-        progress(f"{primary_profile.name}: {up.get('outcome')}" + (f" ({up['reason']})" if up.get("reason") else ""))
+        progress(f"{primary_profile.name}: {up.outcome}" + (f" ({up.reason})" if up.reason else ""))
     original = deployer.ledger.active()
     if original is None:
         raise SparkctlError("no active deployment to measure", where=str(deployer.ledger.root),
@@ -281,8 +281,8 @@ def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile:
         def deploy_other() -> Arm:
             progress(f"deploying {compare_profile.name} for the comparison arm (the original is restored after)")
             up = deployer.up(compare_profile, UpOptions(), kind="bench-compare")
-            result.compare_deployment = {k: up.get(k) for k in ("deployment", "outcome", "endpoint")}
-            return arm_from_record(deployer, deployer.ledger.load(up["deployment"]), log_path=compare_log_path,
+            result.compare_deployment = {"deployment": up.deployment, "outcome": up.outcome, "endpoint": up.endpoint}
+            return arm_from_record(deployer, deployer.ledger.load(str(up.deployment)), log_path=compare_log_path,
                                    timeout_s=limits)
         makers.append(deploy_other)
 
@@ -315,8 +315,8 @@ def _restore(deployer: Deployer, original: DeploymentRecord, progress: Progress)
     except SparkctlError as exc:
         progress(f"restore FAILED: {exc.message}")
         return {"ok": False, "error": exc.render(), "profile": original.profile}
-    return {"ok": True, "profile": original.profile, "outcome": up.get("outcome"),
-            "deployment": up.get("deployment"), "endpoint": up.get("endpoint")}
+    return {"ok": True, "profile": original.profile, "outcome": up.outcome,
+            "deployment": up.deployment, "endpoint": up.endpoint}
 
 
 def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -> JSONObject:
@@ -374,7 +374,7 @@ def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None
         refuse_compare(compare, compare_endpoint, (log, compare_log))
         if profile is not None:
             progress(f"making sure {profile.name} is deployed ({profile.replicas} replicas behind the router)")
-            progress(f"{profile.name}: {ReplicatedDeployer(inventory, reporter).up(profile).get('outcome')}")
+            progress(f"{profile.name}: {ReplicatedDeployer(inventory, reporter).up(profile).outcome}")
         return bench_replicated(inventory, opts, progress=progress, limits=limits, run_s=run_s)
     if log_only or (log and not endpoint and not profile and not compare and ledger.active() is None):
         if not log:

@@ -103,8 +103,8 @@ def own_ports(active: DeploymentRecord | None) -> set[tuple[str, int]]:
         return set()
     out: set[tuple[str, int]] = set()
     for s in active.specs:
-        spec = LaunchSpec(rank=s["rank"], node=s["node"], argv=s["argv"], env=s["env"],
-                          sglang_version=s["sglang_version"])
+        spec = LaunchSpec(rank=s.rank, node=s.node, argv=s.argv, env=s.env,
+                          sglang_version=s.sglang_version or "")
         out.update((a, p) for a, p, _ in ports_of(spec))
     return out
 

@@ -97,7 +97,7 @@ class Cluster:
                     healthy = False
             healthy &= live.alive
             ranks.append(entry)
-        if not ranks or {r.rank for r in ranks} != {int(s["rank"]) for s in record.specs}:
+        if not ranks or {r.rank for r in ranks} != {s.rank for s in record.specs}:
             healthy = False          # a rank without a recorded engine does not serve
         detail = "; ".join(f"rank {r.rank} {r.state}" + (f", /health {r.health}" if r.rank == 0 else "")
                            for r in ranks) or "no ranks recorded"

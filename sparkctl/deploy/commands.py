@@ -186,7 +186,7 @@ class Deployer:
             if target is not None:
                 self.reporter.stage("rollback", f"rolling back to {target.id} ({target.profile})")
                 to = Profile.model_validate(target.profile_data)
-                engine = {v.get("engine_tag") for v in target.images.values()} - {None}
+                engine = {v.engine_tag for v in target.images.values()} - {None}
                 if len(engine) == 1:       # the images it ran, even when its base tag names another image now
                     opts = replace(opts, base_of=engine.pop())
             else:

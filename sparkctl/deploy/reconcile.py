@@ -89,7 +89,7 @@ class Reconciled(BaseModel):
 
 def _healthy(d: Cluster, rec: DeploymentRecord, engines: list[Engine]) -> bool:
     ranks = {e.handle.rank for e in engines if e.running}
-    if ranks != {int(s["rank"]) for s in rec.specs}:
+    if ranks != {s.rank for s in rec.specs}:
         return False
     try:
         with d.client(rec.specs[0], rec.api_key_env, timeout=5) as c:

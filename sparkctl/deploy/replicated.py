@@ -562,7 +562,7 @@ class ReplicatedDeployer:
                 rec.journal("stop-router", "ok", "router stopped")
             for rep in rec.data.get("replicas", []):
                 res = Deployer(_named(self.inventory, rep["cluster"], rep["nodes"]), self.reporter).down()
-                if res.get("changed"):
+                if res.changed:
                     stopped.append(f"replica {rep['index']}")
             if rec.data:
                 rec.data["status"] = "down"

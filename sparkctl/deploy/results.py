@@ -16,13 +16,6 @@ from sparkctl.state.watchfile import WatchState, watcher_view
 class _Result(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    # Read like the dicts of before (`result["deployment"]`, `result.get("outcome")`) by callers not yet typed.
-    def __getitem__(self, key: str) -> Any:
-        return getattr(self, key)
-
-    def get(self, key: str, default: object = None) -> Any:
-        return getattr(self, key, default)
-
     def as_json(self) -> JSONObject:
         return self.model_dump(mode="json")
 

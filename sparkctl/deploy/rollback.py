@@ -24,7 +24,7 @@ from sparkctl.state.records import DeploymentRecord, RestoreEntry, Status
 
 def recorded_launch(record: DeploymentRecord) -> LaunchImage | None:
     """The launch image a deployment's ranks ran (recorded by its image-verify step), or None."""
-    tags = {v.get("launch_tag") for v in record.images.values()} - {None}
+    tags = {v.launch_tag for v in record.images.values()} - {None}
     if not tags or record.launch_doc is None:
         return None
     return LaunchImage(str(tags.pop()), record.launch_doc)

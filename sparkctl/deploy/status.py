@@ -101,8 +101,8 @@ def status(c: Cluster, *, unfinished_compare: str | None = None) -> StatusResult
         ok=healthy and not dead and not unfinished_compare, ranks=ranks, endpoint=active.endpoint,
         speculative_algorithm=active.speculative_algorithm, identity=active.identity,
         sglang_version=active.sglang_version,
-        images=sorted({v.get("launch_tag") or v.get("engine_tag", "") for v in active.images.values()}
-                      or {s.get("image") for s in active.specs if s.get("image")}),
+        images=sorted({v.launch_tag or v.engine_tag or "" for v in active.images.values()}
+                      or {s.image for s in active.specs if s.image}),
         image_ids=active.image_ids, images_per_node=active.images,
         since=active.handed_off or active.restored_at or active.created, capacity=active.capacity,
         detail=detail)

@@ -53,28 +53,7 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
 
-class _View(_Record):
-    """A typed part of a record that callers written for the dict form can still read (`x["k"]`, `x.get("k")`)."""
-
-    def get(self, key: str, default: object = None) -> Any:
-        if key in type(self).model_fields:
-            value = getattr(self, key)
-            return default if value is None else value
-        return (self.model_extra or {}).get(key, default)
-
-    def __getitem__(self, key: str) -> Any:
-        if key in type(self).model_fields:
-            return getattr(self, key)
-        extra = self.model_extra or {}
-        if key in extra:
-            return extra[key]
-        raise KeyError(key)
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and (key in type(self).model_fields or key in (self.model_extra or {}))
-
-
-class GateResult(_View):
+class GateResult(_Record):
     """One verify gate: health, models, settings, capacity, workers, smoke."""
 
     name: str
@@ -88,7 +67,7 @@ class Severity(StrEnum):
     FAIL = "failed"       # blocks the deployment
 
 
-class CheckResult(_View):
+class CheckResult(_Record):
     """One preflight check on one node: what was checked, what was seen, what to do. The one model of a check:
     what preflight returns is what the record keeps. `ok` is False only for a failure (a warning passes)."""
 
@@ -120,7 +99,7 @@ class CheckResult(_View):
         return self.model_dump(mode="json")
 
 
-class RankSpec(_View):
+class RankSpec(_Record):
     """One rank's launch as recorded: secrets redacted (`LaunchSpec.redacted`)."""
 
     rank: int
@@ -134,7 +113,7 @@ class RankSpec(_View):
     mounts: list[Any] = Field(default_factory=list)
 
 
-class Capacity(_View):
+class Capacity(_Record):
     """What rank 0's engine resolved at boot (its capacity line)."""
 
     max_total_num_tokens: int | None = None
@@ -145,19 +124,19 @@ class Capacity(_View):
     available_gpu_mem: float | None = None
 
 
-class WarmupRequest(_View):
+class WarmupRequest(_Record):
     elapsed_s: float
     completion_tokens: int | None = None
     finish_reason: str | None = None
 
 
-class Warmup(_View):
+class Warmup(_Record):
     cold: WarmupRequest | None = None        # the first request, timed apart
     warm: list[WarmupRequest] = Field(default_factory=list)
     max_tokens: int | None = None
 
 
-class NodeImages(_View):
+class NodeImages(_Record):
     """The images one node's rank runs: the engine image and (pipeline) the launch image, tag and ID."""
 
     engine_tag: str | None = None

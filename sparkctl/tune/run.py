@@ -168,7 +168,7 @@ def _run_trial(deployer: Deployer, j: Journal, t: JSONObject, progress: Progress
     t0 = time.monotonic()
     try:
         up = _deploy(deployer, _candidate(j, t))
-        t["deployment"], t["capacity"] = up.get("deployment"), _plain(up.get("capacity"))
+        t["deployment"], t["capacity"] = up.deployment, _plain(up.capacity)
         card = _measure(deployer, opts, progress)
         g6_t0 = time.monotonic()
         outputs = g6.capture(deployer)

@@ -38,7 +38,7 @@ def restore(deployer: Deployer, original: str | None, progress: Progress) -> JSO
     except SparkctlError as exc:
         progress(f"restore FAILED: {exc.message}")
         return {"ok": False, "profile": rec.profile, "error": exc.render()}
-    return {"ok": True, "profile": rec.profile, "outcome": str(up.get("outcome")), "deployment": up.get("deployment")}
+    return {"ok": True, "profile": rec.profile, "outcome": str(up.outcome), "deployment": up.deployment}
 
 
 def _deployed_since(ledger: Ledger, marker: JSONObject) -> str | None:

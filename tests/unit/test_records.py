@@ -131,7 +131,7 @@ def test_a_record_written_by_the_landed_code_still_loads_and_round_trips(tmp_pat
     assert isinstance(rec.preflight[0], CheckResult) and isinstance(rec.specs[0], RankSpec)
     assert isinstance(rec.capacity, Capacity) and rec.capacity.max_running_requests == 1
     assert isinstance(rec.warmup, Warmup) and rec.warmup.cold.completion_tokens == 800
-    assert rec.specs[0]["api_host"] == data["specs"][0]["api_host"] and rec.capacity.get("context_len") == 65536
+    assert rec.specs[0].api_host == data["specs"][0]["api_host"] and rec.capacity.context_len == 65536
     assert ledger.active_id() == data["id"] and rec.known_good
     ledger.save(rec)
     again = json.loads(ledger.deployment_path(data["id"]).read_text())
