@@ -221,14 +221,16 @@ class DockerRuntime:
         return {f"{k}={v}" for k, v in cfg.env.items()} <= set(old.env)
 
     def liveness(self, handle: DockerHandle) -> Liveness:
-        state = self._inspect(handle.container_id)
+        """One SSH round trip: the container's state and its processes (`facts.container_liveness`)."""
+        seen = self._observe(handle.container_id)
+        state = seen.state
         if state is None:
             return Liveness(False, f"container {handle.container} is gone (removed)")
         if state.running and state.status == "paused":    # docker inspect: Running and Paused both true
             return Liveness(False, f"container {handle.container} paused (`docker unpause {handle.container}` "
                                    f"resumes it, `sparkctl up` replaces it)")
         if state.running:
-            stopped = self._stopped_process(handle)
+            stopped = _first_stopped(seen.processes)
             if stopped is not None:
                 return Liveness(False, f"stopped (process {stopped.pid} ({stopped.command}) of running container "
                                        f"{handle.container} is in state {stopped.state}: SIGSTOP, Ctrl-Z or a tracer; "
@@ -240,14 +242,20 @@ class DockerRuntime:
                                + (f": {state.error}" if state.error else ""), state.exit_code)
 
     def _stopped_process(self, handle: DockerHandle) -> facts.ContainerProcess | None:
-        """The first process of a running container in state T/t (the same rule as the process runtime's
-        `procfs.stopped_in_tree`), or None; None too when `docker top` cannot answer (the container ended between
-        the two calls: the next liveness sees it)."""
+        """The first stopped process of a running container (`docker top` alone: what `stop` needs), or None; None
+        too when `docker top` cannot answer (the container is not running)."""
         fact = facts.container_processes(handle.container_id)
         res = self.ssh.run(list(fact.argv))
+        return _first_stopped(fact.parse(res.stdout)) if res.returncode == 0 else None
+
+    def _observe(self, ref: str) -> facts.ContainerLiveness:
+        fact = facts.container_liveness(ref)
+        res = self.ssh.run(list(fact.argv))
         if res.returncode != 0:
-            return None
-        return next((p for p in fact.parse(res.stdout) if p.state in procfs.STOPPED_STATES), None)
+            if "no such" in res.stderr.lower():
+                return facts.ContainerLiveness(None, [])
+            res.check()
+        return fact.parse(res.stdout)
 
     def read_log(self, handle: DockerHandle, offset: int = 0) -> tuple[str, int]:
         """Complete log lines from byte ``offset`` of this run's log, and the next offset (see module docstring)."""
@@ -382,3 +390,8 @@ class DockerRuntime:
         if "ib" in nf.outputs:
             self._infiniband = nf.outputs["ib"].returncode == 0
         return nf
+
+
+def _first_stopped(processes: list[facts.ContainerProcess]) -> facts.ContainerProcess | None:
+    """The first process in state T/t (the same rule as the process runtime's `procfs.stopped_in_tree`)."""
+    return next((p for p in processes if p.state in procfs.STOPPED_STATES), None)
