@@ -19,10 +19,10 @@ from sparkctl.deploy.runtimes import Runtimes, embedded_notice
 from sparkctl.errors import LedgerError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
-from sparkctl.sglang.launch import LaunchSpec
+from sparkctl.sglang.launch import LaunchSpec, RankSpec
 from sparkctl.sglang.render import RenderResult, render
 from sparkctl.state.ledger import Ledger
-from sparkctl.state.records import DeploymentRecord, RankSpec
+from sparkctl.state.records import DeploymentRecord
 from sparkctl.statefiles import check_room  # the threshold lives with the writes it protects
 
 # Room a rank log needs to keep growing through a boot: twice the largest boot log measured (real SGLang rank logs

@@ -204,7 +204,8 @@ class ProcessRuntime:
             os.close(fd)
         self._children[proc.pid] = proc
         return ProcessHandle(node=spec.node, rank=spec.rank, pid=proc.pid, start_ticks=procfs.start_ticks(proc.pid),
-                             log=str(log_path), log_offset=offset, deployment=deployment_id, spec=spec.redacted())
+                             log=str(log_path), log_offset=offset, deployment=deployment_id,
+                             spec=spec.redacted().model_dump(mode="json"))
 
     def _ours(self, handle: ProcessHandle) -> bool:
         """The handle's process still runs (same PID *and* start time: a recycled PID is not ours; a zombie is dead)."""

@@ -17,6 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_fiel
 
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.handles import Handle
+from sparkctl.sglang.launch import RankSpec
 
 
 def _record_name(value: str) -> str:
@@ -97,20 +98,6 @@ class CheckResult(_Record):
 
     def as_dict(self) -> JSONObject:
         return self.model_dump(mode="json")
-
-
-class RankSpec(_Record):
-    """One rank's launch as recorded: secrets redacted (`LaunchSpec.redacted`)."""
-
-    rank: int
-    node: str
-    argv: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    sglang_version: str | None = None
-    api_host: str | None = None
-    api_port: int | None = None
-    image: str | None = None
-    mounts: list[Any] = Field(default_factory=list)
 
 
 class Capacity(_Record):
