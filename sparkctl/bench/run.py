@@ -5,7 +5,7 @@ Three ways in:
 * ``bench_deployment(deployer, opts)``: the ledger's active deployment (endpoint, launch specs, capacity,
   profile; rank 0's log through its runtime). With ``compare_profile`` the other profile is deployed
   through the lifecycle, measured with the same workload, and the original deployment is restored
-  (always, also after a failure) with ``kind="bench-restore"``.
+  (always, also after a failure) with ``command="bench-restore"``.
 * ``bench_endpoint(url, opts)``: any OpenAI-compatible SGLang endpoint, nothing deployed; the
   configuration comes from ``/server_info``. ``compare_endpoint`` adds a second running endpoint.
 * ``bench_log(path, opts)``: scheduler lines of a captured log only (acceptance, gauge, capacity).
@@ -280,7 +280,7 @@ def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile:
     elif compare_profile is not None:
         def deploy_other() -> Arm:
             progress(f"deploying {compare_profile.name} for the comparison arm (the original is restored after)")
-            up = deployer.up(compare_profile, UpOptions(), kind="bench-compare")
+            up = deployer.up(compare_profile, UpOptions(), command="bench-compare")
             result.compare_deployment = {"deployment": up.deployment, "outcome": up.outcome, "endpoint": up.endpoint}
             return arm_from_record(deployer, deployer.ledger.load(str(up.deployment)), log_path=compare_log_path,
                                    timeout_s=limits)
@@ -311,7 +311,7 @@ def _restore(deployer: Deployer, original: DeploymentRecord, progress: Progress)
 
     progress(f"restoring the original deployment ({original.profile})")
     try:
-        up = deployer.up(Profile.model_validate(original.profile_data), UpOptions(), kind="bench-restore")
+        up = deployer.up(Profile.model_validate(original.profile_data), UpOptions(), command="bench-restore")
     except SparkctlError as exc:
         progress(f"restore FAILED: {exc.message}")
         return {"ok": False, "error": exc.render(), "profile": original.profile}

@@ -140,10 +140,10 @@ def verify(c: Cluster, profile: Profile, result: RenderResult, booted: BootResul
     return gates
 
 
-def new_record(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, kind: str) -> DeploymentRecord:
+def new_record(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, command: str) -> DeploymentRecord:
     """The new deployment's record, from the plan (its prior and known-good deployments as observed then)."""
     return DeploymentRecord(
-        id=plan.deployment_id, kind=kind, profile=profile.name,
+        id=plan.deployment_id, command=command, profile=profile.name,
         profile_data=profile.model_dump(mode="json"), inventory=c.inventory.path,
         cluster=c.name, emulated=c.inventory.emulated,
         identity=plan.identity, sglang_version=profile.image.sglang_version,
@@ -151,7 +151,7 @@ def new_record(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, k
         previous=plan.active_id, previous_known_good=plan.prior_known_good,
         endpoint=c.endpoint(result.specs[0]),
         speculative_algorithm=profile.speculative.algorithm if profile.speculative else None,
-        controller=this_controller(kind, now_iso()),
+        controller=this_controller(command, now_iso()),
     )
 
 
@@ -333,12 +333,12 @@ def _failed_stage(record: DeploymentRecord) -> str:
                 f"after {record.stages[-1].name}" if record.stages else "unknown")   # a write after a step's end
 
 
-def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kind: str, command: str,
+def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, command: str, contract: str,
           no_rollback: bool = False, boot_timeout_s: float | None = None) -> Applied:
     """Run exactly `plan.steps`, in order, each journaled (`run_step`); on failure stop what started and restore
     the prior deployment the plan names. Raises what failed (amended with what was restored); a state-directory
     failure as LedgerError (exit 6)."""
-    record = new_record(c, profile, result, plan, kind)
+    record = new_record(c, profile, result, plan, command)
     j = Journal(c, record)
     prior = plan.prior
     c.ledger.save(record)      # the first write: a full disk here stops the command before any effect
@@ -346,7 +346,7 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
               boot_timeout_s=boot_timeout_s or profile.lifecycle.boot_timeout_s)
     try:
         for step in plan.steps:
-            run_step(run, step, command)
+            run_step(run, step, contract)
         rank0 = next((w for w in run.booted.watches if w.spec.rank == 0), None) if run.booted else None
         return Applied(record, rank0.cap_line if rank0 else None)
     except (PreflightError, ImageError) as exc:   # preflight or image steps: nothing was changed yet
@@ -372,15 +372,15 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
             record.rollback = "skipped (--no-rollback)"
             j.save()
             raise
-        boundary(command, STOP_NEW, "before")
+        boundary(contract, STOP_NEW, "before")
         stop_started(c, run.started)
-        boundary(command, STOP_NEW, "after")
+        boundary(contract, STOP_NEW, "after")
         record.rollback = "new engines stopped"
         try:
             if run.stopped_prior and prior:
                 record.restoring = prior.id     # a SIGKILL from here on: the next command settles it
                 j.save()
-                outcome = restore(c, prior, record, command=command, save=disk is None and j.disk_error is None)
+                outcome = restore(c, prior, record, command=contract, save=disk is None and j.disk_error is None)
                 record.restored, record.restore_error = outcome.restored, outcome.error
                 record.restoring = None
         finally:

@@ -49,8 +49,8 @@ class UpOptions:
     base_of: str | None = None     # rollback: the engine tag the target ran; its base is planned on (image_stage)
 
 
-def _command_of(kind: str) -> str:
-    return kind if kind in ("up", "rollback") else "up"
+def _contract_of(command: str) -> str:
+    return command if command in ("up", "rollback") else "up"
 
 
 class Deployer:
@@ -106,11 +106,11 @@ class Deployer:
         return run_checks(c, result, c.runtimes("preflight"), own_ports(c.ledger.active()))
 
     # -- up / rollback -----------------------------------------------------------------------------------------
-    def up(self, profile: Profile, opts: UpOptions, *, kind: str = "up") -> UpResult:
+    def up(self, profile: Profile, opts: UpOptions, *, command: str = "up") -> UpResult:
         """Deploy `profile` (module docstring for the order). Raises PreflightError (nothing changed),
         DeployError, LedgerError (exit 6: state directory full or damaged), LockHeldError, CancelledError."""
         c, r = self.cluster, self.cluster.reporter
-        command = _command_of(kind)
+        contract = _contract_of(command)      # whose step list and crash points (deploy/steps.py)
         r.stage("plan", f"profile {profile.name} on cluster {c.name}"
                         + (" (embedded, emulated engine)" if c.inventory.embedded else ""))
         base = dict(profile=profile.name, emulated=c.inventory.emulated, cluster=c.name)
@@ -119,34 +119,34 @@ class Deployer:
             self._say_plan(result, plan, commands=True)
             return UpResult(**base, changed=False, outcome="dry-run", plan=_view(plan),
                             reason=plan.noop_reason, endpoint=c.endpoint(result.specs[0]))
-        with c.ledger.lock(kind):
+        with c.ledger.lock(command):
             c.check_room()
-            boundary(command, RECONCILE, "before")
-            settled = reconcile(c, kind)
-            boundary(command, RECONCILE, "after")
-            if kind not in ("bench-compare", "bench-restore"):
+            boundary(contract, RECONCILE, "before")
+            settled = reconcile(c, command)
+            boundary(contract, RECONCILE, "after")
+            if command not in ("bench-compare", "bench-restore"):
                 self._settle_compare()
             result, plan = self.plan(profile, base_of=opts.base_of)   # from what runs now, health measured now
             self._say_plan(result, plan, commands=False)
             endpoint = c.endpoint(result.specs[0])
             if plan.noop:
-                if kind == "bench-restore":
+                if command == "bench-restore":
                     compare.end(c)
                 return UpResult(**base, changed=False, outcome="unchanged", reason=plan.noop_reason,
                                 plan=_view(plan), deployment=plan.active_id, endpoint=endpoint, reconciled=settled,
                                 next_commands=_next(endpoint))
             if opts.confirm is not None and not opts.confirm(plan):
                 raise CancelledError("cancelled at the confirmation prompt; nothing was changed")
-            if kind == "bench-compare":
+            if command == "bench-compare":
                 compare.begin(c, plan.deployment_id)
-            step = {"bench-compare": "compare-arm", "bench-restore": "compare-restore"}.get(kind)
+            step = {"bench-compare": "compare-arm", "bench-restore": "compare-restore"}.get(command)
             if step:
                 boundary("bench-compare", step, "before")
-            applied = apply(c, profile, result, plan, kind=kind, command=command, no_rollback=opts.no_rollback,
+            applied = apply(c, profile, result, plan, command=command, contract=contract, no_rollback=opts.no_rollback,
                             boot_timeout_s=opts.boot_timeout_s)
             if step:
                 boundary("bench-compare", step, "after")
-            if kind == "bench-restore":
+            if command == "bench-restore":
                 compare.end(c)
         rec = applied.record
         cap = _concurrency(rec, applied.cap_line)
@@ -197,7 +197,7 @@ class Deployer:
                 self.reporter.stage("rollback", f"no earlier known-good deployment: going to {name}, the "
                                                 f"rollback_profile of {active.profile if active else '?'}")
                 to = load_profile(name)
-        return self.up(to, opts, kind="rollback")
+        return self.up(to, opts, command="rollback")
 
     # -- down / status / repair --------------------------------------------------------------------------------
     def reconcile(self, command: str) -> Reconciled:

@@ -181,7 +181,7 @@ def _rebuild(d: Cluster, dep_id: str, engines: list[Engine]) -> DeploymentRecord
         return f"profile {m.group('profile')!r}: {exc.message}"
     spec0 = result.specs[0]
     return DeploymentRecord(
-        id=dep_id, kind="repair", profile=profile.name, profile_data=profile.model_dump(mode="json"),
+        id=dep_id, command="repair", profile=profile.name, profile_data=profile.model_dump(mode="json"),
         inventory=d.inventory.path, cluster=d.inventory.cluster.name, emulated=d.inventory.emulated,
         identity=launch_identity(result), sglang_version=profile.image.sglang_version,
         specs=[s.redacted() for s in result.specs], created=now_iso(), status=Status.RECOVERED,

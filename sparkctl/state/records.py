@@ -192,7 +192,7 @@ class DeploymentRecord(_Record):
     """One `up`, `rollback` or bench-driven deployment, from plan to hand-off (or failure and restore)."""
 
     id: RecordName
-    kind: str = "up"
+    command: str = "up"                 # what made it: up, rollback, repair, bench-compare, bench-restore
     profile: RecordName
     profile_data: JSONObject
     inventory: str | None = None

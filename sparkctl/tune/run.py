@@ -5,10 +5,10 @@ Order (each step journaled in ``runs/<tune id>/tune.json`` before the next begin
 1. **begin**: under the cluster lock, ``tune.json`` at the ledger root records the run and the deployment that
    ran before it (``original``) with this controller (pid + start time). A tune found there whose controller is
    dead is settled by the next ``sparkctl tune`` (``tune --resume RUN`` continues it; any other tune restores its
-   original first). Trial deployments are the lifecycle's compare transaction (kind ``bench-compare``,
+   original first). Trial deployments are the lifecycle's compare transaction (command ``bench-compare``,
    deploy/compare.py): its marker records the original before the first trial changes anything, a trial is
    never a rollback target (so ``sparkctl rollback`` also returns to what ran before), ``status`` exits 8 while
-   it is unfinished, and the restore (kind ``bench-restore``) clears it.
+   it is unfinished, and the restore (command ``bench-restore``) clears it.
 2. **trials**: the baseline (the profile as it is) first, then every grid candidate (``--trials N``: the first N
    of them). Each trial is a full ``up`` through the lifecycle (preflight, boot, warm-up, gates; rollback on
    failure) and a bench subset whose card lands in the ledger: decode medians (``--runs``, default n=5),
@@ -22,7 +22,7 @@ Order (each step journaled in ``runs/<tune id>/tune.json`` before the next begin
    rounds, each a fresh deploy and bench of each), the samples of each side pooled; it is promoted only when it
    beats the baseline beyond the noise band (``sparkctl.bench.diff.compare_summaries``), else nothing is.
 4. **promote**: the winner's profile (``extends:`` the original, only the changed keys, a comment naming the run).
-5. **restore**: the original deployment (an ``up`` of its recorded profile, kind ``bench-restore``), or ``down``
+5. **restore**: the original deployment (an ``up`` of its recorded profile, command ``bench-restore``), or ``down``
    when nothing ran before; ``tune.json`` is removed.
 """
 from __future__ import annotations
@@ -142,7 +142,7 @@ def new_journal(deployer: Deployer, opts: TuneOptions) -> Journal:
 
 def _deploy(deployer: Deployer, profile: Profile) -> UpResult:
     from sparkctl.deploy.commands import UpOptions
-    return deployer.up(profile, UpOptions(), kind="bench-compare")
+    return deployer.up(profile, UpOptions(), command="bench-compare")
 
 
 def _measure(deployer: Deployer, opts: TuneOptions, progress: Progress) -> JSONObject:

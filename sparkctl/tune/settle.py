@@ -34,7 +34,7 @@ def restore(deployer: Deployer, original: str | None, progress: Progress) -> JSO
     rec = deployer.ledger.load(original)
     progress(f"restoring the deployment that ran before the tune ({rec.profile}, {original})")
     try:
-        up = deployer.up(Profile.model_validate(rec.profile_data), UpOptions(), kind="bench-restore")
+        up = deployer.up(Profile.model_validate(rec.profile_data), UpOptions(), command="bench-restore")
     except SparkctlError as exc:
         progress(f"restore FAILED: {exc.message}")
         return {"ok": False, "profile": rec.profile, "error": exc.render()}
@@ -50,7 +50,7 @@ def _deployed_since(ledger: Ledger, marker: JSONObject) -> str | None:
         active = ledger.active()
     except LedgerError:
         return None                  # unreadable: the restore's own `up` reports it
-    if active is None or active.id == original or (active.kind == "bench-compare" and active.created >= since):
+    if active is None or active.id == original or (active.command == "bench-compare" and active.created >= since):
         return None
     return f"deployment {active.id} (profile {active.profile}) was deployed"
 

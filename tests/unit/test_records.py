@@ -68,8 +68,8 @@ def test_the_active_deployment_is_derived_from_the_records_alone(tmp_path):
 def test_a_bench_arm_is_never_a_rollback_target(tmp_path):
     ledger = Ledger(tmp_path / "c")
     ledger.save(_record("20260101T000000Z-d5-0001", status=Status.SUPERSEDED, handed_off="t"))
-    ledger.save(_record("20260101T000001Z-d5-0002", status=Status.SUPERSEDED, handed_off="t", kind="bench-compare"))
-    ledger.save(_record("20260101T000002Z-d5-0003", status=Status.SUCCESSFUL, handed_off="t", kind="bench-restore"))
+    ledger.save(_record("20260101T000001Z-d5-0002", status=Status.SUPERSEDED, handed_off="t", command="bench-compare"))
+    ledger.save(_record("20260101T000002Z-d5-0003", status=Status.SUCCESSFUL, handed_off="t", command="bench-restore"))
     assert ledger.known_good(exclude=ledger.active_id(), rollback=True).id == "20260101T000000Z-d5-0001"
 
 
