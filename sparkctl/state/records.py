@@ -188,6 +188,14 @@ class RestoreEntry(_Record):
     gates: list[GateResult] = Field(default_factory=list)
 
 
+# Keys of a deployment record renamed since records were first written: old name -> new name. A record written
+# before a rename loads with the new name and is written back with it (tests/unit/test_records.py loads records
+# written by the code of each rename's time, tests/lifecycle/fixtures/).
+RENAMED_KEYS = {
+    "kind": "command",          # 2026-12: `kind` meant a command here, a runtime, a router and a handle elsewhere
+}
+
+
 class DeploymentRecord(_Record):
     """One `up`, `rollback` or bench-driven deployment, from plan to hand-off (or failure and restore)."""
 
@@ -239,9 +247,12 @@ class DeploymentRecord(_Record):
 
     @model_validator(mode="before")
     @classmethod
-    def _drop_derived(cls, data: object) -> Any:
-        if isinstance(data, dict) and "known_good" in data:
-            data = {k: v for k, v in data.items() if k != "known_good"}
+    def _migrate(cls, data: object) -> Any:
+        """A record as an older sparkctl wrote it: keys renamed since (`RENAMED_KEYS`) read under their new name,
+        the derived `known_good` dropped."""
+        if isinstance(data, dict):
+            data = {RENAMED_KEYS.get(k, k) if RENAMED_KEYS.get(k, k) not in data else k: v
+                    for k, v in data.items() if k != "known_good"}
         return data
 
     @computed_field  # type: ignore[prop-decorator]

@@ -138,3 +138,36 @@ def test_a_record_written_by_the_landed_code_still_loads_and_round_trips(tmp_pat
     again = json.loads(ledger.deployment_path(data["id"]).read_text())
     assert again["gates"] == data["gates"] and again["specs"] == data["specs"] and again["warmup"] == data["warmup"]
     assert again["capacity"] == data["capacity"] and again["preflight"] == data["preflight"]
+
+
+def test_records_written_before_the_renames_load_under_the_new_names(tmp_path):
+    """tests/lifecycle/fixtures/records-816a677/ were written by the code of commit 816a677 (its README): an `up`,
+    an `up` killed after boot and settled by the next command, a `rollback`. Each loads with every renamed key
+    (`state.records.RENAMED_KEYS`) under its new name, and is written back with the new names only."""
+    from pathlib import Path
+
+    from sparkctl.state.records import RENAMED_KEYS
+
+    fixtures = Path(__file__).resolve().parents[1] / "lifecycle" / "fixtures" / "records-816a677"
+    ledger = Ledger(tmp_path / "c")
+    ledger.deployment_path("x").parent.mkdir(parents=True)
+    old = {}
+    for path in sorted(fixtures.glob("*.json")):
+        old[path.stem] = json.loads(path.read_text())
+        ledger.deployment_path(path.stem).write_text(path.read_text())
+    assert {k for data in old.values() for k in data} >= set(RENAMED_KEYS)       # the fixtures hold the old names
+    commands = {}
+    for dep_id, data in old.items():
+        rec = ledger.load(dep_id)
+        commands[dep_id] = rec.command
+        assert not set(RENAMED_KEYS) & set(rec.model_extra or {}), dep_id
+        ledger.save(rec)
+        again = json.loads(ledger.deployment_path(dep_id).read_text())
+        assert not set(RENAMED_KEYS) & set(again), dep_id
+        assert again["command"] == data["kind"]
+        assert ({RENAMED_KEYS.get(k, k): v for k, v in data.items() if k != "updated"}
+                == {k: v for k, v in again.items() if k != "updated"}), dep_id   # nothing else changed (save dates it)
+    assert commands == {"20261203T192928Z-d5-e689": "up", "20261203T192940Z-dflash-off-25fb": "up",
+                        "20261203T192950Z-dflash-off-cdfe": "rollback"}
+    settled = ledger.load("20261203T192940Z-dflash-off-25fb")
+    assert settled.status == Status.INTERRUPTED and settled.reconciled.startswith("settled by `sparkctl rollback`")
