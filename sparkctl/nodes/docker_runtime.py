@@ -97,7 +97,7 @@ class DockerRuntime:
         h = rt.start(spec, dep_id); rt.liveness(h); rt.stop(h); h = rt.start(spec, dep_id); rt.remove(h)
     """
 
-    kind = "docker"
+    runtime = "docker"
     needs_image = True
     poll_interval_s = 0.5   # each read_log/liveness is an SSH round-trip (~0.2 s here)
 

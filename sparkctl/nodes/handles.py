@@ -1,7 +1,7 @@
 """Handles: how a later sparkctl command finds an engine again (stored in the deployment record).
 
-A runtime's `start` returns one; `liveness`, `read_log`, `stop` and `remove` take it back. The two kinds are
-told apart by `kind` (a discriminated union), so a record read from disk comes back as the right class.
+A runtime's `start` returns one; `liveness`, `read_log`, `stop` and `remove` take it back. The two are
+told apart by `runtime` (a discriminated union), so a record read from disk comes back as the right class.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class _HandleBase(BaseModel):
 class ProcessHandle(_HandleBase):
     """A local emulator process: PID plus its kernel start time (a recycled PID is never taken for ours)."""
 
-    kind: Literal["process"] = "process"
+    runtime: Literal["process"] = "process"
     pid: int
     start_ticks: int | None = None
     log: str
@@ -53,7 +53,7 @@ class ProcessHandle(_HandleBase):
 class DockerHandle(_HandleBase):
     """An engine container on a node: name and ID, image, and where this run's log starts."""
 
-    kind: Literal["docker"] = "docker"
+    runtime: Literal["docker"] = "docker"
     cluster: str
     container: str
     container_id: str
@@ -72,4 +72,4 @@ class DockerHandle(_HandleBase):
         return self.container
 
 
-Handle = Annotated[ProcessHandle | DockerHandle, Field(discriminator="kind")]
+Handle = Annotated[ProcessHandle | DockerHandle, Field(discriminator="runtime")]

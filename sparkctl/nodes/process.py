@@ -110,7 +110,7 @@ class ProcessRuntime:
         handle = rt.start(spec, "dep-1")
     """
 
-    kind = "process"
+    runtime = "process"
     needs_image = False       # the emulator runs in place
     poll_interval_s = 0.1
     # How long liveness reuses a rank's list of descendants (the processes whose state it reads on every call).
@@ -309,7 +309,7 @@ class ProcessRuntime:
     def gather(self, spec: LaunchSpec) -> NodeFacts:
         """Local facts: can the engine run (the emulator imports; the real engine's Python has SGLang, and the
         model and drafter are here), are the rank's ports free here (judged in deploy/)."""
-        nf = NodeFacts(spec.node, self.kind, engine=self.engine)
+        nf = NodeFacts(spec.node, self.runtime, engine=self.engine)
         if self.engine == "sglang":
             nf.engine_error = sglang_missing(self.engine_python)
             nf.local_paths = {what: (host, os.path.isfile(os.path.join(host, "config.json")))

@@ -25,13 +25,13 @@ class Liveness:
     exit_code: int | None = None
 
 
-# The handle a runtime takes back: its own kind (a process runtime's `ProcessHandle`, a docker runtime's
-# `DockerHandle`). Callers hold a plain `Runtime` (any kind) and pass it the handles it returned.
+# The handle a runtime takes back: its own runtime's (a process runtime's `ProcessHandle`, a docker runtime's
+# `DockerHandle`). Callers hold a plain `Runtime` (either) and pass it the handles it returned.
 H = TypeVar("H", bound=ProcessHandle | DockerHandle, contravariant=True)
 
 
 class Runtime(Protocol[H]):
-    kind: str
+    runtime: str               # process | docker (its handles' `runtime`)
     needs_image: bool          # the engine runs from an image that the image stage must put on the node
     poll_interval_s: float     # how often boot polls its log and liveness (an SSH round-trip costs ~0.2 s)
 
