@@ -7,9 +7,19 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from sparkctl.jsontypes import JSONObject
+
+# Keys of a stored handle renamed since: old name -> new name (a record's own keys: state.records.RENAMED_KEYS).
+RENAMED_KEYS = {
+    "kind": "runtime",          # 2026-12
+}
+
+
+def _renamed(data: dict[str, object]) -> dict[str, object]:
+    """`data` with each old key under its new name (an old key beside its new one is dropped)."""
+    return {RENAMED_KEYS.get(k, k): v for k, v in data.items() if not (k in RENAMED_KEYS and RENAMED_KEYS[k] in data)}
 
 
 class _HandleBase(BaseModel):
@@ -18,6 +28,11 @@ class _HandleBase(BaseModel):
     node: str
     rank: int
     deployment: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate(cls, data: object) -> object:
+        return _renamed(data) if isinstance(data, dict) else data
 
     @property
     def where(self) -> str:
@@ -72,4 +87,12 @@ class DockerHandle(_HandleBase):
         return self.container
 
 
-Handle = Annotated[ProcessHandle | DockerHandle, Field(discriminator="runtime")]
+def _runtime_of(value: object) -> object:
+    """Which handle a stored one is: its `runtime` (`kind` in a record written before the rename)."""
+    if isinstance(value, dict):
+        return _renamed(value).get("runtime")
+    return getattr(value, "runtime", None)
+
+
+Handle = Annotated[Annotated[ProcessHandle, Tag("process")] | Annotated[DockerHandle, Tag("docker")],
+                   Discriminator(_runtime_of)]

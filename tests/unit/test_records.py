@@ -143,9 +143,11 @@ def test_a_record_written_by_the_landed_code_still_loads_and_round_trips(tmp_pat
 def test_records_written_before_the_renames_load_under_the_new_names(tmp_path):
     """tests/lifecycle/fixtures/records-816a677/ were written by the code of commit 816a677 (its README): an `up`,
     an `up` killed after boot and settled by the next command, a `rollback`. Each loads with every renamed key
-    (`state.records.RENAMED_KEYS`) under its new name, and is written back with the new names only."""
+    (`state.records.RENAMED_KEYS`, its handles' `nodes.handles.RENAMED_KEYS`) under its new name, and is written
+    back with the new names only."""
     from pathlib import Path
 
+    from sparkctl.nodes.handles import RENAMED_KEYS as HANDLE_KEYS
     from sparkctl.state.records import RENAMED_KEYS
 
     fixtures = Path(__file__).resolve().parents[1] / "lifecycle" / "fixtures" / "records-816a677"
@@ -165,8 +167,11 @@ def test_records_written_before_the_renames_load_under_the_new_names(tmp_path):
         again = json.loads(ledger.deployment_path(dep_id).read_text())
         assert not set(RENAMED_KEYS) & set(again), dep_id
         assert again["command"] == data["kind"]
-        assert ({RENAMED_KEYS.get(k, k): v for k, v in data.items() if k != "updated"}
-                == {k: v for k, v in again.items() if k != "updated"}), dep_id   # nothing else changed (save dates it)
+        assert [h["runtime"] for h in again["handles"]] == [h["kind"] for h in data["handles"]] == ["process"] * 2
+        assert all(isinstance(h, ProcessHandle) for h in rec.handles) and not any("kind" in h for h in again["handles"])
+        expected = {RENAMED_KEYS.get(k, k): v for k, v in data.items() if k != "updated"}
+        expected["handles"] = [{HANDLE_KEYS.get(k, k): v for k, v in h.items()} for h in data["handles"]]
+        assert expected == {k: v for k, v in again.items() if k != "updated"}, dep_id   # nothing else changed
     assert commands == {"20261203T192928Z-d5-e689": "up", "20261203T192940Z-dflash-off-25fb": "up",
                         "20261203T192950Z-dflash-off-cdfe": "rollback"}
     settled = ledger.load("20261203T192940Z-dflash-off-25fb")
