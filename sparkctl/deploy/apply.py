@@ -275,7 +275,7 @@ def run_verify(run: Run, step: Verify) -> None:
 
 def run_hand_off(run: Run, step: HandOff) -> None:
     # One write makes it the active deployment (Ledger.active_id derives it from this record's status);
-    # marking the old one superseded comes after, and a later reconcile finishes it if we die between.
+    # marking the old one superseded comes after, and a later command's settle step finishes it if we die between.
     c, record, prior = run.c, run.record, step.prior
     record.status, record.finished = Status.SUCCESSFUL, now_iso()
     record.elapsed_s, record.handed_off = run.total.elapsed(), now_iso()
@@ -285,7 +285,7 @@ def run_hand_off(run: Run, step: HandOff) -> None:
         if prior and prior.id != record.id:
             mark_superseded(c, prior, record.id)
         c.ledger.sync_index()
-    except (LedgerError, OSError) as exc:   # the next command's reconcile finishes it (finish_hand_off)
+    except (LedgerError, OSError) as exc:   # the next command's settle step finishes it (finish_hand_off)
         c.reporter.event(f"note: could not mark {prior.id if prior else '-'} superseded yet ({exc}); "
                          f"the next command finishes it")
     c.reporter.event(f"{record.endpoint} serves {run.profile.model.served_name} ({run.profile.name}, "

@@ -1,6 +1,6 @@
 """The bottom of `deploy/`: one cluster's context (inventory, ledger, runtimes, API client, reporter).
 
-It knows no command: observe, reconcile, plan, apply and the commands above it take a `Cluster` and never
+It knows no command: observe, settle, plan, apply and the commands above it take a `Cluster` and never
 call back up. Example::
 
     Cluster(resolve_inventory(None), Reporter()).health_of(record)

@@ -3,8 +3,8 @@ them through `deploy.door`, which decides between this and the replicated deploy
 watcher still call `Deployer` directly).
 
 Every command that changes the cluster takes the lock, checks the state directory has room, observes and
-settles what a dead controller left (reconcile), and only then plans from what it observed: a no-op
-("unchanged") is decided after reconcile, from health measured then, and the plan's deployment id is the one
+settles what a dead controller left (settle), and only then plans from what it observed: a no-op
+("unchanged") is decided after settling, from health measured then, and the plan's deployment id is the one
 `apply` creates. Results are typed (`deploy.results`). Example::
 
     Deployer(resolve_inventory(None), Reporter()).up(load_profile("d5"), UpOptions())
@@ -23,14 +23,14 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.image_stage import survey
 from sparkctl.deploy.plan import Plan, make_plan
 from sparkctl.deploy.progress import Reporter
-from sparkctl.deploy.reconcile import Reconciled, reconcile
 from sparkctl.deploy.repair import RepairPlan, apply_repair, plan_repair
 from sparkctl.deploy.results import Concurrency, DownResult, PlanView, StatusResult, UpResult
 from sparkctl.deploy.rollback import no_target_error, rollback_target
 from sparkctl.deploy.runtimes import Runtimes
+from sparkctl.deploy.settle import Settled, settle
 from sparkctl.deploy.status import down as down_cmd
 from sparkctl.deploy.status import status as status_cmd
-from sparkctl.deploy.steps import RECONCILE, boundary
+from sparkctl.deploy.steps import SETTLE, boundary
 from sparkctl.errors import CancelledError, ConfigError, SparkctlError
 from sparkctl.sglang.render import RenderResult
 from sparkctl.state.ledger import Ledger
@@ -121,9 +121,9 @@ class Deployer:
                             reason=plan.noop_reason, endpoint=c.endpoint(result.specs[0]))
         with c.ledger.lock(command):
             c.check_room()
-            boundary(contract, RECONCILE, "before")
-            settled = reconcile(c, command)
-            boundary(contract, RECONCILE, "after")
+            boundary(contract, SETTLE, "before")
+            settled = settle(c, command)
+            boundary(contract, SETTLE, "after")
             if command not in ("bench-compare", "bench-restore"):
                 self._settle_compare()
             result, plan = self.plan(profile, base_of=opts.base_of)   # from what runs now, health measured now
@@ -200,8 +200,8 @@ class Deployer:
         return self.up(to, opts, command="rollback")
 
     # -- down / status / repair --------------------------------------------------------------------------------
-    def reconcile(self, command: str) -> Reconciled:
-        return reconcile(self.cluster, command)
+    def settle(self, command: str) -> Settled:
+        return settle(self.cluster, command)
 
     def down(self) -> DownResult:
         with self.ledger.lock("down"):

@@ -188,7 +188,7 @@ def _rebuild(d: Cluster, dep_id: str, engines: list[Engine]) -> DeploymentRecord
         handles=[e.handle for e in sorted(engines, key=lambda e: -e.handle.rank)],
         endpoint=f"http://{spec0.api_host}:{spec0.api_port}",
         speculative_algorithm=profile.speculative.algorithm if profile.speculative else None,
-        reconciled=f"rebuilt by `sparkctl repair` at {now_iso()} from its running engines")
+        settled=f"rebuilt by `sparkctl repair` at {now_iso()} from its running engines")
 
 
 def plan_repair(d: Cluster) -> RepairPlan:

@@ -41,7 +41,7 @@ def restore(c: Cluster, previous: DeploymentRecord, failed: DeploymentRecord, *,
     """Bring a stopped known deployment back: restart its ranks, wait ready, verify.
 
     `save=False` (the state directory failed mid-way): the engines come back without a single write; the
-    record says what it said before, and the next command's reconcile adopts the serving engines. A write that
+    record says what it said before, and the next command's settle step adopts the serving engines. A write that
     fails during the restore (the disk filling now) turns `save` off for the rest: the restore goes on."""
     c.reporter.stage("rollback", f"restoring {previous.id} ({previous.profile})")
     started: list[tuple[Runtime, Handle]] = []

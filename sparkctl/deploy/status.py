@@ -1,7 +1,7 @@
 """`down` and `status`: stop everything sparkctl started on the cluster; tell the truth about what runs.
 
 Both read the nodes, not only the ledger: `down` stops the engines it finds (deploy/observe.py) after
-settling what a dead controller left (deploy/reconcile.py); `status` names an `up` in progress (the lock
+settling what a dead controller left (deploy/settle.py); `status` names an `up` in progress (the lock
 holder), any deployment whose controller died, and a comparison that did not finish.
 """
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import stop_engines, sweep_secrets
 from sparkctl.deploy.observe import observe, stop_engine, unrecorded
-from sparkctl.deploy.reconcile import controller_text, interrupted, reconcile, stage_of
 from sparkctl.deploy.results import DownResult, InProgress, InterruptedView, StatusResult, watcher_of
-from sparkctl.deploy.steps import RECONCILE, boundary
+from sparkctl.deploy.settle import controller_text, interrupted, settle, stage_of
+from sparkctl.deploy.steps import SETTLE, boundary
 from sparkctl.state.controller import live_lock_holder
 from sparkctl.state.ledger import now_iso
 from sparkctl.state.records import Status
@@ -21,9 +21,9 @@ def down(c: Cluster, *, unfinished_compare: str | None = None) -> DownResult:
     """Under the lock: stop the active deployment on every node (containers removed, logs kept), then every
     other engine sparkctl started on the cluster (docker: by label; process runtime: by its rank log, pid and
     start time); `engines` lists each one stopped. A no-op when nothing runs."""
-    boundary("down", RECONCILE, "before")
-    settled = reconcile(c, "down")
-    boundary("down", RECONCILE, "after")
+    boundary("down", SETTLE, "before")
+    settled = settle(c, "down")
+    boundary("down", SETTLE, "after")
     engines: list[str] = list(settled.stopped)
     active = c.ledger.active()
     boundary("down", "stop-active", "before")

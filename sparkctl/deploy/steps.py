@@ -25,7 +25,7 @@ CRASH_ENV = "SPARKCTL_CRASH_AT"
 # The step names, each once. `deploy.plan` makes one typed step class per name of `up` (its `name`), `deploy.apply`
 # dispatches on those classes, `deploy.rollback` marks the restore's boundaries with these, the crash matrix
 # enumerates them (`crash_points`), and the ledger's stages and journal lines carry them.
-RECONCILE = "reconcile"
+SETTLE = "settle"
 PREFLIGHT = "preflight"
 IMAGE_BUILD, IMAGE_DISTRIBUTE, IMAGE_VERIFY = "image-build", "image-distribute", "image-verify"
 STOP_OLD = "stop-old"
@@ -40,9 +40,9 @@ IMAGE_STEPS = (IMAGE_BUILD, IMAGE_DISTRIBUTE, IMAGE_VERIFY)
 
 # `up` (and `rollback`, which is an `up` of the target profile): in this order; stop-old only when something
 # is active. A failure after stop-old runs the restore steps.
-UP_STEPS = (RECONCILE, PREFLIGHT, *IMAGE_STEPS, STOP_OLD, BOOT, WARM_UP, VERIFY, HAND_OFF)
+UP_STEPS = (SETTLE, PREFLIGHT, *IMAGE_STEPS, STOP_OLD, BOOT, WARM_UP, VERIFY, HAND_OFF)
 RESTORE_STEPS = (STOP_NEW, RESTORE_BOOT, RESTORE_VERIFY, RESTORE_HAND_OFF)
-DOWN_STEPS = (RECONCILE, "stop-active", "stop-rest")
+DOWN_STEPS = (SETTLE, "stop-active", "stop-rest")
 REPAIR_STEPS = ("move-aside", "rebuild", "index")
 # `bench --compare`: record what it will restore, deploy the other arm (its own `up` steps), measure, restore.
 COMPARE_STEPS = ("compare-begin", "compare-arm", "compare-restore", "compare-end")
@@ -101,7 +101,7 @@ def boundary(command: str, step: str, when: str, index: int | None = None) -> No
 REPLICATED_COMMAND = "up-replicated"
 ROUTER_START, REPLICA_DETACH, REPLICA_UP, REPLICA_ATTACH, ROUTER_GATES = (
     "router-start", "replica-detach", "replica-up", "replica-attach", "router-gates")
-REPLICATED_STEPS = (RECONCILE, ROUTER_START, REPLICA_DETACH, REPLICA_UP, REPLICA_ATTACH, ROUTER_GATES, HAND_OFF)
+REPLICATED_STEPS = (SETTLE, ROUTER_START, REPLICA_DETACH, REPLICA_UP, REPLICA_ATTACH, ROUTER_GATES, HAND_OFF)
 
 
 def replicated_crash_points() -> Iterator[tuple[str, str, str]]:

@@ -327,7 +327,7 @@ class DockerRuntime:
 
     def cleanup_secrets(self) -> list[str]:
         """Remove the secret directories on this node of this cluster's containers that are not running (a
-        container killed with the controller, removed by hand, a node that lost its engines): what reconcile and
+        container killed with the controller, removed by hand, a node that lost its engines): what settle and
         `down` call. Three SSH round-trips; returns ``"[node] /dev/shm/sparkctl-secrets/<container>"`` per
         directory removed. Directories of other clusters are never touched."""
         prefix = re.escape(container_name(self.cluster, 0, "")).split("rank0", 1)[0]
@@ -363,7 +363,7 @@ class DockerRuntime:
 
     def labelled(self) -> list[tuple[DockerHandle, bool]]:
         """Every container on this node labelled ``sparkctl.cluster=<cluster>`` (running or not), as handles:
-        what sparkctl started here, whatever the ledger says (`down`, reconcile and `repair` read this)."""
+        what sparkctl started here, whatever the ledger says (`down`, settle and `repair` read this)."""
         fmt = '{{.ID}}\t{{.Names}}\t{{.State}}\t{{.Label "sparkctl.deployment"}}\t{{.Label "sparkctl.rank"}}'
         res = self._docker("ps", "-a", "--no-trunc", "--filter", f"label=sparkctl.cluster={self.cluster}",
                            "--format", fmt, check=True)

@@ -17,7 +17,7 @@ Secret files (API key, HF token) never touch a disk: they live on tmpfs, under `
 (``$XDG_RUNTIME_DIR/sparkctl`` when that is set and a tmpfs, else ``/dev/shm/sparkctl-<uid>``), in
 ``<key of the state directory>/<deployment>/rank<N>/`` (directories 0700, files 0400: read-only even
 for the owner, replaced by unlink and create), and are removed as soon as their engine has stopped
-(`stop`), or, after a kill -9 of everything, by `cleanup_secrets` (reconcile, `down`).
+(`stop`), or, after a kill -9 of everything, by `cleanup_secrets` (settle, `down`).
 
 The engine's environment (the caller's minus secrets, the emulator knobs, the rank's `env` from the profile) is
 the engine's alone: the log pipe in front of it is sparkctl's own Python, started with the caller's environment
@@ -278,7 +278,7 @@ class ProcessRuntime:
 
     def cleanup_secrets(self) -> list[str]:
         """Remove every secret directory of this state directory whose engine is gone (after a kill -9 of the
-        controller and its engines, a reboot-less crash...): what reconcile and `down` call. Returns the removed
+        controller and its engines, a reboot-less crash...): what settle and `down` call. Returns the removed
         directories; a directory a running engine uses is kept."""
         removed: list[str] = []
         try:

@@ -61,7 +61,7 @@ class Runtime(Protocol[H]):
     def cleanup_secrets(self) -> list[str]:
         """Remove the secret files of every engine of this cluster (on this node) that is no longer running, and
         return what was removed. `stop` already removes a stopped engine's secrets; this settles what a kill -9
-        left (reconcile, `down`). A running engine's secrets are kept."""
+        left (settle, `down`). A running engine's secrets are kept."""
 
 
 SIM_ENV_PREFIX = "SPARKCTL_SIM_"

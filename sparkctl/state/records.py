@@ -41,7 +41,7 @@ class Status(StrEnum):
     CANCELED = "canceled"          # Ctrl-C
     SUPERSEDED = "superseded"      # a newer deployment took over; stopped but restartable
     STOPPED = "stopped"            # `sparkctl down`
-    INTERRUPTED = "interrupted"    # its controller died mid-way (SIGKILL, power loss); found and settled by reconcile
+    INTERRUPTED = "interrupted"    # its controller died mid-way (SIGKILL, power loss); settled by the next command
     RECOVERED = "recovered"        # rebuilt by `sparkctl repair` from engines found running; never verified by gates
 
 
@@ -243,7 +243,7 @@ class DeploymentRecord(_Record):
     controller: Controller | None = None      # who drives it while status is running / a restore is under way
     intents: list[Intent] = Field(default_factory=list)
     restoring: str | None = None              # id of the deployment being restored after this one failed
-    reconciled: str | None = None             # what a later command did with what a dead controller left
+    settled: str | None = None                # what a later command did with what a dead controller left
 
     @model_validator(mode="before")
     @classmethod

@@ -71,8 +71,8 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
         assert rolled.parallel is rolling.parallel
         journal = Record.load(d.ledger.root).data["journal"]
         ok = [(e["step"], e["replica"]) for e in journal if e["phase"] == "ok"]
-        tail = ok[ok.index(("reconcile", None), len(ok) - 1 - ok[::-1].index(("reconcile", None))):]
-        assert tail == [("reconcile", None), ("replica-detach", 0), ("replica-up", 0), ("replica-attach", 0),
+        tail = ok[ok.index(("settle", None), len(ok) - 1 - ok[::-1].index(("settle", None))):]
+        assert tail == [("settle", None), ("replica-detach", 0), ("replica-up", 0), ("replica-attach", 0),
                         ("replica-detach", 1), ("replica-up", 1), ("replica-attach", 1), ("router-gates", None),
                         ("hand-off", None)]
         st = d.status()

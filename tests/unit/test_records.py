@@ -175,4 +175,4 @@ def test_records_written_before_the_renames_load_under_the_new_names(tmp_path):
     assert commands == {"20261203T192928Z-d5-e689": "up", "20261203T192940Z-dflash-off-25fb": "up",
                         "20261203T192950Z-dflash-off-cdfe": "rollback"}
     settled = ledger.load("20261203T192940Z-dflash-off-25fb")
-    assert settled.status == Status.INTERRUPTED and settled.reconciled.startswith("settled by `sparkctl rollback`")
+    assert settled.status == Status.INTERRUPTED and settled.settled.startswith("settled by `sparkctl rollback`")
