@@ -193,6 +193,7 @@ class RestoreEntry(_Record):
 # written by the code of each rename's time, tests/lifecycle/fixtures/).
 RENAMED_KEYS = {
     "kind": "command",          # 2026-12: `kind` meant a command here, a runtime, a router and a handle elsewhere
+    "reconciled": "settled",    # 2026-12: settling what a dead controller left is not controller-runtime's reconcile
 }
 
 

@@ -176,3 +176,4 @@ def test_records_written_before_the_renames_load_under_the_new_names(tmp_path):
                         "20261203T192950Z-dflash-off-cdfe": "rollback"}
     settled = ledger.load("20261203T192940Z-dflash-off-25fb")
     assert settled.status == Status.INTERRUPTED and settled.settled.startswith("settled by `sparkctl rollback`")
+    assert settled.settled == old["20261203T192940Z-dflash-off-25fb"]["reconciled"]
