@@ -4,7 +4,7 @@ Each step is typed (`deploy.plan`) and carries its inputs; `RUNNERS` maps its cl
 that does it, over the `Run` the steps share (the record, its journal, the runtimes, what started). Nothing here
 re-reads the ledger to decide: the prior deployment is the one the plan observed.
 
-Each step is recorded in the deployment's record before its effect (a `stages` entry and a journal `intent`
+Each step is recorded in the deployment's record before its effect (a `steps` entry and a journal `intent`
 saying what and where) and after it (`ok` or `failed`); `deploy.steps.boundary` marks both sides. A failure
 after the old deployment was stopped stops the new engines and restores the old one. When the state directory
 itself fails mid-way (full, read-only), the same undo runs without the disk: the journal tail is in memory and
@@ -59,8 +59,8 @@ from sparkctl.state.records import (
     Intent,
     JournalEntry,
     NodeImages,
-    StageEntry,
     Status,
+    StepEntry,
     Warmup,
 )
 
@@ -299,12 +299,12 @@ RUNNERS: dict[type[Step], Callable[[Run, Any], None]] = {
 
 
 def run_step(run: Run, step: Step, command: str) -> None:
-    """One step: its stage and journal intent on disk first, then the screen, the boundary, the effect, the
+    """One step: its entry and journal intent on disk first, then the screen, the boundary, the effect, the
     outcome (ok, noop or failed) on disk, the boundary after."""
     record, j = run.record, run.journal
     sw = Stopwatch()
-    entry = StageEntry(name=step.name, started=now_iso())
-    record.stages.append(entry)
+    entry = StepEntry(name=step.name, started=now_iso())
+    record.steps.append(entry)
     j.entry(step.name, "intent", step.what, run.nodes)
     j.save()                      # the ledger first, then the screen: what was said is on disk
     if j.disk_error is not None:
@@ -328,9 +328,9 @@ def run_step(run: Run, step: Step, command: str) -> None:
     boundary(command, step.name, "after")
 
 
-def _failed_stage(record: DeploymentRecord) -> str:
-    return next((s.name for s in reversed(record.stages) if s.status != "ok"),
-                f"after {record.stages[-1].name}" if record.stages else "unknown")   # a write after a step's end
+def _failed_step(record: DeploymentRecord) -> str:
+    return next((s.name for s in reversed(record.steps) if s.status != "ok"),
+                f"after {record.steps[-1].name}" if record.steps else "unknown")   # a write after a step's end
 
 
 def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, command: str, contract: str,
@@ -351,7 +351,7 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, com
         return Applied(record, rank0.cap_line if rank0 else None)
     except (PreflightError, ImageError) as exc:   # preflight or image steps: nothing was changed yet
         record.status, record.finished, record.elapsed_s = Status.FAILED, now_iso(), run.total.elapsed()
-        record.failure = Failure(stage=_failed_stage(record), message=exc.render())
+        record.failure = Failure(step=_failed_step(record), message=exc.render())
         if isinstance(exc, PreflightError) and exc.checks:
             record.preflight = list(exc.checks)
         j.save()
@@ -359,12 +359,12 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, com
     except (Exception, KeyboardInterrupt) as exc:
         interrupted = isinstance(exc, KeyboardInterrupt)
         disk = j.disk_error if j.disk_error is not None else (exc if isinstance(exc, LedgerError) else None)
-        stage_name = _failed_stage(record)
+        step_name = _failed_step(record)
         message = f"interrupted ({interrupt_name(exc)})" if interrupted else (
             exc.render() if isinstance(exc, SparkctlError) else f"internal error: {type(exc).__name__}: {exc}")
         record.status = Status.CANCELED if interrupted else Status.FAILED
         record.finished, record.elapsed_s = now_iso(), run.total.elapsed()
-        record.failure = Failure(stage=stage_name, message=message, node=getattr(exc, "node", None))
+        record.failure = Failure(step=step_name, message=message, node=getattr(exc, "node", None))
         record.handles = record.handles or [h for _, h in run.started]
         j.save()
         if no_rollback and not interrupted and disk is None:
@@ -395,7 +395,7 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, com
         else:
             said = "; nothing to restore (no previous deployment)" if not prior else ""
         if disk is not None:
-            raise disk.amended(message=f"{disk.message} (during {stage_name}: the new engines were stopped"
+            raise disk.amended(message=f"{disk.message} (during {step_name}: the new engines were stopped"
                                        f"{said})") from exc
         if interrupted or not isinstance(exc, SparkctlError):
             raise   # Ctrl-C, or a bug in sparkctl: its traceback goes to the CLI's debug log

@@ -155,7 +155,7 @@ class Deployer:
                     f"{cap.reason} (raise it with {cap.setting})")
         return UpResult(**{**base, "emulated": rec.emulated}, changed=True, outcome="deployed", plan=_view(plan),
                         deployment=rec.id, endpoint=rec.endpoint, capacity=rec.capacity, concurrency=cap,
-                        gates=rec.gates, stages=[s.model_dump(mode="json") for s in rec.stages], warmup=rec.warmup,
+                        gates=rec.gates, stages=[s.model_dump(mode="json") for s in rec.steps], warmup=rec.warmup,
                         elapsed_s=rec.elapsed_s, reconciled=settled, next_commands=_next(rec.endpoint))
 
     def _say_plan(self, result: RenderResult, plan: Plan, *, commands: bool) -> None:

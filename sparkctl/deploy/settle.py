@@ -70,10 +70,10 @@ def controller_text(rec: DeploymentRecord) -> str:
     return f"controller pid {c.pid} on {c.host} gone" if c else "controller gone (not recorded)"
 
 
-def stage_of(rec: DeploymentRecord) -> str:
+def step_of(rec: DeploymentRecord) -> str:
     if rec.restoring:
         return f"restore of {rec.restoring}"
-    return next((s.name for s in reversed(rec.stages) if s.status != "ok"), "plan")
+    return next((s.name for s in reversed(rec.steps) if s.status != "ok"), "plan")
 
 
 class Settled(BaseModel):
@@ -125,9 +125,9 @@ def settle(d: Cluster, command: str) -> Settled:
 
     for rec in dead:
         why = controller_text(rec)
-        stage = stage_of(rec)
+        step = step_of(rec)
         mine = [e for e in found if e.deployment == rec.id]
-        verified = any(s.name == VERIFY and s.status == "ok" for s in rec.stages)
+        verified = any(s.name == VERIFY and s.status == "ok" for s in rec.steps)
         if rec.status == Status.RUNNING and verified and _healthy(d, rec, mine):
             line = (f"adopted {rec.id} ({rec.profile}): its {why} after every gate passed; all ranks serve "
                     f"/health 200 (hand-off completed by `sparkctl {command}`)")
@@ -140,7 +140,7 @@ def settle(d: Cluster, command: str) -> Settled:
             adopted = rec.id
             found = [e for e in found if e.deployment != rec.id]
             continue
-        reason = (f"deployment {rec.id} was interrupted ({why}) during {stage}; "
+        reason = (f"deployment {rec.id} was interrupted ({why}) during {step}; "
                   + ("it never passed its gates" if not verified else "not every rank serves"))
         stop_all(mine, reason)
         restoring = rec.restoring
@@ -159,14 +159,14 @@ def settle(d: Cluster, command: str) -> Settled:
             rec.restoring = None
         if rec.status == Status.RUNNING:
             rec.status = Status.INTERRUPTED
-            rec.failure = Failure(stage=stage, message=f"interrupted: {why} (SIGKILL, power loss or OOM-killer)")
+            rec.failure = Failure(step=step, message=f"interrupted: {why} (SIGKILL, power loss or OOM-killer)")
             rec.finished = rec.finished or now_iso()
         rec.settled = (f"settled by `sparkctl {command}` at {now_iso()}: "
                           + (f"stopped {len(mine)} engine(s)" if mine else "no engine of it was running"))
         d.ledger.save(rec)
         found = [e for e in found if e.deployment not in (rec.id, restoring)]
         if not mine:
-            line = f"deployment {rec.id} was interrupted ({why}) during {stage}; none of its engines runs"
+            line = f"deployment {rec.id} was interrupted ({why}) during {step}; none of its engines runs"
             say(line)
             lines.append(line)
     active_id = d.ledger.active_id()

@@ -10,7 +10,7 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import stop_engines, sweep_secrets
 from sparkctl.deploy.observe import observe, stop_engine, unrecorded
 from sparkctl.deploy.results import DownResult, InProgress, InterruptedView, StatusResult, watcher_of
-from sparkctl.deploy.settle import controller_text, interrupted, settle, stage_of
+from sparkctl.deploy.settle import controller_text, interrupted, settle, step_of
 from sparkctl.deploy.steps import SETTLE, boundary
 from sparkctl.state.controller import live_lock_holder
 from sparkctl.state.ledger import now_iso
@@ -73,13 +73,13 @@ def status(c: Cluster, *, unfinished_compare: str | None = None) -> StatusResult
         if newest is not None and newest.status == Status.RUNNING and newest.controller \
                 and newest.controller.pid == holder.get("pid"):
             in_progress.deployment, in_progress.profile, in_progress.stage = newest.id, newest.profile, \
-                stage_of(newest)
+                step_of(newest)
     dead = interrupted(c.ledger, locked=False)
     views: list[InterruptedView] = []
     running = [e for e in observe(c, []) if e.running]     # the records and what runs, read together
     unrecorded(c, running)
     if dead:
-        views = [InterruptedView(deployment=r.id, profile=r.profile, stage=stage_of(r), detail=controller_text(r),
+        views = [InterruptedView(deployment=r.id, profile=r.profile, stage=step_of(r), detail=controller_text(r),
                                  controller_pid=r.controller.pid if r.controller else None,
                                  ranks_alive=sorted({e.handle.rank for e in running
                                                      if e.deployment in (r.id, r.restoring)}))

@@ -81,7 +81,7 @@ def bundle_data(report: DoctorReport, got: Collected, rec: DeploymentRecord | No
             "status": rec.status.value, "created": rec.created, "finished": rec.finished,
             "failure": rec.failure.model_dump(mode="json") if rec.failure else None, "rollback": rec.rollback,
             "restored": rec.restored, "restore_error": rec.restore_error,
-            "stages": [s.model_dump(mode="json") for s in rec.stages],
+            "stages": [s.model_dump(mode="json") for s in rec.steps],
             "gates": [g.model_dump(mode="json") for g in rec.gates],
             "capacity": rec.capacity.model_dump(mode="json") if rec.capacity else None,
             "identity": rec.identity, "endpoint": rec.endpoint}

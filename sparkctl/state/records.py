@@ -132,7 +132,7 @@ class NodeImages(_Record):
     launch_id: str | None = None
 
 
-class StageEntry(_Record):
+class StepEntry(_Record):
     name: str
     started: str
     status: str = "running"          # running | ok | failed
@@ -141,7 +141,7 @@ class StageEntry(_Record):
 
 
 class Failure(_Record):
-    stage: str
+    step: str
     message: str
     node: str | None = None
 
@@ -214,7 +214,7 @@ class DeploymentRecord(_Record):
     status: Status = Status.RUNNING
     created: str
     updated: str | None = None
-    stages: list[StageEntry] = Field(default_factory=list)
+    steps: list[StepEntry] = Field(default_factory=list)
     journal: list[JournalEntry] = Field(default_factory=list)
     preflight: list[CheckResult] = Field(default_factory=list)
     image_ids: dict[str, str] = Field(default_factory=dict)      # node -> ID of the image its rank runs

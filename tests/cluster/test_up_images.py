@@ -193,7 +193,7 @@ def test_image_id_mismatch_on_a_node_blocks_up_and_leaves_the_running_deployment
         assert "spark-b" in err and tag in err
         ledger = Ledger.for_cluster(env["cluster"])
         refused = ledger.load(ledger.index()["history"][-1])
-        assert refused.failure.stage in ("image-distribute", "image-verify") and refused.status == "failed"
+        assert refused.failure.step in ("image-distribute", "image-verify") and refused.status == "failed"
         assert not refused.handles and refused.rollback is None
         assert {n: [c["Id"] for c in _running(env, n)] for n in ("spark-a", "spark-b")} == running
         assert ledger.index()["active"] == first["deployment"]

@@ -133,7 +133,7 @@ def test_sigterm_and_sighup_are_handled_like_sigint(local_cluster, faulty_profil
     ledger = _ledger(local_cluster)
     rec = _newest(ledger)
     assert rec.status == "canceled" and rec.failure.message == f"interrupted ({sig.name})"
-    assert rec.failure.stage == "boot"
+    assert rec.failure.step == "boot"
     _no_engine(local_cluster)
     with ledger.lock("check"):  # the lock is free again
         pass
