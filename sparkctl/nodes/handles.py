@@ -9,17 +9,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from sparkctl.jsontypes import JSONObject
+from sparkctl.jsontypes import JSONObject, renamed_keys
 
 # Keys of a stored handle renamed since: old name -> new name (a record's own keys: state.records.RENAMED_KEYS).
 RENAMED_KEYS = {
     "kind": "runtime",          # 2026-12
 }
-
-
-def _renamed(data: dict[str, object]) -> dict[str, object]:
-    """`data` with each old key under its new name (an old key beside its new one is dropped)."""
-    return {RENAMED_KEYS.get(k, k): v for k, v in data.items() if not (k in RENAMED_KEYS and RENAMED_KEYS[k] in data)}
 
 
 class _HandleBase(BaseModel):
@@ -32,7 +27,7 @@ class _HandleBase(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _migrate(cls, data: object) -> object:
-        return _renamed(data) if isinstance(data, dict) else data
+        return renamed_keys(data, RENAMED_KEYS) if isinstance(data, dict) else data
 
     @property
     def where(self) -> str:
@@ -90,7 +85,7 @@ class DockerHandle(_HandleBase):
 def _runtime_of(value: object) -> object:
     """Which handle a stored one is: its `runtime` (`kind` in a record written before the rename)."""
     if isinstance(value, dict):
-        return _renamed(value).get("runtime")
+        return renamed_keys(value, RENAMED_KEYS).get("runtime")
     return getattr(value, "runtime", None)
 
 

@@ -11,11 +11,11 @@ controller's PID), each an entry of its own model like the handles.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field, model_validator
 
-from sparkctl.jsontypes import JSONObject
+from sparkctl.jsontypes import JSONObject, renamed_keys
 from sparkctl.nodes.handles import Handle
 from sparkctl.sglang.launch import RankSpec
 
@@ -52,6 +52,15 @@ KNOWN_GOOD = frozenset({Status.SUCCESSFUL, Status.SUPERSEDED, Status.STOPPED})
 class _Record(BaseModel):
     # extra="allow": keys written by a newer sparkctl survive a load/save round trip instead of being dropped.
     model_config = ConfigDict(extra="allow", validate_assignment=True)
+    # Keys renamed since this part of a record was first written: old name -> new name. A record written before a
+    # rename loads under the new name and is written back with it (tests/unit/test_records.py loads records written
+    # by the code before each rename: tests/lifecycle/fixtures/).
+    RENAMED: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        return renamed_keys(data, cls.RENAMED) if cls.RENAMED and isinstance(data, dict) else data
 
 
 class GateResult(_Record):
@@ -141,6 +150,8 @@ class StepEntry(_Record):
 
 
 class Failure(_Record):
+    RENAMED: ClassVar[dict[str, str]] = {"stage": "step"}     # 2026-12
+
     step: str
     message: str
     node: str | None = None
@@ -188,17 +199,18 @@ class RestoreEntry(_Record):
     gates: list[GateResult] = Field(default_factory=list)
 
 
-# Keys of a deployment record renamed since records were first written: old name -> new name. A record written
-# before a rename loads with the new name and is written back with it (tests/unit/test_records.py loads records
-# written by the code of each rename's time, tests/lifecycle/fixtures/).
+# A deployment record's renamed keys (`_Record.RENAMED`).
 RENAMED_KEYS = {
     "kind": "command",          # 2026-12: `kind` meant a command here, a runtime, a router and a handle elsewhere
     "reconciled": "settled",    # 2026-12: settling what a dead controller left is not controller-runtime's reconcile
+    "stages": "steps",          # 2026-12: one name for the plan's steps, as planned, journaled and run
 }
 
 
 class DeploymentRecord(_Record):
     """One `up`, `rollback` or bench-driven deployment, from plan to hand-off (or failure and restore)."""
+
+    RENAMED: ClassVar[dict[str, str]] = RENAMED_KEYS
 
     id: RecordName
     command: str = "up"                 # what made it: up, rollback, repair, bench-compare, bench-restore
@@ -248,12 +260,9 @@ class DeploymentRecord(_Record):
 
     @model_validator(mode="before")
     @classmethod
-    def _migrate(cls, data: object) -> Any:
-        """A record as an older sparkctl wrote it: keys renamed since (`RENAMED_KEYS`) read under their new name,
-        the derived `known_good` dropped."""
-        if isinstance(data, dict):
-            data = {RENAMED_KEYS.get(k, k) if RENAMED_KEYS.get(k, k) not in data else k: v
-                    for k, v in data.items() if k != "known_good"}
+    def _drop_derived(cls, data: object) -> Any:
+        if isinstance(data, dict) and "known_good" in data:
+            data = {k: v for k, v in data.items() if k != "known_good"}
         return data
 
     @computed_field  # type: ignore[prop-decorator]

@@ -143,12 +143,12 @@ def test_a_record_written_by_the_landed_code_still_loads_and_round_trips(tmp_pat
 def test_records_written_before_the_renames_load_under_the_new_names(tmp_path):
     """tests/lifecycle/fixtures/records-816a677/ were written by the code of commit 816a677 (its README): an `up`,
     an `up` killed after boot and settled by the next command, a `rollback`. Each loads with every renamed key
-    (`state.records.RENAMED_KEYS`, its handles' `nodes.handles.RENAMED_KEYS`) under its new name, and is written
-    back with the new names only."""
+    (`state.records.RENAMED_KEYS`, its failure's `Failure.RENAMED`, its handles' `nodes.handles.RENAMED_KEYS`)
+    under its new name, and is written back with the new names only."""
     from pathlib import Path
 
     from sparkctl.nodes.handles import RENAMED_KEYS as HANDLE_KEYS
-    from sparkctl.state.records import RENAMED_KEYS
+    from sparkctl.state.records import RENAMED_KEYS, Failure
 
     fixtures = Path(__file__).resolve().parents[1] / "lifecycle" / "fixtures" / "records-816a677"
     ledger = Ledger(tmp_path / "c")
@@ -171,6 +171,10 @@ def test_records_written_before_the_renames_load_under_the_new_names(tmp_path):
         assert all(isinstance(h, ProcessHandle) for h in rec.handles) and not any("kind" in h for h in again["handles"])
         expected = {RENAMED_KEYS.get(k, k): v for k, v in data.items() if k != "updated"}
         expected["handles"] = [{HANDLE_KEYS.get(k, k): v for k, v in h.items()} for h in data["handles"]]
+        if data["failure"]:
+            expected["failure"] = {Failure.RENAMED.get(k, k): v for k, v in data["failure"].items()}
+            assert rec.failure is not None and rec.failure.step == data["failure"]["stage"]
+        assert [s.name for s in rec.steps] == [s["name"] for s in data["stages"]] and rec.steps
         assert expected == {k: v for k, v in again.items() if k != "updated"}, dep_id   # nothing else changed
     assert commands == {"20261203T192928Z-d5-e689": "up", "20261203T192940Z-dflash-off-25fb": "up",
                         "20261203T192950Z-dflash-off-cdfe": "rollback"}
