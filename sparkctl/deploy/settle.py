@@ -27,7 +27,6 @@ from sparkctl.deploy.engines import mark_superseded, sweep_secrets
 from sparkctl.deploy.observe import Engine, observe, stop_engine, unrecorded
 from sparkctl.deploy.steps import SETTLE, VERIFY
 from sparkctl.errors import SparkctlError
-from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import SGLangAPIError
 from sparkctl.state.controller import controller_alive, live_lock_holder
 from sparkctl.state.ledger import Ledger, now_iso
@@ -82,9 +81,6 @@ class Settled(BaseModel):
     lines: list[str] = Field(default_factory=list)
     adopted: str | None = None
     stopped: list[str] = Field(default_factory=list)
-
-    def as_dict(self) -> JSONObject:
-        return self.model_dump()
 
 
 def _healthy(d: Cluster, rec: DeploymentRecord, engines: list[Engine]) -> bool:

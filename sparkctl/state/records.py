@@ -105,9 +105,6 @@ class CheckResult(_Record):
         """`name: seen`, with `warning:` before a warning's text."""
         return f"{self.name}: " + ("warning: " if self.severity is Severity.WARN else "") + self.seen
 
-    def as_dict(self) -> JSONObject:
-        return self.model_dump(mode="json")
-
 
 class Capacity(_Record):
     """What rank 0's engine resolved at boot (its capacity line)."""
