@@ -11,7 +11,7 @@ and against SGLang's own benchmark client. Prints both of issue 23's targets as 
      200 (SGLang answers 503 until its own warm-up; its /health then generates a token and sleeps 1 s);
    - overhead = up wall - by hand - warm-up requests - verify (the verify step's smoke generation is engine work;
      printed with and without it); median of the pairs.
-   Where the time goes, per pair from timestamps: before boot (interpreter, imports, reconcile, preflight, plan,
+   Where the time goes, per pair from timestamps: before boot (interpreter, imports, settle, preflight, plan,
    journal: wall minus the steps), the boot step minus the by-hand boot, split at the moment rank 0's
    "fired up" line reached its log file (tailed every 20 ms on both sides) into the engine's part (first rank
    started -> line; the boot step's start and end from the record's journal) and readiness (line -> ready).
@@ -354,7 +354,7 @@ def _report(engine, args, results: dict[str, list[dict]], comparison, load: list
         print(f"    up wall {m['wall']:.2f} s; by hand to /health 200 {m['hand']:.2f} s "
               f"(ratio {m['wall'] / m['hand']:.3f}); warm-up requests {m['warm']:.2f} s; verify {m['verify']:.2f} s; "
               f"the controller's CPU for the whole up {m['controller_cpu']:.2f} s")
-        print(f"    where: before boot (interpreter, imports, reconcile, preflight, plan, journal) "
+        print(f"    where: before boot (interpreter, imports, settle, preflight, plan, journal) "
               f"{m['before_boot']:.2f} s; boot step {m['boot']:.2f} s - by hand {m['hand']:.2f} s = "
               f"{m['boot_gap']:+.2f} s")
         if m.get("engine_gap") is not None:

@@ -96,7 +96,7 @@ def main() -> None:
         print(f"  client latency median before {statistics.median(before) * 1000:.1f} ms, during "
               f"{statistics.median([x for x, _ in during]) * 1000:.1f} ms")
         journal = Record.load(d.ledger.root).data["journal"]
-        last = max(i for i, e in enumerate(journal) if e["step"] == "reconcile" and e["phase"] == "intent")
+        last = max(i for i, e in enumerate(journal) if e["step"] == "settle" and e["phase"] == "intent")
         t = {}
         for e in journal[last:]:
             key = (e["step"], e["replica"])

@@ -86,7 +86,7 @@ def main() -> None:
                 recover = _ts(st.recovered_at) - t_kill
                 new = ledger.active()
                 assert new is not None and new.id != active.id
-                stages = {s.name: s.elapsed_s or 0.0 for s in new.stages}
+                stages = {s.name: s.elapsed_s or 0.0 for s in new.steps}
                 rows.append({"detect": detect, "recover": recover, "boot": stages.get("boot", 0.0),
                              "warmup": stages.get("warm-up", 0.0), "verify": stages.get("verify", 0.0),
                              "up": new.elapsed_s or 0.0})

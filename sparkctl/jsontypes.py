@@ -11,4 +11,11 @@ from typing import Any, TypeAlias
 
 JSONObject: TypeAlias = dict[str, Any]
 
-__all__ = ["JSONObject"]
+
+def renamed_keys(data: JSONObject, renamed: dict[str, str]) -> JSONObject:
+    """`data` with each key of `renamed` (old name -> new name) under its new name: how a record or a handle that
+    an older sparkctl wrote reads after a rename. An old key beside its new one is dropped (the new one wins)."""
+    return {renamed.get(k, k): v for k, v in data.items() if not (k in renamed and renamed[k] in data)}
+
+
+__all__ = ["JSONObject", "renamed_keys"]

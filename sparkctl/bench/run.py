@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from sparkctl.config.profile import Profile
     from sparkctl.deploy.commands import Deployer
     from sparkctl.deploy.progress import Reporter
+    from sparkctl.deploy.results import ReplicatedUpResult, UpResult
 
 __all__ = ["GATES", "BenchOptions", "parse_gates", "arm_from_endpoint", "bench", "bench_deployment",
            "bench_endpoint", "bench_log", "bench_replicated", "refuse_compare", "write_report", "SCHEMA"]
@@ -254,12 +255,14 @@ def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile:
     it stays deployed afterwards, as after ``sparkctl up``.
     """
     from sparkctl.deploy import door
-    from sparkctl.deploy.steps import ARM_KIND
+    from sparkctl.deploy.results import UpResult
+    from sparkctl.deploy.steps import ARM_COMMAND
 
     if primary_profile is not None:
         progress(f"making sure {primary_profile.name} is deployed")
         up = _deploy(deployer, primary_profile)
-        progress(f"{primary_profile.name}: {up.get('outcome')}" + (f" ({up['reason']})" if up.get("reason") else ""))
+        reason = up.reason if isinstance(up, UpResult) else None
+        progress(f"{primary_profile.name}: {up.outcome}" + (f" ({reason})" if reason else ""))
     original = deployer.ledger.active()
     if original is None:
         raise SparkctlError("no active deployment to measure", where=str(deployer.ledger.root),
@@ -282,9 +285,10 @@ def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile:
     elif compare_profile is not None:
         def deploy_other() -> Arm:
             progress(f"deploying {compare_profile.name} for the comparison arm (the original is restored after)")
-            up = door.up(deployer, compare_profile, door.UpRequest(kind=ARM_KIND), confirm=door.proceed)
-            result.compare_deployment = {k: up.get(k) for k in ("deployment", "outcome", "endpoint")}
-            return arm_from_record(deployer, deployer.ledger.load(up["deployment"]), log_path=compare_log_path,
+            up = door.up(deployer, compare_profile, door.UpRequest(command=ARM_COMMAND), confirm=door.proceed)
+            assert isinstance(up, UpResult)          # an arm is one group (door.up refuses replicas in one)
+            result.compare_deployment = {"deployment": up.deployment, "outcome": up.outcome, "endpoint": up.endpoint}
+            return arm_from_record(deployer, deployer.ledger.load(str(up.deployment)), log_path=compare_log_path,
                                    timeout_s=limits)
         makers.append(deploy_other)
 
@@ -365,7 +369,7 @@ def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None
         refuse_compare(compare, compare_endpoint, (log, compare_log))
         if profile is not None:
             progress(f"making sure {profile.name} is deployed ({profile.replicas} replicas behind the router)")
-            progress(f"{profile.name}: {_deploy(deployer, profile).get('outcome')}")
+            progress(f"{profile.name}: {_deploy(deployer, profile).outcome}")
         return bench_replicated(inventory, opts, progress=progress, limits=limits, run_s=run_s)
     if log_only or (log and not endpoint and not profile and not compare and ledger.active() is None):
         if not log:
@@ -382,7 +386,7 @@ def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None
                             compare_api_key=api_key, progress=progress, limits=limits, run_s=run_s)
 
 
-def _deploy(deployer: Deployer, profile: Profile) -> Any:
+def _deploy(deployer: Deployer, profile: Profile) -> UpResult | ReplicatedUpResult:
     """`bench --profile P`: P deployed through deploy's door, as `sparkctl up` would (a no-op when it runs
     healthy; a replicated profile behind its router; one group after the router and replicas went down)."""
     from sparkctl.deploy import door

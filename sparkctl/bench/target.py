@@ -213,7 +213,7 @@ class Arm:
                 return found
         argv = None
         if self.record is not None and self.record.specs:
-            argv = next((s.get("argv") for s in self.record.specs if s.get("rank") == 0), None)
+            argv = next((s.argv for s in self.record.specs if s.rank == 0), None)
         if argv is None and isinstance(self.server_info.get("launch_command"), str):
             argv = self.server_info["launch_command"].split()
         argv = list(argv or [])
@@ -259,9 +259,9 @@ class Arm:
             "max_running_requests": dict(zip(("value", "source"), self.max_running_requests)),
             "deployment": rec.id if rec else None, "profile": rec.profile if rec else None,
             "profile_data": rec.profile_data if rec else None, "identity": rec.identity if rec else None,
-            "images": sorted({s.get("image") for s in specs if s.get("image")}) or None,
-            "argv_per_rank": {str(s.get("rank")): s.get("argv") for s in specs} or None,   # redacted in the ledger
-            "env_per_rank": {str(s.get("rank")): s.get("env") for s in specs} or None,
+            "images": sorted({s.image for s in specs if s.image}) or None,
+            "argv_per_rank": {str(s.rank): s.argv for s in specs} or None,   # redacted in the ledger
+            "env_per_rank": {str(s.rank): s.env for s in specs} or None,
             "capacity": rec.capacity if rec else None,
             "warmup_at_boot": rec.warmup if rec else None,
             "server_info": describe_server(self.server_info) if self.server_info else None,

@@ -189,7 +189,7 @@ def register(app: typer.Typer) -> None:
 
         d = _deployer(inventory, quiet=as_json)
         checks = d.preflight(load_profile(profile))
-        _emit({"ok": True, "checks": [c.as_dict() for c in checks]}, as_json,
+        _emit({"ok": True, "checks": [c.model_dump(mode="json") for c in checks]}, as_json,
               lambda r: print(f"preflight passed: {len(r['checks'])} checks on "
                               f"{len({c['node'] for c in r['checks']})} nodes"))
 

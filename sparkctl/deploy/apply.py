@@ -4,7 +4,7 @@ Each step is typed (`deploy.plan`) and carries its inputs; `RUNNERS` maps its cl
 that does it, over the `Run` the steps share (the record, its journal, the runtimes, what started). Nothing here
 re-reads the ledger to decide: the prior deployment is the one the plan observed.
 
-Each step is recorded in the deployment's record before its effect (a `stages` entry and a journal `intent`
+Each step is recorded in the deployment's record before its effect (a `steps` entry and a journal `intent`
 saying what and where) and after it (`ok` or `failed`); `deploy.steps.boundary` marks both sides. A failure
 after the old deployment was stopped stops the new engines and restores the old one. When the state directory
 itself fails mid-way (full, read-only), the same undo runs without the disk: the journal tail is in memory and
@@ -59,8 +59,8 @@ from sparkctl.state.records import (
     Intent,
     JournalEntry,
     NodeImages,
-    StageEntry,
     Status,
+    StepEntry,
     Warmup,
 )
 
@@ -103,8 +103,8 @@ def own_ports(active: DeploymentRecord | None) -> set[tuple[str, int]]:
         return set()
     out: set[tuple[str, int]] = set()
     for s in active.specs:
-        spec = LaunchSpec(rank=s["rank"], node=s["node"], argv=s["argv"], env=s["env"],
-                          sglang_version=s["sglang_version"])
+        spec = LaunchSpec(rank=s.rank, node=s.node, argv=s.argv, env=s.env,
+                          sglang_version=s.sglang_version or "")
         out.update((a, p) for a, p, _ in ports_of(spec))
     return out
 
@@ -140,10 +140,10 @@ def verify(c: Cluster, profile: Profile, result: RenderResult, booted: BootResul
     return gates
 
 
-def new_record(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, kind: str) -> DeploymentRecord:
+def new_record(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, command: str) -> DeploymentRecord:
     """The new deployment's record, from the plan (its prior and known-good deployments as observed then)."""
     return DeploymentRecord(
-        id=plan.deployment_id, kind=kind, profile=profile.name,
+        id=plan.deployment_id, command=command, profile=profile.name,
         profile_data=profile.model_dump(mode="json"), inventory=c.inventory.path,
         cluster=c.name, emulated=c.inventory.emulated,
         identity=plan.identity, sglang_version=profile.image.sglang_version,
@@ -151,7 +151,7 @@ def new_record(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, k
         previous=plan.active_id, previous_known_good=plan.prior_known_good,
         endpoint=c.endpoint(result.specs[0]),
         speculative_algorithm=profile.speculative.algorithm if profile.speculative else None,
-        controller=this_controller(kind, now_iso()),
+        controller=this_controller(command, now_iso()),
     )
 
 
@@ -275,7 +275,7 @@ def run_verify(run: Run, step: Verify) -> None:
 
 def run_hand_off(run: Run, step: HandOff) -> None:
     # One write makes it the active deployment (Ledger.active_id derives it from this record's status);
-    # marking the old one superseded comes after, and a later reconcile finishes it if we die between.
+    # marking the old one superseded comes after, and a later command's settle step finishes it if we die between.
     c, record, prior = run.c, run.record, step.prior
     record.status, record.finished = Status.SUCCESSFUL, now_iso()
     record.elapsed_s, record.handed_off = run.total.elapsed(), now_iso()
@@ -285,7 +285,7 @@ def run_hand_off(run: Run, step: HandOff) -> None:
         if prior and prior.id != record.id:
             mark_superseded(c, prior, record.id)
         c.ledger.sync_index()
-    except (LedgerError, OSError) as exc:   # the next command's reconcile finishes it (finish_hand_off)
+    except (LedgerError, OSError) as exc:   # the next command's settle step finishes it (finish_hand_off)
         c.reporter.event(f"note: could not mark {prior.id if prior else '-'} superseded yet ({exc}); "
                          f"the next command finishes it")
     c.reporter.event(f"{record.endpoint} serves {run.profile.model.served_name} ({run.profile.name}, "
@@ -299,12 +299,12 @@ RUNNERS: dict[type[Step], Callable[[Run, Any], None]] = {
 
 
 def run_step(run: Run, step: Step, command: str) -> None:
-    """One step: its stage and journal intent on disk first, then the screen, the boundary, the effect, the
+    """One step: its entry and journal intent on disk first, then the screen, the boundary, the effect, the
     outcome (ok, noop or failed) on disk, the boundary after."""
     record, j = run.record, run.journal
     sw = Stopwatch()
-    entry = StageEntry(name=step.name, started=now_iso())
-    record.stages.append(entry)
+    entry = StepEntry(name=step.name, started=now_iso())
+    record.steps.append(entry)
     j.entry(step.name, "intent", step.what, run.nodes)
     j.save()                      # the ledger first, then the screen: what was said is on disk
     if j.disk_error is not None:
@@ -328,17 +328,17 @@ def run_step(run: Run, step: Step, command: str) -> None:
     boundary(command, step.name, "after")
 
 
-def _failed_stage(record: DeploymentRecord) -> str:
-    return next((s.name for s in reversed(record.stages) if s.status != "ok"),
-                f"after {record.stages[-1].name}" if record.stages else "unknown")   # a write after a step's end
+def _failed_step(record: DeploymentRecord) -> str:
+    return next((s.name for s in reversed(record.steps) if s.status != "ok"),
+                f"after {record.steps[-1].name}" if record.steps else "unknown")   # a write after a step's end
 
 
-def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kind: str, command: str,
+def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, command: str, contract: str,
           no_rollback: bool = False, boot_timeout_s: float | None = None) -> Applied:
     """Run exactly `plan.steps`, in order, each journaled (`run_step`); on failure stop what started and restore
     the prior deployment the plan names. Raises what failed (amended with what was restored); a state-directory
     failure as LedgerError (exit 6)."""
-    record = new_record(c, profile, result, plan, kind)
+    record = new_record(c, profile, result, plan, command)
     j = Journal(c, record)
     prior = plan.prior
     c.ledger.save(record)      # the first write: a full disk here stops the command before any effect
@@ -346,12 +346,12 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
               boot_timeout_s=boot_timeout_s or profile.lifecycle.boot_timeout_s)
     try:
         for step in plan.steps:
-            run_step(run, step, command)
+            run_step(run, step, contract)
         rank0 = next((w for w in run.booted.watches if w.spec.rank == 0), None) if run.booted else None
         return Applied(record, rank0.cap_line if rank0 else None)
     except (PreflightError, ImageError) as exc:   # preflight or image steps: nothing was changed yet
         record.status, record.finished, record.elapsed_s = Status.FAILED, now_iso(), run.total.elapsed()
-        record.failure = Failure(stage=_failed_stage(record), message=exc.render())
+        record.failure = Failure(step=_failed_step(record), message=exc.render())
         if isinstance(exc, PreflightError) and exc.checks:
             record.preflight = list(exc.checks)
         j.save()
@@ -359,12 +359,12 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
     except (Exception, KeyboardInterrupt) as exc:
         interrupted = isinstance(exc, KeyboardInterrupt)
         disk = j.disk_error if j.disk_error is not None else (exc if isinstance(exc, LedgerError) else None)
-        stage_name = _failed_stage(record)
+        step_name = _failed_step(record)
         message = f"interrupted ({interrupt_name(exc)})" if interrupted else (
             exc.render() if isinstance(exc, SparkctlError) else f"internal error: {type(exc).__name__}: {exc}")
         record.status = Status.CANCELED if interrupted else Status.FAILED
         record.finished, record.elapsed_s = now_iso(), run.total.elapsed()
-        record.failure = Failure(stage=stage_name, message=message, node=getattr(exc, "node", None))
+        record.failure = Failure(step=step_name, message=message, node=getattr(exc, "node", None))
         record.handles = record.handles or [h for _, h in run.started]
         j.save()
         if no_rollback and not interrupted and disk is None:
@@ -372,15 +372,15 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
             record.rollback = "skipped (--no-rollback)"
             j.save()
             raise
-        boundary(command, STOP_NEW, "before")
+        boundary(contract, STOP_NEW, "before")
         stop_started(c, run.started)
-        boundary(command, STOP_NEW, "after")
+        boundary(contract, STOP_NEW, "after")
         record.rollback = "new engines stopped"
         try:
             if run.stopped_prior and prior:
                 record.restoring = prior.id     # a SIGKILL from here on: the next command settles it
                 j.save()
-                outcome = restore(c, prior, record, command=command, save=disk is None and j.disk_error is None)
+                outcome = restore(c, prior, record, command=contract, save=disk is None and j.disk_error is None)
                 record.restored, record.restore_error = outcome.restored, outcome.error
                 record.restoring = None
         finally:
@@ -395,7 +395,7 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, kin
         else:
             said = "; nothing to restore (no previous deployment)" if not prior else ""
         if disk is not None:
-            raise disk.amended(message=f"{disk.message} (during {stage_name}: the new engines were stopped"
+            raise disk.amended(message=f"{disk.message} (during {step_name}: the new engines were stopped"
                                        f"{said})") from exc
         if interrupted or not isinstance(exc, SparkctlError):
             raise   # Ctrl-C, or a bug in sparkctl: its traceback goes to the CLI's debug log

@@ -1,6 +1,6 @@
 """The bottom of `deploy/`: one cluster's context (inventory, ledger, runtimes, API client, reporter).
 
-It knows no command: observe, reconcile, plan, apply and the commands above it take a `Cluster` and never
+It knows no command: observe, settle, plan, apply and the commands above it take a `Cluster` and never
 call back up. Example::
 
     Cluster(resolve_inventory(None), Reporter()).health_of(record)
@@ -19,10 +19,10 @@ from sparkctl.deploy.runtimes import Runtimes, embedded_notice
 from sparkctl.errors import LedgerError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
-from sparkctl.sglang.launch import LaunchSpec
+from sparkctl.sglang.launch import LaunchSpec, RankSpec
 from sparkctl.sglang.render import RenderResult, render
 from sparkctl.state.ledger import Ledger
-from sparkctl.state.records import DeploymentRecord, RankSpec
+from sparkctl.state.records import DeploymentRecord
 from sparkctl.statefiles import check_room  # the threshold lives with the writes it protects
 
 # Room a rank log needs to keep growing through a boot: twice the largest boot log measured (real SGLang rank logs
@@ -97,7 +97,7 @@ class Cluster:
                     healthy = False
             healthy &= live.alive
             ranks.append(entry)
-        if not ranks or {r.rank for r in ranks} != {int(s["rank"]) for s in record.specs}:
+        if not ranks or {r.rank for r in ranks} != {s.rank for s in record.specs}:
             healthy = False          # a rank without a recorded engine does not serve
         detail = "; ".join(f"rank {r.rank} {r.state}" + (f", /health {r.health}" if r.rank == 0 else "")
                            for r in ranks) or "no ranks recorded"

@@ -3,8 +3,8 @@ them through `deploy.door`, which decides between this and the replicated deploy
 watcher still call `Deployer` directly).
 
 Every command that changes the cluster takes the lock, checks the state directory has room, observes and
-settles what a dead controller left (reconcile), and only then plans from what it observed: a no-op
-("unchanged") is decided after reconcile, from health measured then, and the plan's deployment id is the one
+settles what a dead controller left (settle), and only then plans from what it observed: a no-op
+("unchanged") is decided after settling, from health measured then, and the plan's deployment id is the one
 `apply` creates. Results are typed (`deploy.results`). Example::
 
     Deployer(resolve_inventory(None), Reporter()).up(load_profile("d5"), UpOptions())
@@ -23,21 +23,21 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.image_stage import survey
 from sparkctl.deploy.plan import Plan, make_plan
 from sparkctl.deploy.progress import Reporter
-from sparkctl.deploy.reconcile import Reconciled, reconcile
 from sparkctl.deploy.repair import RepairPlan, apply_repair, plan_repair
 from sparkctl.deploy.results import Concurrency, DownResult, PlanView, StatusResult, UpResult
 from sparkctl.deploy.rollback import no_target_error, rollback_target
 from sparkctl.deploy.runtimes import Runtimes
+from sparkctl.deploy.settle import Settled, settle
 from sparkctl.deploy.status import down as down_cmd
 from sparkctl.deploy.status import status as status_cmd
 from sparkctl.deploy.steps import (
-    ARM_KIND,
+    ARM_COMMAND,
     COMPARE_ARM,
     COMPARE_COMMAND,
     COMPARE_RESTORE,
-    RECONCILE,
-    RESTORE_KIND,
-    TRANSACTION_KINDS,
+    RESTORE_COMMAND,
+    SETTLE,
+    TRANSACTION_COMMANDS,
     boundary,
 )
 from sparkctl.errors import CancelledError, ConfigError, SparkctlError
@@ -58,8 +58,8 @@ class UpOptions:
     base_of: str | None = None     # rollback: the engine tag the target ran; its base is planned on (image_stage)
 
 
-def _command_of(kind: str) -> str:
-    return kind if kind in ("up", "rollback") else "up"
+def _contract_of(command: str) -> str:
+    return command if command in ("up", "rollback") else "up"
 
 
 class Deployer:
@@ -115,11 +115,11 @@ class Deployer:
         return run_checks(c, result, c.runtimes("preflight"), own_ports(c.ledger.active()))
 
     # -- up / rollback -----------------------------------------------------------------------------------------
-    def up(self, profile: Profile, opts: UpOptions, *, kind: str = "up") -> UpResult:
+    def up(self, profile: Profile, opts: UpOptions, *, command: str = "up") -> UpResult:
         """Deploy `profile` (module docstring for the order). Raises PreflightError (nothing changed),
         DeployError, LedgerError (exit 6: state directory full or damaged), LockHeldError, CancelledError."""
         c, r = self.cluster, self.cluster.reporter
-        command = _command_of(kind)
+        contract = _contract_of(command)      # whose step list and crash points (deploy/steps.py)
         r.stage("plan", f"profile {profile.name} on cluster {c.name}"
                         + (" (embedded, emulated engine)" if c.inventory.embedded else ""))
         base = dict(profile=profile.name, emulated=c.inventory.emulated, cluster=c.name)
@@ -128,34 +128,34 @@ class Deployer:
             self._say_plan(result, plan, commands=True)
             return UpResult(**base, changed=False, outcome="dry-run", plan=_view(plan),
                             reason=plan.noop_reason, endpoint=c.endpoint(result.specs[0]))
-        with c.ledger.lock(kind):
+        with c.ledger.lock(command):
             c.check_room()
-            boundary(command, RECONCILE, "before")
-            settled = reconcile(c, kind)
-            boundary(command, RECONCILE, "after")
-            if kind not in TRANSACTION_KINDS:
+            boundary(contract, SETTLE, "before")
+            settled = settle(c, command)
+            boundary(contract, SETTLE, "after")
+            if command not in TRANSACTION_COMMANDS:
                 self._settle_compare()
             result, plan = self.plan(profile, base_of=opts.base_of)   # from what runs now, health measured now
             self._say_plan(result, plan, commands=False)
             endpoint = c.endpoint(result.specs[0])
             if plan.noop:
-                if kind == RESTORE_KIND:
+                if command == RESTORE_COMMAND:
                     compare.end(c)
                 return UpResult(**base, changed=False, outcome="unchanged", reason=plan.noop_reason,
                                 plan=_view(plan), deployment=plan.active_id, endpoint=endpoint, reconciled=settled,
                                 next_commands=_next(endpoint))
             if opts.confirm is not None and not opts.confirm(plan):
                 raise CancelledError("cancelled at the confirmation prompt; nothing was changed")
-            if kind == ARM_KIND:
+            if command == ARM_COMMAND:
                 compare.begin(c, plan.deployment_id)
-            step = {ARM_KIND: COMPARE_ARM, RESTORE_KIND: COMPARE_RESTORE}.get(kind)
+            step = {ARM_COMMAND: COMPARE_ARM, RESTORE_COMMAND: COMPARE_RESTORE}.get(command)
             if step:
                 boundary(COMPARE_COMMAND, step, "before")
-            applied = apply(c, profile, result, plan, kind=kind, command=command, no_rollback=opts.no_rollback,
+            applied = apply(c, profile, result, plan, command=command, contract=contract, no_rollback=opts.no_rollback,
                             boot_timeout_s=opts.boot_timeout_s)
             if step:
                 boundary(COMPARE_COMMAND, step, "after")
-            if kind == RESTORE_KIND:
+            if command == RESTORE_COMMAND:
                 compare.end(c)
         rec = applied.record
         cap = _concurrency(rec, applied.cap_line)
@@ -164,7 +164,7 @@ class Deployer:
                     f"{cap.reason} (raise it with {cap.setting})")
         return UpResult(**{**base, "emulated": rec.emulated}, changed=True, outcome="deployed", plan=_view(plan),
                         deployment=rec.id, endpoint=rec.endpoint, capacity=rec.capacity, concurrency=cap,
-                        gates=rec.gates, stages=[s.model_dump(mode="json") for s in rec.stages], warmup=rec.warmup,
+                        gates=rec.gates, stages=[s.model_dump(mode="json") for s in rec.steps], warmup=rec.warmup,
                         elapsed_s=rec.elapsed_s, reconciled=settled, next_commands=_next(rec.endpoint))
 
     def _say_plan(self, result: RenderResult, plan: Plan, *, commands: bool) -> None:
@@ -195,7 +195,7 @@ class Deployer:
             if target is not None:
                 self.reporter.stage("rollback", f"rolling back to {target.id} ({target.profile})")
                 to = Profile.model_validate(target.profile_data)
-                engine = {v.get("engine_tag") for v in target.images.values()} - {None}
+                engine = {v.engine_tag for v in target.images.values()} - {None}
                 if len(engine) == 1:       # the images it ran, even when its base tag names another image now
                     opts = replace(opts, base_of=engine.pop())
             else:
@@ -206,11 +206,11 @@ class Deployer:
                 self.reporter.stage("rollback", f"no earlier known-good deployment: going to {name}, the "
                                                 f"rollback_profile of {active.profile if active else '?'}")
                 to = load_profile(name)
-        return self.up(to, opts, kind="rollback")
+        return self.up(to, opts, command="rollback")
 
     # -- down / status / repair --------------------------------------------------------------------------------
-    def reconcile(self, command: str) -> Reconciled:
-        return reconcile(self.cluster, command)
+    def settle(self, command: str) -> Settled:
+        return settle(self.cluster, command)
 
     def down(self) -> DownResult:
         with self.ledger.lock("down"):

@@ -1,7 +1,7 @@
 """`bench --compare` as a transaction: before the comparison arm changes anything, `compare.json` in the state
 directory records what it will restore (the deployment active then) and who runs the comparison; the restore
 clears it. A controller killed in between leaves the marker: `status` says so (exit 8), and the next `up`,
-`rollback`, `down` or `bench` settles it. The arm (kind bench-compare) is never a rollback target
+`rollback`, `down` or `bench` settles it. The arm (command bench-compare) is never a rollback target
 (`Ledger.known_good(rollback=True)`), so a plain `rollback` goes to what ran before the comparison.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ endpoint, each replica's own `Deployer`) and how to restart it (`Deployed.restar
 A question to the user goes through `confirm(action, plan)`, which the caller provides (the CLI asks on a
 terminal; bench, tune and the watcher pass `proceed`); a "no" at a question asked before any plan is made raises
 `Declined` (nothing was changed). A comparison arm, tune trial or the restore after them is `up` with a
-transaction kind (`UpRequest.kind`); `restore` is the compare transaction's one restore. Example::
+transaction's command (`UpRequest.command`); `restore` is the compare transaction's one restore. Example::
 
     d = Deployer(resolve_inventory(None), Reporter())
     result = door.up(d, load_profile("d5"), UpRequest(), confirm=lambda action, plan: True)
@@ -41,7 +41,7 @@ from sparkctl.deploy.results import (
     StatusResult,
     UpResult,
 )
-from sparkctl.deploy.steps import RESTORE_KIND, TRANSACTION_KINDS
+from sparkctl.deploy.steps import RESTORE_COMMAND, TRANSACTION_COMMANDS
 from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.router.replicas import router_endpoint
@@ -60,7 +60,7 @@ class UpRequest:
     dry_run: bool = False
     no_rollback: bool = False
     boot_timeout_s: float | None = None
-    kind: str = "up"     # ARM_KIND: a comparison arm or tune trial; RESTORE_KIND: what ran before it, restored
+    command: str = "up"  # ARM_COMMAND: a comparison arm or tune trial; RESTORE_COMMAND: what ran before it, restored
 
 
 def proceed(action: str, plan: Plan | None) -> bool:
@@ -159,17 +159,17 @@ def _replicated(d: Deployer, profile: Profile, req: UpRequest,
 def up(d: Deployer, profile: Profile, req: UpRequest, *, confirm: Confirm) -> UpResult | ReplicatedUpResult:
     """Deploy `profile`: one group, or its replicas behind the router (module docstring for the choice).
 
-    A comparison arm or a tune trial (`req.kind` ARM_KIND) and the restore after it (RESTORE_KIND) are one group's
-    `up` inside the compare transaction (deploy/compare.py): one plan through `apply`, one ledger record, under
-    the cluster lock its caller holds. Replicas take no part in one: refused before anything changes."""
-    if req.kind in TRANSACTION_KINDS:
+    A comparison arm or a tune trial (`req.command` ARM_COMMAND) and the restore after it (RESTORE_COMMAND) are
+    one group's `up` inside the compare transaction (deploy/compare.py): one plan through `apply`, one ledger
+    record, under the cluster lock its caller holds. Replicas take no part in one: refused before anything changes."""
+    if req.command in TRANSACTION_COMMANDS:
         if profile.replicas > 1 or is_replicated(d.inventory):
             raise ConfigError(f"{profile.name}: a comparison or tune deploys one group at a time, and "
                               + (f"this profile has replicas: {profile.replicas}" if profile.replicas > 1
                                  else f"cluster {d.inventory.cluster.name} runs a replicated deployment"),
                               hint="a replicated deployment is measured alone, through its router: sparkctl bench")
         return d.up(profile, UpOptions(no_rollback=req.no_rollback, boot_timeout_s=req.boot_timeout_s,
-                                       confirm=_single_confirm(confirm, f"deploy {profile.name}")), kind=req.kind)
+                                       confirm=_single_confirm(confirm, f"deploy {profile.name}")), command=req.command)
     done = _replicated(d, profile, req, confirm)
     if done is not None:
         return done
@@ -199,7 +199,7 @@ def rollback(d: Deployer, to: Profile | None, req: UpRequest, *,
 
 def restore(d: Deployer, original: str | None, *, progress: Callable[[str], None], say: str) -> JSONObject:
     """The end of a compare transaction (bench --compare, tune): what ran before it (`original`, a deployment id)
-    deployed again through `up` (kind RESTORE_KIND: a no-op when it still runs healthy; clears the transaction's
+    deployed again through `up` (command RESTORE_COMMAND: a no-op when it still runs healthy; clears the transaction's
     record), or, when nothing ran before, `down`. `say` is the line announcing it. Never raises a SparkctlError:
     the result says how it went (`ok`, and `error` when it did not work)."""
     if original is None:
@@ -212,12 +212,13 @@ def restore(d: Deployer, original: str | None, *, progress: Callable[[str], None
     rec = d.ledger.load(original)
     progress(say.format(profile=rec.profile, id=original))
     try:
-        result = up(d, Profile.model_validate(rec.profile_data), UpRequest(kind=RESTORE_KIND), confirm=proceed)
+        result = up(d, Profile.model_validate(rec.profile_data), UpRequest(command=RESTORE_COMMAND), confirm=proceed)
     except SparkctlError as exc:
         progress(f"restore FAILED: {exc.message}")
         return {"ok": False, "profile": rec.profile, "error": exc.render()}
-    return {"ok": True, "profile": rec.profile, "outcome": str(result.get("outcome")),
-            "deployment": result.get("deployment"), "endpoint": result.get("endpoint")}
+    assert isinstance(result, UpResult)              # a restore is one group's up (above)
+    return {"ok": True, "profile": rec.profile, "outcome": str(result.outcome),
+            "deployment": result.deployment, "endpoint": result.endpoint}
 
 
 def down(d: Deployer, *, confirm: Confirm) -> DownResult | ReplicatedDownResult:

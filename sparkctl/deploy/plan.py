@@ -30,7 +30,7 @@ def launch_identity(result: RenderResult, launch_image: str | None = None) -> st
     """Content hash of what would run: every rank's redacted argv/env/image, and the launch image tag when the
     ranks run one (its tag hashes the engine image's inputs: a new base digest is a new identity).
     Same identity = same deployment."""
-    payload: list = [{k: v for k, v in s.redacted().items() if k in ("rank", "node", "argv", "env", "image")}
+    payload: list = [s.redacted().model_dump(mode="json", include={"rank", "node", "argv", "env", "image"})
                      for s in result.specs]
     if launch_image:
         payload.append({"launch_image": launch_image})

@@ -181,14 +181,14 @@ def _rebuild(d: Cluster, dep_id: str, engines: list[Engine]) -> DeploymentRecord
         return f"profile {m.group('profile')!r}: {exc.message}"
     spec0 = result.specs[0]
     return DeploymentRecord(
-        id=dep_id, kind="repair", profile=profile.name, profile_data=profile.model_dump(mode="json"),
+        id=dep_id, command="repair", profile=profile.name, profile_data=profile.model_dump(mode="json"),
         inventory=d.inventory.path, cluster=d.inventory.cluster.name, emulated=d.inventory.emulated,
         identity=launch_identity(result), sglang_version=profile.image.sglang_version,
         specs=[s.redacted() for s in result.specs], created=now_iso(), status=Status.RECOVERED,
         handles=[e.handle for e in sorted(engines, key=lambda e: -e.handle.rank)],
         endpoint=f"http://{spec0.api_host}:{spec0.api_port}",
         speculative_algorithm=profile.speculative.algorithm if profile.speculative else None,
-        reconciled=f"rebuilt by `sparkctl repair` at {now_iso()} from its running engines")
+        settled=f"rebuilt by `sparkctl repair` at {now_iso()} from its running engines")
 
 
 def plan_repair(d: Cluster) -> RepairPlan:

@@ -7,7 +7,7 @@ another cluster's), deployed by the ordinary `up`: its steps, its gates, its res
 lifecycle's
 crash boundaries (`deploy.steps.REPLICATED_STEPS`):
 
-    reconcile       the parent's single-group deployment, if one is active, goes down first
+    settle          the parent's single-group deployment, if one is active, goes down first
     router-start    the router on rank 0's node (a local process on the embedded cluster, a container from the
                     engine image on Sparks), unless it runs; started just before the first replica-attach (on a
                     first `up` rank 0 has the engine image only after a replica's image stage), or after the
@@ -53,12 +53,12 @@ from sparkctl.deploy.results import (
 )
 from sparkctl.deploy.steps import (
     HAND_OFF,
-    RECONCILE,
     REPLICA_ATTACH,
     REPLICA_DETACH,
     REPLICA_UP,
     ROUTER_GATES,
     ROUTER_START,
+    SETTLE,
     boundary,
 )
 from sparkctl.deploy.steps import REPLICATED_COMMAND as COMMAND
@@ -312,7 +312,7 @@ class ReplicatedDeployer:
             def settle_parent() -> None:
                 if parent.ledger.active() is not None:      # a single-group deployment on these nodes
                     self.reporter.event("the cluster runs a single-group deployment: it goes down first")
-            self._step(rec, RECONCILE, "settle what runs on the cluster's nodes", settle_parent)
+            self._step(rec, SETTLE, "settle what runs on the cluster's nodes", settle_parent)
         if parent.ledger.active() is not None:
             parent.down()          # its own lock and steps
         with self.ledger.lock(COMMAND):
@@ -562,7 +562,7 @@ class ReplicatedDeployer:
                 rec.journal("stop-router", "ok", "router stopped")
             for rep in rec.data.get("replicas", []):
                 res = Deployer(_named(self.inventory, rep["cluster"], rep["nodes"]), self.reporter).down()
-                if res.get("changed"):
+                if res.changed:
                     stopped.append(f"replica {rep['index']}")
             if rec.data:
                 rec.data["status"] = "down"

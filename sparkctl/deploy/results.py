@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sparkctl.deploy.cluster import RankHealth
-from sparkctl.deploy.reconcile import Reconciled
+from sparkctl.deploy.settle import Settled
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.records import Capacity, GateResult, NodeImages, Warmup
 from sparkctl.state.watchfile import WatchState, watcher_view
@@ -15,13 +15,6 @@ from sparkctl.state.watchfile import WatchState, watcher_view
 
 class _Result(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-    # Read like the dicts of before (`result["deployment"]`, `result.get("outcome")`) by callers not yet typed.
-    def __getitem__(self, key: str) -> Any:
-        return getattr(self, key)
-
-    def get(self, key: str, default: object = None) -> Any:
-        return getattr(self, key, default)
 
     def as_json(self) -> JSONObject:
         return self.model_dump(mode="json")
@@ -52,7 +45,7 @@ class Concurrency(BaseModel):
 
 
 class UpResult(_Result):
-    """`up` / `rollback`: deployed, unchanged (a no-op decided after reconcile) or dry-run."""
+    """`up` / `rollback`: deployed, unchanged (a no-op decided after settling) or dry-run."""
 
     outcome: Literal["deployed", "unchanged", "dry-run"]
     changed: bool
@@ -69,7 +62,7 @@ class UpResult(_Result):
     stages: list[JSONObject] | None = None
     warmup: Warmup | None = None
     elapsed_s: float | None = None
-    reconciled: Reconciled | None = None
+    reconciled: Settled | None = None
     next_commands: list[str] = Field(default_factory=list)
 
 

@@ -24,7 +24,7 @@ from sparkctl.state.records import DeploymentRecord, RestoreEntry, Status
 
 def recorded_launch(record: DeploymentRecord) -> LaunchImage | None:
     """The launch image a deployment's ranks ran (recorded by its image-verify step), or None."""
-    tags = {v.get("launch_tag") for v in record.images.values()} - {None}
+    tags = {v.launch_tag for v in record.images.values()} - {None}
     if not tags or record.launch_doc is None:
         return None
     return LaunchImage(str(tags.pop()), record.launch_doc)
@@ -41,7 +41,7 @@ def restore(c: Cluster, previous: DeploymentRecord, failed: DeploymentRecord, *,
     """Bring a stopped known deployment back: restart its ranks, wait ready, verify.
 
     `save=False` (the state directory failed mid-way): the engines come back without a single write; the
-    record says what it said before, and the next command's reconcile adopts the serving engines. A write that
+    record says what it said before, and the next command's settle step adopts the serving engines. A write that
     fails during the restore (the disk filling now) turns `save` off for the rest: the restore goes on."""
     c.reporter.stage("rollback", f"restoring {previous.id} ({previous.profile})")
     started: list[tuple[Runtime, Handle]] = []

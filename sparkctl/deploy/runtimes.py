@@ -38,7 +38,7 @@ class Runtimes:
         """Docker ranks run this launch image (entrypoint + launch document) instead of the engine image + argv."""
         self.launch = launch
         for rt in self._cache.values():
-            if rt.kind == "docker":
+            if rt.runtime == "docker":
                 rt.launch_image = launch  # type: ignore[attr-defined]
 
     def for_node(self, node: Node | str) -> Runtime:

@@ -1,7 +1,7 @@
 """`down` and `status`: stop everything sparkctl started on the cluster; tell the truth about what runs.
 
 Both read the nodes, not only the ledger: `down` stops the engines it finds (deploy/observe.py) after
-settling what a dead controller left (deploy/reconcile.py); `status` names an `up` in progress (the lock
+settling what a dead controller left (deploy/settle.py); `status` names an `up` in progress (the lock
 holder), any deployment whose controller died, and a comparison that did not finish.
 """
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import stop_engines, sweep_secrets
 from sparkctl.deploy.observe import observe, stop_engine, unrecorded
-from sparkctl.deploy.reconcile import controller_text, interrupted, reconcile, stage_of
 from sparkctl.deploy.results import DownResult, InProgress, InterruptedView, StatusResult, watcher_of
-from sparkctl.deploy.steps import RECONCILE, boundary
+from sparkctl.deploy.settle import controller_text, interrupted, settle, step_of
+from sparkctl.deploy.steps import SETTLE, boundary
 from sparkctl.state.controller import live_lock_holder
 from sparkctl.state.ledger import now_iso
 from sparkctl.state.records import Status
@@ -21,9 +21,9 @@ def down(c: Cluster, *, unfinished_compare: str | None = None) -> DownResult:
     """Under the lock: stop the active deployment on every node (containers removed, logs kept), then every
     other engine sparkctl started on the cluster (docker: by label; process runtime: by its rank log, pid and
     start time); `engines` lists each one stopped. A no-op when nothing runs."""
-    boundary("down", RECONCILE, "before")
-    settled = reconcile(c, "down")
-    boundary("down", RECONCILE, "after")
+    boundary("down", SETTLE, "before")
+    settled = settle(c, "down")
+    boundary("down", SETTLE, "after")
     engines: list[str] = list(settled.stopped)
     active = c.ledger.active()
     boundary("down", "stop-active", "before")
@@ -73,13 +73,13 @@ def status(c: Cluster, *, unfinished_compare: str | None = None) -> StatusResult
         if newest is not None and newest.status == Status.RUNNING and newest.controller \
                 and newest.controller.pid == holder.get("pid"):
             in_progress.deployment, in_progress.profile, in_progress.stage = newest.id, newest.profile, \
-                stage_of(newest)
+                step_of(newest)
     dead = interrupted(c.ledger, locked=False)
     views: list[InterruptedView] = []
     running = [e for e in observe(c, []) if e.running]     # the records and what runs, read together
     unrecorded(c, running)
     if dead:
-        views = [InterruptedView(deployment=r.id, profile=r.profile, stage=stage_of(r), detail=controller_text(r),
+        views = [InterruptedView(deployment=r.id, profile=r.profile, stage=step_of(r), detail=controller_text(r),
                                  controller_pid=r.controller.pid if r.controller else None,
                                  ranks_alive=sorted({e.handle.rank for e in running
                                                      if e.deployment in (r.id, r.restoring)}))
@@ -101,8 +101,8 @@ def status(c: Cluster, *, unfinished_compare: str | None = None) -> StatusResult
         ok=healthy and not dead and not unfinished_compare, ranks=ranks, endpoint=active.endpoint,
         speculative_algorithm=active.speculative_algorithm, identity=active.identity,
         sglang_version=active.sglang_version,
-        images=sorted({v.get("launch_tag") or v.get("engine_tag", "") for v in active.images.values()}
-                      or {s.get("image") for s in active.specs if s.get("image")}),
+        images=sorted({v.launch_tag or v.engine_tag or "" for v in active.images.values()}
+                      or {s.image for s in active.specs if s.image}),
         image_ids=active.image_ids, images_per_node=active.images,
         since=active.handed_off or active.restored_at or active.created, capacity=active.capacity,
         detail=detail)

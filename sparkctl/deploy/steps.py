@@ -25,7 +25,7 @@ CRASH_ENV = "SPARKCTL_CRASH_AT"
 # The step names, each once. `deploy.plan` makes one typed step class per name of `up` (its `name`), `deploy.apply`
 # dispatches on those classes, `deploy.rollback` marks the restore's boundaries with these, the crash matrix
 # enumerates them (`crash_points`), and the ledger's stages and journal lines carry them.
-RECONCILE = "reconcile"
+SETTLE = "settle"
 PREFLIGHT = "preflight"
 IMAGE_BUILD, IMAGE_DISTRIBUTE, IMAGE_VERIFY = "image-build", "image-distribute", "image-verify"
 STOP_OLD = "stop-old"
@@ -40,19 +40,19 @@ IMAGE_STEPS = (IMAGE_BUILD, IMAGE_DISTRIBUTE, IMAGE_VERIFY)
 
 # `up` (and `rollback`, which is an `up` of the target profile): in this order; stop-old only when something
 # is active. A failure after stop-old runs the restore steps.
-UP_STEPS = (RECONCILE, PREFLIGHT, *IMAGE_STEPS, STOP_OLD, BOOT, WARM_UP, VERIFY, HAND_OFF)
+UP_STEPS = (SETTLE, PREFLIGHT, *IMAGE_STEPS, STOP_OLD, BOOT, WARM_UP, VERIFY, HAND_OFF)
 RESTORE_STEPS = (STOP_NEW, RESTORE_BOOT, RESTORE_VERIFY, RESTORE_HAND_OFF)
-DOWN_STEPS = (RECONCILE, "stop-active", "stop-rest")
+DOWN_STEPS = (SETTLE, "stop-active", "stop-rest")
 REPAIR_STEPS = ("move-aside", "rebuild", "index")
 # The compare transaction (`bench --compare`, and each tune trial and A/B leg): record what it will restore, deploy
-# the arm (its own `up` steps, one plan through `apply`, its deployment kind ARM_KIND), measure, restore what ran
-# before (an `up` of kind RESTORE_KIND, or `down` when nothing did), clear the record.
+# the arm (its own `up` steps, one plan through `apply`, the deployment's command ARM_COMMAND), measure, restore
+# what ran before (an `up` with command RESTORE_COMMAND, or `down` when nothing did), clear the record.
 COMPARE_COMMAND = "bench-compare"
 COMPARE_BEGIN, COMPARE_ARM, COMPARE_RESTORE, COMPARE_END = (
     "compare-begin", "compare-arm", "compare-restore", "compare-end")
 COMPARE_STEPS = (COMPARE_BEGIN, COMPARE_ARM, COMPARE_RESTORE, COMPARE_END)
-ARM_KIND, RESTORE_KIND = COMPARE_COMMAND, "bench-restore"      # ledger kinds of the arm and of the restore
-TRANSACTION_KINDS = (ARM_KIND, RESTORE_KIND)
+ARM_COMMAND, RESTORE_COMMAND = COMPARE_COMMAND, "bench-restore"   # the records' commands: the arm, the restore
+TRANSACTION_COMMANDS = (ARM_COMMAND, RESTORE_COMMAND)
 
 COMMANDS: dict[str, tuple[str, ...]] = {
     "up": UP_STEPS + RESTORE_STEPS,
@@ -108,7 +108,7 @@ def boundary(command: str, step: str, when: str, index: int | None = None) -> No
 REPLICATED_COMMAND = "up-replicated"
 ROUTER_START, REPLICA_DETACH, REPLICA_UP, REPLICA_ATTACH, ROUTER_GATES = (
     "router-start", "replica-detach", "replica-up", "replica-attach", "router-gates")
-REPLICATED_STEPS = (RECONCILE, ROUTER_START, REPLICA_DETACH, REPLICA_UP, REPLICA_ATTACH, ROUTER_GATES, HAND_OFF)
+REPLICATED_STEPS = (SETTLE, ROUTER_START, REPLICA_DETACH, REPLICA_UP, REPLICA_ATTACH, ROUTER_GATES, HAND_OFF)
 
 
 def replicated_crash_points() -> Iterator[tuple[str, str, str]]:

@@ -77,11 +77,11 @@ def bundle_data(report: DoctorReport, got: Collected, rec: DeploymentRecord | No
     }
     if rec is not None:
         data["deployment"] = {
-            "id": rec.id, "kind": rec.kind, "profile": rec.profile, "cluster": rec.cluster, "emulated": rec.emulated,
+            "id": rec.id, "kind": rec.command, "profile": rec.profile, "cluster": rec.cluster, "emulated": rec.emulated,
             "status": rec.status.value, "created": rec.created, "finished": rec.finished,
             "failure": rec.failure.model_dump(mode="json") if rec.failure else None, "rollback": rec.rollback,
             "restored": rec.restored, "restore_error": rec.restore_error,
-            "stages": [s.model_dump(mode="json") for s in rec.stages],
+            "stages": [s.model_dump(mode="json") for s in rec.steps],
             "gates": [g.model_dump(mode="json") for g in rec.gates],
             "capacity": rec.capacity.model_dump(mode="json") if rec.capacity else None,
             "identity": rec.identity, "endpoint": rec.endpoint}

@@ -185,7 +185,7 @@ def collect_deployment(rec: DeploymentRecord, ledger: Ledger, runtimes: Runtimes
     if kernel_log:
         _kernel_logs(rec, runtimes, got)
     failure = "\n".join(filter(None, [rec.failure.message if rec.failure else None]
-                               + [s.error for s in rec.stages if s.error]))
+                               + [s.error for s in rec.steps if s.error]))
     if failure:
         got.add("failure record", failure, secondary=True)
     if rec.journal:
@@ -240,7 +240,7 @@ def report_of(got: Collected, rec: DeploymentRecord | None) -> DoctorReport:
     findings = match_sources(got.texts)
     if rec is None:
         return DoctorReport(target="files", sources=got.reads, findings=findings)
-    stage = rec.failure.stage if rec.failure else None
+    stage = rec.failure.step if rec.failure else None
     return DoctorReport(target=f"deployment {rec.id}", deployment=rec.id, profile=rec.profile,
                         status=rec.status.value, failed_stage=stage,
                         failure=printable(rec.failure.message, 600) if rec.failure else None,

@@ -48,7 +48,7 @@ def container_name(cluster: str, rank: int, deployment_id: str) -> str:
 
 def spec_identity(spec: LaunchSpec, image: str) -> str:
     """Content hash of what this rank runs (redacted argv/env, image, mounts): same hash = same launch."""
-    data = {**spec.redacted(), "image": image}
+    data = {**spec.redacted().model_dump(mode="json"), "image": image}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

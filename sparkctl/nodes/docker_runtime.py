@@ -97,7 +97,7 @@ class DockerRuntime:
         h = rt.start(spec, dep_id); rt.liveness(h); rt.stop(h); h = rt.start(spec, dep_id); rt.remove(h)
     """
 
-    kind = "docker"
+    runtime = "docker"
     needs_image = True
     poll_interval_s = 0.5   # each read_log/liveness is an SSH round-trip (~0.2 s here)
 
@@ -221,14 +221,16 @@ class DockerRuntime:
         return {f"{k}={v}" for k, v in cfg.env.items()} <= set(old.env)
 
     def liveness(self, handle: DockerHandle) -> Liveness:
-        state = self._inspect(handle.container_id)
+        """One SSH round trip: the container's state and its processes (`facts.container_liveness`)."""
+        seen = self._observe(handle.container_id)
+        state = seen.state
         if state is None:
             return Liveness(False, f"container {handle.container} is gone (removed)")
         if state.running and state.status == "paused":    # docker inspect: Running and Paused both true
             return Liveness(False, f"container {handle.container} paused (`docker unpause {handle.container}` "
                                    f"resumes it, `sparkctl up` replaces it)")
         if state.running:
-            stopped = self._stopped_process(handle)
+            stopped = _first_stopped(seen.processes)
             if stopped is not None:
                 return Liveness(False, f"stopped (process {stopped.pid} ({stopped.command}) of running container "
                                        f"{handle.container} is in state {stopped.state}: SIGSTOP, Ctrl-Z or a tracer; "
@@ -240,14 +242,20 @@ class DockerRuntime:
                                + (f": {state.error}" if state.error else ""), state.exit_code)
 
     def _stopped_process(self, handle: DockerHandle) -> facts.ContainerProcess | None:
-        """The first process of a running container in state T/t (the same rule as the process runtime's
-        `procfs.stopped_in_tree`), or None; None too when `docker top` cannot answer (the container ended between
-        the two calls: the next liveness sees it)."""
+        """The first stopped process of a running container (`docker top` alone: what `stop` needs), or None; None
+        too when `docker top` cannot answer (the container is not running)."""
         fact = facts.container_processes(handle.container_id)
         res = self.ssh.run(list(fact.argv))
+        return _first_stopped(fact.parse(res.stdout)) if res.returncode == 0 else None
+
+    def _observe(self, ref: str) -> facts.ContainerLiveness:
+        fact = facts.container_liveness(ref)
+        res = self.ssh.run(list(fact.argv))
         if res.returncode != 0:
-            return None
-        return next((p for p in fact.parse(res.stdout) if p.state in procfs.STOPPED_STATES), None)
+            if "no such" in res.stderr.lower():
+                return facts.ContainerLiveness(None, [])
+            res.check()
+        return fact.parse(res.stdout)
 
     def read_log(self, handle: DockerHandle, offset: int = 0) -> tuple[str, int]:
         """Complete log lines from byte ``offset`` of this run's log, and the next offset (see module docstring)."""
@@ -319,7 +327,7 @@ class DockerRuntime:
 
     def cleanup_secrets(self) -> list[str]:
         """Remove the secret directories on this node of this cluster's containers that are not running (a
-        container killed with the controller, removed by hand, a node that lost its engines): what reconcile and
+        container killed with the controller, removed by hand, a node that lost its engines): what settle and
         `down` call. Three SSH round-trips; returns ``"[node] /dev/shm/sparkctl-secrets/<container>"`` per
         directory removed. Directories of other clusters are never touched."""
         prefix = re.escape(container_name(self.cluster, 0, "")).split("rank0", 1)[0]
@@ -355,7 +363,7 @@ class DockerRuntime:
 
     def labelled(self) -> list[tuple[DockerHandle, bool]]:
         """Every container on this node labelled ``sparkctl.cluster=<cluster>`` (running or not), as handles:
-        what sparkctl started here, whatever the ledger says (`down`, reconcile and `repair` read this)."""
+        what sparkctl started here, whatever the ledger says (`down`, settle and `repair` read this)."""
         fmt = '{{.ID}}\t{{.Names}}\t{{.State}}\t{{.Label "sparkctl.deployment"}}\t{{.Label "sparkctl.rank"}}'
         res = self._docker("ps", "-a", "--no-trunc", "--filter", f"label=sparkctl.cluster={self.cluster}",
                            "--format", fmt, check=True)
@@ -382,3 +390,8 @@ class DockerRuntime:
         if "ib" in nf.outputs:
             self._infiniband = nf.outputs["ib"].returncode == 0
         return nf
+
+
+def _first_stopped(processes: list[facts.ContainerProcess]) -> facts.ContainerProcess | None:
+    """The first process in state T/t (the same rule as the process runtime's `procfs.stopped_in_tree`)."""
+    return next((p for p in processes if p.state in procfs.STOPPED_STATES), None)

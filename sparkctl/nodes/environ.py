@@ -1,4 +1,5 @@
-"""The environment of a helper process sparkctl starts (the log pipe, the router, pip, the registry's collector).
+"""The environment of a helper process sparkctl starts (the log pipe, the router, pip, the registry's collector,
+ansible-playbook through ansible-runner: `prepare.runner.ansible_env`).
 
 A helper gets what it needs to run and nothing else: an allowlist, not a list of secrets to drop, so a token in a
 variable sparkctl has never heard of (AWS_SECRET_ACCESS_KEY, a CI's deploy key) never reaches a helper's
@@ -22,14 +23,20 @@ NETWORK_SUFFIXES = ("_proxy", "_PROXY")
 NETWORK_PREFIXES = ("PIP_",)
 
 
+def allowed(key: str, *, network: bool = False, also: frozenset[str] = frozenset(),
+            also_prefixes: tuple[str, ...] = ()) -> bool:
+    """Whether a helper may inherit the variable `key`: the allowlist, the download settings when `network`, and
+    what a particular helper needs besides (`also`, `also_prefixes`: Ansible's SSH agent and ANSIBLE_*)."""
+    return (key in KEEP or key.startswith(KEEP_PREFIXES) or key in also or key.startswith(also_prefixes)
+            or network and (key.endswith(NETWORK_SUFFIXES) or key.startswith(NETWORK_PREFIXES)))
+
+
 def helper_env(*, network: bool = False, extra: Mapping[str, str] | None = None,
                environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The allowlisted part of `environ` (default: this process's), with the download settings when `network`,
     and `extra` on top."""
     src = os.environ if environ is None else environ
-    env = {k: v for k, v in src.items()
-           if k in KEEP or k.startswith(KEEP_PREFIXES)
-           or network and (k.endswith(NETWORK_SUFFIXES) or k.startswith(NETWORK_PREFIXES))}
+    env = {k: v for k, v in src.items() if allowed(k, network=network)}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env.update(extra or {})
     return env

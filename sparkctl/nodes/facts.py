@@ -190,6 +190,37 @@ def parse_docker_top(text: str) -> list[ContainerProcess]:
     return out
 
 
+@dataclass(frozen=True)
+class ContainerLiveness:
+    """A container's state and, when it runs, its processes: both answers of one SSH round trip."""
+
+    state: ContainerState | None                  # None: no such container
+    processes: list[ContainerProcess]             # empty when it is not running (`docker top` could not answer)
+
+
+# Printed alone on its line between the two answers: `docker inspect --format '{{json .}}'` prints one JSON line.
+LIVENESS_MARK = "--- sparkctl: docker top ---"
+# The container reaches the script as $1 (never spliced into the text). Inspect first: its exit status and stderr
+# are the command's when it fails ("No such container"); `docker top` on a container that is not running fails,
+# and an empty process list is its answer.
+_LIVENESS_SCRIPT = ('docker container inspect --format "{{json .}}" "$1" || exit $?\n'
+                    f"echo '{LIVENESS_MARK}'\n"
+                    'docker top "$1" -o pid,stat,comm 2>/dev/null || true\n')
+
+
+def container_liveness(name_or_id: str) -> Fact[ContainerLiveness]:
+    """`docker container inspect` (`container_state`) and `docker top` (`container_processes`) in one remote
+    argv, each answer read by its own parser."""
+    return Fact(f"liveness of container {name_or_id}", ("sh", "-c", _LIVENESS_SCRIPT, "sh", name_or_id),
+                parse_container_liveness)
+
+
+def parse_container_liveness(text: str) -> ContainerLiveness:
+    """Split at the mark line; each side goes to its own parser (no mark: no process list)."""
+    inspect, _, top = text.partition(LIVENESS_MARK + "\n")
+    return ContainerLiveness(parse_container_inspect(inspect), parse_docker_top(top))
+
+
 # ------------------------------------------------------------------------------------------------ memory
 @dataclass(frozen=True)
 class Memory:

@@ -1,15 +1,20 @@
 """Handles: how a later sparkctl command finds an engine again (stored in the deployment record).
 
-A runtime's `start` returns one; `liveness`, `read_log`, `stop` and `remove` take it back. The two kinds are
-told apart by `kind` (a discriminated union), so a record read from disk comes back as the right class.
+A runtime's `start` returns one; `liveness`, `read_log`, `stop` and `remove` take it back. The two are
+told apart by `runtime` (a discriminated union), so a record read from disk comes back as the right class.
 """
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from sparkctl.jsontypes import JSONObject
+from sparkctl.jsontypes import JSONObject, renamed_keys
+
+# Keys of a stored handle renamed since: old name -> new name (a record's own keys: state.records.RENAMED_KEYS).
+RENAMED_KEYS = {
+    "kind": "runtime",          # 2026-12
+}
 
 
 class _HandleBase(BaseModel):
@@ -18,6 +23,11 @@ class _HandleBase(BaseModel):
     node: str
     rank: int
     deployment: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate(cls, data: object) -> object:
+        return renamed_keys(data, RENAMED_KEYS) if isinstance(data, dict) else data
 
     @property
     def where(self) -> str:
@@ -32,7 +42,7 @@ class _HandleBase(BaseModel):
 class ProcessHandle(_HandleBase):
     """A local emulator process: PID plus its kernel start time (a recycled PID is never taken for ours)."""
 
-    kind: Literal["process"] = "process"
+    runtime: Literal["process"] = "process"
     pid: int
     start_ticks: int | None = None
     log: str
@@ -53,7 +63,7 @@ class ProcessHandle(_HandleBase):
 class DockerHandle(_HandleBase):
     """An engine container on a node: name and ID, image, and where this run's log starts."""
 
-    kind: Literal["docker"] = "docker"
+    runtime: Literal["docker"] = "docker"
     cluster: str
     container: str
     container_id: str
@@ -72,4 +82,12 @@ class DockerHandle(_HandleBase):
         return self.container
 
 
-Handle = Annotated[ProcessHandle | DockerHandle, Field(discriminator="kind")]
+def _runtime_of(value: object) -> object:
+    """Which handle a stored one is: its `runtime` (`kind` in a record written before the rename)."""
+    if isinstance(value, dict):
+        return renamed_keys(value, RENAMED_KEYS).get("runtime")
+    return getattr(value, "runtime", None)
+
+
+Handle = Annotated[Annotated[ProcessHandle, Tag("process")] | Annotated[DockerHandle, Tag("docker")],
+                   Discriminator(_runtime_of)]

@@ -17,7 +17,7 @@ Secret files (API key, HF token) never touch a disk: they live on tmpfs, under `
 (``$XDG_RUNTIME_DIR/sparkctl`` when that is set and a tmpfs, else ``/dev/shm/sparkctl-<uid>``), in
 ``<key of the state directory>/<deployment>/rank<N>/`` (directories 0700, files 0400: read-only even
 for the owner, replaced by unlink and create), and are removed as soon as their engine has stopped
-(`stop`), or, after a kill -9 of everything, by `cleanup_secrets` (reconcile, `down`).
+(`stop`), or, after a kill -9 of everything, by `cleanup_secrets` (settle, `down`).
 
 The engine's environment (the caller's minus secrets, the emulator knobs, the rank's `env` from the profile) is
 the engine's alone: the log pipe in front of it is sparkctl's own Python, started with the caller's environment
@@ -110,7 +110,7 @@ class ProcessRuntime:
         handle = rt.start(spec, "dep-1")
     """
 
-    kind = "process"
+    runtime = "process"
     needs_image = False       # the emulator runs in place
     poll_interval_s = 0.1
     # How long liveness reuses a rank's list of descendants (the processes whose state it reads on every call).
@@ -204,7 +204,8 @@ class ProcessRuntime:
             os.close(fd)
         self._children[proc.pid] = proc
         return ProcessHandle(node=spec.node, rank=spec.rank, pid=proc.pid, start_ticks=procfs.start_ticks(proc.pid),
-                             log=str(log_path), log_offset=offset, deployment=deployment_id, spec=spec.redacted())
+                             log=str(log_path), log_offset=offset, deployment=deployment_id,
+                             spec=spec.redacted().model_dump(mode="json"))
 
     def _ours(self, handle: ProcessHandle) -> bool:
         """The handle's process still runs (same PID *and* start time: a recycled PID is not ours; a zombie is dead)."""
@@ -277,7 +278,7 @@ class ProcessRuntime:
 
     def cleanup_secrets(self) -> list[str]:
         """Remove every secret directory of this state directory whose engine is gone (after a kill -9 of the
-        controller and its engines, a reboot-less crash...): what reconcile and `down` call. Returns the removed
+        controller and its engines, a reboot-less crash...): what settle and `down` call. Returns the removed
         directories; a directory a running engine uses is kept."""
         removed: list[str] = []
         try:
@@ -308,7 +309,7 @@ class ProcessRuntime:
     def gather(self, spec: LaunchSpec) -> NodeFacts:
         """Local facts: can the engine run (the emulator imports; the real engine's Python has SGLang, and the
         model and drafter are here), are the rank's ports free here (judged in deploy/)."""
-        nf = NodeFacts(spec.node, self.kind, engine=self.engine)
+        nf = NodeFacts(spec.node, self.runtime, engine=self.engine)
         if self.engine == "sglang":
             nf.engine_error = sglang_missing(self.engine_python)
             nf.local_paths = {what: (host, os.path.isfile(os.path.join(host, "config.json")))

@@ -25,13 +25,13 @@ class Liveness:
     exit_code: int | None = None
 
 
-# The handle a runtime takes back: its own kind (a process runtime's `ProcessHandle`, a docker runtime's
-# `DockerHandle`). Callers hold a plain `Runtime` (any kind) and pass it the handles it returned.
+# The handle a runtime takes back: its own runtime's (a process runtime's `ProcessHandle`, a docker runtime's
+# `DockerHandle`). Callers hold a plain `Runtime` (either) and pass it the handles it returned.
 H = TypeVar("H", bound=ProcessHandle | DockerHandle, contravariant=True)
 
 
 class Runtime(Protocol[H]):
-    kind: str
+    runtime: str               # process | docker (its handles' `runtime`)
     needs_image: bool          # the engine runs from an image that the image stage must put on the node
     poll_interval_s: float     # how often boot polls its log and liveness (an SSH round-trip costs ~0.2 s)
 
@@ -61,7 +61,7 @@ class Runtime(Protocol[H]):
     def cleanup_secrets(self) -> list[str]:
         """Remove the secret files of every engine of this cluster (on this node) that is no longer running, and
         return what was removed. `stop` already removes a stopped engine's secrets; this settles what a kill -9
-        left (reconcile, `down`). A running engine's secrets are kept."""
+        left (settle, `down`). A running engine's secrets are kept."""
 
 
 SIM_ENV_PREFIX = "SPARKCTL_SIM_"

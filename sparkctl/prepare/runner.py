@@ -30,6 +30,7 @@ from pathlib import Path
 from sparkctl.config.inventory import Inventory
 from sparkctl.errors import ConfigError, NodeError
 from sparkctl.jsontypes import JSONObject
+from sparkctl.nodes.environ import allowed
 from sparkctl.resources import shipped
 from sparkctl.statefiles import private_dir
 
@@ -41,8 +42,9 @@ KEEP_ARTIFACTS = 20
 # What ansible-playbook and ssh need of the caller's environment: the user and home (~/.ssh, ~/.ansible), the
 # ssh agent, the locale (ansible-core refuses a non-UTF-8 one), time zone and temp dir, the user's own Ansible
 # settings. Everything else (SPARKCTL_API_KEY, HF_TOKEN, cloud credentials, PYTHONPATH...) stays out.
-CALLER_ENV = ("HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "SSH_AUTH_SOCK", "TERM")
-CALLER_ENV_PREFIXES = ("LC_", "ANSIBLE_")
+# What ansible-playbook keeps of the caller's environment besides every helper's allowlist (nodes/environ.py).
+CALLER_ENV = frozenset({"SSH_AUTH_SOCK"})
+CALLER_ENV_PREFIXES = ("ANSIBLE_",)
 
 
 @dataclass
@@ -134,8 +136,8 @@ def fix_for(result: TaskResult) -> str:
 
 def ansible_env(job_env: dict[str, str], caller: dict[str, str], settings: dict[str, str]) -> dict[str, str]:
     """The environment a job runs with: `job_env` (what ansible-runner prepared: the caller's environment plus
-    `settings` plus its own additions) without the caller's variables other than `CALLER_ENV` /
-    `CALLER_ENV_PREFIXES`. Pure. Example::
+    `settings` plus its own additions) without the caller's variables other than a helper's allowlist
+    (`nodes.environ.allowed`) and `CALLER_ENV` / `CALLER_ENV_PREFIXES`. Pure. Example::
 
         ansible_env({"HOME": "/root", "HF_TOKEN": "hf_x", "ANSIBLE_NOCOLOR": "True"}, os.environ, envvars)
         # {'HOME': '/root', 'ANSIBLE_NOCOLOR': 'True'}
@@ -144,7 +146,7 @@ def ansible_env(job_env: dict[str, str], caller: dict[str, str], settings: dict[
         if key in settings:
             return True
         if key in caller and caller[key] == value:                 # the caller's, unchanged by the runner
-            return key in CALLER_ENV or key.startswith(CALLER_ENV_PREFIXES)
+            return allowed(key, also=CALLER_ENV, also_prefixes=CALLER_ENV_PREFIXES)
         return True                                                 # added or set by ansible-runner itself
     return {k: v for k, v in job_env.items() if keep(k, v)}
 

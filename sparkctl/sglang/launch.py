@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from sparkctl.jsontypes import JSONObject
 
 REDACTED = "***"
@@ -99,17 +101,29 @@ class LaunchSpec:
     def redact_text(self, text: str) -> str:
         return redact(text, self.secret_values)
 
-    def redacted(self) -> JSONObject:
-        """JSON-safe view with every secret replaced by '***' (for printing and the ledger): by field (the
-        secret flags' values and secret variables), never by what a value looks like."""
-        return {
-            "rank": self.rank,
-            "node": self.node,
-            "argv": redact_argv(self.argv, self.secret_options),
-            "env": {k: REDACTED if k in SECRET_ENV else v for k, v in sorted(self.env.items())},
-            "sglang_version": self.sglang_version,
-            "api_host": self.api_host,
-            "api_port": self.api_port,
-            "image": self.image,
-            "mounts": list(self.mounts),
-        }
+    def redacted(self) -> RankSpec:
+        """This spec with every secret replaced by '***' (for printing and the ledger): by field (the secret
+        flags' values and secret variables), never by what a value looks like."""
+        return RankSpec(rank=self.rank, node=self.node, argv=redact_argv(self.argv, self.secret_options),
+                        env={k: REDACTED if k in SECRET_ENV else v for k, v in sorted(self.env.items())},
+                        sglang_version=self.sglang_version, api_host=self.api_host, api_port=self.api_port,
+                        image=self.image, mounts=list(self.mounts))
+
+
+class RankSpec(BaseModel):
+    """One rank's launch as stored and printed: a `LaunchSpec` without its secrets, made only by
+    `LaunchSpec.redacted()`. The deployment record keeps one per rank (`DeploymentRecord.specs`), `render --json`
+    prints its rank, node, argv and env, and a launch's identity hashes its JSON form."""
+
+    # extra="allow": keys written by a newer sparkctl survive a load/save round trip of the record.
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    rank: int
+    node: str
+    argv: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    sglang_version: str | None = None
+    api_host: str | None = None
+    api_port: int | None = None
+    image: str | None = None
+    mounts: list[JSONObject] = Field(default_factory=list)

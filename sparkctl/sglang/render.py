@@ -56,7 +56,7 @@ class RenderResult:
         ranks = [s.redacted() for s in self.specs if rank is None or s.rank == rank]
         return {"profile": self.profile.name, "sglang_version": self.profile.image.sglang_version,
                 "inventory": self.inventory.path, "emulated": self.inventory.emulated,
-                "ranks": [{k: r[k] for k in ("rank", "node", "argv", "env")} for r in ranks],
+                "ranks": [r.model_dump(include={"rank", "node", "argv", "env"}) for r in ranks],
                 "warnings": list(self.warnings)}
 
 

@@ -250,7 +250,7 @@ class Ledger:
             rec = self.load(dep_id)
             if avoid_identity is not None and rec.identity == avoid_identity:
                 continue
-            if rec.known_good and not (rollback and rec.kind == "bench-compare"):
+            if rec.known_good and not (rollback and rec.command == "bench-compare"):
                 return rec
         return None
 

@@ -11,12 +11,13 @@ controller's PID), each an entry of its own model like the handles.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field, model_validator
 
-from sparkctl.jsontypes import JSONObject
+from sparkctl.jsontypes import JSONObject, renamed_keys
 from sparkctl.nodes.handles import Handle
+from sparkctl.sglang.launch import RankSpec
 
 
 def _record_name(value: str) -> str:
@@ -40,7 +41,7 @@ class Status(StrEnum):
     CANCELED = "canceled"          # Ctrl-C
     SUPERSEDED = "superseded"      # a newer deployment took over; stopped but restartable
     STOPPED = "stopped"            # `sparkctl down`
-    INTERRUPTED = "interrupted"    # its controller died mid-way (SIGKILL, power loss); found and settled by reconcile
+    INTERRUPTED = "interrupted"    # its controller died mid-way (SIGKILL, power loss); settled by the next command
     RECOVERED = "recovered"        # rebuilt by `sparkctl repair` from engines found running; never verified by gates
 
 
@@ -51,30 +52,18 @@ KNOWN_GOOD = frozenset({Status.SUCCESSFUL, Status.SUPERSEDED, Status.STOPPED})
 class _Record(BaseModel):
     # extra="allow": keys written by a newer sparkctl survive a load/save round trip instead of being dropped.
     model_config = ConfigDict(extra="allow", validate_assignment=True)
+    # Keys renamed since this part of a record was first written: old name -> new name. A record written before a
+    # rename loads under the new name and is written back with it (tests/unit/test_records.py loads records written
+    # by the code before each rename: tests/lifecycle/fixtures/).
+    RENAMED: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        return renamed_keys(data, cls.RENAMED) if cls.RENAMED and isinstance(data, dict) else data
 
 
-class _View(_Record):
-    """A typed part of a record that callers written for the dict form can still read (`x["k"]`, `x.get("k")`)."""
-
-    def get(self, key: str, default: object = None) -> Any:
-        if key in type(self).model_fields:
-            value = getattr(self, key)
-            return default if value is None else value
-        return (self.model_extra or {}).get(key, default)
-
-    def __getitem__(self, key: str) -> Any:
-        if key in type(self).model_fields:
-            return getattr(self, key)
-        extra = self.model_extra or {}
-        if key in extra:
-            return extra[key]
-        raise KeyError(key)
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and (key in type(self).model_fields or key in (self.model_extra or {}))
-
-
-class GateResult(_View):
+class GateResult(_Record):
     """One verify gate: health, models, settings, capacity, workers, smoke."""
 
     name: str
@@ -88,7 +77,7 @@ class Severity(StrEnum):
     FAIL = "failed"       # blocks the deployment
 
 
-class CheckResult(_View):
+class CheckResult(_Record):
     """One preflight check on one node: what was checked, what was seen, what to do. The one model of a check:
     what preflight returns is what the record keeps. `ok` is False only for a failure (a warning passes)."""
 
@@ -116,25 +105,8 @@ class CheckResult(_View):
         """`name: seen`, with `warning:` before a warning's text."""
         return f"{self.name}: " + ("warning: " if self.severity is Severity.WARN else "") + self.seen
 
-    def as_dict(self) -> JSONObject:
-        return self.model_dump(mode="json")
 
-
-class RankSpec(_View):
-    """One rank's launch as recorded: secrets redacted (`LaunchSpec.redacted`)."""
-
-    rank: int
-    node: str
-    argv: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    sglang_version: str | None = None
-    api_host: str | None = None
-    api_port: int | None = None
-    image: str | None = None
-    mounts: list[Any] = Field(default_factory=list)
-
-
-class Capacity(_View):
+class Capacity(_Record):
     """What rank 0's engine resolved at boot (its capacity line)."""
 
     max_total_num_tokens: int | None = None
@@ -145,19 +117,19 @@ class Capacity(_View):
     available_gpu_mem: float | None = None
 
 
-class WarmupRequest(_View):
+class WarmupRequest(_Record):
     elapsed_s: float
     completion_tokens: int | None = None
     finish_reason: str | None = None
 
 
-class Warmup(_View):
+class Warmup(_Record):
     cold: WarmupRequest | None = None        # the first request, timed apart
     warm: list[WarmupRequest] = Field(default_factory=list)
     max_tokens: int | None = None
 
 
-class NodeImages(_View):
+class NodeImages(_Record):
     """The images one node's rank runs: the engine image and (pipeline) the launch image, tag and ID."""
 
     engine_tag: str | None = None
@@ -166,7 +138,7 @@ class NodeImages(_View):
     launch_id: str | None = None
 
 
-class StageEntry(_Record):
+class StepEntry(_Record):
     name: str
     started: str
     status: str = "running"          # running | ok | failed
@@ -175,7 +147,9 @@ class StageEntry(_Record):
 
 
 class Failure(_Record):
-    stage: str
+    RENAMED: ClassVar[dict[str, str]] = {"stage": "step"}     # 2026-12
+
+    step: str
     message: str
     node: str | None = None
 
@@ -222,11 +196,21 @@ class RestoreEntry(_Record):
     gates: list[GateResult] = Field(default_factory=list)
 
 
+# A deployment record's renamed keys (`_Record.RENAMED`).
+RENAMED_KEYS = {
+    "kind": "command",          # 2026-12: `kind` meant a command here, a runtime, a router and a handle elsewhere
+    "reconciled": "settled",    # 2026-12: settling what a dead controller left is not controller-runtime's reconcile
+    "stages": "steps",          # 2026-12: one name for the plan's steps, as planned, journaled and run
+}
+
+
 class DeploymentRecord(_Record):
     """One `up`, `rollback` or bench-driven deployment, from plan to hand-off (or failure and restore)."""
 
+    RENAMED: ClassVar[dict[str, str]] = RENAMED_KEYS
+
     id: RecordName
-    kind: str = "up"
+    command: str = "up"                 # what made it: up, rollback, repair, bench-compare, bench-restore
     profile: RecordName
     profile_data: JSONObject
     inventory: str | None = None
@@ -239,7 +223,7 @@ class DeploymentRecord(_Record):
     status: Status = Status.RUNNING
     created: str
     updated: str | None = None
-    stages: list[StageEntry] = Field(default_factory=list)
+    steps: list[StepEntry] = Field(default_factory=list)
     journal: list[JournalEntry] = Field(default_factory=list)
     preflight: list[CheckResult] = Field(default_factory=list)
     image_ids: dict[str, str] = Field(default_factory=dict)      # node -> ID of the image its rank runs
@@ -269,7 +253,7 @@ class DeploymentRecord(_Record):
     controller: Controller | None = None      # who drives it while status is running / a restore is under way
     intents: list[Intent] = Field(default_factory=list)
     restoring: str | None = None              # id of the deployment being restored after this one failed
-    reconciled: str | None = None             # what a later command did with what a dead controller left
+    settled: str | None = None                # what a later command did with what a dead controller left
 
     @model_validator(mode="before")
     @classmethod

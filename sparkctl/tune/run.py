@@ -5,10 +5,10 @@ Order (each step journaled in ``runs/<tune id>/tune.json`` before the next begin
 1. **begin**: under the cluster lock, ``tune.json`` at the ledger root records the run and the deployment that
    ran before it (``original``) with this controller (pid + start time). A tune found there whose controller is
    dead is settled by the next ``sparkctl tune`` (``tune --resume RUN`` continues it; any other tune restores its
-   original first). Trial deployments are the lifecycle's compare transaction (kind ``bench-compare``,
+   original first). Trial deployments are the lifecycle's compare transaction (command ``bench-compare``,
    deploy/compare.py): its marker records the original before the first trial changes anything, a trial is
    never a rollback target (so ``sparkctl rollback`` also returns to what ran before), ``status`` exits 8 while
-   it is unfinished, and the restore (kind ``bench-restore``) clears it.
+   it is unfinished, and the restore (command ``bench-restore``) clears it.
 2. **trials**: the baseline (the profile as it is) first, then every grid candidate (``--trials N``: the first N
    of them). Each trial is a full ``up`` through the lifecycle (preflight, boot, warm-up, gates; rollback on
    failure) and a bench subset whose card lands in the ledger: decode medians (``--runs``, default n=5),
@@ -22,7 +22,7 @@ Order (each step journaled in ``runs/<tune id>/tune.json`` before the next begin
    rounds, each a fresh deploy and bench of each), the samples of each side pooled; it is promoted only when it
    beats the baseline beyond the noise band (``sparkctl.bench.diff.compare_summaries``), else nothing is.
 4. **promote**: the winner's profile (``extends:`` the original, only the changed keys, a comment naming the run).
-5. **restore**: the original deployment (``deploy.door.restore``: an ``up`` of its recorded profile, kind
+5. **restore**: the original deployment (``deploy.door.restore``: an ``up`` of its recorded profile, command
    ``bench-restore``), or ``down`` when nothing ran before; ``tune.json`` is removed.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from sparkctl.bench.arms import BenchOptions
     from sparkctl.config.profile import Profile
     from sparkctl.deploy.commands import Deployer
-    from sparkctl.deploy.results import ReplicatedUpResult, UpResult
+    from sparkctl.deploy.results import UpResult
 
 SCHEMA = "sparkctl.tune/1"
 OBJECTIVES = {"decode": ("decode", "higher"), "ttft": ("ttft", "lower"), "aggregate-c2": ("concurrency", "higher")}
@@ -140,12 +140,15 @@ def new_journal(deployer: Deployer, opts: TuneOptions) -> Journal:
     return Journal(deployer.ledger, run_id, data)
 
 
-def _deploy(deployer: Deployer, profile: Profile) -> UpResult | ReplicatedUpResult:
+def _deploy(deployer: Deployer, profile: Profile) -> UpResult:
     """A trial or A/B leg: an arm of the compare transaction through deploy's door (one `up` plan, journal and
     record, under the tune's lock)."""
     from sparkctl.deploy import door
-    from sparkctl.deploy.steps import ARM_KIND
-    return door.up(deployer, profile, door.UpRequest(kind=ARM_KIND), confirm=door.proceed)
+    from sparkctl.deploy.results import UpResult
+    from sparkctl.deploy.steps import ARM_COMMAND
+    up = door.up(deployer, profile, door.UpRequest(command=ARM_COMMAND), confirm=door.proceed)
+    assert isinstance(up, UpResult)          # an arm is one group (door.up refuses replicas in one)
+    return up
 
 
 def _measure(deployer: Deployer, opts: TuneOptions, progress: Progress) -> JSONObject:
@@ -171,7 +174,7 @@ def _run_trial(deployer: Deployer, j: Journal, t: JSONObject, progress: Progress
     t0 = time.monotonic()
     try:
         up = _deploy(deployer, _candidate(j, t))
-        t["deployment"], t["capacity"] = up.get("deployment"), _plain(up.get("capacity"))
+        t["deployment"], t["capacity"] = up.deployment, _plain(up.capacity)
         card = _measure(deployer, opts, progress)
         g6_t0 = time.monotonic()
         outputs = g6.capture(deployer)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sparkctl.deploy.steps import ARM_KIND
+from sparkctl.deploy.steps import ARM_COMMAND
 from sparkctl.errors import LedgerError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger, now_iso
@@ -38,7 +38,7 @@ def _deployed_since(ledger: Ledger, marker: JSONObject) -> str | None:
         active = ledger.active()
     except LedgerError:
         return None                  # unreadable: the restore's own `up` reports it
-    if active is None or active.id == original or (active.kind == ARM_KIND and active.created >= since):
+    if active is None or active.id == original or (active.command == ARM_COMMAND and active.created >= since):
         return None
     return f"deployment {active.id} (profile {active.profile}) was deployed"
 

@@ -125,7 +125,7 @@ class WatchMetrics:
             except Exception:  # noqa: BLE001 - a metric, never a reason to stop supervising
                 gates = []
             for gate in gates:
-                self.gate.labels(cl, str(gate.get("name"))).set(1 if gate.get("ok") else 0)
+                self.gate.labels(cl, gate.name).set(1 if gate.ok else 0)
 
     def restart(self, reason: str, outcome: str) -> None:
         self.restarts.labels(self.cluster, reason or "unknown", outcome).inc()

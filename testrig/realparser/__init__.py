@@ -82,21 +82,18 @@ _DIST_OF_MODULE = {"zmq": "pyzmq", "PIL": "pillow", "yaml": "PyYAML", "IPython":
 
 
 
-# Generic inert package for imports nothing calls while parsing: every attribute and submodule is a
-# placeholder class. Used for torchvision: 0.5.11 imports `torchvision.io.decode_jpeg` and transformers
-# 5.x imports torchvision.transforms when it finds torchvision; PyPI's torchvision is a CUDA build whose
-# C ops fail to load against the CPU torch ("operator torchvision::nms does not exist").
-
-# Stub packages (files under stubs/): minimal modules that satisfy import-time use only, written into a
-# venv's site-packages (path there -> file here). `permissive` is a generic inert package for imports
-# nothing calls while parsing: every attribute and submodule is a placeholder class. Used for torchvision:
-# 0.5.11 imports `torchvision.io.decode_jpeg` and transformers 5.x imports torchvision.transforms when it
-# finds torchvision; PyPI's torchvision is a CUDA build whose C ops fail to load against the CPU torch
-# ("operator torchvision::nms does not exist").
+# Stub packages: minimal modules that satisfy import-time use only, written into a venv's site-packages (path
+# there -> file here). torchvision is the real-engine venv's inert package (testrig/realengine/stubs/: every
+# attribute and submodule a placeholder class), one file for both venvs: 0.5.11 imports
+# `torchvision.io.decode_jpeg` and transformers 5.x imports torchvision.transforms when it finds torchvision;
+# PyPI's torchvision is a CUDA build whose C ops fail to load against the CPU torch ("operator torchvision::nms
+# does not exist").
 STUB_DIR = Path(__file__).parent / "stubs"
-STUBS: dict[str, dict[str, str]] = {
-    "triton": {"triton/__init__.py": "triton/__init__.py", "triton/language/__init__.py": "triton/language/__init__.py"},
-    "torchvision": {"torchvision/__init__.py": "permissive/__init__.py"},
+ENGINE_STUB_DIR = Path(__file__).resolve().parent.parent / "realengine" / "stubs"
+STUBS: dict[str, dict[str, Path]] = {
+    "triton": {"triton/__init__.py": STUB_DIR / "triton/__init__.py",
+               "triton/language/__init__.py": STUB_DIR / "triton/language/__init__.py"},
+    "torchvision": {"torchvision/__init__.py": ENGINE_STUB_DIR / "torchvision/__init__.py"},
 }
 # Stubs that give way to the real package when torch itself goes deeper into it: 0.5.11 and
 # 0.5.3.post3 import transformers, which imports torch._dynamo, which imports triton.backends.compiler.
@@ -264,7 +261,7 @@ def _write_stub(site: Path, name: str, done: list[str]) -> None:
     for rel, source in STUBS[name].items():
         path = site / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text((STUB_DIR / source).read_text(encoding="utf-8"))
+        path.write_text(source.read_text(encoding="utf-8"))
     done.append(name)
 
 

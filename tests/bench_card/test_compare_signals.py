@@ -112,7 +112,7 @@ def test_a_signal_at_every_compare_boundary(rig, point, sig):
         assert code == 8 and not st["healthy"], f"{point}:{sig}: healthy while nothing serves: {out}"
     ledger = rig.ledger
     target = ledger.known_good(exclude=ledger.active_id(), rollback=True)
-    assert target is None or target.kind != COMPARE_COMMAND, f"{point}:{sig}: rollback would go to the arm"
+    assert target is None or target.command != COMPARE_COMMAND, f"{point}:{sig}: rollback would go to the arm"
 
     # the next command converges: what ran before (d5) active and serving, the comparison settled
     code, out, err = rig.run("up", "--profile", "d5", "--yes", "--json")

@@ -36,7 +36,7 @@ def test_compare_deploys_other_profile_and_restores(cli, embedded_cluster):
     ledger = Ledger.for_cluster(load_inventory(embedded_cluster).cluster.name)
     history = ledger.history()
     since = [ledger.load(i) for i in history[history.index(original) + 1:]]
-    assert [r.kind for r in since] == ["bench-compare", "bench-restore"], [(r.id, r.kind) for r in since]
+    assert [r.command for r in since] == ["bench-compare", "bench-restore"], [(r.id, r.command) for r in since]
     assert since[0].id == res["compare_deployment"]["deployment"] and since[1].id == res["restore"]["deployment"]
     assert all({"boot", "hand-off"} <= {s.name for s in r.stages} for r in since)
     assert ledger.active_id() == since[1].id

@@ -212,8 +212,8 @@ def test_image_missing_on_one_node_is_copied_and_a_mismatch_is_refused(cli, test
         assert _running(test_cluster, "spark-a", cluster) == [] and _running(test_cluster, "spark-b", cluster) == []
         ledger = Ledger.for_cluster(cluster)
         refused = ledger.load(ledger.index()["history"][-1])      # recorded as the image stage's failure,
-        assert refused.failure.stage == "image-distribute" and "differs between nodes" in refused.failure.message
-        assert refused.preflight and all(c["ok"] for c in refused.preflight)   # with the checks that passed
+        assert refused.failure.step == "image-distribute" and "differs between nodes" in refused.failure.message
+        assert refused.preflight and all(c.ok for c in refused.preflight)   # with the checks that passed
         # Missing on spark-b: streamed from spark-a, then the deployment runs with one image ID on both nodes.
         _docker(test_cluster, "spark-b", "rmi", "-f", image)
         code, out, err = _up(cli, "--profile", "d5")

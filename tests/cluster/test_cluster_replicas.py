@@ -186,8 +186,8 @@ def test_replicas_behind_the_router_container(cli, capsys, test_cluster, replica
         assert rolled["outcome"] == "deployed" and rolled["updated"] == [0, 1]
         journal = json.loads(record_path.read_text())["journal"]
         ok = [(e["step"], e["replica"]) for e in journal if e["phase"] == "ok"]
-        last = len(ok) - 1 - ok[::-1].index(("reconcile", None))
-        assert ok[last:] == [("reconcile", None), ("replica-detach", 0), ("replica-up", 0), ("replica-attach", 0),
+        last = len(ok) - 1 - ok[::-1].index(("settle", None))
+        assert ok[last:] == [("settle", None), ("replica-detach", 0), ("replica-up", 0), ("replica-attach", 0),
                              ("replica-detach", 1), ("replica-up", 1), ("replica-attach", 1),
                              ("router-gates", None), ("hand-off", None)]
         for url in urls:

@@ -306,7 +306,7 @@ def test_engine_container_lifecycle(test_cluster: TestCluster, inv: Inventory, t
     handle = rt.start(spec, "cluster-test-lifecycle")
     timings["start"] = time.monotonic() - t0
     try:
-        assert handle.kind == "docker" and handle.node == node and handle.rank == 0
+        assert handle.runtime == "docker" and handle.node == node and handle.rank == 0
         assert handle.container.startswith(f"sparkctl-{inv.cluster.name}-rank0-")
         assert SECRET not in handle.model_dump_json()
         followed, offset = _wait_log(rt, handle, "fired up and ready", 0)

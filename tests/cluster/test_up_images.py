@@ -108,10 +108,10 @@ def test_up_flag_change_up_rollback_runs_the_previous_launch_image(cli, env, sta
     assert code == 0 and first["outcome"] == "deployed", err
     ledger = Ledger.for_cluster(env["cluster"])
     rec1 = ledger.load(first["deployment"])
-    l1 = rec1.images["spark-a"]["launch_tag"]
-    assert rec1.images["spark-b"]["launch_tag"] == l1 and rec1.images["spark-a"]["launch_id"] == \
-        rec1.images["spark-b"]["launch_id"] == rec1.image_ids["spark-b"]
-    assert rec1.images["spark-a"]["engine_id"] == rec1.images["spark-b"]["engine_id"]
+    l1 = rec1.images["spark-a"].launch_tag
+    assert rec1.images["spark-b"].launch_tag == l1 and rec1.images["spark-a"].launch_id == \
+        rec1.images["spark-b"].launch_id == rec1.image_ids["spark-b"]
+    assert rec1.images["spark-a"].engine_id == rec1.images["spark-b"].engine_id
     assert rec1.launch_doc and "sparkctl-secret-placeholder" not in json.dumps(rec1.launch_doc)
     _runs_launch_image(env, l1, Path(p1).stem)
     assert all(g["ok"] for g in first["gates"])
@@ -119,8 +119,8 @@ def test_up_flag_change_up_rollback_runs_the_previous_launch_image(cli, env, sta
     code, second, err = _up(cli, "up", "--profile", p2)
     assert code == 0 and second["outcome"] == "deployed", err
     rec2 = ledger.load(second["deployment"])
-    l2 = rec2.images["spark-a"]["launch_tag"]
-    assert l2 != l1 and rec2.images["spark-a"]["engine_tag"] == rec1.images["spark-a"]["engine_tag"]
+    l2 = rec2.images["spark-a"].launch_tag
+    assert l2 != l1 and rec2.images["spark-a"].engine_tag == rec1.images["spark-a"].engine_tag
     assert f"launch {l2} built in" in err and "no build (tag present with the planned inputs)" in err
     assert "spark-b has" in err                       # the engine image: nothing to copy to the peer
     logs = list((Path(state_dir) / env["cluster"] / "builds").glob("launch-*.log"))
@@ -151,14 +151,14 @@ def test_rollback_after_the_base_tag_moved_runs_the_recorded_images(cli, env, ba
     assert code == 0 and first["outcome"] == "deployed", err
     ledger = Ledger.for_cluster(env["cluster"])
     rec1 = ledger.load(first["deployment"])
-    e1, l1 = rec1.images["spark-a"]["engine_tag"], rec1.images["spark-a"]["launch_tag"]
+    e1, l1 = rec1.images["spark-a"].engine_tag, rec1.images["spark-a"].launch_tag
     original = conn.run(["docker", "image", "inspect", "--format", "{{.Id}}", base_tag], check=True).stdout.strip()
     moved = conn.run(["env", "DOCKER_BUILDKIT=0", "docker", "build", "-q", "-t", base_tag, "-"],
                      stdin=f"FROM {original}\nLABEL org.sparkctl.test.moved=\"{RUN}\"\n", timeout=300, check=True)
     try:
         code, second, err = _up(cli, "up", "--profile", p2)
         assert code == 0 and second["outcome"] == "deployed", err
-        e2 = ledger.load(second["deployment"]).images["spark-a"]["engine_tag"]
+        e2 = ledger.load(second["deployment"]).images["spark-a"].engine_tag
         assert e2 != e1                                   # the new base gives a new engine image
 
         code, back, err = _up(cli, "rollback")
@@ -166,7 +166,7 @@ def test_rollback_after_the_base_tag_moved_runs_the_recorded_images(cli, env, ba
         assert "rollback: on the recorded base" in err and "image-build: no-op" in err
         assert "built in" not in err                      # nothing was rebuilt on the new base
         rec = ledger.load(back["deployment"])
-        assert rec.images["spark-a"]["engine_tag"] == e1 and rec.images["spark-b"]["launch_tag"] == l1
+        assert rec.images["spark-a"].engine_tag == e1 and rec.images["spark-b"].launch_tag == l1
         _runs_launch_image(env, l1, Path(p1).stem)
     finally:
         conn.run(["docker", "tag", original, base_tag], check=True)
@@ -193,7 +193,7 @@ def test_image_id_mismatch_on_a_node_blocks_up_and_leaves_the_running_deployment
         assert "spark-b" in err and tag in err
         ledger = Ledger.for_cluster(env["cluster"])
         refused = ledger.load(ledger.index()["history"][-1])
-        assert refused.failure.stage in ("image-distribute", "image-verify") and refused.status == "failed"
+        assert refused.failure.step in ("image-distribute", "image-verify") and refused.status == "failed"
         assert not refused.handles and refused.rollback is None
         assert {n: [c["Id"] for c in _running(env, n)] for n in ("spark-a", "spark-b")} == running
         assert ledger.index()["active"] == first["deployment"]

@@ -43,7 +43,7 @@ def _settle_and_clean(cli, local_cluster, dead_id: str) -> None:
     assert f"of {dead_id}: deployment {dead_id} was interrupted" in err and "stopped rank 1" in err, err
     ledger = _ledger(local_cluster)
     dead = ledger.load(dead_id)
-    assert dead.status == "interrupted" and not dead.known_good and dead.reconciled, dead
+    assert dead.status == "interrupted" and not dead.known_good and dead.settled, dead
     code, out, err = cli("status")
     assert code == 0 and "healthy" in out and "interrupted" not in out, out
     code, out, err = cli("down", "--yes")
@@ -133,7 +133,7 @@ def test_sigterm_and_sighup_are_handled_like_sigint(local_cluster, faulty_profil
     ledger = _ledger(local_cluster)
     rec = _newest(ledger)
     assert rec.status == "canceled" and rec.failure.message == f"interrupted ({sig.name})"
-    assert rec.failure.stage == "boot"
+    assert rec.failure.step == "boot"
     _no_engine(local_cluster)
     with ledger.lock("check"):  # the lock is free again
         pass

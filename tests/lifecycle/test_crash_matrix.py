@@ -141,7 +141,7 @@ def _check_invariants(m: Matrix, point: str, before: set[str]) -> None:
     good = ledger.known_good()
     assert good is not None, f"{point}: no known-good deployment left"
     target = ledger.known_good(exclude=ledger.active_id(), rollback=True)
-    assert target is None or target.kind != "bench-compare", f"{point}: rollback would go to the bench arm"
+    assert target is None or target.command != "bench-compare", f"{point}: rollback would go to the bench arm"
     Cluster(load_inventory(m.inv)).render(Profile.model_validate(good.profile_data))
     # I2 / I3: the next `up` exits 0, converges, and says healthy/unchanged only when it serves
     code, out, err = m.run("up", "--profile", "d5", "--yes", "--json")

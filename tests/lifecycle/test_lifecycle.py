@@ -242,7 +242,7 @@ def test_sigint_during_up_releases_lock_and_leaves_nothing_running(local_cluster
     assert rec.status == "canceled" and rec.failure.message.startswith("interrupted")
     # The fault (boot_s: 30, from the profile's SPARKCTL_SIM_CONFIG) reached the engines: the SIGINT
     # landed in boot, not after it (it once did not: the inventory's knobs shadowed the file).
-    assert rec.failure.stage == "boot", rec.failure
+    assert rec.failure.step == "boot", rec.failure
     handles = rec.handles
     assert handles and not any(procfs.running(h.pid, None) for h in handles)
     assert ledger.index()["active"] is None
@@ -306,7 +306,7 @@ def test_why_a_restore_failed_reaches_the_error_and_the_ledger(cli, local_cluste
     assert f"restoring {prev['deployment']} FAILED" in err and "oom" in err.lower()
     ledger = _ledger(local_cluster)
     failed = ledger.load(ledger.index()["history"][-1])
-    assert failed.status == "failed" and failed.failure.stage == "boot" and failed.restored is None
+    assert failed.status == "failed" and failed.failure.step == "boot" and failed.restored is None
     assert "oom" in failed.restore_error.lower()
     assert ledger.index()["active"] is None
     assert not any(procfs.running(h.pid, None) for h in ledger.load(prev["deployment"]).handles)

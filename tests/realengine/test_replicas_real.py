@@ -40,10 +40,10 @@ def test_real_replicas_rolling_update_under_load_fails_no_request(tmp_path, monk
     p1 = load_profile(str(_profile(tmp_path / "rep.yml", 16)))
     try:
         first = d.up(p1)
-        assert first["outcome"] == "deployed" and first["updated"] == [0, 1] and not first["emulated"]
-        endpoint = first["endpoint"]
+        assert first.outcome == "deployed" and first.updated == [0, 1] and not first.emulated
+        endpoint = first.endpoint
         st = d.status()
-        assert st["healthy"] and st["router"]["healthy_workers"] == 2
+        assert st.healthy and st.router.healthy_workers == 2
 
         p2 = load_profile(str(_profile(tmp_path / "rep.yml", 24)))       # changed: a rolling update
         # at least 10 requests each and on until the update is over (at most 2000 each)
@@ -52,13 +52,13 @@ def test_real_replicas_rolling_update_under_load_fails_no_request(tmp_path, monk
             rolled = d.up(p2)
         assert load.failures == [], load.failures[:5]
         assert load.during > 0, (load.done, load.during)                   # the update ran under load
-        assert rolled["outcome"] == "deployed" and rolled["updated"] == [0, 1]
+        assert rolled.outcome == "deployed" and rolled.updated == [0, 1]
         st = d.status()
-        assert st["healthy"] and all(r["in_router"] for r in st["replicas"])
-        info = httpx.get(st["replicas"][1]["url"] + "/get_server_info", timeout=10, trust_env=False).json()
+        assert st.healthy and all(r.in_router for r in st.replicas)
+        info = httpx.get(st.replicas[1].url + "/get_server_info", timeout=10, trust_env=False).json()
         assert info["max_running_requests"] == 24                        # the real server runs the new profile
         down = d.down()
-        assert down["stopped"] == ["router", "replica 0", "replica 1"]
+        assert down.stopped == ["router", "replica 0", "replica 1"]
     finally:
         try:
             d.down()

@@ -43,17 +43,17 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
         assert planned[0].endswith(": start") and planned[-1].startswith("router gates, then hand off")
         assert sum("back into the router" in line for line in planned) == 2
         first = d.up(p1)
-        assert first["outcome"] == "deployed" and first["updated"] == [0, 1]
+        assert first.outcome == "deployed" and first.updated == [0, 1]
         assert first.parallel          # a first up: nothing in the router, both replicas booted at once
         boots = [(e["step"], e["phase"], e["replica"]) for e in Record.load(d.ledger.root).data["journal"]
                  if e["step"] == "replica-up"]
         assert boots[:2] == [("replica-up", "intent", 0), ("replica-up", "intent", 1)] or \
             boots[:2] == [("replica-up", "intent", 1), ("replica-up", "intent", 0)], boots
-        endpoint = first["endpoint"]
+        endpoint = first.endpoint
         st = d.status()
-        assert st["healthy"] and [r["healthy"] and r["in_router"] for r in st["replicas"]] == [True, True]
-        assert st["router"]["healthy_workers"] == 2
-        assert d.up(p1)["outcome"] == "unchanged"
+        assert st.healthy and [r.healthy and r.in_router for r in st.replicas] == [True, True]
+        assert st.router.healthy_workers == 2
+        assert d.up(p1).outcome == "unchanged"
         assert [line.split(": ", 1)[1][:9] for line in d.plan_lines(p1)[1:3]] == ["unchanged"] * 2
 
         p2 = load_profile(str(write_replicated_profile(tmp_path / "rep.yml", 24)))     # a changed profile: a rolling update
@@ -67,22 +67,22 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
             rolled = d.up(p2)
         assert load.failures == [], load.failures[:5]
         assert load.done >= 200 and load.during > 0, (load.done, load.during)       # the update ran under load
-        assert rolled["outcome"] == "deployed" and rolled["updated"] == [0, 1]
-        assert rolled["parallel"] is rolling.parallel
+        assert rolled.outcome == "deployed" and rolled.updated == [0, 1]
+        assert rolled.parallel is rolling.parallel
         journal = Record.load(d.ledger.root).data["journal"]
         ok = [(e["step"], e["replica"]) for e in journal if e["phase"] == "ok"]
-        tail = ok[ok.index(("reconcile", None), len(ok) - 1 - ok[::-1].index(("reconcile", None))):]
-        assert tail == [("reconcile", None), ("replica-detach", 0), ("replica-up", 0), ("replica-attach", 0),
+        tail = ok[ok.index(("settle", None), len(ok) - 1 - ok[::-1].index(("settle", None))):]
+        assert tail == [("settle", None), ("replica-detach", 0), ("replica-up", 0), ("replica-attach", 0),
                         ("replica-detach", 1), ("replica-up", 1), ("replica-attach", 1), ("router-gates", None),
                         ("hand-off", None)]
         st = d.status()
-        assert st["healthy"] and all(r["in_router"] for r in st["replicas"])
-        info = httpx.get(st["replicas"][1]["url"] + "/server_info", timeout=5, trust_env=False).json()
+        assert st.healthy and all(r.in_router for r in st.replicas)
+        info = httpx.get(st.replicas[1].url + "/server_info", timeout=5, trust_env=False).json()
         assert info["max_running_requests"] == 24
 
         down = d.down()
-        assert down["stopped"] == ["router", "replica 0", "replica 1"]
-        for url in [endpoint] + [r["url"] for r in st["replicas"]]:
+        assert down.stopped == ["router", "replica 0", "replica 1"]
+        for url in [endpoint] + [r.url for r in st.replicas]:
             with pytest.raises(httpx.TransportError):
                 httpx.get(url + "/health", timeout=2, trust_env=False)
     finally:
@@ -110,16 +110,16 @@ def test_two_tp2_replicas_on_four_nodes(tmp_path, monkeypatch, state_dir):
     d = ReplicatedDeployer(inv)
     try:
         res = d.up(load_profile(str(p)))
-        assert res["updated"] == [0, 1]
+        assert res.updated == [0, 1]
         st = d.status()
-        assert st["healthy"] and st["router"]["healthy_workers"] == 2
-        assert [[(x.rank, x.node) for x in r["ranks"]] for r in st["replicas"]] == \
+        assert st.healthy and st.router.healthy_workers == 2
+        assert [[(x.rank, x.node) for x in r.ranks] for r in st.replicas] == \
             [[(1, "spark-b"), (0, "spark-a")], [(1, "spark-d"), (0, "spark-c")]]      # boot order per group
-        r = httpx.post(res["endpoint"] + "/v1/completions", json={"model": "glm-5.3-flash", "prompt": "hi", "max_tokens": 4}, timeout=30,
+        r = httpx.post(res.endpoint + "/v1/completions", json={"model": "glm-5.3-flash", "prompt": "hi", "max_tokens": 4}, timeout=30,
                        trust_env=False)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
-        assert d.down()["stopped"] == ["router", "replica 0", "replica 1"]
-        assert not d.status()["healthy"]
+        assert d.down().stopped == ["router", "replica 0", "replica 1"]
+        assert not d.status().healthy
     finally:
         d.down()
 
@@ -143,7 +143,7 @@ def test_a_failing_replica_is_left_serving_alone_while_the_other_updated(tmp_pat
     p2_path.write_text(p2_path.read_text() + "api:\n  dist_port: 25001\n")
     blocker = socket.socket()
     try:
-        endpoint = d.up(p1)["endpoint"]
+        endpoint = d.up(p1).endpoint
         # replica i rendezvouses on api.dist_port + i: replica 1's new port is 25002
         blocker.bind((inv.nodes[1].fabric_address, 25002))
         blocker.listen(1)
@@ -165,9 +165,9 @@ def test_a_failing_replica_is_left_serving_alone_while_the_other_updated(tmp_pat
         assert "25002" in info.value.render()
         assert failures == []
         st = d.status()
-        assert all(r["in_router"] and r["healthy"] for r in st["replicas"]), st
-        mrr = [httpx.get(r["url"] + "/server_info", timeout=5, trust_env=False).json()["max_running_requests"]
-               for r in st["replicas"]]
+        assert all(r.in_router and r.healthy for r in st.replicas), st
+        mrr = [httpx.get(r.url + "/server_info", timeout=5, trust_env=False).json()["max_running_requests"]
+               for r in st.replicas]
         assert mrr == [24, 16]
     finally:
         blocker.close()
@@ -312,7 +312,7 @@ def test_a_replica_already_out_of_the_router_is_drained_before_it_is_stopped(tmp
     try:
         d.up(p1)
         st = d.status()
-        url = st["replicas"][1]["url"]
+        url = st.replicas[1].url
         result: dict = {}
 
         def long_request() -> None:          # ~6 s at the emulator's 2000 tok/s
@@ -328,12 +328,12 @@ def test_a_replica_already_out_of_the_router_is_drained_before_it_is_stopped(tmp
         while (engine_in_flight(url) or 0) == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert engine_in_flight(url) == 1
-        assert RouterClient(st["router"]["url"]).remove_worker(url)        # the killed controller's first move
+        assert RouterClient(st.router.url).remove_worker(url)        # the killed controller's first move
         d.up(p2)
         t.join(timeout=60)
         assert "r" in result, result
         assert result["r"].status_code == 200, result["r"].text[:300]
         assert result["r"].json()["meta_info"]["completion_tokens"] == 12000, result["r"].json()["meta_info"]
-        assert all(r["in_router"] and r["healthy"] for r in d.status()["replicas"])
+        assert all(r.in_router and r.healthy for r in d.status().replicas)
     finally:
         d.down()

@@ -61,7 +61,7 @@ def _assert_status_truthful(st, code: int, step: str, when: str) -> None:
     """After the kill, `status` says the `up` was interrupted (its controller gone) and is not healthy, up to the
     hand-off's own record write (killed after it, the deployment was handed off)."""
     if code == -9 and (step, when) != ("hand-off", "after"):
-        assert (st.get("progress") or "").startswith("interrupted: ") and not st["healthy"], (step, when, st)
+        assert (st.progress or "").startswith("interrupted: ") and not st.healthy, (step, when, st)
 
 
 @pytest.mark.parametrize("command,step,when", POINTS, ids=[":".join(p) for p in POINTS])
@@ -77,16 +77,16 @@ def test_sigkill_at_every_replicated_boundary(cluster, command, step, when):
     if code != -9:
         assert step == "router-start", f"{step}:{when} never reached (exit {code})"   # the router already runs
     st = d.status()
-    if st.get("router"):
-        assert st["router"]["live"], st              # the router outlives its controller
+    if st.router:
+        assert st.router.live, st              # the router outlives its controller
     _assert_status_truthful(st, code, step, when)
     res = d.up(load_profile(str(profiles[dst])))
-    assert res["endpoint"]
+    assert res.endpoint
     current.append(dst)
     st = d.status()
-    assert st["healthy"] and all(r["in_router"] and r["healthy"] for r in st["replicas"]), st
-    for r in st["replicas"]:
-        info = httpx.get(r["url"] + "/server_info", timeout=5, trust_env=False).json()
+    assert st.healthy and all(r.in_router and r.healthy for r in st.replicas), st
+    for r in st.replicas:
+        info = httpx.get(r.url + "/server_info", timeout=5, trust_env=False).json()
         assert info["max_running_requests"] == mrr, (step, when, r)
 
 
@@ -109,10 +109,10 @@ def test_sigkill_at_every_boundary_of_a_first_up(cluster, command, step, when):
                    if e["step"] == "replica-up" and e["phase"] == "intent"}
         assert started == {0, 1}, started
     res = d.up(load_profile(str(profiles[0])))         # converges from whatever the kill left
-    assert res["endpoint"] and res["outcome"] in ("deployed", "unchanged")
+    assert res.endpoint and res.outcome in ("deployed", "unchanged")
     current[:] = [0]
     st = d.status()
-    assert st["healthy"] and all(r["in_router"] and r["healthy"] for r in st["replicas"]), st
-    for r in st["replicas"]:
-        info = httpx.get(r["url"] + "/server_info", timeout=5, trust_env=False).json()
+    assert st.healthy and all(r.in_router and r.healthy for r in st.replicas), st
+    for r in st.replicas:
+        info = httpx.get(r.url + "/server_info", timeout=5, trust_env=False).json()
         assert info["max_running_requests"] == 16, (step, when, r)

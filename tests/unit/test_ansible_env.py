@@ -32,6 +32,18 @@ def test_ansible_env_keeps_settings_runner_additions_and_the_callers_needs_only(
                    "ANSIBLE_STDOUT_CALLBACK": "awx_display", "AWX_ISOLATED_DATA_DIR": "/a/1"}
 
 
+def test_ansible_env_and_helper_env_share_one_allowlist():
+    """One helper environment rule (nodes/environ.py): what any helper inherits of the caller, ansible-playbook
+    inherits too, plus its SSH agent and ANSIBLE_*; a variable outside it reaches neither."""
+    from sparkctl.nodes.environ import helper_env
+    caller = {"HOME": "/root", "SHELL": "/bin/bash", "DOCKER_HOST": "unix:///d.sock", "LC_ALL": "C",
+              "SSH_AUTH_SOCK": "/s", "ANSIBLE_CONFIG": "/a.cfg", "HF_TOKEN": HF_TOKEN, "PYTHONPATH": "/evil"}
+    helper = helper_env(environ=caller)
+    ansible = ansible_env(dict(caller), caller, {})
+    assert set(helper) - {"PATH"} == {"HOME", "SHELL", "DOCKER_HOST", "LC_ALL"}
+    assert set(ansible) == set(helper) - {"PATH"} | {"SSH_AUTH_SOCK", "ANSIBLE_CONFIG"}
+
+
 def _refusing_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -6,7 +6,7 @@ import os
 import socket
 import subprocess
 
-from sparkctl.deploy.reconcile import interrupted
+from sparkctl.deploy.settle import interrupted
 from sparkctl.nodes import procfs
 from sparkctl.state.controller import controller_alive, live_lock_holder, this_controller
 from sparkctl.state.ledger import Ledger

@@ -151,7 +151,7 @@ def test_one_step_vocabulary_feeds_the_plan_apply_and_the_crash_points():
     from sparkctl.deploy.apply import RUNNERS
     from sparkctl.deploy.plan import STEP_TYPES
     assert set(RUNNERS) == set(STEP_TYPES)
-    assert [t.name for t in STEP_TYPES] == [s for s in steps.UP_STEPS if s != steps.RECONCILE]
+    assert [t.name for t in STEP_TYPES] == [s for s in steps.UP_STEPS if s != steps.SETTLE]
     points = set(crash_points())
     assert all(("up", t.name, when) in points for t in STEP_TYPES for when in ("before", "after"))
     assert {t.name for t in STEP_TYPES if not t.idempotent} == {steps.STOP_OLD, steps.BOOT, steps.HAND_OFF}
@@ -163,7 +163,7 @@ def test_no_step_name_is_spelled_outside_the_step_list():
     count too."""
     from sparkctl.deploy import steps
     names = set(steps.UP_STEPS + steps.RESTORE_STEPS + steps.REPLICATED_STEPS + steps.TUNE_STEPS
-                + steps.COMPARE_STEPS + steps.TRANSACTION_KINDS) - {steps.PREFLIGHT, steps.VERIFY}
+                + steps.COMPARE_STEPS + steps.TRANSACTION_COMMANDS) - {steps.PREFLIGHT, steps.VERIFY}
     found = []
     for path in sorted([*DEPLOY.glob("*.py"), *(DEPLOY.parent / "tune").glob("*.py"),
                         *(DEPLOY.parent / "bench").glob("*.py")]):

@@ -198,7 +198,7 @@ def test_start_handle_is_redacted_and_env_goes_over_stdin() -> None:
     rt = DockerRuntime(inv, node, cluster="desk", connector=fake, environ={})  # type: ignore[arg-type]
     handle = rt.start(_spec(), "dep1")
     fake.assert_done()
-    assert handle.kind == "docker" and handle.container == name and handle.container_id == "c" * 64
+    assert handle.runtime == "docker" and handle.container == name and handle.container_id == "c" * 64
     assert handle.log is None and handle.rank == 0 and handle.node == "spark-a"
     dumped = handle.model_dump_json()
     assert API_KEY not in dumped and HF_TOKEN not in dumped

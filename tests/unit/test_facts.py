@@ -211,3 +211,48 @@ def test_docker_top() -> None:
                                                              (1557, "T", "sleep")]
     assert {p.state for p in facts.parse_docker_top(LIVE_DOCKER_TOP_PAUSED)} == {"D"}
     assert facts.parse_docker_top("") == [] and facts.parse_docker_top("[...]\n") == []
+
+
+def _liveness_script_run(tmp_path, inspect_rc: int, inspect_out: str, top_rc: int, top_out: str):
+    """The liveness argv run by a real `sh`, with a `docker` on PATH answering as the real one did (the captured
+    outputs above): what the node's shell does between the two answers (order, mark, exit status)."""
+    import os
+    import stat
+    import subprocess
+    (tmp_path / "inspect.out").write_text(inspect_out)
+    (tmp_path / "top.out").write_text(top_out)
+    docker = tmp_path / "docker"
+    docker.write_text("#!/bin/sh\n"
+                      f'if [ "$1" = container ]; then cat {tmp_path}/inspect.out; '
+                      f'[ {inspect_rc} = 0 ] || echo "Error: No such container: $5" >&2; exit {inspect_rc}; fi\n'
+                      f'if [ "$1" = top ]; then cat {tmp_path}/top.out; exit {top_rc}; fi\nexit 99\n')
+    docker.chmod(docker.stat().st_mode | stat.S_IEXEC)
+    argv = list(facts.container_liveness("c" * 64).argv)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+
+
+def test_container_liveness_is_one_argv_read_by_both_parsers(tmp_path) -> None:
+    """Liveness asks `docker inspect` and `docker top` in one remote argv (one SSH round trip); the container
+    reaches the script as $1, never spliced into its text; each answer goes to its own parser."""
+    fact = facts.container_liveness("c" * 64)
+    assert fact.argv[:2] == ("sh", "-c") and fact.argv[3:] == ("sh", "c" * 64) and "c" * 64 not in fact.argv[2]
+    running = ('{"Id":"' + "c" * 64 + '","Name":"/sparkctl-desk-rank1-1","Image":"sha256:ff","State":{"Status":'
+               '"running","Running":true,"Paused":false,"OOMKilled":false,"ExitCode":0,"Error":"","StartedAt":'
+               '"2026-01-01T00:00:00.1Z","FinishedAt":"0001-01-01T00:00:00Z"},"Config":{"Labels":{}}}\n')
+    res = _liveness_script_run(tmp_path, 0, running, 0, LIVE_DOCKER_TOP_STOPPED)
+    assert res.returncode == 0, res.stderr
+    seen = fact.parse(res.stdout)
+    assert seen.state is not None and seen.state.running and seen.state.name == "sparkctl-desk-rank1-1"
+    assert seen.state == facts.parse_container_inspect(running)
+    assert seen.processes == facts.parse_docker_top(LIVE_DOCKER_TOP_STOPPED)
+    assert [p.pid for p in seen.processes if p.state == "T"] == [1557]
+    # a container that is not running: `docker top` fails, the answer is the state and no process list
+    exited = running.replace('"running","Running":true', '"exited","Running":false')
+    res = _liveness_script_run(tmp_path, 0, exited, 1, "")
+    seen = fact.parse(res.stdout)
+    assert res.returncode == 0 and seen.state is not None and seen.state.status == "exited" and seen.processes == []
+    # no such container: inspect's exit status and message are the command's (the runtime reads "no such")
+    res = _liveness_script_run(tmp_path, 1, "", 0, LIVE_DOCKER_TOP_STOPPED)
+    assert res.returncode == 1 and "No such container" in res.stderr and facts.LIVENESS_MARK not in res.stdout
+    assert fact.parse(res.stdout) == facts.ContainerLiveness(None, [])

@@ -120,7 +120,7 @@ def test_cleanup_secrets_sweeps_what_a_kill_9_left_and_keeps_a_running_engines(s
     _gone(engine)
     assert rt.secrets_dir("dep-1", 1).exists()
     other = ProcessRuntime(rt.log_dir, rt.sim_knobs, secrets_root=rt.log_dir.parent.parent / "secrets")
-    assert other.secrets_root == rt.secrets_root     # a later command (reconcile, down) finds the same place
+    assert other.secrets_root == rt.secrets_root     # a later command (settle, down) finds the same place
     removed = other.cleanup_secrets()
     assert removed == [str(rt.secrets_dir("dep-1", 1))]
     assert not rt.secrets_dir("dep-1", 1).exists() and rt.secrets_dir("dep-1", 0).exists()   # rank 0 still runs

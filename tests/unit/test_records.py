@@ -68,8 +68,8 @@ def test_the_active_deployment_is_derived_from_the_records_alone(tmp_path):
 def test_a_bench_arm_is_never_a_rollback_target(tmp_path):
     ledger = Ledger(tmp_path / "c")
     ledger.save(_record("20260101T000000Z-d5-0001", status=Status.SUPERSEDED, handed_off="t"))
-    ledger.save(_record("20260101T000001Z-d5-0002", status=Status.SUPERSEDED, handed_off="t", kind="bench-compare"))
-    ledger.save(_record("20260101T000002Z-d5-0003", status=Status.SUCCESSFUL, handed_off="t", kind="bench-restore"))
+    ledger.save(_record("20260101T000001Z-d5-0002", status=Status.SUPERSEDED, handed_off="t", command="bench-compare"))
+    ledger.save(_record("20260101T000002Z-d5-0003", status=Status.SUCCESSFUL, handed_off="t", command="bench-restore"))
     assert ledger.known_good(exclude=ledger.active_id(), rollback=True).id == "20260101T000000Z-d5-0001"
 
 
@@ -119,7 +119,8 @@ def test_a_record_written_by_the_landed_code_still_loads_and_round_trips(tmp_pat
     """tests/lifecycle/fixtures/record-landed-d5.json was written by `sparkctl up --profile d5` of the code landed
     before the typed record (gates, checks, specs, capacity, warm-up and images were dicts then)."""
     from pathlib import Path
-    from sparkctl.state.records import Capacity, CheckResult, GateResult, RankSpec, Warmup
+    from sparkctl.sglang.launch import RankSpec
+    from sparkctl.state.records import Capacity, CheckResult, GateResult, Warmup
 
     fixture = Path(__file__).resolve().parents[1] / "lifecycle" / "fixtures" / "record-landed-d5.json"
     data = json.loads(fixture.read_text())
@@ -131,9 +132,52 @@ def test_a_record_written_by_the_landed_code_still_loads_and_round_trips(tmp_pat
     assert isinstance(rec.preflight[0], CheckResult) and isinstance(rec.specs[0], RankSpec)
     assert isinstance(rec.capacity, Capacity) and rec.capacity.max_running_requests == 1
     assert isinstance(rec.warmup, Warmup) and rec.warmup.cold.completion_tokens == 800
-    assert rec.specs[0]["api_host"] == data["specs"][0]["api_host"] and rec.capacity.get("context_len") == 65536
+    assert rec.specs[0].api_host == data["specs"][0]["api_host"] and rec.capacity.context_len == 65536
     assert ledger.active_id() == data["id"] and rec.known_good
     ledger.save(rec)
     again = json.loads(ledger.deployment_path(data["id"]).read_text())
     assert again["gates"] == data["gates"] and again["specs"] == data["specs"] and again["warmup"] == data["warmup"]
     assert again["capacity"] == data["capacity"] and again["preflight"] == data["preflight"]
+
+
+def test_records_written_before_the_renames_load_under_the_new_names(tmp_path):
+    """tests/lifecycle/fixtures/records-816a677/ were written by the code of commit 816a677 (its README): an `up`,
+    an `up` killed after boot and settled by the next command, a `rollback`. Each loads with every renamed key
+    (`state.records.RENAMED_KEYS`, its failure's `Failure.RENAMED`, its handles' `nodes.handles.RENAMED_KEYS`)
+    under its new name, and is written back with the new names only."""
+    from pathlib import Path
+
+    from sparkctl.nodes.handles import RENAMED_KEYS as HANDLE_KEYS
+    from sparkctl.state.records import RENAMED_KEYS, Failure
+
+    fixtures = Path(__file__).resolve().parents[1] / "lifecycle" / "fixtures" / "records-816a677"
+    ledger = Ledger(tmp_path / "c")
+    ledger.deployment_path("x").parent.mkdir(parents=True)
+    old = {}
+    for path in sorted(fixtures.glob("*.json")):
+        old[path.stem] = json.loads(path.read_text())
+        ledger.deployment_path(path.stem).write_text(path.read_text())
+    assert {k for data in old.values() for k in data} >= set(RENAMED_KEYS)       # the fixtures hold the old names
+    commands = {}
+    for dep_id, data in old.items():
+        rec = ledger.load(dep_id)
+        commands[dep_id] = rec.command
+        assert not set(RENAMED_KEYS) & set(rec.model_extra or {}), dep_id
+        ledger.save(rec)
+        again = json.loads(ledger.deployment_path(dep_id).read_text())
+        assert not set(RENAMED_KEYS) & set(again), dep_id
+        assert again["command"] == data["kind"]
+        assert [h["runtime"] for h in again["handles"]] == [h["kind"] for h in data["handles"]] == ["process"] * 2
+        assert all(isinstance(h, ProcessHandle) for h in rec.handles) and not any("kind" in h for h in again["handles"])
+        expected = {RENAMED_KEYS.get(k, k): v for k, v in data.items() if k != "updated"}
+        expected["handles"] = [{HANDLE_KEYS.get(k, k): v for k, v in h.items()} for h in data["handles"]]
+        if data["failure"]:
+            expected["failure"] = {Failure.RENAMED.get(k, k): v for k, v in data["failure"].items()}
+            assert rec.failure is not None and rec.failure.step == data["failure"]["stage"]
+        assert [s.name for s in rec.steps] == [s["name"] for s in data["stages"]] and rec.steps
+        assert expected == {k: v for k, v in again.items() if k != "updated"}, dep_id   # nothing else changed
+    assert commands == {"20261203T192928Z-d5-e689": "up", "20261203T192940Z-dflash-off-25fb": "up",
+                        "20261203T192950Z-dflash-off-cdfe": "rollback"}
+    settled = ledger.load("20261203T192940Z-dflash-off-25fb")
+    assert settled.status == Status.INTERRUPTED and settled.settled.startswith("settled by `sparkctl rollback`")
+    assert settled.settled == old["20261203T192940Z-dflash-off-25fb"]["reconciled"]

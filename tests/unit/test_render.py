@@ -131,7 +131,7 @@ def test_secrets_travel_as_files_never_in_argv_env_or_anything_printed(cli, monk
         assert spec.env["HF_TOKEN_PATH"] == "/run/sparkctl-secrets/hf-token"
         assert yaml.safe_load(spec.secret_files["engine-secrets.yaml"]) == {"api-key": "sk-very-secret"}
         assert spec.secret_files["hf-token"] == "hf_secret_token"
-        assert "sk-very-secret" not in json.dumps(spec.redacted()) + repr(spec)
+        assert "sk-very-secret" not in spec.redacted().model_dump_json() + repr(spec)
     shown = json.dumps(res.to_json())
     assert "sk-very-secret" not in shown and "hf_secret_token" not in shown
     code, out, err = cli("render", "--profile", "d5", "--json", "--inventory", str(INVENTORIES["sparks"]))
@@ -205,9 +205,9 @@ def test_redaction_is_by_field_not_by_value():
                                               "--admin-api-key=8", "--max-total-tokens", "8"],
                       env={"NCCL_DEBUG": "8", "HF_TOKEN": "8"}, sglang_version="0.5.23", secret_values=frozenset({"8"}))
     view = spec.redacted()
-    assert view["argv"] == ["python3", "--speculative-num-draft-tokens", "8", "--api-key", "***",
+    assert view.argv == ["python3", "--speculative-num-draft-tokens", "8", "--api-key", "***",
                             "--admin-api-key=***", "--max-total-tokens", "8"]
-    assert view["env"] == {"HF_TOKEN": "***", "NCCL_DEBUG": "8"}
+    assert view.env == {"HF_TOKEN": "***", "NCCL_DEBUG": "8"}
 
 
 def test_secret_flags_are_the_credential_strings_not_every_token_word():

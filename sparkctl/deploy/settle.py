@@ -2,7 +2,7 @@
 
 A deployment record is *in progress* while its status is `running` or a restore is under way (`restoring`).
 Its controller is dead when the cluster lock is free and the recorded pid is gone or recycled (SIGKILL,
-power loss, OOM-killer). `up`, `rollback` and `down` call `reconcile` under the lock before anything else:
+power loss, OOM-killer). `up`, `rollback` and `down` call `settle` under the lock before anything else:
 
 * a deployment whose every verify gate had passed and whose ranks all serve /health 200 is **adopted**:
   the hand-off the controller did not finish is done (it becomes the active deployment);
@@ -11,7 +11,7 @@ power loss, OOM-killer). `up`, `rollback` and `down` call `reconcile` under the 
   (it did not fail: its controller died), stopped and restartable;
 * any other running engine that is not the active deployment's is stopped as an orphan.
 
-Each decision prints one line saying which and why, and is written to the record (`reconciled`).
+Each decision prints one line saying which and why, and is written to the record (`settled`).
 `status` uses `interrupted()` to report the same without changing anything.
 """
 from __future__ import annotations
@@ -25,9 +25,8 @@ from pydantic import BaseModel, Field
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import mark_superseded, sweep_secrets
 from sparkctl.deploy.observe import Engine, observe, stop_engine, unrecorded
-from sparkctl.deploy.steps import RECONCILE, VERIFY
+from sparkctl.deploy.steps import SETTLE, VERIFY
 from sparkctl.errors import SparkctlError
-from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import SGLangAPIError
 from sparkctl.state.controller import controller_alive, live_lock_holder
 from sparkctl.state.ledger import Ledger, now_iso
@@ -70,26 +69,23 @@ def controller_text(rec: DeploymentRecord) -> str:
     return f"controller pid {c.pid} on {c.host} gone" if c else "controller gone (not recorded)"
 
 
-def stage_of(rec: DeploymentRecord) -> str:
+def step_of(rec: DeploymentRecord) -> str:
     if rec.restoring:
         return f"restore of {rec.restoring}"
-    return next((s.name for s in reversed(rec.stages) if s.status != "ok"), "plan")
+    return next((s.name for s in reversed(rec.steps) if s.status != "ok"), "plan")
 
 
-class Reconciled(BaseModel):
-    """What reconcile did: one line per decision, the deployment adopted, the engines stopped."""
+class Settled(BaseModel):
+    """What settling did: one line per decision, the deployment adopted, the engines stopped."""
 
     lines: list[str] = Field(default_factory=list)
     adopted: str | None = None
     stopped: list[str] = Field(default_factory=list)
 
-    def as_dict(self) -> JSONObject:
-        return self.model_dump()
-
 
 def _healthy(d: Cluster, rec: DeploymentRecord, engines: list[Engine]) -> bool:
     ranks = {e.handle.rank for e in engines if e.running}
-    if ranks != {int(s["rank"]) for s in rec.specs}:
+    if ranks != {s.rank for s in rec.specs}:
         return False
     try:
         with d.client(rec.specs[0], rec.api_key_env, timeout=5) as c:
@@ -98,7 +94,7 @@ def _healthy(d: Cluster, rec: DeploymentRecord, engines: list[Engine]) -> bool:
         return False
 
 
-def reconcile(d: Cluster, command: str) -> Reconciled:
+def settle(d: Cluster, command: str) -> Settled:
     """Under the cluster lock: adopt or stop what dead controllers left, then stop orphans (module docstring)."""
     say = d.reporter.event
     dead = interrupted(d.ledger, locked=True)
@@ -112,7 +108,7 @@ def reconcile(d: Cluster, command: str) -> Reconciled:
     adopted = None
     active_id = d.ledger.active_id()
     if dead or any(e.deployment != active_id for e in found):
-        d.reporter.stage(RECONCILE, f"`sparkctl {command}` first settles what a dead controller left")
+        d.reporter.stage(SETTLE, f"`sparkctl {command}` first settles what a dead controller left")
 
     def stop_all(engines: list[Engine], why: str) -> None:
         for e in engines:
@@ -125,9 +121,9 @@ def reconcile(d: Cluster, command: str) -> Reconciled:
 
     for rec in dead:
         why = controller_text(rec)
-        stage = stage_of(rec)
+        step = step_of(rec)
         mine = [e for e in found if e.deployment == rec.id]
-        verified = any(s.name == VERIFY and s.status == "ok" for s in rec.stages)
+        verified = any(s.name == VERIFY and s.status == "ok" for s in rec.steps)
         if rec.status == Status.RUNNING and verified and _healthy(d, rec, mine):
             line = (f"adopted {rec.id} ({rec.profile}): its {why} after every gate passed; all ranks serve "
                     f"/health 200 (hand-off completed by `sparkctl {command}`)")
@@ -135,12 +131,12 @@ def reconcile(d: Cluster, command: str) -> Reconciled:
             lines.append(line)
             rec.status, rec.handed_off, rec.finished = Status.SUCCESSFUL, now_iso(), now_iso()
             rec.handles = [e.handle for e in sorted(mine, key=lambda e: -e.handle.rank)] or rec.handles
-            rec.reconciled = line
+            rec.settled = line
             d.ledger.save(rec)        # the hand-off: this one write makes it the active deployment
             adopted = rec.id
             found = [e for e in found if e.deployment != rec.id]
             continue
-        reason = (f"deployment {rec.id} was interrupted ({why}) during {stage}; "
+        reason = (f"deployment {rec.id} was interrupted ({why}) during {step}; "
                   + ("it never passed its gates" if not verified else "not every rank serves"))
         stop_all(mine, reason)
         restoring = rec.restoring
@@ -159,14 +155,14 @@ def reconcile(d: Cluster, command: str) -> Reconciled:
             rec.restoring = None
         if rec.status == Status.RUNNING:
             rec.status = Status.INTERRUPTED
-            rec.failure = Failure(stage=stage, message=f"interrupted: {why} (SIGKILL, power loss or OOM-killer)")
+            rec.failure = Failure(step=step, message=f"interrupted: {why} (SIGKILL, power loss or OOM-killer)")
             rec.finished = rec.finished or now_iso()
-        rec.reconciled = (f"settled by `sparkctl {command}` at {now_iso()}: "
+        rec.settled = (f"settled by `sparkctl {command}` at {now_iso()}: "
                           + (f"stopped {len(mine)} engine(s)" if mine else "no engine of it was running"))
         d.ledger.save(rec)
         found = [e for e in found if e.deployment not in (rec.id, restoring)]
         if not mine:
-            line = f"deployment {rec.id} was interrupted ({why}) during {stage}; none of its engines runs"
+            line = f"deployment {rec.id} was interrupted ({why}) during {step}; none of its engines runs"
             say(line)
             lines.append(line)
     active_id = d.ledger.active_id()
@@ -178,7 +174,7 @@ def reconcile(d: Cluster, command: str) -> Reconciled:
         stop_all(orphans, "an orphan (not the active deployment's engine; its ledger record is not in progress)")
     sweep_secrets(d)
     d.ledger.sync_index()
-    return Reconciled(lines=lines, adopted=adopted, stopped=stopped)
+    return Settled(lines=lines, adopted=adopted, stopped=stopped)
 
 
 def refresh_handles(d: Cluster, active_id: str, engines: list[Engine], say: Callable[[str], None],
