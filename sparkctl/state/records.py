@@ -378,14 +378,12 @@ class RouterBench(_Section):
 
 # --------------------------------------------------------------------------- the card's measurements
 
-class _Measured(BaseModel):
-    """A measured part of a bench card, as the measure functions build it and ``report.json`` holds it.
+class KeysAsWritten(BaseModel):
+    """A model of a JSON file section that dumps the keys it was given or set, in their order, and no others.
 
-    A field without a default is a key the card always writes (null when not measured); a field with a default is
-    a key written only when it was set (a scheduler log window, a cached-repeat size, a failed size's note): the
-    JSON keeps the shape today's cards have, so old cards load and new ones compare with them. Statistics
-    summaries (`sparkctl.bench.stats.Summary.as_dict`), the scheduler-log summary and the token calibration stay
-    JSON objects: they are the card's own JSON, written by one function each.
+    A field without a default is a key always written (null when there is no value); a field with a default is a
+    key written only when it was set (a scheduler log window, a cached-repeat size, a failed size's note). So the
+    JSON keeps the shape the files already have: old files load, and load/dump gives the same file back.
     """
 
     # extra="allow": keys written by a newer sparkctl survive a load/save round trip instead of being dropped.
@@ -394,8 +392,19 @@ class _Measured(BaseModel):
     @model_serializer(mode="wrap")
     def _set_keys_only(self, handler: SerializerFunctionWrapHandler) -> JSONObject:
         data: JSONObject = handler(self)
-        keep = self.model_fields_set | set(self.model_extra or {})
+        fields = type(self).model_fields
+        keep = set(self.model_extra or {})
+        for name in self.model_fields_set:
+            keep.update(k for k in (name, fields[name].alias if name in fields else None) if k)
         return {k: v for k, v in data.items() if k in keep}
+
+
+class _Measured(KeysAsWritten):
+    """A measured part of a bench card, as the measure functions build it and ``report.json`` holds it.
+
+    Statistics summaries (`sparkctl.bench.stats.Summary.as_dict`), the scheduler-log summary and the token
+    calibration stay JSON objects: they are the card's own JSON, each written by one function.
+    """
 
 
 class GateFailure(_Measured):

@@ -37,7 +37,7 @@ from sparkctl.deploy.steps import CONFIRM, TRIAL, TUNE_BEGIN, TUNE_RESTORE
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.tunejournal import Journal, TuneOptions, clear_marker, write_marker
+from sparkctl.state.tunejournal import Journal, TuneJournal, TuneOptions, clear_marker, write_marker
 from sparkctl.tune import g6
 from sparkctl.tune import space as sp
 from sparkctl.tune.settle import restore, settle
@@ -259,8 +259,9 @@ def _estimate(j: Journal, elapsed_s: float) -> None:
                           "formula": "elapsed + first trial x (remaining trials + 2 x confirm rounds + 1 restore)"}
 
 
-def execute(deployer: Deployer, j: Journal, progress: Progress) -> JSONObject:
-    """Run (or continue) the tune in `j` to its end: trials, confirmation, promotion, restore."""
+def execute(deployer: Deployer, j: Journal, progress: Progress) -> TuneJournal:
+    """Run (or continue) the tune in `j` to its end: trials, confirmation, promotion, restore. Returns the
+    journal as its model (what ``runs/<id>/tune.json`` now holds)."""
     ledger = deployer.ledger
     opts = TuneOptions(**j.data["options"])
     started = time.monotonic() - float(j.data["timing"].get("elapsed_before_s", 0.0))
@@ -287,7 +288,7 @@ def execute(deployer: Deployer, j: Journal, progress: Progress) -> JSONObject:
         finally:
             j.data["timing"]["trials_sum_s"] = round(sum(t["elapsed_s"] or 0 for t in j.data["trials"]), 3)
             _restore_and_close(deployer, j, ended, started, progress)
-    return j.data
+    return TuneJournal.model_validate(j.data)
 
 
 def _restore_and_close(deployer: Deployer, j: Journal, ended: str, started: float, progress: Progress) -> None:
@@ -402,7 +403,7 @@ def _written_by(path: Path, run_id: str) -> bool:
         return False
 
 
-def tune(deployer: Deployer, opts: TuneOptions, progress: Progress) -> JSONObject:
+def tune(deployer: Deployer, opts: TuneOptions, progress: Progress) -> TuneJournal:
     settle(deployer, progress)
     j = new_journal(deployer, opts)              # written once the lock is held (execute)
     # Where the winner will go is refused now (a directory, not writable, a file there without --force), not
@@ -413,7 +414,7 @@ def tune(deployer: Deployer, opts: TuneOptions, progress: Progress) -> JSONObjec
     return execute(deployer, j, progress)
 
 
-def resume(deployer: Deployer, run_id: str, progress: Progress) -> JSONObject:
+def resume(deployer: Deployer, run_id: str, progress: Progress) -> TuneJournal:
     j = Journal.load(deployer.ledger, run_id)
     if j.data.get("state") == "finished":
         raise ConfigError(f"tune {run_id} already finished", where=str(j.path), hint="start a new `sparkctl tune`")
