@@ -566,7 +566,8 @@ class ArmEntry(_Measured):
 class RunRecord(_Record):
     """One `sparkctl bench` run: what was measured (arms, comparison, G6) and how it ended.
 
-    The measured sections stay JSON data: the card (report.md) is rendered from this record's JSON.
+    Each arm's measurements are models (`ArmResults`); the comparison and G6 sections are still JSON objects. The
+    card (report.md) is rendered from this record's JSON, after the run's secrets are masked in it.
     """
 
     schema_: str = Field(alias="schema")
