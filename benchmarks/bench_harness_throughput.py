@@ -64,7 +64,7 @@ def main() -> int:
         code = decode_prompts()["code"]
         measure.warm_up(arm, code, 1, 200)
         d = measure.measure_decode(arm, {"code": code}, runs=args.runs, max_tokens=args.tokens)
-        s = d["classes"]["code"]["decode_tok_s"]
+        s = d.classes["code"].decode_tok_s
         chunks = None
         res = arm.client.chat(code.messages(), max_tokens=args.tokens, temperature=0, stream=True, model=arm.model)
         chunks = sum(1 for x in res.deltas if x.has_token)

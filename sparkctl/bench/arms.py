@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from sparkctl.bench import losslessness, measure
 from sparkctl.bench.logsource import FileLog, LogSource, RuntimeLog, capacity_from_log, scheduler_summary
@@ -19,7 +19,14 @@ from sparkctl.bench.target import Arm, check_reachable
 from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import Limits, SGLangClient
-from sparkctl.state.records import DeploymentRecord
+from sparkctl.state.records import (
+    AcceptanceResult,
+    ArmResults,
+    ColdResult,
+    DecodeResult,
+    DeploymentRecord,
+    GateFailure,
+)
 
 if TYPE_CHECKING:
     from sparkctl.deploy.commands import Deployer
@@ -28,6 +35,7 @@ log = logging.getLogger("sparkctl.bench")
 
 GATES = ("cold", "decode", "acceptance", "ttft", "concurrency", "g6")
 Progress = Callable[[str], None]
+T = TypeVar("T")
 
 
 def parse_gates(text: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -117,56 +125,54 @@ def arm_from_record(deployer: Deployer, record: DeploymentRecord, *, log_path: P
 
 # --------------------------------------------------------------------------- one arm
 
-def _gate(results: JSONObject, name: str, fn: Callable[[], Any], progress: Progress) -> Any:
+def _gate(name: str, fn: Callable[[], T], progress: Progress) -> T | GateFailure:
     """Run one measurement; a known failure is recorded under the gate and the bench goes on."""
     try:
-        value = fn()
+        return fn()
     except SparkctlError as exc:
         progress(f"{name}: FAILED: {exc.message}")
-        results[name] = {"error": exc.render()}
-        return None
-    results[name] = value
-    return value
+        return GateFailure(error=exc.render())
 
 
 def measure_arm(arm: Arm, opts: BenchOptions, run_tag: str, *, primary: bool, g6: bool,
-                progress: Progress = _noop) -> tuple[JSONObject, list[losslessness.Capture] | None]:
+                progress: Progress = _noop) -> tuple[ArmResults, list[losslessness.Capture] | None]:
     """Every selected measurement on one arm (TTFT and concurrency on the primary arm only)."""
     gates = set(opts.gates)
     prompts = {c: p for c, p in decode_prompts().items() if c in opts.classes}
     code = decode_prompts()["code"]
-    results: JSONObject = {}
+    results = ArmResults()
 
     def say(m: str) -> None:
         progress(f"[{arm.role} {arm.name}] {m}")
 
     if arm.log is not None:
-        results["boot_log_capacity"] = capacity_from_log(arm.log.whole()) or None
+        results.boot_log_capacity = capacity_from_log(arm.log.whole()) or None
     if "cold" in gates:
-        _gate(results, "cold", lambda: {
-            "first_request": measure.first_request(arm, code, opts.warmup_max_tokens or opts.max_tokens),
-            "at_boot": arm.record.warmup.cold if arm.record and arm.record.warmup else None,
-            "note": "excluded from every median; the first request of this bench is cold only if nothing ran "
-                    "since boot (a deployment's own warm-up at boot is reported as at_boot)"}, say)
-        say(f"first request: {((results.get('cold') or {}).get('first_request') or {}).get('latency_s')} s")
+        results.cold = _gate("cold", lambda: ColdResult(
+            first_request=measure.first_request(arm, code, opts.warmup_max_tokens or opts.max_tokens),
+            at_boot=arm.record.warmup.cold if arm.record and arm.record.warmup else None,
+            note="excluded from every median; the first request of this bench is cold only if nothing ran "
+                 "since boot (a deployment's own warm-up at boot is reported as at_boot)"), say)
+        cold = results.cold.first_request.latency_s if isinstance(results.cold, ColdResult) else None
+        say(f"first request: {cold} s")
     needs_decode = gates & {"decode", "acceptance"}
     if needs_decode and opts.warmup:
-        _gate(results, "warmup", lambda: measure.warm_up(arm, code, opts.warmup, opts.warmup_max_tokens
-                                                          or opts.max_tokens), say)
+        results.warmup = _gate("warmup", lambda: measure.warm_up(arm, code, opts.warmup, opts.warmup_max_tokens
+                                                                  or opts.max_tokens), say)
     if needs_decode:
         wanted = prompts if "decode" in gates else {"code": code}
-        _gate(results, "decode", lambda: measure.measure_decode(arm, wanted, runs=opts.runs,
-                                                                 max_tokens=opts.max_tokens, progress=say), say)
+        results.decode = _gate("decode", lambda: measure.measure_decode(arm, wanted, runs=opts.runs,
+                                                                         max_tokens=opts.max_tokens, progress=say),
+                               say)
     if "acceptance" in gates:
-        results["acceptance"] = _acceptance(arm, results.get("decode"), opts, say)
+        results.acceptance = _acceptance(arm, results.decode, opts, say)
     if "ttft" in gates and primary:
-        _gate(results, "ttft", lambda: measure.measure_ttft(arm, opts.ttft_sizes, runs=opts.ttft_runs,
-                                                             run_tag=run_tag, max_tokens=opts.ttft_max_tokens,
-                                                             progress=say), say)
+        results.ttft = _gate("ttft", lambda: measure.measure_ttft(arm, opts.ttft_sizes, runs=opts.ttft_runs,
+                                                                   run_tag=run_tag, max_tokens=opts.ttft_max_tokens,
+                                                                   progress=say), say)
     if "concurrency" in gates and primary:
-        _gate(results, "concurrency", lambda: measure.measure_concurrency(arm, code, opts.concurrency,
-                                                                          max_tokens=opts.max_tokens,
-                                                                          progress=say), say)
+        results.concurrency = _gate("concurrency", lambda: measure.measure_concurrency(
+            arm, code, opts.concurrency, max_tokens=opts.max_tokens, progress=say), say)
     captures = None
     if "g6" in gates and g6:
         plist = g6_prompts()[: opts.g6_limit] if opts.g6_limit else g6_prompts()
@@ -175,36 +181,36 @@ def measure_arm(arm: Arm, opts: BenchOptions, run_tag: str, *, primary: bool, g6
     return results, captures
 
 
-def _acceptance(arm: Arm, decode: JSONObject | None, opts: BenchOptions, say: Progress) -> JSONObject:
-    out: JSONObject = {"speculative_algorithm": arm.speculative_algorithm, "draft_tokens": arm.draft_tokens,
-                           "sglang_version": arm.version}
+def _acceptance(arm: Arm, decode: DecodeResult | GateFailure | None, opts: BenchOptions,
+                say: Progress) -> AcceptanceResult:
+    out = AcceptanceResult(speculative_algorithm=arm.speculative_algorithm, draft_tokens=arm.draft_tokens,
+                           sglang_version=arm.version)
     if not arm.speculative:
-        out["status"] = "no speculative decoding on this arm"
+        out.status = "no speculative decoding on this arm"
         return out
-    code = ((decode or {}).get("classes") or {}).get("code") or {}
-    sch = code.get("scheduler_log")
-    if sch is not None:
-        d = sch["decode"]
-        out["log"] = {"source": "scheduler decode-batch log, during active code decode",
+    code = decode.classes.get("code") if isinstance(decode, DecodeResult) else None
+    if code is not None and "scheduler_log" in code.model_fields_set:
+        d = code.scheduler_log["decode"]
+        out.log = {"source": "scheduler decode-batch log, during active code decode",
                       "log": arm.log.label if arm.log else None, "accept_len": d["accept_len"],
                       "accept_rate": d["accept_rate"], "active_batches": d["active_batches"],
                       "gauge_peak_gen_throughput": d["peak_gen_throughput"], "dialects": d["dialects"]}
         if not d["accept_len"]:
-            out["log"]["note"] = "no Decode batch line with accept len during the code runs"
+            out.log["note"] = "no Decode batch line with accept len during the code runs"
             if isinstance(arm.log, FileLog):
                 # a capture that did not grow during the run: analyse all of it, and say so
                 whole = scheduler_summary(arm.log.whole())["decode"]
                 if whole["accept_len"]:
-                    out["log_whole_file"] = {
+                    out.log_whole_file = {
                         "source": "scheduler decode-batch log, lines with #running-req >= 1",
                         "scope": "whole captured log (not windowed to a run of this bench)",
                         "log": arm.log.label, "accept_len": whole["accept_len"],
                         "accept_rate": whole["accept_rate"], "active_batches": whole["active_batches"],
                         "gauge_peak_gen_throughput": whole["peak_gen_throughput"]}
     else:
-        out["log"] = {"note": "no scheduler log available for this arm (use --log FILE)"}
-    out["generate"] = measure.acceptance_from_generate(arm, decode_prompts()["code"], runs=opts.acceptance_runs,
-                                                       max_tokens=opts.max_tokens)
-    generated = (out['generate'].get('accept_len') or {}).get('median')
-    say(f"acceptance: log {out['log'].get('accept_len')}, /generate {generated}")
+        out.log = {"note": "no scheduler log available for this arm (use --log FILE)"}
+    out.generate = measure.acceptance_from_generate(arm, decode_prompts()["code"], runs=opts.acceptance_runs,
+                                                    max_tokens=opts.max_tokens)
+    generated = (out.generate.accept_len or {}).get("median")
+    say(f"acceptance: log {out.log.get('accept_len')}, /generate {generated}")
     return out

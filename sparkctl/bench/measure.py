@@ -1,4 +1,5 @@
-"""The measurements, one function each, against one arm. Every function returns plain JSON-able data.
+"""The measurements, one function each, against one arm. Every function returns the card's models
+(`sparkctl.state.records`: `DecodeResult`, `TTFTResult`, `ConcurrencyResult` ...), dumped as ``report.json``.
 
 The measurement rules this code keeps:
 
@@ -35,6 +36,18 @@ from sparkctl.bench.target import Arm
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import ChatResult, SGLangAPIError, SGLangClient, accept_length_from_meta
 from sparkctl.sglang.responses import EndpointBoundError, EndpointProtocolError, evidence_of
+from sparkctl.state.records import (
+    CachedRepeat,
+    ConcurrencyLevel,
+    ConcurrencyResult,
+    DecodeClass,
+    DecodeResult,
+    GenerateAcceptance,
+    RequestRun,
+    Serialization,
+    TTFTResult,
+    TTFTSize,
+)
 
 log = logging.getLogger("sparkctl.bench")
 
@@ -48,11 +61,13 @@ def _noop(_: str) -> None:
     pass
 
 
-def run_record(res: ChatResult) -> JSONObject:
-    """One streamed request as recorded: tokens, timings, rates (rounded for the record)."""
+def run_record(res: ChatResult, **labels: str | int) -> RequestRun:
+    """One streamed request as recorded: tokens, timings, rates (rounded for the record); ``labels`` are the
+    ``prompt`` (and ``max_tokens``) of a cold or warm-up request."""
     n = res.usage.completion_tokens
     tps = res.decode_tokens_per_s()
-    return {
+    return RequestRun.model_validate({
+        **labels,
         "completion_tokens": n, "prompt_tokens": res.usage.prompt_tokens,
         "reasoning_tokens": res.usage.reasoning_tokens, "cached_tokens": res.usage.cached_tokens,
         "finish_reason": res.finish_reason,
@@ -63,7 +78,7 @@ def run_record(res: ChatResult) -> JSONObject:
         "decode_tok_s": None if tps is None else round(tps, 3),
         "e2e_tok_s": None if not n or res.latency <= 0 else round(n / res.latency, 3),
         "usage_missing": n is None,
-    }
+    })
 
 
 class _GcPaused:
@@ -105,43 +120,42 @@ def _stream(arm: Arm, prompt_messages: list[JSONObject], max_tokens: int,
                                            model=arm.model)
 
 
-def first_request(arm: Arm, prompt: Prompt, max_tokens: int) -> JSONObject:
+def first_request(arm: Arm, prompt: Prompt, max_tokens: int) -> RequestRun:
     """The bench's first request on this arm, streamed and timed; excluded from every median.
 
     It is the cold request only when nothing ran since boot; a deployment's warm-up at boot already
     paid the cold cost, and its record keeps that number (``warmup_at_boot``).
     """
     res = _stream(arm, prompt.messages(), max_tokens)
-    return {"prompt": prompt.id, "max_tokens": max_tokens, **run_record(res)}
+    return run_record(res, prompt=prompt.id, max_tokens=max_tokens)
 
 
-def warm_up(arm: Arm, prompt: Prompt, n: int, max_tokens: int) -> list[JSONObject]:
-    return [{"prompt": prompt.id, **run_record(_stream(arm, prompt.messages(), max_tokens))} for _ in range(n)]
+def warm_up(arm: Arm, prompt: Prompt, n: int, max_tokens: int) -> list[RequestRun]:
+    return [run_record(_stream(arm, prompt.messages(), max_tokens), prompt=prompt.id) for _ in range(n)]
 
 
 def measure_decode(arm: Arm, prompts: dict[str, Prompt], *, runs: int, max_tokens: int,
-                   progress: Progress = _noop) -> JSONObject:
+                   progress: Progress = _noop) -> DecodeResult:
     """Per class: n streamed runs at temperature 0; median (min-max) of decode tok/s; the scheduler log
     window of each class (acceptance ranges, gauge peak)."""
-    out: JSONObject = {"max_tokens": max_tokens, "runs": runs, "temperature": 0, "stream": True,
-                           "formula": "(completion_tokens - 1) / (t_last_token - t_first_token)", "classes": {}}
+    out = DecodeResult(max_tokens=max_tokens, runs=runs, temperature=0, stream=True,
+                       formula="(completion_tokens - 1) / (t_last_token - t_first_token)", classes={})
     for cls, prompt in prompts.items():
         mark = arm.log.mark() if arm.log else None
         recs = []
         for i in range(runs):
             rec = run_record(_stream(arm, prompt.messages(), max_tokens))
             recs.append(rec)
-            progress(f"decode {cls} run {i + 1}/{runs}: {rec['decode_tok_s']} tok/s "
-                     f"({rec['completion_tokens']} tokens)")
-        s = summarize([r["decode_tok_s"] for r in recs])
-        entry: JSONObject = {"prompt": prompt.id, "title": prompt.title, "runs": recs,
-                                 "decode_tok_s": s.as_dict() if s else None,
-                                 "note": None if s else "no usage.completion_tokens in the stream: not measured"}
-        e2e = summarize([r["e2e_tok_s"] for r in recs])
-        entry["e2e_tok_s"] = e2e.as_dict() if e2e else None
+            progress(f"decode {cls} run {i + 1}/{runs}: {rec.decode_tok_s} tok/s "
+                     f"({rec.completion_tokens} tokens)")
+        s = summarize([r.decode_tok_s for r in recs])
+        e2e = summarize([r.e2e_tok_s for r in recs])
+        entry = DecodeClass(prompt=prompt.id, title=prompt.title, runs=recs, decode_tok_s=s.as_dict() if s else None,
+                            note=None if s else "no usage.completion_tokens in the stream: not measured",
+                            e2e_tok_s=e2e.as_dict() if e2e else None)
         if arm.log is not None and mark is not None:
-            entry["scheduler_log"] = scheduler_summary(arm.log.since(mark))
-        out["classes"][cls] = entry
+            entry.scheduler_log = scheduler_summary(arm.log.since(mark))
+        out.classes[cls] = entry
     return out
 
 
@@ -149,7 +163,7 @@ def measure_decode(arm: Arm, prompts: dict[str, Prompt], *, runs: int, max_token
 NO_ROUTE_STATUSES = (404, 405, 501)
 
 
-def acceptance_from_generate(arm: Arm, prompt: Prompt, *, runs: int, max_tokens: int) -> JSONObject:
+def acceptance_from_generate(arm: Arm, prompt: Prompt, *, runs: int, max_tokens: int) -> GenerateAcceptance:
     """Per-request accept length from native ``/generate`` (completion_tokens / spec_verify_ct).
 
     ``/generate`` takes raw text (no chat template), so the prompt is the same words but not the same
@@ -170,21 +184,22 @@ def acceptance_from_generate(arm: Arm, prompt: Prompt, *, runs: int, max_tokens:
                 arm.guard.trip(exc)             # a broken endpoint, not a refused request: the run stops
             if not vals and exc.status in NO_ROUTE_STATUSES:
                 # an optional endpoint that is not there (an OpenAI-only gateway in front of SGLang): degrade
-                return {"source": "/generate meta_info", "prompt": prompt.id, "status": "unavailable",
-                        "per_request": [], "accept_len": None, "meta": [], "error": None,
-                        "note": f"unavailable: {exc.message} (this endpoint has no SGLang native /generate, as "
-                                f"behind an OpenAI-only gateway); acceptance then comes from the scheduler log "
-                                f"(--log FILE) or the engine's metrics"}
+                return GenerateAcceptance(
+                    source="/generate meta_info", prompt=prompt.id, status="unavailable", per_request=[],
+                    accept_len=None, meta=[], error=None,
+                    note=f"unavailable: {exc.message} (this endpoint has no SGLang native /generate, as behind an "
+                         f"OpenAI-only gateway); acceptance then comes from the scheduler log (--log FILE) or the "
+                         f"engine's metrics")
             err = exc.message
             break
         metas.append({k: meta.get(k) for k in ("completion_tokens", "spec_verify_ct", "spec_accept_length")
                       if k in meta})
         vals.append(accept_length_from_meta(meta))
     s = summarize(vals)
-    return {"source": "/generate meta_info (completion_tokens / spec_verify_ct), raw text prompt",
-            "prompt": prompt.id, "per_request": [None if v is None else round(v, 3) for v in vals],
-            "accept_len": s.as_dict() if s else None, "meta": metas, "error": err,
-            "note": None if s else ("request failed" if err else "no spec_verify_ct in meta_info")}
+    return GenerateAcceptance(source="/generate meta_info (completion_tokens / spec_verify_ct), raw text prompt",
+                              prompt=prompt.id, per_request=[None if v is None else round(v, 3) for v in vals],
+                              accept_len=s.as_dict() if s else None, meta=metas, error=err,
+                              note=None if s else ("request failed" if err else "no spec_verify_ct in meta_info"))
 
 
 # --------------------------------------------------------------------------- TTFT
@@ -204,35 +219,34 @@ def calibrate_tokens(arm: Arm, tag: str, probe_words: int = 512) -> TokenCalibra
     return calibration_from_probes(small.usage.prompt_tokens, big.usage.prompt_tokens, probe_words)
 
 
-def _ttft_run(arm: Arm, text: str, max_tokens: int) -> JSONObject:
+def _ttft_run(arm: Arm, text: str, max_tokens: int) -> RequestRun:
     mark = arm.log.mark() if arm.log else None
     res = _stream(arm, [{"role": "user", "content": text}], max_tokens)
     rec = run_record(res)
-    ttft, pt = rec["ttft_s"], rec["prompt_tokens"]
-    rec["prefill_tok_s"] = round(pt / ttft, 1) if ttft and pt else None
+    ttft, pt = rec.ttft_s, rec.prompt_tokens
+    rec.prefill_tok_s = round(pt / ttft, 1) if ttft and pt else None
     if arm.log is not None and mark is not None:
         sch = scheduler_summary(arm.log.since(mark, settle=False))
-        rec["log_prefill_new_tokens"] = sch["prefill_new_tokens"]
-        rec["log_prefill_cached_tokens"] = sch["prefill_cached_tokens"]
+        rec.log_prefill_new_tokens = sch["prefill_new_tokens"]
+        rec.log_prefill_cached_tokens = sch["prefill_cached_tokens"]
     return rec
 
 
 def measure_ttft(arm: Arm, sizes: Sequence[int], *, runs: int, run_tag: str, max_tokens: int = 8,
-                 progress: Progress = _noop) -> JSONObject:
+                 progress: Progress = _noop) -> TTFTResult:
     """TTFT at each target prompt size with unique prefixes, then the radix-cached repeat of the smallest."""
     window = arm.context_length
     cal = calibrate_tokens(arm, f"{run_tag}/cal")
-    out: JSONObject = {"context_length": window, "calibration": cal.as_dict(), "stream": True,
-                           "clock": "first non-empty content or reasoning delta", "max_tokens": max_tokens,
-                           "sizes": [], "cached_repeat": None}
+    out = TTFTResult(context_length=window, calibration=cal.as_dict(), stream=True,
+                     clock="first non-empty content or reasoning delta", max_tokens=max_tokens, sizes=[],
+                     cached_repeat=None)
     first_measured: list[str] | None = None
     first_summary: float | None = None
     for size in sizes:
-        entry: JSONObject = {"target_tokens": size}
         if window is not None and size + max_tokens > window:
-            entry.update(status="unmeasurable", note=f"unmeasurable at this window ({size:,} + {max_tokens} "
-                                                     f"output tokens > context {window:,})")
-            out["sizes"].append(entry)
+            out.sizes.append(TTFTSize(target_tokens=size, status="unmeasurable",
+                                      note=f"unmeasurable at this window ({size:,} + {max_tokens} output tokens > "
+                                           f"context {window:,})"))
             progress(f"TTFT ~{size}: unmeasurable at the {window} window")
             continue
         texts = [long_prompt(words_for_tokens(size, cal), f"{run_tag}/ttft/{size}/{i}") for i in range(runs)]
@@ -241,23 +255,22 @@ def measure_ttft(arm: Arm, sizes: Sequence[int], *, runs: int, run_tag: str, max
             for t in texts:
                 recs.append(_ttft_run(arm, t, max_tokens))
         except SGLangAPIError as exc:
-            entry.update(status="failed", note=f"request failed: {exc.message}", runs=recs)
-            out["sizes"].append(entry)
+            out.sizes.append(TTFTSize(target_tokens=size, status="failed", note=f"request failed: {exc.message}",
+                                      runs=recs))
             continue
-        s, p = summarize([r["ttft_s"] for r in recs]), summarize([r["prefill_tok_s"] for r in recs])
-        entry.update(status="measured", runs=recs, ttft_s=s.as_dict(4) if s else None,
-                     prefill_tok_s=p.as_dict(1) if p else None,
-                     prompt_tokens=[r["prompt_tokens"] for r in recs])
-        out["sizes"].append(entry)
+        s, p = summarize([r.ttft_s for r in recs]), summarize([r.prefill_tok_s for r in recs])
+        out.sizes.append(TTFTSize(target_tokens=size, status="measured", runs=recs, ttft_s=s.as_dict(4) if s else None,
+                                  prefill_tok_s=p.as_dict(1) if p else None,
+                                  prompt_tokens=[r.prompt_tokens for r in recs]))
         progress(f"TTFT ~{size}: {s.median if s else None} s")
         if first_measured is None:
             first_measured, first_summary = texts, (s.median if s else None)
-            out["cached_repeat_of"] = size
+            out.cached_repeat_of = size
     if first_measured:
         recs = [_ttft_run(arm, t, max_tokens) for t in first_measured]
-        s = summarize([r["ttft_s"] for r in recs])
-        reported = [r["cached_tokens"] for r in recs if r["cached_tokens"]]
-        logged = [r.get("log_prefill_cached_tokens") for r in recs if r.get("log_prefill_cached_tokens")]
+        s = summarize([r.ttft_s for r in recs])
+        reported = [r.cached_tokens for r in recs if r.cached_tokens]
+        logged = [r.log_prefill_cached_tokens for r in recs if r.log_prefill_cached_tokens]
         if reported:
             recognised, basis = True, f"server reported cached prompt tokens: {reported}"
         elif logged:
@@ -266,8 +279,8 @@ def measure_ttft(arm: Arm, sizes: Sequence[int], *, runs: int, run_tag: str, max
             recognised, basis = True, "inferred from TTFT only (under half the uncached TTFT)"
         else:
             recognised, basis = False, "no cached tokens reported or logged and no TTFT drop"
-        out["cached_repeat"] = {"runs": recs, "ttft_s": s.as_dict(4) if s else None, "radix_cached": recognised,
-                                "basis": basis, "target_tokens": out.get("cached_repeat_of")}
+        out.cached_repeat = CachedRepeat(runs=recs, ttft_s=s.as_dict(4) if s else None, radix_cached=recognised,
+                                         basis=basis, target_tokens=out.cached_repeat_of)
         progress(f"TTFT cached repeat: {s.median if s else None} s ({basis})")
     return out
 
@@ -307,12 +320,12 @@ def _concurrent(arm: Arm, prompt: Prompt, c: int, max_tokens: int) -> list[ChatR
 
 
 def measure_concurrency(arm: Arm, prompt: Prompt, levels: Sequence[int], *, max_tokens: int,
-                        progress: Progress = _noop) -> JSONObject:
+                        progress: Progress = _noop) -> ConcurrencyResult:
     """c identical requests started together per level; aggregate tok/s and a serialisation check."""
     cap, cap_src = arm.max_running_requests
-    out: JSONObject = {"prompt": prompt.id, "max_tokens": max_tokens, "max_running_requests": cap,
-                           "max_running_requests_source": cap_src, "cap_reason": arm.concurrency_cap(),
-                           "formula": "total completion tokens / (last finish - first start)", "levels": []}
+    out = ConcurrencyResult(prompt=prompt.id, max_tokens=max_tokens, max_running_requests=cap,
+                            max_running_requests_source=cap_src, cap_reason=arm.concurrency_cap(),
+                            formula="total completion tokens / (last finish - first start)", levels=[])
     observer = arm.level_observer
     for c in levels:
         mark = arm.log.mark() if arm.log else None
@@ -320,49 +333,48 @@ def measure_concurrency(arm: Arm, prompt: Prompt, levels: Sequence[int], *, max_
         res = _concurrent(arm, prompt, c, max_tokens)
         ok = [r for r in res if isinstance(r, ChatResult)]
         errors = [f"{type(r).__name__}: {getattr(r, 'message', r)}" for r in res if not isinstance(r, ChatResult)]
-        entry: JSONObject = {"concurrency": c, "requests": [run_record(r) for r in ok], "errors": errors or None}
+        entry = ConcurrencyLevel(concurrency=c, requests=[run_record(r) for r in ok], errors=errors or None)
         if ok:
             t0, t1 = min(r.t_start for r in ok), max(r.t_end for r in ok)
             tokens = sum(r.usage.completion_tokens or 0 for r in ok)
-            entry["total_completion_tokens"] = tokens
-            entry["wall_s"] = round(t1 - t0, 4)
-            entry["aggregate_tok_s"] = round(tokens / (t1 - t0), 3) if t1 > t0 else None
+            entry.total_completion_tokens = tokens
+            entry.wall_s = round(t1 - t0, 4)
+            entry.aggregate_tok_s = round(tokens / (t1 - t0), 3) if t1 > t0 else None
             spans = [(r.t_first_token, r.t_last_token) for r in ok if r.t_first_token and r.t_last_token]
-            entry["max_streams_decoding_at_once"] = overlap_max(spans) if spans else None
+            entry.max_streams_decoding_at_once = overlap_max(spans) if spans else None
         if arm.log is not None and mark is not None:
             sch = scheduler_summary(arm.log.since(mark))
-            entry["log_max_running_req"] = sch["decode"]["max_running_req"]
-            entry["log_decode_batches"] = sch["decode"]["batches"]
+            entry.log_max_running_req = sch["decode"]["max_running_req"]
+            entry.log_decode_batches = sch["decode"]["batches"]
         if c > 1:
-            entry["serialization"] = _serialization(entry, cap, cap_src, out["cap_reason"])
+            entry.serialization = _serialization(entry, cap, cap_src, out.cap_reason)
         if observer is not None and token is not None:
             observer.after(c, entry, token)
-        out["levels"].append(entry)
-        progress(f"concurrency c{c}: {entry.get('aggregate_tok_s')} tok/s aggregate")
-    base = next((lv.get("aggregate_tok_s") for lv in out["levels"] if lv["concurrency"] == 1), None)
-    for lv in out["levels"]:
-        a = lv.get("aggregate_tok_s")
-        lv["vs_c1"] = round(a / base, 3) if a and base else None
+        out.levels.append(entry)
+        progress(f"concurrency c{c}: {entry.aggregate_tok_s} tok/s aggregate")
+    base = next((lv.aggregate_tok_s for lv in out.levels if lv.concurrency == 1), None)
+    for lv in out.levels:
+        a = lv.aggregate_tok_s
+        lv.vs_c1 = round(a / base, 3) if a and base else None
     return out
 
 
-def _serialization(entry: JSONObject, cap: int | None, cap_src: str,
-                   cap_reason: JSONObject | None = None) -> JSONObject:
+def _serialization(entry: ConcurrencyLevel, cap: int | None, cap_src: str,
+                   cap_reason: JSONObject | None = None) -> Serialization:
     evidence = []
     if cap == 1:
         evidence.append(f"max_running_requests resolved to 1 ({cap_src})")
-    if entry.get("log_decode_batches") and entry.get("log_max_running_req") is not None \
-            and entry["log_max_running_req"] <= 1:
-        evidence.append(f"#running-req never above 1 in {entry['log_decode_batches']} decode-batch log lines "
+    if entry.log_decode_batches and entry.log_max_running_req is not None and entry.log_max_running_req <= 1:
+        evidence.append(f"#running-req never above 1 in {entry.log_decode_batches} decode-batch log lines "
                         "during the run")
-    if entry.get("max_streams_decoding_at_once") == 1:
+    if entry.max_streams_decoding_at_once == 1:
         evidence.append("the token streams never overlapped in time")
     serialized = bool(evidence)
     checked = ["resolved max_running_requests" if cap is not None else None,
-               "scheduler log" if entry.get("log_decode_batches") else None, "stream timing"]
-    out = {"serialized": serialized, "evidence": evidence, "checked": [c for c in checked if c]}
+               "scheduler log" if entry.log_decode_batches else None, "stream timing"]
+    out = Serialization(serialized=serialized, evidence=evidence, checked=[c for c in checked if c])
     if serialized:
-        out["reason"] = cap_reason["reason"] if cap_reason else None
-        out["reason_source"] = cap_reason["source"] if cap_reason else None
-        out["fix"] = cap_reason["fix"] if cap_reason else None
+        out.reason = cap_reason["reason"] if cap_reason else None
+        out.reason_source = cap_reason["source"] if cap_reason else None
+        out.fix = cap_reason["fix"] if cap_reason else None
     return out

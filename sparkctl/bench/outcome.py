@@ -12,7 +12,7 @@ from sparkctl.bench.target import Arm
 from sparkctl.errors import BenchError, SparkctlError
 from sparkctl.sglang.client import EndpointBoundError, EndpointProtocolError, Limits, RunGuard, SGLangAPIError
 from sparkctl.sglang.launch import redact
-from sparkctl.state.records import RunRecord
+from sparkctl.state.records import AcceptanceResult, ConcurrencyResult, GateFailure, RunRecord, TTFTResult
 from sparkctl.untrusted import mask_url_credentials
 
 if TYPE_CHECKING:
@@ -90,18 +90,19 @@ def failures(result: RunRecord) -> list[str]:
     """Every measurement of the run that failed (a failed gate, TTFT size, concurrent request or G6 capture)."""
     out = []
     for a in result.arms:
-        name = a["config"]["name"]
-        for gate, v in a["results"].items():
-            if isinstance(v, dict) and v.get("error"):
-                out.append(f"{name} {gate}: {v['error'].splitlines()[0]}")
-            for part, sub in (v.items() if isinstance(v, dict) else ()):
-                if isinstance(sub, dict) and sub.get("error"):
-                    out.append(f"{name} {gate} {part}: {str(sub['error']).splitlines()[0]}")
-            for e in (v.get("sizes") or []) if isinstance(v, dict) else []:
-                if e.get("status") == "failed":
-                    out.append(f"{name} ttft ~{e['target_tokens']}: {e.get('note')}")
-            for lv in (v.get("levels") or []) if isinstance(v, dict) else []:
-                out += [f"{name} concurrency c{lv['concurrency']}: {err}" for err in lv.get("errors") or []]
+        name = a.config["name"]
+        res = a.results
+        for gate in ("cold", "warmup", "decode", "acceptance", "ttft", "concurrency"):
+            v = getattr(res, gate)
+            if isinstance(v, GateFailure) and v.error:
+                out.append(f"{name} {gate}: {v.error.splitlines()[0]}")
+        if isinstance(res.acceptance, AcceptanceResult) and res.acceptance.generate and res.acceptance.generate.error:
+            out.append(f"{name} acceptance generate: {res.acceptance.generate.error.splitlines()[0]}")
+        if isinstance(res.ttft, TTFTResult):
+            out += [f"{name} ttft ~{e.target_tokens}: {e.note}" for e in res.ttft.sizes if e.status == "failed"]
+        if isinstance(res.concurrency, ConcurrencyResult):
+            out += [f"{name} concurrency c{lv.concurrency}: {err}" for lv in res.concurrency.levels
+                    for err in lv.errors or []]
     for p in (result.g6 or {}).get("prompts") or []:
         for side in ("on_output", "off_output"):
             if (p.get(side) or {}).get("error"):

@@ -28,7 +28,7 @@ from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.bounds import Limits
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.serverinfo import parse_prometheus
-from sparkctl.state.records import ReplicaShare, RouterBench, RouterLevel, RouterReplica
+from sparkctl.state.records import ConcurrencyLevel, ReplicaShare, RouterBench, RouterLevel, RouterReplica
 
 if TYPE_CHECKING:
     from sparkctl.deploy.door import Deployed
@@ -146,18 +146,18 @@ class LevelSplit:
     def before(self, c: int) -> LevelToken:
         return self.reader.requests(), self.reader.tokens()
 
-    def after(self, c: int, entry: JSONObject, token: LevelToken) -> None:
+    def after(self, c: int, entry: ConcurrencyLevel, token: LevelToken) -> None:
         try:
             self._after(c, entry, token)
         except Exception as exc:  # noqa: BLE001 - an observer never breaks the measurement it watches
-            self.levels.append(RouterLevel(concurrency=c, aggregate_tok_s=entry.get("aggregate_tok_s"),
+            self.levels.append(RouterLevel(concurrency=c, aggregate_tok_s=entry.aggregate_tok_s,
                                            requests_sent=c, split="unavailable",
                                            split_note=f"{type(exc).__name__}: {exc}"))
 
-    def _after(self, c: int, entry: JSONObject, token: LevelToken) -> None:
+    def _after(self, c: int, entry: ConcurrencyLevel, token: LevelToken) -> None:
         req0, tok0 = token
-        answered = len(entry.get("requests") or [])
-        tokens_sent = entry.get("total_completion_tokens") or 0
+        answered = len(entry.requests)
+        tokens_sent = entry.total_completion_tokens
         end = time.monotonic() + self.settle_s
         while True:                    # bounded: until the router counted every answered request, or settle_s
             req1 = self.reader.requests() if req0 is not None else None
@@ -190,7 +190,7 @@ class LevelSplit:
         elif counted != c:
             note = (f"the router counted {counted:g} request(s) to the replicas for the {c} sent "
                     f"({answered} answered); other clients of the router count too")
-        self.levels.append(RouterLevel(concurrency=c, aggregate_tok_s=entry.get("aggregate_tok_s"), requests_sent=c,
+        self.levels.append(RouterLevel(concurrency=c, aggregate_tok_s=entry.aggregate_tok_s, requests_sent=c,
                                        requests_counted=counted, split="measured" if dr is not None else
                                        "unavailable", split_note=note, replicas=shares))
 

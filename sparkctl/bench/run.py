@@ -54,7 +54,7 @@ from sparkctl.errors import BenchError, ConfigError, OutputPathError, SparkctlEr
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import Limits, SGLangAPIError
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.records import RunRecord, Status
+from sparkctl.state.records import ArmEntry, ArmResults, DecodeResult, RunRecord, Status
 from sparkctl.statefiles import write_text_atomic
 from sparkctl.untrusted import clean
 
@@ -73,17 +73,22 @@ SCHEMA = "sparkctl.bench/1"
 
 # --------------------------------------------------------------------------- comparison + run
 
-def _compare(arms: list[JSONObject]) -> JSONObject:
+def _decode_summary(arm: ArmEntry, cls: str) -> JSONObject | None:
+    decode = arm.results.decode
+    entry = decode.classes.get(cls) if isinstance(decode, DecodeResult) else None
+    return entry.decode_tok_s if entry is not None else None
+
+
+def _compare(arms: list[ArmEntry]) -> JSONObject:
     """ON/OFF (or A/B) decode ratios per class from two measured arms."""
     if len(arms) != 2:
         return {}
     on, off = (arms[0], arms[1])
-    if off["config"]["role"] == "ON":
+    if off.config["role"] == "ON":
         on, off = off, on
-    out: JSONObject = {"numerator": on["config"]["role"], "denominator": off["config"]["role"], "decode": {}}
+    out: JSONObject = {"numerator": on.config["role"], "denominator": off.config["role"], "decode": {}}
     for cls in decode_prompts():
-        a = (((on["results"].get("decode") or {}).get("classes") or {}).get(cls) or {}).get("decode_tok_s")
-        b = (((off["results"].get("decode") or {}).get("classes") or {}).get(cls) or {}).get("decode_tok_s")
+        a, b = _decode_summary(on, cls), _decode_summary(off, cls)
         if a or b:
             r = ratio(a["median"] if a else None, b["median"] if b else None)
             out["decode"][cls] = {"on": a["median"] if a else None, "off": b["median"] if b else None,
@@ -98,7 +103,7 @@ def _new_result(mode: str, opts: BenchOptions, run_id: str, limits: Limits, run_
 
 
 def _finish(result: RunRecord, arms: list[Arm]) -> None:
-    result.emulated = any(a["config"]["emulated"] for a in result.arms) or any(a.emulated for a in arms)
+    result.emulated = any(a.config["emulated"] for a in result.arms) or any(a.emulated for a in arms)
     result.finished = now_iso()
 
 
@@ -119,7 +124,7 @@ def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts
                 run.watch = watcher.__enter__()
             res, caps = measure_arm(arm, opts, f"{run_tag}/{i}", primary=(i == 0), g6=g6, progress=run.progress)
         except BaseException:
-            result.arms.append({"config": arm.config(), "results": {}})     # what was measured, even so
+            result.arms.append(ArmEntry(config=arm.config(), results=ArmResults()))   # what was measured, even so
             raise
         finally:
             run.watch = None
@@ -130,13 +135,13 @@ def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts
                     # of every other run keeps its shape.
                     setattr(result, "rank_death", watcher.death)  # noqa: B010
             arm.client.close()
-        result.arms.append({"config": arm.config(), "results": res})
+        result.arms.append(ArmEntry(config=arm.config(), results=res))
         captures.append(caps)
         run.stop_if_tripped()
     if len(built) == 2:
         arm_role(built)
         for entry, arm in zip(result.arms, built):
-            entry["config"]["role"] = arm.role
+            entry.config["role"] = arm.role
         result.comparison = _compare(result.arms)
         first, second = captures[0], captures[1]
         if first is not None and second is not None:

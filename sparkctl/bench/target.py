@@ -24,7 +24,7 @@ from sparkctl.sglang.client import (
     SGLangClient,
     parse_server_info,
 )
-from sparkctl.state.records import DeploymentRecord
+from sparkctl.state.records import ConcurrencyLevel, DeploymentRecord
 
 
 class LevelObserver(Protocol):
@@ -34,7 +34,7 @@ class LevelObserver(Protocol):
 
     def before(self, c: int) -> Any: ...
 
-    def after(self, c: int, entry: JSONObject, token: Any) -> None: ...
+    def after(self, c: int, entry: ConcurrencyLevel, token: Any) -> None: ...
 
 log = logging.getLogger("sparkctl.bench")
 

@@ -79,9 +79,9 @@ def register(app: typer.Typer) -> None:
             data = tr.tune(deployer, opts, progress)
         if as_json:
             from sparkctl.cli.outputs import print_json
-            print_json(data)
+            print_json(data.as_json())
         else:
             from sparkctl.tune.table import render
             render(data, sys.stdout)                 # rich on a terminal, plain text in a pipe
-        print(f"sparkctl: tune {data['run_id']}: journal {journal_path(deployer.ledger, data['run_id'])}",
+        print(f"sparkctl: tune {data.run_id}: journal {journal_path(deployer.ledger, data.run_id)}",
               file=sys.stderr)

@@ -13,7 +13,16 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    computed_field,
+    model_serializer,
+    model_validator,
+)
 
 from sparkctl.jsontypes import JSONObject, renamed_keys
 from sparkctl.nodes.handles import Handle
@@ -351,10 +360,198 @@ class RouterBench(_Section):
                                          "replicas' metrics (outside every timed window).")
 
 
+# --------------------------------------------------------------------------- the card's measurements
+
+class KeysAsWritten(BaseModel):
+    """A model of a JSON file section that dumps the keys it was given or set, in their order, and no others.
+
+    A field without a default is a key always written (null when there is no value); a field with a default is a
+    key written only when it was set (a scheduler log window, a cached-repeat size, a failed size's note). So the
+    JSON keeps the shape the files already have: old files load, and load/dump gives the same file back.
+    """
+
+    # extra="allow": keys written by a newer sparkctl survive a load/save round trip instead of being dropped.
+    model_config = ConfigDict(extra="allow")
+
+    @model_serializer(mode="wrap")
+    def _set_keys_only(self, handler: SerializerFunctionWrapHandler) -> JSONObject:
+        data: JSONObject = handler(self)
+        fields = type(self).model_fields
+        keep = set(self.model_extra or {})
+        for name in self.model_fields_set:
+            keep.update(k for k in (name, fields[name].alias if name in fields else None) if k)
+        return {k: v for k, v in data.items() if k in keep}
+
+
+class _Measured(KeysAsWritten):
+    """A measured part of a bench card, as the measure functions build it and ``report.json`` holds it.
+
+    Statistics summaries (`sparkctl.bench.stats.Summary.as_dict`), the scheduler-log summary and the token
+    calibration stay JSON objects: they are the card's own JSON, each written by one function.
+    """
+
+
+class GateFailure(_Measured):
+    """A gate that failed with a known error: the card shows it in its section and the bench goes on."""
+    error: str
+
+
+class RequestRun(_Measured):
+    """One streamed request as recorded: tokens, timings, rates (rounded for the record)."""
+    prompt: str = Field("", description="The prompt's id (cold and warm-up requests only).")
+    max_tokens: int = Field(0, description="Its max_tokens (the cold request only).")
+    completion_tokens: int | None
+    prompt_tokens: int | None
+    reasoning_tokens: int | None
+    cached_tokens: int | None
+    finish_reason: str | None
+    ttft_s: float | None
+    latency_s: float
+    decode_s: float | None
+    decode_tok_s: float | None = Field(description="(completion_tokens - 1) / (t_last_token - t_first_token).")
+    e2e_tok_s: float | None
+    usage_missing: bool
+    prefill_tok_s: float | None = Field(None, description="prompt_tokens / ttft_s (TTFT runs only).")
+    log_prefill_new_tokens: int | None = Field(None, description="Scheduler log, during a TTFT run.")
+    log_prefill_cached_tokens: int | None = Field(None, description="Scheduler log, during a TTFT run.")
+
+
+class DecodeClass(_Measured):
+    """One prompt class of the decode section: its runs and their median (min-max)."""
+    prompt: str
+    title: str
+    runs: list[RequestRun]
+    decode_tok_s: JSONObject | None = Field(description="Summary of the runs' decode tok/s; null: not measured.")
+    note: str | None
+    e2e_tok_s: JSONObject | None
+    scheduler_log: JSONObject = Field(default_factory=dict, description="The scheduler log window of the class "
+                                      "(acceptance ranges, gauge peak); only with a log.")
+
+
+class DecodeResult(_Measured):
+    max_tokens: int
+    runs: int
+    temperature: int
+    stream: bool
+    formula: str
+    classes: dict[str, DecodeClass]
+
+
+class GenerateAcceptance(_Measured):
+    """Per-request accept length from native ``/generate`` ``meta_info``."""
+    source: str
+    prompt: str
+    status: str = Field("", description="\"unavailable\" when the endpoint has no /generate.")
+    per_request: list[float | None]
+    accept_len: JSONObject | None
+    meta: list[JSONObject]
+    error: str | None
+    note: str | None
+
+
+class AcceptanceResult(_Measured):
+    speculative_algorithm: str | None
+    draft_tokens: int | None
+    sglang_version: str | None
+    status: str = Field("", description="Set when the arm has no speculative decoding.")
+    log: JSONObject = Field(default_factory=dict, description="Acceptance from the scheduler log (or why none).")
+    log_whole_file: JSONObject = Field(default_factory=dict, description="A static capture analysed whole.")
+    generate: GenerateAcceptance | None = None
+
+
+class TTFTSize(_Measured):
+    """One target prompt size: measured, failed or unmeasurable at the window."""
+    target_tokens: int
+    status: str = ""
+    note: str | None = None
+    runs: list[RequestRun] = Field(default_factory=list)
+    ttft_s: JSONObject | None = None
+    prefill_tok_s: JSONObject | None = None
+    prompt_tokens: list[int | None] = Field(default_factory=list)
+
+
+class CachedRepeat(_Measured):
+    """The radix-cached repeat of the first measured size, with how it was recognised."""
+    runs: list[RequestRun]
+    ttft_s: JSONObject | None
+    radix_cached: bool
+    basis: str
+    target_tokens: int | None
+
+
+class TTFTResult(_Measured):
+    context_length: int | None
+    calibration: JSONObject
+    stream: bool
+    clock: str
+    max_tokens: int
+    sizes: list[TTFTSize]
+    cached_repeat: CachedRepeat | None
+    cached_repeat_of: int | None = None
+
+
+class Serialization(_Measured):
+    serialized: bool
+    evidence: list[str]
+    checked: list[str]
+    reason: str | None = None
+    reason_source: str | None = None
+    fix: str | None = None
+
+
+class ConcurrencyLevel(_Measured):
+    """c identical requests started together."""
+    concurrency: int
+    requests: list[RequestRun]
+    errors: list[str] | None
+    total_completion_tokens: int = 0
+    wall_s: float = 0.0
+    aggregate_tok_s: float | None = None
+    max_streams_decoding_at_once: int | None = None
+    log_max_running_req: int | None = None
+    log_decode_batches: int | None = None
+    serialization: Serialization | None = None
+    vs_c1: float | None = None
+
+
+class ConcurrencyResult(_Measured):
+    prompt: str
+    max_tokens: int
+    max_running_requests: int | None
+    max_running_requests_source: str
+    cap_reason: JSONObject | None
+    formula: str
+    levels: list[ConcurrencyLevel]
+
+
+class ColdResult(_Measured):
+    first_request: RequestRun
+    at_boot: WarmupRequest | None
+    note: str
+
+
+class ArmResults(_Measured):
+    """Every selected measurement of one arm; a gate that failed holds its error instead."""
+    boot_log_capacity: JSONObject | None = None
+    cold: ColdResult | GateFailure | None = None
+    warmup: list[RequestRun] | GateFailure | None = None
+    decode: DecodeResult | GateFailure | None = None
+    acceptance: AcceptanceResult | None = None
+    ttft: TTFTResult | GateFailure | None = None
+    concurrency: ConcurrencyResult | GateFailure | None = None
+
+
+class ArmEntry(_Measured):
+    """One arm of a run: its configuration (JSON, as recorded) and its results."""
+    config: JSONObject
+    results: ArmResults
+
+
 class RunRecord(_Record):
     """One `sparkctl bench` run: what was measured (arms, comparison, G6) and how it ended.
 
-    The measured sections stay JSON data: the card (report.md) is rendered from this record's JSON.
+    Each arm's measurements are models (`ArmResults`); the comparison and G6 sections are still JSON objects. The
+    card (report.md) is rendered from this record's JSON, after the run's secrets are masked in it.
     """
 
     schema_: str = Field(alias="schema")
@@ -365,7 +562,7 @@ class RunRecord(_Record):
     finished: str | None = None
     options: JSONObject = Field(default_factory=dict)
     prompt_set: str | None = None
-    arms: list[JSONObject] = Field(default_factory=list)
+    arms: list[ArmEntry] = Field(default_factory=list)
     comparison: JSONObject = Field(default_factory=dict)
     g6: JSONObject | None = None
     reference: list[str] = Field(default_factory=list)

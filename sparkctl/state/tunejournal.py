@@ -12,12 +12,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, TypeAdapter, ValidationError
 
 from sparkctl.errors import ConfigError, LedgerError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger, now_iso, read_json
-from sparkctl.state.records import RecordName
+from sparkctl.state.records import KeysAsWritten, RecordName
 from sparkctl.statefiles import write_json_atomic
 from sparkctl.untrusted import clean, is_plain_name
 
@@ -73,37 +73,53 @@ class Journal:
         write_json_atomic(self.path, self.data)
 
 
-class _Trial(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class TuneTrial(KeysAsWritten):
+    """One trial of a tune: the baseline (index 0) or a candidate, and how it ended."""
     index: StrictInt = Field(ge=0)
     changes: JSONObject
     baseline: StrictBool
     status: Literal["pending", "feasible", "infeasible", "skipped"]
     reason: str | None = None
     deployment: RecordName | None = None
-    card: str | None = None
-    objective: JSONObject | None = None
+    card: str | None = Field(None, description="The run id of the trial's bench card.")
+    objective: JSONObject | None = Field(None, description="Summary of the objective's samples (n, median, min, "
+                                         "max, samples).")
     elapsed_s: float | None = None
+    accept_len: float | None = None
+    capacity: JSONObject | None = None
+    g6: JSONObject | None = Field(None, description="The trial's G6 sample verdict (sparkctl/tune/g6.py).")
+
+    @property
+    def error(self) -> str | None:
+        """The error behind an infeasible trial (a key added when it failed, after the others)."""
+        value = (self.model_extra or {}).get("error")
+        return None if value is None else str(value)
 
 
-class TuneJournal(BaseModel):
-    """The shape of ``runs/<id>/tune.json`` as read back (extra keys kept): what `resume` and `settle` rely on."""
-    model_config = ConfigDict(extra="allow")
+class TuneJournal(KeysAsWritten):
+    """A tune: ``runs/<id>/tune.json`` as read back (extra keys kept; what `resume` and `settle` rely on), and what
+    `sparkctl.tune.run.tune` returns (`sparkctl tune --json` prints it)."""
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
     schema_: Literal["sparkctl.tune/1"] = Field(alias="schema")
     run_id: RecordName
     state: str
+    created: str | None = None
     profile: RecordName
     profile_data: JSONObject
     space: list[list[Any]]
     baseline_values: JSONObject
     options: JSONObject
-    trials: list[_Trial] = Field(min_length=1)
+    trials: list[TuneTrial] = Field(min_length=1)
     original: RecordName | None = None
     estimate: JSONObject | None = None
     confirmation: JSONObject | None = None
     winner: JSONObject | None = None
     restore: JSONObject | None = None
     timing: JSONObject = Field(default_factory=dict)
+
+    def as_json(self) -> JSONObject:
+        """The journal as its file holds it (keys in the order they were written)."""
+        return self.model_dump(by_alias=True)
 
 
 def validate_journal(data: Any, path: Path, run_id: str) -> None:

@@ -37,7 +37,8 @@ from sparkctl.deploy.steps import CONFIRM, TRIAL, TUNE_BEGIN, TUNE_RESTORE
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.tunejournal import Journal, TuneOptions, clear_marker, write_marker
+from sparkctl.state.records import AcceptanceResult, ConcurrencyResult, DecodeResult, RunRecord, TTFTResult
+from sparkctl.state.tunejournal import Journal, TuneJournal, TuneOptions, clear_marker, write_marker
 from sparkctl.tune import g6
 from sparkctl.tune import space as sp
 from sparkctl.tune.settle import restore, settle
@@ -70,21 +71,30 @@ def _bench_opts(o: TuneOptions) -> BenchOptions:
                         ttft_sizes=o.ttft_sizes, ttft_runs=max(2, min(o.runs, 3)), concurrency=(1, 2))
 
 
-def objective_samples(card: JSONObject, objective: str) -> list[float]:
+def objective_samples(card: RunRecord, objective: str) -> list[float]:
     """The samples the objective is judged on, from a card's (first) arm."""
-    res = ((card.get("arms") or [{}])[0]).get("results") or {}
-    if objective == "decode":
-        s = (((res.get("decode") or {}).get("classes") or {}).get("code") or {}).get("decode_tok_s") or {}
-        return list(s.get("samples") or [])
-    if objective == "ttft":
-        for e in (res.get("ttft") or {}).get("sizes") or []:
-            if (e.get("ttft_s") or {}).get("samples"):
-                return list(e["ttft_s"]["samples"])
+    if not card.arms:
         return []
-    for lv in (res.get("concurrency") or {}).get("levels") or []:
-        if lv.get("concurrency") == 2 and lv.get("aggregate_tok_s") is not None:
-            return [float(lv["aggregate_tok_s"])]
+    res = card.arms[0].results
+    if objective == "decode":
+        code = res.decode.classes.get("code") if isinstance(res.decode, DecodeResult) else None
+        return list(((code.decode_tok_s if code else None) or {}).get("samples") or [])
+    if objective == "ttft":
+        for e in res.ttft.sizes if isinstance(res.ttft, TTFTResult) else []:
+            if (e.ttft_s or {}).get("samples"):
+                return list((e.ttft_s or {})["samples"])
+        return []
+    for lv in res.concurrency.levels if isinstance(res.concurrency, ConcurrencyResult) else []:
+        if lv.concurrency == 2 and lv.aggregate_tok_s is not None:
+            return [float(lv.aggregate_tok_s)]
     return []
+
+
+def _accept_len(card: RunRecord) -> float | None:
+    """The first arm's median accept length from /generate (None when not measured)."""
+    acc = card.arms[0].results.acceptance if card.arms else None
+    generate = acc.generate if isinstance(acc, AcceptanceResult) else None
+    return ((generate.accept_len if generate else None) or {}).get("median")
 
 
 def _summary(samples: list[float]) -> JSONObject | None:
@@ -151,9 +161,9 @@ def _deploy(deployer: Deployer, profile: Profile) -> UpResult:
     return up
 
 
-def _measure(deployer: Deployer, opts: TuneOptions, progress: Progress) -> JSONObject:
+def _measure(deployer: Deployer, opts: TuneOptions, progress: Progress) -> RunRecord:
     from sparkctl.bench.run import bench_deployment
-    return bench_deployment(deployer, _bench_opts(opts), progress=lambda m: None)
+    return RunRecord.model_validate(bench_deployment(deployer, _bench_opts(opts), progress=lambda m: None))
 
 
 def _plain(value: object) -> Any:
@@ -186,9 +196,8 @@ def _run_trial(deployer: Deployer, j: Journal, t: JSONObject, progress: Progress
         return
     samples = objective_samples(card, opts.objective)
     t.update(status="feasible" if samples else "infeasible", reason=None if samples else "objective not measured",
-             card=card.get("run_id"), objective=_summary(samples), elapsed_s=round(time.monotonic() - t0, 3))
-    acc = (((card.get("arms") or [{}])[0].get("results") or {}).get("acceptance") or {}).get("generate") or {}
-    t["accept_len"] = (acc.get("accept_len") or {}).get("median")
+             card=card.run_id, objective=_summary(samples), elapsed_s=round(time.monotonic() - t0, 3))
+    t["accept_len"] = _accept_len(card)
     _g6_verdict(j, t, outputs)
     t["g6"]["elapsed_s"] = g6_s
     if t["reason"] == "G6 failed":
@@ -265,8 +274,9 @@ def _estimate(j: Journal, elapsed_s: float) -> None:
                           "formula": "elapsed + first trial x (remaining trials + 2 x confirm rounds + 1 restore)"}
 
 
-def execute(deployer: Deployer, j: Journal, progress: Progress) -> JSONObject:
-    """Run (or continue) the tune in `j` to its end: trials, confirmation, promotion, restore."""
+def execute(deployer: Deployer, j: Journal, progress: Progress) -> TuneJournal:
+    """Run (or continue) the tune in `j` to its end: trials, confirmation, promotion, restore. Returns the
+    journal as its model (what ``runs/<id>/tune.json`` now holds)."""
     ledger = deployer.ledger
     opts = TuneOptions(**j.data["options"])
     started = time.monotonic() - float(j.data["timing"].get("elapsed_before_s", 0.0))
@@ -293,7 +303,7 @@ def execute(deployer: Deployer, j: Journal, progress: Progress) -> JSONObject:
         finally:
             j.data["timing"]["trials_sum_s"] = round(sum(t["elapsed_s"] or 0 for t in j.data["trials"]), 3)
             _restore_and_close(deployer, j, ended, started, progress)
-    return j.data
+    return TuneJournal.model_validate(j.data)
 
 
 def _restore_and_close(deployer: Deployer, j: Journal, ended: str, started: float, progress: Progress) -> None:
@@ -408,7 +418,7 @@ def _written_by(path: Path, run_id: str) -> bool:
         return False
 
 
-def tune(deployer: Deployer, opts: TuneOptions, progress: Progress) -> JSONObject:
+def tune(deployer: Deployer, opts: TuneOptions, progress: Progress) -> TuneJournal:
     settle(deployer, progress)
     j = new_journal(deployer, opts)              # written once the lock is held (execute)
     # Where the winner will go is refused now (a directory, not writable, a file there without --force), not
@@ -419,7 +429,7 @@ def tune(deployer: Deployer, opts: TuneOptions, progress: Progress) -> JSONObjec
     return execute(deployer, j, progress)
 
 
-def resume(deployer: Deployer, run_id: str, progress: Progress) -> JSONObject:
+def resume(deployer: Deployer, run_id: str, progress: Progress) -> TuneJournal:
     j = Journal.load(deployer.ledger, run_id)
     if j.data.get("state") == "finished":
         raise ConfigError(f"tune {run_id} already finished", where=str(j.path), hint="start a new `sparkctl tune`")

@@ -5,51 +5,51 @@ from __future__ import annotations
 from typing import IO
 
 from sparkctl import texttable
-from sparkctl.jsontypes import JSONObject
+from sparkctl.state.tunejournal import TuneJournal, TuneTrial
 
 HEADER = ("#", "changes", "status", "{obj} median (min-max)", "accept len", "G6", "time s", "card / reason")
 
 
-def _reason(t: JSONObject) -> str:
-    if t["status"] in ("infeasible", "skipped"):
-        err = (t.get("error") or "").strip().splitlines()
-        return f"{t.get('reason')}: {err[0][:120]}" if err else str(t.get("reason"))
-    return t.get("card") or "-"
+def _reason(t: TuneTrial) -> str:
+    if t.status in ("infeasible", "skipped"):
+        err = (t.error or "").strip().splitlines()
+        return f"{t.reason}: {err[0][:120]}" if err else str(t.reason)
+    return t.card or "-"
 
 
-def rows(data: JSONObject) -> list[list[str]]:
+def rows(data: TuneJournal) -> list[list[str]]:
     """One row of cells per trial (the same cells in both renderings)."""
     out = []
-    for t in data["trials"]:
-        ch = "baseline" if t["baseline"] else ", ".join(f"{k}={v}" for k, v in t["changes"].items())
-        o = t.get("objective")
-        g = t.get("g6") or {}
+    for t in data.trials:
+        ch = "baseline" if t.baseline else ", ".join(f"{k}={v}" for k, v in t.changes.items())
+        o = t.objective
+        g = t.g6 or {}
         g6 = g.get("verdict", "-") + (f" {g['identical']}/{g['n']}" if "identical" in g and g.get("n") else "")
-        out.append([str(t["index"]), ch, t["status"],
+        out.append([str(t.index), ch, t.status,
                     f"{o['median']:.2f} ({o['min']:.2f}-{o['max']:.2f})" if o else "-",
-                    f"{t['accept_len']:.2f}" if t.get("accept_len") else "-", g6,
-                    f"{t['elapsed_s']:.1f}" if t.get("elapsed_s") is not None else "-", _reason(t)])
+                    f"{t.accept_len:.2f}" if t.accept_len else "-", g6,
+                    f"{t.elapsed_s:.1f}" if t.elapsed_s is not None else "-", _reason(t)])
     return out
 
 
-def footer(data: JSONObject) -> list[str]:
-    w = data.get("winner") or {}
+def footer(data: TuneJournal) -> list[str]:
+    w = data.winner or {}
     lines = [f"winner: {w.get('profile')} ({w.get('path')})" if w.get("promoted") else
              f"nothing promoted: {w.get('why')}"]
-    e, tm = data.get("estimate") or {}, data.get("timing") or {}
+    e, tm = data.estimate or {}, data.timing
     if e:
         lines.append(f"estimate after the first trial: {e.get('total_s')} s; actual total {tm.get('total_s')} s "
                      f"(trials {tm.get('trials_sum_s')} s, restore {tm.get('restore_s')} s)")
-    r = data.get("restore") or {}
+    r = data.restore or {}
     lines.append(f"restored: {r.get('profile') or r.get('action')} ({'ok' if r.get('ok') else 'FAILED'})")
     return lines
 
 
-def _header(data: JSONObject) -> list[str]:
-    return [h.format(obj=data["options"]["objective"]) for h in HEADER]
+def _header(data: TuneJournal) -> list[str]:
+    return [h.format(obj=data.options["objective"]) for h in HEADER]
 
 
-def trial_table(data: JSONObject) -> str:
+def trial_table(data: TuneJournal) -> str:
     """The table of all trials, plain text (for a pipe or a file)."""
     return "\n".join(texttable.lines(_header(data), rows(data)) + [""] + footer(data)) + "\n"
 
@@ -57,7 +57,7 @@ def trial_table(data: JSONObject) -> str:
 _STYLE = {"feasible": "green", "infeasible": "red", "skipped": "yellow", "pending": "dim"}
 
 
-def render(data: JSONObject, stream: IO[str], *, terminal: bool | None = None, width: int | None = None) -> None:
+def render(data: TuneJournal, stream: IO[str], *, terminal: bool | None = None, width: int | None = None) -> None:
     """Write the table to `stream`: a rich table when it is a terminal (or ``terminal=True``), else plain text.
     ``width``: the terminal's columns (None: rich asks the terminal)."""
     if terminal is None:
@@ -73,13 +73,13 @@ def render(data: JSONObject, stream: IO[str], *, terminal: bool | None = None, w
     from sparkctl.untrusted import clean, raw_stream
 
     # rich writes its own escape sequences, so past the terminal guard: every cell from the journal is cleaned.
-    w = data.get("winner") or {}
-    table = Table(title=Text(clean(f"tune {data['run_id']} ({data['profile']})")), title_justify="left")
+    w = data.winner or {}
+    table = Table(title=Text(clean(f"tune {data.run_id} ({data.profile})")), title_justify="left")
     for h in _header(data):
         table.add_column(clean(h), overflow="fold", justify="right" if h in ("#", "time s") else "left")
-    for t, cells in zip(data["trials"], rows(data)):
-        style = _STYLE.get(t["status"], "")
-        if w.get("promoted") and t["index"] == w.get("candidate"):
+    for t, cells in zip(data.trials, rows(data)):
+        style = _STYLE.get(t.status, "")
+        if w.get("promoted") and t.index == w.get("candidate"):
             style = "bold green"
         table.add_row(*[Text(clean(c), style=style) if k in (2, 7) else Text(clean(c)) for k, c in enumerate(cells)])
     console = Console(file=raw_stream(stream), force_terminal=True, highlight=False, soft_wrap=False, width=width)

@@ -127,3 +127,18 @@ def hybrid_sim(tmp_path: Path) -> Iterator[Sim]:
         yield sim
     finally:
         stop_sim(sim)
+
+
+@pytest.fixture
+def fresh_acc_off(tmp_path: Path) -> Iterator[dict[str, Sim]]:
+    """The ACC and OFF emulators started for one test, as `sims` starts them: nothing cached, logs empty."""
+    started = {"acc": start_sim(tmp_path, "acc", ACC, SPEC + ["--decode-log-interval", "2"]),
+               "off": start_sim(tmp_path, "off", OFF, OFF_ARGV)}
+    try:
+        for s in started.values():
+            wait_ready(s)
+        with raised_priority():
+            yield started
+    finally:
+        for s in started.values():
+            stop_sim(s)

@@ -139,7 +139,7 @@ def test_acceptance_ranges_equal_the_emulated_log(sims):
             lens.append(float(m.group(2)))
             rates.append(float(m.group(3)))
     assert len(lens) >= 3
-    got = d["classes"]["code"]["scheduler_log"]["decode"]
+    got = d.classes["code"].scheduler_log["decode"]
     assert tuple(got["accept_len"]) == (min(lens), max(lens))
     assert tuple(got["accept_rate"]) == (min(rates), max(rates))
     assert 1.0 <= min(lens) and max(lens) <= 8
@@ -294,3 +294,26 @@ def test_serialization_quotes_the_engines_mamba_cap_and_the_setting(hybrid_sim, 
     assert "--max-mamba-cache-size" in ser["fix"] and "need at least 6" in ser["fix"]
     card = (tmp_path / "out" / "report.md").read_text()
     assert "why (engine log at boot): `max_running_requests is capped to 1 by the mamba state cache" in card
+
+
+def _shape(value: Any) -> Any:
+    """A JSON value with every leaf replaced by its type's name: what a card holds, without the timings."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shape(v) for v in value]
+    return type(value).__name__
+
+
+def test_a_fresh_card_has_the_shape_of_one_written_before_the_models(fresh_acc_off, tmp_path):
+    """The models build the card: a fresh run with the options of tests/bench_card/cards/today-card-all-gates.json
+    (written by the dict-building code against two emulators started as these are: nothing cached, logs empty)
+    has its every key and value type."""
+    saved = json.loads((Path(__file__).with_name("cards") / "today-card-all-gates.json").read_text())
+    sims = fresh_acc_off
+    opts = BenchOptions(runs=2, max_tokens=161, warmup=1, acceptance_runs=2, ttft_sizes=(1000, 8000), ttft_runs=2,
+                        concurrency=(1, 2), g6_max_tokens=10, g6_limit=3, out_dir=tmp_path / "card")
+    fresh = bench_endpoint(sims["acc"].url, opts, log_path=sims["acc"].log, compare_endpoint=sims["off"].url,
+                           compare_log_path=sims["off"].log)
+    assert fresh["status"] == "successful"
+    assert _shape(fresh) == _shape(saved)

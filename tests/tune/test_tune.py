@@ -94,7 +94,7 @@ def test_tune_promotes_nothing_when_all_lie_within_noise(cli, tune_cluster, prof
     assert data["original"] is None and data["restore"] == {"ok": True, "action": "down"}
 
 
-def test_a_candidate_whose_g6_sample_diverges_is_infeasible(cli, tune_cluster):
+def test_a_candidate_whose_g6_sample_diverges_is_infeasible(cli, tune_cluster, state_dir):
     # the candidate whose engine sees SPARKCTL_SIM_DIVERGENCE={"*":3} departs from the target's greedy output at
     # completion token 3 of every prompt when speculation is on (sim/decoding.py): its G6 sample differs from the
     # baseline's; the candidate with {} (no divergence) is the same engine as the baseline
@@ -113,22 +113,27 @@ def test_a_candidate_whose_g6_sample_diverges_is_infeasible(cli, tune_cluster):
     assert all(0 < t["g6"]["elapsed_s"] < t["elapsed_s"] for t in data["trials"])
     assert lossy["objective"] is not None        # measured, and still refused: speed never buys losslessness
     assert data["confirmation"]["candidate"] == 1
+    # `tune --json` prints the journal tune() returns as its model: what runs/<id>/tune.json holds
+    (journal_file,) = list(state_dir.glob(f"*/runs/{data['run_id']}/tune.json"))
+    assert json.loads(journal_file.read_text()) == data
 
     # the table of this journal: plain text off a terminal, rich on one; the refused trial shows its reason
     import io
 
+    from sparkctl.state.tunejournal import TuneJournal
     from sparkctl.tune.table import render, trial_table
-    plain = trial_table(data)
+    journal = TuneJournal.model_validate(data)
+    plain = trial_table(journal)
     lines = plain.splitlines()
     assert lines[0].split()[:3] == ["#", "changes", "status"] and "\x1b[" not in plain
     row = next(x for x in lines if x.startswith("2 "))
     assert "infeasible" in row and "diverged 0/2" in row and "G6 failed: G6 sample: 0/2 identical" in row
     assert "reference" in lines[1] and "identical 2/2" in next(x for x in lines if x.startswith("1 "))
     piped = io.StringIO()
-    render(data, piped)                                # a StringIO is no terminal: the plain table
+    render(journal, piped)                             # a StringIO is no terminal: the plain table
     assert piped.getvalue() == plain
     tty = io.StringIO()
-    render(data, tty, terminal=True, width=220)
+    render(journal, tty, terminal=True, width=220)
     out = tty.getvalue()
     assert "\x1b[" in out and ("\u2503" in out or "\u2502" in out)    # ANSI styles and the box drawing
     assert data["run_id"] in out and "G6 failed: G6 sample: 0/2 identical" in out

@@ -181,3 +181,29 @@ def test_records_written_before_the_renames_load_under_the_new_names(tmp_path):
     settled = ledger.load("20261203T192940Z-dflash-off-25fb")
     assert settled.status == Status.INTERRUPTED and settled.settled.startswith("settled by `sparkctl rollback`")
     assert settled.settled == old["20261203T192940Z-dflash-off-25fb"]["reconciled"]
+
+
+def test_the_tune_journal_model_gives_back_the_journal_in_its_key_order():
+    """`tune()` returns the journal as `TuneJournal`; `tune --json` prints its dump: the same keys, in the order
+    the tune wrote them (a trial's error and the baseline's G6 outputs after the rest), with nothing added."""
+    from sparkctl.state.tunejournal import TuneJournal
+    from sparkctl.tune.run import _trial_entry
+    base, oom, skipped = _trial_entry(0, {}, True), _trial_entry(1, {"server.mem_fraction_static": 0.95}, False), \
+        _trial_entry(2, {"server.mem_fraction_static": 0.9}, False)
+    base.update(status="feasible", deployment="t5-1", card="bench-1", objective={"n": 2, "median": 40.5},
+                elapsed_s=3.25, accept_len=4.6, capacity={"max_total_num_tokens": 4096}, g6={"verdict": "reference"})
+    base["g6_outputs"] = [{"content": "x"}]
+    oom.update(status="infeasible", reason="oom", error="engine exit code: -9", elapsed_s=1.5)
+    skipped.update(status="skipped", reason="budget")
+    data = {"schema": "sparkctl.tune/1", "run_id": "tune-t5-1", "state": "running", "created": "2026-01-01T00:00:00Z",
+            "profile": "t5", "profile_data": {"name": "t5"}, "space": [["server.mem_fraction_static", [0.95, 0.9]]],
+            "baseline_values": {"server.mem_fraction_static": 0.88}, "options": {"objective": "decode"},
+            "trials": [base, oom, skipped], "original": None, "estimate": None, "confirmation": None,
+            "winner": {"promoted": False, "why": "no feasible candidate"}, "restore": {"ok": True},
+            "timing": {"total_s": 9.0}, "began": "2026-01-01T00:00:01Z", "updated": "2026-01-01T00:00:09Z"}
+    journal = TuneJournal.model_validate(data)
+    assert json.dumps(journal.as_json(), indent=2) == json.dumps(data, indent=2)
+    assert journal.trials[1].error == "engine exit code: -9" and journal.trials[0].error is None
+    assert journal.trials[0].accept_len == 4.6 and journal.trials[2].reason == "budget"
+    older = {k: v for k, v in data.items() if k not in ("created", "began", "updated")}
+    assert json.dumps(TuneJournal.model_validate(older).as_json()) == json.dumps(older)
