@@ -205,15 +205,30 @@ def acceptance_from_generate(arm: Arm, prompt: Prompt, *, runs: int, max_tokens:
 # --------------------------------------------------------------------------- TTFT
 
 def calibrate_tokens(arm: Arm, tag: str, probe_words: int = 512) -> TokenCalibration:
-    """Two probes (unique prefixes, 1 output token) give server tokens per filler word and the fixed overhead."""
+    """Two probes (unique prefixes, 1 output token) give server tokens per filler word and the fixed overhead.
+
+    The big probe must fit the context window, or the server refuses it and every TTFT size is mislabelled (the
+    1-token-per-word assumption put ~890 server tokens in a "~256" prompt of the real engine's 1,024 window): it is
+    capped at a quarter word per window token (tokenizers here give 1.2-3.6 tokens per filler word) and halved
+    while the server still refuses it, down to 16 words."""
+    if arm.context_length:
+        probe_words = max(16, min(probe_words, arm.context_length // 4))
     try:
         small = arm.client.chat([{"role": "user", "content": long_prompt(0, f"{tag}/probe-0")}], max_tokens=1,
                                 temperature=0, model=arm.model)
-        big = arm.client.chat([{"role": "user", "content": long_prompt(probe_words, f"{tag}/probe-1")}],
-                              max_tokens=1, temperature=0, model=arm.model)
     except SGLangAPIError as exc:
         log.warning("token calibration failed (%s); assuming one token per word", exc.message)
         return ASSUMED_CALIBRATION
+    while True:
+        try:
+            big = arm.client.chat([{"role": "user", "content": long_prompt(probe_words, f"{tag}/probe-1")}],
+                                  max_tokens=1, temperature=0, model=arm.model)
+            break
+        except SGLangAPIError as exc:
+            if probe_words <= 16 or exc.status != 400:
+                log.warning("token calibration failed (%s); assuming one token per word", exc.message)
+                return ASSUMED_CALIBRATION
+            probe_words //= 2
     if small.usage.prompt_tokens is None or big.usage.prompt_tokens is None:
         return ASSUMED_CALIBRATION
     return calibration_from_probes(small.usage.prompt_tokens, big.usage.prompt_tokens, probe_words)

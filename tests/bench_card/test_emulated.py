@@ -13,6 +13,7 @@ from sparkctl.bench import measure
 from sparkctl.bench.prompts import decode_prompts
 from sparkctl.bench.report import render_card
 from sparkctl.bench.run import BenchOptions, arm_from_endpoint, bench_endpoint
+from tests.bench_card.conftest import OFF, start_sim, stop_sim, wait_ready
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +119,26 @@ def test_concurrent_server_not_flagged(run_acc_off):
     assert c2["max_streams_decoding_at_once"] == 2 and c2["total_completion_tokens"] == 2 * 161
     c1 = next(lv for lv in c["levels"] if lv["concurrency"] == 1)
     assert c2["vs_c1"] == pytest.approx(c2["aggregate_tok_s"] / c1["aggregate_tok_s"], abs=1e-3)
+
+
+def test_token_calibration_fits_a_small_context_window(tmp_path):
+    """The big calibration probe is sized to the window. At 512 tokens the old 512-word probe was refused (HTTP 400,
+    longer than the context) and every TTFT size fell back to one token per word: on the real engine's 1,024
+    window a "~256" TTFT prompt held ~890 server tokens."""
+    from sparkctl.bench.prompts import long_prompt, words_for_tokens
+    sim = start_sim(tmp_path, "small-window", OFF, ["--context-length", "512"])
+    try:
+        wait_ready(sim)
+        arm = arm_from_endpoint(sim.url, log_path=sim.log)
+        arm.server_info = arm.client.server_info()
+        assert arm.context_length == 512
+        cal = measure.calibrate_tokens(arm, "small-window")
+        assert cal.measured, cal
+        text = long_prompt(words_for_tokens(256, cal), "small-window/ttft")
+        got = arm.client.chat([{"role": "user", "content": text}], max_tokens=1, temperature=0, model=arm.model)
+        assert got.usage.prompt_tokens is not None and abs(got.usage.prompt_tokens - 256) <= 0.05 * 256, got.usage
+    finally:
+        stop_sim(sim)
 
 
 # --------------------------------------------------------------------------- acceptance

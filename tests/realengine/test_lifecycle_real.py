@@ -109,6 +109,10 @@ def test_bench_card_measures_the_real_engine(cli, real_cluster, tmp_path):
     assert [lv["concurrency"] for lv in results["concurrency"]["levels"]] == [1, 2]
     # the radix cache hit is read from the real scheduler's "Prefill batch ... #cached-token" line
     assert results["ttft"]["cached_repeat"]["radix_cached"] is True
+    # calibrated within the 1,024 window: a "~256" prompt is about 256 of the real tokenizer's tokens
+    assert results["ttft"]["calibration"]["measured"] is True, results["ttft"]["calibration"]
+    size = next(x for x in results["ttft"]["sizes"] if x["target_tokens"] == 256)
+    assert all(abs(r["prompt_tokens"] - 256) <= 0.1 * 256 for r in size["runs"]), size["runs"]
 
 
 def test_rollback_to_a_second_real_profile(cli, real_cluster):
