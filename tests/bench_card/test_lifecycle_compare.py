@@ -30,7 +30,7 @@ def test_compare_deploys_other_profile_and_restores(cli, embedded_cluster):
     st = json.loads(out)
     assert st["profile"] == "d5" and st["healthy"] and st["speculative_algorithm"] == "DFLASH"
     # each deploy of the transaction is one `up` through deploy's door: one record (the arm, then the restore),
-    # each with the lifecycle's stages, and the restore is what is active now
+    # each with the lifecycle's steps, and the restore is what is active now
     from sparkctl.config.inventory import load_inventory
     from sparkctl.state.ledger import Ledger
     ledger = Ledger.for_cluster(load_inventory(embedded_cluster).cluster.name)
@@ -38,5 +38,5 @@ def test_compare_deploys_other_profile_and_restores(cli, embedded_cluster):
     since = [ledger.load(i) for i in history[history.index(original) + 1:]]
     assert [r.command for r in since] == ["bench-compare", "bench-restore"], [(r.id, r.command) for r in since]
     assert since[0].id == res["compare_deployment"]["deployment"] and since[1].id == res["restore"]["deployment"]
-    assert all({"boot", "hand-off"} <= {s.name for s in r.stages} for r in since)
+    assert all({"boot", "hand-off"} <= {s.name for s in r.steps} for r in since)
     assert ledger.active_id() == since[1].id
