@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.deploy.steps import COMMANDS, CRASH_ENV, RESTORE_STEPS, crash_points
+from testrig.controller import run_in_process
 
 FAST = {"boot_s": 0.3, "decode_tps": 6000, "peer_timeout_s": 2, "ttft_base_s": 0.01}
 KEY = "sk-crash-matrix-secret"
@@ -47,9 +48,13 @@ class Matrix:
                         SPARKCTL_PROFILES_DIR=str(profiles), SPARKCTL_API_KEY=KEY)
 
     def run(self, *args: str, crash: str | None = None, timeout: float = 120) -> tuple[int, str, str]:
-        env = dict(self.env)
-        if crash:
-            env[CRASH_ENV] = crash
+        """`sparkctl ARGS`: a real process when it is to crash (it SIGKILLs itself at `crash`) or to meet a full disk
+        (the ledger counts the record writes of its process); otherwise (`status`, the setup and the next command)
+        in-process, which saves an interpreter start per call."""
+        from sparkctl.state.ledger import WRITE_FAULT_ENV
+        if not crash and WRITE_FAULT_ENV not in self.env:
+            return run_in_process(list(args), self.env)
+        env = {**self.env, CRASH_ENV: crash} if crash else self.env
         p = subprocess.run([sys.executable, "-m", "sparkctl", *args], env=env, capture_output=True, text=True,
                            timeout=timeout)
         return p.returncode, p.stdout, p.stderr

@@ -21,8 +21,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -30,9 +28,9 @@ import httpx
 import pytest
 
 from sparkctl.deploy.steps import replicated_crash_points
-from testrig.testenv import need_module
-from testrig.controller import run_at_boundary
+from testrig.controller import run_at_boundary, run_in_process
 from testrig.embedded import stop_recorded_engines, write_embedded_inventory, write_replicated_profile
+from testrig.testenv import need_module
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
 FAST = {"boot_s": 0.3, "decode_tps": 4000, "peer_timeout_s": 2, "ttft_base_s": 0.002}
@@ -54,9 +52,9 @@ class Rig:
         self.current: int | None = None
 
     def run(self, *args: str) -> tuple[int, str, str]:
-        p = subprocess.run([sys.executable, "-m", "sparkctl", *args], env=self.env, capture_output=True, text=True,
-                           timeout=300)
-        return p.returncode, p.stdout, p.stderr
+        """`sparkctl ARGS` in-process against this rig (`status`, `down` and the next `up`; the signalled `up` itself
+        is a real process: run_at_boundary)."""
+        return run_in_process(list(args), self.env)
 
     def up(self, k: int) -> list[str]:
         return ["up", "--profile", str(self.profiles[k]), "--yes", "--json"]

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.deploy.steps import tune_crash_points
-from testrig.controller import run_at_boundary
+from testrig.controller import run_at_boundary, run_in_process
 
 
 def _tune_conftest():
@@ -60,11 +60,9 @@ class TuneRig:
                         SPARKCTL_PROFILES_DIR=str(profiles))
 
     def run(self, *args: str) -> tuple[int, str, str]:
-        import subprocess
-        import sys
-        p = subprocess.run([sys.executable, "-m", "sparkctl", *args], env=self.env, capture_output=True, text=True,
-                           timeout=300)
-        return p.returncode, p.stdout, p.stderr
+        """`sparkctl ARGS` in-process against this rig (`status` and the next command; the signalled tune itself is
+        a real process: run_at_boundary)."""
+        return run_in_process(list(args), self.env)
 
     def journals(self) -> dict[str, dict]:
         return {p.parent.name: json.loads(p.read_text()) for p in self.state.glob("*/runs/*/tune.json")}
