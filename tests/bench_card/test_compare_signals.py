@@ -17,14 +17,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from sparkctl.deploy.steps import COMPARE_COMMAND, COMPARE_STEPS, crash_points
-from testrig.controller import run_at_boundary
+from testrig.controller import run_at_boundary, run_in_process
 
 FAST = {"boot_s": 0.3, "decode_tps": 6000, "peer_timeout_s": 2, "ttft_base_s": 0.01}
 KEY = "sk-compare-signals-secret"
@@ -47,9 +45,9 @@ class CompareRig:
                         SPARKCTL_PROFILES_DIR=str(profiles), SPARKCTL_API_KEY=KEY)
 
     def run(self, *args: str) -> tuple[int, str, str]:
-        p = subprocess.run([sys.executable, "-m", "sparkctl", *args], env=self.env, capture_output=True, text=True,
-                           timeout=180)
-        return p.returncode, p.stdout, p.stderr
+        """`status` and the next `up` in this process (testrig.controller.run_in_process): only the signalled
+        bench is under test as a process."""
+        return run_in_process(list(args), self.env)
 
     @property
     def ledger(self):
