@@ -74,7 +74,7 @@ from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.launch import redact
 from sparkctl.state.controller import controller_alive, this_controller
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.records import ReplicatedRecord
+from sparkctl.state.records import JournalEntry, ReplicatedRecord
 from sparkctl.statefiles import open_state_file, private_dir, state_dir_error, write_json_atomic
 
 RECORD = "replicated.json"
@@ -155,8 +155,8 @@ class Record:
 
     def journal(self, step: str, phase: str, what: str, replica: int | None = None, detail: str | None = None) -> None:
         with self._lock:
-            self.data.setdefault("journal", []).append({"step": step, "phase": phase, "at": now_iso(), "what": what,
-                                                        "replica": replica, "detail": detail})
+            self.data.setdefault("journal", []).append(JournalEntry(
+                step=step, phase=phase, at=now_iso(), what=what, replica=replica, detail=detail).model_dump(mode="json"))
         self.save()
 
     @property
