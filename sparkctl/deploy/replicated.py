@@ -309,7 +309,7 @@ class ReplicatedRun:
 
     def settle(self, journal: list[JournalEntry], replicas: list[tuple[int, str]]) -> list[int]:
         """`reconcile.settle_replicated` against the router of ours that runs now (none: nothing to put back)."""
-        if self.deployer._router(self.rec, self.spec) is None:
+        if router_launch.recorded_router(self.deployer.inventory, self.spec, self.rec.data.get("router")) is None:
             return settle_replicated(journal, replicas, serves=_serves, out_of_router=None, attach=str,
                                      write=self.rec.journal)
         client = RouterClient(self.spec.url, metrics_url=self.spec.metrics_url)
