@@ -235,24 +235,26 @@ def open_steps(journal: Sequence[JournalEntry]) -> list[JournalEntry]:
     return list(open_.values())
 
 
-def settle_replicated(journal: Sequence[JournalEntry], replicas: Sequence[tuple[int, str]], *,
+def settle_replicated(journal: Sequence[JournalEntry], replicas: Sequence[tuple[int, str]], *, died: bool,
                       serves: Callable[[str], bool], out_of_router: Callable[[str], bool] | None,
                       attach: Callable[[str], object],
                       write: Callable[[str, str, str, int | None, str | None], None]) -> list[int]:
     """What a replicated `up` stopped mid-way leaves, and the one decision about it:
 
-    * a replica whose own `up` was cut (replica-up begun, never ended: its controller died inside it) is left to
+    * when its controller `died`, a replica whose own `up` was cut (replica-up begun, never ended) is left to
       that `up`'s own settle (the replica's `reconcile`, when the next replicated `up` runs its step): its engines
       may be new and never verified, so it is not put in the router here;
     * every other replica that serves and is out of the router goes back in (a detach or an attach was cut, or
       its `up` ended and the attach never came): none is left out.
 
     `out_of_router(url)`: True when ours runs and does not list it (None: no router of ours runs, nothing to put
-    back). `write(step, phase, what, replica, detail)` journals each attach. Returns the replicas put back; an
+    back). Not `died` (a signal, settled by the `up` itself): every replica's own `up` has returned, having
+    stopped or restored what it started, so a replica-up left open (a signal at its `before` boundary) cut
+    nothing. `write(step, phase, what, replica, detail)` journals each attach. Returns the replicas put back; an
     attach that fails is journaled "failed" and left to the next `up`."""
     if out_of_router is None:
         return []
-    cut = {e.replica for e in open_steps(journal) if e.step == REPLICA_UP}
+    cut = {e.replica for e in open_steps(journal) if e.step == REPLICA_UP} if died else set()
     back = []
     for index, url in replicas:
         if index in cut:

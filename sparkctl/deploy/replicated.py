@@ -307,13 +307,13 @@ class ReplicatedRun:
             self.rec.journal(step.name, "failed", step.what, _replica_of(step),
                              error.render() if isinstance(error, SparkctlError) else repr(error))
 
-    def settle(self, journal: list[JournalEntry], replicas: list[tuple[int, str]]) -> list[int]:
+    def settle(self, journal: list[JournalEntry], replicas: list[tuple[int, str]], *, died: bool) -> list[int]:
         """`reconcile.settle_replicated` against the router of ours that runs now (none: nothing to put back)."""
         if router_launch.recorded_router(self.deployer.inventory, self.spec, self.rec.data.get("router")) is None:
-            return settle_replicated(journal, replicas, serves=_serves, out_of_router=None, attach=str,
+            return settle_replicated(journal, replicas, died=died, serves=_serves, out_of_router=None, attach=str,
                                      write=self.rec.journal)
         client = RouterClient(self.spec.url, metrics_url=self.spec.metrics_url)
-        return settle_replicated(journal, replicas, serves=_serves,
+        return settle_replicated(journal, replicas, died=died, serves=_serves,
                                  out_of_router=lambda url: client.find(url) is None,
                                  attach=lambda url: attach(client, url), write=self.rec.journal)
 
@@ -330,7 +330,7 @@ def run_settle_replicated(run: ReplicatedRun, step: SettleReplicated) -> None:
                         for e in open_steps(journal)) or "between steps"
         run.reporter.event(f"the last `sparkctl up` of this replicated deployment was interrupted ({step.left}) "
                            f"during {cut}: settling it")
-        back = run.settle(journal, list(step.replicas))
+        back = run.settle(journal, list(step.replicas), died=True)
         if back:
             run.reporter.event(f"replica(s) {', '.join(map(str, back))} back into the router")
     if Ledger.for_cluster(run.deployer.inventory.cluster.name).active() is not None:   # a single group here
@@ -454,7 +454,7 @@ class ReplicatedDeployer:
             if rec.data.get("status") == "updating":
                 run.rec = rec
                 run.settle([JournalEntry.model_validate(e) for e in rec.data.get("journal", [])],
-                           [(r.index, r.url) for r in reps])
+                           [(r.index, r.url) for r in reps], died=False)
                 rec.data["status"] = "failed"
                 rec.save()
             raise
