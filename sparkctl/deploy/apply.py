@@ -16,7 +16,7 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import BootResult, doctor_lines
@@ -39,6 +39,7 @@ from sparkctl.deploy.plan import (
 )
 from sparkctl.deploy.preflight import ports_of, run_preflight
 from sparkctl.deploy.preflight_rules import evaluate
+from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.rank_steps import boot_ranks, gate_ranks
 from sparkctl.deploy.rollback import restore
 from sparkctl.deploy.runtimes import Runtimes
@@ -172,6 +173,37 @@ class Run:
     stopped_prior: bool = False
     total: Stopwatch = field(default_factory=Stopwatch)
     _images: ImageStage | None = None
+    _step_clock: Stopwatch = field(default_factory=Stopwatch)
+
+    @property
+    def reporter(self) -> Reporter:
+        return self.c.reporter
+
+    def opened(self, step: Step) -> None:
+        """The step's stage and journal intent, on disk before anything is said or done."""
+        self._step_clock = Stopwatch()
+        self.record.steps.append(StepEntry(name=step.name, started=now_iso()))
+        self.journal.entry(step.name, "intent", step.what, self.nodes)
+        self.journal.save()
+        if self.journal.disk_error is not None:
+            raise self.journal.disk_error
+
+    def closed(self, step: Step, error: BaseException | None) -> None:
+        """The step's outcome: `ok` (or `noop`) with its time, or `failed` with the error's first line."""
+        entry, j = self.record.steps[-1], self.journal
+        entry.elapsed_s = self._step_clock.elapsed()
+        if error is not None:
+            entry.status = "failed"
+            entry.error = error.render() if isinstance(error, SparkctlError) else f"{type(error).__name__}: {error}"
+            j.entry(step.name, "failed", step.what, detail=entry.error.splitlines()[0])
+            j.save()
+            return
+        entry.status = "ok"
+        j.entry(step.name, "noop" if "no-op" in step.what else "ok", step.what)
+        self.c.reporter.event(f"done in {entry.elapsed_s:.2f}s")
+        j.save()
+        if j.disk_error is not None:
+            raise j.disk_error
 
     @property
     def nodes(self) -> list[str]:
@@ -292,39 +324,39 @@ def run_hand_off(run: Run, step: HandOff) -> None:
                      f"deployment {record.id})")
 
 
-RUNNERS: dict[type[Step], Callable[[Run, Any], None]] = {
+# step class -> the module-level function that does it; deploy.replicated adds the replicated `up`'s steps
+# (its runners need the sub-deployers of commands.py, which imports this module).
+RUNNERS: dict[type[Step], Callable[[Any, Any], None]] = {
     Preflight: run_preflight_step, ImageBuild: run_image_build, ImageDistribute: run_image_distribute,
     ImageVerify: run_image_verify, StopOld: run_stop_old, Boot: run_boot, WarmUp: run_warm_up, Verify: run_verify,
     HandOff: run_hand_off}
 
 
-def run_step(run: Run, step: Step, command: str) -> None:
-    """One step: its entry and journal intent on disk first, then the screen, the boundary, the effect, the
-    outcome (ok, noop or failed) on disk, the boundary after."""
-    record, j = run.record, run.journal
-    sw = Stopwatch()
-    entry = StepEntry(name=step.name, started=now_iso())
-    record.steps.append(entry)
-    j.entry(step.name, "intent", step.what, run.nodes)
-    j.save()                      # the ledger first, then the screen: what was said is on disk
-    if j.disk_error is not None:
-        raise j.disk_error
-    run.c.reporter.stage(step.name, step.what)
+class StepRun(Protocol):
+    """What `run_step` needs of a run in progress: its reporter, and its journal written before a step's effect
+    (`opened`: on disk first, raising what the disk said) and after it (`closed`: the outcome, or the error).
+    `Run` (a single group's `up`) and `deploy.replicated.ReplicatedRun` (a replicated `up`) are the two."""
+
+    @property
+    def reporter(self) -> Reporter: ...
+
+    def opened(self, step: Step) -> None: ...
+
+    def closed(self, step: Step, error: BaseException | None) -> None: ...
+
+
+def run_step(run: StepRun, step: Step, command: str) -> None:
+    """One step: its intent on disk first, then the screen, the boundary, the effect (`RUNNERS`, by the step's
+    class), the outcome (ok, noop or failed) on disk, the boundary after."""
+    run.opened(step)              # the ledger first, then the screen: what was said is on disk
+    run.reporter.stage(step.name, step.what)
     boundary(command, step.name, "before")
     try:
         RUNNERS[type(step)](run, step)
     except BaseException as exc:
-        entry.status, entry.elapsed_s = "failed", sw.elapsed()
-        entry.error = exc.render() if isinstance(exc, SparkctlError) else f"{type(exc).__name__}: {exc}"
-        j.entry(step.name, "failed", step.what, detail=entry.error.splitlines()[0])
-        j.save()
+        run.closed(step, exc)
         raise
-    entry.status, entry.elapsed_s = "ok", sw.elapsed()
-    j.entry(step.name, "noop" if "no-op" in step.what else "ok", step.what)
-    run.c.reporter.event(f"done in {entry.elapsed_s:.2f}s")
-    j.save()
-    if j.disk_error is not None:
-        raise j.disk_error
+    run.closed(step, None)
     boundary(command, step.name, "after")
 
 

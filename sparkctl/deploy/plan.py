@@ -207,3 +207,81 @@ def make_plan(result: RenderResult, active: DeploymentRecord | None, active_heal
                      f"(on failure: {'roll back to ' + active.id if active else 'stop the new engines'})",
                 prior=active))
     return plan
+
+
+# ---- a replicated `up` (deploy/replicated.py): the steps around each replica's own `up` ------------------------
+# Run by the same `deploy.apply.run_step` (intent on disk, the screen, the boundary, the effect, the outcome),
+# journaled in the parent cluster's `replicated.json` with the same `JournalEntry`; `replica` says which replica.
+@dataclass(frozen=True, kw_only=True)
+class ReplicatedStep(Step):
+    """A step of a replicated `up`; `replica` is its replica's index (None: the router or the whole)."""
+
+    replica: int | None = None
+
+    def as_dict(self) -> JSONObject:
+        return {**super().as_dict(), "replica": self.replica}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SettleReplicated(ReplicatedStep):
+    """Before anything else: what an `up` whose controller died left (`settle.settle_replicated`), then the
+    parent cluster's single-group deployment, if one is active, goes down (after this step, under its own lock)."""
+
+    name: ClassVar[str] = steps.SETTLE
+    left: str | None = None                               # "controller pid P on H gone" of the dead `up`, if any
+    replicas: tuple[tuple[int, str], ...] = ()            # (index, url) of the replicas that `up` recorded
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterStart(ReplicatedStep):
+    """Start the router (just before the first attach: on a first `up` rank 0 has the engine image it runs from
+    only after a replica's image stage)."""
+
+    name: ClassVar[str] = steps.ROUTER_START
+    idempotent: ClassVar[bool] = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaDetach(ReplicatedStep):
+    """Out of the router, its in-flight requests drained; `listed` False: already out (a controller killed
+    mid-drain), its requests still finish first."""
+
+    name: ClassVar[str] = steps.REPLICA_DETACH
+    url: str
+    drain_s: float
+    listed: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaUp(ReplicatedStep):
+    """The replica's own `up` (its own plan, lock, journal and restore); `together`: a first `up`, every replica's
+    at once (nothing serves through the router yet)."""
+
+    name: ClassVar[str] = steps.REPLICA_UP
+    idempotent: ClassVar[bool] = False
+    together: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaAttach(ReplicatedStep):
+    """Back into the router, when it serves (its gates passed, or its failed `up` restored what ran before)."""
+
+    name: ClassVar[str] = steps.REPLICA_ATTACH
+    url: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterGates(ReplicatedStep):
+    name: ClassVar[str] = steps.ROUTER_GATES
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterHandOff(ReplicatedStep):
+    """The router's endpoint is the one handed off (the record's status "active")."""
+
+    name: ClassVar[str] = steps.HAND_OFF
+    idempotent: ClassVar[bool] = False
+
+
+REPLICATED_STEP_TYPES: tuple[type[ReplicatedStep], ...] = (SettleReplicated, RouterStart, ReplicaDetach, ReplicaUp,
+                                                           ReplicaAttach, RouterGates, RouterHandOff)

@@ -3,9 +3,10 @@
 Each replica is a cluster of its own, `<cluster>.r<i>` (its `server.tp_size` nodes, its own ledger, lock and
 journal; a '.' is never in a cluster name the inventory accepts, so a replica's state and containers cannot be
 another cluster's), deployed by the ordinary `up`: its steps, its gates, its restore when it fails. A replicated
-`up` is more steps around those, journaled in the parent cluster's `replicated.json` (mode 0600), each with the
-lifecycle's
-crash boundaries (`deploy.steps.REPLICATED_STEPS`):
+`up` is more steps around those: typed steps (`deploy.plan.ReplicatedStep`) in a `ReplicatedPlan`, run by the
+lifecycle's own `deploy.apply.run_step` (this module adds their runners to `apply.RUNNERS`), journaled with the
+lifecycle's `JournalEntry` in the parent cluster's `replicated.json` (mode 0600), each with the lifecycle's crash
+boundaries (`deploy.steps.REPLICATED_STEPS`):
 
     settle          the parent's single-group deployment, if one is active, goes down first
     router-start    the router on rank 0's node (a local process on the embedded cluster, a container from the
@@ -22,7 +23,9 @@ crash boundaries (`deploy.steps.REPLICATED_STEPS`):
     hand-off        the router's endpoint is the one handed off
 
 A controller killed anywhere in between leaves every step re-runnable: detach and attach are idempotent, a
-replica's `up` settles its own journal, and the next `up` converges from what runs.
+replica's `up` settles its own journal, and the next `up` converges from what runs. What an `up` stopped mid-way
+leaves (by a signal: it settles itself; killed: the next `up`'s settle step) is decided in one place,
+`deploy.settle.settle_replicated`.
 """
 from __future__ import annotations
 
@@ -33,15 +36,26 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 from pydantic import ValidationError
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
+from sparkctl.deploy.apply import RUNNERS, run_step
 from sparkctl.deploy.commands import Deployer, UpOptions, follow_reader
-from sparkctl.deploy.plan import Plan
+from sparkctl.deploy.plan import (
+    Plan,
+    ReplicaAttach,
+    ReplicaDetach,
+    ReplicatedStep,
+    ReplicaUp,
+    RouterGates,
+    RouterHandOff,
+    RouterStart,
+    SettleReplicated,
+    Step,
+)
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.results import (
     ReplicaStatus,
@@ -51,16 +65,7 @@ from sparkctl.deploy.results import (
     RouterStatus,
     watcher_of,
 )
-from sparkctl.deploy.steps import (
-    HAND_OFF,
-    REPLICA_ATTACH,
-    REPLICA_DETACH,
-    REPLICA_UP,
-    ROUTER_GATES,
-    ROUTER_START,
-    SETTLE,
-    boundary,
-)
+from sparkctl.deploy.settle import open_steps, settle_replicated
 from sparkctl.deploy.steps import REPLICATED_COMMAND as COMMAND
 from sparkctl.errors import ConfigError, LedgerError, LockHeldError, SparkctlError
 from sparkctl.jsontypes import JSONObject
@@ -74,7 +79,7 @@ from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.launch import redact
 from sparkctl.state.controller import controller_alive, this_controller
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.records import ReplicatedRecord
+from sparkctl.state.records import JournalEntry, ReplicatedRecord
 from sparkctl.statefiles import open_state_file, private_dir, state_dir_error, write_json_atomic
 
 RECORD = "replicated.json"
@@ -92,6 +97,14 @@ def _progress(rec: Record) -> str | None:
         return f"`sparkctl up` in progress ({who})"
     return (f"interrupted: the `sparkctl up` that was updating it is gone ({who}); the next `sparkctl up` "
             f"converges, `sparkctl down` stops it")
+
+
+def _dead_controller(rec: Record) -> str | None:
+    """"controller pid P on H gone" when the `up` that set status "updating" died (None: settled, or alive)."""
+    ctl = rec.data.get("controller")
+    if rec.data.get("status") != "updating" or not isinstance(ctl, dict) or controller_alive(ctl):
+        return None
+    return f"controller pid {ctl.get('pid')} on {ctl.get('host')} gone"
 
 
 def replica_cluster(parent: str, index: int) -> str:
@@ -155,8 +168,8 @@ class Record:
 
     def journal(self, step: str, phase: str, what: str, replica: int | None = None, detail: str | None = None) -> None:
         with self._lock:
-            self.data.setdefault("journal", []).append({"step": step, "phase": phase, "at": now_iso(), "what": what,
-                                                        "replica": replica, "detail": detail})
+            entry = JournalEntry(step=step, phase=phase, at=now_iso(), what=what, replica=replica, detail=detail)
+            self.data.setdefault("journal", []).append(entry.model_dump(mode="json"))
         self.save()
 
     @property
@@ -181,7 +194,8 @@ class ReplicaMove:
 
 @dataclass(frozen=True)
 class ReplicatedPlan:
-    """A replicated `up` as data: the router and each replica's move, made once from what runs now."""
+    """A replicated `up` as data: the router and each replica's move, made once from what runs now, and the
+    typed steps (`deploy.plan.ReplicatedStep`) that `deploy.apply.run_step` runs, in order."""
 
     profile: Profile
     replicas: list[Replica]
@@ -191,6 +205,10 @@ class ReplicatedPlan:
     moves: list[ReplicaMove]
     parallel: bool                               # a first `up`: every replica's own `up` at once
     endpoint: str
+    steps: tuple[ReplicatedStep, ...] = ()
+
+    def move(self, index: int) -> ReplicaMove:
+        return next(m for m in self.moves if m.replica.index == index)
 
     def lines(self) -> list[str]:
         spec, drain_s = self.spec, self.profile.router.drain_timeout_s
@@ -210,6 +228,175 @@ class ReplicatedPlan:
         return lines
 
 
+def replicated_steps(profile: Profile, spec: RouterSpec, moves: list[ReplicaMove], *, router_runs: bool,
+                     parallel: bool, endpoint: str) -> tuple[ReplicatedStep, ...]:
+    """The steps of a replicated `up` after its settle: per changed replica detach (when rolling), its own `up`,
+    attach; the router started just before the first attach (or before the gates, when no replica changed);
+    the router's gates; the hand-off. On a first `up` (`parallel`) every replica's `up` comes first, together."""
+    drain_s = profile.router.drain_timeout_s
+    out: list[ReplicatedStep] = []
+    pending = [not router_runs]
+
+    def router_first() -> None:
+        if pending[0]:
+            out.append(RouterStart(what=f"start the router on {spec.url} ({spec.policy})"))
+            pending[0] = False
+
+    def up(rep: Replica) -> ReplicaUp:
+        return ReplicaUp(what=f"replica {rep.index}: up {profile.name} on {', '.join(rep.nodes)}",
+                         replica=rep.index, together=parallel)
+
+    def attach_(rep: Replica) -> ReplicaAttach:
+        return ReplicaAttach(what=f"replica {rep.index}: back into the router", replica=rep.index, url=rep.url)
+    todo = [m.replica for m in moves if not m.unchanged]
+    if parallel:
+        out += [up(rep) for rep in todo]
+    for m in moves:
+        rep = m.replica
+        if m.unchanged:
+            continue
+        if not parallel:
+            already = "" if m.listed is not None else " already"
+            out += [ReplicaDetach(what=f"replica {rep.index}: out of the router{already}, drain (at most "
+                                       f"{drain_s:g}s)", replica=rep.index, url=rep.url, drain_s=drain_s,
+                                  listed=m.listed is not None), up(rep)]
+        router_first()
+        out.append(attach_(rep))
+    router_first()           # every replica unchanged but the router gone: it comes back with all of them
+    out += [RouterGates(what=f"router ready with {len(moves)} healthy replicas; a generation through it"),
+            RouterHandOff(what=f"hand off {endpoint}")]
+    return tuple(out)
+
+
+@dataclass
+class ReplicatedRun:
+    """One replicated `up` in progress: what its steps share. `deploy.apply.run_step` runs each step, journaling
+    intent and outcome in the record's journal (`opened`/`closed`)."""
+
+    deployer: ReplicatedDeployer
+    rec: Record
+    profile: Profile
+    opts: UpOptions
+    reps: list[Replica]
+    spec: RouterSpec
+    plan: ReplicatedPlan | None = None
+    router: router_launch.Router | None = None       # ours, running
+    deployed: list[int] = field(default_factory=list)  # replicas whose own `up` deployed
+
+    @property
+    def reporter(self) -> Reporter:
+        return self.deployer.reporter
+
+    @property
+    def client(self) -> RouterClient:
+        return self.planned.client
+
+    @property
+    def planned(self) -> ReplicatedPlan:
+        if self.plan is None:
+            raise TypeError("a replicated step that needs the plan ran before it was made")
+        return self.plan
+
+    def opened(self, step: Step) -> None:
+        self.rec.journal(step.name, "intent", step.what, _replica_of(step))
+
+    def closed(self, step: Step, error: BaseException | None) -> None:
+        if error is None:
+            self.rec.journal(step.name, "ok", step.what, _replica_of(step))
+        else:
+            self.rec.journal(step.name, "failed", step.what, _replica_of(step),
+                             error.render() if isinstance(error, SparkctlError) else repr(error))
+
+    def settle(self, journal: list[JournalEntry], replicas: list[tuple[int, str]], *, died: bool) -> list[int]:
+        """`settle.settle_replicated` against the router of ours that runs now (none: nothing to put back)."""
+        if router_launch.recorded_router(self.deployer.inventory, self.spec, self.rec.data.get("router")) is None:
+            return settle_replicated(journal, replicas, died=died, serves=_serves, out_of_router=None, attach=str,
+                                     write=self.rec.journal)
+        client = RouterClient(self.spec.url, metrics_url=self.spec.metrics_url)
+        return settle_replicated(journal, replicas, died=died, serves=_serves,
+                                 out_of_router=lambda url: client.find(url) is None,
+                                 attach=lambda url: attach(client, url), write=self.rec.journal)
+
+
+def _replica_of(step: Step) -> int | None:
+    return step.replica if isinstance(step, ReplicatedStep) else None
+
+
+# ---- what each replicated step does (`deploy.apply.RUNNERS` dispatches on the step's class) --------------------
+def run_settle_replicated(run: ReplicatedRun, step: SettleReplicated) -> None:
+    if step.left is not None:
+        journal = [JournalEntry.model_validate(e) for e in run.rec.data.get("journal", [])]
+        cut = ", ".join(f"{e.step}" + (f" of replica {e.replica}" if e.replica is not None else "")
+                        for e in open_steps(journal)) or "between steps"
+        run.reporter.event(f"the last `sparkctl up` of this replicated deployment was interrupted ({step.left}) "
+                           f"during {cut}: settling it")
+        back = run.settle(journal, list(step.replicas), died=True)
+        if back:
+            run.reporter.event(f"replica(s) {', '.join(map(str, back))} back into the router")
+    if Ledger.for_cluster(run.deployer.inventory.cluster.name).active() is not None:   # a single group here
+        run.reporter.event("the cluster runs a single-group deployment: it goes down first")
+
+
+def run_router_start(run: ReplicatedRun, step: RouterStart) -> None:
+    if run.router is not None:
+        return
+    from sparkctl.deploy.router_image import router_image
+    inv, spec = run.deployer.inventory, run.spec
+    proc = router_launch.start_router(inv, spec, image=router_image(run.profile, inv, run.reps[0].result),
+                                      log_path=run.deployer.ledger.root / "logs" / "router.log")
+    run.rec.data["router"] = {**proc.to_dict(), "url": spec.url, "metrics_url": spec.metrics_url}
+    run.rec.save()
+    run.router = proc
+
+
+def run_replica_detach(run: ReplicatedRun, step: ReplicaDetach) -> None:
+    if step.listed:
+        detach(run.client, step.url, drain_s=step.drain_s)
+    else:       # already out of the router (a controller killed mid-drain): its requests still finish first
+        drain(lambda: engine_in_flight(step.url), timeout_s=step.drain_s, what=f"replica {step.url}")
+
+
+def run_replica_up(run: ReplicatedRun, step: ReplicaUp) -> None:
+    move = run.planned.move(_index(step))
+    res = move.sub.up(move.replica.result.profile, UpOptions(boot_timeout_s=run.opts.boot_timeout_s))
+    if res.changed:
+        run.deployed.append(move.replica.index)
+
+
+def run_replica_attach(run: ReplicatedRun, step: ReplicaAttach) -> None:
+    attach(run.client, step.url)
+
+
+def run_router_gates(run: ReplicatedRun, step: RouterGates) -> None:
+    try:
+        router_gates(run.client, run.spec, run.reps, run.profile.lifecycle.health_timeout_s)
+    except RouterError as exc:         # the router's own words go with it
+        try:
+            tail = run.router.log_tail() if run.router is not None else ""
+        except SparkctlError:
+            tail = ""
+        if not tail:
+            raise
+        raise RouterError(exc.message, where=exc.where, hint=exc.hint, evidence="\n".join(
+            x for x in (exc.evidence, "router log (last lines):\n" + tail) if x)) from exc
+
+
+def run_router_hand_off(run: ReplicatedRun, step: RouterHandOff) -> None:
+    run.rec.data.update(status="active", handed_off=now_iso())
+    run.rec.save()
+
+
+def _index(step: ReplicatedStep) -> int:
+    if step.replica is None:
+        raise TypeError(f"{step.name}: a replica's step without its replica")
+    return step.replica
+
+
+RUNNERS.update({SettleReplicated: run_settle_replicated, RouterStart: run_router_start,
+                ReplicaDetach: run_replica_detach, ReplicaUp: run_replica_up, ReplicaAttach: run_replica_attach,
+                RouterGates: run_router_gates, RouterHandOff: run_router_hand_off})
+
+
 class ReplicatedDeployer:
     parallel_first_up = True      # False: a first up goes one replica at a time too (the benchmark's baseline)
 
@@ -225,24 +412,11 @@ class ReplicatedDeployer:
     def _router(self, rec: Record, spec: RouterSpec) -> router_launch.Router | None:
         return router_launch.recorded_router(self.inventory, spec, rec.data.get("router"))
 
-    def _step(self, rec: Record, name: str, what: str, fn, replica: int | None = None) -> Any:
-        rec.journal(name, "intent", what, replica)
-        self.reporter.stage(name, what)
-        boundary(COMMAND, name, "before")
-        try:
-            out = fn()
-        except BaseException as exc:
-            rec.journal(name, "failed", what, replica, exc.render() if isinstance(exc, SparkctlError) else repr(exc))
-            raise
-        rec.journal(name, "ok", what, replica)
-        boundary(COMMAND, name, "after")
-        return out
-
     # ---- plan (read-only) ------------------------------------------------------------------------------------
     def make_plan(self, profile: Profile, rec: Record) -> ReplicatedPlan:
         """What a replicated `up` of `profile` does from what runs now: the router (ours, running, or to start)
-        and, per replica, its own plan (`deploy.plan.Plan`) and whether the router lists it. `up` runs this plan;
-        `up --dry-run` prints it (`ReplicatedPlan.lines`)."""
+        and, per replica, its own plan (`deploy.plan.Plan`) and whether the router lists it, as typed steps.
+        `up` runs this plan; `up --dry-run` prints it (`ReplicatedPlan.lines`)."""
         reps = render_replicas(profile, self.inventory)
         spec = router_spec(profile, self.inventory, reps)
         router = self._router(rec, spec)
@@ -255,8 +429,10 @@ class ReplicatedDeployer:
         todo = [m for m in moves if not m.unchanged]
         # Nothing in the router: nothing serves through it, so there is no traffic to keep: all at once.
         parallel = self.parallel_first_up and len(todo) > 1 and (router is None or not client.list_workers())
-        return ReplicatedPlan(profile, reps, spec, router, client, moves, parallel,
-                              router_endpoint(profile, self.inventory))
+        endpoint = router_endpoint(profile, self.inventory)
+        return ReplicatedPlan(profile, reps, spec, router, client, moves, parallel, endpoint,
+                              replicated_steps(profile, spec, moves, router_runs=router is not None,
+                                               parallel=parallel, endpoint=endpoint))
 
     def plan_lines(self, profile: Profile) -> list[str]:
         """What `up` would do, replica by replica (each replica's own plan under its steps); nothing is changed."""
@@ -264,41 +440,32 @@ class ReplicatedDeployer:
 
     # ---- up --------------------------------------------------------------------------------------------------
     def up(self, profile: Profile, opts: UpOptions | None = None) -> ReplicatedUpResult:
+        """Settle, plan, then run the plan's steps through `deploy.apply.run_step`, journaled in `replicated.json`.
+        Ctrl-C, SIGTERM or SIGHUP at any step (each replica's own `up` already stopped or restored what it
+        started): `settle.settle_replicated` puts every replica that serves back into the router when ours
+        runs, and the record is not left "updating". A second signal exits at once; the next `up` converges."""
         reps = render_replicas(profile, self.inventory)
         spec = router_spec(profile, self.inventory, reps)
+        run = ReplicatedRun(self, Record(self.ledger.root / RECORD), profile, opts or UpOptions(), reps, spec)
         try:
-            return self._up(profile, opts or UpOptions(), reps, spec)
+            return self._up(run)
         except KeyboardInterrupt:
-            self._settle_interrupted(reps, spec)
+            rec = Record.load(self.ledger.root)
+            if rec.data.get("status") == "updating":
+                run.rec = rec
+                run.settle([JournalEntry.model_validate(e) for e in rec.data.get("journal", [])],
+                           [(r.index, r.url) for r in reps], died=False)
+                rec.data["status"] = "failed"
+                rec.save()
             raise
 
-    def _settle_interrupted(self, reps: list[Replica], spec: RouterSpec) -> None:
-        """Ctrl-C, SIGTERM or SIGHUP at any step of a replicated `up` (each replica's own `up` already stopped or
-        restored what it started): every replica that serves goes back into the router when ours runs (none is
-        left out: a detach or an attach the signal cut), and the record is not left "updating". A second signal
-        exits at once; the next `up` converges from what runs."""
-        rec = Record.load(self.ledger.root)
-        if rec.data.get("status") != "updating":
-            return
-        if self._router(rec, spec) is not None:
-            client = RouterClient(spec.url, metrics_url=spec.metrics_url)
-            for rep in reps:
-                try:
-                    if _serves(rep.url) and client.find(rep.url) is None:
-                        what = f"replica {rep.index}: back into the router (the `up` was interrupted)"
-                        rec.journal(REPLICA_ATTACH, "intent", what, rep.index)
-                        attach(client, rep.url)
-                        rec.journal(REPLICA_ATTACH, "ok", what, rep.index)
-                except SparkctlError as exc:     # the next `up` attaches it; the record says so
-                    rec.journal(REPLICA_ATTACH, "failed", f"replica {rep.index}", rep.index, exc.render())
-        rec.data["status"] = "failed"
-        rec.save()
-
-    def _up(self, profile: Profile, opts: UpOptions, reps: list[Replica], spec: RouterSpec) -> ReplicatedUpResult:
+    def _up(self, run: ReplicatedRun) -> ReplicatedUpResult:
         t0 = time.monotonic()
-        parent = Deployer(self.inventory, self.reporter)
+        profile, reps, spec = run.profile, run.reps, run.spec
         with self.ledger.lock(COMMAND):
-            rec = Record.load(self.ledger.root)
+            rec = run.rec = Record.load(self.ledger.root)
+            settle = SettleReplicated(what="settle what runs on the cluster's nodes", left=_dead_controller(rec),
+                                      replicas=tuple((r["index"], r["url"]) for r in rec.data.get("replicas", [])))
             if self._router(rec, spec) is None:     # none of ours runs: its ports must be free before anything boots
                 router_launch.check_ports(self.inventory, spec)
             rec.data.update(profile=profile.name, endpoint=router_endpoint(profile, self.inventory),
@@ -308,159 +475,95 @@ class ReplicatedDeployer:
                             status="updating", started=now_iso(),
                             controller=this_controller(COMMAND, now_iso()).model_dump(mode="json"))
             rec.save()
-
-            def settle_parent() -> None:
-                if parent.ledger.active() is not None:      # a single-group deployment on these nodes
-                    self.reporter.event("the cluster runs a single-group deployment: it goes down first")
-            self._step(rec, SETTLE, "settle what runs on the cluster's nodes", settle_parent)
+            run_step(run, settle, COMMAND)
+        parent = Deployer(self.inventory, self.reporter)
         if parent.ledger.active() is not None:
             parent.down()          # its own lock and steps
         with self.ledger.lock(COMMAND):
-            planned = self.make_plan(profile, rec)       # under the lock, from what runs now
-            router = planned.router
-
-            def start_router() -> router_launch.Router:
-                from sparkctl.deploy.router_image import router_image
-                proc = router_launch.start_router(self.inventory, spec, image=router_image(profile, self.inventory,
-                                                                                           reps[0].result),
-                                                  log_path=self.ledger.root / "logs" / "router.log")
-                rec.data["router"] = {**proc.to_dict(), "url": spec.url, "metrics_url": spec.metrics_url}
-                rec.save()
-                return proc
-            running = [router]
-
-            def ensure_router() -> None:
-                """Started once a replica serves (before its attach): on a first `up` rank 0 has the engine image
-                the router runs from only after a replica's image stage."""
-                if running[0] is None:
-                    running[0] = self._step(rec, ROUTER_START, f"start the router on {spec.url} ({spec.policy})",
-                                            start_router)
-            client = planned.client
+            planned = run.plan = self.make_plan(profile, rec)       # under the lock, from what runs now
+            run.router = planned.router
             for move in planned.moves:
                 if move.unchanged:
                     self.reporter.event(f"replica {move.replica.index} ({', '.join(move.replica.nodes)}): "
                                         f"unchanged, in the router")
-            todo = [(m.replica, m.sub, m.listed) for m in planned.moves if not m.unchanged]
-            changed = [rep.index for rep, _, _ in todo]          # to go through (some may find nothing to do)
-            deployed: list[int] = []                               # those whose own `up` deployed
-            parallel = planned.parallel
-            if parallel:
-                deployed += self._all_at_once(rec, profile, opts, client, todo, ensure_router)
-            else:
-                for rep, sub, listed in todo:
-                    if self._one_at_a_time(rec, profile, opts, client, rep, sub, listed, changed, ensure_router):
-                        deployed.append(rep.index)
-            ensure_router()          # every replica unchanged but the router gone: it comes back with all of them
-
-            def gates() -> None:
-                try:
-                    router_gates(client, spec, reps, profile.lifecycle.health_timeout_s)
-                except RouterError as exc:         # the router's own words go with it
-                    try:
-                        tail = running[0].log_tail() if running[0] is not None else ""
-                    except SparkctlError:
-                        tail = ""
-                    if not tail:
-                        raise
-                    raise RouterError(exc.message, where=exc.where, hint=exc.hint, evidence="\n".join(
-                        x for x in (exc.evidence, "router log (last lines):\n" + tail) if x)) from exc
-            self._step(rec, ROUTER_GATES, f"router ready with {len(reps)} healthy replicas; a generation "
-                       f"through it", gates)
-
-            def hand_off() -> None:
-                rec.data.update(status="active", handed_off=now_iso())
-                rec.save()
-            self._step(rec, HAND_OFF, f"hand off {rec.data['endpoint']}", hand_off)
-        started = router is None and running[0] is not None and not running[0].kept
-        moved = bool(deployed) or started
+            self._apply(run, planned)
+        started = planned.router is None and run.router is not None and not run.router.kept
+        moved = bool(run.deployed) or started
         return ReplicatedUpResult(outcome="deployed" if moved else "unchanged", changed=moved,
-                                  endpoint=rec.data["endpoint"], replicas=len(reps), updated=sorted(deployed),
-                                  parallel=parallel, profile=profile.name, cluster=self.inventory.cluster.name,
-                                  emulated=self.inventory.emulated, elapsed_s=round(time.monotonic() - t0, 2),
+                                  endpoint=rec.data["endpoint"], replicas=len(reps), updated=sorted(run.deployed),
+                                  parallel=planned.parallel, profile=profile.name,
+                                  cluster=self.inventory.cluster.name, emulated=self.inventory.emulated,
+                                  elapsed_s=round(time.monotonic() - t0, 2),
                                   next_commands=next_commands(rec.data["endpoint"]))
 
-    def _replica_up(self, rec: Record, profile: Profile, opts: UpOptions, rep: Replica, sub: Deployer) -> bool:
-        """The replica's own `up`; True when it deployed (False: it already ran this profile, healthy)."""
-        res = self._step(rec, REPLICA_UP, f"replica {rep.index}: up {profile.name} on {', '.join(rep.nodes)}",
-                         lambda: sub.up(rep.result.profile, UpOptions(boot_timeout_s=opts.boot_timeout_s)), rep.index)
-        return bool(res.changed)
+    def _apply(self, run: ReplicatedRun, planned: ReplicatedPlan) -> None:
+        """Run exactly `planned.steps`, each through `run_step`. The replicas of a first `up` boot at once (their
+        `up` steps together, one thread each); each that serves is attached after, and the first error is
+        raised once every one has finished and been attached. In a rolling update a replica whose `up` failed
+        (restored alone by that `up`) goes back into the router and the roll stops with the error."""
+        together = [s for s in planned.steps if isinstance(s, ReplicaUp) and s.together]
+        errors: list[tuple[int, BaseException]] = []
+        if together:
+            self.reporter.event(f"no replica in the router yet: {len(together)} replicas boot at once")
+            outcomes = fan_out(together, lambda s: run_step(run, s, COMMAND))   # a signal: every one stopped first
+            errors = [(_index(o.item), o.error) for o in outcomes if o.error is not None]
+        due: RouterStart | None = None     # the router starts just before the first attach of a replica that serves
+        for step in planned.steps:
+            if isinstance(step, ReplicaUp) and step.together:
+                continue
+            if isinstance(step, RouterStart):
+                due = step
+                continue
+            if isinstance(step, ReplicaAttach):
+                if not _serves(step.url):      # stays out of the router (the gates then say so)
+                    continue
+            elif errors:
+                self._failed_together(run, planned, errors)
+            if due is not None and isinstance(step, (ReplicaAttach, RouterGates)):
+                run_step(run, due, COMMAND)
+                due = None
+            if isinstance(step, ReplicaUp):
+                self._rolling_up(run, planned, step)
+            else:
+                run_step(run, step, COMMAND)
 
-    def _attach(self, rec: Record, client: RouterClient, rep: Replica, ensure_router: Callable[[], None]) -> None:
-        ensure_router()
-        self._step(rec, REPLICA_ATTACH, f"replica {rep.index}: back into the router",
-                   lambda: attach(client, rep.url), rep.index)
-
-    def _one_at_a_time(self, rec: Record, profile: Profile, opts: UpOptions, client: RouterClient, rep: Replica,
-                       sub: Deployer, listed: object, changed: list[int], ensure_router: Callable[[], None]) -> bool:
-        """The rolling step: out of the router (drained), its own `up`, back in. A replica whose `up` failed was
-        restored alone by that `up`: it goes back into the router and the roll stops with the error."""
-        if listed is not None:
-            self._step(rec, REPLICA_DETACH, f"replica {rep.index}: out of the router, drain (at most "
-                       f"{profile.router.drain_timeout_s:g}s)",
-                       lambda: detach(client, rep.url, drain_s=profile.router.drain_timeout_s), rep.index)
-        else:       # already out of the router (a controller killed mid-drain): its requests still finish first
-            self._step(rec, REPLICA_DETACH, f"replica {rep.index}: out of the router already, drain (at most "
-                       f"{profile.router.drain_timeout_s:g}s)",
-                       lambda: drain(lambda: engine_in_flight(rep.url), timeout_s=profile.router.drain_timeout_s,
-                                     what=f"replica {rep.url}"), rep.index)
+    def _rolling_up(self, run: ReplicatedRun, planned: ReplicatedPlan, step: ReplicaUp) -> None:
         try:
-            deployed = self._replica_up(rec, profile, opts, rep, sub)
-        except (LedgerError, LockHeldError):
-            raise                    # the state directory or a lock, not the replica: nothing to amend
-        except KeyboardInterrupt:
-            # Ctrl-C / SIGTERM / SIGHUP: the replica's own `up` restored what it ran; back into the router if it
-            # serves, the roll stops there (a second signal exits at once: the next `up` converges)
-            if _serves(rep.url):
-                self._attach(rec, client, rep, ensure_router)
-            rec.data["status"] = "failed"
-            rec.save()
-            raise
+            run_step(run, step, COMMAND)
         except SparkctlError as exc:
+            if isinstance(exc, (LedgerError, LockHeldError)):
+                raise                # the state directory or a lock, not the replica: nothing to amend
+            rep = planned.move(_index(step)).replica
             serves = _serves(rep.url)
             if serves:
-                self._attach(rec, client, rep, ensure_router)
-            rec.data["status"] = "failed"
-            rec.save()
+                run_step(run, RouterStart(what=f"start the router on {run.spec.url} ({run.spec.policy})"), COMMAND)
+                run_step(run, ReplicaAttach(what=f"replica {rep.index}: back into the router", replica=rep.index,
+                                            url=rep.url), COMMAND)
+            run.rec.data["status"] = "failed"
+            run.rec.save()
+            changed = [m.replica.index for m in planned.moves if not m.unchanged]
             done = changed[:changed.index(rep.index)]
             raise exc.amended(message=(
                 f"replica {rep.index}: {exc.message} (the rolling update stopped there; replica "
                 f"{rep.index} serves as before{' and is back in the router' if serves else ''}; "
-                + (f"replica(s) {', '.join(map(str, done))} run {profile.name}" if done else
-                   f"no replica runs {profile.name} yet") + ")")) from exc
-        if _serves(rep.url):
-            self._attach(rec, client, rep, ensure_router)
-        return deployed
+                + (f"replica(s) {', '.join(map(str, done))} run {run.profile.name}" if done else
+                   f"no replica runs {run.profile.name} yet") + ")")) from exc
 
-    def _all_at_once(self, rec: Record, profile: Profile, opts: UpOptions, client: RouterClient,
-                     todo: list[tuple[Replica, Deployer, Any]], ensure_router: Callable[[], None]) -> list[int]:
-        """A first `up` (the router lists no worker): every replica's own `up` at once, then each that serves goes
-        into the router, in order. The first error is raised once every replica has finished and been attached.
-        Returns the replicas whose own `up` deployed."""
-        self.reporter.event(f"no replica in the router yet: {len(todo)} replicas boot at once")
-        try:
-            outcomes = fan_out(todo, lambda t: self._replica_up(rec, profile, opts, t[0], t[1]))
-        except KeyboardInterrupt:
-            # every replica's own `up` took the interrupt and stopped what it started (fan_out waited for them)
-            rec.data["status"] = "failed"
-            rec.save()
-            raise
-        for rep, _, _ in todo:
-            if _serves(rep.url):
-                self._attach(rec, client, rep, ensure_router)
-        errors = [(t[0], o.error) for t, o in zip(todo, outcomes) if o.error is not None]
-        if not errors:
-            return [t[0].index for t, o in zip(todo, outcomes) if o.value]
-        rec.data["status"] = "failed"
-        rec.save()
+    def _failed_together(self, run: ReplicatedRun, planned: ReplicatedPlan,
+                         errors: list[tuple[int, BaseException]]) -> None:
+        """A first `up`'s replicas have all finished and those that serve are in the router: the first error."""
+        run.rec.data["status"] = "failed"
+        run.rec.save()
         for _, err in errors:
             if not isinstance(err, SparkctlError) or isinstance(err, (LedgerError, LockHeldError)):
                 raise err
-        rep, err = errors[0]
-        ok = [t[0].index for t, o in zip(todo, outcomes) if o.ok]
+        index, err = errors[0]
         assert isinstance(err, SparkctlError)
+        todo = [m.replica.index for m in planned.moves if not m.unchanged]
+        ok = [i for i in todo if i not in {e[0] for e in errors}]
         raise err.amended(message=(
-            f"replica {rep.index}: {err.message} (a first up of {len(todo)} replicas at once; "
-            + (f"replica(s) {', '.join(map(str, ok))} run {profile.name} and are in the router" if ok else
+            f"replica {index}: {err.message} (a first up of {len(todo)} replicas at once; "
+            + (f"replica(s) {', '.join(map(str, ok))} run {run.profile.name} and are in the router" if ok else
                "no replica runs it") + (f"; {len(errors) - 1} more failed" if len(errors) > 1 else "") + ")")
         ) from err
 

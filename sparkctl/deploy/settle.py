@@ -13,24 +13,28 @@ power loss, OOM-killer). `up`, `rollback` and `down` call `settle` under the loc
 
 Each decision prints one line saying which and why, and is written to the record (`settled`).
 `status` uses `interrupted()` to report the same without changing anything.
+
+A replicated `up` (deploy/replicated.py) stopped mid-way is settled here too (`settle_replicated`), from its
+journal (the same `JournalEntry`): by itself when a signal stopped it, or by the next replicated `up` when its
+controller died. Each replica's own deployment is settled by that replica's own `settle`, in its own `up`.
 """
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel, Field
 
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import mark_superseded, sweep_secrets
 from sparkctl.deploy.observe import Engine, observe, stop_engine, unrecorded
-from sparkctl.deploy.steps import SETTLE, VERIFY
+from sparkctl.deploy.steps import REPLICA_ATTACH, REPLICA_UP, SETTLE, VERIFY
 from sparkctl.errors import SparkctlError
 from sparkctl.sglang.client import SGLangAPIError
 from sparkctl.state.controller import controller_alive, live_lock_holder
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.records import DeploymentRecord, Failure, Status
+from sparkctl.state.records import DeploymentRecord, Failure, JournalEntry, Status
 
 RECENT = 3   # only the newest records can be in progress: every command that takes the lock settles them first
 
@@ -211,3 +215,53 @@ def finish_hand_off(d: Cluster, active_id: str, say: Callable[[str], None], line
             say(line)
             lines.append(line)
             mark_superseded(d, rec, active_id)
+
+
+# ---- a replicated `up` --------------------------------------------------------------------------------------
+def open_steps(journal: Sequence[JournalEntry]) -> list[JournalEntry]:
+    """The steps a journal began and never ended (an intent with no outcome after it, per step and replica):
+    where its controller was when it died."""
+    open_: dict[tuple[str, int | None], JournalEntry] = {}
+    for e in journal:
+        key = (e.step, e.replica)
+        if e.phase == "intent":
+            open_[key] = e
+        else:
+            open_.pop(key, None)
+    return list(open_.values())
+
+
+def settle_replicated(journal: Sequence[JournalEntry], replicas: Sequence[tuple[int, str]], *, died: bool,
+                      serves: Callable[[str], bool], out_of_router: Callable[[str], bool] | None,
+                      attach: Callable[[str], object],
+                      write: Callable[[str, str, str, int | None, str | None], None]) -> list[int]:
+    """What a replicated `up` stopped mid-way leaves, and the one decision about it:
+
+    * when its controller `died`, a replica whose own `up` was cut (replica-up begun, never ended) is left to
+      that `up`'s own settle (the replica's `settle`, when the next replicated `up` runs its step): its engines
+      may be new and never verified, so it is not put in the router here;
+    * every other replica that serves and is out of the router goes back in (a detach or an attach was cut, or
+      its `up` ended and the attach never came): none is left out.
+
+    `out_of_router(url)`: True when ours runs and does not list it (None: no router of ours runs, nothing to put
+    back). Not `died` (a signal, settled by the `up` itself): every replica's own `up` has returned, having
+    stopped or restored what it started, so a replica-up left open (a signal at its `before` boundary) cut
+    nothing. `write(step, phase, what, replica, detail)` journals each attach. Returns the replicas put back; an
+    attach that fails is journaled "failed" and left to the next `up`."""
+    if out_of_router is None:
+        return []
+    cut = {e.replica for e in open_steps(journal) if e.step == REPLICA_UP} if died else set()
+    back = []
+    for index, url in replicas:
+        if index in cut:
+            continue
+        try:
+            if serves(url) and out_of_router(url):
+                what = f"replica {index}: back into the router (the `up` was interrupted)"
+                write(REPLICA_ATTACH, "intent", what, index, None)
+                attach(url)
+                write(REPLICA_ATTACH, "ok", what, index, None)
+                back.append(index)
+        except SparkctlError as exc:     # the next `up` attaches it; the record says so
+            write(REPLICA_ATTACH, "failed", f"replica {index}", index, exc.render())
+    return back

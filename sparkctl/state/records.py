@@ -193,6 +193,8 @@ class JournalEntry(_Record):
     what: str = ""
     nodes: list[str] = Field(default_factory=list)
     detail: str | None = None
+    replica: int | None = Field(None, ge=0, le=255, description="A replicated `up`'s step for one replica (its "
+                                "index); None for a step of the whole (and for every step of a single group).")
 
     def line(self) -> str:
         where = f" on {', '.join(self.nodes)}" if self.nodes else ""
@@ -601,15 +603,6 @@ class RouterEntry(_Record):
     kind: Literal["process", "container"] = "process"    # a record from before kinds were kept is a process
 
 
-class ReplicatedJournalEntry(_Record):
-    step: str
-    phase: str                         # intent | ok | failed
-    at: str
-    what: str = ""
-    replica: int | None = None
-    detail: str | None = None
-
-
 class ReplicatedRecord(_Record):
     """The parent cluster's `replicated.json`: K replicas behind SGLang's router (deploy/replicated.py). Read and
     written only through this model, so a file of the wrong shape is a LedgerError, not a KeyError mid-`down`."""
@@ -621,5 +614,5 @@ class ReplicatedRecord(_Record):
     handed_off: str | None = None
     replicas: list[ReplicaEntry] = Field(default_factory=list)
     router: RouterEntry | None = None
-    journal: list[ReplicatedJournalEntry] = Field(default_factory=list)
+    journal: list[JournalEntry] = Field(default_factory=list)   # the single group's journal model
     controller: Controller | None = None   # the `up` that set status "updating" (alive: in progress; gone: interrupted)

@@ -147,14 +147,24 @@ def test_preflight_runs_every_node_before_raising():
 def test_one_step_vocabulary_feeds_the_plan_apply_and_the_crash_points():
     """Each step of `up` is one typed class named from deploy/steps.py, in UP_STEPS' order; apply has a function
     for every class (no step without its effect, no effect without its step); every name is a crash point."""
-    from sparkctl.deploy import steps
+    from sparkctl.deploy import replicated, steps   # replicated adds its steps' runners to apply's one table
     from sparkctl.deploy.apply import RUNNERS
     from sparkctl.deploy.plan import STEP_TYPES
     assert set(RUNNERS) == set(STEP_TYPES)
     assert [t.name for t in STEP_TYPES] == [s for s in steps.UP_STEPS if s != steps.SETTLE]
+    from sparkctl.deploy.plan import REPLICATED_STEP_TYPES, STEP_TYPES
+    assert set(RUNNERS) == set(STEP_TYPES) | set(REPLICATED_STEP_TYPES)
+    assert all(RUNNERS[t].__module__ == replicated.__name__ for t in REPLICATED_STEP_TYPES)
+    assert [t.name for t in STEP_TYPES] == [s for s in steps.UP_STEPS if s != steps.SETTLE]
+    assert [t.name for t in REPLICATED_STEP_TYPES] == list(steps.REPLICATED_STEPS)
     points = set(crash_points())
     assert all(("up", t.name, when) in points for t in STEP_TYPES for when in ("before", "after"))
+    rpoints = set(steps.replicated_crash_points())
+    assert all((steps.REPLICATED_COMMAND, t.name, when) in rpoints for t in REPLICATED_STEP_TYPES
+               for when in ("before", "after"))
     assert {t.name for t in STEP_TYPES if not t.idempotent} == {steps.STOP_OLD, steps.BOOT, steps.HAND_OFF}
+    assert {t.name for t in REPLICATED_STEP_TYPES if not t.idempotent} == {steps.ROUTER_START, steps.REPLICA_UP,
+                                                                            steps.HAND_OFF}
 
 
 def test_no_step_name_is_spelled_outside_the_step_list():

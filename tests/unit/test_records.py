@@ -207,3 +207,31 @@ def test_the_tune_journal_model_gives_back_the_journal_in_its_key_order():
     assert journal.trials[0].accept_len == 4.6 and journal.trials[2].reason == "budget"
     older = {k: v for k, v in data.items() if k not in ("created", "began", "updated")}
     assert json.dumps(TuneJournal.model_validate(older).as_json()) == json.dumps(older)
+
+
+def test_a_replicated_record_written_before_one_journal_model_still_loads(tmp_path):
+    """`replicated.json` as commit 816a677 wrote it (its own journal entry model: replica, no nodes; written by that
+    commit's `deploy.replicated.Record`): it loads, its journal is the single group's `JournalEntry`, and it is
+    saved back in that model with every field kept."""
+    import shutil
+    from pathlib import Path
+
+    from sparkctl.deploy.replicated import Record
+    from sparkctl.state.records import JournalEntry, ReplicatedRecord
+
+    old = Path(__file__).resolve().parents[1] / "fixtures" / "replicated" / "written-by-816a677.json"
+    root = tmp_path / "default"
+    root.mkdir(mode=0o700)
+    shutil.copy(old, root / "replicated.json")
+    (root / "replicated.json").chmod(0o600)
+    stored = json.loads(old.read_text())
+    rec = Record.load(root)
+    model = ReplicatedRecord.model_validate(rec.data)
+    assert all(type(e) is JournalEntry for e in model.journal) and len(model.journal) == len(stored["journal"])
+    assert [(e.step, e.phase, e.replica, e.detail) for e in model.journal] == [
+        (e["step"], e["phase"], e["replica"], e["detail"]) for e in stored["journal"]]
+    assert model.journal[5].line().endswith("replica-up failed: DeployError: verify gate(s) failed: smoke")
+    rec.save()
+    again = json.loads((root / "replicated.json").read_text())
+    assert [{k: e[k] for k in old_e} for e, old_e in zip(again["journal"], stored["journal"])] == stored["journal"]
+    assert {k: v for k, v in again.items() if k != "journal"} == {k: v for k, v in stored.items() if k != "journal"}
