@@ -124,6 +124,8 @@ def _fail(watch: RankWatch, message: str, hint: str, elapsed: float) -> DeployEr
     evidence = []
     if f is not None:
         evidence.append(f"first error ({f.kind.value}): {f.first_line}")
+        if f.exception is not None and f.exception != f.first_line:
+            evidence.append(f"raised: {f.exception}")
     full = watch.full_log()
     evidence.append(f"log tail ({watch.handle.log_ref}):")
     evidence.append(log_tail(full, 25))
@@ -228,15 +230,45 @@ def _check(watch: RankWatch, t0: float) -> None:
     _raise_if_failed(watch, t0)
     live = watch.runtime.liveness(watch.handle)
     if not live.alive:
-        watch.poll()
+        _read_rest(watch, alive=False)
         _raise_if_failed(watch, t0)  # it printed its error and exited between the two reads: name the error
         raise _fail(watch, f"rank {watch.spec.rank} died: {live.detail}", "read the log tail below",
                     time.monotonic() - t0)
 
 
+# How long a failing rank's error burst may take to reach its log, once its first fatal line was read.
+BURST_QUIET_S = 1.0      # the log did not grow for this long while the rank lives: the burst is over
+BURST_BOUND_S = 8.0      # never wait longer than this for a rank that keeps logging
+
+
+def _read_rest(watch: RankWatch, *, alive: bool = True) -> None:
+    """Read the rest of the error burst before the rank is judged. A failure is seen at its first fatal line, and a
+    poll can land between the lines of one burst: Python writes a traceback line by line and the log pipe forwards
+    what it has, so judging at once named ``Traceback (most recent call last):`` with a tail cut off above the
+    exception (CI, a context length the real server refused). Reads until the rank has exited and its log stopped
+    growing, or its log was quiet for `BURST_QUIET_S` while it lives, within `BURST_BOUND_S`."""
+    step = watch.runtime.poll_interval_s
+    start = quiet_since = time.monotonic()
+    while time.monotonic() - start < BURST_BOUND_S:
+        before = watch.offset
+        watch.poll()
+        now = time.monotonic()
+        if watch.offset != before:
+            quiet_since = now
+        elif not alive or now - quiet_since >= BURST_QUIET_S:
+            return
+        else:
+            alive = watch.runtime.liveness(watch.handle).alive
+            if not alive:
+                continue               # it exited: read once more for what its pipe still held, then judge
+        time.sleep(step)
+
+
 def _raise_if_failed(watch: RankWatch, t0: float) -> None:
     verdict = watch.follower.classify(final=False)
     if verdict.state is BootState.FAILED:
+        _read_rest(watch)
+        verdict = watch.follower.classify(final=False)      # refined by the rest of its burst
         kind = verdict.kind
         raise _fail(watch, verdict.detail, _HINTS.get(kind, "read the log tail below"), time.monotonic() - t0)
 

@@ -21,7 +21,7 @@ from sparkctl.errors import DeployError
 from sparkctl.nodes.handles import ProcessHandle
 from sparkctl.nodes.runtime import Liveness
 from sparkctl.sglang.render import render
-from sparkctl.sim.failures import oom_at_load
+from sparkctl.sim.failures import launcher_value_error, oom_at_load
 from sparkctl.sim.logfmt import EngineLog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -155,3 +155,47 @@ def test_a_200_before_the_line_still_waits_for_the_line():
         boot([spec], lambda node: runtime, "dep-1", Reporter(quiet=True), timeout_s=0.5,
              ready_probe=lambda: True, log_room=lambda: True)
     assert "not ready within" in info.value.message and "last milestone: capacity" in info.value.message
+
+
+class _BurstInChunks:
+    """A live engine whose launcher traceback reaches the log in two reads, split after line `split`, and which
+    exits once all of it is written: a poll can land anywhere inside one burst (Python writes a traceback line by
+    line; the log pipe forwards what it has)."""
+
+    poll_interval_s = 0.01
+
+    def __init__(self, text: str, split: int) -> None:
+        lines = text.splitlines(keepends=True)
+        self.chunks = ["".join(lines[:split]), "".join(lines[split:])]
+        self.written = ""
+        self.reads = 0
+
+    def start(self, spec, deployment_id):
+        return ProcessHandle(node=spec.node, rank=spec.rank, deployment=deployment_id, pid=1, log="-")
+
+    def liveness(self, handle):
+        done = self.written == "".join(self.chunks)
+        return Liveness(not done, "exited with code 1" if done else "running (pid 1)", 1 if done else None)
+
+    def read_log(self, handle, offset=0):
+        self.reads += 1
+        if self.reads <= len(self.chunks) and offset == len(self.written):
+            self.written += self.chunks[self.reads - 1]
+        return self.written[offset:], len(self.written)
+
+
+TRACEBACK = launcher_value_error("User specified context_length 999999 is greater than the derived "
+                                 "context_length 1024. ...") + "\n"
+
+
+@pytest.mark.parametrize("split", range(1, len(TRACEBACK.splitlines())))
+def test_a_traceback_read_in_two_parts_is_judged_by_its_exception(split):
+    """CI: the real server refused a context length; boot judged it at "Traceback (most recent call last):" and the
+    tail ended above the ValueError. Every split of the burst between two reads must name the exception."""
+    spec = render(load_profile("dflash-off"), load_inventory(REPO / "inventory" / "local.yml"), environ={}).specs[0]
+    runtime = _BurstInChunks(TRACEBACK, split)
+    with pytest.raises(DeployError) as info:
+        boot([spec], lambda node: runtime, "dep-1", Reporter(quiet=True), timeout_s=5)
+    err = info.value.render()
+    assert "ValueError: User specified context_length 999999" in info.value.message, err
+    assert err.count("context_length 999999") >= 2, err       # named, and in the log tail as evidence
