@@ -184,8 +184,12 @@ class _BurstInChunks:
         return self.written[offset:], len(self.written)
 
 
-TRACEBACK = launcher_value_error("User specified context_length 999999 is greater than the derived "
-                                 "context_length 1024. ...") + "\n"
+# the message as sglang 0.5.23's ModelConfig._derive_context_length raises it (srt/configs/model_config.py)
+TRACEBACK = launcher_value_error(
+    "Warning: User-specified context_length (999999) is greater than the derived context_length (1024). This may "
+    "lead to incorrect model outputs or CUDA errors. Note that the derived context_length may differ from "
+    "max_position_embeddings in the model's config. To allow overriding this maximum, set the env var "
+    "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1") + "\n"
 
 
 @pytest.mark.parametrize("split", range(1, len(TRACEBACK.splitlines())))
@@ -197,5 +201,5 @@ def test_a_traceback_read_in_two_parts_is_judged_by_its_exception(split):
     with pytest.raises(DeployError) as info:
         boot([spec], lambda node: runtime, "dep-1", Reporter(quiet=True), timeout_s=5)
     err = info.value.render()
-    assert "ValueError: User specified context_length 999999" in info.value.message, err
-    assert err.count("context_length 999999") >= 2, err       # named, and in the log tail as evidence
+    assert "ValueError: Warning: User-specified context_length (999999)" in info.value.message, err
+    assert err.count("context_length (999999)") >= 2, err       # named, and in the log tail as evidence
