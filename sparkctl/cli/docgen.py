@@ -16,12 +16,16 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any
+
+import typer._click as click  # typer >= 0.20 carries its own click: its commands are of these types
+from typer.core import TyperGroup
+
+from sparkctl.jsontypes import JSONObject
 
 REGENERATE = ".venv/bin/python -m sparkctl.cli.docgen > docs/reference.md"
 
 
-def _cell(text: Any) -> str:
+def _cell(text: object) -> str:
     """One Markdown table cell: one line, pipes escaped."""
     return re.sub(r"\s+", " ", str(text)).strip().replace("|", "\\|")
 
@@ -33,16 +37,17 @@ def _help(text: str | None) -> str:
     return "\n\n".join(p for p in paragraphs if p)
 
 
-def _commands(group: Any, ctx: Any, path: list[str]) -> list[tuple[list[str], Any, Any]]:
+def _commands(group: TyperGroup, ctx: click.Context,
+              path: list[str]) -> list[tuple[list[str], click.Command, click.Context]]:
     """(path, command, context) of every visible command under `group`, in name order: leaf commands, and groups
     that run on their own (`sparkctl bench --compare P` as well as `sparkctl bench history`)."""
-    out = []
+    out: list[tuple[list[str], click.Command, click.Context]] = []
     for name in sorted(group.list_commands(ctx)):
         command = group.get_command(ctx, name)
         if command is None or getattr(command, "hidden", False):
             continue
         sub = type(ctx)(command, info_name=name, parent=ctx)
-        if hasattr(command, "list_commands"):
+        if isinstance(command, TyperGroup):
             if getattr(command, "invoke_without_command", False):
                 out.append((path + [name], command, sub))
             out += _commands(command, sub, path + [name])
@@ -51,7 +56,7 @@ def _commands(group: Any, ctx: Any, path: list[str]) -> list[tuple[list[str], An
     return out
 
 
-def _params_table(command: Any, ctx: Any) -> list[str]:
+def _params_table(command: click.Command, ctx: click.Context) -> list[str]:
     rows = []
     for param in command.params:
         if getattr(param, "hidden", False) or param.param_type_name == "argument":
@@ -66,7 +71,7 @@ def _params_table(command: Any, ctx: Any) -> list[str]:
     return ["| option | what |", "|---|---|", *rows]
 
 
-def _arguments(command: Any, ctx: Any) -> list[str]:
+def _arguments(command: click.Command, ctx: click.Context) -> list[str]:
     out = []
     for param in command.params:
         if param.param_type_name == "argument" and not getattr(param, "hidden", False):
@@ -78,11 +83,11 @@ def _arguments(command: Any, ctx: Any) -> list[str]:
 
 def cli_reference() -> list[str]:
     import typer
-    import typer._click as click_compat  # typer >= 0.20 carries its own click
 
     from sparkctl.cli.main import app
     root = typer.main.get_command(app)
-    ctx = click_compat.Context(root, info_name="sparkctl")
+    assert isinstance(root, TyperGroup)       # the app has subcommands
+    ctx = click.Context(root, info_name="sparkctl")
     lines = ["## Commands", "", _help(root.help), "",
              "Options of `sparkctl` itself (before or after the subcommand for `-v` and `-q`):", "",
              *_params_table(root, ctx), ""]
@@ -141,7 +146,7 @@ def schemas() -> list[str]:
     return lines + [""]
 
 
-def _type_of(schema: dict[str, Any], defs: dict[str, Any]) -> str:
+def _type_of(schema: JSONObject, defs: JSONObject) -> str:
     if "$ref" in schema:
         return schema["$ref"].rsplit("/", 1)[-1]
     if "enum" in schema:
@@ -158,7 +163,7 @@ def _type_of(schema: dict[str, Any], defs: dict[str, Any]) -> str:
     return str(kind)
 
 
-def _nested(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any] | None:
+def _nested(schema: JSONObject, defs: JSONObject) -> JSONObject | None:
     """The model schema a field holds (directly or as `X | null`), to list its keys under the field's own."""
     for candidate in [schema, *schema.get("anyOf", [])]:
         if "$ref" in candidate:
@@ -168,7 +173,7 @@ def _nested(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any] | No
     return None
 
 
-def _key_rows(schema: dict[str, Any], defs: dict[str, Any], prefix: str, skip: tuple[str, ...] = ()) -> list[str]:
+def _key_rows(schema: JSONObject, defs: JSONObject, prefix: str, skip: tuple[str, ...] = ()) -> list[str]:
     rows = []
     for key, field in schema.get("properties", {}).items():
         if key in skip:

@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer._click.core import Context, Parameter  # typer >= 0.20 carries its own click
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 EXIT_CODES = ("Exit codes: 0 ok, 1 cancelled at the prompt, 2 bad profile/inventory/flag or a request that cannot "
               "be done as given, 3 preflight failed, 4 deploy or image step failed, 5 cluster locked, 6 ledger "
@@ -13,11 +14,12 @@ EXIT_CODES = ("Exit codes: 0 ok, 1 cancelled at the prompt, 2 bad profile/invent
 
 
 def flag(*names: str, help: str) -> Any:  # noqa: A002 - typer's own keyword
-    """A plain on/off flag (``--yes``), shown in help without a ``<bool>`` value (it takes none)."""
+    """A plain on/off flag (``--yes``), shown in help without a ``<bool>`` value (it takes none). ``Any`` as
+    ``typer.Option`` itself returns: the OptionInfo stands as the default of a ``bool`` parameter."""
     return typer.Option(False, *names, help=help, metavar="")
 
 
-def _plain_help(opt: Any) -> Any:
+def _plain_help(opt: TyperOption | None) -> TyperOption | None:
     if opt is not None and opt.metavar is None:
         opt.metavar = ""          # typer shows `--help <bool>` otherwise
     return opt
@@ -26,15 +28,15 @@ def _plain_help(opt: Any) -> Any:
 class PlainFlagsCommand(TyperCommand):
     """A command whose --help, like every flag, is shown without a value."""
 
-    def get_help_option(self, ctx: Any) -> Any:
+    def get_help_option(self, ctx: Context) -> TyperOption | None:
         return _plain_help(super().get_help_option(ctx))
 
 
 class PlainFlagsGroup(TyperGroup):
-    def get_help_option(self, ctx: Any) -> Any:
+    def get_help_option(self, ctx: Context) -> TyperOption | None:
         return _plain_help(super().get_help_option(ctx))
 
-    def get_params(self, ctx: Any) -> list[Any]:
+    def get_params(self, ctx: Context) -> list[Parameter]:
         """Typer's own root flags (--install-completion, --show-completion) shown without ``<bool>`` too."""
         params = super().get_params(ctx)
         for param in params:

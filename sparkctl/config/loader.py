@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Hashable
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias
 
 import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
 from sparkctl.errors import ConfigError
+from sparkctl.jsontypes import JSONValue
 
 
 def repo_root() -> Path:
@@ -33,6 +35,8 @@ MAX_EXPANDED_WEIGHT = 1_000_000     # nodes + scalar characters after alias expa
 _STR = "tag:yaml.org,2002:str"
 _INT = "tag:yaml.org,2002:int"
 _NULL = "tag:yaml.org,2002:null"
+
+Loc: TypeAlias = tuple[int | str, ...]   # a pydantic error's location: keys and list indexes
 
 
 class _Bound(yaml.YAMLError):
@@ -54,10 +58,10 @@ class _CoreLoader(yaml.SafeLoader):
       anything is constructed (MAX_EXPANDED_WEIGHT): an alias bomb costs microseconds, not gigabytes.
     """
 
-    yaml_implicit_resolvers: dict[Any, Any] = {}
+    yaml_implicit_resolvers: dict[str | None, list[tuple[str, re.Pattern[str]]]] = {}
     _depth = 0
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
@@ -67,8 +71,8 @@ class _CoreLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, Any] = {}
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, JSONValue]:
+        seen: dict[str, yaml.Mark] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if not isinstance(key, str):
@@ -168,7 +172,7 @@ _TEXT_HINT = ("profiles and inventories are UTF-8 YAML text: check that this is 
               "(or re-save it as UTF-8)")
 
 
-def read_yaml(path: Path) -> Any:
+def read_yaml(path: Path) -> JSONValue:
     """Read one YAML document; a missing file or a syntax error is a ConfigError."""
     try:
         with open(path, "rb") as fh:          # at most one byte past the bound: /dev/zero is refused, not read
@@ -189,7 +193,7 @@ def read_yaml(path: Path) -> Any:
     return load_yaml(text, str(path))
 
 
-def load_yaml(text: str, where: str) -> Any:
+def load_yaml(text: str, where: str) -> JSONValue:
     """One YAML document read the one way sparkctl reads YAML (`_CoreLoader`: YAML 1.2 core schema, bounds,
     duplicate keys refused, a top-level `env:` mapping's values as written); errors are a ConfigError at `where`
     (with line and column). `read_yaml` (profiles, inventories) and `read_value` (tune's --vary) both come here.
@@ -224,7 +228,7 @@ def load_yaml(text: str, where: str) -> Any:
             loader.dispose()
 
 
-def read_value(text: str, key: str) -> Any:
+def read_value(text: str, key: str) -> JSONValue:
     """The value `text` is when a profile sets the dotted `key` to it: ``read_value("010", "server.x")`` is 10,
     ``"yes"`` stays "yes", ``env.NAME`` values stay the string as written (``null``/``~`` are null, as in the
     file). Read by `load_yaml` as the document ``{key: text}``, so a --vary value and the same text in a profile
@@ -263,9 +267,9 @@ def origin_of(origin: dict[str, str], key: str, default: str) -> str:
     return default
 
 
-def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+def _model_at(model: type[BaseModel], loc: Loc) -> type[BaseModel] | None:
     """Walk a model class along a pydantic error location to find the model holding the last key."""
-    current: Any = model
+    current: type[BaseModel] | None = model
     for part in loc[:-1]:
         if isinstance(part, int) or current is None:
             continue
@@ -277,7 +281,7 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
 
 
-def _first_model(ann: object) -> Any:
+def _first_model(ann: object) -> type[BaseModel] | None:
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         return ann
     for arg in getattr(ann, "__args__", ()) or ():
@@ -287,14 +291,14 @@ def _first_model(ann: object) -> Any:
     return None
 
 
-def _described(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+def _described(model: type[BaseModel], loc: Loc) -> str | None:
     """The key's own description as the fix for an out-of-range or wrong-type value."""
     holder = _model_at(model, loc)
     field = holder.model_fields.get(str(loc[-1])) if holder and loc else None
     return f"{loc[-1]} is {field.description}" if field and field.description else None
 
 
-def key_path(loc: tuple[Any, ...]) -> str:
+def key_path(loc: Loc) -> str:
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
@@ -307,7 +311,7 @@ def did_you_mean(word: str, candidates: list[str]) -> str | None:
 
 
 def config_error_from(exc: ValidationError, model: type[BaseModel], where: str,
-                      prefix: tuple[Any, ...] = (), origin: dict[str, str] | None = None) -> ConfigError:
+                      prefix: Loc = (), origin: dict[str, str] | None = None) -> ConfigError:
     """One ConfigError for the first problem in a ValidationError (others listed as evidence)."""
     messages = []
     first: ConfigError | None = None

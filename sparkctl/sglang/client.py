@@ -23,12 +23,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Generator, Iterator, Mapping
-from typing import Any
+from collections.abc import Generator, Iterator
 
 import httpx
 
-from sparkctl.jsontypes import JSONObject
+from sparkctl.jsontypes import JSONMapping, JSONObject
 from sparkctl.sglang.bounds import DeadlineTransport, Limits, RunGuard
 from sparkctl.sglang.launch import redact
 from sparkctl.sglang.responses import (
@@ -155,7 +154,8 @@ class SGLangClient:
                                      evidence=evidence_of(bytes(received[:4096])) if received else None)
 
     @contextlib.contextmanager
-    def _exchange(self, method: str, path: str, **kw: Any) -> Iterator[tuple[httpx.Response, float]]:
+    def _exchange(self, method: str, path: str,
+                  json: JSONMapping | None = None) -> Iterator[tuple[httpx.Response, float]]:
         """One bounded request: the response (headers read, body not) and its deadline (monotonic)."""
         url = self._url(path)
         deadline = time.monotonic() + self.limits.request_s
@@ -164,7 +164,7 @@ class SGLangClient:
             self._clock.request_deadline = deadline
         try:
             self._check_going(url, deadline)
-            with self._http.stream(method, path, **kw) as r:
+            with self._http.stream(method, path, json=json) as r:
                 enc = r.headers.get("content-encoding", "identity").strip().lower()
                 if enc not in ("", "identity"):
                     raise EndpointProtocolError(url, r.status_code, reason=f"sent a body with Content-Encoding "
@@ -226,8 +226,8 @@ class SGLangClient:
         hint = "check the API key (--api-key-env NAME for --endpoint)" if r.status_code in (401, 403) else None
         return SGLangAPIError(url, r.status_code, self._redact(body), hint=hint)
 
-    def _json(self, method: str, path: str, **kw: Any) -> JSONObject:
-        with self._exchange(method, path, **kw) as (r, deadline):
+    def _json(self, method: str, path: str, json: JSONMapping | None = None) -> JSONObject:
+        with self._exchange(method, path, json=json) as (r, deadline):
             if r.status_code != 200:
                 raise self._error(r, path, deadline)
             return as_json_object(self._read_body(r, self._url(path), deadline), self._url(path), r.status_code)
@@ -317,8 +317,8 @@ class SGLangClient:
                 raise self._error(r, "/flush_cache", deadline)
             return self._read_body(r, self._url("/flush_cache"), deadline).decode("utf-8", "replace")
 
-    def generate(self, text: str, sampling_params: Mapping[str, Any] | None = None, *,
-                 extra: Mapping[str, Any] | None = None) -> JSONObject:
+    def generate(self, text: str, sampling_params: JSONMapping | None = None, *,
+                 extra: JSONMapping | None = None) -> JSONObject:
         """Native ``POST /generate``; ``meta_info`` has completion_tokens, spec_verify_ct (see
         ``accept_length_from_meta``), e2e_latency..."""
         body: JSONObject = {"text": text, "sampling_params": dict(sampling_params or {})}
@@ -328,7 +328,7 @@ class SGLangClient:
     # chat ------------------------------------------------------------------
     @staticmethod
     def _chat_body(messages: list[JSONObject], max_tokens: int, temperature: float, stream: bool,
-                   model: str | None, extra: Mapping[str, Any] | None) -> JSONObject:
+                   model: str | None, extra: JSONMapping | None) -> JSONObject:
         body: JSONObject = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature,
                                 "stream": stream}
         if model is not None:
@@ -339,7 +339,7 @@ class SGLangClient:
         return body
 
     def stream_chat(self, messages: list[JSONObject], *, max_tokens: int, temperature: float = 0,
-                    model: str | None = None, extra: Mapping[str, Any] | None = None
+                    model: str | None = None, extra: JSONMapping | None = None
                     ) -> Generator[tuple[float, SSEFrame], None, None]:
         """Stream ``/v1/chat/completions``; yields ``(perf_counter arrival, frame)`` as frames arrive."""
         path = "/v1/chat/completions"
@@ -363,7 +363,7 @@ class SGLangClient:
             yield from iter_sse_frames(self._lines(r, url, deadline, max_events), url=url)
 
     def chat(self, messages: list[JSONObject], *, max_tokens: int, temperature: float = 0,
-             stream: bool = False, model: str | None = None, extra: Mapping[str, Any] | None = None) -> ChatResult:
+             stream: bool = False, model: str | None = None, extra: JSONMapping | None = None) -> ChatResult:
         """One chat completion; ``extra`` merges into the request (``chat_template_kwargs``,
         ``separate_reasoning``, ``logprobs``...). Streaming adds per-delta arrival times and TTFT."""
         path = "/v1/chat/completions"

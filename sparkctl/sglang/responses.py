@@ -15,10 +15,10 @@ import contextlib
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NamedTuple
 
 from sparkctl.errors import NodeError
-from sparkctl.jsontypes import JSONObject
+from sparkctl.jsontypes import JSONMapping, JSONObject
 
 __all__ = [
     "SGLangAPIError", "EndpointBoundError", "EndpointProtocolError", "ChatResult", "Usage", "Delta", "SSEFrame",
@@ -218,7 +218,7 @@ def int_or_none(v: object) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def parse_usage(usage: Mapping[str, Any] | None) -> Usage:
+def parse_usage(usage: JSONMapping | None) -> Usage:
     """OpenAI usage; reasoning tokens from ``usage.reasoning_tokens`` or ``completion_tokens_details``."""
     if not usage:
         return Usage()
@@ -233,7 +233,7 @@ def parse_usage(usage: Mapping[str, Any] | None) -> Usage:
                  cached_tokens=int_or_none(ptd.get("cached_tokens")))
 
 
-def _check_error_payload(payload: Mapping[str, Any], url: str) -> None:
+def _check_error_payload(payload: JSONMapping, url: str) -> None:
     if not isinstance(payload, Mapping):
         raise EndpointProtocolError(url, 200, reason="a stream frame is not a JSON object")
     if "error" in payload and not payload.get("choices"):
@@ -268,7 +268,8 @@ def assemble_chat_stream(frames: Iterable[tuple[float, SSEFrame]], t_start: floa
         _check_error_payload(p, url)
         with _shape_checked(url, fr.raw, "a stream frame"):
             model, rid, usage, finish_reason, t_first, t_last = _fold_frame(
-                p, t, deltas, content, reasoning, tool_calls, (model, rid, usage, finish_reason, t_first, t_last))
+                p, t, deltas, content, reasoning, tool_calls,
+                _Folded(model, rid, usage, finish_reason, t_first, t_last))
     return ChatResult(content="".join(content), reasoning_content="".join(reasoning), usage=usage,
                       finish_reason=finish_reason, t_start=t_start, t_end=t_end if t_end is not None else t_seen,
                       t_first_token=t_first, t_last_token=t_last, tool_calls=tool_calls, deltas=deltas,
@@ -286,8 +287,19 @@ def _shape_checked(url: str, raw: str, what: str) -> Iterator[None]:
                                     evidence=evidence_of(raw)) from None
 
 
-def _fold_frame(p: Mapping[str, Any], t: float, deltas: list[Delta], content: list[str], reasoning: list[str],
-                tool_calls: list[JSONObject], state: tuple[Any, ...]) -> tuple[Any, ...]:
+class _Folded(NamedTuple):
+    """What a chat stream's frames said so far, besides the text: folded frame by frame."""
+
+    model: str | None
+    rid: str | None
+    usage: Usage
+    finish_reason: str | None
+    t_first: float | None
+    t_last: float | None
+
+
+def _fold_frame(p: JSONMapping, t: float, deltas: list[Delta], content: list[str], reasoning: list[str],
+                tool_calls: list[JSONObject], state: _Folded) -> _Folded:
     model, rid, usage, finish_reason, t_first, t_last = state
     model = p.get("model", model)
     rid = p.get("id", rid)
@@ -310,10 +322,10 @@ def _fold_frame(p: Mapping[str, Any], t: float, deltas: list[Delta], content: li
             t_last = t
         if ch.get("finish_reason"):
             finish_reason = ch["finish_reason"]
-    return model, rid, usage, finish_reason, t_first, t_last
+    return _Folded(model, rid, usage, finish_reason, t_first, t_last)
 
 
-def parse_chat_response(body: Mapping[str, Any], t_start: float, t_end: float, *, url: str = "") -> ChatResult:
+def parse_chat_response(body: JSONMapping, t_start: float, t_end: float, *, url: str = "") -> ChatResult:
     """A non-streamed ``/v1/chat/completions`` body -> ChatResult (reasoning kept, None -> "")."""
     with _shape_checked(url, json.dumps(body, default=str)[:2000], "the chat completion"):
         choice = (body.get("choices") or [{}])[0]
@@ -327,7 +339,7 @@ def parse_chat_response(body: Mapping[str, Any], t_start: float, t_end: float, *
     return res
 
 
-def as_json_object(body: str | bytes | Mapping[str, Any], url: str = "", status: int | None = 200) -> JSONObject:
+def as_json_object(body: str | bytes | JSONMapping, url: str = "", status: int | None = 200) -> JSONObject:
     """A body that must be one JSON object, else ``EndpointProtocolError`` with what came as evidence."""
     if isinstance(body, Mapping):
         return dict(body)

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from sparkctl.jsontypes import JSONObject
+from sparkctl.jsontypes import JSONMapping, JSONObject, JSONValue
 from sparkctl.sglang.responses import as_json_object, int_or_none
 
 __all__ = ["ServerInfo", "PromSample", "NodeRole", "parse_server_info", "parse_prometheus",
@@ -56,7 +54,7 @@ class NodeRole(enum.Enum):
     UNKNOWN = "unknown"
 
 
-def parse_server_info(body: str | bytes | Mapping[str, Any]) -> ServerInfo:
+def parse_server_info(body: str | bytes | JSONMapping) -> ServerInfo:
     """Pick the recorded fields out of a server-info body; tolerant of extra and missing keys.
 
     ``internal_states[0]`` (per DP rank) holds the live values: effective max running
@@ -66,7 +64,7 @@ def parse_server_info(body: str | bytes | Mapping[str, Any]) -> ServerInfo:
     states = d.get("internal_states") or [{}]
     st = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
 
-    def pick(key: str) -> Any:
+    def pick(key: str) -> JSONValue:
         return d.get(key, st.get(key))
 
     def num(v: object) -> float | None:
@@ -126,7 +124,7 @@ def parse_prometheus(text: str, prefix: str = "sglang:") -> dict[str, float]:
     return out
 
 
-def parse_models(body: str | bytes | Mapping[str, Any], *, url: str = "/v1/models") -> list[JSONObject]:
+def parse_models(body: str | bytes | JSONMapping, *, url: str = "/v1/models") -> list[JSONObject]:
     """``/v1/models`` body -> its ``data`` list (``id`` = served model name, ``max_model_len``...)."""
     d = as_json_object(body)
     data = d.get("data") or []
@@ -153,7 +151,7 @@ def detect_role(models_status: int | None, health_status: int | None) -> NodeRol
     return NodeRole.UNKNOWN
 
 
-def accept_length_from_meta(meta_info: Mapping[str, Any]) -> float | None:
+def accept_length_from_meta(meta_info: JSONMapping) -> float | None:
     """Per-request accept length = completion_tokens / spec_verify_ct (None without speculation)."""
     ct, n = meta_info.get("spec_verify_ct"), meta_info.get("completion_tokens")
     if isinstance(ct, list):      # batched form

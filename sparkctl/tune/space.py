@@ -14,24 +14,27 @@ import itertools
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from pydantic import ValidationError
 
 from sparkctl.config.loader import dump_yaml, read_value
 from sparkctl.errors import ConfigError
-from sparkctl.jsontypes import JSONObject
+from sparkctl.jsontypes import JSONObject, JSONValue
 
 if TYPE_CHECKING:
+    from sparkctl.config.inventory import Inventory
     from sparkctl.config.profile import Profile
 
 _KEY_RE = re.compile(r"^(?:[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+|env\.[A-Za-z_][A-Za-z0-9_]*)$")
 _NOT_TUNABLE = ("name", "path", "extends", "description", "api", "rollback_profile", "lifecycle")
 
+Space: TypeAlias = list[tuple[str, list[JSONValue]]]   # (dotted profile key, its values) per --vary, in order
 
-def parse_vary(items: list[str]) -> list[tuple[str, list[Any]]]:
+
+def parse_vary(items: list[str]) -> Space:
     """``["server.x=1,2"]`` -> ``[("server.x", [1, 2])]``; ConfigError naming the bad --vary."""
-    out: list[tuple[str, list[Any]]] = []
+    out: Space = []
     for item in items:
         key, sep, rest = item.partition("=")
         key = key.strip()
@@ -57,8 +60,8 @@ def parse_vary(items: list[str]) -> list[tuple[str, list[Any]]]:
     return out
 
 
-def get_key(data: JSONObject, key: str) -> Any:
-    cur: Any = data
+def get_key(data: JSONObject, key: str) -> JSONValue:
+    cur: JSONValue = data
     for part in key.split("."):
         if not isinstance(cur, dict) or part not in cur:
             return None
@@ -81,7 +84,7 @@ def set_key(data: JSONObject, key: str, value: object) -> None:
     cur[parts[-1]] = value
 
 
-def grid(space: list[tuple[str, list[Any]]]) -> list[JSONObject]:
+def grid(space: Space) -> list[JSONObject]:
     """Every combination, in --vary order (the last key varies fastest)."""
     keys = [k for k, _ in space]
     return [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in space))]
@@ -104,7 +107,7 @@ def candidate_profile(base: Profile, changes: JSONObject, name: str) -> Profile:
                                                "(`sparkctl schema profile`)") from None
 
 
-def baseline_values(base: Profile, space: list[tuple[str, list[Any]]]) -> JSONObject:
+def baseline_values(base: Profile, space: Space) -> JSONObject:
     data = base.model_dump(mode="json")
     return {k: get_key(data, k) for k, _ in space}
 
@@ -156,7 +159,7 @@ def copy_changes(changes: JSONObject) -> JSONObject:
     return copy.deepcopy(changes)
 
 
-def launch_identity(profile: Any, inventory: Any) -> str:
+def launch_identity(profile: Profile, inventory: Inventory) -> str:
     """What the engine runs for `profile` on `inventory`: every rank's rendered argv and environment, the image
     settings, and the router's settings when there are replicas. Two profiles with the same identity run the same."""
     import json
@@ -168,7 +171,7 @@ def launch_identity(profile: Any, inventory: Any) -> str:
                       default=str)
 
 
-def refuse_inert_keys(base: Any, space: list[tuple[str, list[Any]]], inventory: Any) -> None:
+def refuse_inert_keys(base: Profile, space: Space, inventory: Inventory) -> None:
     """Only keys that change what the engine runs are tunable: a --vary key for which every value renders the
     same launch as the base profile (warm-up, expectations, the router's keys without replicas...) is refused
     before anything is deployed, naming it."""

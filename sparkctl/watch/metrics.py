@@ -17,14 +17,20 @@ Served on 127.0.0.1 unless `--metrics-addr` says otherwise. What it exports (nam
 from __future__ import annotations
 
 import subprocess
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from sparkctl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sparkctl.config.inventory import Inventory, Node
+    from sparkctl.deploy.cluster import Cluster
+    from sparkctl.watch.desired import Desired, Verdict
 
 EXTRA_HINT = 'install the `watch` extra: pip install "sparkctl[watch]" (or pipx inject sparkctl prometheus_client)'
 
 
-def require_prometheus() -> Any:
+def require_prometheus() -> ModuleType:
     try:
         import prometheus_client
     except ImportError:
@@ -33,7 +39,7 @@ def require_prometheus() -> Any:
     return prometheus_client
 
 
-def _node_output(inventory: Any, node: Any, argv: tuple[str, ...]) -> str | None:
+def _node_output(inventory: Inventory, node: Node, argv: tuple[str, ...]) -> str | None:
     """stdout of a fact's command on `node` (the embedded cluster's nodes are this machine), or None."""
     from sparkctl.nodes.process import read_local_meminfo
     if node.runtime == "process":
@@ -107,7 +113,7 @@ class WatchMetrics:
         self.server.server_close()
 
     # -- what the supervisor reports -----------------------------------------------------------------------------
-    def check(self, c: Any, desired: Any, verdict: Any, *, gave_up: bool) -> None:
+    def check(self, c: Cluster, desired: Desired, verdict: Verdict, *, gave_up: bool) -> None:
         cl = self.cluster
         self.gave_up.labels(cl).set(1 if gave_up else 0)
         self.down.labels(cl).set(1 if desired.kind == "down" else 0)
@@ -119,7 +125,7 @@ class WatchMetrics:
         self.healthy.labels(cl, desired.label, desired.profile or "").set(1 if verdict.healthy else 0)
         for r in verdict.ranks:
             self.rank.labels(cl, str(r.rank), r.node).set(1 if r.alive else 0)
-        if desired.kind == "deployment":
+        if desired.kind == "deployment" and desired.deployment is not None:
             try:
                 gates = c.ledger.load(desired.deployment).gates
             except Exception:  # noqa: BLE001 - a metric, never a reason to stop supervising
@@ -136,7 +142,7 @@ class WatchMetrics:
     def recovered(self, seconds: float) -> None:
         self.recover.labels(self.cluster).observe(seconds)
 
-    def nodes(self, inventory: Any) -> None:
+    def nodes(self, inventory: Inventory) -> None:
         from sparkctl.nodes import facts
         for node in inventory.nodes:
             text = _node_output(inventory, node, facts.meminfo().argv)

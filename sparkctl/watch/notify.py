@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from sparkctl.errors import ConfigError
+from sparkctl.jsontypes import JSONObject, JSONValue
 from sparkctl.sglang.launch import SECRET_ENV
 from sparkctl.untrusted import mask_url_credentials
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.progress import Reporter
 
 TIMEOUT_S = 5.0
 MAX_BODY = 16 * 1024
@@ -47,7 +51,7 @@ def secret_values(extra_env: tuple[str, ...] = ()) -> set[str]:
     return {v for n in names if (v := os.environ.get(n)) and len(v) >= 4}
 
 
-def scrub(value: Any, secrets: set[str]) -> Any:
+def scrub(value: JSONValue, secrets: set[str]) -> JSONValue:
     if isinstance(value, str):
         for s in secrets:
             value = value.replace(s, "***")
@@ -65,7 +69,7 @@ class Notifier:
         self.secret_env = secret_env
         self.timeout_s = timeout_s
 
-    def payload(self, event: dict[str, Any], secret_env: tuple[str, ...] = ()) -> bytes:
+    def payload(self, event: JSONObject, secret_env: tuple[str, ...] = ()) -> bytes:
         secrets = secret_values(self.secret_env + secret_env)
         body = json.dumps(scrub(event, secrets), sort_keys=True).encode()
         if len(body) > MAX_BODY:
@@ -74,7 +78,7 @@ class Notifier:
             body = json.dumps(scrub(small, secrets), sort_keys=True).encode()[:MAX_BODY]
         return body
 
-    def send(self, event: dict[str, Any], reporter: Any, *, secret_env: tuple[str, ...] = ()) -> bool:
+    def send(self, event: JSONObject, reporter: Reporter, *, secret_env: tuple[str, ...] = ()) -> bool:
         """POST `event` (the values of `secret_env` variables and of the known secret ones replaced by ***); True
         when the hook answered 2xx. Failures are reported, never raised."""
         import httpx

@@ -31,18 +31,24 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.deploy.commands import Deployer, UpOptions
 from sparkctl.deploy.door import deployed
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import LockHeldError, PreflightError, SparkctlError
+from sparkctl.jsontypes import JSONObject, JSONValue
 from sparkctl.nodes import procfs
 from sparkctl.state.controller import live_lock_holder
 from sparkctl.state.ledger import now_iso
 from sparkctl.state.watchfile import WatchState, exclusive, host, save_watch
 from sparkctl.watch.desired import Desired, Verdict, check, read_desired
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.results import ReplicatedUpResult, UpResult
+    from sparkctl.watch.metrics import WatchMetrics
+    from sparkctl.watch.notify import Notifier
 
 
 @dataclass
@@ -63,8 +69,8 @@ class Watcher:
         Watcher(resolve_inventory(None), Reporter(), WatchOptions(interval_s=2)).run()
     """
 
-    def __init__(self, inventory: Inventory, reporter: Reporter, opts: WatchOptions, *, metrics: Any = None,
-                 notifier: Any = None) -> None:
+    def __init__(self, inventory: Inventory, reporter: Reporter, opts: WatchOptions, *,
+                 metrics: WatchMetrics | None = None, notifier: Notifier | None = None) -> None:
         self.d = Deployer(inventory, reporter)
         self.c = self.d.cluster
         self.r = reporter
@@ -168,7 +174,7 @@ class Watcher:
         for line in lines:
             self._say(line)
 
-    def _wait_on(self, holder: dict[str, Any]) -> None:
+    def _wait_on(self, holder: JSONObject) -> None:
         if self.waiting_on != holder.get("pid"):
             self.waiting_on = holder.get("pid")
             self._say(f"waiting: `sparkctl {holder.get('command')}` (pid {holder.get('pid')} on {holder.get('host')}) "
@@ -250,7 +256,7 @@ class Watcher:
         if line:
             self._say(line)
 
-    def _up_again(self) -> Any:
+    def _up_again(self) -> UpResult | ReplicatedUpResult:
         """Restart what is desired the way deploy's door says it is restarted (`door.Deployed.restart`)."""
         target = self.desired.target
         if target is None:           # a desired state not read from the ledger: read it now
@@ -328,7 +334,7 @@ class Watcher:
         except SparkctlError as exc:      # a full state directory: say so, keep supervising
             self.r.event(f"note: could not write the watcher's state: {exc.message}")
 
-    def _notify(self, event: str, v: Verdict, **extra: Any) -> None:
+    def _notify(self, event: str, v: Verdict, **extra: JSONValue) -> None:
         if self.notifier is None:
             return
         key_env: tuple[str, ...] = ()
