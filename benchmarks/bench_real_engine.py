@@ -15,7 +15,8 @@ and against SGLang's own benchmark client. Prints both of issue 23's targets as 
    journal: wall minus the steps), the boot step minus the by-hand boot, split at the moment rank 0's
    "fired up" line reached its log file (tailed every 20 ms on both sides) into the engine's part (first rank
    started -> line; the boot step's start and end from the record's journal) and readiness (line -> ready).
-2. The card vs `python -m sglang.benchmark.serving` (0.5.23's name for bench_serving) on the same TP=2 server,
+2. The card vs `python -m sglang.benchmark.serving` (0.5.23's name for bench_serving) on the same server (TP=1
+   with the engine on core 0 and the clients on core 1 by default: `--card-tp 2` shares both cores with the ranks),
    like for like: the same endpoint and client mode (backend `sglang-oai-chat`: streamed /v1/chat/completions,
    temperature 0), the same prompts (a custom dataset holding the card's own decode prompts, and TTFT prompts
    made by the card's generator at the card's calibration, unique prefixes), the same output length and stop
@@ -187,10 +188,10 @@ def _warm_s(res: dict) -> float:
     return (warm["cold"]["elapsed_s"] if warm.get("cold") else 0) + sum(w["elapsed_s"] for w in warm.get("warm", []))
 
 
-def _card(env: dict[str, str], out: Path, max_tokens: int, runs: int) -> dict:
+def _card(env: dict[str, str], out: Path, max_tokens: int, runs: int, ttft_tokens: int, ttft_runs: int) -> dict:
     _sparkctl(env, "bench", "--runs", str(runs), "--max-tokens", str(max_tokens), "--warmup", "1",
-              "--ttft-sizes", "256", "--ttft-runs", str(runs), "--concurrency", "1", "--gates", "decode,ttft",
-              "--out", str(out), timeout=1800)
+              "--ttft-sizes", str(ttft_tokens), "--ttft-runs", str(ttft_runs), "--concurrency", "1",
+              "--gates", "decode,ttft", "--out", str(out), timeout=1800)
     return json.loads((out / "report.json").read_text())
 
 
@@ -256,6 +257,25 @@ def _pair_row(up: dict, hand: dict) -> dict:
     return row
 
 
+def _pin_apart(engine) -> None:
+    """The engine's processes (every thread) on core 0, this process and the clients it starts on core 1: at c=1 on
+    two cores a client otherwise takes its CPU from the engine it measures (the TP=2 ranks are bound one per core),
+    and the two clients then measure two speeds of the server, not two definitions."""
+    engine_python = str(engine.python)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if engine_python not in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                continue
+            for task in (proc / "task").iterdir():
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(task.name), {0})
+        except OSError:
+            continue
+    os.sched_setaffinity(0, {1})
+
+
 def _med(rows: list[dict], key: str) -> float | None:
     vals = [r[key] for r in rows if r.get(key) is not None]
     return statistics.median(vals) if vals else None
@@ -269,6 +289,15 @@ def main() -> None:
     ap.add_argument("--skip-card", action="store_true", help="only the up-vs-by-hand part")
     ap.add_argument("--skip-overhead", action="store_true", help="only the card-vs-bench_serving part")
     ap.add_argument("--card-rounds", type=int, default=2, help="card/bench_serving rounds, in ABBA order")
+    ap.add_argument("--card-tp", type=int, choices=(1, 2), default=1,
+                    help="the server the card and bench_serving measure: 1 (default) runs the engine on core 0 and "
+                         "the clients on core 1, so neither client takes CPU from the engine; 2 shares both cores")
+    ap.add_argument("--ttft-tokens", type=int, default=768,
+                    help="the TTFT prompt size (tokens; the tiny model's window is 1,024): a long prompt makes the "
+                         "prefill, not a millisecond of scheduling, the figure")
+    ap.add_argument("--ttft-runs", type=int, default=60,
+                    help="TTFT requests per figure: one request's TTFT here moves by +-50 %% between requests, so a "
+                         "median within 2 %% takes many")
     args = ap.parse_args()
     from sparkctl.bench.prompts import TokenCalibration, decode_prompts, long_prompt, words_for_tokens
     from sparkctl.config.inventory import load_inventory
@@ -310,16 +339,27 @@ def main() -> None:
                     rows.append(_pair_row(up, hand))
                     load.append(os.getloadavg())
             if not args.skip_card:
-                env = dict(base_env, SPARKCTL_INVENTORY=str(invs[2]))
+                env = dict(base_env, SPARKCTL_INVENTORY=str(invs[args.card_tp]))
                 os.environ.update({k: env[k] for k in ("SPARKCTL_STATE_DIR", "SPARKCTL_INVENTORY",
                                                        "SPARKCTL_PROFILES_DIR")})
-                _, res = _sparkctl(env, "up", "--profile", "cpu-tiny", "--yes")
+                _, res = _sparkctl(env, "up", "--profile", "cpu-tiny" if args.card_tp == 2 else "cpu-tiny-tp1",
+                                   "--yes")
+                if args.card_tp == 1:
+                    _pin_apart(engine)
                 cards: list[dict] = []
                 refs: list[tuple[dict, dict]] = []
+                # The first client after `up` meets the engine's first minutes: in one run its first ~60 TTFT
+                # requests took 40-50 ms and the rest 22 ms, a step that fell on whichever client came first. One
+                # card run, not counted, takes that step.
+                _card(env, tmp / "card-warm", args.max_tokens, 2, args.ttft_tokens, max(10, args.ttft_runs // 2))
                 # ABBA (card, bench_serving, bench_serving, card, ...): a load that drifts falls on both clients
                 for i in range(2 * args.card_rounds):
                     if (i % 4) in (0, 3):
-                        card = _card(env, tmp / f"card-{i}", args.max_tokens, args.runs)
+                        # both clients start from an empty radix cache: bench_serving flushes it (after its warm-up
+                        # request), and a card on a KV pool that earlier runs filled pays for evicting them first
+                        httpx.post(res["endpoint"] + "/flush_cache", timeout=30).raise_for_status()
+                        card = _card(env, tmp / f"card-{i}", args.max_tokens, args.runs, args.ttft_tokens,
+                                     args.ttft_runs)
                         cards.append(card["arms"][0]["results"])
                         continue
                     ttft = cards[0]["ttft"]
@@ -329,7 +369,7 @@ def main() -> None:
                     # from the card's generator at the card's calibration, unique prefixes (none of them cached)
                     dec_texts = [p.text for p in decode_prompts().values() for _ in range(args.runs)]
                     ttft_texts = [long_prompt(words_for_tokens(size["target_tokens"], cal),
-                                              f"bench_serving/{i}/ttft/{j}") for j in range(args.runs)]
+                                              f"bench_serving/{i}/ttft/{j}") for j in range(args.ttft_runs)]
                     refs.append((_bench_serving(engine, res["endpoint"], "tiny-qwen2", dec_texts, args.max_tokens,
                                                 tmp, f"decode-{i}"),
                                  _bench_serving(engine, res["endpoint"], "tiny-qwen2", ttft_texts, ttft["max_tokens"],
@@ -396,7 +436,9 @@ def _report(engine, args, results: dict[str, list[dict]], comparison, load: list
 
         def fmt(vals: list[float], unit: str, digits: int) -> str:
             return " / ".join(f"{v:.{digits}f}" for v in vals) + f" {unit}"
-        print(f"card vs sglang.benchmark.serving --backend sglang-oai-chat on the same TP=2 server ({len(cards)} card "
+        where = ("TP=1 server (the engine on core 0, the clients on core 1)" if args.card_tp == 1 else
+                 "TP=2 server (the clients share both cores with the ranks)")
+        print(f"card vs sglang.benchmark.serving --backend sglang-oai-chat on the same {where} ({len(cards)} card "
               f"runs and {len(refs)} bench_serving runs in ABBA order; c=1, streamed chat, temperature 0, the same "
               f"prompts; each figure the mean of the runs' medians):")
         print(f"[target 2] decode ratio {dec_ratio:.3f} (target 0.98-1.02: "
