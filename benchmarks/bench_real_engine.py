@@ -25,6 +25,11 @@ and against SGLang's own benchmark client. Prints both of issue 23's targets as 
    the first non-empty content/reasoning delta; decode = 1/TPOT, TPOT = (latency - TTFT)/(tokens - 1), the
    first token excluded (the card: (tokens - 1)/(t_last - t_first)). The ratio is card / bench_serving.
 
+3. With --clients-rounds N: the same requests from the card's client path, a bare httpx client and aiohttp as
+   bench_serving sends them, interleaved in N rounds of rotating order on the comparison's server: the clients
+   compared with the server's drift between runs cancelled (the same client's decode moved 259-292 tok/s between
+   runs of one measurement here).
+
 Real boot figures move with the machine's load (2 shared cores here): read the ratios of one run, and `uptime`.
 Run (unattended; builds the real-engine environment if missing):
     .venv/bin/python benchmarks/bench_real_engine.py [--runs 3] [--max-tokens 64] [--skip-card]
@@ -276,6 +281,90 @@ def _pin_apart(engine) -> None:
     os.sched_setaffinity(0, {1})
 
 
+_AIOHTTP_CLIENT = """
+import asyncio, json, sys, time
+import aiohttp
+async def one(ep, text, max_tokens):
+    # bench_serving's request (sglang.benchmark.serving async_request_openai_chat_completions): a session per request
+    body = {"model": "tiny-qwen2", "messages": [{"role": "user", "content": text}], "max_completion_tokens": max_tokens,
+            "stream": True, "temperature": 0.0, "ignore_eos": False, "stream_options": {"include_usage": True}}
+    async with aiohttp.ClientSession() as s:
+        st = time.perf_counter(); first = last = None; n = 0
+        async with s.post(ep + "/v1/chat/completions", json=body) as r:
+            async for chunk in r.content:
+                c = chunk.strip()
+                if not c.startswith(b"data: ") or c == b"data: [DONE]":
+                    continue
+                d = json.loads(c[6:])
+                n = (d.get("usage") or {}).get("completion_tokens", n)
+                if any((ch.get("delta") or {}).get("content") or (ch.get("delta") or {}).get("reasoning_content")
+                       for ch in d.get("choices") or []):
+                    last = time.perf_counter(); first = first or last
+        return [first - st, (n - 1) / (last - first) if n > 1 and last > first else None]
+async def main(ep, reqs):
+    print(json.dumps([await one(ep, t, m) for t, m in reqs]))
+asyncio.run(main(sys.argv[1], json.load(open(sys.argv[2]))))
+"""
+
+
+def _clients_interleaved(engine, endpoint: str, tmp: Path, rounds: int, per_round: int, ttft_words: int,
+                         ttft_max_tokens: int, max_tokens: int) -> dict[str, dict[str, list[float]]]:
+    """The same requests from three clients, in rounds whose order rotates: the card's own client path
+    (`SGLangClient.chat`, streamed, as `sparkctl.bench.measure` sends it and times it), a bare httpx client, and
+    aiohttp in the engine's venv as bench_serving sends it (a session per request). Per request: TTFT (a unique
+    ~`ttft_words` prompt) and decode (the card's decode prompts), each by the card's definitions."""
+    import random
+
+    from sparkctl.bench.prompts import decode_prompts, long_prompt
+    from sparkctl.sglang.client import SGLangClient
+    card = SGLangClient(endpoint, timeout=120)
+    bare = httpx.Client(base_url=endpoint, timeout=120)
+    (tmp / "aio.py").write_text(_AIOHTTP_CLIENT)
+    decode_texts = [p.text for p in decode_prompts().values()]
+
+    def by_card(text: str, n: int) -> tuple[float | None, float | None]:
+        r = card.chat([{"role": "user", "content": text}], max_tokens=n, temperature=0, stream=True, model="tiny-qwen2")
+        return r.ttft, r.decode_tokens_per_s()
+
+    def by_bare(text: str, n: int) -> tuple[float | None, float | None]:
+        body = {"model": "tiny-qwen2", "messages": [{"role": "user", "content": text}], "max_tokens": n,
+                "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+        st = time.perf_counter()
+        first = last = None
+        count = 0
+        with bare.stream("POST", "/v1/chat/completions", json=body) as resp:
+            for line in resp.iter_lines():
+                if not line.startswith("data:") or line.endswith("[DONE]"):
+                    continue
+                d = json.loads(line[5:])
+                count = (d.get("usage") or {}).get("completion_tokens", count)
+                if any((ch.get("delta") or {}).get("content") for ch in d.get("choices") or []):
+                    last = time.perf_counter()
+                    first = first or last
+        return (None if first is None else first - st,
+                (count - 1) / (last - first) if count > 1 and first and last and last > first else None)
+
+    out: dict[str, dict[str, list[float]]] = {k: {"ttft": [], "decode": []} for k in ("card", "httpx", "aiohttp")}
+    order = ["card", "httpx", "aiohttp"]
+    for rnd in range(rounds):
+        for who in order[rnd % 3:] + order[:rnd % 3]:
+            reqs = [(long_prompt(ttft_words, f"clients/{who}/{rnd}/{j}/{random.random():.6f}"), ttft_max_tokens)
+                    for j in range(per_round)] + [(decode_texts[j % len(decode_texts)], max_tokens)
+                                                  for j in range(per_round)]
+            if who == "aiohttp":
+                (tmp / "reqs.json").write_text(json.dumps(reqs))
+                p = subprocess.run([str(engine.python), str(tmp / "aio.py"), endpoint, str(tmp / "reqs.json")],
+                                   capture_output=True, text=True, timeout=600, env={**os.environ, **engine.env()})
+                if p.returncode != 0:
+                    raise SystemExit(f"the aiohttp client failed:\n{p.stderr[-2000:]}")
+                got = json.loads(p.stdout)
+            else:
+                got = [(by_card if who == "card" else by_bare)(t, n) for t, n in reqs]
+            out[who]["ttft"] += [g[0] * 1000 for g in got[:per_round] if g[0] is not None]
+            out[who]["decode"] += [g[1] for g in got[per_round:] if g[1] is not None]
+    return out
+
+
 def _med(rows: list[dict], key: str) -> float | None:
     vals = [r[key] for r in rows if r.get(key) is not None]
     return statistics.median(vals) if vals else None
@@ -298,6 +387,9 @@ def main() -> None:
     ap.add_argument("--ttft-runs", type=int, default=60,
                     help="TTFT requests per figure: one request's TTFT here moves by +-50 %% between requests, so a "
                          "median within 2 %% takes many")
+    ap.add_argument("--clients-rounds", type=int, default=0,
+                    help="also send the same requests from the card's client, a bare httpx client and aiohttp (as "
+                         "bench_serving) interleaved in this many rounds, on the comparison's server")
     args = ap.parse_args()
     from sparkctl.bench.prompts import TokenCalibration, decode_prompts, long_prompt, words_for_tokens
     from sparkctl.config.inventory import load_inventory
@@ -307,6 +399,7 @@ def main() -> None:
     engine = ensure_real_engine()
     results: dict[str, list[dict]] = {}
     comparison = None
+    clients: dict[str, dict[str, list[float]]] | None = None
     load = [os.getloadavg()]
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
@@ -375,6 +468,10 @@ def main() -> None:
                                  _bench_serving(engine, res["endpoint"], "tiny-qwen2", ttft_texts, ttft["max_tokens"],
                                                 tmp, f"ttft-{i}", flush_cache=True)))
                 comparison = (cards, refs)
+                if args.clients_rounds:
+                    ttft_words = words_for_tokens(size["target_tokens"], cal)
+                    clients = _clients_interleaved(engine, res["endpoint"], tmp, args.clients_rounds, 20, ttft_words,
+                                                   ttft["max_tokens"], args.max_tokens)
                 load.append(os.getloadavg())
                 _sparkctl(env, "down", "--yes")
         finally:
@@ -384,6 +481,15 @@ def main() -> None:
                 os.environ["SPARKCTL_INVENTORY"] = str(inv)
                 stop_recorded_engines(inv)
     _report(engine, args, results, comparison, load)
+    if clients:
+        print(f"the same requests from three clients, interleaved ({args.clients_rounds} rounds in rotating order, "
+              f"{len(clients['card']['ttft'])} TTFT and {len(clients['card']['decode'])} decode requests each; "
+              f"medians):")
+        for what, unit in (("ttft", "ms"), ("decode", "tok/s")):
+            med = {k: statistics.median(v[what]) for k, v in clients.items()}
+            print(f"    {what}: card client {med['card']:.2f} {unit}, bare httpx {med['httpx']:.2f}, aiohttp as "
+                  f"bench_serving {med['aiohttp']:.2f}; card / aiohttp {med['card'] / med['aiohttp']:.3f}, "
+                  f"card / httpx {med['card'] / med['httpx']:.3f}")
 
 
 def _report(engine, args, results: dict[str, list[dict]], comparison, load: list[tuple[float, float, float]]) -> None:
@@ -455,6 +561,23 @@ def _report(engine, args, results: dict[str, list[dict]], comparison, load: list
               f"{statistics.median(ttft_ref['input_lens']):.0f} by its tokenizer without the template; "
               f"{n_ttft // len(cards)} requests each, unique prefixes; bench_serving flushes the cache after its "
               f"warm-up request)")
+        # Every request of every run pooled: with many short rounds in ABBA order the server's drift between rounds
+        # (the same client's figure moves by several % from one round to the next here) falls on both clients.
+        pool_card_dec = [r["decode_tok_s"] for arm in cards for c in arm["decode"]["classes"].values()
+                         for r in c["runs"] if r["decode_tok_s"]]
+        pool_ref_dec = [(n - 1) / sum(itl) for dec_ref, _ in refs
+                        for n, itl in zip(dec_ref["output_lens"], dec_ref["itls"], strict=True) if n > 1 and sum(itl)]
+        pool_card_ttft = [r["ttft_s"] * 1000 for arm in cards
+                          for r in next(x for x in arm["ttft"]["sizes"] if x["status"] == "measured")["runs"]]
+        pool_ref_ttft = [t * 1000 for _, ttft_ref in refs for t in ttft_ref.get("ttfts", [])]
+        for what, card_v, ref_v, unit, how in (
+                ("decode", pool_card_dec, pool_ref_dec, "tok/s", "; the card's formula on bench_serving's output"),
+                ("TTFT", pool_card_ttft, pool_ref_ttft, "ms", "")):
+            ratio = statistics.median(card_v) / statistics.median(ref_v)
+            print(f"[target 2] {what} ratio, every request pooled: {ratio:.3f} (target 0.98-1.02: "
+                  f"{'MET' if abs(ratio - 1) <= 0.02 else 'NOT MET'}): median {statistics.median(card_v):.2f} of "
+                  f"{len(card_v)} card requests vs {statistics.median(ref_v):.2f} {unit} of {len(ref_v)} "
+                  f"bench_serving requests{how})")
         # every request's TTFT in send order, so one slow request (the first after a flush, a GC, a load spike)
         # shows as itself rather than as a moved median
         for i, arm in enumerate(cards):
