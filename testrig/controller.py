@@ -179,6 +179,26 @@ class AtBoundary:
         return self.to_exit_s is not None
 
 
+class SignalTimes:
+    """What a signal matrix measured at each point (boundary -> "stopping" line, boundary -> exit), summed up in one
+    line when its rig goes (`summary`); `add` takes each point's `AtBoundary`."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.points: list[tuple[str, float | None, float | None]] = []
+
+    def add(self, point: str, sig: str, r: AtBoundary) -> None:
+        self.points.append((f"{point}:{sig}", r.to_stop_s, r.to_exit_s))
+
+    def summary(self, label: str | None = None) -> str | None:
+        if not self.points:
+            return None
+        acted = [s for _, s, _ in self.points if s is not None]
+        exits = [e for _, _, e in self.points if e is not None]
+        return (f"{label or self.label}: {len(self.points)} points; boundary -> stopping line max "
+                f"{max(acted, default=0):.3f} s; boundary -> exit max {max(exits, default=0):.2f} s")
+
+
 def run_at_boundary(args: list[str], point: str, sig: str, env: dict[str, str], *,
                     timeout: float = 300.0) -> AtBoundary:
     """`sparkctl ARGS` with ``SPARKCTL_CRASH_AT=<point>:<sig>`` (sig KILL, INT, TERM or HUP; sparkctl/deploy/steps.py);

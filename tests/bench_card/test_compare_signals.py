@@ -22,14 +22,14 @@ from pathlib import Path
 import pytest
 
 from sparkctl.deploy.steps import COMPARE_COMMAND, COMPARE_STEPS, crash_points
-from testrig.controller import run_at_boundary, run_in_process
+from testrig.controller import SignalTimes, run_at_boundary, run_in_process
 
 FAST = {"boot_s": 0.3, "decode_tps": 6000, "peer_timeout_s": 2, "ttft_base_s": 0.01}
 KEY = "sk-compare-signals-secret"
 BENCH = ["bench", "--compare", "dflash-off", "--gates", "cold", "--warmup", "0", "--json"]
 SIGNALS = ("INT", "TERM", "HUP")
 POINTS = [(f"{c}:{s}:{w}", sig) for c, s, w in crash_points() if c == COMPARE_COMMAND for sig in SIGNALS]
-TIMES: list[tuple[str, float | None, float | None]] = []
+TIMES = SignalTimes("compare signals")
 
 
 class CompareRig:
@@ -76,10 +76,8 @@ def rig(tmp_path_factory):
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("SPARKCTL_STATE_DIR", str(r.state))
             stop_recorded_engines(r.inv)
-        if TIMES:
-            acted = [s for _, s, _ in TIMES if s is not None]
-            print(f"\ncompare signals: {len(TIMES)} points; boundary -> stopping line max {max(acted or [0]):.3f} s; "
-                  f"boundary -> exit max {max(e for _, _, e in TIMES if e is not None):.2f} s")
+        if line := TIMES.summary():
+            print("\n" + line)
 
 
 @pytest.mark.parametrize("point,sig", POINTS, ids=[f"{p}:{s}" for p, s in POINTS])
@@ -91,7 +89,7 @@ def test_a_signal_at_every_compare_boundary(rig, point, sig):
     original = rig.ledger.active_id()
     r = run_at_boundary(BENCH, point, sig, rig.env, timeout=180)
     assert r.reached, f"{point} never reached (exit {r.code}):\n{r.stderr[-3000:]}"
-    TIMES.append((f"{point}:{sig}", r.to_stop_s, r.to_exit_s))
+    TIMES.add(point, sig, r)
     signum = signal.Signals[f"SIG{sig}"]
     assert r.code == 128 + signum, f"{point}:{sig}: exit {r.code}\n{r.stderr[-3000:]}"
     assert r.to_stop_s is not None and r.to_stop_s < 2.0, f"{point}:{sig}: acted on after {r.to_stop_s}"

@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from sparkctl.deploy.steps import replicated_crash_points
-from testrig.controller import run_at_boundary, run_in_process
+from testrig.controller import SignalTimes, run_at_boundary, run_in_process
 from testrig.embedded import stop_recorded_engines, write_embedded_inventory, write_replicated_profile
 from testrig.testenv import need_module
 
@@ -38,7 +38,7 @@ SIGNALS = ("INT", "TERM", "HUP")
 INNER = [("up", "boot", "after"), ("up", "hand-off", "before")]       # inside a replica's own `up`
 ROLLING = [(":".join(p), s) for p in [*replicated_crash_points(), *INNER] for s in SIGNALS]
 FIRST_UP = [(":".join(p), s) for p in replicated_crash_points() if p[1] != "replica-detach" for s in SIGNALS]
-TIMES: list[tuple[str, float | None, float | None]] = []
+TIMES = SignalTimes("replicated signals")
 
 
 class Rig:
@@ -72,10 +72,8 @@ def _rig(tmp_path_factory, name: str):
         yield r
     finally:
         r.close()
-        if TIMES:
-            acted = [s for _, s, _ in TIMES if s is not None]
-            print(f"\nreplicated signals ({name}): {len(TIMES)} points so far; boundary -> stopping line max "
-                  f"{max(acted or [0]):.3f} s; boundary -> exit max {max(e or 0 for _, _, e in TIMES):.2f} s")
+        if line := TIMES.summary(f"replicated signals ({name}), so far"):
+            print("\n" + line)
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +114,7 @@ class ClientLoop:
 
 def _signalled(r: Rig, args: list[str], point: str, sig: str):
     res = run_at_boundary(args, point, sig, r.env)
-    TIMES.append((f"{point}:{sig}", res.to_stop_s, res.to_exit_s))
+    TIMES.add(point, sig, res)
     return res
 
 

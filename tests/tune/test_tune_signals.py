@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.deploy.steps import tune_crash_points
-from testrig.controller import run_at_boundary, run_in_process
+from testrig.controller import SignalTimes, run_at_boundary, run_in_process
 
 
 def _tune_conftest():
@@ -43,7 +43,7 @@ TUNE = ["tune", "--profile", "t5", "--vary", "speculative.num_draft_tokens=6", "
         "--warmup", "0", "--confirm-rounds", "1", "--force", "--json"]
 SIGNALS = ("KILL", "INT", "TERM", "HUP")
 POINTS = [(f"{c}:{s}:{w}", sig) for c, s, w in tune_crash_points() for sig in SIGNALS]
-TIMES: list[tuple[str, float | None, float | None]] = []
+TIMES = SignalTimes("tune signals")
 
 
 class TuneRig:
@@ -84,10 +84,8 @@ def rig(tmp_path_factory):
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("SPARKCTL_STATE_DIR", str(r.state))
             stop_recorded_engines(r.inv)
-        if TIMES:
-            acted = [s for _, s, _ in TIMES if s is not None]
-            print(f"\ntune signals: {len(TIMES)} points; boundary -> stopping line max {max(acted or [0]):.3f} s; "
-                  f"boundary -> exit max {max(e for _, _, e in TIMES if e is not None):.2f} s")
+        if line := TIMES.summary():
+            print("\n" + line)
 
 
 def _check_journal(j: dict, point: str) -> None:
@@ -105,7 +103,7 @@ def test_a_signal_at_every_tune_boundary(rig, point, sig):
     before = set(rig.journals())
     r = run_at_boundary(TUNE, point, sig, rig.env)
     assert r.reached, f"{point} never reached (exit {r.code}):\n{r.stderr[-3000:]}"
-    TIMES.append((f"{point}:{sig}", r.to_stop_s, r.to_exit_s))
+    TIMES.add(point, sig, r)
     signum = signal.Signals[f"SIG{sig}"]
     if sig == "KILL":
         assert r.code == -signal.SIGKILL, r.stderr[-3000:]
