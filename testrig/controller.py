@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 Cli = Callable[..., tuple[int, str, str]]
@@ -177,6 +178,26 @@ class AtBoundary:
     @property
     def reached(self) -> bool:
         return self.to_exit_s is not None
+
+
+class SignalRig:
+    """An embedded cluster of a signal matrix's own: its inventory (emulator knobs `sim`), state and profiles
+    directories, an environment that holds only these of sparkctl's variables (and `extra`), and `run`: `sparkctl
+    ARGS` in this process (`status`, `down` and the next command; the signalled command itself is a real process,
+    `run_at_boundary`)."""
+
+    def __init__(self, root: Path, sim: dict[str, Any], *, prefix: str = "t", nodes: int = 2, **extra: str) -> None:
+        from testrig.embedded import write_embedded_inventory
+        self.inv = write_embedded_inventory(root / "inventory.yml", sim, prefix=prefix, nodes=nodes)
+        self.profiles_dir = root / "profiles"
+        self.profiles_dir.mkdir(exist_ok=True)
+        self.state = root / "state"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKCTL_")}
+        self.env.update(SPARKCTL_STATE_DIR=str(self.state), SPARKCTL_INVENTORY=str(self.inv),
+                        SPARKCTL_PROFILES_DIR=str(self.profiles_dir), **extra)
+
+    def run(self, *args: str) -> tuple[int, str, str]:
+        return run_in_process(list(args), self.env)
 
 
 class SignalTimes:

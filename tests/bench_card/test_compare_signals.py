@@ -15,14 +15,13 @@ dflash-off` (the cold gate only) signalled at its boundary, then checks:
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
 import pytest
 
 from sparkctl.deploy.steps import COMPARE_COMMAND, COMPARE_STEPS, crash_points
-from testrig.controller import SignalTimes, run_at_boundary, run_in_process
+from testrig.controller import SignalRig, SignalTimes, run_at_boundary
 
 FAST = {"boot_s": 0.3, "decode_tps": 6000, "peer_timeout_s": 2, "ttft_base_s": 0.01}
 KEY = "sk-compare-signals-secret"
@@ -32,22 +31,10 @@ POINTS = [(f"{c}:{s}:{w}", sig) for c, s, w in crash_points() if c == COMPARE_CO
 TIMES = SignalTimes("compare signals")
 
 
-class CompareRig:
+class CompareRig(SignalRig):
     def __init__(self, root: Path) -> None:
-        from testrig.embedded import write_embedded_inventory
-        self.inv = write_embedded_inventory(root / "inventory.yml", FAST, prefix="cs")
-        profiles = root / "profiles"
-        profiles.mkdir()
-        self.state = root / "state"
+        super().__init__(root, FAST, prefix="cs", SPARKCTL_API_KEY=KEY)
         self.converged = False          # the last point ended with d5 active and healthy (checked by status)
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKCTL_")}
-        self.env.update(SPARKCTL_STATE_DIR=str(self.state), SPARKCTL_INVENTORY=str(self.inv),
-                        SPARKCTL_PROFILES_DIR=str(profiles), SPARKCTL_API_KEY=KEY)
-
-    def run(self, *args: str) -> tuple[int, str, str]:
-        """`status` and the next `up` in this process (testrig.controller.run_in_process): only the signalled
-        bench is under test as a process."""
-        return run_in_process(list(args), self.env)
 
     @property
     def ledger(self):

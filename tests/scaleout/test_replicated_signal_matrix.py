@@ -19,7 +19,6 @@ One embedded cluster per test group (an xdist group each), short emulator boots.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
 from pathlib import Path
@@ -28,8 +27,8 @@ import httpx
 import pytest
 
 from sparkctl.deploy.steps import replicated_crash_points
-from testrig.controller import SignalTimes, run_at_boundary, run_in_process
-from testrig.embedded import stop_recorded_engines, write_embedded_inventory, write_replicated_profile
+from testrig.controller import SignalRig, SignalTimes, run_at_boundary
+from testrig.embedded import stop_recorded_engines, write_replicated_profile
 from testrig.testenv import need_module
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
@@ -41,20 +40,13 @@ FIRST_UP = [(":".join(p), s) for p in replicated_crash_points() if p[1] != "repl
 TIMES = SignalTimes("replicated signals")
 
 
-class Rig:
+class Rig(SignalRig):
     def __init__(self, root: Path) -> None:
-        self.inv = write_embedded_inventory(root / "inventory.yml", FAST, nodes=2)
+        super().__init__(root, FAST, nodes=2)
         self.profiles = [write_replicated_profile(root / f"p{k}.yml", mrr, drain_timeout_s=30, warmup_requests=0)
                          for k, mrr in ((1, 16), (2, 24))]
         self.mrr = (16, 24)
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKCTL_")}
-        self.env.update(SPARKCTL_STATE_DIR=str(root / "state"), SPARKCTL_INVENTORY=str(self.inv))
         self.current: int | None = None
-
-    def run(self, *args: str) -> tuple[int, str, str]:
-        """`sparkctl ARGS` in-process against this rig (`status`, `down` and the next `up`; the signalled `up` itself
-        is a real process: run_at_boundary)."""
-        return run_in_process(list(args), self.env)
 
     def up(self, k: int) -> list[str]:
         return ["up", "--profile", str(self.profiles[k]), "--yes", "--json"]

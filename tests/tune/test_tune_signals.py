@@ -16,14 +16,13 @@ signalled at its boundary, then checks:
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
 import pytest
 
 from sparkctl.deploy.steps import tune_crash_points
-from testrig.controller import SignalTimes, run_at_boundary, run_in_process
+from testrig.controller import SignalRig, SignalTimes, run_at_boundary
 
 
 def _tune_conftest():
@@ -46,23 +45,11 @@ POINTS = [(f"{c}:{s}:{w}", sig) for c, s, w in tune_crash_points() for sig in SI
 TIMES = SignalTimes("tune signals")
 
 
-class TuneRig:
+class TuneRig(SignalRig):
     def __init__(self, root: Path) -> None:
-        from testrig.embedded import write_embedded_inventory
-        self.inv = write_embedded_inventory(root / "inventory.yml", PLANTED, prefix="ts")
-        profiles = root / "profiles"
-        profiles.mkdir()
-        (profiles / "t5.yml").write_text(FAST_D5)
-        (profiles / "t5-off.yml").write_text(FAST_OFF)
-        self.state = root / "state"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKCTL_")}
-        self.env.update(SPARKCTL_STATE_DIR=str(self.state), SPARKCTL_INVENTORY=str(self.inv),
-                        SPARKCTL_PROFILES_DIR=str(profiles))
-
-    def run(self, *args: str) -> tuple[int, str, str]:
-        """`sparkctl ARGS` in-process against this rig (`status` and the next command; the signalled tune itself is
-        a real process: run_at_boundary)."""
-        return run_in_process(list(args), self.env)
+        super().__init__(root, PLANTED, prefix="ts")
+        (self.profiles_dir / "t5.yml").write_text(FAST_D5)
+        (self.profiles_dir / "t5-off.yml").write_text(FAST_OFF)
 
     def journals(self) -> dict[str, dict]:
         return {p.parent.name: json.loads(p.read_text()) for p in self.state.glob("*/runs/*/tune.json")}
