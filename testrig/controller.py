@@ -199,6 +199,19 @@ class SignalRig:
     def run(self, *args: str) -> tuple[int, str, str]:
         return run_in_process(list(args), self.env)
 
+    def stop_engines(self) -> None:
+        """Stop every engine this rig's ledger recorded (whatever state the last point left it in)."""
+        from testrig.embedded import stop_recorded_engines
+        saved = os.environ.get("SPARKCTL_STATE_DIR")
+        os.environ["SPARKCTL_STATE_DIR"] = str(self.state)
+        try:
+            stop_recorded_engines(self.inv)
+        finally:
+            if saved is None:
+                os.environ.pop("SPARKCTL_STATE_DIR", None)
+            else:
+                os.environ["SPARKCTL_STATE_DIR"] = saved
+
 
 class SignalTimes:
     """What a signal matrix measured at each point (boundary -> "stopping" line, boundary -> exit), summed up in one

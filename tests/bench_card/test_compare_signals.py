@@ -55,14 +55,11 @@ class CompareRig(SignalRig):
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    from testrig.embedded import stop_recorded_engines
     r = CompareRig(tmp_path_factory.mktemp("compare-signals"))
     try:
         yield r
     finally:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("SPARKCTL_STATE_DIR", str(r.state))
-            stop_recorded_engines(r.inv)
+        r.stop_engines()
         if line := TIMES.summary():
             print("\n" + line)
 

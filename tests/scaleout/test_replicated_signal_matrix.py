@@ -28,7 +28,7 @@ import pytest
 
 from sparkctl.deploy.steps import replicated_crash_points
 from testrig.controller import SignalRig, SignalTimes, run_at_boundary
-from testrig.embedded import stop_recorded_engines, write_replicated_profile
+from testrig.embedded import write_replicated_profile
 from testrig.testenv import need_module
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
@@ -53,9 +53,7 @@ class Rig(SignalRig):
 
     def close(self) -> None:
         self.run("down", "--yes")
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("SPARKCTL_STATE_DIR", self.env["SPARKCTL_STATE_DIR"])
-            stop_recorded_engines(self.inv)
+        self.stop_engines()
 
 
 def _rig(tmp_path_factory, name: str):

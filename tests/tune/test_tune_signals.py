@@ -61,16 +61,13 @@ class TuneRig(SignalRig):
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    from testrig.embedded import stop_recorded_engines
     r = TuneRig(tmp_path_factory.mktemp("tune-signals"))
     code, out, err = r.run("up", "--profile", "t5-off", "--yes", "--json")
     assert code == 0, err[-3000:]
     try:
         yield r
     finally:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("SPARKCTL_STATE_DIR", str(r.state))
-            stop_recorded_engines(r.inv)
+        r.stop_engines()
         if line := TIMES.summary():
             print("\n" + line)
 
