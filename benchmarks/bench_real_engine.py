@@ -50,11 +50,15 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+if TYPE_CHECKING:
+    from sparkctl.bench.prompts import TokenCalibration
 
 FIRED_UP = re.compile(r"fired up and ready")
 
@@ -262,22 +266,28 @@ def _pair_row(up: dict, hand: dict) -> dict:
     return row
 
 
+def _ttft_of(card: dict) -> tuple[dict, dict, TokenCalibration]:
+    """A card's TTFT results, its measured size and its token calibration: what bench_serving's prompts are made
+    from, so both clients send prompts of the same size."""
+    from sparkctl.bench.prompts import TokenCalibration
+    ttft = card["ttft"]
+    return ttft, next(x for x in ttft["sizes"] if x["status"] == "measured"), TokenCalibration(**ttft["calibration"])
+
+
 def _pin_apart(engine) -> None:
     """The engine's processes (every thread) on core 0, this process and the clients it starts on core 1: at c=1 on
     two cores a client otherwise takes its CPU from the engine it measures (the TP=2 ranks are bound one per core),
     and the two clients then measure two speeds of the server, not two definitions."""
-    engine_python = str(engine.python)
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if engine_python not in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                continue
-            for task in (proc / "task").iterdir():
+    from sparkctl.nodes.procfs import processes_naming
+    pinned = 0
+    for pid in processes_naming(str(engine.python)):        # the launcher, scheduler, tokenizer and detokenizer
+        with contextlib.suppress(OSError):                   # a thread may end between the listing and the call
+            for task in Path(f"/proc/{pid}/task").iterdir():
                 with contextlib.suppress(OSError):
                     os.sched_setaffinity(int(task.name), {0})
-        except OSError:
-            continue
+                    pinned += 1
+    if not pinned:
+        raise SystemExit(f"no engine process runs {engine.python}: nothing to pin")
     os.sched_setaffinity(0, {1})
 
 
@@ -338,7 +348,8 @@ def _clients_interleaved(engine, endpoint: str, tmp: Path, rounds: int, per_roun
                     continue
                 d = json.loads(line[5:])
                 count = (d.get("usage") or {}).get("completion_tokens", count)
-                if any((ch.get("delta") or {}).get("content") for ch in d.get("choices") or []):
+                if any((ch.get("delta") or {}).get("content") or (ch.get("delta") or {}).get("reasoning_content")
+                       for ch in d.get("choices") or []):
                     last = time.perf_counter()
                     first = first or last
         return (None if first is None else first - st,
@@ -391,7 +402,7 @@ def main() -> None:
                     help="also send the same requests from the card's client, a bare httpx client and aiohttp (as "
                          "bench_serving) interleaved in this many rounds, on the comparison's server")
     args = ap.parse_args()
-    from sparkctl.bench.prompts import TokenCalibration, decode_prompts, long_prompt, words_for_tokens
+    from sparkctl.bench.prompts import decode_prompts, long_prompt, words_for_tokens
     from sparkctl.config.inventory import load_inventory
     from testrig.embedded import stop_recorded_engines, write_real_engine_inventory
     from testrig.realengine import ensure_real_engine
@@ -455,9 +466,7 @@ def main() -> None:
                                      args.ttft_runs)
                         cards.append(card["arms"][0]["results"])
                         continue
-                    ttft = cards[0]["ttft"]
-                    size = next(x for x in ttft["sizes"] if x["status"] == "measured")
-                    cal = TokenCalibration(**ttft["calibration"])
+                    ttft, size, cal = _ttft_of(cards[0])
                     # the card's own decode prompts, each class `runs` times, as the card sends them; TTFT prompts
                     # from the card's generator at the card's calibration, unique prefixes (none of them cached)
                     dec_texts = [p.text for p in decode_prompts().values() for _ in range(args.runs)]
@@ -469,6 +478,7 @@ def main() -> None:
                                                 tmp, f"ttft-{i}", flush_cache=True)))
                 comparison = (cards, refs)
                 if args.clients_rounds:
+                    ttft, size, cal = _ttft_of(cards[0])
                     ttft_words = words_for_tokens(size["target_tokens"], cal)
                     clients = _clients_interleaved(engine, res["endpoint"], tmp, args.clients_rounds, 20, ttft_words,
                                                    ttft["max_tokens"], args.max_tokens)

@@ -201,16 +201,11 @@ class SignalRig:
 
     def stop_engines(self) -> None:
         """Stop every engine this rig's ledger recorded (whatever state the last point left it in)."""
+        from unittest import mock
+
         from testrig.embedded import stop_recorded_engines
-        saved = os.environ.get("SPARKCTL_STATE_DIR")
-        os.environ["SPARKCTL_STATE_DIR"] = str(self.state)
-        try:
+        with mock.patch.dict(os.environ, SPARKCTL_STATE_DIR=str(self.state)):
             stop_recorded_engines(self.inv)
-        finally:
-            if saved is None:
-                os.environ.pop("SPARKCTL_STATE_DIR", None)
-            else:
-                os.environ["SPARKCTL_STATE_DIR"] = saved
 
 
 class SignalTimes:

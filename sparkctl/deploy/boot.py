@@ -231,7 +231,7 @@ def _check(watch: RankWatch, t0: float) -> None:
     live = watch.runtime.liveness(watch.handle)
     if not live.alive:
         _read_rest(watch, alive=False)
-        _raise_if_failed(watch, t0)  # it printed its error and exited between the two reads: name the error
+        _raise_if_failed(watch, t0, read_rest=False)  # it printed its error and exited between the reads: name it
         raise _fail(watch, f"rank {watch.spec.rank} died: {live.detail}", "read the log tail below",
                     time.monotonic() - t0)
 
@@ -264,11 +264,13 @@ def _read_rest(watch: RankWatch, *, alive: bool = True) -> None:
         time.sleep(step)
 
 
-def _raise_if_failed(watch: RankWatch, t0: float) -> None:
+def _raise_if_failed(watch: RankWatch, t0: float, *, read_rest: bool = True) -> None:
+    """`read_rest=False`: the caller already read the rest of the log (a dead rank's whole output)."""
     verdict = watch.follower.classify(final=False)
     if verdict.state is BootState.FAILED:
-        _read_rest(watch)
-        verdict = watch.follower.classify(final=False)      # refined by the rest of its burst
+        if read_rest:
+            _read_rest(watch)
+            verdict = watch.follower.classify(final=False)      # refined by the rest of its burst
         kind = verdict.kind
         raise _fail(watch, verdict.detail, _HINTS.get(kind, "read the log tail below"), time.monotonic() - t0)
 

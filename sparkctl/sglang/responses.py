@@ -256,9 +256,7 @@ def assemble_chat_stream(frames: Iterable[tuple[float, SSEFrame]], t_start: floa
     reasoning: list[str] = []
     tool_calls: list[JSONObject] = []
     deltas: list[Delta] = []
-    usage = Usage()
-    finish_reason = model = rid = None
-    t_first = t_last = None
+    state = _Folded(model=None, rid=None, usage=Usage(), finish_reason=None, t_first=None, t_last=None)
     t_seen = t_start
     for t, fr in frames:
         t_seen = t
@@ -267,13 +265,12 @@ def assemble_chat_stream(frames: Iterable[tuple[float, SSEFrame]], t_start: floa
         p = fr.payload or {}
         _check_error_payload(p, url)
         with _shape_checked(url, fr.raw, "a stream frame"):
-            model, rid, usage, finish_reason, t_first, t_last = _fold_frame(
-                p, t, deltas, content, reasoning, tool_calls,
-                _Folded(model, rid, usage, finish_reason, t_first, t_last))
-    return ChatResult(content="".join(content), reasoning_content="".join(reasoning), usage=usage,
-                      finish_reason=finish_reason, t_start=t_start, t_end=t_end if t_end is not None else t_seen,
-                      t_first_token=t_first, t_last_token=t_last, tool_calls=tool_calls, deltas=deltas,
-                      model=model, id=rid, stream=True)
+            state = _fold_frame(p, t, deltas, content, reasoning, tool_calls, state)
+    return ChatResult(content="".join(content), reasoning_content="".join(reasoning), usage=state.usage,
+                      finish_reason=state.finish_reason, t_start=t_start,
+                      t_end=t_end if t_end is not None else t_seen, t_first_token=state.t_first,
+                      t_last_token=state.t_last, tool_calls=tool_calls, deltas=deltas, model=state.model, id=state.rid,
+                      stream=True)
 
 
 @contextlib.contextmanager
