@@ -203,3 +203,33 @@ def test_a_traceback_read_in_two_parts_is_judged_by_its_exception(split):
     err = info.value.render()
     assert "ValueError: Warning: User-specified context_length (999999)" in info.value.message, err
     assert err.count("context_length (999999)") >= 2, err       # named, and in the log tail as evidence
+
+
+class _NeverQuiet:
+    """A hostile rank: after its traceback it lives and logs a line on every read, forever."""
+
+    poll_interval_s = 0.01
+
+    def __init__(self) -> None:
+        self.text = TRACEBACK
+
+    def start(self, spec, deployment_id):
+        return ProcessHandle(node=spec.node, rank=spec.rank, deployment=deployment_id, pid=1, log="-")
+
+    def liveness(self, handle):
+        return Liveness(True, "running (pid 1)")
+
+    def read_log(self, handle, offset=0):
+        self.text += "[2026-12-04 10:51:12] still here\n"
+        return self.text[offset:], len(self.text)
+
+
+def test_a_rank_that_never_stops_logging_is_judged_within_the_bound(monkeypatch):
+    """Reading the rest of a burst is bounded (BURST_BOUND_S): a rank that keeps printing cannot hold boot."""
+    import sparkctl.deploy.boot as boot_module
+    monkeypatch.setattr(boot_module, "BURST_BOUND_S", 0.2)
+    spec = render(load_profile("dflash-off"), load_inventory(REPO / "inventory" / "local.yml"), environ={}).specs[0]
+    runtime = _NeverQuiet()
+    with pytest.raises(DeployError) as info:
+        boot([spec], lambda node: runtime, "dep-1", Reporter(quiet=True), timeout_s=60)
+    assert "ValueError: Warning: User-specified context_length (999999)" in info.value.message
