@@ -50,6 +50,9 @@ class ProcessHandle(_HandleBase):
     # restore, a rollback's restart) come before it, and readiness and fatal-line detection never read them.
     log_offset: int = 0
     spec: JSONObject = Field(default_factory=dict)
+    # The cgroup (v2) every process of this engine was born in, where the node let sparkctl make one
+    # (sparkctl.nodes.enginegroup); None: its session alone tracks it.
+    cgroup: str | None = None
 
     @property
     def where(self) -> str:

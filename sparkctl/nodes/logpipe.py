@@ -18,7 +18,14 @@ handled, and none writes a traceback into the log:
   (not found) or 126 (found, not runnable), like a shell;
 * SIGTERM/SIGINT/SIGHUP to the pipe (to its group, or to the pipe alone): passed on to the engine once, and the
   pipe keeps draining until the engine exits, then ends the same way;
-* SIGKILL of the pipe: the kernel kills the engine too (PR_SET_PDEATHSIG); nothing more is written;
+* SIGKILL of the pipe: the kernel kills the engine too (PR_SET_PDEATHSIG); nothing more is written (what the
+  engine started lives on in the pipe's session and cgroup: the runtime's stop finds it there,
+  `sparkctl.nodes.enginegroup`);
+* the engine's own processes (SGLang's schedulers, detokenizer, resource tracker) never outlive it: the pipe is a
+  child subreaper, so an orphan of the engine is re-parented to the pipe, and once the engine has exited the pipe
+  stops every process left in its tree and session (SIGTERM, SIGKILL after `SWEEP_GRACE_S`), reaps them, and only
+  then exits. Their output still reaches the log until they are gone (a reader thread drains the pipe, so an
+  orphan holding the engine's stdout never keeps the pipe from seeing the engine's end);
 * the log cannot be written (the state directory is full): lines are dropped, not the engine; once writing
   works again one line says how many were lost.
 
@@ -39,14 +46,21 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import IO
 
 import yaml
 
+from sparkctl.nodes.enginegroup import EngineGroup
+from sparkctl.nodes.procfs import descendants, start_ticks
 from sparkctl.sglang.launch import redact
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+SWEEP_GRACE_S = 5.0      # what the engine left gets this long after SIGTERM before SIGKILL
+DRAIN_S = 2.0            # after the sweep, how long the last output may take to reach the log
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_NOT_FOUND, EXIT_NOT_RUNNABLE = 127, 126
 ENGINE_ENV_FILE = "engine-env.json"     # in SECRETS_DIR: the engine's environment (read once, then deleted)
@@ -111,6 +125,53 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+def _become_subreaper() -> None:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: orphans go to init; the runtime's stop sweeps
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _left_behind() -> list[int]:
+    """Every process still in the pipe's tree (orphans of the engine come to the subreaper) and, when the pipe leads
+    its session (as the runtime starts it), in its session: what the engine left when it exited."""
+    me = os.getpid()
+    pids = set(descendants(me))
+    if os.getsid(0) == me:
+        pids.update(m.pid for m in EngineGroup(me, start_ticks(me)).members())
+    pids.discard(me)
+    return sorted(pids)
+
+
+def _reap_any() -> None:
+    """Collect every child that has ended (orphans of the engine are the subreaper's children)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def sweep(grace_s: float = SWEEP_GRACE_S) -> list[int]:
+    """Stop what the engine left: SIGTERM to each, SIGKILL to what is there after `grace_s`, reaped; the PIDs
+    signalled."""
+    left = _left_behind()
+    if not left:
+        return []
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for pid in _left_behind():
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            _reap_any()
+            if not _left_behind():
+                return left
+            time.sleep(0.05)
+    _reap_any()
+    return left
+
+
 class _Log:
     """Appends to the rank log; a failed write drops the line (counted), never the engine."""
 
@@ -118,8 +179,11 @@ class _Log:
         self.fh = fh
         self.lost = 0
         self.why = ""
+        self.closed = False      # set once the pipe is done: a line the reader still holds goes nowhere
 
     def write(self, data: bytes) -> None:
+        if self.closed:
+            return
         try:
             if self.lost:
                 self.fh.write(f"[sparkctl logpipe: {self.lost} lines lost: {self.why}]\n".encode())
@@ -169,6 +233,7 @@ def main(argv: list[str]) -> int:
                 child[0].send_signal(signum)
     for sig in FORWARDED:
         signal.signal(sig, forward)     # a handler (not SIG_IGN): the engine gets default dispositions
+    _become_subreaper()
     try:
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
@@ -191,17 +256,32 @@ def main(argv: list[str]) -> int:
             return code
         child.append(proc)
         assert proc.stdout is not None
-        while True:
-            try:
-                line = proc.stdout.readline()
-            except InterruptedError:   # pragma: no cover - PEP 475 retries; kept for non-CPython
-                continue
-            if not line:
-                break
-            text = line.decode("utf-8", "surrogateescape")
-            log.write(redact(text, secrets).encode("utf-8", "surrogateescape"))
+        lock = threading.Lock()
+        reader = threading.Thread(target=_drain, args=(proc.stdout, log, secrets, lock), daemon=True)
+        reader.start()
         code = proc.wait()
+        left = sweep()
+        reader.join(DRAIN_S)
+        with lock:
+            if left:
+                log.write(f"[sparkctl logpipe: the engine exited ({code}); stopped {len(left)} processes it left: "
+                          f"{' '.join(map(str, left))}]\n".encode())
+            log.closed = True
     return end_like(code)
+
+
+def _drain(stream: IO[bytes], log: _Log, secrets: set[str], lock: threading.Lock) -> None:
+    """The engine's output (its processes' too), line by line, redacted into the log, until every writer is gone."""
+    while True:
+        try:
+            line = stream.readline()
+        except (InterruptedError, ValueError, OSError):   # pragma: no cover - PEP 475 retries; a closed stream
+            return
+        if not line:
+            return
+        text = line.decode("utf-8", "surrogateescape")
+        with lock:
+            log.write(redact(text, secrets).encode("utf-8", "surrogateescape"))
 
 
 if __name__ == "__main__":

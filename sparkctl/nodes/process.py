@@ -43,6 +43,7 @@ from pathlib import Path
 from sparkctl.errors import StateDirError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes import procfs
+from sparkctl.nodes.enginegroup import EngineGroup, Leftover, join_cgroup, leftover_cgroups, new_cgroup
 from sparkctl.nodes.environ import helper_env
 from sparkctl.nodes.logpipe import ENGINE_ENV_FILE
 from sparkctl.nodes.node_facts import NodeFacts, host_model_path, model_paths
@@ -191,21 +192,64 @@ class ProcessRuntime:
             fd = open_state_file(log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as exc:
             raise state_dir_error(log_path, exc) from None
+        # The whole engine is tracked: the pipe leads a new session (every process below it keeps that session id)
+        # and, where this node lets us make one, it joins a cgroup of its own before it starts the engine, so every
+        # process of the engine is born inside (sparkctl.nodes.enginegroup).
+        cgroup = new_cgroup(self.state_key, deployment_id, spec.rank)
         try:
             offset = attempt_start(fd, log_path)
             _own_private_dir(secrets_home())
             write_secret_files(sdir, {**spec.secret_files, ENGINE_ENV_FILE: json.dumps(env)})
             proc = subprocess.Popen(pipe + self._command(spec, sdir), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
-                                    env=pipe_env, start_new_session=True, close_fds=True)
+                                    env=pipe_env, start_new_session=True, close_fds=True,
+                                    preexec_fn=(lambda: join_cgroup(str(cgroup))) if cgroup else None)
         except BaseException:
             self._drop_secrets(deployment_id, spec.rank)
+            if cgroup is not None:
+                EngineGroup(0, None, str(cgroup)).release()
             raise
         finally:
             os.close(fd)
         self._children[proc.pid] = proc
         return ProcessHandle(node=spec.node, rank=spec.rank, pid=proc.pid, start_ticks=procfs.start_ticks(proc.pid),
                              log=str(log_path), log_offset=offset, deployment=deployment_id,
-                             spec=spec.redacted().model_dump(mode="json"))
+                             spec=spec.redacted().model_dump(mode="json"), cgroup=str(cgroup) if cgroup else None)
+
+    @property
+    def state_key(self) -> str:
+        """16 hex digits naming this state directory (its secrets' and engine cgroups' directory name)."""
+        return self.secrets_root.name
+
+    @staticmethod
+    def group(handle: ProcessHandle) -> EngineGroup:
+        """Every process of the handle's engine (its session; its cgroup, when it has one)."""
+        return EngineGroup(handle.pid, handle.start_ticks, handle.cgroup)
+
+    def leftovers(self, handles: list[ProcessHandle]) -> list[Leftover]:
+        """Processes of this state directory's engines that outlived them: of each recorded handle whose log pipe is
+        gone, what still runs in its session or cgroup; and every engine cgroup of this state directory that holds
+        processes but belongs to no running handle (named by the deployment and rank in its name)."""
+        out: list[Leftover] = []
+        live_cgroups: set[str] = set()
+        seen: set[tuple[int, int | None]] = set()
+        for h in handles:
+            if (h.pid, h.start_ticks) in seen:
+                continue
+            seen.add((h.pid, h.start_ticks))
+            if self._ours(h):
+                if h.cgroup:
+                    live_cgroups.add(h.cgroup)
+                continue
+            group = self.group(h)
+            members = group.members()
+            if members:
+                out.append(Leftover(h.deployment, h.rank, group, tuple(members)))
+                if h.cgroup:
+                    live_cgroups.add(h.cgroup)
+        for lo in leftover_cgroups(self.state_key):
+            if lo.group.cgroup not in live_cgroups:
+                out.append(lo)
+        return out
 
     def _ours(self, handle: ProcessHandle) -> bool:
         """The handle's process still runs (same PID *and* start time: a recycled PID is not ours; a zombie is dead)."""
@@ -234,31 +278,37 @@ class ProcessRuntime:
         return redact(text, ()), offset + used   # logpipe redacted the values
 
     def stop(self, handle: ProcessHandle, *, timeout_s: float = 15.0) -> None:
-        """SIGTERM to the engine's group, SIGKILL after `timeout_s`; once it is gone, its secret files go too
-        (a restart writes them again)."""
+        """Stop the whole engine: SIGTERM through its log pipe (which passes it on, and stops what the engine leaves
+        once it exits), then SIGKILL to every process of it still there after `timeout_s`; returns once none of it
+        remains (or, for a process that a SIGKILL cannot end yet, after 5 s more, with a warning). Once it is gone,
+        its secret files and cgroup go too (a restart makes them again)."""
         self._stop(handle, timeout_s)
         if not self._ours(handle):
             self._drop_secrets(handle.deployment, handle.rank)
 
     def _stop(self, handle: ProcessHandle, timeout_s: float) -> None:
-        if not self._ours(handle):
-            self._reap(handle)
-            return
-        pid = handle.pid
-        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(pid, sig)
-                if sig == signal.SIGTERM:      # a stopped (SIGSTOPped) engine acts on SIGTERM only once continued
-                    os.killpg(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                self._reap(handle)
-                if not self._ours(handle):
-                    return
-                time.sleep(0.05)
-        self._reap(handle)
+        group = self.group(handle)
+        reap = lambda: self._reap(handle)     # noqa: E731 - the pipe is our child when this runtime started it
+        if self._ours(handle):
+            pid = handle.pid
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+                os.killpg(pid, signal.SIGCONT)  # a stopped (SIGSTOPped) engine acts on SIGTERM only once continued
+            left = group.wait_gone(timeout_s, reap=reap)
+        else:
+            # The pipe is gone (it exited, or was killed): whatever its engine left in the session or cgroup is
+            # stopped the same way, with a shorter grace (nothing of it serves any more).
+            reap()
+            left = group.members()
+            if left:
+                group.signal(signal.SIGTERM)
+                group.signal(signal.SIGCONT)
+                left = group.wait_gone(min(timeout_s, 5.0), reap=reap)
+        if left:
+            left = group.kill(reap=reap)     # the pipe too: it leads the session
+        reap()
+        if not left:
+            group.release()
 
     def _drop_secrets(self, deployment_id: str, rank: int) -> bool:
         """Remove a rank's secret directory unless a running engine still uses it (a newer attempt of the same

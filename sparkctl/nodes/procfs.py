@@ -19,6 +19,30 @@ def proc_stat(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[19])
 
 
+def session_and_ticks(pid: int) -> tuple[int, int] | None:
+    """(session id, kernel start time) of a process (None if gone): an engine's processes share its session."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()   # state, ppid, pgrp, session, ... starttime (field 22)
+    return int(fields[3]), int(fields[19])
+
+
+def title(pid: int, width: int = 80) -> str:
+    """What a process calls itself, for messages: its command line (a setproctitle title such as
+    ``sglang::scheduler_TP0`` shows there), else its kernel name; escaped and clipped to `width` characters."""
+    args = cmdline(pid)
+    text = " ".join(args) if args else ""
+    if not text:
+        try:
+            text = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            text = ""
+    text = text.encode("unicode_escape").decode("ascii")
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 def start_ticks(pid: int) -> int | None:
     stat = proc_stat(pid)
     return stat[1] if stat else None
@@ -134,7 +158,7 @@ def stdout_target(pid: int) -> str | None:
         return None
 
 
-def _unescape_mount(field: str) -> str:
+def unescape_mount(field: str) -> str:
     """A path field of /proc/self/mounts (space, tab, newline and backslash are octal escapes)."""
     import re
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
@@ -156,7 +180,7 @@ def fs_type(path: str | os.PathLike[str]) -> str | None:
         fields = line.split()
         if len(fields) < 3:
             continue
-        mnt = _unescape_mount(fields[1])
+        mnt = unescape_mount(fields[1])
         inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
         if inside and len(mnt) >= len(best):
             best, kind = mnt, fields[2]
