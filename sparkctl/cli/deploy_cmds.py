@@ -241,7 +241,8 @@ def register(app: typer.Typer) -> None:
         """Profile, deployment, health per rank, endpoint, speculative algorithm, identity, since when.
 
         Exit 0 when the active deployment is healthy (or nothing is deployed and nothing was interrupted);
-        8 when it is unhealthy or a deployment was interrupted (its controller died)."""
+        8 when it is unhealthy, a deployment was interrupted (its controller died), or processes of an engine
+        outlived it (`leftovers`)."""
         from sparkctl.deploy import door
 
         d = _deployer(inventory, quiet=as_json)
@@ -265,6 +266,9 @@ def register(app: typer.Typer) -> None:
             if r.get("unfinished_compare"):
                 print(f"cluster {r['cluster']}: {r['unfinished_compare']}; the next `sparkctl up`, `rollback`, "
                       f"`down` or `bench` settles it")
+            for lo in r.get("leftovers") or []:
+                print(f"cluster {r['cluster']}: leftover processes of {lo} outlived their engine; `sparkctl down` "
+                      f"(or the next `up`) stops them")
             line = watcher_line(r.get("watcher"))
             if not r.get("active"):
                 print(f"cluster {r['cluster']}: no active deployment")

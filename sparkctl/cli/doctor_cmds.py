@@ -34,7 +34,9 @@ def _human(report: DoctorReport) -> None:
         print(f"  evidence ({f.matches} line{'s' if f.matches != 1 else ''}):")
         for e in f.evidence:
             print(f"    {e.source}:{e.line}: {e.text}")
-    if not r.findings:
+    for lo in r.leftovers:
+        print(f"LEFTOVER processes of {lo} outlived their engine: `sparkctl down` stops them")
+    if not r.findings and r.target != "nothing":
         print("no known failure signature found (`sparkctl doctor --list` shows the catalogue)")
     if r.bundle:
         print(f"bundle written: {r.bundle}")
@@ -64,7 +66,8 @@ def register(app: typer.Typer) -> None:
         failure, journal, preflight facts, kernel logs where readable) or in --log files: cause, evidence, fix and
         source of each.
 
-        Exit 0 when no known failure signature was found (or nothing failed), 8 when one was; 2 for a --log or
+        Exit 0 when no known failure signature was found (or nothing failed), 8 when one was (or processes of an
+        engine outlived it); 2 for a --log or
         --bundle that is a directory, an unreadable --log, an unknown --deployment."""
         from sparkctl.errors import ConfigError
 
@@ -101,6 +104,6 @@ def register(app: typer.Typer) -> None:
             print(report.model_dump_json(indent=2))
         else:
             _human(report)
-        if report.findings:
+        if report.findings or report.leftovers:
             sys.stdout.flush()
             raise typer.Exit(STATUS_NOT_OK)

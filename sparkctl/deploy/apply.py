@@ -23,6 +23,7 @@ from sparkctl.deploy.boot import BootResult, doctor_lines
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import mark_superseded, stop_engines, stop_started
 from sparkctl.deploy.image_stage import ImageStage, ImageSurvey
+from sparkctl.deploy.observe import leftovers
 from sparkctl.deploy.plan import (
     Boot,
     HandOff,
@@ -114,10 +115,13 @@ def run_checks(c: Cluster, result: RenderResult, rts: Runtimes, own: set[tuple[s
     """Every node's preflight checks (all nodes at once), then the cross-node ones; PreflightError on a failure."""
     from sparkctl.deploy.host_checks import CrossNodeChecks
     cross = CrossNodeChecks(c.inventory)   # model parity, fabric MTU equal, fabric SSH (host preparation)
+    ours = {m.pid: lo.whose for lo in leftovers(c) for m in lo.members}
 
     def node_checks(spec: LaunchSpec) -> list[CheckResult]:
         rt = rts.for_node(spec.node)
-        checks = evaluate(c.inventory, spec, rt.gather(spec), own)
+        nf = rt.gather(spec)
+        nf.leftover_pids = ours
+        checks = evaluate(c.inventory, spec, nf, own)
         cross.collect(spec, rt)
         return checks
     checks = run_preflight(result.specs, node_checks, then=cross.checks)

@@ -17,6 +17,7 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.fanout import fan_out
 from sparkctl.errors import SparkctlError
 from sparkctl.nodes import procfs
+from sparkctl.nodes.enginegroup import Leftover
 from sparkctl.nodes.handles import ProcessHandle
 from sparkctl.nodes.runtime import Handle
 
@@ -95,6 +96,42 @@ def stop_engine(d: Cluster, engine: Engine, *, remove: bool = True) -> str | Non
     except SparkctlError as exc:
         return exc.message
     return None
+
+
+def leftovers(d: Cluster) -> list[Leftover]:
+    """Processes of this cluster's engines that outlived them (a launcher that died first, a log pipe killed by the
+    OOM killer): what still runs in the session or cgroup of an engine whose log pipe is gone, named by deployment
+    and rank (process runtime: sparkctl/nodes/enginegroup.py; a container takes its processes with it). Nothing of
+    a leftover serves: settle stops them, `status` and `doctor` name them, preflight names one holding a port."""
+    from sparkctl.nodes.process import ProcessRuntime
+
+    local = [n for n in d.inventory.nodes if n.runtime == "process"]
+    if not local:
+        return []
+    rt = d.runtimes("observe").for_node(local[0])
+    if not isinstance(rt, ProcessRuntime):
+        return []
+    handles: list[ProcessHandle] = []
+    for rid in d.ledger.record_ids():
+        try:
+            rec = d.ledger.load(rid)
+        except SparkctlError:           # a damaged record: `repair` deals with it; its engines' cgroups still count
+            continue
+        handles += [h for h in rec.handles if isinstance(h, ProcessHandle)]
+    return rt.leftovers(handles)
+
+
+def stop_leftovers(d: Cluster, found: list[Leftover] | None = None) -> list[str]:
+    """Stop every leftover (SIGTERM, SIGKILL after 5 s); a line for each, said on the reporter."""
+    lines = []
+    for lo in leftovers(d) if found is None else found:
+        left = lo.stop()
+        line = (f"stopped leftover processes of {lo.describe()}" if not left else
+                f"could not stop leftover processes of {lo.describe()}: still there "
+                f"({', '.join(m.describe() for m in left)})")
+        d.reporter.event(line)
+        lines.append(line)
+    return lines
 
 
 def unrecorded(d: Cluster, engines: list[Engine]) -> None:

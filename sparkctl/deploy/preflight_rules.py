@@ -88,14 +88,26 @@ def _process_checks(spec: LaunchSpec, nf: NodeFacts, own_ports: set[tuple[str, i
         elif nf.ports_free.get((addr, port)):
             checks.append(CheckResult.passing(node, f"port {port}", f"{addr}:{port} free"))
         else:
-            checks.append(CheckResult.failing(node, f"port {port}",
-                                              f"{addr}:{port} ({what}) is already in use by another "
-                                     f"program", f"stop what listens there (ss -ltnp 'sport = :{port}') or change "
-                                     f"api.port / api.dist_port in the profile"))
+            checks.append(_port_taken(node, addr, port, what, nf))
     if "mem" in nf.outputs:      # this machine's /proc/meminfo (the emulator takes none of it: warnings only)
         checks.append(memory_check(node, nf.parsed("mem", facts.parse_meminfo), mem_fraction_of(spec.argv),
                                    ours_running=bool(own_ports), embedded=True))
     return checks
+
+
+def _port_taken(node: str, addr: str, port: int, what: str, nf: NodeFacts) -> CheckResult:
+    """A port of the rank that something holds: named when this user can see it, and said to be sparkctl's own when
+    it is a leftover of one of its engines (then `down` is the fix, not another port)."""
+    holder = nf.port_holders.get((addr, port))
+    whose = nf.leftover_pids.get(holder[0]) if holder else None
+    if holder and whose:
+        return CheckResult.failing(node, f"port {port}", f"{addr}:{port} ({what}) is held by pid {holder[0]} "
+                                   f"({holder[1]}), a leftover of sparkctl's {whose} that outlived its engine",
+                                   "`sparkctl down` stops it (and `sparkctl up` settles it before it deploys)")
+    by = f" (pid {holder[0]}: {holder[1]})" if holder else ""
+    return CheckResult.failing(node, f"port {port}", f"{addr}:{port} ({what}) is already in use by another "
+                               f"program{by}", f"stop what listens there (ss -ltnp 'sport = :{port}') or change "
+                               f"api.port / api.dist_port in the profile")
 
 
 def docker_checks(node: Node, res: CommandResult) -> list[CheckResult]:

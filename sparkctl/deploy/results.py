@@ -130,6 +130,9 @@ class StatusResult(_Result):
     interrupted: list[InterruptedView] = Field(default_factory=list)
     unfinished_compare: str | None = None
     watcher: WatcherView | None = None
+    leftovers: list[str] = Field(default_factory=list, description=(
+        "Processes of sparkctl's engines that outlived them (their launcher or log pipe is gone), by deployment and "
+        "rank: `sparkctl down` stops them. Any makes `ok` false."))
 
 
 # ---- replicated deployments (`replicas: K`, deploy/replicated.py) -------------------------------------------------

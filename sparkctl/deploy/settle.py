@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import mark_superseded, sweep_secrets
-from sparkctl.deploy.observe import Engine, observe, stop_engine, unrecorded
+from sparkctl.deploy.observe import Engine, observe, stop_engine, stop_leftovers, unrecorded
 from sparkctl.deploy.steps import REPLICA_ATTACH, REPLICA_UP, SETTLE, VERIFY
 from sparkctl.errors import SparkctlError
 from sparkctl.sglang.client import SGLangAPIError
@@ -176,6 +176,10 @@ def settle(d: Cluster, command: str) -> Settled:
     orphans = [e for e in found if e.deployment != active_id]
     if orphans:
         stop_all(orphans, "an orphan (not the active deployment's engine; its ledger record is not in progress)")
+    for line in stop_leftovers(d):       # processes that outlived their engine: none of them serves
+        lines.append(line)
+        if line.startswith("stopped "):
+            stopped.append(line.removeprefix("stopped "))
     sweep_secrets(d)
     d.ledger.sync_index()
     return Settled(lines=lines, adopted=adopted, stopped=stopped)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import stop_engines, sweep_secrets
-from sparkctl.deploy.observe import observe, stop_engine, unrecorded
+from sparkctl.deploy.observe import leftovers, observe, stop_engine, unrecorded
 from sparkctl.deploy.results import DownResult, InProgress, InterruptedView, StatusResult, watcher_of
 from sparkctl.deploy.settle import controller_text, interrupted, settle, step_of
 from sparkctl.deploy.steps import SETTLE, boundary
@@ -84,12 +84,13 @@ def status(c: Cluster, *, unfinished_compare: str | None = None) -> StatusResult
                                  ranks_alive=sorted({e.handle.rank for e in running
                                                      if e.deployment in (r.id, r.restoring)}))
                  for r in dead]
+    left = [lo.describe() for lo in leftovers(c)]
     base = dict(cluster=c.name, emulated=c.inventory.emulated, in_progress=in_progress, interrupted=views,
                 unfinished_compare=unfinished_compare, history=len(c.ledger.history()),
-                watcher=watcher_of(c.ledger.root))
+                watcher=watcher_of(c.ledger.root), leftovers=left)
     active = c.ledger.active()
     if not active:
-        return StatusResult(**base, active=None, ok=not dead and not holder and not unfinished_compare)
+        return StatusResult(**base, active=None, ok=not dead and not holder and not unfinished_compare and not left)
     found = {e.handle.rank: e.handle for e in running if e.deployment == active.id}
     merged = sorted((found.get(h.rank, h) for h in active.handles), key=lambda h: -h.rank)
     if [h.where for h in merged] != [h.where for h in sorted(active.handles, key=lambda h: -h.rank)]:
@@ -98,7 +99,7 @@ def status(c: Cluster, *, unfinished_compare: str | None = None) -> StatusResult
     healthy, detail, ranks = c.health_of(active)
     return StatusResult(
         **base, active=active.id, profile=active.profile, healthy=healthy,
-        ok=healthy and not dead and not unfinished_compare, ranks=ranks, endpoint=active.endpoint,
+        ok=healthy and not dead and not unfinished_compare and not left, ranks=ranks, endpoint=active.endpoint,
         speculative_algorithm=active.speculative_algorithm, identity=active.identity,
         sglang_version=active.sglang_version,
         images=sorted({v.launch_tag or v.engine_tag or "" for v in active.images.values()}

@@ -71,6 +71,9 @@ class DoctorReport(_Out):
                                   description="Preflight checks of the deployment that warned or failed.")
     findings: list[Finding]
     bundle: str | None = Field(None, description="The support bundle written (--bundle).")
+    leftovers: list[str] = Field(default_factory=list, description=(
+        "Processes of sparkctl's engines that outlived them, by deployment and rank (an orphaned scheduler holds "
+        "the rank's ports and, on a GB10, its memory): `sparkctl down` stops them."))
 
 
 class Collected:

@@ -46,8 +46,13 @@ def doctor_deployment(cluster: Cluster, *, dep_id: str | None = None, bundle: Pa
                       kernel_log: bool = True) -> DoctorReport | None:
     """Match the catalogue in what a deployment left: `dep_id`, else the active one when unhealthy, else the newest
     failed, cancelled or interrupted one (a bundle asked for: else the newest). None when nothing is to diagnose."""
+    from sparkctl.deploy.observe import leftovers
+
+    left = [lo.describe() for lo in leftovers(cluster)]
     rec = pick_deployment(cluster.ledger, health_of=cluster.health_of, dep_id=dep_id, any_record=bundle is not None)
     if rec is None:
-        return None
+        return DoctorReport(target="nothing", sources=[], findings=[], leftovers=left) if left else None
     got = collect_deployment(rec, cluster.ledger, cluster.runtimes(rec.id), kernel_log=kernel_log)
-    return _finish(got, rec, bundle)
+    report = _finish(got, rec, bundle)
+    report.leftovers = left
+    return report

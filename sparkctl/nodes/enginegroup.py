@@ -241,10 +241,14 @@ class Leftover:
     group: EngineGroup
     members: tuple[Member, ...]
 
+    @property
+    def whose(self) -> str:
+        return f"rank {self.rank} of {self.deployment}"
+
     def describe(self) -> str:
         shown = ", ".join(m.describe() for m in self.members[:4])
         more = f" and {len(self.members) - 4} more" if len(self.members) > 4 else ""
-        return f"rank {self.rank} of {self.deployment}: {shown}{more}"
+        return f"{self.whose}: {shown}{more}"
 
     def stop(self, *, term_s: float = 5.0) -> list[Member]:
         """SIGTERM, then SIGKILL after `term_s`; what remains ([] when all gone). The cgroup is removed."""

@@ -31,6 +31,10 @@ class NodeFacts:
     unreachable: NodeError | None = None           # why SSH did not connect (then nothing else was read)
     outputs: dict[str, CommandResult] = field(default_factory=dict)
     ports_free: dict[tuple[str, int], bool] = field(default_factory=dict)
+    # who listens on a port that is not free (process runtime): pid and title, where this user can see it
+    port_holders: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)
+    # processes of sparkctl's engines that outlived them, pid -> whose ("rank 1 of dep-...": deploy.observe)
+    leftover_pids: dict[int, str] = field(default_factory=dict)
     engine_error: str | None = None                # the engine cannot run here (process runtime), and why
     engine: str = "emulator"                       # what the process runtime runs: "emulator" | "sglang"
     engine_fix: str | None = None                  # the command that makes the engine runnable (engine_error set)

@@ -371,6 +371,10 @@ class ProcessRuntime:
             except ImportError as exc:
                 nf.engine_error = str(exc)
         nf.ports_free = {(addr, port): local_port_free(addr, port) for addr, port, _ in spec.listen_ports()}
+        for (addr, port), free in nf.ports_free.items():
+            holder = None if free else procfs.listener_of(port)
+            if holder is not None:
+                nf.port_holders[(addr, port)] = (holder[0], procfs.title(holder[0]))
         nf.outputs["mem"] = read_local_meminfo(spec.node)
         return nf
 
