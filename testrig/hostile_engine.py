@@ -8,7 +8,7 @@ arguments). What it does comes from HOSTILE_TREE, a comma list:
   every command line, not through the tracking under test):
   ``group`` (its own process group, as SGLang's workers were seen in CI), ``deaf`` (ignores SIGTERM),
   ``orphan`` (double fork: re-parented away from the engine at once), ``setsid`` (a session of its own: only a cgroup
-  holds it), ``port`` (listens on HOSTILE_PORT, as ``sglang::scheduler_TP0`` held 26000);
+  holds it), ``port`` (listens on HOSTILE_ADDR:HOSTILE_PORT, as ``sglang::scheduler_TP0`` held 26000);
 * how the main process ends: ``main-exits`` (it exits 1 after starting them: a failed boot), ``main-deaf`` (it
   ignores SIGTERM), else it serves until signalled.
 """
@@ -29,7 +29,7 @@ CHILD = {
                "'import time\\nwhile True: time.sleep(1)', 'orphaned', *sys.argv[1:]])"),
     "setsid": "import os, time\nos.setsid()\nwhile True: time.sleep(1)",
     "port": ("import os, socket, time\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-             "s.bind(('127.0.0.1', int(os.environ['HOSTILE_PORT']))); s.listen()\nwhile True: time.sleep(1)"),
+             "s.bind((os.environ.get('HOSTILE_ADDR', '127.0.0.1'), int(os.environ['HOSTILE_PORT']))); s.listen()\nwhile True: time.sleep(1)"),
 }
 CHILD_KINDS = tuple(CHILD)
 MAIN_ENDS = ("main-exits", "main-deaf", "main-serves")
@@ -55,7 +55,7 @@ def main() -> int:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", int(os.environ["HOSTILE_PORT"]))) == 0:
+                if s.connect_ex((os.environ.get("HOSTILE_ADDR", "127.0.0.1"), int(os.environ["HOSTILE_PORT"]))) == 0:
                     break
             time.sleep(0.05)
     print(f"hostile engine {os.getpid()}: children started: {','.join(kinds)}", flush=True)

@@ -202,6 +202,17 @@ def cgroup_parent(state_key: str) -> Path | None:
     return path
 
 
+def cgroups_writable() -> bool:
+    """This user may make engine cgroups here (probed by making and removing one)."""
+    probe = f"probe-{os.getpid()}-{time.monotonic_ns()}"
+    path = cgroup_parent(probe)
+    if path is None:
+        return False
+    with contextlib.suppress(OSError):
+        path.rmdir()
+    return True
+
+
 def new_cgroup(state_key: str, deployment: str, rank: int) -> Path | None:
     """A fresh cgroup for one engine of `deployment` rank `rank` (None where none can be made). Its name carries the
     deployment, the rank and a unique suffix, so `leftover_cgroups` can say whose it was."""

@@ -372,7 +372,7 @@ class ProcessRuntime:
                 nf.engine_error = str(exc)
         nf.ports_free = {(addr, port): local_port_free(addr, port) for addr, port, _ in spec.listen_ports()}
         for (addr, port), free in nf.ports_free.items():
-            holder = None if free else procfs.listener_of(port)
+            holder = None if free else procfs.listener_of(port, addr)
             if holder is not None:
                 nf.port_holders[(addr, port)] = (holder[0], procfs.title(holder[0]))
         nf.outputs["mem"] = read_local_meminfo(spec.node)

@@ -199,8 +199,20 @@ def processes_naming(text: str) -> list[int]:
     return out
 
 
-def _listen_inodes(port: int) -> set[str]:
-    """Socket inodes of TCP listeners (state 0A) on `port`, any address, from /proc/net/tcp and tcp6."""
+def _ipv4_hex(address: str) -> str | None:
+    """An IPv4 address as /proc/net/tcp writes it (host byte order on little-endian machines: 127.0.0.1 -> 0100007F)."""
+    import socket
+    import struct
+    try:
+        return "%08X" % struct.unpack("=I", socket.inet_aton(address))[0]
+    except OSError:
+        return None
+
+
+def _listen_inodes(port: int, address: str | None = None) -> set[str]:
+    """Socket inodes of TCP listeners (state 0A) on `port` from /proc/net/tcp and tcp6: on any address, or only
+    those that take `address` (bound to it, or to every address)."""
+    wanted = None if address is None else {_ipv4_hex(address), "00000000", "0" * 32}
     inodes: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -209,15 +221,16 @@ def _listen_inodes(port: int) -> set[str]:
             continue
         for line in lines:
             f = line.split()
-            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port \
+                    and (wanted is None or f[1].rsplit(":", 1)[0] in wanted):
                 inodes.add(f[9])
     return inodes
 
 
-def listener_of(port: int) -> tuple[int, list[str]] | None:
+def listener_of(port: int, address: str | None = None) -> tuple[int, list[str]] | None:
     """(pid, command line) of a process of this user's that listens on TCP `port` here, or None (nobody, or a
     process whose descriptors this user cannot read): names who holds a port in an error message."""
-    inodes = _listen_inodes(port)
+    inodes = _listen_inodes(port, address)
     if not inodes:
         return None
     wanted = {f"socket:[{i}]" for i in inodes}
