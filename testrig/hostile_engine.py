@@ -29,7 +29,8 @@ CHILD = {
                "'import time\\nwhile True: time.sleep(1)', 'orphaned', *sys.argv[1:]])"),
     "setsid": "import os, time\nos.setsid()\nwhile True: time.sleep(1)",
     "port": ("import os, socket, time\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-             "s.bind((os.environ.get('HOSTILE_ADDR', '127.0.0.1'), int(os.environ['HOSTILE_PORT']))); s.listen()\nwhile True: time.sleep(1)"),
+             "s.bind((os.environ.get('HOSTILE_ADDR', '127.0.0.1'), int(os.environ['HOSTILE_PORT'])))\n"
+             "s.listen()\nwhile True: time.sleep(1)"),
 }
 CHILD_KINDS = tuple(CHILD)
 MAIN_ENDS = ("main-exits", "main-deaf", "main-serves")

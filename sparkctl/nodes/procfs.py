@@ -204,7 +204,7 @@ def _ipv4_hex(address: str) -> str | None:
     import socket
     import struct
     try:
-        return "%08X" % struct.unpack("=I", socket.inet_aton(address))[0]
+        return f"{struct.unpack('=I', socket.inet_aton(address))[0]:08X}"
     except OSError:
         return None
 
