@@ -95,7 +95,7 @@ class EngineGroup:
         """The session id still names our engine's session: not 0 (the kernel's), and not recycled (Linux reuses no
         PID that is a live session's id, so a process `leader` that started at another time means ours has no
         member left and the id leads a stranger's session now)."""
-        if self.leader <= 0:
+        if self.leader <= 1:             # the kernel's (0) or init's (1) session: never an engine's
             return False
         now = procfs.start_ticks(self.leader)
         return now is None or self.leader_ticks is None or now == self.leader_ticks
@@ -103,7 +103,7 @@ class EngineGroup:
     def _tree(self) -> list[int]:
         """The leader and every process below it, while the leader is ours: the log pipe is a child subreaper, so
         an engine's orphan (a double fork, a setsid-ed worker whose parent died) is re-parented to it."""
-        if self.leader <= 0 or not procfs.running(self.leader, self.leader_ticks):
+        if self.leader <= 1 or not procfs.running(self.leader, self.leader_ticks):
             return []
         return [self.leader, *procfs.descendants(self.leader)]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from sparkctl.nodes import procfs
+from sparkctl.nodes.enginegroup import EngineGroup
 from sparkctl.nodes.environ import helper_env
 from sparkctl.router import RouterError, strip_colour
 from sparkctl.router.spec import MODULE, RouterSpec
@@ -103,23 +104,19 @@ class RouterProcess:
                           where=str(self.log_path), evidence=_tail(self.log_path))
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM to the router's process group (its session: the launcher and nothing else), SIGKILL at the bound."""
-        if not self.alive():
-            self._reap()
-            return
-        try:
-            os.killpg(self.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            if not self.alive():
-                break
-            self._reap()
-            time.sleep(0.05)
-        else:
+        """SIGTERM to the router's process group, SIGKILL at the bound to every process of its session (the
+        launcher and whatever it started, re-parented or not: sparkctl.nodes.enginegroup); returns once none
+        remains."""
+        group = EngineGroup(self.pid, self.ticks)
+        if self.alive():
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGKILL)
+                os.killpg(self.pid, signal.SIGTERM)
+        elif self.ticks is None:        # an unproven record: nothing is signalled
+            self._reap()
+            return
+        left = group.wait_gone(timeout_s, reap=self._reap)
+        if left:
+            group.kill(reap=self._reap)
         self._reap()
 
     def _reap(self) -> None:
