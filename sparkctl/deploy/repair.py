@@ -12,7 +12,9 @@ What it does, shown first and done only once confirmed:
   loads becomes active again; one whose record was damaged gets a new record rebuilt from its engines and
   its profile (the profile name is part of the deployment id), with status ``recovered`` (it serves, but no
   gate verified it: not a rollback target). Engines whose profile cannot be loaded are left running and
-  named (`sparkctl down` stops them: it finds engines on the nodes, not in the ledger).
+  named (`sparkctl down` stops them: it finds engines on the nodes, not in the ledger);
+* processes that outlived their engine (deploy/observe.py `leftovers`: a scheduler whose launcher died) are
+  stopped: nothing of them serves, and they hold the rank's ports and memory.
 """
 from __future__ import annotations
 
@@ -22,11 +24,12 @@ from pathlib import Path
 
 from sparkctl.config.profile import load_profile
 from sparkctl.deploy.cluster import Cluster
-from sparkctl.deploy.observe import Engine, observe
+from sparkctl.deploy.observe import Engine, leftovers, observe, stop_leftovers
 from sparkctl.deploy.plan import launch_identity
 from sparkctl.deploy.steps import boundary
 from sparkctl.errors import SparkctlError
 from sparkctl.jsontypes import JSONObject
+from sparkctl.nodes.enginegroup import Leftover
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, Status
 from sparkctl.statefiles import write_json_atomic
@@ -44,10 +47,11 @@ class RepairPlan:
     rebuilt: DeploymentRecord | None = None
     notes: list[str] = field(default_factory=list)
     index_changed: bool = False
+    leftovers: list[Leftover] = field(default_factory=list)          # processes that outlived their engine
 
     @property
     def changes(self) -> bool:
-        return bool(self.damaged or self.dropped or self.rebuilt or self.index_changed
+        return bool(self.damaged or self.dropped or self.rebuilt or self.index_changed or self.leftovers
                     or self.active != self.active_before)
 
     def lines(self) -> list[str]:
@@ -62,6 +66,7 @@ class RepairPlan:
             out.append(f"active deployment: {self.active_before or 'none'} -> {self.active or 'none'}")
         elif self.index_changed:
             out.append(f"rewrite cluster.json (history of {len(self.history)}, active {self.active or 'none'})")
+        out += [f"stop leftover processes of {lo.describe()} (they outlived their engine)" for lo in self.leftovers]
         return out + [f"note: {n}" for n in self.notes]
 
     def as_dict(self) -> JSONObject:
@@ -229,6 +234,7 @@ def plan_repair(d: Cluster) -> RepairPlan:
     order = {i: n for n, i in enumerate(old_history)}
     plan.history.sort(key=lambda i: (order.get(i, len(order)), i))   # ids start with their UTC time
     plan.active = active
+    plan.leftovers = leftovers(d)
     plan.index_changed = index is None or plan.history != old_history or active != plan.active_before
     if index is None and not plan.history and not plan.damaged:
         plan.index_changed = False
@@ -253,3 +259,5 @@ def apply_repair(d: Cluster, plan: RepairPlan) -> None:
     if plan.index_changed or plan.damaged or plan.dropped:
         write_json_atomic(ledger.index_path, {"active": ledger.active_id(), "history": plan.history})
     boundary("repair", "index", "after")
+    if plan.leftovers:
+        stop_leftovers(d, plan.leftovers)

@@ -272,9 +272,13 @@ class Leftover:
         return left
 
 
+PIPE_MODULE = "sparkctl.nodes.logpipe"
+
+
 def leftover_cgroups(state_key: str) -> list[Leftover]:
-    """Engine cgroups of this state directory that still hold processes: the caller decides which are leftovers
-    (those of no engine it knows to be running)."""
+    """Engine cgroups of this state directory whose log pipe is gone but which still hold processes. A cgroup
+    whose pipe runs is a running engine, recorded or not (a record may be damaged: `repair` rebuilds it from what
+    runs), never a leftover; empty ones are removed."""
     mount = cgroup2_mount()
     if mount is None:
         return []
@@ -290,8 +294,8 @@ def leftover_cgroups(state_key: str) -> list[Leftover]:
             continue
         group = EngineGroup(0, None, str(leaf))
         members = group.members()
-        if members:
-            out.append(Leftover(m.group("deployment"), int(m.group("rank")), group, tuple(members)))
-        else:
+        if not members:
             group.release()
+        elif not any(PIPE_MODULE in procfs.cmdline(p.pid) for p in members):
+            out.append(Leftover(m.group("deployment"), int(m.group("rank")), group, tuple(members)))
     return out

@@ -93,3 +93,13 @@ def test_the_next_up_settles_a_leftover_holding_its_port_and_deploys(cli, leftov
     assert "stopped leftover processes of rank 0 of dep-left" in err, err
     assert json.loads(out)["outcome"] == "deployed", out
     assert not _marked(mark)
+
+
+def test_repair_shows_and_stops_a_leftover(cli, leftover):
+    mark, _ = leftover
+    code, _, err = cli("repair")                  # no terminal, no --yes: shows, changes nothing
+    assert code == 1 and "stop leftover processes of rank 0 of dep-left" in err, err
+    assert _marked(mark)
+    code, _, err = cli("repair", "--yes")
+    assert code == 0 and "stopped leftover processes of rank 0 of dep-left" in err, err
+    assert not _marked(mark)
