@@ -21,6 +21,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sparkctl.nodes.handles import ProcessHandle
+    from sparkctl.nodes.process import ProcessRuntime
 
 CHILD = {
     "group": "import time\nwhile True: time.sleep(1)",
@@ -43,6 +48,20 @@ def install(directory: Path) -> Path:
                     f"runpy.run_path({str(Path(__file__))!r}, run_name='__main__')\n")
     path.chmod(0o755)
     return path
+
+
+def kill_pipe(runtime: ProcessRuntime, handle: ProcessHandle, timeout_s: float = 10.0) -> None:
+    """SIGKILL a rank's log pipe, as the OOM killer would (its engine dies with it; the engine's children do not),
+    and wait until it is gone and reaped. `runtime`: the ProcessRuntime that started `handle`."""
+    from sparkctl.nodes import procfs
+    pid, ticks = handle.pid, handle.start_ticks
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while procfs.running(pid, ticks):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"log pipe {pid} still runs {timeout_s:g} s after SIGKILL")
+        time.sleep(0.02)
+    runtime._reap(handle)
 
 
 def main() -> int:

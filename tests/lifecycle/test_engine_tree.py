@@ -122,12 +122,7 @@ def test_no_process_of_an_engine_outlives_it(hostile, kind, end):
         assert not _marked(mark), "the pipe exited but the engine's children live on"
         assert "stopped" in Path(handle.log).read_text() and "processes it left" in Path(handle.log).read_text()
     elif end == "pipe-killed":
-        os.kill(handle.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while procfs.running(handle.pid, handle.start_ticks):
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        rt._reap(handle)
+        hostile_engine.kill_pipe(rt, handle)
         left = rt.leftovers([handle])           # what `status`, preflight and doctor name
         assert left and left[0].deployment == "dep-h" and left[0].rank == handle.rank, left
         assert "rank" in left[0].describe() and "dep-h" in left[0].describe()
@@ -152,12 +147,7 @@ def test_a_cgroup_names_a_leftover_that_no_record_knows(hostile):
             pytest.fail("no writable cgroup v2 under CI=true")
         pytest.skip("no writable cgroup v2 here")
     rt, handle, mark, _ = hostile(["group", "setsid", "main-serves"])
-    os.kill(handle.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while procfs.running(handle.pid, handle.start_ticks):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    rt._reap(handle)
+    hostile_engine.kill_pipe(rt, handle)
     left = rt.leftovers([])
     assert [(lo.deployment, lo.rank) for lo in left] == [("dep-h", handle.rank)], left
     assert left[0].stop() == []

@@ -53,11 +53,7 @@ def leftover(local_cluster, tmp_path, monkeypatch):
     while len(_marked(mark)) < 2:
         assert time.monotonic() < deadline, "the hostile engine's children never started"
         time.sleep(0.05)
-    os.kill(handle.pid, signal.SIGKILL)            # the pipe dies; the engine with it; its children do not
-    while procfs.running(handle.pid, handle.start_ticks):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    rt._reap(handle)
+    hostile_engine.kill_pipe(rt, handle)          # the pipe dies; the engine with it; its children do not
     assert _marked(mark), "nothing was left over: the test makes no leftover"
     yield mark, port
     for pid in _marked(mark):
