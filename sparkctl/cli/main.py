@@ -152,6 +152,12 @@ def _dispatch(argv: list[str] | None) -> int:
             else:                                   # a bare TyperException has only its message
                 print(f"Error: {exc.format_message()}", file=sys.stderr)
             return int(getattr(exc, "exit_code", 2) or 2)
+        if isinstance(exc, ModuleNotFoundError):   # an optional extra not installed, imported outside sparkctl/
+            from sparkctl.extras import missing_extra
+            known = missing_extra(exc, "this command")
+            if known is not None:
+                print(f"sparkctl: {known.render()}", file=sys.stderr)
+                return known.exit_code
         try:
             where = f"traceback written to {_write_debug_log(traceback.format_exc())}"
         except (OSError, SparkctlError):
