@@ -1,0 +1,116 @@
+"""Issue 31 item 8: a missing optional extra is named with the command that installs it, never an internal error,
+and usage errors print as text whatever click prints them.
+
+In-process here (an extra made missing with ``sys.modules[name] = None``, which makes its import raise
+ModuleNotFoundError as an absent package does); tests/install/test_wheel.py runs the same table from a real install
+without the extras, and tests/install/test_typer_range.py the usage cases under each typer of the pinned range.
+"""
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from sparkctl.extras import EXTRAS, MODULES
+from testrig import usage_cases
+
+REPO = Path(__file__).resolve().parents[2]
+SPARKS = str(REPO / "inventory" / "sparks.example.yml")
+
+# extra -> the commands that need it (argv after `sparkctl`); "{replicated}" is a profile of two replicas, which on
+# the embedded cluster runs the router on this machine. tests/install/test_wheel.py runs the same table.
+NEEDS: dict[str, list[list[str]]] = {
+    "nodes": [[*cmd, "--inventory", SPARKS] for cmd in (
+        ["preflight", "-p", "d5"], ["up", "-p", "d5", "--yes"], ["down", "--yes"], ["status"], ["logs"],
+        ["doctor"], ["repair", "--yes"], ["rollback", "--to", "d5", "--yes"], ["bench"], ["tune", "-p", "d5"],
+        ["watch"], ["image", "ls"], ["image", "prune"], ["image", "build", "-p", "d5"],
+        ["image", "verify", "-p", "d5"])],
+    "prepare": [["prepare", "--inventory", SPARKS], ["facts", "--inventory", SPARKS]],
+    "router": [["up", "-p", "{replicated}", "--yes"]],
+    "watch": [["watch", "--metrics-port", "9977"]],
+}
+NEEDS_CASES = [(extra, argv) for extra, argvs in NEEDS.items() for argv in argvs]
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def test_extras_are_pyprojects_and_each_is_exercised():
+    extras = {k: tuple(v) for k, v in _pyproject()["project"]["optional-dependencies"].items() if k != "test"}
+    assert extras == EXTRAS, "sparkctl/extras.py's EXTRAS must list pyproject.toml's extras as written"
+    assert set(MODULES.values()) == set(EXTRAS) == set(NEEDS)
+
+
+def _extra_imports(tree: ast.AST) -> list[tuple[int, str, str | None]]:
+    """(line, module, the extra of the enclosing `with needed(EXTRA, ...)` or None) of every import of an extra's
+    module outside `if TYPE_CHECKING:`."""
+    found: list[tuple[int, str, str | None]] = []
+
+    def visit(node: ast.AST, extra: str | None) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child, extra)
+            return
+        if isinstance(node, ast.With):
+            for item in node.items:
+                call = item.context_expr
+                if (isinstance(call, ast.Call) and ast.unparse(call.func).endswith("needed") and call.args
+                        and isinstance(call.args[0], ast.Constant)):
+                    extra = str(call.args[0].value)
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found.extend((node.lineno, n, extra) for n in names if n.split(".")[0] in MODULES)
+        for child in ast.iter_child_nodes(node):
+            visit(child, extra)
+    visit(tree, None)
+    return found
+
+
+def test_every_import_of_an_extras_package_is_inside_needed_for_that_extra():
+    base = {r.split(">")[0].split("=")[0].split("<")[0].strip().lower().replace("-", "_")
+            for r in _pyproject()["project"]["dependencies"]}
+    seen, wrong = 0, []
+    for path in sorted((REPO / "sparkctl").rglob("*.py")):
+        for line, module, extra in _extra_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            top = module.split(".")[0]
+            if top in base:        # also a base dependency (prometheus_client): always installed
+                continue
+            seen += 1
+            if extra != MODULES[top]:
+                inside = f" (inside needed({extra!r}))" if extra else ""
+                wrong.append(f"{path.relative_to(REPO)}:{line}: import {module} outside "
+                             f"`with needed({MODULES[top]!r}, ...)`{inside}")
+    assert seen >= 6, seen           # paramiko x3, fabric, ansible_runner x2: the reader still finds them
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize(("extra", "argv"), NEEDS_CASES, ids=[f"{e}:{' '.join(a[:3])}" for e, a in NEEDS_CASES])
+def test_a_missing_extra_is_named_with_its_install_command(cli, state_dir, profiles_dir, monkeypatch, extra, argv):
+    from testrig.embedded import write_replicated_profile
+    write_replicated_profile(profiles_dir / "two.yml", 8)
+    for module, of in MODULES.items():
+        if of == extra:
+            monkeypatch.setitem(__import__("sys").modules, module, None)   # import raises ModuleNotFoundError
+    code, out, err = cli(*[a.replace("{replicated}", "two") for a in argv])
+    assert code == 2, (code, err)
+    assert "internal error" not in err and "Traceback" not in err
+    assert f"needs the optional `{extra}` extra" in err, err
+    assert f"pip install 'sparkctl[{extra}]'" in err and "pipx inject sparkctl '" in err, err
+    assert not (state_dir / "desk" / "deployments").exists() or extra != "nodes"   # nothing was started
+
+
+@pytest.mark.parametrize("case", usage_cases.cases(), ids=lambda c: c.id)
+def test_usage_errors_and_help_are_text(case):
+    code, out, err = usage_cases.run(case)
+    assert usage_cases.problems(case, code, out, err) == []
+
+
+def test_the_usage_cases_cover_every_command_and_kind():
+    cases = usage_cases.cases()
+    kinds = {c.kind for c in cases}
+    assert {"help", "unknown-option", "missing", "bad-number", "unknown-command", "did-you-mean"} <= kinds
+    helped = {c.argv[:-1] for c in cases if c.kind == "help"}
+    assert {("up",), ("image", "plan"), ("bench", "diff"), ()} <= helped and len(helped) >= 25, sorted(helped)
