@@ -71,6 +71,8 @@ def _value_kind(param: Any) -> str | None:
     ptype = getattr(param, "type", None)
     if getattr(ptype, "choices", None):
         return "choice"
+    if getattr(getattr(ptype, "func", None), "__module__", "") == "sparkctl.cli.bounds":   # parser=bounds.seconds()
+        return "number"
     return "number" if getattr(ptype, "name", "") in ("integer", "float", "integer range", "float range") else None
 
 

@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 
 import typer
+from typer._click.exceptions import ClickException  # typer >= 0.26 carries its own click
 
 from sparkctl.cli import (
     bench_cmds,
@@ -121,6 +122,11 @@ def _run(argv: list[str] | None) -> int:
         sys.stdout, sys.stderr = saved
 
 
+# click's usage errors as typer carries them: ClickException in typer 0.26-0.28, a TyperException (its base) from
+# 0.29; typer.TyperException does not exist before 0.29 (tests/install/test_typer_range.py runs both ends).
+_USAGE_ERRORS: tuple[type[Exception], ...] = (ClickException, getattr(typer, "TyperException", ClickException))
+
+
 def _dispatch(argv: list[str] | None) -> int:
     from sparkctl.cli import signals
     from sparkctl.errors import SparkctlError
@@ -145,12 +151,12 @@ def _dispatch(argv: list[str] | None) -> int:
         if isinstance(exc, typer.Abort):
             print("sparkctl: aborted", file=sys.stderr)
             return 1
-        if isinstance(exc, typer.TyperException):  # usage errors: bad option, missing argument
+        if isinstance(exc, _USAGE_ERRORS):          # usage errors: bad option, missing argument
             show = getattr(exc, "show", None)       # typer's click exceptions print the usage and "Error: ..."
             if callable(show):
                 show()
             else:                                   # a bare TyperException has only its message
-                print(f"Error: {exc.format_message()}", file=sys.stderr)
+                print(f"Error: {getattr(exc, 'message', exc)}", file=sys.stderr)
             return int(getattr(exc, "exit_code", 2) or 2)
         if isinstance(exc, ModuleNotFoundError):   # an optional extra not installed, imported outside sparkctl/
             from sparkctl.extras import missing_extra
