@@ -9,7 +9,7 @@ exit code.
 
 `python -m testrig.usage_cases` runs every case in-process against the sparkctl it imports, over real text streams
 (a TextIOWrapper over bytes, as a terminal's are), and prints one JSON line: the typer and click versions and each
-case's problems. tests/install/test_cli_text.py runs it in a venv per typer release of the pinned range.
+case's problems. tests/install/test_typer_range.py runs it in a venv per typer release of the pinned range.
 """
 from __future__ import annotations
 
@@ -19,7 +19,24 @@ import json
 import sys
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SPARKS = str(REPO / "inventory" / "sparks.example.yml")
+# extra -> the commands that need it (argv after `sparkctl`); "{replicated}" is a profile of two replicas, which on
+# the embedded cluster runs the router on this machine. tests/unit/test_extras.py runs it in-process,
+# tests/install/test_wheel.py from an install without the extras.
+NEEDS: dict[str, list[list[str]]] = {
+    "nodes": [[*cmd, "--inventory", SPARKS] for cmd in (
+        ["preflight", "-p", "d5"], ["up", "-p", "d5", "--yes"], ["down", "--yes"], ["status"], ["logs"],
+        ["doctor"], ["repair", "--yes"], ["rollback", "--to", "d5", "--yes"], ["bench"], ["tune", "-p", "d5"],
+        ["watch"], ["image", "ls"], ["image", "prune"], ["image", "build", "-p", "d5"],
+        ["image", "verify", "-p", "d5"])],
+    "prepare": [["prepare", "--inventory", SPARKS], ["facts", "--inventory", SPARKS]],
+    "router": [["up", "-p", "{replicated}", "--yes"]],
+    "watch": [["watch", "--metrics-port", "9977"]],
+}
 
 
 @dataclass(frozen=True)

@@ -15,22 +15,10 @@ import pytest
 
 from sparkctl.extras import EXTRAS, MODULES
 from testrig import usage_cases
+from testrig.usage_cases import NEEDS
 
 REPO = Path(__file__).resolve().parents[2]
-SPARKS = str(REPO / "inventory" / "sparks.example.yml")
 
-# extra -> the commands that need it (argv after `sparkctl`); "{replicated}" is a profile of two replicas, which on
-# the embedded cluster runs the router on this machine. tests/install/test_wheel.py runs the same table.
-NEEDS: dict[str, list[list[str]]] = {
-    "nodes": [[*cmd, "--inventory", SPARKS] for cmd in (
-        ["preflight", "-p", "d5"], ["up", "-p", "d5", "--yes"], ["down", "--yes"], ["status"], ["logs"],
-        ["doctor"], ["repair", "--yes"], ["rollback", "--to", "d5", "--yes"], ["bench"], ["tune", "-p", "d5"],
-        ["watch"], ["image", "ls"], ["image", "prune"], ["image", "build", "-p", "d5"],
-        ["image", "verify", "-p", "d5"])],
-    "prepare": [["prepare", "--inventory", SPARKS], ["facts", "--inventory", SPARKS]],
-    "router": [["up", "-p", "{replicated}", "--yes"]],
-    "watch": [["watch", "--metrics-port", "9977"]],
-}
 NEEDS_CASES = [(extra, argv) for extra, argvs in NEEDS.items() for argv in argvs]
 
 
