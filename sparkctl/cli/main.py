@@ -108,7 +108,11 @@ def _run(argv: list[str] | None) -> int:
     from sparkctl.deploy import progress
     from sparkctl.untrusted import GuardedStream
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = GuardedStream(saved[0]), GuardedStream(saved[1])
+    # a stream the caller closed (`2>&-`) is None in Python, and print(file=None) writes to stdout: it becomes
+    # /dev/null, so an error never lands in stdout (a script's JSON) and nothing fails writing to None
+    sinks = [open(os.devnull, "w", encoding="utf-8") for s in saved if s is None]  # noqa: SIM115 - closed below
+    spare = iter(sinks)
+    sys.stdout, sys.stderr = (GuardedStream(s if s is not None else next(spare)) for s in saved)
     try:
         return _dispatch(argv)
     finally:
@@ -120,6 +124,8 @@ def _run(argv: list[str] | None) -> int:
         except (OSError, ValueError):
             pass
         sys.stdout, sys.stderr = saved
+        for sink in sinks:
+            sink.close()
 
 
 # click's usage errors as typer carries them: ClickException in typer 0.26-0.28, a TyperException (its base) from

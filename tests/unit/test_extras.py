@@ -102,3 +102,20 @@ def test_the_usage_cases_cover_every_command_and_kind():
     assert {"help", "unknown-option", "missing", "bad-number", "unknown-command", "did-you-mean"} <= kinds
     helped = {c.argv[:-1] for c in cases if c.kind == "help"}
     assert {("up",), ("image", "plan"), ("bench", "diff"), ()} <= helped and len(helped) >= 25, sorted(helped)
+
+
+@pytest.mark.parametrize("closed", [1, 2], ids=["stdout-closed", "stderr-closed"])
+@pytest.mark.parametrize(("argv", "code"), [(["statu"], 2), (["--help"], 0), (["render", "-p", "no-such"], 2),
+                                            (["render", "-p", "d5", "--json"], 0)])
+def test_a_closed_stream_is_not_an_internal_error_and_errors_never_reach_stdout(tmp_path, closed, argv, code):
+    """`sparkctl ... 2>&-` (Python then has sys.stderr None, and print(file=None) writes to stdout)."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "SPARKCTL_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "-m", "sparkctl", *argv], capture_output=True, text=True, timeout=60,
+                         env=env, cwd=tmp_path, preexec_fn=lambda: os.close(closed), check=False)
+    assert res.returncode == code, res
+    assert "sparkctl: internal error" not in res.stdout + res.stderr and "Traceback" not in res.stdout + res.stderr, res
+    if closed == 2:
+        assert "Error" not in res.stdout and "no profile named" not in res.stdout, res.stdout
