@@ -47,6 +47,15 @@ def missing_error(extra: str, what: str, missing: str) -> MissingExtraError:
                              f"here ({missing})", extra=extra, hint=install_hint(extra))
 
 
+def broken_error(extra: str, what: str, missing: str) -> MissingExtraError:
+    """`extra`'s packages are there but one they import is not (`missing`): a damaged install, which a plain
+    `pip install` leaves as it is (already satisfied)."""
+    return MissingExtraError(f"{what} needs the optional `{extra}` extra, which is incomplete here: its packages "
+                             f"import {missing!r}, which is not installed", extra=extra,
+                             hint=f"pip install --force-reinstall 'sparkctl[{extra}]' (into {sys.prefix}, the "
+                                  f"environment sparkctl runs from)")
+
+
 @contextmanager
 def needed(extra: str, what: str) -> Iterator[None]:
     """Imports of `extra`'s packages for `what` (e.g. "SSH to the nodes"): a ModuleNotFoundError inside (the
@@ -56,7 +65,10 @@ def needed(extra: str, what: str) -> Iterator[None]:
     try:
         yield
     except ModuleNotFoundError as exc:
-        raise missing_error(extra, what, f"no module named {exc.name or str(exc)!r}") from None
+        name = exc.name or str(exc)
+        if MODULES.get(name.split(".")[0]) == extra:
+            raise missing_error(extra, what, f"no module named {name!r}") from None
+        raise broken_error(extra, what, name) from None
 
 
 def require(extra: str, what: str) -> None:

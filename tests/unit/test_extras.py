@@ -15,7 +15,7 @@ import pytest
 
 from sparkctl.extras import EXTRAS, MODULES
 from testrig import usage_cases
-from testrig.usage_cases import NEEDS
+from testrig.usage_cases import NEEDS, SPARKS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -119,3 +119,18 @@ def test_a_closed_stream_is_not_an_internal_error_and_errors_never_reach_stdout(
     assert "sparkctl: internal error" not in res.stdout + res.stderr and "Traceback" not in res.stdout + res.stderr, res
     if closed == 2:
         assert "Error" not in res.stdout and "no profile named" not in res.stdout, res.stdout
+
+
+@pytest.mark.parametrize("dependency", ["cryptography", "invoke"])
+@pytest.mark.parametrize("argv", [["preflight", "-p", "d5"], ["status"], ["image", "ls"]])
+def test_an_extra_whose_own_dependency_is_missing_says_reinstall(cli, state_dir, monkeypatch, dependency, argv):
+    """paramiko and fabric are there (so `require` passes) but what they import is not: a damaged install, said
+    once as such (exit 2), never one node's failed check or an internal error."""
+    import sys
+    for name in [m for m in sys.modules if m.split(".")[0] in ("paramiko", "fabric", dependency)]:
+        monkeypatch.delitem(sys.modules, name)                  # imported afresh, so the missing one is met
+    monkeypatch.setitem(sys.modules, dependency, None)
+    code, out, err = cli(*argv, "--inventory", SPARKS)
+    assert code == 2, err
+    assert "needs the optional `nodes` extra, which is incomplete here" in err and f"import '{dependency}" in err, err
+    assert "pip install --force-reinstall 'sparkctl[nodes]'" in err and "preflight:" not in err, err
