@@ -64,6 +64,16 @@ class ConfigError(SparkctlError):
     exit_code = 2
 
 
+class MissingExtraError(ConfigError):
+    """An optional extra of sparkctl (pyproject.toml: `nodes`, `prepare`, `router`, `watch`) that this command
+    needs is not installed; `extra` names it and the hint gives the command that installs it (exit 2: the request
+    cannot be done by this installation as it is; nothing was changed)."""
+
+    def __init__(self, message: str, *, extra: str, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.extra = extra
+
+
 class OutputPathError(ConfigError):
     """A path the user named for an output (``--chart``, ``--out``, the tuned profile's directory) cannot take it
     as given: a directory, not writable, or an existing file without ``--force`` (exit 2, like a bad flag)."""

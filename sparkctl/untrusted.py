@@ -103,8 +103,11 @@ class GuardedStream(io.TextIOBase):
         self._col = 0                   # characters of the current line already written
 
     def write(self, s: str) -> int:
+        """Text only, as the stream it stands for: bytes raise TypeError like ``sys.stderr.write(b"")`` does.
+        Libraries probe a stream that way to find out whether it is binary (click's ``_is_binary_writer``, typer's
+        own copy of it): a stream that took ``b""`` as text printed every usage error as ``b'...'`` reprs."""
         if not isinstance(s, str):
-            s = str(s)
+            raise TypeError(f"write() argument must be str, not {type(s).__name__}")
         out = []
         for k, part in enumerate(s.split("\n")):
             if k:

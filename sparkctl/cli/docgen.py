@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-import typer._click as click  # typer >= 0.20 carries its own click: its commands are of these types
+import typer._click as click  # typer >= 0.26 carries its own click: its commands are of these types
 from typer.core import TyperGroup
 
 from sparkctl.jsontypes import JSONObject

@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 
 import typer
+from typer._click.exceptions import ClickException  # typer >= 0.26 carries its own click
 
 from sparkctl.cli import (
     bench_cmds,
@@ -107,7 +108,11 @@ def _run(argv: list[str] | None) -> int:
     from sparkctl.deploy import progress
     from sparkctl.untrusted import GuardedStream
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = GuardedStream(saved[0]), GuardedStream(saved[1])
+    # a stream the caller closed (`2>&-`) is None in Python, and print(file=None) writes to stdout: it becomes
+    # /dev/null, so an error never lands in stdout (a script's JSON) and nothing fails writing to None
+    sinks = [open(os.devnull, "w", encoding="utf-8") for s in saved if s is None]  # noqa: SIM115 - closed below
+    spare = iter(sinks)
+    sys.stdout, sys.stderr = (GuardedStream(s if s is not None else next(spare)) for s in saved)
     try:
         return _dispatch(argv)
     finally:
@@ -119,6 +124,13 @@ def _run(argv: list[str] | None) -> int:
         except (OSError, ValueError):
             pass
         sys.stdout, sys.stderr = saved
+        for sink in sinks:
+            sink.close()
+
+
+# click's usage errors as typer carries them: ClickException in typer 0.26-0.28, a TyperException (its base) from
+# 0.29; typer.TyperException does not exist before 0.29 (tests/install/test_typer_range.py runs both ends).
+_USAGE_ERRORS: tuple[type[Exception], ...] = (ClickException, getattr(typer, "TyperException", ClickException))
 
 
 def _dispatch(argv: list[str] | None) -> int:
@@ -145,13 +157,19 @@ def _dispatch(argv: list[str] | None) -> int:
         if isinstance(exc, typer.Abort):
             print("sparkctl: aborted", file=sys.stderr)
             return 1
-        if isinstance(exc, typer.TyperException):  # usage errors: bad option, missing argument
+        if isinstance(exc, _USAGE_ERRORS):          # usage errors: bad option, missing argument
             show = getattr(exc, "show", None)       # typer's click exceptions print the usage and "Error: ..."
             if callable(show):
                 show()
             else:                                   # a bare TyperException has only its message
-                print(f"Error: {exc.format_message()}", file=sys.stderr)
+                print(f"Error: {getattr(exc, 'message', exc)}", file=sys.stderr)
             return int(getattr(exc, "exit_code", 2) or 2)
+        if isinstance(exc, ModuleNotFoundError):   # an optional extra not installed, imported outside sparkctl/
+            from sparkctl.extras import missing_extra
+            known = missing_extra(exc, "this command")
+            if known is not None:
+                print(f"sparkctl: {known.render()}", file=sys.stderr)
+                return known.exit_code
         try:
             where = f"traceback written to {_write_debug_log(traceback.format_exc())}"
         except (OSError, SparkctlError):

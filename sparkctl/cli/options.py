@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from typer._click.core import Context, Parameter  # typer >= 0.20 carries its own click
+from typer._click.core import Context, Parameter  # typer >= 0.26 carries its own click
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 EXIT_CODES = ("Exit codes: 0 ok, 1 cancelled at the prompt, 2 bad profile/inventory/flag or a request that cannot "

@@ -17,6 +17,7 @@ from sparkctl.config.profile import Profile
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.runtimes import Runtimes, embedded_notice
 from sparkctl.errors import LedgerError
+from sparkctl.extras import require
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.launch import LaunchSpec, RankSpec
@@ -42,6 +43,9 @@ class Cluster:
     """One cluster's context. The ledger and the reporter are the cluster's, shared by every layer above."""
 
     def __init__(self, inventory: Inventory, reporter: Reporter | None = None, ledger: Ledger | None = None) -> None:
+        ssh = [n.name for n in inventory.nodes if n.ssh.connection == "ssh"]
+        if ssh:   # said before anything is looked at or changed, not as each node's failure (nodes/fanout.py)
+            require("nodes", f"reaching {', '.join(ssh)} over SSH")
         self.inventory = inventory
         self.reporter = reporter or Reporter(quiet=True)
         self.ledger = ledger or Ledger.for_cluster(inventory.cluster.name)

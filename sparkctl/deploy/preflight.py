@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sparkctl.deploy.fanout import fan_out, raise_first
-from sparkctl.errors import PreflightError, SparkctlError
+from sparkctl.errors import MissingExtraError, PreflightError, SparkctlError
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.state.records import CheckResult
 
@@ -43,6 +43,8 @@ def _safe(fn: Callable[[LaunchSpec], list[CheckResult]]) -> Callable[[LaunchSpec
     def run(spec: LaunchSpec) -> list[CheckResult]:
         try:
             return fn(spec)
+        except MissingExtraError:      # this installation's, not the node's: said once, exit 2
+            raise
         except SparkctlError as exc:
             return [CheckResult.failing(spec.node, "preflight", exc.message, exc.hint or "see the message")]
     return run

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from sparkctl.errors import NodeError
+from sparkctl.errors import MissingExtraError, NodeError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -68,11 +68,11 @@ def fan_out(items: Iterable[T], fn: Callable[[T], R], *, max_workers: int | None
         except BaseException as exc:  # noqa: BLE001 - kept, and re-raised by the caller (raise_first)
             return Outcome(item, None, exc)
     if len(items) == 1:
-        return [one(items[0])]
+        return _no_missing_extra([one(items[0])])
     with ThreadPoolExecutor(max_workers=max_workers or len(items), thread_name_prefix="sparkctl-fan-out") as pool:
         futures = [pool.submit(one, item) for item in items]
         try:
-            return [f.result() for f in futures]
+            return _no_missing_extra([f.result() for f in futures])
         except KeyboardInterrupt as exc:
             with lock:
                 for ident, inside in running.items():
@@ -81,6 +81,16 @@ def fan_out(items: Iterable[T], fn: Callable[[T], R], *, max_workers: int | None
             for f in futures:       # each worker's own cleanup; a second signal exits at once (cli.signals)
                 f.exception()
             raise
+
+
+def _no_missing_extra(outcomes: list[Outcome[T, R]]) -> list[Outcome[T, R]]:
+    """The outcomes, unless a call failed for want of an optional extra (MissingExtraError): that is this
+    installation's, not a node's, so it is raised (after every call finished) rather than kept as one node's failure
+    that a caller tolerating unreachable nodes would pass over ("could not look ... once it answers")."""
+    for o in outcomes:
+        if isinstance(o.error, MissingExtraError):
+            raise o.error
+    return outcomes
 
 
 def _raise_in(ident: int, exc: KeyboardInterrupt) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkctl.errors import NodeError
+from sparkctl.extras import needed
 
 if TYPE_CHECKING:
     import paramiko
@@ -48,7 +49,8 @@ _KNOWN_HOSTS_LOCK = threading.Lock()
 
 def missing_key_policy(kind: str, node: str, path: Path) -> paramiko.MissingHostKeyPolicy:
     """What to do with a host not in known_hosts: ``accept-new`` (append its key) or ``pinned`` (refuse)."""
-    import paramiko
+    with needed("nodes", f"SSH to node {node}"):
+        import paramiko
 
     class AcceptNew(paramiko.MissingHostKeyPolicy):
         """Unknown host: trust on first contact and append the key to known_hosts (never rewrite the file)."""

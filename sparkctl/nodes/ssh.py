@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 from sparkctl.errors import CommandFailed, NodeError
+from sparkctl.extras import needed
 from sparkctl.nodes.fanout import fan_out, raise_first
 from sparkctl.nodes.hostkeys import fingerprint, host_key_name, key_type, known_hosts_path, missing_key_policy
 from sparkctl.sglang.launch import redact
@@ -128,8 +129,9 @@ class SSHConnector:
             return self._conn
 
     def _open(self) -> Connection:
-        import paramiko
-        from fabric import Config, Connection
+        with needed("nodes", f"SSH to node {self.node.name}"):
+            import paramiko
+            from fabric import Config, Connection
 
         s = self.node.ssh
         policy = self.cluster.host_key_policy if self.cluster else "accept-new"
@@ -280,7 +282,8 @@ class SSHConnector:
         complete stdout line (bytes, without the newline) as it arrives, and the unterminated rest at the end."""
         import select
 
-        import paramiko
+        with needed("nodes", f"SSH to node {self.node.name}"):
+            import paramiko
 
         transport = conn.transport
         if transport is None or not transport.is_active():

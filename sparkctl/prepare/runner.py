@@ -29,6 +29,7 @@ from pathlib import Path
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.errors import ConfigError, NodeError
+from sparkctl.extras import missing_error, needed
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.environ import allowed
 from sparkctl.resources import shipped
@@ -194,11 +195,8 @@ def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: li
     if inv.embedded:
         raise ConfigError("prepare needs real nodes: the embedded local cluster is this machine",
                           where=inv.path, hint="point --inventory (or SPARKCTL_INVENTORY) at your Sparks' inventory")
-    try:
+    with needed("prepare", f"the {playbook} playbook"):
         import ansible_runner  # noqa: F401 - only whether it is installed; _run imports it for use
-    except ImportError:
-        raise ConfigError("ansible-runner is not installed", hint="pip install 'sparkctl[prepare]' "
-                          "(ansible-core + ansible-runner; bin/_bootstrap installs them)") from None
     bindir = str(Path(_ansible_playbook()).parent)
     base = state_dir(inv)
     private_dir(base)
@@ -235,7 +233,8 @@ def run_playbook(inv: Inventory, playbook: str, *, check: bool = False, tags: li
         return True
 
     passwords = {r"^BECOME password.*:\s*?$": become_password} if become_password is not None else {}
-    from ansible_runner.interface import init_runner
+    with needed("prepare", f"the {playbook} playbook"):
+        from ansible_runner.interface import init_runner
 
     old_umask = os.umask(0o077)
     try:
@@ -311,7 +310,7 @@ def _ansible_playbook() -> str:
     here = Path(sys.executable).parent / "ansible-playbook"
     found = str(here) if here.exists() else shutil.which("ansible-playbook")
     if not found:
-        raise ConfigError("ansible-playbook not found", hint="pip install 'sparkctl[prepare]' (ansible-core)")
+        raise missing_error("prepare", "the prepare playbooks", f"no ansible-playbook in {here.parent} or on PATH")
     return found
 
 

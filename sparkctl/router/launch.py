@@ -40,11 +40,17 @@ def _container_side(inventory: Inventory) -> bool:
     return inventory.rank0.runtime == "docker"
 
 
+ROUTER_HERE = "the router in front of the replicas (run on this machine for the embedded cluster)"
+
+
 def check_ports(inventory: Inventory, spec: RouterSpec) -> None:
-    """The router's ports are free where it will run, or RouterError naming who holds them (on the embedded
-    cluster; on Sparks the router container's own bind fails and its start says so)."""
+    """The router can start where it will run, before anything boots: on the embedded cluster its ports are free
+    (else RouterError naming who holds them) and the `router` extra is installed (else MissingExtraError); on
+    Sparks the router container's own bind fails and its start says so."""
     if not _container_side(inventory):
+        from sparkctl.extras import require
         from sparkctl.router.process import ports_free
+        require("router", ROUTER_HERE)
         ports_free(spec)
 
 
@@ -62,7 +68,9 @@ def start_router(inventory: Inventory, spec: RouterSpec, *, image: str | None, l
                               hint="set sparkctl_engine_image in the inventory or image.ref in the profile")
         return RouterContainer.start(spec, connector_for(inventory, node), node=node.name,
                                      cluster=inventory.cluster.name, image=image, ready_timeout_s=ready_timeout_s)
+    from sparkctl.extras import require
     from sparkctl.router.process import RouterProcess
+    require("router", ROUTER_HERE)
     return RouterProcess.start(spec, log_path, ready_timeout_s=ready_timeout_s)
 
 

@@ -21,21 +21,17 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from sparkctl.errors import ConfigError
+from sparkctl.extras import needed
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Inventory, Node
     from sparkctl.deploy.cluster import Cluster
     from sparkctl.watch.desired import Desired, Verdict
 
-EXTRA_HINT = 'install the `watch` extra: pip install "sparkctl[watch]" (or pipx inject sparkctl prometheus_client)'
-
 
 def require_prometheus() -> ModuleType:
-    try:
+    with needed("watch", "--metrics-port"):
         import prometheus_client
-    except ImportError:
-        raise ConfigError("--metrics-port needs prometheus_client, which is not installed", where="--metrics-port",
-                          hint=EXTRA_HINT) from None
     return prometheus_client
 
 

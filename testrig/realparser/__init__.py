@@ -41,6 +41,8 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from email.parser import Parser as _EmailParser
 from pathlib import Path
@@ -149,21 +151,48 @@ def ensure_sglang_venv(version: str) -> Path:
     without its marker (an interrupted build) is deleted and rebuilt.
     Raises RealParserUnavailable with the reason when it cannot be built.
     """
-    from filelock import FileLock, Timeout
-
     venv = venvs_root() / version
     if (venv / MARKER).is_file() and not _missing_seeds(version):
         return venv
+    with build_lock(venv, f"the sglang=={version} venv"):
+        if not (venv / MARKER).is_file():
+            _build_venv(version, venv)
+        elif _missing_seeds(version):
+            _top_up(version, venv)
+    return venv
+
+
+@contextmanager
+def build_lock(venv: Path, what: str) -> Iterator[None]:
+    """Held while `venv` is built: ``<parent>/<name>.lock``, waited for up to LOCK_TIMEOUT_S."""
+    from filelock import FileLock, Timeout
+
     venv.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with FileLock(str(venv.parent / f"{version}.lock"), timeout=LOCK_TIMEOUT_S):
-            if not (venv / MARKER).is_file():
-                _build_venv(version, venv)
-            elif _missing_seeds(version):
-                _top_up(version, venv)
+        with FileLock(str(venv.parent / f"{venv.name}.lock"), timeout=LOCK_TIMEOUT_S):
+            yield
     except Timeout as exc:
-        raise RealParserUnavailable(f"another process has been building the sglang=={version} venv "
-                                    f"for over {LOCK_TIMEOUT_S:.0f}s", where=str(venv)) from exc
+        raise RealParserUnavailable(f"another process has been building {what} for over {LOCK_TIMEOUT_S:.0f}s",
+                                    where=str(venv)) from exc
+
+
+def cached_venv(venv: Path, what: str, requirements: list[str]) -> Path:
+    """A plain venv at `venv` holding `requirements` (pip resolves the rest), built once as the sglang venvs are:
+    under `build_lock`, an incomplete one (no marker) removed first, the marker (pip freeze, build seconds)
+    written last. The caller keys `venv`'s name by everything that goes in (e.g. a version and a hash)."""
+    if (venv / MARKER).is_file():
+        return venv
+    with build_lock(venv, what):
+        if not (venv / MARKER).is_file():
+            started = time.monotonic()
+            if venv.exists():
+                shutil.rmtree(venv)
+            _run([shutil.which(PYTHON) or "python3", "-m", "venv", str(venv)], what="create the venv")
+            vpy = str(venv / "bin" / "python")
+            _pip(vpy, "install", *requirements)
+            write_json_atomic(venv / MARKER, {"requirements": requirements, "build_seconds":
+                                              round(time.monotonic() - started, 1), "pip_freeze":
+                                              _run([vpy, "-m", "pip", "freeze", "--all"], what="pip freeze").split()})
     return venv
 
 

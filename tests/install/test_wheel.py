@@ -114,3 +114,40 @@ def test_installed_wheel_deploys_d5_from_an_empty_directory(installed: dict[str,
     after = _run([exe, "status", "--json"], timeout=60, env=env, cwd=cwd)
     assert after.returncode == 0 and json.loads(after.stdout)["active"] is None, after.stdout
     assert list(cwd.iterdir()) == []   # nothing written into the user's working directory
+
+
+def _extras_installed(installed: dict[str, Path], env: dict[str, str]) -> set[str]:
+    from sparkctl.extras import MODULES
+    probe = _run([str(installed["python"]), "-c", "import importlib.util as u, sys; print(' '.join(m for m in "
+                  "sys.argv[1:] if u.find_spec(m) is not None))", *MODULES], timeout=60, env=env, cwd=installed["cwd"])
+    assert probe.returncode == 0, probe.stderr
+    return {MODULES[m] for m in probe.stdout.split()}
+
+
+def test_installed_without_extras_names_each_missing_extra_for_every_command_that_needs_it(
+        installed: dict[str, Path], tmp_path: Path):
+    """`pip install sparkctl` (the wheel, no extras): every command that needs an extra says which and how to
+    install it (exit 2), never an internal error (issue 31: `preflight` on SSH nodes was exit 70 for paramiko)."""
+    from testrig.embedded import write_replicated_profile
+    from testrig.usage_cases import NEEDS
+    env, exe = _clean_env(installed), str(installed["sparkctl"])
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    write_replicated_profile(profiles / "two.yml", 8)
+    env |= {"SPARKCTL_PROFILES_DIR": str(profiles), "SPARKCTL_STATE_DIR": str(tmp_path / "state")}
+    present = _extras_installed(installed, env)
+    assert present == {"watch"}, present     # prometheus_client is also a base dependency; the others are extras
+    ran = 0
+    for extra, argvs in NEEDS.items():
+        if extra in present:
+            continue
+        for argv in argvs:
+            res = _run([exe, *(a.replace("{replicated}", "two") for a in argv)], timeout=120, env=env,
+                       cwd=installed["cwd"])
+            ran += 1
+            where = f"sparkctl {' '.join(argv)}: exit {res.returncode}\n{res.stderr}"
+            assert res.returncode == 2, where
+            assert "internal error" not in res.stderr and "Traceback" not in res.stderr, where
+            assert f"needs the optional `{extra}` extra" in res.stderr, where
+            assert f"pip install 'sparkctl[{extra}]'" in res.stderr and "pipx inject sparkctl '" in res.stderr, where
+    assert ran == sum(len(v) for k, v in NEEDS.items() if k not in present)

@@ -89,7 +89,8 @@ def test_metrics_without_prometheus_client_name_the_extra():
             "sys.exit(main(['watch', '--metrics-port', '0']))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
-    assert "prometheus_client, which is not installed" in done.stderr and 'sparkctl[watch]' in done.stderr
+    assert "needs the optional `watch` extra (prometheus_client), which is not installed" in done.stderr
+    assert "pip install 'sparkctl[watch]'" in done.stderr
 
 
 def test_webhook_gets_restarts_and_carries_no_secret(cli, local_cluster, watcher, monkeypatch):
