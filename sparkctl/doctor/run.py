@@ -26,28 +26,29 @@ if TYPE_CHECKING:
     from sparkctl.deploy.cluster import Cluster
 
 
-def _finish(got: Collected, rec: DeploymentRecord | None, bundle: Path | None) -> DoctorReport:
+def _finish(got: Collected, rec: DeploymentRecord | None, bundle: Path | None, force: bool = False) -> DoctorReport:
     secrets = secret_values(rec)
     for t in got.texts:     # a --log file may hold what sparkctl's own logs never do: redacted before any output
         t.text = redact(t.text, secrets)
     report = report_of(got, rec)
     if bundle is not None:
-        write_bundle(bundle, bundle_data(report, got, rec, secrets))
+        write_bundle(bundle, bundle_data(report, got, rec, secrets), force=force)
         report.bundle = str(bundle)
     return report
 
 
-def doctor_files(paths: list[Path], *, bundle: Path | None = None) -> DoctorReport:
-    """Match the catalogue in `paths` (the last 8 MiB of each); ConfigError for a directory or unreadable file."""
-    return _finish(collect_files(paths), None, bundle)
+def doctor_files(paths: list[Path], *, bundle: Path | None = None, force: bool = False) -> DoctorReport:
+    """Match the catalogue in `paths` (the last 8 MiB of each); ConfigError for a directory or unreadable file.
+    `force`: an existing `bundle` file is replaced."""
+    return _finish(collect_files(paths), None, bundle, force)
 
 
 def doctor_deployment(cluster: Cluster, *, dep_id: str | None = None, bundle: Path | None = None,
-                      kernel_log: bool = True) -> DoctorReport | None:
+                      kernel_log: bool = True, force: bool = False) -> DoctorReport | None:
     """Match the catalogue in what a deployment left: `dep_id`, else the active one when unhealthy, else the newest
     failed, cancelled or interrupted one (a bundle asked for: else the newest). None when nothing is to diagnose."""
     rec = pick_deployment(cluster.ledger, health_of=cluster.health_of, dep_id=dep_id, any_record=bundle is not None)
     if rec is None:
         return None
     got = collect_deployment(rec, cluster.ledger, cluster.runtimes(rec.id), kernel_log=kernel_log)
-    return _finish(got, rec, bundle)
+    return _finish(got, rec, bundle, force)
