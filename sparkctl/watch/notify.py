@@ -96,18 +96,22 @@ def mask_urls(text: str) -> str:
 
 
 def check_url(url: str, *, option: str = "--notify") -> str:
+    """An http(s) URL with a host and a valid port, without spaces or control characters; ConfigError naming
+    `option` otherwise. The value is shown (masked) only when it came from the command line: a file's or a
+    variable's content is never echoed (it may be a mistyped secret)."""
+    shown = f"{option} {shown_url(url)!r}" if option == "--notify" else "the URL it holds"
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{option} {shown_url(url)!r} is not an http(s) URL", where=option,
+        raise ConfigError(f"{shown} is not an http(s) URL", where=option,
                           hint="give the webhook's full address, e.g. https://hooks.example.com/sparkctl")
     if any(ord(c) < 0x21 or ord(c) == 0x7f for c in url):
-        raise ConfigError(f"{option} {shown_url(url)!r} holds a space or a control character", where=option,
+        raise ConfigError(f"{shown} holds a space or a control character", where=option,
                           hint="percent-encode it (%20) or remove it")
     try:
         _ = parts.port
     except ValueError:
-        raise ConfigError(f"{option} {shown_url(url)!r} has a bad port", where=option,
-                          hint="a port is a number from 1 to 65535") from None
+        raise ConfigError(f"{shown} has a bad port", where=option, hint="a port is a number from 1 to 65535") \
+            from None
     return url
 
 
@@ -143,7 +147,7 @@ def read_url_file(path: str) -> str:
     if not lines:
         raise ConfigError(f"--notify-file {p} is empty", where="--notify-file",
                           hint="write the webhook's URL on its first line")
-    url = check_url(lines[0], option="--notify-file")
+    url = check_url(lines[0], option=f"--notify-file {p}")
     if url_credentials(url) and stat.S_IMODE(st.st_mode) & 0o077:
         raise ConfigError(f"--notify-file {p} holds a URL with credentials and other users may read it "
                           f"(mode {stat.S_IMODE(st.st_mode):04o})", where="--notify-file",
@@ -161,7 +165,7 @@ def read_url_env(name: str, environ: dict[str, str] | None = None) -> str:
         raise ConfigError(f"--notify-env {name}: the variable is not set (or empty) here", where="--notify-env",
                           hint=f"export {name}=https://... before running sparkctl watch; for the systemd unit, "
                                "put it in the unit's EnvironmentFile (docs/watch.md)")
-    return check_url(value, option="--notify-env")
+    return check_url(value, option=f"--notify-env {name}")
 
 
 def secret_values(extra_env: tuple[str, ...] = ()) -> set[str]:
