@@ -11,6 +11,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -157,6 +158,67 @@ def test_the_unit_runs_what_the_installer_resolved_from_an_empty_environment(cli
     assert proc.returncode in (0, 143), proc.stderr.read() if proc.stderr else ""
 
 
+LOOKUPS = ["--inventory relative", "SPARKCTL_INVENTORY relative", "./inventory/sparks.yml",
+           "$XDG_CONFIG_HOME/sparkctl/inventory/sparks.yml", "the embedded cluster"]
+
+
+@pytest.mark.parametrize("state", ["SPARKCTL_STATE_DIR relative", "XDG_STATE_HOME relative", "HOME default"])
+@pytest.mark.parametrize("lookup", LOOKUPS)
+def test_each_lookup_of_the_inventory_and_the_state_directory_reaches_the_unit_absolute(
+        cli, local_cluster, tmp_path, monkeypatch, lookup, state):
+    """Whichever documented lookup found the inventory and the state directory, the unit names them absolute, and
+    sparkctl run with only the unit's argv and environment resolves the same two paths."""
+    from sparkctl.config.inventory import resolve_inventory
+    from sparkctl.resources import shipped
+    from sparkctl.statefiles import default_state_root
+
+    work = tmp_path / "work"
+    (work / "rel").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("SPARKCTL_INVENTORY")
+    for name in ("SPARKCTL_STATE_DIR", "XDG_STATE_HOME", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    args: list[str] = []
+    expected = str(work / "rel" / "inv.yml")
+    shutil.copy(local_cluster, expected)
+    if lookup == "--inventory relative":
+        args = ["--inventory", "rel/inv.yml"]
+    elif lookup == "SPARKCTL_INVENTORY relative":
+        monkeypatch.setenv("SPARKCTL_INVENTORY", "rel/inv.yml")
+    elif lookup == "./inventory/sparks.yml":
+        (work / "inventory").mkdir()
+        expected = str(work / "inventory" / "sparks.yml")
+        shutil.copy(local_cluster, expected)
+    elif lookup.startswith("$XDG_CONFIG_HOME"):
+        (tmp_path / "cfg" / "sparkctl" / "inventory").mkdir(parents=True)
+        expected = str(tmp_path / "cfg" / "sparkctl" / "inventory" / "sparks.yml")
+        shutil.copy(local_cluster, expected)
+    else:
+        expected = str(shipped("inventory", "local.yml"))
+    if state == "SPARKCTL_STATE_DIR relative":
+        monkeypatch.setenv("SPARKCTL_STATE_DIR", "st")
+    elif state == "XDG_STATE_HOME relative":
+        monkeypatch.setenv("XDG_STATE_HOME", "xs")
+    mine = (os.path.abspath(resolve_inventory(args[1] if args else None).path), str(default_state_root().absolute()))
+    assert mine[0] == expected
+    path, _ = _install(cli, tmp_path / "units", *args)
+    unit = read_unit(path)
+    at = unit.argv.index("watch")
+    assert unit.argv[at + 1:at + 3] == ["--inventory", expected]
+    assert unit.environment["SPARKCTL_STATE_DIR"] == mine[1] and os.path.isabs(mine[1])
+    assert unit.environment["XDG_CONFIG_HOME"] == str(tmp_path / "cfg")
+    probe = ("import os, sys; from sparkctl.config.inventory import resolve_inventory; "
+             "from sparkctl.statefiles import default_state_root; i = resolve_inventory(sys.argv[1]); "
+             "print(os.path.abspath(i.path)); print(default_state_root().absolute()); print(i.embedded)")
+    done = subprocess.run([sys.executable, "-c", probe, unit.argv[at + 2]], env=dict(unit.environment),
+                          cwd=unit.working_directory, capture_output=True, text=True, timeout=60,
+                          )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == [mine[0], mine[1], str(lookup == "the embedded cluster")]
+
+
 # --- escaping, per kind of line --------------------------------------------------------------------------------
 _TEXT = st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=40)
 
@@ -267,6 +329,16 @@ def test_a_url_file_goes_into_the_unit_by_path_and_a_variable_by_name(cli, local
     monkeypatch.delenv("HOOK_URL")
     code, _, err = cli("watch", "--install", "--unit-dir", str(tmp_path / "w"), "--notify-env", "HOOK_URL")
     assert code == 2 and "HOOK_URL: the variable is not set" in err
+
+
+def test_a_mistyped_url_in_a_file_or_a_variable_is_never_echoed(cli, local_cluster, tmp_path, monkeypatch):
+    url_file = tmp_path / "hook.url"
+    url_file.write_text(f"htps://u:{SECRET}@hooks.example/x\n")
+    url_file.chmod(0o600)
+    monkeypatch.setenv("HOOK_URL", f"hooks.example/x?token={SECRET}")
+    for args in (["--notify-file", str(url_file)], ["--notify-env", "HOOK_URL"]):
+        code, out, err = cli("watch", *args)
+        assert code == 2 and "is not an http(s) URL" in err and SECRET not in out + err, err
 
 
 def test_reinstalling_needs_force_and_keeps_the_users_mode(cli, local_cluster, tmp_path):
