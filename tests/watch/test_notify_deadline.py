@@ -225,3 +225,24 @@ def test_nothing_listening_is_one_line_at_once():
     assert Notifier(_url(port), timeout_s=5).send({"event": "restart"}, Reporter(out, live=False)) is False
     assert time.monotonic() - t0 < 2 and "ConnectionRefusedError" in out.getvalue()
     assert PASSWORD not in out.getvalue() and TOKEN not in out.getvalue()
+
+
+@pytest.mark.parametrize("name", ["hang-in-handshake", "trickle-in-handshake"])
+def test_a_hostile_https_hook_costs_at_most_the_deadline_in_the_tls_handshake(name):
+    """https: the handshake is inside the deadline too (a server that never answers the ClientHello, or answers a
+    TLS record header one byte at a time)."""
+    def behaviour(conn, delay, stop, other):
+        conn.recv(65536)                                    # the ClientHello
+        if name == "hang-in-handshake":
+            stop.wait(30)
+        else:                                               # a handshake record that never completes
+            _drip(conn, b"\x16\x03\x03\x40\x00" + b"\x02" * 16000, 0.05, stop)
+
+    out = io.StringIO()
+    with hostile(behaviour, 0.05) as (port, _):
+        t0 = time.monotonic()
+        ok = Notifier(f"https://127.0.0.1:{port}/hook/{TOKEN}", timeout_s=0.8).send({"event": "restart"},
+                                                                                   Reporter(out, live=False))
+        took = time.monotonic() - t0
+    assert ok is False and took <= 0.8 + SLACK, (took, out.getvalue())
+    assert "deadline" in out.getvalue() and TOKEN not in out.getvalue()
