@@ -57,6 +57,7 @@ def register(app: typer.Typer) -> None:
                                                              "unhealthy, else the newest failed one)."),
                bundle: Path | None = typer.Option(None, "--bundle", metavar="FILE",
                                                      help="Also write a redacted support bundle (one JSON file)."),
+               force: bool = flag("--force", help="Replace an existing --bundle file."),
                no_kernel_log: bool = flag("--no-kernel-log", help="Do not read the nodes' kernel logs (dmesg)."),
                list_: bool = flag("--list", help="Print the catalogue of known failure signatures and exit."),
                inventory: str | None = typer.Option(None, "--inventory", "-i",
@@ -67,19 +68,25 @@ def register(app: typer.Typer) -> None:
         source of each.
 
         Exit 0 when no known failure signature was found (or nothing failed), 8 when one was (or processes of an
-        engine outlived it); 2 for a --log or
-        --bundle that is a directory, an unreadable --log, an unknown --deployment."""
+        engine outlived it); 2 for a --log or --bundle that is a directory, a link or an existing file (without
+        --force), an unreadable --log, an unknown --deployment."""
         from sparkctl.errors import ConfigError
 
         if list_:
             _list()
             return
+        if force and bundle is None:
+            raise ConfigError("--force goes with --bundle (it replaces an existing bundle file)",
+                              hint="sparkctl doctor --bundle FILE --force")
+        if bundle is not None:              # refused before anything is read, as the writer would refuse it
+            from sparkctl.userfiles import check_user_target
+            check_user_target(bundle, overwrite=force, option="--bundle")
         if log and deployment:
             raise ConfigError("--log and --deployment name different things to read: give one of them",
                               hint="sparkctl doctor --log FILE, or sparkctl doctor --deployment ID")
         if log:
             from sparkctl.doctor.run import doctor_files
-            report = doctor_files(list(log), bundle=bundle)
+            report = doctor_files(list(log), bundle=bundle, force=force)
         else:
             from sparkctl.cli.deploy_cmds import _deployer
             from sparkctl.deploy.door import deployed
@@ -89,7 +96,8 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError("the cluster runs a replicated deployment: the doctor reads one group's ledger",
                                   hint="save a replica's log (sparkctl logs --replica I --rank N --tail 0 > r.log) "
                                        "and run sparkctl doctor --log r.log")
-            found = doctor_deployment(d.cluster, dep_id=deployment, bundle=bundle, kernel_log=not no_kernel_log)
+            found = doctor_deployment(d.cluster, dep_id=deployment, bundle=bundle, kernel_log=not no_kernel_log,
+                                      force=force)
             if found is None:
                 msg = "nothing to diagnose: no failed, cancelled or interrupted deployment, and the active one (if " \
                       "any) is healthy"

@@ -1,6 +1,8 @@
 """`sparkctl watch`: the supervisor of one cluster (sparkctl/watch/), and its systemd unit (--install/--uninstall)."""
 from __future__ import annotations
 
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,24 +14,35 @@ from sparkctl.cli.deploy_cmds import INVENTORY_OPT, _deployer
 from sparkctl.cli.options import flag
 
 
-def _carried(inventory: str | None, opts: dict[str, Any]) -> list[str]:
-    """The options a unit's `sparkctl watch` runs with: the inventory (absolute) and every option given."""
-    args = ["watch"]
-    if inventory:
-        args += ["--inventory", str(Path(inventory).expanduser().resolve())]
+def _carried(inventory_path: str, opts: dict[str, Any]) -> list[str]:
+    """The options a unit's `sparkctl watch` runs with: the inventory the installer resolved (absolute, whichever
+    lookup found it) and every option given (a --notify-file path made absolute)."""
+    args = ["watch", "--inventory", os.path.abspath(inventory_path)]
     for name, value in opts.items():
-        if value is not None:
-            args += [name, f"{value:g}" if isinstance(value, float) else str(value)]
+        if value is None:
+            continue
+        if name == "--notify-file":
+            value = os.path.abspath(os.path.expanduser(str(value)))
+        args += [name, f"{value:g}" if isinstance(value, float) else str(value)]
     return args
 
 
+def _defines(env_file: Path, name: str) -> bool:
+    try:
+        text = env_file.read_text(errors="replace")
+    except OSError:
+        return False
+    return any(re.match(rf"\s*{re.escape(name)}\s*=", ln) for ln in text.splitlines())
+
+
 def _install(inventory: str | None, opts: dict[str, Any], *, system: bool, uninstall: bool,
-             unit_dir: str | None) -> None:
+             unit_dir: str | None, force: bool) -> None:
     from sparkctl.config.inventory import resolve_inventory
     from sparkctl.watch import systemd
 
     scope: systemd.Scope = "system" if system else "user"
-    name = systemd.unit_name(resolve_inventory(inventory).cluster.name)
+    inv = resolve_inventory(inventory)
+    name = systemd.unit_name(inv.cluster.name)
     directory = Path(unit_dir) if unit_dir else systemd.unit_dir(scope)
     if uninstall:
         removed = systemd.uninstall(directory, name)
@@ -37,12 +50,36 @@ def _install(inventory: str | None, opts: dict[str, Any], *, system: bool, unins
         for step in systemd.next_steps(scope, name, installed=False):
             print(f"next: {step}")
         return
-    argv = systemd.sparkctl_argv() + _carried(inventory, opts)
-    cluster = name.removeprefix("sparkctl-watch-").removesuffix(".service")
-    path = systemd.install(systemd.unit_text(argv, cluster, scope=scope), directory, name)
+    inputs = systemd.resolved_inputs(systemd.sparkctl_argv() + _carried(inv.path, opts))
+    text = systemd.unit_text(inputs, inv.cluster.name, scope=scope)
+    path = systemd.install(text, directory, name, force=force)
     print(f"wrote {path}")
+    secrets = systemd.secrets_file(scope)
+    var = opts.get("--notify-env")
+    if var and not _defines(secrets, str(var)):
+        print(f"next: put {var}=<the webhook URL> in {secrets} (chmod 600): the unit reads it from there, never "
+              "from its ExecStart")
     for step in systemd.next_steps(scope, name, installed=True):
         print(f"next: {step}")
+
+
+def _notify_url(notify: str | None, notify_file: str | None, notify_env: str | None) -> str | None:
+    """The webhook URL from the one place it was given (module notify: a URL with credentials never from argv)."""
+    from sparkctl.errors import ConfigError
+    from sparkctl.watch import notify as hook
+
+    given = [n for n, v in (("--notify", notify), ("--notify-file", notify_file), ("--notify-env", notify_env))
+             if v is not None]
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)} each name the webhook: give one of them",
+                          hint="--notify URL (no credentials in it), --notify-file PATH or --notify-env VAR")
+    if notify is not None:
+        return hook.check_argv_url(notify)
+    if notify_file is not None:
+        return hook.read_url_file(notify_file)
+    if notify_env is not None:
+        return hook.read_url_env(notify_env)
+    return None
 
 
 def register(app: typer.Typer) -> None:
@@ -69,7 +106,16 @@ def register(app: typer.Typer) -> None:
                                                help="Address the metrics are served on."),
               notify: str | None = typer.Option(None, "--notify", metavar="URL",
                                                    help="POST a JSON event to this webhook on each restart and "
-                                                        "give-up (no secrets in it)."),
+                                                        "give-up (no secrets in it). A URL with credentials (user, "
+                                                        "password, query, token in its path) is refused here: use "
+                                                        "--notify-file or --notify-env."),
+              notify_file: str | None = typer.Option(None, "--notify-file", metavar="PATH",
+                                                        help="Read the webhook URL from this file (its first line; "
+                                                             "0600 when it holds credentials)."),
+              notify_env: str | None = typer.Option(None, "--notify-env", metavar="VAR",
+                                                       help="Read the webhook URL from this environment variable "
+                                                            "(for the unit: set in its EnvironmentFile)."),
+              force: bool = flag("--force", help="With --install: replace an existing unit file."),
               install: bool = flag("--install", help="Write a systemd unit that runs this watcher (with these "
                                                       "options) instead of running it."),
               uninstall: bool = flag("--uninstall", help="Remove the systemd unit."),
@@ -93,9 +139,10 @@ def register(app: typer.Typer) -> None:
         if (user or system or unit_dir) and not (install or uninstall):
             raise ConfigError("--user/--system/--unit-dir go with --install or --uninstall",
                               hint="sparkctl watch --install --user")
-        if notify is not None:
-            from sparkctl.watch.notify import check_url
-            check_url(notify)
+        if force and not install:
+            raise ConfigError("--force goes with --install (it replaces an existing unit file)",
+                              hint="sparkctl watch --install --force")
+        url = _notify_url(notify, notify_file, notify_env)
         if metrics_port is not None:
             from sparkctl.watch.metrics import require_prometheus
             require_prometheus()
@@ -104,10 +151,11 @@ def register(app: typer.Typer) -> None:
                                  "--max-failures": max_failures, "--window": window, "--boot-timeout": boot_timeout,
                                  "--metrics-port": metrics_port,
                                  "--metrics-addr": metrics_addr if metrics_port is not None else None,
-                                 "--notify": notify}, system=system, uninstall=uninstall, unit_dir=unit_dir)
+                                 "--notify": notify, "--notify-file": notify_file, "--notify-env": notify_env},
+                     system=system, uninstall=uninstall, unit_dir=unit_dir, force=force)
             return
         _run(inventory, interval, backoff, backoff_max, max_failures, window, boot_timeout, metrics_port,
-             metrics_addr, notify)
+             metrics_addr, url)
 
 
 def _run(inventory: str | None, interval: float, backoff: float, backoff_max: float, max_failures: int,

@@ -376,14 +376,21 @@ def _inventory_error(exc: ValidationError, where: str, nodes: list[JSONObject]) 
 
 def resolve_inventory(explicit: str | None) -> Inventory:
     """--inventory > SPARKCTL_INVENTORY > ./inventory/sparks.yml > ~/.config/sparkctl/inventory/sparks.yml >
-    the embedded local cluster (shipped)."""
-    if explicit:
-        return load_inventory(Path(explicit))
-    env = os.environ.get("SPARKCTL_INVENTORY")
-    if env:
-        return load_inventory(Path(env))
+    the embedded local cluster (shipped). The shipped file named by path is the embedded cluster too (a systemd
+    unit names it with --inventory: sparkctl.watch.systemd)."""
+    for given in (explicit, os.environ.get("SPARKCTL_INVENTORY")):
+        if given:
+            return load_inventory(Path(given), embedded=_is_embedded_file(given))
     for base in user_dirs():
         real = base / "inventory" / "sparks.yml"
         if real.is_file():
             return load_inventory(real)
     return load_inventory(shipped("inventory", "local.yml"), embedded=True)
+
+
+def _is_embedded_file(path: str) -> bool:
+    from sparkctl.errors import SparkctlError
+    try:
+        return os.path.realpath(path) == os.path.realpath(shipped("inventory", "local.yml"))
+    except SparkctlError:             # no shipped data here: whatever the path is, it is not the embedded file
+        return False

@@ -10,8 +10,12 @@ Redaction: the record's argv and env were stored redacted (LaunchSpec.redacted);
 redaction rule) with the values of the environment variables that hold secrets here (the profile's api_key_env and
 hf_token_env, and SECRET_ENV's) plus its ServerArgs field rule (``api_key='...'``).
 
-The path is the user's: written as given (never a directory, never its parent created or chmod-ed); a new file is
-created 0600 (it holds logs), an existing one keeps its mode.
+URLs: every http(s) URL in the bundle is shown as the webhook's URL is (`sparkctl.watch.notify.shown_url`:
+credentials, query string and token-like path segments as ``***``).
+
+The path is the user's, written through `sparkctl.userfiles` (never a directory, never through a link, never its
+parent created or chmod-ed; an existing file only with ``--force``); a new file is created 0600 (it holds logs and
+a deployment's details), an existing one keeps its mode.
 """
 from __future__ import annotations
 
@@ -23,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.doctor.collect import Collected, DoctorReport
-from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.launch import REDACTED, SECRET_ENV, SECRET_OPTIONS, redact, redact_argv
 from sparkctl.state.ledger import now_iso
 from sparkctl.state.records import DeploymentRecord
+from sparkctl.watch.notify import mask_urls
 
 SCHEMA = "sparkctl-doctor-bundle/1"
 TAIL_LINES = 200
@@ -47,11 +51,11 @@ def secret_values(rec: DeploymentRecord | None, environ: dict[str, str] | None =
 
 def _scrub(value: object, secrets: set[str]) -> Any:
     if isinstance(value, str):
-        return redact(value, secrets)
+        return mask_urls(redact(value, secrets))
     if isinstance(value, list):
         return [_scrub(v, secrets) for v in value]
     if isinstance(value, dict):
-        return {redact(str(k), secrets): _scrub(v, secrets) for k, v in value.items()}
+        return {mask_urls(redact(str(k), secrets)): _scrub(v, secrets) for k, v in value.items()}
     return value
 
 
@@ -93,27 +97,10 @@ def bundle_data(report: DoctorReport, got: Collected, rec: DeploymentRecord | No
     return _scrub(data, secrets)
 
 
-def write_bundle(path: Path, data: JSONObject) -> Path:
-    """Write the bundle at `path` exactly (module doc); ConfigError (exit 2) when it is a directory or cannot be
-    written."""
-    if path.is_dir():
-        raise ConfigError(f"--bundle {path} is a directory: name the file to write",
-                          hint=f"e.g. --bundle {path / 'sparkctl-bundle.json'}")
-    if not path.parent.is_dir():
-        raise ConfigError(f"--bundle {path}: the directory {path.parent} does not exist",
-                          hint="create it first, or name a file in an existing directory")
+def write_bundle(path: Path, data: JSONObject, *, force: bool = False) -> Path:
+    """Write the bundle at `path` through the one writer of user files (`sparkctl.userfiles`): atomic, never
+    through a link, an existing file replaced only with `force` (keeping its mode), a new one 0600 (it holds a
+    deployment's details); OutputPathError (exit 2) naming --bundle otherwise."""
+    from sparkctl.userfiles import write_user_file
     body = (json.dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    except OSError as exc:
-        raise ConfigError(f"--bundle {path}: cannot write it: {exc.strerror or exc}",
-                          hint="name a file you may write") from None
-    try:
-        view = memoryview(body)
-        while view:
-            view = view[os.write(fd, view):]
-    except OSError as exc:
-        raise ConfigError(f"--bundle {path}: writing failed: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    return path
+    return write_user_file(path, body, overwrite=force, option="--bundle")

@@ -119,10 +119,10 @@ def build_image(conn: SSHConnector, *, role: str, tag: str, context: bytes, inpu
                  timeout=timeout, merge_stderr=True)
     seconds = time.monotonic() - t0
     output = _ANSI.sub("", r.stdout).replace("\r", "")
-    if log_dir is not None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        path = log_dir / f"{role}-{tag.rsplit(':', 1)[-1]}-{int(time.time())}.log"
-        path.write_text(output)
+    if log_dir is not None:             # sparkctl's state: private, atomic, no link followed (sparkctl.statefiles)
+        from sparkctl.statefiles import private_dir, write_text_atomic
+        path = private_dir(log_dir) / f"{role}-{tag.rsplit(':', 1)[-1]}-{int(time.time())}.log"
+        write_text_atomic(path, output)
     if r.returncode != 0:
         failed = [m.group(0) for m in _PATCH_FAILED.finditer(output)]
         message = (f"{role} image build failed on {node}: " + "; ".join(s.removeprefix("sparkctl-patch: ")

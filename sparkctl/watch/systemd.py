@@ -1,27 +1,47 @@
 """The systemd unit `sparkctl watch --install [--user|--system]` writes, and `--uninstall` removes.
 
-The unit runs `sparkctl watch` in the foreground with the options it was installed with (the inventory as an
-absolute path), `Restart=on-failure`, after the network is online and Docker is up. The engine containers keep
-`--restart no`: after a reboot the watcher, not Docker, brings the TP group back, as a group and in order
-(Docker restarting each rank alone leaves a pair wedged). Secrets never go into the unit: the API key's variable
-comes from an optional `EnvironmentFile` the user writes (``~/.config/sparkctl/watch.env``, 0600).
-ExecStart arguments are quoted for systemd (`systemd_quote`), never joined into a shell string. Example::
+The unit is what the user ran: every input the installing `sparkctl watch` resolved (`resolved_inputs`) is written
+into it, made absolute, so that the service watches the same cluster and deployment whatever environment and
+directory systemd starts it in:
 
-    text = unit_text(["/usr/local/bin/sparkctl", "watch", "--interval", "5"], "local", scope="user")
+* ExecStart: this sparkctl's executable, `watch`, ``--inventory`` with the inventory's absolute path (found by
+  ``--inventory``, ``SPARKCTL_INVENTORY``, ``./inventory/sparks.yml``, ``~/.config/sparkctl/...`` or the embedded
+  cluster: whichever lookup found it), and the options given;
+* Environment=: ``SPARKCTL_STATE_DIR`` (the state directory from its variable or the XDG default),
+  ``XDG_CONFIG_HOME`` and ``XDG_STATE_HOME`` (absolute), ``SPARKCTL_PROFILES_DIR`` when set;
+* WorkingDirectory=: the installer's working directory (``./profiles`` and ``./inventory`` are looked up there);
+* EnvironmentFile=: the optional secrets file (``$XDG_CONFIG_HOME/sparkctl/watch.env`` or
+  ``/etc/sparkctl/watch.env``, 0600) where the API key's variable and a ``--notify-env`` variable go. Secrets never
+  go into the unit itself, nor into its ExecStart.
+
+Each kind of line is escaped as systemd.syntax(7) / systemd.service(5) / systemd.exec(5) say for it (checked
+against systemd's load-fragment.c and systemd-analyze verify): an ExecStart argument is double-quoted with C escapes
+for ``\\`` and ``"``, ``%`` doubled (specifiers) and ``$`` doubled (variable expansion); the program, its first
+word, is quoted with ``%`` doubled but ``$`` literal (never expanded there), a quote or backslash in it refused
+(systemd refuses them in an executable's name); an Environment= assignment is quoted the same way but
+keeps ``$`` (no expansion there); a WorkingDirectory= / EnvironmentFile= path is raw (no quoting), ``%`` doubled.
+What a unit file cannot carry is refused with the value's name (`UnitValueError`): a newline or another control
+character, text that is not UTF-8, a path that is not absolute, or a raw value ending in a space or a backslash
+(the unit parser strips the one and continues the line after the other). Example::
+
+    text = unit_text(resolved_inputs(["/usr/local/bin/sparkctl", "watch"], inventory_path), "local", scope="user")
 """
 from __future__ import annotations
 
 import os
 import shutil
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from sparkctl.errors import ConfigError, OutputPathError
 
 Scope = Literal["user", "system"]
-# Variables that choose what the watcher sees: carried into the unit when set (never a secret).
-CARRIED_ENV = ("SPARKCTL_STATE_DIR", "SPARKCTL_INVENTORY", "SPARKCTL_PROFILES_DIR", "XDG_CONFIG_HOME")
+
+
+class UnitValueError(ConfigError):
+    """A value the systemd unit cannot carry as given (exit 2)."""
 
 
 def unit_name(cluster: str) -> str:
@@ -35,20 +55,70 @@ def unit_dir(scope: Scope) -> Path:
     return Path(base) / "systemd" / "user"
 
 
-def env_file(scope: Scope) -> str:
-    """Where the unit looks for the user's secrets file (optional: a leading '-')."""
+def secrets_file(scope: Scope) -> Path:
+    """The unit's optional EnvironmentFile: the API key's variable, a --notify-env variable (0600, the user's)."""
     if scope == "system":
-        return "-/etc/sparkctl/watch.env"
-    return "-%h/.config/sparkctl/watch.env"
+        return Path("/etc/sparkctl/watch.env")
+    from sparkctl.resources import config_home
+    return Path(os.path.abspath(config_home())) / "watch.env"
 
 
-def systemd_quote(arg: str) -> str:
-    """One ExecStart argument: double-quoted, with systemd's escapes (backslash, quote) and specifiers (% -> %%,
-    $ -> $$) made literal."""
-    if any(ch in arg for ch in "\n\r\0"):
-        raise ConfigError(f"{arg!r} cannot be written into a systemd unit (a newline or NUL)", where="--install",
-                          hint="use paths and values without control characters")
-    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$") + '"'
+def _representable(value: str, what: str) -> None:
+    bad = next((c for c in value if ord(c) < 0x20 or ord(c) == 0x7f or 0xd800 <= ord(c) <= 0xdfff), None)
+    if bad is not None:
+        kind = "a newline" if bad in "\r\n" else ("text that is not UTF-8" if ord(bad) >= 0xd800
+                                                  else f"the control character {bad!r}")
+        raise UnitValueError(f"{what} {value!r} holds {kind}: a systemd unit cannot carry it", where="--install",
+                             hint="use a path or value without control characters (rename the directory, or point "
+                                  "the option or variable elsewhere)")
+
+
+def _quoted(value: str, what: str, *, dollar: bool) -> str:
+    _representable(value, what)
+    out = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    return '"' + (out.replace("$", "$$") if dollar else out) + '"'
+
+
+def exec_word(arg: str) -> str:
+    """One ExecStart argument (systemd.service(5), "Command lines"): double-quoted, ``\\`` and ``"`` escaped,
+    ``%`` -> ``%%`` (specifiers), ``$`` -> ``$$`` (variable expansion); a quoted lone ``;`` is an argument."""
+    return _quoted(arg, "an ExecStart argument", dollar=True)
+
+
+systemd_quote = exec_word            # the name older callers use
+
+
+def exec_program(path: str) -> str:
+    """ExecStart's first word, the program: absolute, double-quoted, ``%`` doubled; ``$`` is literal there (it is
+    never expanded, so never doubled), and a quote or a backslash in it is refused, as systemd refuses it
+    ("Executable name contains special characters", checked with systemd-analyze verify)."""
+    _representable(path, "the program")
+    if not os.path.isabs(path):
+        raise UnitValueError(f"the unit's program {path!r} is not an absolute path", where="--install")
+    if any(c in path for c in "\\\"'"):
+        raise UnitValueError(f"the program's path {path!r} holds a quote or a backslash, which systemd refuses in "
+                             "an executable's name", where="--install",
+                             hint="install sparkctl under a path without quotes or backslashes")
+    return '"' + path.replace("%", "%%") + '"'
+
+
+def env_assignment(name: str, value: str) -> str:
+    """One Environment= word (systemd.exec(5)): ``"NAME=value"`` with C escapes and ``%%``; ``$`` stays literal
+    (Environment= does not expand variables)."""
+    if not name.replace("_", "a").isalnum() or name[0].isdigit():
+        raise UnitValueError(f"{name!r} is not a variable name", where="--install")
+    return _quoted(f"{name}={value}", f"the variable {name}", dollar=False)
+
+
+def path_value(path: str, what: str) -> str:
+    """A raw path setting (WorkingDirectory=, EnvironmentFile=): absolute, ``%`` doubled, nothing else escaped."""
+    _representable(path, what)
+    if not os.path.isabs(path):
+        raise UnitValueError(f"{what} {path!r} is not an absolute path", where="--install")
+    if path != path.rstrip() or path.endswith("\\"):
+        raise UnitValueError(f"{what} {path!r} ends in a space or a backslash, which a unit line cannot end with",
+                             where="--install", hint="rename it, or run the installer from another directory")
+    return path.replace("%", "%%")
 
 
 def sparkctl_argv() -> list[str]:
@@ -63,28 +133,57 @@ def sparkctl_argv() -> list[str]:
     return [sys.executable, "-m", "sparkctl"]
 
 
-def unit_text(argv: list[str], cluster: str, *, scope: Scope, environ: dict[str, str] | None = None) -> str:
+@dataclass
+class UnitInputs:
+    """What the installing `sparkctl watch` resolved: the unit runs exactly this."""
+    argv: list[str]
+    environment: dict[str, str] = field(default_factory=dict)
+    working_directory: str = "/"
+
+
+def resolved_inputs(argv: list[str], environ: dict[str, str] | None = None, cwd: str | None = None) -> UnitInputs:
+    """The environment that chooses what the watcher sees, as this process resolved it (absolute): the state
+    directory, the XDG roots, the profiles directory; and the working directory. `argv` already carries the
+    inventory's absolute path."""
+    from sparkctl.resources import config_home
+    from sparkctl.statefiles import default_state_root
+
     env = os.environ if environ is None else environ
-    carried = [f"Environment={systemd_quote(f'{k}={env[k]}')}" for k in CARRIED_ENV if env.get(k)]
+    xdg_state = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    out = {"SPARKCTL_STATE_DIR": os.path.abspath(default_state_root()),
+           "XDG_CONFIG_HOME": os.path.abspath(config_home().parent),
+           "XDG_STATE_HOME": os.path.abspath(xdg_state)}
+    if env.get("SPARKCTL_PROFILES_DIR"):
+        out["SPARKCTL_PROFILES_DIR"] = os.path.abspath(env["SPARKCTL_PROFILES_DIR"])
+    return UnitInputs(argv=list(argv), environment=out, working_directory=os.path.abspath(cwd or os.getcwd()))
+
+
+def unit_text(inputs: UnitInputs, cluster: str, *, scope: Scope) -> str:
+    """The unit's text; UnitValueError for any input a unit cannot carry (nothing is written then)."""
+    if not inputs.argv:
+        raise UnitValueError("the unit has no program to run", where="--install")
+    _representable(cluster, "the cluster name")
     lines = [
         "# written by `sparkctl watch --install`; remove with `sparkctl watch --uninstall` (sparkctl's docs/watch.md)",
-        "# secrets (the API key's variable) go in the EnvironmentFile below (mode 0600), never in this unit",
+        "# secrets (the API key's variable, a --notify-env URL) go in the EnvironmentFile below (mode 0600), never "
+        "in this unit",
         "[Unit]",
-        f"Description=sparkctl watch: supervisor of the SGLang cluster {cluster}",
+        f"Description=sparkctl watch: supervisor of the SGLang cluster {cluster.replace('%', '%%')}",
         "Wants=network-online.target docker.service",
         "After=network-online.target docker.service",
         "",
         "[Service]",
         "Type=simple",
-        "ExecStart=" + " ".join(systemd_quote(a) for a in argv),
+        "ExecStart=" + " ".join([exec_program(inputs.argv[0]), *(exec_word(a) for a in inputs.argv[1:])]),
+        f"WorkingDirectory={path_value(inputs.working_directory, 'the working directory')}",
+        *(f"Environment={env_assignment(k, v)}" for k, v in sorted(inputs.environment.items())),
+        f"EnvironmentFile=-{path_value(str(secrets_file(scope)), 'the secrets file')}",
         "Restart=on-failure",
         "RestartSec=10",
         # SIGTERM: a restart in progress is finished or restored first (the boot timeout bounds it)
         "KillSignal=SIGTERM",
         "TimeoutStopSec=15min",
         "SuccessExitStatus=130 143",
-        f"EnvironmentFile={env_file(scope)}",
-        *carried,
         "",
         "[Install]",
         f"WantedBy={'multi-user.target' if scope == 'system' else 'default.target'}",
@@ -93,12 +192,12 @@ def unit_text(argv: list[str], cluster: str, *, scope: Scope, environ: dict[str,
     return "\n".join(lines)
 
 
-def install(text: str, directory: Path, name: str) -> Path:
-    """Write the unit through the one writer of user-named paths (`sparkctl.userfiles`: atomic, fsynced, a new file
-    0600, a replaced one keeping its mode; a missing unit directory created). It may carry a webhook URL with a
-    token: private unless the user opens it."""
+def install(text: str, directory: Path, name: str, *, force: bool = False) -> Path:
+    """Write the unit through the one writer of user files (`sparkctl.userfiles`: atomic, fsynced, a new file 0600,
+    a replaced one keeping its mode, no link followed; a missing unit directory created). An existing unit is
+    replaced only with `force` (``--install --force``)."""
     from sparkctl.userfiles import write_user_text
-    return write_user_text(directory / name, text, overwrite=True, option="--install", create_parent=True)
+    return write_user_text(directory / name, text, overwrite=force, option="--install", create_parent=True)
 
 
 def uninstall(directory: Path, name: str) -> Path | None:

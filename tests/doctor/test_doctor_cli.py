@@ -119,12 +119,17 @@ def test_secrets_in_a_log_file_are_redacted_in_the_output_and_the_bundle(cli, tm
     monkeypatch.setenv("HF_TOKEN", token)
     published = "Not enough memory. Please try to increase --mem-fraction-static."   # SGLang 0.5.23's message
     log = tmp_path / "rank0.log"
+    hook = ("https://watch:hookpw-doc-5@hooks.example/services/T0k3nPathSecret9876/x?token=qsecret-doc-7 and "
+            "http://tok3n-user-only@127.0.0.1:9/y")
     log.write_text(f"server_args=ServerArgs(api_key='other-{os.getpid()}', hf_token={token!r})\n"
-                   f"{published} {key}\n")
+                   f"{published} {key}\nposting to {hook}\n")
     bundle = tmp_path / "b.json"
     code, out, err = cli("doctor", "--log", str(log), "--bundle", str(bundle))
     assert code == 8 and "FOUND sglang-kv-pool-no-memory" in out
     text = bundle.read_text()
     for secret in (key, token, f"other-{os.getpid()}"):
         assert secret not in out and secret not in err and secret not in text
+    for secret in ("hookpw-doc-5", "T0k3nPathSecret9876", "qsecret-doc-7", "tok3n-user-only"):  # URL credentials
+        assert secret not in text
+    assert "https://***@hooks.example/services/***/x?***" in text
     assert "api_key='***'" in text and "***" in out
