@@ -185,6 +185,22 @@ def cgroup2_mount(mounts: str | None = None) -> Path | None:
     return None
 
 
+def cgroup_of(pid: int) -> str | None:
+    """The engine cgroup (a directory under ``<cgroup2>/sparkctl/``) process `pid` is in, or None: how a stop finds
+    the cgroup of an engine whose handle was rebuilt from what runs (`repair`, `observe`) and does not name it."""
+    mount = cgroup2_mount()
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::") and mount is not None:
+            rel = line[3:].lstrip("/")
+            if rel.startswith(CGROUP_TOP + "/") and _LEAF.match(rel.rsplit("/", 1)[-1]):
+                return str(mount / rel)
+    return None
+
+
 def cgroup_parent(state_key: str) -> Path | None:
     """The directory holding this state directory's engine cgroups, made when this user may (root, or a delegated
     v2 hierarchy); None where no writable cgroup v2 exists (then the session alone tracks an engine)."""

@@ -43,7 +43,14 @@ from pathlib import Path
 from sparkctl.errors import StateDirError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes import procfs
-from sparkctl.nodes.enginegroup import EngineGroup, Leftover, join_cgroup, leftover_cgroups, new_cgroup
+from sparkctl.nodes.enginegroup import (
+    EngineGroup,
+    Leftover,
+    cgroup_of,
+    join_cgroup,
+    leftover_cgroups,
+    new_cgroup,
+)
 from sparkctl.nodes.environ import helper_env
 from sparkctl.nodes.logpipe import ENGINE_ENV_FILE
 from sparkctl.nodes.node_facts import NodeFacts, host_model_path, model_paths
@@ -220,10 +227,11 @@ class ProcessRuntime:
         """16 hex digits naming this state directory (its secrets' and engine cgroups' directory name)."""
         return self.secrets_root.name
 
-    @staticmethod
-    def group(handle: ProcessHandle) -> EngineGroup:
-        """Every process of the handle's engine (its session; its cgroup, when it has one)."""
-        return EngineGroup(handle.pid, handle.start_ticks, handle.cgroup)
+    def group(self, handle: ProcessHandle) -> EngineGroup:
+        """Every process of the handle's engine (its session; its cgroup, when it has one: the handle's, or, for a
+        handle rebuilt from what runs, the one its log pipe is in)."""
+        cgroup = handle.cgroup or (cgroup_of(handle.pid) if self._ours(handle) else None)
+        return EngineGroup(handle.pid, handle.start_ticks, cgroup)
 
     def leftovers(self, handles: list[ProcessHandle]) -> list[Leftover]:
         """Processes of this state directory's engines that outlived them: of each recorded handle whose log pipe is

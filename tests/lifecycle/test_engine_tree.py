@@ -24,7 +24,7 @@ import pytest
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
 from sparkctl.nodes import procfs
-from sparkctl.nodes.enginegroup import cgroups_writable
+from sparkctl.nodes.enginegroup import EngineGroup, cgroups_writable
 from sparkctl.nodes.handles import ProcessHandle
 from sparkctl.nodes.process import ProcessRuntime
 from sparkctl.sglang.render import render
@@ -98,6 +98,9 @@ def hostile(tmp_path, monkeypatch):
         rt_.stop(handle, timeout_s=1)
         for line in _marked(mark):
             os.kill(int(line.split()[0]), signal.SIGKILL)
+        if handle.cgroup:
+            EngineGroup(0, None, handle.cgroup).wait_gone(5)
+            EngineGroup(0, None, handle.cgroup).release()
 
 
 @pytest.mark.parametrize(("kind", "end"), POINTS, ids=[f"{k}-{e}" for k, e in POINTS])

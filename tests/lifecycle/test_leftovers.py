@@ -13,13 +13,14 @@ import os
 import signal
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
 from sparkctl.nodes import procfs
-from sparkctl.nodes.enginegroup import cgroups_writable
+from sparkctl.nodes.enginegroup import EngineGroup, cgroups_writable
 from sparkctl.nodes.process import ProcessRuntime
 from sparkctl.sglang.render import render
 from sparkctl.state.ledger import Ledger
@@ -58,6 +59,10 @@ def leftover(local_cluster, tmp_path, monkeypatch):
     yield mark, port
     for pid in _marked(mark):
         os.kill(pid, signal.SIGKILL)
+    if handle.cgroup:
+        EngineGroup(0, None, handle.cgroup).wait_gone(5)
+        EngineGroup(0, None, handle.cgroup).release()
+    assert not handle.cgroup or not Path(handle.cgroup).exists(), "the leftover's cgroup stays after it is stopped"
 
 
 def test_status_preflight_and_doctor_name_a_leftover_and_down_stops_it(cli, leftover):

@@ -6,6 +6,8 @@ import json
 import pytest
 
 from sparkctl.config.inventory import load_inventory
+from sparkctl.nodes.enginegroup import CGROUP_TOP, cgroup2_mount
+from sparkctl.nodes.process import secrets_root_for
 from sparkctl.state.ledger import Ledger
 from tests.lifecycle.test_crash import _no_engine, _up_ok
 
@@ -43,6 +45,10 @@ def test_repair_rebuilds_the_active_deployment_from_what_runs(cli, local_cluster
     assert code == 0, err
     _no_engine(local_cluster)
     assert ledger.load(dep).status == "recovered"       # stopped, still never verified: not a rollback target
+    # the rebuilt handles named no cgroup: the stop found each engine's from its log pipe and removed it
+    parent = cgroup2_mount()
+    key = secrets_root_for(ledger.root / "secrets").name
+    assert parent is None or not list((parent / CGROUP_TOP / key).glob("*.rank*")), "engine cgroups left behind"
 
 
 @pytest.mark.parametrize("damage", ["[]", '{"active": null, "hist', None], ids=["wrong-shape", "truncated", "deleted"])
