@@ -34,13 +34,25 @@ PUBLISHED: dict[str, tuple[str, str]] = {
     # sglang 0.5.23 python/sglang/srt/model_executor/pool_configurator.py, ModelRunnerPoolConfig.__post_init__:
     #   msg = "Not enough memory. Please try to increase --mem-fraction-static."
     "sglang-kv-pool-no-memory": ("sglang-0.5.23", "Not enough memory. Please try to increase --mem-fraction-static."),
+    # sglang 0.5.23 python/sglang/srt/model_executor/model_runner_components/load_model_utils.py,
+    # dist_barrier_after_load (raised as ValueError on the rank that reached the barrier; here with tp_rank=1, the
+    # line CI printed in issue 31):
+    #   f"TP rank {tp_rank} could finish the model loading, but there are other ranks that didn't finish loading.
+    #   It is likely due to unexpected failures (e.g., OOM) or a slow node."
+    "sglang-rank-did-not-finish-loading": (
+        "sglang-0.5.23", "ValueError: TP rank 1 could finish the model loading, but there are other ranks that "
+                         "didn't finish loading. It is likely due to unexpected failures (e.g., OOM) or a slow node."),
 }
 # The other spelling operations.md gives for the same row ("NCCL `unhandled system error`").
 PUBLISHED_ALSO = {"nccl-qp-or-system-error": "unhandled system error",
                   # sglang 0.5.23 python/sglang/srt/distributed/bootstrap.py, _check_tp_memory_balance:
                   #   msg = "The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
                   "sglang-memory-unbalanced": "The memory capacity is unbalanced. Some GPUs may be occupied by other "
-                                              "processes. "}
+                                              "processes. ",
+                  # the same f-string as printed by rank 0 (the rank that enforces the 480 s barrier timeout)
+                  "sglang-rank-did-not-finish-loading": "TP rank 0 could finish the model loading, but there are "
+                                                        "other ranks that didn't finish loading. It is likely due to "
+                                                        "unexpected failures (e.g., OOM) or a slow node."}
 
 # Captures: (file, a line of it exactly as printed, found by its line number in the file).
 CAPTURED: dict[str, tuple[str, str]] = {
