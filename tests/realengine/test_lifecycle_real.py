@@ -18,6 +18,7 @@ import secrets
 import signal
 from pathlib import Path
 
+import httpx
 import pytest
 
 from sparkctl.config.inventory import load_inventory
@@ -77,6 +78,11 @@ def test_up_tp2_on_the_real_engine_gates_from_the_real_server(cli, real_cluster)
     # settings in force from the real /get_server_info, capacity from the real log's KV line
     assert "tp_size=2" in gates["settings"]["evidence"] and "context_length=1024" in gates["settings"]["evidence"]
     assert "max_total_num_tokens=16384" in gates["capacity"]["evidence"]
+    # the busy-machine bounds the profile sets are the ones the real server runs with (its own /get_server_info)
+    code, data = _status(cli)
+    info = httpx.get(data["endpoint"] + "/get_server_info", headers={"Authorization": f"Bearer {KEY}"}, timeout=30,
+                     trust_env=False).json()
+    assert (info["dist_timeout"], info["watchdog_timeout"]) == (1800, 600), info.get("dist_timeout")
     assert "worker-ready" in gates["workers"]["evidence"]
 
 
@@ -219,7 +225,6 @@ def test_the_api_key_is_in_no_file_log_or_process_of_the_real_deployment(cli, re
     """Everything above ran with an API key (the real SGLang prints its server_args, api_key included, into the
     rank logs): the key is in no file of the state directory (records, rank logs, cards, journals) and in no
     process's command line or environment; the real server does require it."""
-    import httpx
 
     inv, _ = real_cluster
     state = Path(os.environ["SPARKCTL_STATE_DIR"])
