@@ -199,3 +199,19 @@ def test_printable_escapes_controls_and_cuts():
     assert printable("a\tb\x1b[0m\u202e") == "a\\tb\\x1b[0m\\u202e"
     assert printable("z" * 400).endswith("... [100 more characters]")
     assert match_text("") == [] and match_text("\n\r\r\n\x00") == []
+
+
+REAL_ENGINE = Path(__file__).resolve().parents[1] / "fixtures" / "real-engine" / "0.5.23" / "tp2-slow-rank"
+
+
+def test_the_slow_rank_line_as_the_real_engine_printed_it():
+    """SGLang 0.5.23 itself, TP=2 on this CPU, rank 0 failing at load (tests/fixtures/real-engine/0.5.23/README.md):
+    rank 1's log is recognised by the line SGLang printed there; rank 0's log, which holds the cause, is not called
+    a slow rank."""
+    rank1 = (REAL_ENGINE / "rank1.log").read_text(encoding="utf-8")
+    found = {f.signature: f for f in match_text(rank1, "rank1.log")}
+    assert "sglang-rank-did-not-finish-loading" in found, sorted(found)
+    ev = found["sglang-rank-did-not-finish-loading"].evidence[0]
+    assert ev.text.startswith("ValueError: TP rank 1 could finish the model loading") and ev.line == 71
+    rank0 = (REAL_ENGINE / "rank0.log").read_text(encoding="utf-8")
+    assert "sglang-rank-did-not-finish-loading" not in {f.signature for f in match_text(rank0, "rank0.log")}
