@@ -336,7 +336,8 @@ def measure_ttft(arm: Arm, sizes: Sequence[int], *, runs: int, run_tag: str, max
 
 def _fit_note(size: int, recs: Sequence[RequestRun]) -> str | None:
     """Says so when a measured prompt is off its label by more than FIT_TOLERANCE (the card prints the sizes)."""
-    off = [r.prompt_tokens for r in recs if r.prompt_tokens is None or abs(r.prompt_tokens - size) > FIT_TOLERANCE * size]
+    off = [r.prompt_tokens for r in recs
+           if r.prompt_tokens is None or abs(r.prompt_tokens - size) > FIT_TOLERANCE * size]
     if not off:
         return None
     return (f"{len(off)} of {len(recs)} prompts not within {FIT_TOLERANCE:.0%} of ~{size:,} tokens "
