@@ -15,14 +15,18 @@ from testrig.burners import BurnerSettingError, burners_requested, cpu_burners
 log = logging.getLogger("sparkctl.tests.realengine")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A bad value stops the run before any test, with one line naming the variable (not an error per test)."""
+    try:
+        burners_requested()
+    except BurnerSettingError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
 @pytest.fixture(scope="session", autouse=True)
 def busy_machine():
     """The burners the environment asked for, spinning for the whole tier; none when it asked for none."""
-    try:
-        count = burners_requested()
-    except BurnerSettingError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    with cpu_burners(count) as procs:
+    with cpu_burners(burners_requested()) as procs:
         if procs:
             log.warning("real-engine tier beside %d CPU-bound processes (pids %s)", len(procs),
                         ", ".join(str(p.pid) for p in procs))
