@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparkctl.deploy.progress import Reporter
-from sparkctl.errors import DeployError
+from sparkctl.errors import DeployError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.runtime import Handle, Runtime, log_tail
 from sparkctl.sglang.bootwatch import BootState, LogFollower
@@ -196,8 +196,15 @@ def _with_peer_findings(exc: DeployError, watches: list[RankWatch]) -> DeployErr
     """The failure with what the doctor recognises in the *other* ranks' logs: in a TP group one rank's error is
     often explained in another's (SGLang's "TP rank 1 could finish the model loading ..." is printed by the rank that
     waited, about the one that failed or was slow). Unchanged when they show nothing known."""
-    peers = [w for w in watches if w.spec.node != exc.node]
-    lines = doctor_lines([(f"rank {w.spec.rank} [{w.spec.node}]", w.full_log()) for w in peers]) if peers else []
+    logs = []
+    for w in watches:
+        if w.spec.node == exc.node:
+            continue
+        try:
+            logs.append((f"rank {w.spec.rank} [{w.spec.node}]", w.full_log()))
+        except (SparkctlError, OSError):    # an unreachable peer never hides the failure being reported
+            continue
+    lines = doctor_lines(logs) if logs else []
     if not lines:
         return exc
     return exc.amended(evidence="\n".join([exc.evidence or "", "in the other ranks' logs:", *lines]).lstrip("\n"))
