@@ -41,7 +41,7 @@ def _tokenizer(seed: int, overhead: int, max_cost: int):
     return count
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), overhead=st.integers(5, 120), max_cost=st.integers(1, 6),
        target=st.integers(64, 20_000), tag=st.text(min_size=1, max_size=12))
 def test_a_fitted_prompt_is_within_two_percent_of_its_label(seed, overhead, max_cost, target, tag):
@@ -66,7 +66,7 @@ def test_a_fitted_prompt_is_within_two_percent_of_its_label(seed, overhead, max_
 def test_a_server_that_counts_nothing_leaves_the_estimate():
     cal = calibration_from_probes(20, 20 + 1000, 800)
     fit = fit_prompt(lambda words, pad: None, 256, cal)
-    assert (fit.tokens, fit.within, fit.probes) == (None, False, 0) and fit.pad == 0 and fit.words > 0
+    assert (fit.tokens, fit.within, fit.probes) == (None, False, 1) and fit.pad == 0 and fit.words > 0
 
 
 def test_a_probe_shares_no_leading_text_with_its_prompt():
@@ -101,3 +101,25 @@ def test_the_emulator_serves_fitted_prompts_at_their_label(small_window, target)
         assert abs(got.usage.prompt_tokens - target) <= FIT_TOLERANCE * target, (got.usage, fit)
         # the probes ran behind the marker: the radix cache gives this prompt nothing beyond the chat template
         assert (got.usage.cached_tokens or 0) < 0.1 * target, got.usage
+
+
+@settings(max_examples=100, deadline=None)
+@given(answers=st.lists(st.one_of(st.none(), st.integers(-10**9, 10**9)), min_size=1, max_size=20),
+       target=st.integers(1, 100_000))
+def test_a_hostile_count_never_loops_and_never_claims_a_fit_it_did_not_see(answers, target):
+    """A server whose counts are arbitrary (negative, huge, constant, absent): the fit stops within its bound and
+    says `within` only for a count it was given within 2 %."""
+    it = iter(answers)
+    seen: list[int] = []
+
+    def server(words: int, pad: int) -> int | None:
+        assert 0 <= words <= 4 * target + 64 and 0 <= pad <= target     # never a huge prompt, whatever was counted
+        got = next(it, None)
+        if got is not None:
+            seen.append(got)
+        return got
+
+    fit = fit_prompt(server, target, calibration_from_probes(20, 20 + 1000, 800))
+    assert fit.probes <= FIT_MAX_PROBES
+    assert fit.within == (fit.tokens is not None and abs(fit.tokens - target) <= FIT_TOLERANCE * target)
+    assert fit.tokens is None or fit.tokens in seen

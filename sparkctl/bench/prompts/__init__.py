@@ -164,13 +164,15 @@ class PromptFit:
                 "within": self.within}
 
 
-def _next_shape(words: int, pad: int, diff: int, tpw: float) -> tuple[int, int]:
+def _next_shape(words: int, pad: int, diff: int, tpw: float, over: int | None) -> tuple[int, int]:
     """The next (words, pad) to try when the last one counted ``diff`` tokens too few (negative: too many). Whole
-    words close a gap of more than two words' worth, undershooting; " the" pads (one token each) close the rest;
-    too many tokens take pads off first, then whole words."""
+    words close a gap of more than two words' worth, undershooting, unless they would reach ``over`` (the fewest
+    words already counted over the target); " the" pads (one token each) close the rest; too many tokens take pads
+    off first, then whole words."""
     if diff > 0:
-        if diff > 2 * tpw:
-            return words + max(1, int(diff / tpw) - 1), pad
+        step = max(1, int(diff / tpw) - 1)
+        if diff > 2 * tpw and (over is None or words + step < over):
+            return words + step, pad
         return words, pad + diff
     if pad >= -diff:
         return words, pad + diff
@@ -182,24 +184,34 @@ def fit_prompt(count: Callable[[int, int], int | None], target: int, cal: TokenC
     """The prompt shape (words, pad) whose server token count lands within ``tolerance`` of ``target``.
 
     ``count(words, pad)`` is the server's count for that shape (a probe), or None when the server would not count
-    it. Starts from the calibration's estimate; stops when within tolerance, when a shape repeats, after
-    ``max_probes``, or at the first None; returns the closest shape counted (the estimate, if none was)."""
+    it. Starts from the calibration's estimate; a shape counted once is never probed again; stops when within
+    tolerance, after ``max_probes`` probes (or three times as many steps), or at the first None; returns the closest
+    shape counted (the estimate, if none was). Words stay under 4 x target + 64 and pads under target, whatever the
+    server counted."""
     tpw = max(cal.tokens_per_word, 0.25)
     words, pad = words_for_tokens(target, cal), 0
     best: PromptFit | None = None
-    seen: set[tuple[int, int]] = set()
-    for probes in range(1, max_probes + 1):
-        seen.add((words, pad))
-        got = count(words, pad)
+    known: dict[tuple[int, int], int] = {}
+    over: int | None = None
+    probes = 0
+    for _ in range(3 * max_probes):
+        got = known.get((words, pad))
         if got is None:
-            break
-        within = abs(got - target) <= tolerance * target
+            if probes == max_probes:
+                break
+            probes += 1
+            got = count(words, pad)
+            if got is None:
+                break
+            known[(words, pad)] = got
         if best is None or abs(got - target) < abs((best.tokens or 0) - target):
-            best = PromptFit(words, pad, got, probes, within)
-        best = PromptFit(best.words, best.pad, best.tokens, probes, best.within)
-        if within:
+            best = PromptFit(words, pad, got, probes, abs(got - target) <= tolerance * target)
+        if best.within:
             break
-        words, pad = _next_shape(words, pad, target - got, tpw)
-        if (words, pad) in seen:
-            break
-    return best or PromptFit(words_for_tokens(target, cal), 0, None, 0, False)
+        if got > target:
+            over = words if over is None else min(over, words)
+        words, pad = _next_shape(words, pad, target - got, tpw, over)
+        words, pad = min(words, 4 * target + 64), min(pad, target)   # a hostile count never sizes a huge prompt
+    if best is None:
+        return PromptFit(words_for_tokens(target, cal), 0, None, probes, False)
+    return PromptFit(best.words, best.pad, best.tokens, probes, best.within)
