@@ -25,11 +25,14 @@ from collections.abc import Callable, Sequence
 from sparkctl.bench.logsource import scheduler_summary
 from sparkctl.bench.prompts import (
     ASSUMED_CALIBRATION,
+    FIT_TOLERANCE,
     Prompt,
+    PromptFit,
     TokenCalibration,
     calibration_from_probes,
+    fit_prompt,
     long_prompt,
-    words_for_tokens,
+    probe_text,
 )
 from sparkctl.bench.stats import summarize
 from sparkctl.bench.target import Arm
@@ -231,7 +234,36 @@ def calibrate_tokens(arm: Arm, tag: str, probe_words: int = 512) -> TokenCalibra
             probe_words //= 2
     if small.usage.prompt_tokens is None or big.usage.prompt_tokens is None:
         return ASSUMED_CALIBRATION
-    return calibration_from_probes(small.usage.prompt_tokens, big.usage.prompt_tokens, probe_words)
+    cal = calibration_from_probes(small.usage.prompt_tokens, big.usage.prompt_tokens, probe_words)
+    marked = _prompt_tokens(arm, probe_text(long_prompt(0, f"{tag}/probe-0")))
+    if not cal.measured or marked is None:
+        return cal
+    return TokenCalibration(cal.tokens_per_word, cal.overhead_tokens, measured=True,
+                            marker_tokens=marked - small.usage.prompt_tokens)
+
+
+def _prompt_tokens(arm: Arm, text: str) -> int | None:
+    """The server's own count of ``text``'s prompt tokens (one output token), or None when it gives none."""
+    try:
+        res = arm.client.chat([{"role": "user", "content": text}], max_tokens=1, temperature=0, model=arm.model)
+    except SGLangAPIError as exc:
+        log.info("prompt size probe refused (%s)", exc.message)
+        return None
+    return res.usage.prompt_tokens
+
+
+def fitted_prompt(arm: Arm, target: int, cal: TokenCalibration, tag: str) -> tuple[str, PromptFit]:
+    """The TTFT prompt for ``tag`` with ``target`` server tokens (within FIT_TOLERANCE), measured, not assumed: each
+    probe sends the candidate behind PROBE_MARKER (so the radix cache keeps nothing the prompt starts with) and
+    takes the marker's calibrated tokens off the server's count. Without a measured marker: the estimate alone."""
+    marker = cal.marker_tokens
+
+    def count(words: int, pad: int) -> int | None:
+        got = _prompt_tokens(arm, probe_text(long_prompt(words, tag, pad))) if marker is not None else None
+        return None if got is None or marker is None else got - marker
+
+    fit = fit_prompt(count, target, cal)
+    return long_prompt(fit.words, tag, fit.pad), fit
 
 
 def _ttft_run(arm: Arm, text: str, max_tokens: int) -> RequestRun:
@@ -264,7 +296,8 @@ def measure_ttft(arm: Arm, sizes: Sequence[int], *, runs: int, run_tag: str, max
                                            f"context {window:,})"))
             progress(f"TTFT ~{size}: unmeasurable at the {window} window")
             continue
-        texts = [long_prompt(words_for_tokens(size, cal), f"{run_tag}/ttft/{size}/{i}") for i in range(runs)]
+        fits = [fitted_prompt(arm, size, cal, f"{run_tag}/ttft/{size}/{i}") for i in range(runs)]
+        texts = [text for text, _ in fits]
         recs = []
         try:
             for t in texts:
@@ -276,7 +309,8 @@ def measure_ttft(arm: Arm, sizes: Sequence[int], *, runs: int, run_tag: str, max
         s, p = summarize([r.ttft_s for r in recs]), summarize([r.prefill_tok_s for r in recs])
         out.sizes.append(TTFTSize(target_tokens=size, status="measured", runs=recs, ttft_s=s.as_dict(4) if s else None,
                                   prefill_tok_s=p.as_dict(1) if p else None,
-                                  prompt_tokens=[r.prompt_tokens for r in recs]))
+                                  prompt_tokens=[r.prompt_tokens for r in recs],
+                                  fit=[fit.as_dict() for _, fit in fits], note=_fit_note(size, recs)))
         progress(f"TTFT ~{size}: {s.median if s else None} s")
         if first_measured is None:
             first_measured, first_summary = texts, (s.median if s else None)
@@ -298,6 +332,16 @@ def measure_ttft(arm: Arm, sizes: Sequence[int], *, runs: int, run_tag: str, max
                                          basis=basis, target_tokens=out.cached_repeat_of)
         progress(f"TTFT cached repeat: {s.median if s else None} s ({basis})")
     return out
+
+
+def _fit_note(size: int, recs: Sequence[RequestRun]) -> str | None:
+    """Says so when a measured prompt is off its label by more than FIT_TOLERANCE (the card prints the sizes)."""
+    off = [r.prompt_tokens for r in recs
+           if r.prompt_tokens is None or abs(r.prompt_tokens - size) > FIT_TOLERANCE * size]
+    if not off:
+        return None
+    return (f"{len(off)} of {len(recs)} prompts not within {FIT_TOLERANCE:.0%} of ~{size:,} tokens "
+            f"(server counted {', '.join(str(x) for x in off)})")
 
 
 # --------------------------------------------------------------------------- concurrency

@@ -291,7 +291,8 @@ def _ttft(L: list[str], result: JSONObject) -> None:
                          f"prompt tokens, unique prefix, uncached): TTFT {fmt_s(s.get('median'))} s"
                          + (f" ({fmt_s(s.get('min'))}–{fmt_s(s.get('max'))}, n={s.get('n')})"
                             if s.get("n", 1) > 1 else "")
-                         + f", prefill {fmt_tps(p.get('median'))} tok/s")
+                         + f", prefill {fmt_tps(p.get('median'))} tok/s"
+                         + (f"; {e['note']}" if e.get("note") else ""))
             else:
                 L.append(f"- ~{size:,}: {e.get('note')}")
         c = t.get("cached_repeat")
@@ -302,7 +303,10 @@ def _ttft(L: list[str], result: JSONObject) -> None:
                      f"{'recognised as cached' if c.get('radix_cached') else 'NOT recognised as cached'} "
                      f"({c.get('basis')})")
         L.append(f"- prompt sizes from {'a measured' if cal.get('measured') else 'an assumed'} token calibration "
-                 f"({cal.get('tokens_per_word')} tokens/word); context window {t.get('context_length') or 'unknown'}")
+                 f"({cal.get('tokens_per_word')} tokens/word)"
+                 + (", each prompt then fitted to within 2 % of its label by the server's own count"
+                    if cal.get("marker_tokens") is not None else "")
+                 + f"; context window {t.get('context_length') or 'unknown'}")
 
 
 def _concurrency(L: list[str], result: JSONObject) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparkctl.deploy.progress import Reporter
-from sparkctl.errors import DeployError
+from sparkctl.errors import DeployError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.runtime import Handle, Runtime, log_tail
 from sparkctl.sglang.bootwatch import BootState, LogFollower
@@ -186,6 +186,34 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
                 if EventKind.SERVER_ARGS in watch.follower.milestones:
                     break
                 time.sleep(rt.poll_interval_s)
+    try:
+        return _wait_ready(watches, specs, t0, timeout_s, ready_probe, log_room, reporter)
+    except DeployError as exc:
+        raise _with_peer_findings(exc, watches) from exc
+
+
+def _with_peer_findings(exc: DeployError, watches: list[RankWatch]) -> DeployError:
+    """The failure with what the doctor recognises in the *other* ranks' logs: in a TP group one rank's error is
+    often explained in another's (SGLang's "TP rank 1 could finish the model loading ..." is printed by the rank that
+    waited, about the one that failed or was slow). Unchanged when they show nothing known."""
+    logs = []
+    for w in watches:
+        if w.spec.node == exc.node:
+            continue
+        try:
+            logs.append((f"rank {w.spec.rank} [{w.spec.node}]", w.full_log()))
+        except (SparkctlError, OSError):    # an unreachable peer never hides the failure being reported
+            continue
+    lines = doctor_lines(logs) if logs else []
+    if not lines:
+        return exc
+    return exc.amended(evidence="\n".join([exc.evidence or "", "in the other ranks' logs:", *lines]).lstrip("\n"))
+
+
+def _wait_ready(watches: list[RankWatch], specs: list[LaunchSpec], t0: float, timeout_s: float,
+                ready_probe: Callable[[], bool] | None, log_room: Callable[[], bool] | None,
+                reporter: Reporter) -> BootResult:
+    """Wait for rank 0 to be ready while every rank is checked on each poll (see `boot`)."""
     rank0 = next(w for w in watches if w.spec.rank == 0)
     deadline = t0 + timeout_s
     interval = max(w.runtime.poll_interval_s for w in watches)

@@ -77,6 +77,20 @@ CATALOGUE: tuple[Signature, ...] = (
          "kernel log (`dmesg | grep -i oom`) on the node",
          "captures/sglang/2spark-load-host-oom-scheduler-died-poster-edited.txt (PixelML/qwen3-8-flash-next-sglang-"
          "2x-dgx-spark@6b84351 armB-load-failure.md)"),
+    _sig("sglang-rank-did-not-finish-loading", "a TP rank did not reach SGLang's barrier after weight loading",
+         r"TP rank \d+ could finish the model loading, but there are other ranks that didn't finish loading",
+         "SGLang's barrier after loading the weights (torch.distributed.monitored_barrier over the TP group's gloo "
+         "group) failed. Printed by rank 0: another rank did not arrive within 480 s (UNBALANCED_MODEL_LOADING_"
+         "TIMEOUT_S, fixed in SGLang: no flag or variable changes it), so it was slow (a busy CPU, swap, a slow "
+         "disk) or died. Printed by a rank above 0: rank 0 failed, was stopped or went away while this rank waited; "
+         "SGLang's wording names OOM or a slow node, but the first error, if any, is in the other rank's log",
+         "read the other ranks' logs for their first error (`sparkctl logs --rank 0`, `sparkctl doctor`); if none "
+         "failed, the node was slow: stop what competes for its CPU, memory or disk (on CPU give each rank its own "
+         "core, SGLANG_CPU_OMP_THREADS_BIND) and run `sparkctl up` again (the failed deployment is stopped and the "
+         "previous one kept)",
+         "SGLang 0.5.23 python/sglang/srt/model_executor/model_runner_components/load_model_utils.py, "
+         "dist_barrier_after_load (the message; the 480 s barrier timeout is UNBALANCED_MODEL_LOADING_TIMEOUT_S "
+         "in the same file)"),
     # ---------------------------------------------------------------------------------------- NCCL / fabric
     _sig("nccl-bootstrap-connect-failed", "NCCL bootstrap could not connect to a peer",
          r"NCCL WARN socketPollConnect: connect to \S+ returned [^,]+, exceeded error retry count",

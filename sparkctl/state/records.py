@@ -470,6 +470,8 @@ class TTFTSize(_Measured):
     ttft_s: JSONObject | None = None
     prefill_tok_s: JSONObject | None = None
     prompt_tokens: list[int | None] = Field(default_factory=list)
+    # per run, how its prompt was fitted to the label (sparkctl.bench.prompts.PromptFit.as_dict); absent on old cards
+    fit: list[JSONObject] = Field(default_factory=list)
 
 
 class CachedRepeat(_Measured):

@@ -27,7 +27,8 @@ def _expected(profile: Profile, rank: int) -> dict:
            "mem_fraction_static": s.mem_fraction_static, "max_total_tokens": s.max_total_tokens,
            "mamba_full_memory_ratio": s.mamba_full_memory_ratio, "context_length": s.context_length,
            "kv_cache_dtype": s.kv_cache_dtype or "auto", "enable_metrics": s.enable_metrics,
-           "speculative_algorithm": sp.algorithm if sp else None}
+           "speculative_algorithm": sp.algorithm if sp else None,
+           "dist_timeout": s.dist_timeout, "watchdog_timeout": s.watchdog_timeout}
     if s.dsa_prefill_backend:
         exp.update(dsa_prefill_backend=s.dsa_prefill_backend, dsa_decode_backend=s.dsa_decode_backend)
     if sp:

@@ -34,13 +34,25 @@ PUBLISHED: dict[str, tuple[str, str]] = {
     # sglang 0.5.23 python/sglang/srt/model_executor/pool_configurator.py, ModelRunnerPoolConfig.__post_init__:
     #   msg = "Not enough memory. Please try to increase --mem-fraction-static."
     "sglang-kv-pool-no-memory": ("sglang-0.5.23", "Not enough memory. Please try to increase --mem-fraction-static."),
+    # sglang 0.5.23 python/sglang/srt/model_executor/model_runner_components/load_model_utils.py,
+    # dist_barrier_after_load (raised as ValueError on the rank that reached the barrier; here with tp_rank=1, the
+    # line CI printed in issue 31):
+    #   f"TP rank {tp_rank} could finish the model loading, but there are other ranks that didn't finish loading.
+    #   It is likely due to unexpected failures (e.g., OOM) or a slow node."
+    "sglang-rank-did-not-finish-loading": (
+        "sglang-0.5.23", "ValueError: TP rank 1 could finish the model loading, but there are other ranks that "
+                         "didn't finish loading. It is likely due to unexpected failures (e.g., OOM) or a slow node."),
 }
 # The other spelling operations.md gives for the same row ("NCCL `unhandled system error`").
 PUBLISHED_ALSO = {"nccl-qp-or-system-error": "unhandled system error",
                   # sglang 0.5.23 python/sglang/srt/distributed/bootstrap.py, _check_tp_memory_balance:
                   #   msg = "The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
                   "sglang-memory-unbalanced": "The memory capacity is unbalanced. Some GPUs may be occupied by other "
-                                              "processes. "}
+                                              "processes. ",
+                  # the same f-string as printed by rank 0 (the rank that enforces the 480 s barrier timeout)
+                  "sglang-rank-did-not-finish-loading": "TP rank 0 could finish the model loading, but there are "
+                                                        "other ranks that didn't finish loading. It is likely due to "
+                                                        "unexpected failures (e.g., OOM) or a slow node."}
 
 # Captures: (file, a line of it exactly as printed, found by its line number in the file).
 CAPTURED: dict[str, tuple[str, str]] = {
@@ -187,3 +199,19 @@ def test_printable_escapes_controls_and_cuts():
     assert printable("a\tb\x1b[0m\u202e") == "a\\tb\\x1b[0m\\u202e"
     assert printable("z" * 400).endswith("... [100 more characters]")
     assert match_text("") == [] and match_text("\n\r\r\n\x00") == []
+
+
+REAL_ENGINE = Path(__file__).resolve().parents[1] / "fixtures" / "real-engine" / "0.5.23" / "tp2-slow-rank"
+
+
+def test_the_slow_rank_line_as_the_real_engine_printed_it():
+    """SGLang 0.5.23 itself, TP=2 on this CPU, rank 0 failing at load (tests/fixtures/real-engine/0.5.23/README.md):
+    rank 1's log is recognised by the line SGLang printed there; rank 0's log, which holds the cause, is not called
+    a slow rank."""
+    rank1 = (REAL_ENGINE / "rank1.log").read_text(encoding="utf-8")
+    found = {f.signature: f for f in match_text(rank1, "rank1.log")}
+    assert "sglang-rank-did-not-finish-loading" in found, sorted(found)
+    ev = found["sglang-rank-did-not-finish-loading"].evidence[0]
+    assert ev.text.startswith("ValueError: TP rank 1 could finish the model loading") and ev.line == 71
+    rank0 = (REAL_ENGINE / "rank0.log").read_text(encoding="utf-8")
+    assert "sglang-rank-did-not-finish-loading" not in {f.signature for f in match_text(rank0, "rank0.log")}

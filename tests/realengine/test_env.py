@@ -116,3 +116,23 @@ def test_path_cli_prints_the_built_paths(engine):
     assert Path(got["python"]) == engine.python and Path(got["model"]) == engine.model
     assert hashlib.sha256(Path(got["model"], "model.safetensors").read_bytes()).hexdigest() == \
         engine.info()["models"]["target"]["model.safetensors"]
+
+
+def _cpu_profile_env() -> list[tuple[str, str]]:
+    from sparkctl.config.profile import load_profile
+    names = sorted(p.stem for p in (REPO / "profiles").glob("cpu-*.yml"))
+    return [(name, key) for name in names for key in sorted(load_profile(name).env) if key.startswith("SGLANG_")]
+
+
+@pytest.mark.parametrize("profile,variable", _cpu_profile_env())
+def test_every_sglang_variable_of_a_cpu_profile_is_one_sglang_reads(engine, profile, variable):
+    """A misspelt SGLANG_* variable is silently ignored by SGLang; each one the CPU profiles set (the busy-machine
+    SGLANG_HEALTH_CHECK_TIMEOUT among them) is read by the SGLang the tier runs: named in its source as a string
+    (os.getenv / os.environ) or as an attribute of its `envs` registry (environ.py)."""
+    site = next((engine.root / "venv" / "lib").glob("python3*/site-packages")) / "sglang"
+    quoted, registered = (f'"{variable}"', f"'{variable}'"), f"    {variable} = Env"
+    for path in site.rglob("*.py"):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if any(q in text for q in quoted) or (path.name == "environ.py" and registered in text):
+            return
+    pytest.fail(f"{profile}: {variable} is read nowhere in {site}")

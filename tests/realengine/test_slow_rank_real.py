@@ -1,0 +1,75 @@
+"""A rank SGLang calls slow, on the real engine (issue 31, item 2): SGLang 0.5.23's own "TP rank 1 could finish the
+model loading, but there are other ranks that didn't finish loading ... or a slow node." is printed by the rank that
+reached the barrier after weight loading when another did not (load_model_utils.py, dist_barrier_after_load).
+
+Made here with real parts only: rank 0's node holds a damaged copy of the model (its weights file cut short, as a
+failed copy or a full disk leaves it), so rank 0 fails while loading and rank 1, already at the barrier, prints the
+line. `up` fails naming the doctor's signature and its fix (found in the *other* rank's log), `sparkctl doctor` knows
+the line, and once the node is mended the next `up` deploys.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testrig.embedded import stop_recorded_engines, write_real_engine_inventory
+from testrig.testenv import need_real_engine
+
+pytestmark = pytest.mark.real_engine
+
+SIGNATURE = "sglang-rank-did-not-finish-loading"
+LINE = "could finish the model loading, but there are other ranks that didn't finish loading"
+
+
+@pytest.fixture
+def damaged_rank0(tmp_path: Path):
+    """A real-engine cluster whose rank 0 node (spark-a) reads its models from a copy with the weights cut short."""
+    engine = need_real_engine()
+    inv = write_real_engine_inventory(tmp_path / "inventory.yml", engine, prefix="slow")
+    models = tmp_path / "models-rank0"
+    shutil.copytree(engine.model.parent / "target", models / "target")
+    weights = next((models / "target").glob("*.safetensors"))
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])           # header intact, tensors cut short
+    doc = yaml.safe_load(inv.read_text())
+    doc["all"]["children"]["sparks"]["hosts"]["spark-a"]["host_paths"] = {"models": str(models)}
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPARKCTL_INVENTORY", str(inv))
+        mp.setenv("SPARKCTL_STATE_DIR", str(tmp_path / "state"))
+        for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_") or k in ("SPARKCTL_CRASH_AT",
+                                                                                     "SPARKCTL_API_KEY")]:
+            mp.delenv(key)
+        try:
+            yield inv, engine
+        finally:
+            stop_recorded_engines(inv)
+
+
+def test_a_rank_sglang_calls_slow_is_named_with_its_fix_and_the_next_up_works(cli, damaged_rank0):
+    inv, engine = damaged_rank0
+    code, out, err = cli("up", "--profile", "cpu-tiny", "--yes")
+    assert code == 4, err[-4000:]
+    # the failure names the doctor's signature, its fix and SGLang's own line, wherever rank it was printed by
+    assert f"doctor: {SIGNATURE}" in err and LINE in err, err[-6000:]
+    assert "sparkctl up` again" in err and "sparkctl logs --rank 0" in err, err[-6000:]
+
+    code, out, _ = cli("doctor", "--json", "--no-kernel-log")
+    assert code == 8, out[-3000:]
+    found = {f["signature"]: f for f in json.loads(out)["findings"]}
+    assert SIGNATURE in found, sorted(found)
+
+    # the node mended (its models read from the good build again): the next `up` deploys and serves
+    doc = yaml.safe_load(inv.read_text())
+    doc["all"]["children"]["sparks"]["hosts"]["spark-a"]["host_paths"] = {"models": str(engine.model.parent)}
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    code, out, err = cli("up", "--profile", "cpu-tiny", "--yes", "--json")
+    assert code == 0, err[-4000:]
+    assert json.loads(out)["outcome"] == "deployed"
+    code, out, err = cli("down", "--yes")
+    assert code == 0, out + err
