@@ -468,7 +468,8 @@ class ReplicatedDeployer:
                                       replicas=tuple((r["index"], r["url"]) for r in rec.data.get("replicas", [])))
             if self._router(rec, spec) is None:     # none of ours runs: its ports must be free before anything boots
                 router_launch.check_ports(self.inventory, spec)
-            rec.data.update(profile=profile.name, endpoint=router_endpoint(profile, self.inventory),
+            rec.data.update(profile=profile.name, profile_data=profile.model_dump(mode="json"),
+                            endpoint=router_endpoint(profile, self.inventory),
                             replicas=[{"index": r.index, "url": r.url, "nodes": r.nodes,
                                        "cluster": _recorded_name(rec, r.index)
                                        or replica_cluster(self.inventory.cluster.name, r.index)} for r in reps],

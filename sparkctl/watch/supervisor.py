@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,13 +38,14 @@ from sparkctl.config.inventory import Inventory
 from sparkctl.deploy.commands import Deployer, UpOptions
 from sparkctl.deploy.door import deployed
 from sparkctl.deploy.progress import Reporter
-from sparkctl.errors import LockHeldError, PreflightError, SparkctlError
+from sparkctl.errors import LockHeldError, PreflightError, RestartRefusedError, SparkctlError
 from sparkctl.jsontypes import JSONObject, JSONValue
 from sparkctl.nodes import procfs
 from sparkctl.state.controller import live_lock_holder
 from sparkctl.state.ledger import now_iso
 from sparkctl.state.watchfile import WatchState, exclusive, host, save_watch
 from sparkctl.watch.desired import Desired, Verdict, check, read_desired
+from sparkctl.watch.outbox import Outbox
 
 if TYPE_CHECKING:
     from sparkctl.deploy.results import ReplicatedUpResult, UpResult
@@ -57,12 +59,16 @@ class WatchOptions:
     backoff_s: float = 10.0          # after a failed restart; doubles with each failure in a row
     backoff_max_s: float = 300.0
     max_failures: int = 3            # this many failed restarts within `window_s` is a crash loop
-    window_s: float = 600.0
+    window_s: float = 600.0          # a restart that dies within it counts as a failed one (flapping)
     boot_timeout_s: float | None = None     # for each restart's boot (default: the profile's)
+    fail_checks: int = 2             # failed checks within `fail_window_s` before a restart (one slow check is not)
+    fail_window_s: float = 60.0
+    node_deadline_s: float = 60.0    # the page-cache drop on every node, in total (watch/caches.py)
 
 
 class Watcher:
-    """One cluster's supervisor. `metrics` and `notifier` are optional sinks (watch/metrics.py, watch/notify.py).
+    """One cluster's supervisor. `metrics` and `notifier` are optional sinks (watch/metrics.py, watch/notify.py);
+    the notifier's events go through an `Outbox` (watch/outbox.py): sent off this thread, never under the lock.
 
     Example::
 
@@ -76,7 +82,7 @@ class Watcher:
         self.r = reporter
         self.opts = opts
         self.metrics = metrics
-        self.notifier = notifier
+        self.outbox = Outbox(notifier, reporter) if notifier is not None else None
         self.state = WatchState(pid=os.getpid(), host=host(), start_ticks=procfs.start_ticks(os.getpid()),
                                 since=now_iso(), interval_s=opts.interval_s)
         self.desired = Desired("down")
@@ -85,8 +91,11 @@ class Watcher:
         self.in_a_row = 0
         self.next_attempt = 0.0
         self.detected: float | None = None    # monotonic time the current failure was first seen
+        self.failed_checks: list[float] = []  # monotonic times of the failed checks of the current failure
+        self.restarted_at: float | None = None   # monotonic time of the watcher's last successful restart
         self.waiting_on: int | None = None    # pid of the lock holder we said we wait for
         self.poll_error: str | None = None    # the last poll's own failure, said once
+        self.said_refused: str | None = None  # the last refusal said (said again only when it changes)
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(self, *, polls: int | None = None) -> None:
@@ -99,8 +108,10 @@ class Watcher:
                 self.state.desired = self.desired.label
                 self._save()
                 self._say(f"watching cluster {self.c.name}: desired state {self.desired.label}; a check every "
-                          f"{self.opts.interval_s:g}s, crash loop at {self.opts.max_failures} failed restarts within "
-                          f"{self.opts.window_s:g}s" + (f"; metrics at {self.metrics.url}" if self.metrics else ""))
+                          f"{self.opts.interval_s:g}s, a restart after {self.opts.fail_checks} failed checks within "
+                          f"{self.opts.fail_window_s:g}s, crash loop at {self.opts.max_failures} failed (or died "
+                          f"again) restarts within {self.opts.window_s:g}s"
+                          + (f"; metrics at {self.metrics.url}" if self.metrics else ""))
                 n = 0
                 while polls is None or n < polls:
                     self._poll_once()
@@ -111,6 +122,8 @@ class Watcher:
                 self.state.stopped = now_iso()
                 self._save()
                 self._say("watcher stopped")
+                if self.outbox is not None:
+                    self.outbox.close()
 
     def _poll_once(self) -> None:
         """One poll; a known failure of the poll itself (the ledger damaged, a node not answering over SSH) is
@@ -140,14 +153,20 @@ class Watcher:
         if fp != self.baseline:
             self._adopt(desired, fp)
         verdict = check(self.c, self.desired)
+        new_failure = verdict.healthy is False and self.detected is None
         self._checked(verdict)
         if self.metrics is not None:
-            self.metrics.nodes(self.c.inventory)
+            self.metrics.nodes(self.c.inventory, deadline_s=self.opts.node_deadline_s)
         if verdict.healthy is not False:
+            return
+        if new_failure and self._flapped(verdict):
             return
         if self.state.gave_up or time.monotonic() < self.next_attempt:
             return
-        self._restart()
+        if len(self.failed_checks) < self.opts.fail_checks:
+            return                      # one missed check is a slow rank, not a dead one: look again first
+        self._drop_caches()             # a node action: before the lock, with its own deadline
+        self._locked(lambda: self._recheck_and_attempt())
 
     # -- deciding ----------------------------------------------------------------------------------------------
     def _checked(self, v: Verdict) -> None:
@@ -156,12 +175,19 @@ class Watcher:
         if self.metrics is not None:
             self.metrics.check(self.c, self.desired, v, gave_up=self.state.gave_up is not None)
         lines = []
+        if v.healthy is False:
+            self.failed_checks = [t for t in self.failed_checks if now - t <= self.opts.fail_window_s] + [now]
+        else:
+            self.failed_checks = []
         if v.healthy is False and self.detected is None:
             self.detected = now
             self.state.detected_at = now_iso()
             lines.append(f"detected: {self.desired.label} is not serving ({v.reason}): {v.detail}")
             if self.state.gave_up:
                 lines.append(f"not acting: {self.state.gave_up}")
+            elif self.opts.fail_checks > 1:
+                lines.append(f"restarting after {self.opts.fail_checks} failed checks within "
+                             f"{self.opts.fail_window_s:g}s (a rank that is only slow is not restarted)")
         elif v.healthy is not False and self.detected is not None:
             took = round(now - self.detected, 3)
             self.detected = None
@@ -174,6 +200,21 @@ class Watcher:
         for line in lines:
             self._say(line)
 
+    def _flapped(self, v: Verdict) -> bool:
+        """A failure seen within `window_s` of the watcher's own successful restart: that restart did not hold,
+        and it counts as a failed one (backoff, crash loop). True when the watcher gave up on it."""
+        if self.restarted_at is None or self.state.gave_up:
+            return False
+        now = time.monotonic()
+        lasted = now - self.restarted_at
+        if lasted > self.opts.window_s:
+            return False
+        self.restarted_at = None
+        self.state.flaps += 1
+        self._counted_failure(v, f"{self.desired.label} died {lasted:.1f}s after the watcher's restart (flapping)",
+                              "died-after-restart")
+        return self.state.gave_up is not None
+
     def _wait_on(self, holder: JSONObject) -> None:
         if self.waiting_on != holder.get("pid"):
             self.waiting_on = holder.get("pid")
@@ -182,22 +223,27 @@ class Watcher:
 
     def _adopt(self, desired: Desired, fp: str) -> None:
         """Someone else changed the cluster (a user's up, rollback, down, repair): that is the desired state now,
-        and whatever the watcher had decided before (backoff, crash loop, give-up) is forgotten."""
+        and whatever the watcher had decided before (backoff, crash loop, give-up, a refusal) is forgotten."""
         before = self.desired.label
         self.desired, self.baseline = desired, fp
         self.failed_at.clear()
-        self.in_a_row, self.next_attempt, self.detected = 0, 0.0, None
+        self.failed_checks.clear()
+        self.in_a_row, self.next_attempt, self.detected, self.restarted_at = 0, 0.0, None, None
         was_given_up = self.state.gave_up is not None
-        self.state.gave_up = None
+        self.state.gave_up = self.state.refused = self.said_refused = None
         self.state.desired = desired.label
         self._save()
+        if self.metrics is not None:
+            self.metrics.refused(False)
         if was_given_up:
             self._say("a command changed the cluster after the watcher gave up: acting again")
         if desired.label != before:
             self._act_line(f"followed a command: desired state {before} -> {desired.label}")
 
     # -- acting ------------------------------------------------------------------------------------------------
-    def _restart(self) -> None:
+    def _locked(self, action: Callable[[], None]) -> None:
+        """Run `action` under the cluster lock (a held lock: wait for the next poll). Only the ledger and the
+        action itself run under it: events are queued (sent by the outbox), node reads happen before."""
         try:
             lock = self.c.ledger.lock("watch")
             lock.__enter__()
@@ -209,12 +255,15 @@ class Watcher:
             if fp != self.baseline:
                 self._adopt(desired, fp)
                 return
-            v = check(self.c, self.desired)
-            if v.healthy is not False:
-                return
-            self._attempt(v)
+            action()
         finally:
             lock.__exit__(None, None, None)
+
+    def _recheck_and_attempt(self) -> None:
+        v = check(self.c, self.desired)
+        if v.healthy is not False:
+            return
+        self._attempt(v)
 
     def _attempt(self, v: Verdict) -> None:
         label = self.desired.label
@@ -222,13 +271,16 @@ class Watcher:
         self._act_line(f"restarting {label} ({v.reason}): the whole group in order, with up's gates "
                        f"(attempt {self.in_a_row + 1})")
         t0 = time.monotonic()
-        self._drop_caches()
         try:
             result = self._up_again()
         except LockHeldError as exc:        # a replica's own lock (a command on it): wait, like for the cluster's
             self._after_own_action(success=False)
             self.state.restarts -= 1
             self._say(f"waiting: {exc.message}")
+            return
+        except RestartRefusedError as exc:  # it cannot be started as recorded: nothing was changed; say so loudly
+            self.state.restarts -= 1
+            self._refused(v, exc)
             return
         except PreflightError as exc:       # nothing was changed: the nodes are not ready (a fabric still down
             self._after_own_action(success=False)      # after a reboot); back off, but it is no crash loop
@@ -240,24 +292,28 @@ class Watcher:
             return
         self._after_own_action(success=True)
         self.in_a_row = 0
+        self.restarted_at = time.monotonic()
+        self.state.refused = self.said_refused = None
         took = time.monotonic() - t0
         new = getattr(result, "deployment", None) or label
         if self.metrics is not None:
             self.metrics.restart(v.reason, "ok")
+            self.metrics.refused(False)
         self._checked(check(self.c, self.desired))     # serving again: the time to recover is known now
         self._act_line(f"restarted {label} as {new} ({v.reason}) in {took:.1f}s")
         self._notify("restart", v, outcome="ok", deployment=new, seconds=round(took, 3))
 
     def _drop_caches(self) -> None:
         """Before the group boots again: drop the page cache on the nodes where `prepare` granted it
-        (watch/caches.py), and say what was done and where it was not granted."""
+        (watch/caches.py), within `node_deadline_s` in total, outside the lock; say what was done and where not."""
         from sparkctl.watch.caches import drop_caches, summary
-        line = summary(drop_caches(self.c.inventory))
+        line = summary(drop_caches(self.c.inventory, deadline_s=self.opts.node_deadline_s))
         if line:
             self._say(line)
 
     def _up_again(self) -> UpResult | ReplicatedUpResult:
-        """Restart what is desired the way deploy's door says it is restarted (`door.Deployed.restart`)."""
+        """Restart what is desired the way deploy's door says it is restarted (`door.Deployed.restart`: exactly
+        the recorded deployment, or RestartRefusedError)."""
         target = self.desired.target
         if target is None:           # a desired state not read from the ledger: read it now
             target = deployed(self.d)
@@ -271,26 +327,65 @@ class Watcher:
             self.desired = desired
             self.state.desired = desired.label
 
+    def _refused(self, v: Verdict, exc: SparkctlError) -> None:
+        """A restart that cannot start what was deployed: nothing started, loudly (log, status, metrics, webhook),
+        then a backoff (a mount may come back) that does not count toward the crash loop (a rollback would not
+        start what was deployed either). Said again only when the reason changes: the output stays bounded."""
+        first = exc.message.splitlines()[0]
+        self.in_a_row += 1
+        self.state.refused = f"{first} ({exc.hint})" if exc.hint else first
+        if self.metrics is not None:
+            self.metrics.restart(v.reason, "refused")
+            self.metrics.refused(True)
+        if self.state.refused != self.said_refused:
+            self.said_refused = self.state.refused
+            self._act_line(f"REFUSED to restart {self.desired.label}: {self.state.refused}; nothing was started")
+            self._notify("refused", v, outcome="refused", error=first)
+        self._back_off(time.monotonic(), "the restart is refused until what is missing is back")
+
     def _failed(self, v: Verdict, exc: SparkctlError, *, counts: bool = True) -> None:
         """A failed restart: backoff; `counts` toward the crash loop unless preflight refused it (nothing was
         changed, and rolling back cannot help nodes that are not ready: the watcher keeps trying, backing off)."""
-        now = time.monotonic()
         self.state.failures += 1
-        self.in_a_row += 1
-        self.failed_at = [t for t in self.failed_at if now - t <= self.opts.window_s] + ([now] if counts else [])
         first = exc.message.splitlines()[0]
-        self._act_line(f"restart of {self.desired.label} failed: {first}"
-                       + ("" if counts else " (preflight: nothing changed; not counted toward the crash loop)"))
-        if self.metrics is not None:
-            self.metrics.restart(v.reason, "failed" if counts else "preflight-failed")
-        self._notify("restart", v, outcome="failed" if counts else "preflight-failed", error=first)
-        if len(self.failed_at) >= self.opts.max_failures:
-            self._give_up(v)
+        if counts:
+            self._counted_failure(v, f"restart of {self.desired.label} failed: {first}", "failed", error=first)
             return
-        delay = min(self.opts.backoff_s * 2 ** (self.in_a_row - 1), self.opts.backoff_max_s)
+        self.in_a_row += 1
+        self._act_line(f"restart of {self.desired.label} failed: {first} (preflight: nothing changed; not counted "
+                       f"toward the crash loop)")
+        if self.metrics is not None:
+            self.metrics.restart(v.reason, "preflight-failed")
+        self._notify("restart", v, outcome="preflight-failed", error=first)
+        self._back_off(time.monotonic(), "")
+
+    def _counted_failure(self, v: Verdict, line: str, outcome: str, *, error: str | None = None) -> None:
+        """One failure of the crash loop (a failed restart, or a restart that died within the window): said,
+        counted, notified; then the backoff, or at `max_failures` within `window_s` the rollback and give-up."""
+        now = time.monotonic()
+        if outcome != "failed":
+            self.state.failures += 1
+        self.in_a_row += 1
+        self.failed_at = [t for t in self.failed_at if now - t <= self.opts.window_s] + [now]
+        self._act_line(line)
+        if self.metrics is not None:
+            self.metrics.restart(v.reason, outcome)
+        self._notify("restart", v, outcome=outcome, error=error or line)
+        if len(self.failed_at) >= self.opts.max_failures:
+            if outcome == "failed":
+                self._give_up(v)               # already under the lock (the failed restart's)
+            else:
+                self._locked(lambda: self._give_up(v))
+            return
+        self._back_off(now, "")
+
+    def _back_off(self, now: float, why: str) -> None:
+        n = max(self.in_a_row, len(self.failed_at), 1)
+        delay = min(self.opts.backoff_s * 2 ** (n - 1), self.opts.backoff_max_s)
         self.next_attempt = now + delay
         self._say(f"next attempt in {delay:g}s ({len(self.failed_at)} of {self.opts.max_failures} failed restarts "
-                  f"within {self.opts.window_s:g}s before the watcher rolls back and stops acting)")
+                  f"within {self.opts.window_s:g}s before the watcher rolls back and stops acting)"
+                  + (f"; {why}" if why else ""))
 
     def _give_up(self, v: Verdict) -> None:
         label = self.desired.label
@@ -335,13 +430,14 @@ class Watcher:
             self.r.event(f"note: could not write the watcher's state: {exc.message}")
 
     def _notify(self, event: str, v: Verdict, **extra: JSONValue) -> None:
-        if self.notifier is None:
+        """Queue one webhook event (watch/outbox.py sends it off this thread: never a wait, never under the lock)."""
+        if self.outbox is None:
             return
         key_env: tuple[str, ...] = ()
         if self.desired.kind == "deployment":
             with contextlib.suppress(SparkctlError):
                 key_env = tuple(filter(None, [self.c.ledger.load(str(self.desired.deployment)).api_key_env]))
-        self.notifier.send({"event": event, "cluster": self.c.name, "desired": self.desired.label,
-                            "reason": v.reason, "detail": v.detail, "restarts": self.state.restarts,
-                            "failures": self.state.failures, "gave_up": self.state.gave_up, "at": now_iso(),
-                            **extra}, self.r, secret_env=key_env)
+        self.outbox.put({"event": event, "cluster": self.c.name, "desired": self.desired.label,
+                         "reason": v.reason, "detail": v.detail, "restarts": self.state.restarts,
+                         "failures": self.state.failures, "flaps": self.state.flaps, "gave_up": self.state.gave_up,
+                         "refused": self.state.refused, "at": now_iso(), **extra}, secret_env=key_env)
