@@ -46,6 +46,7 @@ from sparkctl.deploy.steps import RESTORE_COMMAND, TRANSACTION_COMMANDS
 from sparkctl.errors import ConfigError, RestartRefusedError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.router.replicas import router_endpoint
+from sparkctl.sglang.launch import ENGINE_SECRETS_FILE, SECRETS_MOUNT
 from sparkctl.state.records import DeploymentRecord
 
 Confirm = Callable[[str, Plan | None], bool]     # (what is about to happen, the plan when there is one) -> go on?
@@ -141,8 +142,7 @@ def as_recorded(d: Deployer, record: DeploymentRecord) -> Profile:
     was = [s.model_dump(mode="json", include=_COMPARED) for s in record.specs]
     if now == was:
         return profile
-    api = profile.api
-    unset = [n for n in (api.api_key_env, api.hf_token_env) if n and not os.environ.get(n)]
+    unset = missing_secrets(record)
     if unset:
         raise RestartRefusedError(
             f"restarting {record.id} ({record.profile}) here would start it without its secrets: "
@@ -156,6 +156,18 @@ def as_recorded(d: Deployer, record: DeploymentRecord) -> Profile:
                               hint="the inventory or this environment changed since the deployment: deploy "
                                    "again yourself (sparkctl up --profile ...) to make the new launch the "
                                    "recorded one")
+
+
+def missing_secrets(record: DeploymentRecord) -> list[str]:
+    """The secret variables `record` was deployed with (its API key passed in the engine's secrets file, its HF
+    token through HF_TOKEN_PATH) that are not set in this environment: an unattended `up` here would start it
+    without them. Used before the watcher restarts a deployment or rolls a crash loop back from it."""
+    api = record.profile_data.get("api") or {}
+    key_env, hf_env = api.get("api_key_env"), api.get("hf_token_env")
+    secrets_file = f"{SECRETS_MOUNT}/{ENGINE_SECRETS_FILE}"
+    used_key = any(secrets_file in s.argv for s in record.specs)
+    used_hf = any("HF_TOKEN_PATH" in s.env for s in record.specs)
+    return [str(n) for n, used in ((key_env, used_key), (hf_env, used_hf)) if n and used and not os.environ.get(str(n))]
 
 
 def _first_difference(was: list[JSONObject], now: list[JSONObject]) -> str:

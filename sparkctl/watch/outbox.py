@@ -85,6 +85,8 @@ class Outbox:
         """Send what is queued within `deadline_s` in total; what is left then is said and dropped."""
         end = time.monotonic() + deadline_s
         with self._cv:
+            if self._closed:
+                return
             while (self._queue or self._busy) and time.monotonic() < end:
                 self._cv.wait(timeout=max(0.0, min(0.2, end - time.monotonic())))
             left = len(self._queue) + (1 if self._busy else 0)

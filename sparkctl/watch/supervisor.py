@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.deploy.commands import Deployer, UpOptions
-from sparkctl.deploy.door import deployed
+from sparkctl.deploy.door import deployed, missing_secrets
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import LockHeldError, PreflightError, RestartRefusedError, SparkctlError
 from sparkctl.jsontypes import JSONObject, JSONValue
@@ -44,13 +45,24 @@ from sparkctl.nodes import procfs
 from sparkctl.state.controller import live_lock_holder
 from sparkctl.state.ledger import now_iso
 from sparkctl.state.watchfile import WatchState, exclusive, host, save_watch
+from sparkctl.watch.deadline import within
 from sparkctl.watch.desired import Desired, Verdict, check, read_desired
 from sparkctl.watch.outbox import Outbox
 
 if TYPE_CHECKING:
     from sparkctl.deploy.results import ReplicatedUpResult, UpResult
+    from sparkctl.state.records import DeploymentRecord
     from sparkctl.watch.metrics import WatchMetrics
     from sparkctl.watch.notify import Notifier
+
+
+# What the watcher does on its own, each with every outside call it makes (the webhook event, the node actions).
+# tests/watch/test_watch_matrix.py is generated from this list: an action added here without a driver there fails.
+ACTIONS: dict[str, str] = {
+    "restart": "a failed group restarted: the recorded deployment through door's restart (`_attempt`), or refused",
+    "flap": "a restart that died again within the window: counted toward the crash loop, backed off (`_flapped`)",
+    "give-up": "the crash loop's rollback, then no more action until a user's command (`_give_up`)",
+}
 
 
 @dataclass
@@ -63,7 +75,7 @@ class WatchOptions:
     boot_timeout_s: float | None = None     # for each restart's boot (default: the profile's)
     fail_checks: int = 2             # failed checks within `fail_window_s` before a restart (one slow check is not)
     fail_window_s: float = 60.0
-    node_deadline_s: float = 60.0    # the page-cache drop on every node, in total (watch/caches.py)
+    node_deadline_s: float = 30.0    # a node action in total: the page-cache drop, one check's metrics reads
 
 
 class Watcher:
@@ -96,22 +108,15 @@ class Watcher:
         self.waiting_on: int | None = None    # pid of the lock holder we said we wait for
         self.poll_error: str | None = None    # the last poll's own failure, said once
         self.said_refused: str | None = None  # the last refusal said (said again only when it changes)
+        self.said_nodes_slow = False
+        self._cache_gate, self._nodes_gate = threading.Lock(), threading.Lock()   # one node action of each at once
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(self, *, polls: int | None = None) -> None:
         """Poll until interrupted (or `polls` times). LockHeldError (exit 5) when the cluster is already watched."""
         with exclusive(self.c.ledger.root):
             try:         # from the lock on: however it ends (a signal at any point), it says it stopped
-                if self.metrics is not None:
-                    self.state.metrics = self.metrics.url
-                self.desired, self.baseline = read_desired(self.c)
-                self.state.desired = self.desired.label
-                self._save()
-                self._say(f"watching cluster {self.c.name}: desired state {self.desired.label}; a check every "
-                          f"{self.opts.interval_s:g}s, a restart after {self.opts.fail_checks} failed checks within "
-                          f"{self.opts.fail_window_s:g}s, crash loop at {self.opts.max_failures} failed (or died "
-                          f"again) restarts within {self.opts.window_s:g}s"
-                          + (f"; metrics at {self.metrics.url}" if self.metrics else ""))
+                self.begin()
                 n = 0
                 while polls is None or n < polls:
                     self._poll_once()
@@ -119,11 +124,28 @@ class Watcher:
                     if polls is None or n < polls:
                         time.sleep(self.opts.interval_s)
             finally:
-                self.state.stopped = now_iso()
-                self._save()
-                self._say("watcher stopped")
-                if self.outbox is not None:
-                    self.outbox.close()
+                self.end()
+
+    def begin(self) -> None:
+        """Read the desired state and say what is watched (`run` calls it under the watcher's lock)."""
+        if self.metrics is not None:
+            self.state.metrics = self.metrics.url
+        self.desired, self.baseline = read_desired(self.c)
+        self.state.desired = self.desired.label
+        self._save()
+        self._say(f"watching cluster {self.c.name}: desired state {self.desired.label}; a check every "
+                  f"{self.opts.interval_s:g}s, a restart after {self.opts.fail_checks} failed checks within "
+                  f"{self.opts.fail_window_s:g}s, crash loop at {self.opts.max_failures} failed (or died "
+                  f"again) restarts within {self.opts.window_s:g}s"
+                  + (f"; metrics at {self.metrics.url}" if self.metrics else ""))
+
+    def end(self) -> None:
+        """Say it stopped (in its file too), and give the queued webhook events their last deadline."""
+        self.state.stopped = now_iso()
+        self._save()
+        self._say("watcher stopped")
+        if self.outbox is not None:
+            self.outbox.close()
 
     def _poll_once(self) -> None:
         """One poll; a known failure of the poll itself (the ledger damaged, a node not answering over SSH) is
@@ -155,8 +177,7 @@ class Watcher:
         verdict = check(self.c, self.desired)
         new_failure = verdict.healthy is False and self.detected is None
         self._checked(verdict)
-        if self.metrics is not None:
-            self.metrics.nodes(self.c.inventory, deadline_s=self.opts.node_deadline_s)
+        self._read_nodes()
         if verdict.healthy is not False:
             return
         if new_failure and self._flapped(verdict):
@@ -186,8 +207,8 @@ class Watcher:
             if self.state.gave_up:
                 lines.append(f"not acting: {self.state.gave_up}")
             elif self.opts.fail_checks > 1:
-                lines.append(f"restarting after {self.opts.fail_checks} failed checks within "
-                             f"{self.opts.fail_window_s:g}s (a rank that is only slow is not restarted)")
+                lines.append(f"acting once {self.opts.fail_checks} checks within {self.opts.fail_window_s:g}s "
+                             f"have failed (a rank that is only slow is left alone)")
         elif v.healthy is not False and self.detected is not None:
             took = round(now - self.detected, 3)
             self.detected = None
@@ -250,6 +271,12 @@ class Watcher:
         except LockHeldError as exc:
             self._say(f"waiting: {exc.message}")
             return
+        except SparkctlError as exc:        # the state directory full or unwritable: no command could act either
+            self.in_a_row += 1
+            self._act_line(f"could not act on {self.desired.label}: {exc.message.splitlines()[0]}"
+                           + (f" ({exc.hint})" if exc.hint else ""))
+            self._back_off(time.monotonic(), "nothing was started")
+            return
         try:
             desired, fp = read_desired(self.c)          # under the lock: what a command did just before counts
             if fp != self.baseline:
@@ -307,9 +334,25 @@ class Watcher:
         """Before the group boots again: drop the page cache on the nodes where `prepare` granted it
         (watch/caches.py), within `node_deadline_s` in total, outside the lock; say what was done and where not."""
         from sparkctl.watch.caches import drop_caches, summary
-        line = summary(drop_caches(self.c.inventory, deadline_s=self.opts.node_deadline_s))
+        limit = self.opts.node_deadline_s
+        done, results = within(limit, lambda: drop_caches(self.c.inventory, deadline_s=limit), gate=self._cache_gate)
+        line = summary(results) if done and results is not None else (
+            f"page cache not dropped: the nodes did not answer within {limit:g}s (or an earlier drop still runs); "
+            f"the restart goes on")
         if line:
             self._say(line)
+
+    def _read_nodes(self) -> None:
+        """The metrics' node samples, within `node_deadline_s` in total (a node that hangs costs that, once: the
+        next read does not start while the last one still runs); said once while it lasts."""
+        metrics = self.metrics
+        if metrics is None:
+            return
+        limit = self.opts.node_deadline_s
+        done, _ = within(limit, lambda: metrics.nodes(self.c.inventory, deadline_s=limit), gate=self._nodes_gate)
+        if not done and not self.said_nodes_slow:
+            self._say(f"node samples not read within {limit:g}s (a node slow or not answering); the checks go on")
+        self.said_nodes_slow = not done
 
     def _up_again(self) -> UpResult | ReplicatedUpResult:
         """Restart what is desired the way deploy's door says it is restarted (`door.Deployed.restart`: exactly
@@ -393,17 +436,15 @@ class Watcher:
         if self.desired.kind == "deployment":
             failing = self.c.ledger.load(str(self.desired.deployment))
             self._say(f"crash loop: {n} failed restarts of {label} within {self.opts.window_s:g}s: rolling back")
-            try:
-                res = self.d.rollback(None, UpOptions(boot_timeout_s=self.opts.boot_timeout_s), failing=failing)
-                rolled = f"rolled back to {res.deployment} ({res.profile})"
-                self.state.rollbacks += 1
+            unset = missing_secrets(failing)
+            if unset:       # whatever it rolls back to would start here without them: nothing weaker is started
+                rolled = (f"not rolled back: {', '.join(unset)} not set in the watcher's environment (the deployment "
+                          f"was made with them; anything started here would lack them)")
+                self.state.refused = rolled
                 if self.metrics is not None:
-                    self.metrics.rollback("ok")
-            except SparkctlError as exc:
-                rolled = f"the rollback failed: {exc.message.splitlines()[0]}"
-                if self.metrics is not None:
-                    self.metrics.rollback("failed")
-            self._after_own_action(success=True)
+                    self.metrics.refused(True)
+            else:
+                rolled = self._roll_back(failing)
         else:
             rolled = "not rolled back (a replicated deployment keeps no known-good history)"
         self.state.gave_up = (f"crash loop: {n} failed restarts of {label} within {self.opts.window_s:g}s; {rolled}; "
@@ -412,6 +453,21 @@ class Watcher:
         self._checked(check(self.c, self.desired))      # what runs after the rollback, seen before the line
         self._act_line(f"gave up: {self.state.gave_up}")
         self._notify("give-up", v, outcome=rolled)
+
+    def _roll_back(self, failing: DeploymentRecord) -> str:
+        """The crash loop's rollback (never to the launch identity that keeps failing); what it did, in a phrase."""
+        try:
+            res = self.d.rollback(None, UpOptions(boot_timeout_s=self.opts.boot_timeout_s), failing=failing)
+            rolled = f"rolled back to {res.deployment} ({res.profile})"
+            self.state.rollbacks += 1
+            if self.metrics is not None:
+                self.metrics.rollback("ok")
+        except SparkctlError as exc:
+            rolled = f"the rollback failed: {exc.message.splitlines()[0]}"
+            if self.metrics is not None:
+                self.metrics.rollback("failed")
+        self._after_own_action(success=True)
+        return rolled
 
     # -- reporting ---------------------------------------------------------------------------------------------
     def _say(self, message: str) -> None:
