@@ -4,17 +4,24 @@ Each poll reads the desired state from the ledger (a user's `up`, `rollback` or 
 the new one: `desired.read_desired`'s fingerprint changed) and checks it (`desired.check`). On a failure it acts
 under the cluster lock, like every command, after reading the ledger and checking once more there:
 
-* a TP group is restarted as a whole by `Deployer.up` of the deployment's own recorded profile: stop what is left
-  (kept restartable), boot ranks N-1 ... 1 then 0, warm-up, every gate, hand-off; a group that fails them is
-  restored by that `up` (its own undo). A replicated deployment goes through the replicated `up` (a replica
-  that fails is redeployed alone; a router that is gone is started again). Which of the two is deploy's door's
-  answer (`door.deployed(...).restart`); the watcher does not choose.
-* failed attempts back off (`backoff_s`, doubling up to `backoff_max_s`); `max_failures` failures within
-  `window_s` are a crash loop: the watcher rolls back (`Deployer.rollback`, never to the launch identity that
-  keeps failing), then stops acting and says why, and keeps checking and reporting until a user's command gives
-  it a new desired state.
-* before each restart the page cache is dropped on the nodes where `sparkctl prepare` granted it
-  (watch/caches.py: GB10's page cache holds the unified memory the boot needs); where it did not, the log says so.
+* it acts once `fail_checks` checks within `fail_window_s` have failed (one slow check is not a dead rank).
+* a TP group is restarted as a whole by `up` of the deployment **as recorded** (door's `Deployed.restart`: the
+  record's profile, every rank rendered again and compared with the record first): stop what is left (kept
+  restartable), boot ranks N-1 ... 1 then 0, warm-up, every gate, hand-off; a group that fails them is restored by
+  that `up` (its own undo). A replicated deployment goes through the replicated `up` of the profile its record
+  kept (a replica that fails is redeployed alone; a router that is gone is started again). What cannot be started
+  exactly as recorded (a secret's variable missing here, an inventory changed) is refused loudly (log, status,
+  metrics, webhook), nothing started, and retried after the backoff without counting toward the crash loop.
+* failed attempts back off (`backoff_s`, doubling up to `backoff_max_s`); a restart that served and died again
+  within `window_s` is a failed one too (flapping); `max_failures` failures within `window_s` are a crash loop:
+  the watcher rolls back (`Deployer.rollback`, never to the launch identity that keeps failing, never without the
+  failing deployment's secrets), then stops acting and says why, and keeps checking and reporting until a user's
+  command gives it a new desired state.
+* before each restart, and before the lock is taken, the page cache is dropped on the nodes where `sparkctl
+  prepare` granted it (watch/caches.py: GB10's page cache holds the unified memory the boot needs); where it did
+  not, the log says so. It and the metrics' node reads run within `node_deadline_s` in total (watch/deadline.py).
+* the cluster lock is held for the restart or rollback itself only: webhook events are queued and sent by the
+  outbox's thread (watch/outbox.py), so a hook that hangs never holds the lock, a check, or a user's command.
 * a restart that preflight refuses changed nothing (the nodes are not ready, e.g. a fabric still down after a
   reboot): it backs off like any failure but does not count toward the crash loop.
 * a lock held by someone else (a user's command) is never fought: the watcher waits for the next poll and reads
