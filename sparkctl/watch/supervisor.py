@@ -17,17 +17,13 @@ under the cluster lock, like every command, after reading the ledger and checkin
   the watcher rolls back (`Deployer.rollback`, never to the launch identity that keeps failing, never without the
   failing deployment's secrets), then stops acting and says why, and keeps checking and reporting until a user's
   command gives it a new desired state.
-* before each restart, and before the lock is taken, the page cache is dropped on the nodes where `sparkctl
-  prepare` granted it (watch/caches.py: GB10's page cache holds the unified memory the boot needs); where it did
-  not, the log says so. It and the metrics' node reads run within `node_deadline_s` in total (watch/deadline.py).
+* before each restart, before the lock, the page cache is dropped where `prepare` granted it (watch/caches.py);
+  it and the metrics' node reads run within `node_deadline_s` in total (watch/deadline.py).
 * the cluster lock is held for the restart or rollback itself only: webhook events are queued and sent by the
   outbox's thread (watch/outbox.py), so a hook that hangs never holds the lock, a check, or a user's command.
-* a restart that preflight refuses changed nothing (the nodes are not ready, e.g. a fabric still down after a
-  reboot): it backs off like any failure but does not count toward the crash loop.
-* a lock held by someone else (a user's command) is never fought: the watcher waits for the next poll and reads
-  the desired state again.
-* a poll that cannot read the cluster (a damaged ledger, a node not answering) is reported once and decides
-  nothing; the watcher goes on.
+* a restart that preflight refuses changed nothing (nodes not ready): backed off, not counted as a crash loop.
+* a lock held by a user's command is never fought: the watcher waits and reads the desired state again after it.
+* a poll that cannot read the cluster (a damaged ledger, a node not answering) is said once and decides nothing.
 
 SIGINT/SIGTERM/SIGHUP reach it as `Interrupted` (cli/signals.py): between polls it ends at once; during a restart,
 `up`'s own path stops what it started and restores the previous deployment, then the watcher ends.
@@ -194,7 +190,7 @@ class Watcher:
         if len(self.failed_checks) < self.opts.fail_checks:
             return                      # one missed check is a slow rank, not a dead one: look again first
         self._drop_caches()             # a node action: before the lock, with its own deadline
-        self._locked(lambda: self._recheck_and_attempt())
+        self._locked(self._attempt)
 
     # -- deciding ----------------------------------------------------------------------------------------------
     def _checked(self, v: Verdict) -> None:
@@ -293,13 +289,11 @@ class Watcher:
         finally:
             lock.__exit__(None, None, None)
 
-    def _recheck_and_attempt(self) -> None:
+    def _attempt(self) -> None:
+        """Under the lock: check once more, then restart (or refuse, or count the failure)."""
         v = check(self.c, self.desired)
         if v.healthy is not False:
             return
-        self._attempt(v)
-
-    def _attempt(self, v: Verdict) -> None:
         label = self.desired.label
         self.state.restarts += 1
         self._act_line(f"restarting {label} ({v.reason}): the whole group in order, with up's gates "

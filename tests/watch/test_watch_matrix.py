@@ -183,7 +183,8 @@ def _apply_fault(cell: Cell, tmp_path: Path, profiles_dir: Path, monkeypatch) ->
         (profiles_dir / "cell.yml").write_text("extends: d5\nserver: {mem_fraction_static: 0.7}\n")
     elif f == "lock-held":
         code = ("import sys\nfrom pathlib import Path\nfrom sparkctl.state.ledger import Ledger\n"
-                f"with Ledger(Path({str(cell.root)!r})).lock('down'):\n    print('held', flush=True)\n    sys.stdin.read()\n")
+                f"with Ledger(Path({str(cell.root)!r})).lock('down'):\n"
+                "    print('held', flush=True)\n    sys.stdin.read()\n")
         holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   text=True)
         assert holder.stdout.readline().strip() == "held"
@@ -328,6 +329,8 @@ def _invariants(cell: Cell, outcome: str, metrics, ledger: Ledger) -> None:
         assert cell.w.outbox is not None and cell.w.outbox.pending() >= 1      # still hanging now ...
         with ledger.lock("test"):                                              # ... and the lock is free
             pass
+    if cell.fault == "node-command-hanging":
+        assert "node samples not read within 1s" in text, "the hanging nvidia-smi was run and cut at the deadline"
     # I3: bounded output
     assert len(text) < OUTPUT_BOUND and (cell.root / "watch.log").stat().st_size < OUTPUT_BOUND \
         if (cell.root / "watch.log").exists() else len(text) < OUTPUT_BOUND
