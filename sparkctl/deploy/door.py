@@ -145,14 +145,14 @@ def as_recorded(d: Deployer, record: DeploymentRecord) -> Profile:
     unset = missing_secrets(record)
     if unset:
         raise RestartRefusedError(
-            f"restarting {record.id} ({record.profile}) here would start it without its secrets: "
+            f"{record.id} ({record.profile}) would come back without its secrets: "
             f"{', '.join(unset)} {'is' if len(unset) == 1 else 'are'} not set in this environment, and the "
             f"deployment was made with {'it' if len(unset) == 1 else 'them'} (an API key left out would serve "
             f"without one)", where=where,
             hint="give the watcher the variable (its unit's EnvironmentFile, e.g. ~/.config/sparkctl/watch.env, "
                  "docs/watch.md), then restart the watcher")
-    raise RestartRefusedError(f"restarting {record.id} ({record.profile}) here would not start what was "
-                              f"deployed: {_first_difference(was, now)}", where=where,
+    raise RestartRefusedError(f"{record.id} ({record.profile}) would not come back as it was deployed: "
+                              f"{_first_difference(was, now)}", where=where,
                               hint="the inventory or this environment changed since the deployment: deploy "
                                    "again yourself (sparkctl up --profile ...) to make the new launch the "
                                    "recorded one")

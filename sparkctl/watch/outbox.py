@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from sparkctl.watch.notify import Notifier
 
 MAX_EVENTS = 32
-CLOSE_DEADLINE_S = 10.0
+CLOSE_DEADLINE_S = 5.0
 
 
 class Outbox:
