@@ -171,14 +171,24 @@ def missing_secrets(record: DeploymentRecord) -> list[str]:
 
 
 def _first_difference(was: list[JSONObject], now: list[JSONObject]) -> str:
-    """One line saying where two rank lists first differ (values cut: never a secret, the specs are redacted)."""
+    """One line saying where two rank lists first differ: the rank, the field and its first differing item (values
+    cut; never a secret: the specs are redacted)."""
     from sparkctl.untrusted import clean
     if len(was) != len(now):
         return f"{len(was)} ranks recorded, {len(now)} rendered now"
     for a, b in zip(was, now, strict=True):
         for key in sorted(_COMPARED):
-            if a.get(key) != b.get(key):
-                return clean(f"rank {a.get('rank')} {key}: recorded {a.get(key)!r}, now {b.get(key)!r}", 300)
+            av, bv = a.get(key), b.get(key)
+            if av == bv:
+                continue
+            where, old, new = key, av, bv
+            if isinstance(av, list) and isinstance(bv, list):
+                i = next((i for i, (x, y) in enumerate(zip(av, bv)) if x != y), min(len(av), len(bv)))
+                where, old, new = f"{key}[{i}]", av[i] if i < len(av) else None, bv[i] if i < len(bv) else None
+            elif isinstance(av, dict) and isinstance(bv, dict):
+                k = sorted(n for n in set(av) | set(bv) if av.get(n) != bv.get(n))[0]
+                where, old, new = f"{key} {k}", av.get(k), bv.get(k)
+            return clean(f"rank {a.get('rank')} {where}: recorded {old!r}, now {new!r}", 300)
     return "the ranks differ"
 
 
