@@ -1,8 +1,7 @@
-"""The supervisor loop: observe -> decide -> act, every `interval_s`, through deploy's one door.
-
-Each poll reads the desired state from the ledger (a user's `up`, `rollback` or `down` since the last poll becomes
-the new one: `desired.read_desired`'s fingerprint changed) and checks it (`desired.check`). On a failure it acts
-under the cluster lock, like every command, after reading the ledger and checking once more there:
+"""The supervisor loop: observe -> decide -> act, every `interval_s`, through deploy's one door. Each poll reads the
+desired state from the ledger (a user's `up`, `rollback` or `down` since the last poll becomes the new one:
+`desired.read_desired`'s fingerprint changed) and checks it (`desired.check`). On a failure it acts under the cluster
+lock, like every command, after reading the ledger and checking once more there:
 
 * it acts once `fail_checks` checks within `fail_window_s` have failed (one slow check is not a dead rank).
 * a TP group is restarted as a whole by `up` of the deployment **as recorded** (door's `Deployed.restart`: the
@@ -59,8 +58,7 @@ if TYPE_CHECKING:
     from sparkctl.watch.notify import Notifier
 
 
-# What the watcher does on its own, each with every outside call it makes (the webhook event, the node actions).
-# tests/watch/test_watch_matrix.py is generated from this list: an action added here without a driver there fails.
+# What the watcher does on its own; tests/watch/test_watch_matrix.py is generated from this list.
 ACTIONS: dict[str, str] = {
     "restart": "a failed group restarted: the recorded deployment through door's restart (`_attempt`), or refused",
     "flap": "a restart that died again within the window: counted toward the crash loop, backed off (`_flapped`)",
@@ -239,7 +237,7 @@ class Watcher:
                               "died-after-restart")
         return self.state.gave_up is not None
 
-    def _wait_on(self, holder: JSONObject) -> None:
+    def _wait_on(self, holder: JSONObject) -> None:   # said once per holder
         if self.waiting_on != holder.get("pid"):
             self.waiting_on = holder.get("pid")
             self._say(f"waiting: `sparkctl {holder.get('command')}` (pid {holder.get('pid')} on {holder.get('host')}) "
@@ -290,9 +288,11 @@ class Watcher:
             lock.__exit__(None, None, None)
 
     def _attempt(self) -> None:
-        """Under the lock: check once more, then restart (or refuse, or count the failure)."""
-        v = check(self.c, self.desired)
-        if v.healthy is not False:
+        """Under the lock: check once more (within the node deadline), then restart (or refuse, or count)."""
+        done, v = within(self.opts.node_deadline_s, lambda: check(self.c, self.desired))
+        if v is None or v.healthy is not False:
+            if not done:
+                self._say(f"the check under the lock took over {self.opts.node_deadline_s:g}s: not acting now")
             return
         label = self.desired.label
         self.state.restarts += 1
