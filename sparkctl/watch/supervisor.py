@@ -101,8 +101,7 @@ class Watcher:
         self.desired = Desired("down")
         self.baseline = ""
         self.failed_at: list[float] = []      # monotonic times of failed restarts (the crash-loop window)
-        self.in_a_row = 0
-        self.next_attempt = 0.0
+        self.in_a_row, self.next_attempt = 0, 0.0       # failures in a row (the backoff's exponent); when next
         self.detected: float | None = None    # monotonic time the current failure was first seen
         self.failed_checks: list[float] = []  # monotonic times of the failed checks of the current failure
         self.restarted_at: float | None = None   # monotonic time of the watcher's last successful restart
@@ -198,7 +197,8 @@ class Watcher:
             self.metrics.check(self.c, self.desired, v, gave_up=self.state.gave_up is not None)
         lines = []
         if v.healthy is False:
-            self.failed_checks = [t for t in self.failed_checks if now - t <= self.opts.fail_window_s] + [now]
+            span = max(self.opts.fail_window_s, 2 * self.opts.fail_checks * self.opts.interval_s)   # N fit in it
+            self.failed_checks = [t for t in self.failed_checks if now - t <= span] + [now]
         else:
             self.failed_checks = []
         if v.healthy is False and self.detected is None:
