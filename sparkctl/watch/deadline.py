@@ -1,4 +1,5 @@
-"""A total deadline around a watcher's node action (the page-cache drop, the metrics' node reads).
+"""A total deadline around a watcher's node action (the page-cache drop, the metrics' node reads): `within`, and
+`NodeActions`, the watcher's two node actions through it.
 
 The connectors bound each command (`timeout=`), but not everything around it (an SSH connect, a banner that never
 comes, several reads one after another): `within` runs the action on a daemon thread and waits for it at most
@@ -11,7 +12,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from sparkctl.config.inventory import Inventory
+    from sparkctl.watch.metrics import WatchMetrics
 
 T = TypeVar("T")
 
@@ -46,3 +51,35 @@ def within(deadline_s: float, action: Callable[[], T], *, gate: threading.Lock |
     if out.error is not None:
         raise out.error
     return True, out.value
+
+
+class NodeActions:
+    """The watcher's node actions, each within `node_deadline_s` in total and one of each kind at a time: the
+    page-cache drop before a restart (watch/caches.py) and the metrics' node reads of a check. `say` gets what
+    the watcher says about them (a node that hangs is said once while it lasts)."""
+
+    def __init__(self, inventory: Inventory, say: Callable[[str], None], *, node_deadline_s: float) -> None:
+        self.inventory, self.say, self.limit = inventory, say, node_deadline_s
+        self._drop_gate, self._read_gate = threading.Lock(), threading.Lock()
+        self._said_slow = False
+
+    def drop_caches(self) -> None:
+        """Drop the page cache where `prepare` granted it; say what was done, where not, or that it ran late."""
+        from sparkctl.watch.caches import drop_caches, summary
+        limit = self.limit
+        done, results = within(limit, lambda: drop_caches(self.inventory, deadline_s=limit), gate=self._drop_gate)
+        line = summary(results) if done and results is not None else (
+            f"page cache not dropped: the nodes did not answer within {limit:g}s (or an earlier drop still runs); "
+            f"the restart goes on")
+        if line:
+            self.say(line)
+
+    def read(self, metrics: WatchMetrics | None) -> None:
+        """The metrics' node samples (nothing without metrics)."""
+        if metrics is None:
+            return
+        limit = self.limit
+        done, _ = within(limit, lambda: metrics.nodes(self.inventory, deadline_s=limit), gate=self._read_gate)
+        if not done and not self._said_slow:
+            self.say(f"node samples not read within {limit:g}s (a node slow or not answering); the checks go on")
+        self._said_slow = not done

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ from sparkctl.nodes import procfs
 from sparkctl.state.controller import live_lock_holder
 from sparkctl.state.ledger import now_iso
 from sparkctl.state.watchfile import WatchState, exclusive, host, save_watch
-from sparkctl.watch.deadline import within
+from sparkctl.watch.deadline import NodeActions, within
 from sparkctl.watch.desired import Desired, Verdict, check, read_desired
 from sparkctl.watch.outbox import Outbox
 
@@ -108,8 +107,8 @@ class Watcher:
         self.waiting_on: int | None = None    # pid of the lock holder we said we wait for
         self.poll_error: str | None = None    # the last poll's own failure, said once
         self.said_refused: str | None = None  # the last refusal said (said again only when it changes)
-        self.said_nodes_slow = False
-        self._cache_gate, self._nodes_gate = threading.Lock(), threading.Lock()   # one node action of each at once
+        self.nodes = NodeActions(self.c.inventory, self._say, node_deadline_s=opts.node_deadline_s)
+        self.give_up_due: Verdict | None = None   # a crash loop reached while the lock was held: given up next poll
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(self, *, polls: int | None = None) -> None:
@@ -177,16 +176,19 @@ class Watcher:
         verdict = check(self.c, self.desired)
         new_failure = verdict.healthy is False and self.detected is None
         self._checked(verdict)
-        self._read_nodes()
+        self.nodes.read(self.metrics)
         if verdict.healthy is not False:
             return
-        if new_failure and self._flapped(verdict):
+        if (new_failure and self._flapped(verdict)) or self.state.gave_up:
+            return
+        if self.give_up_due is not None:        # the crash loop was reached while a command held the lock
+            self._locked(lambda: self._give_up(self.give_up_due or verdict))
             return
         if self.state.gave_up or time.monotonic() < self.next_attempt:
             return
         if len(self.failed_checks) < self.opts.fail_checks:
             return                      # one missed check is a slow rank, not a dead one: look again first
-        self._drop_caches()             # a node action: before the lock, with its own deadline
+        self.nodes.drop_caches()        # a node action: before the lock, with its own deadline
         self._locked(self._attempt)
 
     # -- deciding ----------------------------------------------------------------------------------------------
@@ -251,6 +253,7 @@ class Watcher:
         self.failed_at.clear()
         self.failed_checks.clear()
         self.in_a_row, self.next_attempt, self.detected, self.restarted_at = 0, 0.0, None, None
+        self.give_up_due = None
         was_given_up = self.state.gave_up is not None
         self.state.gave_up = self.state.refused = self.said_refused = None
         self.state.desired = desired.label
@@ -331,30 +334,6 @@ class Watcher:
         self._act_line(f"restarted {label} as {new} ({v.reason}) in {took:.1f}s")
         self._notify("restart", v, outcome="ok", deployment=new, seconds=round(took, 3))
 
-    def _drop_caches(self) -> None:
-        """Before the group boots again: drop the page cache on the nodes where `prepare` granted it
-        (watch/caches.py), within `node_deadline_s` in total, outside the lock; say what was done and where not."""
-        from sparkctl.watch.caches import drop_caches, summary
-        limit = self.opts.node_deadline_s
-        done, results = within(limit, lambda: drop_caches(self.c.inventory, deadline_s=limit), gate=self._cache_gate)
-        line = summary(results) if done and results is not None else (
-            f"page cache not dropped: the nodes did not answer within {limit:g}s (or an earlier drop still runs); "
-            f"the restart goes on")
-        if line:
-            self._say(line)
-
-    def _read_nodes(self) -> None:
-        """The metrics' node samples, within `node_deadline_s` in total (a node that hangs costs that, once: the
-        next read does not start while the last one still runs); said once while it lasts."""
-        metrics = self.metrics
-        if metrics is None:
-            return
-        limit = self.opts.node_deadline_s
-        done, _ = within(limit, lambda: metrics.nodes(self.c.inventory, deadline_s=limit), gate=self._nodes_gate)
-        if not done and not self.said_nodes_slow:
-            self._say(f"node samples not read within {limit:g}s (a node slow or not answering); the checks go on")
-        self.said_nodes_slow = not done
-
     def _up_again(self) -> UpResult | ReplicatedUpResult:
         """Restart what is desired the way deploy's door says it is restarted (`door.Deployed.restart`: exactly
         the recorded deployment, or RestartRefusedError)."""
@@ -416,11 +395,13 @@ class Watcher:
             self.metrics.restart(v.reason, outcome)
         self._notify("restart", v, outcome=outcome, error=error or line)
         if len(self.failed_at) >= self.opts.max_failures:
+            self.give_up_due = v
             if outcome == "failed":
                 self._give_up(v)               # already under the lock (the failed restart's)
             else:
                 self._locked(lambda: self._give_up(v))
-            return
+            if self.give_up_due is None:
+                return
         self._back_off(now, "")
 
     def _back_off(self, now: float, why: str) -> None:
@@ -432,6 +413,7 @@ class Watcher:
                   + (f"; {why}" if why else ""))
 
     def _give_up(self, v: Verdict) -> None:
+        self.give_up_due = None
         label = self.desired.label
         n = len(self.failed_at)
         if self.desired.kind == "deployment":

@@ -89,12 +89,12 @@ def test_nodes_that_accept_and_never_answer_cost_one_deadline_outside_the_lock(t
     w = Watcher(load_inventory(inv), Reporter(out, live=False), WatchOptions(node_deadline_s=1.0))
     try:
         t0 = time.monotonic()
-        w._drop_caches()
+        w.nodes.drop_caches()
         took = time.monotonic() - t0
         assert took < 2.5, took
         assert "page cache not dropped: the nodes did not answer within 1s" in out.getvalue(), out.getvalue()
         t0 = time.monotonic()
-        w._drop_caches()                       # the first drop still hangs on its SSH connect: not a second one
+        w.nodes.drop_caches()                       # the first drop still hangs on its SSH connect: not a second one
         assert time.monotonic() - t0 < 0.5
         assert not w.c.ledger.root.joinpath("lock.holder").exists()      # no lock was taken for any of it
     finally:
