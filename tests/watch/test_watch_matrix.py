@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from sparkctl.config.inventory import load_inventory
+from sparkctl.state.controller import live_lock_holder
 from sparkctl.state.ledger import Ledger
 from sparkctl.statefiles import ROOM_BYTES
 from sparkctl.watch.supervisor import ACTIONS, Watcher, WatchOptions
@@ -98,6 +99,7 @@ class Cell:
     hook: Hook
     original: object
     polls: list[tuple[float, bool]] = field(default_factory=list)      # (seconds, acted)
+    after_acts: list[tuple[int, bool]] = field(default_factory=list)   # (events still being sent, lock free)
     cleanups: list[Callable[[], None]] = field(default_factory=list)
 
     def ledger(self) -> Ledger:
@@ -111,6 +113,8 @@ class Cell:
         after = (self.w.state.restarts, self.w.state.failures, self.w.state.gave_up, self.w.state.refused,
                  self.w.state.last_action)
         self.polls.append((time.monotonic() - t0, before != after))
+        if before != after and self.w.outbox is not None:     # the action is over: event on its way? lock free?
+            self.after_acts.append((self.w.outbox.pending(), live_lock_holder(self.root) is None))
 
     def poll_until(self, pred: Callable[[], object], what: str, timeout: float = 90.0) -> None:
         end = time.monotonic() + timeout
@@ -324,10 +328,11 @@ def _invariants(cell: Cell, outcome: str, metrics, ledger: Ledger) -> None:
     # I2: no wait holds the lock
     idle = [s for s, acted in cell.polls if not acted]
     assert idle and max(idle) < NODE_DEADLINE_S + 3, f"a poll that acted on nothing took {max(idle):.1f}s"
+    assert all(free for _, free in cell.after_acts), cell.after_acts       # never left holding the lock
     if cell.fault == "hook-hanging":
         assert cell.hook.held, "the hook got the events and never answered"
-        assert cell.w.outbox is not None and cell.w.outbox.pending() >= 1      # still hanging now ...
-        with ledger.lock("test"):                                              # ... and the lock is free
+        assert any(pending for pending, _ in cell.after_acts), "an action ended while its event still hung"
+        with ledger.lock("test"):                                              # and a command takes the lock now
             pass
     if cell.fault == "node-command-hanging":
         assert "node samples not read within 1s" in text, "the hanging nvidia-smi was run and cut at the deadline"
