@@ -163,6 +163,8 @@ class Record:
         """Written only as a valid `ReplicatedRecord` (atomic, mode 0600); one writer at a time (parallel replicas)."""
         with self._lock:
             doc = ReplicatedRecord.model_validate(self.data).model_dump(mode="json")
+            if doc.get("profile_data") is None:      # a record from before it was kept stays as it was written
+                doc.pop("profile_data", None)
             private_dir(self.path.parent)
             write_json_atomic(self.path, doc)
 

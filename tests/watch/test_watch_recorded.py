@@ -4,6 +4,7 @@ they are, and the refusal names what differs and what to do."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -53,3 +54,21 @@ def test_an_inventory_edited_since_the_deployment_refuses_naming_the_first_diffe
         what.restart()
     assert "rank 0 env OMP_NUM_THREADS: recorded None, now '3'" in err.value.message, err.value.message
     _untouched(local_cluster, dep)
+
+
+def test_a_replicated_record_from_before_the_profile_was_kept_refuses_never_reads_the_file(tmp_path):
+    """A `replicated.json` written by an older sparkctl (commit 816a677's, a stored fixture) keeps no profile as
+    deployed: its restart is refused (rebuilding it from the profile file could roll out edits never deployed)."""
+    import shutil
+
+    from sparkctl.deploy.replicated import Record
+    old = Path(__file__).resolve().parents[1] / "fixtures" / "replicated" / "written-by-816a677.json"
+    root = tmp_path / "default"
+    root.mkdir(mode=0o700)
+    shutil.copy(old, root / "replicated.json")
+    (root / "replicated.json").chmod(0o600)
+    data = Record.load(root).data
+    with pytest.raises(RestartRefusedError) as err:
+        door.recorded_replicated_profile(data, str(root / "replicated.json"))
+    assert "keeps no profile as deployed" in err.value.message
+    assert f"sparkctl up --profile {data['profile']}" in err.value.hint
