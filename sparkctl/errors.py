@@ -79,6 +79,12 @@ class OutputPathError(ConfigError):
     as given: a directory, not writable, or an existing file without ``--force`` (exit 2, like a bad flag)."""
 
 
+class RestartRefusedError(ConfigError):
+    """An unattended restart (the watcher's) that cannot start exactly the recorded deployment here and now: a
+    secret's variable missing from this environment, a rank that renders differently (the inventory changed), a
+    recorded profile that no longer validates. Nothing was changed; starting something weaker is never the answer."""
+
+
 class PreflightError(SparkctlError):
     """A read-only check on a node failed before anything was changed; `checks` holds every check's result
     (empty when the failure was not a node check, e.g. the image stage)."""

@@ -127,9 +127,12 @@ def watcher_line(w: JSONObject | None) -> str | None:
     else:
         head = f"  watcher: not running (last: pid {w['pid']} on {w['host']}" + (
             f", stopped {w['stopped']})" if w.get("stopped") else ", gone without stopping: killed?)")
-    head += f"; restarts {w['restarts']} ({w['failures']} failed)"
+    head += f"; restarts {w['restarts']} ({w['failures']} failed" + (
+        f", {w['flaps']} died again within the window" if w.get("flaps") else "") + ")"
     if w.get("last_action"):
         head += f"; last action {w['last_action_at']}: {w['last_action']}"
+    if w.get("refused"):
+        head += f"\n  watcher REFUSES to restart: {w['refused']}"
     if w.get("gave_up"):
         head += f"\n  watcher gave up: {w['gave_up']}"
     return head

@@ -5,13 +5,16 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from sparkctl.cli import bounds
 from sparkctl.cli.deploy_cmds import INVENTORY_OPT, _deployer
 from sparkctl.cli.options import flag
+
+if TYPE_CHECKING:
+    from sparkctl.watch.supervisor import WatchOptions
 
 
 def _carried(inventory_path: str, opts: dict[str, Any]) -> list[str]:
@@ -99,6 +102,11 @@ def register(app: typer.Typer) -> None:
               boot_timeout: float | None = typer.Option(None, "--boot-timeout", parser=bounds.seconds(),
                                                            metavar="SECONDS", help="Each restart's boot timeout "
                                                                                    "(default: the profile's)."),
+              fail_checks: int = typer.Option(2, "--fail-checks", parser=bounds.count(1, 1000), metavar="N",
+                                              help="Failed checks within --fail-window before a restart (one "
+                                                   "missed check is a slow rank, not a dead one)."),
+              fail_window: float = typer.Option(60.0, "--fail-window", parser=bounds.seconds(0.0, 86400),
+                                                metavar="SECONDS", help="The window of --fail-checks."),
               metrics_port: int | None = typer.Option(None, "--metrics-port", parser=bounds.count(0, 65535),
                                                          metavar="PORT", help="Serve Prometheus metrics on this port "
                                                                               "(needs the `watch` extra)."),
@@ -149,21 +157,24 @@ def register(app: typer.Typer) -> None:
         if install or uninstall:
             _install(inventory, {"--interval": interval, "--backoff": backoff, "--backoff-max": backoff_max,
                                  "--max-failures": max_failures, "--window": window, "--boot-timeout": boot_timeout,
+                                 "--fail-checks": fail_checks, "--fail-window": fail_window,
                                  "--metrics-port": metrics_port,
                                  "--metrics-addr": metrics_addr if metrics_port is not None else None,
                                  "--notify": notify, "--notify-file": notify_file, "--notify-env": notify_env},
                      system=system, uninstall=uninstall, unit_dir=unit_dir, force=force)
             return
-        _run(inventory, interval, backoff, backoff_max, max_failures, window, boot_timeout, metrics_port,
-             metrics_addr, url)
+        from sparkctl.watch.supervisor import WatchOptions
+        opts = WatchOptions(interval_s=interval, backoff_s=backoff, backoff_max_s=backoff_max,
+                            max_failures=max_failures, window_s=window, boot_timeout_s=boot_timeout,
+                            fail_checks=fail_checks, fail_window_s=fail_window)
+        _run(inventory, opts, metrics_port, metrics_addr, url)
 
 
-def _run(inventory: str | None, interval: float, backoff: float, backoff_max: float, max_failures: int,
-         window: float, boot_timeout: float | None, metrics_port: int | None, metrics_addr: str,
+def _run(inventory: str | None, opts: WatchOptions, metrics_port: int | None, metrics_addr: str,
          notify: str | None) -> None:
     from sparkctl.state.watchfile import WATCH_LOG
     from sparkctl.watch.log import WatchLog, WatchReporter
-    from sparkctl.watch.supervisor import Watcher, WatchOptions
+    from sparkctl.watch.supervisor import Watcher
 
     d = _deployer(inventory)
     reporter = WatchReporter(WatchLog(d.ledger.root / WATCH_LOG), sys.stderr)
@@ -175,8 +186,6 @@ def _run(inventory: str | None, interval: float, backoff: float, backoff_max: fl
     if notify is not None:
         from sparkctl.watch.notify import Notifier
         notifier = Notifier(notify)
-    opts = WatchOptions(interval_s=interval, backoff_s=backoff, backoff_max_s=backoff_max, max_failures=max_failures,
-                        window_s=window, boot_timeout_s=boot_timeout)
     try:
         Watcher(d.inventory, reporter, opts, metrics=metrics, notifier=notifier).run()
     finally:

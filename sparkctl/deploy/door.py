@@ -24,6 +24,7 @@ transaction's command (`UpRequest.command`); `restore` is the compare transactio
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -42,9 +43,11 @@ from sparkctl.deploy.results import (
     UpResult,
 )
 from sparkctl.deploy.steps import RESTORE_COMMAND, TRANSACTION_COMMANDS
-from sparkctl.errors import ConfigError, SparkctlError
+from sparkctl.errors import ConfigError, RestartRefusedError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.router.replicas import router_endpoint
+from sparkctl.sglang.launch import ENGINE_SECRETS_FILE, SECRETS_MOUNT
+from sparkctl.state.records import DeploymentRecord
 
 Confirm = Callable[[str, Plan | None], bool]     # (what is about to happen, the plan when there is one) -> go on?
 
@@ -94,17 +97,118 @@ class Deployed:
         return Deployer(replica_inventory(self._d.inventory, entry), self._d.reporter)
 
     def restart(self, *, boot_timeout_s: float | None = None) -> UpResult | ReplicatedUpResult:
-        """Bring it back as it was asked: the replicated `up` of its profile (a replica that fails is redeployed
-        alone, a router that is gone started again), or the single-group `up` of the deployment's own recorded
-        profile (stop what is left, boot, gates, hand-off; restored by that `up` when it fails)."""
+        """Bring back exactly what was deployed, never the profile file as it is now: the single-group `up` of the
+        deployment's recorded profile (stop what is left, boot, gates, hand-off; restored by that `up` when it
+        fails), or the replicated `up` of the profile its record kept (a replica that fails is redeployed alone, a
+        router that is gone started again; the healthy replicas are unchanged). Before anything is touched,
+        `as_recorded` renders every rank again and refuses (RestartRefusedError) what would not be identical: a
+        secret's variable missing here, an inventory that changed, a recorded profile that no longer validates."""
         if self._d is None or self.kind == "down":
             raise ConfigError("nothing to restart: the desired state is down")
         opts = UpOptions(boot_timeout_s=boot_timeout_s)
         if self.kind == "replicated":
-            from sparkctl.config.profile import load_profile
-            return ReplicatedDeployer(self._d.inventory, self._d.reporter).up(load_profile(str(self.profile)), opts)
+            profile = recorded_replicated_profile(self.replicated or {}, str(self.where))
+            for entry in (self.replicated or {}).get("replicas") or []:
+                sub = self.replica(entry)
+                active = sub.ledger.active()
+                if active is not None:
+                    as_recorded(sub, active)
+            return ReplicatedDeployer(self._d.inventory, self._d.reporter).up(profile, opts)
         record = self._d.ledger.load(str(self.deployment))
-        return self._d.up(Profile.model_validate(record.profile_data), opts)
+        return self._d.up(as_recorded(self._d, record), opts)
+
+
+_COMPARED = {"rank", "node", "argv", "env", "image"}      # what the launch identity hashes (deploy/plan.py)
+
+
+def as_recorded(d: Deployer, record: DeploymentRecord) -> Profile:
+    """The profile `record` was deployed with, once it is certain that `up` of it on this inventory, with this
+    process's environment, renders every rank exactly as recorded (argv, environment, node, image). Raises
+    RestartRefusedError naming what differs and what to do: a secret's variable set at deploy time and missing
+    now (a key-protected deployment would come back with no key), an inventory edited since, a profile that no
+    longer validates. Nothing is changed either way."""
+    from pydantic import ValidationError
+
+    where = f"deployment {record.id}"
+    try:
+        profile = Profile.model_validate(record.profile_data)
+        specs = d.cluster.render(profile).specs
+    except (ValidationError, SparkctlError) as exc:
+        first = str(exc).splitlines()[0]
+        raise RestartRefusedError(f"the recorded profile of {record.id} ({record.profile}) cannot be rendered "
+                                  f"again here: {first}", where=where,
+                                  hint="deploy it again yourself (sparkctl up --profile ...)") from None
+    now = [s.redacted().model_dump(mode="json", include=_COMPARED) for s in specs]
+    was = [s.model_dump(mode="json", include=_COMPARED) for s in record.specs]
+    if now == was:
+        return profile
+    unset = missing_secrets(record)
+    if unset:
+        raise RestartRefusedError(
+            f"{record.id} ({record.profile}) would come back without its secrets: "
+            f"{', '.join(unset)} {'is' if len(unset) == 1 else 'are'} not set in this environment, and the "
+            f"deployment was made with {'it' if len(unset) == 1 else 'them'} (an API key left out would serve "
+            f"without one)", where=where,
+            hint="give the watcher the variable (its unit's EnvironmentFile, e.g. ~/.config/sparkctl/watch.env, "
+                 "docs/watch.md), then restart the watcher")
+    raise RestartRefusedError(f"{record.id} ({record.profile}) would not come back as it was deployed: "
+                              f"{_first_difference(was, now)}", where=where,
+                              hint="the inventory or this environment changed since the deployment: deploy "
+                                   "again yourself (sparkctl up --profile ...) to make the new launch the "
+                                   "recorded one")
+
+
+def missing_secrets(record: DeploymentRecord) -> list[str]:
+    """The secret variables `record` was deployed with (its API key passed in the engine's secrets file, its HF
+    token through HF_TOKEN_PATH) that are not set in this environment: an unattended `up` here would start it
+    without them. Used before the watcher restarts a deployment or rolls a crash loop back from it."""
+    api = record.profile_data.get("api") or {}
+    key_env, hf_env = api.get("api_key_env"), api.get("hf_token_env")
+    secrets_file = f"{SECRETS_MOUNT}/{ENGINE_SECRETS_FILE}"
+    used_key = any(secrets_file in s.argv for s in record.specs)
+    used_hf = any("HF_TOKEN_PATH" in s.env for s in record.specs)
+    return [str(n) for n, used in ((key_env, used_key), (hf_env, used_hf)) if n and used and not os.environ.get(str(n))]
+
+
+def _first_difference(was: list[JSONObject], now: list[JSONObject]) -> str:
+    """One line saying where two rank lists first differ: the rank, the field and its first differing item (values
+    cut; never a secret: the specs are redacted)."""
+    from sparkctl.untrusted import clean
+    if len(was) != len(now):
+        return f"{len(was)} ranks recorded, {len(now)} rendered now"
+    for a, b in zip(was, now, strict=True):
+        for key in sorted(_COMPARED):
+            av, bv = a.get(key), b.get(key)
+            if av == bv:
+                continue
+            where, old, new = key, av, bv
+            if isinstance(av, list) and isinstance(bv, list):
+                i = next((i for i, (x, y) in enumerate(zip(av, bv)) if x != y), min(len(av), len(bv)))
+                where, old, new = f"{key}[{i}]", av[i] if i < len(av) else None, bv[i] if i < len(bv) else None
+            elif isinstance(av, dict) and isinstance(bv, dict):
+                k = sorted(n for n in set(av) | set(bv) if av.get(n) != bv.get(n))[0]
+                where, old, new = f"{key} {k}", av.get(k), bv.get(k)
+            return clean(f"rank {a.get('rank')} {where}: recorded {old!r}, now {new!r}", 300)
+    return "the ranks differ"
+
+
+def recorded_replicated_profile(data: JSONObject, where: str) -> Profile:
+    """The profile a replicated deployment was deployed with, as its record kept it (`profile_data`); a record
+    written before it was kept, or one that no longer validates, is refused (RestartRefusedError)."""
+    from pydantic import ValidationError
+    kept = data.get("profile_data")
+    if not isinstance(kept, dict):
+        raise RestartRefusedError("the replicated deployment's record keeps no profile as deployed (written by an "
+                                  "older sparkctl); restarting it from the profile file could roll out edits "
+                                  "never deployed", where=where,
+                                  hint=f"deploy it again yourself once (sparkctl up --profile {data.get('profile')})")
+    try:
+        return Profile.model_validate(kept)
+    except ValidationError as exc:
+        raise RestartRefusedError(f"the replicated deployment's recorded profile no longer validates: "
+                                  f"{str(exc).splitlines()[0]}", where=where,
+                                  hint=f"deploy it again yourself (sparkctl up --profile {data.get('profile')})"
+                                  ) from None
 
 
 def deployed(where: Deployer | Cluster, profile: Profile | None = None) -> Deployed:

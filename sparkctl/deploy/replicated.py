@@ -163,6 +163,8 @@ class Record:
         """Written only as a valid `ReplicatedRecord` (atomic, mode 0600); one writer at a time (parallel replicas)."""
         with self._lock:
             doc = ReplicatedRecord.model_validate(self.data).model_dump(mode="json")
+            if doc.get("profile_data") is None:      # a record from before it was kept stays as it was written
+                doc.pop("profile_data", None)
             private_dir(self.path.parent)
             write_json_atomic(self.path, doc)
 
@@ -468,7 +470,8 @@ class ReplicatedDeployer:
                                       replicas=tuple((r["index"], r["url"]) for r in rec.data.get("replicas", [])))
             if self._router(rec, spec) is None:     # none of ours runs: its ports must be free before anything boots
                 router_launch.check_ports(self.inventory, spec)
-            rec.data.update(profile=profile.name, endpoint=router_endpoint(profile, self.inventory),
+            rec.data.update(profile=profile.name, profile_data=profile.model_dump(mode="json"),
+                            endpoint=router_endpoint(profile, self.inventory),
                             replicas=[{"index": r.index, "url": r.url, "nodes": r.nodes,
                                        "cluster": _recorded_name(rec, r.index)
                                        or replica_cluster(self.inventory.cluster.name, r.index)} for r in reps],

@@ -610,6 +610,7 @@ class ReplicatedRecord(_Record):
     written only through this model, so a file of the wrong shape is a LedgerError, not a KeyError mid-`down`."""
 
     profile: RecordName | None = None
+    profile_data: JSONObject | None = None   # the profile as deployed (what the watcher restarts, never the file)
     endpoint: str | None = None
     status: str | None = None          # updating | active | failed | down
     started: str | None = None

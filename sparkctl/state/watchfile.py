@@ -52,6 +52,11 @@ class WatchState(BaseModel):
     rollbacks: int = Field(default=0, description="Rollbacks it made after a crash loop.")
     gave_up: str | None = Field(default=None,
         description="Why it stopped acting (crash-loop limit); None while it acts.")
+    flaps: int = Field(default=0,
+        description="Restarts that served, then died within the crash-loop window (counted as failures).")
+    refused: str | None = Field(default=None,
+        description="Why the last restart was refused (it could not start exactly the recorded deployment: a "
+                    "secret's variable missing, the inventory changed); None once a restart or a command succeeds.")
     detected_at: str | None = Field(default=None, description="When it last saw the desired state broken (UTC).")
     recovered_at: str | None = Field(default=None, description="When it last saw it serving again (UTC).")
     time_to_recover_s: float | None = Field(default=None, description="Seconds from that detection to serving again.")

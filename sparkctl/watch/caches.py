@@ -31,6 +31,7 @@ from sparkctl.nodes.ssh import CommandResult
 HELPER = "/usr/local/sbin/sparkctl-drop-caches"
 SUDOERS_FILE = "/etc/sudoers.d/sparkctl-drop-caches"
 HELPER_PREFIX = "sparkctl-drop-caches:"      # the helper's own error lines (granted, but it could not drop)
+DEADLINE_S = 60.0
 EMBEDDED = "embedded cluster: nothing is dropped on this machine"
 _DONE = re.compile(r"cached_kb_before=(\d+) cached_kb_after=(\d+)")
 
@@ -69,15 +70,16 @@ def parse_drop(node: str, res: CommandResult) -> Dropped:
     return Dropped(node, False, False, first)
 
 
-def drop_caches(inventory: Inventory) -> list[Dropped]:
-    """Run the helper on every SSH node at once; one outcome per node, none raised (a node that does not answer
-    is reported, the restart goes on: a missed drop is what preflight's memory check then judges)."""
+def drop_caches(inventory: Inventory, *, deadline_s: float = DEADLINE_S) -> list[Dropped]:
+    """Run the helper on every SSH node at once, each within `deadline_s` (the nodes in parallel: the whole drop
+    ends within it too); one outcome per node, none raised (a node that does not answer in time is reported, the
+    restart goes on: a missed drop is what preflight's memory check then judges)."""
     from sparkctl.nodes.ssh import connector_for
 
     def one(node: Node) -> Dropped:
         if node.ssh.connection == "local":
             return Dropped(node.name, False, False, EMBEDDED)
-        return parse_drop(node.name, connector_for(inventory, node).run(drop_argv(node), timeout=120))
+        return parse_drop(node.name, connector_for(inventory, node).run(drop_argv(node), timeout=deadline_s))
     out: list[Dropped] = []
     for o in fan_out(inventory.nodes, one):
         if o.error is not None and not isinstance(o.error, Exception):

@@ -51,6 +51,6 @@ class WatchReporter(progress.Reporter):
         where = f"[{node}] " if node else ""
         text = f"[{time.monotonic() - self.t0:7.1f}s] {self.stage_name:<10} {where}{message}"
         self.log.line(text)
-        if not (self.quiet or progress._quiet):
-            self.stream.write(text + "\n")
+        if not (self.quiet or progress._quiet):      # stderr bounded like the file: one cleaned line each
+            self.stream.write(clean_line(text) + "\n")
             self.stream.flush()

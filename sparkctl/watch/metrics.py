@@ -17,6 +17,7 @@ Served on 127.0.0.1 unless `--metrics-addr` says otherwise. What it exports (nam
 from __future__ import annotations
 
 import subprocess
+import time
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
     from sparkctl.deploy.cluster import Cluster
     from sparkctl.watch.desired import Desired, Verdict
 
+NODE_DEADLINE_S = 20.0     # every node's reads of one check, in total
+READ_TIMEOUT_S = 10.0      # one read at most
+
 
 def require_prometheus() -> ModuleType:
     with needed("watch", "--metrics-port"):
@@ -35,7 +39,7 @@ def require_prometheus() -> ModuleType:
     return prometheus_client
 
 
-def _node_output(inventory: Inventory, node: Node, argv: tuple[str, ...]) -> str | None:
+def _node_output(inventory: Inventory, node: Node, argv: tuple[str, ...], timeout: float) -> str | None:
     """stdout of a fact's command on `node` (the embedded cluster's nodes are this machine), or None."""
     from sparkctl.nodes.process import read_local_meminfo
     if node.runtime == "process":
@@ -44,14 +48,15 @@ def _node_output(inventory: Inventory, node: Node, argv: tuple[str, ...]) -> str
             return res.stdout if res.returncode == 0 else None
         from sparkctl.nodes.environ import helper_env
         try:      # a helper: the allowlisted environment, never the caller's secrets
-            done = subprocess.run(list(argv), capture_output=True, text=True, timeout=10, env=helper_env())
+            done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                                  env=helper_env())
         except (OSError, subprocess.TimeoutExpired):
             return None
         return done.stdout if done.returncode == 0 else None
     from sparkctl.errors import SparkctlError
     from sparkctl.nodes.ssh import connector_for
     try:
-        res = connector_for(inventory, node).run(list(argv), timeout=10)
+        res = connector_for(inventory, node).run(list(argv), timeout=timeout)
     except SparkctlError:
         return None
     return res.stdout if res.returncode == 0 else None
@@ -77,6 +82,9 @@ class WatchMetrics:
                       ("cluster", "gate"), registry=reg)
         self.gave_up = g("sparkctl_watch_gave_up", "1 once the watcher stopped acting after a crash loop", labels,
                          registry=reg)
+        self.refused_g = g("sparkctl_watch_restart_refused", "1 while the watcher refuses to restart the desired "
+                           "deployment (it cannot start exactly what was deployed: a secret's variable missing ...)",
+                           labels, registry=reg)
         self.restarts = pc.Counter("sparkctl_watch_restarts", "Restarts of the whole group by the watcher",
                                    ("cluster", "reason", "outcome"), registry=reg)
         self.rollbacks = pc.Counter("sparkctl_watch_rollbacks", "Rollbacks after a crash loop", ("cluster", "outcome"),
@@ -97,6 +105,7 @@ class WatchMetrics:
         self.cluster = cluster
         self.up.labels(cluster).set(1)
         self.gave_up.labels(cluster).set(0)
+        self.refused_g.labels(cluster).set(0)
         try:
             self.server, _ = pc.start_http_server(port, addr=addr, registry=reg)
         except OSError as exc:
@@ -132,16 +141,27 @@ class WatchMetrics:
     def restart(self, reason: str, outcome: str) -> None:
         self.restarts.labels(self.cluster, reason or "unknown", outcome).inc()
 
+    def refused(self, on: bool) -> None:
+        self.refused_g.labels(self.cluster).set(1 if on else 0)
+
     def rollback(self, outcome: str) -> None:
         self.rollbacks.labels(self.cluster, outcome).inc()
 
     def recovered(self, seconds: float) -> None:
         self.recover.labels(self.cluster).observe(seconds)
 
-    def nodes(self, inventory: Inventory) -> None:
+    def nodes(self, inventory: Inventory, *, deadline_s: float = NODE_DEADLINE_S) -> None:
+        """Each node's memory and GPU samples, read within `deadline_s` in total (each read gets what is left, at
+        most `READ_TIMEOUT_S`); a node not reached in time keeps its last samples until the next check."""
         from sparkctl.nodes import facts
+        end = time.monotonic() + deadline_s
+
+        def left() -> float:
+            return min(READ_TIMEOUT_S, end - time.monotonic())
         for node in inventory.nodes:
-            text = _node_output(inventory, node, facts.meminfo().argv)
+            if left() <= 0:
+                return
+            text = _node_output(inventory, node, facts.meminfo().argv, left())
             if text:
                 try:
                     mem = facts.parse_meminfo(text)
@@ -156,7 +176,9 @@ class WatchMetrics:
             if node.gpu_runtime == "none":
                 continue                 # no GPU on this node (the embedded cluster): no sensor samples
             fact = facts.gpu_sensors()
-            out = _node_output(inventory, node, fact.argv)
+            if left() <= 0:
+                return
+            out = _node_output(inventory, node, fact.argv, left())
             for gpu in fact.parse(out) if out else []:
                 for gauge, value in ((self.gpu_temp, gpu.temperature_c), (self.gpu_power, gpu.power_w),
                                      (self.gpu_clock, gpu.sm_clock_mhz)):

@@ -61,3 +61,41 @@ def test_the_embedded_cluster_is_never_touched(local_cluster):
     results = drop_caches(load_inventory(local_cluster))
     assert results and all(not d.granted and not d.done and d.detail.startswith("embedded cluster") for d in results)
     assert summary(results) == "page cache left alone (embedded cluster: nothing is dropped on this machine)"
+
+
+def test_nodes_that_accept_and_never_answer_cost_one_deadline_outside_the_lock(tmp_path, state_dir):
+    """A node action of the watcher (the page-cache drop, the metrics' node reads) against SSH nodes whose server
+    accepts the connection and never says a word: each ends within the watcher's total deadline, says so, and a
+    second one does not start while the first still hangs."""
+    import io
+    import socket
+    import time
+
+    import yaml
+
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.deploy.progress import Reporter
+    from sparkctl.watch.supervisor import Watcher, WatchOptions
+
+    silent = socket.create_server(("127.0.0.1", 0))          # accepts (the kernel's backlog), never answers
+    port = silent.getsockname()[1]
+    hosts = {f"spark-{c}": {"ansible_host": "127.0.0.1", "ansible_port": port, "sparkctl_rank": i,
+                            "fabric_interface": "lo", "fabric_address": f"127.0.0.{i + 2}"}
+             for i, c in enumerate("ab")}
+    inv = tmp_path / "sparks.yml"
+    inv.write_text(yaml.safe_dump({"all": {"vars": {"sparkctl_cluster": "silent", "ansible_user": "spark"},
+                                           "children": {"sparks": {"hosts": hosts}}}}))
+    out = io.StringIO()
+    w = Watcher(load_inventory(inv), Reporter(out, live=False), WatchOptions(node_deadline_s=1.0))
+    try:
+        t0 = time.monotonic()
+        w.nodes.drop_caches()
+        took = time.monotonic() - t0
+        assert took < 2.5, took
+        assert "page cache not dropped: the nodes did not answer within 1s" in out.getvalue(), out.getvalue()
+        t0 = time.monotonic()
+        w.nodes.drop_caches()                       # the first drop still hangs on its SSH connect: not a second one
+        assert time.monotonic() - t0 < 0.5
+        assert not w.c.ledger.root.joinpath("lock.holder").exists()      # no lock was taken for any of it
+    finally:
+        silent.close()

@@ -104,3 +104,36 @@ def test_a_replica_killed_and_the_router_killed_are_brought_back(cli, local_clus
         from sparkctl.deploy.replicated import replica_inventory
         for entry in rec["replicas"]:
             stop_cluster_engines(replica_inventory(load_inventory(local_cluster), entry))
+
+
+def test_a_replica_restart_is_the_recorded_profile_never_the_file_edited_since(cli, local_cluster, profiles_dir,
+                                                                               watcher):
+    """Issue 31: a replicated restart re-read the profile file and rolled saved-but-undeployed edits out, to the
+    healthy replica too. Now the record keeps the profile as deployed and the restart deploys exactly that."""
+    write_replicated_profile(profiles_dir / "rep.yml", 16)
+    code, out, err = cli("up", "--profile", "rep", "--yes", "--json")
+    assert code == 0, err
+    root = ledger_of(local_cluster).root
+    rec = Record.load(root).data
+    assert rec["profile_data"]["server"]["max_running_requests"] == 16
+    try:
+        ledgers = [Ledger.for_cluster(r["cluster"]) for r in rec["replicas"]]
+        before = [lg.active() for lg in ledgers]
+        write_replicated_profile(profiles_dir / "rep.yml", 32)          # saved, never deployed
+        run = watcher()
+        os.kill(before[0].handle_of(0).pid, signal.SIGKILL)
+        run.wait_for(r"restarted replicated:rep as ", timeout=120)
+        after = [lg.active() for lg in ledgers]
+        assert after[1].id == before[1].id, "the healthy replica was left alone"
+        assert "replica 1: out of the router" not in run.stderr
+        assert after[0].id != before[0].id and after[0].profile_data == before[0].profile_data
+        assert Record.load(root).data["profile_data"]["server"]["max_running_requests"] == 16
+        code, st = _status(cli)
+        assert code == 0 and st["healthy"], st
+    finally:
+        code, _, err = cli("down", "--yes")
+        assert code == 0, err
+        from sparkctl.config.inventory import load_inventory
+        from sparkctl.deploy.replicated import replica_inventory
+        for entry in rec["replicas"]:
+            stop_cluster_engines(replica_inventory(load_inventory(local_cluster), entry))
