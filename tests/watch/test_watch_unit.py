@@ -78,6 +78,7 @@ def test_install_writes_a_unit_systemd_accepts_and_uninstall_removes_it(cli, loc
     at = unit.argv.index("watch")
     assert unit.argv[at:] == ["watch", "--inventory", str(local_cluster.resolve()), "--interval", "2", "--backoff",
                               "10", "--backoff-max", "300", "--max-failures", "3", "--window", "600",
+                              "--fail-checks", "2", "--fail-window", "60",
                               "--metrics-port", "9464", "--metrics-addr", "127.0.0.1"]
     assert unit.environment["SPARKCTL_STATE_DIR"] == os.environ["SPARKCTL_STATE_DIR"]
     assert unit.working_directory == os.getcwd()
