@@ -45,6 +45,7 @@ from sparkctl.deploy.steps import ARM_COMMAND, RESTORE_COMMAND, TRANSACTION_COMM
 from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.router.replicas import router_endpoint
+from sparkctl.state.records import CheckResult
 
 Confirm = Callable[[str, Plan | None], bool]     # (what is about to happen, the plan when there is one) -> go on?
 
@@ -261,6 +262,14 @@ def down(d: Deployer, *, confirm: Confirm) -> DownResult | ReplicatedDownResult:
     if active and not confirm(f"stop {active.id} ({active.profile})", None):
         raise Declined
     return d.down()
+
+
+def preflight(d: Deployer, profile: Profile) -> list[CheckResult]:
+    """Read-only checks of what `up` of `profile` would start: one group's ranks, or every replica's (each through
+    its own cluster, after the replicas' and the router's layout); raises PreflightError."""
+    if profile.replicas > 1:
+        return ReplicatedDeployer(d.inventory, d.reporter).preflight(profile)
+    return d.preflight(profile)
 
 
 def status(d: Deployer) -> StatusResult | ReplicatedStatusResult:

@@ -79,7 +79,7 @@ from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.launch import redact
 from sparkctl.state.controller import controller_alive, this_controller
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.records import JournalEntry, ReplicatedRecord
+from sparkctl.state.records import CheckResult, JournalEntry, ReplicatedRecord
 from sparkctl.statefiles import open_state_file, private_dir, state_dir_error, write_json_atomic
 
 RECORD = "replicated.json"
@@ -433,6 +433,14 @@ class ReplicatedDeployer:
         return ReplicatedPlan(profile, reps, spec, router, client, moves, parallel, endpoint,
                               replicated_steps(profile, spec, moves, router_runs=router is not None,
                                                parallel=parallel, endpoint=endpoint))
+
+    def preflight(self, profile: Profile) -> list[CheckResult]:
+        """Read-only checks of every replica's ranks, each through its own cluster as its `up` runs them, after
+        the layout (replicas and the router: no two listeners on one address and port); raises PreflightError."""
+        reps = render_replicas(profile, self.inventory)
+        router_spec(profile, self.inventory, reps)
+        rec = Record.load(self.ledger.root)
+        return [c for rep in reps for c in self._sub(rep, rec).preflight(rep.result.profile)]
 
     def plan_lines(self, profile: Profile) -> list[str]:
         """What `up` would do, replica by replica (each replica's own plan under its steps); nothing is changed."""
