@@ -252,8 +252,7 @@ def _rebuild_replicated(d: Cluster, notes: list[str]) -> JSONObject | None:
     for this cluster (a process writing this ledger's router log; a container labelled with the cluster). None,
     with a note, when no replica runs: then there is nothing to record."""
     from sparkctl.config.profile import Profile
-    from sparkctl.deploy.replicated import replica_cluster
-    from sparkctl.router.replicas import render_replicas, router_spec
+    from sparkctl.router.replicas import render_replicas, replica_cluster, router_spec
     from sparkctl.state.records import ReplicatedRecord
     name = d.inventory.cluster.name
     actives = []

@@ -74,7 +74,7 @@ from sparkctl.nodes.process import read_lines
 from sparkctl.router import RouterError, strip_colour
 from sparkctl.router import launch as router_launch
 from sparkctl.router.client import RouterClient, Worker, attach, detach, drain, engine_in_flight
-from sparkctl.router.replicas import Replica, render_replicas, router_endpoint, router_spec
+from sparkctl.router.replicas import Replica, render_replicas, replica_cluster, router_endpoint, router_spec
 from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.launch import redact
 from sparkctl.state.controller import controller_alive, this_controller
@@ -105,11 +105,6 @@ def _dead_controller(rec: Record) -> str | None:
     if rec.data.get("status") != "updating" or not isinstance(ctl, dict) or controller_alive(ctl):
         return None
     return f"controller pid {ctl.get('pid')} on {ctl.get('host')} gone"
-
-
-def replica_cluster(parent: str, index: int) -> str:
-    """`<parent>.r<i>`: the inventory refuses '.' in cluster names, so no user's cluster is ever named so."""
-    return f"{parent}.r{index}"
 
 
 def sub_inventory(rep: Replica, parent: str, name: str | None = None) -> Inventory:

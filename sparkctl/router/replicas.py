@@ -32,6 +32,12 @@ class Replica:
         return [n.name for n in self.inventory.nodes]
 
 
+def replica_cluster(parent: str, index: int) -> str:
+    """`<parent>.r<i>`: replica `index`'s own cluster (its ledger and lock); the inventory refuses '.' in cluster
+    names, so no user's cluster is ever named so."""
+    return f"{parent}.r{index}"
+
+
 def replica_inventories(profile: Profile, inventory: Inventory) -> list[Inventory]:
     k, tp = profile.replicas, profile.server.tp_size
     if k == 1:

@@ -6,8 +6,9 @@ others), and rank 0 of each group on its TCP store (--dist-init-addr's port, bou
 real 0.5.23 engine); the router on its port and its Prometheus port. Two listeners collide when they are on one
 machine (the process runtime's nodes all run on this machine; any other node is the machine its ansible_host
 names) on one port and one address (or either on every interface), or when the controller would reach both at one
-URL. A collision is refused before anything starts, naming both hosts: two inventory hosts with one API address
-would otherwise render two replicas on one URL without a word.
+URL (a rank 0's HTTP API or the router: what the controller and clients reach). A collision is refused before
+anything starts, naming both hosts: two inventory hosts with one API address would otherwise render two replicas
+on one URL without a word.
 """
 from __future__ import annotations
 
@@ -30,11 +31,12 @@ class Listener:
     reach: str          # the address it is reached at (the controller's; the ranks' fabric address for a TCP store)
     port: int
     what: str           # e.g. "replica 1 rank 0 HTTP API (api.port)"
+    reached: bool = True  # the controller or a client reaches it at `reach` (an API, the router), not only a rank
 
     def collides(self, other: Listener) -> bool:
         if self.port != other.port:
             return False
-        if self.reach == other.reach:
+        if self.reached and other.reached and self.reach == other.reach:
             return True
         return self.machine == other.machine and (self.bind == other.bind or self.bind in WILDCARD
                                                   or other.bind in WILDCARD)
@@ -56,7 +58,7 @@ def group_listeners(specs: Iterable[LaunchSpec], inventory: Inventory, label: st
             store = what.startswith("TCP store")
             out.append(Listener(spec.node, machine_of(node), "0.0.0.0" if store else bind,
                                 node.fabric_address if store else spec.api_host, port,
-                                f"{label}rank {spec.rank} {what}"))
+                                f"{label}rank {spec.rank} {what}", reached=spec.rank == 0 and not store))
     return out
 
 
