@@ -263,7 +263,8 @@ def _rebuild_replicated(d: Cluster, notes: list[str]) -> JSONObject | None:
         try:
             rec = ledger.active()
         except SparkctlError as exc:
-            notes.append(f"replica {index}'s own ledger is damaged ({exc.message}): run `sparkctl repair` on it")
+            notes.append(f"replica {index}'s own ledger ({ledger.root}) is damaged ({exc.message}): it is left out "
+                         f"of the rebuilt record and this command does not repair it")
             rec = None
         if rec is not None:
             actives.append((index, ledger.root.name, rec))
