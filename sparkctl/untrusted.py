@@ -26,8 +26,8 @@ from typing import IO, Any, TextIO
 
 from sparkctl.errors import LedgerError
 
-__all__ = ["LINE_LIMIT", "GuardedStream", "clean", "clean_line", "mask_url_credentials", "record_name",
-           "is_plain_name"]
+__all__ = ["LINE_LIMIT", "TEXT_LIMIT", "GuardedStream", "clean", "clean_line", "excerpt", "mask_url_credentials",
+           "record_name", "is_plain_name"]
 
 LINE_LIMIT = 4096              # characters of one printed line; longer ones become head ... tail
 _EXCERPT = 1024                # characters kept at each end of an over-long line
@@ -72,6 +72,27 @@ def clean(text: object, limit: int = LINE_LIMIT) -> str:
     """
     text = text if isinstance(text, str) else str(text)
     return "\n".join(clean_line(line, limit) for line in text.split("\n"))
+
+
+TEXT_LIMIT = 1024              # characters of one piece of endpoint text kept in an error (head ... tail)
+
+
+def excerpt(text: object, limit: int = TEXT_LIMIT, *, one_line: bool = True) -> str:
+    """One piece of untrusted text bounded as a whole (not line by line): escaped as `clean_line` does (a newline
+    too, so it stays one line; `one_line` False keeps newlines, for evidence shown as a block) and, past `limit`
+    characters, its head and tail around a marker saying how much was cut. What an endpoint says (an error's
+    reason, body or evidence) goes through this once, where the error is made, so every output of it (stderr, a
+    card, the ledger, JSON) holds the same bounded text. Example::
+
+        excerpt("x" * 100_000, 40)  ->  'xxxxxxxxxx ... [99,980 characters cut] ... xxxxxxxxxx'
+    """
+    text = text if isinstance(text, str) else str(text)
+    text = text.replace("\n", "\\n") if one_line else text
+    safe = mask_url_credentials(_BIDI.sub(_escape, _CONTROL.sub(_escape, text)))
+    if len(safe) <= limit:
+        return safe
+    keep = max(1, limit // 4)
+    return f"{safe[:keep]} ... [{len(safe) - 2 * keep:,} characters cut] ... {safe[-keep:]}"
 
 
 _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")

@@ -189,9 +189,10 @@ def register(app: typer.Typer) -> None:
                   as_json: bool = flag("--json", help="Checks as JSON on stdout.")) -> None:
         """Read-only checks on every node (what `up` runs first): nothing is changed."""
         from sparkctl.config.profile import load_profile
+        from sparkctl.deploy import door
 
         d = _deployer(inventory, quiet=as_json)
-        checks = d.preflight(load_profile(profile))
+        checks = door.preflight(d, load_profile(profile))
         _emit({"ok": True, "checks": [c.model_dump(mode="json") for c in checks]}, as_json,
               lambda r: print(f"preflight passed: {len(r['checks'])} checks on "
                               f"{len({c['node'] for c in r['checks']})} nodes"))

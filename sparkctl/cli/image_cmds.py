@@ -74,6 +74,10 @@ def image_plan(profile: str = _PROFILE, inventory: str | None = _INVENTORY, as_j
     from sparkctl.images.plan import unresolved_plan
 
     prof, inv = _ctx(profile, inventory)
+    if prof is not None and prof.replicas > 1:      # every replica runs the same images: replica 0's plan says them
+        from sparkctl.router.replicas import render_replicas
+        inv = render_replicas(prof, inv)[0].inventory
+        prof = prof.model_copy(update={"replicas": 1})
     if inv.rank0.runtime != "docker":
         doc = unresolved_plan(prof, inv, f"{inv.rank0.name} (the building node) runs the engine as a local process, "
                                          f"not in Docker: no base image digest to pin the engine tag to")

@@ -89,8 +89,9 @@ class Deployer:
         return self.cluster.runtimes(dep_id)
 
     # -- plan (read-only) --------------------------------------------------------------------------------------
-    def plan(self, profile: Profile, *, base_of: str | None = None) -> tuple[RenderResult, Plan]:
-        """What `up` would do against what runs now: the rendered launch and the steps (or a no-op)."""
+    def plan(self, profile: Profile, *, base_of: str | None = None, command: str = "up") -> tuple[RenderResult, Plan]:
+        """What `up` would do against what runs now: the rendered launch and the steps (or a no-op; never onto a
+        comparison or tune arm, unless `command` is another arm)."""
         c = self.cluster
         result = c.render(profile)
         active = c.ledger.active()
@@ -104,7 +105,8 @@ class Deployer:
         plan = make_plan(result, active, healthy, detail, deployment_id=dep_id, images=images,
                          own_ports=frozenset(own_ports(active)),
                          prior_known_good=known_good.id if known_good else None,
-                         start_preview=lambda spec: rts.for_node(spec.node).launch_argv(spec, dep_id))
+                         start_preview=lambda spec: rts.for_node(spec.node).launch_argv(spec, dep_id),
+                         arm_is_ours=command == ARM_COMMAND)
         return result, plan
 
     def preflight(self, profile: Profile) -> list[CheckResult]:
@@ -135,7 +137,7 @@ class Deployer:
             boundary(contract, SETTLE, "after")
             if command not in TRANSACTION_COMMANDS:
                 self._settle_compare()
-            result, plan = self.plan(profile, base_of=opts.base_of)   # from what runs now, health measured now
+            result, plan = self.plan(profile, base_of=opts.base_of, command=command)   # from what runs now
             self._say_plan(result, plan, commands=False)
             endpoint = c.endpoint(result.specs[0])
             if plan.noop:

@@ -42,12 +42,12 @@ from sparkctl.deploy.results import (
     StatusResult,
     UpResult,
 )
-from sparkctl.deploy.steps import RESTORE_COMMAND, TRANSACTION_COMMANDS
+from sparkctl.deploy.steps import ARM_COMMAND, RESTORE_COMMAND, TRANSACTION_COMMANDS
 from sparkctl.errors import ConfigError, RestartRefusedError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.router.replicas import router_endpoint
 from sparkctl.sglang.launch import ENGINE_SECRETS_FILE, SECRETS_MOUNT
-from sparkctl.state.records import DeploymentRecord
+from sparkctl.state.records import CheckResult, DeploymentRecord
 
 Confirm = Callable[[str, Plan | None], bool]     # (what is about to happen, the plan when there is one) -> go on?
 
@@ -303,26 +303,56 @@ def rollback(d: Deployer, to: Profile | None, req: UpRequest, *,
 
 def restore(d: Deployer, original: str | None, *, progress: Callable[[str], None], say: str) -> JSONObject:
     """The end of a compare transaction (bench --compare, tune): what ran before it (`original`, a deployment id)
-    deployed again through `up` (command RESTORE_COMMAND: a no-op when it still runs healthy; clears the transaction's
-    record), or, when nothing ran before, `down`. `say` is the line announcing it. Never raises a SparkctlError:
-    the result says how it went (`ok`, and `error` when it did not work)."""
+    deployed again through `up` (command RESTORE_COMMAND: a no-op only when it still runs healthy under its own
+    record, never onto an arm of the same launch; clears the transaction's record), or, when nothing ran before,
+    `down`. `say` is the line announcing it. Never raises a SparkctlError: the result says how it went (`ok`, and
+    `error` when it did not work), and `ok` is read back from the cluster after it (`read_back`): what the ledger
+    says runs, and that it serves, never what the `up` or `down` meant to do."""
     if original is None:
         progress("nothing ran before the tune: bringing the trial deployment down")
         try:
             down(d, confirm=proceed)
-            return {"ok": True, "action": "down"}
+            done: JSONObject = {"ok": True, "action": "down"}
         except SparkctlError as exc:
-            return {"ok": False, "action": "down", "error": exc.render()}
+            done = {"ok": False, "action": "down", "error": exc.render()}
+        return read_back(d, None, done, progress)
     rec = d.ledger.load(original)
     progress(say.format(profile=rec.profile, id=original))
     try:
         result = up(d, Profile.model_validate(rec.profile_data), UpRequest(command=RESTORE_COMMAND), confirm=proceed)
     except SparkctlError as exc:
         progress(f"restore FAILED: {exc.message}")
-        return {"ok": False, "profile": rec.profile, "error": exc.render()}
+        return read_back(d, rec.profile, {"ok": False, "profile": rec.profile, "error": exc.render()}, progress)
     assert isinstance(result, UpResult)              # a restore is one group's up (above)
-    return {"ok": True, "profile": rec.profile, "outcome": str(result.outcome),
-            "deployment": result.deployment, "endpoint": result.endpoint}
+    return read_back(d, rec.profile, {"ok": True, "profile": rec.profile, "outcome": str(result.outcome),
+                                      "deployment": result.deployment, "endpoint": result.endpoint}, progress)
+
+
+def read_back(d: Deployer, want: str | None, done: JSONObject, progress: Callable[[str], None]) -> JSONObject:
+    """`done` (what a restore did) checked against what the cluster runs now: `want` (a profile name; None:
+    nothing) active under a record of its own (not a comparison or tune arm) and healthy. The result's `serving`
+    is what runs, read back; `ok` is False, with an `error` naming both, when that is not what was wanted."""
+    try:
+        now = deployed(d)
+        serving = None if now.kind == "down" else now.profile
+        rec = d.ledger.active() if now.kind == "deployment" else None
+        healthy = rec is not None and d.cluster.health_of(rec)[0]
+        arm = rec is not None and rec.command == ARM_COMMAND
+    except SparkctlError as exc:
+        return {**done, "ok": False, "serving": None, "error": f"what runs after the restore could not be read "
+                                                                f"back: {exc.message}"}
+    out: JSONObject = {**done, "serving": serving, "serving_deployment": rec.id if rec else None}
+    if want is None and now.kind != "down":
+        out.update(ok=False, error=f"nothing was to run after the restore, yet {now.kind} {serving} runs")
+    elif want is not None and (serving != want or arm or not healthy):
+        what = ("nothing runs" if now.kind == "down" else
+                f"{'an arm of profile' if arm else 'profile'} {serving} runs"
+                + ("" if healthy or now.kind != "deployment" else " unhealthy"))
+        out.update(ok=False, error=(f"{done['error']}; " if done.get("error") else "")
+                   + f"the restore was to leave {want} serving; read back from the cluster: {what}")
+    if not out["ok"] and done.get("ok"):
+        progress(f"restore FAILED: {out['error']}")
+    return out
 
 
 def down(d: Deployer, *, confirm: Confirm) -> DownResult | ReplicatedDownResult:
@@ -335,6 +365,14 @@ def down(d: Deployer, *, confirm: Confirm) -> DownResult | ReplicatedDownResult:
     if active and not confirm(f"stop {active.id} ({active.profile})", None):
         raise Declined
     return d.down()
+
+
+def preflight(d: Deployer, profile: Profile) -> list[CheckResult]:
+    """Read-only checks of what `up` of `profile` would start: one group's ranks, or every replica's (each through
+    its own cluster, after the replicas' and the router's layout); raises PreflightError."""
+    if profile.replicas > 1:
+        return ReplicatedDeployer(d.inventory, d.reporter).preflight(profile)
+    return d.preflight(profile)
 
 
 def status(d: Deployer) -> StatusResult | ReplicatedStatusResult:

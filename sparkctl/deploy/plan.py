@@ -175,16 +175,20 @@ class Plan:
 def make_plan(result: RenderResult, active: DeploymentRecord | None, active_healthy: bool, health_detail: str,
               *, deployment_id: str, images: ImageSurvey, own_ports: frozenset[tuple[str, int]] = frozenset(),
               prior_known_good: str | None = None,
-              start_preview: Callable[[LaunchSpec], list[str]] | None = None) -> Plan:
+              start_preview: Callable[[LaunchSpec], list[str]] | None = None, arm_is_ours: bool = False) -> Plan:
     """The steps from what runs now (`active`) to `result`. `images` is the survey of what the nodes hold
     (`deploy.image_stage.survey`): its steps say why each is or is not needed, and its launch image tag is part
     of the identity. `own_ports` are the ports `active` holds (preflight does not count them as taken);
     `start_preview(spec)` gives the argv that starts a rank (the runtime's `launch_argv`), shown under the boot
-    step by `--dry-run`."""
+    step by `--dry-run`. A comparison or tune arm running (`active.command` ARM_COMMAND) is a transaction's
+    temporary deployment: only another arm (`arm_is_ours`) takes it as is; anything else (a user's `up`, the
+    restore after the trials) deploys its own even when the launch is the same, so that what the ledger says runs
+    is what was asked for, never an arm under another name."""
     identity = launch_identity(result, images.identity_key)
+    arm = active is not None and active.command == steps.ARM_COMMAND and not arm_is_ours
     plan = Plan(profile=result.profile.name, identity=identity, deployment_id=deployment_id, prior=active,
                 prior_known_good=prior_known_good, images=images)
-    if active and active.identity == identity and active_healthy:
+    if active and active.identity == identity and active_healthy and not arm:
         plan.noop_reason = (f"deployment {active.id} already runs profile {result.profile.name} with the same "
                             f"launch identity {identity} and is healthy ({health_detail})")
         return plan
@@ -194,7 +198,8 @@ def make_plan(result: RenderResult, active: DeploymentRecord | None, active_heal
     for name, what in images.steps():
         add(IMAGE_STEP_TYPES[name](what=what, survey=images))
     if active:
-        why = "unhealthy, same identity" if active.identity == identity else f"profile {active.profile}"
+        why = (f"profile {active.profile}" if active.identity != identity else
+               "a comparison or tune arm, same identity" if arm else "unhealthy, same identity")
         add(StopOld(what=f"stop deployment {active.id} ({why}); kept restartable for rollback", prior=active))
     order = tuple(sorted(result.specs, key=lambda s: -s.rank))
     starts = ", then ".join(f"start rank {s.rank} on {s.node}" for s in order)

@@ -18,6 +18,7 @@ What it does, shown first and done only once confirmed:
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,11 +49,12 @@ class RepairPlan:
     notes: list[str] = field(default_factory=list)
     index_changed: bool = False
     leftovers: list[Leftover] = field(default_factory=list)          # processes that outlived their engine
+    replicated: JSONObject | None = None          # replicated.json rebuilt from the replicas and router that run
 
     @property
     def changes(self) -> bool:
         return bool(self.damaged or self.dropped or self.rebuilt or self.index_changed or self.leftovers
-                    or self.active != self.active_before)
+                    or self.replicated or self.active != self.active_before)
 
     def lines(self) -> list[str]:
         out = [f"move aside {p.name if p.parent.name in ('deployments', '') else p}: {why}" for p, why in self.damaged]
@@ -62,6 +64,12 @@ class RepairPlan:
             out.append(f"rebuild {r.id} ({r.profile}) from its running engines: "
                        + ", ".join(f"rank {h.rank} {h.where} on {h.node}" for h in r.handles)
                        + " (status recovered: serving, not verified by gates)")
+        if self.replicated is not None:
+            rep = self.replicated
+            router = rep.get("router") or {}
+            out.append(f"rebuild replicated.json ({rep['profile']}) from what runs: "
+                       + (f"the router ({router['kind']} at {router['url']}) and " if router else "no router, ")
+                       + ", ".join(f"replica {e['index']} ({e['cluster']}: {e['url']})" for e in rep["replicas"]))
         if self.active != self.active_before:
             out.append(f"active deployment: {self.active_before or 'none'} -> {self.active or 'none'}")
         elif self.index_changed:
@@ -238,7 +246,78 @@ def plan_repair(d: Cluster) -> RepairPlan:
     plan.index_changed = index is None or plan.history != old_history or active != plan.active_before
     if index is None and not plan.history and not plan.damaged:
         plan.index_changed = False
+    replicated = d.ledger.root / "replicated.json"
+    if any(p == replicated for p, _ in plan.damaged):
+        plan.replicated = _rebuild_replicated(d, plan.notes)
     return plan
+
+
+def _rebuild_replicated(d: Cluster, notes: list[str]) -> JSONObject | None:
+    """The replicated deployment's record, rebuilt from what runs (as one group's record is from its engines):
+    each replica's own ledger (``<cluster>.r<i>`` beside this one: its active deployment) and the router that runs
+    for this cluster (a process writing this ledger's router log; a container labelled with the cluster). None,
+    with a note, when no replica runs: then there is nothing to record."""
+    from sparkctl.config.profile import Profile
+    from sparkctl.router.replicas import render_replicas, replica_cluster, router_spec
+    from sparkctl.state.records import ReplicatedRecord
+    name = d.inventory.cluster.name
+    actives = []
+    for index in range(256):
+        ledger = Ledger.for_cluster(replica_cluster(name, index))
+        if not ledger.root.is_dir():
+            break
+        try:
+            rec = ledger.active()
+        except SparkctlError as exc:
+            notes.append(f"replica {index}'s own ledger ({ledger.root}) is damaged ({exc.message}): it is left out "
+                         f"of the rebuilt record and this command does not repair it")
+            rec = None
+        if rec is not None:
+            actives.append((index, ledger.root.name, rec))
+    if not actives:
+        notes.append("no replica runs: the replicated record is not rebuilt (nothing to record)")
+        return None
+    try:
+        profile = Profile.model_validate(actives[0][2].profile_data)
+        if profile.replicas <= 1:
+            raise SparkctlError(f"replica 0 runs profile {profile.name}, which has no replicas")
+        spec = router_spec(profile, d.inventory, render_replicas(profile, d.inventory))
+    except (SparkctlError, ValueError) as exc:
+        notes.append(f"the replicas' profile cannot be laid out again ({exc}); `sparkctl down` stops them")
+        return None
+    router = _running_router(d, spec.url, spec.metrics_url)
+    if router is None:
+        notes.append("no router of this cluster runs: the rebuilt record names none (`sparkctl up` starts one)")
+    data: JSONObject = {
+        "profile": profile.name, "endpoint": spec.url, "status": "active", "started": actives[0][2].created,
+        "handed_off": now_iso(), "router": router, "journal": [],
+        "replicas": [{"index": i, "url": rec.endpoint, "nodes": [h.node for h in sorted(rec.handles, key=lambda
+                     h: h.rank)], "cluster": cluster} for i, cluster, rec in actives]}
+    return ReplicatedRecord.model_validate(data).model_dump(mode="json", by_alias=True)
+
+
+def _running_router(d: Cluster, url: str, metrics_url: str | None) -> JSONObject | None:
+    """The router that runs for this cluster, as a record entry: on the process runtime the process whose output
+    is this ledger's router log (its PID and start time), on docker the container labelled with the cluster."""
+    from sparkctl.nodes import procfs
+    from sparkctl.router.launch import _container_side
+    base: JSONObject = {"url": url, "metrics_url": metrics_url}
+    if _container_side(d.inventory):
+        from sparkctl.nodes.ssh import connector_for
+        from sparkctl.router.container import labelled_routers, router_container_name
+        node = d.inventory.rank0
+        found = labelled_routers(connector_for(d.inventory, node), d.inventory.cluster.name)
+        return {**base, "kind": "container", "node": node.name, "container_id": found[0], "image": None,
+                "container": router_container_name(d.inventory.cluster.name)} if found else None
+    from sparkctl.router.process import _runs_router
+    log = d.ledger.root / "logs" / "router.log"
+    for pid in procfs.pids():
+        try:
+            if os.readlink(f"/proc/{pid}/fd/1") == str(log) and _runs_router(procfs.cmdline(pid)):
+                return {**base, "kind": "process", "pid": pid, "ticks": procfs.start_ticks(pid), "log": str(log)}
+        except OSError:
+            continue
+    return None
 
 
 def apply_repair(d: Cluster, plan: RepairPlan) -> None:
@@ -254,6 +333,8 @@ def apply_repair(d: Cluster, plan: RepairPlan) -> None:
     boundary("repair", "rebuild", "before")
     if plan.rebuilt is not None:
         ledger.save(plan.rebuilt)
+    if plan.replicated is not None:
+        write_json_atomic(ledger.root / "replicated.json", plan.replicated)
     boundary("repair", "rebuild", "after")
     boundary("repair", "index", "before")
     if plan.index_changed or plan.damaged or plan.dropped:

@@ -74,12 +74,12 @@ from sparkctl.nodes.process import read_lines
 from sparkctl.router import RouterError, strip_colour
 from sparkctl.router import launch as router_launch
 from sparkctl.router.client import RouterClient, Worker, attach, detach, drain, engine_in_flight
-from sparkctl.router.replicas import Replica, render_replicas, router_endpoint, router_spec
+from sparkctl.router.replicas import Replica, render_replicas, replica_cluster, router_endpoint, router_spec
 from sparkctl.router.spec import RouterSpec
 from sparkctl.sglang.launch import redact
 from sparkctl.state.controller import controller_alive, this_controller
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.records import JournalEntry, ReplicatedRecord
+from sparkctl.state.records import CheckResult, JournalEntry, ReplicatedRecord
 from sparkctl.statefiles import open_state_file, private_dir, state_dir_error, write_json_atomic
 
 RECORD = "replicated.json"
@@ -105,11 +105,6 @@ def _dead_controller(rec: Record) -> str | None:
     if rec.data.get("status") != "updating" or not isinstance(ctl, dict) or controller_alive(ctl):
         return None
     return f"controller pid {ctl.get('pid')} on {ctl.get('host')} gone"
-
-
-def replica_cluster(parent: str, index: int) -> str:
-    """`<parent>.r<i>`: the inventory refuses '.' in cluster names, so no user's cluster is ever named so."""
-    return f"{parent}.r{index}"
 
 
 def sub_inventory(rep: Replica, parent: str, name: str | None = None) -> Inventory:
@@ -435,6 +430,14 @@ class ReplicatedDeployer:
         return ReplicatedPlan(profile, reps, spec, router, client, moves, parallel, endpoint,
                               replicated_steps(profile, spec, moves, router_runs=router is not None,
                                                parallel=parallel, endpoint=endpoint))
+
+    def preflight(self, profile: Profile) -> list[CheckResult]:
+        """Read-only checks of every replica's ranks, each through its own cluster as its `up` runs them, after
+        the layout (replicas and the router: no two listeners on one address and port); raises PreflightError."""
+        reps = render_replicas(profile, self.inventory)
+        router_spec(profile, self.inventory, reps)
+        rec = Record.load(self.ledger.root)
+        return [c for rep in reps for c in self._sub(rep, rec).preflight(rep.result.profile)]
 
     def plan_lines(self, profile: Profile) -> list[str]:
         """What `up` would do, replica by replica (each replica's own plan under its steps); nothing is changed."""

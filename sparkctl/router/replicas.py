@@ -12,6 +12,7 @@ from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
 from sparkctl.router.spec import RouterSpec
+from sparkctl.sglang.endpoints import Listener, group_listeners, refuse_collisions, router_listeners
 from sparkctl.sglang.render import RenderResult, api_address, render
 
 
@@ -29,6 +30,12 @@ class Replica:
     @property
     def nodes(self) -> list[str]:
         return [n.name for n in self.inventory.nodes]
+
+
+def replica_cluster(parent: str, index: int) -> str:
+    """`<parent>.r<i>`: replica `index`'s own cluster (its ledger and lock); the inventory refuses '.' in cluster
+    names, so no user's cluster is ever named so."""
+    return f"{parent}.r{index}"
 
 
 def replica_inventories(profile: Profile, inventory: Inventory) -> list[Inventory]:
@@ -64,8 +71,16 @@ def render_replicas(profile: Profile, inventory: Inventory, *,
                           f"does not do", where=profile.origin_of("api.api_key_env"),
                           hint=f"unset {key_env} (or api.api_key_env) for a replicated deployment, and bind the "
                                f"router to a trusted network")
-    return [Replica(i, inv, render(_own_dist_port(profile, i), inv, environ=environ))
+    reps = [Replica(i, inv, render(_own_dist_port(profile, i), inv, environ=environ))
             for i, inv in enumerate(replica_inventories(profile, inventory))]
+    refuse_collisions(_listeners(inventory, reps), inventory.path)
+    return reps
+
+
+def _listeners(inventory: Inventory, reps: list[Replica]) -> list[Listener]:
+    label = len(reps) > 1
+    return [x for rep in reps
+            for x in group_listeners(rep.result.specs, rep.inventory, f"replica {rep.index} " if label else "")]
 
 
 def _own_dist_port(profile: Profile, index: int) -> Profile:
@@ -88,16 +103,18 @@ def router_spec(profile: Profile, inventory: Inventory, replicas: list[Replica])
     node = inventory.rank0
     bind = profile.api.host or node.api_bind
     r = profile.router
-    dist_ports = [(profile.api.dist_port + i, f"api.dist_port (+{i} for replica {i})" if i else "api.dist_port")
-                  for i in range(len(replicas))]
-    for port, name in ((profile.api.port, "api.port"), *dist_ports):
-        if r.port == port or r.prometheus_port == port:
+    for port, name in ((profile.api.port, "api.port"), (profile.api.dist_port, "api.dist_port")):
+        if r.port == port or r.prometheus_port == port:       # replica 0's, always on rank 0's node
             raise ConfigError(f"router ports ({r.port}, {r.prometheus_port}) collide with {name} {port} on rank 0's "
                               f"node", where=profile.origin_of("router"), hint="give router.port and "
                               "router.prometheus_port ports of their own")
+    # every other listener (another replica's API or TCP store on the same machine, two hosts on one address)
+    reach = api_address(node, bind)
+    refuse_collisions(_listeners(inventory, replicas) + router_listeners(node, bind, reach, r.port, r.prometheus_port),
+                      inventory.path)
     return RouterSpec(host=bind, port=r.port, prometheus_port=r.prometheus_port, policy=r.policy,
                       worker_urls=tuple(rep.url for rep in replicas),
-                      health_check_interval_s=r.health_check_interval_s, reach_host=api_address(node, bind))
+                      health_check_interval_s=r.health_check_interval_s, reach_host=reach)
 
 
 def router_endpoint(profile: Profile, inventory: Inventory) -> str:

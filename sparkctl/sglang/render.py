@@ -22,6 +22,7 @@ from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.dialect import Dialect, Flag, load_dialect
+from sparkctl.sglang.endpoints import group_listeners, refuse_collisions
 from sparkctl.sglang.launch import ENGINE_SECRETS_FILE, HF_TOKEN_FILE, SECRET_OPTIONS, SECRETS_MOUNT, LaunchSpec
 
 log = logging.getLogger("sparkctl.render")
@@ -189,8 +190,8 @@ def _check_topology(profile: Profile, inventory: Inventory) -> None:
     if profile.replicas > 1 and len(inventory.nodes) == profile.replicas * tp // max(1, min(per_node)):
         raise ConfigError(f"replicas: {profile.replicas}: the {len(inventory.nodes)} nodes hold {profile.replicas} "
                           f"replicas of {tp} rank(s) each, not one group", where=profile.origin_of("replicas"),
-                          hint="render them with sparkctl.router.replicas.render_replicas (`sparkctl render` prints "
-                               "each replica; `sparkctl up` deploys them behind the router)")
+                          hint="`sparkctl render` prints each replica, `sparkctl preflight` checks each, `sparkctl "
+                               "up` deploys them behind the router")
     if len(inventory.nodes) != 2 or per_node != {1}:  # not the two single-GPU Sparks sparkctl is built for
         raise ConfigError(
             f"hosts: {len(inventory.nodes)} node(s) with {gpus} GPU(s) cannot hold the {tp} ranks of server.tp_size "
@@ -309,4 +310,5 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
             warnings = b.warnings
     for w in warnings:
         log.warning("%s", w)
+    refuse_collisions(group_listeners(specs, inventory), inventory.path)
     return RenderResult(profile=profile, inventory=inventory, specs=specs, warnings=warnings)

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from sparkctl.errors import NodeError
 from sparkctl.jsontypes import JSONMapping, JSONObject
+from sparkctl.untrusted import TEXT_LIMIT, excerpt
 
 __all__ = [
     "SGLangAPIError", "EndpointBoundError", "EndpointProtocolError", "ChatResult", "Usage", "Delta", "SSEFrame",
@@ -30,14 +31,19 @@ _BODY_TAIL = 800
 
 
 class SGLangAPIError(NodeError):
-    """An SGLang HTTP call failed: names the URL, the status (None = no response) and the body tail."""
+    """An SGLang HTTP call failed: names the URL, the status (None = no response) and the body tail.
+
+    Everything in it that the endpoint said (the reason, the body, the evidence) is bounded and escaped here, once
+    (`untrusted.excerpt`): a 100 kB chunk-size line or header is an excerpt in every output that shows the error."""
 
     def __init__(self, url: str, status: int | None, body: str = "", *, reason: str | None = None,
                  hint: str | None = None, evidence: str | None = None) -> None:
-        self.url = url
+        self.url = excerpt(url, 300)
         self.status = status
-        self.reason = reason
-        self.body_tail = body[-_BODY_TAIL:] if body else ""
+        self.reason = None if reason is None else excerpt(reason)
+        self.body_tail = excerpt(body[-_BODY_TAIL:]) if body else ""
+        url, reason = self.url, self.reason
+        evidence = None if evidence is None else excerpt(evidence, 4 * TEXT_LIMIT, one_line=False)
         if status is None:
             msg = f"no response from {url}: {reason or 'connection failed'}"
         else:
@@ -53,7 +59,7 @@ class EndpointBoundError(SGLangAPIError):
                  evidence: str | None = None) -> None:
         self.bound = bound
         super().__init__(url, status, reason=reason, hint=hint, evidence=evidence)
-        self.message = reason
+        self.message = self.reason or ""
         self.args = (self.message,)
 
 
@@ -65,7 +71,7 @@ class EndpointProtocolError(SGLangAPIError):
                  hint: str | None = None) -> None:
         super().__init__(url, status, reason=reason, evidence=evidence,
                          hint=hint or "is this an SGLang (OpenAI-compatible) server? check the URL and its proxy")
-        self.message = reason
+        self.message = self.reason or ""
         self.args = (self.message,)
 
 

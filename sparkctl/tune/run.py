@@ -41,7 +41,7 @@ from sparkctl.state.records import AcceptanceResult, ConcurrencyResult, DecodeRe
 from sparkctl.state.tunejournal import Journal, TuneJournal, TuneOptions, clear_marker, write_marker
 from sparkctl.tune import g6
 from sparkctl.tune import space as sp
-from sparkctl.tune.settle import restore, settle
+from sparkctl.tune.settle import restore, resume_target, settle
 from sparkctl.userfiles import check_user_target, write_user_text
 
 if TYPE_CHECKING:
@@ -433,7 +433,8 @@ def resume(deployer: Deployer, run_id: str, progress: Progress) -> TuneJournal:
     j = Journal.load(deployer.ledger, run_id)
     if j.data.get("state") == "finished":
         raise ConfigError(f"tune {run_id} already finished", where=str(j.path), hint="start a new `sparkctl tune`")
-    settle(deployer, progress, resuming=run_id)
+    marker = settle(deployer, progress, resuming=run_id)
+    resume_target(deployer.ledger, j.data, marker, progress)
     done = sum(1 for t in j.data["trials"] if t["status"] != "pending")
     progress(f"resuming tune {run_id}: {done} of {len(j.data['trials'])} trials already done (not redone)")
     j.data["state"] = "running"

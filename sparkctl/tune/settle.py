@@ -71,3 +71,26 @@ def settle(deployer: Deployer, progress: Progress, *, resuming: str | None = Non
     if result.get("ok"):
         clear_marker(deployer.ledger)
     return None
+
+
+def resume_target(ledger: Ledger, data: JSONObject, marker: JSONObject | None, progress: Progress) -> None:
+    """What a resumed tune restores at its end, decided from what runs now, not from the journal's snapshot of
+    what ran before the tune began: a deployment the user made since the tune stopped (not one of its arms)
+    becomes its `original`; nothing running once the tune's own restore had ended (no marker: the user took it
+    down since) makes it None (the resumed tune ends with nothing running, as the user left it)."""
+    try:
+        active = ledger.active()
+    except LedgerError:
+        return                       # unreadable: the trials' own `up` reports it
+    original, began = data.get("original"), str(data.get("began") or "")
+    if active is None:
+        if marker is None and original is not None:
+            progress(f"nothing runs since the tune stopped (its restore of {original} ended, then it was taken "
+                     "down): the resumed tune ends with nothing running")
+            data["original"] = None
+        return
+    if active.id == original or (active.command == ARM_COMMAND and active.created >= began):
+        return
+    progress(f"deployment {active.id} (profile {active.profile}) was deployed since the tune stopped: the resumed "
+             f"tune restores it at its end (not {original or 'nothing'})")
+    data["original"] = active.id

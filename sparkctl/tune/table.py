@@ -6,6 +6,7 @@ from typing import IO
 
 from sparkctl import texttable
 from sparkctl.state.tunejournal import TuneJournal, TuneTrial
+from sparkctl.untrusted import clean
 
 HEADER = ("#", "changes", "status", "{obj} median (min-max)", "accept len", "G6", "time s", "card / reason")
 
@@ -41,7 +42,11 @@ def footer(data: TuneJournal) -> list[str]:
         lines.append(f"estimate after the first trial: {e.get('total_s')} s; actual total {tm.get('total_s')} s "
                      f"(trials {tm.get('trials_sum_s')} s, restore {tm.get('restore_s')} s)")
     r = data.restore or {}
-    lines.append(f"restored: {r.get('profile') or r.get('action')} ({'ok' if r.get('ok') else 'FAILED'})")
+    what = r.get("profile") or r.get("action")
+    if r.get("ok"):                  # read back from the cluster after it (deploy.door.read_back)
+        lines.append(f"restored: {what} (ok)" + (f", serving {r['serving']}" if r.get("serving") else ""))
+    else:
+        lines.append(f"restored: {what} (FAILED: {clean(str(r.get('error') or 'no restore recorded'), 400)})")
     return lines
 
 

@@ -91,7 +91,8 @@ def test_tune_promotes_nothing_when_all_lie_within_noise(cli, tune_cluster, prof
     assert data["confirmation"]["verdict"] == "within noise", data["confirmation"]["comparison"]
     assert data["winner"]["promoted"] is False and "noise band" in data["winner"]["why"]
     assert list(profiles_dir.glob("t5-tuned-*")) == []
-    assert data["original"] is None and data["restore"] == {"ok": True, "action": "down"}
+    assert data["original"] is None and data["restore"] == {"ok": True, "action": "down", "serving": None,
+                                                          "serving_deployment": None}    # read back: nothing runs
 
 
 def test_a_candidate_whose_g6_sample_diverges_is_infeasible(cli, tune_cluster, state_dir):
