@@ -70,6 +70,57 @@ def local_server(handler: type):
     return serving()
 
 
+def read_http_request(conn, timeout_s: float = 10.0) -> tuple[bytes, bytes] | None:
+    """One HTTP request read off a raw connection (the hostile hooks' servers): (head, body by Content-Length), or
+    None when the peer closed first."""
+    conn.settimeout(timeout_s)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        got = conn.recv(65536)
+        if not got:
+            return None
+        data += got
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(ln.split(b":")[1]) for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")),
+                  0)
+    while len(body) < length:
+        got = conn.recv(65536)
+        if not got:
+            break
+        body += got
+    return head, body
+
+
+class RawServer:
+    """A TCP server on a free loopback port that hands every connection to `handle(conn)` in a thread of its own:
+    for peers that must misbehave below HTTP (answer byte by byte, never answer). `url(path)`; `close()` stops it."""
+
+    def __init__(self, handle) -> None:
+        import socket
+        import threading
+
+        self.handle = handle
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def _serve(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on `host` right now (the kernel's pick; the caller binds it soon after)."""
     import socket

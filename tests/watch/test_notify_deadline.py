@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from sparkctl.deploy.progress import Reporter
 from sparkctl.watch.notify import MAX_REPLY, Notifier, shown_url
-from testrig.testenv import local_server
+from testrig.testenv import local_server, read_http_request
 
 PASSWORD = "hookpw-deadline-91"
 TOKEN = "T0k3nInThePath0123456789"
@@ -28,20 +28,7 @@ SLACK = 1.5            # scheduling on a shared 2-core machine; every behaviour 
 
 
 def _read_request(conn: socket.socket) -> None:
-    conn.settimeout(10)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        got = conn.recv(4096)
-        if not got:
-            return
-        data += got
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next((int(ln.split(b":")[1]) for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")), 0)
-    while len(body) < length:
-        got = conn.recv(4096)
-        if not got:
-            return
-        body += got
+    read_http_request(conn)
 
 
 def _drip(conn: socket.socket, data: bytes, delay: float, stop: threading.Event) -> None:

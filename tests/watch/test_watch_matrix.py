@@ -20,7 +20,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from sparkctl.state.controller import live_lock_holder
 from sparkctl.state.ledger import Ledger
 from sparkctl.statefiles import ROOM_BYTES
 from sparkctl.watch.supervisor import ACTIONS, Watcher, WatchOptions
-from testrig.testenv import need_module
+from testrig.testenv import RawServer, need_module, read_http_request
 from testrig.watchrig import alive, wait_until
 
 parser = need_module("prometheus_client.parser", "the watcher's metrics (the `watch` extra)")
@@ -51,31 +50,14 @@ class Hook:
 
     def __init__(self, hang: bool) -> None:
         self.hang, self.events, self.held = hang, [], []
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hook"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+        self.server = RawServer(self._one)
+        self.url = self.server.url()
 
     def _one(self, conn: socket.socket) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = conn.recv(65536)
-            if not chunk:
-                return
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        length = int(next((ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")),
-                          b"0"))
-        while len(body) < length:
-            body += conn.recv(65536)
-        self.events.append(json.loads(body))
+        request = read_http_request(conn, timeout_s=60)
+        if request is None:
+            return
+        self.events.append(json.loads(request[1]))
         if self.hang:
             self.held.append(conn)           # never answered
             return
@@ -83,7 +65,7 @@ class Hook:
         conn.close()
 
     def close(self) -> None:
-        self.sock.close()
+        self.server.close()
         for c in self.held:
             c.close()
 

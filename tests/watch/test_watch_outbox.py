@@ -11,25 +11,17 @@ import time
 from sparkctl.deploy.progress import Reporter
 from sparkctl.watch.notify import Notifier
 from sparkctl.watch.outbox import Outbox
+from testrig.testenv import RawServer
 
 
 class Trickle:
     """Reads each request, then answers one byte a second, forever (until closed)."""
 
     def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hook"
         self.requests = 0
         self.stop = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+        self.server = RawServer(self._one)
+        self.url = self.server.url()
 
     def _one(self, conn: socket.socket) -> None:
         conn.recv(65536)
@@ -45,7 +37,7 @@ class Trickle:
 
     def close(self) -> None:
         self.stop.set()
-        self.sock.close()
+        self.server.close()
 
 
 def test_a_trickling_hook_never_holds_the_caller_and_the_queue_stays_bounded():
