@@ -337,4 +337,14 @@ def test_a_fresh_card_has_the_shape_of_one_written_before_the_models(fresh_acc_o
     fresh = bench_endpoint(sims["acc"].url, opts, log_path=sims["acc"].log, compare_endpoint=sims["off"].url,
                            compare_log_path=sims["off"].log)
     assert fresh["status"] == "successful"
+    # added since that card: each TTFT prompt fitted to its label by the server's own count (issue 31), so a size
+    # says how (`fit`, per run) and whether one missed 2 % (`note`), and the calibration the marker line's tokens
+    for arm in fresh["arms"]:
+        ttft = arm["results"].get("ttft")
+        if not ttft:
+            continue
+        assert isinstance(ttft["calibration"].pop("marker_tokens"), int)
+        for size in ttft["sizes"]:
+            assert len(size.pop("fit")) == len(size["runs"]) and "note" in size
+            size.pop("note")
     assert _shape(fresh) == _shape(saved)

@@ -134,7 +134,10 @@ def test_the_watcher_restarts_the_pair_after_a_stopped_rank_and_a_killed_contain
         _started_in_order(ledger, new2)
         code, st = _status(cli)
         assert code == 0 and st["healthy"] and st["active"] == new2, st
-        assert st["watcher"]["running"] and st["watcher"]["restarts"] == 2 and st["watcher"]["failures"] == 0
+        # the container died within --window of the watcher's own restart: a flap, counted as a failed restart
+        # (issue 31: a deployment that dies after every restart is a crash loop), not yet a give-up
+        w = st["watcher"]
+        assert w["running"] and w["restarts"] == 2 and w["flaps"] == 1 and w["failures"] == 1 and not w["gave_up"], w
         assert serves(st["endpoint"])
         run.kill(signal.SIGTERM)
         assert run.wait(timeout=120) == 143, run.stderr[-3000:]
