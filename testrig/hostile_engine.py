@@ -8,7 +8,8 @@ arguments). What it does comes from HOSTILE_TREE, a comma list:
   every command line, not through the tracking under test):
   ``group`` (its own process group, as SGLang's workers were seen in CI), ``deaf`` (ignores SIGTERM),
   ``orphan`` (double fork: re-parented away from the engine at once), ``setsid`` (a session of its own: only a cgroup
-  holds it), ``port`` (listens on HOSTILE_ADDR:HOSTILE_PORT, as ``sglang::scheduler_TP0`` held 26000);
+  holds it), ``shm`` (maps a 1 MiB file in /dev/shm, as SGLang's queues do, named after the mark),
+  ``port`` (listens on HOSTILE_ADDR:HOSTILE_PORT, as ``sglang::scheduler_TP0`` held 26000);
 * how the main process ends: ``main-exits`` (it exits 1 after starting them: a failed boot), ``main-deaf`` (it
   ignores SIGTERM), else it serves until signalled.
 """
@@ -33,6 +34,9 @@ CHILD = {
     "orphan": ("import os, sys, time\nif os.fork(): os._exit(0)\nos.execv(sys.executable, [sys.executable, '-c', "
                "'import time\\nwhile True: time.sleep(1)', 'orphaned', *sys.argv[1:]])"),
     "setsid": "import os, time\nos.setsid()\nwhile True: time.sleep(1)",
+    "shm": ("import mmap, os, sys, time\npath = '/dev/shm/' + sys.argv[1] + '-shm'\n"
+            "fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600); os.ftruncate(fd, 1 << 20)\n"
+            "m = mmap.mmap(fd, 1 << 20); os.close(fd)\nwhile True: time.sleep(1)"),
     "port": ("import os, socket, time\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
              "s.bind((os.environ.get('HOSTILE_ADDR', '127.0.0.1'), int(os.environ['HOSTILE_PORT'])))\n"
              "s.listen()\nwhile True: time.sleep(1)"),
@@ -77,6 +81,10 @@ def main() -> int:
             with socket.socket() as s:
                 if s.connect_ex((os.environ.get("HOSTILE_ADDR", "127.0.0.1"), int(os.environ["HOSTILE_PORT"]))) == 0:
                     break
+            time.sleep(0.05)
+    if "shm" in kinds:                # its shared memory is mapped before the engine says it is up
+        deadline = time.monotonic() + 10
+        while not os.path.exists(f"/dev/shm/{mark}-shm") and time.monotonic() < deadline:
             time.sleep(0.05)
     print(f"hostile engine {os.getpid()}: children started: {','.join(kinds)}", flush=True)
     if "main-exits" in kinds:

@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import signal
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -161,6 +162,51 @@ class EngineGroup:
             path.parent.rmdir()              # the state directory's, once it holds no engine
 
 
+SHM_DIR = Path("/dev/shm")
+
+
+def shm_files(pids: list[int]) -> set[Path]:
+    """Files directly in /dev/shm that these processes have mapped or open (an engine's shared-memory queues and
+    semaphores: SGLang's 24 MiB ``sgl_shm_mq_<pid>_*``, multiprocessing's ``sem.mp-*``). A process killed by SIGKILL
+    never unlinks them, and on tmpfs they hold memory until someone does."""
+    found: set[Path] = set()
+    prefix = str(SHM_DIR) + "/"
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+                paths = [ln.split(None, 5)[5].strip() for ln in fh if prefix in ln and len(ln.split(None, 5)) == 6]
+        except OSError:
+            paths = []
+        with contextlib.suppress(OSError):
+            paths += [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        for p in paths:
+            if p.endswith(" (deleted)") or not p.startswith(prefix) or "/" in p[len(prefix):]:
+                continue
+            found.add(Path(p))
+    return found
+
+
+def release_shm(files: set[Path]) -> list[str]:
+    """Unlink those of `files` that are this user's regular files and no longer used by anyone: called once every
+    process of the engine is gone. Returns the names removed."""
+    if not files:
+        return []
+    in_use = shm_files(procfs.pids())             # another process still maps or holds one: it stays
+    removed = []
+    for path in sorted(files - in_use):
+        try:
+            st = path.lstat()
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+                path.unlink()
+                removed.append(path.name)
+        except OSError:
+            continue
+    if removed:
+        log.info("released %d shared-memory files the engine left in %s: %s", len(removed), SHM_DIR,
+                 ", ".join(removed[:8]))
+    return removed
+
+
 def _member(pid: int) -> Member | None:
     stat = procfs.proc_stat(pid)
     if stat is None or stat[0] == "Z":
@@ -279,12 +325,14 @@ class Leftover:
 
     def stop(self, *, term_s: float = 5.0) -> list[Member]:
         """SIGTERM, then SIGKILL after `term_s`; what remains ([] when all gone). The cgroup is removed."""
+        shm = shm_files([m.pid for m in self.members])
         self.group.signal(signal.SIGTERM)
         left = self.group.wait_gone(term_s)
         if left:
             left = self.group.kill()
         if not left:
             self.group.release()
+            release_shm(shm)
         return left
 
 

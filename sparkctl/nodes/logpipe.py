@@ -53,7 +53,7 @@ from typing import IO
 
 import yaml
 
-from sparkctl.nodes.enginegroup import EngineGroup
+from sparkctl.nodes.enginegroup import EngineGroup, release_shm, shm_files
 from sparkctl.nodes.procfs import descendants, start_ticks
 from sparkctl.sglang.launch import redact
 
@@ -158,6 +158,7 @@ def sweep(grace_s: float = SWEEP_GRACE_S) -> list[int]:
     left = _left_behind()
     if not left:
         return []
+    shm = shm_files(left)           # what they map in /dev/shm: released once they are gone
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         for pid in _left_behind():
             with contextlib.suppress(OSError):
@@ -166,6 +167,7 @@ def sweep(grace_s: float = SWEEP_GRACE_S) -> list[int]:
         while time.monotonic() < deadline:
             _reap_any()
             if not _left_behind():
+                release_shm(shm)
                 return left
             time.sleep(0.05)
     _reap_any()

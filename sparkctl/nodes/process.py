@@ -50,6 +50,8 @@ from sparkctl.nodes.enginegroup import (
     join_cgroup,
     leftover_cgroups,
     new_cgroup,
+    release_shm,
+    shm_files,
 )
 from sparkctl.nodes.environ import helper_env
 from sparkctl.nodes.logpipe import ENGINE_ENV_FILE
@@ -297,6 +299,7 @@ class ProcessRuntime:
     def _stop(self, handle: ProcessHandle, timeout_s: float) -> None:
         group = self.group(handle)
         reap = lambda: self._reap(handle)     # noqa: E731 - the pipe is our child when this runtime started it
+        shm = shm_files([m.pid for m in group.members()])    # what it maps in /dev/shm: released once it is gone
         if self._ours(handle):
             pid = handle.pid
             with contextlib.suppress(ProcessLookupError):
@@ -317,6 +320,7 @@ class ProcessRuntime:
         reap()
         if not left:
             group.release()
+            release_shm(shm)
 
     def _drop_secrets(self, deployment_id: str, rank: int) -> bool:
         """Remove a rank's secret directory unless a running engine still uses it (a newer attempt of the same

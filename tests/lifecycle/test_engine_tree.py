@@ -116,6 +116,8 @@ def test_no_process_of_an_engine_outlives_it(hostile, kind, end):
         pytest.skip("no writable cgroup v2 here (not root?): a setsid-ed orphan of a SIGKILLed pipe is untracked")
     kinds.append({"exits-by-itself": "main-exits", "stopped-deaf": "main-deaf"}.get(end, "main-serves"))
     rt, handle, mark, port = hostile(kinds)
+    if "shm" in kinds and end != "exits-by-itself":
+        assert Path(f"/dev/shm/{mark}-shm").exists(), "the hostile child never mapped its shared memory"
     t0 = time.monotonic()
     if end == "exits-by-itself":
         deadline = time.monotonic() + 30
@@ -135,6 +137,8 @@ def test_no_process_of_an_engine_outlives_it(hostile, kind, end):
     took = time.monotonic() - t0
     assert not _marked(mark), f"left after {end}: {_marked(mark)}"
     assert _port_free(port), f"port {port} still held after {end}"
+    shm = Path(f"/dev/shm/{mark}-shm")
+    assert not shm.exists(), f"{shm} (mapped by the engine's child) outlived the engine after {end}"
     assert not procfs.running(handle.pid, handle.start_ticks)
     assert rt.leftovers([handle]) == []
     if handle.cgroup:
