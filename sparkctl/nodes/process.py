@@ -240,26 +240,17 @@ class ProcessRuntime:
         gone, what still runs in its session or cgroup; and every engine cgroup of this state directory that holds
         processes but belongs to no running handle (named by the deployment and rank in its name)."""
         out: list[Leftover] = []
-        live_cgroups: set[str] = set()
         seen: set[tuple[int, int | None]] = set()
         for h in handles:
-            if (h.pid, h.start_ticks) in seen:
+            if (h.pid, h.start_ticks) in seen or self._ours(h):    # a running pipe: a running engine
                 continue
             seen.add((h.pid, h.start_ticks))
-            if self._ours(h):
-                if h.cgroup:
-                    live_cgroups.add(h.cgroup)
-                continue
-            group = self.group(h)
+            group = EngineGroup(h.pid, h.start_ticks, h.cgroup)
             members = group.members()
             if members:
                 out.append(Leftover(h.deployment, h.rank, group, tuple(members)))
-                if h.cgroup:
-                    live_cgroups.add(h.cgroup)
-        for lo in leftover_cgroups(self.state_key):
-            if lo.group.cgroup not in live_cgroups:
-                out.append(lo)
-        return out
+        named = {lo.group.cgroup for lo in out}          # a cgroup already named by its record's handle
+        return out + [lo for lo in leftover_cgroups(self.state_key) if lo.group.cgroup not in named]
 
     def _ours(self, handle: ProcessHandle) -> bool:
         """The handle's process still runs (same PID *and* start time: a recycled PID is not ours; a zombie is dead)."""
