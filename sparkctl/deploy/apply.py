@@ -409,7 +409,7 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, com
             j.save()
             raise
         boundary(contract, STOP_NEW, "before")
-        stop_started(c, run.started)
+        stop_started(c, run.started, sweep=record.id)
         boundary(contract, STOP_NEW, "after")
         record.rollback = "new engines stopped"
         try:

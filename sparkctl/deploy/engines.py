@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.fanout import fan_out, raise_first
+from sparkctl.deploy.observe import observe
 from sparkctl.errors import SparkctlError
 from sparkctl.nodes.runtime import Handle, Runtime
 from sparkctl.state.ledger import now_iso
@@ -41,8 +42,16 @@ def stop_engines(c: Cluster, record: DeploymentRecord, *, keep: bool) -> None:
     raise_first(outcomes)
 
 
-def stop_started(c: Cluster, started: list[tuple[Runtime, Handle]]) -> None:
-    """Stop and remove the engines a failed command started (every one, even when one of them refuses)."""
+def stop_started(c: Cluster, started: list[tuple[Runtime, Handle]], *, sweep: str | None = None,
+                 running_only: bool = False) -> None:
+    """Stop and remove the engines a failed command started (every one, even when one of them refuses).
+
+    `sweep` names the deployment they belong to: afterwards every engine of it still found on the nodes is
+    stopped and removed too (`running_only`: only the running ones, for a deployment whose stopped containers
+    are kept). `started` is what the command knew of; an interrupt (Ctrl-C, SIGTERM, SIGHUP, or the one a
+    parallel `up` raises in each replica's thread) can land between an engine's start and the line that records
+    it, and such an engine runs with no handle anywhere. What runs is the truth: the sweep finds it by its rank
+    log (process runtime) or its deployment label (Docker), whatever point the interrupt landed at."""
     def stop(item: tuple[Runtime, Handle]) -> None:
         rt, handle = item
         rt.stop(handle)
@@ -53,8 +62,35 @@ def stop_started(c: Cluster, started: list[tuple[Runtime, Handle]]) -> None:
         if o.error is None:
             c.reporter.event(f"rank {rank} of the failed deployment stopped", node)
         else:
-            why = o.error.message if isinstance(o.error, SparkctlError) else f"{type(o.error).__name__}: {o.error}"
-            c.reporter.event(f"could not stop rank {rank}: {why}", node)
+            c.reporter.event(f"could not stop rank {rank}: {_why(o.error)}", node)
+    if sweep is not None:
+        _sweep(c, sweep, running_only=running_only)
+
+
+def _why(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, SparkctlError) else f"{type(exc).__name__}: {exc}"
+
+
+def _sweep(c: Cluster, deployment: str, *, running_only: bool) -> None:
+    """Stop (and remove) every engine of `deployment` found on the nodes (see `stop_started`)."""
+    unreachable: list[str] = []
+    found = [e for e in observe(c, unreachable) if e.handle.deployment == deployment
+             and (e.running or not running_only)]
+    for where in unreachable:
+        c.reporter.event(f"could not look for engines of {deployment} that started unrecorded: {where}")
+    rts = c.runtimes(deployment)
+
+    def stop(handle: Handle) -> None:
+        rt = rts.for_node(handle.node)
+        rt.stop(handle)
+        if not running_only:
+            rt.remove(handle)
+    for o in fan_out(sorted((e.handle for e in found), key=lambda h: h.rank), stop):
+        if o.error is None:
+            c.reporter.event(f"rank {o.item.rank} of {deployment} stopped (it had started, unrecorded, as the "
+                             f"command was interrupted)", o.item.node)
+        else:
+            c.reporter.event(f"could not stop rank {o.item.rank} of {deployment}: {_why(o.error)}", o.item.node)
 
 
 def mark_superseded(c: Cluster, old: DeploymentRecord, new_id: str) -> None:

@@ -98,14 +98,14 @@ def restore(c: Cluster, previous: DeploymentRecord, failed: DeploymentRecord, *,
         if bad:
             reason = "restored deployment failed gates: " + "; ".join(f"{g.name}: {g.evidence}" for g in bad)
             c.reporter.event(reason)
-            stop_started(c, started)
+            stop_started(c, started, sweep=previous.id, running_only=True)
             return RestoreOutcome(None, reason)
         c.reporter.event(f"restored {previous.id}: serving again at {previous.endpoint}")
         return RestoreOutcome(previous.id)
     except (SparkctlError, KeyboardInterrupt) as exc:
         reason = exc.render() if isinstance(exc, SparkctlError) else f"interrupted ({interrupt_name(exc)})"
         c.reporter.event(f"restore of {previous.id} failed: {reason}")
-        stop_started(c, started)
+        stop_started(c, started, sweep=previous.id, running_only=True)
         if saving:
             try:
                 prev = c.ledger.load(previous.id)
