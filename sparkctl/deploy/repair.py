@@ -18,7 +18,6 @@ What it does, shown first and done only once confirmed:
 """
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -299,7 +298,6 @@ def _rebuild_replicated(d: Cluster, notes: list[str]) -> JSONObject | None:
 def _running_router(d: Cluster, url: str, metrics_url: str | None) -> JSONObject | None:
     """The router that runs for this cluster, as a record entry: on the process runtime the process whose output
     is this ledger's router log (its PID and start time), on docker the container labelled with the cluster."""
-    from sparkctl.nodes import procfs
     from sparkctl.router.launch import _container_side
     base: JSONObject = {"url": url, "metrics_url": metrics_url}
     if _container_side(d.inventory):
@@ -309,14 +307,10 @@ def _running_router(d: Cluster, url: str, metrics_url: str | None) -> JSONObject
         found = labelled_routers(connector_for(d.inventory, node), d.inventory.cluster.name)
         return {**base, "kind": "container", "node": node.name, "container_id": found[0], "image": None,
                 "container": router_container_name(d.inventory.cluster.name)} if found else None
-    from sparkctl.router.process import _runs_router
+    from sparkctl.router.launch import logged_routers
     log = d.ledger.root / "logs" / "router.log"
-    for pid in procfs.pids():
-        try:
-            if os.readlink(f"/proc/{pid}/fd/1") == str(log) and _runs_router(procfs.cmdline(pid)):
-                return {**base, "kind": "process", "pid": pid, "ticks": procfs.start_ticks(pid), "log": str(log)}
-        except OSError:
-            continue
+    for pid, ticks in logged_routers(log):
+        return {**base, "kind": "process", "pid": pid, "ticks": ticks, "log": str(log)}
     return None
 
 

@@ -339,10 +339,18 @@ def run_router_start(run: ReplicatedRun, step: RouterStart) -> None:
         return
     from sparkctl.deploy.router_image import router_image
     inv, spec = run.deployer.inventory, run.spec
-    proc = router_launch.start_router(inv, spec, image=router_image(run.profile, inv, run.reps[0].result),
-                                      log_path=run.deployer.ledger.root / "logs" / "router.log")
-    run.rec.data["router"] = {**proc.to_dict(), "url": spec.url, "metrics_url": spec.metrics_url}
-    run.rec.save()
+    log = run.deployer.ledger.root / "logs" / "router.log"
+    try:
+        proc = router_launch.start_router(inv, spec, image=router_image(run.profile, inv, run.reps[0].result),
+                                          log_path=log)
+        run.rec.data["router"] = {**proc.to_dict(), "url": spec.url, "metrics_url": spec.metrics_url}
+        run.rec.save()
+    except BaseException:
+        # Whatever failed or interrupted (Ctrl-C can land between the router's start and its record), no router of
+        # this cluster outlives the step unrecorded: what runs is found by its log or label and stopped.
+        router_launch.stop_router(inv, None, log=log, timeout_s=10)
+        run.rec.data.pop("router", None)
+        raise
     run.router = proc
 
 
@@ -665,7 +673,8 @@ class ReplicatedDeployer:
         # says active, and starts it again in the middle of a `down`.
         with self.ledger.lock("down"):
             r = rec.data.get("router")
-            if router_launch.stop_router(self.inventory, r, timeout_s=10):    # recorded, or left unrecorded
+            if router_launch.stop_router(self.inventory, r, log=self.ledger.root / "logs" / "router.log",
+                                         timeout_s=10):    # recorded, or left unrecorded
                 stopped.append("router")
                 rec.data.pop("router", None)
                 rec.journal("stop-router", "ok", "router stopped")

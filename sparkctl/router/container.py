@@ -131,7 +131,7 @@ class RouterContainer:
             rc = cls(spec, node, runner, name, cid, image)
         try:
             rc.wait_live(ready_timeout_s)
-        except RouterError:
+        except BaseException:       # not live, or interrupted while waiting: nothing of it outlives the start
             rc.stop()
             raise
         return rc

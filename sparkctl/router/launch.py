@@ -106,11 +106,13 @@ def recorded_router(inventory: Inventory, spec: RouterSpec, d: JSONObject | None
     return router if router.alive() else None
 
 
-def stop_router(inventory: Inventory, d: JSONObject | None, *, timeout_s: float = 10.0) -> bool:
-    """Stop the router the record names and, on the docker runtime, every other router container of this cluster
-    on rank 0's node (one a controller killed between `docker run` and its record left behind: the record does
-    not name it). Only containers labelled ``sparkctl.role=router`` are removed. True when something was stopped
-    or the record named a router."""
+def stop_router(inventory: Inventory, d: JSONObject | None, *, log: Path | None = None,
+                timeout_s: float = 10.0) -> bool:
+    """Stop the router the record names and every router of this cluster the record does not name (one a
+    controller killed, or an interrupt cut, between its start and its record left behind): on the docker runtime
+    every router container of this cluster on rank 0's node (only containers labelled ``sparkctl.role=router``
+    are removed); on the process runtime every router process whose output is `log` (this ledger's router log).
+    True when something was stopped or the record named a router."""
     stopped = False
     spec = RouterSpec("127.0.0.1", 1)              # stop needs no arguments: by PID + start time, or by ID
     if d:
@@ -124,4 +126,26 @@ def stop_router(inventory: Inventory, d: JSONObject | None, *, timeout_s: float 
         for cid in labelled_routers(runner, inventory.cluster.name):
             stopped |= RouterContainer(spec, node.name, runner, router_container_name(inventory.cluster.name), cid,
                                        "").stop(timeout_s=timeout_s)
+    elif log is not None:
+        from sparkctl.router.process import RouterProcess
+        for pid, ticks in logged_routers(log):
+            RouterProcess(spec, pid, log, ticks).stop(timeout_s=timeout_s)
+            stopped = True
     return stopped
+
+
+def logged_routers(log: Path) -> list[tuple[int, int | None]]:
+    """Router processes (pid, start ticks) whose output is `log`: on the process runtime, the routers of the ledger
+    whose router log it is, recorded or not."""
+    import os
+
+    from sparkctl.nodes import procfs
+    from sparkctl.router.process import _runs_router
+    found = []
+    for pid in procfs.pids():
+        try:
+            if os.readlink(f"/proc/{pid}/fd/1") == str(log) and _runs_router(procfs.cmdline(pid)):
+                found.append((pid, procfs.start_ticks(pid)))
+        except OSError:
+            continue
+    return found

@@ -74,7 +74,7 @@ class RouterProcess:
         proc = cls(spec, popen.pid, log_path, procfs.start_ticks(popen.pid), popen)
         try:
             proc.wait_live(ready_timeout_s)
-        except RouterError:
+        except BaseException:       # not live, or interrupted while waiting: nothing of it outlives the start
             proc.stop(timeout_s=3)
             raise
         return proc
