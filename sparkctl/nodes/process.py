@@ -204,8 +204,9 @@ class ProcessRuntime:
         # The whole engine is tracked: the pipe leads a new session (every process below it keeps that session id)
         # and, where this node lets us make one, it joins a cgroup of its own before it starts the engine, so every
         # process of the engine is born inside (sparkctl.nodes.enginegroup).
-        cgroup = new_cgroup(self.state_key, deployment_id, spec.rank)
+        cgroup = None
         try:
+            cgroup = new_cgroup(self.state_key, deployment_id, spec.rank)
             offset = attempt_start(fd, log_path)
             _own_private_dir(secrets_home())
             write_secret_files(sdir, {**spec.secret_files, ENGINE_ENV_FILE: json.dumps(env)})
