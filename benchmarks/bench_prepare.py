@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sparkctl.config.inventory import load_inventory  # noqa: E402
-from sparkctl.prepare.plays import prepare  # noqa: E402
 from sparkctl.prepare import runner  # noqa: E402
+from sparkctl.prepare.plays import prepare  # noqa: E402
 from sparkctl.prepare.runner import PLAYBOOK_DIR, run_playbook  # noqa: E402
 from testrig.cluster import TestCluster  # noqa: E402
 

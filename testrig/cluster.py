@@ -44,14 +44,13 @@ import re
 import shlex
 import shutil
 import subprocess
-import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from testrig import rootfs
-from testrig.hostops import ClusterError, _alive, _atomic_write, _keygen, _run, _Timer, log
 from testrig.cluster_net import FABRIC_MTU, MGMT_IFACE, ClusterNetwork  # noqa: F401 - tests import them here
+from testrig.hostops import ClusterError, _alive, _atomic_write, _keygen, _run, _Timer, log
 from testrig.node_daemons import DATA_ROOT, FABRIC_IFACE, NodeDaemons  # noqa: F401 - DATA_ROOT: tests import it from here
 
 NODE_NAMES = ("spark-a", "spark-b")          # the two-node cluster (the default)
@@ -198,7 +197,7 @@ class TestCluster(ClusterNetwork, NodeDaemons):
         return ["nsenter", f"--net=/run/netns/{node.netns}", f"--uts={self._uts_file(node)}"]
 
     # ----------------------------------------------------------------- lifecycle
-    def up(self, *, timeout: float = 60.0) -> "TestCluster":
+    def up(self, *, timeout: float = 60.0) -> TestCluster:
         """Create namespaces and links, start sshd + dockerd per node, write known_hosts + inventory, ensure
         the engine image on every node. Cleans a crashed run with the same prefix first; tears down on failure.
         """
@@ -276,7 +275,7 @@ class TestCluster(ClusterNetwork, NodeDaemons):
                  for rank, name in enumerate(ALL_NODE_NAMES) if name not in self.nodes]
         return [*self.nodes.values(), *extra]
 
-    def __enter__(self) -> "TestCluster":
+    def __enter__(self) -> TestCluster:
         return self.up()
 
     def __exit__(self, *exc: object) -> None:
@@ -388,7 +387,7 @@ class TestCluster(ClusterNetwork, NodeDaemons):
 
     def _write_inventory(self) -> None:
         """Ansible-format inventory (the format sparkctl's config loader reads)."""
-        import yaml   # lazy: core dependency, but keep import time small
+        import yaml  # lazy: core dependency, but keep import time small
 
         hosts = {n.name: {
             "ansible_host": n.mgmt_address, "ansible_port": 22, "ansible_user": "root",
@@ -422,7 +421,7 @@ class TestCluster(ClusterNetwork, NodeDaemons):
         except (OSError, ValueError):
             return {}
 
-    def _timed(self, name: str) -> "_Timer":
+    def _timed(self, name: str) -> _Timer:
         return _Timer(self.timings, name)
 
 

@@ -7,8 +7,8 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from sparkctl.errors import SparkctlError
 from testrig.cluster import TestCluster

@@ -15,8 +15,9 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 Cli = Callable[..., tuple[int, str, str]]
 
@@ -84,7 +85,7 @@ class SparkctlProcess:
         self._out_reader.join(timeout=10)
         return code
 
-    def __enter__(self) -> "SparkctlProcess":
+    def __enter__(self) -> SparkctlProcess:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -8,8 +8,8 @@ import logging
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from sparkctl.errors import SparkctlError
 

@@ -8,8 +8,9 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from testrig.hostops import ClusterError, _alive, _docker_ping, _keygen, _run, _ssh_banner, _tail, log
 

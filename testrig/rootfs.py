@@ -33,9 +33,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 log = logging.getLogger("sparkctl.testrig")
 

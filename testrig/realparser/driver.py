@@ -9,7 +9,17 @@ with argv[1] (SGLang may print to stdout too).
   patched ServerArgs, the environment, argparse globals). Per request one stdout line: ``PREFIX`` + JSON
   ``{"stdout": ..., "stderr": ...}`` of that child (the answer line is in its stdout).
 """
-import argparse, dataclasses, io, json, logging, os, re, sys, tempfile, traceback
+import argparse
+import dataclasses
+import io
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import traceback
+
 PREFIX = sys.argv[1]
 SERVE = sys.argv[2:] == ["serve"]
 req = None if SERVE else json.load(sys.stdin)

@@ -51,7 +51,7 @@ def test_sigkill_during_boot_and_warm_up(cli, test_cluster, cluster_env, profile
     dead_id = ledger.index()["history"][-1]
     assert_status_interrupted(cli, pid, "warm-up")
     code, out, err = cli("down", "--yes")
-    assert code == 0 and f"stopped rank 1 (container" in out and f"deployment {dead_id} was interrupted" in err, err
+    assert code == 0 and "stopped rank 1 (container" in out and f"deployment {dead_id} was interrupted" in err, err
     assert ledger.load(dead_id).status == "interrupted"
     cluster = load_inventory(cluster_env).cluster.name
     assert _running(test_cluster, "spark-a", cluster) == [] and _running(test_cluster, "spark-b", cluster) == []

@@ -20,8 +20,8 @@ from sparkctl.config.profile import load_profile
 from sparkctl.errors import ConfigError, ImageError
 from sparkctl.images import launchdoc, manage, pipeline
 from sparkctl.images.build import build_images, ensure_base, image_layers
-from sparkctl.images.plan import plan_images
 from sparkctl.images.copy import distribute
+from sparkctl.images.plan import plan_images
 from sparkctl.images.registry import Endpoint, Registry, image_ids, prune_cache
 from sparkctl.sglang.render import render
 from testrig.engine_image import SGLANG_WORKSPACE_PACKAGE, EngineImages

@@ -9,17 +9,27 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from testrig.captures import capture_lines, capture_text
 from sparkctl.errors import NodeError
 from sparkctl.sglang.client import (
-    NodeRole, SGLangAPIError, SGLangClient, accept_length_from_meta, assemble_chat_stream, detect_role,
-    parse_models, parse_prometheus, parse_server_info, parse_sse_lines, parse_usage,
+    NodeRole,
+    SGLangAPIError,
+    SGLangClient,
+    accept_length_from_meta,
+    assemble_chat_stream,
+    detect_role,
+    parse_models,
+    parse_prometheus,
+    parse_server_info,
+    parse_sse_lines,
+    parse_usage,
 )
+from testrig.captures import capture_lines, capture_text
 
 SSE = "sglang-api/sse-chat-stream-reasoning-content-gpt-oss.txt"
 INFO_053 = "sglang-api/get_server_info-0.5.3.post3.txt"
@@ -334,9 +344,8 @@ def test_endpoints_models_server_info_fallback_generate(server: str) -> None:
 
 
 def test_api_error_names_url_status_and_body_without_key(server: str) -> None:
-    with SGLangClient(server, api_key=API_KEY) as c:
-        with pytest.raises(SGLangAPIError) as ei:
-            c.generate("bad", {})
+    with SGLangClient(server, api_key=API_KEY) as c, pytest.raises(SGLangAPIError) as ei:
+        c.generate("bad", {})
     e = ei.value
     assert isinstance(e, NodeError)
     assert e.status == 400 and e.url == f"{server}/generate"
@@ -346,9 +355,8 @@ def test_api_error_names_url_status_and_body_without_key(server: str) -> None:
 
 
 def test_wrong_key_is_401_with_hint(server: str) -> None:
-    with SGLangClient(server, api_key="nope") as c:
-        with pytest.raises(SGLangAPIError) as ei:
-            c.models()
+    with SGLangClient(server, api_key="nope") as c, pytest.raises(SGLangAPIError) as ei:
+        c.models()
     assert ei.value.status == 401 and ei.value.hint and "api-key" in ei.value.hint
 
 

@@ -13,12 +13,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testrig.captures import CUT, capture_lines, capture_names
 from sparkctl.sglang import logparse
 from sparkctl.sglang.bootwatch import BootState, LogFollower
 from sparkctl.sglang.logparse import (
-    EventKind, clean_line, decode_stats, parse_line, parse_server_args, split_segments,
+    EventKind,
+    clean_line,
+    decode_stats,
+    parse_line,
+    parse_server_args,
+    split_segments,
 )
+from testrig.captures import CUT, capture_lines, capture_names
 
 DFLASH = "sglang/spark-1node-dflash-startup-decode-shutdown.txt"
 STOPPED = "sglang/spark-1node-dflash-stopped-at-capture-0of58.txt"

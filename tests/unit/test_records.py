@@ -119,6 +119,7 @@ def test_a_record_written_by_the_landed_code_still_loads_and_round_trips(tmp_pat
     """tests/lifecycle/fixtures/record-landed-d5.json was written by `sparkctl up --profile d5` of the code landed
     before the typed record (gates, checks, specs, capacity, warm-up and images were dicts then)."""
     from pathlib import Path
+
     from sparkctl.sglang.launch import RankSpec
     from sparkctl.state.records import Capacity, CheckResult, GateResult, Warmup
 
