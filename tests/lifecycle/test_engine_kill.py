@@ -3,6 +3,7 @@ the previous deployment; after hand-off `status` says UNHEALTHY (exit 8) and the
 redeploys instead of saying "unchanged"."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -100,10 +101,8 @@ def test_a_stopped_engine_is_not_running_in_status_and_the_next_up_replaces_it(c
         assert again["outcome"] == "deployed" and again["deployment"] != first["deployment"], again
         assert not procfs.running(engine, None) or procfs.proc_stat(engine) is None, "the stopped engine was left"
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(engine, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
     code, out, _ = cli("status", "--json")
     assert code == 0 and json.loads(out)["healthy"]
     code, out, err = cli("down", "--yes")

@@ -90,7 +90,6 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
             d.down()
         finally:
             for rep in render_replicas(p1, inv, environ={}):
-                path = tmp_path / f"sub{rep.index}.yml"
                 stop_cluster_engines(sub_inventory(rep, inv.cluster.name))
 
 

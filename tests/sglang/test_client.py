@@ -399,8 +399,8 @@ def test_key_echoed_in_an_error_body_is_scrubbed() -> None:
     def echo(request: httpx.Request) -> httpx.Response:
         return httpx.Response(500, text=f"bad request, headers: {dict(request.headers)}")
 
-    with SGLangClient("http://fake", api_key=API_KEY, transport=httpx.MockTransport(echo)) as c:
-        with pytest.raises(SGLangAPIError) as ei:
-            c.generate("x")
+    with SGLangClient("http://fake", api_key=API_KEY, transport=httpx.MockTransport(echo)) as c, \
+            pytest.raises(SGLangAPIError) as ei:
+        c.generate("x")
     assert ei.value.status == 500 and "authorization" in ei.value.render()
     assert API_KEY not in ei.value.render() and API_KEY not in ei.value.body_tail

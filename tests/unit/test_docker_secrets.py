@@ -7,6 +7,7 @@ The node is this machine: every command but `docker` runs for real (find, rm on 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -70,10 +71,8 @@ def node_dirs():
     for d in made:
         shutil.rmtree(d, ignore_errors=True)
     if created_root:
-        try:
+        with contextlib.suppress(OSError):
             root.rmdir()
-        except OSError:
-            pass
 
 
 def _secret_dir(name: str, made: list[Path]) -> Path:
