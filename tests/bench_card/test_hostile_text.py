@@ -59,7 +59,7 @@ STDERR_MAX, FILE_MAX = 16_000, 64_000       # a run's whole stderr; one card or 
 
 
 @pytest.fixture()
-def text_hostile(hostile, monkeypatch):
+def text_hostile(hostile, monkeypatch):  # noqa: F811 (the fixture imported above)
     import tests.bench_card.test_hostile as th
     monkeypatch.setattr(th, "Hostile", TextHostile)
 

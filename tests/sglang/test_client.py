@@ -149,7 +149,7 @@ def test_accept_length_from_meta() -> None:
 
 
 def _captured_generate_response() -> dict[str, Any]:
-    line = next(l for l in capture_lines(RANK0_LOG) if "warmup with status 200, resp: " in l)
+    line = next(ln for ln in capture_lines(RANK0_LOG) if "warmup with status 200, resp: " in ln)
     return ast.literal_eval(line.split("resp: ", 1)[1])[0]
 
 
@@ -202,7 +202,7 @@ def _stream_script() -> list[tuple[float, bytes]]:
     ones, byte for byte. The capture lacks the role opener, content, finish and usage frames
     and [DONE]: those are built from the captured frame's own JSON (same id/model/keys) with
     the delta shapes sglang.md documents (role-only opener first, usage frame with choices=[])."""
-    raw = [l for l in capture_lines(SSE) if l.startswith("data: ") and '"model":"gpt-oss"' in l]
+    raw = [ln for ln in capture_lines(SSE) if ln.startswith("data: ") and '"model":"gpt-oss"' in ln]
     base = json.loads(raw[0][len("data: "):])
     usage = dict(base, choices=[], usage={"prompt_tokens": 12, "completion_tokens": 6, "total_tokens": 18,
                                           "reasoning_tokens": 4})

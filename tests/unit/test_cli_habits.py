@@ -123,7 +123,7 @@ def test_profiles_takes_an_inventory_and_checks_each_profile_against_it(cli, tmp
     assert all(p["renders"] and p["problem"] is None for p in doc["profiles"])
     one = tmp_path / "one.yml"    # one node: no shipped profile (TP=2) renders there, and each says why
     import yaml
-    inv = yaml.safe_load(open(SPARKS))
+    inv = yaml.safe_load(Path(SPARKS).read_text())
     hosts = inv["all"]["children"]["sparks"]["hosts"]
     hosts.pop(sorted(hosts)[1])
     one.write_text(yaml.safe_dump(inv))
