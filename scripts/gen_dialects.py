@@ -319,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         info = venv_info(version) or {}
         print(f"sglang=={version}: {len(doc['flags'])} flags, "
               f"{sum(f['deprecated'] for f in doc['flags'])} deprecated -> {path} "
-              f"(venv built in {info.get('build_seconds', '?')}s; import deps: {', '.join(info.get('import_deps', []))})")
+              f"(venv built in {info.get('build_seconds', '?')}s; "
+              f"import deps: {', '.join(info.get('import_deps', []))})")
     return 0
 
 

@@ -64,8 +64,8 @@ BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates", "p
 ENGINE_REPO = "sparkctl-test-engine"
 BASE_REPO = "sparkctl-test-base"
 
-REQUIRED_COMMANDS = ("ip", "nsenter", "unshare", "mount", "umount", "pivot_root", "tar", "hostname", "dockerd", "docker", "runc", "/usr/sbin/sshd", "ssh", "ssh-keygen",
-                     "ssh-keyscan", "ping")
+REQUIRED_COMMANDS = ("ip", "nsenter", "unshare", "mount", "umount", "pivot_root", "tar", "hostname", "dockerd",
+                     "docker", "runc", "/usr/sbin/sshd", "ssh", "ssh-keygen", "ssh-keyscan", "ping")
 
 
 def missing_prerequisites(*, need_image_build: bool = True) -> list[str]:
@@ -382,7 +382,8 @@ class TestCluster(ClusterNetwork, NodeDaemons):
         result = _run(["ssh-keyscan", "-T", "5", "-t", "ed25519", *hosts], timeout=30)
         lines = sorted(line for line in result.stdout.splitlines() if line and not line.startswith("#"))
         if len(lines) != len(hosts):
-            raise ClusterError("ssh-keyscan did not return every node's host key", evidence=result.stdout + result.stderr)
+            raise ClusterError("ssh-keyscan did not return every node's host key",
+                               evidence=result.stdout + result.stderr)
         _atomic_write(self.known_hosts_path, "\n".join(lines) + "\n")
 
     def _write_inventory(self) -> None:
@@ -409,7 +410,8 @@ class TestCluster(ClusterNetwork, NodeDaemons):
 
     # ----------------------------------------------------------------- state and processes
     def _write_state(self) -> None:
-        state = {"prefix": self.name_prefix, "node_count": self.node_count, "engine_image": self.engine_image, "engine_image_id": self.engine_image_id,
+        state = {"prefix": self.name_prefix, "node_count": self.node_count, "engine_image": self.engine_image,
+                 "engine_image_id": self.engine_image_id,
                  "timings": self.timings, "nodes": {n.name: {k: str(v) if isinstance(v, Path) else v
                                                              for k, v in asdict(n).items()}
                                                     for n in self.nodes.values()}}

@@ -1,4 +1,5 @@
-"""``scripts/test-cluster``: bring the test cluster (two nodes, or up to four on a switch) up or down by hand, show its status, print its env."""
+"""``scripts/test-cluster``: bring the test cluster (two nodes, or up to four on a switch) up or down by hand,
+show its status, print its env."""
 from __future__ import annotations
 
 import json

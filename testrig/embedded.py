@@ -109,6 +109,7 @@ def write_replicated_profile(path: Path, max_running_requests: int, *, drain_tim
     warmup = f"  requests: {warmup_requests}\n" + ("  max_tokens: 16\n" if warmup_requests else "")
     path.write_text("description: two TP=1 replicas\nextends: base\nreplicas: 2\n"
                     f"server:\n  tp_size: 1\n  max_running_requests: {max_running_requests}\n  enable_metrics: true\n"
-                    f"router:\n  policy: round_robin\n  health_check_interval_s: 1\n  drain_timeout_s: {drain_timeout_s}\n"
+                    "router:\n  policy: round_robin\n  health_check_interval_s: 1\n"
+                    f"  drain_timeout_s: {drain_timeout_s}\n"
                     f"warmup:\n{warmup}")
     return path

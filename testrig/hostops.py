@@ -34,7 +34,8 @@ class _Timer:
 
 
 def _run(argv: Sequence[str], *, timeout: float = 60.0, check: bool = True, env: dict[str, str] | None = None,
-         input: str | None = None, stdin: object = None, log_to: Path | None = None) -> subprocess.CompletedProcess[str]:
+         input: str | None = None, stdin: object = None,
+         log_to: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run an argv (never a shell string) with a timeout; on failure raise ClusterError with the output tail."""
     log.debug("run: %s", " ".join(argv))
     try:

@@ -204,7 +204,8 @@ class NodeRoot:
         pairs += [(str(docker_socket), "/run/docker.sock"), (docker_cli, "/usr/bin/docker")]
         spec = {"root": str(self.root), "binds": pairs}
         _run([*self.enter, "unshare", f"--mount={self.mntns}", "--propagation", "private",
-              sys.executable, str(Path(__file__).resolve()), json.dumps(spec)], timeout=60)   # stdlib only: runs by path
+              sys.executable, str(Path(__file__).resolve()), json.dumps(spec)],
+             timeout=60)   # stdlib only: runs by path
 
     # ------------------------------------------------------------------ tear-down
     def destroy(self) -> None:
