@@ -221,14 +221,15 @@ def _preflight(inv: Inventory, rt: DockerRuntime, spec: LaunchSpec, own: set) ->
 
 
 def test_preflight_healthy_cluster(test_cluster: TestCluster, inv: Inventory) -> None:
-    res = run_all(inv.nodes, lambda n: _preflight(inv, _runtime(inv, n.name),
-                                                  _spec(inv, n.name, port=30000, image=test_cluster.engine_image), set()))
+    res = run_all(inv.nodes, lambda n: _preflight(
+        inv, _runtime(inv, n.name), _spec(inv, n.name, port=30000, image=test_cluster.engine_image), set()))
     res.raise_for_failures()
     for node, checks in res.items():
         failed = [c for c in checks if not c.ok]
         assert failed == [], failed
         names = {c.name for c in checks}
-        assert {"ssh", "docker", "gpu runtime", "gpu", "fabric interface", "fabric mtu", "port 30000", "memory"} <= names
+        assert {"ssh", "docker", "gpu runtime", "gpu", "fabric interface", "fabric mtu", "port 30000",
+                "memory"} <= names
         peer = "spark-b" if node == "spark-a" else "spark-a"
         assert f"fabric peer {peer}" in names
         by = {c.name: c for c in checks}

@@ -56,8 +56,8 @@ def test_an_engine_killed_at_boot_fails_the_up_and_the_previous_one_is_restored(
 def test_an_engine_killed_during_warm_up_fails_the_up_and_the_previous_one_is_restored(cli, local_cluster,
                                                                                        faulty_profile):
     prev = _up(cli)
-    code, err = _kill_rank_during(cli, local_cluster, faulty_profile({"prefill_tps": SLOW_PREFILL_TPS}, base="dflash-off",
-                                                                   extra=SLOW_WARM_UP), r"\] warm-up ", 0)
+    profile = faulty_profile({"prefill_tps": SLOW_PREFILL_TPS}, base="dflash-off", extra=SLOW_WARM_UP)
+    code, err = _kill_rank_during(cli, local_cluster, profile, r"\] warm-up ", 0)
     assert code == 4 and "warm-up" in err, err
     _restored(cli, prev, err)
 

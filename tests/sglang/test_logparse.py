@@ -434,7 +434,8 @@ def test_real_0523_server_args_is_a_dict_and_parses_like_the_0516_repr():
     args = logparse.parse_server_args(line)
     assert args["tp_size"] == 1 and args["device"] == "cpu" and args["max_total_tokens"] == 16384
     event = logparse.parse_line(line)
-    assert event is not None and event.fields["context_length"] == 1024 and event.fields["speculative_algorithm"] is None
+    assert event is not None
+    assert event.fields["context_length"] == 1024 and event.fields["speculative_algorithm"] is None
     old = logparse.parse_server_args("server_args=ServerArgs(model_path='/m', tp_size=2, device='cpu')")
     assert old == {"model_path": "/m", "tp_size": 2, "device": "cpu"}
 
@@ -443,4 +444,5 @@ def test_api_key_redacted_in_both_spellings_of_server_args():
     from sparkctl.sglang.launch import redact
     assert redact("server_args={'model_path': '/m', 'api_key': 'k-unknown', 'admin_api_key': None}", ()) == \
         "server_args={'model_path': '/m', 'api_key': '***', 'admin_api_key': None}"
-    assert redact("server_args=ServerArgs(api_key='k-unknown', port=1)", ()) == "server_args=ServerArgs(api_key='***', port=1)"
+    assert redact("server_args=ServerArgs(api_key='k-unknown', port=1)", ()) == \
+        "server_args=ServerArgs(api_key='***', port=1)"

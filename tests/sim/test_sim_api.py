@@ -58,7 +58,8 @@ def test_chat_stream_frames(server):
 
 def test_thinking_off_and_unseparated_reasoning(server):
     off = httpx.post(server.url("/v1/chat/completions"), timeout=30,
-                     json=chat_body("Hello there", max_tokens=30, chat_template_kwargs={"enable_thinking": False})).json()
+                     json=chat_body("Hello there", max_tokens=30,
+                                    chat_template_kwargs={"enable_thinking": False})).json()
     assert off["choices"][0]["message"]["reasoning_content"] is None
     assert off["usage"]["reasoning_tokens"] == 0 and off["usage"]["completion_tokens"] == 30
     raw = httpx.post(server.url("/v1/chat/completions"), timeout=30,

@@ -200,7 +200,8 @@ def test_image_plan_on_the_embedded_cluster_marks_the_base_digest_unresolved(cli
     doc = json.loads(out)
     assert doc["resolved"] is False and "engine.inputs.base_digest" in doc["unresolved"]
     assert doc["engine"]["tag"] is None and doc["engine"]["inputs"]["base_digest"] is None
-    assert doc["engine"]["inputs"]["series"] == "gb10-0.5.23" and len(doc["launch"]["inputs"]["launch_spec_sha256"]) == 64
+    assert doc["engine"]["inputs"]["series"] == "gb10-0.5.23"
+    assert len(doc["launch"]["inputs"]["launch_spec_sha256"]) == 64
     assert "local process, not in Docker" in doc["reason"]
     from sparkctl.cli.outputs import ImagePlanOutput
     assert set(doc) == set(ImagePlanOutput.model_fields)

@@ -38,7 +38,8 @@ class LocalNode:
         self.calls.append(argv)
         if argv[0] == "docker":
             if argv[1] == "ps":
-                out = "".join(f"{'i' * 12}{n[-3:]}\t{n}\t{'running' if up else 'exited'}\tdep\t{n.split('rank')[1][0]}\n"
+                out = "".join(f"{'i' * 12}{n[-3:]}\t{n}\t{'running' if up else 'exited'}\t"
+                              f"dep\t{n.split('rank')[1][0]}\n"
                               for n, up in self.containers.items())
                 res = CommandResult("spark-a", argv, 0, out, "", 0.0)
             elif argv[1] == "stop":
