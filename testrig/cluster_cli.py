@@ -43,7 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "status":
             print(json.dumps(cluster.status(), indent=2))
         else:
-            env = {"SPARKCTL_INVENTORY": cluster.inventory_path, "SPARKCTL_TEST_KNOWN_HOSTS": cluster.known_hosts_path,
+            env: dict[str, str | Path] = {"SPARKCTL_INVENTORY": cluster.inventory_path,
+                                          "SPARKCTL_TEST_KNOWN_HOSTS": cluster.known_hosts_path,
                    "SPARKCTL_TEST_SSH_KEY": cluster.ssh_key_path}
             env.update({f"SPARKCTL_TEST_DOCKER_HOST_{n.name.upper().replace('-', '_')}": n.docker_host
                         for n in cluster.nodes.values()})

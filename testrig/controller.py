@@ -243,7 +243,9 @@ def run_at_boundary(args: list[str], point: str, sig: str, env: dict[str, str], 
         deadline = time.monotonic() + timeout
         while run.proc.poll() is None and time.monotonic() < deadline:
             with run._changed:
-                run._changed.wait_for(lambda n=seen: len(run.lines) > n or run._done, timeout=0.05)
+                def grown(n: int = seen) -> bool:
+                    return len(run.lines) > n or run._done
+                run._changed.wait_for(grown, timeout=0.05)
                 now, fresh = time.monotonic(), run.lines[seen:]
             seen += len(fresh)
             arrivals += [(now, ln) for ln in fresh]

@@ -79,7 +79,7 @@ def stop_recorded_engines(inventory_path: Path) -> None:
             continue
         for handle in record.handles:
             d.runtimes(dep_id).for_node(handle.node).stop(handle, timeout_s=3)
-    for engine in process_engines(d):
+    for engine in process_engines(d.cluster):
         d.runtimes(engine.deployment).for_node(engine.handle.node).stop(engine.handle, timeout_s=3)
 
 

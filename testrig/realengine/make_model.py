@@ -84,7 +84,7 @@ def qwen2_config(tok: Tokenizer, layers: int, **extra) -> dict:
 def layer_weights(g: torch.Generator, prefix: str, *, input_norm: bool = True, qkv_bias: bool = True) -> dict:
     """One Qwen2 decoder layer's tensors (normal(0, 0.02) as transformers initialises, norms at 1)."""
     h, kv, inter = 256, 2 * 64, 512
-    shapes = {"self_attn.q_proj.weight": (h, h), "self_attn.k_proj.weight": (kv, h),
+    shapes: dict[str, tuple[int, ...]] = {"self_attn.q_proj.weight": (h, h), "self_attn.k_proj.weight": (kv, h),
               "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, h),
               "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h), "mlp.down_proj.weight": (h, inter)}
     if qkv_bias:

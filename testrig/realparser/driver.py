@@ -118,7 +118,9 @@ def dump():
 def parse(argv):
     # as `python3 -m sglang.launch_server ARGV` sees it (argparse's default prog is argv[0]'s basename)
     import importlib.util
-    sys.argv = [importlib.util.find_spec("sglang.launch_server").origin] + list(argv)
+    spec = importlib.util.find_spec("sglang.launch_server")
+    assert spec is not None and spec.origin is not None, "sglang.launch_server has no source file"
+    sys.argv = [spec.origin, *argv]
     method = "prepare_server_args"
     if not hasattr(SA, "resolve_once"):
         SA.__post_init__ = lambda self: None
