@@ -1,6 +1,6 @@
-"""The type checker over sparkctl/ and the linter over the whole tree (sparkctl/ and the code that tests and measures
-it: tests/, testrig/, benchmarks/, scripts/), as CI runs them (./bin/test): no error, or the test fails with their
-output.
+"""The type checker over sparkctl/ and testrig/ and the linter over the whole tree (sparkctl/ and the code that tests
+and measures it: tests/, testrig/, benchmarks/, scripts/), as CI runs them (./bin/test): no error, or the test fails
+with their output.
 
 Both tools are pinned in pyproject.toml's `test` extra (bin/_bootstrap installs it) and configured there
 ([tool.mypy], [tool.ruff]). On a laptop without them the tests skip with the reason; under CI=true a missing
@@ -44,8 +44,11 @@ def _version_note(tool: str, installed: str) -> str:
     return ""
 
 
-def test_mypy_reports_no_error_over_sparkctl():
-    mypy_version = need_module("mypy.version", "mypy checks the types of sparkctl/ (pip install -e '.[test]')")
+def test_mypy_reports_no_error_over_sparkctl_and_testrig():
+    mypy_version = need_module("mypy.version",
+                               "mypy checks the types of sparkctl/ and testrig/ (pip install -e '.[test]')")
+    files = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["files"]
+    assert {"sparkctl", "testrig"} <= set(files), f"[tool.mypy] files = {files}: sparkctl and testrig are checked"
     res = _run(["mypy"])         # files, plugins and strictness: [tool.mypy] in pyproject.toml
     if res.returncode != 0:
         pytest.fail(f"mypy found errors{_version_note('mypy', mypy_version.__version__)}:\n"
