@@ -65,6 +65,7 @@ def main() -> int:
         measure.warm_up(arm, code, 1, 200)
         d = measure.measure_decode(arm, {"code": code}, runs=args.runs, max_tokens=args.tokens)
         s = d.classes["code"].decode_tok_s
+        assert s is not None, "the code class measured no decode rate"
         chunks = None
         res = arm.client.chat(code.messages(), max_tokens=args.tokens, temperature=0, stream=True, model=arm.model)
         chunks = sum(1 for x in res.deltas if x.has_token)

@@ -103,7 +103,8 @@ def run(cluster: TestCluster) -> dict:
         return took
 
     b = peers[0]
-    base_s, first_s = [], []
+    base_s: list[float] = []
+    first_s: list[float] = []
     def ours() -> float:
         took, ts = copy(first, [b])
         assert {t.via for t in ts} == {"stream"}, [t.line() for t in ts]

@@ -30,12 +30,12 @@ sys.path.insert(0, str(REPO))
 
 from sparkctl.config.inventory import load_inventory  # noqa: E402
 from sparkctl.config.profile import load_profile  # noqa: E402
-from sparkctl.prepare.plays import prepare  # noqa: E402
 from sparkctl.images import manage, pipeline  # noqa: E402
 from sparkctl.images.build import build_images, ensure_base  # noqa: E402
-from sparkctl.images.plan import plan_images  # noqa: E402
 from sparkctl.images.copy import distribute  # noqa: E402
+from sparkctl.images.plan import plan_images  # noqa: E402
 from sparkctl.images.registry import Endpoint, Registry  # noqa: E402
+from sparkctl.prepare.plays import prepare  # noqa: E402
 from testrig.cluster import TestCluster  # noqa: E402
 from testrig.engine_image import EngineImages  # noqa: E402
 

@@ -71,7 +71,7 @@ def main() -> None:
             inproc = []
             for _ in range(args.runs):
                 t0 = time.perf_counter()
-                assert d.up(load_profile(rows[-1]["profile"]), UpOptions())["outcome"] == "unchanged"
+                assert d.up(load_profile(rows[-1]["profile"]), UpOptions()).outcome == "unchanged"
                 inproc.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             subprocess.run([sys.executable, "-c", "import sparkctl.cli.main"], env=env, check=True)

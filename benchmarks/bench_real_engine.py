@@ -50,7 +50,7 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -78,7 +78,8 @@ class _LineClock(threading.Thread):
 
     def __init__(self, path: Path, start_offset: int = 0) -> None:
         super().__init__(daemon=True)
-        self.path, self.offset, self.at = path, start_offset, None
+        self.path, self.offset = path, start_offset
+        self.at: float | None = None
         self.done = threading.Event()
         self.start()
 
@@ -112,6 +113,7 @@ def _start_wall(start_ticks: int) -> float:
 def _up(env: dict[str, str], state: Path, profile: str, cluster: str) -> dict:
     """`sparkctl up` in a fresh process, with the arrival of rank 0's "fired up" line and the boot step's journal
     times."""
+    from sparkctl.nodes.handles import ProcessHandle
     from sparkctl.state.ledger import Ledger
     before = set(state.rglob("rank0.log"))
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -137,7 +139,7 @@ def _up(env: dict[str, str], state: Path, profile: str, cluster: str) -> dict:
     rec = ledger.load(ledger.index()["active"])
     at = {(j.step, j.phase): datetime.fromisoformat(j.at.replace("Z", "+00:00")).timestamp()
           for j in rec.journal if j.step == "boot"}
-    first_start = min(_start_wall(h.start_ticks) for h in rec.handles if h.start_ticks)
+    first_start = min(_start_wall(h.start_ticks) for h in rec.handles if isinstance(h, ProcessHandle) and h.start_ticks)
     stages = {s["name"]: s["elapsed_s"] for s in res["stages"]}
     return {"wall": wall, "stages": stages, "warm": _warm_s(res), "verify": stages.get("verify", 0.0),
             "boot": stages.get("boot", 0.0), "boot_start": at.get(("boot", "intent")),
@@ -507,7 +509,7 @@ def _report(engine, args, results: dict[str, list[dict]], comparison, load: list
     print("load average (1 min) during the run: " + " ".join(f"{la[0]:.2f}" for la in load))
     for profile, rows in results.items():
         tp = "TP=1" if profile.endswith("tp1") else "TP=2"
-        m = {k: _med(rows, k) for k in {k for r in rows for k in r}}
+        m: dict[str, Any] = {k: _med(rows, k) for k in {k for r in rows for k in r}}   # None: a figure no row has
         each = ", ".join(f"{r['overhead']:.2f}" for r in rows)
         print(f"[target 1] {tp} ({profile}): sparkctl overhead on up = {m['overhead']:.2f} s "
               f"(median of {len(rows)} ABBA pairs: {each}; target <= 1.5 s: "

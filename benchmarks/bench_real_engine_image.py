@@ -10,7 +10,8 @@ cluster:
      the layer committed), on spark-a;
   3. `docker save | docker load` of that image from spark-a to spark-b (what the test rig's copy does);
   4. its size.
-Run:  SPARKCTL_TEST_CLUSTER_PREFIX=brei SPARKCTL_TEST_CLUSTER_NET=9 .venv/bin/python benchmarks/bench_real_engine_image.py
+Run:  SPARKCTL_TEST_CLUSTER_PREFIX=brei SPARKCTL_TEST_CLUSTER_NET=9 \\
+      .venv/bin/python benchmarks/bench_real_engine_image.py
 """
 from __future__ import annotations
 

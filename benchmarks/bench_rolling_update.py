@@ -50,7 +50,7 @@ def main() -> None:
         for i, parallel in enumerate((True, True, False, True, False)):
             d.parallel_first_up = parallel
             t0 = time.perf_counter()
-            endpoint = d.up(load_profile(str(write_replicated_profile(tmp / "a.yml", 16))))["endpoint"]
+            endpoint = d.up(load_profile(str(write_replicated_profile(tmp / "a.yml", 16)))).endpoint
             if i:
                 first[parallel].append(time.perf_counter() - t0)
             if i < 4:
@@ -97,15 +97,15 @@ def main() -> None:
               f"{statistics.median([x for x, _ in during]) * 1000:.1f} ms")
         journal = Record.load(d.ledger.root).data["journal"]
         last = max(i for i, e in enumerate(journal) if e["step"] == "settle" and e["phase"] == "intent")
-        t = {}
+        began: dict[tuple[str, int | None], float] = {}
         for e in journal[last:]:
             key = (e["step"], e["replica"])
             at = datetime.fromisoformat(e["at"].replace("Z", "+00:00")).timestamp()
             if e["phase"] == "intent":
-                t[key] = at
-            elif e["phase"] == "ok" and key in t:
+                began[key] = at
+            elif e["phase"] == "ok" and key in began:
                 print(f"    {e['step']:<15} replica {e['replica'] if e['replica'] is not None else '-'}: "
-                      f"{at - t[key]:.2f} s")
+                      f"{at - began[key]:.2f} s")
     finally:
         d.down()
 

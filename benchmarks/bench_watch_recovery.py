@@ -50,6 +50,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from sparkctl.config.inventory import load_inventory
+    from sparkctl.nodes.handles import ProcessHandle
     from sparkctl.state.ledger import Ledger
     from sparkctl.state.watchfile import load_watch
     from testrig.embedded import stop_recorded_engines, write_embedded_inventory
@@ -77,7 +78,9 @@ def main() -> None:
                 assert active is not None
                 before = load_watch(ledger.root)
                 t_kill = time.time()
-                os.kill(active.handle_of(1).pid, signal.SIGKILL)
+                rank1 = active.handle_of(1)
+                assert isinstance(rank1, ProcessHandle), f"rank 1 is not a local process: {rank1}"
+                os.kill(rank1.pid, signal.SIGKILL)
                 st = _wait(lambda b=before: (s := load_watch(ledger.root)) and s.detected_at and s.detected_at !=
                            b.detected_at and s, "the failure to be seen")
                 detect = _ts(st.detected_at) - t_kill

@@ -31,7 +31,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from zipfile import ZipFile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -249,7 +249,8 @@ def _unknown_error(enum: ast.ClassDef) -> str | None:
             for node in ast.walk(fn):
                 if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args:
                     arg = node.exc.args[0]
-                    text = "".join(v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
+                    text = "".join(str(v.value) if isinstance(v, ast.Constant)
+                                   else "{" + ast.unparse(cast(ast.FormattedValue, v).value) + "}"
                                    for v in arg.values) if isinstance(arg, ast.JoinedStr) else ast.literal_eval(arg)
                     return f"{ast.unparse(node.exc.func)}: {text}"
     return None
@@ -319,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         info = venv_info(version) or {}
         print(f"sglang=={version}: {len(doc['flags'])} flags, "
               f"{sum(f['deprecated'] for f in doc['flags'])} deprecated -> {path} "
-              f"(venv built in {info.get('build_seconds', '?')}s; import deps: {', '.join(info.get('import_deps', []))})")
+              f"(venv built in {info.get('build_seconds', '?')}s; "
+              f"import deps: {', '.join(info.get('import_deps', []))})")
     return 0
 
 

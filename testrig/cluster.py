@@ -44,14 +44,13 @@ import re
 import shlex
 import shutil
 import subprocess
-import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from testrig import rootfs
-from testrig.hostops import ClusterError, _alive, _atomic_write, _keygen, _run, _Timer, log
 from testrig.cluster_net import FABRIC_MTU, MGMT_IFACE, ClusterNetwork  # noqa: F401 - tests import them here
+from testrig.hostops import ClusterError, _alive, _atomic_write, _keygen, _run, _Timer, log
 from testrig.node_daemons import DATA_ROOT, FABRIC_IFACE, NodeDaemons  # noqa: F401 - DATA_ROOT: tests import it from here
 
 NODE_NAMES = ("spark-a", "spark-b")          # the two-node cluster (the default)
@@ -65,8 +64,8 @@ BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates", "p
 ENGINE_REPO = "sparkctl-test-engine"
 BASE_REPO = "sparkctl-test-base"
 
-REQUIRED_COMMANDS = ("ip", "nsenter", "unshare", "mount", "umount", "pivot_root", "tar", "hostname", "dockerd", "docker", "runc", "/usr/sbin/sshd", "ssh", "ssh-keygen",
-                     "ssh-keyscan", "ping")
+REQUIRED_COMMANDS = ("ip", "nsenter", "unshare", "mount", "umount", "pivot_root", "tar", "hostname", "dockerd",
+                     "docker", "runc", "/usr/sbin/sshd", "ssh", "ssh-keygen", "ssh-keyscan", "ping")
 
 
 def missing_prerequisites(*, need_image_build: bool = True) -> list[str]:
@@ -198,7 +197,7 @@ class TestCluster(ClusterNetwork, NodeDaemons):
         return ["nsenter", f"--net=/run/netns/{node.netns}", f"--uts={self._uts_file(node)}"]
 
     # ----------------------------------------------------------------- lifecycle
-    def up(self, *, timeout: float = 60.0) -> "TestCluster":
+    def up(self, *, timeout: float = 60.0) -> TestCluster:
         """Create namespaces and links, start sshd + dockerd per node, write known_hosts + inventory, ensure
         the engine image on every node. Cleans a crashed run with the same prefix first; tears down on failure.
         """
@@ -276,7 +275,7 @@ class TestCluster(ClusterNetwork, NodeDaemons):
                  for rank, name in enumerate(ALL_NODE_NAMES) if name not in self.nodes]
         return [*self.nodes.values(), *extra]
 
-    def __enter__(self) -> "TestCluster":
+    def __enter__(self) -> TestCluster:
         return self.up()
 
     def __exit__(self, *exc: object) -> None:
@@ -383,12 +382,13 @@ class TestCluster(ClusterNetwork, NodeDaemons):
         result = _run(["ssh-keyscan", "-T", "5", "-t", "ed25519", *hosts], timeout=30)
         lines = sorted(line for line in result.stdout.splitlines() if line and not line.startswith("#"))
         if len(lines) != len(hosts):
-            raise ClusterError("ssh-keyscan did not return every node's host key", evidence=result.stdout + result.stderr)
+            raise ClusterError("ssh-keyscan did not return every node's host key",
+                               evidence=result.stdout + result.stderr)
         _atomic_write(self.known_hosts_path, "\n".join(lines) + "\n")
 
     def _write_inventory(self) -> None:
         """Ansible-format inventory (the format sparkctl's config loader reads)."""
-        import yaml   # lazy: core dependency, but keep import time small
+        import yaml  # lazy: core dependency, but keep import time small
 
         hosts = {n.name: {
             "ansible_host": n.mgmt_address, "ansible_port": 22, "ansible_user": "root",
@@ -410,7 +410,8 @@ class TestCluster(ClusterNetwork, NodeDaemons):
 
     # ----------------------------------------------------------------- state and processes
     def _write_state(self) -> None:
-        state = {"prefix": self.name_prefix, "node_count": self.node_count, "engine_image": self.engine_image, "engine_image_id": self.engine_image_id,
+        state = {"prefix": self.name_prefix, "node_count": self.node_count, "engine_image": self.engine_image,
+                 "engine_image_id": self.engine_image_id,
                  "timings": self.timings, "nodes": {n.name: {k: str(v) if isinstance(v, Path) else v
                                                              for k, v in asdict(n).items()}
                                                     for n in self.nodes.values()}}
@@ -422,7 +423,7 @@ class TestCluster(ClusterNetwork, NodeDaemons):
         except (OSError, ValueError):
             return {}
 
-    def _timed(self, name: str) -> "_Timer":
+    def _timed(self, name: str) -> _Timer:
         return _Timer(self.timings, name)
 
 

@@ -1,4 +1,5 @@
-"""``scripts/test-cluster``: bring the test cluster (two nodes, or up to four on a switch) up or down by hand, show its status, print its env."""
+"""``scripts/test-cluster``: bring the test cluster (two nodes, or up to four on a switch) up or down by hand,
+show its status, print its env."""
 from __future__ import annotations
 
 import json
@@ -7,8 +8,8 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from sparkctl.errors import SparkctlError
 from testrig.cluster import TestCluster
@@ -42,7 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "status":
             print(json.dumps(cluster.status(), indent=2))
         else:
-            env = {"SPARKCTL_INVENTORY": cluster.inventory_path, "SPARKCTL_TEST_KNOWN_HOSTS": cluster.known_hosts_path,
+            env: dict[str, str | Path] = {"SPARKCTL_INVENTORY": cluster.inventory_path,
+                                          "SPARKCTL_TEST_KNOWN_HOSTS": cluster.known_hosts_path,
                    "SPARKCTL_TEST_SSH_KEY": cluster.ssh_key_path}
             env.update({f"SPARKCTL_TEST_DOCKER_HOST_{n.name.upper().replace('-', '_')}": n.docker_host
                         for n in cluster.nodes.values()})

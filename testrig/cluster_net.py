@@ -10,6 +10,8 @@ from testrig.hostops import ClusterError, _link_exists, _run
 from testrig.node_daemons import FABRIC_IFACE
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from testrig.cluster import Node
 
 MGMT_IFACE = "mgmt0"
@@ -18,6 +20,20 @@ FABRIC_MTU = 9000
 
 class ClusterNetwork:
     """Management bridge and fabric of the cluster's nodes (needs TestCluster's nodes, prefix, net index)."""
+
+    if TYPE_CHECKING:   # what this mixin reads of TestCluster (for the type checker; TestCluster defines them)
+        name_prefix: str
+        net_index: int
+        node_count: int
+        nodes: dict[str, Node]
+
+        @property
+        def bridge(self) -> str: ...
+        @property
+        def controller_address(self) -> str: ...
+        @property
+        def state_dir(self) -> Path: ...
+        def _uts_file(self, node: Node) -> Path: ...
 
     @property
     def switched(self) -> bool:

@@ -15,8 +15,9 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 Cli = Callable[..., tuple[int, str, str]]
 
@@ -84,7 +85,7 @@ class SparkctlProcess:
         self._out_reader.join(timeout=10)
         return code
 
-    def __enter__(self) -> "SparkctlProcess":
+    def __enter__(self) -> SparkctlProcess:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -242,7 +243,9 @@ def run_at_boundary(args: list[str], point: str, sig: str, env: dict[str, str], 
         deadline = time.monotonic() + timeout
         while run.proc.poll() is None and time.monotonic() < deadline:
             with run._changed:
-                run._changed.wait_for(lambda n=seen: len(run.lines) > n or run._done, timeout=0.05)
+                def grown(n: int = seen) -> bool:
+                    return len(run.lines) > n or run._done
+                run._changed.wait_for(grown, timeout=0.05)
                 now, fresh = time.monotonic(), run.lines[seen:]
             seen += len(fresh)
             arrivals += [(now, ln) for ln in fresh]

@@ -79,7 +79,7 @@ def stop_recorded_engines(inventory_path: Path) -> None:
             continue
         for handle in record.handles:
             d.runtimes(dep_id).for_node(handle.node).stop(handle, timeout_s=3)
-    for engine in process_engines(d):
+    for engine in process_engines(d.cluster):
         d.runtimes(engine.deployment).for_node(engine.handle.node).stop(engine.handle, timeout_s=3)
 
 
@@ -109,6 +109,7 @@ def write_replicated_profile(path: Path, max_running_requests: int, *, drain_tim
     warmup = f"  requests: {warmup_requests}\n" + ("  max_tokens: 16\n" if warmup_requests else "")
     path.write_text("description: two TP=1 replicas\nextends: base\nreplicas: 2\n"
                     f"server:\n  tp_size: 1\n  max_running_requests: {max_running_requests}\n  enable_metrics: true\n"
-                    f"router:\n  policy: round_robin\n  health_check_interval_s: 1\n  drain_timeout_s: {drain_timeout_s}\n"
+                    "router:\n  policy: round_robin\n  health_check_interval_s: 1\n"
+                    f"  drain_timeout_s: {drain_timeout_s}\n"
                     f"warmup:\n{warmup}")
     return path

@@ -26,8 +26,18 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from testrig.cluster import (BASE_REPO, DEBIAN_SUITE, BASE_PACKAGES, ENGINE_REPO, IMAGE_CACHE,
-                                      PROJECT_DIR, ClusterError, _rootfs_key, _rootfs_path, _run)
+from testrig.cluster import (
+    BASE_PACKAGES,
+    BASE_REPO,
+    DEBIAN_SUITE,
+    ENGINE_REPO,
+    IMAGE_CACHE,
+    PROJECT_DIR,
+    ClusterError,
+    _rootfs_key,
+    _rootfs_path,
+    _run,
+)
 
 if TYPE_CHECKING:
     from testrig.cluster import Node, TestCluster
@@ -42,7 +52,7 @@ SGLANG_WORKSPACE_PACKAGE = "/sgl-workspace/sglang/python/sglang"    # lmsysorg/s
 class EngineImages:
     """Builds and places the test images of one TestCluster (uses its nodes, workdir and timings)."""
 
-    def __init__(self, cluster: "TestCluster") -> None:
+    def __init__(self, cluster: TestCluster) -> None:
         self.cluster = cluster
         self.workdir = cluster.workdir
 
@@ -75,7 +85,7 @@ class EngineImages:
             raise ClusterError("engine image differs between nodes", where=tag, evidence=json.dumps(ids))
         return tag, str(ids[source])
 
-    def _build_engine(self, node: "Node", tag: str) -> None:
+    def _build_engine(self, node: Node, tag: str) -> None:
         base = f"{BASE_REPO}:{_rootfs_key()}"
         if not image_id(node, base):
             rootfs = self._ensure_rootfs()
@@ -172,7 +182,7 @@ class EngineImages:
 
 
 # ---------------------------------------------------------------------- helpers on one node's daemon
-def docker_build(node: "Node", ctx: Path, tag: str, build_args: dict[str, str], labels: dict[str, str],
+def docker_build(node: Node, ctx: Path, tag: str, build_args: dict[str, str], labels: dict[str, str],
                  log_to: Path) -> None:
     argv = ["docker", "-H", node.docker_host, "build", "--quiet", "-t", tag]
     for k, v in build_args.items():
@@ -182,7 +192,7 @@ def docker_build(node: "Node", ctx: Path, tag: str, build_args: dict[str, str], 
     _run([*argv, str(ctx)], timeout=900, env={**os.environ, "DOCKER_BUILDKIT": "0"}, log_to=log_to)
 
 
-def copy_image(src: "Node", dst: "Node", tag: str, timeout: float = 300.0) -> None:
+def copy_image(src: Node, dst: Node, tag: str, timeout: float = 300.0) -> None:
     save = subprocess.Popen(["docker", "-H", src.docker_host, "save", tag], stdout=subprocess.PIPE)
     try:
         _run(["docker", "-H", dst.docker_host, "load", "--quiet"], stdin=save.stdout, timeout=timeout)
@@ -194,7 +204,7 @@ def copy_image(src: "Node", dst: "Node", tag: str, timeout: float = 300.0) -> No
         raise ClusterError(f"docker save {tag} failed on {src.name}", where=src.name)
 
 
-def image_id(node: "Node", ref: str) -> str | None:
+def image_id(node: Node, ref: str) -> str | None:
     result = _run(["docker", "-H", node.docker_host, "image", "inspect", "--format", "{{.Id}}", ref], check=False)
     return result.stdout.strip() if result.returncode == 0 else None
 

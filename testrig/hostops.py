@@ -8,8 +8,9 @@ import logging
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import IO, Any
 
 from sparkctl.errors import SparkctlError
 
@@ -34,12 +35,13 @@ class _Timer:
 
 
 def _run(argv: Sequence[str], *, timeout: float = 60.0, check: bool = True, env: dict[str, str] | None = None,
-         input: str | None = None, stdin: object = None, log_to: Path | None = None) -> subprocess.CompletedProcess[str]:
+         input: str | None = None, stdin: int | IO[Any] | None = None,
+         log_to: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run an argv (never a shell string) with a timeout; on failure raise ClusterError with the output tail."""
     log.debug("run: %s", " ".join(argv))
     try:
         result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env,
-                                input=input, stdin=stdin if input is None else None)  # type: ignore[arg-type]
+                                input=input, stdin=stdin if input is None else None)
     except subprocess.TimeoutExpired as exc:
         raise ClusterError(f"command timed out after {timeout:.0f}s: {' '.join(argv)}") from exc
     if log_to is not None:

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 SPARKS = REPO / "inventory" / "sparks.example.yml"
 
 # Deterministic for CI (no example database, derandomized), bounded, never a deadline on a loaded machine.
-CI_SETTINGS = dict(derandomize=True, database=None, deadline=None, print_blob=True,
+CI_SETTINGS: dict[str, Any] = dict(derandomize=True, database=None, deadline=None, print_blob=True,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -56,7 +56,7 @@ def node_paths() -> list[tuple[str, ...]]:
     from sparkctl.config.inventory import Node
     ansible = {"host": "ansible_host", "port": "ansible_port", "user": "ansible_user",
                "key_file": "ansible_ssh_private_key_file", "connection": "ansible_connection"}
-    out = []
+    out: list[tuple[str, ...]] = []
     for p in _leaf_paths(Node):
         if p[0] == "name" or p == ("ssh",):
             continue
@@ -83,7 +83,7 @@ HOSTILE_TEXT = ["", " ", "..", "../etc", "/models/../etc", "/models/./x", "/mode
 EDGE_INTS = [0, 1, -1, 2, 8, 16, 64, 65, 1023, 1024, 65535, 65536, 2**31 - 1, 2**31, 2**63, -(2**63), 10**30]
 EDGE_FLOATS = [0.0, -0.0, 0.5, 0.88, 1.0, 1.5, 1e-300, 1e308, float("inf"), float("-inf"), float("nan")]
 
-_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=24)
+_text = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=24)
 scalars = st.one_of(
     st.booleans(), st.none(),
     st.sampled_from(EDGE_INTS), st.integers(min_value=-(2**40), max_value=2**40),

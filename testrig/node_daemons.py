@@ -8,13 +8,17 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from testrig.hostops import ClusterError, _alive, _docker_ping, _keygen, _run, _ssh_banner, _tail, log
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from testrig.cluster import Node
+    from testrig.rootfs import NodeRoot
 
 FABRIC_IFACE = "enp1s0f0np0"   # a CX-7 netdev name; names are per namespace, so both nodes use it
 DATA_ROOT = Path("/var/lib/sparkctl-test")     # per-node docker data roots: image cache across runs
@@ -22,6 +26,18 @@ DATA_ROOT = Path("/var/lib/sparkctl-test")     # per-node docker data roots: ima
 
 class NodeDaemons:
     """dockerd and sshd of each node, and the faults on them (needs TestCluster's nodes, roots, paths)."""
+
+    if TYPE_CHECKING:   # what this mixin reads of TestCluster (for the type checker; TestCluster defines them)
+        workdir: Path
+        nodes: dict[str, Node]
+        roots: dict[str, NodeRoot]
+
+        @property
+        def state_dir(self) -> Path: ...
+        def node(self, name: str) -> Node: ...
+        def _enter(self, node: Node) -> list[str]: ...
+        def run_on(self, node: str, argv: Sequence[str], *, timeout: float = 60.0, check: bool = True,
+                   input: str | None = None) -> subprocess.CompletedProcess[str]: ...
 
     def _pidfile(self, node: Node, what: str) -> Path:
         return self.state_dir / f"{node.name}.{what}.pid"

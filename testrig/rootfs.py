@@ -33,9 +33,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 log = logging.getLogger("sparkctl.testrig")
 
@@ -204,7 +204,8 @@ class NodeRoot:
         pairs += [(str(docker_socket), "/run/docker.sock"), (docker_cli, "/usr/bin/docker")]
         spec = {"root": str(self.root), "binds": pairs}
         _run([*self.enter, "unshare", f"--mount={self.mntns}", "--propagation", "private",
-              sys.executable, str(Path(__file__).resolve()), json.dumps(spec)], timeout=60)   # stdlib only: runs by path
+              sys.executable, str(Path(__file__).resolve()), json.dumps(spec)],
+             timeout=60)   # stdlib only: runs by path
 
     # ------------------------------------------------------------------ tear-down
     def destroy(self) -> None:

@@ -55,7 +55,7 @@ class Traffic:
                 with self._lock:
                     self.done += 1
 
-    def __enter__(self) -> "Traffic":
+    def __enter__(self) -> Traffic:
         self._pool = ThreadPoolExecutor(self.clients)
         self._futures = [self._pool.submit(self._client, k) for k in range(self.clients)]
         self.began = time.monotonic()

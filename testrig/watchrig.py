@@ -13,6 +13,7 @@ import httpx
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.nodes import procfs
+from sparkctl.nodes.handles import ProcessHandle
 from sparkctl.state.ledger import Ledger
 from sparkctl.state.watchfile import load_watch
 
@@ -65,7 +66,9 @@ def killed_mid_restart(cli, inventory: Path, watcher: Callable[..., Any]) -> tup
 
     old = up(cli)["deployment"]
     run = watcher()
-    os.kill(ledger_of(inventory).load(old).handle_of(1).pid, signal.SIGKILL)
+    handle = ledger_of(inventory).load(old).handle_of(1)
+    assert isinstance(handle, ProcessHandle), f"rank 1 of {old} is not a local process: {handle}"
+    os.kill(handle.pid, signal.SIGKILL)
     run.wait_for("rank 1 started", after=rf"restarting {re.escape(old)}")
     return old, run
 

@@ -19,15 +19,15 @@ Measured here (2 cores, 2026-12-03): cold build 121 s with no pip cache (venv 11
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
-import fcntl
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from testrig.realengine import build as _build
 

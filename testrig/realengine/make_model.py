@@ -84,7 +84,7 @@ def qwen2_config(tok: Tokenizer, layers: int, **extra) -> dict:
 def layer_weights(g: torch.Generator, prefix: str, *, input_norm: bool = True, qkv_bias: bool = True) -> dict:
     """One Qwen2 decoder layer's tensors (normal(0, 0.02) as transformers initialises, norms at 1)."""
     h, kv, inter = 256, 2 * 64, 512
-    shapes = {"self_attn.q_proj.weight": (h, h), "self_attn.k_proj.weight": (kv, h),
+    shapes: dict[str, tuple[int, ...]] = {"self_attn.q_proj.weight": (h, h), "self_attn.k_proj.weight": (kv, h),
               "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, h),
               "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h), "mlp.down_proj.weight": (h, inter)}
     if qkv_bias:
@@ -114,16 +114,17 @@ def make_target(out: Path, tok: Tokenizer) -> None:
     save_weights(out, t)
     cfg = qwen2_config(tok, 2)
     write_json(out / "config.json", cfg)
-    write_json(out / "generation_config.json", {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
-                                                "pad_token_id": cfg["pad_token_id"], "do_sample": False, "max_new_tokens": 64})
+    write_json(out / "generation_config.json",
+               {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
+                "pad_token_id": cfg["pad_token_id"], "do_sample": False, "max_new_tokens": 64})
 
 
 def make_eagle_drafter(out: Path, tok: Tokenizer) -> None:
     """EAGLE-1 layout SGLang's Qwen2ForCausalLMEagle loads: no 'model.' prefix, fc over [embed; hidden],
     no input_layernorm on layer 0, no final norm; lm_head and embeddings are taken from the target."""
     g = torch.Generator().manual_seed(SEED + 1)
-    t = {"embed_tokens.weight": normal(g, (VOCAB, 256)), "fc.weight": normal(g, (256, 512)), "fc.bias": torch.zeros(256),
-         "lm_head.weight": normal(g, (VOCAB, 256))}
+    t = {"embed_tokens.weight": normal(g, (VOCAB, 256)), "fc.weight": normal(g, (256, 512)),
+         "fc.bias": torch.zeros(256), "lm_head.weight": normal(g, (VOCAB, 256))}
     t |= layer_weights(g, "layers.0.", input_norm=False)
     save_weights(out, t)
     write_json(out / "config.json", qwen2_config(tok, 1, architectures=["Qwen2ForCausalLMEagle"]))

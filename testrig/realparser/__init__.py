@@ -351,14 +351,16 @@ class _Server:
         self.proc = subprocess.Popen([str(venv / "bin" / "python"), "-c", DRIVER.read_text(encoding="utf-8"),
                                       _RESULT_PREFIX, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env)
+        assert self.proc.stdin and self.proc.stdout and self.proc.stderr   # all three are pipes (above)
+        self.stdin, self.stdout, stderr = self.proc.stdin, self.proc.stdout, self.proc.stderr
         self.replies: queue.Queue[str | None] = queue.Queue()
         self.stderr: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
+        threading.Thread(target=lambda: self.stderr.extend(stderr), daemon=True).start()
         self.lock = threading.Lock()
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
+        for line in self.stdout:
             if line.startswith(_RESULT_PREFIX):
                 self.replies.put(line[len(_RESULT_PREFIX):])
         self.replies.put(None)
@@ -366,8 +368,8 @@ class _Server:
     def ask(self, request: dict[str, Any], timeout: float) -> tuple[str, str]:
         with self.lock:
             try:
-                self.proc.stdin.write(json.dumps(request) + "\n")
-                self.proc.stdin.flush()
+                self.stdin.write(json.dumps(request) + "\n")
+                self.stdin.flush()
                 line = self.replies.get(timeout=timeout)
             except (OSError, queue.Empty):
                 line = None

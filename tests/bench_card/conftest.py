@@ -1,13 +1,14 @@
 """Emulator processes with known truth for the bench tests (started here, stopped by their own Popen)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -32,12 +33,11 @@ def start_sim(tmp: Path, name: str, knobs: dict[str, object], extra_argv: list[s
     env.update({f"SPARKCTL_SIM_{k.upper()}": str(v) for k, v in {"boot_s": 0.2, **knobs}.items()})
     env["PYTHONUNBUFFERED"] = "1"
     log = tmp / f"{name}.log"
-    fh = open(log, "wb")
     argv = [sys.executable, "-m", "sparkctl.sim", "--model-path", "/m", "--served-model-name", "x",
             "--host", "127.0.0.1", "--port", str(port), "--tp-size", "1", "--reasoning-parser", "glm45", *extra_argv]
-    proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
-    raise_priority(proc.pid)          # before its threads start; they inherit it (testrig/priority.py)
-    fh.close()
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+        raise_priority(proc.pid)          # before its threads start; they inherit it (testrig/priority.py)
     return Sim(f"http://127.0.0.1:{port}", log, {k: str(v) for k, v in knobs.items()}, proc)
 
 
@@ -80,7 +80,7 @@ ON = {"decode_tps": 100, "verify_cost": 1.0, "accept_len_code": 8, "accept_len_p
 # ON with partial acceptance (ranges in the log), one G6 prompt diverging at a known token.
 DIVERGE_AT = 5
 ACC = {"decode_tps": 400, "accept_len_code": 4.6, "ttft_base_s": 0.02,
-       "divergence": '{"contains:capital of Australia": %d}' % DIVERGE_AT}
+       "divergence": f'{{"contains:capital of Australia": {DIVERGE_AT}}}'}
 
 
 @pytest.fixture(scope="module")
@@ -112,10 +112,8 @@ def embedded_cluster(local_cluster: Path, state_dir: Path):
     from sparkctl.config.inventory import load_inventory
     from sparkctl.deploy.commands import Deployer
     from sparkctl.deploy.progress import Reporter
-    try:
+    with contextlib.suppress(Exception):  # teardown: local_cluster still stops every recorded engine
         Deployer(load_inventory(local_cluster), Reporter(quiet=True)).down()
-    except Exception:  # noqa: BLE001 - teardown: local_cluster still stops every recorded engine
-        pass
 
 @pytest.fixture
 def hybrid_sim(tmp_path: Path) -> Iterator[Sim]:

@@ -13,9 +13,10 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -99,7 +100,8 @@ class Hostile(BaseHTTPRequestHandler):
         if ep == "server_info":
             return self._send(200, json.dumps(NORMAL_INFO).encode())
         if ep == "models":
-            return self._send(200, json.dumps({"object": "list", "data": [{"id": "m", "max_model_len": 4096}]}).encode())
+            models = {"object": "list", "data": [{"id": "m", "max_model_len": 4096}]}
+            return self._send(200, json.dumps(models).encode())
         if ep == "generate":
             return self._send(200, json.dumps({"text": "x", "meta_info": {"completion_tokens": 8,
                                                                           "spec_verify_ct": 2}}).encode())
@@ -311,7 +313,8 @@ def test_named_key_sent_and_never_in_the_card(hostile, cli, state_dir, tmp_path,
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--endpoint", "http://127.0.0.1:9", "--api-key-env", "NO_SUCH_VAR_FOR_BENCH"], "NO_SUCH_VAR_FOR_BENCH is not set"),
+    (["--endpoint", "http://127.0.0.1:9", "--api-key-env", "NO_SUCH_VAR_FOR_BENCH"],
+     "NO_SUCH_VAR_FOR_BENCH is not set"),
     (["--api-key-env", "BENCH_TEST_KEY"], "neither is given"),
     (["--endpoint", "http://127.0.0.1:9", "--read-timeout", "nan"], "--read-timeout"),
     (["--endpoint", "http://127.0.0.1:9", "--run-deadline", "-5"], "--run-deadline"),

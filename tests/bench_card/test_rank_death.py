@@ -42,7 +42,8 @@ def test_rank_killed_during_decode_fails_the_run(cli, embedded_cluster, tmp_path
     e = ei.value
     assert e.exit_code == 4
     assert re.search(r"rank 1 \(\S+\) died during the bench: found dead at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ, "
-                     r"[\d.]+ s into the run, during .*decode code run [1-6]/6.*; last seen alive at .*Z", e.message), e.message
+                     r"[\d.]+ s into the run, during .*decode code run [1-6]/6.*; last seen alive at .*Z",
+                     e.message), e.message
     assert "logs --rank 1" in e.hint and "marked failed" in e.hint
     assert detected_after < 10, detected_after       # watched every second, not noticed at the end of the run
     report = json.loads((tmp_path / "report.json").read_text())

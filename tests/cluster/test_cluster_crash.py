@@ -37,7 +37,7 @@ def _settle_deploy_down(cli, test_cluster, inv, dead_id: str) -> None:
     assert _running(test_cluster, "spark-a", cluster) == [] and _running(test_cluster, "spark-b", cluster) == []
 
 
-def test_sigkill_during_boot_and_warm_up(cli, test_cluster, cluster_env, profiles_dir):
+def test_sigkill_during_boot_and_warm_up(cli, test_cluster, cluster_env, profiles_dir):  # noqa: F811 (fixture)
     ledger = Ledger.for_cluster(load_inventory(cluster_env).cluster.name)
     pid = kill_up_at(r"\[spark-a\] rank 0 started", _profile(profiles_dir, "slowboot", "d5", boot_s=60), cli=cli)
     dead = ledger.load(ledger.index()["history"][-1])
@@ -51,13 +51,13 @@ def test_sigkill_during_boot_and_warm_up(cli, test_cluster, cluster_env, profile
     dead_id = ledger.index()["history"][-1]
     assert_status_interrupted(cli, pid, "warm-up")
     code, out, err = cli("down", "--yes")
-    assert code == 0 and f"stopped rank 1 (container" in out and f"deployment {dead_id} was interrupted" in err, err
+    assert code == 0 and "stopped rank 1 (container" in out and f"deployment {dead_id} was interrupted" in err, err
     assert ledger.load(dead_id).status == "interrupted"
     cluster = load_inventory(cluster_env).cluster.name
     assert _running(test_cluster, "spark-a", cluster) == [] and _running(test_cluster, "spark-b", cluster) == []
 
 
-def test_sigkill_during_restore(cli, test_cluster, cluster_env, profiles_dir):
+def test_sigkill_during_restore(cli, test_cluster, cluster_env, profiles_dir):  # noqa: F811 (fixture)
     code, prev, err = _up(cli, "--profile", _profile(profiles_dir, "slowish", "dflash-off", boot_s=8))
     assert code == 0, err
     bad = _profile(profiles_dir, "crashy", "d5", crash_after_s=0.5)
@@ -77,7 +77,8 @@ def test_sigkill_during_restore(cli, test_cluster, cluster_env, profiles_dir):
 
 @pytest.mark.parametrize("point,profile", [("up:boot:after", "dflash-off"), ("up:hand-off:before", "dflash-off"),
                                            ("up:hand-off:after", "dflash-off"), ("up:restore-boot:after", "crashy")])
-def test_sigkill_at_step_boundaries_over_ssh_and_docker(cli, test_cluster, cluster_env, profiles_dir, point, profile):
+def test_sigkill_at_step_boundaries_over_ssh_and_docker(cli, test_cluster, cluster_env,  # noqa: F811 (fixture)
+                                                        profiles_dir, point, profile):
     """A subset of the embedded crash matrix (tests/lifecycle/test_crash_matrix.py) on real containers: the
     controller SIGKILLs itself at the boundary (SPARKCTL_CRASH_AT, from deploy/steps.py); `status` exits 0 only
     when the active deployment serves; the next `up` converges; `down` leaves no container."""

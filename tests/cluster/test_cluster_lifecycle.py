@@ -91,7 +91,8 @@ def test_up_status_rollback_down_over_ssh_and_docker(cli, test_cluster, cluster_
     assert code == 0 and off["outcome"] == "deployed", err
     cluster = load_inventory(cluster_env).cluster.name
     # the previous engine's containers are kept stopped (not removed) so rollback can restart them
-    stopped = _docker(test_cluster, "spark-a", "ps", "-a", "--filter", f"label=sparkctl.deployment={first['deployment']}",
+    stopped = _docker(test_cluster, "spark-a", "ps", "-a",
+                      "--filter", f"label=sparkctl.deployment={first['deployment']}",
                       "--format", "{{.State}}").split()
     assert stopped == ["exited"]
 
@@ -112,7 +113,8 @@ def test_up_status_rollback_down_over_ssh_and_docker(cli, test_cluster, cluster_
     assert _running(test_cluster, "spark-a", cluster) == [] and _running(test_cluster, "spark-b", cluster) == []
 
 
-def _when_rank1_container_runs(test_cluster: TestCluster, cluster: str, exclude: str | None, action) -> threading.Thread:
+def _when_rank1_container_runs(test_cluster: TestCluster, cluster: str, exclude: str | None,
+                               action) -> threading.Thread:
     """Run `action(container_name)` once a rank-1 container of a new deployment runs on spark-b (bounded wait)."""
     def watch() -> None:
         deadline = time.monotonic() + 60
@@ -262,7 +264,8 @@ def test_api_key_and_hf_token_never_in_docker_inspect_ps_or_logs(cli, test_clust
         ps = test_cluster.run_on(node, ["ps", "-eo", "args"]).stdout
         assert "sglang.launch_server" in ps and key not in ps and token not in ps
     code, logs_out, err = cli("logs", "--rank", "0", "--tail", "0")
-    assert code == 0 and "server_args=" in logs_out and ("api_key='***'" in logs_out or "'api_key': '***'" in logs_out) and key not in logs_out
+    assert code == 0 and "server_args=" in logs_out and key not in logs_out
+    assert "api_key='***'" in logs_out or "'api_key': '***'" in logs_out
     code, out, err = cli("down", "--yes")
     assert code == 0, err
     for node in ("spark-a", "spark-b"):

@@ -20,8 +20,8 @@ from sparkctl.config.profile import load_profile
 from sparkctl.errors import ConfigError, ImageError
 from sparkctl.images import launchdoc, manage, pipeline
 from sparkctl.images.build import build_images, ensure_base, image_layers
-from sparkctl.images.plan import plan_images
 from sparkctl.images.copy import distribute
+from sparkctl.images.plan import plan_images
 from sparkctl.images.registry import Endpoint, Registry, image_ids, prune_cache
 from sparkctl.sglang.render import render
 from testrig.engine_image import SGLANG_WORKSPACE_PACKAGE, EngineImages
@@ -190,7 +190,8 @@ def test_identity_mismatch_is_refused_before_boot(env, built):
     plan, _ = built
     src, dst = _endpoints(env)
     distribute([plan.engine_tag, plan.launch_tag], src, [dst])
-    right = env["b"].run(["docker", "image", "inspect", "--format", "{{.Id}}", plan.launch_tag], check=True).stdout.strip()
+    right = env["b"].run(["docker", "image", "inspect", "--format", "{{.Id}}", plan.launch_tag],
+                         check=True).stdout.strip()
     env["b"].run(["docker", "tag", env["cluster"].engine_image, plan.launch_tag], check=True)
     try:
         with pytest.raises(ImageError, match=r"image sparkctl/sglang-gb10-launch:\S+ on spark-b was not built from "
@@ -270,7 +271,8 @@ def test_cli_plan_build_ls_verify_prune(env, tmp_path, monkeypatch, capsys):
     from sparkctl.cli.main import main as cli
 
     profile = tmp_path / "d5-testbase.yml"
-    profile.write_text(f"extends: d5\nimage:\n  base_image: {env['base_tag']}\nserver:\n  watchdog_timeout: {700 + RUN}\n")
+    profile.write_text(f"extends: d5\nimage:\n  base_image: {env['base_tag']}\n"
+                       f"server:\n  watchdog_timeout: {700 + RUN}\n")
     monkeypatch.setenv("SPARKCTL_INVENTORY", str(env["cluster"].inventory_path))
     monkeypatch.setenv("SPARKCTL_STATE_DIR", str(tmp_path / "state"))
     assert cli(["image", "plan", "--profile", str(profile), "--json"]) == 0

@@ -9,7 +9,6 @@ model directory between the nodes over the fabric veth, checksums, MTU.
 """
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from sparkctl.config.inventory import Inventory, load_inventory
-from sparkctl.state.records import CheckResult, Severity
 from sparkctl.deploy.preflight_rules import evaluate
 from sparkctl.errors import NodeError
 from sparkctl.nodes.container import MEMLOCK_ENV
@@ -23,6 +22,7 @@ from sparkctl.nodes.docker_runtime import DockerRuntime
 from sparkctl.nodes.fanout import run_all
 from sparkctl.nodes.ssh import SSHConnector
 from sparkctl.sglang.launch import LaunchSpec
+from sparkctl.state.records import CheckResult, Severity
 from testrig.cluster import TestCluster
 
 pytestmark = pytest.mark.cluster
@@ -68,9 +68,8 @@ def test_argv_values_survive_the_remote_shell(inv: Inventory) -> None:
 
 
 def test_command_failure_carries_argv_code_and_redacted_tail(inv: Inventory) -> None:
-    with _fresh(inv, "spark-b") as ssh:
-        with pytest.raises(NodeError) as err:
-            ssh.run(["sh", "-c", f"echo token={SECRET}; echo oops >&2; exit 3"], check=True, secrets=[SECRET])
+    with _fresh(inv, "spark-b") as ssh, pytest.raises(NodeError) as err:
+        ssh.run(["sh", "-c", f"echo token={SECRET}; echo oops >&2; exit 3"], check=True, secrets=[SECRET])
     text = err.value.render()
     assert "exited 3" in text and "oops" in text and "[spark-b]" in text
     assert SECRET not in text and "***" in text
@@ -222,14 +221,15 @@ def _preflight(inv: Inventory, rt: DockerRuntime, spec: LaunchSpec, own: set) ->
 
 
 def test_preflight_healthy_cluster(test_cluster: TestCluster, inv: Inventory) -> None:
-    res = run_all(inv.nodes, lambda n: _preflight(inv, _runtime(inv, n.name),
-                                                  _spec(inv, n.name, port=30000, image=test_cluster.engine_image), set()))
+    res = run_all(inv.nodes, lambda n: _preflight(
+        inv, _runtime(inv, n.name), _spec(inv, n.name, port=30000, image=test_cluster.engine_image), set()))
     res.raise_for_failures()
     for node, checks in res.items():
         failed = [c for c in checks if not c.ok]
         assert failed == [], failed
         names = {c.name for c in checks}
-        assert {"ssh", "docker", "gpu runtime", "gpu", "fabric interface", "fabric mtu", "port 30000", "memory"} <= names
+        assert {"ssh", "docker", "gpu runtime", "gpu", "fabric interface", "fabric mtu", "port 30000",
+                "memory"} <= names
         peer = "spark-b" if node == "spark-a" else "spark-a"
         assert f"fabric peer {peer}" in names
         by = {c.name: c for c in checks}

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from testrig.testenv import need_real_parser
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
 from sparkctl.sglang.render import render
-from testrig.realparser import parse_with_real_sglang
 from testrig.nnode_inputs import sparks_inventory, tp_profile
+from testrig.realparser import parse_with_real_sglang
+from testrig.testenv import need_real_parser
 
 pytestmark = [pytest.mark.contract, pytest.mark.timeout(1800)]
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from testrig.testenv import need_real_parser
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import Profile, load_profile
-from testrig.realparser import parse_with_real_sglang
 from sparkctl.sglang.render import render
+from testrig.realparser import parse_with_real_sglang
+from testrig.testenv import need_real_parser
 
 pytestmark = [pytest.mark.contract, pytest.mark.timeout(1800)]
 

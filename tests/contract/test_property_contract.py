@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 
-from testrig.mutations import SPARKS, ci_settings, mutated_profile, write_yaml
-from testrig.testenv import need_real_parser
 from sparkctl.errors import ConfigError
+from testrig.mutations import SPARKS, ci_settings, mutated_profile, write_yaml
 from testrig.realparser import parse_with_real_sglang
+from testrig.testenv import need_real_parser
 
 pytestmark = [pytest.mark.contract, pytest.mark.timeout(1800)]
 

@@ -17,8 +17,7 @@ from sparkctl.deploy.commands import Deployer
 from sparkctl.deploy.observe import process_engines
 from sparkctl.nodes.process import local_port_free
 from sparkctl.state.ledger import Ledger
-from testrig.controller import (SLOW_PREFILL_TPS, SLOW_WARM_UP, SparkctlProcess, assert_status_interrupted,
-                                kill_up_at)
+from testrig.controller import SLOW_PREFILL_TPS, SLOW_WARM_UP, SparkctlProcess, assert_status_interrupted, kill_up_at
 
 SLOW = 60.0   # emulated boot / prefill seconds: far longer than the test needs to kill the controller in it
 

@@ -116,9 +116,9 @@ POINTS = list(crash_points())
 
 
 def _check_invariants(m: Matrix, point: str, before: set[str]) -> None:
+    from sparkctl.config.inventory import load_inventory
     from sparkctl.config.profile import Profile
     from sparkctl.deploy.cluster import Cluster
-    from sparkctl.config.inventory import load_inventory
 
     ledger = m.ledger
     # I5: every record written before the crash still loads

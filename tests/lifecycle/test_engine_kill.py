@@ -3,6 +3,7 @@ the previous deployment; after hand-off `status` says UNHEALTHY (exit 8) and the
 redeploys instead of saying "unchanged"."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -55,8 +56,8 @@ def test_an_engine_killed_at_boot_fails_the_up_and_the_previous_one_is_restored(
 def test_an_engine_killed_during_warm_up_fails_the_up_and_the_previous_one_is_restored(cli, local_cluster,
                                                                                        faulty_profile):
     prev = _up(cli)
-    code, err = _kill_rank_during(cli, local_cluster, faulty_profile({"prefill_tps": SLOW_PREFILL_TPS}, base="dflash-off",
-                                                                   extra=SLOW_WARM_UP), r"\] warm-up ", 0)
+    profile = faulty_profile({"prefill_tps": SLOW_PREFILL_TPS}, base="dflash-off", extra=SLOW_WARM_UP)
+    code, err = _kill_rank_during(cli, local_cluster, profile, r"\] warm-up ", 0)
     assert code == 4 and "warm-up" in err, err
     _restored(cli, prev, err)
 
@@ -100,10 +101,8 @@ def test_a_stopped_engine_is_not_running_in_status_and_the_next_up_replaces_it(c
         assert again["outcome"] == "deployed" and again["deployment"] != first["deployment"], again
         assert not procfs.running(engine, None) or procfs.proc_stat(engine) is None, "the stopped engine was left"
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(engine, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
     code, out, _ = cli("status", "--json")
     assert code == 0 and json.loads(out)["healthy"]
     code, out, err = cli("down", "--yes")

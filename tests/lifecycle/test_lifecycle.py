@@ -11,7 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-
 from sparkctl.config.inventory import load_inventory
 from sparkctl.nodes import procfs
 from sparkctl.state.ledger import Ledger

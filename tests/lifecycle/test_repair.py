@@ -25,7 +25,7 @@ def test_repair_rebuilds_the_active_deployment_from_what_runs(cli, local_cluster
         code, _, err = cli(*cmd)
         assert code == 6 and "run `sparkctl repair`" in err, err
     code, _, err = cli("repair")                      # not a terminal, no --yes: shows, refuses, changes nothing
-    assert code == 1 and "repair --yes" in err and f"active deployment" not in err.split("repair --yes")[1], err
+    assert code == 1 and "repair --yes" in err and "active deployment" not in err.split("repair --yes")[1], err
     assert f"rebuild {dep} (d5) from its running engines" in err, err
     assert (path.read_text() == damage) if damage is not None else not path.exists()
     code, out, err = cli("repair", "--yes", "--json")

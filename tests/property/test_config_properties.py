@@ -10,8 +10,16 @@ from pathlib import Path
 
 from hypothesis import event, given
 
-from testrig.mutations import (SPARKS, check_refusal, ci_settings, mutated_inventory, mutated_profile,
-                                render_json, run_cli, write_yaml)
+from testrig.mutations import (
+    SPARKS,
+    check_refusal,
+    ci_settings,
+    mutated_inventory,
+    mutated_profile,
+    render_json,
+    run_cli,
+    write_yaml,
+)
 
 
 def _dialect_accepts(argv: list[str], version: str) -> None:

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -105,10 +106,8 @@ def test_hostile_card_fields_never_reach_the_terminal_raw(field, value):
 def test_hostile_profile_names_and_descriptions_never_reach_the_terminal_raw(name, description):
     with _Env() as env:
         stem = "".join(c for c in name if c not in "/\x00")[:200] or "p"
-        try:
+        with contextlib.suppress(OSError, UnicodeEncodeError):
             (env.profiles / f"{stem}.yml").write_text(json.dumps({"extends": "d5", "description": description}))
-        except (OSError, UnicodeEncodeError):
-            pass
         for argv in (("profiles",), ("profiles", "--json"), ("render", "--profile", name),
                      ("render", "--profile", stem, "--json"), ("status",)):
             _check(*run_cli(*argv), url_secret=False)       # a file name cannot hold the URL's '/'s

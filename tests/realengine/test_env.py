@@ -65,8 +65,9 @@ prompt = tok.apply_chat_template([{"role": "user", "content": "Hello spark node"
 ids = tok(prompt, return_tensors="pt")["input_ids"]
 with torch.no_grad():
     out = model.generate(ids, max_new_tokens=8, do_sample=False)
-print(json.dumps({"arch": type(model).__name__, "dtype": str(model.dtype), "params": sum(p.numel() for p in model.parameters()),
-                  "vocab": model.config.vocab_size, "layers": model.config.num_hidden_layers, "eos": tok.eos_token,
+print(json.dumps({"arch": type(model).__name__, "dtype": str(model.dtype),
+                  "params": sum(p.numel() for p in model.parameters()), "vocab": model.config.vocab_size,
+                  "layers": model.config.num_hidden_layers, "eos": tok.eos_token,
                   "prompt": prompt, "new": out[0, ids.shape[1]:].tolist(),
                   "drafter": AutoConfig.from_pretrained(sys.argv[2]).to_dict()["architectures"]}))
 """
@@ -90,7 +91,8 @@ def test_the_target_model_loads_and_generates_deterministically(engine):
 
 def test_sglang_imports_with_the_stubs_and_a_stub_kernel_raises(engine):
     code = ("import sglang.launch_server, sgl_kernel, torchvision\n"
-            "try:\n    sgl_kernel.copy_all_layer_kv_cache_cpu(1)\nexcept sgl_kernel.StubKernelCalled as e:\n    print('RAISED', e)\n")
+            "try:\n    sgl_kernel.copy_all_layer_kv_cache_cpu(1)\n"
+            "except sgl_kernel.StubKernelCalled as e:\n    print('RAISED', e)\n")
     proc = subprocess.run([str(engine.python), "-c", code], env={**os.environ, **engine.env()}, timeout=300,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

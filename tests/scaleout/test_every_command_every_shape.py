@@ -40,7 +40,7 @@ def four(tmp_path_factory):
     inv = write_embedded_inventory(root / "inventory.yml", {"boot_s": 0.3}, nodes=4)
     profiles = root / "profiles"
     profiles.mkdir()
-    for i, (name, extra) in enumerate(SHAPES.items()):
+    for i, extra in enumerate(SHAPES.values()):
         (profiles / f"shape{i}.yml").write_text("extends: d5\n" + (extra or ""))
     return inv, profiles, root / "state"
 

@@ -56,7 +56,8 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
         assert d.up(p1).outcome == "unchanged"
         assert [line.split(": ", 1)[1][:9] for line in d.plan_lines(p1)[1:3]] == ["unchanged"] * 2
 
-        p2 = load_profile(str(write_replicated_profile(tmp_path / "rep.yml", 24)))     # a changed profile: a rolling update
+        # a changed profile: a rolling update
+        p2 = load_profile(str(write_replicated_profile(tmp_path / "rep.yml", 24)))
         assert sum("out of the router, drain" in line for line in d.plan_lines(p2)) == 2
         # the plan as data: both replicas move, one at a time (they are in the router); the up below runs it
         rolling = d.make_plan(p2, Record.load(d.ledger.root))
@@ -90,7 +91,6 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
             d.down()
         finally:
             for rep in render_replicas(p1, inv, environ={}):
-                path = tmp_path / f"sub{rep.index}.yml"
                 stop_cluster_engines(sub_inventory(rep, inv.cluster.name))
 
 
@@ -115,8 +115,8 @@ def test_two_tp2_replicas_on_four_nodes(tmp_path, monkeypatch, state_dir):
         assert st.healthy and st.router.healthy_workers == 2
         assert [[(x.rank, x.node) for x in r.ranks] for r in st.replicas] == \
             [[(1, "spark-b"), (0, "spark-a")], [(1, "spark-d"), (0, "spark-c")]]      # boot order per group
-        r = httpx.post(res.endpoint + "/v1/completions", json={"model": "glm-5.3-flash", "prompt": "hi", "max_tokens": 4}, timeout=30,
-                       trust_env=False)
+        r = httpx.post(res.endpoint + "/v1/completions",
+                       json={"model": "glm-5.3-flash", "prompt": "hi", "max_tokens": 4}, timeout=30, trust_env=False)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
         assert d.down().stopped == ["router", "replica 0", "replica 1"]
         assert not d.status().healthy

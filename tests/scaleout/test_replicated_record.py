@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from testrig.embedded import write_embedded_inventory
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False)
-                    | st.text(max_size=12) | st.sampled_from(["..", "../../etc", "/", "-rf", "x.r1", "default.r0", "container",
-                                                           "process"]),
+                    | st.text(max_size=12)
+                    | st.sampled_from(["..", "../../etc", "/", "-rf", "x.r1", "default.r0", "container", "process"]),
                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
                                                                                  max_size=3), max_leaves=6)
 
@@ -35,8 +35,8 @@ def valid_record() -> dict:
 PATHS = [("profile",), ("endpoint",), ("status",), ("replicas",), ("replicas", 0), ("replicas", 0, "index"),
          ("replicas", 0, "url"), ("replicas", 0, "nodes"), ("replicas", 1, "cluster"), ("router",),
          ("router", "pid"), ("router", "ticks"), ("router", "log"), ("router", "kind"), ("router", "kind"),
-         ("router", "node"), ("router", "container"), ("router", "container_id"), ("journal",), ("journal", 0, "replica"),
-         ("journal", 0, "step")]
+         ("router", "node"), ("router", "container"), ("router", "container_id"), ("journal",),
+         ("journal", 0, "replica"), ("journal", 0, "step")]
 
 
 def container_router() -> dict:

@@ -9,17 +9,27 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from testrig.captures import capture_lines, capture_text
 from sparkctl.errors import NodeError
 from sparkctl.sglang.client import (
-    NodeRole, SGLangAPIError, SGLangClient, accept_length_from_meta, assemble_chat_stream, detect_role,
-    parse_models, parse_prometheus, parse_server_info, parse_sse_lines, parse_usage,
+    NodeRole,
+    SGLangAPIError,
+    SGLangClient,
+    accept_length_from_meta,
+    assemble_chat_stream,
+    detect_role,
+    parse_models,
+    parse_prometheus,
+    parse_server_info,
+    parse_sse_lines,
+    parse_usage,
 )
+from testrig.captures import capture_lines, capture_text
 
 SSE = "sglang-api/sse-chat-stream-reasoning-content-gpt-oss.txt"
 INFO_053 = "sglang-api/get_server_info-0.5.3.post3.txt"
@@ -139,7 +149,7 @@ def test_accept_length_from_meta() -> None:
 
 
 def _captured_generate_response() -> dict[str, Any]:
-    line = next(l for l in capture_lines(RANK0_LOG) if "warmup with status 200, resp: " in l)
+    line = next(ln for ln in capture_lines(RANK0_LOG) if "warmup with status 200, resp: " in ln)
     return ast.literal_eval(line.split("resp: ", 1)[1])[0]
 
 
@@ -192,7 +202,7 @@ def _stream_script() -> list[tuple[float, bytes]]:
     ones, byte for byte. The capture lacks the role opener, content, finish and usage frames
     and [DONE]: those are built from the captured frame's own JSON (same id/model/keys) with
     the delta shapes sglang.md documents (role-only opener first, usage frame with choices=[])."""
-    raw = [l for l in capture_lines(SSE) if l.startswith("data: ") and '"model":"gpt-oss"' in l]
+    raw = [ln for ln in capture_lines(SSE) if ln.startswith("data: ") and '"model":"gpt-oss"' in ln]
     base = json.loads(raw[0][len("data: "):])
     usage = dict(base, choices=[], usage={"prompt_tokens": 12, "completion_tokens": 6, "total_tokens": 18,
                                           "reasoning_tokens": 4})
@@ -334,9 +344,8 @@ def test_endpoints_models_server_info_fallback_generate(server: str) -> None:
 
 
 def test_api_error_names_url_status_and_body_without_key(server: str) -> None:
-    with SGLangClient(server, api_key=API_KEY) as c:
-        with pytest.raises(SGLangAPIError) as ei:
-            c.generate("bad", {})
+    with SGLangClient(server, api_key=API_KEY) as c, pytest.raises(SGLangAPIError) as ei:
+        c.generate("bad", {})
     e = ei.value
     assert isinstance(e, NodeError)
     assert e.status == 400 and e.url == f"{server}/generate"
@@ -346,9 +355,8 @@ def test_api_error_names_url_status_and_body_without_key(server: str) -> None:
 
 
 def test_wrong_key_is_401_with_hint(server: str) -> None:
-    with SGLangClient(server, api_key="nope") as c:
-        with pytest.raises(SGLangAPIError) as ei:
-            c.models()
+    with SGLangClient(server, api_key="nope") as c, pytest.raises(SGLangAPIError) as ei:
+        c.models()
     assert ei.value.status == 401 and ei.value.hint and "api-key" in ei.value.hint
 
 
@@ -391,8 +399,8 @@ def test_key_echoed_in_an_error_body_is_scrubbed() -> None:
     def echo(request: httpx.Request) -> httpx.Response:
         return httpx.Response(500, text=f"bad request, headers: {dict(request.headers)}")
 
-    with SGLangClient("http://fake", api_key=API_KEY, transport=httpx.MockTransport(echo)) as c:
-        with pytest.raises(SGLangAPIError) as ei:
-            c.generate("x")
+    with SGLangClient("http://fake", api_key=API_KEY, transport=httpx.MockTransport(echo)) as c, \
+            pytest.raises(SGLangAPIError) as ei:
+        c.generate("x")
     assert ei.value.status == 500 and "authorization" in ei.value.render()
     assert API_KEY not in ei.value.render() and API_KEY not in ei.value.body_tail

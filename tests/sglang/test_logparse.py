@@ -13,12 +13,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testrig.captures import CUT, capture_lines, capture_names
 from sparkctl.sglang import logparse
 from sparkctl.sglang.bootwatch import BootState, LogFollower
 from sparkctl.sglang.logparse import (
-    EventKind, clean_line, decode_stats, parse_line, parse_server_args, split_segments,
+    EventKind,
+    clean_line,
+    decode_stats,
+    parse_line,
+    parse_server_args,
+    split_segments,
 )
+from testrig.captures import CUT, capture_lines, capture_names
 
 DFLASH = "sglang/spark-1node-dflash-startup-decode-shutdown.txt"
 STOPPED = "sglang/spark-1node-dflash-stopped-at-capture-0of58.txt"
@@ -96,7 +101,7 @@ def test_dflash_capacity_pools_and_milestones() -> None:
 
 
 def test_dflash_server_args() -> None:
-    line = next(l for l in capture_lines(DFLASH) if "server_args=ServerArgs(" in l)
+    line = next(ln for ln in capture_lines(DFLASH) if "server_args=ServerArgs(" in ln)
     ev = parse_line(line)
     assert ev.kind is EventKind.SERVER_ARGS
     assert ev.fields["speculative_algorithm"] == "DFLASH"
@@ -117,15 +122,15 @@ def test_server_args_parse_the_same_from_many_threads_at_once() -> None:
     # Replicas boot in parallel threads and each parses its ranks' server_args: CPython 3.11's
     # literal_eval shares one recursion counter across threads (gh-106905), which failed a CI run
     # with "AST constructor recursion depth mismatch". Every capture's line, 8 threads, same result.
-    lines = [l for name in capture_names("sglang") for l in capture_lines(name) if "server_args=ServerArgs(" in l]
+    lines = [ln for name in capture_names("sglang") for ln in capture_lines(name) if "server_args=ServerArgs(" in ln]
     assert lines
-    want = [parse_server_args(l) for l in lines]
+    want = [parse_server_args(ln) for ln in lines]
     got: list[object] = []
 
     def work() -> None:
         try:
             for _ in range(40):
-                assert [parse_server_args(l) for l in lines] == want
+                assert [parse_server_args(ln) for ln in lines] == want
             got.append("ok")
         except BaseException as exc:  # noqa: BLE001 - the failure is the result
             got.append(exc)
@@ -172,13 +177,13 @@ def test_ast_is_used_only_under_the_lock() -> None:
 
 def test_dflash_decode_and_prefill_lines() -> None:
     lines = capture_lines(DFLASH)
-    dec = parse_line(next(l for l in lines if "Decode batch," in l))
+    dec = parse_line(next(ln for ln in lines if "Decode batch," in ln))
     assert dec.kind is EventKind.DECODE_BATCH
     f = dec.fields
     assert (f["running_req"], f["tokens"], f["accept_len"], f["accept_rate"], f["cuda_graph"],
             f["gen_throughput"], f["queue_req"], f["dialect"]) == (1, 181, 2.75, 0.12, True, 0.10, 0, "comma")
     assert f["raw"]["#swa token"] == 181
-    pre = parse_line(next(l for l in lines if "Prefill batch," in l))
+    pre = parse_line(next(ln for ln in lines if "Prefill batch," in ln))
     assert pre.kind is EventKind.PREFILL_BATCH
     assert (pre.fields["new_seq"], pre.fields["new_token"], pre.fields["cached_token"],
             pre.fields["input_throughput"], pre.fields["cuda_graph"]) == (1, 7, 0, 1.81, True)
@@ -216,7 +221,7 @@ def test_stopped_at_capture_is_stuck_not_failed() -> None:
 
 def test_carriage_return_tqdm_lines_split() -> None:
     lines = capture_lines(STOPPED)
-    tqdm = next(l for l in lines if l.startswith("\rMulti-thread loading shards:"))
+    tqdm = next(ln for ln in lines if ln.startswith("\rMulti-thread loading shards:"))
     segs = split_segments(tqdm)
     assert len(segs) > 3 and all(s.startswith("Multi-thread loading shards:") for s in segs)
     assert parse_line(tqdm) is None
@@ -263,12 +268,12 @@ def test_terminate_dist_backend_error_refined_to_watchdog() -> None:
     assert (fl.fields["seqnum"], fl.fields["optype"], fl.fields["timeout_ms"], fl.fields["ran_for_ms"]) == (
         9141, "_ALLGATHER_BASE", 600000, 600020)
     # C++ frames are not errors of their own
-    assert all(parse_line(l) is None for l in capture_lines(TERMINATE) if l.startswith("frame #"))
+    assert all(parse_line(ln) is None for ln in capture_lines(TERMINATE) if ln.startswith("frame #"))
 
 
 def test_wrong_interface_nccl_warn_peer_and_first_error() -> None:
     lines = capture_lines(WRONG_IF)
-    warns = [parse_line(l) for l in lines if "NCCL WARN" in l]
+    warns = [parse_line(ln) for ln in lines if "NCCL WARN" in ln]
     assert len(warns) == 3
     for ev in warns:
         assert ev.kind is EventKind.NCCL_ERROR
@@ -289,19 +294,19 @@ def test_wrong_interface_nccl_warn_peer_and_first_error() -> None:
 
 def test_hang_segments_by_last_line() -> None:
     lines = capture_lines(HANG)
-    good_start = next(i for i, l in enumerate(lines) if l.startswith("как это происходит на 3й"))
-    bad_start = next(i for i, l in enumerate(lines) if l.startswith("как это происходит на 7й"))
-    bad_end = next(i for i, l in enumerate(lines) if i > bad_start and l == "висит")
+    good_start = next(i for i, ln in enumerate(lines) if ln.startswith("как это происходит на 3й"))
+    bad_start = next(i for i, ln in enumerate(lines) if ln.startswith("как это происходит на 7й"))
+    bad_end = next(i for i, ln in enumerate(lines) if i > bad_start and ln == "висит")
 
     good = LogFollower()
-    for l in lines[good_start:bad_start]:
-        good.feed(l)
+    for ln in lines[good_start:bad_start]:
+        good.feed(ln)
     assert EventKind.SPANS_ACROSS_NODES in good.milestones
     assert parse_line(good.milestones[EventKind.SPANS_ACROSS_NODES].line).fields["wording"] == "old"
 
     bad = LogFollower()
-    for l in lines[bad_start + 1:bad_end]:
-        bad.feed(l)
+    for ln in lines[bad_start + 1:bad_end]:
+        bad.feed(ln)
     v = bad.classify()
     assert v.state is BootState.STUCK
     assert EventKind.SPANS_ACROSS_NODES not in bad.milestones
@@ -332,7 +337,7 @@ def test_scheduler_exception_first_error_and_exit_code() -> None:
     kinds = [e.kind for e in f.fatal_events]
     assert kinds.count(EventKind.SCHEDULER_EXCEPTION) == 3   # hit an exception / is dead / Exit code
     # traceback source lines are never taken for the error itself
-    raise_line = next(l for l in lines if l.strip() == "raise ImportError(")
+    raise_line = next(ln for ln in lines if ln.strip() == "raise ImportError(")
     assert parse_line(raise_line) is None
 
 
@@ -424,12 +429,13 @@ def test_real_rank1_log_gives_the_dummy_health_server():
 
 
 def test_real_0523_server_args_is_a_dict_and_parses_like_the_0516_repr():
-    line = next(l for l in (REAL / "tp1" / "server.log").read_text().splitlines() if "server_args=" in l)
+    line = next(ln for ln in (REAL / "tp1" / "server.log").read_text().splitlines() if "server_args=" in ln)
     assert "server_args={'model_path': " in line         # 0.5.23's spelling; 0.5.16 printed ServerArgs(...)
     args = logparse.parse_server_args(line)
     assert args["tp_size"] == 1 and args["device"] == "cpu" and args["max_total_tokens"] == 16384
     event = logparse.parse_line(line)
-    assert event is not None and event.fields["context_length"] == 1024 and event.fields["speculative_algorithm"] is None
+    assert event is not None
+    assert event.fields["context_length"] == 1024 and event.fields["speculative_algorithm"] is None
     old = logparse.parse_server_args("server_args=ServerArgs(model_path='/m', tp_size=2, device='cpu')")
     assert old == {"model_path": "/m", "tp_size": 2, "device": "cpu"}
 
@@ -438,4 +444,5 @@ def test_api_key_redacted_in_both_spellings_of_server_args():
     from sparkctl.sglang.launch import redact
     assert redact("server_args={'model_path': '/m', 'api_key': 'k-unknown', 'admin_api_key': None}", ()) == \
         "server_args={'model_path': '/m', 'api_key': '***', 'admin_api_key': None}"
-    assert redact("server_args=ServerArgs(api_key='k-unknown', port=1)", ()) == "server_args=ServerArgs(api_key='***', port=1)"
+    assert redact("server_args=ServerArgs(api_key='k-unknown', port=1)", ()) == \
+        "server_args=ServerArgs(api_key='***', port=1)"

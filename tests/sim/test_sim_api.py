@@ -58,7 +58,8 @@ def test_chat_stream_frames(server):
 
 def test_thinking_off_and_unseparated_reasoning(server):
     off = httpx.post(server.url("/v1/chat/completions"), timeout=30,
-                     json=chat_body("Hello there", max_tokens=30, chat_template_kwargs={"enable_thinking": False})).json()
+                     json=chat_body("Hello there", max_tokens=30,
+                                    chat_template_kwargs={"enable_thinking": False})).json()
     assert off["choices"][0]["message"]["reasoning_content"] is None
     assert off["usage"]["reasoning_tokens"] == 0 and off["usage"]["completion_tokens"] == 30
     raw = httpx.post(server.url("/v1/chat/completions"), timeout=30,
@@ -86,7 +87,7 @@ def test_radix_cache_repeat_and_flush(server):
     n = one["usage"]["prompt_tokens"]
     assert one["usage"]["prompt_tokens_details"]["cached_tokens"] < 10
     assert two["usage"]["prompt_tokens_details"]["cached_tokens"] == n - 1
-    assert "#cached-token: %d" % (n - 1) in server.text
+    assert f"#cached-token: {n - 1}" in server.text
     assert httpx.post(server.url("/flush_cache")).status_code == 200
     three = httpx.post(server.url("/v1/chat/completions"), json=chat_body(prompt, max_tokens=5), timeout=30).json()
     assert three["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

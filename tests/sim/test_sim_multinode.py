@@ -32,7 +32,7 @@ def test_rank0_ready_only_after_rank1_joins(sim):
     assert _health(r0.url("/health")) != 200
     r1 = sim(_argv(store, 1), host=R1, port=port, knobs={"peer_timeout_s": 3})
     r0.wait_ready()
-    r1.wait_for(r"Dummy health check server started in background thread at 127\.0\.0\.3:%d" % port)
+    r1.wait_for(rf"Dummy health check server started in background thread at 127\.0\.0\.3:{port}")
     for text, tag in ((r0.text, "TP0"), (r1.text, "TP1")):
         assert f"{tag}] CustomAllreduce is disabled because this process group spans across nodes." in text
         assert "[Gloo] Rank" in text
@@ -80,9 +80,9 @@ def test_rank1_without_store_fails_bounded(sim):
     r1 = sim(_argv(store, 1) + ["--dist-timeout", "2"], host=R1, port=port)
     rc = r1.wait_exit(timeout=10)
     assert rc != 0 and time.monotonic() - t0 < 8
-    assert "NCCL WARN socketPollConnect: connect to 127.0.0.2<%d> returned Connection refused" % store in r1.text
+    assert f"NCCL WARN socketPollConnect: connect to 127.0.0.2<{store}> returned Connection refused" in r1.text
     assert "torch.distributed.DistNetworkError: The client socket has timed out after 2s" in r1.text
-    assert "[c10d] The client socket has failed to connect to [127.0.0.2]:%d" % store in r1.text
+    assert f"[c10d] The client socket has failed to connect to [127.0.0.2]:{store}" in r1.text
 
 
 def test_hang_at_init_on_rank1_stalls_both_after_gloo(sim):
@@ -135,7 +135,7 @@ def test_four_ranks_boot_when_the_last_joins_and_fail_when_one_dies(sim):
     r2 = sim(_argv_n(4, store, 2), host=HOSTS4[2], port=port, knobs=knobs)
     r0.wait_ready()
     for w, i in ((workers[1], 1), (r2, 2), (workers[0], 3)):
-        w.wait_for(r"Dummy health check server started in background thread at %s:%d" % (re.escape(HOSTS4[i]), port))
+        w.wait_for(rf"Dummy health check server started in background thread at {re.escape(HOSTS4[i])}:{port}")
         assert f"[Gloo] Rank {i} is connected to 3 peer ranks. Expected number of connected peer ranks is : 3" in w.text
     assert "TP3] CustomAllreduce is disabled because this process group spans across nodes." in workers[0].text
     info = httpx.get(r0.url("/server_info")).json()

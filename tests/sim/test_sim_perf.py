@@ -67,7 +67,8 @@ def test_verify_cost_rises_with_draft_tokens_and_never_undercuts_a_decode_step()
 def test_concurrency_is_capped_by_max_running_requests_and_saturated_by_verify():
     k = Knobs(decode_tps=100, batch_no_slowdown=8, verify_cost=2.0, verify_cost_per_token=0.0)
     off = [perf.predict(k, speculative=False, streams=c).aggregate_tok_s for c in (1, 2, 4, 8, 16)]
-    assert off[:4] == pytest.approx([100, 200, 400, 800]) and off[4] == pytest.approx(800)   # memory- then compute-bound
+    # memory- then compute-bound
+    assert off[:4] == pytest.approx([100, 200, 400, 800]) and off[4] == pytest.approx(800)
     assert perf.predict(k, speculative=False, streams=4, max_running_requests=1).aggregate_tok_s == pytest.approx(100)
     # 8 draft tokens fill the forward pass at one stream (the seed: c2 aggregate 30.2 vs single 29.4)
     on1 = perf.predict(k, speculative=True, draft=8, streams=1).aggregate_tok_s

@@ -53,7 +53,8 @@ def test_speculative_accept_len_lines_and_rate(sim):
     assert "Max running requests is reset to 48 for speculative decoding" not in p.text
     t0 = time.monotonic()
     prose = httpx.post(p.url("/generate"), timeout=60,
-                       json={"text": "Write an essay about the sea", "sampling_params": {"max_new_tokens": 1200}}).json()
+                       json={"text": "Write an essay about the sea",
+                             "sampling_params": {"max_new_tokens": 1200}}).json()
     dt = time.monotonic() - t0
     m = prose["meta_info"]
     per_req = m["completion_tokens"] / m["spec_verify_ct"]

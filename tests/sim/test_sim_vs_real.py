@@ -40,8 +40,9 @@ REQUESTS = [
 _NO_MODEL = ("the emulator loads no model (no config.json is read): SGLang's model_info fields that come from the "
              "model's config have nothing to be filled from; sparkctl's gates read only model_path and is_generation")
 _CACHE_REPORT = ("the emulator always reports prompt_tokens_details.cached_tokens (as SGLang does with "
-                 "--enable-cache-report, seen in GPU captures); 0.5.23 without that flag answers null. sparkctl's bench "
-                 "falls back to the scheduler's '#cached-token' log line, proven on the real engine (tests/realengine)")
+                 "--enable-cache-report, seen in GPU captures); 0.5.23 without that flag answers null. "
+                 "sparkctl's bench falls back to the scheduler's '#cached-token' log line, proven on the real engine "
+                 "(tests/realengine)")
 KNOWN: dict[str, str] = {
     "get_model_info:architectures": _NO_MODEL,
     "get_model_info:model_type": _NO_MODEL,

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import yaml
 
-
 REPO = Path(__file__).resolve().parents[2]
 WORK = ("--runs", "3", "--max-tokens", "161", "--warmup", "0")
 

@@ -5,7 +5,6 @@ argv taken in turn as the API key (and the HF token), for the process and the do
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 

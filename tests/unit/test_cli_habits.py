@@ -123,7 +123,7 @@ def test_profiles_takes_an_inventory_and_checks_each_profile_against_it(cli, tmp
     assert all(p["renders"] and p["problem"] is None for p in doc["profiles"])
     one = tmp_path / "one.yml"    # one node: no shipped profile (TP=2) renders there, and each says why
     import yaml
-    inv = yaml.safe_load(open(SPARKS))
+    inv = yaml.safe_load(Path(SPARKS).read_text())
     hosts = inv["all"]["children"]["sparks"]["hosts"]
     hosts.pop(sorted(hosts)[1])
     one.write_text(yaml.safe_dump(inv))
@@ -200,7 +200,8 @@ def test_image_plan_on_the_embedded_cluster_marks_the_base_digest_unresolved(cli
     doc = json.loads(out)
     assert doc["resolved"] is False and "engine.inputs.base_digest" in doc["unresolved"]
     assert doc["engine"]["tag"] is None and doc["engine"]["inputs"]["base_digest"] is None
-    assert doc["engine"]["inputs"]["series"] == "gb10-0.5.23" and len(doc["launch"]["inputs"]["launch_spec_sha256"]) == 64
+    assert doc["engine"]["inputs"]["series"] == "gb10-0.5.23"
+    assert len(doc["launch"]["inputs"]["launch_spec_sha256"]) == 64
     assert "local process, not in Docker" in doc["reason"]
     from sparkctl.cli.outputs import ImagePlanOutput
     assert set(doc) == set(ImagePlanOutput.model_fields)

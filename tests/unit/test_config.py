@@ -197,8 +197,9 @@ def _policy_types(annotation, metadata=()) -> list:
 
 
 def _models():
-    from sparkctl.config import inventory, profile
     from pydantic import BaseModel
+
+    from sparkctl.config import inventory, profile
     out = []
     for mod in (profile, inventory):
         out += [v for v in vars(mod).values() if isinstance(v, type) and issubclass(v, BaseModel)

@@ -116,8 +116,8 @@ def test_run_all_keeps_every_node_and_runs_on_the_fan_out():
 
 def test_preflight_runs_every_node_before_raising():
     from sparkctl.deploy.preflight import run_preflight
-    from sparkctl.state.records import CheckResult
     from sparkctl.errors import PreflightError
+    from sparkctl.state.records import CheckResult
     seen: list[str] = []
 
     class Spec:
@@ -147,7 +147,7 @@ def test_preflight_runs_every_node_before_raising():
 def test_one_step_vocabulary_feeds_the_plan_apply_and_the_crash_points():
     """Each step of `up` is one typed class named from deploy/steps.py, in UP_STEPS' order; apply has a function
     for every class (no step without its effect, no effect without its step); every name is a crash point."""
-    from sparkctl.deploy import replicated, steps   # replicated adds its steps' runners to apply's one table
+    from sparkctl.deploy import replicated, steps  # replicated adds its steps' runners to apply's one table
     from sparkctl.deploy.apply import RUNNERS
     from sparkctl.deploy.plan import REPLICATED_STEP_TYPES, STEP_TYPES
     assert set(RUNNERS) == set(STEP_TYPES) | set(REPLICATED_STEP_TYPES)

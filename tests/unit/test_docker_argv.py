@@ -48,7 +48,8 @@ def _cfg(**kw: object):
 def test_full_argv_shape() -> None:
     cfg = _cfg(infiniband=True)
     name = container_name("desk", 0, "20260101T000000Z-d5-ab12")
-    assert cfg.name == name and name.startswith("sparkctl-desk-rank0-") and len(name) == len("sparkctl-desk-rank0-") + 10
+    assert cfg.name == name and name.startswith("sparkctl-desk-rank0-")
+    assert len(name) == len("sparkctl-desk-rank0-") + 10
     a = cfg.argv
     assert a[:7] == ["docker", "run", "--detach", "--pull", "never", "--name", name]
     i = a.index("--network")

@@ -7,6 +7,7 @@ The node is this machine: every command but `docker` runs for real (find, rm on 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -37,7 +38,8 @@ class LocalNode:
         self.calls.append(argv)
         if argv[0] == "docker":
             if argv[1] == "ps":
-                out = "".join(f"{'i' * 12}{n[-3:]}\t{n}\t{'running' if up else 'exited'}\tdep\t{n.split('rank')[1][0]}\n"
+                out = "".join(f"{'i' * 12}{n[-3:]}\t{n}\t{'running' if up else 'exited'}\t"
+                              f"dep\t{n.split('rank')[1][0]}\n"
                               for n, up in self.containers.items())
                 res = CommandResult("spark-a", argv, 0, out, "", 0.0)
             elif argv[1] == "stop":
@@ -70,10 +72,8 @@ def node_dirs():
     for d in made:
         shutil.rmtree(d, ignore_errors=True)
     if created_root:
-        try:
+        with contextlib.suppress(OSError):
             root.rmdir()
-        except OSError:
-            pass
 
 
 def _secret_dir(name: str, made: list[Path]) -> Path:

@@ -1,6 +1,6 @@
 """Fact parsers fed with REAL captured output (tests/fixtures/captures/spark, byte-identical copies of
-real output, each naming its source in its header). Each capture's 3 header lines are stripped by `capture_text`; the `[...]`
-cut marks stay in, so every parser must tolerate them. Live-only forms (JSON, ss, ping) use output captured
+real output, each naming its source in its header). Each capture's 3 header lines are stripped by `capture_text`; the
+`[...]` cut marks stay in, so every parser must tolerate them. Live-only forms (JSON, ss, ping) use output captured
 from iproute2/iputils/docker on the test cluster (marked as such)."""
 from __future__ import annotations
 
@@ -100,7 +100,8 @@ def test_ip_json() -> None:
 PING_OK = ("PING 198.18.7.2 (198.18.7.2) 8972(9000) bytes of data.\n8980 bytes from 198.18.7.2: icmp_seq=1 ttl=64 "
            "time=0.030 ms\n\n--- 198.18.7.2 ping statistics ---\n1 packets transmitted, 1 received, 0% packet loss, "
            "time 0ms\nrtt min/avg/max/mdev = 0.030/0.030/0.030/0.000 ms\n")
-PING_TOO_BIG = ("PING 198.18.7.2 (198.18.7.2) 9000(9028) bytes of data.\n\n--- 198.18.7.2 ping statistics ---\n1 packets "
+PING_TOO_BIG = ("PING 198.18.7.2 (198.18.7.2) 9000(9028) bytes of data.\n\n"
+                "--- 198.18.7.2 ping statistics ---\n1 packets "
                 "transmitted, 0 received, +1 errors, 100% packet loss, time 0ms\n\nping: local error: message too "
                 "long, mtu=9000\n")
 PING_LOST = ("PING 198.18.7.99 (198.18.7.99) 56(84) bytes of data.\n\n--- 198.18.7.99 ping statistics ---\n1 packets "
@@ -181,7 +182,8 @@ def test_nvidia_smi_table_in_probe_dump() -> None:
 
 
 def test_container_inspect() -> None:
-    text = ('{"Id":"abc","Name":"/sparkctl-desk-rank0-1","Image":"sha256:ff","State":{"Status":"exited","Running":false,'
+    text = ('{"Id":"abc","Name":"/sparkctl-desk-rank0-1","Image":"sha256:ff",'
+            '"State":{"Status":"exited","Running":false,'
             '"OOMKilled":true,"ExitCode":137,"Error":"","StartedAt":"2026-01-01T00:00:00.1Z",'
             '"FinishedAt":"2026-01-01T00:01:00Z"},"Config":{"Labels":{"sparkctl.rank":"0"},"Env":["A=1"],'
             '"Cmd":["python3","-m","sglang.launch_server"]}}')

@@ -20,7 +20,8 @@ HELPER = Path(__file__).resolve().parents[2] / "sparkctl" / "prepare" / "model_m
 
 
 def _plan_filter():
-    spec = importlib.util.spec_from_file_location("sparkctl_models", PLAYBOOK_DIR / "filter_plugins" / "sparkctl_models.py")
+    spec = importlib.util.spec_from_file_location("sparkctl_models",
+                                                  PLAYBOOK_DIR / "filter_plugins" / "sparkctl_models.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)   # type: ignore[union-attr]
     return mod.FilterModule().filters()["sparkctl_sync_plan"]
@@ -100,7 +101,8 @@ def test_mtu_equal_and_fabric_ssh_checks():
     r0 = _facts("spark-a", {})
     r0.fabric_ssh = {"spark-b": FabricSsh(False, key_missing=True, error="denied")}
     warn = fabric_ssh(r0)[0]
-    assert warn.ok and warn.severity == "warning" and warn.seen.startswith("the fabric SSH key") and warn.fix.endswith("fabric-ssh")
+    assert warn.ok and warn.severity == "warning"
+    assert warn.seen.startswith("the fabric SSH key") and warn.fix.endswith("fabric-ssh")
     r0.fabric_ssh = {"spark-b": FabricSsh(False, host_key_problem=True, error="Host key verification failed.")}
     assert not fabric_ssh(r0)[0].ok
     assert len(evaluate({"spark-a": r0, "spark-b": _facts("spark-b", {})}, "spark-a")) == 3

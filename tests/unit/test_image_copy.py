@@ -141,7 +141,8 @@ def test_settle_returns_skipped_and_copied_transfers_in_peer_order():
                 Outcome(plans[1], [Transfer("spark-c", "img:1", "sha256:1")])]
     got = settle(plans, outcomes, lambda _: None)
     assert [(t.node, t.image, bool(t.skipped)) for t in got] == [
-        ("spark-b", "img:0", True), ("spark-b", "img:1", False), ("spark-c", "img:0", True), ("spark-c", "img:1", False)]
+        ("spark-b", "img:0", True), ("spark-b", "img:1", False),
+        ("spark-c", "img:0", True), ("spark-c", "img:1", False)]
 
 
 class _Canned:

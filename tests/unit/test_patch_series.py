@@ -8,7 +8,8 @@ import pytest
 
 from sparkctl.cli.main import main as cli
 from sparkctl.errors import ConfigError, SparkctlError
-from sparkctl.images import patchapply, series as series_mod
+from sparkctl.images import patchapply
+from sparkctl.images import series as series_mod
 from sparkctl.images.series import PatchCheckError, check_series, list_series, load_series
 from testrig.testenv import in_ci
 

@@ -77,7 +77,8 @@ def test_known_good_follows_the_status():
     assert {s for s in Status if _record(status=s).known_good} == {Status.SUCCESSFUL, Status.SUPERSEDED,
                                                                  Status.STOPPED}
     # a stored known_good flag is derived data: the status decides (a restore that failed its gates is not good)
-    assert not DeploymentRecord.model_validate({**_record().as_json(), "status": "failed", "known_good": True}).known_good
+    stored = {**_record().as_json(), "status": "failed", "known_good": True}
+    assert not DeploymentRecord.model_validate(stored).known_good
 
 
 def test_handles_come_back_as_their_kind_and_the_file_stays_compatible(tmp_path):
@@ -119,6 +120,7 @@ def test_a_record_written_by_the_landed_code_still_loads_and_round_trips(tmp_pat
     """tests/lifecycle/fixtures/record-landed-d5.json was written by `sparkctl up --profile d5` of the code landed
     before the typed record (gates, checks, specs, capacity, warm-up and images were dicts then)."""
     from pathlib import Path
+
     from sparkctl.sglang.launch import RankSpec
     from sparkctl.state.records import Capacity, CheckResult, GateResult, Warmup
 

@@ -170,7 +170,8 @@ def test_start_replaces_an_exited_router_under_its_name(liveness):
 def test_a_missing_image_names_the_node_and_the_image():
     name = router_container_name("capture")
     node = Replay([_inspect(name, "inspect-missing.txt"), (["docker", "run"], _result_file("run-no-such-image.txt")),
-                   (["docker", "rm", "--force", name], (1, "", f"Error response from daemon: No such container: {name}"))])
+                   (["docker", "rm", "--force", name],
+                    (1, "", f"Error response from daemon: No such container: {name}"))])
     with pytest.raises(RouterError) as info:
         RouterContainer.start(CAPTURED, node, node="spark-a", cluster="capture", image="sparkctl-test-engine:missing")
     text = info.value.render()

@@ -63,7 +63,8 @@ PROFILE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("body,key,message,fix", PROFILE_CASES, ids=[f"{c[1]}-{i}" for i, c in enumerate(PROFILE_CASES)])
+@pytest.mark.parametrize("body,key,message,fix", PROFILE_CASES,
+                         ids=[f"{c[1]}-{i}" for i, c in enumerate(PROFILE_CASES)])
 def test_bad_profile_names_file_key_and_fix(cli, profiles_dir, body, key, message, fix):
     path = profiles_dir / "v.yml"
     path.write_text(body)

@@ -38,7 +38,7 @@ def _scalar(t: Any):
     """The annotation and, through Optional/Union and Annotated only, its alternatives (not list or dict items:
     their bounds are the items')."""
     yield t
-    if typing.get_origin(t) in (typing.Union, getattr(__import__("types"), "UnionType")) or \
+    if typing.get_origin(t) in (typing.Union, __import__("types").UnionType) or \
             typing.get_origin(t) is Annotated:
         for arg in typing.get_args(t):
             if not isinstance(arg, (Bound, at.BaseMetadata)):

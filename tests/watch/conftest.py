@@ -3,8 +3,8 @@ real engines killed or stopped with real signals, and waits on observable condit
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 

@@ -56,7 +56,8 @@ def test_metrics_endpoint_scraped_and_parsed(cli, local_cluster, watcher):
     assert _value(samples, "sparkctl_rank_alive", rank="1", node="spark-b") == 1
     assert {_value(samples, "sparkctl_gate_passed", gate=g) for g in
             ("health", "models", "settings", "capacity", "workers", "smoke")} == {1}
-    meminfo = {k: int(v) * 1024 for k, v in re.findall(r"^(\w+):\s+(\d+) kB$", open("/proc/meminfo").read(), re.M)}
+    with open("/proc/meminfo") as f:
+        meminfo = {k: int(v) * 1024 for k, v in re.findall(r"^(\w+):\s+(\d+) kB$", f.read(), re.M)}
     # this machine's /proc/meminfo (the embedded nodes are this host), read by the watcher at its last check: the
     # same figures give or take what the other processes on this shared machine did since (a tenth of its memory)
     slack = max(2 ** 30, meminfo["MemTotal"] // 10)

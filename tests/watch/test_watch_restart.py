@@ -7,12 +7,20 @@ import os
 import re
 import signal
 
+from sparkctl.config.inventory import load_inventory
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import process_engines
-from sparkctl.config.inventory import load_inventory
-
-from testrig.watchrig import (alive, engine_pid, killed_mid_restart, ledger_of, polls_after, serves, status, up,
-                              wait_until)
+from testrig.watchrig import (
+    alive,
+    engine_pid,
+    killed_mid_restart,
+    ledger_of,
+    polls_after,
+    serves,
+    status,
+    up,
+    wait_until,
+)
 
 
 def _restarted(run, old: str) -> str:

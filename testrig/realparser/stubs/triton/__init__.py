@@ -18,4 +18,4 @@ class Config:
         pass
 
 
-from triton import language  # noqa: E402  (torch._dynamo reads triton.language.dtype)
+from triton import language  # noqa: E402, F401  (torch._dynamo reads triton.language.dtype)
