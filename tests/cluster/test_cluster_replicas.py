@@ -9,6 +9,8 @@ server.tp_size 1 (2 x TP=1 on two "Sparks"). One deployment shared across the st
   the same launch is kept; one that exited -> replaced under the same name;
 * a rolling update (`up` with a changed flag) under a bounded client loop through the router (at concurrency 4, until
   the update is over, at most 400 requests): zero failed requests, every replica's steps in replicated.json's journal;
+* `repair` of replicated.json damaged while all of it runs rebuilds it from what runs (the router container by its
+  label, the replicas' own records), and `status` is healthy again;
 * `down` stops the router container and the replicas (checked with `docker ps` on each node).
 """
 from __future__ import annotations
@@ -193,6 +195,19 @@ def test_replicas_behind_the_router_container(cli, capsys, test_cluster, replica
         for url in urls:
             info = httpx.get(url + "/server_info", timeout=5, trust_env=False).json()
             assert info["max_running_requests"] == 24
+
+        # ---- repair on docker: the record damaged while everything runs -> rebuilt from the router container ----
+        routers = _routers(test_cluster, "spark-a", cluster)
+        record_path.write_text("\x00\xff not json {{{")
+        code, _, err = _json(cli, "status")
+        assert code == 6, err[-2000:]                                    # damaged: exit 6, never "nothing runs"
+        code, repaired, err = _json(cli, "repair", "--yes")
+        assert code == 0 and repaired["changed"], err[-3000:]
+        rebuilt = json.loads(record_path.read_text())
+        assert rebuilt["router"]["kind"] == "container" and rebuilt["router"]["container_id"] == routers[0][0]
+        code, st, err = _json(cli, "status")
+        assert code == 0 and st["replicated"] and st["healthy"], (st, err[-2000:])
+        assert [rep["in_router"] for rep in st["replicas"]] == [True, True]
 
         # ---- down: router container and replicas stopped ------------------------------------------------------
         code, down, err = _json(cli, "down", "--yes")
