@@ -17,7 +17,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,8 +32,8 @@ from sparkctl.state.controller import live_lock_holder
 from sparkctl.state.ledger import Ledger
 from sparkctl.statefiles import ROOM_BYTES
 from sparkctl.watch.supervisor import ACTIONS, Watcher, WatchOptions
-from testrig.testenv import RawServer, need_module, read_http_request
-from testrig.watchrig import alive, wait_until
+from testrig.testenv import need_module
+from testrig.watchrig import Hook, alive, metric, wait_until
 
 parser = need_module("prometheus_client.parser", "the watcher's metrics (the `watch` extra)")
 
@@ -42,32 +41,6 @@ API_KEY = "sk-matrix-51c0ffee77"
 FAULTS = ("hook-hanging", "node-command-hanging", "state-dir-full", "lock-held", "secret-missing", "profile-edited")
 NODE_DEADLINE_S = 1.0
 OUTPUT_BOUND = 256 * 1024
-
-
-class Hook:
-    """A webhook on loopback: answers 204 and keeps each event, or (`hang`) reads the request and never answers,
-    holding the connection open until `close`."""
-
-    def __init__(self, hang: bool) -> None:
-        self.hang, self.events, self.held = hang, [], []
-        self.server = RawServer(self._one)
-        self.url = self.server.url()
-
-    def _one(self, conn: socket.socket) -> None:
-        request = read_http_request(conn, timeout_s=60)
-        if request is None:
-            return
-        self.events.append(json.loads(request[1]))
-        if self.hang:
-            self.held.append(conn)           # never answered
-            return
-        conn.sendall(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-        conn.close()
-
-    def close(self) -> None:
-        self.server.close()
-        for c in self.held:
-            c.close()
 
 
 @dataclass
@@ -233,12 +206,7 @@ def test_every_watcher_action_has_a_driver():
 
 
 def _gauge(url: str, name: str) -> float | None:
-    import httpx
-    for family in parser.text_string_to_metric_families(httpx.get(url, timeout=5).text):
-        for s in family.samples:
-            if s.name == name:
-                return s.value
-    return None
+    return metric(url, name)
 
 
 @pytest.mark.parametrize("fault", FAULTS)
