@@ -120,9 +120,10 @@ def _exists(inventory: Inventory, node: Node, hosts: list[str], timeout: float) 
     return [r.returncode == 0 for r in results]
 
 
-def _probe(inventory: Inventory, paths: list[NodePath], deadline_s: float) -> dict[tuple[str, str], bool]:
+def _probe(inventory: Inventory, paths: list[NodePath], deadline_s: float,
+           errors: dict[str, str] | None = None) -> dict[tuple[str, str], bool]:
     """Whether each path exists on its node, every node at once within `deadline_s` in total. A node that did not
-    answer in time (or whose connector failed) has no entry."""
+    answer in time, or whose connector failed (its first line in `errors`), has no entry."""
     by_node: dict[str, list[str]] = {}
     for p in paths:
         by_node.setdefault(p.node, []).append(p.host)
@@ -132,7 +133,9 @@ def _probe(inventory: Inventory, paths: list[NodePath], deadline_s: float) -> di
     def ask(name: str, hosts: list[str]) -> None:
         try:
             got = _exists(inventory, inventory.node(name), hosts, deadline_s)
-        except (SparkctlError, OSError):
+        except (SparkctlError, OSError) as exc:
+            if errors is not None:
+                errors[name] = (exc.message if isinstance(exc, SparkctlError) else str(exc)).splitlines()[0][:200]
             return
         with lock:
             found.update({(name, h): ok for h, ok in zip(hosts, got, strict=True)})
@@ -161,10 +164,14 @@ def missing_paths(inventory: Inventory, record: DeploymentRecord, *, deadline_s:
     not a refusal: the node may come back) when a node did not answer within `deadline_s`."""
     if not record.needed:
         return []
-    found = _probe(inventory, record.needed, deadline_s)
+    errors: dict[str, str] = {}
+    found = _probe(inventory, record.needed, deadline_s, errors)
     silent = sorted({p.node for p in record.needed if (p.node, p.host) not in found})
     if silent:
-        raise PreflightError(f"the files {record.id} needs could not be checked on {', '.join(silent)} within "
-                             f"{deadline_s:g}s (the node did not answer)", where=f"deployment {record.id}",
-                             hint="check that the node is up and reachable (sparkctl doctor)")
+        why = "; ".join(f"{n}: {errors[n]}" if n in errors else f"{n}: no answer within {deadline_s:g}s"
+                        for n in silent)
+        raise PreflightError(f"the files {record.id} needs could not be checked on {', '.join(silent)} ({why})",
+                             where=f"deployment {record.id}",
+                             hint="check that the node is up and reachable (sparkctl doctor); the watcher tries "
+                                  "again after its backoff")
     return [p for p in record.needed if not found[(p.node, p.host)]]
