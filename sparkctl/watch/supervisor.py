@@ -369,6 +369,9 @@ class Watcher:
             self._act_line(f"REFUSED to restart {self.desired.label} ({exc.cause}): {self.state.refused}; nothing "
                            f"was started")
             self._notify("refused", v, outcome="refused", cause=exc.cause, error=first)
+        else:               # one short line per attempt (as its `restarting` line): status's last action agrees
+            self._act_line(f"REFUSED to restart {self.desired.label} again ({exc.cause}), for the reason above; "
+                           f"nothing was started")
         self._back_off(time.monotonic(), "the restart is refused until what is missing is back")
 
     def _failed(self, v: Verdict, exc: SparkctlError, *, counts: bool = True) -> None:

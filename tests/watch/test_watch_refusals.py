@@ -31,7 +31,9 @@ import pytest
 import yaml
 
 from sparkctl.config.inventory import load_inventory
-from sparkctl.deploy.replicated import Record
+from sparkctl.deploy.cluster import Cluster
+from sparkctl.deploy.observe import process_engines
+from sparkctl.deploy.replicated import Record, replica_inventory
 from sparkctl.state.ledger import Ledger
 from testrig.testenv import need_module
 from testrig.watchrig import Hook, alive, metric, wait_until
@@ -60,9 +62,14 @@ class Deployed:
     shape: str
     root: Path
     ledgers: list[Ledger]           # the cluster's, and each replica's
+    clusters: list[Cluster]         # the same, to find their engine processes (the rank logs they write)
     victim: int                     # the pid the test kills
-    survivors: list[int]            # engines that must still be the same processes after the refusal
+    survivors: list[int]            # processes a restart would have replaced: still the same (the router)
     var: str                        # the secret variable this shape's deployment was made with
+
+    def engines(self) -> set[int]:
+        """Every engine process of the cluster and its replicas that runs now."""
+        return {e.handle.pid for c in self.clusters for e in process_engines(c)}   # type: ignore[union-attr]
 
 
 def _models(tmp_path: Path) -> Path:
@@ -100,12 +107,15 @@ def _deploy(shape: str, cli, inv: Path, profiles_dir: Path, monkeypatch) -> Depl
         rec = main.active()
         assert rec.secrets is not None and set(rec.secrets.prints) == {"SPARKCTL_API_KEY", "HF_TOKEN"}
         assert {p.what for p in rec.needed} >= {"models mount", "model", "drafter", "--chat-template"}, rec.needed
-        return Deployed(shape, main.root, [main], rec.handle_of(1).pid, [rec.handle_of(0).pid], "SPARKCTL_API_KEY")
-    replicas = [Ledger.for_cluster(r["cluster"]) for r in Record.load(main.root).data["replicas"]]
+        return Deployed(shape, main.root, [main], [Cluster(load_inventory(inv))], rec.handle_of(1).pid, [],
+                        "SPARKCTL_API_KEY")
+    data = Record.load(main.root).data
+    replicas = [Ledger.for_cluster(r["cluster"]) for r in data["replicas"]]
     recs = [lg.active() for lg in replicas]
     assert all(r.needed and r.secrets and set(r.secrets.prints) == {"HF_TOKEN"} for r in recs)
-    return Deployed(shape, main.root, [main, *replicas], recs[0].handle_of(0).pid,
-                    [recs[1].handle_of(0).pid, Record.load(main.root).data["router"]["pid"]], "HF_TOKEN")
+    subs = [Cluster(replica_inventory(load_inventory(inv), r)) for r in data["replicas"]]
+    return Deployed(shape, main.root, [main, *replicas], subs, recs[0].handle_of(0).pid,
+                    [recs[1].handle_of(0).pid, data["router"]["pid"]], "HF_TOKEN")
 
 
 def _make_unresolvable(what: str, dep: Deployed, models: Path, monkeypatch) -> None:
@@ -164,6 +174,7 @@ def test_an_unresolvable_restart_is_refused_loudly_and_starts_nothing(unresolvab
                     metrics=metrics, notifier=Notifier(hook.url, timeout_s=30))
         w.begin()
         before = _records(dep)
+        engines = dep.engines()
         _make_unresolvable(unresolvable, dep, models, monkeypatch)
         os.kill(dep.victim, signal.SIGKILL)
         wait_until(lambda: not alive(dep.victim), "the engine killed", 20)
@@ -178,8 +189,11 @@ def test_an_unresolvable_restart_is_refused_loudly_and_starts_nothing(unresolvab
 
         cause, named = INPUTS[unresolvable]
         named = named.format(var=dep.var)
-        # nothing was started: no record anywhere, the survivors are the same processes
+        # nothing was started: no record anywhere, no engine process that did not run before, the survivors (the
+        # router, the healthy replica) the same processes (a TP group's own rank 0 may follow its dead peer: the
+        # emulator's peer timeout, as SGLang's)
         assert _records(dep) == before
+        assert dep.engines() <= engines - {dep.victim}, (dep.engines(), engines)
         assert all(alive(pid) for pid in dep.survivors) and not alive(dep.victim)
         assert w.state.restarts == 0 and w.state.failures == 0
         # the log line, on stderr and in watch.log
@@ -215,7 +229,6 @@ def test_an_unresolvable_restart_is_refused_loudly_and_starts_nothing(unresolvab
 def _stop(dep: Deployed | None, cli, inv: Path) -> None:
     if dep is None or dep.shape == "single":
         return                                   # local_cluster's teardown stops the cluster's engines
-    from sparkctl.deploy.replicated import replica_inventory
     from testrig.embedded import stop_cluster_engines
     data = Record.load(dep.root).data
     cli("down", "--yes")
