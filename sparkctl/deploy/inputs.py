@@ -53,7 +53,8 @@ def secret_names(api: ApiSettings | JSONObject) -> list[str]:
 
 
 def _print(key: str, value: str) -> str:
-    return hmac.new(bytes.fromhex(key), value.encode(), hashlib.sha256).hexdigest()
+    # surrogatepass: a variable holding bytes that are not UTF-8 (os.environ decodes them to lone surrogates)
+    return hmac.new(bytes.fromhex(key), value.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
 
 
 def fingerprint(api: ApiSettings, environ: Mapping[str, str] | None = None) -> SecretPrints | None:
