@@ -178,7 +178,7 @@ def as_recorded(d: Deployer, record: DeploymentRecord, *, node_deadline_s: float
                                   where=where, cause="file-missing",
                                   hint="put it back where it was (a mount that came off: mount it again; the "
                                        "watcher retries after its backoff), or deploy from where it is now "
-                                       "yourself (sparkctl up --profile ...)")
+                                       f"yourself (sparkctl up --profile {record.profile})")
     return profile
 
 
