@@ -221,7 +221,6 @@ class Watcher:
                 self.state.refused = self.said_refused = None      # serving again: nothing is refused now
                 if self.metrics is not None:
                     self.metrics.refused(False)
-                if self.metrics is not None:
                     self.metrics.recovered(took)
                 lines.append(f"{self.desired.label} serves again, {took:.1f}s after the failure was seen")
         self._save()
@@ -427,8 +426,8 @@ class Watcher:
         if self.desired.kind == "deployment":
             failing = self.c.ledger.load(str(self.desired.deployment))
             self._say(f"crash loop: {n} failed restarts of {label} within {self.opts.window_s:g}s: rolling back")
-            unset = sorted(set(missing_secrets(failing)) | set(unresolved_secrets(failing)[0]))
-            changed = unresolved_secrets(failing)[1]
+            unset, changed = unresolved_secrets(failing)
+            unset = sorted(set(unset) | set(missing_secrets(failing)))
             if unset or changed:   # whatever it rolls back to would start here without them: nothing weaker starts
                 rolled = "not rolled back: " + "; ".join(
                     ([f"{', '.join(unset)} not set in the watcher's environment (the deployment was made with "
