@@ -234,3 +234,62 @@ def _stop(dep: Deployed | None, cli, inv: Path) -> None:
     cli("down", "--yes")
     for entry in data.get("replicas") or []:
         stop_cluster_engines(replica_inventory(load_inventory(inv), entry))
+
+
+def test_serving_again_clears_a_refusal_and_a_crash_loop_is_not_rolled_back_onto_a_rotated_key(
+        cli, local_cluster, profiles_dir, state_dir, tmp_path, monkeypatch):
+    """A refusal lasts while it is true: rank 1 SIGSTOPped with the key rotated in the watcher's environment is
+    refused; SIGCONT, the group serves again on its own, and the refusal is cleared (status ok, the gauge 0). The
+    crash loop's rollback is held to the same rule: after the watcher's own restart served (the key as deployed),
+    the key rotated and the group died within the window (a flap; the crash loop at max_failures 1): it gives up
+    without rolling back, naming the variable."""
+    from sparkctl.watch.log import WatchLog, WatchReporter
+    from sparkctl.watch.metrics import WatchMetrics
+    from sparkctl.watch.supervisor import Watcher, WatchOptions
+    from testrig.watchrig import engine_pid
+
+    models = _models(tmp_path)
+    _inventory(local_cluster, models)
+    metrics = None
+    stopped: list[int] = []
+    try:
+        dep = _deploy("single", cli, local_cluster, profiles_dir, monkeypatch)
+        stream = io.StringIO()
+        metrics = WatchMetrics(0, cluster=dep.root.name)
+        w = Watcher(load_inventory(local_cluster), WatchReporter(WatchLog(dep.root / "watch.log"), stream),
+                    WatchOptions(interval_s=0.1, backoff_s=0.5, backoff_max_s=1.0, fail_checks=1, max_failures=1,
+                                 node_deadline_s=5), metrics=metrics)
+        w.begin()
+
+        def poll_until(pred, what: str) -> None:
+            end = time.monotonic() + 90
+            while not pred():
+                assert time.monotonic() < end, f"no {what}:\n" + stream.getvalue()[-3000:]
+                w._poll_once()
+                time.sleep(0.05)
+        monkeypatch.setenv("SPARKCTL_API_KEY", API_KEY + ROTATED)
+        engine = engine_pid(dep.victim)
+        os.kill(engine, signal.SIGSTOP)
+        stopped.append(engine)
+        poll_until(lambda: w.state.refused, "refusal")
+        assert "SPARKCTL_API_KEY" in w.state.refused and metric(metrics.url, "sparkctl_watch_restart_refused") == 1
+        os.kill(engine, signal.SIGCONT)                              # the same engines serve again, on their own
+        stopped.clear()
+        poll_until(lambda: w.state.refused is None, "the refusal cleared")
+        assert metric(metrics.url, "sparkctl_watch_restart_refused") == 0 and w.state.restarts == 0
+        code, out, _ = cli("status", "--json")
+        assert code == 0 and json.loads(out)["watcher"]["refused"] is None, out
+
+        monkeypatch.setenv("SPARKCTL_API_KEY", API_KEY)              # the key as deployed: the restart serves
+        os.kill(dep.victim, signal.SIGKILL)
+        poll_until(lambda: (w.state.last_action or "").startswith("restarted "), "restart")
+        monkeypatch.setenv("SPARKCTL_API_KEY", API_KEY + ROTATED)   # rotated after the restart, then it dies
+        os.kill(Ledger(dep.root).active().handle_of(1).pid, signal.SIGKILL)
+        poll_until(lambda: w.state.gave_up, "give-up")
+        assert "not rolled back: SPARKCTL_API_KEY set to another value" in w.state.gave_up, w.state.gave_up
+        assert w.state.rollbacks == 0 and w.state.flaps == 1
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        if metrics is not None:
+            metrics.close()
