@@ -82,7 +82,19 @@ class OutputPathError(ConfigError):
 class RestartRefusedError(ConfigError):
     """An unattended restart (the watcher's) that cannot start exactly the recorded deployment here and now: a
     secret's variable missing from this environment, a rank that renders differently (the inventory changed), a
-    recorded profile that no longer validates. Nothing was changed; starting something weaker is never the answer."""
+    recorded profile that no longer validates, a secret's value changed since, a file the launch needs gone from a
+    node. Nothing was changed; starting something weaker is never the answer. `cause` names the kind (REFUSAL_CAUSES:
+    the watcher's metrics label and webhook field)."""
+
+    def __init__(self, message: str, *, cause: str = "not-as-recorded", **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.cause = cause if cause in REFUSAL_CAUSES else "not-as-recorded"
+
+
+# Why an unattended restart is refused (RestartRefusedError.cause): a secret's variable unset here, set to another
+# value than at deploy time, a node path the launch needs gone, the launch rendering differently (the inventory),
+# the record itself (no profile kept, one that no longer validates).
+REFUSAL_CAUSES = ("secret-missing", "secret-changed", "file-missing", "not-as-recorded", "record")
 
 
 class PreflightError(SparkctlError):

@@ -95,3 +95,42 @@ def polls_after(root: Path, n: int, timeout: float = 30.0) -> None:
             seen.append(st.last_check)
         return len(seen) > n
     wait_until(moved, f"{n} more checks by the watcher", timeout)
+
+
+class Hook:
+    """A webhook on loopback (the watcher's `--notify`): answers 204 and keeps each event (`events`) and its raw body
+    (`bodies`), or (`hang`) reads the request and never answers, holding the connection open until `close`."""
+
+    def __init__(self, hang: bool = False) -> None:
+        from testrig.testenv import RawServer
+        self.hang, self.events, self.bodies, self.held = hang, [], [], []
+        self.server = RawServer(self._one)
+        self.url = self.server.url()
+
+    def _one(self, conn) -> None:
+        from testrig.testenv import read_http_request
+        request = read_http_request(conn, timeout_s=60)
+        if request is None:
+            return
+        self.bodies.append(request[0] + b"\r\n\r\n" + request[1])
+        self.events.append(json.loads(request[1]))
+        if self.hang:
+            self.held.append(conn)           # never answered
+            return
+        conn.sendall(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        conn.close()
+
+    def close(self) -> None:
+        self.server.close()
+        for c in self.held:
+            c.close()
+
+
+def metric(url: str, name: str, **labels: str) -> float | None:
+    """The value of sample `name` (with these labels, among others) on a Prometheus endpoint, or None."""
+    from prometheus_client import parser
+    for family in parser.text_string_to_metric_families(httpx.get(url, timeout=5).text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return None

@@ -23,6 +23,7 @@ from sparkctl.deploy.boot import BootResult, doctor_lines
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import mark_superseded, stop_engines, stop_started
 from sparkctl.deploy.image_stage import ImageStage, ImageSurvey
+from sparkctl.deploy.inputs import fingerprint, present
 from sparkctl.deploy.observe import leftovers
 from sparkctl.deploy.plan import (
     Boot,
@@ -156,7 +157,7 @@ def new_record(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, c
         previous=plan.active_id, previous_known_good=plan.prior_known_good,
         endpoint=c.endpoint(result.specs[0]),
         speculative_algorithm=profile.speculative.algorithm if profile.speculative else None,
-        controller=this_controller(command, now_iso()),
+        controller=this_controller(command, now_iso()), secrets=fingerprint(profile.api),
     )
 
 
@@ -250,6 +251,7 @@ class Run:
 # ---- what each kind of step does (apply dispatches on the step's class) ----------------------------------------
 def run_preflight_step(run: Run, step: Preflight) -> None:
     run.record.preflight = list(run_checks(run.c, run.result, run.rts, set(step.own_ports)))
+    run.record.needed = present(run.c.inventory, run.result.specs)   # what a restart must find there again
 
 
 def run_image_build(run: Run, step: ImageStep) -> None:

@@ -32,6 +32,7 @@ from typing import Literal
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.commands import Deployer, UpOptions
+from sparkctl.deploy.inputs import PROBE_DEADLINE_S, missing_paths, unresolved_secrets
 from sparkctl.deploy.plan import Plan
 from sparkctl.deploy.replicated import Record, ReplicatedDeployer, is_replicated, replica_inventory
 from sparkctl.deploy.results import (
@@ -48,6 +49,7 @@ from sparkctl.jsontypes import JSONObject
 from sparkctl.router.replicas import router_endpoint
 from sparkctl.sglang.launch import ENGINE_SECRETS_FILE, SECRETS_MOUNT
 from sparkctl.state.records import CheckResult, DeploymentRecord
+from sparkctl.untrusted import clean
 
 Confirm = Callable[[str, Plan | None], bool]     # (what is about to happen, the plan when there is one) -> go on?
 
@@ -96,13 +98,15 @@ class Deployed:
             raise ConfigError("nothing to reach: this answer was not made by door.deployed()")
         return Deployer(replica_inventory(self._d.inventory, entry), self._d.reporter)
 
-    def restart(self, *, boot_timeout_s: float | None = None) -> UpResult | ReplicatedUpResult:
+    def restart(self, *, boot_timeout_s: float | None = None,
+                node_deadline_s: float = PROBE_DEADLINE_S) -> UpResult | ReplicatedUpResult:
         """Bring back exactly what was deployed, never the profile file as it is now: the single-group `up` of the
         deployment's recorded profile (stop what is left, boot, gates, hand-off; restored by that `up` when it
         fails), or the replicated `up` of the profile its record kept (a replica that fails is redeployed alone, a
         router that is gone started again; the healthy replicas are unchanged). Before anything is touched,
         `as_recorded` renders every rank again and refuses (RestartRefusedError) what would not be identical: a
-        secret's variable missing here, an inventory that changed, a recorded profile that no longer validates."""
+        secret's variable missing here or holding another value, a file the launch needs gone from a node (asked
+        within `node_deadline_s` in total), an inventory that changed, a recorded profile that no longer validates."""
         if self._d is None or self.kind == "down":
             raise ConfigError("nothing to restart: the desired state is down")
         opts = UpOptions(boot_timeout_s=boot_timeout_s)
@@ -112,21 +116,23 @@ class Deployed:
                 sub = self.replica(entry)
                 active = sub.ledger.active()
                 if active is not None:
-                    as_recorded(sub, active)
+                    as_recorded(sub, active, node_deadline_s=node_deadline_s)
             return ReplicatedDeployer(self._d.inventory, self._d.reporter).up(profile, opts)
         record = self._d.ledger.load(str(self.deployment))
-        return self._d.up(as_recorded(self._d, record), opts)
+        return self._d.up(as_recorded(self._d, record, node_deadline_s=node_deadline_s), opts)
 
 
 _COMPARED = {"rank", "node", "argv", "env", "image"}      # what the launch identity hashes (deploy/plan.py)
 
 
-def as_recorded(d: Deployer, record: DeploymentRecord) -> Profile:
+def as_recorded(d: Deployer, record: DeploymentRecord, *, node_deadline_s: float = PROBE_DEADLINE_S) -> Profile:
     """The profile `record` was deployed with, once it is certain that `up` of it on this inventory, with this
-    process's environment, renders every rank exactly as recorded (argv, environment, node, image). Raises
-    RestartRefusedError naming what differs and what to do: a secret's variable set at deploy time and missing
-    now (a key-protected deployment would come back with no key), an inventory edited since, a profile that no
-    longer validates. Nothing is changed either way."""
+    process's environment, renders every rank exactly as recorded (argv, environment, node, image), with the same
+    secret values (deploy/inputs.py: their fingerprints) and the node paths it had (asked within `node_deadline_s`).
+    Raises RestartRefusedError naming what differs and what to do (its `cause`: REFUSAL_CAUSES): a secret's variable
+    set at deploy time and missing now (a key-protected deployment would come back with no key) or holding another
+    value, a model, drafter or other file gone from a node, an inventory edited since, a profile that no longer
+    validates; PreflightError when a node did not answer in time. Nothing is changed either way."""
     from pydantic import ValidationError
 
     where = f"deployment {record.id}"
@@ -136,26 +142,48 @@ def as_recorded(d: Deployer, record: DeploymentRecord) -> Profile:
     except (ValidationError, SparkctlError) as exc:
         first = str(exc).splitlines()[0]
         raise RestartRefusedError(f"the recorded profile of {record.id} ({record.profile}) cannot be rendered "
-                                  f"again here: {first}", where=where,
+                                  f"again here: {first}", where=where, cause="record",
                                   hint="deploy it again yourself (sparkctl up --profile ...)") from None
     now = [s.redacted().model_dump(mode="json", include=_COMPARED) for s in specs]
     was = [s.model_dump(mode="json", include=_COMPARED) for s in record.specs]
-    if now == was:
-        return profile
-    unset = missing_secrets(record)
+    unset, changed = unresolved_secrets(record)
+    unset = sorted(set(unset) | set(missing_secrets(record)))
     if unset:
         raise RestartRefusedError(
             f"{record.id} ({record.profile}) would come back without its secrets: "
             f"{', '.join(unset)} {'is' if len(unset) == 1 else 'are'} not set in this environment, and the "
             f"deployment was made with {'it' if len(unset) == 1 else 'them'} (an API key left out would serve "
-            f"without one)", where=where,
-            hint="give the watcher the variable (its unit's EnvironmentFile, e.g. ~/.config/sparkctl/watch.env, "
-                 "docs/watch.md), then restart the watcher")
-    raise RestartRefusedError(f"{record.id} ({record.profile}) would not come back as it was deployed: "
-                              f"{_first_difference(was, now)}", where=where,
-                              hint="the inventory or this environment changed since the deployment: deploy "
-                                   "again yourself (sparkctl up --profile ...) to make the new launch the "
-                                   "recorded one")
+            f"without one)", where=where, cause="secret-missing", hint=_ENV_HINT)
+    if now != was:
+        raise RestartRefusedError(f"{record.id} ({record.profile}) would not come back as it was deployed: "
+                                  f"{_first_difference(was, now)}", where=where,
+                                  hint="the inventory or this environment changed since the deployment: deploy "
+                                       "again yourself (sparkctl up --profile ...) to make the new launch the "
+                                       "recorded one")
+    if changed:
+        raise RestartRefusedError(
+            f"{record.id} ({record.profile}) would come back with other secrets than it was deployed with: "
+            f"{', '.join(changed)} {'holds' if len(changed) == 1 else 'hold'} another value in this environment "
+            f"than at deploy time (a rotated key: clients of the deployment hold the old one)", where=where,
+            cause="secret-changed",
+            hint="give the watcher the value the deployment was made with (its unit's EnvironmentFile, "
+                 "docs/watch.md), or deploy with the new one yourself (sparkctl up --profile "
+                 f"{record.profile}) to make it the recorded one")
+    gone = missing_paths(d.inventory, record, deadline_s=node_deadline_s)
+    if gone:
+        shown = "; ".join(f"{p.what} {p.path} ({p.host} on {p.node})" for p in gone[:4]) + (
+            f"; and {len(gone) - 4} more" if len(gone) > 4 else "")
+        raise RestartRefusedError(f"{record.id} ({record.profile}) would not find what it was deployed with: "
+                                  f"{clean(shown, 600)} {'is' if len(gone) == 1 else 'are'} gone",
+                                  where=where, cause="file-missing",
+                                  hint="put it back where it was (a mount that came off: mount it again; the "
+                                       "watcher retries after its backoff), or deploy from where it is now "
+                                       f"yourself (sparkctl up --profile {record.profile})")
+    return profile
+
+
+_ENV_HINT = ("give the watcher the variable (its unit's EnvironmentFile, e.g. ~/.config/sparkctl/watch.env, "
+             "docs/watch.md), then restart the watcher")
 
 
 def missing_secrets(record: DeploymentRecord) -> list[str]:
@@ -200,13 +228,13 @@ def recorded_replicated_profile(data: JSONObject, where: str) -> Profile:
     if not isinstance(kept, dict):
         raise RestartRefusedError("the replicated deployment's record keeps no profile as deployed (written by an "
                                   "older sparkctl); restarting it from the profile file could roll out edits "
-                                  "never deployed", where=where,
+                                  "never deployed", where=where, cause="record",
                                   hint=f"deploy it again yourself once (sparkctl up --profile {data.get('profile')})")
     try:
         return Profile.model_validate(kept)
     except ValidationError as exc:
         raise RestartRefusedError(f"the replicated deployment's recorded profile no longer validates: "
-                                  f"{str(exc).splitlines()[0]}", where=where,
+                                  f"{str(exc).splitlines()[0]}", where=where, cause="record",
                                   hint=f"deploy it again yourself (sparkctl up --profile {data.get('profile')})"
                                   ) from None
 

@@ -63,6 +63,7 @@ from sparkctl.deploy.results import (
     ReplicatedStatusResult,
     ReplicatedUpResult,
     RouterStatus,
+    refusing,
     watcher_of,
 )
 from sparkctl.deploy.settle import open_steps, settle_replicated
@@ -612,11 +613,12 @@ class ReplicatedDeployer:
         progress = _progress(rec)
         if progress is not None:     # an `up` in progress, or one whose controller died: not ok, whatever serves
             healthy = False
+        watcher = watcher_of(self.ledger.root)
         return ReplicatedStatusResult(cluster=self.inventory.cluster.name, emulated=self.inventory.emulated,
-                                      ok=healthy, healthy=healthy, profile=rec.data.get("profile"),
-                                      endpoint=rec.data.get("endpoint"), status=rec.data.get("status"),
-                                      router=router, replicas=views, progress=progress,
-                                      watcher=watcher_of(self.ledger.root))
+                                      ok=healthy and not refusing(watcher), healthy=healthy,
+                                      profile=rec.data.get("profile"), endpoint=rec.data.get("endpoint"),
+                                      status=rec.data.get("status"), router=router, replicas=views,
+                                      progress=progress, watcher=watcher)
 
     def follow_log(self, *, replica: int | None = None, rank: int = 0, router: bool = False, tail: int = 50,
                    follow: bool = False, poll_s: float = 0.5) -> Iterator[str]:

@@ -104,6 +104,12 @@ def watcher_of(root: Any) -> WatcherView | None:
     return WatcherView.model_validate(view) if view is not None else None
 
 
+def refusing(watcher: WatcherView | None) -> bool:
+    """A running watcher refuses to restart the desired deployment (it cannot start exactly what was deployed):
+    `status` is not ok while it does, whatever still serves."""
+    return bool(watcher is not None and watcher.running and watcher.refused)
+
+
 class StatusResult(_Result):
     """`status`: `ok` is False when the active deployment is unhealthy, something was interrupted, a comparison
     did not finish, or nothing is active while a command changes the cluster."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import stop_engines, sweep_secrets
 from sparkctl.deploy.observe import leftovers, observe, stop_engine, unrecorded
-from sparkctl.deploy.results import DownResult, InProgress, InterruptedView, StatusResult, watcher_of
+from sparkctl.deploy.results import DownResult, InProgress, InterruptedView, StatusResult, refusing, watcher_of
 from sparkctl.deploy.settle import controller_text, interrupted, settle, step_of
 from sparkctl.deploy.steps import SETTLE, boundary
 from sparkctl.state.controller import live_lock_holder
@@ -85,9 +85,10 @@ def status(c: Cluster, *, unfinished_compare: str | None = None) -> StatusResult
                                                      if e.deployment in (r.id, r.restoring)}))
                  for r in dead]
     left = [lo.describe() for lo in leftovers(c)]
+    watcher = watcher_of(c.ledger.root)
     base = dict(cluster=c.name, emulated=c.inventory.emulated, in_progress=in_progress, interrupted=views,
-                unfinished_compare=unfinished_compare, history=len(c.ledger.history()),
-                watcher=watcher_of(c.ledger.root), leftovers=left)
+                unfinished_compare=unfinished_compare, history=len(c.ledger.history()), watcher=watcher,
+                leftovers=left)
     active = c.ledger.active()
     if not active:
         return StatusResult(**base, active=None, ok=not dead and not holder and not unfinished_compare and not left)
@@ -99,7 +100,8 @@ def status(c: Cluster, *, unfinished_compare: str | None = None) -> StatusResult
     healthy, detail, ranks = c.health_of(active)
     return StatusResult(
         **base, active=active.id, profile=active.profile, healthy=healthy,
-        ok=healthy and not dead and not unfinished_compare and not left, ranks=ranks, endpoint=active.endpoint,
+        ok=healthy and not dead and not unfinished_compare and not left and not refusing(watcher), ranks=ranks,
+        endpoint=active.endpoint,
         speculative_algorithm=active.speculative_algorithm, identity=active.identity,
         sglang_version=active.sglang_version,
         images=sorted({v.launch_tag or v.engine_tag or "" for v in active.images.values()}

@@ -207,6 +207,27 @@ class RestoreEntry(_Record):
     gates: list[GateResult] = Field(default_factory=list)
 
 
+class SecretPrints(_Record):
+    """Fingerprints of the secret values a deployment was made with, so that an unattended restart can tell a value
+    changed since (a rotated API key) without the value ever being stored: `prints` maps each secret variable
+    (api.api_key_env, api.hf_token_env) set at deploy time to HMAC-SHA256(`key`, value), `key` being random and this
+    deployment's own (the record is 0600; neither is ever printed). Made by deploy/inputs.py."""
+
+    key: str
+    prints: dict[str, str] = Field(default_factory=dict)
+
+
+class NodePath(_Record):
+    """A path on a node that a deployment's launch needs and that was there when it deployed (the model, the
+    drafter, any other file or directory its argv names under the models mount, the mount itself): checked again
+    before an unattended restart (deploy/inputs.py)."""
+
+    node: str
+    what: str                 # "model", "drafter", "--chat-template", "models mount"
+    path: str                 # as the engine sees it (/models/...)
+    host: str                 # where it is on the node
+
+
 # A deployment record's renamed keys (`_Record.RENAMED`).
 RENAMED_KEYS = {
     "kind": "command",          # 2026-12: `kind` meant a command here, a runtime, a router and a handle elsewhere
@@ -265,6 +286,8 @@ class DeploymentRecord(_Record):
     intents: list[Intent] = Field(default_factory=list)
     restoring: str | None = None              # id of the deployment being restored after this one failed
     settled: str | None = None                # what a later command did with what a dead controller left
+    secrets: SecretPrints | None = None       # fingerprints of the secret values deployed with (never a value)
+    needed: list[NodePath] = Field(default_factory=list)   # node paths the launch needs, present at deploy time
 
     @model_validator(mode="before")
     @classmethod

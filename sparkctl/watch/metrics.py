@@ -6,7 +6,9 @@ Served on 127.0.0.1 unless `--metrics-addr` says otherwise. What it exports (nam
   the desired state is down), ``sparkctl_desired_down``, ``sparkctl_rank_alive{rank,node}``,
   ``sparkctl_gate_passed{gate}`` (the hand-off gates of the deployment checked), ``sparkctl_watch_gave_up``;
 * what the watcher did: ``sparkctl_watch_restarts_total{reason,outcome}``, ``sparkctl_watch_rollbacks_total
-  {outcome}``, ``sparkctl_watch_time_to_recover_seconds`` (a histogram: failure seen -> serving again);
+  {outcome}``, ``sparkctl_watch_restart_refused`` (1 while it refuses), ``sparkctl_watch_refusals_total{cause}``
+  (each refused attempt, by cause: a secret missing or changed, a file gone ...),
+  ``sparkctl_watch_time_to_recover_seconds`` (a histogram: failure seen -> serving again);
 * per node, from /proc/meminfo (the facts parser of preflight): ``sparkctl_node_memory_available_bytes``,
   ``sparkctl_node_memory_cached_bytes``, ``sparkctl_node_swap_free_bytes`` (GB10's GPU shares this memory, and
   nvidia-smi reports its memory as "Not Supported");
@@ -85,6 +87,10 @@ class WatchMetrics:
         self.refused_g = g("sparkctl_watch_restart_refused", "1 while the watcher refuses to restart the desired "
                            "deployment (it cannot start exactly what was deployed: a secret's variable missing ...)",
                            labels, registry=reg)
+        self.refusals = pc.Counter("sparkctl_watch_refusals", "Restarts refused because they could not start "
+                                   "exactly the recorded deployment, by cause (errors.REFUSAL_CAUSES: secret-missing, "
+                                   "secret-changed, file-missing, not-as-recorded, record)", ("cluster", "cause"),
+                                   registry=reg)
         self.restarts = pc.Counter("sparkctl_watch_restarts", "Restarts of the whole group by the watcher",
                                    ("cluster", "reason", "outcome"), registry=reg)
         self.rollbacks = pc.Counter("sparkctl_watch_rollbacks", "Rollbacks after a crash loop", ("cluster", "outcome"),
@@ -141,8 +147,11 @@ class WatchMetrics:
     def restart(self, reason: str, outcome: str) -> None:
         self.restarts.labels(self.cluster, reason or "unknown", outcome).inc()
 
-    def refused(self, on: bool) -> None:
+    def refused(self, on: bool, *, cause: str | None = None) -> None:
+        """The refusal gauge; a refused attempt (`cause` given) is counted by its cause too."""
         self.refused_g.labels(self.cluster).set(1 if on else 0)
+        if on and cause:
+            self.refusals.labels(self.cluster, cause).inc()
 
     def rollback(self, outcome: str) -> None:
         self.rollbacks.labels(self.cluster, outcome).inc()

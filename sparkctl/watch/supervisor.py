@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from sparkctl.config.inventory import Inventory
 from sparkctl.deploy.commands import Deployer, UpOptions
 from sparkctl.deploy.door import deployed, missing_secrets
+from sparkctl.deploy.inputs import unresolved_secrets
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import LockHeldError, PreflightError, RestartRefusedError, SparkctlError
 from sparkctl.jsontypes import JSONObject, JSONValue
@@ -217,7 +218,9 @@ class Watcher:
             self.detected = None
             if v.healthy:
                 self.state.recovered_at, self.state.time_to_recover_s = now_iso(), took
+                self.state.refused = self.said_refused = None      # serving again: nothing is refused now
                 if self.metrics is not None:
+                    self.metrics.refused(False)
                     self.metrics.recovered(took)
                 lines.append(f"{self.desired.label} serves again, {took:.1f}s after the failure was seen")
         self._save()
@@ -340,7 +343,7 @@ class Watcher:
         target = self.desired.target
         if target is None:           # a desired state not read from the ledger: read it now
             target = deployed(self.d)
-        return target.restart(boot_timeout_s=self.opts.boot_timeout_s)
+        return target.restart(boot_timeout_s=self.opts.boot_timeout_s, node_deadline_s=self.opts.node_deadline_s)
 
     def _after_own_action(self, *, success: bool) -> None:
         """The ledger after the watcher's own action is the new baseline (its own records are not a user's
@@ -350,7 +353,7 @@ class Watcher:
             self.desired = desired
             self.state.desired = desired.label
 
-    def _refused(self, v: Verdict, exc: SparkctlError) -> None:
+    def _refused(self, v: Verdict, exc: RestartRefusedError) -> None:
         """A restart that cannot start what was deployed: nothing started, loudly (log, status, metrics, webhook),
         then a backoff (a mount may come back) that does not count toward the crash loop (a rollback would not
         start what was deployed either). Said again only when the reason changes: the output stays bounded."""
@@ -359,11 +362,15 @@ class Watcher:
         self.state.refused = f"{first} ({exc.hint})" if exc.hint else first
         if self.metrics is not None:
             self.metrics.restart(v.reason, "refused")
-            self.metrics.refused(True)
+            self.metrics.refused(True, cause=exc.cause)
         if self.state.refused != self.said_refused:
             self.said_refused = self.state.refused
-            self._act_line(f"REFUSED to restart {self.desired.label}: {self.state.refused}; nothing was started")
-            self._notify("refused", v, outcome="refused", error=first)
+            self._act_line(f"REFUSED to restart {self.desired.label} ({exc.cause}): {self.state.refused}; nothing "
+                           f"was started")
+            self._notify("refused", v, outcome="refused", cause=exc.cause, error=first)
+        else:               # one short line per attempt (as its `restarting` line): status's last action agrees
+            self._act_line(f"REFUSED to restart {self.desired.label} again ({exc.cause}), for the reason above; "
+                           f"nothing was started")
         self._back_off(time.monotonic(), "the restart is refused until what is missing is back")
 
     def _failed(self, v: Verdict, exc: SparkctlError, *, counts: bool = True) -> None:
@@ -419,13 +426,17 @@ class Watcher:
         if self.desired.kind == "deployment":
             failing = self.c.ledger.load(str(self.desired.deployment))
             self._say(f"crash loop: {n} failed restarts of {label} within {self.opts.window_s:g}s: rolling back")
-            unset = missing_secrets(failing)
-            if unset:       # whatever it rolls back to would start here without them: nothing weaker is started
-                rolled = (f"not rolled back: {', '.join(unset)} not set in the watcher's environment (the deployment "
-                          f"was made with them; anything started here would lack them)")
+            unset, changed = unresolved_secrets(failing)
+            unset = sorted(set(unset) | set(missing_secrets(failing)))
+            if unset or changed:   # whatever it rolls back to would start here without them: nothing weaker starts
+                rolled = "not rolled back: " + "; ".join(
+                    ([f"{', '.join(unset)} not set in the watcher's environment (the deployment was made with "
+                      f"them; anything started here would lack them)"] if unset else [])
+                    + ([f"{', '.join(changed)} set to another value than the deployment was made with"]
+                       if changed else []))
                 self.state.refused = rolled
                 if self.metrics is not None:
-                    self.metrics.refused(True)
+                    self.metrics.refused(True, cause="secret-missing" if unset else "secret-changed")
             else:
                 rolled = self._roll_back(failing)
         else:

@@ -152,6 +152,36 @@ def test_the_watcher_restarts_the_pair_after_a_stopped_rank_and_a_killed_contain
     assert _running(test_cluster, "spark-a", cluster) == [] == _running(test_cluster, "spark-b", cluster)
 
 
+def test_a_model_moved_on_a_node_refuses_the_restart_over_ssh(cli, test_cluster, cluster_env, profiles_dir):  # noqa: F811
+    """Issue 31, item 3, over SSH: `up` recorded the node paths its launch had; the model moved on spark-b and rank 1's
+    container killed, the watcher asks each node again (its SSH connector, `test -e`) and refuses, naming the path
+    and the node: nothing started, `status` exit 8 with the refusal."""
+    ledger = Ledger.for_cluster(load_inventory(cluster_env).cluster.name)
+    (profiles_dir / "wd5.yml").write_text("extends: d5\nserver: {mem_fraction_static: 0.5}\n"
+                                          "env: {SPARKCTL_SIM_KV_REF_MEM_FRACTION: '0.5'}\n")
+    code, first, err = _up(cli, "--profile", "wd5")
+    assert code == 0, err
+    rec = ledger.load(first["deployment"])
+    model = next(p for p in rec.needed if p.node == "spark-b" and p.what == "model")
+    records = sorted(ledger.record_ids())
+    test_cluster.run_in_root("spark-b", ["mv", model.host, model.host + ".moved"])
+    try:
+        with SparkctlProcess(WATCH) as run:
+            run.wait_for(r"watch +watching cluster", timeout=60)
+            _docker(test_cluster, "spark-b", "kill", rec.handle_of(1).container_id)
+            line = run.wait_for(r"REFUSED to restart \S+ \(file-missing\): ", timeout=180)
+            assert f"model {model.path} ({model.host} on spark-b)" in line, line
+            code, st = _status(cli)
+            assert code == 8 and model.host in st["watcher"]["refused"], st
+            assert sorted(ledger.record_ids()) == records and "restarted " not in run.stderr
+            run.kill(signal.SIGTERM)
+            assert run.wait(timeout=120) == 143, run.stderr[-3000:]
+    finally:
+        test_cluster.run_in_root("spark-b", ["mv", model.host + ".moved", model.host], check=False)
+        code, _, err = cli("down", "--yes")
+        assert code == 0, err
+
+
 def test_the_grant_for_a_non_root_deploy_user_is_one_argument_less_command(test_cluster, cluster_env):  # noqa: F811
     """prepare (as root) grants the deploy user `sudo -n HELPER` and nothing else (the rule passes visudo); the
     watcher's drop then works as that user; a second prepare changes nothing; false removes the grant."""

@@ -4,8 +4,9 @@ real webhook server on loopback and a watcher driven poll by poll in this proces
 
 I1  every deployment the watcher started for the watched profile is the recorded one exactly (profile as deployed,
     every rank's argv, environment, node and image as recorded), or the restart was refused loudly (watch.json
-    `refused`, a REFUSED line in its log, `sparkctl_watch_restart_refused` 1, a `refused` webhook event) and
-    nothing new was started;
+    `refused`, a REFUSED line in its log, `sparkctl_watch_restart_refused` 1 and `sparkctl_watch_refusals_total`,
+    a `refused` webhook event) and nothing new was started: a secret's variable missing or holding another value,
+    a model moved are always refused (`REFUSED`; tests/watch/test_watch_refusals.py generates every such input);
 I2  no wait holds the cluster lock: a poll that acts on nothing returns within the node deadline, a hook that
     hangs (the server holds the request, never answers) is still hanging when the action is over while the
     cluster lock is free, and a lock held by a user's command is waited for (the watcher never takes it then);
@@ -17,7 +18,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,41 +33,19 @@ from sparkctl.state.controller import live_lock_holder
 from sparkctl.state.ledger import Ledger
 from sparkctl.statefiles import ROOM_BYTES
 from sparkctl.watch.supervisor import ACTIONS, Watcher, WatchOptions
-from testrig.testenv import RawServer, need_module, read_http_request
-from testrig.watchrig import alive, wait_until
+from testrig.testenv import need_module
+from testrig.watchrig import Hook, alive, metric, wait_until
 
 parser = need_module("prometheus_client.parser", "the watcher's metrics (the `watch` extra)")
 
 API_KEY = "sk-matrix-51c0ffee77"
-FAULTS = ("hook-hanging", "node-command-hanging", "state-dir-full", "lock-held", "secret-missing", "profile-edited")
+FAULTS = ("hook-hanging", "node-command-hanging", "state-dir-full", "lock-held", "secret-missing", "secret-changed",
+          "model-gone", "profile-edited")
+MODEL = "GLM-5.3-Flash-NVFP4"                   # d5's model: /models/MODEL, on each node under host_paths.models
+# fault -> the outcome it must have and what the refusal must name
+REFUSED = {"secret-missing": "SPARKCTL_API_KEY", "secret-changed": "SPARKCTL_API_KEY", "model-gone": f"/models/{MODEL}"}
 NODE_DEADLINE_S = 1.0
 OUTPUT_BOUND = 256 * 1024
-
-
-class Hook:
-    """A webhook on loopback: answers 204 and keeps each event, or (`hang`) reads the request and never answers,
-    holding the connection open until `close`."""
-
-    def __init__(self, hang: bool) -> None:
-        self.hang, self.events, self.held = hang, [], []
-        self.server = RawServer(self._one)
-        self.url = self.server.url()
-
-    def _one(self, conn: socket.socket) -> None:
-        request = read_http_request(conn, timeout_s=60)
-        if request is None:
-            return
-        self.events.append(json.loads(request[1]))
-        if self.hang:
-            self.held.append(conn)           # never answered
-            return
-        conn.sendall(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-        conn.close()
-
-    def close(self) -> None:
-        self.server.close()
-        for c in self.held:
-            c.close()
 
 
 @dataclass
@@ -143,6 +121,14 @@ def _prepare_fault(fault: str, tmp_path: Path, inv: Path, monkeypatch, cleanups:
         inv.write_text(yaml.safe_dump(doc, sort_keys=False))
         (tmp_path / "bin").mkdir()
         monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    if fault == "model-gone":                    # the nodes keep d5's model and drafter: the deployment has them
+        models = tmp_path / "models"
+        for d in (MODEL, "GLM-5.3-Flash-DFlash2"):
+            (models / d).mkdir(parents=True)
+        doc = yaml.safe_load(inv.read_text())
+        for host in doc["all"]["children"]["sparks"]["hosts"].values():
+            host["host_paths"] = {"models": str(models)}
+        inv.write_text(yaml.safe_dump(doc, sort_keys=False))
     if fault == "state-dir-full":
         if os.geteuid() != 0:
             pytest.skip("needs root to mount a small tmpfs as the state directory")
@@ -165,6 +151,10 @@ def _apply_fault(cell: Cell, tmp_path: Path, profiles_dir: Path, monkeypatch) ->
         _fill(cell.root.parent)
     elif f == "secret-missing":
         monkeypatch.delenv("SPARKCTL_API_KEY")
+    elif f == "secret-changed":                   # the key rotated in the watcher's environment
+        monkeypatch.setenv("SPARKCTL_API_KEY", API_KEY + "-rotated")
+    elif f == "model-gone":                       # the model moved on the nodes
+        (tmp_path / "models" / MODEL).rename(tmp_path / "models" / f"{MODEL}.moved")
     elif f == "profile-edited":                   # saved, never deployed
         (profiles_dir / "cell.yml").write_text("extends: d5\nserver: {mem_fraction_static: 0.7}\n")
     elif f == "lock-held":
@@ -233,12 +223,7 @@ def test_every_watcher_action_has_a_driver():
 
 
 def _gauge(url: str, name: str) -> float | None:
-    import httpx
-    for family in parser.text_string_to_metric_families(httpx.get(url, timeout=5).text):
-        for s in family.samples:
-            if s.name == name:
-                return s.value
-    return None
+    return metric(url, name)
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -290,9 +275,8 @@ def test_watcher_action_under_fault(action, fault, cli, local_cluster, profiles_
 def _invariants(cell: Cell, outcome: str, metrics, ledger: Ledger) -> None:
     text = cell.out.getvalue()
     orig = cell.original
-    expected = {"secret-missing": "refused"}.get(cell.fault)
-    if expected:
-        assert outcome == expected, (outcome, text[-3000:])
+    if cell.fault in REFUSED:
+        assert outcome == "refused", (outcome, text[-3000:])
     # I1: what the watcher started for the watched profile is the recorded deployment, exactly
     started = [ledger.load(i) for i in ledger.record_ids() if i != orig.id]
     for rec in started:
@@ -302,8 +286,9 @@ def _invariants(cell: Cell, outcome: str, metrics, ledger: Ledger) -> None:
                 [s.model_dump(include={"argv", "env", "node", "image"}) for s in orig.specs], rec.id
     if outcome == "refused":
         assert not started, [r.id for r in started]
-        assert cell.w.state.refused and "REFUSED to restart" in text and "SPARKCTL_API_KEY" in cell.w.state.refused
+        assert cell.w.state.refused and "REFUSED to restart" in text and REFUSED[cell.fault] in cell.w.state.refused
         assert _gauge(metrics.url, "sparkctl_watch_restart_refused") == 1
+        assert (_gauge(metrics.url, "sparkctl_watch_refusals_total") or 0) >= 1
         wait_until(lambda: any(e["event"] == "refused" for e in cell.hook.events), "the refused event", 10)
     if cell.fault == "profile-edited" and outcome in ("ok", "gave-up"):
         assert any(r.profile == "cell" for r in started), "the restart happened (from the recorded profile)"
