@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -103,11 +104,14 @@ class Hook:
 
     def __init__(self, hang: bool = False) -> None:
         from testrig.testenv import RawServer
-        self.hang, self.events, self.bodies, self.held = hang, [], [], []
+        self.hang = hang
+        self.events: list[dict[str, Any]] = []
+        self.bodies: list[bytes] = []
+        self.held: list[socket.socket] = []
         self.server = RawServer(self._one)
         self.url = self.server.url()
 
-    def _one(self, conn) -> None:
+    def _one(self, conn: socket.socket) -> None:
         from testrig.testenv import read_http_request
         request = read_http_request(conn, timeout_s=60)
         if request is None:
