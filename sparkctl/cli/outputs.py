@@ -39,6 +39,33 @@ class RenderOutput(_Out):
     warnings: list[str]
 
 
+class ReplicaRenderOut(_Out):
+    index: int
+    nodes: list[str] = Field(description="The replica's nodes, its rank 0 first.")
+    url: str = Field(description="The replica's own API (a worker of the router).")
+    ranks: list[RankSpecOut]
+
+
+class RouterRenderOut(_Out):
+    node: str = Field(description="The node whose address the router serves on (the cluster's rank 0).")
+    url: str = Field(description="The endpoint handed off: the router, as the controller reaches it.")
+    runs: str = Field(description="Where the router runs: a process on this machine, or a container of the "
+                                  "engine image on the node.")
+    policy: str
+    argv: list[str] = Field(description="The router's argv (inside the container on the docker runtime).")
+
+
+class RenderReplicatedOutput(_Out):
+    """`sparkctl render --json` of a profile with replicas: K (one object: every replica and the router)."""
+    profile: str
+    sglang_version: str
+    inventory: str
+    emulated: bool
+    replicas: list[ReplicaRenderOut]
+    router: RouterRenderOut
+    warnings: list[str]
+
+
 class ProfileEntry(_Out):
     name: str
     description: str
@@ -262,7 +289,7 @@ class TuneOutput(BaseModel):
 
 
 OUTPUTS: dict[str, type[BaseModel]] = {
-    "render": RenderOutput, "profiles": ProfilesOutput, "image-plan": ImagePlanOutput, "image-ls": ImageListOutput,
+    "render": RenderOutput, "render-replicated": RenderReplicatedOutput, "profiles": ProfilesOutput, "image-plan": ImagePlanOutput, "image-ls": ImageListOutput,
     "image-build": ImageBuildOutput,
     "image-verify": ImageVerifyOutput, "image-prune": ImagePruneOutput, "prepare": PrepareOutput,
     "patches-check": PatchesCheckOutput,
