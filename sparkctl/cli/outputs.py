@@ -131,6 +131,28 @@ class ImageBuildOutput(ImagePlanOutput):
     ids: dict[str, dict[str, str]] = Field(description="{image tag: {node: image ID}} after the copy.")
 
 
+class ReplicaImagePlan(ImagePlanOutput):
+    index: int = Field(description="The replica (its images are built on its own rank 0, the builder).")
+    nodes: list[str]
+
+
+class ImagePlanReplicatedOutput(_Out):
+    """`sparkctl image plan --json` of a profile with replicas: K (each replica's launch image is its own)."""
+    profile: str
+    replicas: list[ReplicaImagePlan]
+
+
+class ReplicaImageBuild(ImageBuildOutput):
+    index: int = Field(description="The replica (built on its own rank 0, copied to its own nodes).")
+    nodes: list[str]
+
+
+class ImageBuildReplicatedOutput(_Out):
+    """`sparkctl image build --json` of a profile with replicas: K."""
+    profile: str
+    replicas: list[ReplicaImageBuild]
+
+
 class ImageRow(_Out):
     node: str
     id: str
@@ -289,8 +311,10 @@ class TuneOutput(BaseModel):
 
 
 OUTPUTS: dict[str, type[BaseModel]] = {
-    "render": RenderOutput, "render-replicated": RenderReplicatedOutput, "profiles": ProfilesOutput, "image-plan": ImagePlanOutput, "image-ls": ImageListOutput,
-    "image-build": ImageBuildOutput,
+    "render": RenderOutput, "render-replicated": RenderReplicatedOutput, "profiles": ProfilesOutput,
+    "image-plan": ImagePlanOutput,
+    "image-plan-replicated": ImagePlanReplicatedOutput, "image-ls": ImageListOutput,
+    "image-build": ImageBuildOutput, "image-build-replicated": ImageBuildReplicatedOutput,
     "image-verify": ImageVerifyOutput, "image-prune": ImagePruneOutput, "prepare": PrepareOutput,
     "patches-check": PatchesCheckOutput,
     "facts": FactsOutput, "bench-history": HistoryOutput, "bench-diff": DiffOutput,

@@ -133,7 +133,8 @@ def replicated_render(profile: Profile, inventory: Inventory, *, replica: int | 
     deployment whichever ranks are shown."""
     reps = render_replicas(profile, inventory, environ=environ)
     tp, k = len(reps[0].result.specs), len(reps)
-    usage = (f"sparkctl render --profile {profile.name} --replica I --rank N (I: {_span(k, 'replica')}; N: {_span(tp, 'rank')}); "
+    usage = (f"sparkctl render --profile {profile.name} --replica I --rank N (I: {_span(k, 'replica')}; "
+             f"N: {_span(tp, 'rank')}); "
              f"either alone narrows to a replica, or to that rank of every replica")
     if replica is not None and not 0 <= replica < k:
         raise ConfigError(f"--replica {replica}: profile {profile.name} has {_span(k, 'replica')}",
