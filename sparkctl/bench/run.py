@@ -369,6 +369,9 @@ def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None
                           where=compare.origin_of("replicas"),
                           hint=f"measure it alone: sparkctl bench --profile {compare.name} (its card sets the latest "
                                f"single-group card of the same model beside the router's figures)")
+    if compare is not None:       # one the cluster cannot hold, likewise (read-only: nothing starts)
+        from sparkctl.sglang.render import render
+        render(compare, inventory)
     for p in (log, compare_log):
         if p is not None and not p.is_file():
             raise ConfigError(f"no such log file: {p}", where="--log")
