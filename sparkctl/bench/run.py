@@ -343,7 +343,7 @@ def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -
 
 
 def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None = None,
-          profile: Profile | None = None, compare: Any = None,
+          profile: Profile | None = None, compare: Profile | None = None,
           endpoint: str | None = None, compare_endpoint: str | None = None, log: Path | None = None,
           compare_log: Path | None = None, log_only: bool = False, api_key: str | None = None,
           progress: Progress = _noop, limits: Limits | None = None, run_s: float | None = None) -> JSONObject:
@@ -363,6 +363,15 @@ def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None
                           hint="use --compare-endpoint URL with --endpoint")
     if compare and compare_endpoint:
         raise ConfigError("--compare and --compare-endpoint both name the second arm", hint="pick one")
+    if compare is not None and compare.replicas > 1:     # before the first arm is deployed or measured
+        raise ConfigError(f"--compare {compare.name} has replicas: {compare.replicas}: a comparison deploys its "
+                          f"second arm as one TP group, never replicas behind the router",
+                          where=compare.origin_of("replicas"),
+                          hint=f"measure it alone: sparkctl bench --profile {compare.name} (its card sets the latest "
+                               f"single-group card of the same model beside the router's figures)")
+    if compare is not None:       # one the cluster cannot hold, likewise (read-only: nothing starts)
+        from sparkctl.sglang.render import render
+        render(compare, inventory)
     for p in (log, compare_log):
         if p is not None and not p.is_file():
             raise ConfigError(f"no such log file: {p}", where="--log")

@@ -3,10 +3,19 @@ sparkctl.images)."""
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
 from sparkctl.cli.options import PlainFlagsGroup, flag
+from sparkctl.jsontypes import JSONObject
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from sparkctl.config.inventory import Inventory
+    from sparkctl.config.profile import Profile
+    from sparkctl.deploy.progress import Reporter
 
 patches_app = typer.Typer(cls=PlainFlagsGroup, no_args_is_help=True, help="GB10 patch series (patches/<series>/).")
 image_app = typer.Typer(cls=PlainFlagsGroup, no_args_is_help=True,
@@ -66,30 +75,62 @@ _INVENTORY = typer.Option(None, "--inventory", "-i", help="Ansible inventory fil
 _JSON = flag("--json", help="Print JSON on stdout.")
 
 
+def _groups(profile: str, inventory: str | None) -> list[tuple[int | None, Profile, Inventory]]:
+    """The TP groups whose images a profile names: the one group, or each replica of a replicated profile (its own
+    nodes and rank 0, and its own launch image: the launch document carries the group's --dist-init-addr), with
+    the profile its replicated `up` deploys; `up` builds each replica's images on that replica's rank 0."""
+    prof, inv = _ctx(profile, inventory)
+    assert prof is not None
+    if prof.replicas == 1:
+        return [(None, prof, inv)]
+    from sparkctl.router.replicas import render_replicas
+    return [(rep.index, rep.result.profile, rep.inventory) for rep in render_replicas(prof, inv)]
+
+
+def _replica_doc(index: int | None, inv: Inventory, doc: JSONObject) -> JSONObject:
+    return doc if index is None else {"index": index, "nodes": [n.name for n in inv.nodes], **doc}
+
+
+def _emit_groups(single: type[BaseModel], replicated: type[BaseModel], name: str, docs: list[JSONObject]) -> None:
+    from sparkctl.cli.outputs import emit
+    if len(docs) == 1 and "index" not in docs[0]:
+        emit(single, docs[0])
+    else:
+        emit(replicated, {"profile": name, "replicas": docs})
+
+
+def _heading(index: int | None, inv: Inventory) -> None:
+    if index is not None:
+        print(f"## replica {index} on {', '.join(n.name for n in inv.nodes)}")
+
+
 @image_app.command("plan")
 def image_plan(profile: str = _PROFILE, inventory: str | None = _INVENTORY, as_json: bool = _JSON) -> None:
-    """Print the engine and launch image tags and their inputs, without building. Without docker on the building
-    node (the embedded cluster) the base image's digest is unknown: the tags it pins are shown as unresolved."""
+    """Print the engine and launch image tags and their inputs, without building (a replicated profile: each
+    replica's, built on its own rank 0). Without docker on the building node (the embedded cluster) the base
+    image's digest is unknown: the tags it pins are shown as unresolved."""
     from sparkctl.images import pipeline
     from sparkctl.images.plan import unresolved_plan
 
-    prof, inv = _ctx(profile, inventory)
-    if prof is not None and prof.replicas > 1:      # every replica runs the same images: replica 0's plan says them
-        from sparkctl.router.replicas import render_replicas
-        inv = render_replicas(prof, inv)[0].inventory
-        prof = prof.model_copy(update={"replicas": 1})
-    if inv.rank0.runtime != "docker":
-        doc = unresolved_plan(prof, inv, f"{inv.rank0.name} (the building node) runs the engine as a local process, "
-                                         f"not in Docker: no base image digest to pin the engine tag to")
-    else:
-        doc = pipeline.plan(prof, inv).to_json()
+    groups = _groups(profile, inventory)
+    docs = []
+    for index, prof, inv in groups:
+        if inv.rank0.runtime != "docker":
+            doc = unresolved_plan(prof, inv, f"{inv.rank0.name} (the building node) runs the engine as a local "
+                                             f"process, not in Docker: no base image digest to pin the engine tag to")
+        else:
+            doc = pipeline.plan(prof, inv).to_json()
+        docs.append(_replica_doc(index, inv, doc))
     if as_json:
-        from sparkctl.cli.outputs import ImagePlanOutput, emit
-        emit(ImagePlanOutput, doc)
+        from sparkctl.cli.outputs import ImagePlanOutput, ImagePlanReplicatedOutput
+        _emit_groups(ImagePlanOutput, ImagePlanReplicatedOutput, groups[0][1].name, docs)
         return
-    for side in ("engine", "launch"):
-        print(f"{side} {doc[side]['tag'] or '(unresolved: base digest)'}")
-    print(f"(built on {doc['builder']}; inputs: --json)" + (f"\nunresolved: {doc['reason']}" if doc["reason"] else ""))
+    for (index, _, inv), doc in zip(groups, docs, strict=True):
+        _heading(index, inv)
+        for side in ("engine", "launch"):
+            print(f"{side} {doc[side]['tag'] or '(unresolved: base digest)'}")
+        print(f"(built on {doc['builder']}; inputs: --json)" + (f"\nunresolved: {doc['reason']}" if doc["reason"]
+                                                                 else ""))
 
 
 @image_app.command("build")
@@ -97,36 +138,45 @@ def image_build(profile: str = _PROFILE, inventory: str | None = _INVENTORY,
                 copy: bool = typer.Option(True, "--copy/--no-copy", metavar="",
                                           help="Copy to the other nodes over the fabric."),
                 as_json: bool = _JSON) -> None:
-    """Build the engine + launch images on the rank-0 node (no-op when present), copy them, verify them."""
+    """Build the engine + launch images on the rank-0 node (no-op when present), copy them, verify them (a
+    replicated profile: each replica's, on its own rank 0, copied to its own nodes, as its `up` does)."""
     from sparkctl.deploy.progress import Reporter
+
+    groups = _groups(profile, inventory)
+    progress = Reporter()               # stderr: timestamped lines, or a live display with elapsed time on a terminal
+    docs = [_replica_doc(index, inv, _build_group(prof, inv, copy, progress, index)) for index, prof, inv in groups]
+    progress.close()
+    if as_json:
+        from sparkctl.cli.outputs import ImageBuildOutput, ImageBuildReplicatedOutput
+        _emit_groups(ImageBuildOutput, ImageBuildReplicatedOutput, groups[0][1].name, docs)
+        return
+    for (index, _, inv), doc in zip(groups, docs, strict=True):   # each step and copy was reported (stderr)
+        _heading(index, inv)
+        print(f"engine {doc['engine']['tag']}\nlaunch {doc['launch']['tag']}")
+        for tag, per_node in doc["ids"].items():
+            print(f"ok {tag}: {', '.join(per_node)}")
+
+
+def _build_group(prof: Profile, inv: Inventory, copy: bool, progress: Reporter, index: int | None) -> JSONObject:
     from sparkctl.images import pipeline
     from sparkctl.state.ledger import Ledger
 
-    prof, inv = _ctx(profile, inventory)
-    progress = Reporter()               # stderr: timestamped lines, or a live display with elapsed time on a terminal
+    of = "" if index is None else f" (replica {index})"
     log_dir = Ledger.for_cluster(inv.cluster.name).root / "builds"
-    progress.stage("image-build", f"engine + launch image on {inv.rank0.name}")
+    progress.stage("image-build", f"engine + launch image on {inv.rank0.name}{of}")
     p, steps = pipeline.build(prof, inv, log_dir=log_dir, report=progress.event)
     transfers: list = []
     if copy:
-        progress.stage("image-copy", "to every other node at once over the fabric (missing layers, or a "
+        progress.stage("image-copy", f"to every other node{of} at once over the fabric (missing layers, or a "
                                       "whole-image stream to a node lacking most)")
         transfers = pipeline.distribute_plan(p, inv, report=progress.event)
-        progress.stage("image-verify", "one ID per image on every node")
+        progress.stage("image-verify", f"one ID per image on every node{of}")
     ids = pipeline.verify(p, inv) if copy else {}
-    progress.close()
-    if as_json:
-        from sparkctl.cli.outputs import ImageBuildOutput, emit
-        emit(ImageBuildOutput, {
-            **p.to_json(), "steps": [s.__dict__ for s in steps],
+    return {**p.to_json(), "steps": [s.__dict__ for s in steps],
             "transfers": [{"node": t.node, "image": t.image, "skipped": t.skipped,
                            "layers": [x.__dict__ for x in t.layers],
                            "rx_bytes": t.rx_bytes, "seconds": t.seconds, "via": t.via} for t in transfers],
-            "ids": ids})
-    else:   # each step and copy was reported once, as it happened (stderr); stdout keeps the outcome
-        print(f"engine {p.engine_tag}\nlaunch {p.launch_tag}")
-        for tag, per_node in ids.items():
-            print(f"ok {tag}: {', '.join(per_node)}")
+            "ids": ids}
 
 
 @image_app.command("ls")
@@ -147,12 +197,14 @@ def image_ls(inventory: str | None = _INVENTORY, as_json: bool = _JSON) -> None:
 
 @image_app.command("verify")
 def image_verify(profile: str = _PROFILE, inventory: str | None = _INVENTORY, as_json: bool = _JSON) -> None:
-    """Check every node holds the profile's planned engine + launch images with one ID each (what up checks)."""
+    """Check every node holds the profile's planned engine + launch images with one ID each (what up checks; a
+    replicated profile: each replica's nodes its own replica's images)."""
     from sparkctl.images import pipeline
 
-    prof, inv = _ctx(profile, inventory)
-    p = pipeline.plan(prof, inv)
-    ids = pipeline.verify(p, inv)
+    ids: dict[str, dict[str, str]] = {}
+    for _, prof, inv in _groups(profile, inventory):
+        for tag, per_node in pipeline.verify(pipeline.plan(prof, inv), inv).items():
+            ids.setdefault(tag, {}).update(per_node)    # the replicas' engine tag is one; launch tags are theirs
     if as_json:
         from sparkctl.cli.outputs import ImageVerifyOutput, emit
         emit(ImageVerifyOutput, ids)

@@ -39,6 +39,33 @@ class RenderOutput(_Out):
     warnings: list[str]
 
 
+class ReplicaRenderOut(_Out):
+    index: int
+    nodes: list[str] = Field(description="The replica's nodes, its rank 0 first.")
+    url: str = Field(description="The replica's own API (a worker of the router).")
+    ranks: list[RankSpecOut]
+
+
+class RouterRenderOut(_Out):
+    node: str = Field(description="The node whose address the router serves on (the cluster's rank 0).")
+    url: str = Field(description="The endpoint handed off: the router, as the controller reaches it.")
+    runs: str = Field(description="Where the router runs: a process on this machine, or a container of the "
+                                  "engine image on the node.")
+    policy: str
+    argv: list[str] = Field(description="The router's argv (inside the container on the docker runtime).")
+
+
+class RenderReplicatedOutput(_Out):
+    """`sparkctl render --json` of a profile with replicas: K (one object: every replica and the router)."""
+    profile: str
+    sglang_version: str
+    inventory: str
+    emulated: bool
+    replicas: list[ReplicaRenderOut]
+    router: RouterRenderOut
+    warnings: list[str]
+
+
 class ProfileEntry(_Out):
     name: str
     description: str
@@ -102,6 +129,28 @@ class ImageBuildOutput(ImagePlanOutput):
     steps: list[BuildStepOut]
     transfers: list[TransferOut]
     ids: dict[str, dict[str, str]] = Field(description="{image tag: {node: image ID}} after the copy.")
+
+
+class ReplicaImagePlan(ImagePlanOutput):
+    index: int = Field(description="The replica (its images are built on its own rank 0, the builder).")
+    nodes: list[str]
+
+
+class ImagePlanReplicatedOutput(_Out):
+    """`sparkctl image plan --json` of a profile with replicas: K (each replica's launch image is its own)."""
+    profile: str
+    replicas: list[ReplicaImagePlan]
+
+
+class ReplicaImageBuild(ImageBuildOutput):
+    index: int = Field(description="The replica (built on its own rank 0, copied to its own nodes).")
+    nodes: list[str]
+
+
+class ImageBuildReplicatedOutput(_Out):
+    """`sparkctl image build --json` of a profile with replicas: K."""
+    profile: str
+    replicas: list[ReplicaImageBuild]
 
 
 class ImageRow(_Out):
@@ -262,8 +311,10 @@ class TuneOutput(BaseModel):
 
 
 OUTPUTS: dict[str, type[BaseModel]] = {
-    "render": RenderOutput, "profiles": ProfilesOutput, "image-plan": ImagePlanOutput, "image-ls": ImageListOutput,
-    "image-build": ImageBuildOutput,
+    "render": RenderOutput, "render-replicated": RenderReplicatedOutput, "profiles": ProfilesOutput,
+    "image-plan": ImagePlanOutput,
+    "image-plan-replicated": ImagePlanReplicatedOutput, "image-ls": ImageListOutput,
+    "image-build": ImageBuildOutput, "image-build-replicated": ImageBuildReplicatedOutput,
     "image-verify": ImageVerifyOutput, "image-prune": ImagePruneOutput, "prepare": PrepareOutput,
     "patches-check": PatchesCheckOutput,
     "facts": FactsOutput, "bench-history": HistoryOutput, "bench-diff": DiffOutput,

@@ -7,6 +7,7 @@ import typer
 
 from sparkctl.cli import bounds
 from sparkctl.cli.options import flag
+from sparkctl.jsontypes import JSONObject
 
 
 def register(app: typer.Typer) -> None:
@@ -14,9 +15,14 @@ def register(app: typer.Typer) -> None:
     def render(profile: str = typer.Option(..., "--profile", "-p", help="Profile name (profiles/NAME.yml) or path."),
                inventory: str | None = typer.Option(None, "--inventory", "-i", help="Ansible inventory file."),
                rank: int | None = typer.Option(None, "--rank", parser=bounds.count(0, 1023, what="a rank"),
-                                                   metavar="N", help="Only this rank."),
+                                                   metavar="N", help="Only this rank (replicated: of every replica, "
+                                                                     "or of --replica I)."),
+               replica: int | None = typer.Option(None, "--replica", parser=bounds.count(0, 1023, what="a replica"),
+                                                     metavar="I", help="Replicated profile (replicas: K): only "
+                                                                       "replica I's ranks."),
                as_json: bool = flag("--json", help="Print JSON on stdout.")) -> None:
-        """Print the exact argv and env of every rank; nothing is started. Secrets print as ***."""
+        """Print the exact argv and env of every rank (a replicated profile: of every replica's ranks, and the
+        router's argv); nothing is started. Secrets print as ***."""
         from sparkctl.config.inventory import resolve_inventory
         from sparkctl.config.profile import load_profile
         from sparkctl.deploy.runtimes import embedded_notice
@@ -25,36 +31,35 @@ def register(app: typer.Typer) -> None:
 
         inv = resolve_inventory(inventory)
         prof = load_profile(profile)
-        if prof.replicas > 1:            # each replica on its own nodes (router/replicas.py)
-            from sparkctl.router.replicas import render_replicas
-            if as_json or rank is not None:
-                raise ConfigError(f"--json and --rank are not available for a profile with replicas: "
-                                  f"{prof.replicas} yet", hint="run sparkctl render without them")
-            for rep in render_replicas(prof, inv):
-                print(f"## replica {rep.index} on {', '.join(rep.nodes)}: {rep.url}")
-                for r in rep.result.to_json()["ranks"]:
-                    print(f"# rank {r['rank']} on {r['node']} (SGLang {prof.image.sglang_version})")
-                    print(" ".join(_quote(a) for a in r["argv"]))
-                print()
+        if prof.replicas > 1:            # each replica on its own nodes, the router in front (router/replicas.py)
+            from sparkctl.router.replicas import replicated_render
+            doc = replicated_render(prof, inv, replica=replica, rank=rank)
+            _notices(embedded_notice(inv), doc["warnings"])
+            if as_json:
+                from sparkctl.cli.outputs import RenderReplicatedOutput, emit
+                emit(RenderReplicatedOutput, doc)
+                return
+            for rep in doc["replicas"]:
+                print(f"## replica {rep['index']} on {', '.join(rep['nodes'])}: {rep['url']}")
+                _print_ranks(rep["ranks"], doc["sglang_version"])
+            if replica is None and rank is None:
+                r = doc["router"]
+                print(f"## router on {r['node']}: {r['url']} ({r['policy']}; {r['runs']})")
+                print(" ".join(_quote(a) for a in r["argv"]))
             return
+        if replica is not None:
+            raise ConfigError(f"--replica {replica}: profile {prof.name} is one TP group (no replicas: K, no router)",
+                              where=prof.origin_of("replicas"),
+                              hint=f"sparkctl render --profile {prof.name} --rank N shows one of its ranks")
         result = do_render(prof, inv)
         if rank is not None and not any(s.rank == rank for s in result.specs):
             raise ConfigError(f"--rank {rank}: the inventory has ranks 0..{len(result.specs) - 1}", where=inv.path)
-        notice = embedded_notice(inv)
-        if notice:
-            print(f"sparkctl: {notice}", file=sys.stderr)
-        for w in result.warnings:
-            print(f"warning: {w}", file=sys.stderr)
+        _notices(embedded_notice(inv), result.warnings)
         if as_json:
             from sparkctl.cli.outputs import RenderOutput, emit
             emit(RenderOutput, result.to_json(rank))
             return
-        for r in result.to_json(rank)["ranks"]:
-            print(f"# rank {r['rank']} on {r['node']} (SGLang {result.profile.image.sglang_version})")
-            for k, v in r["env"].items():
-                print(f"{k}={v}")
-            print(" ".join(_quote(a) for a in r["argv"]))
-            print()
+        _print_ranks(result.to_json(rank)["ranks"], result.profile.image.sglang_version)
 
     @app.command()
     def profiles(inventory: str | None = typer.Option(None, "--inventory", "-i", help="Ansible inventory file "
@@ -71,7 +76,12 @@ def register(app: typer.Typer) -> None:
         rows = []
         for name, desc, path in list_profiles():
             try:
-                do_render(load_profile(str(path)), inv)
+                prof = load_profile(str(path))
+                if prof.replicas > 1:        # its replicas and the router in front, as `render` shows them
+                    from sparkctl.router.replicas import render_replicas, router_spec
+                    router_spec(prof, inv, render_replicas(prof, inv))
+                else:
+                    do_render(prof, inv)
                 problem = None
             except ConfigError as exc:
                 problem = exc.render().splitlines()[0]
@@ -95,6 +105,22 @@ def register(app: typer.Typer) -> None:
             return
         from sparkctl.cli.outputs import print_json
         print_json(json_schema(kind))
+
+
+def _notices(notice: str | None, warnings: list[str]) -> None:
+    if notice:
+        print(f"sparkctl: {notice}", file=sys.stderr)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+
+
+def _print_ranks(ranks: list[JSONObject], sglang_version: str) -> None:
+    for r in ranks:
+        print(f"# rank {r['rank']} on {r['node']} (SGLang {sglang_version})")
+        for k, v in r["env"].items():
+            print(f"{k}={v}")
+        print(" ".join(_quote(a) for a in r["argv"]))
+        print()
 
 
 def _quote(arg: str) -> str:

@@ -21,12 +21,15 @@ MODELS_MOUNT = "/models"
 
 
 def profile_models(profile_name: str, inv: Inventory) -> list[str]:
-    """Model and drafter directories of a profile, relative to host_paths.models (``/models/X`` -> ``X``)."""
+    """Model and drafter directories of a profile (one group, or replicas), relative to host_paths.models
+    (``/models/X`` -> ``X``)."""
     from sparkctl.config.profile import load_profile
     from sparkctl.nodes.node_facts import model_paths as _model_paths  # the one reading of --model-path & co.
-    from sparkctl.sglang.render import render
+    from sparkctl.router.replicas import render_replicas
 
-    result = render(load_profile(profile_name), inv)
+    # every replica of a replicated profile runs the same model and drafter: replica 0's argv names them (and a
+    # count of replicas the inventory cannot hold is refused as `render` refuses it)
+    result = render_replicas(load_profile(profile_name), inv)[0].result
     out: list[str] = []
     for what, path in _model_paths(result.specs[0].argv):
         if not path.startswith(MODELS_MOUNT + "/"):

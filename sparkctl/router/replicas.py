@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
-from sparkctl.router.spec import RouterSpec
+from sparkctl.jsontypes import JSONObject
+from sparkctl.router.spec import MODULE, RouterSpec
 from sparkctl.sglang.endpoints import Listener, group_listeners, refuse_collisions, router_listeners
 from sparkctl.sglang.render import RenderResult, api_address, render
 
@@ -121,3 +122,47 @@ def router_endpoint(profile: Profile, inventory: Inventory) -> str:
     """The endpoint handed off for a replicated deployment: the router's, as the controller reaches it."""
     node = inventory.rank0
     return f"http://{api_address(node, profile.api.host or node.api_bind)}:{profile.router.port}"
+
+
+def replicated_render(profile: Profile, inventory: Inventory, *, replica: int | None = None,
+                      rank: int | None = None, environ: Mapping[str, str] | None = None) -> JSONObject:
+    """`sparkctl render` of a replicated profile as one document: every replica (index, nodes, url, and its ranks'
+    argv + env, secrets as ***) and the router in front of them (node, url, argv). `replica` and `rank` narrow the
+    replicas and ranks shown (rank N of every replica, every rank of replica I, or both); a replica or rank the
+    profile does not have is a ConfigError saying which it has. The router is always there: it is part of the
+    deployment whichever ranks are shown."""
+    reps = render_replicas(profile, inventory, environ=environ)
+    tp, k = len(reps[0].result.specs), len(reps)
+    usage = (f"sparkctl render --profile {profile.name} --replica I --rank N (I: {_span(k, 'replica')}; "
+             f"N: {_span(tp, 'rank')}); "
+             f"either alone narrows to a replica, or to that rank of every replica")
+    if replica is not None and not 0 <= replica < k:
+        raise ConfigError(f"--replica {replica}: profile {profile.name} has {_span(k, 'replica')}",
+                          where=profile.origin_of("replicas"), hint=usage)
+    if rank is not None and not 0 <= rank < tp:
+        raise ConfigError(f"--rank {rank}: each replica of profile {profile.name} has {_span(tp, 'rank')}",
+                          where=profile.origin_of("server.tp_size"), hint=usage)
+    spec = router_spec(profile, inventory, reps)
+    docker = inventory.rank0.runtime == "docker"
+    if docker:
+        argv = ["python3", *MODULE, *spec.args()]
+    else:
+        from sparkctl.router.process import router_python
+        argv = spec.process_argv(router_python())
+    warnings: list[str] = []
+    for rep in reps:
+        warnings += [w for w in rep.result.warnings if w not in warnings]
+    return {"profile": profile.name, "sglang_version": profile.image.sglang_version, "inventory": inventory.path,
+            "emulated": inventory.emulated, "replicas": [
+                {"index": rep.index, "nodes": rep.nodes, "url": rep.url,
+                 "ranks": rep.result.to_json(rank)["ranks"]}
+                for rep in reps if replica is None or rep.index == replica],
+            "router": {"node": inventory.rank0.name, "url": router_endpoint(profile, inventory),
+                       "runs": (f"in a container of the engine image on {inventory.rank0.name}" if docker
+                                else "as a process on this machine"),
+                       "policy": spec.policy, "argv": argv},
+            "warnings": warnings}
+
+
+def _span(n: int, noun: str) -> str:
+    return f"{noun} 0 only" if n == 1 else f"{noun}s 0..{n - 1}"

@@ -133,6 +133,14 @@ def new_journal(deployer: Deployer, opts: TuneOptions) -> Journal:
         raise ConfigError(f"unknown objective {opts.objective!r}", where="--objective",
                           hint=f"one of {', '.join(OBJECTIVES)}")
     base = load_profile(opts.profile)
+    if base.replicas > 1:        # before the journal, the lock or any trial (door.up would refuse the first one)
+        raise ConfigError(f"--profile {base.name} has replicas: {base.replicas}: a tune deploys and measures each "
+                          f"trial as one TP group, never replicas behind the router",
+                          where=base.origin_of("replicas"),
+                          hint=f"tune a profile of one replica (replicas: 1, server.tp_size {base.server.tp_size}) "
+                               f"with an inventory of one replica's nodes, then set replicas: {base.replicas} in "
+                               f"the tuned profile; `sparkctl bench --profile {base.name}` measures the replicas "
+                               f"through the router")
     space = sp.parse_vary(opts.vary)
     base_vals = sp.baseline_values(base, space)
     cands = [c for c in sp.grid(space) if c != base_vals]

@@ -306,3 +306,44 @@ def test_series_for_another_version_than_the_base_image_fails_the_build(env, tmp
     with pytest.raises(ImageError, match=r"ERROR series gb10-0.5.11 is for SGLang 0.5.11, the image carries SGLang "
                                          r"0.5.23 \(/sgl-workspace/sglang/python/sglang\)"):
         build_images(plan, env["a"])
+
+
+def test_cli_plan_build_verify_of_a_replicated_profile(env, tmp_path, monkeypatch, capsys):
+    """`replicas: 2` of TP=1 on the two nodes: each replica's images are planned, built on its own rank 0 (as its
+    `up` builds them) and verified on its own node; the engine image is one, each replica's launch image its own
+    (the launch document carries that replica's --dist-init-addr)."""
+    from sparkctl.cli.main import main as cli
+
+    tc = env["cluster"]
+
+    def docker_b(*args: str) -> str:
+        return tc.run_on("spark-b", ["docker", "-H", tc.docker_host("spark-b"), *args], check=False).stdout.strip()
+    had_base = bool(docker_b("image", "ls", "-q", env["base_tag"]))
+    if not had_base:    # replica 1 builds on spark-b: the same base there (as a registry's pull gives every Spark)
+        from testrig.engine_image import copy_image
+        copy_image(tc.node("spark-a"), tc.node("spark-b"), env["base_tag"])
+    profile = tmp_path / "rep-testbase.yml"
+    profile.write_text(f"extends: d5\nreplicas: 2\nimage:\n  base_image: {env['base_tag']}\nserver:\n  tp_size: 1\n"
+                       f"  watchdog_timeout: {900 + RUN}\n")
+    monkeypatch.setenv("SPARKCTL_INVENTORY", str(env["cluster"].inventory_path))
+    monkeypatch.setenv("SPARKCTL_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("SPARKCTL_API_KEY", raising=False)
+    assert cli(["image", "plan", "--profile", str(profile), "--json"]) == 0
+    plans = json.loads(capsys.readouterr().out)["replicas"]
+    assert [(p["index"], p["nodes"], p["builder"], p["resolved"]) for p in plans] == \
+        [(0, ["spark-a"], "spark-a", True), (1, ["spark-b"], "spark-b", True)]
+    engine = {p["engine"]["tag"] for p in plans}
+    launch = [p["launch"]["tag"] for p in plans]
+    assert len(engine) == 1 and len(set(launch)) == 2, plans
+    try:
+        assert cli(["image", "build", "--profile", str(profile), "--json"]) == 0
+        built = json.loads(capsys.readouterr().out)["replicas"]
+        assert [sorted(b["ids"][launch[i]]) for i, b in enumerate(built)] == [["spark-a"], ["spark-b"]]
+        assert cli(["image", "verify", "--profile", str(profile), "--json"]) == 0
+        ids = json.loads(capsys.readouterr().out)
+        assert sorted(ids[next(iter(engine))]) == ["spark-a", "spark-b"]
+        assert (sorted(ids[launch[0]]), sorted(ids[launch[1]])) == (["spark-a"], ["spark-b"])
+    finally:
+        manage.prune_images(env["conns"], keep=set())
+        if not had_base:        # the other tests' peer has no base (a cached data root keeps what is left there)
+            docker_b("rmi", env["base_tag"])

@@ -216,3 +216,52 @@ def test_secret_flags_are_the_credential_strings_not_every_token_word():
     assert {"--api-key", "--admin-api-key", "--ssl-keyfile-password"} <= secret
     assert not secret & {"--max-total-tokens", "--speculative-num-draft-tokens", "--speculative-token-map",
                          "--kt-max-deferred-experts-per-token", "--bucket-time-to-first-token"}
+
+
+@pytest.mark.parametrize("inv", sorted(INVENTORIES))
+def test_render_json_of_replicas_is_one_object_with_the_router(cli, profiles_dir, inv):
+    """`render --json` of `replicas: 2` (TP=1 each, on the two nodes): every replica's ranks and the router's argv in
+    one document; on Sparks the router runs in a container of the engine image, on the embedded cluster here."""
+    from testrig.embedded import write_replicated_profile
+    write_replicated_profile(profiles_dir / "rep.yml", 8)
+    code, out, err = cli("render", "--profile", "rep", "--inventory", str(INVENTORIES[inv]), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    nodes = [n.name for n in load_inventory(INVENTORIES[inv]).nodes]
+    assert [(r["index"], r["nodes"], [x["node"] for x in r["ranks"]]) for r in doc["replicas"]] == \
+        [(0, nodes[:1], nodes[:1]), (1, nodes[1:], nodes[1:])]
+    dist = [r["ranks"][0]["argv"][r["ranks"][0]["argv"].index("--dist-init-addr") + 1] for r in doc["replicas"]]
+    assert dist[0].endswith(":25000") and dist[1].endswith(":25001")        # each replica its own TCP store port
+    argv = doc["router"]["argv"]
+    assert argv[argv.index("--worker-urls") + 1:] == [r["url"] for r in doc["replicas"]]
+    assert argv[argv.index("--policy") + 1] == "round_robin" and doc["router"]["url"].endswith(":30080")
+    assert ("container" in doc["router"]["runs"]) == (inv == "sparks")
+    assert (argv[0] == "python3") == (inv == "sparks")
+
+
+@pytest.mark.parametrize("args,want", [
+    (["--replica", "1"], [(1, 0)]), (["--rank", "0"], [(0, 0), (1, 0)]), (["--replica", "0", "--rank", "0"], [(0, 0)])])
+def test_render_replica_and_rank_narrow_a_replicated_profile(cli, profiles_dir, args, want):
+    from testrig.embedded import write_replicated_profile
+    write_replicated_profile(profiles_dir / "rep.yml", 8)
+    code, out, err = cli("render", "--profile", "rep", *args, "--json")
+    assert code == 0, err
+    assert [(r["index"], x["rank"]) for r in json.loads(out)["replicas"] for x in r["ranks"]] == want
+    code, out, err = cli("render", "--profile", "rep", *args)
+    assert code == 0 and out.count("# rank ") == len(want) and ("## router" in out) is False, out
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--rank", "1"], ["--rank 1: each replica of profile rep has rank 0 only", "--replica I --rank N"]),
+    (["--replica", "2"], ["--replica 2: profile rep has replicas 0..1", "--replica I --rank N"])])
+def test_render_names_what_a_replicated_profile_has(cli, profiles_dir, args, words):
+    from testrig.embedded import write_replicated_profile
+    write_replicated_profile(profiles_dir / "rep.yml", 8)
+    code, out, err = cli("render", "--profile", "rep", *args)
+    assert code == 2 and out == "" and all(w in err for w in words), err
+
+
+def test_render_replica_of_one_group_says_how_its_ranks_are_named(cli):
+    code, out, err = cli("render", "--profile", "d5", "--replica", "0")
+    assert code == 2 and out == ""
+    assert "--replica 0: profile d5 is one TP group" in err and "sparkctl render --profile d5 --rank N" in err
