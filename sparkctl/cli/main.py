@@ -95,10 +95,15 @@ def _write_debug_log(text: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `sparkctl` console script (SIGTERM and SIGHUP handled like Ctrl-C: cli/signals.py)."""
+    """Entry point of the `sparkctl` console script (SIGTERM and SIGHUP handled like Ctrl-C: cli/signals.py). A
+    signal outside the command's own handling (while the streams are set up or put back) ends it the same way."""
     from sparkctl.cli import signals
-    with signals.installed():
-        return _run(argv)
+    try:
+        with signals.installed():
+            return _run(argv)
+    except KeyboardInterrupt:
+        print(f"sparkctl: interrupted ({signals.name()})", file=sys.stderr)
+        return signals.exit_code()
 
 
 def _run(argv: list[str] | None) -> int:
@@ -152,6 +157,9 @@ def _dispatch(argv: list[str] | None) -> int:
     except SystemExit as exc:  # typer/click exits (--help, usage errors) and explicit exits
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
     except Exception as exc:  # noqa: BLE001 - the one boundary that sorts unknown errors
+        if _interrupt_in(exc):    # a signal the interpreter wrapped (during an import: "Error calling __set_name__")
+            print(f"sparkctl: interrupted ({signals.name()})", file=sys.stderr)
+            return signals.exit_code()
         if isinstance(exc, typer.Exit):
             return int(getattr(exc, "exit_code", 0) or 0)
         if isinstance(exc, typer.Abort):
@@ -176,6 +184,20 @@ def _dispatch(argv: list[str] | None) -> int:
             where = "traceback could not be written"
         print(f"sparkctl: internal error: {type(exc).__name__}: {exc} ({where}); please report it", file=sys.stderr)
         return 70
+
+
+def _interrupt_in(exc: BaseException) -> bool:
+    """A KeyboardInterrupt (the CLI's `Interrupted`: Ctrl-C, SIGTERM, SIGHUP) anywhere in the exception's chain: the
+    interpreter wraps one raised inside a class body's `__set_name__` (a dataclass field while a module imports) in
+    a RuntimeError, and other wrappers may do the same. Such a run was interrupted, not an internal error."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, KeyboardInterrupt):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False
 
 
 if __name__ == "__main__":  # pragma: no cover
