@@ -19,6 +19,23 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 
+
+def _hypothesis_profile() -> None:
+    """Every Hypothesis test runs under testrig.mutations.CI_SETTINGS unless it says otherwise (deterministic, no
+    example database, no deadline, no "too slow" health check on a loaded machine): a test written with a bare
+    `@given` once failed under load with FailedHealthCheck (generation too slow), which is the machine, not the
+    property. A test's own `@settings` still sets what it names (max_examples, usually)."""
+    try:
+        from hypothesis import settings
+    except ImportError:        # the test extra is not installed: the tests that need it say so themselves
+        return
+    from testrig.mutations import CI_SETTINGS
+    settings.register_profile("sparkctl", **CI_SETTINGS)
+    settings.load_profile("sparkctl")
+
+
+_hypothesis_profile()
+
 TIERS = ("unit", "embedded", "crash", "cluster", "contract", "real_engine")
 # tests/<directory>/ -> its tier
 TIER_OF_DIR = {
