@@ -137,15 +137,7 @@ def stop_router(inventory: Inventory, d: JSONObject | None, *, log: Path | None 
 def logged_routers(log: Path) -> list[tuple[int, int | None]]:
     """Router processes (pid, start ticks) whose output is `log`: on the process runtime, the routers of the ledger
     whose router log it is, recorded or not."""
-    import os
-
     from sparkctl.nodes import procfs
     from sparkctl.router.process import _runs_router
-    found = []
-    for pid in procfs.pids():
-        try:
-            if os.readlink(f"/proc/{pid}/fd/1") == str(log) and _runs_router(procfs.cmdline(pid)):
-                found.append((pid, procfs.start_ticks(pid)))
-        except OSError:
-            continue
-    return found
+    return [(pid, procfs.start_ticks(pid)) for pid in procfs.pids()
+            if procfs.stdout_target(pid) == str(log) and _runs_router(procfs.cmdline(pid))]
