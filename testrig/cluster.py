@@ -104,6 +104,13 @@ class Node:
         return self.dir / "sshd_config"
 
     @property
+    def shm_dir(self) -> Path:
+        """The node's own /dev/shm (a directory of the machine's, bound over /dev/shm for its dockerd, containers and
+        SSH sessions): a Spark's shared memory is its own, and SGLang decides which ranks share a node by whether
+        they see each other's shared memory (two ranks seeing one /dev/shm wait forever for a local reader)."""
+        return Path("/dev/shm") / f"sparkctl-test-{self.netns}"
+
+    @property
     def host_key(self) -> Path:
         return self.dir / "ssh_host_ed25519_key"
 
@@ -216,6 +223,9 @@ class TestCluster(ClusterNetwork, NodeDaemons):
                     self._make_root(node)
             with self._timed("daemons"):
                 for node in self.nodes.values():
+                    shutil.rmtree(node.shm_dir, ignore_errors=True)
+                    node.shm_dir.mkdir(mode=0o1777)
+                    node.shm_dir.chmod(0o1777)
                     self._start_dockerd(node)
                 for node in self.nodes.values():
                     self._wait_dockerd(node, timeout)
@@ -254,6 +264,7 @@ class TestCluster(ClusterNetwork, NodeDaemons):
                          Path(f"/run/docker-{node.netns}.pid")):
                 path.unlink(missing_ok=True)
             rootfs.release(self.state_dir, node.name)
+            shutil.rmtree(node.shm_dir, ignore_errors=True)
             self._remove_links(node)
             if Path(f"/run/netns/{node.netns}").exists():
                 _run(["ip", "netns", "delete", node.netns])
@@ -373,7 +384,7 @@ class TestCluster(ClusterNetwork, NodeDaemons):
 
     def _enter_root(self, node: Node) -> None:
         try:
-            self.roots[node.name].enter_namespace(node.docker_socket)
+            self.roots[node.name].enter_namespace(node.docker_socket, shm=node.shm_dir)
         except rootfs.RootfsError as exc:
             raise ClusterError("node mount namespace failed", where=node.name, evidence=str(exc)) from None
 

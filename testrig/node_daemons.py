@@ -108,7 +108,11 @@ class NodeDaemons:
     def _start_dockerd(self, node: Node) -> None:
         data_root = DATA_ROOT / node.netns
         data_root.mkdir(parents=True, exist_ok=True)
+        # In a mount and IPC namespace of its own whose /dev/shm is the node's (Node.shm_dir): containers started with
+        # --ipc host (every engine rank) see the node's shared memory, as on a Spark, not the machine's.
         node.dockerd_pid = self._spawn(node, "dockerd", [
+            "unshare", "--mount", "--ipc", "--propagation", "private", "--", "sh", "-c",
+            'mount --bind "$0" /dev/shm && exec "$@"', str(node.shm_dir),
             "dockerd", "--config-file", str(node.dir / "daemon.json"), "--data-root", str(data_root),
             "--exec-root", f"/run/docker-{node.netns}", "-H", node.docker_host,
             "--pidfile", f"/run/docker-{node.netns}.pid", "--bridge=none", "--iptables=false"])

@@ -190,9 +190,10 @@ class NodeRoot:
         (bindir.parent / "node.json").write_text(json.dumps(
             {"node": self.name, "netns": self.netns, "captures": STANDIN_CAPTURES}) + "\n")
 
-    def enter_namespace(self, docker_socket: Path) -> None:
+    def enter_namespace(self, docker_socket: Path, shm: Path | None = None) -> None:
         """Create the node's persistent mount namespace (binds, then pivot_root into the node's root).
-        Called once dockerd's socket exists (it is bind-mounted)."""
+        Called once dockerd's socket exists (it is bind-mounted). ``shm``: the node's own /dev/shm (the directory
+        its dockerd binds there too), so a secret file an SSH session writes there is what a container mounts."""
         mnt = self.mntns.parent
         mnt.mkdir(parents=True, exist_ok=True)
         if not mounted(mnt):   # nsfs bind mounts need a mount whose propagation is not shared
@@ -202,7 +203,7 @@ class NodeRoot:
         docker_cli = shutil.which("docker") or "/usr/bin/docker"
         pairs = [(str(p), str(p)) for p in [*self.binds, docker_socket]]
         pairs += [(str(docker_socket), "/run/docker.sock"), (docker_cli, "/usr/bin/docker")]
-        spec = {"root": str(self.root), "binds": pairs}
+        spec: dict[str, object] = {"root": str(self.root), "binds": pairs, "shm": str(shm) if shm else None}
         _run([*self.enter, "unshare", f"--mount={self.mntns}", "--propagation", "private",
               sys.executable, str(Path(__file__).resolve()), json.dumps(spec)],
              timeout=60)   # stdlib only: runs by path
@@ -271,6 +272,8 @@ def _setup_namespace(spec: dict[str, object]) -> None:
     mount("-t", "proc", "proc", str(root / "proc"))
     mount("-t", "sysfs", "sysfs", str(root / "sys"))          # this netns's interfaces
     mount("--rbind", "/dev", str(root / "dev"))
+    if spec.get("shm"):
+        mount("--bind", str(spec["shm"]), str(root / "dev" / "shm"))
     mount("-t", "tmpfs", "-o", "mode=0755", "tmpfs", str(root / "run"))
     mount("-t", "tmpfs", "-o", "mode=1777", "tmpfs", str(root / "tmp"))
     (root / "run" / "sshd").mkdir(mode=0o755)

@@ -258,7 +258,8 @@ def test_api_key_and_hf_token_never_in_docker_inspect_ps_or_logs(cli, test_clust
         assert "--config" in info["Config"]["Cmd"] and "--api-key" not in info["Config"]["Cmd"]
         mount = next(m for m in info["Mounts"] if m["Destination"] == "/run/sparkctl-secrets")
         assert mount["RW"] is False and mount["Source"] == f"/dev/shm/sparkctl-secrets/{names[0]}"
-        modes = test_cluster.run_on(node, ["stat", "-c", "%a %n", mount["Source"], f"{mount['Source']}/hf-token",
+        # the node's own /dev/shm, as its SSH sessions and its dockerd see it (testrig Node.shm_dir)
+        modes = test_cluster.run_in_root(node, ["stat", "-c", "%a %n", mount["Source"], f"{mount['Source']}/hf-token",
                                            f"{mount['Source']}/engine-secrets.yaml"]).stdout.split("\n")
         assert [m.split()[0] for m in modes if m] == ["700", "400", "400"]
         ps = test_cluster.run_on(node, ["ps", "-eo", "args"]).stdout
@@ -269,7 +270,8 @@ def test_api_key_and_hf_token_never_in_docker_inspect_ps_or_logs(cli, test_clust
     code, out, err = cli("down", "--yes")
     assert code == 0, err
     for node in ("spark-a", "spark-b"):
-        assert test_cluster.run_on(node, ["ls", "/dev/shm/sparkctl-secrets"], check=False).stdout.strip() == ""
+        listed = test_cluster.run_in_root(node, ["ls", "-A", "/dev/shm/sparkctl-secrets"], check=False)
+        assert listed.stdout.strip() == "", listed
     stored = [p for p in state_dir.rglob("*") if p.is_file()]
     assert any(p.suffix == ".log" for p in stored)          # the archived engine logs
     for p in stored:
