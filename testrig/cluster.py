@@ -104,6 +104,12 @@ class Node:
         return self.dir / "sshd_config"
 
     @property
+    def kept_dir(self) -> Path:
+        """A directory of the node's kept across runs (beside its Docker data root), seen at the same path by its SSH
+        sessions and its dockerd: for what a Spark keeps between deployments (a ``host_paths.cache``)."""
+        return DATA_ROOT / f"{self.netns}-kept"
+
+    @property
     def shm_dir(self) -> Path:
         """The node's own /dev/shm (a directory of the machine's, bound over /dev/shm for its dockerd, containers and
         SSH sessions): a Spark's shared memory is its own, and SGLang decides which ranks share a node by whether
@@ -156,7 +162,7 @@ class TestCluster(ClusterNetwork, NodeDaemons):
                 host_root=self.workdir / "srv" / name, dir=self.workdir / name)
         self.roots = {n.name: rootfs.NodeRoot(n.name, n.netns, n.dir / "root", self.state_dir, self._enter(n),
                                               [n.host_root, n.dir, self.authorized_keys_path, self.state_dir,
-                                               rootfs.DOCKER_CERTS_D])
+                                               rootfs.DOCKER_CERTS_D, n.kept_dir])
                       for n in self.nodes.values()}
 
     # ----------------------------------------------------------------- paths
@@ -220,6 +226,7 @@ class TestCluster(ClusterNetwork, NodeDaemons):
                 self._make_network()
             with self._timed("rootfs"):
                 for node in self.nodes.values():
+                    node.kept_dir.mkdir(parents=True, exist_ok=True)
                     self._make_root(node)
             with self._timed("daemons"):
                 for node in self.nodes.values():
