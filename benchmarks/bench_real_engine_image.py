@@ -1,83 +1,216 @@
-"""Benchmark (not a test): what an engine image carrying the real SGLang CPU environment would cost CI.
+"""Benchmark (not a test): the mission's path on the real engine in containers, against the same work by hand.
 
-The path real Sparks take is SSH + Docker: the engine runs from an image on each node. Putting the real engine
-there means an image with testrig/realengine's virtualenv (~2.8 GB: SGLang 0.5.23, the CPU torch and their
-dependencies) and the tiny models, built on spark-a and copied to spark-b on every fresh CI machine (the nodes'
-Docker data roots do not survive a CI run). Needs root (like tests/cluster). In one run, on a two-node test
-cluster:
-  1. the test engine image the suite already builds (for reference: what CI pays today);
-  2. `docker build` of FROM <that image> + the real-engine venv and models (the build context sent to the daemon,
-     the layer committed), on spark-a;
-  3. `docker save | docker load` of that image from spark-a to spark-b (what the test rig's copy does);
-  4. its size.
-Run:  SPARKCTL_TEST_CLUSTER_PREFIX=brei SPARKCTL_TEST_CLUSTER_NET=9 \\
-      .venv/bin/python benchmarks/bench_real_engine_image.py
+On a two-node test cluster (root; testrig.cluster) with the real-engine base on both nodes
+(testrig.realengine.base_image: SGLang 0.5.23 on the CPU torch, the stand-in for a Spark's production base), in one
+run, printing figures and ratios:
+
+1. The base itself: the archive built once per machine, loaded into each node's daemon at once (what a fresh CI
+   machine pays before any real-engine test; the nodes' data roots keep it).
+2. First build + copy: by hand, ``docker build`` of the engine and launch contexts sparkctl renders (the same
+   Dockerfiles, patch series and launch document) on spark-a, then ``docker save | docker load`` of both images to
+   spark-b; against ``sparkctl up``'s image steps (build, distribute, verify) for the same profile on nodes that
+   hold neither image.
+3. `up` overhead beyond the engine: ``sparkctl up`` wall time minus warm-up and verify, against the same two
+   containers (sparkctl's own ``docker run`` arguments, read back with ``docker inspect``) started by hand, rank 1
+   then rank 0, polling rank 0's /health every 0.1 s until 200 (target: <= 1 s).
+4. A flag-only change: ``sparkctl up`` of a profile differing in one launch flag: its image steps (only the launch
+   image is built; only its layer reaches spark-b).
+
+Run:  .venv/bin/python benchmarks/bench_real_engine_image.py [--prefix brei] [--net 9] [--skip-boot]
+Real boot figures move with the machine's load (2 shared cores): read the ratios of one run, and ``uptime``.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
-import shutil
+import resource
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from testrig.cluster import TestCluster, _run  # noqa: E402
-from testrig.engine_image import copy_image, docker_build, image_id  # noqa: E402
+from sparkctl.config.inventory import load_inventory  # noqa: E402
+from sparkctl.config.profile import load_profile  # noqa: E402
+from sparkctl.images import manage, pipeline  # noqa: E402
+from sparkctl.images.plan import inspect_base, plan_images  # noqa: E402
+from sparkctl.nodes.container import MEMLOCK_ENV  # noqa: E402
+from testrig.cluster import TestCluster  # noqa: E402
 from testrig.realengine import ensure_real_engine  # noqa: E402
+from testrig.realengine.base_image import (  # noqa: E402
+    ensure_archive,
+    ensure_on_nodes,
+    ensure_rootfs,
+    write_real_engine_cluster_inventory,
+)
 
-DOCKERFILE = """ARG BASE
-FROM ${BASE}
-# the real-engine venv at the path it was built at (its pyvenv.cfg names the base python: Debian's python3.11)
-COPY real-engine/ /opt/sparkctl-real-engine/
-ENV PATH=/opt/sparkctl-real-engine/venv/bin:$PATH SGLANG_USE_CPU_ENGINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-"""
+
+def sparkctl(*args: str, env: dict[str, str]) -> tuple[float, dict[str, Any], str]:
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "sparkctl", *args, "--yes", "--json"], capture_output=True,
+                          text=True, env=env, timeout=3600)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"sparkctl {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+    return wall, json.loads(proc.stdout), proc.stderr
+
+
+def stage_s(result: dict[str, Any], *names: str) -> float:
+    return sum(s["elapsed_s"] for s in result.get("stages", []) if s["name"] in names)
+
+
+def docker(cluster: TestCluster, node: str, *args: str, stdin: Any = None, timeout: float = 1800) -> str:
+    proc = subprocess.run(["docker", "-H", cluster.docker_host(node), *args], capture_output=True, text=True,
+                          timeout=timeout, input=stdin)
+    if proc.returncode:
+        raise SystemExit(f"docker {' '.join(args[:3])} on {node} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+def build_by_hand(cluster: TestCluster, inv_path: Path, profile_name: str) -> tuple[float, float, list[str]]:
+    """``docker build`` of sparkctl's own contexts on spark-a (legacy builder, as sparkctl), then
+    ``docker save | docker load`` of both images to spark-b; (build s, copy s, tags)."""
+    inv = load_inventory(inv_path)
+    profile = load_profile(profile_name)
+    conn = pipeline.connections(inv)["spark-a"]
+    base = inspect_base(conn, profile.image.base_image)
+    assert base is not None
+    plan = plan_images(profile, inv, base)
+    env = {**os.environ, "DOCKER_BUILDKIT": "0"}
+    t0 = time.monotonic()
+    for tag, context in ((plan.engine_tag, plan.engine_context()), (plan.launch_tag, plan.launch_context())):
+        subprocess.run(["docker", "-H", cluster.docker_host("spark-a"), "build", "-q", "-t", tag, "-"], input=context,
+                       check=True, env=env, capture_output=True, timeout=1800)
+    t_build = time.monotonic() - t0
+    t0 = time.monotonic()
+    save = subprocess.Popen(["docker", "-H", cluster.docker_host("spark-a"), "save", plan.engine_tag, plan.launch_tag],
+                            stdout=subprocess.PIPE)
+    subprocess.run(["docker", "-H", cluster.docker_host("spark-b"), "load", "-q"], stdin=save.stdout, check=True,
+                   capture_output=True, timeout=1800)
+    assert save.stdout is not None
+    save.stdout.close()
+    assert save.wait() == 0
+    return t_build, time.monotonic() - t0, [plan.engine_tag, plan.launch_tag]
+
+
+def run_args(info: dict[str, Any]) -> list[str]:
+    """`docker run` arguments that recreate a sparkctl rank container from its inspect (name aside)."""
+    hc, cfg = info["HostConfig"], info["Config"]
+    image_env = set(json.loads(subprocess.run(["docker", "-H", os.environ["BENCH_DOCKER_HOST"], "image", "inspect",
+                                               cfg["Image"]], capture_output=True, text=True).stdout)[0]
+                    ["Config"].get("Env") or [])
+    argv = ["run", "--detach", "--network", "host", "--ipc", "host", "--init", "--label", "bench=by-hand"]
+    for u in hc.get("Ulimits") or []:
+        argv += ["--ulimit", f"{u['Name']}={u['Soft']}:{u['Hard']}"]
+    for m in info["Mounts"]:
+        argv += ["--mount", f"type=bind,source={m['Source']},target={m['Destination']}" + ("" if m["RW"]
+                                                                                         else ",readonly")]
+    for e in cfg.get("Env") or []:
+        if e not in image_env:
+            argv += ["-e", e]
+    return [*argv, cfg["Image"], *(cfg.get("Cmd") or [])]
+
+
+def boot_by_hand(cluster: TestCluster, runs: dict[str, list[str]], endpoint: str) -> float:
+    t0 = time.monotonic()
+    for node in ("spark-b", "spark-a"):                  # rank 1, then rank 0, back to back (as `up` starts them)
+        os.environ["BENCH_DOCKER_HOST"] = cluster.docker_host(node)
+        docker(cluster, node, *runs[node])
+    deadline = t0 + 1800
+    with httpx.Client(trust_env=False, timeout=5) as client:
+        while time.monotonic() < deadline:
+            try:
+                if client.get(endpoint + "/health").status_code == 200:
+                    return time.monotonic() - t0
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+    raise SystemExit("by-hand boot: /health never answered 200")
 
 
 def main() -> None:
-    engine = ensure_real_engine()
-    prefix = os.environ.get("SPARKCTL_TEST_CLUSTER_PREFIX", "brei")
-    net = int(os.environ.get("SPARKCTL_TEST_CLUSTER_NET", "9"))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--prefix", default=os.environ.get("SPARKCTL_TEST_CLUSTER_PREFIX", "brei"))
+    ap.add_argument("--net", type=int, default=int(os.environ.get("SPARKCTL_TEST_CLUSTER_NET", "9")))
+    ap.add_argument("--skip-boot", action="store_true", help="measure the images only (no engine boots)")
+    args = ap.parse_args()
+    run = int(time.time()) % 1_000_000
+    engine = ensure_real_engine(with_drafter=False)
     with tempfile.TemporaryDirectory(prefix="sparkctl-bench-rei-") as tmp:
-        cluster = TestCluster(workdir=Path(tmp) / "cluster", name_prefix=prefix, net_index=net)
-        with cluster:
+        root = Path(tmp)
+        with TestCluster(workdir=root / "cluster", name_prefix=args.prefix, net_index=args.net) as cluster:
             cluster.up()
             t0 = time.monotonic()
-            base = cluster.ensure_engine_image()
-            t_base = time.monotonic() - t0
-            a, b = cluster.node("spark-a"), cluster.node("spark-b")
-            ctx = Path(tmp) / "ctx"
-            (ctx / "real-engine").mkdir(parents=True)
-            (ctx / "Dockerfile").write_text(DOCKERFILE)
-            t0 = time.monotonic()
-            # hard links: the context costs no copy here (the daemon still reads and stores every byte)
-            shutil.copytree(engine.root / "venv", ctx / "real-engine" / "venv", symlinks=True, copy_function=os.link)
-            shutil.copytree(engine.root / "models", ctx / "real-engine" / "models", copy_function=os.link)
-            t_ctx = time.monotonic() - t0
-            tag = "sparkctl-bench-real-engine:latest"
-            t0 = time.monotonic()
-            docker_build(a, ctx, tag, {"BASE": base}, {"org.sparkctl.bench": "real-engine"},
-                         Path(tmp) / "build.log")
-            t_build = time.monotonic() - t0
-            size = int(_run(["docker", "-H", a.docker_host, "image", "inspect", "--format", "{{.Size}}", tag]
-                            ).stdout.strip())
-            t0 = time.monotonic()
-            copy_image(a, b, tag, timeout=1800)
-            t_copy = time.monotonic() - t0
-            assert image_id(a, tag) == image_id(b, tag)
-            t0 = time.monotonic()
-            probe = _run(["docker", "-H", b.docker_host, "run", "--rm", "--network", "none", tag, "python", "-c",
-                          "import importlib.util as u; print(bool(u.find_spec('sglang')))"], timeout=300).stdout
-            t_probe = time.monotonic() - t0
-    print(f"test engine image (what the suite builds today, incl. copy): {t_base:.1f}s"
-          + (" (the nodes' data roots already held it: a fresh CI machine builds and copies it)" if t_base < 5 else ""))
-    print(f"real-engine image: {size / 1e9:.2f} GB; context {t_ctx:.1f}s, docker build {t_build:.1f}s, "
-          f"save|load to spark-b {t_copy:.1f}s, run probe {t_probe:.1f}s (sglang importable: {probe.strip()})")
-    ratio = f" ({(t_build + t_copy) / t_base:.1f}x the test engine image)" if t_base >= 5 else ""
-    print(f"added per CI run before any boot: {t_build + t_copy:.1f}s{ratio}")
+            archive = ensure_archive(rootfs=ensure_rootfs())
+            t_archive = time.monotonic() - t0
+            loads = ensure_on_nodes(archive, cluster.nodes.values())
+            info = archive.info
+            print(f"base {archive.tag}: engine layer {int(info['engine_layer_bytes']) / 1e9:.2f} GB of "
+                  f"{int(info['site_packages_bytes']) / 1e9:.2f} GB site-packages, rootfs "
+                  f"{int(info['rootfs_bytes']) / 1e9:.2f} GB; archive {t_archive:.1f} s "
+                  f"({'cached' if t_archive < 5 else 'built'}), loads {loads or 'none (already on both nodes)'}")
+            inv = write_real_engine_cluster_inventory(cluster, root / "inv.yml", engine, name=f"bench{args.prefix}")
+            profiles = root / "profiles"
+            profiles.mkdir()
+            for i in (1, 2):
+                (profiles / f"bi{i}.yml").write_text(
+                    f"extends: cpu-tiny\nimage:\n  base_image: {archive.tag}\nserver:\n"
+                    f"  watchdog_timeout: {600 + 2 * run + i}\n")
+            env = {**os.environ, "SPARKCTL_INVENTORY": str(inv), "SPARKCTL_STATE_DIR": str(root / "state"),
+                   "SPARKCTL_PROFILES_DIR": str(profiles), "PYTHONPATH": str(REPO)}
+            env.pop("SPARKCTL_API_KEY", None)
+            hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+            if hard != resource.RLIM_INFINITY:
+                env[MEMLOCK_ENV] = str(hard)
+            os.environ.update({k: env[k] for k in ("SPARKCTL_PROFILES_DIR", "SPARKCTL_INVENTORY")})
+            conns = pipeline.connections(load_inventory(inv))
+            manage.prune_images(conns, keep=set())            # neither node holds an engine or launch image
+            hb, hc, tags = build_by_hand(cluster, inv, "bi1")
+            for node in ("spark-a", "spark-b"):
+                docker(cluster, node, "rmi", *tags)
+            print(f"first build + copy by hand: docker build {hb:.1f} s + docker save | docker load {hc:.1f} s "
+                  f"= {hb + hc:.1f} s")
+            if args.skip_boot:
+                return
+            wall, res, _ = sparkctl("up", "--profile", "bi1", env=env)
+            sb = stage_s(res, "image-build")
+            sd = stage_s(res, "image-distribute", "image-verify")
+            print(f"first build + copy by sparkctl up: build {sb:.1f} s + copy/verify {sd:.1f} s = {sb + sd:.1f} s "
+                  f"({(sb + sd) / (hb + hc):.2f}x by hand)")
+            ups = {"wall": wall, "image": sb + sd, "warmup": stage_s(res, "warm-up"), "verify": stage_s(res, "verify"),
+                   "boot": stage_s(res, "boot")}
+            runs = {}
+            for node in ("spark-a", "spark-b"):
+                (cid,) = docker(cluster, node, "ps", "-q", "--filter", f"label=sparkctl.cluster=bench{args.prefix}"
+                                ).split()
+                os.environ["BENCH_DOCKER_HOST"] = cluster.docker_host(node)
+                runs[node] = run_args(json.loads(docker(cluster, node, "inspect", cid))[0])
+            endpoint = res["endpoint"]
+            sparkctl("down", env=env)
+            hand = boot_by_hand(cluster, runs, endpoint)
+            for node in ("spark-a", "spark-b"):
+                ids = docker(cluster, node, "ps", "-aq", "--filter", "label=bench=by-hand").split()
+                if ids:
+                    docker(cluster, node, "rm", "-f", *ids)
+            engine_part = ups["wall"] - ups["image"] - ups["warmup"] - ups["verify"]
+            print(f"up: wall {ups['wall']:.1f} s = image {ups['image']:.1f} + boot {ups['boot']:.1f} + warm-up "
+                  f"{ups['warmup']:.1f} + verify {ups['verify']:.1f} + rest {engine_part - ups['boot']:.1f}")
+            print(f"by hand, the same containers to /health 200: {hand:.1f} s; sparkctl's overhead beyond the engine "
+                  f"(wall - image - warm-up - verify - by hand): {engine_part - hand:+.1f} s (target <= 1 s)")
+            wall2, res2, err2 = sparkctl("up", "--profile", "bi2", env=env)
+            fb, fd = stage_s(res2, "image-build"), stage_s(res2, "image-distribute", "image-verify")
+            sent = [ln.split("<-", 1)[1].strip() for ln in err2.splitlines() if "layers sent" in ln]
+            print(f"flag-only change: build {fb:.1f} s + copy/verify {fd:.1f} s ({(fb + fd) / (sb + sd):.3f}x the "
+                  f"first); copied: {sent}")
+            sparkctl("down", env=env)
+            manage.prune_images(conns, keep=set())
 
 
 if __name__ == "__main__":

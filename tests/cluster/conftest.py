@@ -3,6 +3,7 @@
 * ``test_cluster``: two nodes on a direct fabric cable, brought up once per session.
 * ``test_cluster4``: four nodes on a fabric switch (a bridge), its own prefix and subnets; brought up only when
   a test asks for it (the first one), torn down at session end.
+* ``real_engine_cluster``: two nodes for real SGLang in containers (no emulator image), in the real engine's worker.
 
 Skipped with a reason when this machine cannot run it (not root, a tool missing); under CI (``CI=true``)
 a missing prerequisite FAILS instead, so a broken CI machine never passes by skipping.
@@ -27,14 +28,15 @@ def _unavailable(reason: str) -> None:
 
 
 def _session_cluster(factory: pytest.TempPathFactory, name: str, env: str, prefix: str, net: int,
-                     node_count: int = 2) -> Iterator[TestCluster]:
+                     node_count: int = 2, build_image: bool = True) -> Iterator[TestCluster]:
     """A cluster brought up once per session (engine image included) and torn down at the end; its prefix and net
     index from ``<env>_PREFIX`` / ``<env>_NET``."""
     missing = missing_prerequisites()
     if missing:
         _unavailable("; ".join(missing))
     cluster = TestCluster(factory.mktemp(name), name_prefix=os.environ.get(f"{env}_PREFIX", prefix),
-                          net_index=int(os.environ.get(f"{env}_NET", str(net))), node_count=node_count)
+                          net_index=int(os.environ.get(f"{env}_NET", str(net))), node_count=node_count,
+                          build_image=build_image)
     cluster.up()
     try:
         yield cluster
@@ -46,6 +48,15 @@ def _session_cluster(factory: pytest.TempPathFactory, name: str, env: str, prefi
 def test_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
     """The two-node cluster (SPARKCTL_TEST_CLUSTER_PREFIX/_NET, default spkt/0)."""
     yield from _session_cluster(tmp_path_factory, "cluster", "SPARKCTL_TEST_CLUSTER", "spkt", 0)
+
+
+@pytest.fixture(scope="session")
+def real_engine_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
+    """Two nodes for real SGLang in containers (SPARKCTL_TEST_REAL_CLUSTER_PREFIX/_NET, default spkr/2): a cluster of
+    its own, without the emulator image, so the real-engine container tests run in the real engine's worker (one
+    real TP=2 engine on the machine at a time) beside the emulator cluster's tests rather than after them."""
+    yield from _session_cluster(tmp_path_factory, "real-cluster", "SPARKCTL_TEST_REAL_CLUSTER", "spkr", 2,
+                                build_image=False)
 
 
 @pytest.fixture(scope="session")
