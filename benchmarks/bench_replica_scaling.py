@@ -65,7 +65,7 @@ def main() -> None:
     ap.add_argument("--only", choices=("capped", "uncapped"), default=None)
     ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
     a = ap.parse_args()
-    levels = LEVELS
+    levels: tuple[int, ...] = LEVELS
     if a.smoke:
         a.only, a.max_tokens, a.decode_tps, levels = "capped", 16, 2000.0, (1, 2)
     for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")] + ["SPARKCTL_API_KEY"]:

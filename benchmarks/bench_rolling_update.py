@@ -35,7 +35,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
     a = ap.parse_args()
     # the first up also pays the cold imports: not counted (the smoke run counts it: it measures nothing)
-    order, counted, load_before_s, load_after_s = (True, True, False, True, False), 1, 3.0, 1.0
+    order: tuple[bool, ...] = (True, True, False, True, False)
+    counted, load_before_s, load_after_s = 1, 3.0, 1.0
     if a.smoke:
         a.concurrency, a.tokens, a.boot_s = 2, 16, 0.3
         order, counted, load_before_s, load_after_s = (True, False), 0, 0.5, 0.2

@@ -200,30 +200,36 @@ def run_smoke(name: str, tmp: Path, env: dict[str, str] | None = None) -> SmokeR
 
 
 # ------------------------------------------------------------------------------------------------ the test cluster
-CLUSTER_ENV = "SPARKCTL_BENCH_CLUSTER"          # + _DIR: the workdir of a two-node cluster already up
-CLUSTER4_ENV = "SPARKCTL_BENCH_CLUSTER4"        # + _DIR: the same for the four-node one
+# a cluster already up for the benchmark to run on (a test session's), by its workdir, prefix and net index; for the
+# four-node one SPARKCTL_BENCH_CLUSTER4_DIR/_PREFIX/_NET
+CLUSTER_ENV = "SPARKCTL_BENCH_CLUSTER"
+CLUSTER4_ENV = "SPARKCTL_BENCH_CLUSTER4"
+
+
+def cluster_env(cluster: TestCluster) -> dict[str, str]:
+    """The environment naming `cluster` (up) for a benchmark's smoke run to run on instead of one of its own."""
+    env = CLUSTER4_ENV if cluster.node_count == 4 else CLUSTER_ENV
+    return {f"{env}_DIR": str(cluster.workdir), f"{env}_PREFIX": cluster.name_prefix,
+            f"{env}_NET": str(cluster.net_index)}
 
 
 @contextlib.contextmanager
 def bench_cluster(workdir: Path, prefix: str, net: int, *, node_count: int = 2,
                   build_image: bool = True) -> Iterator[tuple[TestCluster, bool]]:
-    """(the TestCluster a benchmark runs on, whether it is one already up). The one already up is named by
-    `SPARKCTL_BENCH_CLUSTER_DIR` (four nodes: `SPARKCTL_BENCH_CLUSTER4_DIR`) with its prefix and net index from
-    SPARKCTL_TEST_CLUSTER[4]_PREFIX/_NET: attached to, left up. Otherwise one of its own under `workdir` with
-    `prefix`/`net` (the environment's SPARKCTL_TEST_CLUSTER[4]_PREFIX/_NET win), brought up here and down after."""
+    """(the TestCluster a benchmark runs on, whether it is one already up). The one already up is the one the
+    environment names (`cluster_env`): attached to, left up; the benchmark leaves it as it found it. Otherwise one
+    of its own under `workdir` with `prefix`/`net`, brought up here and down after."""
     from testrig.cluster import TestCluster
     from testrig.hostops import ClusterError
-    four = node_count == 4
-    given = os.environ.get(f"{CLUSTER4_ENV if four else CLUSTER_ENV}_DIR")
-    env = "SPARKCTL_TEST_CLUSTER4" if four else "SPARKCTL_TEST_CLUSTER"
-    prefix = os.environ.get(f"{env}_PREFIX", prefix)
-    net = int(os.environ.get(f"{env}_NET", str(net)))
+    env = CLUSTER4_ENV if node_count == 4 else CLUSTER_ENV
+    given = os.environ.get(f"{env}_DIR")
     if given:
+        prefix, net = os.environ[f"{env}_PREFIX"], int(os.environ[f"{env}_NET"])
         cluster = TestCluster(Path(given), name_prefix=prefix, net_index=net, node_count=node_count,
                               build_image=build_image)
         state = cluster._state()
-        status = cluster.status()["nodes"]
-        dead = [n for n, s in status.items() if not (s["sshd_alive"] and s["dockerd_alive"])]  # type: ignore[attr-defined]
+        nodes: dict[str, dict[str, object]] = cluster.status()["nodes"]  # type: ignore[assignment]
+        dead = [n for n, s in nodes.items() if not (s["sshd_alive"] and s["dockerd_alive"])]
         if state.get("prefix") != prefix or dead:
             raise ClusterError(f"{given}: no test cluster {prefix!r} up there",
                                evidence=f"state {state.get('prefix')!r}, nodes down: {dead}")
