@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -179,12 +181,15 @@ class SmokeRun:
 
 
 def run_smoke(name: str, tmp: Path, env: dict[str, str] | None = None) -> SmokeRun:
-    """`python benchmarks/<name>.py --smoke` in a fresh process from the repository root, its temporary files under
-    `tmp` (TMPDIR), a state directory of its own; `env` on top of this process's environment."""
+    """`python benchmarks/<name>.py --smoke` in a fresh process from the repository root, a state directory of its
+    own under `tmp`; `env` on top of this process's environment. Its temporary files go to a TMPDIR of its own,
+    removed after: a short path under the system's, as when a person runs it (Ansible's SSH control sockets live
+    there, and a socket path longer than 108 bytes, as under pytest's tmp_path, fails every connection)."""
     smoke = SMOKES[name]
     tmp.mkdir(parents=True, exist_ok=True)
+    own_tmp = tempfile.mkdtemp(prefix="bsmk-")
     full = {k: v for k, v in os.environ.items() if not k.startswith("SPARKCTL_SIM_") and k != "SPARKCTL_INVENTORY"}
-    full.update(TMPDIR=str(tmp), SPARKCTL_STATE_DIR=str(tmp / "state"), PYTHONUNBUFFERED="1", **smoke.env,
+    full.update(TMPDIR=own_tmp, SPARKCTL_STATE_DIR=str(tmp / "state"), PYTHONUNBUFFERED="1", **smoke.env,
                 **(env or {}))
     t0 = time.monotonic()
     try:
@@ -196,6 +201,8 @@ def run_smoke(name: str, tmp: Path, env: dict[str, str] | None = None) -> SmokeR
         def text(b: str | bytes | None) -> str:
             return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
         rc, out, err = -1, text(exc.stdout), text(exc.stderr) + f"\n(timed out after {smoke.timeout_s:.0f} s)"
+    finally:
+        shutil.rmtree(own_tmp, ignore_errors=True)
     return SmokeRun(name, rc, out, err, time.monotonic() - t0)
 
 
