@@ -2,14 +2,14 @@
 
 Every `benchmarks/bench_*.py` takes `--smoke`: one short round of exactly its real code path, printing its figures
 (the values mean nothing then; the lines must be there). The suite runs each one so (tests/bench_smoke/ for the
-embedded ones, tests/cluster/test_bench_smoke.py for those on the test cluster, tests/realengine/test_bench_smoke.py
-for the real engine) and checks the shape of what it printed: a benchmark that no longer runs to its end, or no
-longer prints a figure, fails the suite instead of rotting until someone runs it by hand.
+embedded ones, tests/cluster/test_bench_smoke_cluster.py for those on the test cluster,
+tests/realengine/test_bench_smoke_real.py for the real engine) and checks the shape of what it printed: a benchmark
+that no longer runs to its end, or no longer prints a figure, fails the suite instead of rotting until someone runs
+it by hand.
 
 A benchmark that needs a test cluster runs on `bench_cluster(...)`: the cluster already up that the environment
-names (`SPARKCTL_BENCH_CLUSTER_DIR` + `SPARKCTL_TEST_CLUSTER_PREFIX`/`_NET`, or `SPARKCTL_BENCH_CLUSTER4_DIR` +
-`SPARKCTL_TEST_CLUSTER4_PREFIX`/`_NET` for four nodes: a test session hands over its own, which stays up), else
-one of its own, brought up and down around the run.
+names (`SPARKCTL_BENCH_CLUSTER_DIR`/`_PREFIX`/`_NET`, or `SPARKCTL_BENCH_CLUSTER4_*` for four nodes: a test session
+hands over its own with `cluster_env`, and it stays up), else one of its own, brought up and down around the run.
 """
 from __future__ import annotations
 

@@ -105,6 +105,7 @@ def _cluster_d5(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The benchmarks' smoke runs (test_bench_smoke.py) after every other test: they prune the nodes' images and run
-    prepare on them (and put back what they changed), so no other test sees a cluster a benchmark has been through."""
-    items.sort(key=lambda item: item.path.name == "test_bench_smoke.py" and item.path.parent.name == "cluster")
+    """The benchmarks' smoke runs (test_bench_smoke_cluster.py) after every other test: they prune the nodes' images
+    and run prepare on them (and put back what they changed), so no other test sees a cluster a benchmark has been
+    through."""
+    items.sort(key=lambda item: item.path.name == "test_bench_smoke_cluster.py")
