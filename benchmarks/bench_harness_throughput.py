@@ -5,7 +5,9 @@ runs ``sparkctl.bench.measure.measure_decode`` on the code prompt (5 runs x 2,00
 prints measured/configured. Within 2% means the harness (httpx streaming, SSE parsing, per-frame
 timestamps) keeps up with 2,000 chunks/s. Not collected by pytest; run it by hand:
 
-    .venv/bin/python benchmarks/bench_harness_throughput.py [--rate 2000] [--tokens 2000] [--runs 5]
+    .venv/bin/python benchmarks/bench_harness_throughput.py [--rate 2000] [--tokens 2000] [--runs 5] [--smoke]
+
+--smoke: one run of 200 tokens (CI's smoke run: the code path, not the figures).
 """
 from __future__ import annotations
 
@@ -36,7 +38,10 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=2000.0, help="emulated decode tok/s (configured truth)")
     ap.add_argument("--tokens", type=int, default=2000, help="max_tokens per run")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
     args = ap.parse_args()
+    if args.smoke:
+        args.runs, args.tokens = 1, 200
 
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKCTL_SIM_")}

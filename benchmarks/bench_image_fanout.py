@@ -14,9 +14,13 @@ copy from a clean peer (no pipeline image, no base, `docker image prune -af`):
   4. a flag-only copy (peers hold the previous engine + launch: one thin layer missing) to one and to three peers,
      through the registry as chosen; and one right after the streamed first copy (see the note in `run`).
 Run:  SPARKCTL_TEST_CLUSTER4_PREFIX=nfq SPARKCTL_TEST_CLUSTER4_NET=9 .venv/bin/python benchmarks/bench_image_fanout.py
+--smoke: one ABBA half-round (baseline and first copy once each), the rest as above, on the four-node test cluster
+testrig.benchrig.bench_cluster names (a test session's: the engine image is put back on the peers after) or one of
+its own (CI's smoke run: the code path, not the figures). Minutes, not seconds: four image builds and copies.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -37,6 +41,7 @@ from sparkctl.images.plan import plan_images  # noqa: E402
 from sparkctl.images.registry import Endpoint  # noqa: E402
 from sparkctl.nodes.fanout import fan_out, raise_first  # noqa: E402
 from sparkctl.prepare.plays import prepare  # noqa: E402
+from testrig.benchrig import bench_cluster  # noqa: E402
 from testrig.cluster import TestCluster  # noqa: E402
 from testrig.engine_image import EngineImages  # noqa: E402
 
@@ -56,15 +61,19 @@ def _profile(base_tag: str, watchdog: int):
 def main() -> None:
     prefix = os.environ.get("SPARKCTL_TEST_CLUSTER4_PREFIX", "bfan")
     net = int(os.environ.get("SPARKCTL_TEST_CLUSTER4_NET", "5"))
-    with tempfile.TemporaryDirectory() as tmpdir:
-        cluster = TestCluster(Path(tmpdir) / "cluster", name_prefix=prefix, net_index=net, node_count=4).up()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
+    smoke = ap.parse_args().smoke
+    with tempfile.TemporaryDirectory() as tmpdir, bench_cluster(Path(tmpdir) / "cluster", prefix, net,
+                                                                node_count=4) as (cluster, attached):
         try:
-            print(json.dumps(run(cluster), indent=2))
+            print(json.dumps(run(cluster, rounds=1 if smoke else ROUNDS), indent=2))
         finally:
-            cluster.down()
+            if attached:     # the peers' images were pruned: the session's engine image back where it was
+                cluster.ensure_engine_image()
 
 
-def run(cluster: TestCluster) -> dict:
+def run(cluster: TestCluster, rounds: int = ROUNDS) -> dict:
     inv = load_inventory(cluster.inventory_path)
     conns = pipeline.connections(inv)
     a = conns["spark-a"]
@@ -110,7 +119,7 @@ def run(cluster: TestCluster) -> dict:
         assert {t.via for t in ts} == {"stream"}, [t.line() for t in ts]
         return took
 
-    for i in range(ROUNDS):   # ABBA order, each after a clean peer and a sync (the last load's writeback done)
+    for i in range(rounds):   # ABBA order, each after a clean peer and a sync (the last load's writeback done)
         for which in (("base", "ours") if i % 2 == 0 else ("ours", "base")):
             clean([b])
             a.run(["sync"], timeout=300)

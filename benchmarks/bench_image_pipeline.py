@@ -15,9 +15,13 @@ default `bimg`/6), builds the SGLang 0.5.23 test base on spark-a, then measures:
 Every copy here goes through the registry (``distribute(..., stream=False)``); the first-copy stream and the
 copy to three peers at once are benchmarks/bench_image_fanout.py.
 Run:  SPARKCTL_TEST_CLUSTER_PREFIX=pa SPARKCTL_TEST_CLUSTER_NET=3 .venv/bin/python benchmarks/bench_image_pipeline.py
+--smoke: the same run (it has no round to shorten: each step once), on the test cluster testrig.benchrig.bench_cluster
+names (a test session's: the engine image is put back on spark-b after) or one of its own (CI's smoke run: the code
+path, not the figures). Minutes, not seconds: two image builds and several copies of the engine image.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -36,7 +40,7 @@ from sparkctl.images.copy import distribute  # noqa: E402
 from sparkctl.images.plan import plan_images  # noqa: E402
 from sparkctl.images.registry import Endpoint, Registry  # noqa: E402
 from sparkctl.prepare.plays import prepare  # noqa: E402
-from testrig.cluster import TestCluster  # noqa: E402
+from testrig.benchrig import bench_cluster  # noqa: E402
 from testrig.engine_image import EngineImages  # noqa: E402
 
 _SERVE = ("import os,socket,sys\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
@@ -65,8 +69,11 @@ def _build_and_copy(prof, inv, a, src, dst):
 def main() -> None:
     prefix = os.environ.get("SPARKCTL_TEST_CLUSTER_PREFIX", "bimg")
     net = int(os.environ.get("SPARKCTL_TEST_CLUSTER_NET", "6"))
-    with tempfile.TemporaryDirectory() as tmpdir:
-        cluster = TestCluster(Path(tmpdir) / "cluster", name_prefix=prefix, net_index=net).up()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
+    ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmpdir, bench_cluster(Path(tmpdir) / "cluster", prefix, net) as (
+            cluster, attached):
         try:
             inv = load_inventory(cluster.inventory_path)
             conns = pipeline.connections(inv)
@@ -163,7 +170,8 @@ def main() -> None:
             }
             print(json.dumps(out, indent=2))
         finally:
-            cluster.down()
+            if attached:     # spark-b's images were pruned: the session's engine image back where it was
+                cluster.ensure_engine_image()
 
 
 if __name__ == "__main__":

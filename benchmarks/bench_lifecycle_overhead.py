@@ -7,7 +7,8 @@ On an embedded cluster (loopback addresses of its own, emulator boot_s configure
   3. orchestration overhead = 1 - 2 (target < 1 s);
   4. a no-op `up` on the healthy deployment (target < 1 s), and the same without interpreter start-up.
 Prints ratios measured in this one run (the machine is shared and noisy). Run:
-    .venv/bin/python benchmarks/bench_lifecycle_overhead.py [--boot-s 3] [--runs 3]
+    .venv/bin/python benchmarks/bench_lifecycle_overhead.py [--boot-s 3] [--runs 3] [--smoke]
+--smoke: one run, boot_s 0.3, decode_tps 4000 (CI's smoke run: the code path, not the figures).
 """
 from __future__ import annotations
 
@@ -42,7 +43,10 @@ def main() -> None:
     ap.add_argument("--boot-s", type=float, default=3.0, help="emulator boot time (s)")
     ap.add_argument("--decode-tps", type=float, default=400.0, help="emulator decode rate (tok/s)")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
     args = ap.parse_args()
+    if args.smoke:
+        args.runs, args.boot_s, args.decode_tps = 1, 0.3, 4000.0
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         env = dict(os.environ, SPARKCTL_STATE_DIR=str(tmp / "state"),

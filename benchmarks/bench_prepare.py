@@ -7,12 +7,15 @@ Needs root, like tests/cluster. In one run:
   - syncs a model directory of --mib MiB from spark-a to spark-b (models.yml: rsync over the fabric SSH) and
     streams the same bytes over the same fabric link twice: through ssh (`cat | ssh peer 'cat >/dev/null'`, the
     transport rsync uses) and as a plain TCP stream (python sockets, no encryption); prints MB/s and ratios.
-Run:  .venv/bin/python benchmarks/bench_prepare.py [--mib 256] [--runs 3]
+Run:  .venv/bin/python benchmarks/bench_prepare.py [--mib 256] [--runs 3] [--smoke]
+--smoke: one run each, 8 MiB, on the test cluster testrig.benchrig.bench_cluster names (a test session's: prepare
+restores what it changed on the nodes after) or one of its own (CI's smoke run: the code path, not the figures).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,7 +30,7 @@ from sparkctl.config.inventory import load_inventory  # noqa: E402
 from sparkctl.prepare import runner  # noqa: E402
 from sparkctl.prepare.plays import prepare  # noqa: E402
 from sparkctl.prepare.runner import PLAYBOOK_DIR, run_playbook  # noqa: E402
-from testrig.cluster import TestCluster  # noqa: E402
+from testrig.benchrig import bench_cluster  # noqa: E402
 
 SSH_FABRIC = ["ssh", "-i", "/root/.ssh/sparkctl_fabric_ed25519", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
               "-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=/root/.ssh/sparkctl_fabric_known_hosts"]
@@ -50,14 +53,21 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--sync-only", action="store_true", help="skip the no-change prepare timings")
+    ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
     args = ap.parse_args()
+    if args.smoke:
+        args.runs, args.mib = 1, 8
     work = Path(tempfile.mkdtemp(prefix="bench-prepare-"))
     os.environ["SPARKCTL_STATE_DIR"] = str(work / "state")
-    cluster = TestCluster(work / "cluster", os.environ.get("SPARKCTL_TEST_CLUSTER_PREFIX", "bprep"),
-                          int(os.environ.get("SPARKCTL_TEST_CLUSTER_NET", "200")), build_image=False)
-    cluster.up()
+    with bench_cluster(work / "cluster", os.environ.get("SPARKCTL_TEST_CLUSTER_PREFIX", "bprep"),
+                       int(os.environ.get("SPARKCTL_TEST_CLUSTER_NET", "200")), build_image=False) as (cluster,
+                                                                                                       attached):
+        _run(args, cluster, attached)
+
+
+def _run(args: argparse.Namespace, cluster, attached: bool) -> None:
+    inv = load_inventory(cluster.inventory_path)
     try:
-        inv = load_inventory(cluster.inventory_path)
         first, res = timed(lambda: prepare(inv))
         print(f"prepare, first run: {first:.1f}s, changed {({h: s['changed'] for h, s in res.stats.items()})}")
         fast: list[float] = []
@@ -101,7 +111,7 @@ def main() -> None:
                   f"prepare / floor {f / fl:.2f}")
 
         a = Path(inv.node("spark-a").host_paths.models) / "bench-model"
-        a.mkdir(parents=True)
+        a.mkdir(parents=True, exist_ok=True)
         shard = 64 << 20
         left = args.mib << 20
         i = 0
@@ -133,7 +143,10 @@ def main() -> None:
               f"{mb / t_tcp:.0f} MB/s ({t_tcp:.2f}s); rsync/ssh {t_ssh / t_rsync:.2f}, rsync/tcp "
               f"{t_tcp / t_rsync:.2f}")
     finally:
-        cluster.down()
+        if attached:     # a test session's cluster: its nodes as they were (what prepare changed, put back)
+            prepare(inv, restore=True)
+            for node in inv.nodes:
+                shutil.rmtree(Path(node.host_paths.models) / "bench-model", ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 (sparkctl.sglang.serverinfo.parse_prometheus_samples) against the hand-written regex it replaced (kept here, and
 only here, as the baseline), on the real SGLang 0.5.23 TP=2 capture; both must give the same samples.
 
-Run:  .venv/bin/python benchmarks/bench_prometheus_parse.py [--runs 200]
+Run:  .venv/bin/python benchmarks/bench_prometheus_parse.py [--runs 200] [--smoke]
+--smoke: 5 runs (CI's smoke run: the code path, not the figures).
 """
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ def regex_baseline(text: str) -> list[tuple[str, dict[str, str], float]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=200)
-    runs = ap.parse_args().runs
+    ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
+    args = ap.parse_args()
+    runs = 5 if args.smoke else args.runs
     text = CAPTURE.read_text().split("\n\n", 1)[-1]          # the body, after the HTTP headers
     lib = [(s.name, s.labels, s.value) for s in parse_prometheus_samples(text)]
     base = regex_baseline(text)

@@ -32,7 +32,10 @@ and against SGLang's own benchmark client. Prints both of issue 23's targets as 
 
 Real boot figures move with the machine's load (2 shared cores here): read the ratios of one run, and `uptime`.
 Run (unattended; builds the real-engine environment if missing):
-    .venv/bin/python benchmarks/bench_real_engine.py [--runs 3] [--max-tokens 64] [--skip-card]
+    .venv/bin/python benchmarks/bench_real_engine.py [--runs 3] [--max-tokens 64] [--skip-card] [--smoke]
+--smoke: the cheapest run of every part: TP=1 only, one up/by-hand pair, one card and one bench_serving round of
+8 tokens and 3 TTFT requests of ~128 tokens (CI's smoke run: the code path, not the figures). Three real engine boots:
+minutes on 2 cores, not seconds.
 """
 from __future__ import annotations
 
@@ -403,7 +406,11 @@ def main() -> None:
     ap.add_argument("--clients-rounds", type=int, default=0,
                     help="also send the same requests from the card's client, a bare httpx client and aiohttp (as "
                          "bench_serving) interleaved in this many rounds, on the comparison's server")
+    ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
     args = ap.parse_args()
+    if args.smoke:
+        args.runs, args.max_tokens, args.card_rounds, args.card_tp = 1, 8, 1, 1
+        args.ttft_tokens, args.ttft_runs, args.clients_rounds = 128, 3, 0
     from sparkctl.bench.prompts import decode_prompts, long_prompt, words_for_tokens
     from sparkctl.config.inventory import load_inventory
     from testrig.embedded import stop_recorded_engines, write_real_engine_inventory
@@ -424,7 +431,7 @@ def main() -> None:
         state = tmp / "state"
         base_env = dict(os.environ, SPARKCTL_STATE_DIR=str(state), SPARKCTL_PROFILES_DIR=str(profiles))
         try:
-            plan = [] if args.skip_overhead else [("cpu-tiny-tp1", 1), ("cpu-tiny", 2)]
+            plan = [] if args.skip_overhead else [("cpu-tiny-tp1", 1), ("cpu-tiny", 2)][:1 if args.smoke else 2]
             for profile, nodes in plan:
                 inv = invs[nodes]
                 env = dict(base_env, SPARKCTL_INVENTORY=str(inv))
@@ -457,7 +464,8 @@ def main() -> None:
                 # The first client after `up` meets the engine's first minutes: in one run its first ~60 TTFT
                 # requests took 40-50 ms and the rest 22 ms, a step that fell on whichever client came first. One
                 # card run, not counted, takes that step.
-                _card(env, tmp / "card-warm", args.max_tokens, 2, args.ttft_tokens, max(10, args.ttft_runs // 2))
+                _card(env, tmp / "card-warm", args.max_tokens, 2, args.ttft_tokens,
+                      args.ttft_runs if args.smoke else max(10, args.ttft_runs // 2))
                 # ABBA (card, bench_serving, bench_serving, card, ...): a load that drifts falls on both clients
                 for i in range(2 * args.card_rounds):
                     if (i % 4) in (0, 3):

@@ -13,7 +13,8 @@ Two engine configurations, one run each:
   * uncapped: no mamba flags (48 running requests): the engine batches, and a step costs the same up to
     batch_no_slowdown tokens (perf.step_seconds), so a second replica buys little at c <= 8.
 Run:
-    .venv/bin/python benchmarks/bench_replica_scaling.py [--decode-tps 200] [--max-tokens 200] [--only capped]
+    .venv/bin/python benchmarks/bench_replica_scaling.py [--decode-tps 200] [--max-tokens 200] [--only capped] [--smoke]
+--smoke: capped only, concurrency 1 and 2, 16 tokens at 2,000 tok/s (CI's smoke run: the code path, not the figures).
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def _profile(path: Path, replicas: int, capped: bool) -> Path:
     return path
 
 
-def _measure(tmp: Path, replicas: int, capped: bool, knobs: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+def _measure(tmp: Path, replicas: int, capped: bool, knobs: dict[str, Any], max_tokens: int,
+             levels: tuple[int, ...]) -> dict[str, Any]:
     from sparkctl.bench.run import BenchOptions, bench
     from sparkctl.config.inventory import load_inventory
     from sparkctl.config.profile import load_profile
@@ -50,7 +52,7 @@ def _measure(tmp: Path, replicas: int, capped: bool, knobs: dict[str, Any], max_
     try:
         d.up(load_profile(str(_profile(tmp / f"{name}-profile.yml", replicas, capped))))
         opts = BenchOptions(gates=("cold", "concurrency"), max_tokens=max_tokens, warmup=0, runs=1,
-                            router_concurrency=LEVELS, out_dir=tmp / f"{name}-card")
+                            router_concurrency=levels, out_dir=tmp / f"{name}-card")
         return bench(inv, opts)
     finally:
         d.down()
@@ -61,7 +63,11 @@ def main() -> None:
     ap.add_argument("--decode-tps", type=float, default=200.0, help="the emulator's per-stream decode rate")
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--only", choices=("capped", "uncapped"), default=None)
+    ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
     a = ap.parse_args()
+    levels: tuple[int, ...] = LEVELS
+    if a.smoke:
+        a.only, a.max_tokens, a.decode_tps, levels = "capped", 16, 2000.0, (1, 2)
     for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")] + ["SPARKCTL_API_KEY"]:
         os.environ.pop(key, None)
     tmp = Path(tempfile.mkdtemp(prefix="bench-replicas-"))
@@ -70,19 +76,19 @@ def main() -> None:
     print(f"[EMULATED] aggregate decode through the router (sglang-router 0.3.2), tok/s; emulator decode_tps "
           f"{a.decode_tps:g}, max_tokens {a.max_tokens}, TP=1 replicas, one run")
     for capped in ((True, False) if a.only is None else (a.only == "capped",)):
-        runs = {k: _measure(tmp, k, capped, knobs, a.max_tokens) for k in (1, 2)}
+        runs = {k: _measure(tmp, k, capped, knobs, a.max_tokens, levels) for k in (1, 2)}
         rows = {k: {lv["concurrency"]: lv["aggregate_tok_s"] for lv in r["router"]["levels"]} for k, r in runs.items()}
         caps = [x["max_running_requests"] for x in runs[2]["router"]["replicas"]]
         print(f"\n{'capped' if capped else 'uncapped'}: max_running_requests per replica {caps}"
               + (" (the mamba state cache)" if capped else ""))
-        print("  concurrency   " + "".join(f"{c:>10}" for c in LEVELS))
+        print("  concurrency   " + "".join(f"{c:>10}" for c in levels))
         for k in (1, 2):
-            print(f"  {k} replica{'s' if k > 1 else ' '}    " + "".join(f"{rows[k][c]:10.1f}" for c in LEVELS))
-        print("  ratio 2/1     " + "".join(f"{rows[2][c] / rows[1][c]:10.2f}" for c in LEVELS))
-        print("  vs c1, 1 rep  " + "".join(f"{rows[1][c] / rows[1][1]:10.2f}" for c in LEVELS))
+            print(f"  {k} replica{'s' if k > 1 else ' '}    " + "".join(f"{rows[k][c]:10.1f}" for c in levels))
+        print("  ratio 2/1     " + "".join(f"{rows[2][c] / rows[1][c]:10.2f}" for c in levels))
+        print("  vs c1, 1 rep  " + "".join(f"{rows[1][c] / rows[1][1]:10.2f}" for c in levels))
         split = ["/".join(f"{s['requests']:g}" for s in lv["replicas"]) for lv in runs[2]["router"]["levels"]]
         print("  2-replica split, requests per replica (router metrics): "
-              + ", ".join(f"c{c} {s}" for c, s in zip(LEVELS, split)))
+              + ", ".join(f"c{c} {s}" for c, s in zip(levels, split)))
         print(f"  cards: {runs[1]['files']['markdown']}  {runs[2]['files']['markdown']}")
 
 

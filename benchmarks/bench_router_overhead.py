@@ -7,7 +7,9 @@ One run, loopback, emulated engines (labelled so):
   2. aggregate decode at concurrency 1, 2, 4, 8 through the router with 1 replica vs 2 replicas (the emulator's
      decode model: each replica batches its own requests), tokens/s = completion tokens / wall time.
 Run:
-    .venv/bin/python benchmarks/bench_router_overhead.py [--requests 100] [--tokens 64] [--decode-tps 400]
+    .venv/bin/python benchmarks/bench_router_overhead.py [--requests 100] [--tokens 64] [--decode-tps 400] [--smoke]
+--smoke: 5 requests of 16 tokens, one request per client in the aggregate, 2,000 tok/s (CI's smoke run: the code
+path, not the figures).
 """
 from __future__ import annotations
 
@@ -77,7 +79,11 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=100)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--decode-tps", type=float, default=400.0)
+    ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
     a = ap.parse_args()
+    per_client = 4
+    if a.smoke:
+        a.requests, a.tokens, a.decode_tps, per_client = 5, 16, 2000.0, 1
     from sparkctl.router.client import RouterClient
     from sparkctl.router.process import RouterProcess
     from sparkctl.router.spec import RouterSpec
@@ -104,7 +110,7 @@ def main() -> None:
         for replicas in (1, 2):
             if replicas == 2:
                 client.add_worker(workers[1].url(""))
-            rows[replicas] = [_aggregate(spec.url, c, 4, a.tokens * 4) for c in (1, 2, 4, 8)]
+            rows[replicas] = [_aggregate(spec.url, c, per_client, a.tokens * 4) for c in (1, 2, 4, 8)]
         print("  conc      1        2        4        8")
         for replicas, vals in rows.items():
             print(f"  {replicas} repl " + " ".join(f"{v:8.1f}" for v in vals))

@@ -7,7 +7,8 @@ its own host key, user key and known_hosts under a temporary directory), on ONE 
   2. whether multi-byte UTF-8 output comes back intact: a command printing 3,000 x "€" (3 bytes each), so
      characters straddle invoke's 1000-byte read chunks (invoke decodes each chunk on its own, "replace").
 
-Run:  sudo .venv/bin/python benchmarks/bench_ssh_run.py [--runs 50]
+Run:  sudo .venv/bin/python benchmarks/bench_ssh_run.py [--runs 50] [--smoke]
+--smoke: 3 runs (CI's smoke run: the code path, not the figures).
 """
 from __future__ import annotations
 
@@ -55,7 +56,9 @@ def _sshd(tmp: Path, port: int) -> subprocess.Popen[bytes]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=50)
-    runs = ap.parse_args().runs
+    ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
+    args = ap.parse_args()
+    runs = 3 if args.smoke else args.runs
     from sparkctl.config.inventory import Cluster, Node
     from sparkctl.nodes.ssh import SSHConnector
 

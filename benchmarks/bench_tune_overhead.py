@@ -8,10 +8,13 @@ On an embedded cluster of its own (emulator with the planted optimum of tests/tu
 the wall time of the command, the sum of the 13 trials, the confirmation, the restore, tune's own overhead
 (wall - trials - confirmation - restore; includes interpreter start-up and the journal writes), and the estimate
 after the first trial against the actual total. One run on a shared, noisy machine. Run:
-    .venv/bin/python benchmarks/bench_tune_overhead.py
+    .venv/bin/python benchmarks/bench_tune_overhead.py [--smoke]
+--smoke: 1 candidate (num_draft_tokens=4), one run of 32 tokens each, one A B confirmation round (CI's smoke run:
+the code path, not the figures).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -28,6 +31,13 @@ PLANTED = {"boot_s": 0.3, "decode_tps": 300, "verify_cost": 1.5, "verify_cost_pe
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
+    smoke = ap.parse_args().smoke
+    vary = (["--vary", "speculative.num_draft_tokens=4"] if smoke else
+            ["--vary", "speculative.num_draft_tokens=3,4,5,6,7,9", "--vary", "server.mem_fraction_static=0.86,0.88"])
+    runs = (["--runs", "1", "--max-tokens", "32", "--confirm-rounds", "1"] if smoke else
+            ["--runs", "3", "--max-tokens", "161"])
     from testrig.embedded import stop_recorded_engines, write_embedded_inventory
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
@@ -40,10 +50,8 @@ def main() -> None:
                    SPARKCTL_PROFILES_DIR=str(profiles))
         try:
             t0 = time.perf_counter()
-            out = subprocess.run([sys.executable, "-m", "sparkctl", "-q", "tune", "--profile", "t5",
-                                  "--vary", "speculative.num_draft_tokens=3,4,5,6,7,9",
-                                  "--vary", "server.mem_fraction_static=0.86,0.88",
-                                  "--runs", "3", "--max-tokens", "161", "--warmup", "0", "--json"],
+            out = subprocess.run([sys.executable, "-m", "sparkctl", "-q", "tune", "--profile", "t5", *vary, *runs,
+                                  "--warmup", "0", "--json"],
                                  env=env, capture_output=True, text=True, check=True, cwd=str(REPO))
             wall = time.perf_counter() - t0
         finally:

@@ -8,7 +8,8 @@ On an embedded cluster (loopback addresses of its own, emulator boot_s configure
   4. time to recover = its `recovered_at` - the kill, next to the restart's own stages read from the new
      deployment's record: boot (the engine's share: the emulator's boot_s plus process start), warm-up, verify.
 Prints figures measured in this one run (the machine is shared and noisy). Run:
-    .venv/bin/python benchmarks/bench_watch_recovery.py [--interval 0.5] [--boot-s 2] [--runs 3]
+    .venv/bin/python benchmarks/bench_watch_recovery.py [--interval 0.5] [--boot-s 2] [--runs 3] [--smoke]
+--smoke: one kill, boot_s 0.3 (CI's smoke run: the code path, not the figures).
 """
 from __future__ import annotations
 
@@ -47,7 +48,10 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=0.5, help="the watcher's --interval (s)")
     ap.add_argument("--boot-s", type=float, default=2.0, help="the emulator's boot time (s)")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
     args = ap.parse_args()
+    if args.smoke:
+        args.runs, args.boot_s = 1, 0.3
 
     from sparkctl.config.inventory import load_inventory
     from sparkctl.nodes.handles import ProcessHandle

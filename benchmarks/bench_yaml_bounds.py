@@ -8,7 +8,8 @@ wall time and peak RSS (the child's ru_maxrss from wait4):
   - a 2 MB document,
   - the shipped d5 profile (the baseline: what any render costs),
 then the loader alone on the bomb, in-process (time and tracemalloc peak).
-Run:  .venv/bin/python benchmarks/bench_yaml_bounds.py [--repeat 3]
+Run:  .venv/bin/python benchmarks/bench_yaml_bounds.py [--repeat 3] [--smoke]
+--smoke: one run per case (CI's smoke run: the code path, not the figures).
 """
 from __future__ import annotations
 
@@ -92,7 +93,10 @@ def in_process(tmp: Path) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs per case (the best is printed)")
+    parser.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
     opts = parser.parse_args()
+    if opts.smoke:
+        opts.repeat = 1
     with tempfile.TemporaryDirectory() as tmp:
         print(f"{'case':<38} {'exit':>4} {'wall s':>7} {'peak MB':>8}  message")
         for name, args, env in cases(Path(tmp)):

@@ -5,8 +5,10 @@
     assert load.failures == [] and load.during > 0
 
 Each client sends `/generate` requests one after the other: at least `at_least` each, then on until the change is
-over (the `with` block left), never more than `at_most` each, so the change runs under load however fast the
-machine is and the loop always ends. Failures (non-200, transport errors) are kept with their text.
+over (the `with` block left) and `after` more beyond it, never more than `at_most` each, so the change runs under
+load however fast the machine is and the loop always ends. `done` counts the requests answered so far (a test
+waits on it to let traffic flow before or between its steps). Failures (non-200, transport errors, and with
+`exact_tokens` a 200 whose completion_tokens is not `max_new_tokens`) are kept with their text.
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ import httpx
 
 class Traffic:
     def __init__(self, endpoint: str, *, clients: int, at_least: int, at_most: int, max_new_tokens: int,
-                 timeout_s: float = 60.0, join_s: float = 300.0) -> None:
+                 after: int = 0, exact_tokens: bool = False, timeout_s: float = 60.0, join_s: float = 300.0) -> None:
         self.endpoint, self.clients, self.at_least, self.at_most = endpoint, clients, at_least, at_most
+        self.after, self.exact_tokens = after, exact_tokens
         self.max_new_tokens, self.timeout_s, self.join_s = max_new_tokens, timeout_s, join_s
         self.failures: list[str] = []
         self.done = 0
@@ -40,15 +43,19 @@ class Traffic:
 
     def _client(self, k: int) -> None:
         with httpx.Client(timeout=self.timeout_s, trust_env=False) as c:
+            beyond = 0                        # requests sent after the change was over
             for i in range(self.at_most):
                 if i >= self.at_least and self.ended is not None:
-                    break
+                    if beyond == self.after:
+                        break
+                    beyond += 1
                 with self._lock:
                     self.started.append(time.monotonic())
                 try:
                     r = c.post(self.endpoint + "/generate", json={
                         "text": f"c{k} {i}", "sampling_params": {"max_new_tokens": self.max_new_tokens}})
-                    if r.status_code != 200:
+                    if r.status_code != 200 or (self.exact_tokens and r.json()["meta_info"]["completion_tokens"]
+                                                != self.max_new_tokens):
                         self.failures.append(f"{r.status_code} {r.text[:200]}")
                 except httpx.HTTPError as exc:
                     self.failures.append(repr(exc))

@@ -42,6 +42,7 @@ TIER_OF_DIR = {
     "unit": "unit", "golden": "unit", "sglang": "unit", "property": "unit",
     "sim": "embedded", "lifecycle": "embedded", "bench_card": "embedded", "tune": "embedded",
     "doctor": "embedded", "scaleout": "embedded", "watch": "embedded", "install": "embedded",
+    "bench_smoke": "embedded",
     "cluster": "cluster", "contract": "contract", "realengine": "real_engine",
 }
 # files whose tier is not their directory's (path under tests/)

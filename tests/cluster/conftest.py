@@ -113,3 +113,10 @@ def _cluster_d5(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     directory = tmp_path_factory.mktemp("cluster-profiles")
     _d5_for_a_shared_host(directory)
     monkeypatch.setenv("SPARKCTL_PROFILES_DIR", str(directory))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The benchmarks' smoke runs (test_bench_smoke_cluster.py) after every other test: they prune the nodes' images
+    and run prepare on them (and put back what they changed), so no other test sees a cluster a benchmark has been
+    through."""
+    items.sort(key=lambda item: item.path.name == "test_bench_smoke_cluster.py")

@@ -18,9 +18,7 @@ from __future__ import annotations
 import json
 import os
 import resource
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -33,6 +31,7 @@ from sparkctl.router.container import router_container_name
 from sparkctl.state.ledger import Ledger
 from testrig.cluster import TestCluster
 from testrig.embedded import write_replicated_profile
+from testrig.traffic import Traffic
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
@@ -143,48 +142,22 @@ def test_replicas_behind_the_router_container(cli, capsys, test_cluster, replica
         assert routers[0][0] != first_id
 
         # ---- rolling update under a bounded client loop through the router ------------------------------------
-        failures: list[str] = []
-        done = [0]
-        lock = threading.Lock()
-        rolled_event = threading.Event()
-
-        def client(k: int) -> None:
-            """Requests until the update is over and AFTER more beyond it, at most CAP (the loop's bound)."""
-            after = 0
-            with httpx.Client(timeout=60, trust_env=False) as c:
-                for i in range(CAP):
-                    if rolled_event.is_set():
-                        if after == AFTER:
-                            return
-                        after += 1
-                    try:
-                        resp = c.post(endpoint + "/generate", json={"text": f"c{k} {i}",
-                                                                    "sampling_params": {"max_new_tokens": TOKENS}})
-                        if resp.status_code != 200:
-                            failures.append(f"{resp.status_code} {resp.text[:200]}")
-                    except httpx.HTTPError as exc:
-                        failures.append(repr(exc))
-                    with lock:
-                        done[0] += 1
-
         write_replicated_profile(prof, 24)                               # a changed flag: a rolling update
-        with ThreadPoolExecutor(CLIENTS) as pool:
-            futures = [pool.submit(client, k) for k in range(CLIENTS)]
-            while done[0] < CLIENTS:                                     # traffic flows before the update starts
-                threading.Event().wait(0.05)
-            before, t0 = done[0], time.monotonic()
+        # requests until the update is over and AFTER more beyond it each, at most CAP each (the loop's bound)
+        with Traffic(endpoint, clients=CLIENTS, at_least=0, at_most=CAP, after=AFTER, max_new_tokens=TOKENS,
+                     join_s=600) as load:
+            while load.done < CLIENTS:                                   # traffic flows before the update starts
+                time.sleep(0.05)
+            before, t0 = load.done, time.monotonic()
             code, rolled, err = _json(cli, "up", "-p", str(prof), "--yes")
-            at_end, took = done[0], time.monotonic() - t0
-            rolled_event.set()
-            for f in futures:
-                f.result(timeout=600)
+            at_end, took = load.done, time.monotonic() - t0
         assert code == 0, err[-4000:]
-        assert failures == [], failures[:5]
+        assert load.failures == [], load.failures[:5]
         # the whole update ran under load: requests before it, during it, and after it (not cut by the bound)
-        assert before >= CLIENTS and at_end > before and done[0] < CLIENTS * CAP, (before, at_end, done[0], took)
+        assert before >= CLIENTS and at_end > before and load.done < CLIENTS * CAP, (before, at_end, load.done, took)
         with capsys.disabled():                                          # the figure, outside the CLI's output
             print(f"\nrolling update {took:.1f}s; requests before/during/after: {before}/{at_end - before}/"
-                  f"{done[0] - at_end}, failed {len(failures)}")
+                  f"{load.done - at_end}, failed {len(load.failures)}")
         assert rolled["outcome"] == "deployed" and rolled["updated"] == [0, 1]
         journal = json.loads(record_path.read_text())["journal"]
         ok = [(e["step"], e["replica"]) for e in journal if e["phase"] == "ok"]

@@ -5,9 +5,7 @@ generation answer), and attached again. Zero failed requests; every replica serv
 from __future__ import annotations
 
 import random
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
@@ -16,6 +14,7 @@ from sparkctl.router.process import RouterProcess
 from sparkctl.router.spec import RouterSpec
 from testrig.simproc import MODEL, SimProc
 from testrig.testenv import free_port, need_module
+from testrig.traffic import Traffic
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
 ENV = {"SPARKCTL_SIM_BOOT_S": "0.3", "SPARKCTL_SIM_DECODE_TPS": "2000", "SPARKCTL_SIM_TTFT_BASE_S": "0.002"}
@@ -50,34 +49,14 @@ def test_rolling_replacement_through_the_router_fails_no_request(tmp_path):
         for e in engines.values():
             rc._until("listed", lambda e=e: (w := rc.find(e.url(""))) and w.healthy, 30)
 
-        failures: list[str] = []
-        done = [0]
-        lock = threading.Lock()
-        stop = threading.Event()
-
-        def client(k: int) -> None:
-            with httpx.Client(timeout=60, trust_env=False) as c:
-                for i in range(1000):      # at least 4 x 50 = 200 requests, on until both are replaced; bounded
-                    try:
-                        r = c.post(spec.url + "/generate",
-                                   json={"text": f"c{k} r{i}", "sampling_params": {"max_new_tokens": 160}})
-                        ok = r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 160
-                        if not ok:
-                            failures.append(f"{r.status_code} {r.text[:200]}")
-                    except httpx.HTTPError as exc:
-                        failures.append(repr(exc))
-                    with lock:
-                        done[0] += 1
-                    if i >= 49 and stop.is_set():
-                        return
-
         steps: list[tuple[str, str, float]] = []
         at: list[int] = []                              # requests done when each step ended
-        with ThreadPoolExecutor(4) as pool:
-            futures = [pool.submit(client, k) for k in range(4)]
+        # at least 4 x 50 = 200 requests, on until both are replaced; bounded
+        with Traffic(spec.url, clients=4, at_least=50, at_most=1000, max_new_tokens=160, exact_tokens=True,
+                     join_s=120) as load:
             for addr in addrs:
                 url = engines[addr].url("")
-                while done[0] < 16 * (1 + len(steps) // 3):   # let traffic flow between replicas
+                while load.done < 16 * (1 + len(steps) // 3):   # let traffic flow between replicas
                     time.sleep(0.02)
                 steps.append((url, "detach", detach(rc, url, drain_s=30)))
                 engines[addr].close()                          # the redeploy: old engine gone ...
@@ -87,13 +66,10 @@ def test_rolling_replacement_through_the_router_fails_no_request(tmp_path):
                 steps.append((url, "gate", 0.0))
                 attach(rc, url)
                 steps.append((url, "attach", 0.0))
-                at.append(done[0])
-            stop.set()
-            for f in futures:
-                f.result(timeout=120)
-        assert failures == [], failures[:5]
-        assert done[0] >= 200
-        assert at[-1] < done[0], at                     # both replacements happened under load
+                at.append(load.done)
+        assert load.failures == [], load.failures[:5]
+        assert load.done >= 200
+        assert at[-1] < load.done, at                     # both replacements happened under load
         assert [(u, s) for u, s, _ in steps] == [(engines[a].url(""), s) for a in addrs
                                                  for s in ("detach", "gate", "attach")]
         m = rc.metrics()

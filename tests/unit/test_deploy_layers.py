@@ -7,26 +7,15 @@ from pathlib import Path
 
 from sparkctl.deploy.fanout import fan_out, raise_first
 from sparkctl.deploy.steps import COMMANDS, crash_points
+from testrig.imports import import_graph, subgraph
 
 DEPLOY = Path(__file__).resolve().parents[2] / "sparkctl" / "deploy"
 
 
 def _graph() -> dict[str, set[str]]:
-    mods = {p.stem for p in DEPLOY.glob("*.py") if p.stem != "__init__"}
-    graph: dict[str, set[str]] = {}
-    for name in mods:
-        tree = ast.parse((DEPLOY / f"{name}.py").read_text())
-        deps: set[str] = set()
-        for node in ast.walk(tree):          # every import, wherever it is (module level, function, TYPE_CHECKING)
-            if isinstance(node, ast.ImportFrom) and node.module:
-                if node.module.startswith("sparkctl.deploy."):
-                    deps.add(node.module.split(".")[2])
-                elif node.module == "sparkctl.deploy":
-                    deps.update(a.name for a in node.names)
-            elif isinstance(node, ast.Import):
-                deps.update(a.name.split(".")[2] for a in node.names if a.name.startswith("sparkctl.deploy."))
-        graph[name] = (deps & mods) - {name}
-    return graph
+    """deploy/'s files by name -> the deploy/ files each imports (testrig.imports: every import, wherever it is,
+    module level, function, TYPE_CHECKING)."""
+    return subgraph(import_graph(), "sparkctl.deploy")
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -1,73 +1,15 @@
 """sparkctl's import graph has no circle, between files or between packages, so the layers stay layers.
 
-The graph is read with `ast` from the source, not from what happens to be imported at run time: every import
-counts, wherever it is (module level, inside a function, under TYPE_CHECKING), since a function-level import is
-only a circle postponed. `from sparkctl.a import b` is an edge to the module `sparkctl.a.b` when that is a file,
-else to `sparkctl.a`. A package is `sparkctl.<name>` (a sub-package or a top-level file such as
-`sparkctl/statefiles.py`); the package graph keeps the edges between two different packages.
+The graph is testrig.imports's (read with `ast` from the source: every import counts, wherever it is, since a
+function-level import is only a circle postponed; a package is `sparkctl.<name>`, and the package graph keeps the
+edges between two different packages).
 
 A failure names each circle, e.g. ``sparkctl.config -> sparkctl.cli -> sparkctl.config``, and the file imports that
 make its edges, so the fix can start from them.
 """
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-SPARKCTL = Path(__file__).resolve().parents[2] / "sparkctl"
-
-
-def _modules(root: Path) -> dict[str, Path]:
-    mods: dict[str, Path] = {}
-    for path in root.rglob("*.py"):
-        parts = list(path.relative_to(root.parent).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        mods[".".join(parts)] = path
-    return mods
-
-
-def _targets(mods: dict[str, Path], current: str, node: ast.Import | ast.ImportFrom) -> set[str]:
-    """The sparkctl modules one import statement of `current` names."""
-    if isinstance(node, ast.Import):
-        return {a.name for a in node.names if a.name in mods}
-    if node.level:                                        # relative: from . import x, from ..a import b
-        base = current.split(".")
-        if mods[current].name != "__init__.py":
-            base = base[:-1]
-        base = base[:len(base) - (node.level - 1)]
-        module = ".".join([*base, *([node.module] if node.module else [])])
-    else:
-        module = node.module or ""
-    out = set()
-    for alias in node.names:
-        sub = f"{module}.{alias.name}"
-        out.add(sub if sub in mods else module)
-    return out & mods.keys()
-
-
-def import_graph(root: Path = SPARKCTL) -> dict[str, set[str]]:
-    """Module -> the sparkctl modules it imports (every import statement in the file)."""
-    mods = _modules(root)
-    graph: dict[str, set[str]] = {}
-    for name, path in mods.items():
-        deps: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                deps |= _targets(mods, name, node)
-        graph[name] = deps - {name}
-    return graph
-
-
-def package_of(module: str) -> str:
-    return ".".join(module.split(".")[:2])
-
-
-def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    out: dict[str, set[str]] = {}
-    for mod, deps in graph.items():
-        out.setdefault(package_of(mod), set()).update(package_of(d) for d in deps if package_of(d) != package_of(mod))
-    return out
+from testrig.imports import import_graph, package_graph, package_of
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
