@@ -33,9 +33,9 @@ and against SGLang's own benchmark client. Prints both of issue 23's targets as 
 Real boot figures move with the machine's load (2 shared cores here): read the ratios of one run, and `uptime`.
 Run (unattended; builds the real-engine environment if missing):
     .venv/bin/python benchmarks/bench_real_engine.py [--runs 3] [--max-tokens 64] [--skip-card] [--smoke]
---smoke: the cheapest run of every part: TP=1 only, one up/by-hand pair, one card and one bench_serving round of
-8 tokens and 3 TTFT requests of ~128 tokens (CI's smoke run: the code path, not the figures). Three real engine boots:
-minutes on 2 cores, not seconds.
+--smoke: the cheapest run of every part: TP=1 only, one by-hand/up pair with the up's server kept for the card (two
+real engine boots, not three), no warm-up card, one card and one bench_serving round of 8 tokens and 3 TTFT requests
+of ~128 tokens (CI's smoke run: the code path, not the figures).
 """
 from __future__ import annotations
 
@@ -430,6 +430,7 @@ def main() -> None:
         (profiles / "cpu-tiny-tp1.yml").write_text("extends: cpu-tiny\nserver:\n  tp_size: 1\n")
         state = tmp / "state"
         base_env = dict(os.environ, SPARKCTL_STATE_DIR=str(state), SPARKCTL_PROFILES_DIR=str(profiles))
+        kept_up: dict | None = None     # smoke: the overhead pair's `up`, still up, serves the card too
         try:
             plan = [] if args.skip_overhead else [("cpu-tiny-tp1", 1), ("cpu-tiny", 2)][:1 if args.smoke else 2]
             for profile, nodes in plan:
@@ -441,7 +442,12 @@ def main() -> None:
                 rows = results.setdefault(profile, [])
                 for i in range(args.runs):
                     # ABBA: up first in even pairs, by hand first in odd ones
-                    if i % 2 == 0:
+                    if args.smoke:
+                        # by hand first, then `up`, left up for the card below: two real boots, not three
+                        hand = _by_hand(inv, profile, tmp / f"hand-{profile}-{i}")
+                        kept_up = _up(env, state, profile, cluster)
+                        up = kept_up
+                    elif i % 2 == 0:
                         up = _up(env, state, profile, cluster)
                         _sparkctl(env, "down", "--yes")
                         hand = _by_hand(inv, profile, tmp / f"hand-{profile}-{i}")
@@ -455,8 +461,11 @@ def main() -> None:
                 env = dict(base_env, SPARKCTL_INVENTORY=str(invs[args.card_tp]))
                 os.environ.update({k: env[k] for k in ("SPARKCTL_STATE_DIR", "SPARKCTL_INVENTORY",
                                                        "SPARKCTL_PROFILES_DIR")})
-                _, res = _sparkctl(env, "up", "--profile", "cpu-tiny" if args.card_tp == 2 else "cpu-tiny-tp1",
-                                   "--yes")
+                if kept_up is not None and args.card_tp == 1:
+                    res = {"endpoint": kept_up["endpoint"]}
+                else:
+                    _, res = _sparkctl(env, "up", "--profile", "cpu-tiny" if args.card_tp == 2 else "cpu-tiny-tp1",
+                                       "--yes")
                 if args.card_tp == 1:
                     _pin_apart(engine)
                 cards: list[dict] = []
@@ -464,8 +473,8 @@ def main() -> None:
                 # The first client after `up` meets the engine's first minutes: in one run its first ~60 TTFT
                 # requests took 40-50 ms and the rest 22 ms, a step that fell on whichever client came first. One
                 # card run, not counted, takes that step.
-                _card(env, tmp / "card-warm", args.max_tokens, 2, args.ttft_tokens,
-                      args.ttft_runs if args.smoke else max(10, args.ttft_runs // 2))
+                if not args.smoke:      # smoke: the figures mean nothing, no warm-up card
+                    _card(env, tmp / "card-warm", args.max_tokens, 2, args.ttft_tokens, max(10, args.ttft_runs // 2))
                 # ABBA (card, bench_serving, bench_serving, card, ...): a load that drifts falls on both clients
                 for i in range(2 * args.card_rounds):
                     if (i % 4) in (0, 3):
