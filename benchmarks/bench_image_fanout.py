@@ -15,8 +15,10 @@ copy from a clean peer (no pipeline image, no base, `docker image prune -af`):
      through the registry as chosen; and one right after the streamed first copy (see the note in `run`).
 Run:  SPARKCTL_TEST_CLUSTER4_PREFIX=nfq SPARKCTL_TEST_CLUSTER4_NET=9 .venv/bin/python benchmarks/bench_image_fanout.py
 --smoke: one ABBA half-round (baseline and first copy once each), the rest as above, on the four-node test cluster
-testrig.benchrig.bench_cluster names (a test session's: the engine image is put back on the peers after) or one of
-its own (CI's smoke run: the code path, not the figures). Minutes, not seconds: four image builds and copies.
+testrig.benchrig.bench_cluster names (a test session's) or one of its own (CI's smoke run: the code path, not the
+figures), with images of a few MB: the profile's base is testrig.benchrig.tiny_base (4 MiB, `docker import`ed on
+spark-a) with no patch series, and a clean peer loses only this run's images (`docker rmi` + dangling layers, not
+`docker image prune -a`: the session's engine image stays). Seconds, not minutes.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sparkctl.config.inventory import load_inventory  # noqa: E402
+from sparkctl.config.inventory import Inventory, load_inventory  # noqa: E402
 from sparkctl.config.profile import load_profile  # noqa: E402
 from sparkctl.images import pipeline  # noqa: E402
 from sparkctl.images.build import build_images, ensure_base  # noqa: E402
@@ -40,8 +42,9 @@ from sparkctl.images.copy import distribute  # noqa: E402
 from sparkctl.images.plan import plan_images  # noqa: E402
 from sparkctl.images.registry import Endpoint  # noqa: E402
 from sparkctl.nodes.fanout import fan_out, raise_first  # noqa: E402
+from sparkctl.nodes.ssh import SSHConnector  # noqa: E402
 from sparkctl.prepare.plays import prepare  # noqa: E402
-from testrig.benchrig import bench_cluster  # noqa: E402
+from testrig.benchrig import bench_cluster, drop_tiny_base, tiny_base  # noqa: E402
 from testrig.cluster import TestCluster  # noqa: E402
 from testrig.engine_image import EngineImages  # noqa: E402
 
@@ -51,9 +54,10 @@ _BASELINE = ('addr=$1; shift; docker save "$@" | ssh -i ~/.ssh/sparkctl_fabric_e
              '"root@$addr" docker load')
 
 
-def _profile(base_tag: str, watchdog: int):
+def _profile(base_tag: str, watchdog: int, smoke: bool = False):
     prof = load_profile("d5")
-    prof = prof.model_copy(update={"image": prof.image.model_copy(update={"base_image": base_tag})})
+    image = {"base_image": base_tag} | ({"patch_series": None} if smoke else {})   # the tiny base has no Python
+    prof = prof.model_copy(update={"image": prof.image.model_copy(update=image)})
     server = prof.server.model_copy(update={"watchdog_timeout": watchdog, "tp_size": 4})   # four nodes: TP=4
     return prof.model_copy(update={"server": server})
 
@@ -67,33 +71,49 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmpdir, bench_cluster(Path(tmpdir) / "cluster", prefix, net,
                                                                 node_count=4) as (cluster, attached):
         try:
-            print(json.dumps(run(cluster, rounds=1 if smoke else ROUNDS), indent=2))
+            print(json.dumps(run(cluster, rounds=1 if smoke else ROUNDS, smoke=smoke), indent=2))
         finally:
-            if attached:     # the peers' images were pruned: the session's engine image back where it was
+            if attached and not smoke:   # the peers' images were pruned: the session's engine image back
                 cluster.ensure_engine_image()
 
 
-def run(cluster: TestCluster, rounds: int = ROUNDS) -> dict:
+def run(cluster: TestCluster, rounds: int = ROUNDS, smoke: bool = False) -> dict:
     inv = load_inventory(cluster.inventory_path)
     conns = pipeline.connections(inv)
     a = conns["spark-a"]
     src = Endpoint.of(inv, inv.node("spark-a"))
     peers = [Endpoint.of(inv, n) for n in inv.nodes[1:]]
-    base_tag = EngineImages(cluster).ensure_sglang_base("spark-a")
+    base_tag = tiny_base(a) if smoke else EngineImages(cluster).ensure_sglang_base("spark-a")
+    made: list[str] = []
+    try:
+        return _measure(inv, conns, src, peers, base_tag, rounds, smoke, made)
+    finally:
+        if smoke:    # this run's images off every node, the tiny base's layers with them
+            for c in conns.values():
+                c.run(["docker", "rmi", *made], timeout=300)
+                c.run(["docker", "image", "prune", "-f"], timeout=300)
+            drop_tiny_base(conns)
+
+
+def _measure(inv: Inventory, conns: dict[str, SSHConnector], src: Endpoint, peers: list[Endpoint], base_tag: str,
+             rounds: int, smoke: bool, made: list[str]) -> dict:
+    a = conns["spark-a"]
     prepare(inv, tags=["fabric-ssh"])
     stamp = int(time.time()) % 100_000
     base = ensure_base(a, base_tag, node="spark-a", pull=False)
-    plans = [plan_images(_profile(base_tag, 600 + stamp + i), inv, base) for i in range(4)]
+    plans = [plan_images(_profile(base_tag, 600 + stamp + i, smoke), inv, base) for i in range(4)]
+    made.extend(dict.fromkeys(t for p in plans for t in (p.launch_tag, p.engine_tag)))
     for p in plans:
         build_images(p, a)
     first = [plans[0].engine_tag, plans[0].launch_tag]
     size = int(a.run(["docker", "image", "inspect", "--format", "{{.Size}}", plans[0].launch_tag], check=True).stdout)
 
     def clean(targets: list[Endpoint]) -> None:
-        tags = [t for p in plans for t in (p.engine_tag, p.launch_tag)]
+        tags = list(dict.fromkeys(t for p in plans for t in (p.engine_tag, p.launch_tag)))
+        # smoke: this run's images only (`prune -a` would take the session's engine image too)
+        prune = ["docker", "image", "prune", "-f"] if smoke else ["docker", "image", "prune", "-af"]
         raise_first(fan_out(targets, lambda e: (e.conn.run(["docker", "rmi", *tags], timeout=600),
-                                                e.conn.run(["docker", "image", "prune", "-af"], timeout=600,
-                                                           check=True))))
+                                                e.conn.run(prune, timeout=600, check=True))))
 
     def empty_registry() -> None:
         a.run(["rm", "-rf", f"{src.cache_dir}/sparkctl-registry"], check=True)

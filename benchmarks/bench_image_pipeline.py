@@ -16,8 +16,9 @@ Every copy here goes through the registry (``distribute(..., stream=False)``); t
 copy to three peers at once are benchmarks/bench_image_fanout.py.
 Run:  SPARKCTL_TEST_CLUSTER_PREFIX=pa SPARKCTL_TEST_CLUSTER_NET=3 .venv/bin/python benchmarks/bench_image_pipeline.py
 --smoke: the same run (it has no round to shorten: each step once), on the test cluster testrig.benchrig.bench_cluster
-names (a test session's: the engine image is put back on spark-b after) or one of its own (CI's smoke run: the code
-path, not the figures). Minutes, not seconds: two image builds and several copies of the engine image.
+names (a test session's) or one of its own (CI's smoke run: the code path, not the figures), with images of a few
+MB: the profile's base is testrig.benchrig.tiny_base (4 MiB, `docker import`ed on spark-a) with no patch series, and
+spark-b loses only dangling layers (`docker image prune`, not `-a`: the session's engine image stays). Seconds.
 """
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ from sparkctl.images.build import build_images, ensure_base  # noqa: E402
 from sparkctl.images.copy import distribute  # noqa: E402
 from sparkctl.images.plan import plan_images  # noqa: E402
 from sparkctl.images.registry import Endpoint, Registry  # noqa: E402
+from sparkctl.nodes.ssh import SSHConnector  # noqa: E402
 from sparkctl.prepare.plays import prepare  # noqa: E402
-from testrig.benchrig import bench_cluster  # noqa: E402
+from testrig.benchrig import bench_cluster, drop_tiny_base, tiny_base  # noqa: E402
 from testrig.engine_image import EngineImages  # noqa: E402
 
 _SERVE = ("import os,socket,sys\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
@@ -50,9 +52,10 @@ _RECV = ("import socket,sys,time\nt=time.time();c=socket.create_connection((sys.
          "n=0\nwhile True:\n    b=c.recv(1<<20)\n    if not b: break\n    n+=len(b)\nprint(n,time.time()-t)\n")
 
 
-def _profile(base_tag: str, watchdog: int):
+def _profile(base_tag: str, watchdog: int, smoke: bool = False):
     prof = load_profile("d5")
-    prof = prof.model_copy(update={"image": prof.image.model_copy(update={"base_image": base_tag})})
+    image = {"base_image": base_tag} | ({"patch_series": None} if smoke else {})   # the tiny base has no Python
+    prof = prof.model_copy(update={"image": prof.image.model_copy(update=image)})
     return prof.model_copy(update={"server": prof.server.model_copy(update={"watchdog_timeout": watchdog})})
 
 
@@ -71,23 +74,28 @@ def main() -> None:
     net = int(os.environ.get("SPARKCTL_TEST_CLUSTER_NET", "6"))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
-    ap.parse_args()
+    smoke = ap.parse_args().smoke
     with tempfile.TemporaryDirectory() as tmpdir, bench_cluster(Path(tmpdir) / "cluster", prefix, net) as (
             cluster, attached):
+        made: list[str] = []
+        conns: dict[str, SSHConnector] = {}
         try:
             inv = load_inventory(cluster.inventory_path)
             conns = pipeline.connections(inv)
             a, b = conns["spark-a"], conns["spark-b"]
-            base_tag = EngineImages(cluster).ensure_sglang_base("spark-a")
+            base_tag = tiny_base(a) if smoke else EngineImages(cluster).ensure_sglang_base("spark-a")
             src, dst = Endpoint.of(inv, inv.node("spark-a")), Endpoint.of(inv, inv.node("spark-b"))
             manage.prune_images(conns, keep=set())                       # clean state: spark-b holds no image
-            b.run(["docker", "image", "prune", "-af"], timeout=600, check=True)
+            # smoke: the tiny base shares no layer with the session's engine image, which stays
+            b.run(["docker", "image", "prune", "-f" if smoke else "-af"], timeout=600, check=True)
             a.run(["rm", "-rf", f"{src.cache_dir}/sparkctl-registry"])
             run = int(time.time()) % 100_000
 
-            plan1, _, t_full, full_build, full_copy = _build_and_copy(_profile(base_tag, 600 + run), inv, a, src, dst)
-            plan2, steps2, t_flag, flag_build, flag_copy = _build_and_copy(_profile(base_tag, 601 + run), inv, a,
-                                                                           src, dst)
+            plan1, _, t_full, full_build, full_copy = _build_and_copy(_profile(base_tag, 600 + run, smoke), inv, a,
+                                                                      src, dst)
+            plan2, steps2, t_flag, flag_build, flag_copy = _build_and_copy(_profile(base_tag, 601 + run, smoke), inv,
+                                                                           a, src, dst)
+            made[:] = list(dict.fromkeys((plan1.launch_tag, plan2.launch_tag, plan1.engine_tag, plan2.engine_tag)))
             full_pull = next(t for t in t_full if t.image == plan1.engine_tag)
             flag_rx = sum(t.rx_bytes for t in t_flag)
             size = int(a.run(["docker", "image", "inspect", "--format", "{{.Size}}", plan2.launch_tag]).stdout)
@@ -123,7 +131,7 @@ def main() -> None:
 
             # the old way, for reference: whole launch image, docker save | docker load through the controller
             b.run(["docker", "rmi", plan2.launch_tag], timeout=600)
-            b.run(["docker", "image", "prune", "-af"], timeout=600)
+            b.run(["docker", "image", "prune", "-f" if smoke else "-af"], timeout=600)
             t0 = time.perf_counter()
             moved, _, _ = a.pipe_to(b, ["docker", "save", plan2.launch_tag], ["docker", "load"])
             old_s = time.perf_counter() - t0
@@ -170,7 +178,12 @@ def main() -> None:
             }
             print(json.dumps(out, indent=2))
         finally:
-            if attached:     # spark-b's images were pruned: the session's engine image back where it was
+            if smoke:        # this run's images off both nodes, the tiny base's layers with them
+                for c in conns.values():
+                    c.run(["docker", "rmi", *made], timeout=300)
+                    c.run(["docker", "image", "prune", "-f"], timeout=300)
+                drop_tiny_base(conns)
+            elif attached:   # spark-b's images were pruned: the session's engine image back where it was
                 cluster.ensure_engine_image()
 
 

@@ -7,9 +7,11 @@ Needs root, like tests/cluster. In one run:
   - syncs a model directory of --mib MiB from spark-a to spark-b (models.yml: rsync over the fabric SSH) and
     streams the same bytes over the same fabric link twice: through ssh (`cat | ssh peer 'cat >/dev/null'`, the
     transport rsync uses) and as a plain TCP stream (python sockets, no encryption); prints MB/s and ratios.
-Run:  .venv/bin/python benchmarks/bench_prepare.py [--mib 256] [--runs 3] [--smoke]
---smoke: one run each, 8 MiB, on the test cluster testrig.benchrig.bench_cluster names (a test session's: prepare
-restores what it changed on the nodes after) or one of its own (CI's smoke run: the code path, not the figures).
+Run:  .venv/bin/python benchmarks/bench_prepare.py [--mib 256] [--runs 3] [--tags docker,fabric] [--smoke]
+--smoke: one run each, 8 MiB, prepare's plays limited to --tags fabric-ssh,drop-caches (the `always` tasks and what
+the model sync needs; not the docker tasks, whose daemon.json change restarts both nodes' dockerd, here and again at
+the restore), on the test cluster testrig.benchrig.bench_cluster names (a test session's: prepare restores what it
+changed on the nodes after) or one of its own (CI's smoke run: the code path, not the figures).
 """
 from __future__ import annotations
 
@@ -54,9 +56,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--sync-only", action="store_true", help="skip the no-change prepare timings")
     ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
+    ap.add_argument("--tags", default="", help="prepare's tags, comma-separated (default: every play)")
     args = ap.parse_args()
     if args.smoke:
-        args.runs, args.mib = 1, 8
+        args.runs, args.mib, args.tags = 1, 8, args.tags or "fabric-ssh,drop-caches"
     work = Path(tempfile.mkdtemp(prefix="bench-prepare-"))
     os.environ["SPARKCTL_STATE_DIR"] = str(work / "state")
     with bench_cluster(work / "cluster", os.environ.get("SPARKCTL_TEST_CLUSTER_PREFIX", "bprep"),
@@ -67,20 +70,21 @@ def main() -> None:
 
 def _run(args: argparse.Namespace, cluster, attached: bool) -> None:
     inv = load_inventory(cluster.inventory_path)
+    tags = [t for t in args.tags.split(",") if t] or None
     try:
-        first, res = timed(lambda: prepare(inv))
+        first, res = timed(lambda: prepare(inv, tags=tags))
         print(f"prepare, first run: {first:.1f}s, changed {({h: s['changed'] for h, s in res.stats.items()})}")
         fast: list[float] = []
         rounds = 0
         for _ in range(0 if args.sync_only else args.runs):
-            t, res = timed(lambda: prepare(inv))
+            t, res = timed(lambda: prepare(inv, tags=tags))
             assert all(s["changed"] == 0 for s in res.stats.values()), res.stats
             fast.append(t)
             # task rounds that ran a module on a node (skipped ones cost no round trip)
             rounds = len({(run.playbook, r.task) for run in res.runs for r in run.results if r.status != "skipped"})
         slow: list[float] = []
         for _ in range(0 if args.sync_only else args.runs):
-            t, run = timed(lambda: run_playbook(inv, "prepare.yml", env={"ANSIBLE_PIPELINING": "False"}))
+            t, run = timed(lambda: run_playbook(inv, "prepare.yml", tags=tags, env={"ANSIBLE_PIPELINING": "False"}))
             run.raise_for_failures()
             slow.append(t)
         floor: list[float] = []

@@ -16,7 +16,13 @@ run, printing figures and ratios:
 4. A flag-only change: ``sparkctl up`` of a profile differing in one launch flag: its image steps (only the launch
    image is built; only its layer reaches spark-b).
 
-Run:  .venv/bin/python benchmarks/bench_real_engine_image.py [--prefix brei] [--net 9] [--skip-boot]
+Run:  .venv/bin/python benchmarks/bench_real_engine_image.py [--prefix brei] [--net 9] [--skip-boot] [--smoke]
+The cluster: the one testrig.benchrig.bench_cluster names (SPARKCTL_BENCH_CLUSTER_DIR/_PREFIX/_NET: a test session's
+real-engine cluster, left up) or one of its own (--prefix/--net), brought up and down around the run.
+--smoke: 1 and the by-hand build of 2 only (no engine boot, no `sparkctl up`): the engine and launch contexts
+``docker build --no-cache`` on spark-a under the same tags, and no ``docker save | docker load`` of the ~2.7 GB
+images (its figure line says so); sparkctl's images on the nodes are not pruned, and the tags the build moved are
+put back after (a session's cached engine image stays). Seconds (CI's smoke run: the code path, not the figures).
 Real boot figures move with the machine's load (2 shared cores): read the ratios of one run, and ``uptime``.
 """
 from __future__ import annotations
@@ -42,6 +48,7 @@ from sparkctl.config.profile import load_profile  # noqa: E402
 from sparkctl.images import manage, pipeline  # noqa: E402
 from sparkctl.images.plan import inspect_base, plan_images  # noqa: E402
 from sparkctl.nodes.container import MEMLOCK_ENV  # noqa: E402
+from testrig.benchrig import bench_cluster  # noqa: E402
 from testrig.cluster import TestCluster  # noqa: E402
 from testrig.realengine import ensure_real_engine  # noqa: E402
 from testrig.realengine.base_image import (  # noqa: E402
@@ -74,9 +81,11 @@ def docker(cluster: TestCluster, node: str, *args: str, stdin: Any = None, timeo
     return proc.stdout
 
 
-def build_by_hand(cluster: TestCluster, inv_path: Path, profile_name: str) -> tuple[float, float, list[str]]:
+def build_by_hand(cluster: TestCluster, inv_path: Path, profile_name: str, *,
+                  smoke: bool = False) -> tuple[float, float | None, list[str]]:
     """``docker build`` of sparkctl's own contexts on spark-a (legacy builder, as sparkctl), then
-    ``docker save | docker load`` of both images to spark-b; (build s, copy s, tags)."""
+    ``docker save | docker load`` of both images to spark-b; (build s, copy s, tags). ``smoke``: the build with
+    ``--no-cache`` (the nodes were not pruned) and no copy (copy s None)."""
     inv = load_inventory(inv_path)
     profile = load_profile(profile_name)
     conn = pipeline.connections(inv)["spark-a"]
@@ -86,9 +95,12 @@ def build_by_hand(cluster: TestCluster, inv_path: Path, profile_name: str) -> tu
     env = {**os.environ, "DOCKER_BUILDKIT": "0"}
     t0 = time.monotonic()
     for tag, context in ((plan.engine_tag, plan.engine_context()), (plan.launch_tag, plan.launch_context())):
-        subprocess.run(["docker", "-H", cluster.docker_host("spark-a"), "build", "-q", "-t", tag, "-"], input=context,
+        subprocess.run(["docker", "-H", cluster.docker_host("spark-a"), "build", "-q",
+                        *(["--no-cache"] if smoke else []), "-t", tag, "-"], input=context,
                        check=True, env=env, capture_output=True, timeout=1800)
     t_build = time.monotonic() - t0
+    if smoke:
+        return t_build, None, [plan.engine_tag, plan.launch_tag]
     t0 = time.monotonic()
     save = subprocess.Popen(["docker", "-H", cluster.docker_host("spark-a"), "save", plan.engine_tag, plan.launch_tag],
                             stdout=subprocess.PIPE)
@@ -135,18 +147,47 @@ def boot_by_hand(cluster: TestCluster, runs: dict[str, list[str]], endpoint: str
     raise SystemExit("by-hand boot: /health never answered 200")
 
 
+def smoke_build(cluster: TestCluster, inv: Path) -> None:
+    """The smoke run's by-hand build: on spark-a without pruning it, the tags the build moved put back after (an
+    engine image a test session cached stays) and this build's images removed; prints the figure line."""
+    def image_id(tag: str) -> str | None:
+        proc = subprocess.run(["docker", "-H", cluster.docker_host("spark-a"), "image", "inspect", "--format",
+                               "{{.Id}}", tag], capture_output=True, text=True, timeout=60)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    profile = load_profile("bi1")
+    conn = pipeline.connections(load_inventory(inv))["spark-a"]
+    base = inspect_base(conn, profile.image.base_image)
+    assert base is not None
+    plan = plan_images(profile, load_inventory(inv), base)
+    before = {t: image_id(t) for t in (plan.engine_tag, plan.launch_tag)}
+    try:
+        hb, _, tags = build_by_hand(cluster, inv, "bi1", smoke=True)
+    finally:
+        built = {t: image_id(t) for t in before}
+        for tag, old in before.items():
+            if old:
+                docker(cluster, "spark-a", "tag", old, tag)
+        gone = [i for t, i in built.items() if i and i != before[t]]
+        if gone:   # children first: the launch image is the engine's
+            docker(cluster, "spark-a", "rmi", *reversed(gone))
+    assert tags == list(before)
+    print(f"first build + copy by hand: docker build {hb:.1f} s + docker save | docker load skipped in smoke mode "
+          f"(the ~2.7 GB copy)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--prefix", default=os.environ.get("SPARKCTL_TEST_CLUSTER_PREFIX", "brei"))
     ap.add_argument("--net", type=int, default=int(os.environ.get("SPARKCTL_TEST_CLUSTER_NET", "9")))
     ap.add_argument("--skip-boot", action="store_true", help="measure the images only (no engine boots)")
+    ap.add_argument("--smoke", action="store_true", help="the images' code path in seconds (CI's smoke run)")
     args = ap.parse_args()
     run = int(time.time()) % 1_000_000
     engine = ensure_real_engine(with_drafter=False)
     with tempfile.TemporaryDirectory(prefix="sparkctl-bench-rei-") as tmp:
         root = Path(tmp)
-        with TestCluster(workdir=root / "cluster", name_prefix=args.prefix, net_index=args.net) as cluster:
-            cluster.up()
+        with bench_cluster(root / "cluster", args.prefix, args.net, build_image=False) as (cluster, _attached):
             t0 = time.monotonic()
             archive = ensure_archive(rootfs=ensure_rootfs())
             t_archive = time.monotonic() - t0
@@ -171,8 +212,12 @@ def main() -> None:
                 env[MEMLOCK_ENV] = str(hard)
             os.environ.update({k: env[k] for k in ("SPARKCTL_PROFILES_DIR", "SPARKCTL_INVENTORY")})
             conns = pipeline.connections(load_inventory(inv))
+            if args.smoke:
+                smoke_build(cluster, inv)
+                return
             manage.prune_images(conns, keep=set())            # neither node holds an engine or launch image
             hb, hc, tags = build_by_hand(cluster, inv, "bi1")
+            assert hc is not None
             for node in ("spark-a", "spark-b"):
                 docker(cluster, node, "rmi", *tags)
             print(f"first build + copy by hand: docker build {hb:.1f} s + docker save | docker load {hc:.1f} s "

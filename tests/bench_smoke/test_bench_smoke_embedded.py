@@ -4,7 +4,8 @@ so none rots until someone runs it by hand (one died with a TypeError after its 
 The list is generated from benchmarks/: a new `bench_*.py` is a test here at once, failing until testrig/benchrig.py
 says what its smoke run prints (SMOKES) or why it has none (EXCLUDED). The embedded ones run here; those needing
 the test cluster in tests/cluster/test_bench_smoke_cluster.py, the real engine's in
-tests/realengine/test_bench_smoke_real.py (each with its tier's fixtures, markers and xdist group).
+tests/realengine/test_bench_smoke_real.py, the real engine's in containers in
+tests/cluster/test_bench_smoke_real_cluster.py (each with its tier's fixtures, markers and xdist group).
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 from testrig.benchrig import EXCLUDED, SMOKES, benchmark_names, run_smoke
 
 TIERS_ELSEWHERE = {"cluster": "tests/cluster/test_bench_smoke_cluster.py",
-                   "real_engine": "tests/realengine/test_bench_smoke_real.py"}
+                   "real_engine": "tests/realengine/test_bench_smoke_real.py",
+                   "real_engine_cluster": "tests/cluster/test_bench_smoke_real_cluster.py"}
 
 
 def _params() -> list:

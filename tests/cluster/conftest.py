@@ -116,7 +116,8 @@ def _cluster_d5(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The benchmarks' smoke runs (test_bench_smoke_cluster.py) after every other test: they prune the nodes' images
-    and run prepare on them (and put back what they changed), so no other test sees a cluster a benchmark has been
-    through."""
-    items.sort(key=lambda item: item.path.name == "test_bench_smoke_cluster.py")
+    """The benchmarks' smoke runs (test_bench_smoke_cluster.py, test_bench_smoke_real_cluster.py) after every other
+    test: they build and remove images on the nodes and run prepare on them (and put back what they changed), so no
+    other test sees a cluster a benchmark has been through (the real-engine one after test_real_engine_containers.py,
+    on the same cluster in the same worker)."""
+    items.sort(key=lambda item: item.path.name.startswith("test_bench_smoke_"))
