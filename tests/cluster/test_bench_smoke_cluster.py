@@ -1,9 +1,9 @@
 """The benchmarks that need root and the test cluster, in their smoke mode (testrig/benchrig.py; the embedded ones'
 are in tests/bench_smoke/): each on this session's cluster (`test_cluster`, or `test_cluster4` for the four-node
 fan-out), handed over through testrig.benchrig.cluster_env instead of a cluster of its own, and left as it found it
-(images put back, prepare restored). They run after every other test of the tier (tests/cluster/conftest.py), so no
-other test sees a cluster a benchmark has been through. bench_ssh_run needs root and sshd only (a loopback sshd of
-its own)."""
+(the image benchmarks smoke on a tiny base and remove only their own images; prepare restored). They run after every
+other test of the tier (tests/cluster/conftest.py), so no other test sees a cluster a benchmark has been through.
+bench_ssh_run needs root and sshd only (a loopback sshd of its own)."""
 from __future__ import annotations
 
 import os
