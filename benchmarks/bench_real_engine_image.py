@@ -168,9 +168,11 @@ def smoke_build(cluster: TestCluster, inv: Path) -> None:
         for tag, old in before.items():
             if old:
                 docker(cluster, "spark-a", "tag", old, tag)
-        gone = [i for t, i in built.items() if i and i != before[t]]
-        if gone:   # children first: the launch image is the engine's
-            docker(cluster, "spark-a", "rmi", *reversed(gone))
+        # this build's images, children first (the launch image is the engine's); removing the launch image takes
+        # its engine along when that is untagged by now
+        for new in reversed([i for t, i in built.items() if i and i != before[t]]):
+            if image_id(new):
+                docker(cluster, "spark-a", "rmi", new)
     assert tags == list(before)
     print(f"first build + copy by hand: docker build {hb:.1f} s + docker save | docker load skipped in smoke mode "
           f"(the ~2.7 GB copy)")
