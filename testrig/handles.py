@@ -47,6 +47,13 @@ def process_handles(rec: DeploymentRecord | None) -> list[ProcessHandle]:
     return [h for h in handles if isinstance(h, ProcessHandle)]
 
 
+def docker_handles(rec: DeploymentRecord | None) -> list[DockerHandle]:
+    """Every handle of `rec`, each a Docker container."""
+    handles = record(rec).handles
+    assert all(isinstance(h, DockerHandle) for h in handles), f"{record(rec).id} has a handle that is no container"
+    return [h for h in handles if isinstance(h, DockerHandle)]
+
+
 def pids(rec: DeploymentRecord | None) -> list[int]:
     """The recorded pids of every rank of `rec` (local processes), in the record's order."""
     return [h.pid for h in process_handles(rec)]
