@@ -16,13 +16,20 @@ from sparkctl.config.inventory import load_inventory
 from sparkctl.nodes import procfs
 from sparkctl.nodes.handles import ProcessHandle
 from sparkctl.state.ledger import Ledger
-from sparkctl.state.watchfile import load_watch
+from sparkctl.state.watchfile import WatchState, load_watch
 
 FAST = ["--interval", "0.3", "--backoff", "0.3", "--backoff-max", "1"]
 
 
 def ledger_of(inv: Path) -> Ledger:
     return Ledger.for_cluster(load_inventory(inv).cluster.name)
+
+
+def watch_state(root: Path) -> WatchState:
+    """The watcher's file under the state directory `root` (the test ran a watcher: it is there)."""
+    st = load_watch(root)
+    assert st is not None, f"no watcher file under {root}"
+    return st
 
 
 def wait_until(pred: Callable[[], Any], what: str, timeout: float = 60.0, every: float = 0.05) -> Any:

@@ -133,7 +133,7 @@ def _suffix_group(item: pytest.Item, group: str) -> None:
         from _pytest.nodeid import coerce_node_id
         item._id = coerce_node_id(f"{item.nodeid}@{group}")
     else:
-        item._nodeid = f"{item.nodeid}@{group}"
+        item._nodeid = f"{item.nodeid}@{group}"  # type: ignore[attr-defined]  # pytest < 9's own attribute
 
 
 @pytest.fixture

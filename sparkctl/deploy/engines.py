@@ -5,6 +5,8 @@ converges. Each reports every node's outcome (`deploy.fanout`), and raises the f
 """
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.fanout import fan_out, raise_first
 from sparkctl.deploy.observe import observe
@@ -99,10 +101,18 @@ def mark_superseded(c: Cluster, old: DeploymentRecord, new_id: str) -> None:
     if old.status != Status.SUPERSEDED:
         old.status, old.superseded_by, old.stopped = Status.SUPERSEDED, new_id, now_iso()
         c.ledger.save(old)
-    # Every hand-off prunes all older superseded engines, so walking back from the newest record can stop at
-    # the first one already pruned: the scan stays a few records long however long the history grows.
+    remove_superseded(c, skip={old.id, new_id})
+
+
+def remove_superseded(c: Cluster, *, skip: Collection[str] = ()) -> list[str]:
+    """Stop and remove the engines superseded deployments kept restartable (Docker keeps their stopped containers;
+    a rollback to one runs it again from its record), except `skip`; the ids whose engines were removed.
+
+    Every hand-off removes all but the newest superseded one, so walking back from the newest record can stop at
+    the first one already removed: the scan stays a few records long however long the history grows."""
+    removed: list[str] = []
     for dep_id in reversed(c.ledger.index()["history"]):
-        if dep_id in (old.id, new_id):
+        if dep_id in skip:
             continue
         try:
             rec = c.ledger.load(dep_id)
@@ -115,5 +125,7 @@ def mark_superseded(c: Cluster, old: DeploymentRecord, new_id: str) -> None:
                 stop_engines(c, rec, keep=False)
                 rec.engines_removed = now_iso()
                 c.ledger.save(rec)
+                removed.append(dep_id)
             except SparkctlError as exc:
                 c.reporter.event(f"could not remove the engines of {dep_id}: {exc.message}")
+    return removed

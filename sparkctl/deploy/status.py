@@ -7,7 +7,7 @@ holder), any deployment whose controller died, and a comparison that did not fin
 from __future__ import annotations
 
 from sparkctl.deploy.cluster import Cluster
-from sparkctl.deploy.engines import stop_engines, sweep_secrets
+from sparkctl.deploy.engines import remove_superseded, stop_engines, sweep_secrets
 from sparkctl.deploy.observe import leftovers, observe, stop_engine, unrecorded
 from sparkctl.deploy.results import DownResult, InProgress, InterruptedView, StatusResult, refusing, watcher_of
 from sparkctl.deploy.settle import controller_text, interrupted, settle, step_of
@@ -18,9 +18,10 @@ from sparkctl.state.records import Status
 
 
 def down(c: Cluster, *, unfinished_compare: str | None = None) -> DownResult:
-    """Under the lock: stop the active deployment on every node (containers removed, logs kept), then every
-    other engine sparkctl started on the cluster (docker: by label; process runtime: by its rank log, pid and
-    start time); `engines` lists each one stopped. A no-op when nothing runs."""
+    """Under the lock: stop the active deployment on every node (containers removed, logs kept), remove the stopped
+    containers superseded deployments kept for rollback, then stop every other engine sparkctl started on the
+    cluster (docker: by label; process runtime: by its rank log, pid and start time); `engines` lists each one
+    stopped. A no-op when nothing runs."""
     boundary("down", SETTLE, "before")
     settled = settle(c, "down")
     boundary("down", SETTLE, "after")
@@ -38,6 +39,11 @@ def down(c: Cluster, *, unfinished_compare: str | None = None) -> DownResult:
         rec.status = Status.STOPPED if rec.known_good else rec.status
         rec.stopped = now_iso()
         c.ledger.save(rec)       # one write: no longer active (Ledger.active_id)
+    # nothing of an engine outlives `down`: the stopped containers a superseded deployment kept for a quick
+    # rollback go too (a rollback to it runs it again from its record and its launch image)
+    for dep_id in remove_superseded(c):
+        c.reporter.event(f"removed the stopped engines {dep_id} kept for rollback (a rollback runs it again from "
+                         f"its record)")
     boundary("down", "stop-active", "after")
     boundary("down", "stop-rest", "before")
     unreachable: list[str] = []

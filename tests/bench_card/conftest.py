@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +27,7 @@ class Sim:
     proc: subprocess.Popen
 
 
-def start_sim(tmp: Path, name: str, knobs: dict[str, object], extra_argv: list[str]) -> Sim:
+def start_sim(tmp: Path, name: str, knobs: Mapping[str, object], extra_argv: list[str]) -> Sim:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKCTL_SIM_")}
     env.update({f"SPARKCTL_SIM_{k.upper()}": str(v) for k, v in {"boot_s": 0.2, **knobs}.items()})

@@ -5,6 +5,7 @@ import json
 import re
 import statistics
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -191,9 +192,9 @@ def _expected_whitespace_index(prompt_text: str, diverge_at: int, n: int) -> int
     from sparkctl.sim.decoding import TokenPlan, chat_prompt_text, render
 
     text = chat_prompt_text([{"role": "user", "content": prompt_text}])
-    kw = dict(thinking=True, reasoning_range=(24, 64), content_range=(1500, 3000))
-    off = render(TokenPlan(text, **kw).tokens(0, n)).split()
-    on = render(TokenPlan(text, diverge_at=diverge_at, **kw).tokens(0, n)).split()
+    plan = partial(TokenPlan, thinking=True, reasoning_range=(24, 64), content_range=(1500, 3000))
+    off = render(plan(text).tokens(0, n)).split()
+    on = render(plan(text, diverge_at=diverge_at).tokens(0, n)).split()
     return next(i for i, (a, b) in enumerate(zip(on, off)) if a != b)
 
 

@@ -106,6 +106,7 @@ class Hostile(BaseHTTPRequestHandler):
             return self._send(200, json.dumps({"text": "x", "meta_info": {"completion_tokens": 8,
                                                                           "spec_verify_ct": 2}}).encode())
         if ep == "chat":
+            assert req is not None, ep                  # a POST: its body
             words = len(str(req["messages"][0]["content"]).split())
             body = {"id": "c", "object": "chat.completion", "model": "m",
                     "choices": [{"index": 0, "finish_reason": "length",
@@ -113,6 +114,7 @@ class Hostile(BaseHTTPRequestHandler):
                     "usage": {"prompt_tokens": 10 + words, "completion_tokens": 1, "total_tokens": 11 + words}}
             return self._send(200, json.dumps(body).encode(), extra=leak)
         if ep == "chat-stream":
+            assert req is not None, ep
             n = int(req.get("max_tokens") or 8)
             frames = [_chunk("", choices=[{"index": 0, "delta": {"role": "assistant", "content": ""},
                                            "finish_reason": None}])]

@@ -124,8 +124,10 @@ def test_run_g6_arm_captures_reasoning_and_empty_responses():
 
 def test_summary_median_min_max_and_noise():
     s = summarize([10.0, 10.1, 10.05, None])
+    assert s is not None
     assert (s.n, s.median, s.min, s.max) == (3, 10.05, 10.0, 10.1) and not s.noisy
-    assert summarize([10.0, 10.5, 10.2]).noisy      # 4.9% spread
+    spread = summarize([10.0, 10.5, 10.2])
+    assert spread is not None and spread.noisy      # 4.9% spread
     assert summarize([]) is None and summarize([None]) is None
     assert ratio(27.6, 14.7) == pytest.approx(1.8776, abs=1e-4) and ratio(1.0, 0) is None
 

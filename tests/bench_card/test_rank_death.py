@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.errors import BenchError
+from testrig.handles import active, process_handle
 
 
 @pytest.mark.timeout(120)
@@ -25,8 +26,8 @@ def test_rank_killed_during_decode_fails_the_run(cli, embedded_cluster, tmp_path
     code, out, err = cli("up", "--profile", "d5", "--yes", "--json")
     assert code == 0, err
     deployer = Deployer(load_inventory(embedded_cluster), Reporter(quiet=True))
-    record = deployer.ledger.active()
-    victim = record.handle_of(1)
+    record = active(deployer.ledger)
+    victim = process_handle(record, 1)
     killed: dict[str, float] = {}
 
     def progress(message: str) -> None:
@@ -44,7 +45,7 @@ def test_rank_killed_during_decode_fails_the_run(cli, embedded_cluster, tmp_path
     assert re.search(r"rank 1 \(\S+\) died during the bench: found dead at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ, "
                      r"[\d.]+ s into the run, during .*decode code run [1-6]/6.*; last seen alive at .*Z",
                      e.message), e.message
-    assert "logs --rank 1" in e.hint and "marked failed" in e.hint
+    assert e.hint is not None and "logs --rank 1" in e.hint and "marked failed" in e.hint
     assert detected_after < 10, detected_after       # watched every second, not noticed at the end of the run
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["status"] == "failed"

@@ -12,6 +12,7 @@ import pytest
 from sparkctl.config.inventory import load_inventory
 from sparkctl.state.ledger import Ledger
 from testrig.controller import SLOW_PREFILL_TPS, SLOW_WARM_UP, assert_status_interrupted, kill_up_at
+from testrig.handles import docker_handles
 from tests.cluster.test_cluster_lifecycle import _running, _up, cluster_env  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
@@ -25,7 +26,7 @@ def _profile(profiles_dir, name: str, base: str, extra: str = "", **knobs: float
 
 def _settle_deploy_down(cli, test_cluster, inv, dead_id: str) -> None:
     code, out, err = _up(cli, "--profile", "d5")
-    assert code == 0 and out["outcome"] == "deployed", err
+    assert code == 0 and out is not None and out["outcome"] == "deployed", err
     assert f"of {dead_id}: deployment {dead_id} was interrupted" in err and "stopped rank 1 (container" in err, err
     ledger = Ledger.for_cluster(load_inventory(inv).cluster.name)
     assert ledger.load(dead_id).status == "interrupted"
@@ -41,7 +42,7 @@ def test_sigkill_during_boot_and_warm_up(cli, test_cluster, cluster_env, profile
     ledger = Ledger.for_cluster(load_inventory(cluster_env).cluster.name)
     pid = kill_up_at(r"\[spark-a\] rank 0 started", _profile(profiles_dir, "slowboot", "d5", boot_s=60), cli=cli)
     dead = ledger.load(ledger.index()["history"][-1])
-    assert [i.engine for i in dead.intents] == [f"container {h.container}" for h in dead.handles]
+    assert [i.engine for i in dead.intents] == [f"container {h.container}" for h in docker_handles(dead)]
     assert_status_interrupted(cli, pid, "boot")
     _settle_deploy_down(cli, test_cluster, cluster_env, dead.id)
 
@@ -59,7 +60,7 @@ def test_sigkill_during_boot_and_warm_up(cli, test_cluster, cluster_env, profile
 
 def test_sigkill_during_restore(cli, test_cluster, cluster_env, profiles_dir):  # noqa: F811 (fixture)
     code, prev, err = _up(cli, "--profile", _profile(profiles_dir, "slowish", "dflash-off", boot_s=8))
-    assert code == 0, err
+    assert code == 0 and prev is not None, err
     bad = _profile(profiles_dir, "crashy", "d5", crash_after_s=0.5)
     pid = kill_up_at(r"\[spark-a\] rank 0 started", bad, after="restoring " + prev["deployment"])
     ledger = Ledger.for_cluster(load_inventory(cluster_env).cluster.name)
@@ -67,7 +68,7 @@ def test_sigkill_during_restore(cli, test_cluster, cluster_env, profiles_dir):  
     assert failed.restoring == prev["deployment"]
     assert_status_interrupted(cli, pid, f"restore of {prev['deployment']}")
     code, out, err = _up(cli, "--profile", "d5")
-    assert code == 0, err
+    assert code == 0 and out is not None, err
     assert f"restarted by the interrupted restore of {prev['deployment']}" in err, err
     assert ledger.load(prev["deployment"]).known_good
     code, _, err = cli("down", "--yes")
@@ -91,7 +92,7 @@ def test_sigkill_at_step_boundaries_over_ssh_and_docker(cli, test_cluster, clust
 
     _profile(profiles_dir, "crashy", "d5", crash_after_s=0.5)
     code, prev, err = _up(cli, "--profile", "d5")
-    assert code == 0, err
+    assert code == 0 and prev is not None, err
     with SparkctlProcess(["up", "--profile", profile, "--yes"], env={**os.environ, CRASH_ENV: point}) as run:
         assert run.wait(timeout=400) == -signal.SIGKILL, run.stderr
     code, out, err = cli("status", "--json")
@@ -100,7 +101,7 @@ def test_sigkill_at_step_boundaries_over_ssh_and_docker(cli, test_cluster, clust
     if code == 0:
         assert st["healthy"] and st["active"], out
     code, out, err = _up(cli, "--profile", "d5")
-    assert code == 0 and out["outcome"] in ("deployed", "unchanged"), err
+    assert code == 0 and out is not None and out["outcome"] in ("deployed", "unchanged"), err
     code, st, err = cli("status")
     assert code == 0 and "healthy" in st, st + err
     code, out, err = cli("down", "--yes")

@@ -50,13 +50,13 @@ def cluster_env(test_cluster: TestCluster, tmp_path: Path, monkeypatch: pytest.M
     if hard != resource.RLIM_INFINITY:  # this sandbox's dockerd cannot raise RLIMIT_MEMLOCK
         monkeypatch.setenv(MEMLOCK_ENV, str(hard))
     yield inv
-    for node in ("spark-a", "spark-b"):
-        test_cluster.link_up(node)
+    for name in ("spark-a", "spark-b"):
+        test_cluster.link_up(name)
     cluster = load_inventory(inv).cluster.name
-    for node in ("spark-a", "spark-b"):
-        ids = _docker(test_cluster, node, "ps", "-aq", "--filter", f"label=sparkctl.cluster={cluster}").split()
+    for name in ("spark-a", "spark-b"):
+        ids = _docker(test_cluster, name, "ps", "-aq", "--filter", f"label=sparkctl.cluster={cluster}").split()
         if ids:
-            _docker(test_cluster, node, "rm", "-f", *ids)
+            _docker(test_cluster, name, "rm", "-f", *ids)
 
 
 def _docker(test_cluster: TestCluster, node: str, *args: str) -> str:
@@ -77,7 +77,7 @@ def _up(cli, *args: str) -> tuple[int, dict | None, str]:
 
 def test_up_status_rollback_down_over_ssh_and_docker(cli, test_cluster, cluster_env):
     code, first, err = _up(cli, "--profile", "d5")
-    assert code == 0, err
+    assert code == 0 and first is not None, err
     assert first["outcome"] == "deployed" and first["emulated"] is True
     assert first["endpoint"] == "http://198.19.0.1:30000" or first["endpoint"].endswith(":30000")
     assert all(g["ok"] for g in first["gates"])
@@ -88,7 +88,7 @@ def test_up_status_rollback_down_over_ssh_and_docker(cli, test_cluster, cluster_
     assert [r["alive"] for r in st["ranks"]] == [True, True]
 
     code, off, err = _up(cli, "--profile", "dflash-off")
-    assert code == 0 and off["outcome"] == "deployed", err
+    assert code == 0 and off is not None and off["outcome"] == "deployed", err
     cluster = load_inventory(cluster_env).cluster.name
     # the previous engine's containers are kept stopped (not removed) so rollback can restart them
     stopped = _docker(test_cluster, "spark-a", "ps", "-a",
@@ -132,7 +132,7 @@ def _when_rank1_container_runs(test_cluster: TestCluster, cluster: str, exclude:
 
 def test_rank1_container_killed_during_boot_fails_and_rolls_back(cli, test_cluster, cluster_env):
     code, prev, err = _up(cli, "--profile", "dflash-off")
-    assert code == 0, err
+    assert code == 0 and prev is not None, err
     cluster = load_inventory(cluster_env).cluster.name
     killer = _when_rank1_container_runs(test_cluster, cluster, prev["deployment"],
                                         lambda name: _docker(test_cluster, "spark-b", "kill", name))
@@ -214,12 +214,13 @@ def test_image_missing_on_one_node_is_copied_and_a_mismatch_is_refused(cli, test
         assert _running(test_cluster, "spark-a", cluster) == [] and _running(test_cluster, "spark-b", cluster) == []
         ledger = Ledger.for_cluster(cluster)
         refused = ledger.load(ledger.index()["history"][-1])      # recorded as the image stage's failure,
+        assert refused.failure is not None
         assert refused.failure.step == "image-distribute" and "differs between nodes" in refused.failure.message
         assert refused.preflight and all(c.ok for c in refused.preflight)   # with the checks that passed
         # Missing on spark-b: streamed from spark-a, then the deployment runs with one image ID on both nodes.
         _docker(test_cluster, "spark-b", "rmi", "-f", image)
         code, out, err = _up(cli, "--profile", "d5")
-        assert code == 0, err
+        assert code == 0 and out is not None, err
         assert "copying it from spark-a" in err and "image copied from spark-a" in err
         assert image_id("spark-a") == image_id("spark-b") == original
         code, out, _ = cli("status", "--json")
@@ -246,7 +247,7 @@ def test_api_key_and_hf_token_never_in_docker_inspect_ps_or_logs(cli, test_clust
     monkeypatch.setenv("SPARKCTL_API_KEY", key)
     monkeypatch.setenv("HF_TOKEN", token)
     code, first, err = _up(cli, "--profile", "d5")
-    assert code == 0, err
+    assert code == 0 and first is not None, err
     cluster = load_inventory(cluster_env).cluster.name
     for node in ("spark-a", "spark-b"):
         names = [ln.split()[0] for ln in _running(test_cluster, node, cluster)]

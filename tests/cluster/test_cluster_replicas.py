@@ -76,12 +76,12 @@ def replicated_env(test_cluster: TestCluster, tmp_path: Path, monkeypatch: pytes
         monkeypatch.setenv(MEMLOCK_ENV, str(hard))
     yield inv
     cluster = load_inventory(inv).cluster.name
-    for node in ("spark-a", "spark-b"):
-        ids = [r[0] for r in _routers(test_cluster, node, cluster, all_states=True)]
+    for name in ("spark-a", "spark-b"):
+        ids = [r[0] for r in _routers(test_cluster, name, cluster, all_states=True)]
         for sub in (f"{cluster}-r0", f"{cluster}-r1"):
-            ids += _docker(test_cluster, node, "ps", "-aq", "--filter", f"label=sparkctl.cluster={sub}").split()
+            ids += _docker(test_cluster, name, "ps", "-aq", "--filter", f"label=sparkctl.cluster={sub}").split()
         if ids:
-            _docker(test_cluster, node, "rm", "-f", *ids)
+            _docker(test_cluster, name, "rm", "-f", *ids)
 
 
 def _json(cli, *args: str) -> tuple[int, dict, str]:

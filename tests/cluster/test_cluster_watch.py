@@ -26,6 +26,7 @@ from sparkctl.state.ledger import Ledger
 from sparkctl.watch.caches import HELPER, SUDOERS_FILE, drop_caches
 from testrig.cluster import TestCluster
 from testrig.controller import SparkctlProcess
+from testrig.handles import docker_handle
 from testrig.watchrig import serves
 from tests.cluster.test_cluster_lifecycle import _docker, _running, _up, cluster_env  # noqa: F401 (fixture)
 
@@ -48,7 +49,9 @@ def _started_in_order(ledger: Ledger, dep_id: str) -> None:
 
 def _restarted(run: SparkctlProcess, old: str) -> str:
     line = run.wait_for(rf"restarted {re.escape(old)} as (\S+)", timeout=300)
-    new = re.search(r" as (\S+) ", line).group(1)
+    m = re.search(r" as (\S+) ", line)
+    assert m, line
+    new = m.group(1)
     after = run.stderr[run.stderr.index(f"restarting {old}"):]
     for gate in ("health", "models", "settings", "capacity", "workers", "smoke"):
         assert f"PASS {gate}:" in after, after
@@ -85,9 +88,9 @@ def test_the_watcher_restarts_the_pair_after_a_stopped_rank_and_a_killed_contain
     (profiles_dir / "wd5.yml").write_text("extends: d5\nserver: {mem_fraction_static: 0.5}\n"
                                           "env: {SPARKCTL_SIM_KV_REF_MEM_FRACTION: '0.5'}\n")
     code, first, err = _up(cli, "--profile", "wd5")
-    assert code == 0, err
+    assert code == 0 and first is not None, err
     old = first["deployment"]
-    rank1 = ledger.load(old).handle_of(1)
+    rank1 = docker_handle(ledger.load(old), 1)
     assert rank1.node == "spark-b"
 
     # 1. SIGSTOP inside the container: Docker still says running; liveness (status) says not running
@@ -113,8 +116,9 @@ def test_the_watcher_restarts_the_pair_after_a_stopped_rank_and_a_killed_contain
         assert serves(st["endpoint"])
         assert not _docker(test_cluster, rank1.node, "top", rank1.container_id).strip()   # the stopped one is gone
         # ... continued and ended by SIGTERM (stop sends SIGCONT first), not SIGKILLed after the stop timeout (137)
-        code = _docker(test_cluster, rank1.node, "inspect", "--format", "{{.State.ExitCode}}", rank1.container_id)
-        assert code.strip() != "137", code
+        exit_code = _docker(test_cluster, rank1.node, "inspect", "--format", "{{.State.ExitCode}}",
+                            rank1.container_id)
+        assert exit_code.strip() != "137", exit_code
 
         # 2. the grant, then rank 1's container killed on its node
         granted = prepare(load_inventory(_with_vars(cluster_env, prepare_drop_caches=True)), tags=["drop-caches"])
@@ -123,7 +127,7 @@ def test_the_watcher_restarts_the_pair_after_a_stopped_rank_and_a_killed_contain
         for node in ("spark-a", "spark-b"):
             mode = test_cluster.run_in_root(node, ["stat", "-c", "%a %U", HELPER]).stdout.split()
             assert mode == ["755", "root"]
-        rank1 = ledger.load(new1).handle_of(1)
+        rank1 = docker_handle(ledger.load(new1), 1)
         _docker(test_cluster, rank1.node, "kill", rank1.container_id)
         run.wait_for(rf"detected: {re.escape(new1)} is not serving \((rank-dead|engines-gone)\): .*rank 1 container "
                      rf"\S+ exited \(137\)", timeout=60)
@@ -160,7 +164,7 @@ def test_a_model_moved_on_a_node_refuses_the_restart_over_ssh(cli, test_cluster,
     (profiles_dir / "wd5.yml").write_text("extends: d5\nserver: {mem_fraction_static: 0.5}\n"
                                           "env: {SPARKCTL_SIM_KV_REF_MEM_FRACTION: '0.5'}\n")
     code, first, err = _up(cli, "--profile", "wd5")
-    assert code == 0, err
+    assert code == 0 and first is not None, err
     rec = ledger.load(first["deployment"])
     model = next(p for p in rec.needed if p.node == "spark-b" and p.what == "model")
     records = sorted(ledger.record_ids())
@@ -168,7 +172,7 @@ def test_a_model_moved_on_a_node_refuses_the_restart_over_ssh(cli, test_cluster,
     try:
         with SparkctlProcess(WATCH) as run:
             run.wait_for(r"watch +watching cluster", timeout=60)
-            _docker(test_cluster, "spark-b", "kill", rec.handle_of(1).container_id)
+            _docker(test_cluster, "spark-b", "kill", docker_handle(rec, 1).container_id)
             line = run.wait_for(r"REFUSED to restart \S+ \(file-missing\): ", timeout=180)
             assert f"model {model.path} ({model.host} on spark-b)" in line, line
             code, st = _status(cli)

@@ -49,11 +49,11 @@ def four_env(test_cluster4: TestCluster, tmp_path: Path, monkeypatch: pytest.Mon
     if hard != resource.RLIM_INFINITY:  # this sandbox's dockerd cannot raise RLIMIT_MEMLOCK
         monkeypatch.setenv(MEMLOCK_ENV, str(hard))
     yield {"inv": inv, "profile": str(profile), "cluster": inv.cluster.name}
-    for node in NODES:
-        ids = _docker(test_cluster4, node, "ps", "-aq", "--filter",
+    for name in NODES:
+        ids = _docker(test_cluster4, name, "ps", "-aq", "--filter",
                       f"label=sparkctl.cluster={inv.cluster.name}").split()
         if ids:
-            _docker(test_cluster4, node, "rm", "-f", *ids)
+            _docker(test_cluster4, name, "rm", "-f", *ids)
 
 
 def _docker(cluster: TestCluster, node: str, *args: str) -> str:

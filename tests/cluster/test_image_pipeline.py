@@ -181,7 +181,7 @@ def test_tag_holding_other_content_is_refused(env, built):
         with pytest.raises(ImageError, match=r"tag sparkctl/sglang-gb10-launch:d5-\w+ on spark-a holds other content"
                            ) as err:
             build_images(plan, env["a"])
-        assert f"docker rmi {plan.launch_tag} on spark-a" in err.value.hint
+        assert err.value.hint is not None and f"docker rmi {plan.launch_tag} on spark-a" in err.value.hint
     finally:
         env["a"].run(["docker", "rmi", plan.launch_tag])
 
@@ -208,7 +208,7 @@ def test_base_image_missing_and_not_pullable(env, test_cluster):
     ref = f"198.18.{test_cluster.net_index}.99:5999/sparkctl-absent:never"
     with pytest.raises(ImageError, match=rf"base image {ref} is missing on spark-a and could not be pulled") as err:
         ensure_base(env["a"], ref, node="spark-a")
-    assert "docker pull" in err.value.hint
+    assert err.value.hint is not None and "docker pull" in err.value.hint
 
 
 def test_process_inventory_has_no_images():
@@ -258,6 +258,7 @@ def test_peer_disk_full_mid_copy_names_node_image_and_fix(env, test_cluster):
         src, dst = _endpoints(env)
         with pytest.raises(ImageError, match=rf"spark-b ran out of disk space while receiving {tag}") as err:
             distribute([tag], src, [dst])
+        assert err.value.hint is not None and err.value.evidence is not None
         assert "free space in spark-b's docker data root" in err.value.hint
         assert "no space left on device" in err.value.evidence
     finally:

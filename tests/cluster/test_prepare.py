@@ -55,6 +55,13 @@ def _cat(cluster: TestCluster, node: str, path: str) -> str | None:
     return res.stdout if res.returncode == 0 else None
 
 
+def _read(cluster: TestCluster, node: str, path: str) -> str:
+    """The file `path` on `node`, which the test expects to be there."""
+    text = _cat(cluster, node, path)
+    assert text is not None, f"{node}: no {path}"
+    return text
+
+
 def _models(cluster: TestCluster, node: str) -> Path:
     return cluster.node(node).host_root / "prep-models"
 
@@ -72,12 +79,12 @@ def test_prepare_then_a_second_run_changes_nothing(test_cluster, env):
     first = prepare(env["inv"])
     assert all(s["changed"] > 0 for s in first.stats.values()), first.stats
     for n in ("spark-a", "spark-b"):
-        daemon = json.loads(_cat(test_cluster, n, "/etc/docker/daemon.json"))
+        daemon = json.loads(_read(test_cluster, n, "/etc/docker/daemon.json"))
         assert daemon["runtimes"]["nvidia"] == {"path": "runc"}          # the registered runtime is kept as is
         assert daemon["log-opts"] == {"max-size": "100m", "max-file": "3"}
         assert _cat(test_cluster, n, "/var/lib/sparkctl/prepare/previous/daemon.json") == env["original"][n]
         assert _cat(test_cluster, n, "/var/lib/sparkctl/prepare/previous/fabric-netplan.yaml.absent") == ""
-        netplan = yaml.safe_load(_cat(test_cluster, n, "/etc/netplan/40-sparkctl-fabric.yaml"))
+        netplan = yaml.safe_load(_read(test_cluster, n, "/etc/netplan/40-sparkctl-fabric.yaml"))
         eth = netplan["network"]["ethernets"][FABRIC]
         assert eth["mtu"] == 9000 and eth["addresses"] == [f"{test_cluster.node(n).fabric_address}/24"]
         assert "docker" in test_cluster.run_in_root(n, ["id", "-nG", "root"]).stdout.split()
@@ -87,13 +94,13 @@ def test_prepare_then_a_second_run_changes_nothing(test_cluster, env):
     assert _cat(test_cluster, "spark-a", "/root/.ssh/sparkctl_fabric_ed25519.pub")
     assert _cat(test_cluster, "spark-b", "/root/.ssh/sparkctl_fabric_ed25519.pub") is None
     a_fabric = test_cluster.node("spark-a").fabric_address
-    assert f'from="{a_fabric}" ssh-ed25519 ' in _cat(test_cluster, "spark-b", "/root/.ssh/authorized_keys")
+    assert f'from="{a_fabric}" ssh-ed25519 ' in _read(test_cluster, "spark-b", "/root/.ssh/authorized_keys")
     second = prepare(env["inv"])
     assert {h: s["changed"] for h, s in second.stats.items()} == {"spark-a": 0, "spark-b": 0}
 
 
 def test_check_mode_changes_nothing_then_a_run_repairs(test_cluster, env, cli):
-    daemon_b = json.loads(_cat(test_cluster, "spark-b", "/etc/docker/daemon.json"))
+    daemon_b = json.loads(_read(test_cluster, "spark-b", "/etc/docker/daemon.json"))
     del daemon_b["log-opts"]
     edited = json.dumps(daemon_b)
     test_cluster.run_in_root("spark-b", ["tee", "/etc/docker/daemon.json"], input=edited)
@@ -120,7 +127,7 @@ def test_check_mode_changes_nothing_then_a_run_repairs(test_cluster, env, cli):
     repaired = prepare(env["inv"])
     assert repaired.stats["spark-a"]["changed"] == 0 and repaired.stats["spark-b"]["changed"] >= 2
     assert _mtu(test_cluster, "spark-b") == 9000
-    assert json.loads(_cat(test_cluster, "spark-b", "/etc/docker/daemon.json"))["log-opts"]["max-file"] == "3"
+    assert json.loads(_read(test_cluster, "spark-b", "/etc/docker/daemon.json"))["log-opts"]["max-file"] == "3"
 
 
 def test_models_synced_node_to_node_then_preflight_compares_manifests(test_cluster, env, cli):
@@ -220,7 +227,7 @@ def test_fabric_ssh_drift_is_found_by_the_state_read_and_repaired(test_cluster, 
     assert ("spark-a", "Rank 0 knows its peers' fabric host keys") in changed
     new_pub = _cat(test_cluster, "spark-a", key + ".pub")
     assert new_pub and new_pub != old_pub                          # a new key pair, both halves
-    assert new_pub.split()[1] in _cat(test_cluster, "spark-b", "/root/.ssh/authorized_keys")
+    assert new_pub.split()[1] in _read(test_cluster, "spark-b", "/root/.ssh/authorized_keys")
     mode = test_cluster.run_in_root("spark-a", ["stat", "-c", "%a", "/root/.ssh/sparkctl_fabric_known_hosts"])
     assert mode.stdout.strip() == "600"
     reached = [r for run in res.runs for r in run.results
@@ -249,7 +256,7 @@ def test_unreachable_host_named_and_a_rerun_picks_up(test_cluster, env, monkeypa
         test_cluster.start_sshd("spark-b")
     again = prepare(env["inv"], tags=["docker"])
     assert again.stats["spark-a"]["changed"] == 0 and again.stats["spark-b"]["changed"] >= 1
-    assert json.loads(_cat(test_cluster, "spark-b", "/etc/docker/daemon.json"))["log-opts"]
+    assert json.loads(_read(test_cluster, "spark-b", "/etc/docker/daemon.json"))["log-opts"]
 
 
 def test_sudo_password_needed_and_not_given(test_cluster, env):
@@ -335,7 +342,7 @@ def test_disk_full_during_model_sync_then_a_rerun_finishes(test_cluster, env, cl
         test_cluster.run_in_root("spark-b", ["mount", "-o", "remount,size=8m", str(target)])
         code, _, err = cli("prepare", "--profile", "d5", "--tags", "models")
         assert code == 0, err
-        sent = _cat(test_cluster, "spark-a", f"/var/lib/sparkctl/prepare/sync-{big}-spark-b.list").split()
+        sent = _read(test_cluster, "spark-a", f"/var/lib/sparkctl/prepare/sync-{big}-spark-b.list").split()
         assert sorted(sent) == sorted(set(src) - set(partial))     # only the rest was sent
         assert _digests_in(test_cluster, "spark-b", target) == src
     finally:

@@ -46,7 +46,8 @@ from testrig.testenv import need_real_engine
 pytestmark = [pytest.mark.cluster, pytest.mark.real_engine, pytest.mark.xdist_group("real_engine"),
               pytest.mark.timeout(1800)]
 SHIPPED_D5 = True          # boots no d5: the cluster conftest's d5 fixture stays out of the way
-RUN = int(time.time()) % 1_000_000   # a flag value per run: launch images cached by an earlier run never match
+RUN = int(time.time()) % 600_000   # a flag value per run (launch images cached by an earlier run never match),
+#                                      within SGLang's --watchdog-timeout bound (604800)
 SERIES = "gb10-0.5.23"
 DIST_PORT = 26000          # cpu-tiny's api.dist_port (SGLang's TCP store)
 Cli = Callable[..., tuple[int, str, str]]
@@ -179,6 +180,11 @@ def test_the_patched_source_is_what_the_running_container_imports(cli: Cli, real
     # ... and that python3 is the server's: the serving processes run it with the same package directory
     ps = _docker(real, "spark-a", "exec", cid, "ps", "-eo", "args")
     assert "python3 -m sglang.launch_server" in ps, ps
+    # `sparkctl image build` of the deployed profile: what up built is what the command builds (nothing to do)
+    code, out, err = cli("image", "build", "--profile", "rc1", "--json")
+    assert code == 0, err[-3000:]
+    code, out, err = cli("image", "verify", "--profile", "rc1", "--json")
+    assert code == 0, err[-3000:]
 
 
 def test_status_and_the_rank1_log_are_the_real_servers(cli: Cli, real: dict) -> None:

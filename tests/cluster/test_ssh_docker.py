@@ -20,6 +20,7 @@ from sparkctl.errors import NodeError
 from sparkctl.nodes.container import MEMLOCK_ENV
 from sparkctl.nodes.docker_runtime import DockerRuntime
 from sparkctl.nodes.fanout import run_all
+from sparkctl.nodes.handles import DockerHandle
 from sparkctl.nodes.ssh import SSHConnector
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.state.records import CheckResult, Severity
@@ -224,7 +225,7 @@ def test_preflight_healthy_cluster(test_cluster: TestCluster, inv: Inventory) ->
     res = run_all(inv.nodes, lambda n: _preflight(
         inv, _runtime(inv, n.name), _spec(inv, n.name, port=30000, image=test_cluster.engine_image), set()))
     res.raise_for_failures()
-    for node, checks in res.items():
+    for node, checks in res.succeeded.items():     # every node's (none failed)
         failed = [c for c in checks if not c.ok]
         assert failed == [], failed
         names = {c.name for c in checks}
@@ -256,7 +257,8 @@ def test_preflight_detects_a_downed_fabric_link(test_cluster: TestCluster, inv: 
     try:
         res = run_all(inv.nodes, lambda n: _preflight(inv, _runtime(inv, n.name),
                                                       _spec(inv, n.name, port=30000, image=None), set()))
-        failed = {node: {c.name: c for c in checks if not c.ok} for node, checks in res.items()}
+        failed = {node: {c.name: c for c in checks if not c.ok}
+                  for node, checks in res.raise_for_failures().succeeded.items()}
         assert "fabric interface" in failed["spark-b"] and "DOWN" in failed["spark-b"]["fabric interface"].seen
         assert "fabric peer spark-b" in failed["spark-a"]                # the peer does not answer over the fabric
         assert "198.18." in failed["spark-a"]["fabric peer spark-b"].seen
@@ -277,7 +279,8 @@ def test_preflight_port_in_use(test_cluster: TestCluster, inv: Inventory) -> Non
 
 
 # ------------------------------------------------------------------------------------------------ docker runtime
-def _wait_log(rt: DockerRuntime, handle: dict, needle: str, offset: int, timeout: float = 90.0) -> tuple[str, int]:
+def _wait_log(rt: DockerRuntime, handle: DockerHandle, needle: str, offset: int,
+              timeout: float = 90.0) -> tuple[str, int]:
     seen = ""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -293,6 +296,7 @@ def _wait_log(rt: DockerRuntime, handle: dict, needle: str, offset: int, timeout
 
 def test_image_id(test_cluster: TestCluster, inv: Inventory) -> None:
     rt = _runtime(inv, "spark-b")
+    assert test_cluster.engine_image is not None                       # the test_cluster fixture built it
     assert rt.image_id(test_cluster.engine_image) == test_cluster.engine_image_id
     assert rt.image_id("sparkctl-test-engine:absent") is None
 

@@ -97,7 +97,7 @@ def _runs_launch_image(env, tag: str, profile_name: str) -> None:
 def test_up_flag_change_up_rollback_runs_the_previous_launch_image(cli, env, state_dir):
     p1, p2 = env["profile"](900 + RUN), env["profile"](901 + RUN)
     code, dry, err = _up(cli, "up", "--profile", p1, "--dry-run")
-    assert code == 0 and dry["outcome"] == "dry-run", err
+    assert code == 0 and dry is not None and dry["outcome"] == "dry-run", err
     names = [s["name"] for s in dry["plan"]["steps"]]
     assert names[:4] == ["preflight", "image-build", "image-distribute", "image-verify"]
     assert "image-build: build engine image sparkctl/sglang-gb10:" in err or \
@@ -105,10 +105,11 @@ def test_up_flag_change_up_rollback_runs_the_previous_launch_image(cli, env, sta
     assert "[spark-a] $ docker run" in err and "sparkctl/sglang-gb10-launch:" in err
 
     code, first, err = _up(cli, "up", "--profile", p1)
-    assert code == 0 and first["outcome"] == "deployed", err
+    assert code == 0 and first is not None and first["outcome"] == "deployed", err
     ledger = Ledger.for_cluster(env["cluster"])
     rec1 = ledger.load(first["deployment"])
     l1 = rec1.images["spark-a"].launch_tag
+    assert l1 is not None
     assert rec1.images["spark-b"].launch_tag == l1 and rec1.images["spark-a"].launch_id == \
         rec1.images["spark-b"].launch_id == rec1.image_ids["spark-b"]
     assert rec1.images["spark-a"].engine_id == rec1.images["spark-b"].engine_id
@@ -117,9 +118,10 @@ def test_up_flag_change_up_rollback_runs_the_previous_launch_image(cli, env, sta
     assert all(g["ok"] for g in first["gates"])
 
     code, second, err = _up(cli, "up", "--profile", p2)
-    assert code == 0 and second["outcome"] == "deployed", err
+    assert code == 0 and second is not None and second["outcome"] == "deployed", err
     rec2 = ledger.load(second["deployment"])
     l2 = rec2.images["spark-a"].launch_tag
+    assert l2 is not None
     assert l2 != l1 and rec2.images["spark-a"].engine_tag == rec1.images["spark-a"].engine_tag
     assert f"launch {l2} built in" in err and "no build (tag present with the planned inputs)" in err
     assert "spark-b has" in err                       # the engine image: nothing to copy to the peer
@@ -130,7 +132,7 @@ def test_up_flag_change_up_rollback_runs_the_previous_launch_image(cli, env, sta
           file=sys.__stderr__)
 
     code, back, err = _up(cli, "rollback")
-    assert code == 0 and back["outcome"] == "deployed", err
+    assert code == 0 and back is not None and back["outcome"] == "deployed", err
     assert "image-build: no-op" in err and "image-distribute: no-op" in err    # both launch images are there
     _runs_launch_image(env, l1, Path(p1).stem)                                # the previous launch image runs
     code, out, _ = cli("status", "--json")
@@ -138,7 +140,7 @@ def test_up_flag_change_up_rollback_runs_the_previous_launch_image(cli, env, sta
     assert st["healthy"] and st["images"] == [l1] and st["images_per_node"]["spark-b"]["launch_tag"] == l1
 
     code, again, err = _up(cli, "up", "--profile", p1)                        # same launch: nothing to do
-    assert code == 0 and again["outcome"] == "unchanged", err
+    assert code == 0 and again is not None and again["outcome"] == "unchanged", err
     assert cli("down", "--yes")[0] == 0
 
 
@@ -148,21 +150,22 @@ def test_rollback_after_the_base_tag_moved_runs_the_recorded_images(cli, env, ba
     conn = env["conns"]["spark-a"]
     p1, p2 = env["profile"](950 + RUN), env["profile"](951 + RUN)
     code, first, err = _up(cli, "up", "--profile", p1)
-    assert code == 0 and first["outcome"] == "deployed", err
+    assert code == 0 and first is not None and first["outcome"] == "deployed", err
     ledger = Ledger.for_cluster(env["cluster"])
     rec1 = ledger.load(first["deployment"])
     e1, l1 = rec1.images["spark-a"].engine_tag, rec1.images["spark-a"].launch_tag
+    assert l1 is not None
     original = conn.run(["docker", "image", "inspect", "--format", "{{.Id}}", base_tag], check=True).stdout.strip()
     moved = conn.run(["env", "DOCKER_BUILDKIT=0", "docker", "build", "-q", "-t", base_tag, "-"],
                      stdin=f"FROM {original}\nLABEL org.sparkctl.test.moved=\"{RUN}\"\n", timeout=300, check=True)
     try:
         code, second, err = _up(cli, "up", "--profile", p2)
-        assert code == 0 and second["outcome"] == "deployed", err
+        assert code == 0 and second is not None and second["outcome"] == "deployed", err
         e2 = ledger.load(second["deployment"]).images["spark-a"].engine_tag
         assert e2 != e1                                   # the new base gives a new engine image
 
         code, back, err = _up(cli, "rollback")
-        assert code == 0 and back["outcome"] == "deployed", err
+        assert code == 0 and back is not None and back["outcome"] == "deployed", err
         assert "rollback: on the recorded base" in err and "image-build: no-op" in err
         assert "built in" not in err                      # nothing was rebuilt on the new base
         rec = ledger.load(back["deployment"])
@@ -177,7 +180,7 @@ def test_rollback_after_the_base_tag_moved_runs_the_recorded_images(cli, env, ba
 def test_image_id_mismatch_on_a_node_blocks_up_and_leaves_the_running_deployment(cli, env):
     p, q = env["profile"](950 + RUN), env["profile"](951 + RUN)
     code, first, err = _up(cli, "up", "--profile", p)
-    assert code == 0, err
+    assert code == 0 and first is not None, err
     running = {n: [c["Id"] for c in _running(env, n)] for n in ("spark-a", "spark-b")}
     code, out, err = cli("image", "build", "--profile", q, "--json")          # q's images on both nodes
     assert code == 0, err
@@ -193,6 +196,7 @@ def test_image_id_mismatch_on_a_node_blocks_up_and_leaves_the_running_deployment
         assert "spark-b" in err and tag in err
         ledger = Ledger.for_cluster(env["cluster"])
         refused = ledger.load(ledger.index()["history"][-1])
+        assert refused.failure is not None
         assert refused.failure.step in ("image-distribute", "image-verify") and refused.status == "failed"
         assert not refused.handles and refused.rollback is None
         assert {n: [c["Id"] for c in _running(env, n)] for n in ("spark-a", "spark-b")} == running

@@ -142,6 +142,7 @@ def _gen_dialects():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("gen_dialects", ROOT / "scripts" / "gen_dialects.py")
+    assert spec is not None and spec.loader is not None
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     return gen

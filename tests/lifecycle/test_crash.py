@@ -13,10 +13,11 @@ import subprocess
 import pytest
 
 from sparkctl.config.inventory import load_inventory
-from sparkctl.deploy.commands import Deployer
+from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import process_engines
 from sparkctl.nodes.process import local_port_free
 from sparkctl.state.ledger import Ledger
+from sparkctl.state.records import Status
 from testrig.controller import SLOW_PREFILL_TPS, SLOW_WARM_UP, SparkctlProcess, assert_status_interrupted, kill_up_at
 
 SLOW = 60.0   # emulated boot / prefill seconds: far longer than the test needs to kill the controller in it
@@ -52,7 +53,7 @@ def _settle_and_clean(cli, local_cluster, dead_id: str) -> None:
 
 def _no_engine(local_cluster) -> None:
     inv = load_inventory(local_cluster)
-    assert process_engines(Deployer(inv)) == []
+    assert process_engines(Cluster(inv)) == []
     assert all(local_port_free(n.api_bind, 30000) for n in inv.nodes)
 
 
@@ -91,7 +92,8 @@ def test_sigkill_during_restore(cli, local_cluster, faulty_profile, profiles_dir
     assert code == 0, err
     assert f"restarted by the interrupted restore of {prev['deployment']}" in err, err
     failed = ledger.load(failed.id)
-    assert failed.status == "failed" and failed.restoring is None and "restore interrupted" in failed.restore_error
+    assert failed.status == "failed" and failed.restoring is None and failed.restore_error is not None
+    assert "restore interrupted" in failed.restore_error
     assert ledger.load(prev["deployment"]).known_good   # its restore was cut short, it did not fail
     code, out, err = cli("down", "--yes")
     assert code == 0, err
@@ -103,14 +105,16 @@ def test_a_verified_deployment_whose_controller_died_at_hand_off_is_adopted(cli,
     second = _up_ok(cli, "dflash-off")
     ledger = _ledger(local_cluster)
     # As if the controller died between the last gate and the hand-off: record running, active still the old.
-    gone = subprocess.run(["true"]).returncode == 0 and subprocess.Popen(["true"])
+    assert subprocess.run(["true"]).returncode == 0
+    gone = subprocess.Popen(["true"])
     gone.wait()
     rec = ledger.load(second["deployment"])
-    rec.status, rec.handed_off = "running", None
+    rec.status, rec.handed_off = Status.RUNNING, None
+    assert rec.controller is not None
     rec.controller = rec.controller.model_copy(update={"pid": gone.pid, "start_ticks": 1})
     ledger.save(rec)
     old = ledger.load(first["deployment"])
-    old.status = "successful"
+    old.status = Status.SUCCESSFUL
     ledger.save(old)
     ledger.set_active(first["deployment"])
     code, out, err = cli("up", "--profile", "dflash-off", "--yes", "--json")

@@ -11,6 +11,7 @@ import signal
 from sparkctl.config.inventory import load_inventory
 from sparkctl.state.ledger import Ledger
 from testrig.controller import SLOW_PREFILL_TPS, SLOW_WARM_UP, SparkctlProcess
+from testrig.handles import pid_of
 from testrig.testenv import signal_and_settle
 
 SLOW = 30.0
@@ -31,9 +32,7 @@ def _kill_rank_during(cli, local_cluster, profile: str, marker: str, rank: int) 
     with SparkctlProcess(["up", "--profile", profile, "--yes"]) as run:
         run.wait_for(marker)
         rec = ledger.load(ledger.history()[-1])
-        handle = rec.handle_of(rank)
-        assert handle is not None, rec
-        os.kill(handle.pid, signal.SIGKILL)
+        os.kill(pid_of(rec, rank), signal.SIGKILL)
         code = run.wait()
     return code, run.stderr
 
@@ -65,7 +64,7 @@ def test_an_engine_killed_during_warm_up_fails_the_up_and_the_previous_one_is_re
 def test_an_engine_killed_after_hand_off_is_unhealthy_and_the_next_up_redeploys(cli, local_cluster):
     first = _up(cli)
     rec = _ledger(local_cluster).load(first["deployment"])
-    os.kill(rec.handle_of(1).pid, signal.SIGKILL)
+    os.kill(pid_of(rec, 1), signal.SIGKILL)
     code, out, err = cli("status")
     assert code == 8 and "UNHEALTHY" in out, out
     again = _up(cli)
@@ -83,7 +82,7 @@ def test_a_stopped_engine_is_not_running_in_status_and_the_next_up_replaces_it(c
     from sparkctl.nodes import procfs
 
     first = _up(cli)
-    pipe = _ledger(local_cluster).load(first["deployment"]).handle_of(1).pid
+    pipe = pid_of(_ledger(local_cluster).load(first["deployment"]), 1)
     engine = procfs.descendants(pipe)[0]
     signal_and_settle(engine, signal.SIGSTOP)
     try:

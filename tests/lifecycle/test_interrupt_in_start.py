@@ -20,9 +20,11 @@ import pytest
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
 from sparkctl.deploy import boot as boot_module
+from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.commands import Deployer, UpOptions
 from sparkctl.deploy.observe import leftovers, process_engines
 from sparkctl.errors import Interrupted
+from sparkctl.nodes.handles import ProcessHandle
 from sparkctl.nodes.process import ProcessRuntime
 from sparkctl.state.ledger import Ledger
 from sparkctl.state.records import Status
@@ -66,12 +68,12 @@ def test_an_interrupt_at_every_line_between_a_start_and_its_record_leaves_nothin
         trap = _trap(at)
         with pytest.raises(Interrupted):
             _up(inv, trap)
-        running = process_engines(Deployer(load_inventory(inv)))
+        running = process_engines(Cluster(load_inventory(inv)))
         record = ledger.load(ledger.index()["history"][-1])
-        left = leftovers(Deployer(load_inventory(inv)))
+        left = leftovers(Cluster(load_inventory(inv)))
         if running or left or record.status != Status.CANCELED:
-            missed.append((trap.where, [e.handle.pid for e in running], [lo.describe() for lo in left],
-                           record.status))
+            pids = [e.handle.pid for e in running if isinstance(e.handle, ProcessHandle)]   # all are processes
+            missed.append((trap.where, pids, [lo.describe() for lo in left], record.status))
             Deployer(load_inventory(inv)).down()      # the next point starts clean whatever this one left
     assert not missed, f"interrupted at these lines, engines outlived the up: {missed}"
     assert {count.trail[i].split(":")[0] for i in points} >= {"_execute_child", "start", "boot"}

@@ -14,6 +14,7 @@ from pathlib import Path
 from sparkctl.config.inventory import load_inventory
 from sparkctl.nodes import procfs
 from sparkctl.state.ledger import Ledger
+from testrig.handles import process_handle, process_handles
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,7 +66,7 @@ def test_rollback_to_a_profile_replaces_the_engines(cli, local_cluster):
     assert st["speculative_algorithm"] is None
     old = _ledger(local_cluster).load(first["deployment"])
     assert old.status == "superseded" and old.superseded_by == off["deployment"]
-    assert not any(procfs.running(h.pid, None) for h in old.handles)
+    assert not any(procfs.running(h.pid, None) for h in process_handles(old))
 
 
 def test_rollback_without_to_returns_to_the_previous_known_good(cli, local_cluster):
@@ -81,7 +82,7 @@ def test_rollback_without_to_returns_to_the_previous_known_good(cli, local_clust
 
 def test_logs_prints_the_tail_of_that_ranks_log(cli, local_cluster):
     first = _up_ok(cli)
-    handle = _ledger(local_cluster).load(first["deployment"]).handle_of(1)
+    handle = process_handle(_ledger(local_cluster).load(first["deployment"]), 1)
     code, out, err = cli("logs", "--rank", "1", "--tail", "5")
     assert code == 0, err
     on_disk = Path(handle.log).read_text().splitlines()
@@ -101,7 +102,7 @@ def test_down_stops_every_rank_and_keeps_the_history(cli, local_cluster):
     ledger = _ledger(local_cluster)
     rec = ledger.load(first["deployment"])
     assert rec.status == "stopped" and rec.known_good          # still a rollback target
-    assert not any(procfs.running(h.pid, None) for h in rec.handles)
+    assert not any(procfs.running(h.pid, None) for h in process_handles(rec))
     assert ledger.index()["history"] == [first["deployment"]]
     for p in (ledger.root / "deployments").iterdir():
         assert p.stat().st_mode & 0o777 == 0o600
@@ -151,7 +152,7 @@ def test_rank1_crash_during_boot_rolls_back_to_previous(cli, local_cluster, faul
     assert st["active"] == prev["deployment"] and st["healthy"]
     failed = _ledger(local_cluster).load(_ledger(local_cluster).index()["history"][-1])
     assert failed.status == "failed" and failed.restored == prev["deployment"] and not failed.known_good
-    assert not any(procfs.running(h.pid, None) for h in failed.handles)
+    assert not any(procfs.running(h.pid, None) for h in process_handles(failed))
 
 
 def test_oom_fails_fast_without_waiting_for_the_timeout(cli, local_cluster, faulty_profile):
@@ -217,9 +218,11 @@ def test_sigint_during_up_releases_lock_and_leaves_nothing_running(local_cluster
     # after the boot stage appeared was sometimes too short on a loaded machine (SIGINT before rank 1 existed).
     lines: list[str] = []
     both_started = threading.Event()
+    stderr = proc.stderr
+    assert stderr is not None                       # a pipe
 
     def read_progress() -> None:
-        for line in proc.stderr:
+        for line in stderr:
             lines.append(line)
             if "rank 0 started" in line:
                 both_started.set()
@@ -238,11 +241,11 @@ def test_sigint_during_up_releases_lock_and_leaves_nothing_running(local_cluster
     err = "".join(lines)
     assert proc.returncode == 130, err
     rec = ledger.load(ledger.index()["history"][-1])
-    assert rec.status == "canceled" and rec.failure.message.startswith("interrupted")
+    assert rec.status == "canceled" and rec.failure is not None and rec.failure.message.startswith("interrupted")
     # The fault (boot_s: 30, from the profile's SPARKCTL_SIM_CONFIG) reached the engines: the SIGINT
     # landed in boot, not after it (it once did not: the inventory's knobs shadowed the file).
     assert rec.failure.step == "boot", rec.failure
-    handles = rec.handles
+    handles = process_handles(rec)
     assert handles and not any(procfs.running(h.pid, None) for h in handles)
     assert ledger.index()["active"] is None
     with ledger.lock("check"):  # the lock is free again
@@ -305,7 +308,8 @@ def test_why_a_restore_failed_reaches_the_error_and_the_ledger(cli, local_cluste
     assert f"restoring {prev['deployment']} FAILED" in err and "oom" in err.lower()
     ledger = _ledger(local_cluster)
     failed = ledger.load(ledger.index()["history"][-1])
-    assert failed.status == "failed" and failed.failure.step == "boot" and failed.restored is None
+    assert failed.status == "failed" and failed.failure is not None and failed.failure.step == "boot"
+    assert failed.restored is None and failed.restore_error is not None
     assert "oom" in failed.restore_error.lower()
     assert ledger.index()["active"] is None
-    assert not any(procfs.running(h.pid, None) for h in ledger.load(prev["deployment"]).handles)
+    assert not any(procfs.running(h.pid, None) for h in process_handles(ledger.load(prev["deployment"])))

@@ -14,6 +14,7 @@ from pathlib import Path
 from sparkctl.config.inventory import load_inventory
 from sparkctl.nodes.process import secrets_root_for
 from sparkctl.state.ledger import Ledger
+from testrig.handles import process_handles
 from testrig.sweep import files_holding, processes_holding
 
 
@@ -43,7 +44,7 @@ def test_no_command_leaves_the_api_key_or_hf_token_anywhere(cli, local_cluster, 
     dep = json.loads(run("up", "--profile", "d5", "--yes", "--json"))["deployment"]
     assert processes_holding(values) == []                    # the engines run: argv and env clean
     # the log pipes are helpers: an allowlisted environment (sparkctl.nodes.environ), so no unknown variable either
-    for handle in ledger.load(dep).handles:
+    for handle in process_handles(ledger.load(dep)):
         environ = Path(f"/proc/{handle.pid}/environ").read_bytes().split(b"\0")
         assert not [e for e in environ if foreign.encode() in e or e.startswith(b"SPARKCTL_")], handle.pid
     monkeypatch.delenv("SOME_CLOUD_SECRET_KEY")

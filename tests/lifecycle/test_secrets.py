@@ -14,6 +14,7 @@ from sparkctl.config.inventory import load_inventory
 from sparkctl.nodes import procfs
 from sparkctl.nodes.process import secrets_root_for
 from sparkctl.state.ledger import Ledger
+from testrig.handles import process_handle, process_handles
 
 API_KEY = "sk-test-9f8e7d6c5b4a"
 HF_TOKEN = "hf_TESTtoken0123456789"
@@ -70,10 +71,10 @@ def test_api_key_and_hf_token_stay_out_of_argv_env_logs_and_ledger(cli, local_cl
     assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in sdir.iterdir()} == \
         {"engine-secrets.yaml": 0o400, "hf-token": 0o400}
     assert (sdir / "hf-token").read_text() == HF_TOKEN
-    environ = Path(f"/proc/{engine0}/environ").read_bytes().decode().split("\0")
-    assert f"HF_TOKEN_PATH={sdir / 'hf-token'}" in environ
+    engine0_environ = Path(f"/proc/{engine0}/environ").read_bytes().decode().split("\0")
+    assert f"HF_TOKEN_PATH={sdir / 'hf-token'}" in engine0_environ
     # The engine printed its server_args (api_key='...') into the log: redacted there and in `sparkctl logs`.
-    log_text = Path(rec.handle_of(0).log).read_text()
+    log_text = Path(process_handle(rec, 0).log).read_text()
     assert "server_args={" in log_text and "'api_key': '***'" in log_text    # 0.5.23's dict form
     code, logs_out, err = cli("logs", "--rank", "0", "--tail", "0")
     assert code == 0 and "'api_key': '***'" in logs_out
@@ -113,7 +114,7 @@ def test_secret_files_of_engines_killed_with_kill_9_are_gone_after_down(cli, loc
     rec = ledger.load(dep)
     sroot = secrets_root_for(ledger.root / "secrets")
     pids = _pids_of(rec.handles)
-    for h in rec.handles:
+    for h in process_handles(rec):
         os.kill(h.pid, signal.SIGKILL)          # the pipes; their engines follow (PR_SET_PDEATHSIG)
     deadline = time.monotonic() + 20
     while any(procfs.running(p, None) for p in pids) and time.monotonic() < deadline:

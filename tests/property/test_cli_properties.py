@@ -59,11 +59,13 @@ def test_the_walk_finds_the_options_issue_16_names():
 
 
 def _walk_to(path: list[str]) -> Any:
+    import typer.core
     import typer.main
 
     from sparkctl.cli.main import app
     cmd = typer.main.get_command(app)
     for name in path:
+        assert isinstance(cmd, typer.core.TyperGroup), (path, name)
         cmd = cmd.commands[name]
     return cmd
 

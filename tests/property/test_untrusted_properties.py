@@ -29,7 +29,7 @@ RUN = "20250101T000000Z-bench-d5-0001"
 HOSTILE = st.one_of(
     st.sampled_from(["\x1b[2J\x1b[H", "\x1b]0;owned\x07", "\x9b31m", "a\rb", "\u202eevil", "\x00\x08\x7f",
                      "x" * 100_000, "\x1b" * 5000, "http://u:hunter2pw@h/"]),
-    st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x250, blacklist_categories=("Cs",)),
+    st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x250, blacklist_categories=["Cs"]),
             min_size=1, max_size=40),
 )
 

@@ -22,12 +22,13 @@ import httpx
 import pytest
 
 from sparkctl.config.inventory import load_inventory
-from sparkctl.deploy.commands import Deployer
+from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import process_engines
 from sparkctl.nodes.process import local_port_free
 from sparkctl.state.ledger import Ledger
 from testrig.controller import assert_status_interrupted, crash_up_at, kill_up_at
 from testrig.embedded import stop_recorded_engines, write_real_engine_inventory
+from testrig.handles import pid_of
 from testrig.sweep import files_holding, processes_holding
 from testrig.testenv import need_real_engine
 
@@ -160,8 +161,7 @@ def test_rank1_killed_after_hand_off_then_rollback_back(cli, real_cluster):
     inv, _ = real_cluster
     ledger = Ledger.for_cluster(load_inventory(inv).cluster.name)
     active = ledger.load(ledger.index()["active"])
-    rank1 = next(h for h in active.handles if h.rank == 1)
-    os.kill(rank1.pid, signal.SIGKILL)      # the log pipe: the kernel takes the engine with it (PDEATHSIG)
+    os.kill(pid_of(active, 1), signal.SIGKILL)      # the log pipe: the kernel takes the engine with it (PDEATHSIG)
     code, data = _status(cli)
     assert code == 8 and not data["ok"], data
     code, out, err = cli("rollback", "--yes", "--json")      # back to the previous known-good: cpu-tiny
@@ -203,7 +203,7 @@ def test_the_watcher_restarts_the_real_pair_as_a_pair(cli, real_cluster):
     old = ledger.index()["active"]
     with SparkctlProcess(["watch", "--interval", "1", "--backoff", "1", "--backoff-max", "5"]) as run:
         run.wait_for(r"watch +watching cluster", timeout=60)
-        os.kill(ledger.load(old).handle_of(1).pid, signal.SIGKILL)
+        os.kill(pid_of(ledger.load(old), 1), signal.SIGKILL)
         run.wait_for(rf"detected: {re.escape(old)} is not serving", timeout=60)
         run.wait_for(rf"restarted {re.escape(old)} as ", timeout=600)
         deadline = time.monotonic() + 60
@@ -245,7 +245,7 @@ def test_down_leaves_no_real_engine(cli, real_cluster):
     code, out, err = cli("down", "--yes")
     assert code == 0 and "stopped rank 1" in out and "stopped rank 0" in out, out + err
     inventory = load_inventory(inv)
-    assert process_engines(Deployer(inventory)) == []
+    assert process_engines(Cluster(inventory)) == []
     assert all(local_port_free(n.api_bind, PORT) for n in inventory.nodes)
     # no SGLang process of ours is left (rank 1 exits on its own once rank 0 is gone; the pipe's group is killed)
     ours = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _names(p, str(inventory.nodes[0].api_bind))]

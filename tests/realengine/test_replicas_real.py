@@ -43,7 +43,7 @@ def test_real_replicas_rolling_update_under_load_fails_no_request(tmp_path, monk
         assert first.outcome == "deployed" and first.updated == [0, 1] and not first.emulated
         endpoint = first.endpoint
         st = d.status()
-        assert st.healthy and st.router.healthy_workers == 2
+        assert st.healthy and st.router is not None and st.router.healthy_workers == 2
 
         p2 = load_profile(str(_profile(tmp_path / "rep.yml", 24)))       # changed: a rolling update
         # at least 10 requests each and on until the update is over (at most 2000 each)

@@ -143,7 +143,8 @@ def test_single_pair_is_the_latest_single_group_card_of_the_same_model(deployed,
     newer = json.loads(json.dumps(card))
     newer.update(run_id="29990101T000000Z-bench-single-0003", started="2999-01-01T00:00:02Z")
     (ledger.run_dir(newer["run_id"]) / "report.json").write_text(json.dumps(newer))
-    assert single_pair(ledger, model, "glm-5.3-flash")[0].run_id == newer["run_id"]
+    newest, _ = single_pair(ledger, model, "glm-5.3-flash")
+    assert newest is not None and newest.run_id == newer["run_id"]
     none, why = single_pair(ledger, "/models/Nothing", None)
     assert none is None and why.startswith("none measured: no single-group card of /models/Nothing")
 
@@ -236,7 +237,7 @@ def hostile_cluster(deployed, tmp_path) -> Iterator[Any]:
     servers: list[ThreadingHTTPServer] = []
     HostileMetrics.stop = threading.Event()
 
-    def make(behaviour: str) -> Path:
+    def make(behaviour: str) -> tuple[Path, type]:     # the inventory, the handler class (a HostileMetrics)
         inv_doc = yaml.safe_load(Path(deployed["inventory"]).read_text())
         src = Ledger.for_cluster(inv_doc["all"]["vars"]["sparkctl_cluster"]).root / "replicated.json"
         record = json.loads(src.read_text())

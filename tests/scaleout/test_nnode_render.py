@@ -55,7 +55,7 @@ def test_switch_address_outside_the_subnet_is_named(tmp_path):
         load_inventory(sparks_inventory(tmp_path / "inv.yml", 4, addresses=addrs))
     assert "hosts.spark-2.fabric_address: 192.168.101.12 is not in the fabric subnet 192.168.100.0/24" \
         in info.value.message
-    assert "sparkctl_fabric_subnet" in info.value.hint
+    assert info.value.hint is not None and "sparkctl_fabric_subnet" in info.value.hint
     # the switch's real subnet, given, accepts it
     assert len(load_inventory(sparks_inventory(tmp_path / "ok.yml", 4, addresses=addrs,
                                                subnet="192.168.100.0/23")).nodes) == 4
@@ -65,7 +65,7 @@ def test_direct_links_join_two_nodes_only(tmp_path):
     assert load_inventory(sparks_inventory(tmp_path / "two.yml", 2, topology="direct")).fabric_topology == "direct"
     with pytest.raises(ConfigError, match="direct links join two nodes; this inventory has 4") as info:
         load_inventory(sparks_inventory(tmp_path / "four.yml", 4, topology="direct"))
-    assert "switch" in info.value.hint
+    assert info.value.hint is not None and "switch" in info.value.hint
 
 
 @pytest.mark.parametrize("subnet", ["192.168.100.1/24", "not-a-subnet", "10.0.0.0/33"])

@@ -33,9 +33,9 @@ def test_two_by_tp2_on_four_sparks(tmp_path):
             assert _flag(spec.argv, "--dist-init-addr") == f"{head}:{profile.api.dist_port + r.index}"
         assert [s.rank for s in r.result.specs] == [0, 1]
     assert [r.url for r in reps] == ["http://spark-0.local:30000", "http://spark-2.local:30000"]
-    spec = router_spec(profile, inv, reps)
-    assert spec.worker_urls == ("http://spark-0.local:30000", "http://spark-2.local:30000")
-    assert spec.host == "0.0.0.0" and spec.port == 30080 and spec.policy == "cache_aware"
+    router = router_spec(profile, inv, reps)
+    assert router.worker_urls == ("http://spark-0.local:30000", "http://spark-2.local:30000")
+    assert router.host == "0.0.0.0" and router.port == 30080 and router.policy == "cache_aware"
     assert router_endpoint(profile, inv) == "http://spark-0.local:30080"
 
 

@@ -52,7 +52,7 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
         endpoint = first.endpoint
         st = d.status()
         assert st.healthy and [r.healthy and r.in_router for r in st.replicas] == [True, True]
-        assert st.router.healthy_workers == 2
+        assert st.router is not None and st.router.healthy_workers == 2
         assert d.up(p1).outcome == "unchanged"
         assert [line.split(": ", 1)[1][:9] for line in d.plan_lines(p1)[1:3]] == ["unchanged"] * 2
 
@@ -112,7 +112,7 @@ def test_two_tp2_replicas_on_four_nodes(tmp_path, monkeypatch, state_dir):
         res = d.up(load_profile(str(p)))
         assert res.updated == [0, 1]
         st = d.status()
-        assert st.healthy and st.router.healthy_workers == 2
+        assert st.healthy and st.router is not None and st.router.healthy_workers == 2
         assert [[(x.rank, x.node) for x in r.ranks] for r in st.replicas] == \
             [[(1, "spark-b"), (0, "spark-a")], [(1, "spark-d"), (0, "spark-c")]]      # boot order per group
         r = httpx.post(res.endpoint + "/v1/completions",
@@ -285,9 +285,9 @@ def test_a_foreign_listener_on_the_router_port_is_named_and_nothing_is_left(tmp_
         assert "boot" not in err and "router-start" not in err, err[-3000:]      # refused before anything booted
         code, out, err = cli("status", "-i", str(inv), "--json")
         assert code != 0 or not json.loads(out).get("healthy"), out
-        from sparkctl.deploy.commands import Deployer
+        from sparkctl.deploy.cluster import Cluster
         from sparkctl.deploy.observe import process_engines
-        assert process_engines(Deployer(load_inventory(inv))) == []
+        assert process_engines(Cluster(load_inventory(inv))) == []
     finally:
         srv.shutdown()
         srv.server_close()
@@ -328,6 +328,7 @@ def test_a_replica_already_out_of_the_router_is_drained_before_it_is_stopped(tmp
         while (engine_in_flight(url) or 0) == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert engine_in_flight(url) == 1
+        assert st.router is not None
         assert RouterClient(st.router.url).remove_worker(url)        # the killed controller's first move
         d.up(p2)
         t.join(timeout=60)

@@ -80,7 +80,8 @@ class ClientLoop:
     """Generations through the router, one after another, until stopped; every failure kept."""
 
     def __init__(self, endpoint: str) -> None:
-        self.endpoint, self.failures, self.done = endpoint, [], 0
+        self.endpoint, self.done = endpoint, 0
+        self.failures: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()

@@ -39,7 +39,7 @@ def slow_cluster(tmp_path_factory):
 
 def _engines(env: dict[str, str], inv) -> list:
     from sparkctl.config.inventory import load_inventory
-    from sparkctl.deploy.commands import Deployer
+    from sparkctl.deploy.cluster import Cluster
     from sparkctl.deploy.observe import process_engines
     from sparkctl.deploy.replicated import _named
     from sparkctl.state.ledger import Ledger  # noqa: F401
@@ -47,7 +47,7 @@ def _engines(env: dict[str, str], inv) -> list:
     out = []
     for i, node in enumerate(inventory.nodes):
         sub = _named(inventory, f"{inventory.cluster.name}.r{i}", [node.name])
-        out += process_engines(Deployer(sub))
+        out += process_engines(Cluster(sub))
     return out
 
 

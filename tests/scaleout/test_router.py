@@ -59,7 +59,9 @@ def pool(tmp_path_factory):
         router = RouterProcess.start(spec, tmp_path_factory.mktemp("router") / "router.log")
         client = RouterClient(spec.url, metrics_url=spec.metrics_url)
         for w in workers:
-            client._until(f"{w.url('')} listed", lambda w=w: (x := client.find(w.url(""))) and x.healthy, 30)
+            def listed(w: SimProc = w) -> object:
+                return (x := client.find(w.url(""))) and x.healthy
+            client._until(f"{w.url('')} listed", listed, 30)
         yield router, client, workers
     finally:
         if router is not None:
@@ -224,7 +226,8 @@ def test_router_gates_refuse_a_hostile_router_with_a_router_error(generate):
         reps = [SimpleNamespace(url="http://127.0.0.22:31002"), SimpleNamespace(url="http://127.0.0.21:31001")]
         t0 = time.monotonic()
         with pytest.raises(RouterError) as exc:
-            router_gates(client, spec, reps, timeout_s=1.0)
+            # stand-ins for Replica: router_gates reads only their url
+            router_gates(client, spec, reps, timeout_s=1.0)  # type: ignore[arg-type]
         assert time.monotonic() - t0 < 4.5
         assert "generation through it" in exc.value.message, exc.value.render()
 

@@ -47,7 +47,9 @@ def test_rolling_replacement_through_the_router_fails_no_request(tmp_path):
         router = RouterProcess.start(spec, tmp_path / "router.log")
         rc = RouterClient(spec.url, metrics_url=spec.metrics_url)
         for e in engines.values():
-            rc._until("listed", lambda e=e: (w := rc.find(e.url(""))) and w.healthy, 30)
+            def listed(e: SimProc = e) -> object:
+                return (w := rc.find(e.url(""))) and w.healthy
+            rc._until("listed", listed, 30)
 
         steps: list[tuple[str, str, float]] = []
         at: list[int] = []                              # requests done when each step ended

@@ -29,6 +29,7 @@ from sparkctl.sglang.client import (
     parse_sse_lines,
     parse_usage,
 )
+from sparkctl.sglang.responses import SSEFrame
 from testrig.captures import capture_lines, capture_text
 
 SSE = "sglang-api/sse-chat-stream-reasoning-content-gpt-oss.txt"
@@ -41,19 +42,26 @@ API_KEY = "sk-test-0123456789"
 
 # ----------------------------------------------------------------------------- SSE capture
 
+def _payload(frame: SSEFrame) -> dict[str, Any]:
+    """The JSON of a data frame (the capture has no [DONE] frame)."""
+    assert frame.payload is not None, frame.raw
+    return frame.payload
+
+
 def test_parse_sse_capture_reasoning_frames() -> None:
     frames = parse_sse_lines(capture_lines(SSE, drop_cuts=True))
     assert len(frames) == 8 and not any(f.done for f in frames)
-    deltas = [f.payload["choices"][0]["delta"] for f in frames]
+    deltas = [_payload(f)["choices"][0]["delta"] for f in frames]
     assert all(d["content"] is None and d["role"] is None for d in deltas)
     by_id: dict[str, str] = {}
     for f in frames:
-        by_id[f.payload["id"]] = by_id.get(f.payload["id"], "") + f.payload["choices"][0]["delta"]["reasoning_content"]
+        p = _payload(f)
+        by_id[p["id"]] = by_id.get(p["id"], "") + p["choices"][0]["delta"]["reasoning_content"]
     assert by_id == {"e125c70e9a05467db6db4859d3578d1e": " answer: 4", "fea45bfa7bbd4209b1e71bdcdcc6c667": "2=4."}
 
 
 def test_assemble_capture_stream_keeps_reasoning_and_times_first_reasoning_delta() -> None:
-    frames = [f for f in parse_sse_lines(capture_lines(SSE, drop_cuts=True)) if f.payload["model"] == "gpt-oss"]
+    frames = [f for f in parse_sse_lines(capture_lines(SSE, drop_cuts=True)) if _payload(f)["model"] == "gpt-oss"]
     timed = [(10.0 + i, f) for i, f in enumerate(frames)]
     r = assemble_chat_stream(timed, t_start=9.5)
     assert r.reasoning_content == " answer: 4" and r.content == ""
@@ -283,6 +291,13 @@ class _Replay(BaseHTTPRequestHandler):
         return self._send(404, b'{"detail":"Not Found"}')
 
 
+def _last_body() -> dict[str, Any]:
+    """The JSON body of the last request the replay server saw (a POST)."""
+    body = _Replay.seen[-1][2]
+    assert body is not None, _Replay.seen[-1]
+    return body
+
+
 @pytest.fixture()
 def server() -> Iterator[str]:
     _Replay.seen = []
@@ -301,7 +316,7 @@ def test_stream_chat_ttft_stops_at_first_reasoning_delta(server: str, caplog: py
     caplog.set_level(logging.DEBUG)
     with SGLangClient(server, api_key=API_KEY, timeout=10) as c:
         r = c.chat([{"role": "user", "content": "2+2?"}], max_tokens=32, stream=True)
-    req = _Replay.seen[-1][2]
+    req = _last_body()
     assert req["stream"] is True and req["stream_options"] == {"include_usage": True}
     assert req["temperature"] == 0 and req["max_tokens"] == 32 and "model" not in req
     opener = r.deltas[0]
@@ -314,6 +329,7 @@ def test_stream_chat_ttft_stops_at_first_reasoning_delta(server: str, caplog: py
     assert r.reasoning_content == " answer: 4" and r.content == "4."
     assert r.finish_reason == "stop"
     assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.reasoning_tokens) == (12, 6, 4)
+    assert r.t_last_token is not None
     assert r.t_start < r.t_first_token <= r.t_last_token <= r.t_end
     assert r.t_last_token == r.deltas[-2].t          # the "." content delta; finish frame carries no token
     assert r.decode_tokens_per_s() == pytest.approx(5 / (r.t_last_token - r.t_first_token))
@@ -325,7 +341,7 @@ def test_non_stream_chat_keeps_reasoning(server: str) -> None:
     with SGLangClient(server, api_key=API_KEY) as c:
         r = c.chat([{"role": "user", "content": "2+2?"}], max_tokens=4,
                    extra={"chat_template_kwargs": {"enable_thinking": True}})
-    assert _Replay.seen[-1][2]["chat_template_kwargs"] == {"enable_thinking": True}
+    assert _last_body()["chat_template_kwargs"] == {"enable_thinking": True}
     assert r.content == "" and r.reasoning_content == " answer: 4" and not r.void
     assert r.usage.reasoning_tokens == 4 and r.t_first_token is None and r.finish_reason == "length"
 
@@ -379,9 +395,11 @@ def test_malformed_sse_raises_protocol_error_with_the_event() -> None:
     lines = capture_lines(SSE, drop_cuts=True)[:2] + ['data: {"id": "x", "choices": [', ""]
     with pytest.raises(EndpointProtocolError) as ei:
         parse_sse_lines(lines)
+    assert ei.value.evidence is not None
     assert "data is not JSON" in ei.value.message and '{"id": "x", "choices": [' in ei.value.evidence
     with pytest.raises(EndpointProtocolError) as ei:
         parse_sse_lines(["<html>", ""])
+    assert ei.value.evidence is not None
     assert "line 1 is no SSE field" in ei.value.message and "<html>" in ei.value.evidence
 
 

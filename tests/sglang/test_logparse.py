@@ -17,6 +17,7 @@ from sparkctl.sglang import logparse
 from sparkctl.sglang.bootwatch import BootState, LogFollower
 from sparkctl.sglang.logparse import (
     EventKind,
+    LogEvent,
     clean_line,
     decode_stats,
     parse_line,
@@ -38,6 +39,13 @@ RANK0_OK = "sglang/multinode-rank0-startup-spans-across-nodes-ok.txt"
 SPARK3_R0 = "sglang/spark-3node-tp3-rank0-dspark-startup-serve.txt"
 SPARK3_R2 = "sglang/spark-3node-tp3-rank2-worker-dummy-health.txt"
 MAMBA = "sglang/tp2-rtx4090-qwen3.5-mamba-cache-startup-unattributed.txt"
+
+
+def event(line: str) -> LogEvent:
+    """The event `line` is recognised as (the test expects one)."""
+    ev = parse_line(line)
+    assert ev is not None, line
+    return ev
 
 
 def follow(rel: str) -> LogFollower:
@@ -92,7 +100,7 @@ def test_dflash_capacity_pools_and_milestones() -> None:
     assert {p["dtype"] for p in f.kv_pools} == {"torch.bfloat16"}
     w = f.milestones[EventKind.WEIGHTS_LOADED]
     assert w.ts == datetime(2026, 8, 1, 23, 39, 39)
-    ev = parse_line(w.line)
+    ev = event(w.line)
     assert ev.fields == {"elapsed_s": 109.33, "avail_mem_gb": 47.80, "mem_usage_gb": 67.56,
                          "type": "LagunaForCausalLM"}
     assert f.milestones[EventKind.READY].ts == datetime(2026, 8, 1, 23, 43, 47)
@@ -102,7 +110,7 @@ def test_dflash_capacity_pools_and_milestones() -> None:
 
 def test_dflash_server_args() -> None:
     line = next(ln for ln in capture_lines(DFLASH) if "server_args=ServerArgs(" in ln)
-    ev = parse_line(line)
+    ev = event(line)
     assert ev.kind is EventKind.SERVER_ARGS
     assert ev.fields["speculative_algorithm"] == "DFLASH"
     assert ev.fields["tp_size"] == 1           # the top-level field, not a nested tp_size=None
@@ -177,13 +185,13 @@ def test_ast_is_used_only_under_the_lock() -> None:
 
 def test_dflash_decode_and_prefill_lines() -> None:
     lines = capture_lines(DFLASH)
-    dec = parse_line(next(ln for ln in lines if "Decode batch," in ln))
+    dec = event(next(ln for ln in lines if "Decode batch," in ln))
     assert dec.kind is EventKind.DECODE_BATCH
     f = dec.fields
     assert (f["running_req"], f["tokens"], f["accept_len"], f["accept_rate"], f["cuda_graph"],
             f["gen_throughput"], f["queue_req"], f["dialect"]) == (1, 181, 2.75, 0.12, True, 0.10, 0, "comma")
     assert f["raw"]["#swa token"] == 181
-    pre = parse_line(next(ln for ln in lines if "Prefill batch," in ln))
+    pre = event(next(ln for ln in lines if "Prefill batch," in ln))
     assert pre.kind is EventKind.PREFILL_BATCH
     assert (pre.fields["new_seq"], pre.fields["new_token"], pre.fields["cached_token"],
             pre.fields["input_throughput"], pre.fields["cuda_graph"]) == (1, 7, 0, 1.81, True)
@@ -214,7 +222,7 @@ def test_stopped_at_capture_is_stuck_not_failed() -> None:
     assert v.last_milestone is EventKind.CUDA_GRAPH_BEGIN
     assert v.last_line == "  warnings.warn('resource_tracker: There appear to be %d '"
     assert EventKind.READY not in f.milestones and f.capacity is None
-    assert parse_line(f.milestones[EventKind.WEIGHTS_LOADED].line).fields["elapsed_s"] == 618.01
+    assert event(f.milestones[EventKind.WEIGHTS_LOADED].line).fields["elapsed_s"] == 618.01
     assert [p["tokens"] for p in f.kv_pools] == [26397, 32997, 32997]
     assert f.classify(final=False).state is BootState.STARTING
 
@@ -235,11 +243,11 @@ def test_carriage_return_tqdm_lines_split() -> None:
 
 def test_period_form_decode_and_prefill() -> None:
     lines = capture_lines(PERIOD)
-    pre = parse_line(lines[0])
+    pre = event(lines[0])
     assert pre.kind is EventKind.PREFILL_BATCH and pre.fields["dialect"] == "period"
     assert (pre.fields["new_token"], pre.fields["running_req"], pre.fields["queue_req"]) == (28, 0, 0)
     assert pre.ts == datetime(2025, 10, 22, 10, 27, 56) and pre.ranks == ("TP0",)
-    dec = parse_line(lines[1])
+    dec = event(lines[1])
     assert (dec.fields["tokens"], dec.fields["accept_len"], dec.fields["accept_rate"],
             dec.fields["gen_throughput"], dec.fields["queue_req"]) == (108, 2.17, 0.54, 0.39, 0)
     assert decode_stats(lines) == {"batches": 5, "active_batches": 5, "accept_len": (1.80, 2.17),
@@ -251,17 +259,19 @@ def test_period_form_decode_and_prefill() -> None:
 
 def test_watchdog_timeout_fields() -> None:
     lines = capture_lines(WATCHDOG)
-    ev = parse_line(lines[0])
+    ev = event(lines[0])
     assert ev.kind is EventKind.NCCL_WATCHDOG_TIMEOUT
     assert ev.fields == {"seqnum": 91885, "optype": "ALLREDUCE", "timeout_ms": 600000, "ran_for_ms": 600037}
     assert lines[1] == "ected all trees" and parse_line(lines[1]) is None   # torn line: tolerated
     f = follow(WATCHDOG)
+    assert f.failure is not None
     assert f.failure.fields["seqnum"] == 91885 and f.failure.first_line == lines[0]
 
 
 def test_terminate_dist_backend_error_refined_to_watchdog() -> None:
     f = follow(TERMINATE)
     fl = f.failure
+    assert fl is not None
     assert fl.first_line == "terminate called after throwing an instance of 'c10::DistBackendError'"
     assert fl.first_kind is EventKind.NCCL_ERROR
     assert fl.kind is EventKind.NCCL_WATCHDOG_TIMEOUT
@@ -273,7 +283,7 @@ def test_terminate_dist_backend_error_refined_to_watchdog() -> None:
 
 def test_wrong_interface_nccl_warn_peer_and_first_error() -> None:
     lines = capture_lines(WRONG_IF)
-    warns = [parse_line(ln) for ln in lines if "NCCL WARN" in ln]
+    warns = [event(ln) for ln in lines if "NCCL WARN" in ln]
     assert len(warns) == 3
     for ev in warns:
         assert ev.kind is EventKind.NCCL_ERROR
@@ -281,6 +291,7 @@ def test_wrong_interface_nccl_warn_peer_and_first_error() -> None:
             "10.82.101.249", 54709, "misc/socket.cc:578")
         assert ev.ts == datetime(2026, 2, 25, 16, 33, 59)
     v = follow(WRONG_IF).classify()
+    assert v.first_error_line is not None and v.failure is not None
     assert v.first_error_line.endswith(
         "NCCL WARN socketPollConnect: connect to 10.82.101.249<54709> returned Connection refused, "
         "exceeded error retry count after 35 attempts")
@@ -288,7 +299,7 @@ def test_wrong_interface_nccl_warn_peer_and_first_error() -> None:
     assert v.failure.fields["peer"] == "10.82.101.249"
     # the shell's final "Killed" is recorded but does not turn an NCCL failure into an OOM
     assert v.last_line == CUT and lines[-2] == "Killed"
-    assert parse_line(lines[-2]).kind is EventKind.OOM
+    assert event(lines[-2]).kind is EventKind.OOM
     assert v.kind is EventKind.NCCL_ERROR
 
 
@@ -302,7 +313,7 @@ def test_hang_segments_by_last_line() -> None:
     for ln in lines[good_start:bad_start]:
         good.feed(ln)
     assert EventKind.SPANS_ACROSS_NODES in good.milestones
-    assert parse_line(good.milestones[EventKind.SPANS_ACROSS_NODES].line).fields["wording"] == "old"
+    assert event(good.milestones[EventKind.SPANS_ACROSS_NODES].line).fields["wording"] == "old"
 
     bad = LogFollower()
     for ln in lines[bad_start + 1:bad_end]:
@@ -314,6 +325,7 @@ def test_hang_segments_by_last_line() -> None:
     assert v.last_line == "[Gloo] Rank 2 is connected to 15 peer ranks. Expected number of connected peer ranks is : 15"
 
     whole = follow(HANG).failure
+    assert whole is not None
     assert (whole.fields["peer"], whole.fields["peer_port"], whole.fields["hca"]) == ("10.99.91.63", 36473, "mlx5_0")
 
 
@@ -321,13 +333,14 @@ def test_hang_segments_by_last_line() -> None:
 
 def test_scheduler_exception_first_error_and_exit_code() -> None:
     lines = capture_lines(SCHED_DEAD)
-    first = parse_line(lines[1])          # the paste's first line keeps a 2-space indent
+    first = event(lines[1])          # the paste's first line keeps a 2-space indent
     assert first.kind is EventKind.LOAD_WEIGHT_BEGIN and first.ranks == ("DP1", "TP3", "EP3")
     assert first.fields["avail_mem_gb"] == 77.48
     f = follow(SCHED_DEAD)
     v = f.classify()
     assert v.first_error_line == ("[2026-02-20 11:13:52 DP0 TP1 EP1] Scheduler hit an exception: "
                                   "Traceback (most recent call last):")
+    assert v.failure is not None
     assert v.failure.exception == ("ImportError: DeepEP is not installed. Please install DeepEP package from "
                                    "https://github.com/deepseek-ai/deepep.")
     assert v.failure.exit_code == -3
@@ -344,6 +357,7 @@ def test_scheduler_exception_first_error_and_exit_code() -> None:
 def test_poster_edited_oom_by_substring_only() -> None:
     v = follow(POSTER_OOM).classify()
     assert v.state is BootState.FAILED and v.kind is EventKind.OOM
+    assert v.failure is not None and v.first_error_line is not None
     assert v.failure.exit_code == -9
     assert "scheduler died during initialization" in v.first_error_line
 
@@ -353,7 +367,7 @@ def test_poster_edited_oom_by_substring_only() -> None:
 def test_multinode_rank0_old_wording_and_dedup() -> None:
     f = follow(RANK0_OK)
     assert f.classify().state is BootState.READY
-    spans = parse_line(f.milestones[EventKind.SPANS_ACROSS_NODES].line)
+    spans = event(f.milestones[EventKind.SPANS_ACROSS_NODES].line)
     assert spans.fields == {"who": "Custom allreduce", "wording": "old"}
     assert f.kv_pools == [{"name": "KV Cache", "dtype": None, "tokens": 326265, "kv_size_gb": 21.35}]
     assert f.capacity == {"max_total_num_tokens": 326265, "chunked_prefill_size": 8192, "max_prefill_tokens": 16384,
@@ -363,7 +377,7 @@ def test_multinode_rank0_old_wording_and_dedup() -> None:
 def test_spark_3node_rank0() -> None:
     f = follow(SPARK3_R0)
     assert f.nccl_version == "2.30.7"
-    spans = parse_line(f.milestones[EventKind.SPANS_ACROSS_NODES].line)
+    spans = event(f.milestones[EventKind.SPANS_ACROSS_NODES].line)
     assert spans.fields["wording"] == "new" and spans.ranks == ("TP0", "EP0")
     assert f.capacity == {"max_total_num_tokens": 2999808, "chunked_prefill_size": 1024, "max_prefill_tokens": 16384,
                           "max_running_requests": 4, "context_len": 1048576, "available_gpu_mem": 7.68}
@@ -385,6 +399,7 @@ def test_mamba_cache_and_per_rank_dedup() -> None:
     f = follow(MAMBA)
     assert f.mamba_pools == [{"max_mamba_cache_size": 186, "conv_state_gb": 0.10, "ssm_state_gb": 4.38}]
     assert f.kv_pools == [{"name": "KV Cache", "dtype": None, "tokens": 327310, "k_size_gb": 2.50, "v_size_gb": 2.50}]
+    assert f.capacity is not None
     assert f.capacity["max_running_requests"] == 62 and f.capacity["context_len"] == 262144
     assert f.nccl_version == "2.27.5"
     assert f.milestones[EventKind.MAMBA_ALLOCATED].ts == datetime(2026, 4, 14, 16, 8, 49)
@@ -402,7 +417,7 @@ def test_mamba_cap_warning_from_sglang_format_string() -> None:
            "request). To raise it: increase --mamba-full-memory-ratio "
            "or --max-mamba-cache-size, or halve the state size with "
            "--mamba-ssm-dtype bfloat16.")
-    ev = parse_line(fmt % (1, 186, 2))
+    ev = event(fmt % (1, 186, 2))
     assert ev.kind is EventKind.MAMBA_CAP_WARNING
     assert ev.fields == {"max_running_requests": 1, "max_mamba_cache_size": 186, "state_slots_per_request": 2}
 

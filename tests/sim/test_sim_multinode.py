@@ -58,7 +58,9 @@ def test_killing_rank1_fails_rank0_within_peer_timeout(sim):
     assert "WorkNCCL(SeqNum=" in line and "OpType=ALLREDUCE" in line and "Timeout(ms)=2000" in line
     # The watchdog's own account of how long the collective waited (not the test's wall clock, which also
     # counted the process exiting and its log being read on a loaded machine: 3.1 s seen at load 12).
-    ran_ms = int(re.search(r"ran for (\d+) milliseconds before timing out\.", line).group(1))
+    m = re.search(r"ran for (\d+) milliseconds before timing out\.", line)
+    assert m, line
+    ran_ms = int(m.group(1))
     assert 2000 <= ran_ms < 3000, ran_ms
     assert "terminate called after throwing an instance of 'c10::DistBackendError'" in r0.text
 

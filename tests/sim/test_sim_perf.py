@@ -7,6 +7,7 @@ the emulator itself: the capacity it resolves and prints, the OOM it dies of, th
 from __future__ import annotations
 
 import re
+from typing import TypedDict
 
 import httpx
 import pytest
@@ -79,7 +80,18 @@ def test_concurrency_is_capped_by_max_running_requests_and_saturated_by_verify()
 
 
 # A planted optimum: per-token verify cost 0.25 decode steps around 1.5 at D=8, batch_no_slowdown 8.
-PLANTED = {"decode_tps": 300, "verify_cost": 1.5, "verify_cost_per_token": 0.25, "accept_len_code": 4.6,
+class _Timing(TypedDict):
+    """The timing knobs (sparkctl.sim.config.Knobs) a test plants."""
+
+    decode_tps: float
+    verify_cost: float
+    verify_cost_per_token: float
+    accept_len_code: float
+    ttft_base_s: float
+    prefill_tps: float
+
+
+PLANTED: _Timing = {"decode_tps": 300, "verify_cost": 1.5, "verify_cost_per_token": 0.25, "accept_len_code": 4.6,
            "ttft_base_s": 0.001, "prefill_tps": 1e6}
 CANDIDATES = (4, 6, 8)
 
@@ -87,7 +99,7 @@ CANDIDATES = (4, 6, 8)
 def test_planted_optimum_is_interior_and_clear():
     k = Knobs(**PLANTED)
     rates = {d: perf.predict(k, speculative=True, draft=d).per_stream_tok_s for d in CANDIDATES}
-    best = max(rates, key=rates.get)
+    best = max(rates, key=lambda d: rates[d])
     assert best == 6
     assert all(rates[best] > 1.2 * r for d, r in rates.items() if d != best), rates
 
@@ -160,4 +172,4 @@ def test_emulator_decodes_fastest_at_the_planted_optimum(sim):
             got.append(m["completion_tokens"] / m["e2e_latency"])
         rates[d] = sorted(got)[1]
     print("measured tok/s by draft tokens:", rates)
-    assert max(rates, key=rates.get) == 6, rates
+    assert max(rates, key=lambda d: rates[d]) == 6, rates

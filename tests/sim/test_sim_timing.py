@@ -16,7 +16,8 @@ DFLASH = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
 
 
 def _stream_times(url: str, body: dict) -> tuple[list[float], int]:
-    times, usage = [], None
+    times: list[float] = []
+    usage: dict[str, int] | None = None
     with httpx.stream("POST", url, json=body, timeout=60) as resp:
         for line in resp.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -28,6 +29,7 @@ def _stream_times(url: str, body: dict) -> tuple[list[float], int]:
             if f["choices"] and (f["choices"][0]["delta"].get("content") or
                                  f["choices"][0]["delta"].get("reasoning_content")):
                 times.append(time.monotonic())
+    assert usage is not None, "no usage frame in the stream"
     return times, usage["completion_tokens"]
 
 
@@ -64,7 +66,9 @@ def test_speculative_accept_len_lines_and_rate(sim):
     lens = _accept_lens(p.text)
     assert lens and 3.0 < statistics.mean(lens) < 3.6
     line = p.wait_for(r"Decode batch, #running-req: 1, #token: \d+, token usage: [\d.]+, accept len: ")
-    alen, rate = map(float, re.search(r"accept len: ([\d.]+), accept rate: ([\d.]+)", line).groups())
+    found = re.search(r"accept len: ([\d.]+), accept rate: ([\d.]+)", line)
+    assert found, line
+    alen, rate = map(float, found.groups())
     assert abs(rate - (alen - 1) / 7) < 0.011                # (len-1)/(draft-1) on >= 0.5.16
     assert "cuda graph: True, gen throughput (token/s): " in line and line.endswith("#queue-req: 0")
     code = httpx.post(p.url("/generate"), timeout=60,

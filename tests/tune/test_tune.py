@@ -46,7 +46,7 @@ def test_tune_finds_the_planted_optimum_and_refuses_the_oom_candidate(cli, tune_
     assert all(t["status"] == "infeasible" and t["reason"] == "oom" for t in oom), oom
     feasible = {t["changes"].get("speculative.num_draft_tokens", 8): t["objective"]["median"]
                 for t in trials if t["status"] == "feasible"}
-    assert set(feasible) == {4, 6, 8} and max(feasible, key=feasible.get) == 6, feasible
+    assert set(feasible) == {4, 6, 8} and max(feasible, key=lambda d: feasible[d]) == 6, feasible
     # every trial that booted took its G6 sample: the baseline's is the reference, each candidate identical to it
     assert trials[0]["g6"]["verdict"] == "reference" and len(trials[0]["g6_outputs"]) == 2
     assert all(t["g6"]["verdict"] == "identical" and t["g6"]["n"] == 2 for t in trials[1:] if t["status"] == "feasible")
@@ -206,9 +206,10 @@ def test_duration_and_vary_parsing():
     assert len(grid(space)) == 4 and grid(space)[1] == {"speculative.num_draft_tokens": 4,
                                                         "server.mem_fraction_static": 0.88,
                                                         "speculative.draft_attention_backend": "flashinfer"}
-    for bad in (["x=1"], ["server.x"], ["name.x=1"], ["server.a=1,1"], ["server.a=1", "server.a=2"], ["server.a=1,"]):
+    for bad_vary in (["x=1"], ["server.x"], ["name.x=1"], ["server.a=1,1"], ["server.a=1", "server.a=2"],
+                     ["server.a=1,"]):
         with pytest.raises(ConfigError):
-            parse_vary(bad)
+            parse_vary(bad_vary)
 
 
 def test_a_candidate_that_is_not_a_profile_fails_before_anything_is_deployed(cli, tune_cluster, state_dir):

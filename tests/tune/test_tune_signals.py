@@ -142,6 +142,7 @@ def test_the_crash_contract_parses_three_and_four_fields():
     from sparkctl.deploy.steps import parse_crash_at
     assert parse_crash_at("up:boot:after") == ("up", "boot", "after", signal.SIGKILL)     # the 3-field form: KILL
     assert parse_crash_at("tune:trial@1:before:TERM") == ("tune", "trial@1", "before", signal.SIGTERM)
-    assert parse_crash_at("up:boot:after:SIGHUP")[3] == signal.SIGHUP
+    hup = parse_crash_at("up:boot:after:SIGHUP")
+    assert hup is not None and hup[3] == signal.SIGHUP
     for bad in ("up:boot", "up:boot:during", "up:boot:after:STOP", "up:boot:after:INT:x"):
         assert parse_crash_at(bad) is None, bad

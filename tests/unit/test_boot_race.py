@@ -23,11 +23,12 @@ from sparkctl.nodes.runtime import Liveness
 from sparkctl.sglang.render import render
 from sparkctl.sim.failures import launcher_value_error, oom_at_load
 from sparkctl.sim.logfmt import EngineLog
+from testrig.stubruntime import StubRuntime
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-class _DiesBetweenReads:
+class _DiesBetweenReads(StubRuntime):
     """A runtime whose engine writes the OOM and exits right after boot's first read of the log."""
 
     poll_interval_s = 0.01
@@ -61,7 +62,7 @@ def test_error_printed_just_before_exit_is_named():
     assert "lower server.mem_fraction_static" in err and "first error (oom)" in err
 
 
-class _SilentLog:
+class _SilentLog(StubRuntime):
     """A live engine whose log stays empty (the log pipe drops its lines: the state directory is full)."""
 
     poll_interval_s = 0.01
@@ -100,7 +101,7 @@ CAPACITY_LINE = ("[2026-08-01 23:43:42] max_total_num_tokens=185897, chunked_pre
 FIRED_UP_LINE = "[2026-08-01 23:43:47] The server is fired up and ready to roll!\n"
 
 
-class _RealTimings:
+class _RealTimings(StubRuntime):
     """A live engine that logs its capacity at once and "fired up" after `fired_at_s`, like SGLang: its /health
     (health_generate) sleeps 1 s before its first 200, and says 503 at once before it is up."""
 
@@ -157,7 +158,7 @@ def test_a_200_before_the_line_still_waits_for_the_line():
     assert "not ready within" in info.value.message and "last milestone: capacity" in info.value.message
 
 
-class _BurstInChunks:
+class _BurstInChunks(StubRuntime):
     """A live engine whose launcher traceback reaches the log in two reads, split after line `split`, and which
     exits once all of it is written: a poll can land anywhere inside one burst (Python writes a traceback line by
     line; the log pipe forwards what it has)."""
@@ -205,7 +206,7 @@ def test_a_traceback_read_in_two_parts_is_judged_by_its_exception(split):
     assert err.count("context_length (999999)") >= 2, err       # named, and in the log tail as evidence
 
 
-class _NeverQuiet:
+class _NeverQuiet(StubRuntime):
     """A hostile rank: after its traceback it lives and logs a line on every read, forever."""
 
     poll_interval_s = 0.01

@@ -1,6 +1,5 @@
-"""The type checker over sparkctl/, testrig/, benchmarks/ and scripts/ (not yet tests/), and the linter over the whole
-tree (sparkctl/ and the code that tests and measures it), as CI runs them (./bin/test): no error, or the test fails
-with their output.
+"""The type checker and the linter over the whole tree (sparkctl/ and the code that tests and measures it: tests/,
+testrig/, benchmarks/, scripts/), as CI runs them (./bin/test): no error, or the test fails with their output.
 
 Both tools are pinned in pyproject.toml's `test` extra (bin/_bootstrap installs it) and configured there
 ([tool.mypy], [tool.ruff]). On a laptop without them the tests skip with the reason; under CI=true a missing
@@ -47,7 +46,7 @@ def _version_note(tool: str, installed: str) -> str:
 def test_mypy_reports_no_error_over_the_checked_tree():
     mypy_version = need_module("mypy.version", "mypy checks the types of the tree (pip install -e '.[test]')")
     files = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["files"]
-    assert {"sparkctl", "testrig", "benchmarks", "scripts"} <= set(files), f"[tool.mypy] files = {files}"
+    assert {"sparkctl", "tests", "testrig", "benchmarks", "scripts"} <= set(files), f"[tool.mypy] files = {files}"
     res = _run(["mypy"])         # files, plugins and strictness: [tool.mypy] in pyproject.toml
     if res.returncode != 0:
         pytest.fail(f"mypy found errors{_version_note('mypy', mypy_version.__version__)}:\n"

@@ -21,7 +21,7 @@ def test_shipped_profiles_load_with_the_seed_envelope():
     assert d5.speculative is not None
     assert (d5.speculative.algorithm, d5.speculative.num_draft_tokens, d5.speculative.draft_attention_backend) == \
         ("DFLASH", 8, "flashinfer")
-    assert "DFlash2" in d5.speculative.draft_model_path
+    assert d5.speculative.draft_model_path is not None and "DFlash2" in d5.speculative.draft_model_path
     assert (d5.warmup.requests, d5.warmup.max_tokens) == (2, 800)
     assert d5.image.sglang_version == "0.5.23"
     assert d5.extends == ["base"]
@@ -137,7 +137,7 @@ def test_yaml_syntax_error_names_line(tmp_path):
     inv = _write(tmp_path / "inv.yml", "all:\n  hosts: [\n")
     with pytest.raises(ConfigError) as exc:
         load_inventory(inv)
-    assert f"{inv}:" in exc.value.where
+    assert exc.value.where is not None and f"{inv}:" in exc.value.where
 
 
 def test_ledger_lock_is_exclusive_across_processes_and_reentrant_within_one(tmp_path):

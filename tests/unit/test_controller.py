@@ -23,6 +23,7 @@ def _gone_pid() -> int:
 def test_a_controller_is_dead_when_its_pid_is_gone_or_recycled():
     me = this_controller("up", "now")
     assert me.pid == os.getpid() and me.start_ticks == procfs.start_ticks(os.getpid()) and controller_alive(me)
+    assert me.start_ticks is not None
     assert not controller_alive(me.model_copy(update={"start_ticks": me.start_ticks + 1}))   # recycled pid
     assert not controller_alive(me.model_copy(update={"pid": _gone_pid()}))
     # another host's pid cannot be checked from here: alive until its lock says otherwise

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+from typing import TypedDict, Unpack
 
 import pytest
 
 from sparkctl.config.inventory import Cluster, HostPaths, Inventory, Node, SSHSettings
 from sparkctl.errors import ConfigError
-from sparkctl.nodes.container import container_config, container_name, resolve_image
+from sparkctl.nodes.container import ContainerConfig, container_config, container_name, resolve_image
 from sparkctl.nodes.docker_logs import _ts_ns, parse_log_lines
 from sparkctl.nodes.docker_runtime import DockerRuntime
 from sparkctl.nodes.handles import DockerHandle
@@ -39,10 +40,17 @@ def _spec(**kw: object) -> LaunchSpec:
     return LaunchSpec(**base)  # type: ignore[arg-type]
 
 
-def _cfg(**kw: object):
-    node = kw.pop("node", _node())
-    return container_config(kw.pop("spec", _spec()), node, cluster="desk", deployment_id="20260101T000000Z-d5-ab12",
-                            image="sglang-gb10:abc", **kw)
+class _Options(TypedDict, total=False):
+    """The options of container_config a test sets (the rest: _cfg's)."""
+
+    infiniband: bool
+    identity: str | None
+    memlock: str
+
+
+def _cfg(spec: LaunchSpec | None = None, node: Node | None = None, **kw: Unpack[_Options]) -> ContainerConfig:
+    return container_config(_spec() if spec is None else spec, _node() if node is None else node, cluster="desk",
+                            deployment_id="20260101T000000Z-d5-ab12", image="sglang-gb10:abc", **kw)
 
 
 def test_full_argv_shape() -> None:

@@ -39,8 +39,8 @@ def _extra_imports(tree: ast.AST) -> list[tuple[int, str, str | None]]:
 
     def visit(node: ast.AST, extra: str | None) -> None:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.orelse:
-                visit(child, extra)
+            for stmt in node.orelse:
+                visit(stmt, extra)
             return
         if isinstance(node, ast.With):
             for item in node.items:

@@ -22,8 +22,9 @@ HELPER = Path(__file__).resolve().parents[2] / "sparkctl" / "prepare" / "model_m
 def _plan_filter():
     spec = importlib.util.spec_from_file_location("sparkctl_models",
                                                   PLAYBOOK_DIR / "filter_plugins" / "sparkctl_models.py")
+    assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)   # type: ignore[union-attr]
+    spec.loader.exec_module(mod)
     return mod.FilterModule().filters()["sparkctl_sync_plan"]
 
 

@@ -2,6 +2,8 @@
 layers), measured from layer chains; and how the copy to every peer at once ends (every outcome, first error)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,6 +22,7 @@ from sparkctl.images.stream import (
     survey,
 )
 from sparkctl.nodes.fanout import Outcome, fan_out
+from sparkctl.nodes.ssh import CommandResult, SSHConnector
 
 # `docker image inspect --format "{{.Size}} {{json .RootFS.Layers}}"` of the test engine image on a test-cluster node
 ENGINE_LINE = ('310356793 ["sha256:3e2b151042dcf8890fdd91abf8a0bf1e53ff4450b02fb544bb36ed48f3ab02fe",'
@@ -113,7 +116,7 @@ def test_fabric_stream_is_argv_with_pinned_host_keys():
 
 
 def _plan(name: str, method: str = "stream") -> PeerPlan:
-    peer = Endpoint(name, None, "198.18.0.2", "enp1s0f0np0", "/var/cache/sparkctl")
+    peer = Endpoint(name, _Canned(""), "198.18.0.2", "enp1s0f0np0", "/var/cache/sparkctl")
     return PeerPlan(peer, ["img:1"], CopyChoice(method, 1, 1, ""), [Transfer(name, "img:0", "sha256:0", skipped="has")])
 
 
@@ -125,7 +128,12 @@ def test_settle_keeps_every_peer_and_raises_the_first_error_after_all():
             raise ImageError(f"{pl.peer.name} ran out of disk space")
         return [Transfer("spark-b", "img:1", "sha256:1", via="stream", rx_bytes=10, seconds=1.0)]
     finished: list[str] = []
-    outcomes = fan_out(plans, lambda pl: (copy(pl), finished.append(pl.peer.name))[0])
+
+    def copied(pl: PeerPlan) -> list[Transfer]:
+        got = copy(pl)
+        finished.append(pl.peer.name)
+        return got
+    outcomes = fan_out(plans, copied)
     lines: list[str] = []
     with pytest.raises(ImageError, match="spark-c ran out of disk space"):      # the first in peer order
         settle(plans, outcomes, lines.append)
@@ -145,17 +153,20 @@ def test_settle_returns_skipped_and_copied_transfers_in_peer_order():
         ("spark-c", "img:0", True), ("spark-c", "img:1", False)]
 
 
-class _Canned:
-    """A node connection that answers the survey's one command with what a test-cluster node printed."""
-
-    name = "spark-b"
+class _Canned(SSHConnector):
+    """A connection to spark-b that answers any command (the survey's one) with what a test-cluster node printed;
+    it opens no SSH connection (the connector's own fields are never set)."""
 
     def __init__(self, stdout: str) -> None:
-        self.stdout, self.argv = stdout, None
+        self.stdout = stdout
+        self.argv: list[str] = []
 
-    def run(self, argv, timeout=None):
-        from sparkctl.nodes.ssh import CommandResult
-        self.argv = argv
+    @property
+    def name(self) -> str:
+        return "spark-b"
+
+    def run(self, argv: Sequence[str], **kw: object) -> CommandResult:
+        self.argv = list(argv)
         return CommandResult("spark-b", list(argv), 0, self.stdout, "", 0.1)
 
 

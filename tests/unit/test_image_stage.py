@@ -117,7 +117,8 @@ def test_spec_the_launch_image_cannot_run_is_refused_before_docker_run():
 
 def test_a_rollback_on_the_recorded_base_says_so():
     p = _plan()
-    present = {n.name: {p.engine_tag: "sha256:e", p.launch_tag: "sha256:l"} for n in INV.nodes}
+    present: dict[str, dict[str, str | None]] = {n.name: {p.engine_tag: "sha256:e", p.launch_tag: "sha256:l"}
+                                                 for n in INV.nodes}
     build = _what(ImageSurvey("pipeline", plan=p, present=present, pinned_base=BASE))["image-build"]
     assert build.startswith(f"image-build: no-op ({p.engine_tag} and {p.launch_tag} already on {p.builder})")
     assert f"(rollback: on the recorded base {BASE.pinned[:26]}..., which {BASE.ref} no longer names)" in build

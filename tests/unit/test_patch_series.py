@@ -71,6 +71,7 @@ def test_applier_names_patch_file_and_hunk_and_writes_nothing(tmp_path):
     results = patchapply.apply_series(series_file, pkg)
     assert [r.status for r in results] == ["applied", "failed"]
     failure = results[1].failure
+    assert failure is not None
     assert failure.patch == "0002-broken.patch" and failure.file == "python/sglang/mod.py"
     assert failure.hunk_index == 1 and "a = 100" in failure.hunk and "not found" in failure.reason
     assert (pkg / "mod.py").read_text() == ORIGINAL          # all or nothing
@@ -79,7 +80,7 @@ def test_applier_names_patch_file_and_hunk_and_writes_nothing(tmp_path):
 def test_applier_says_when_a_patch_is_already_applied(tmp_path):
     pkg = _package(tmp_path, ORIGINAL.replace("b = 2", "b = 3"))
     [result] = patchapply.apply_series(_series(tmp_path, {"0001-b.patch": PATCH}), pkg)
-    assert result.status == "failed" and "already there" in result.failure.reason
+    assert result.status == "failed" and result.failure is not None and "already there" in result.failure.reason
 
 
 def test_applier_refuses_paths_outside_the_package(tmp_path):
@@ -142,7 +143,7 @@ def test_a_broken_patch_fails_the_check_naming_patch_and_hunk(tmp_path, monkeypa
 def test_unknown_series_lists_the_shipped_ones(capsys):
     with pytest.raises(ConfigError, match="unknown patch series 'gb10-9.9'") as err:
         load_series("gb10-9.9")
-    assert "gb10-0.5.23" in err.value.hint
+    assert err.value.hint is not None and "gb10-0.5.23" in err.value.hint
     assert cli(["patches", "check", "--series", "gb10-9.9"]) == 2
 
 

@@ -17,7 +17,9 @@ from sparkctl.config.profile import load_profile
 from sparkctl.deploy.boot import boot
 from sparkctl.deploy.progress import Reporter
 from sparkctl.nodes import procfs
+from sparkctl.nodes.handles import ProcessHandle
 from sparkctl.nodes.process import ProcessRuntime, secrets_home
+from sparkctl.nodes.runtime import Handle, Runtime
 from sparkctl.sglang.render import render
 from testrig.embedded import write_embedded_inventory
 from testrig.testenv import signal_and_settle
@@ -35,9 +37,10 @@ def setup(tmp_path, monkeypatch):
     specs = render(load_profile("d5"), inv, environ=env).specs
     assert all(s.secret_files for s in specs)
     rt = ProcessRuntime(tmp_path / "logs" / "dep-1", inv.cluster.sim, secrets_root=tmp_path / "secrets")
-    started = []
+    started: list[tuple[Runtime, Handle]] = []
     yield rt, specs, started
     for _, h in started:
+        assert isinstance(h, ProcessHandle)
         rt.stop(h, timeout_s=3)
 
 
@@ -227,9 +230,13 @@ def test_liveness_reads_every_state_each_call_and_walks_the_tree_at_most_once_a_
     rt, specs, started = setup
     booted = _boot(rt, specs, started)
     handle = booted.handles[0]
-    walks = []
+    walks: list[int] = []
     real = procfs.descendants
-    monkeypatch.setattr(procfs, "descendants", lambda pid: walks.append(pid) or real(pid))
+
+    def counted(pid: int) -> list[int]:
+        walks.append(pid)
+        return real(pid)
+    monkeypatch.setattr(procfs, "descendants", counted)
     rt.tree_ttl_s = 0.0
     assert rt.liveness(handle).alive and walks == [handle.pid]              # past the TTL: walked again
     rt.tree_ttl_s = 60.0

@@ -9,6 +9,7 @@ from sparkctl.errors import LedgerError
 from sparkctl.nodes.handles import DockerHandle, ProcessHandle
 from sparkctl.state.ledger import Ledger
 from sparkctl.state.records import DeploymentRecord, Status
+from testrig.handles import active, docker_handle, record
 
 
 def _record(dep_id: str = "20260101T000000Z-d5-abcd", **kw) -> DeploymentRecord:
@@ -42,7 +43,7 @@ def test_a_cluster_index_missing_truncated_or_of_the_wrong_shape_is_rebuilt_from
         ledger.index_path.unlink(missing_ok=True)
     else:
         ledger.index_path.write_text(text)
-    assert ledger.active().id == "20260101T000001Z-d5-0002"
+    assert active(ledger).id == "20260101T000001Z-d5-0002"
     assert ledger.index()["history"] == ["20260101T000000Z-d5-0001", "20260101T000001Z-d5-0002",
                                          "20260101T000002Z-d5-0003"]
     ledger.sync_index()
@@ -70,7 +71,7 @@ def test_a_bench_arm_is_never_a_rollback_target(tmp_path):
     ledger.save(_record("20260101T000000Z-d5-0001", status=Status.SUPERSEDED, handed_off="t"))
     ledger.save(_record("20260101T000001Z-d5-0002", status=Status.SUPERSEDED, handed_off="t", command="bench-compare"))
     ledger.save(_record("20260101T000002Z-d5-0003", status=Status.SUCCESSFUL, handed_off="t", command="bench-restore"))
-    assert ledger.known_good(exclude=ledger.active_id(), rollback=True).id == "20260101T000000Z-d5-0001"
+    assert record(ledger.known_good(exclude=ledger.active_id(), rollback=True)).id == "20260101T000000Z-d5-0001"
 
 
 def test_known_good_follows_the_status():
@@ -92,9 +93,9 @@ def test_handles_come_back_as_their_kind_and_the_file_stays_compatible(tmp_path)
     data = json.loads(ledger.deployment_path(rec.id).read_text())
     assert data["status"] == "successful" and data["known_good"] is True and data["handles"][0]["pid"] == 12
     assert ledger.deployment_path(rec.id).stat().st_mode & 0o777 == 0o600
-    back = ledger.active()
+    back = active(ledger)
     assert isinstance(back.handles[0], ProcessHandle) and isinstance(back.handles[1], DockerHandle)
-    assert back.handle_of(0).container == "sparkctl-c-rank0-x" and back.api_key_env == "KEY"
+    assert docker_handle(back, 0).container == "sparkctl-c-rank0-x" and back.api_key_env == "KEY"
     assert ledger.known_good() == back
 
 
@@ -103,8 +104,8 @@ def test_known_good_skips_failed_and_excluded(tmp_path):
     for dep_id, status in (("a", Status.STOPPED), ("b", Status.SUCCESSFUL), ("c", Status.FAILED)):
         ledger.save(_record(dep_id, status=status))
         ledger.add_to_history(dep_id)
-    assert ledger.known_good().id == "b"
-    assert ledger.known_good(exclude="b").id == "a"
+    assert record(ledger.known_good()).id == "b"
+    assert record(ledger.known_good(exclude="b")).id == "a"
 
 
 def test_keys_a_newer_sparkctl_wrote_survive_a_round_trip(tmp_path):
@@ -133,7 +134,7 @@ def test_a_record_written_by_the_landed_code_still_loads_and_round_trips(tmp_pat
     assert isinstance(rec.gates[0], GateResult) and rec.gates[0].name == "health" and rec.gates[0].ok
     assert isinstance(rec.preflight[0], CheckResult) and isinstance(rec.specs[0], RankSpec)
     assert isinstance(rec.capacity, Capacity) and rec.capacity.max_running_requests == 1
-    assert isinstance(rec.warmup, Warmup) and rec.warmup.cold.completion_tokens == 800
+    assert isinstance(rec.warmup, Warmup) and rec.warmup.cold is not None and rec.warmup.cold.completion_tokens == 800
     assert rec.specs[0].api_host == data["specs"][0]["api_host"] and rec.capacity.context_len == 65536
     assert ledger.active_id() == data["id"] and rec.known_good
     ledger.save(rec)
@@ -187,7 +188,8 @@ def test_records_written_before_the_renames_load_under_the_new_names(tmp_path):
     assert commands == {"20261203T192928Z-d5-e689": "up", "20261203T192940Z-dflash-off-25fb": "up",
                         "20261203T192950Z-dflash-off-cdfe": "rollback"}
     settled = ledger.load("20261203T192940Z-dflash-off-25fb")
-    assert settled.status == Status.INTERRUPTED and settled.settled.startswith("settled by `sparkctl rollback`")
+    assert settled.status == Status.INTERRUPTED and settled.settled is not None
+    assert settled.settled.startswith("settled by `sparkctl rollback`")
     assert settled.settled == old["20261203T192940Z-dflash-off-25fb"]["reconciled"]
 
 

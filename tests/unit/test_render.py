@@ -104,7 +104,7 @@ def test_error_points_at_the_file_that_set_the_key(profiles_dir):
     with pytest.raises(ConfigError) as exc:
         render(load_profile("v"), load_inventory(INVENTORIES["sparks"]), environ={})
     # kv_cache_dtype bf16 was set in d5.yml, not in v.yml
-    assert exc.value.where.endswith("profiles/d5.yml")
+    assert exc.value.where is not None and exc.value.where.endswith("profiles/d5.yml")
 
 
 def test_0_5_3_spelling(profiles_dir):

@@ -18,7 +18,7 @@ from sparkctl.config.profile import ApiSettings
 from sparkctl.deploy.inputs import fingerprint, missing_paths, needed_paths, referenced_paths, unresolved_secrets
 from sparkctl.errors import PreflightError
 from sparkctl.sglang.launch import LaunchSpec
-from sparkctl.state.records import NodePath, SecretPrints
+from sparkctl.state.records import DeploymentRecord, NodePath, SecretPrints
 
 pytestmark = pytest.mark.unit
 
@@ -27,11 +27,11 @@ API = ApiSettings(api_key_env="SPARKCTL_API_KEY", hf_token_env="HF_TOKEN")
 values = st.text(st.characters(blacklist_characters="\0"), min_size=1, max_size=64)   # lone surrogates too
 
 
-class _Rec:
-    """The part of a DeploymentRecord `unresolved_secrets` reads."""
-
-    def __init__(self, secrets: SecretPrints | None) -> None:
-        self.secrets = secrets
+def _record(secrets: SecretPrints | None) -> DeploymentRecord:
+    """A DeploymentRecord kept with these fingerprints: the part `unresolved_secrets` reads (the rest minimal)."""
+    return DeploymentRecord(id="20260101T000000Z-d5-abcd", profile="d5", profile_data={}, cluster="c",
+                            identity="i" * 16, created="2026-01-01T00:00:00Z", endpoint="http://127.0.0.1:30000",
+                            secrets=secrets)
 
 
 @settings(max_examples=200, deadline=None)
@@ -42,7 +42,7 @@ def test_a_fingerprint_holds_no_value_and_sees_every_change(key, hf, other):
     assert kept is not None and set(kept.prints) == {"SPARKCTL_API_KEY", "HF_TOKEN"}
     text = json.dumps(kept.model_dump(mode="json"))
     assert all(len(v) < 4 or v not in text for v in (key, hf))      # a short value can occur in hex by chance
-    rec = _Rec(kept)
+    rec = _record(kept)
     assert unresolved_secrets(rec, env) == ([], [])
     assert unresolved_secrets(rec, {"HF_TOKEN": hf}) == (["SPARKCTL_API_KEY"], [])
     if other != key:
@@ -53,7 +53,7 @@ def test_a_fingerprint_holds_no_value_and_sees_every_change(key, hf, other):
 
 def test_no_secret_set_keeps_no_fingerprint_and_an_old_record_answers_for_nothing():
     assert fingerprint(API, {}) is None
-    assert unresolved_secrets(_Rec(None), {}) == ([], [])
+    assert unresolved_secrets(_record(None), {}) == ([], [])
 
 
 def test_the_paths_a_launch_names_on_its_node():

@@ -67,6 +67,7 @@ def test_burners_die_with_a_sigkilled_test_process():
             "    print(' '.join(str(p.pid) for p in procs), flush=True); time.sleep(120)\n")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                               cwd=Path(__file__).resolve().parents[2])
+    assert holder.stdout is not None                 # a pipe
     try:
         pids = [int(x) for x in holder.stdout.readline().split()]
         assert len(pids) == 2 and all(Path(f"/proc/{pid}").exists() for pid in pids)

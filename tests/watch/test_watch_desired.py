@@ -11,9 +11,9 @@ import signal
 from sparkctl.config.inventory import load_inventory
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import process_engines
-from sparkctl.state.watchfile import load_watch
 from testrig.controller import SparkctlProcess
-from testrig.watchrig import alive, killed_mid_restart, ledger_of, polls_after, serves, status, up
+from testrig.handles import pid_of
+from testrig.watchrig import alive, killed_mid_restart, ledger_of, polls_after, serves, status, up, watch_state
 
 
 def _engines(inv) -> list:
@@ -40,9 +40,11 @@ def test_up_of_another_profile_while_watching_is_followed(cli, local_cluster, wa
     off = up(cli, "dflash-off")["deployment"]
     run.wait_for(rf"followed a command: desired state {re.escape(first)} -> {re.escape(off)}")
     rec = ledger_of(local_cluster).load(off)
-    os.kill(rec.handle_of(1).pid, signal.SIGKILL)
+    os.kill(pid_of(rec, 1), signal.SIGKILL)
     line = run.wait_for(rf"restarted {re.escape(off)} as (\S+)", timeout=90)
-    new = re.search(r" as (\S+) ", line).group(1)
+    m = re.search(r" as (\S+) ", line)
+    assert m, line
+    new = m.group(1)
     code, st = status(cli)
     assert code == 0 and st["healthy"] and st["active"] == new and st["profile"] == "dflash-off", st
     assert st["speculative_algorithm"] is None           # it kept the user's choice, not the first profile
@@ -72,7 +74,7 @@ def test_a_profile_that_can_no_longer_boot_hits_the_crash_loop_limit_rolls_back_
     broken = up(cli, name)["deployment"]                  # boots clean now
     faults.write_text(json.dumps({"fail_load_oom": True}))   # ... and never again
     run = watcher("--max-failures", "2", "--window", "600")
-    os.kill(ledger_of(local_cluster).load(broken).handle_of(1).pid, signal.SIGKILL)
+    os.kill(pid_of(ledger_of(local_cluster).load(broken), 1), signal.SIGKILL)
     line = run.wait_for(r"gave up: crash loop: 2 failed restarts of", timeout=120)
     assert "restart of" in run.stderr and "failed" in run.stderr
     assert "next attempt in" in run.stderr                 # backoff between the two attempts
@@ -85,16 +87,16 @@ def test_a_profile_that_can_no_longer_boot_hits_the_crash_loop_limit_rolls_back_
     assert "watcher gave up: crash loop" in out
     # It stopped acting: a rank killed now is seen and reported, never restarted.
     rolled = st["active"]
-    os.kill(ledger_of(local_cluster).load(rolled).handle_of(1).pid, signal.SIGKILL)
+    os.kill(pid_of(ledger_of(local_cluster).load(rolled), 1), signal.SIGKILL)
     run.wait_for(rf"detected: {re.escape(rolled)} is not serving", after=r"gave up")
     run.wait_for(r"not acting: crash loop", after=r"gave up")
     polls_after(ledger_of(local_cluster).root, 5)
-    assert load_watch(ledger_of(local_cluster).root).restarts == w["restarts"]
+    assert watch_state(ledger_of(local_cluster).root).restarts == w["restarts"]
     assert "restarting" not in run.stderr[run.stderr.index("gave up"):]
     # A user's command is a new desired state: the watcher acts again.
     up(cli)
     run.wait_for(r"a command changed the cluster after the watcher gave up: acting again")
-    assert load_watch(ledger_of(local_cluster).root).gave_up is None
+    assert watch_state(ledger_of(local_cluster).root).gave_up is None
 
 
 def test_a_second_watcher_of_the_same_cluster_is_refused(cli, local_cluster, watcher):

@@ -31,8 +31,10 @@ import yaml
 from sparkctl.config.inventory import load_inventory
 from sparkctl.state.controller import live_lock_holder
 from sparkctl.state.ledger import Ledger
+from sparkctl.state.records import DeploymentRecord
 from sparkctl.statefiles import ROOM_BYTES
 from sparkctl.watch.supervisor import ACTIONS, Watcher, WatchOptions
+from testrig.handles import pid_of
 from testrig.testenv import need_module
 from testrig.watchrig import Hook, alive, metric, wait_until
 
@@ -57,7 +59,7 @@ class Cell:
     w: Watcher
     out: io.StringIO
     hook: Hook
-    original: object
+    original: DeploymentRecord
     polls: list[tuple[float, bool]] = field(default_factory=list)      # (seconds, acted)
     after_acts: list[tuple[int, bool]] = field(default_factory=list)   # (events still being sent, lock free)
     cleanups: list[Callable[[], None]] = field(default_factory=list)
@@ -86,7 +88,7 @@ class Cell:
 
     def kill_rank_1(self) -> None:
         rec = self.ledger().active()
-        pid = rec.handle_of(1).pid
+        pid = pid_of(rec, 1)
         os.kill(pid, signal.SIGKILL)
         wait_until(lambda: not alive(pid), "rank 1 gone", 20)
 
@@ -163,12 +165,18 @@ def _apply_fault(cell: Cell, tmp_path: Path, profiles_dir: Path, monkeypatch) ->
                 "    print('held', flush=True)\n    sys.stdin.read()\n")
         holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   text=True)
-        assert holder.stdout.readline().strip() == "held"
+        stdin, stdout = holder.stdin, holder.stdout
+        assert stdin is not None and stdout is not None         # both are pipes
+        assert stdout.readline().strip() == "held"
 
         def lift() -> None:
-            holder.stdin.close()
+            stdin.close()
             holder.wait(timeout=30)
-        cell.cleanups.append(lambda: holder.poll() is None and lift())
+
+        def lift_if_held() -> None:
+            if holder.poll() is None:
+                lift()
+        cell.cleanups.append(lift_if_held)
         return lift
     return None
 
@@ -210,7 +218,7 @@ def _give_up(cell: Cell, lift: Callable[[], None] | None) -> str:
     if first == "ok":
         cell.kill_rank_1()
     cell.poll_until(lambda: cell.w.state.gave_up, "give-up")
-    assert cell.w.state.gave_up.startswith("crash loop")
+    assert cell.w.state.gave_up is not None and cell.w.state.gave_up.startswith("crash loop")
     return "gave-up"
 
 

@@ -14,8 +14,9 @@ from http.server import BaseHTTPRequestHandler
 import httpx
 
 from sparkctl.state.watchfile import load_watch
+from testrig.handles import pid_of
 from testrig.testenv import local_server, need_module
-from testrig.watchrig import ledger_of, up, wait_until
+from testrig.watchrig import ledger_of, up, wait_until, watch_state
 
 parser = need_module("prometheus_client.parser", "the watcher's metrics (the `watch` extra)")
 
@@ -45,7 +46,7 @@ def test_metrics_endpoint_scraped_and_parsed(cli, local_cluster, watcher):
     dep = up(cli)["deployment"]
     root = ledger_of(local_cluster).root
     run = watcher("--metrics-port", "0")
-    url = wait_until(lambda: (load_watch(root) or None) and load_watch(root).metrics, "the metrics address")
+    url = wait_until(lambda: (st := load_watch(root)) and st.metrics, "the metrics address")
     assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
     # the node gauges are set after the health gauges in a check (a command per node; swap last): wait for both
     samples = wait_until(lambda: (s := _scrape(url)) and _value(s, "sparkctl_deployment_healthy") is not None
@@ -69,8 +70,11 @@ def test_metrics_endpoint_scraped_and_parsed(cli, local_cluster, watcher):
         swap = _value(samples, "sparkctl_node_swap_free_bytes", node=node)
         assert swap is not None and 0 <= swap <= meminfo["SwapTotal"] and abs(swap - meminfo["SwapFree"]) < slack
     assert not [k for k in samples if k[0].startswith("sparkctl_gpu_")]      # no GPU here: no value made up
-    os.kill(ledger_of(local_cluster).load(dep).handle_of(1).pid, signal.SIGKILL)
-    reason = re.search(r"is not serving \(([a-z-]+)\)", run.wait_for(rf"detected: {re.escape(dep)} ")).group(1)
+    os.kill(pid_of(ledger_of(local_cluster).load(dep), 1), signal.SIGKILL)
+    detected = run.wait_for(rf"detected: {re.escape(dep)} ")
+    m = re.search(r"is not serving \(([a-z-]+)\)", detected)
+    assert m, detected
+    reason = m.group(1)
     assert reason in ("rank-dead", "engines-gone")     # rank 0 follows its peer within the emulator's peer timeout
     run.wait_for(rf"restarted {re.escape(dep)} as ", timeout=90)
 
@@ -79,7 +83,8 @@ def test_metrics_endpoint_scraped_and_parsed(cli, local_cluster, watcher):
         return s if _value(s, "sparkctl_watch_time_to_recover_seconds_count") == 1 else None
     samples = wait_until(recovered, "the recovery in the metrics")
     assert _value(samples, "sparkctl_watch_restarts_total", reason=reason, outcome="ok") == 1
-    assert 0 < _value(samples, "sparkctl_watch_time_to_recover_seconds_sum") < 60
+    recover_s = _value(samples, "sparkctl_watch_time_to_recover_seconds_sum")
+    assert recover_s is not None and 0 < recover_s < 60
     assert _value(samples, "sparkctl_deployment_healthy", profile="d5") == 1
     assert _value(samples, "sparkctl_watch_gave_up") == 0
 
@@ -116,7 +121,7 @@ def test_webhook_gets_restarts_and_carries_no_secret(cli, local_cluster, watcher
         hook = f"http://watch:{URL_PASSWORD}@127.0.0.1:{port}/hook?token={URL_TOKEN}"
         monkeypatch.setenv("WATCH_HOOK_URL", hook)        # a URL with credentials: never in an argv
         run = watcher("--notify-env", "WATCH_HOOK_URL")
-        os.kill(ledger_of(local_cluster).load(dep).handle_of(1).pid, signal.SIGKILL)
+        os.kill(pid_of(ledger_of(local_cluster).load(dep), 1), signal.SIGKILL)
         run.wait_for(rf"restarted {re.escape(dep)} as ", timeout=90)
         assert arrived.wait(30), run.stderr
     event, raw = got[0]
@@ -147,11 +152,11 @@ def test_webhook_that_hangs_is_bounded_and_never_stops_the_watcher(cli, local_cl
     dep = up(cli)["deployment"]
     with local_server(Slow) as port:
         run = watcher("--notify", f"http://127.0.0.1:{port}/hook")
-        os.kill(ledger_of(local_cluster).load(dep).handle_of(1).pid, signal.SIGKILL)
+        os.kill(pid_of(ledger_of(local_cluster).load(dep), 1), signal.SIGKILL)
         run.wait_for(rf"notify: http://127.0.0.1:{port}/hook failed \(no complete answer within the 5 s deadline\); "
                      "the watcher goes on", timeout=90)
         release.set()
-    assert load_watch(ledger_of(local_cluster).root).healthy
+    assert watch_state(ledger_of(local_cluster).root).healthy
 
 
 def test_grafana_dashboard_names_only_metrics_that_exist():

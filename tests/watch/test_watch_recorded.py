@@ -14,6 +14,7 @@ from sparkctl.deploy import door
 from sparkctl.deploy.commands import Deployer
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import RestartRefusedError
+from testrig.handles import active, pids
 from testrig.watchrig import alive, ledger_of
 
 
@@ -26,8 +27,8 @@ def _deployed(cli, inv, monkeypatch) -> tuple[str, door.Deployed]:
 
 def _untouched(inv, dep: str) -> None:
     ledger = ledger_of(inv)
-    assert ledger.active().id == dep and sorted(ledger.record_ids()) == [dep]
-    assert all(alive(h.pid) for h in ledger.load(dep).handles)
+    assert active(ledger).id == dep and sorted(ledger.record_ids()) == [dep]
+    assert all(alive(pid) for pid in pids(ledger.load(dep)))
 
 
 @pytest.mark.parametrize("variable", ["SPARKCTL_API_KEY", "HF_TOKEN"])
@@ -37,6 +38,7 @@ def test_a_secret_set_at_deploy_time_and_missing_now_refuses_the_restart(variabl
     monkeypatch.delenv(variable)
     with pytest.raises(RestartRefusedError) as err:
         what.restart()
+    assert err.value.hint is not None
     assert f"{variable} is not set in this environment" in err.value.message and "EnvironmentFile" in err.value.hint
     assert door.missing_secrets(ledger_of(local_cluster).load(dep)) == [variable]
     _untouched(local_cluster, dep)
@@ -71,4 +73,5 @@ def test_a_replicated_record_from_before_the_profile_was_kept_refuses_never_read
     with pytest.raises(RestartRefusedError) as err:
         door.recorded_replicated_profile(data, str(root / "replicated.json"))
     assert "keeps no profile as deployed" in err.value.message
+    assert err.value.hint is not None
     assert f"sparkctl up --profile {data['profile']}" in err.value.hint

@@ -35,6 +35,7 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import process_engines
 from sparkctl.deploy.replicated import Record, replica_inventory
 from sparkctl.state.ledger import Ledger
+from testrig.handles import active, pid_of
 from testrig.testenv import need_module
 from testrig.watchrig import Hook, alive, metric, wait_until
 
@@ -104,18 +105,18 @@ def _deploy(shape: str, cli, inv: Path, profiles_dir: Path, monkeypatch) -> Depl
     assert code == 0, err
     main = Ledger.for_cluster(load_inventory(inv).cluster.name)
     if shape == "single":
-        rec = main.active()
+        rec = active(main)
         assert rec.secrets is not None and set(rec.secrets.prints) == {"SPARKCTL_API_KEY", "HF_TOKEN"}
         assert {p.what for p in rec.needed} >= {"models mount", "model", "drafter", "--chat-template"}, rec.needed
-        return Deployed(shape, main.root, [main], [Cluster(load_inventory(inv))], rec.handle_of(1).pid, [],
+        return Deployed(shape, main.root, [main], [Cluster(load_inventory(inv))], pid_of(rec, 1), [],
                         "SPARKCTL_API_KEY")
     data = Record.load(main.root).data
     replicas = [Ledger.for_cluster(r["cluster"]) for r in data["replicas"]]
-    recs = [lg.active() for lg in replicas]
+    recs = [active(lg) for lg in replicas]
     assert all(r.needed and r.secrets and set(r.secrets.prints) == {"HF_TOKEN"} for r in recs)
     subs = [Cluster(replica_inventory(load_inventory(inv), r)) for r in data["replicas"]]
-    return Deployed(shape, main.root, [main, *replicas], subs, recs[0].handle_of(0).pid,
-                    [recs[1].handle_of(0).pid, data["router"]["pid"]], "HF_TOKEN")
+    return Deployed(shape, main.root, [main, *replicas], subs, pid_of(recs[0], 0),
+                    [pid_of(recs[1], 0), data["router"]["pid"]], "HF_TOKEN")
 
 
 def _make_unresolvable(what: str, dep: Deployed, models: Path, monkeypatch) -> None:
@@ -272,6 +273,7 @@ def test_serving_again_clears_a_refusal_and_a_crash_loop_is_not_rolled_back_onto
         os.kill(engine, signal.SIGSTOP)
         stopped.append(engine)
         poll_until(lambda: w.state.refused, "refusal")
+        assert w.state.refused is not None
         assert "SPARKCTL_API_KEY" in w.state.refused and metric(metrics.url, "sparkctl_watch_restart_refused") == 1
         os.kill(engine, signal.SIGCONT)                              # the same engines serve again, on their own
         stopped.clear()
@@ -284,8 +286,9 @@ def test_serving_again_clears_a_refusal_and_a_crash_loop_is_not_rolled_back_onto
         os.kill(dep.victim, signal.SIGKILL)
         poll_until(lambda: (w.state.last_action or "").startswith("restarted "), "restart")
         monkeypatch.setenv("SPARKCTL_API_KEY", API_KEY + ROTATED)   # rotated after the restart, then it dies
-        os.kill(Ledger(dep.root).active().handle_of(1).pid, signal.SIGKILL)
+        os.kill(pid_of(Ledger(dep.root).active(), 1), signal.SIGKILL)
         poll_until(lambda: w.state.gave_up, "give-up")
+        assert w.state.gave_up is not None
         assert "not rolled back: SPARKCTL_API_KEY set to another value" in w.state.gave_up, w.state.gave_up
         assert w.state.rollbacks == 0 and w.state.flaps == 1
     finally:

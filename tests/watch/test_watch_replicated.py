@@ -14,6 +14,7 @@ import httpx
 from sparkctl.deploy.replicated import Record
 from sparkctl.state.ledger import Ledger
 from testrig.embedded import stop_cluster_engines, write_replicated_profile
+from testrig.handles import active, pid_of
 from testrig.testenv import need_module
 from testrig.watchrig import ledger_of, polls_after, wait_until
 
@@ -36,7 +37,8 @@ class _ClientLoop:
 
     def __init__(self, endpoint: str) -> None:
         import threading
-        self.endpoint, self.ok, self.failed = endpoint, 0, []
+        self.endpoint, self.ok = endpoint, 0
+        self.failed: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -73,9 +75,9 @@ def test_a_replica_killed_and_the_router_killed_are_brought_back(cli, local_clus
         run = watcher()
         assert "desired state replicated:rep" in run.stderr
         replica0 = Ledger.for_cluster(rec["replicas"][0]["cluster"])
-        old = replica0.active()
+        old = active(replica0)
         with _ClientLoop(endpoint) as client:      # a client the whole time: the router serves from replica 1
-            os.kill(old.handle_of(0).pid, signal.SIGKILL)
+            os.kill(pid_of(old, 0), signal.SIGKILL)
             run.wait_for(r"detected: replicated:rep is not serving \(replica\): replica 0 unhealthy")
             run.wait_for(r"restarted replicated:rep as ", timeout=120)
         assert client.ok >= 5 and client.failed == [], (client.ok, client.failed[:5])
@@ -84,7 +86,7 @@ def test_a_replica_killed_and_the_router_killed_are_brought_back(cli, local_clus
         assert "replica 1: out of the router" not in run.stderr          # the healthy one kept serving
         code, st = _status(cli)
         assert code == 0 and st["healthy"] and st["router"]["healthy_workers"] == 2, st
-        assert replica0.active().id != old.id and st["watcher"]["restarts"] == 1
+        assert active(replica0).id != old.id and st["watcher"]["restarts"] == 1
         os.kill(Record.load(root).data["router"]["pid"], signal.SIGKILL)
         run.wait_for(r"detected: replicated:rep is not serving \(router\)", after=r"restarted replicated:rep")
         wait_until(lambda: run.stderr.count("restarted replicated:rep as ") == 2, "the router started again", 120)
@@ -118,12 +120,12 @@ def test_a_replica_restart_is_the_recorded_profile_never_the_file_edited_since(c
     assert rec["profile_data"]["server"]["max_running_requests"] == 16
     try:
         ledgers = [Ledger.for_cluster(r["cluster"]) for r in rec["replicas"]]
-        before = [lg.active() for lg in ledgers]
+        before = [active(lg) for lg in ledgers]
         write_replicated_profile(profiles_dir / "rep.yml", 32)          # saved, never deployed
         run = watcher()
-        os.kill(before[0].handle_of(0).pid, signal.SIGKILL)
+        os.kill(pid_of(before[0], 0), signal.SIGKILL)
         run.wait_for(r"restarted replicated:rep as ", timeout=120)
-        after = [lg.active() for lg in ledgers]
+        after = [active(lg) for lg in ledgers]
         assert after[1].id == before[1].id, "the healthy replica was left alone"
         assert "replica 1: out of the router" not in run.stderr
         assert after[0].id != before[0].id and after[0].profile_data == before[0].profile_data

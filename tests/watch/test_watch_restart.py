@@ -10,6 +10,7 @@ import signal
 from sparkctl.config.inventory import load_inventory
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import process_engines
+from testrig.handles import pid_of, pids
 from testrig.watchrig import (
     alive,
     engine_pid,
@@ -26,7 +27,9 @@ from testrig.watchrig import (
 def _restarted(run, old: str) -> str:
     """The new deployment id once the watcher says it restarted `old`; checks the group was booted in order."""
     line = run.wait_for(rf"restarted {re.escape(old)} as (\S+)", timeout=90)
-    new = re.search(r" as (\S+) ", line).group(1)
+    m = re.search(r" as (\S+) ", line)
+    assert m, line
+    new = m.group(1)
     after = run.stderr[run.stderr.index(f"restarting {old}"):]
     assert after.index("rank 1 started") < after.index("rank 0 started"), after
     for gate in ("health", "models", "settings", "capacity", "workers", "smoke"):
@@ -47,7 +50,7 @@ def test_rank_1_killed_after_hand_off_the_group_is_restarted_in_order_and_serves
     old = first["deployment"]
     rec = ledger_of(local_cluster).load(old)
     run = watcher()
-    os.kill(rec.handle_of(1).pid, signal.SIGKILL)
+    os.kill(pid_of(rec, 1), signal.SIGKILL)
     # rank-dead (rank 0 still up), or engines-gone if rank 0 already followed its peer (the emulator's peer timeout)
     run.wait_for(rf"detected: {re.escape(old)} is not serving \((rank-dead|engines-gone)\): rank 1 not running")
     new = _restarted(run, old)
@@ -58,7 +61,7 @@ def test_rank_1_killed_after_hand_off_the_group_is_restarted_in_order_and_serves
     assert w["running"] and w["pid"] == run.pid and w["restarts"] == 1 and w["failures"] == 0
     assert w["last_action"].startswith(f"restarted {old} as {new}") and w["time_to_recover_s"] > 0
     # the survivor (rank 0 of the old group) was stopped too: the whole group restarted, nothing of it left
-    assert not alive(rec.handle_of(0).pid)
+    assert not alive(pid_of(rec, 0))
     code, out, _ = cli("status")
     assert f"watcher: running (pid {run.pid}" in out and "restarts 1 (0 failed)" in out
 
@@ -66,7 +69,7 @@ def test_rank_1_killed_after_hand_off_the_group_is_restarted_in_order_and_serves
 def test_a_sigstopped_rank_counts_as_not_running_and_the_group_is_restarted(cli, local_cluster, watcher):
     old = up(cli)["deployment"]
     rec = ledger_of(local_cluster).load(old)
-    stopped = engine_pid(rec.handle_of(1).pid)
+    stopped = engine_pid(pid_of(rec, 1))
     run = watcher()
     os.kill(stopped, signal.SIGSTOP)
     run.wait_for(rf"\(rank-stopped\): rank 1 stopped \(pid {stopped}, under pid \d+ is in state T")
@@ -78,9 +81,9 @@ def test_a_sigstopped_rank_counts_as_not_running_and_the_group_is_restarted(cli,
 def test_every_engine_gone_and_a_new_watcher_after_a_reboot_restores_the_deployment(cli, local_cluster, watcher):
     old = up(cli)["deployment"]
     rec = ledger_of(local_cluster).load(old)
-    for h in rec.handles:                       # a reboot: every engine gone, no watcher running
-        os.kill(h.pid, signal.SIGKILL)
-    wait_until(lambda: not any(alive(h.pid) for h in rec.handles), "the engines to be gone", 20)
+    for pid in pids(rec):                       # a reboot: every engine gone, no watcher running
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not any(alive(pid) for pid in pids(rec)), "the engines to be gone", 20)
     code, st = status(cli)
     assert code == 8 and not st["healthy"]
     run = watcher()                             # systemd starts the watcher again at boot
