@@ -65,6 +65,15 @@ class NodeDaemons:
         self._start_sshd(n)
         self._wait_sshd(n, timeout)
 
+    def in_dockerd_mounts(self, node: str) -> list[str]:
+        """argv prefix running a command in the mount namespace of a node's dockerd (it has its own: the node's
+        /dev/shm), where a mount must be made for the daemon to see it (a full disk under its data root, say).
+        Example: ``subprocess.run([*cluster.in_dockerd_mounts("spark-b"), "mount", "-t", "tmpfs", ...])``."""
+        pid = self._read_pid(self.node(node), "dockerd")
+        if not _alive(pid):
+            raise ClusterError("dockerd is not running", where=node)
+        return ["nsenter", f"--mount=/proc/{pid}/ns/mnt", "--"]
+
     def rotate_host_key(self, node: str) -> str:
         """Give a node a new SSH host key and restart its sshd; known_hosts is NOT updated (tests an
         unknown/changed host key). The original key is kept for ``restore_host_keys``. Returns the new

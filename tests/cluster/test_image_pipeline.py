@@ -253,7 +253,9 @@ def test_peer_disk_full_mid_copy_names_node_image_and_fix(env, test_cluster):
                  stdin=f"FROM {test_cluster.engine_image}\nRUN head -c 3000000 /dev/urandom > /blob\n")
     tmp = DATA_ROOT / test_cluster.node("spark-b").netns / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(tmp)], check=True)
+    # in the daemon's own mount namespace (testrig: each node's dockerd has one, for its /dev/shm)
+    in_dockerd = test_cluster.in_dockerd_mounts("spark-b")
+    subprocess.run([*in_dockerd, "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(tmp)], check=True)
     try:
         src, dst = _endpoints(env)
         with pytest.raises(ImageError, match=rf"spark-b ran out of disk space while receiving {tag}") as err:
@@ -262,7 +264,7 @@ def test_peer_disk_full_mid_copy_names_node_image_and_fix(env, test_cluster):
         assert "free space in spark-b's docker data root" in err.value.hint
         assert "no space left on device" in err.value.evidence
     finally:
-        subprocess.run(["umount", str(tmp)], check=False)
+        subprocess.run([*in_dockerd, "umount", str(tmp)], check=False)
         for conn in (env["a"], env["b"]):
             conn.run(["docker", "rmi", tag])
     assert env["b"].run(["docker", "image", "inspect", tag]).returncode != 0      # nothing half-tagged on the peer
