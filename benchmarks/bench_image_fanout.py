@@ -44,7 +44,7 @@ from sparkctl.images.registry import Endpoint  # noqa: E402
 from sparkctl.nodes.fanout import fan_out, raise_first  # noqa: E402
 from sparkctl.nodes.ssh import SSHConnector  # noqa: E402
 from sparkctl.prepare.plays import prepare  # noqa: E402
-from testrig.benchrig import bench_cluster, drop_tiny_base, tiny_base  # noqa: E402
+from testrig.benchrig import bench_cluster, drop_smoke_images, tiny_base  # noqa: E402
 from testrig.cluster import TestCluster  # noqa: E402
 from testrig.engine_image import EngineImages  # noqa: E402
 
@@ -89,10 +89,7 @@ def run(cluster: TestCluster, rounds: int = ROUNDS, smoke: bool = False) -> dict
         return _measure(inv, conns, src, peers, base_tag, rounds, smoke, made)
     finally:
         if smoke:    # this run's images off every node, the tiny base's layers with them
-            for c in conns.values():
-                c.run(["docker", "rmi", *made], timeout=300)
-                c.run(["docker", "image", "prune", "-f"], timeout=300)
-            drop_tiny_base(conns)
+            drop_smoke_images(conns, made)
 
 
 def _measure(inv: Inventory, conns: dict[str, SSHConnector], src: Endpoint, peers: list[Endpoint], base_tag: str,

@@ -42,7 +42,7 @@ from sparkctl.images.plan import plan_images  # noqa: E402
 from sparkctl.images.registry import Endpoint, Registry  # noqa: E402
 from sparkctl.nodes.ssh import SSHConnector  # noqa: E402
 from sparkctl.prepare.plays import prepare  # noqa: E402
-from testrig.benchrig import bench_cluster, drop_tiny_base, tiny_base  # noqa: E402
+from testrig.benchrig import bench_cluster, drop_smoke_images, tiny_base  # noqa: E402
 from testrig.engine_image import EngineImages  # noqa: E402
 
 _SERVE = ("import os,socket,sys\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
@@ -179,10 +179,7 @@ def main() -> None:
             print(json.dumps(out, indent=2))
         finally:
             if smoke:        # this run's images off both nodes, the tiny base's layers with them
-                for c in conns.values():
-                    c.run(["docker", "rmi", *made], timeout=300)
-                    c.run(["docker", "image", "prune", "-f"], timeout=300)
-                drop_tiny_base(conns)
+                drop_smoke_images(conns, made)
             elif attached:   # spark-b's images were pruned: the session's engine image back where it was
                 cluster.ensure_engine_image()
 

@@ -279,3 +279,12 @@ def drop_tiny_base(conns: dict[str, SSHConnector], tag: str = TINY_BASE) -> None
     """`docker rmi` of the tiny base on every node in `conns` ({name: SSHConnector}) that holds it."""
     for c in conns.values():
         c.run(["docker", "rmi", "-f", tag], timeout=120)
+
+
+def drop_smoke_images(conns: dict[str, SSHConnector], made: list[str]) -> None:
+    """After an image benchmark's smoke run: the images it `made` off every node, their dangling layers, the tiny
+    base with them."""
+    for c in conns.values():
+        c.run(["docker", "rmi", *made], timeout=300)
+        c.run(["docker", "image", "prune", "-f"], timeout=300)
+    drop_tiny_base(conns)
