@@ -114,12 +114,10 @@ def build_by_hand(cluster: TestCluster, inv_path: Path, profile_name: str, *,
     return t_build, time.monotonic() - t0, [plan.engine_tag, plan.launch_tag]
 
 
-def run_args(info: dict[str, Any]) -> list[str]:
+def run_args(cluster: TestCluster, node: str, info: dict[str, Any]) -> list[str]:
     """`docker run` arguments that recreate a sparkctl rank container from its inspect (name aside)."""
     hc, cfg = info["HostConfig"], info["Config"]
-    image_env = set(json.loads(subprocess.run(["docker", "-H", os.environ["BENCH_DOCKER_HOST"], "image", "inspect",
-                                               cfg["Image"]], capture_output=True, text=True).stdout)[0]
-                    ["Config"].get("Env") or [])
+    image_env = set(json.loads(docker(cluster, node, "image", "inspect", cfg["Image"]))[0]["Config"].get("Env") or [])
     argv = ["run", "--detach", "--network", "host", "--ipc", "host", "--init", "--label", "bench=by-hand"]
     for u in hc.get("Ulimits") or []:
         argv += ["--ulimit", f"{u['Name']}={u['Soft']}:{u['Hard']}"]
@@ -135,7 +133,6 @@ def run_args(info: dict[str, Any]) -> list[str]:
 def boot_by_hand(cluster: TestCluster, runs: dict[str, list[str]], endpoint: str) -> float:
     t0 = time.monotonic()
     for node in ("spark-b", "spark-a"):                  # rank 1, then rank 0, back to back (as `up` starts them)
-        os.environ["BENCH_DOCKER_HOST"] = cluster.docker_host(node)
         docker(cluster, node, *runs[node])
     deadline = t0 + 1800
     with httpx.Client(trust_env=False, timeout=5) as client:
@@ -239,8 +236,7 @@ def main() -> None:
             for node in ("spark-a", "spark-b"):
                 (cid,) = docker(cluster, node, "ps", "-q", "--filter", f"label=sparkctl.cluster=bench{args.prefix}"
                                 ).split()
-                os.environ["BENCH_DOCKER_HOST"] = cluster.docker_host(node)
-                runs[node] = run_args(json.loads(docker(cluster, node, "inspect", cid))[0])
+                runs[node] = run_args(cluster, node, json.loads(docker(cluster, node, "inspect", cid))[0])
             endpoint = res["endpoint"]
             sparkctl("down", env=env)
             hand = boot_by_hand(cluster, runs, endpoint)

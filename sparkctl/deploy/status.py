@@ -42,7 +42,7 @@ def down(c: Cluster, *, unfinished_compare: str | None = None) -> DownResult:
     # nothing of an engine outlives `down`: the stopped containers a superseded deployment kept for a quick
     # rollback go too (a rollback to it runs it again from its record and its launch image)
     for dep_id in remove_superseded(c):
-        c.reporter.event(f"removed the stopped engines {dep_id} kept for rollback (a rollback runs it again from "
+        c.reporter.event(f"removed the stopped engines of {dep_id} kept for rollback (a rollback runs it again from "
                          f"its record)")
     boundary("down", "stop-active", "after")
     boundary("down", "stop-rest", "before")

@@ -40,7 +40,7 @@ import subprocess
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -157,7 +157,7 @@ def _build(root: Path, engine: RealEngine, rootfs: Path, k: str) -> None:
     else:
         shutil.copy2(rootfs, tmp / "rootfs.tar")
     site = _site_packages(engine)
-    engine_id, engine_bytes, dropped = _write_engine_layer(site, tmp / "engine.tar")
+    engine_id, engine_bytes, dropped, site_bytes = _write_engine_layer(site, tmp / "engine.tar")
     tag = f"{REPO}:{SGLANG_VERSION}-{k[:12]}"
     config = {
         "architecture": "amd64", "os": "linux", "created": "2026-01-01T00:00:00Z",
@@ -174,7 +174,7 @@ def _build(root: Path, engine: RealEngine, rootfs: Path, k: str) -> None:
     (tmp / "manifest.json").write_text(json.dumps(
         [{"Config": config_name, "RepoTags": [tag], "Layers": ["rootfs.tar", "engine.tar"]}]))
     (tmp / "info.json").write_text(json.dumps({
-        "tag": tag, "image_id": "sha256:" + config_name[:-5], "site_packages_bytes": _tree_bytes(site),
+        "tag": tag, "image_id": "sha256:" + config_name[:-5], "site_packages_bytes": site_bytes,
         "engine_layer_bytes": engine_bytes, "rootfs_bytes": rootfs.stat().st_size, "dropped_bytes": dropped,
         "build_seconds": round(time.monotonic() - started, 1)}, indent=2) + "\n")
     shutil.rmtree(root, ignore_errors=True)
@@ -200,10 +200,12 @@ def _slim(rel: str) -> str | None:
     return None
 
 
-def _write_engine_layer(site: Path, dest: Path) -> tuple[str, int, dict[str, int]]:
+def _write_engine_layer(site: Path, dest: Path) -> tuple[str, int, dict[str, int], int]:
     """Tar the kept part of ``site`` under DIST_PACKAGES into ``dest``; (diff ID, layer bytes, bytes dropped per
-    SLIM entry). Owner root, modes and modification times kept, entries sorted (same input, same bytes)."""
+    SLIM entry, bytes of site-packages read). Owner root, modes and modification times kept, entries sorted (same
+    input, same bytes)."""
     dropped: dict[str, int] = {}
+    total = 0
     with open(dest, "wb") as raw:
         hashing = _HashingWriter(raw)
         with tarfile.open(fileobj=hashing, mode="w|", format=tarfile.PAX_FORMAT) as tar:   # type: ignore[call-overload]
@@ -213,10 +215,11 @@ def _write_engine_layer(site: Path, dest: Path) -> tuple[str, int, dict[str, int
                 info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
                 tar.addfile(info)
             for path, rel in _walk(site):
+                size = 0 if path.is_dir() and not path.is_symlink() else path.lstat().st_size
+                total += size
                 top = _slim(rel)
                 if top:
-                    if not path.is_dir() or path.is_symlink():
-                        dropped[top] = dropped.get(top, 0) + path.lstat().st_size
+                    dropped[top] = dropped.get(top, 0) + size
                     continue
                 info = tar.gettarinfo(str(path), f"{DIST_PACKAGES}/{rel}")
                 info.uid = info.gid = 0
@@ -226,7 +229,7 @@ def _write_engine_layer(site: Path, dest: Path) -> tuple[str, int, dict[str, int
                         tar.addfile(info, fh)
                 else:
                     tar.addfile(info)
-        return "sha256:" + hashing.sha.hexdigest(), hashing.size, dropped
+        return "sha256:" + hashing.sha.hexdigest(), hashing.size, dropped, total
 
 
 def _walk(site: Path) -> Iterator[tuple[Path, str]]:
@@ -263,10 +266,6 @@ def _same_fs(a: Path, b: Path) -> bool:
     return a.stat().st_dev == b.stat().st_dev
 
 
-def _tree_bytes(d: Path) -> int:
-    return sum(p.lstat().st_size for p in d.rglob("*") if not p.is_dir() or p.is_symlink())
-
-
 # ---------------------------------------------------------------------- onto the nodes
 def load_archive(archive: BaseArchive, docker_host: str, *, timeout: float = LOAD_TIMEOUT_S) -> None:
     """``docker load`` the archive into one daemon: the members streamed as one tar (never written twice here)."""
@@ -292,16 +291,11 @@ def load_archive(archive: BaseArchive, docker_host: str, *, timeout: float = LOA
         raise RuntimeError(f"docker load of {archive.tag} into {docker_host} exited {rc}: {out[-2000:]}")
 
 
-def image_id(docker_host: str, ref: str) -> str | None:
-    res = subprocess.run(["docker", "-H", docker_host, "image", "inspect", "--format", "{{.Id}}", ref],
-                         capture_output=True, text=True, timeout=60)
-    return res.stdout.strip() if res.returncode == 0 else None
-
-
-def ensure_on_nodes(archive: BaseArchive, nodes: Iterable[Node],
-                    timed: Callable[[str], object] | None = None) -> dict[str, float]:
+def ensure_on_nodes(archive: BaseArchive, nodes: Iterable[Node]) -> dict[str, float]:
     """Every node holds the archive's image (loaded where its ID is missing, all nodes at once); seconds per load."""
-    todo = [n for n in nodes if image_id(n.docker_host, archive.tag) != archive.image_id]
+    from testrig.engine_image import image_id
+
+    todo = [n for n in nodes if image_id(n, archive.tag) != archive.image_id]
     took: dict[str, float] = {}
     errors: list[BaseException] = []
 
@@ -320,7 +314,7 @@ def ensure_on_nodes(archive: BaseArchive, nodes: Iterable[Node],
     if errors:
         raise errors[0]
     for n in todo:
-        got = image_id(n.docker_host, archive.tag)
+        got = image_id(n, archive.tag)
         if got != archive.image_id:
             raise RuntimeError(f"{n.name}: {archive.tag} loaded as {got}, expected {archive.image_id}")
         _untag_older(n.docker_host, keep=archive.tag)
