@@ -69,6 +69,12 @@ TIMING_MODULES = {"bench_card/test_emulated.py", "tune/test_tune.py", "sim/test_
 # this host's /proc/meminfo against d5's 0.88 of 23.5 GiB; they now see d5 at 0.5 (tests/cluster/conftest.py),
 # and the memory measured with both running is in docs/testing.md.
 GROUP_OF_TIER = {"cluster": "cluster", "real_engine": "real_engine"}
+# The groups that each hold a worker for most of the run, longest first (measured: docs/testing.md). pytest-xdist's
+# loadgroup orders its work units by their number of tests, so a short-listed but long group (the real engine in
+# containers: 8 tests, 15-25 min) could start last, behind hundreds of one-test units, and end the run alone; these
+# start first, one per worker, and the other workers take everything else (./bin/test runs one worker more than
+# there are groups here).
+LONG_GROUPS = ("real_engine_cluster", "real_engine", "cluster")
 
 
 def tier_of(path: Path) -> str:
@@ -121,6 +127,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     item.add_marker(pytest.mark.xdist_group(group))
                 if getattr(config.option, "loadgroup", False):    # an xdist worker under --dist loadgroup
                     _suffix_group(item, group)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - xdist's own types
+    """Under --dist loadgroup: xdist's scheduler with LONG_GROUPS handed out first (see there)."""
+    if config.getoption("dist", None) != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class LongGroupsFirst(LoadGroupScheduling):
+        _ordered = False
+
+        def _assign_work_unit(self, node) -> None:  # type: ignore[no-untyped-def]
+            if not self._ordered:            # the first assignment: the queue is complete, nothing handed out yet
+                self._ordered = True
+                for group in reversed(LONG_GROUPS):
+                    if group in self.workqueue:
+                        self.workqueue.move_to_end(group, last=False)
+            super()._assign_work_unit(node)
+    return LongGroupsFirst(config, log)
 
 
 def _suffix_group(item: pytest.Item, group: str) -> None:

@@ -12,7 +12,7 @@ from testrig.cluster import TestCluster
 from testrig.realengine.base_image import ensure_real_engine_base
 from testrig.testenv import need_real_engine
 
-pytestmark = [pytest.mark.cluster, pytest.mark.real_engine, pytest.mark.xdist_group("real_engine")]
+pytestmark = [pytest.mark.cluster, pytest.mark.real_engine, pytest.mark.xdist_group("real_engine_cluster")]
 SHIPPED_D5 = True          # boots no d5: the cluster conftest's d5 fixture stays out of the way
 NAMES = sorted(n for n, s in SMOKES.items() if s.tier == "real_engine_cluster")
 

@@ -42,8 +42,9 @@ from testrig.controller import SparkctlProcess
 from testrig.realengine.base_image import ensure_real_engine_base, write_real_engine_cluster_inventory
 from testrig.testenv import need_real_engine
 
-# Its own cluster (real_engine_cluster) in the real engine's worker: one real TP=2 engine on the machine at a time
-pytestmark = [pytest.mark.cluster, pytest.mark.real_engine, pytest.mark.xdist_group("real_engine"),
+# Its own cluster (real_engine_cluster) and its own xdist group (tests/conftest.py LONG_GROUPS): beside the local real
+# engine tier (loopback, the host network namespace), this engine listens only in the two nodes' namespaces
+pytestmark = [pytest.mark.cluster, pytest.mark.real_engine, pytest.mark.xdist_group("real_engine_cluster"),
               pytest.mark.timeout(1800)]
 SHIPPED_D5 = True          # boots no d5: the cluster conftest's d5 fixture stays out of the way
 RUN = int(time.time()) % 600_000   # a flag value per run (launch images cached by an earlier run never match),
