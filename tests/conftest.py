@@ -129,16 +129,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     _suffix_group(item, group)
 
 
-def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - xdist's own types
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """Under --dist loadgroup: xdist's scheduler with LONG_GROUPS handed out first (see there)."""
     if config.getoption("dist", None) != "loadgroup":
         return None
-    from xdist.scheduler import LoadGroupScheduling
+    from xdist.scheduler import LoadGroupScheduling  # type: ignore[import-untyped]
 
     class LongGroupsFirst(LoadGroupScheduling):
         _ordered = False
 
-        def _assign_work_unit(self, node) -> None:  # type: ignore[no-untyped-def]
+        def _assign_work_unit(self, node: object) -> None:
             if not self._ordered:            # the first assignment: the queue is complete, nothing handed out yet
                 self._ordered = True
                 for group in reversed(LONG_GROUPS):
