@@ -50,6 +50,7 @@ from sparkctl.config.profile import load_profile  # noqa: E402
 from sparkctl.images import manage, pipeline  # noqa: E402
 from sparkctl.images.plan import inspect_base, plan_images  # noqa: E402
 from sparkctl.nodes.container import MEMLOCK_ENV  # noqa: E402
+from sparkctl.prepare.plays import prepare  # noqa: E402
 from testrig.benchrig import bench_cluster  # noqa: E402
 from testrig.cluster import TestCluster  # noqa: E402
 from testrig.realengine import ensure_real_engine  # noqa: E402
@@ -212,10 +213,12 @@ def main() -> None:
             if hard != resource.RLIM_INFINITY:
                 env[MEMLOCK_ENV] = str(hard)
             os.environ.update({k: env[k] for k in ("SPARKCTL_PROFILES_DIR", "SPARKCTL_INVENTORY")})
-            conns = pipeline.connections(load_inventory(inv))
+            inventory = load_inventory(inv)
+            conns = pipeline.connections(inventory)
             if args.smoke:
                 smoke_build(cluster, inv)
                 return
+            prepare(inventory, tags=["fabric-ssh"])   # as a user's `sparkctl prepare`: the copy streams over the fabric
             manage.prune_images(conns, keep=set())            # neither node holds an engine or launch image
             hb, hc, tags = build_by_hand(cluster, inv, "bi1")
             assert hc is not None

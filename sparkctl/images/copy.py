@@ -1,6 +1,7 @@
-"""Give every peer the building node's images, all peers at once: a whole-image stream to a peer that lacks most
-of them (`sparkctl.images.stream`), the missing layers from one short-lived registry (`sparkctl.images.registry`)
-to the others.
+"""Give every peer the building node's images, all peers at once: one stream without the layers a peer holds
+(`sparkctl.images.stream`; one ``docker save`` feeds every peer that lacks the same images and holds the same
+layers), or the missing layers from one short-lived registry (`sparkctl.images.registry`) where it would send at
+most half of them (`sparkctl.images.stream.choose_copy`).
 
 Three phases, each across every peer at the same time through the project's one fan-out
 (`sparkctl.nodes.fanout.fan_out`): survey (image IDs, what the peer stores, fabric SSH from the building node),
@@ -70,16 +71,17 @@ def distribute(images: list[str], source: Endpoint, peers: list[Endpoint], *, re
             _push(reg, by_registry, source, report)
         # one task per stream group (peers lacking the same images: one docker save feeds them all) and per
         # registry peer, all at once; every peer's outcome comes back, in the plans' order
-        groups: dict[tuple[str, ...], list[PeerPlan]] = {}
+        # (peers lacking the same images and holding the same layers left out of the stream)
+        groups: dict[tuple[tuple[str, ...], tuple[str, ...]], list[PeerPlan]] = {}
         for pl in busy:
             if pl.choice is not None and pl.choice.method == "stream":
-                groups.setdefault(tuple(pl.todo), []).append(pl)
+                groups.setdefault((tuple(pl.todo), pl.choice.held), []).append(pl)
         tasks = [("stream", g) for g in groups.values()] + [("registry", [pl]) for pl in by_registry]
 
         def run(task: tuple[str, list[PeerPlan]]) -> list[Outcome[PeerPlan, list[Transfer]]]:
             how, group = task
             if how == "stream":
-                return _stream(group, source, ids, report)
+                return _stream(group, source, own, report)
             return fan_out(group, lambda pl: _pull(pl, reg, ids, report))   # one peer: kept as its outcome
         done = fan_out(tasks, run)
         per_peer = {o.item.peer.name: o for task in done
@@ -131,7 +133,7 @@ def settle(plans: list[PeerPlan], outcomes: list[Outcome[PeerPlan, list[Transfer
 
 def _survey(peer: Endpoint, images: list[str], own: Survey, source: Endpoint, stream: bool) -> PeerPlan:
     """What the peer lacks and how it gets it (its own survey: IDs, layers, every image it stores)."""
-    there = survey(peer.conn, images, held=True)
+    there = survey(peer.conn, images, held_in=peer.cache_dir)
     skipped, todo = [], []
     for image in images:
         have, want = there.ids[image], own.ids[image]
@@ -149,20 +151,25 @@ def _survey(peer: Endpoint, images: list[str], own: Survey, source: Endpoint, st
     ok, why = fabric == "ok", _WHY.get(fabric, fabric)
     wanted = [own.layers[i] for i in todo]
     return PeerPlan(peer, todo, choose_copy([w for w in wanted if w is not None], there.held, stream_ok=ok,
-                                            why_not_stream=why), skipped)
+                                            pulled=there.pulled, why_not_stream=why), skipped)
 
 
 _WHY = {"key": f"the fabric key {FABRIC_KEY} is missing on the building node",
         "host-key": "the peer's fabric host key is not in the fabric known_hosts"}
 
 
-def _stream(group: list[PeerPlan], source: Endpoint, ids: dict[str, str | None], report: Report
+def _stream(group: list[PeerPlan], source: Endpoint, own: Survey, report: Report
             ) -> list[Outcome[PeerPlan, list[Transfer]]]:
-    """One docker save on the building node into docker load on each peer of ``group`` (they lack the same
-    images); each peer's outcome, its image IDs checked against the building node's."""
+    """One docker save on the building node into docker load on each peer of ``group`` (they lack the same images
+    and hold the same layers, which the stream leaves out); each peer's outcome, its image IDs checked against the
+    building node's."""
     todo, names = group[0].todo, ", ".join(pl.peer.name for pl in group)
-    report(f"{names} <- {', '.join(todo)}: one docker save on {source.name} | docker load on {names} over the fabric")
-    results = stream_images(source, [pl.peer for pl in group], todo, report)
+    held = group[0].choice.held if group[0].choice is not None else ()
+    without = f", without the {len(held)} layers {names} hold{'s' if len(group) == 1 else ''}" if held else ""
+    report(f"{names} <- {', '.join(todo)}: one docker save on {source.name} | docker load on {names} over the "
+           f"fabric{without}")
+    results = stream_images(source, [pl.peer for pl in group], todo, report, skip=held)
+    ids = own.ids
     out: list[Outcome[PeerPlan, list[Transfer]]] = []
     for pl in group:
         res, peer = results[pl.peer.name], pl.peer
@@ -177,10 +184,15 @@ def _stream(group: list[PeerPlan], source: Endpoint, ids: dict[str, str | None],
                 where=f"[{peer.name}] image copy", hint=f"docker rmi {image} on {peer.name} and run again")))
             continue
         last = todo[-1]     # the stream's bytes and time are on its last image
-        transfers = [Transfer(peer.name, i, got, via="stream", streamed_with=tuple(x for x in todo if x != i),
-                              rx_bytes=res.bytes if i == last else 0,
-                              seconds=round(res.seconds, 3) if i == last else 0.0)
-                     for i, got in zip(todo, res.image_ids)]
+        transfers = []
+        for i, got in zip(todo, res.image_ids):
+            layers = own.layers[i]
+            chain = layers.layers if layers is not None else ()
+            transfers.append(Transfer(
+                peer.name, i, got, via="stream", streamed_with=tuple(x for x in todo if x != i),
+                rx_bytes=res.bytes if i == last else 0, seconds=round(res.seconds, 3) if i == last else 0.0,
+                stream_layers=(sum(1 for x in chain if x not in held), len(chain)) if held else None,
+                left_out_bytes=res.left_out_bytes if i == last else 0))
         report(transfers[-1].line())
         out.append(Outcome(pl, transfers))
     return out

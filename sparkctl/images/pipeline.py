@@ -69,8 +69,8 @@ def build(profile: Profile, inventory: Inventory, *, log_dir: Path | None = None
 
 
 def distribute_plan(p: ImagePlan, inventory: Inventory, *, report: Report = _quiet) -> list[Transfer]:
-    """Copy the plan's images from the building node to every other node, all at once (a whole-image stream to a
-    peer that lacks most of them, else only the missing layers through the registry)."""
+    """Copy the plan's images from the building node to every other node, all at once (a stream without the layers
+    a peer holds, or the registry when it would send at most half: `sparkctl.images.stream.choose_copy`)."""
     source = Endpoint.of(inventory, inventory.node(p.builder))
     peers = [Endpoint.of(inventory, n) for n in inventory.nodes if n.name != p.builder]
     return distribute([p.engine_tag, p.launch_tag], source, peers, report=report)

@@ -15,9 +15,15 @@ the CX-7 link, never through the controller. Details:
   actually received (``/proc/net/dev``) are reported.
 * Identity: the peer's image ID must equal the building node's after the pull (the ID is the config digest,
   which a registry round trip keeps), else ImageError.
+* Docker's pull skips a layer only when it pulled it before under the same compressed digest; a layer it loaded,
+  built or pulled from elsewhere crosses again. So after each pull the peer records the layers it now knows by
+  this registry's digests (``<host_paths.cache>/sparkctl-registry-pulled``, `sparkctl.images.stream.PULLED_FILE`),
+  and the copy's choice counts only those as present when it prices the registry.
 
-A peer that lacks most of an image gets it as one whole-image stream instead (`sparkctl.images.stream`); which
-peer gets what, all at once, is `sparkctl.images.copy.distribute`. Example::
+The registry is the exception: a peer gets its images as one stream over the fabric that leaves out the layers it
+holds (`sparkctl.images.stream`) unless the registry would send at most half of them (the layers it holds came
+through the registry before: a flag-only change) or there is no fabric SSH; which peer gets what, all at once, is
+`sparkctl.images.copy.distribute`. Example::
 
     src = Endpoint.of(inventory, inventory.node("spark-a")); dst = Endpoint.of(inventory, inventory.node("spark-b"))
     for t in distribute([plan.engine_tag, plan.launch_tag], src, [dst], report=print):   # images.copy
@@ -36,6 +42,7 @@ from typing import TYPE_CHECKING
 from rich.filesize import decimal
 
 from sparkctl.errors import ImageError
+from sparkctl.images.stream import PULLED_FILE
 from sparkctl.jsontypes import JSONObject
 
 if TYPE_CHECKING:
@@ -84,6 +91,10 @@ kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
 echo "===RX"; cat "$s"; rm -f "$s"; echo "===RXEND"
 cat /proc/net/dev
 if [ $rc = 0 ]; then docker tag "$0" "$1" && docker image inspect --format '===ID {{.Id}}' "$1"; fi
+if [ $rc = 0 ] && mkdir -p "$4" 2>/dev/null && t=$(mktemp "$4/.pulled.XXXXXX" 2>/dev/null); then
+  { cat -- "$4/$5" 2>/dev/null; docker image inspect --format '{{range .RootFS.Layers}}{{println .}}{{end}}' "$1"; } \
+    | grep -E '^sha256:[0-9a-f]{64}$' | sort -u | tail -n 20000 >"$t" && mv -f "$t" "$4/$5" || rm -f "$t"
+fi
 docker rmi "$0" >/dev/null 2>&1
 exit $rc
 """
@@ -143,8 +154,10 @@ class Transfer:
     seconds: float = 0.0        # the whole pull: download + decompress + unpack on the peer
     skipped: str | None = None
     wire_seconds: float = 0.0   # first to last byte received on the fabric interface (sampled every 5 ms)
-    via: str = "registry"       # registry (missing layers) | stream (whole images, sparkctl.images.stream)
+    via: str = "registry"       # registry (missing layers) | stream (sparkctl.images.stream)
     streamed_with: tuple[str, ...] = ()   # a stream's other images (its bytes and time are on its last image)
+    stream_layers: tuple[int, int] | None = None   # a stream that left held layers out: (layers sent, layers)
+    left_out_bytes: int = 0     # what it left out (uncompressed; on the stream's last image)
 
     @property
     def sent_bytes(self) -> int:
@@ -156,6 +169,14 @@ class Transfer:
         if self.via == "stream":
             rate = self.rx_bytes / self.seconds / 1e6 if self.seconds else 0.0
             also = f" (with {', '.join(self.streamed_with)})" if self.streamed_with else ""
+            if self.stream_layers is not None:
+                crossed, total = self.stream_layers
+                return (f"{self.node} <- {self.image}{also}: {crossed} of {total} layers sent, "
+                        f"{decimal(self.rx_bytes)} "
+                        f"over the fabric in {self.seconds:.1f}s ({rate:.1f} MB/s); "
+                        f"{decimal(self.left_out_bytes)} held there left out") if self.seconds else \
+                    f"{self.node} <- {self.image}: {crossed} of {total} layers sent, in the same stream as the next " \
+                    "image"
             return (f"{self.node} <- {self.image}{also}: streamed whole, {decimal(self.rx_bytes)} over the fabric in "
                     f"{self.seconds:.1f}s ({rate:.1f} MB/s)") if self.seconds else \
                 f"{self.node} <- {self.image}: in the same stream as the next image"
@@ -304,7 +325,8 @@ class Registry:
              ) -> Transfer:
         layers = self.manifest_layers(image)
         sizes = {d.split(":", 1)[1][:12]: size for d, size in layers}
-        r = peer.conn.run(["sh", "-c", _PULL, self.ref(image), image, peer.fabric_iface, _SAMPLE], timeout=7200,
+        r = peer.conn.run(["sh", "-c", _PULL, self.ref(image), image, peer.fabric_iface, _SAMPLE, peer.cache_dir,
+                           PULLED_FILE], timeout=7200,
                           on_line=_layer_progress(peer.name, report, sizes))
         before_text, _, rest = r.stdout.partition("===START ")
         started, _, rest = rest.partition("\n")

@@ -106,11 +106,12 @@ def test_tp4_up_checks_every_pair_boots_workers_first_and_down_stops_all(cli, te
 def test_images_reach_three_peers_at_once_streamed_when_missing_and_layered_when_thin(test_cluster4, tmp_path):
     """spark-a gives its images to spark-b, -c, -d at once: the engine image, which spark-c and spark-d lack entirely,
     as one docker save streamed over the fabric SSH into both (spark-b has it: nothing sent), and to spark-d alone;
-    then images one thin
-    layer above it through the registry to all three. Same image IDs everywhere after each copy."""
+    then images one thin layer above it to all three, one stream without the layers they hold. Same image IDs
+    everywhere after each copy."""
     from sparkctl.images import pipeline
     from sparkctl.images.copy import distribute
     from sparkctl.images.registry import Endpoint
+    from sparkctl.images.stream import PULLED_FILE
     from sparkctl.prepare.plays import prepare
 
     inv = load_inventory(test_cluster4.inventory_path)
@@ -157,25 +158,30 @@ def test_images_reach_three_peers_at_once_streamed_when_missing_and_layered_when
                    and ln.endswith("copying through the registry instead") for ln in lines), lines
         assert "spark-d: copy done (registry)" in lines
 
-        # One thin layer above the engine: through the registry to all three. Docker's pull cache knows only the
-        # layers a daemon pulled, not those it loaded, so the first registry copy after a stream sends the engine's
-        # layers once (a machine whose data roots already pulled them sends none); the next one sends only its own.
+        # One thin layer above the engine (a flag-only change) to all three, which hold the engine by stream or
+        # load: Docker's pull would send the engine's layers again, so one docker save feeds all three, without
+        # the engine's layers (the registry's path for a thin layer is tests/cluster/test_image_pipeline.py's)
+        for node in NODES[1:]:
+            conns[node].run(["rm", "-f", f"{inv.node(node).host_paths.cache}/{PULLED_FILE}"], check=True)
         for flag in thin:
             conns["spark-a"].run(["env", "DOCKER_BUILDKIT=0", "docker", "build", "-q", "-t", flag, "-"], check=True,
                                  timeout=300, stdin=f"FROM {engine}\nRUN echo {flag} > /flag\n")
-        for i, flag in enumerate(thin):
+        n = len(json.loads(conns["spark-a"].run(["docker", "image", "inspect", "--format", "{{json .RootFS.Layers}}",
+                                                 thin[0]], check=True).stdout))
+        for flag in thin:
             lines.clear()
             transfers = distribute([engine, flag], src, peers, report=lines.append)
             copied = [t for t in transfers if t.image == flag]
-            assert [t.node for t in copied] == list(NODES[1:]) and all(t.via == "registry" for t in copied)
+            assert [t.node for t in copied] == list(NODES[1:]) and all(t.via == "stream" for t in copied), lines
             assert all(t.skipped for t in transfers if t.image == engine)
-            assert {ln for ln in lines if ln.endswith("copy done (registry)")} == \
-                {f"{n}: copy done (registry)" for n in NODES[1:]}
+            assert any(ln.startswith("spark-b, spark-c, spark-d <- ") and "one docker save on spark-a" in ln
+                       and f"without the {n - 1} layers" in ln for ln in lines), lines
+            assert {ln for ln in lines if ln.endswith("copy done (stream)")} == \
+                {f"{node}: copy done (stream)" for node in NODES[1:]}
             flag_id = conns["spark-a"].run(["docker", "image", "inspect", "--format", "{{.Id}}", flag]).stdout.strip()
             assert {t.image_id for t in copied} == {flag_id}
-            if i == 1:
-                assert all([x.sent for x in t.layers].count(True) == 1 and t.sent_bytes < 100_000 for t in copied), \
-                    [t.line() for t in copied]
+            assert all(t.stream_layers == (1, n) and t.rx_bytes < 1_000_000 for t in copied), \
+                [t.line() for t in copied]
     finally:
         for node in NODES:
             conns[node].run(["docker", "rmi", *thin], timeout=120)

@@ -23,6 +23,8 @@ from sparkctl.images.build import build_images, ensure_base, image_layers
 from sparkctl.images.copy import distribute
 from sparkctl.images.plan import plan_images
 from sparkctl.images.registry import Endpoint, Registry, image_ids, prune_cache
+from sparkctl.images.stream import PULLED_FILE
+from sparkctl.nodes.facts import FABRIC_KEY
 from sparkctl.sglang.render import render
 from testrig.engine_image import SGLANG_WORKSPACE_PACKAGE, EngineImages
 
@@ -128,12 +130,63 @@ def test_launch_image_entrypoint_rebuilds_each_ranks_argv(env, built):
     assert r.returncode == 2 and "lacks SPARKCTL_ARG_NODE_RANK" in r.stderr
 
 
+def _forget_pulled(env) -> None:
+    """spark-b forgets what it pulled from the fabric registry: every layer it holds counts as loaded (Docker's
+    pull would send it again), as on a peer whose images came by stream, by `docker load` or from another registry."""
+    peer = env["inv"].node("spark-b")
+    env["b"].run(["rm", "-f", f"{peer.host_paths.cache}/{PULLED_FILE}"], check=True)
+
+
+@pytest.fixture
+def fabric_ssh(env):
+    """The fabric key on spark-a and spark-b's host key pinned (`sparkctl prepare --tags fabric-ssh`), for one test:
+    the module's other copies go through the registry, the path they check."""
+    from sparkctl.prepare.plays import prepare
+    prepare(env["inv"], tags=["fabric-ssh"])
+    try:
+        yield
+    finally:
+        env["a"].run(["sh", "-c", f"rm -f {FABRIC_KEY} {FABRIC_KEY}.pub"], check=True)
+
+
+def test_flag_only_change_after_a_stream_streams_only_the_launch_layer(env, built, fabric_ssh):
+    plan, _ = built
+    src, dst = _endpoints(env)
+    distribute([plan.engine_tag, plan.launch_tag], src, [dst])       # whatever spark-b lacked
+    assert manage.verify_images(plan, env["conns"])                   # same IDs on both nodes
+    _forget_pulled(env)
+
+    changed = _plan(env, watchdog_timeout=603 + RUN)
+    build_images(changed, env["a"])
+    lines: list[str] = []
+    transfers = distribute([changed.engine_tag, changed.launch_tag], src, [dst], report=lines.append)
+    engine_t = next(t for t in transfers if t.image == changed.engine_tag)
+    launch_t = next(t for t in transfers if t.image == changed.launch_tag)
+    assert engine_t.skipped and engine_t.rx_bytes == 0
+    n = len(image_layers(env["a"], changed.launch_tag))
+    assert (launch_t.via, launch_t.stream_layers) == ("stream", (1, n)), lines
+    size = int(env["a"].run(["docker", "image", "inspect", "--format", "{{.Size}}", changed.launch_tag]).stdout)
+    assert launch_t.rx_bytes < 1_000_000 < 100_000_000 < size        # one thin layer of a >100 MB image crossed
+    assert launch_t.left_out_bytes > 100_000_000                      # the engine's layers stayed on spark-a
+    assert any("the registry would send 100%" in ln for ln in lines), lines
+    assert any(f"over the fabric, without the {n - 1} layers spark-b holds" in ln for ln in lines), lines
+    assert launch_t.line().startswith(f"spark-b <- {changed.launch_tag}: 1 of {n} layers sent, ")
+    assert manage.verify_images(changed, env["conns"])
+
+
 def test_peer_receives_only_missing_layers_and_nothing_when_it_has_them(env, built):
     plan, _ = built
     src, dst = _endpoints(env)
     distribute([plan.engine_tag, plan.launch_tag], src, [dst])       # whatever spark-b lacked
     assert manage.verify_images(plan, env["conns"])                   # same IDs on both nodes
+    # the engine through the registry once (spark-b holds it, but loaded: its pull sends every layer this time) ...
+    env["b"].run(["docker", "rmi", plan.launch_tag, plan.engine_tag], timeout=120)
+    _forget_pulled(env)
+    (first,) = [t for t in distribute([plan.engine_tag], src, [dst], stream=False) if t.image == plan.engine_tag]
+    assert first.via == "registry" and not first.skipped, first.line()
 
+    # ... so that a flag-only change through the registry costs its one thin layer: spark-b's record of what it
+    # pulled tells the choice that Docker's pull cache knows the engine's layers
     changed = _plan(env, watchdog_timeout=601 + RUN)
     build_images(changed, env["a"])
     lines: list[str] = []
@@ -141,6 +194,7 @@ def test_peer_receives_only_missing_layers_and_nothing_when_it_has_them(env, bui
     engine_t = next(t for t in transfers if t.image == changed.engine_tag)
     launch_t = next(t for t in transfers if t.image == changed.launch_tag)
     assert engine_t.skipped and engine_t.rx_bytes == 0
+    assert launch_t.via == "registry", lines
     assert [layer.sent for layer in launch_t.layers].count(True) == 1 and not launch_t.skipped
     size = int(env["a"].run(["docker", "image", "inspect", "--format", "{{.Size}}", changed.launch_tag]).stdout)
     assert launch_t.sent_bytes < 100_000 < 100_000_000 < size       # one thin layer of a >100 MB image
@@ -156,7 +210,6 @@ def test_peer_receives_only_missing_layers_and_nothing_when_it_has_them(env, bui
 
     again = distribute([changed.engine_tag, changed.launch_tag], src, [dst])
     assert all(t.skipped for t in again) and sum(t.rx_bytes for t in again) == 0
-
 
 def test_broken_patch_fails_the_build_naming_patch_and_hunk(env, tmp_path, monkeypatch):
     shutil.copytree(REPO / "patches" / "gb10-0.5.23", tmp_path / "gb10-0.5.23")

@@ -36,6 +36,7 @@ from sparkctl.images.patchapply import apply_series, parse_patch, read_series
 from sparkctl.images.series import ensure_wheel, patches_dir, unpack_package
 from sparkctl.nodes.container import MEMLOCK_ENV
 from sparkctl.nodes.handles import DockerHandle
+from sparkctl.prepare.plays import prepare
 from sparkctl.state.ledger import Ledger
 from testrig.cluster import TestCluster
 from testrig.controller import SparkctlProcess
@@ -78,6 +79,7 @@ def real(real_engine_cluster: TestCluster, tmp_path_factory: pytest.TempPathFact
         if hard != resource.RLIM_INFINITY:   # this sandbox's dockerd cannot raise RLIMIT_MEMLOCK
             mp.setenv(MEMLOCK_ENV, str(hard))
         inventory = load_inventory(inv)
+        prepare(inventory, tags=["fabric-ssh"])   # as a user's `sparkctl prepare`: the copy streams over the fabric
         conns = pipeline.connections(inventory)
         try:
             yield {"inv": inv, "inventory": inventory, "cluster": test_cluster, "name": name, "base": base,

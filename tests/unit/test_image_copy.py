@@ -1,5 +1,6 @@
-"""Which way a peer gets an image (a whole-image stream when it lacks most of the bytes, else the registry's missing
-layers), measured from layer chains; and how the copy to every peer at once ends (every outcome, first error)."""
+"""Which way a peer gets an image (the registry when it would send at most half the bytes, which it can only for layers
+the peer pulled from it before; else a stream that leaves out the layers the peer holds), measured from layer
+chains; and how the copy to every peer at once ends (every outcome, first error)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -47,38 +48,58 @@ def test_first_copy_to_an_empty_peer_streams():
     assert "lacks 100%" in c.reason
 
 
-def test_flag_only_copy_goes_through_the_registry():
+def test_flag_only_copy_goes_through_the_registry_when_the_engine_came_through_it():
+    c = choose_copy([SGLANG, LAUNCH], [ENGINE, SGLANG], stream_ok=True, pulled=SGLANG.layers)
+    assert c.method == "registry" and c.missing_bytes == 4_100 and c.held == ()
+
+
+def test_flag_only_copy_after_a_stream_streams_only_the_new_layer():
+    # the peer holds the engine but loaded it: Docker's pull would send all of it again
     c = choose_copy([SGLANG, LAUNCH], [ENGINE, SGLANG], stream_ok=True)
-    assert c.method == "registry" and c.missing_bytes == 4_100
+    assert (c.method, c.missing_bytes, c.held) == ("stream", 4_100, SGLANG.layers)
+    assert "the registry would send 100%" in c.reason and "without those layers" in c.reason
 
 
-def test_peer_with_the_base_lacks_a_minority_and_gets_layers_from_the_registry():
+def test_peer_with_the_base_gets_the_rest_without_the_base():
     c = choose_copy([LAUNCH], [ENGINE], stream_ok=True)
-    assert c.method == "registry" and c.missing_bytes == LAUNCH.size - ENGINE.size and c.missing_share < 0.5
+    assert c.method == "stream" and c.missing_bytes == LAUNCH.size - ENGINE.size and c.held == ENGINE.layers
+    pulled = choose_copy([LAUNCH], [ENGINE], stream_ok=True, pulled=ENGINE.layers)
+    assert pulled.method == "registry" and pulled.missing_bytes == LAUNCH.size - ENGINE.size and pulled.held == ()
 
 
 def test_without_fabric_ssh_a_first_copy_still_works_through_the_registry_and_says_how_to_stream():
     c = choose_copy([LAUNCH], [], stream_ok=False, why_not_stream="fabric key missing")
     assert c.method == "registry" and "fabric key missing" in c.reason and "prepare --tags fabric-ssh" in c.reason
+    held = choose_copy([LAUNCH], [ENGINE], stream_ok=False)       # what the registry will send, whole
+    assert held.method == "registry" and held.missing_bytes == LAUNCH.size
 
 
 def test_a_diverging_image_shares_nothing_it_cannot_prove():
     other = ImageLayers(ENGINE.layers[:2] + ("sha256:elsewhere",), 300_000_000)
     assert shared_bytes(LAUNCH, [other]) == 0
-    assert choose_copy([LAUNCH], [other], stream_ok=True).method == "stream"
+    c = choose_copy([LAUNCH], [other], stream_ok=True)
+    assert c.method == "stream" and c.missing_bytes == LAUNCH.size and c.held == ()   # bytes unproven: sent whole
+
+
+def test_a_layer_found_again_above_the_held_prefix_is_never_left_out():
+    image = ImageLayers(("sha256:a", "sha256:b", "sha256:a"), 300)
+    c = choose_copy([image], [ImageLayers(("sha256:a", "sha256:b"), 200)], stream_ok=True)
+    assert c.method == "stream" and c.held == ("sha256:b",)
 
 
 def test_held_longer_chain_means_every_byte_is_there():
     assert shared_bytes(SGLANG, [LAUNCH]) == SGLANG.size
     c = choose_copy([SGLANG], [LAUNCH], stream_ok=True)
+    assert (c.method, c.missing_bytes, c.total_bytes, c.held) == ("stream", 0, SGLANG.size, SGLANG.layers)
+    c = choose_copy([SGLANG], [LAUNCH], stream_ok=True, pulled=LAUNCH.layers)
     assert (c.method, c.missing_bytes, c.total_bytes) == ("registry", 0, SGLANG.size)
 
 
 def test_threshold_is_most_of_the_bytes():
     half = ImageLayers(("a",), 50)
     whole = ImageLayers(("a", "b"), 100)
-    assert choose_copy([whole], [half], stream_ok=True).method == "registry"        # lacks exactly half
-    assert choose_copy([whole], [ImageLayers(("a",), 49)], stream_ok=True).method == "stream"
+    assert choose_copy([whole], [half], stream_ok=True, pulled={"a"}).method == "registry"   # sends exactly half
+    assert choose_copy([whole], [ImageLayers(("a",), 49)], stream_ok=True, pulled={"a"}).method == "stream"
     with pytest.raises(ValueError):
         choose_copy([], [], stream_ok=True)
 
@@ -86,24 +107,29 @@ def test_threshold_is_most_of_the_bytes():
 chains = st.lists(st.sampled_from("abcdef"), min_size=1, max_size=6).map(lambda xs: tuple(f"sha256:{x}" for x in xs))
 
 
-@given(image=chains, held=st.lists(chains, max_size=5),
+@given(image=chains, held=st.lists(chains, max_size=5), pulled=st.sets(st.sampled_from("abcdef")),
        sizes=st.lists(st.integers(1, 10**9), min_size=6, max_size=6), stream_ok=st.booleans())
-def test_choice_invariants_over_generated_layer_chains(image, held, sizes, stream_ok):
+def test_choice_invariants_over_generated_layer_chains(image, held, pulled, sizes, stream_ok):
     def size(chain):          # one size per layer: a chain's size is its layers' sum (as docker reports it)
         return sum(sizes["abcdef".index(x[-1])] for x in chain)
+    known = {f"sha256:{x}" for x in pulled}
     img = ImageLayers(image, size(image))
     held_images = [ImageLayers(h, size(h)) for h in held]
-    c = choose_copy([img], held_images, stream_ok=stream_ok)
+    c = choose_copy([img], held_images, stream_ok=stream_ok, pulled=known)
     assert 0 <= c.missing_bytes <= img.size
-    if any(h[:len(image)] == image for h in held):                  # the peer stores every layer already
+    shared = shared_bytes(img, held_images)
+    if c.method == "stream":                  # it sends what the peer lacks, and leaves out only what it holds
+        assert stream_ok and c.missing_bytes == img.size - shared
+        prefixes = [h[:i] for h in held for i in range(len(h) + 1) if image[:i] == h[:i]]
+        longest = max(prefixes, key=len, default=())
+        assert set(c.held) <= set(longest) and not set(c.held) & set(image[len(longest):])
+    else:                                      # the registry: what it would send, at most half unless no stream
+        assert c.held == () and c.missing_bytes >= img.size - shared
+        assert c.missing_bytes <= img.size / 2 or not stream_ok
+    if any(h[:len(image)] == image and known.issuperset(h) for h in held):   # all there, pulled from the registry
         assert c.missing_bytes == 0 and c.method == "registry"
     if not held:
-        assert c.method == ("stream" if stream_ok else "registry")
-    if not stream_ok:
-        assert c.method == "registry"
-    # never more shared than the longest held prefix really holds
-    prefixes = [h for h in held if image[:len(h)] == h]
-    assert img.size - c.missing_bytes <= max([size(h) for h in prefixes] + [0]) or c.missing_bytes == 0
+        assert c.method == ("stream" if stream_ok else "registry") and c.missing_bytes == img.size
 
 
 def test_fabric_stream_is_argv_with_pinned_host_keys():
@@ -172,14 +198,16 @@ class _Canned(SSHConnector):
 
 def test_survey_reads_ids_layers_and_what_the_node_stores_in_one_round_trip():
     iid = "sha256:ef9cafc869c4" + "0" * 52
-    conn = _Canned(f"{iid} {ENGINE_LINE}\n-\n===HELD\n{ENGINE_LINE}\n")
-    got = survey(conn, ["sparkctl-test-engine:1", "absent:2"], held=True)
+    pulled = ENGINE.layers[0]
+    conn = _Canned(f"{iid} {ENGINE_LINE}\n-\n===PULLED\n{pulled}\nsha256:short\n$(rm -rf /)\n===HELD\n{ENGINE_LINE}\n")
+    got = survey(conn, ["sparkctl-test-engine:1", "absent:2"], held_in="/var/cache/sparkctl")
     assert got.ids == {"sparkctl-test-engine:1": iid, "absent:2": None}
     assert got.layers["sparkctl-test-engine:1"] == ENGINE and got.layers["absent:2"] is None
-    assert got.held == [ENGINE]
-    assert conn.argv[:2] == ["sh", "-c"] and conn.argv[3:] == ["held", "sparkctl-test-engine:1", "absent:2"]
+    assert got.held == [ENGINE] and got.pulled == {pulled}         # what is not a diff ID is no layer
+    assert conn.argv[:2] == ["sh", "-c"] and \
+        conn.argv[3:] == ["held=/var/cache/sparkctl", "sparkctl-test-engine:1", "absent:2"]
     with pytest.raises(ImageError, match="docker image inspect failed on spark-b"):
-        survey(_Canned("-\n"), ["a:1", "b:2"], held=False)
+        survey(_Canned("-\n"), ["a:1", "b:2"])
 
 
 def test_building_node_survey_says_per_peer_whether_a_fabric_stream_can_log_in():
@@ -191,4 +219,4 @@ def test_building_node_survey_says_per_peer_whether_a_fabric_stream_can_log_in()
     assert got.ids == {"sparkctl-test-engine:1": iid} and got.held == []
     assert conn.argv[3] == "fabric=198.18.0.2,198.18.0.3,198.18.0.4"
     with pytest.raises(ValueError):
-        survey(conn, ["a:1"], held=True, fabric_peers=["198.18.0.2"])
+        survey(conn, ["a:1"], held_in="/var/cache/sparkctl", fabric_peers=["198.18.0.2"])
