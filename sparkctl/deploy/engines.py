@@ -1,16 +1,16 @@
 """Stopping engines: a deployment's ranks (all nodes at once), what a failed command started, superseded ones.
 
 Every stop is idempotent (a stopped or missing engine stops as a no-op), so a command re-run after a crash
-converges. Each reports every node's outcome (`deploy.fanout`), and raises the first error only after all.
+converges. Each reports every node's outcome (`nodes.fanout`), and raises the first error only after all.
 """
 from __future__ import annotations
 
 from collections.abc import Collection
 
 from sparkctl.deploy.cluster import Cluster
-from sparkctl.deploy.fanout import fan_out, raise_first
 from sparkctl.deploy.observe import observe
 from sparkctl.errors import SparkctlError
+from sparkctl.nodes.fanout import fan_out, raise_first
 from sparkctl.nodes.runtime import Handle, Runtime
 from sparkctl.state.ledger import now_iso
 from sparkctl.state.records import DeploymentRecord, Status

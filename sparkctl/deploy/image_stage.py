@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
-from sparkctl.deploy.fanout import fan_out, raise_first
 from sparkctl.deploy.steps import IMAGE_BUILD, IMAGE_DISTRIBUTE, IMAGE_STEPS, IMAGE_VERIFY
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
 from sparkctl.jsontypes import JSONObject
+from sparkctl.nodes.fanout import fan_out, raise_first
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult
 

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkctl.deploy.cluster import Cluster
-from sparkctl.deploy.fanout import fan_out
 from sparkctl.errors import SparkctlError
 from sparkctl.nodes import procfs
 from sparkctl.nodes.enginegroup import Leftover
+from sparkctl.nodes.fanout import fan_out
 from sparkctl.nodes.handles import ProcessHandle
 from sparkctl.nodes.runtime import Handle
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sparkctl.deploy.fanout import fan_out, raise_first
 from sparkctl.errors import MissingExtraError, PreflightError, SparkctlError
+from sparkctl.nodes.fanout import fan_out, raise_first
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.state.records import CheckResult
 

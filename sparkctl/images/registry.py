@@ -17,7 +17,7 @@ the CX-7 link, never through the controller. Details:
   which a registry round trip keeps), else ImageError.
 * Docker's pull skips a layer only when it pulled it before under the same compressed digest; a layer it loaded,
   built or pulled from elsewhere crosses again. So after each pull the peer records the layers it now knows by
-  this registry's digests (``<host_paths.cache>/sparkctl-registry-pulled``, `sparkctl.images.stream.PULLED_FILE`),
+  this registry's digests (``<host_paths.cache>/sparkctl-registry-pulled``, ``PULLED_FILE``),
   and the copy's choice counts only those as present when it prices the registry.
 
 The registry is the exception: a peer gets its images as one stream over the fabric that leaves out the layers it
@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING
 from rich.filesize import decimal
 
 from sparkctl.errors import ImageError
-from sparkctl.images.stream import PULLED_FILE
 from sparkctl.jsontypes import JSONObject
 
 if TYPE_CHECKING:
@@ -51,6 +50,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sparkctl.images")
 PORT = int(os.environ.get("SPARKCTL_REGISTRY_PORT", "5055"))
+# In a node's cache directory (host_paths.cache): the layers (diff IDs, a line each) its Docker pulled from the fabric
+# registry, written after each pull. Docker's pull cache knows them by the digests this registry serves, so it sends
+# them no more; any other layer it sends again (`sparkctl.images.stream.choose_copy` prices the registry with it).
+PULLED_FILE = "sparkctl-registry-pulled"
 REGISTRY_BINARY = "docker-registry"
 CERTS_D = "/etc/docker/certs.d"
 # Fixed shell scripts (one SSH round trip each); every value reaches them as a positional argument, never as text.

@@ -14,9 +14,10 @@ bytes by hand). So the stream is the rule and the registry the exception:
   layers, the stream leaves those layers out (`docker load` takes an archive whose manifest names layers it
   already stores by chain; measured on Docker 20.10): only the layers it lacks cross the fabric.
 * the registry is chosen when it would send at most ``STREAM_FRACTION`` of the image: when the layers the peer holds
-  came to it through the fabric registry before (the peer's record of what it pulled, ``PULLED_FILE`` in its cache
-  directory, written by the registry pull), a flag-only change costs one thin compressed layer and no ``docker
-  save`` of the whole image on the building node. Without fabric SSH the registry is used whatever it costs.
+  came to it through the fabric registry before (the peer's record of what it pulled,
+  `sparkctl.images.registry.PULLED_FILE` in its cache directory, written by the registry pull), a flag-only change
+  costs one thin compressed layer and no ``docker save`` of the whole image on the building node. Without fabric
+  SSH the registry is used whatever it costs.
 
 What a peer holds is measured, not guessed: Docker stores layers by chain (a layer and every layer under it), so
 what two images share is a common prefix of their ``RootFS.Layers``, and the bytes of a prefix are the ``Size`` of
@@ -155,14 +156,10 @@ def parse_held(text: str) -> list[ImageLayers]:
     return out
 
 
-# In a node's cache directory (host_paths.cache): the layers (diff IDs, a line each) its Docker pulled from the fabric
-# registry, written by the registry's pull (`sparkctl.images.registry`). Docker's pull cache knows them by the digests
-# the registry serves, so the registry sends them no more; any other layer it sends again.
-PULLED_FILE = "sparkctl-registry-pulled"
 _DIFF_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
 
-# Each ref's "id size layers-json" (or "-" when absent), then, with "held=CACHE_DIR", what the node pulled from the
-# fabric registry (PULLED_FILE) and every image it stores.
+# Each ref's "id size layers-json" (or "-" when absent), then, with "held=FILE", what the node pulled from the fabric
+# registry (FILE: `sparkctl.images.registry.PULLED_FILE` in its cache directory) and every image it stores.
 # (docker prints an empty line for a missing image before failing: hence the capture)
 # With "fabric=ADDR,ADDR" as $0 instead (the building node): for each peer address whether the fabric key is there and
 # the peer's fabric host key is pinned (preflight's fabric-ssh check has tried the login itself).
@@ -173,7 +170,7 @@ _SURVEY = ('case "$0" in fabric=*) for a in $(echo "${0#fabric=}" | tr , " "); d
            'else echo "===FABRIC $a key"; fi; done;; esac; '
            'for r; do o=$(docker image inspect --format "{{.Id}} {{.Size}} {{json .RootFS.Layers}}" "$r" 2>/dev/null) '
            '&& echo "$o" || echo -; done; case "$0" in held=*) ;; *) exit 0;; esac; echo ===PULLED; '
-           f'cat -- "${{0#held=}}/{PULLED_FILE}" 2>/dev/null; echo ===HELD; ' + _HELD)
+           'cat -- "${0#held=}" 2>/dev/null; echo ===HELD; ' + _HELD)
 
 
 @dataclass(frozen=True)
@@ -192,9 +189,12 @@ def survey(conn: SSHConnector, refs: list[str], *, held_in: str | None = None,
     """One round trip: each ref's image ID and layers on the node, and (``held_in``: a peer, its cache directory)
     every image it stores and what it pulled from the fabric registry, or (``fabric_peers``: the building node)
     whether its fabric key and each peer's fabric host key are in place."""
+    from sparkctl.images.registry import PULLED_FILE
+
     if held_in is not None and fabric_peers:
         raise ValueError("survey: held_in (a peer) or fabric_peers (the building node), not both")
-    mode = f"held={held_in}" if held_in is not None else f"fabric={','.join(fabric_peers)}" if fabric_peers else "-"
+    mode = f"held={held_in.rstrip('/')}/{PULLED_FILE}" if held_in is not None else \
+        f"fabric={','.join(fabric_peers)}" if fabric_peers else "-"
     r = conn.run(["sh", "-c", _SURVEY, mode, *refs], timeout=120)
     fabric = {ln.split()[1]: ln.split()[2] for ln in r.stdout.splitlines()
               if ln.startswith("===FABRIC ") and len(ln.split()) == 3}

@@ -110,8 +110,7 @@ def test_images_reach_three_peers_at_once_streamed_when_missing_and_layered_when
     everywhere after each copy."""
     from sparkctl.images import pipeline
     from sparkctl.images.copy import distribute
-    from sparkctl.images.registry import Endpoint
-    from sparkctl.images.stream import PULLED_FILE
+    from sparkctl.images.registry import PULLED_FILE, Endpoint
     from sparkctl.prepare.plays import prepare
 
     inv = load_inventory(test_cluster4.inventory_path)

@@ -22,8 +22,7 @@ from sparkctl.images import launchdoc, manage, pipeline
 from sparkctl.images.build import build_images, ensure_base, image_layers
 from sparkctl.images.copy import distribute
 from sparkctl.images.plan import plan_images
-from sparkctl.images.registry import Endpoint, Registry, image_ids, prune_cache
-from sparkctl.images.stream import PULLED_FILE
+from sparkctl.images.registry import PULLED_FILE, Endpoint, Registry, image_ids, prune_cache
 from sparkctl.nodes.facts import FABRIC_KEY
 from sparkctl.sglang.render import render
 from testrig.engine_image import SGLANG_WORKSPACE_PACKAGE, EngineImages

@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from sparkctl.deploy.fanout import fan_out, raise_first
 from sparkctl.deploy.steps import COMMANDS, crash_points
+from sparkctl.nodes.fanout import fan_out, raise_first
 from testrig.imports import import_graph, subgraph
 
 DEPLOY = Path(__file__).resolve().parents[2] / "sparkctl" / "deploy"
@@ -81,14 +81,12 @@ def test_crash_points_are_every_boundary_of_every_step():
 
 def test_every_parallel_call_goes_through_the_one_fan_out():
     """No thread pool of its own anywhere in sparkctl/ (a `pool.map` drops the other nodes' outcomes on the first
-    error): the only executor is the fan-out's, and deploy/ re-exports that same one."""
-    from sparkctl.deploy import fanout as deploy_fanout
-    from sparkctl.nodes import fanout as nodes_fanout
+    error): the only executor is the fan-out's (`sparkctl.nodes.fanout`, imported from there by every layer)."""
     root = DEPLOY.parent
     pools = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
                    if "ThreadPoolExecutor" in p.read_text() or "concurrent.futures" in p.read_text())
     assert pools == ["nodes/fanout.py"], pools
-    assert deploy_fanout.fan_out is nodes_fanout.fan_out
+    assert not (root / "deploy" / "fanout.py").exists()      # no re-export: one module, one name
 
 
 def test_run_all_keeps_every_node_and_runs_on_the_fan_out():

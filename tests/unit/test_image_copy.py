@@ -205,7 +205,7 @@ def test_survey_reads_ids_layers_and_what_the_node_stores_in_one_round_trip():
     assert got.layers["sparkctl-test-engine:1"] == ENGINE and got.layers["absent:2"] is None
     assert got.held == [ENGINE] and got.pulled == {pulled}         # what is not a diff ID is no layer
     assert conn.argv[:2] == ["sh", "-c"] and \
-        conn.argv[3:] == ["held=/var/cache/sparkctl", "sparkctl-test-engine:1", "absent:2"]
+        conn.argv[3:] == ["held=/var/cache/sparkctl/sparkctl-registry-pulled", "sparkctl-test-engine:1", "absent:2"]
     with pytest.raises(ImageError, match="docker image inspect failed on spark-b"):
         survey(_Canned("-\n"), ["a:1", "b:2"])
 
