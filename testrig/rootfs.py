@@ -221,6 +221,24 @@ def mounted(path: Path | str) -> bool:
         return any(line.split()[4] == want for line in f)
 
 
+def overlays_with_upper(upper: Path | str, mountinfo: str | None = None) -> list[str]:
+    """Where the overlays whose upper directory is ``upper`` (as given at mount time) are mounted now: a node root
+    whose workdir was renamed since (pytest renames an old session's directory to garbage-*) is still found, though
+    the path its record names is gone."""
+    if mountinfo is None:
+        with open("/proc/self/mountinfo") as f:
+            mountinfo = f.read()
+    found = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if "-" not in fields:
+            continue
+        tail = fields[fields.index("-") + 1:]
+        if len(tail) >= 3 and tail[0] == "overlay" and f"upperdir={upper}" in tail[2].split(","):
+            found.append(fields[4].replace("\\040", " "))
+    return found
+
+
 def _unmount(path: Path | str) -> None:
     """Unmount every layer stacked on ``path`` (lazily if busy)."""
     for _ in range(8):
@@ -244,6 +262,8 @@ def release(state_dir: Path, name: str) -> None:
             rec = {}
         if rec.get("root"):
             _unmount(rec["root"])
+            for moved in overlays_with_upper(Path(rec["root"]).with_name("rootfs-upper")):
+                _unmount(moved)
         link = Path(rec.get("daemon_json") or "/nonexistent")
         if link.is_symlink():   # the next bring-up writes a fresh file there
             link.unlink()
