@@ -54,7 +54,8 @@ from sparkctl.errors import BenchError, ConfigError, OutputPathError, SparkctlEr
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import Limits, SGLangAPIError
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.records import ArmEntry, ArmResults, DecodeResult, RunRecord, Status
+from sparkctl.state.records import Status
+from sparkctl.state.runs import ArmEntry, ArmResults, DecodeResult, RunRecord
 from sparkctl.statefiles import write_text_atomic
 from sparkctl.untrusted import clean
 

@@ -211,7 +211,7 @@ def _show_card(result: JSONObject, as_json: bool) -> None:
     """The card on stdout (markdown, or the run record as JSON), and where its files are on stderr."""
     files = result.get("files") or {}
     if as_json:
-        from sparkctl.state.records import RunRecord
+        from sparkctl.state.runs import RunRecord
         RunRecord.model_validate(result)          # the run record `sparkctl schema bench` exports
         from sparkctl.cli.outputs import print_json
         print_json(result)

@@ -18,7 +18,7 @@ from sparkctl.bench.report import render_card
 from sparkctl.bench.run import CARD_LINE_LIMIT
 from sparkctl.state.cards import card_entry
 from sparkctl.state.ledger import Ledger
-from sparkctl.state.records import (
+from sparkctl.state.runs import (
     AcceptanceResult,
     ArmResults,
     ColdResult,
