@@ -46,7 +46,8 @@ def main() -> None:
         del os.environ[k]
     from sparkctl.config.inventory import load_inventory
     from sparkctl.config.profile import load_profile
-    from sparkctl.deploy.replicated import Record, ReplicatedDeployer
+    from sparkctl.deploy.replicated import ReplicatedDeployer
+    from sparkctl.state.replicated import Record
     from testrig.embedded import write_embedded_inventory, write_replicated_profile
 
     inv = load_inventory(write_embedded_inventory(tmp / "inv.yml", {"boot_s": a.boot_s, "decode_tps": 2000},

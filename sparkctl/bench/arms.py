@@ -19,14 +19,8 @@ from sparkctl.bench.target import Arm, check_reachable
 from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import Limits, SGLangClient
-from sparkctl.state.records import (
-    AcceptanceResult,
-    ArmResults,
-    ColdResult,
-    DecodeResult,
-    DeploymentRecord,
-    GateFailure,
-)
+from sparkctl.state.records import DeploymentRecord
+from sparkctl.state.runs import AcceptanceResult, ArmResults, ColdResult, DecodeResult, GateFailure
 
 if TYPE_CHECKING:
     from sparkctl.deploy.commands import Deployer

@@ -1,5 +1,5 @@
 """The measurements, one function each, against one arm. Every function returns the card's models
-(`sparkctl.state.records`: `DecodeResult`, `TTFTResult`, `ConcurrencyResult` ...), dumped as ``report.json``.
+(`sparkctl.state.runs`: `DecodeResult`, `TTFTResult`, `ConcurrencyResult` ...), dumped as ``report.json``.
 
 The measurement rules this code keeps:
 
@@ -39,7 +39,7 @@ from sparkctl.bench.target import Arm
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import ChatResult, SGLangAPIError, SGLangClient, accept_length_from_meta
 from sparkctl.sglang.responses import EndpointBoundError, EndpointProtocolError, evidence_of
-from sparkctl.state.records import (
+from sparkctl.state.runs import (
     CachedRepeat,
     ConcurrencyLevel,
     ConcurrencyResult,

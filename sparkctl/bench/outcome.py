@@ -12,7 +12,7 @@ from sparkctl.bench.target import Arm
 from sparkctl.errors import BenchError, SparkctlError
 from sparkctl.sglang.client import EndpointBoundError, EndpointProtocolError, Limits, RunGuard, SGLangAPIError
 from sparkctl.sglang.launch import redact
-from sparkctl.state.records import AcceptanceResult, ConcurrencyResult, GateFailure, RunRecord, TTFTResult
+from sparkctl.state.runs import AcceptanceResult, ConcurrencyResult, GateFailure, RunRecord, TTFTResult
 from sparkctl.untrusted import mask_url_credentials
 
 if TYPE_CHECKING:

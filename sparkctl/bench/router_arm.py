@@ -28,7 +28,7 @@ from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.bounds import Limits
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.serverinfo import parse_prometheus
-from sparkctl.state.records import ConcurrencyLevel, ReplicaShare, RouterBench, RouterLevel, RouterReplica
+from sparkctl.state.runs import ConcurrencyLevel, ReplicaShare, RouterBench, RouterLevel, RouterReplica
 
 if TYPE_CHECKING:
     from sparkctl.deploy.door import Deployed

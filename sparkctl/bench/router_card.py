@@ -9,7 +9,7 @@ from __future__ import annotations
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.cards import CardIndex
 from sparkctl.state.ledger import Ledger
-from sparkctl.state.records import SinglePairCard
+from sparkctl.state.runs import SinglePairCard
 
 __all__ = ["single_pair", "render_router"]
 

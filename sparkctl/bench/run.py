@@ -17,15 +17,13 @@ Three ways in:
 
 Every run leaves a record: ``report.json`` (every number plus the configuration it came from) and
 ``report.md`` (the card, rendered from that JSON) under ``Ledger.run_dir(run_id)`` or ``opts.out_dir``,
-also when a measurement failed (``status: failed`` with the error).
+also when a measurement failed (``status: failed`` with the error); ``sparkctl.bench.card_files`` writes them.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,22 +39,20 @@ from sparkctl.bench.arms import (
     measure_arm,
     parse_gates,
 )
-from sparkctl.bench.chart import decode_svg
+from sparkctl.bench.card_files import ReportDir, card_dir, write_report
 from sparkctl.bench.logsource import FileLog, capacity_from_log, scheduler_summary
-from sparkctl.bench.outcome import RunState, bench_error, failures, scrubbed
+from sparkctl.bench.outcome import RunState, bench_error, failures
 from sparkctl.bench.prompts import decode_prompts, g6_prompts, prompt_set_digest
 from sparkctl.bench.ranks import RankWatch, RankWatches
-from sparkctl.bench.report import render_card
 from sparkctl.bench.router_card import single_pair
 from sparkctl.bench.stats import ratio
 from sparkctl.bench.target import Arm, arm_role
-from sparkctl.errors import BenchError, ConfigError, OutputPathError, SparkctlError
+from sparkctl.errors import BenchError, ConfigError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import Limits, SGLangAPIError
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.records import ArmEntry, ArmResults, DecodeResult, RunRecord, Status
-from sparkctl.statefiles import write_text_atomic
-from sparkctl.untrusted import clean
+from sparkctl.state.records import Status
+from sparkctl.state.runs import ArmEntry, ArmResults, DecodeResult, RunRecord
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Inventory
@@ -66,7 +62,7 @@ if TYPE_CHECKING:
     from sparkctl.deploy.results import ReplicatedUpResult, UpResult
 
 __all__ = ["GATES", "BenchOptions", "parse_gates", "arm_from_endpoint", "bench", "bench_deployment",
-           "bench_endpoint", "bench_log", "bench_replicated", "refuse_compare", "write_report", "SCHEMA"]
+           "bench_endpoint", "bench_log", "bench_replicated", "refuse_compare", "SCHEMA"]
 
 SCHEMA = "sparkctl.bench/1"
 
@@ -188,44 +184,6 @@ def _run(result: RunRecord, body: Callable[[], None], out_dir: ReportDir,
     return write_report(result, out_dir, secrets)
 
 
-REPORT_FILES = ("report.json", "report.md", "decode.svg")
-CARD_LINE_LIMIT = 16384        # characters of one line of report.md (a wide table row fits; a 100 kB line does not)
-
-
-@dataclass(frozen=True)
-class ReportDir:
-    """Where the card goes: the run's directory in the ledger (sparkctl's: private, `user` False) or the
-    directory the user named with ``--out`` (theirs: written as given, `sparkctl.userfiles`; an existing card
-    there is replaced only with `overwrite`, ``--force``)."""
-
-    path: Path
-    user: bool = False
-    overwrite: bool = False
-
-
-def _out_dir(opts: BenchOptions, ledger: Ledger | None, run_id: str) -> ReportDir:
-    """The card's directory; a user-named ``--out`` is checked before anything is measured (a directory that
-    cannot take the card, or a card already there without --force, is refused now, not after the run)."""
-    if opts.out_dir:
-        from sparkctl.userfiles import check_user_target
-        out = Path(opts.out_dir)
-        if not out.is_dir():
-            if out.exists() or out.is_symlink():
-                raise OutputPathError("is not a directory", where=f"--out {out}",
-                                      hint="--out names the directory for report.md, report.json and decode.svg")
-            try:
-                out.mkdir(parents=True)              # the user's umask: a directory sparkctl creates for them
-            except OSError as exc:
-                raise OutputPathError(f"cannot be created: {exc.strerror or exc}", where=f"--out {out}",
-                                      hint="create it first, or choose a directory you can write to") from None
-        for name in REPORT_FILES:
-            check_user_target(out / name, overwrite=opts.overwrite, option="--out")
-        return ReportDir(out, user=True, overwrite=opts.overwrite)
-    if ledger is None:
-        raise ConfigError("no place to write the report", hint="pass --out DIR")
-    return ReportDir(ledger.run_dir(run_id))
-
-
 def bench_endpoint(url: str, opts: BenchOptions, *, ledger: Ledger | None = None, api_key: str | None = None,
                    log_path: Path | None = None, compare_endpoint: str | None = None,
                    compare_log_path: Path | None = None, progress: Progress = _noop, limits: Limits | None = None,
@@ -239,7 +197,7 @@ def bench_endpoint(url: str, opts: BenchOptions, *, ledger: Ledger | None = None
     limits = limits or Limits()
     run_id = Ledger.new_id("bench")
     result = _new_result("endpoint", opts, run_id, limits, run_s)
-    out = _out_dir(opts, ledger, run_id)
+    out = card_dir(opts, ledger, run_id)
     run = RunState(limits, run_s, progress)
     makers = [lambda: arm_from_endpoint(url, api_key=api_key, log_path=log_path, timeout_s=limits)]
     if compare_endpoint:
@@ -279,7 +237,7 @@ def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile:
     run_id = Ledger.new_id(f"bench-{original.profile}")
     result = _new_result("deployment", opts, run_id, limits, run_s)
     result.deployment = original.id
-    out = _out_dir(opts, deployer.ledger, run_id)
+    out = card_dir(opts, deployer.ledger, run_id)
     run = RunState(limits, run_s, progress)
     progress = run.progress
     makers: list[Callable[[], Arm]] = [lambda: arm_from_record(deployer, original, log_path=log_path,
@@ -321,7 +279,7 @@ def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -
     """Scheduler numbers from a captured log alone: accept len/rate ranges, the gauge peak, capacity."""
     run_id = Ledger.new_id("bench-log")
     result = _new_result("log-only", opts, run_id, Limits(), None)
-    out = _out_dir(opts, ledger, run_id)
+    out = card_dir(opts, ledger, run_id)
 
     def body() -> None:
         src = FileLog(path)
@@ -407,40 +365,6 @@ def _deploy(deployer: Deployer, profile: Profile) -> UpResult | ReplicatedUpResu
     return door.up(deployer, profile, door.UpRequest(), confirm=door.proceed)
 
 
-# --------------------------------------------------------------------------- files
-
-def write_report(result: RunRecord, out_dir: ReportDir | Path, secrets: set[str] | None = None) -> JSONObject:
-    """``report.json``, ``report.md`` (rendered from the same JSON) and ``decode.svg``, atomically: mode 0600 in
-    the ledger's run directory, as given (`sparkctl.userfiles`) in a directory the user named.
-
-    Returns the record's JSON (what ``report.json`` holds), with ``files`` naming the files written; every string
-    in it has the run's ``secrets`` and any URL's credentials masked.
-    """
-    target = out_dir if isinstance(out_dir, ReportDir) else ReportDir(Path(out_dir))
-    if target.user:
-        from sparkctl.userfiles import write_user_text
-
-        def write(path: Path, text: str) -> None:
-            write_user_text(path, text, overwrite=target.overwrite, option="--out")
-    else:
-        target.path.mkdir(parents=True, exist_ok=True)
-
-        def write(path: Path, text: str) -> None:
-            write_text_atomic(path, text)
-    json_path, md_path = target.path / "report.json", target.path / "report.md"
-    files = {"json": str(json_path), "markdown": str(md_path)}
-    svg = decode_svg(scrubbed(result.as_json(), set(secrets or ())))
-    if svg is not None:
-        svg_path = target.path / "decode.svg"
-        write(svg_path, svg)
-        files["chart"] = str(svg_path)
-    result.files = files
-    data = scrubbed(result.as_json(), set(secrets or ()))
-    write(json_path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    write(md_path, clean(render_card(data), CARD_LINE_LIMIT))     # names and evidence from outside: escaped, bounded
-    return data
-
-
 # ------------------------------------------------------------------------------------ replicated deployments
 def bench_replicated(inventory: Inventory, opts: BenchOptions, *, progress: Progress = _noop,
                      limits: Limits | None = None, run_s: float | None = None) -> JSONObject:
@@ -459,7 +383,7 @@ def bench_replicated(inventory: Inventory, opts: BenchOptions, *, progress: Prog
     opts = dataclasses.replace(opts, concurrency=tuple(opts.router_concurrency))   # 1, 2, 4, 8 unless given
     run_id = Ledger.new_id(f"bench-{data.get('profile') or 'replicated'}")
     result = _new_result("replicated", opts, run_id, limits, run_s)
-    out = _out_dir(opts, ledger, run_id)
+    out = card_dir(opts, ledger, run_id)
     run = RunState(limits, run_s, progress)
     made: dict[str, Any] = {}
     progress(f"replicated deployment {data.get('profile')}: measured through the router {data.get('endpoint')}")

@@ -24,7 +24,8 @@ from sparkctl.sglang.client import (
     SGLangClient,
     parse_server_info,
 )
-from sparkctl.state.records import ConcurrencyLevel, DeploymentRecord
+from sparkctl.state.records import DeploymentRecord
+from sparkctl.state.runs import ConcurrencyLevel
 
 
 class LevelObserver(Protocol):

@@ -161,183 +161,191 @@ def _replicated_status_human(r: JSONObject) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
-    def up(profile: str = typer.Option(..., "--profile", "-p", help="Profile to deploy."),
-           inventory: str | None = INVENTORY_OPT,
-           dry_run: bool = flag("--dry-run", help="Print the plan and stop."),
-           yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
-           no_rollback: bool = flag("--no-rollback", help="On failure, leave the new engines for "
-                                                                         "inspection instead of rolling back."),
-           boot_timeout: float | None = typer.Option(None, "--boot-timeout", parser=bounds.seconds(), metavar="SECONDS",
-                                                         help="Seconds (default: profile)."),
-           as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
-        """Deploy a profile: plan, preflight, image, boot (rank 1 then rank 0), warm-up, verify, hand off."""
-        from sparkctl.config.profile import load_profile
-        from sparkctl.deploy import door
+    app.command()(up)
+    app.command()(preflight)
+    app.command()(rollback)
+    app.command()(down)
+    app.command()(status)
+    app.command()(repair)
+    app.command()(logs)
 
-        d = _deployer(inventory)
-        prof = load_profile(profile)
-        with _declined_aborts():
-            result = door.up(d, prof, door.UpRequest(dry_run=dry_run, no_rollback=no_rollback,
-                                                     boot_timeout_s=boot_timeout),
-                             confirm=_confirm(yes, d, "up"))
-        _emit(result, as_json, _any_up_human)
 
-    @app.command()
-    def preflight(profile: str = typer.Option(..., "--profile", "-p", help="Profile whose ranks are checked."),
-                  inventory: str | None = INVENTORY_OPT,
-                  as_json: bool = flag("--json", help="Checks as JSON on stdout.")) -> None:
-        """Read-only checks on every node (what `up` runs first): nothing is changed."""
-        from sparkctl.config.profile import load_profile
-        from sparkctl.deploy import door
+def up(profile: str = typer.Option(..., "--profile", "-p", help="Profile to deploy."),
+       inventory: str | None = INVENTORY_OPT,
+       dry_run: bool = flag("--dry-run", help="Print the plan and stop."),
+       yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
+       no_rollback: bool = flag("--no-rollback", help="On failure, leave the new engines for "
+                                                                     "inspection instead of rolling back."),
+       boot_timeout: float | None = typer.Option(None, "--boot-timeout", parser=bounds.seconds(), metavar="SECONDS",
+                                                     help="Seconds (default: profile)."),
+       as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
+    """Deploy a profile: plan, preflight, image, boot (rank 1 then rank 0), warm-up, verify, hand off."""
+    from sparkctl.config.profile import load_profile
+    from sparkctl.deploy import door
 
-        d = _deployer(inventory, quiet=as_json)
-        checks = door.preflight(d, load_profile(profile))
-        _emit({"ok": True, "checks": [c.model_dump(mode="json") for c in checks]}, as_json,
-              lambda r: print(f"preflight passed: {len(r['checks'])} checks on "
-                              f"{len({c['node'] for c in r['checks']})} nodes"))
+    d = _deployer(inventory)
+    prof = load_profile(profile)
+    with _declined_aborts():
+        result = door.up(d, prof, door.UpRequest(dry_run=dry_run, no_rollback=no_rollback,
+                                                 boot_timeout_s=boot_timeout),
+                         confirm=_confirm(yes, d, "up"))
+    _emit(result, as_json, _any_up_human)
 
-    @app.command()
-    def rollback(to: str | None = typer.Option(None, "--to", help="Profile to roll back to (e.g. dflash-off); "
-                                                                      "default: the previous known-good deployment."),
-                 inventory: str | None = INVENTORY_OPT,
-                 yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
-                 boot_timeout: float | None = typer.Option(None, "--boot-timeout", parser=bounds.seconds(),
-                                                              metavar="SECONDS", help="Seconds."),
-                 as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
-        """Roll back: to a profile, or to the previous known-good deployment."""
-        from sparkctl.config.profile import load_profile
-        from sparkctl.deploy import door
 
-        d = _deployer(inventory)
-        prof = load_profile(to) if to else None
-        with _declined_aborts():
-            result = door.rollback(d, prof, door.UpRequest(boot_timeout_s=boot_timeout),
-                                   confirm=_confirm(yes, d, "rollback"))
-        _emit(result, as_json, _any_up_human)
+def preflight(profile: str = typer.Option(..., "--profile", "-p", help="Profile whose ranks are checked."),
+              inventory: str | None = INVENTORY_OPT,
+              as_json: bool = flag("--json", help="Checks as JSON on stdout.")) -> None:
+    """Read-only checks on every node (what `up` runs first): nothing is changed."""
+    from sparkctl.config.profile import load_profile
+    from sparkctl.deploy import door
 
-    @app.command()
-    def down(inventory: str | None = INVENTORY_OPT,
+    d = _deployer(inventory, quiet=as_json)
+    checks = door.preflight(d, load_profile(profile))
+    _emit({"ok": True, "checks": [c.model_dump(mode="json") for c in checks]}, as_json,
+          lambda r: print(f"preflight passed: {len(r['checks'])} checks on "
+                          f"{len({c['node'] for c in r['checks']})} nodes"))
+
+
+def rollback(to: str | None = typer.Option(None, "--to", help="Profile to roll back to (e.g. dflash-off); "
+                                                                  "default: the previous known-good deployment."),
+             inventory: str | None = INVENTORY_OPT,
              yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
+             boot_timeout: float | None = typer.Option(None, "--boot-timeout", parser=bounds.seconds(),
+                                                          metavar="SECONDS", help="Seconds."),
              as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
-        """Stop the active deployment on every node."""
-        from sparkctl.deploy import door
+    """Roll back: to a profile, or to the previous known-good deployment."""
+    from sparkctl.config.profile import load_profile
+    from sparkctl.deploy import door
 
-        d = _deployer(inventory)
-        with _declined_aborts():
-            result = door.down(d, confirm=_confirm(yes, d, "down"))
+    d = _deployer(inventory)
+    prof = load_profile(to) if to else None
+    with _declined_aborts():
+        result = door.rollback(d, prof, door.UpRequest(boot_timeout_s=boot_timeout),
+                               confirm=_confirm(yes, d, "rollback"))
+    _emit(result, as_json, _any_up_human)
 
-        def human(r: JSONObject) -> None:
-            if r.get("replicated"):
-                print("stopped " + ", ".join(r["stopped"]) if r["stopped"] else "nothing was running")
-                return
-            if not r.get("changed"):
-                print(r["reason"])
-                return
-            print(f"stopped {r['stopped']}" if r.get("stopped") else "no active deployment")
-            for e in r.get("engines") or []:
-                print(f"  stopped {e}")
-        _emit(result, as_json, human)
 
-    @app.command()
-    def status(inventory: str | None = INVENTORY_OPT,
-               as_json: bool = flag("--json", help="Status as JSON on stdout.")) -> None:
-        """Profile, deployment, health per rank, endpoint, speculative algorithm, identity, since when.
+def down(inventory: str | None = INVENTORY_OPT,
+         yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
+         as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
+    """Stop the active deployment on every node."""
+    from sparkctl.deploy import door
 
-        Exit 0 when the active deployment is healthy (or nothing is deployed and nothing was interrupted);
-        8 when it is unhealthy, a deployment was interrupted (its controller died), or processes of an engine
-        outlived it (`leftovers`)."""
-        from sparkctl.deploy import door
+    d = _deployer(inventory)
+    with _declined_aborts():
+        result = door.down(d, confirm=_confirm(yes, d, "down"))
 
-        d = _deployer(inventory, quiet=as_json)
-        result = door.status(d)
+    def human(r: JSONObject) -> None:
+        if r.get("replicated"):
+            print("stopped " + ", ".join(r["stopped"]) if r["stopped"] else "nothing was running")
+            return
+        if not r.get("changed"):
+            print(r["reason"])
+            return
+        print(f"stopped {r['stopped']}" if r.get("stopped") else "no active deployment")
+        for e in r.get("engines") or []:
+            print(f"  stopped {e}")
+    _emit(result, as_json, human)
 
-        def human(r: JSONObject) -> None:
-            if r.get("replicated"):
-                _replicated_status_human(r)
-                return
-            p = r.get("in_progress")
-            if p:
-                what = f": deployment {p['deployment']} ({p['profile']}), stage {p['stage']}" if p.get("deployment") \
-                    else ""
-                print(f"cluster {r['cluster']}: `sparkctl {p['command']}` in progress (pid {p['pid']} on {p['host']} "
-                      f"since {p['since']}){what}")
-            for i in r.get("interrupted") or []:
-                alive = ", ".join(map(str, i["ranks_alive"]))
-                print(f"cluster {r['cluster']}: deployment {i['deployment']} was interrupted ({i['detail']}) during "
-                      f"{i['stage']}: " + (f"ranks {alive} alive" if alive else "none of its engines runs")
-                      + "; the next `sparkctl up`, `rollback` or `down` settles it")
-            if r.get("unfinished_compare"):
-                print(f"cluster {r['cluster']}: {r['unfinished_compare']}; the next `sparkctl up`, `rollback`, "
-                      f"`down` or `bench` settles it")
-            for lo in r.get("leftovers") or []:
-                print(f"cluster {r['cluster']}: leftover processes of {lo} outlived their engine; `sparkctl down` "
-                      f"(or the next `up`) stops them")
-            line = watcher_line(r.get("watcher"))
-            if not r.get("active"):
-                print(f"cluster {r['cluster']}: no active deployment")
-                if line:
-                    print(line)
-                return
-            print(f"cluster {r['cluster']}: {r['profile']} ({r['active']}) "
-                  f"{'healthy' if r['healthy'] else 'UNHEALTHY'}{'  [emulated]' if r.get('emulated') else ''}")
-            print(f"  endpoint: {r['endpoint']}   since {r['since']}")
-            print(f"  speculative: {r['speculative_algorithm'] or 'off'}   SGLang {r['sglang_version']}   "
-                  f"identity {r['identity']}")
-            for rank in r["ranks"]:
-                extra = f", /health {rank.get('health')}" if rank["rank"] == 0 else ""
-                print(f"  rank {rank['rank']} [{rank['node']}]: {rank['state']}{extra}")
+
+def status(inventory: str | None = INVENTORY_OPT,
+           as_json: bool = flag("--json", help="Status as JSON on stdout.")) -> None:
+    """Profile, deployment, health per rank, endpoint, speculative algorithm, identity, since when.
+
+    Exit 0 when the active deployment is healthy (or nothing is deployed and nothing was interrupted);
+    8 when it is unhealthy, a deployment was interrupted (its controller died), or processes of an engine
+    outlived it (`leftovers`)."""
+    from sparkctl.deploy import door
+
+    d = _deployer(inventory, quiet=as_json)
+    result = door.status(d)
+
+    def human(r: JSONObject) -> None:
+        if r.get("replicated"):
+            _replicated_status_human(r)
+            return
+        p = r.get("in_progress")
+        if p:
+            what = f": deployment {p['deployment']} ({p['profile']}), stage {p['stage']}" if p.get("deployment") \
+                else ""
+            print(f"cluster {r['cluster']}: `sparkctl {p['command']}` in progress (pid {p['pid']} on {p['host']} "
+                  f"since {p['since']}){what}")
+        for i in r.get("interrupted") or []:
+            alive = ", ".join(map(str, i["ranks_alive"]))
+            print(f"cluster {r['cluster']}: deployment {i['deployment']} was interrupted ({i['detail']}) during "
+                  f"{i['stage']}: " + (f"ranks {alive} alive" if alive else "none of its engines runs")
+                  + "; the next `sparkctl up`, `rollback` or `down` settles it")
+        if r.get("unfinished_compare"):
+            print(f"cluster {r['cluster']}: {r['unfinished_compare']}; the next `sparkctl up`, `rollback`, "
+                  f"`down` or `bench` settles it")
+        for lo in r.get("leftovers") or []:
+            print(f"cluster {r['cluster']}: leftover processes of {lo} outlived their engine; `sparkctl down` "
+                  f"(or the next `up`) stops them")
+        line = watcher_line(r.get("watcher"))
+        if not r.get("active"):
+            print(f"cluster {r['cluster']}: no active deployment")
             if line:
                 print(line)
-        _emit(result, as_json, human)
-        if not result.ok:
-            raise typer.Exit(STATUS_NOT_OK)
+            return
+        print(f"cluster {r['cluster']}: {r['profile']} ({r['active']}) "
+              f"{'healthy' if r['healthy'] else 'UNHEALTHY'}{'  [emulated]' if r.get('emulated') else ''}")
+        print(f"  endpoint: {r['endpoint']}   since {r['since']}")
+        print(f"  speculative: {r['speculative_algorithm'] or 'off'}   SGLang {r['sglang_version']}   "
+              f"identity {r['identity']}")
+        for rank in r["ranks"]:
+            extra = f", /health {rank.get('health')}" if rank["rank"] == 0 else ""
+            print(f"  rank {rank['rank']} [{rank['node']}]: {rank['state']}{extra}")
+        if line:
+            print(line)
+    _emit(result, as_json, human)
+    if not result.ok:
+        raise typer.Exit(STATUS_NOT_OK)
 
-    @app.command()
-    def repair(inventory: str | None = INVENTORY_OPT,
-               yes: bool = flag("--yes", "-y", help="Apply without asking."),
-               as_json: bool = flag("--json", help="What changed, as JSON on stdout.")) -> None:
-        """Repair a damaged ledger: move damaged records aside (kept), rebuild the index and the active deployment
-        from the engines actually running. Shows the changes and asks first."""
-        from sparkctl.errors import CancelledError
 
-        d = _deployer(inventory, quiet=as_json)
-        with d.ledger.lock("repair"):
-            plan = d.plan_repair()
-            if not plan.changes:
-                _emit({"changed": False, **plan.as_dict()}, as_json,
-                      lambda r: print("ledger is consistent with what runs: nothing to repair"
-                                      + "".join(f"\nnote: {n}" for n in r["notes"])))
-                return
-            for line in plan.lines():
-                print(f"repair: {line}", file=sys.stderr)
-            if not yes:
-                if not sys.stdin.isatty():
-                    raise CancelledError("repair changes the ledger and was not confirmed; nothing was changed",
-                                         hint="review the changes above, then run `sparkctl repair --yes`")
-                if not typer.confirm("apply these changes?", default=False):
-                    raise CancelledError("repair declined at the prompt; nothing was changed")
-            d.apply_repair(plan)
-        _emit({"changed": True, **plan.as_dict()}, as_json,
-              lambda r: print(f"repaired: active deployment {r['active'] or 'none'}"
-                              + (f"; damaged files kept in {d.ledger.root / 'damaged'}" if r["damaged"] else "")))
+def repair(inventory: str | None = INVENTORY_OPT,
+           yes: bool = flag("--yes", "-y", help="Apply without asking."),
+           as_json: bool = flag("--json", help="What changed, as JSON on stdout.")) -> None:
+    """Repair a damaged ledger: move damaged records aside (kept), rebuild the index and the active deployment
+    from the engines actually running. Shows the changes and asks first."""
+    from sparkctl.errors import CancelledError
 
-    @app.command()
-    def logs(rank: int = typer.Option(0, "--rank", parser=bounds.count(0, 1023, what="a rank"), metavar="N",
-                                   help="Rank whose engine log to show."),
-             tail: int = typer.Option(50, "--tail", parser=bounds.count(0, 10_000_000, what="a line count"),
-                                   metavar="N", help="Last N lines (0: all)."),
-             follow: bool = flag("--follow", "-f", help="Keep printing new lines (Ctrl-C stops)."),
-             replica: int | None = typer.Option(None, "--replica", parser=bounds.count(0, 1023, what="a replica"),
-                                                   metavar="I", help="Replicated deployment: replica I's rank log "
-                                                                     "(default 0)."),
-             router: bool = flag("--router", help="Replicated deployment: the router's log."),
-             inventory: str | None = INVENTORY_OPT) -> None:
-        """Print a rank's engine log of the active deployment (or, replicated, a replica's rank or the router's)."""
-        from sparkctl.deploy import door
+    d = _deployer(inventory, quiet=as_json)
+    with d.ledger.lock("repair"):
+        plan = d.plan_repair()
+        if not plan.changes:
+            _emit({"changed": False, **plan.as_dict()}, as_json,
+                  lambda r: print("ledger is consistent with what runs: nothing to repair"
+                                  + "".join(f"\nnote: {n}" for n in r["notes"])))
+            return
+        for line in plan.lines():
+            print(f"repair: {line}", file=sys.stderr)
+        if not yes:
+            if not sys.stdin.isatty():
+                raise CancelledError("repair changes the ledger and was not confirmed; nothing was changed",
+                                     hint="review the changes above, then run `sparkctl repair --yes`")
+            if not typer.confirm("apply these changes?", default=False):
+                raise CancelledError("repair declined at the prompt; nothing was changed")
+        d.apply_repair(plan)
+    _emit({"changed": True, **plan.as_dict()}, as_json,
+          lambda r: print(f"repaired: active deployment {r['active'] or 'none'}"
+                          + (f"; damaged files kept in {d.ledger.root / 'damaged'}" if r["damaged"] else "")))
 
-        d = _deployer(inventory, quiet=True)
-        texts = door.logs(d, rank=rank, tail=tail, follow=follow, replica=replica, router=router)
-        for text in texts:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+
+def logs(rank: int = typer.Option(0, "--rank", parser=bounds.count(0, 1023, what="a rank"), metavar="N",
+                               help="Rank whose engine log to show."),
+         tail: int = typer.Option(50, "--tail", parser=bounds.count(0, 10_000_000, what="a line count"),
+                               metavar="N", help="Last N lines (0: all)."),
+         follow: bool = flag("--follow", "-f", help="Keep printing new lines (Ctrl-C stops)."),
+         replica: int | None = typer.Option(None, "--replica", parser=bounds.count(0, 1023, what="a replica"),
+                                               metavar="I", help="Replicated deployment: replica I's rank log "
+                                                                 "(default 0)."),
+         router: bool = flag("--router", help="Replicated deployment: the router's log."),
+         inventory: str | None = INVENTORY_OPT) -> None:
+    """Print a rank's engine log of the active deployment (or, replicated, a replica's rank or the router's)."""
+    from sparkctl.deploy import door
+
+    d = _deployer(inventory, quiet=True)
+    texts = door.logs(d, rank=rank, tail=tail, follow=follow, replica=replica, router=router)
+    for text in texts:
+        sys.stdout.write(text)
+        sys.stdout.flush()

@@ -331,7 +331,7 @@ LIFECYCLE_OUTPUTS = {
     "status-replicated": "sparkctl.deploy.results:ReplicatedStatusResult",
     "down-replicated": "sparkctl.deploy.results:ReplicatedDownResult",
     "replicated-record": "sparkctl.state.records:ReplicatedRecord",
-    "bench": "sparkctl.state.records:RunRecord",
+    "bench": "sparkctl.state.runs:RunRecord",
 }
 
 

@@ -86,88 +86,98 @@ def _notify_url(notify: str | None, notify_file: str | None, notify_env: str | N
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
-    def watch(inventory: str | None = INVENTORY_OPT,
-              interval: float = typer.Option(5.0, "--interval", parser=bounds.seconds(0.0, 3600), metavar="SECONDS",
-                                             help="Seconds between two checks."),
-              backoff: float = typer.Option(10.0, "--backoff", parser=bounds.seconds(0.0, 3600), metavar="SECONDS",
-                                            help="Wait after a failed restart; doubles with each failure in a row."),
-              backoff_max: float = typer.Option(300.0, "--backoff-max", parser=bounds.seconds(0.0, 86400),
-                                                metavar="SECONDS", help="Longest wait between two restarts."),
-              max_failures: int = typer.Option(3, "--max-failures", parser=bounds.count(1, 1000), metavar="N",
-                                               help="Failed restarts within --window that make a crash loop: roll "
-                                                    "back, then stop acting."),
-              window: float = typer.Option(600.0, "--window", parser=bounds.seconds(0.0, 7 * 86400),
-                                           metavar="SECONDS", help="The crash-loop window (default 10 minutes)."),
-              boot_timeout: float | None = typer.Option(None, "--boot-timeout", parser=bounds.seconds(),
-                                                           metavar="SECONDS", help="Each restart's boot timeout "
-                                                                                   "(default: the profile's)."),
-              fail_checks: int = typer.Option(2, "--fail-checks", parser=bounds.count(1, 1000), metavar="N",
-                                              help="Failed checks within --fail-window before a restart (one "
-                                                   "missed check is a slow rank, not a dead one)."),
-              fail_window: float = typer.Option(60.0, "--fail-window", parser=bounds.seconds(0.0, 86400),
-                                                metavar="SECONDS", help="The window of --fail-checks."),
-              metrics_port: int | None = typer.Option(None, "--metrics-port", parser=bounds.count(0, 65535),
-                                                         metavar="PORT", help="Serve Prometheus metrics on this port "
-                                                                              "(needs the `watch` extra)."),
-              metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr", metavar="ADDR",
-                                               help="Address the metrics are served on."),
-              notify: str | None = typer.Option(None, "--notify", metavar="URL",
-                                                   help="POST a JSON event to this webhook on each restart and "
-                                                        "give-up (no secrets in it). A URL with credentials (user, "
-                                                        "password, query, token in its path) is refused here: use "
-                                                        "--notify-file or --notify-env."),
-              notify_file: str | None = typer.Option(None, "--notify-file", metavar="PATH",
-                                                        help="Read the webhook URL from this file (its first line; "
-                                                             "0600 when it holds credentials)."),
-              notify_env: str | None = typer.Option(None, "--notify-env", metavar="VAR",
-                                                       help="Read the webhook URL from this environment variable "
-                                                            "(for the unit: set in its EnvironmentFile)."),
-              force: bool = flag("--force", help="With --install: replace an existing unit file."),
-              install: bool = flag("--install", help="Write a systemd unit that runs this watcher (with these "
-                                                      "options) instead of running it."),
-              uninstall: bool = flag("--uninstall", help="Remove the systemd unit."),
-              user: bool = flag("--user", help="With --install/--uninstall: a user unit (the default)."),
-              system: bool = flag("--system", help="With --install/--uninstall: a system unit (root)."),
-              unit_dir: str | None = typer.Option(None, "--unit-dir", metavar="DIR", hidden=True,
-                                                     help="Write the unit there (tests)."),
-              ) -> None:
-        """Supervise the cluster: restart a failed TP group as a group, in order, gated; roll back a crash loop.
+    app.command()(watch)
 
-        Runs in the foreground until SIGINT/SIGTERM (a restart in progress is finished or restored first); logs to
-        stderr and to the state directory's watch.log. A user's `up`, `rollback` or `down` becomes its desired
-        state. `sparkctl status` shows it."""
-        from sparkctl.errors import ConfigError
 
-        if user and system:
-            raise ConfigError("--user and --system choose where the unit goes: give one of them",
-                              hint="sparkctl watch --install --user (default) or --install --system")
-        if install and uninstall:
-            raise ConfigError("--install and --uninstall: give one of them", hint="sparkctl watch --install")
-        if (user or system or unit_dir) and not (install or uninstall):
-            raise ConfigError("--user/--system/--unit-dir go with --install or --uninstall",
-                              hint="sparkctl watch --install --user")
-        if force and not install:
-            raise ConfigError("--force goes with --install (it replaces an existing unit file)",
-                              hint="sparkctl watch --install --force")
-        url = _notify_url(notify, notify_file, notify_env)
-        if metrics_port is not None:
-            from sparkctl.watch.metrics import require_prometheus
-            require_prometheus()
-        if install or uninstall:
-            _install(inventory, {"--interval": interval, "--backoff": backoff, "--backoff-max": backoff_max,
-                                 "--max-failures": max_failures, "--window": window, "--boot-timeout": boot_timeout,
-                                 "--fail-checks": fail_checks, "--fail-window": fail_window,
-                                 "--metrics-port": metrics_port,
-                                 "--metrics-addr": metrics_addr if metrics_port is not None else None,
-                                 "--notify": notify, "--notify-file": notify_file, "--notify-env": notify_env},
-                     system=system, uninstall=uninstall, unit_dir=unit_dir, force=force)
-            return
-        from sparkctl.watch.supervisor import WatchOptions
-        opts = WatchOptions(interval_s=interval, backoff_s=backoff, backoff_max_s=backoff_max,
-                            max_failures=max_failures, window_s=window, boot_timeout_s=boot_timeout,
-                            fail_checks=fail_checks, fail_window_s=fail_window)
-        _run(inventory, opts, metrics_port, metrics_addr, url)
+def watch(inventory: str | None = INVENTORY_OPT,
+          interval: float = typer.Option(5.0, "--interval", parser=bounds.seconds(0.0, 3600), metavar="SECONDS",
+                                         help="Seconds between two checks."),
+          backoff: float = typer.Option(10.0, "--backoff", parser=bounds.seconds(0.0, 3600), metavar="SECONDS",
+                                        help="Wait after a failed restart; doubles with each failure in a row."),
+          backoff_max: float = typer.Option(300.0, "--backoff-max", parser=bounds.seconds(0.0, 86400),
+                                            metavar="SECONDS", help="Longest wait between two restarts."),
+          max_failures: int = typer.Option(3, "--max-failures", parser=bounds.count(1, 1000), metavar="N",
+                                           help="Failed restarts within --window that make a crash loop: roll "
+                                                "back, then stop acting."),
+          window: float = typer.Option(600.0, "--window", parser=bounds.seconds(0.0, 7 * 86400),
+                                       metavar="SECONDS", help="The crash-loop window (default 10 minutes)."),
+          boot_timeout: float | None = typer.Option(None, "--boot-timeout", parser=bounds.seconds(),
+                                                       metavar="SECONDS", help="Each restart's boot timeout "
+                                                                               "(default: the profile's)."),
+          fail_checks: int = typer.Option(2, "--fail-checks", parser=bounds.count(1, 1000), metavar="N",
+                                          help="Failed checks within --fail-window before a restart (one "
+                                               "missed check is a slow rank, not a dead one)."),
+          fail_window: float = typer.Option(60.0, "--fail-window", parser=bounds.seconds(0.0, 86400),
+                                            metavar="SECONDS", help="The window of --fail-checks."),
+          metrics_port: int | None = typer.Option(None, "--metrics-port", parser=bounds.count(0, 65535),
+                                                     metavar="PORT", help="Serve Prometheus metrics on this port "
+                                                                          "(needs the `watch` extra)."),
+          metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr", metavar="ADDR",
+                                           help="Address the metrics are served on."),
+          notify: str | None = typer.Option(None, "--notify", metavar="URL",
+                                               help="POST a JSON event to this webhook on each restart and "
+                                                    "give-up (no secrets in it). A URL with credentials (user, "
+                                                    "password, query, token in its path) is refused here: use "
+                                                    "--notify-file or --notify-env."),
+          notify_file: str | None = typer.Option(None, "--notify-file", metavar="PATH",
+                                                    help="Read the webhook URL from this file (its first line; "
+                                                         "0600 when it holds credentials)."),
+          notify_env: str | None = typer.Option(None, "--notify-env", metavar="VAR",
+                                                   help="Read the webhook URL from this environment variable "
+                                                        "(for the unit: set in its EnvironmentFile)."),
+          force: bool = flag("--force", help="With --install: replace an existing unit file."),
+          install: bool = flag("--install", help="Write a systemd unit that runs this watcher (with these "
+                                                  "options) instead of running it."),
+          uninstall: bool = flag("--uninstall", help="Remove the systemd unit."),
+          user: bool = flag("--user", help="With --install/--uninstall: a user unit (the default)."),
+          system: bool = flag("--system", help="With --install/--uninstall: a system unit (root)."),
+          unit_dir: str | None = typer.Option(None, "--unit-dir", metavar="DIR", hidden=True,
+                                                 help="Write the unit there (tests)."),
+          ) -> None:
+    """Supervise the cluster: restart a failed TP group as a group, in order, gated; roll back a crash loop.
+
+    Runs in the foreground until SIGINT/SIGTERM (a restart in progress is finished or restored first); logs to
+    stderr and to the state directory's watch.log. A user's `up`, `rollback` or `down` becomes its desired
+    state. `sparkctl status` shows it."""
+    _check_unit_options(install=install, uninstall=uninstall, user=user, system=system, unit_dir=unit_dir,
+                        force=force)
+    url = _notify_url(notify, notify_file, notify_env)
+    if metrics_port is not None:
+        from sparkctl.watch.metrics import require_prometheus
+        require_prometheus()
+    if install or uninstall:
+        _install(inventory, {"--interval": interval, "--backoff": backoff, "--backoff-max": backoff_max,
+                             "--max-failures": max_failures, "--window": window, "--boot-timeout": boot_timeout,
+                             "--fail-checks": fail_checks, "--fail-window": fail_window,
+                             "--metrics-port": metrics_port,
+                             "--metrics-addr": metrics_addr if metrics_port is not None else None,
+                             "--notify": notify, "--notify-file": notify_file, "--notify-env": notify_env},
+                 system=system, uninstall=uninstall, unit_dir=unit_dir, force=force)
+        return
+    from sparkctl.watch.supervisor import WatchOptions
+    opts = WatchOptions(interval_s=interval, backoff_s=backoff, backoff_max_s=backoff_max,
+                        max_failures=max_failures, window_s=window, boot_timeout_s=boot_timeout,
+                        fail_checks=fail_checks, fail_window_s=fail_window)
+    _run(inventory, opts, metrics_port, metrics_addr, url)
+
+
+def _check_unit_options(*, install: bool, uninstall: bool, user: bool, system: bool, unit_dir: str | None,
+                        force: bool) -> None:
+    """The unit options (--install/--uninstall, --user/--system, --unit-dir, --force) given together only as they
+    make sense, else ConfigError (exit 2) before anything is read."""
+    from sparkctl.errors import ConfigError
+
+    if user and system:
+        raise ConfigError("--user and --system choose where the unit goes: give one of them",
+                          hint="sparkctl watch --install --user (default) or --install --system")
+    if install and uninstall:
+        raise ConfigError("--install and --uninstall: give one of them", hint="sparkctl watch --install")
+    if (user or system or unit_dir) and not (install or uninstall):
+        raise ConfigError("--user/--system/--unit-dir go with --install or --uninstall",
+                          hint="sparkctl watch --install --user")
+    if force and not install:
+        raise ConfigError("--force goes with --install (it replaces an existing unit file)",
+                          hint="sparkctl watch --install --force")
 
 
 def _run(inventory: str | None, opts: WatchOptions, metrics_port: int | None, metrics_addr: str,

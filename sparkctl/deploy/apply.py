@@ -341,7 +341,7 @@ RUNNERS: dict[type[Step], Callable[[Any, Any], None]] = {
 class StepRun(Protocol):
     """What `run_step` needs of a run in progress: its reporter, and its journal written before a step's effect
     (`opened`: on disk first, raising what the disk said) and after it (`closed`: the outcome, or the error).
-    `Run` (a single group's `up`) and `deploy.replicated.ReplicatedRun` (a replicated `up`) are the two."""
+    `Run` (a single group's `up`) and `deploy.replica_steps.ReplicatedRun` (a replicated `up`) are the two."""
 
     @property
     def reporter(self) -> Reporter: ...

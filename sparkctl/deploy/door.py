@@ -34,7 +34,7 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.commands import Deployer, UpOptions
 from sparkctl.deploy.inputs import PROBE_DEADLINE_S, missing_paths, unresolved_secrets
 from sparkctl.deploy.plan import Plan
-from sparkctl.deploy.replicated import Record, ReplicatedDeployer, is_replicated, replica_inventory
+from sparkctl.deploy.replicated import ReplicatedDeployer, is_replicated, replica_inventory
 from sparkctl.deploy.results import (
     DownResult,
     ReplicatedDownResult,
@@ -49,6 +49,7 @@ from sparkctl.jsontypes import JSONObject
 from sparkctl.router.replicas import router_endpoint
 from sparkctl.sglang.launch import ENGINE_SECRETS_FILE, SECRETS_MOUNT
 from sparkctl.state.records import CheckResult, DeploymentRecord
+from sparkctl.state.replicated import Record
 from sparkctl.untrusted import clean
 
 Confirm = Callable[[str, Plan | None], bool]     # (what is about to happen, the plan when there is one) -> go on?

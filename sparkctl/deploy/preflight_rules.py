@@ -9,7 +9,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from sparkctl.deploy.preflight import ports_of
-from sparkctl.nodes import facts
+from sparkctl.nodes import docker_facts, facts
 from sparkctl.nodes.node_facts import NodeFacts, host_model_path, model_paths
 from sparkctl.nodes.ssh import CommandResult
 from sparkctl.sglang.launch import LaunchSpec
@@ -115,7 +115,7 @@ def docker_checks(node: Node, res: CommandResult) -> list[CheckResult]:
     name = node.name
     info = None
     with contextlib.suppress(ValueError):
-        info = facts.parse_docker_info_json(res.stdout)
+        info = docker_facts.parse_docker_info_json(res.stdout)
     if info is None or not info.answering:
         why = (res.stderr.strip() or res.stdout.strip() or f"exit {res.returncode}").splitlines()[-1]
         return [CheckResult.failing(name, "docker", f"docker daemon does not answer: {why}",
@@ -148,7 +148,7 @@ def gpu_checks(node: Node, res: CommandResult, docker_res: CommandResult) -> lis
     name = node.name
     if res.returncode != 0:
         try:
-            test_node = facts.parse_docker_info_json(docker_res.stdout).runtime_is_runc_alias("nvidia")
+            test_node = docker_facts.parse_docker_info_json(docker_res.stdout).runtime_is_runc_alias("nvidia")
         except (ValueError, AttributeError):
             test_node = False
         missing = res.returncode == 127 or "not found" in res.stderr

@@ -147,7 +147,7 @@ def damaged_files(ledger: Ledger) -> list[tuple[Path, str]]:
             out.append((cmp, exc.message))
         except ValueError as exc:                     # pydantic's ValidationError
             out.append((cmp, f"the comparison marker's controller is damaged ({type(exc).__name__})"))
-    replicated = ledger.root / "replicated.json"      # deploy.replicated.RECORD (read here without that layer)
+    replicated = ledger.root / "replicated.json"      # state.replicated.RECORD (read here without that layer)
     if replicated.exists():
         try:
             ReplicatedRecord.model_validate(read_json(replicated))

@@ -145,18 +145,7 @@ def settle(d: Cluster, command: str) -> Settled:
         stop_all(mine, reason)
         restoring = rec.restoring
         if rec.restoring:
-            restarted = [e for e in found if e.deployment == rec.restoring]
-            stop_all(restarted, f"restarted by the interrupted restore of {rec.restoring} ({why}), never verified; "
-                                f"{rec.restoring} stays known-good and restartable")
-            rec.restore_error = rec.restore_error or f"restore interrupted ({why})"
-            try:
-                prev = d.ledger.load(rec.restoring)
-                if prev.status == Status.SUCCESSFUL:     # not serving, still known-good and restartable
-                    prev.status, prev.stopped = Status.STOPPED, now_iso()
-                    d.ledger.save(prev)
-            except SparkctlError:
-                pass
-            rec.restoring = None
+            _stop_interrupted_restore(d, rec, rec.restoring, found, why, stop_all)
         if rec.status == Status.RUNNING:
             rec.status = Status.INTERRUPTED
             rec.failure = Failure(step=step, message=f"interrupted: {why} (SIGKILL, power loss or OOM-killer)")
@@ -183,6 +172,25 @@ def settle(d: Cluster, command: str) -> Settled:
     sweep_secrets(d)
     d.ledger.sync_index()
     return Settled(lines=lines, adopted=adopted, stopped=stopped)
+
+
+def _stop_interrupted_restore(d: Cluster, rec: DeploymentRecord, restoring: str, found: list[Engine], why: str,
+                              stop_all: Callable[[list[Engine], str], None]) -> None:
+    """`rec` died while restoring `restoring` (its `rec.restoring`): the engines that restore restarted were never
+    verified and are stopped; the deployment they belong to stays known-good and restartable (stopped, not
+    serving)."""
+    restarted = [e for e in found if e.deployment == restoring]
+    stop_all(restarted, f"restarted by the interrupted restore of {restoring} ({why}), never verified; "
+                        f"{restoring} stays known-good and restartable")
+    rec.restore_error = rec.restore_error or f"restore interrupted ({why})"
+    try:
+        prev = d.ledger.load(restoring)
+        if prev.status == Status.SUCCESSFUL:     # not serving, still known-good and restartable
+            prev.status, prev.stopped = Status.STOPPED, now_iso()
+            d.ledger.save(prev)
+    except SparkctlError:
+        pass
+    rec.restoring = None
 
 
 def refresh_handles(d: Cluster, active_id: str, engines: list[Engine], say: Callable[[str], None],

@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.errors import LedgerError, NodeError
-from sparkctl.nodes import facts, procfs
+from sparkctl.nodes import docker_facts, facts, procfs
 from sparkctl.nodes.container import (
     MEMLOCK_ENV,
     SECRETS_HOST_ROOT,
@@ -121,8 +121,8 @@ class DockerRuntime:
         return self.ssh.run(["docker", *args], check=check, timeout=timeout, stdin=stdin, merge_stderr=merge_stderr,
                             secrets=secrets)
 
-    def _inspect(self, ref: str) -> facts.ContainerState | None:
-        fact = facts.container_state(ref)
+    def _inspect(self, ref: str) -> docker_facts.ContainerState | None:
+        fact = docker_facts.container_state(ref)
         res = self.ssh.run(list(fact.argv))
         if res.returncode != 0:
             if "no such" in res.stderr.lower():
@@ -136,7 +136,7 @@ class DockerRuntime:
             self._infiniband = self.ssh.run(list(facts.dir_entries("/dev/infiniband").argv)).returncode == 0
         return self._infiniband
 
-    def _handle(self, spec_rank: int, deployment_id: str, cfg_name: str, state: facts.ContainerState, image: str,
+    def _handle(self, spec_rank: int, deployment_id: str, cfg_name: str, state: docker_facts.ContainerState, image: str,
                 log_since: str | None) -> DockerHandle:
         return DockerHandle(node=self.node.name, rank=spec_rank, cluster=self.cluster, container=cfg_name,
                             container_id=state.id, image=image, image_id=state.image_id, deployment=deployment_id,
@@ -212,7 +212,7 @@ class DockerRuntime:
     def _remove_secrets(self, container: str) -> None:
         self.ssh.run(["rm", "-rf", "--", f"{SECRETS_HOST_ROOT}/{container}"], check=False)
 
-    def _same_launch(self, old: facts.ContainerState, cfg: ContainerConfig, spec: LaunchSpec) -> bool:
+    def _same_launch(self, old: docker_facts.ContainerState, cfg: ContainerConfig, spec: LaunchSpec) -> bool:
         """Same labels (identity), command and environment (compared in memory; secrets never leave it)."""
         if any(old.labels.get(k) != v for k, v in cfg.labels.items()):
             return False
@@ -221,7 +221,7 @@ class DockerRuntime:
         return {f"{k}={v}" for k, v in cfg.env.items()} <= set(old.env)
 
     def liveness(self, handle: DockerHandle) -> Liveness:
-        """One SSH round trip: the container's state and its processes (`facts.container_liveness`)."""
+        """One SSH round trip: the container's state and its processes (`docker_facts.container_liveness`)."""
         seen = self._observe(handle.container_id)
         state = seen.state
         if state is None:
@@ -241,19 +241,19 @@ class DockerRuntime:
                                + (" OOM-killed" if state.oom_killed else "")
                                + (f": {state.error}" if state.error else ""), state.exit_code)
 
-    def _stopped_process(self, handle: DockerHandle) -> facts.ContainerProcess | None:
+    def _stopped_process(self, handle: DockerHandle) -> docker_facts.ContainerProcess | None:
         """The first stopped process of a running container (`docker top` alone: what `stop` needs), or None; None
         too when `docker top` cannot answer (the container is not running)."""
-        fact = facts.container_processes(handle.container_id)
+        fact = docker_facts.container_processes(handle.container_id)
         res = self.ssh.run(list(fact.argv))
         return _first_stopped(fact.parse(res.stdout)) if res.returncode == 0 else None
 
-    def _observe(self, ref: str) -> facts.ContainerLiveness:
-        fact = facts.container_liveness(ref)
+    def _observe(self, ref: str) -> docker_facts.ContainerLiveness:
+        fact = docker_facts.container_liveness(ref)
         res = self.ssh.run(list(fact.argv))
         if res.returncode != 0:
             if "no such" in res.stderr.lower():
-                return facts.ContainerLiveness(None, [])
+                return docker_facts.ContainerLiveness(None, [])
             res.check()
         return fact.parse(res.stdout)
 
@@ -379,7 +379,7 @@ class DockerRuntime:
 
     # -- image -------------------------------------------------------------------------------------------------
     def image_id(self, image: str) -> str | None:
-        fact = facts.image_id(image)
+        fact = docker_facts.image_id(image)
         res = self.ssh.run(list(fact.argv))
         return fact.parse(res.stdout) if res.returncode == 0 else None
 
@@ -392,6 +392,6 @@ class DockerRuntime:
         return nf
 
 
-def _first_stopped(processes: list[facts.ContainerProcess]) -> facts.ContainerProcess | None:
+def _first_stopped(processes: list[docker_facts.ContainerProcess]) -> docker_facts.ContainerProcess | None:
     """The first process in state T/t (the same rule as the process runtime's `procfs.stopped_in_tree`)."""
     return next((p for p in processes if p.state in procfs.STOPPED_STATES), None)

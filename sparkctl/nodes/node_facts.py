@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.errors import NodeError
-from sparkctl.nodes import facts
+from sparkctl.nodes import docker_facts, facts
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import MODELS_MOUNT
 
@@ -78,7 +78,7 @@ def gather_over_ssh(ssh: SSHConnector, node: Node, peers: list[Node], spec: Laun
         return out
     out.reached = ssh.address
     named: list[tuple[str, facts.Fact[Any]]] = [
-        ("docker", facts.docker_info()), ("ip", facts.ip_addr()), ("mem", facts.meminfo()),
+        ("docker", docker_facts.docker_info()), ("ip", facts.ip_addr()), ("mem", facts.meminfo()),
         ("ss", facts.listening()), ("gpu", facts.gpu_query()), ("smi", facts.nvidia_smi()),
         ("ib", facts.dir_entries("/dev/infiniband"))]
     if node.roce_hcas:

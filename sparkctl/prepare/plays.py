@@ -13,7 +13,7 @@ from typing import Any
 from sparkctl.config.inventory import Inventory
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
-from sparkctl.nodes import facts
+from sparkctl.nodes import docker_facts, facts
 from sparkctl.prepare.runner import PlaybookRun, TaskResult, run_playbook
 
 PREPARE_TAGS = ("docker", "fabric", "dirs", "gpu", "fabric-ssh", "drop-caches")
@@ -141,7 +141,7 @@ def node_facts(run: PlaybookRun, host: str, fabric_interface: str, models: list[
     result["roce"] = ([{"hca": ln.hca, "netdev": ln.netdev, "up": ln.up} for ln in facts.parse_ibdev2netdev(ib)]
                       if ib else None)
     dk = out("docker")
-    info = facts.parse_docker_info_json(dk) if dk else None
+    info = docker_facts.parse_docker_info_json(dk) if dk else None
     result["docker"] = ({"version": info.server_version, "runtimes": list(info.runtimes),
                          "default_runtime": info.default_runtime} if info else None)
     man = run.registered(host, _FACT_TASKS["manifests"]) or {}

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol, TypeGuard
 import httpx
 
 from sparkctl.jsontypes import JSONObject
-from sparkctl.nodes import facts
+from sparkctl.nodes import docker_facts
 from sparkctl.router import RouterError, strip_colour
 from sparkctl.router.spec import CLUSTER_LABEL, IDENTITY_LABEL, ROLE, ROLE_LABEL, RouterSpec
 
@@ -52,12 +52,12 @@ def router_container_name(cluster: str) -> str:
     return f"sparkctl-{safe}-router"
 
 
-def removable(state: facts.ContainerState | None) -> TypeGuard[facts.ContainerState]:
+def removable(state: docker_facts.ContainerState | None) -> TypeGuard[docker_facts.ContainerState]:
     """Only a container sparkctl started as a router may be removed by the router's stop."""
     return state is not None and state.labels.get(ROLE_LABEL) == ROLE
 
 
-def start_move(old: facts.ContainerState | None, spec: RouterSpec, image: str) -> str:
+def start_move(old: docker_facts.ContainerState | None, spec: RouterSpec, image: str) -> str:
     """What `start` does with the container already holding the router's name: ``run`` (none), ``keep`` (a
     router running this very launch: a dead controller's), ``replace`` (a router of another launch, or stopped),
     ``refuse`` (not a router: never removed)."""
@@ -137,7 +137,7 @@ class RouterContainer:
         return rc
 
     # ---- observe -------------------------------------------------------------------------------------------
-    def state(self) -> facts.ContainerState | None:
+    def state(self) -> docker_facts.ContainerState | None:
         return _inspect(self.runner, self.container_id, self.node)
 
     def alive(self) -> bool:
@@ -184,8 +184,8 @@ class RouterContainer:
         return True
 
 
-def _inspect(runner: Runner, ref: str, node: str) -> facts.ContainerState | None:
-    fact = facts.container_state(ref)
+def _inspect(runner: Runner, ref: str, node: str) -> docker_facts.ContainerState | None:
+    fact = docker_facts.container_state(ref)
     res = runner.run(list(fact.argv))
     if res.returncode != 0:
         if "no such" in res.stderr.lower():

@@ -224,6 +224,44 @@ def api_address(node: Node, bind: str) -> str:
     return node.ssh.host if bind in ("0.0.0.0", "::") else bind
 
 
+def _add_flags(b: _ArgvBuilder, profile: Profile, inventory: Inventory, rank: int, bind: str) -> None:
+    """One rank's flags from the profile, in SGLang's order: the model, the topology (this rank of the inventory's
+    nodes, the fabric address of rank 0), the API, the server's options, the speculative decoding."""
+    m = profile.model
+    b.add("model.path", "model_path", m.path)
+    b.add("model.served_name", "served_model_name", m.served_name)
+    b.add("model.reasoning_parser", "reasoning_parser", m.reasoning_parser)
+    b.add("model.tool_call_parser", "tool_call_parser", m.tool_call_parser)
+    b.add("model.trust_remote_code", "trust_remote_code", m.trust_remote_code)
+    b.add("server.tp_size", "tp_size", profile.server.tp_size)
+    b.add("server.tp_size", "nnodes", len(inventory.nodes))
+    b.add("server.tp_size", "node_rank", rank)
+    b.add("api.dist_port", "dist_init_addr", f"{inventory.rank0.fabric_address}:{profile.api.dist_port}")
+    b.add("api.host", "host", bind)
+    b.add("api.port", "port", profile.api.port)
+    for name in _SERVER_ORDER:
+        b.add(f"server.{name}", name, getattr(profile.server, name))
+    if profile.speculative is not None:
+        for attr, dest in _SPEC_FIELDS:
+            b.add(f"speculative.{attr}", dest, getattr(profile.speculative, attr))
+
+
+def _rank_env(profile: Profile, node: Node) -> dict[str, str]:
+    """A rank's environment: the profile's, the node's own after it (e.g. its CPU core binding), then the fabric
+    the collectives use (its address and interface, its RoCE devices)."""
+    env = dict(profile.env)
+    env.update(node.engine_env)        # this node's own (e.g. its CPU core binding), after the profile's
+    env.update({
+        "SGLANG_HOST_IP": node.fabric_address,
+        "NCCL_SOCKET_IFNAME": node.fabric_interface,
+        "GLOO_SOCKET_IFNAME": node.fabric_interface,
+        "TP_SOCKET_IFNAME": node.fabric_interface,
+    })
+    if node.roce_hcas:
+        env["NCCL_IB_HCA"] = ",".join(node.roce_hcas)
+    return env
+
+
 def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str] | None = None) -> RenderResult:
     """Render every rank's LaunchSpec. Raises ConfigError for anything the dialect or topology refuses."""
     environ = os.environ if environ is None else environ
@@ -234,7 +272,6 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
                           message=f"image.sglang_version: {exc.message}") from None
     _check_topology(profile, inventory)
     _check_speculative(profile, dialect)
-    rank0 = inventory.rank0
     secrets: set[str] = set()
     api_key = environ.get(profile.api.api_key_env) if profile.api.api_key_env else None
     hf_token = environ.get(profile.api.hf_token_env) if profile.api.hf_token_env else None
@@ -245,24 +282,8 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
     image = inventory.cluster.engine_image or profile.image.engine_ref()
     for rank, node in enumerate(inventory.nodes):
         b = _ArgvBuilder(profile, dialect)
-        m = profile.model
         bind = profile.api.host or node.api_bind
-        b.add("model.path", "model_path", m.path)
-        b.add("model.served_name", "served_model_name", m.served_name)
-        b.add("model.reasoning_parser", "reasoning_parser", m.reasoning_parser)
-        b.add("model.tool_call_parser", "tool_call_parser", m.tool_call_parser)
-        b.add("model.trust_remote_code", "trust_remote_code", m.trust_remote_code)
-        b.add("server.tp_size", "tp_size", profile.server.tp_size)
-        b.add("server.tp_size", "nnodes", len(inventory.nodes))
-        b.add("server.tp_size", "node_rank", rank)
-        b.add("api.dist_port", "dist_init_addr", f"{rank0.fabric_address}:{profile.api.dist_port}")
-        b.add("api.host", "host", bind)
-        b.add("api.port", "port", profile.api.port)
-        for name in _SERVER_ORDER:
-            b.add(f"server.{name}", name, getattr(profile.server, name))
-        if profile.speculative is not None:
-            for attr, dest in _SPEC_FIELDS:
-                b.add(f"speculative.{attr}", dest, getattr(profile.speculative, attr))
+        _add_flags(b, profile, inventory, rank, bind)
         flag_secrets = b.add_extra(profile.server.extra_args)
         secret_files: dict[str, str] = {}
         config_secrets = dict(flag_secrets)
@@ -284,16 +305,7 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
             b.argv += ["--config", f"{SECRETS_MOUNT}/{ENGINE_SECRETS_FILE}"]
             secret_files[ENGINE_SECRETS_FILE] = yaml.safe_dump(config_secrets)
 
-        env = dict(profile.env)
-        env.update(node.engine_env)        # this node's own (e.g. its CPU core binding), after the profile's
-        env.update({
-            "SGLANG_HOST_IP": node.fabric_address,
-            "NCCL_SOCKET_IFNAME": node.fabric_interface,
-            "GLOO_SOCKET_IFNAME": node.fabric_interface,
-            "TP_SOCKET_IFNAME": node.fabric_interface,
-        })
-        if node.roce_hcas:
-            env["NCCL_IB_HCA"] = ",".join(node.roce_hcas)
+        env = _rank_env(profile, node)
         if hf_token:
             # Not HF_TOKEN=... (docker inspect shows a container's env): huggingface_hub reads the token file
             # named by HF_TOKEN_PATH (huggingface_hub constants.HF_TOKEN_PATH, 0.x and 1.x).

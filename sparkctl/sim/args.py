@@ -165,6 +165,40 @@ _TORCH_DTYPES = {"auto": "torch.bfloat16", "bf16": "torch.bfloat16", "bfloat16":
                  "fp4_e2m1": "torch.float4_e2m1fn_x2"}
 
 
+def _speculative(a: dict[str, Any]) -> tuple[str | None, Any]:
+    """The speculative algorithm (upper case; None: off) and its draft tokens as SGLang derives them (DFLASH: its
+    block size, default 16; EAGLE and the others: steps + 1), with the derived flags written back into `a`."""
+    g: Callable[[str], Any] = a.get
+    spec = g("speculative_algorithm")
+    spec = str(spec).upper() if spec else None
+    draft_tokens = g("speculative_num_draft_tokens") or g("speculative_dflash_block_size")
+    if spec == "DFLASH":
+        draft_tokens = draft_tokens or 16
+        a["speculative_num_steps"], a["speculative_eagle_topk"] = 1, 1
+    elif spec:
+        steps = g("speculative_num_steps") or 3
+        a["speculative_num_steps"] = steps
+        a["speculative_eagle_topk"] = g("speculative_eagle_topk") or 1
+        draft_tokens = draft_tokens or steps + 1
+    a["speculative_algorithm"] = spec
+    a["speculative_num_draft_tokens"] = int(draft_tokens) if spec else None
+    return spec, draft_tokens
+
+
+def _mamba_cap(max_mamba_cache_size: Any, knobs: Knobs, mamba_ratio: Any, mrr: int) -> tuple[int, bool, int]:
+    """A hybrid model's running requests capped by its mamba state slots: (max running requests, whether the cap
+    lowered them, the mamba cache size), from --max-mamba-cache-size or the pool the performance model gives."""
+    if max_mamba_cache_size:
+        mamba_cache_size = int(max_mamba_cache_size)
+        cap = mamba_cache_size // MAMBA_STATE_SLOTS_PER_REQUEST
+    else:
+        cap = perf.mamba_cache_slots(knobs, mamba_ratio)
+        mamba_cache_size = cap * MAMBA_STATE_SLOTS_PER_REQUEST
+    if cap < mrr:
+        return max(1, cap), True, mamba_cache_size
+    return mrr, False, mamba_cache_size
+
+
 def resolve(ns: argparse.Namespace, argv: list[str], version: str, knobs: Knobs) -> Resolved:
     a: dict[str, Any] = dict(vars(ns))
     g: Callable[[str], Any] = a.get     # any value argparse gave, None when absent
@@ -202,34 +236,14 @@ def resolve(ns: argparse.Namespace, argv: list[str], version: str, knobs: Knobs)
     requested_total = _parse_tokens(g("max_total_tokens"))
     max_total = pool if requested_total is None else min(requested_total, pool)
 
-    spec = g("speculative_algorithm")
-    spec = str(spec).upper() if spec else None
-    draft_tokens = g("speculative_num_draft_tokens") or g("speculative_dflash_block_size")
-    if spec == "DFLASH":
-        draft_tokens = draft_tokens or 16
-        a["speculative_num_steps"], a["speculative_eagle_topk"] = 1, 1
-    elif spec:
-        steps = g("speculative_num_steps") or 3
-        a["speculative_num_steps"] = steps
-        a["speculative_eagle_topk"] = g("speculative_eagle_topk") or 1
-        draft_tokens = draft_tokens or steps + 1
-    a["speculative_algorithm"] = spec
-    a["speculative_num_draft_tokens"] = int(draft_tokens) if spec else None
+    spec, draft_tokens = _speculative(a)
 
     requested_mrr = int(g("max_running_requests") or knobs.default_max_running_requests)
     mrr = max(1, min(requested_mrr, max(1, max_total) // 2))
     mamba_capped = False
     mamba_cache_size = 0
     if hybrid:
-        if g("max_mamba_cache_size"):
-            mamba_cache_size = int(g("max_mamba_cache_size"))
-            cap = mamba_cache_size // MAMBA_STATE_SLOTS_PER_REQUEST
-        else:
-            cap = perf.mamba_cache_slots(knobs, mamba_ratio)
-            mamba_cache_size = cap * MAMBA_STATE_SLOTS_PER_REQUEST
-        if cap < mrr:
-            mamba_capped = True
-            mrr = max(1, cap)
+        mrr, mamba_capped, mamba_cache_size = _mamba_cap(g("max_mamba_cache_size"), knobs, mamba_ratio, mrr)
     a["max_running_requests"] = mrr
     chunked = int(g("chunked_prefill_size") or 8192)
     a["chunked_prefill_size"] = chunked

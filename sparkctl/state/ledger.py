@@ -41,7 +41,8 @@ from pydantic import ValidationError
 
 from sparkctl.errors import LedgerError, LockHeldError
 from sparkctl.jsontypes import JSONObject
-from sparkctl.state.records import DeploymentRecord, RunRecord, Status
+from sparkctl.state.records import DeploymentRecord, Status
+from sparkctl.state.runs import RunRecord
 from sparkctl.statefiles import (
     check_state_path,
     default_state_root,

@@ -37,7 +37,7 @@ from sparkctl.deploy.steps import CONFIRM, TRIAL, TUNE_BEGIN, TUNE_RESTORE
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.records import AcceptanceResult, ConcurrencyResult, DecodeResult, RunRecord, TTFTResult
+from sparkctl.state.runs import AcceptanceResult, ConcurrencyResult, DecodeResult, RunRecord, TTFTResult
 from sparkctl.state.tunejournal import Journal, TuneJournal, TuneOptions, clear_marker, write_marker
 from sparkctl.tune import g6
 from sparkctl.tune import space as sp

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from sparkctl.bench.card_files import CARD_LINE_LIMIT
 from sparkctl.bench.outcome import failures
 from sparkctl.bench.report import render_card
-from sparkctl.bench.run import CARD_LINE_LIMIT
 from sparkctl.state.cards import card_entry
 from sparkctl.state.ledger import Ledger
-from sparkctl.state.records import (
+from sparkctl.state.runs import (
     AcceptanceResult,
     ArmResults,
     ColdResult,
@@ -37,7 +37,7 @@ TODAY = ("today-card-all-gates", "today-card-off")
 
 
 def _report_json(rec: RunRecord) -> str:
-    """What `sparkctl.bench.run.write_report` writes for a record (no secrets to mask)."""
+    """What `sparkctl.bench.card_files.write_report` writes for a record (no secrets to mask)."""
     return json.dumps(rec.as_json(), indent=2, sort_keys=True, default=str) + "\n"
 
 

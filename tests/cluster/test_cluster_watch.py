@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from sparkctl.config.inventory import load_inventory
-from sparkctl.nodes import facts
+from sparkctl.nodes import docker_facts
 from sparkctl.prepare.plays import prepare
 from sparkctl.state.ledger import Ledger
 from sparkctl.watch.caches import HELPER, SUDOERS_FILE, drop_caches
@@ -72,7 +72,7 @@ def _changed(res) -> set[tuple[str, str]]:
 
 def _engine_host_pid(test_cluster: TestCluster, node: str, container: str) -> int:
     """The engine (python3) in the rank's container, as a host PID (`docker top` lists host PIDs)."""
-    procs = facts.parse_docker_top(_docker(test_cluster, node, "top", container, "-o", "pid,stat,comm"))
+    procs = docker_facts.parse_docker_top(_docker(test_cluster, node, "top", container, "-o", "pid,stat,comm"))
     engine = [p for p in procs if p.command != "docker-init"]
     assert engine, procs
     return engine[0].pid

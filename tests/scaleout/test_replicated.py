@@ -29,8 +29,9 @@ FAST = {"boot_s": 0.3, "decode_tps": 2000, "peer_timeout_s": 2, "ttft_base_s": 0
 def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
     from sparkctl.config.inventory import load_inventory
     from sparkctl.config.profile import load_profile
-    from sparkctl.deploy.replicated import Record, ReplicatedDeployer, sub_inventory
+    from sparkctl.deploy.replicated import ReplicatedDeployer, sub_inventory
     from sparkctl.router.replicas import render_replicas
+    from sparkctl.state.replicated import Record
 
     for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
         monkeypatch.delenv(key)

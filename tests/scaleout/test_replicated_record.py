@@ -77,9 +77,10 @@ def embedded(tmp_path_factory):
 @given(damaged())
 def test_a_damaged_record_is_read_or_refused_by_its_model(embedded, monkeypatch, record):
     from sparkctl.config.inventory import load_inventory
-    from sparkctl.deploy.replicated import RECORD, ReplicatedDeployer
+    from sparkctl.deploy.replicated import ReplicatedDeployer
     from sparkctl.errors import SparkctlError
     from sparkctl.state.ledger import Ledger
+    from sparkctl.state.replicated import RECORD
 
     inv_path, root = embedded
     state = root / "state"

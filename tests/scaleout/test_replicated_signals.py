@@ -66,8 +66,8 @@ def test_a_signal_during_a_first_replicated_up_stops_every_replica_at_once(slow_
     assert took < 12, f"the signal was acted on after {took:.1f}s:\n{run.stderr[-3000:]}"
     assert _engines(env, inv) == [], "engines left running"
     from sparkctl.config.inventory import load_inventory
-    from sparkctl.deploy.replicated import Record
     from sparkctl.state.ledger import Ledger
+    from sparkctl.state.replicated import Record
     rec = Record.load(Ledger.for_cluster(load_inventory(inv).cluster.name).root)
     assert rec.data.get("status") != "updating", rec.data.get("status")
 

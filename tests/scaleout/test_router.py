@@ -183,7 +183,7 @@ def test_router_gates_refuse_a_hostile_router_with_a_router_error(generate):
     from http.server import BaseHTTPRequestHandler
     from types import SimpleNamespace
 
-    from sparkctl.deploy.replicated import router_gates
+    from sparkctl.deploy.replica_steps import router_gates
     from sparkctl.router import RouterError
     from sparkctl.router.client import RouterClient
     from sparkctl.router.spec import RouterSpec

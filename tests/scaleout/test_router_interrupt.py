@@ -28,13 +28,13 @@ EXECUTE_CHILD = subprocess.Popen._execute_child  # type: ignore[attr-defined]
 
 
 def _trap(at: tuple[str, int] | None = None) -> LineTrap:
-    from sparkctl.deploy import replicated
+    from sparkctl.deploy import replica_steps
     from sparkctl.router.process import RouterProcess
-    return LineTrap([Target.code(replicated.run_router_start.__code__),
+    return LineTrap([Target.code(replica_steps.run_router_start.__code__),
                      Target.code(RouterProcess.start.__func__.__code__),        # type: ignore[attr-defined]
                      Target.code(RouterProcess.wait_live.__code__),
                      Target.code(EXECUTE_CHILD.__code__)], at,
-                    anchor=Target.code(replicated.run_router_start.__code__))
+                    anchor=Target.code(replica_steps.run_router_start.__code__))
 
 
 def _window(trail: list[str]) -> list[tuple[str, int]]:
@@ -53,9 +53,10 @@ def _window(trail: list[str]) -> list[tuple[str, int]]:
 def test_an_interrupt_at_every_line_of_the_router_start_leaves_no_router(tmp_path, monkeypatch, state_dir):
     from sparkctl.config.inventory import load_inventory
     from sparkctl.config.profile import load_profile
-    from sparkctl.deploy.replicated import Record, ReplicatedDeployer
+    from sparkctl.deploy.replicated import ReplicatedDeployer
     from sparkctl.errors import Interrupted
     from sparkctl.router.launch import logged_routers, stop_router
+    from sparkctl.state.replicated import Record
     for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
         monkeypatch.delenv(key)
     inv = load_inventory(write_embedded_inventory(tmp_path / "inventory.yml", FAST, nodes=2))

@@ -46,9 +46,10 @@ def test_deploy_import_graph_is_acyclic():
 
 def test_nothing_below_the_commands_imports_them_and_the_cluster_imports_no_layer_above():
     graph = _graph()
-    # replicated composes them (one `up` per replica); the door chooses between them: both sit above them, and
-    # nothing in deploy/ imports the door
-    assert not [m for m, deps in graph.items() if "commands" in deps and m not in ("replicated", "door")]
+    # replicated composes them (one `up` per replica, its steps in replica_steps); the door chooses between them:
+    # they sit above them, and nothing in deploy/ imports the door
+    assert not [m for m, deps in graph.items() if "commands" in deps and m not in ("replicated", "replica_steps",
+                                                                                    "door")]
     assert not [m for m, deps in graph.items() if "door" in deps]
     assert graph["cluster"] <= {"progress", "runtimes"}
 
@@ -134,11 +135,11 @@ def test_preflight_runs_every_node_before_raising():
 def test_one_step_vocabulary_feeds_the_plan_apply_and_the_crash_points():
     """Each step of `up` is one typed class named from deploy/steps.py, in UP_STEPS' order; apply has a function
     for every class (no step without its effect, no effect without its step); every name is a crash point."""
-    from sparkctl.deploy import replicated, steps  # replicated adds its steps' runners to apply's one table
+    from sparkctl.deploy import replica_steps, steps  # replica_steps adds its runners to apply's one table
     from sparkctl.deploy.apply import RUNNERS
     from sparkctl.deploy.plan import REPLICATED_STEP_TYPES, STEP_TYPES
     assert set(RUNNERS) == set(STEP_TYPES) | set(REPLICATED_STEP_TYPES)
-    assert all(RUNNERS[t].__module__ == replicated.__name__ for t in REPLICATED_STEP_TYPES)
+    assert all(RUNNERS[t].__module__ == replica_steps.__name__ for t in REPLICATED_STEP_TYPES)
     assert [t.name for t in STEP_TYPES] == [s for s in steps.UP_STEPS if s != steps.SETTLE]
     assert [t.name for t in REPLICATED_STEP_TYPES] == list(steps.REPLICATED_STEPS)
     points = set(crash_points())
@@ -173,12 +174,13 @@ def test_only_deploy_chooses_between_one_group_and_replicas():
     """Outside deploy/ nothing imports the replicated deployment to decide for itself (bench, the watcher, the CLI
     ask `deploy.door`: `deployed()`, `up`, `status`); the choice lives in one place."""
     names = {"is_replicated", "ReplicatedDeployer", "Record", "replica_inventory"}
+    modules = {"sparkctl.deploy.replicated", "sparkctl.deploy.replica_steps", "sparkctl.state.replicated"}
     found = []
     for path in sorted((DEPLOY.parent).rglob("*.py")):
-        if DEPLOY in path.parents:
+        if DEPLOY in path.parents or path == DEPLOY.parent / "state" / "replicated.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == "sparkctl.deploy.replicated":
+            if isinstance(node, ast.ImportFrom) and node.module in modules:
                 found += [f"{path.relative_to(DEPLOY.parent)}:{node.lineno}: {a.name}" for a in node.names
                           if a.name in names]
     assert not found, found

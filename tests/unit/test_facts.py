@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from sparkctl.nodes import facts
+from sparkctl.nodes import docker_facts, facts
 from testrig.captures import capture_text
 
 SPARK = "spark"
@@ -41,24 +41,24 @@ NO_DAEMON_DOCKER_INFO = ('{"ID":"","Containers":0,"Images":0,"Driver":"","Name":
 
 
 def test_docker_info_json() -> None:
-    info = facts.parse_docker_info_json(LIVE_DOCKER_INFO)
+    info = docker_facts.parse_docker_info_json(LIVE_DOCKER_INFO)
     assert info.server_version == "20.10.24+dfsg1" and info.name == "spark-a"
     assert "nvidia" in info.runtimes and info.runtime_is_runc_alias("nvidia")
-    real = facts.parse_docker_info_json(
+    real = docker_facts.parse_docker_info_json(
         '{"ServerVersion":"29.2.1","Runtimes":{"nvidia":{"path":"nvidia-container-runtime"},"runc":{"path":"runc"}}}')
     assert not real.runtime_is_runc_alias("nvidia")
 
 
 def test_docker_info_json_without_daemon_is_not_answering() -> None:
-    info = facts.parse_docker_info_json(NO_DAEMON_DOCKER_INFO)
+    info = docker_facts.parse_docker_info_json(NO_DAEMON_DOCKER_INFO)
     assert not info.answering and info.runtimes == ()
 
 
 def test_image_id() -> None:
     digest = "sha256:" + "a" * 64
-    assert facts.parse_image_id(digest + "\n") == digest
-    assert facts.parse_image_id("") is None
-    assert facts.image_id("sglang-gb10:abc").argv == ("docker", "image", "inspect", "--format", "{{.Id}}",
+    assert docker_facts.parse_image_id(digest + "\n") == digest
+    assert docker_facts.parse_image_id("") is None
+    assert docker_facts.image_id("sglang-gb10:abc").argv == ("docker", "image", "inspect", "--format", "{{.Id}}",
                                                       "sglang-gb10:abc")
 
 
@@ -187,10 +187,10 @@ def test_container_inspect() -> None:
             '"OOMKilled":true,"ExitCode":137,"Error":"","StartedAt":"2026-01-01T00:00:00.1Z",'
             '"FinishedAt":"2026-01-01T00:01:00Z"},"Config":{"Labels":{"sparkctl.rank":"0"},"Env":["A=1"],'
             '"Cmd":["python3","-m","sglang.launch_server"]}}')
-    st = facts.parse_container_inspect(text)
+    st = docker_facts.parse_container_inspect(text)
     assert st is not None and st.name == "sparkctl-desk-rank0-1" and st.exit_code == 137 and st.oom_killed
     assert st.describe() == "container exited (137) (OOM-killed)"
-    assert facts.parse_container_inspect("") is None
+    assert docker_facts.parse_container_inspect("") is None
 
 
 # `docker top CONTAINER -o pid,stat,comm` on the test cluster's spark-b daemon (Docker 20.10.24, over SSH), a
@@ -207,12 +207,12 @@ LIVE_DOCKER_TOP_PAUSED = ("PID                 STAT                COMMAND\n"
 
 
 def test_docker_top() -> None:
-    assert facts.container_processes("abc").argv == ("docker", "top", "abc", "-o", "pid,stat,comm")
-    procs = facts.parse_docker_top(LIVE_DOCKER_TOP_STOPPED)
+    assert docker_facts.container_processes("abc").argv == ("docker", "top", "abc", "-o", "pid,stat,comm")
+    procs = docker_facts.parse_docker_top(LIVE_DOCKER_TOP_STOPPED)
     assert [(p.pid, p.state, p.command) for p in procs] == [(1542, "S", "docker-init"), (1555, "S", "python3"),
                                                              (1557, "T", "sleep")]
-    assert {p.state for p in facts.parse_docker_top(LIVE_DOCKER_TOP_PAUSED)} == {"D"}
-    assert facts.parse_docker_top("") == [] and facts.parse_docker_top("[...]\n") == []
+    assert {p.state for p in docker_facts.parse_docker_top(LIVE_DOCKER_TOP_PAUSED)} == {"D"}
+    assert docker_facts.parse_docker_top("") == [] and docker_facts.parse_docker_top("[...]\n") == []
 
 
 def _liveness_script_run(tmp_path, inspect_rc: int, inspect_out: str, top_rc: int, top_out: str):
@@ -229,7 +229,7 @@ def _liveness_script_run(tmp_path, inspect_rc: int, inspect_out: str, top_rc: in
                       f'[ {inspect_rc} = 0 ] || echo "Error: No such container: $5" >&2; exit {inspect_rc}; fi\n'
                       f'if [ "$1" = top ]; then cat {tmp_path}/top.out; exit {top_rc}; fi\nexit 99\n')
     docker.chmod(docker.stat().st_mode | stat.S_IEXEC)
-    argv = list(facts.container_liveness("c" * 64).argv)
+    argv = list(docker_facts.container_liveness("c" * 64).argv)
     return subprocess.run(argv, capture_output=True, text=True, timeout=30,
                           env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
 
@@ -237,7 +237,7 @@ def _liveness_script_run(tmp_path, inspect_rc: int, inspect_out: str, top_rc: in
 def test_container_liveness_is_one_argv_read_by_both_parsers(tmp_path) -> None:
     """Liveness asks `docker inspect` and `docker top` in one remote argv (one SSH round trip); the container
     reaches the script as $1, never spliced into its text; each answer goes to its own parser."""
-    fact = facts.container_liveness("c" * 64)
+    fact = docker_facts.container_liveness("c" * 64)
     assert fact.argv[:2] == ("sh", "-c") and fact.argv[3:] == ("sh", "c" * 64) and "c" * 64 not in fact.argv[2]
     running = ('{"Id":"' + "c" * 64 + '","Name":"/sparkctl-desk-rank1-1","Image":"sha256:ff","State":{"Status":'
                '"running","Running":true,"Paused":false,"OOMKilled":false,"ExitCode":0,"Error":"","StartedAt":'
@@ -246,8 +246,8 @@ def test_container_liveness_is_one_argv_read_by_both_parsers(tmp_path) -> None:
     assert res.returncode == 0, res.stderr
     seen = fact.parse(res.stdout)
     assert seen.state is not None and seen.state.running and seen.state.name == "sparkctl-desk-rank1-1"
-    assert seen.state == facts.parse_container_inspect(running)
-    assert seen.processes == facts.parse_docker_top(LIVE_DOCKER_TOP_STOPPED)
+    assert seen.state == docker_facts.parse_container_inspect(running)
+    assert seen.processes == docker_facts.parse_docker_top(LIVE_DOCKER_TOP_STOPPED)
     assert [p.pid for p in seen.processes if p.state == "T"] == [1557]
     # a container that is not running: `docker top` fails, the answer is the state and no process list
     exited = running.replace('"running","Running":true', '"exited","Running":false')
@@ -256,5 +256,5 @@ def test_container_liveness_is_one_argv_read_by_both_parsers(tmp_path) -> None:
     assert res.returncode == 0 and seen.state is not None and seen.state.status == "exited" and seen.processes == []
     # no such container: inspect's exit status and message are the command's (the runtime reads "no such")
     res = _liveness_script_run(tmp_path, 1, "", 0, LIVE_DOCKER_TOP_STOPPED)
-    assert res.returncode == 1 and "No such container" in res.stderr and facts.LIVENESS_MARK not in res.stdout
-    assert fact.parse(res.stdout) == facts.ContainerLiveness(None, [])
+    assert res.returncode == 1 and "No such container" in res.stderr and docker_facts.LIVENESS_MARK not in res.stdout
+    assert fact.parse(res.stdout) == docker_facts.ContainerLiveness(None, [])

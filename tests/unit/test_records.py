@@ -226,8 +226,8 @@ def test_a_replicated_record_written_before_one_journal_model_still_loads(tmp_pa
     import shutil
     from pathlib import Path
 
-    from sparkctl.deploy.replicated import Record
     from sparkctl.state.records import JournalEntry, ReplicatedRecord
+    from sparkctl.state.replicated import Record
 
     old = Path(__file__).resolve().parents[1] / "fixtures" / "replicated" / "written-by-816a677.json"
     root = tmp_path / "default"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.config.inventory import load_inventory
-from sparkctl.nodes import facts
+from sparkctl.nodes import docker_facts
 from sparkctl.nodes.ssh import CommandResult
 from sparkctl.router import RouterError
 from sparkctl.router import launch as router_launch
@@ -26,8 +26,8 @@ IMAGE = "sparkctl-test-engine:139c540564510a97"
 CAPTURED = RouterSpec("0.0.0.0", 30080, ("http://198.19.8.1:30000",), health_check_interval_s=1)
 
 
-def _state(name: str) -> facts.ContainerState:
-    st = facts.parse_container_inspect((CAP / name).read_text())
+def _state(name: str) -> docker_facts.ContainerState:
+    st = docker_facts.parse_container_inspect((CAP / name).read_text())
     assert st is not None
     return st
 
@@ -58,7 +58,7 @@ class Replay:
 
 
 def _inspect(ref: str, file: str) -> tuple[list[str], tuple[int, str, str]]:
-    argv = list(facts.container_state(ref).argv)
+    argv = list(docker_facts.container_state(ref).argv)
     if file.endswith(".txt"):
         return argv, _result_file(file)
     return argv, (0, (CAP / file).read_text(), "")
@@ -135,7 +135,7 @@ def test_start_refuses_a_container_of_that_name_that_is_not_a_router():
     with pytest.raises(RouterError, match="not a sparkctl router") as info:
         RouterContainer.start(CAPTURED, node, node="spark-a", cluster="capture", image=IMAGE)
     assert f"docker rm -f {name}" in info.value.render()
-    assert node.calls == [list(facts.container_state(name).argv)]          # nothing removed, nothing run
+    assert node.calls == [list(docker_facts.container_state(name).argv)]          # nothing removed, nothing run
 
 
 @pytest.fixture
@@ -188,7 +188,7 @@ def test_removable_is_the_role_label():
 @pytest.mark.parametrize("file, removed", [("inspect-router-running.json", True), ("inspect-router-exited.json", True),
                                            ("inspect-not-router.json", False), ("inspect-missing.txt", False)])
 def test_stop_removes_only_a_router_by_its_recorded_id(file, removed):
-    st = facts.parse_container_inspect((CAP / file).read_text()) if file.endswith(".json") else None
+    st = docker_facts.parse_container_inspect((CAP / file).read_text()) if file.endswith(".json") else None
     cid = st.id if st else "0" * 64
     node = Replay([_inspect(cid, file), (["docker", "rm", "--force"], (0, cid, ""))])
     rc = RouterContainer(CAPTURED, "spark-a", node, "sparkctl-capture-router", cid, IMAGE)

@@ -63,7 +63,7 @@ def test_a_replicated_record_from_before_the_profile_was_kept_refuses_never_read
     deployed: its restart is refused (rebuilding it from the profile file could roll out edits never deployed)."""
     import shutil
 
-    from sparkctl.deploy.replicated import Record
+    from sparkctl.state.replicated import Record
     old = Path(__file__).resolve().parents[1] / "fixtures" / "replicated" / "written-by-816a677.json"
     root = tmp_path / "default"
     root.mkdir(mode=0o700)

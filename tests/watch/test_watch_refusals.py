@@ -33,8 +33,9 @@ import yaml
 from sparkctl.config.inventory import load_inventory
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import process_engines
-from sparkctl.deploy.replicated import Record, replica_inventory
+from sparkctl.deploy.replicated import replica_inventory
 from sparkctl.state.ledger import Ledger
+from sparkctl.state.replicated import Record
 from testrig.handles import active, pid_of
 from testrig.testenv import need_module
 from testrig.watchrig import Hook, alive, metric, wait_until

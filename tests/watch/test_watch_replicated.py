@@ -11,8 +11,8 @@ import signal
 
 import httpx
 
-from sparkctl.deploy.replicated import Record
 from sparkctl.state.ledger import Ledger
+from sparkctl.state.replicated import Record
 from testrig.embedded import stop_cluster_engines, write_replicated_profile
 from testrig.handles import active, pid_of
 from testrig.testenv import need_module
