@@ -136,6 +136,19 @@ def _forget_pulled(env) -> None:
     env["b"].run(["rm", "-f", f"{peer.host_paths.cache}/{PULLED_FILE}"], check=True)
 
 
+def _flag_only_copy(env, watchdog_timeout: int):
+    """A profile one launch flag apart built on spark-a and copied to spark-b: (its plan, the launch image's
+    transfer, the copy's lines); the engine image, which spark-b holds, is skipped."""
+    src, dst = _endpoints(env)
+    changed = _plan(env, watchdog_timeout=watchdog_timeout)
+    build_images(changed, env["a"])
+    lines: list[str] = []
+    transfers = distribute([changed.engine_tag, changed.launch_tag], src, [dst], report=lines.append)
+    engine_t = next(t for t in transfers if t.image == changed.engine_tag)
+    assert engine_t.skipped and engine_t.rx_bytes == 0
+    return changed, next(t for t in transfers if t.image == changed.launch_tag), lines
+
+
 @pytest.fixture
 def fabric_ssh(env):
     """The fabric key on spark-a and spark-b's host key pinned (`sparkctl prepare --tags fabric-ssh`), for one test:
@@ -155,13 +168,7 @@ def test_flag_only_change_after_a_stream_streams_only_the_launch_layer(env, buil
     assert manage.verify_images(plan, env["conns"])                   # same IDs on both nodes
     _forget_pulled(env)
 
-    changed = _plan(env, watchdog_timeout=603 + RUN)
-    build_images(changed, env["a"])
-    lines: list[str] = []
-    transfers = distribute([changed.engine_tag, changed.launch_tag], src, [dst], report=lines.append)
-    engine_t = next(t for t in transfers if t.image == changed.engine_tag)
-    launch_t = next(t for t in transfers if t.image == changed.launch_tag)
-    assert engine_t.skipped and engine_t.rx_bytes == 0
+    changed, launch_t, lines = _flag_only_copy(env, 603 + RUN)
     n = len(image_layers(env["a"], changed.launch_tag))
     assert (launch_t.via, launch_t.stream_layers) == ("stream", (1, n)), lines
     size = int(env["a"].run(["docker", "image", "inspect", "--format", "{{.Size}}", changed.launch_tag]).stdout)
@@ -186,13 +193,7 @@ def test_peer_receives_only_missing_layers_and_nothing_when_it_has_them(env, bui
 
     # ... so that a flag-only change through the registry costs its one thin layer: spark-b's record of what it
     # pulled tells the choice that Docker's pull cache knows the engine's layers
-    changed = _plan(env, watchdog_timeout=601 + RUN)
-    build_images(changed, env["a"])
-    lines: list[str] = []
-    transfers = distribute([changed.engine_tag, changed.launch_tag], src, [dst], report=lines.append)
-    engine_t = next(t for t in transfers if t.image == changed.engine_tag)
-    launch_t = next(t for t in transfers if t.image == changed.launch_tag)
-    assert engine_t.skipped and engine_t.rx_bytes == 0
+    changed, launch_t, lines = _flag_only_copy(env, 601 + RUN)
     assert launch_t.via == "registry", lines
     assert [layer.sent for layer in launch_t.layers].count(True) == 1 and not launch_t.skipped
     size = int(env["a"].run(["docker", "image", "inspect", "--format", "{{.Size}}", changed.launch_tag]).stdout)
