@@ -43,6 +43,12 @@ from sparkctl.nodes import procfs
 log = logging.getLogger("sparkctl.nodes.enginegroup")
 
 CGROUP_TOP = "sparkctl"
+# How long a stop waits, after SIGKILL, for the engine's processes to be gone. A SIGKILLed process ends once the
+# kernel has torn it down (its memory unmapped, its I/O returned): 5 s was too short on a loaded 2-core machine,
+# where a real SGLang rank still held its port after the stop returned (tests/realengine/test_engine_tree_real.py,
+# after-ready-sigkill, load 10-13); the stop returns as soon as nothing is left, so a longer bound costs only the
+# slow case.
+KILL_S = 30.0
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.@-]")
 _LEAF = re.compile(r"^(?P<deployment>.+)\.rank(?P<rank>\d+)\.(?P<nonce>\d+)$")
 
@@ -139,7 +145,7 @@ class EngineGroup:
                 return left
             time.sleep(poll_s)
 
-    def kill(self, *, kill_s: float = 5.0, reap: Callable[[], None] | None = None) -> list[Member]:
+    def kill(self, *, kill_s: float = KILL_S, reap: Callable[[], None] | None = None) -> list[Member]:
         """SIGKILL every process until none remains (a process forking meanwhile is taken too), up to `kill_s`;
         what remains then (a process in uninterruptible sleep dies when its I/O returns)."""
         deadline = time.monotonic() + kill_s

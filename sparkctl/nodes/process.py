@@ -282,8 +282,8 @@ class ProcessRuntime:
     def stop(self, handle: ProcessHandle, *, timeout_s: float = 15.0) -> None:
         """Stop the whole engine: SIGTERM through its log pipe (which passes it on, and stops what the engine leaves
         once it exits), then SIGKILL to every process of it still there after `timeout_s`; returns once none of it
-        remains (or, for a process that a SIGKILL cannot end yet, after 5 s more, with a warning). Once it is gone,
-        its secret files and cgroup go too (a restart makes them again)."""
+        remains (or, for a process that a SIGKILL cannot end yet, after `enginegroup.KILL_S` more, with a warning).
+        Once it is gone, its secret files and cgroup go too (a restart makes them again)."""
         self._stop(handle, timeout_s)
         if not self._ours(handle):
             self._drop_secrets(handle.deployment, handle.rank)
