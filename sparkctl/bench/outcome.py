@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from sparkctl.bench.target import Arm
 from sparkctl.errors import BenchError, SparkctlError
+from sparkctl.redaction import redact
 from sparkctl.sglang.client import EndpointBoundError, EndpointProtocolError, Limits, RunGuard, SGLangAPIError
-from sparkctl.sglang.launch import redact
 from sparkctl.state.runs import AcceptanceResult, ConcurrencyResult, GateFailure, RunRecord, TTFTResult
 from sparkctl.untrusted import mask_url_credentials
 

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 from sparkctl.errors import BenchError, SparkctlError
 from sparkctl.jsontypes import JSONObject
+from sparkctl.redaction import redact
 from sparkctl.sglang.bounds import RunGuard
-from sparkctl.sglang.launch import redact
 
 if TYPE_CHECKING:
     from sparkctl.deploy.runtimes import Runtimes

@@ -67,12 +67,12 @@ from sparkctl.errors import ConfigError, LedgerError, LockHeldError, SparkctlErr
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.fanout import fan_out
 from sparkctl.nodes.process import read_lines
+from sparkctl.redaction import redact
 from sparkctl.router import RouterError, strip_colour
 from sparkctl.router import launch as router_launch
 from sparkctl.router.client import RouterClient
 from sparkctl.router.replicas import Replica, render_replicas, replica_cluster, router_endpoint, router_spec
 from sparkctl.router.spec import RouterSpec
-from sparkctl.sglang.launch import redact
 from sparkctl.state.controller import this_controller
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import CheckResult, JournalEntry

@@ -6,7 +6,7 @@ anyway (log tails, not logs). Schema ``sparkctl-doctor-bundle/1``: versions, the
 every rank's rendered argv and env, the journal, the tail of each source read, the preflight facts and the findings.
 
 Redaction: the record's argv and env were stored redacted (LaunchSpec.redacted); they pass again through
-`redact_argv` and SECRET_ENV, and every string of the bundle through `redact` (sparkctl.sglang.launch, the one
+`redact_argv` and SECRET_ENV, and every string of the bundle through `redact` (sparkctl.redaction, the one
 redaction rule) with the values of the environment variables that hold secrets here (the profile's api_key_env and
 hf_token_env, and SECRET_ENV's) plus its ServerArgs field rule (``api_key='...'``).
 
@@ -28,7 +28,7 @@ from typing import Any
 
 from sparkctl.doctor.collect import Collected, DoctorReport
 from sparkctl.jsontypes import JSONObject
-from sparkctl.sglang.launch import REDACTED, SECRET_ENV, SECRET_OPTIONS, redact, redact_argv
+from sparkctl.redaction import REDACTED, SECRET_ENV, SECRET_OPTIONS, redact, redact_argv
 from sparkctl.state.ledger import now_iso
 from sparkctl.state.records import DeploymentRecord
 from sparkctl.watch.notify import mask_urls

@@ -19,7 +19,7 @@ from sparkctl.doctor.collect import (
     pick_deployment,
     report_of,
 )
-from sparkctl.sglang.launch import redact
+from sparkctl.redaction import redact
 from sparkctl.state.records import DeploymentRecord
 
 if TYPE_CHECKING:

@@ -24,7 +24,8 @@ from typing import Any
 
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
-from sparkctl.sglang.launch import SECRET_ENV, SECRETS_MOUNT, LaunchSpec
+from sparkctl.redaction import SECRET_ENV
+from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec
 
 LAUNCH_JSON = "/etc/sparkctl/launch.json"
 SCHEMA = 1

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
-from sparkctl.sglang.launch import REDACTED, SECRET_ENV, SECRETS_MOUNT, LaunchSpec, redact_argv
+from sparkctl.redaction import REDACTED, SECRET_ENV, redact_argv
+from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Node

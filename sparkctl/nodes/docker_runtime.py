@@ -81,7 +81,8 @@ from sparkctl.nodes.docker_logs import LOG_LOOKBACK_NS, LogEntry, _Cursor, _sinc
 from sparkctl.nodes.node_facts import NodeFacts, gather_over_ssh
 from sparkctl.nodes.runtime import DockerHandle, Liveness, sim_env
 from sparkctl.nodes.ssh import CommandResult, SSHConnector, connector_for
-from sparkctl.sglang.launch import LaunchSpec, redact, redact_argv
+from sparkctl.redaction import redact, redact_argv
+from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.statefiles import write_text_atomic
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 The process runtime's engine log lives in sparkctl's state directory, and SGLang (like the emulator) prints its
 ``server_args=ServerArgs(..., api_key='KEY', ...)`` at start-up. So the engine does not write the file itself:
-this small parent reads its stdout+stderr line by line, passes each line through `sparkctl.sglang.launch.redact`
+this small parent reads its stdout+stderr line by line, passes each line through `sparkctl.redaction.redact`
 (the values of the rank's secret files, plus the ``api_key='...'`` pattern) and appends it to LOG (0600).
 
 It is the process the runtime records (the leader of a new session); the engine runs in a process group of its
@@ -55,7 +55,7 @@ import yaml
 
 from sparkctl.nodes.enginegroup import EngineGroup, release_shm, shm_files
 from sparkctl.nodes.procfs import descendants, start_ticks
-from sparkctl.sglang.launch import redact
+from sparkctl.redaction import redact
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36

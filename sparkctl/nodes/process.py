@@ -58,7 +58,8 @@ from sparkctl.nodes.logpipe import ENGINE_ENV_FILE
 from sparkctl.nodes.node_facts import NodeFacts, host_model_path, model_paths
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
 from sparkctl.nodes.ssh import CommandResult
-from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec, redact, redact_argv
+from sparkctl.redaction import redact, redact_argv
+from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec
 from sparkctl.sglang.render import MODELS_MOUNT
 from sparkctl.statefiles import open_state_file, private_dir, state_dir_error
 

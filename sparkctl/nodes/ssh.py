@@ -53,7 +53,7 @@ from sparkctl.errors import CommandFailed, NodeError
 from sparkctl.extras import needed
 from sparkctl.nodes.fanout import fan_out, raise_first
 from sparkctl.nodes.hostkeys import fingerprint, host_key_name, key_type, known_hosts_path, missing_key_policy
-from sparkctl.sglang.launch import redact
+from sparkctl.redaction import redact
 
 if TYPE_CHECKING:  # heavy imports stay lazy: `sparkctl --help` must not import paramiko
     from fabric import Connection

@@ -28,8 +28,8 @@ from collections.abc import Generator, Iterator
 import httpx
 
 from sparkctl.jsontypes import JSONMapping, JSONObject
+from sparkctl.redaction import redact
 from sparkctl.sglang.bounds import DeadlineTransport, Limits, RunGuard
-from sparkctl.sglang.launch import redact
 from sparkctl.sglang.responses import (
     ChatResult,
     Delta,

@@ -21,9 +21,10 @@ from sparkctl.config.inventory import Inventory, Node
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
+from sparkctl.redaction import SECRET_OPTIONS
 from sparkctl.sglang.dialect import Dialect, Flag, load_dialect
 from sparkctl.sglang.endpoints import group_listeners, refuse_collisions
-from sparkctl.sglang.launch import ENGINE_SECRETS_FILE, HF_TOKEN_FILE, SECRET_OPTIONS, SECRETS_MOUNT, LaunchSpec
+from sparkctl.sglang.launch import ENGINE_SECRETS_FILE, HF_TOKEN_FILE, SECRETS_MOUNT, LaunchSpec
 
 log = logging.getLogger("sparkctl.render")
 

@@ -34,7 +34,7 @@ from urllib.parse import unquote, urlsplit
 
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject, JSONValue
-from sparkctl.sglang.launch import SECRET_ENV
+from sparkctl.redaction import SECRET_ENV
 from sparkctl.untrusted import mask_url_credentials
 
 if TYPE_CHECKING:

@@ -456,7 +456,7 @@ def test_real_0523_server_args_is_a_dict_and_parses_like_the_0516_repr():
 
 
 def test_api_key_redacted_in_both_spellings_of_server_args():
-    from sparkctl.sglang.launch import redact
+    from sparkctl.redaction import redact
     assert redact("server_args={'model_path': '/m', 'api_key': 'k-unknown', 'admin_api_key': None}", ()) == \
         "server_args={'model_path': '/m', 'api_key': '***', 'admin_api_key': None}"
     assert redact("server_args=ServerArgs(api_key='k-unknown', port=1)", ()) == \

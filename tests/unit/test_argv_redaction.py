@@ -14,7 +14,8 @@ from sparkctl.nodes.container import container_config
 from sparkctl.nodes.docker_runtime import DockerRuntime
 from sparkctl.nodes.process import ProcessRuntime
 from sparkctl.nodes.ssh import CommandResult
-from sparkctl.sglang.launch import REDACTED, LaunchSpec
+from sparkctl.redaction import REDACTED
+from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import render
 from testrig.embedded import write_embedded_inventory
 

@@ -181,3 +181,12 @@ def test_a_killed_logpipe_takes_its_engine_along_and_writes_nothing(tmp_path):
 def test_a_log_that_cannot_be_written_drops_lines_not_the_engine(tmp_path):
     code, said = _finish(_pipe(tmp_path, SCRIPT + "sys.exit(5)", log=Path("/dev/full")))
     assert code == 5 and said == ""
+
+
+def test_the_pipe_starts_light_it_never_imports_pydantic_httpx_or_the_cli():
+    """One pipe starts per rank started, in the boot's path: its imports are the redaction rule and the process
+    helpers only (sparkctl/redaction.py says why)."""
+    probe = ("import sys, sparkctl.nodes.logpipe; "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'pydantic', 'httpx', 'typer', 'jinja2', 'docker'}))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)

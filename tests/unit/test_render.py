@@ -153,7 +153,7 @@ def test_extra_args_may_not_carry_their_own_config_file(tmp_path, monkeypatch, p
 
 
 def test_redact_hides_known_values_and_server_args_fields():
-    from sparkctl.sglang.launch import redact
+    from sparkctl.redaction import redact
     line = "server_args=ServerArgs(model_path='/m', api_key='unknown-key', admin_api_key=\"k2\", port=30000)"
     assert redact(line, ()) == ("server_args=ServerArgs(model_path='/m', api_key='***', admin_api_key=\"***\", "
                                 "port=30000)")
