@@ -229,6 +229,22 @@ class SignalTimes:
                 f"{max(acted, default=0):.3f} s; boundary -> exit max {max(exits, default=0):.2f} s")
 
 
+HANDLED_SIGNALS = ("INT", "TERM", "HUP")
+
+
+def dealt_signals(points: list[str], signals: tuple[str, ...] = HANDLED_SIGNALS) -> list[tuple[str, str]]:
+    """Each point with one of `signals`, dealt in turn (point k gets signal k mod n): every point meets a signal and
+    every signal about 1/n of the points, not every pair.
+
+    SIGINT, SIGTERM and SIGHUP take one path in sparkctl: `cli/signals.py` installs one handler for the three, which
+    raises `Interrupted` for each; they differ only in the name said and the exit code (128 + the signal), which
+    tests/unit/test_cli_signals.py checks for each and every matrix point checks for the signal it meets. Every pair
+    tested that one path three times: the three signal matrices were ~2,660 s of the suite's worker time (full run,
+    4 workers, 2026-12-06). SIGKILL is another path (no handler; the next command settles the intent records): a
+    matrix that covers it keeps it at every point (tests/lifecycle/test_crash_matrix.py, tests/tune/...)."""
+    return [(p, signals[k % len(signals)]) for k, p in enumerate(points)]
+
+
 def run_at_boundary(args: list[str], point: str, sig: str, env: dict[str, str], *,
                     timeout: float = 300.0) -> AtBoundary:
     """`sparkctl ARGS` with ``SPARKCTL_CRASH_AT=<point>:<sig>`` (sig KILL, INT, TERM or HUP; sparkctl/deploy/steps.py);

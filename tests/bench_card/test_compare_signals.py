@@ -1,5 +1,6 @@
-"""Every `bench --compare` boundary (`deploy.steps.COMPARE_STEPS`, before and after) x {SIGINT, SIGTERM, SIGHUP},
-each followed by `status` (truthful) and the next command (converges, what ran before the comparison restored).
+"""Every `bench --compare` boundary (`deploy.steps.COMPARE_STEPS`, before and after), each with one of SIGINT, SIGTERM
+and SIGHUP dealt in turn (the three take one handler: `testrig.controller.dealt_signals`), each followed by `status`
+(truthful) and the next command (converges, what ran before the comparison restored).
 Its SIGKILL points are in tests/lifecycle/test_crash_matrix.py (`bench-compare:*`).
 
 One embedded cluster on a short emulator boot is shared by the points of a worker (the converging `up` of one point
@@ -21,13 +22,12 @@ from pathlib import Path
 import pytest
 
 from sparkctl.deploy.steps import COMPARE_COMMAND, COMPARE_STEPS, crash_points
-from testrig.controller import SignalRig, SignalTimes, run_at_boundary
+from testrig.controller import HANDLED_SIGNALS, SignalRig, SignalTimes, dealt_signals, run_at_boundary
 
 FAST = {"boot_s": 0.3, "decode_tps": 6000, "peer_timeout_s": 2, "ttft_base_s": 0.01}
 KEY = "sk-compare-signals-secret"
 BENCH = ["bench", "--compare", "dflash-off", "--gates", "cold", "--warmup", "0", "--json"]
-SIGNALS = ("INT", "TERM", "HUP")
-POINTS = [(f"{c}:{s}:{w}", sig) for c, s, w in crash_points() if c == COMPARE_COMMAND for sig in SIGNALS]
+POINTS = dealt_signals([f"{c}:{s}:{w}" for c, s, w in crash_points() if c == COMPARE_COMMAND])
 TIMES = SignalTimes("compare signals")
 
 
@@ -110,5 +110,5 @@ def test_a_signal_at_every_compare_boundary(rig, point, sig):
 
 
 def test_the_compare_matrix_covers_every_compare_step():
-    assert {p.split(":")[1] for p, _ in POINTS} == set(COMPARE_STEPS) and {s for _, s in POINTS} == set(SIGNALS)
-    assert len(POINTS) == len(COMPARE_STEPS) * 2 * len(SIGNALS)
+    assert {p.split(":")[1] for p, _ in POINTS} == set(COMPARE_STEPS) and {s for _, s in POINTS} == set(HANDLED_SIGNALS)
+    assert len(POINTS) == len(COMPARE_STEPS) * 2

@@ -1,7 +1,7 @@
 """Every boundary of a replicated `up` (`deploy.steps.replicated_crash_points`, plus the lifecycle's boot and
-hand-off inside a replica's own `up`) x {SIGINT, SIGTERM, SIGHUP}, delivered at the boundary itself
-(``SPARKCTL_CRASH_AT=<point>:<SIG>``), each followed by `status` and the next `up`. SIGKILL at the same points is
-tests/scaleout/test_replicated_crash.py.
+hand-off inside a replica's own `up`), each with one of SIGINT, SIGTERM and SIGHUP dealt in turn (the three take one
+handler: `testrig.controller.dealt_signals`), delivered at the boundary itself (``SPARKCTL_CRASH_AT=<point>:<SIG>``),
+each followed by `status` and the next `up`. SIGKILL at the same points is tests/scaleout/test_replicated_crash.py.
 
 A rolling update (p1 <-> p2, every point rolls to the other profile) under a client loop through the router, and
 a first `up` (nothing runs). After each signal:
@@ -27,16 +27,15 @@ import httpx
 import pytest
 
 from sparkctl.deploy.steps import replicated_crash_points
-from testrig.controller import SignalRig, SignalTimes, run_at_boundary
+from testrig.controller import HANDLED_SIGNALS, SignalRig, SignalTimes, dealt_signals, run_at_boundary
 from testrig.embedded import write_replicated_profile
 from testrig.testenv import need_module
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
 FAST = {"boot_s": 0.3, "decode_tps": 4000, "peer_timeout_s": 2, "ttft_base_s": 0.002}
-SIGNALS = ("INT", "TERM", "HUP")
 INNER = [("up", "boot", "after"), ("up", "hand-off", "before")]       # inside a replica's own `up`
-ROLLING = [(":".join(p), s) for p in [*replicated_crash_points(), *INNER] for s in SIGNALS]
-FIRST_UP = [(":".join(p), s) for p in replicated_crash_points() if p[1] != "replica-detach" for s in SIGNALS]
+ROLLING = dealt_signals([":".join(p) for p in [*replicated_crash_points(), *INNER]])
+FIRST_UP = dealt_signals([":".join(p) for p in replicated_crash_points() if p[1] != "replica-detach"])
 TIMES = SignalTimes("replicated signals")
 
 
@@ -182,4 +181,5 @@ def test_a_signal_at_every_boundary_of_a_first_up(first, point, sig):
 def test_the_matrices_cover_every_replicated_step_and_signal():
     from sparkctl.deploy.steps import REPLICATED_STEPS
     assert {p.split(":")[1] for p, _ in ROLLING} >= set(REPLICATED_STEPS)
-    assert {s for _, s in ROLLING} == {s for _, s in FIRST_UP} == set(SIGNALS)
+    assert {p for p, _ in ROLLING} == {":".join(p) for p in [*replicated_crash_points(), *INNER]}
+    assert {s for _, s in ROLLING} == {s for _, s in FIRST_UP} == set(HANDLED_SIGNALS)

@@ -1,6 +1,8 @@
 """A tune's restore says what runs after it, read back from the cluster (deploy.door.read_back), never what it
 meant to do: generated over how the tune ended (killed at each tune step and settled by the next tune, killed and
-resumed, completed) x whether the user deployed something of their own in between.
+resumed, completed) x whether the user deployed something of their own in between, as a pairwise covering set:
+every (kill point, next command), (kill point, user deployed) and (next command, user deployed) pair is a case, 12
+cases rather than the 22 of the full product (each ~36 s at load: a killed tune and a whole tune after it).
 
 The user's profile `prod` launches exactly what the tune's candidate launches (the same argv under another
 name): the case where a restore (or the user's own `up`) used to call the arm still running "unchanged", reported
@@ -22,7 +24,8 @@ TUNE = ("tune", "--profile", "t5", "--vary", "speculative.num_draft_tokens=6", "
 PROD = "extends: t5\nspeculative:\n  num_draft_tokens: 6\n"        # the candidate's launch, the user's name
 DIED = ("tune:tune-begin:after", "tune:trial@0:after", "tune:trial@1:after", "tune:confirm@1:after",
         "tune:tune-restore:before")
-CASES = ([(f"died {p}", nxt, user) for p in DIED for nxt in ("next tune", "resume") for user in (False, True)]
+NEXT = ("next tune", "resume")
+CASES = ([(f"died {p}", nxt, bool((i + j) % 2)) for i, p in enumerate(DIED) for j, nxt in enumerate(NEXT)]
          + [("completed", "next tune", user) for user in (False, True)])
 
 
@@ -92,3 +95,12 @@ def test_a_restore_that_leaves_something_else_serving_says_so(cli, tune_cluster,
     r = door.read_back(d, None, {"ok": True, "action": "down"}, lines.append)
     assert not r["ok"] and "t5-off" in r["error"], r
     assert door.read_back(d, "t5-off", {"ok": True, "profile": "t5-off"}, lines.append)["ok"]
+
+
+def test_the_cases_cover_every_pair_of_how_it_ended_the_next_command_and_the_users_up():
+    died = [(h, n, u) for h, n, u in CASES if h.startswith("died ")]
+    assert {h for h, _, _ in died} == {f"died {p}" for p in DIED}
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+        want = {(x, y) for x in {c[a] for c in died} for y in {c[b] for c in died}}
+        assert {(c[a], c[b]) for c in died} == want, (a, b)
+    assert {u for h, _, u in CASES if h == "completed"} == {False, True}

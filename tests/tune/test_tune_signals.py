@@ -1,5 +1,6 @@
-"""Every tune boundary (`deploy.steps.tune_crash_points`) x {SIGKILL, SIGINT, SIGTERM, SIGHUP}, each followed by
-`status` (truthful) and the next command (converges).
+"""Every tune boundary (`deploy.steps.tune_crash_points`) with SIGKILL, and again with one of SIGINT, SIGTERM and
+SIGHUP dealt in turn (the three take one handler: `testrig.controller.dealt_signals`), each followed by `status`
+(truthful) and the next command (converges).
 
 One embedded cluster with the planted optimum (tests/tune/conftest.py) is shared by every point, in order (one
 xdist group): each point starts from t5-off deployed, runs a small tune (baseline + one candidate, one A/B round)
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.deploy.steps import tune_crash_points
-from testrig.controller import SignalRig, SignalTimes, run_at_boundary
+from testrig.controller import HANDLED_SIGNALS, SignalRig, SignalTimes, dealt_signals, run_at_boundary
 
 
 def _tune_conftest():
@@ -40,8 +41,8 @@ PLANTED, FAST_D5, FAST_OFF = _C.PLANTED, _C.FAST_D5, _C.FAST_OFF
 
 TUNE = ["tune", "--profile", "t5", "--vary", "speculative.num_draft_tokens=6", "--runs", "1", "--max-tokens", "64",
         "--warmup", "0", "--confirm-rounds", "1", "--force", "--json"]
-SIGNALS = ("KILL", "INT", "TERM", "HUP")
-POINTS = [(f"{c}:{s}:{w}", sig) for c, s, w in tune_crash_points() for sig in SIGNALS]
+BOUNDARIES = [f"{c}:{s}:{w}" for c, s, w in tune_crash_points()]
+POINTS = [pair for k, p in enumerate(BOUNDARIES) for pair in ((p, "KILL"), dealt_signals(BOUNDARIES)[k])]
 TIMES = SignalTimes("tune signals")
 
 
@@ -135,7 +136,9 @@ def test_a_signal_at_every_tune_boundary(rig, point, sig):
 
 def test_the_tune_matrix_covers_every_tune_step():
     from sparkctl.deploy.steps import TUNE_STEPS
-    assert {p.split(":")[1] for p, _ in POINTS} == set(TUNE_STEPS) and {s for _, s in POINTS} == set(SIGNALS)
+    assert {p.split(":")[1] for p, _ in POINTS} == set(TUNE_STEPS)
+    assert {p for p, s in POINTS if s == "KILL"} == {p for p, s in POINTS if s != "KILL"} == set(BOUNDARIES)
+    assert {s for _, s in POINTS} == {"KILL", *HANDLED_SIGNALS}
 
 
 def test_the_crash_contract_parses_three_and_four_fields():
