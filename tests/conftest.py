@@ -189,10 +189,7 @@ def profiles_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-# peer_timeout_s: how long an emulated rank waits on a silent peer before its emulated NCCL watchdog fires. 2 s was
-# too short beside real engines booting (load 10-13 on 2 cores): a rollback's rank 1 failed after 2.2 s waiting on a
-# rank 0 that was only slow (tests/lifecycle/test_secret_sweep.py, 2026-12-06); the cluster tests use 5 s.
-FAST_SIM = {"boot_s": 0.4, "decode_tps": 4000, "peer_timeout_s": 5}
+FAST_SIM = {"boot_s": 0.4, "decode_tps": 4000}     # peer_timeout_s: testrig.embedded.PEER_TIMEOUT_S
 
 
 @pytest.fixture

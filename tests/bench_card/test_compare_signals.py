@@ -24,7 +24,7 @@ import pytest
 from sparkctl.deploy.steps import COMPARE_COMMAND, COMPARE_STEPS, crash_points
 from testrig.controller import HANDLED_SIGNALS, SignalRig, SignalTimes, dealt_signals, run_at_boundary
 
-FAST = {"boot_s": 0.3, "decode_tps": 6000, "peer_timeout_s": 2, "ttft_base_s": 0.01}
+FAST = {"boot_s": 0.3, "decode_tps": 6000, "ttft_base_s": 0.01}
 KEY = "sk-compare-signals-secret"
 BENCH = ["bench", "--compare", "dflash-off", "--gates", "cold", "--warmup", "0", "--json"]
 POINTS = dealt_signals([f"{c}:{s}:{w}" for c, s, w in crash_points() if c == COMPARE_COMMAND])

@@ -27,7 +27,7 @@ import pytest
 from sparkctl.deploy.steps import COMMANDS, CRASH_ENV, RESTORE_STEPS, crash_points
 from testrig.controller import run_in_process
 
-FAST = {"boot_s": 0.3, "decode_tps": 6000, "peer_timeout_s": 2, "ttft_base_s": 0.01}
+FAST = {"boot_s": 0.3, "decode_tps": 6000, "ttft_base_s": 0.01}
 KEY = "sk-crash-matrix-secret"
 
 

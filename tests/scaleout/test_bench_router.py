@@ -27,7 +27,7 @@ from testrig.testenv import need_module
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
 
-FAST = {"boot_s": 0.3, "decode_tps": 400, "peer_timeout_s": 2, "ttft_base_s": 0.002}
+FAST = {"boot_s": 0.3, "decode_tps": 400, "ttft_base_s": 0.002}
 BENCH = ["bench", "--gates", "concurrency", "--max-tokens", "40", "--warmup", "0"]
 HYBRID = "server:\n  tp_size: {tp}\n  mamba_full_memory_ratio: 2\n  enable_metrics: true\nwarmup:\n  requests: 0\n"
 REPLICATED = ("description: two TP=1 replicas, each capped to 1 running request by the mamba state cache\n"

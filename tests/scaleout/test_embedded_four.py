@@ -9,7 +9,7 @@ import httpx
 
 from testrig.embedded import stop_recorded_engines, write_embedded_inventory
 
-FAST = {"boot_s": 0.3, "decode_tps": 4000, "peer_timeout_s": 2}
+FAST = {"boot_s": 0.3, "decode_tps": 4000}
 
 
 def test_four_node_embedded_up_status_down(tmp_path, monkeypatch, cli, state_dir):

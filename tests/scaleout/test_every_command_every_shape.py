@@ -287,7 +287,7 @@ def test_the_table_covers_every_profile_option():
 @pytest.fixture(scope="module")
 def four(tmp_path_factory):
     root = tmp_path_factory.mktemp("shapes")
-    inv = write_embedded_inventory(root / "inventory.yml", {"boot_s": 0.3, "decode_tps": 4000, "peer_timeout_s": 2},
+    inv = write_embedded_inventory(root / "inventory.yml", {"boot_s": 0.3, "decode_tps": 4000},
                                    nodes=4)
     profiles = root / "profiles"
     profiles.mkdir()

@@ -13,7 +13,7 @@ import pytest
 from testrig.embedded import write_embedded_inventory, write_replicated_profile
 from testrig.testenv import need_module
 
-FAST = {"boot_s": 0.3, "decode_tps": 2000, "peer_timeout_s": 2, "ttft_base_s": 0.002}
+FAST = {"boot_s": 0.3, "decode_tps": 2000, "ttft_base_s": 0.002}
 DAMAGE = {"truncated": lambda text: text[: len(text) // 2], "garbage": lambda text: "\x00\xff not json {{{",
           "wrong schema": lambda text: json.dumps({"replicas": 5, "router": "x", "status": ["active"]})}
 KINDS = ("single group", "replicated")

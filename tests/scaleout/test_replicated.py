@@ -23,7 +23,7 @@ from testrig.testenv import need_module
 from testrig.traffic import Traffic
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
-FAST = {"boot_s": 0.3, "decode_tps": 2000, "peer_timeout_s": 2, "ttft_base_s": 0.002}
+FAST = {"boot_s": 0.3, "decode_tps": 2000, "ttft_base_s": 0.002}
 
 
 def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):

@@ -17,7 +17,7 @@ from testrig.testenv import need_module
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
 REPO = Path(__file__).resolve().parents[2]
-FAST = {"boot_s": 0.3, "decode_tps": 4000, "peer_timeout_s": 2, "ttft_base_s": 0.002}
+FAST = {"boot_s": 0.3, "decode_tps": 4000, "ttft_base_s": 0.002}
 # Every boundary of the replicated steps, and the lifecycle's own boundaries inside a replica's `up` (the replica's
 # boot and hand-off: a kill -9 there is the crash matrix's point, in the middle of a rolling update).
 POINTS = list(replicated_crash_points()) + [("up", "boot", "after"), ("up", "hand-off", "before")]

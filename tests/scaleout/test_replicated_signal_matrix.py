@@ -32,7 +32,7 @@ from testrig.embedded import write_replicated_profile
 from testrig.testenv import need_module
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
-FAST = {"boot_s": 0.3, "decode_tps": 4000, "peer_timeout_s": 2, "ttft_base_s": 0.002}
+FAST = {"boot_s": 0.3, "decode_tps": 4000, "ttft_base_s": 0.002}
 INNER = [("up", "boot", "after"), ("up", "hand-off", "before")]       # inside a replica's own `up`
 ROLLING = dealt_signals([":".join(p) for p in [*replicated_crash_points(), *INNER]])
 FIRST_UP = dealt_signals([":".join(p) for p in replicated_crash_points() if p[1] != "replica-detach"])

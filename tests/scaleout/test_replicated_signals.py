@@ -16,7 +16,7 @@ from testrig.embedded import stop_recorded_engines, write_embedded_inventory, wr
 from testrig.testenv import need_module
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
-SLOW_BOOT = {"boot_s": 20.0, "decode_tps": 4000, "peer_timeout_s": 2, "ttft_base_s": 0.002}
+SLOW_BOOT = {"boot_s": 20.0, "decode_tps": 4000, "ttft_base_s": 0.002}
 
 
 @pytest.fixture(scope="module")

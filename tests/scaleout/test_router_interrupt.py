@@ -23,7 +23,7 @@ from testrig.linetrap import LineTrap, Target, source_line
 from testrig.testenv import need_module
 
 need_module("sglang_router", "the router extra (sglang-router) is not installed")
-FAST = {"boot_s": 0.3, "decode_tps": 2000, "peer_timeout_s": 2, "ttft_base_s": 0.002}
+FAST = {"boot_s": 0.3, "decode_tps": 2000, "ttft_base_s": 0.002}
 EXECUTE_CHILD = subprocess.Popen._execute_child  # type: ignore[attr-defined]
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 PLANTED = {"boot_s": 0.3, "decode_tps": 300, "verify_cost": 1.5, "verify_cost_per_token": 0.25,
-           "accept_len_code": 4.6, "ttft_base_s": 0.01, "prefill_tps": 100000, "peer_timeout_s": 2,
+           "accept_len_code": 4.6, "ttft_base_s": 0.01, "prefill_tps": 100000,
            "oom_mem_fraction": 0.92}
 
 # d5 with a short boot warm-up (the profile's own is 2 x 800 tokens: seconds per trial at these rates)

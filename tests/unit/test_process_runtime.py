@@ -24,7 +24,7 @@ from sparkctl.sglang.render import render
 from testrig.embedded import write_embedded_inventory
 from testrig.testenv import signal_and_settle
 
-FAST = {"boot_s": 0.3, "decode_tps": 4000, "peer_timeout_s": 2}
+FAST = {"boot_s": 0.3, "decode_tps": 4000}
 STALE = "Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 
 

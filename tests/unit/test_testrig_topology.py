@@ -42,3 +42,15 @@ def test_link_names_fit_the_kernel_limit_for_the_longest_prefix(tmp_path):
 def test_node_count_outside_2_to_4_is_refused(tmp_path, count):
     with pytest.raises(ClusterError, match="bad node count"):
         TestCluster(tmp_path / "c", node_count=count)
+
+
+def test_every_embedded_cluster_waits_on_a_silent_peer_for_the_one_shared_bound_unless_it_sets_its_own(tmp_path):
+    import yaml
+
+    from testrig.embedded import PEER_TIMEOUT_S, write_embedded_inventory
+
+    def knobs(sim: dict) -> dict:
+        return yaml.safe_load(write_embedded_inventory(tmp_path / "inv.yml", sim).read_text())["all"]["vars"][
+            "sparkctl_sim"]
+    assert knobs({"boot_s": 0.3}) == {"peer_timeout_s": PEER_TIMEOUT_S, "boot_s": 0.3}
+    assert knobs({"peer_timeout_s": 1.5})["peer_timeout_s"] == 1.5
