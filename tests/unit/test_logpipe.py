@@ -186,7 +186,7 @@ def test_a_log_that_cannot_be_written_drops_lines_not_the_engine(tmp_path):
 def test_the_pipe_starts_light_it_never_imports_pydantic_httpx_or_the_cli():
     """One pipe starts per rank started, in the boot's path: its imports are the redaction rule and the process
     helpers only (sparkctl/redaction.py says why)."""
-    probe = ("import sys, sparkctl.nodes.logpipe; "
-             "print(sorted({m.split('.')[0] for m in sys.modules} & {'pydantic', 'httpx', 'typer', 'jinja2', 'docker'}))")
+    heavy = "{'pydantic', 'httpx', 'typer', 'jinja2', 'docker'}"
+    probe = f"import sys, sparkctl.nodes.logpipe; print(sorted({{m.split('.')[0] for m in sys.modules}} & {heavy}))"
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
