@@ -1,0 +1,114 @@
+"""Where a test run's CPU goes, by kind of process: ``python -m testrig.cpusample OUT.json [PID]``.
+
+Samples every process's CPU time (utime + stime, /proc/PID/stat) once a second until PID ends (or SIGTERM/SIGINT),
+and writes to OUT.json every 30 samples and at the end: seconds of CPU by kind (the real SGLang engine, the
+emulator, the log pipes, sparkctl's CLI, the pytest workers, the test nodes' dockerd, ...). A process that lived
+less than a second between two samples is missed; one that ended counts with its last sample. On a 2-core CI
+machine the suite is CPU-bound, so this says what to make cheaper (docs/testing.md quotes its figures)::
+
+    CI=true ./bin/test & python -m testrig.cpusample /tmp/cpu.json $!
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+HZ = os.sysconf("SC_CLK_TCK")
+# (substring of the command line, kind): the first that matches names the process
+BY_ARGV = (
+    ("sglang_router", "router"), ("sglang::router", "router"),
+    ("sglang.launch_server", "sglang-real"), ("sglang::", "sglang-real"),
+    ("multiprocessing.spawn", "sglang-real"),          # SGLang's scheduler/detokenizer before they rename themselves
+    ("sglang.benchmark", "sglang-bench"),
+    ("sparkctl.sim", "emulator"), ("sparkctl.nodes.logpipe", "logpipe"),
+    ("-m sparkctl", "sparkctl-cli"), ("pytest-xdist", "pytest-worker"), ("pytest", "pytest-main"),
+    ("ansible", "ansible"),
+)
+BY_COMM = {"dockerd": "dockerd", "containerd": "docker", "containerd-shim": "docker",
+           "containerd-shim-runc-v2": "docker", "docker": "docker", "runc": "docker", "docker-proxy": "docker",
+           "sshd": "ssh", "ssh": "ssh"}
+
+
+def kind(argv: str, comm: str) -> str:
+    """The kind of a process from its command line and its /proc comm."""
+    for needle, name in BY_ARGV:
+        if needle in argv:
+            return name
+    if comm in BY_COMM:
+        return BY_COMM[comm]
+    return "python-other" if comm.startswith("python") else f"other:{comm.split('/')[0]}"
+
+
+def sample(proc: Path = Path("/proc")) -> dict[tuple[int, int], tuple[float, str]]:
+    """(pid, start time) -> (CPU seconds so far, kind), for every process readable now."""
+    seen: dict[tuple[int, int], tuple[float, str]] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            close = stat.rindex(")")
+            comm, fields = stat[stat.index("(") + 1:close], stat[close + 2:].split()
+            cpu = (int(fields[11]) + int(fields[12])) / HZ
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        seen[(int(entry.name), int(fields[19]))] = (cpu, kind(argv, comm))
+    return seen
+
+
+class Tally:
+    """CPU by kind over a run: ended processes at their last sample, live ones at their current one."""
+
+    def __init__(self) -> None:
+        self.ended: collections.defaultdict[str, float] = collections.defaultdict(float)
+        self.live: dict[tuple[int, int], tuple[float, str]] = {}
+        self.started = time.monotonic()
+
+    def update(self, now: dict[tuple[int, int], tuple[float, str]]) -> None:
+        for key in self.live.keys() - now.keys():
+            cpu, name = self.live[key]
+            self.ended[name] += cpu
+        self.live = now
+
+    def totals(self) -> dict[str, float]:
+        total = collections.defaultdict(float, self.ended)
+        for cpu, name in self.live.values():
+            total[name] += cpu
+        return {k: round(v, 1) for k, v in sorted(total.items(), key=lambda kv: -kv[1])}
+
+    def write(self, out: Path) -> None:
+        out.write_text(json.dumps({"elapsed_s": round(time.monotonic() - self.started, 1),
+                                   "cpu_s": self.totals()}, indent=1) + "\n")
+
+
+def main(argv: list[str]) -> int:
+    if not 1 <= len(argv) <= 2:
+        print(__doc__.split("\n")[0], file=sys.stderr)
+        return 2
+    out, watch = Path(argv[0]), int(argv[1]) if len(argv) == 2 else None
+    stop: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.append(signum)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    tally, n = Tally(), 0
+    while not stop and (watch is None or os.path.exists(f"/proc/{watch}")):
+        tally.update(sample())
+        n += 1
+        if n % 30 == 0:
+            tally.write(out)
+        time.sleep(1)
+    tally.write(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,62 @@
+"""testrig.cpusample: the kinds it tells apart (command lines as `ps` showed them during a full run) and a busy
+process's CPU counted while it lives and after it ends."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from testrig.cpusample import Tally, kind, main, sample
+
+
+@pytest.mark.parametrize("argv,comm,want", [
+    ("sglang::scheduler", "sglang::schedul", "sglang-real"),
+    ("/root/.cache/sparkctl/real-engine/x/venv/bin/python -m sglang.launch_server --model-path m", "python",
+     "sglang-real"),
+    ("/v/bin/python -B -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)", "python",
+     "sglang-real"),
+    ("/work/main/.venv/bin/python -I -m sparkctl.nodes.logpipe /tmp/x.log /tmp/s --", "python", "logpipe"),
+    ("/work/main/.venv/bin/python -m sparkctl.sim --model-path /models/GLM", "python", "emulator"),
+    ("/work/main/.venv/bin/python -m sparkctl up --profile dflash-off --yes --json", "python", "sparkctl-cli"),
+    ("[pytest-xdist running] tests/lifecycle/test_crash_matrix.py::test_sigkill", "python", "pytest-worker"),
+    ("dockerd --config-file /tmp/daemon.json --data-root /var/lib/sparkctl-test/spkt-spark-a", "dockerd", "dockerd"),
+    ("/usr/sbin/sshd -D -f /tmp/sshd_config", "sshd", "ssh"),
+    ("[kworker/1:1H-kblockd]", "kworker/1:1H-kblockd", "other:kworker"),
+])
+def test_kind(argv, comm, want):
+    assert kind(argv, comm) == want
+
+
+def test_a_busy_process_is_counted_while_it_lives_and_after_it_ends(tmp_path):
+    tally = Tally()
+    p = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                          "while time.process_time() - t < 0.5: pass\ntime.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            tally.update(sample())
+            mine = [cpu for (pid, _), (cpu, _) in tally.live.items() if pid == p.pid]
+            if mine and mine[0] >= 0.5:
+                break
+            time.sleep(0.1)
+        assert mine and mine[0] >= 0.5, mine
+    finally:
+        p.kill()
+        p.wait()
+    tally.update(sample())
+    assert tally.ended["python-other"] >= 0.5
+    out = tmp_path / "cpu.json"
+    tally.write(out)
+    assert json.loads(out.read_text())["cpu_s"]["python-other"] >= 0.5
+
+
+def test_main_ends_with_the_watched_process_and_writes_its_tally(tmp_path):
+    out = tmp_path / "cpu.json"
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    assert main([str(out), str(p.pid)]) == 0
+    assert set(json.loads(out.read_text())) == {"elapsed_s", "cpu_s"}
+    assert main([]) == 2
