@@ -150,3 +150,32 @@ def signal_and_settle(pid: int, sig: int, timeout_s: float = 5.0) -> None:
             return
         _time.sleep(0.01)
     raise AssertionError(f"pid {pid}: signal {sig} had not taken effect after {timeout_s} s")
+
+
+def small_tmpfs(mnt, size: int, *, inodes: int | None = None):
+    """A context manager: a tmpfs of `size` bytes (and `inodes`) mounted on the directory `mnt` (made if missing,
+    mode 0700), unmounted after; a full disk on demand. It needs root and mount(8): a skip with the reason on a
+    laptop, a failure under CI=true."""
+    import contextlib
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import pytest
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        reason = "mounting a small tmpfs needs root and mount(8)"
+        if in_ci():
+            pytest.fail(reason + " (CI=true: this test must run)")
+        pytest.skip(reason)
+
+    @contextlib.contextmanager
+    def mounted():
+        Path(mnt).mkdir(parents=True, exist_ok=True)
+        opts = f"size={size}" + (f",nr_inodes={inodes}" if inodes else "") + ",mode=0700"
+        subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)], check=True)
+        try:
+            yield Path(mnt)
+        finally:
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
+    return mounted()

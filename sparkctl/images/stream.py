@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 
 from sparkctl.errors import ImageError
 from sparkctl.nodes.facts import FABRIC_KEY, FABRIC_KNOWN_HOSTS
+from sparkctl.untrusted import clean
 
 if TYPE_CHECKING:
     from sparkctl.images.registry import Endpoint
@@ -229,10 +230,11 @@ def fabric_ssh_argv(user: str, address: str) -> list[str]:
 # and written again without those layers: a layer named by its digest (Docker >= 25: blobs/sha256/<diff ID>) is
 # dropped by name; a legacy `<v1 id>/layer.tar` by the diff ID its directory is known to hold (SAVE_LAYERS_FILE in the
 # spool directory: a v1 id is a hash over its layer's chain, so one name always means one layer), else by the sha256
-# of its bytes, spooled to a file there first. Progress every 2 s; then "===DROPPED layers bytes", per peer
+# of its bytes, spooled to a file there first (a spool whose disk is full costs bytes, not the copy: that layer is sent
+# whole, "===SPOOLFULL n error"). Progress every 2 s; then "===DROPPED layers bytes", per peer
 # "===PEER i rc bytes seconds" and its output, "===SAVE rc bytes".
 SAVE_LAYERS_FILE = "sparkctl-save-layers.json"
-_PUMP = r"""import hashlib,json,os,shlex,subprocess,sys,tarfile,tempfile,time
+_PUMP = r"""import contextlib,hashlib,io,json,os,shlex,subprocess,sys,tarfile,tempfile,time
 a=json.loads(sys.argv[1])
 skip=set(a.get("skip") or ())
 remote=shlex.join(["sh","-c",'docker load && docker image inspect --format "===ID {{.Id}}" "$@"',"sh"]+a["images"])
@@ -274,15 +276,39 @@ class Out:
         if not send(bytes(b)):
             raise BrokenPipeError("every peer is gone")
         return len(b)
+class Chain:     # a layer's bytes again: what the spool holds, then what it could not take, then the rest unread
+    def __init__(self,parts):
+        self.parts=parts;self.spool=parts[0]
+    def read(self,k=-1):
+        out=b""
+        while self.parts and (k<0 or len(out)<k):
+            b=self.parts[0].read(-1 if k<0 else k-len(out))
+            if b:
+                out+=b
+            else:
+                self.parts.pop(0)
+        return out
+    def close(self):
+        self.spool.close()
+spool_full=[]
 def spooled(f,where):
-    h,t=hashlib.sha256(),tempfile.TemporaryFile(dir=where)
-    while True:
-        b=f.read(1<<20)
-        if not b:
-            break
-        h.update(b);t.write(b)
+    # (its diff ID, its bytes to send); (None, its bytes) when the spool's disk is full: the layer is sent whole
+    h,t=hashlib.sha256(),tempfile.TemporaryFile(dir=where,buffering=0)
+    pending=b""
+    try:
+        while True:
+            b=f.read(1<<20)
+            if not b:
+                break
+            h.update(b);pending=b
+            while pending:
+                pending=pending[t.write(pending):]
+    except OSError as e:
+        spool_full.append(str(e))
+        t.seek(0)
+        return None,Chain([t,io.BytesIO(pending),f])
     t.seek(0)
-    return "sha256:"+h.hexdigest(),t
+    return "sha256:"+h.hexdigest(),Chain([t])
 def known_layers(path):
     try:
         fd=os.open(path,os.O_RDONLY|os.O_NOFOLLOW)
@@ -322,8 +348,9 @@ def filtered():
                 d=known.get(os.path.dirname(name))
                 if d is None:
                     d,t=spooled(f,where)
-                    known[os.path.dirname(name)]=d
-                    with t:
+                    if d is not None:
+                        known[os.path.dirname(name)]=d
+                    with contextlib.closing(t):
                         if d in skip:
                             dropped[0]+=1;dropped[1]+=m.size
                         else:
@@ -365,6 +392,8 @@ for p in peers:
         pass
 save_rc=save.wait()
 print("===DROPPED",dropped[0],dropped[1],flush=True)
+if spool_full:
+    print("===SPOOLFULL",len(spool_full),spool_full[0],flush=True)
 for i,p in enumerate(peers):
     rc=p["p"].wait()
     p["out"].seek(0)
@@ -420,6 +449,11 @@ def stream_images(source: Endpoint, peers: list[Endpoint], images: list[str],
         err = StreamFailed(f"streaming {what} from {source.name} did not run", where=f"[{source.name}] image copy",
                          hint="is python3 on the building node? see the evidence", evidence=r.output[-1500:])
         return {p.name: err for p in peers}
+    full = r.stdout.rpartition("===SPOOLFULL ")[2].split("\n", 1)[0].split(None, 1) if "===SPOOLFULL " in r.stdout \
+        else []
+    if len(full) == 2:
+        report(f"  [{source.name}] {full[0]} layer(s) sent whole: the spool in {source.cache_dir} could not hold them "
+               f"to hash ({clean(full[1], 200)}); free space there to leave out what peers hold")
     dropped = r.stdout.rpartition("===DROPPED ")[2].split("\n", 1)[0].split()
     left_out, left_out_bytes = (int(dropped[0]), int(dropped[1])) if len(dropped) == 2 and \
         all(x.isdigit() for x in dropped) else (0, 0)

@@ -29,6 +29,7 @@ from sparkctl import statefiles
 from sparkctl.errors import LedgerError, StateDirError, StateDirFullError
 from sparkctl.state.ledger import Ledger
 from sparkctl.statefiles import ROOM_BYTES, check_room, private_dir, write_json_atomic, write_text_atomic
+from testrig.testenv import small_tmpfs
 
 SIZE = 64 * 1024
 INODES = 48
@@ -36,19 +37,8 @@ INODES = 48
 
 @pytest.fixture
 def tmpfs(tmp_path: Path):
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        reason = "mounting a small tmpfs needs root and mount(8)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason + " (CI=true: this test must run)")
-        pytest.skip(reason)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE},nr_inodes={INODES},mode=0700", "tmpfs", str(mnt)],
-                   check=True)
-    try:
+    with small_tmpfs(tmp_path / "mnt", SIZE, inodes=INODES) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 # ------------------------------------------------------------------------------------------------ faults

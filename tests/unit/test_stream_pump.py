@@ -171,3 +171,29 @@ def test_exactly_the_layers_not_held_arrive(tmp_path_factory: pytest.TempPathFac
     _, _, got = pump.run(_archive(layers, oci=oci), skip)
     sent = [v for k, v in got.items() if k.endswith("layer.tar") or k.startswith("blobs/")]
     assert sent == [x for x, h in zip(layers, held) if not h]
+
+
+@pytest.mark.parametrize("held", [0, 1], ids=["nothing-held", "base-held"])
+def test_a_spool_whose_disk_is_full_costs_bytes_not_the_copy(tmp_path: Path, held: int) -> None:
+    """The spool (the building node's cache directory) fills while a legacy layer is hashed: that layer is sent
+    whole, byte for byte (what was spooled, then the rest), nothing is remembered for it, and the pump says so; a
+    layer the memory already names is still left out."""
+    from testrig.testenv import small_tmpfs
+
+    big = os.urandom(600 * 1024)         # larger than the spool
+    layers = [_layer("base"), big, _layer("launch")]
+    pump = Pump(tmp_path)
+    with small_tmpfs(pump.spool, 256 * 1024):
+        if held:                          # the base was hashed on an earlier copy
+            archive = _archive(layers, oci=False)
+            with tarfile.open(fileobj=io.BytesIO(archive)) as t:
+                base_dir = os.path.dirname(next(m.name for m in t if m.name.endswith("layer.tar")))
+            pump.spool.joinpath(SAVE_LAYERS_FILE).write_text(json.dumps({base_dir: _diff_id(layers[0])}))
+        # (a peer that holds a layer of no other image: the archive is still filtered, every layer hashed)
+        out, names, got = pump.run(_archive(layers, oci=False), [_diff_id(layers[0]) if held else "sha256:" + "f" * 64])
+        sent = [v for k, v in got.items() if k.endswith("layer.tar")]
+        assert sent == (layers[1:] if held else layers), [len(x) for x in sent]   # the big one whole, unchanged
+        assert "===SPOOLFULL 1 " in out and "No space left on device" in out, out
+        known = pump.known() if pump.spool.joinpath(SAVE_LAYERS_FILE).exists() else {}
+        assert _diff_id(big) not in known.values()
+        assert not [p for p in pump.spool.iterdir() if p.name != SAVE_LAYERS_FILE]   # no spool file left
