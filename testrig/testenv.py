@@ -152,27 +152,33 @@ def signal_and_settle(pid: int, sig: int, timeout_s: float = 5.0) -> None:
     raise AssertionError(f"pid {pid}: signal {sig} had not taken effect after {timeout_s} s")
 
 
-def small_tmpfs(mnt, size: int, *, inodes: int | None = None):
-    """A context manager: a tmpfs of `size` bytes (and `inodes`) mounted on the directory `mnt` (made if missing,
-    mode 0700), unmounted after; a full disk on demand. It needs root and mount(8): a skip with the reason on a
-    laptop, a failure under CI=true."""
-    import contextlib
+def need_root(what: str) -> None:
+    """Root and mount(8) for `what`: a skip with the reason on a laptop, a failure under CI=true."""
     import shutil
-    import subprocess
-    from pathlib import Path
 
     import pytest
 
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        reason = "mounting a small tmpfs needs root and mount(8)"
+        reason = f"{what} needs root and mount(8)"
         if in_ci():
             pytest.fail(reason + " (CI=true: this test must run)")
         pytest.skip(reason)
 
+
+def small_tmpfs(mnt, size: int, *, inodes: int | None = None, read_only: bool = False):
+    """A context manager: a tmpfs of `size` bytes (and `inodes`; read-only with `read_only`) mounted on the directory
+    `mnt` (made if missing, mode 0700), unmounted after; a full disk on demand. It needs root and mount(8): a skip
+    with the reason on a laptop, a failure under CI=true."""
+    import contextlib
+    import subprocess
+    from pathlib import Path
+
+    need_root("mounting a small tmpfs")
+
     @contextlib.contextmanager
     def mounted():
         Path(mnt).mkdir(parents=True, exist_ok=True)
-        opts = f"size={size}" + (f",nr_inodes={inodes}" if inodes else "") + ",mode=0700"
+        opts = ("ro," if read_only else "") + f"size={size}" + (f",nr_inodes={inodes}" if inodes else "") + ",mode=0700"
         subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)], check=True)
         try:
             yield Path(mnt)

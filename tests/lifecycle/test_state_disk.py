@@ -10,27 +10,14 @@ from pathlib import Path
 import pytest
 
 from sparkctl.statefiles import ROOM_BYTES
-
-
-def _root_or_skip() -> None:
-    if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("the state-directory tests need root (a small tmpfs) and CI runs them")
-        pytest.skip("needs root to mount a small tmpfs as the state directory")
+from testrig.testenv import need_root, small_tmpfs
 
 
 @pytest.fixture
 def small_state(tmp_path, local_cluster, monkeypatch):
-    _root_or_skip()
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    size = ROOM_BYTES // 2
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mnt)], check=True)
-    monkeypatch.setenv("SPARKCTL_STATE_DIR", str(mnt))
-    try:
+    with small_tmpfs(tmp_path / "small", ROOM_BYTES // 2) as mnt:
+        monkeypatch.setenv("SPARKCTL_STATE_DIR", str(mnt))
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_up_on_a_state_directory_without_room_refuses_before_changing_anything(cli, small_state):
@@ -43,17 +30,11 @@ def test_up_on_a_state_directory_without_room_refuses_before_changing_anything(c
 
 
 def test_a_read_only_state_directory_is_exit_6_naming_it(cli, local_cluster, tmp_path, monkeypatch):
-    _root_or_skip()
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64m,mode=0700", "tmpfs", str(mnt)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "ro", 64 * 2**20, read_only=True) as mnt:
         monkeypatch.setenv("SPARKCTL_STATE_DIR", str(mnt))
         code, out, err = cli("up", "--profile", "d5", "--yes", "--json")
         assert code == 6 and "state directory" in err and str(mnt) in err, err
         assert "Traceback" not in err
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_record_write_failing_mid_way_stops_the_new_engines_and_restores_without_the_ledger(
@@ -69,7 +50,7 @@ def test_a_record_write_failing_mid_way_stops_the_new_engines_and_restores_witho
     from sparkctl.state.ledger import Ledger
     from testrig.controller import SparkctlProcess
 
-    _root_or_skip()
+    need_root("a read-only bind mount over deployments/")
     code, out, err = cli("up", "--profile", "d5", "--yes", "--json")
     assert code == 0, err
     prev = json.loads(out)["deployment"]
@@ -103,14 +84,8 @@ def test_a_record_write_failing_mid_way_stops_the_new_engines_and_restores_witho
 def tmpfs_state(state_dir):
     """The test's state directory is a tmpfs with room for one deploy (`ROOM_BYTES` and 8 MiB more), mounted
     before `local_cluster` so the engines are stopped (through this ledger) before it is unmounted."""
-    _root_or_skip()
-    state_dir.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={ROOM_BYTES + 8 * 2**20},mode=0700", "tmpfs",
-                    str(state_dir)], check=True)
-    try:
-        yield state_dir
-    finally:
-        subprocess.run(["umount", "-l", str(state_dir)], check=False)
+    with small_tmpfs(state_dir, ROOM_BYTES + 8 * 2**20) as mnt:
+        yield mnt
 
 
 def _fill(directory: Path) -> Path:

@@ -14,6 +14,7 @@ I3  nothing unbounded: the watcher's output (its stderr and watch.log) under a s
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -35,7 +36,7 @@ from sparkctl.state.records import DeploymentRecord
 from sparkctl.statefiles import ROOM_BYTES
 from sparkctl.watch.supervisor import ACTIONS, Watcher, WatchOptions
 from testrig.handles import pid_of
-from testrig.testenv import need_module
+from testrig.testenv import need_module, small_tmpfs
 from testrig.watchrig import Hook, alive, metric, wait_until
 
 parser = need_module("prometheus_client.parser", "the watcher's metrics (the `watch` extra)")
@@ -132,13 +133,9 @@ def _prepare_fault(fault: str, tmp_path: Path, inv: Path, monkeypatch, cleanups:
             host["host_paths"] = {"models": str(models)}
         inv.write_text(yaml.safe_dump(doc, sort_keys=False))
     if fault == "state-dir-full":
-        if os.geteuid() != 0:
-            pytest.skip("needs root to mount a small tmpfs as the state directory")
-        mnt = tmp_path / "small"
-        mnt.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={4 * ROOM_BYTES},mode=0700", "tmpfs", str(mnt)],
-                       check=True)
-        cleanups.append(lambda: subprocess.run(["umount", "-l", str(mnt)], check=False))
+        stack = contextlib.ExitStack()
+        mnt = stack.enter_context(small_tmpfs(tmp_path / "small", 4 * ROOM_BYTES))
+        cleanups.append(stack.close)
         monkeypatch.setenv("SPARKCTL_STATE_DIR", str(mnt))
 
 
