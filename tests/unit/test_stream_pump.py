@@ -197,3 +197,41 @@ def test_a_spool_whose_disk_is_full_costs_bytes_not_the_copy(tmp_path: Path, hel
         known = pump.known() if pump.spool.joinpath(SAVE_LAYERS_FILE).exists() else {}
         assert _diff_id(big) not in known.values()
         assert not [p for p in pump.spool.iterdir() if p.name != SAVE_LAYERS_FILE]   # no spool file left
+
+
+class LocalConn:
+    """The building node's connection, run here: the pump with the stand-in docker, each peer's fabric SSH replaced
+    by a local shell (the argv the stream would run is otherwise unchanged)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+
+    def run(self, argv: list[str], *, timeout: float, on_line=None):
+        from sparkctl.nodes.ssh import CommandResult
+        arg = json.loads(argv[-1])
+        arg["ssh"] = [["sh", "-c"] for _ in arg["ssh"]]
+        r = subprocess.run([sys.executable, *argv[1:-1], json.dumps(arg)], env=self.env, capture_output=True,
+                           text=True, timeout=timeout)
+        return CommandResult("spark-a", argv, r.returncode, r.stdout, r.stderr, 0.0)
+
+
+def test_the_copy_says_when_the_spool_was_full_and_the_peer_still_gets_the_image(tmp_path: Path) -> None:
+    from sparkctl.images.registry import Endpoint
+    from sparkctl.images.stream import StreamResult, stream_images
+    from testrig.testenv import small_tmpfs
+
+    layers = [_layer("base"), os.urandom(600 * 1024)]
+    pump = Pump(tmp_path)
+    (tmp_path / "save.tar").write_bytes(_archive(layers, oci=False))
+    conn = LocalConn(pump.env)
+    src = Endpoint("spark-a", conn, "198.18.0.1", "lo", str(pump.spool))    # type: ignore[arg-type]
+    peer = Endpoint("spark-b", conn, "198.18.0.2", "lo", "/unused")         # type: ignore[arg-type]
+    lines: list[str] = []
+    with small_tmpfs(pump.spool, 256 * 1024):
+        got = stream_images(src, [peer], ["img:1"], lines.append, skip=["sha256:" + "f" * 64])
+    res = got["spark-b"]
+    assert isinstance(res, StreamResult) and len(res.image_ids) == 1, res
+    said = [ln for ln in lines if "sent whole" in ln]
+    assert len(said) == 1 and str(pump.spool) in said[0] and "No space left on device" in said[0], lines
+    with tarfile.open(tmp_path / "loaded.tar") as t:
+        assert sum(m.name.endswith("layer.tar") for m in t) == 2
