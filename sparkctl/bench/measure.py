@@ -57,7 +57,7 @@ log = logging.getLogger("sparkctl.bench")
 Progress = Callable[[str], None]
 
 __all__ = ["run_record", "first_request", "warm_up", "measure_decode", "acceptance_from_generate",
-           "calibrate_tokens", "measure_ttft", "measure_concurrency", "overlap_max"]
+           "calibrate_tokens", "measure_ttft", "measure_concurrency", "overlap_max", "not_measured"]
 
 
 def _noop(_: str) -> None:
@@ -82,6 +82,19 @@ def run_record(res: ChatResult, **labels: str | int) -> RequestRun:
         "e2e_tok_s": None if not n or res.latency <= 0 else round(n / res.latency, 3),
         "usage_missing": n is None,
     })
+
+
+def not_measured(recs: list[RequestRun]) -> str:
+    """Why no run of a class gave a decode rate, from the runs themselves: the stream's usage missing, too few
+    tokens, or every token arriving in one read (no time between the first and the last)."""
+    if any(r.usage_missing for r in recs):
+        return "no usage.completion_tokens in the stream: not measured"
+    if all((r.completion_tokens or 0) < 2 for r in recs):
+        return "fewer than 2 tokens generated: not measured (raise --max-tokens)"
+    if all(r.decode_s == 0 for r in recs):
+        return ("every token arrived in one read (no time between the first and the last token): not measured "
+                "(raise --max-tokens so that decoding spans a measurable time)")
+    return "no run gave a decode rate: not measured"
 
 
 class _GcPaused:
@@ -154,8 +167,7 @@ def measure_decode(arm: Arm, prompts: dict[str, Prompt], *, runs: int, max_token
         s = summarize([r.decode_tok_s for r in recs])
         e2e = summarize([r.e2e_tok_s for r in recs])
         entry = DecodeClass(prompt=prompt.id, title=prompt.title, runs=recs, decode_tok_s=s.as_dict() if s else None,
-                            note=None if s else "no usage.completion_tokens in the stream: not measured",
-                            e2e_tok_s=e2e.as_dict() if e2e else None)
+                            note=None if s else not_measured(recs), e2e_tok_s=e2e.as_dict() if e2e else None)
         if arm.log is not None and mark is not None:
             entry.scheduler_log = scheduler_summary(arm.log.since(mark))
         out.classes[cls] = entry

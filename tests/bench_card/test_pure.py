@@ -239,3 +239,18 @@ def test_card_keeps_capacity_and_speculative_settings_and_hides_secrets():
         assert kept in cmd, kept
     assert redact_argv(["--max-running-requests", "1", "--api-key=k"]) == ["--max-running-requests", "1",
                                                                           "--api-key=***"]
+
+
+@pytest.mark.parametrize("runs,why", [
+    ([{"completion_tokens": None, "usage_missing": True}], "no usage.completion_tokens"),
+    ([{"completion_tokens": 1, "decode_s": None}], "fewer than 2 tokens"),
+    # 8 tokens of a fast emulator under load: all in one read, no time between the first and the last
+    ([{"completion_tokens": 8, "decode_s": 0.0}, {"completion_tokens": 8, "decode_s": 0.0}], "arrived in one read"),
+])
+def test_a_class_not_measured_says_why_from_its_runs(runs, why):
+    from sparkctl.bench.measure import not_measured
+    from sparkctl.state.runs import RequestRun
+    base = dict.fromkeys(("prompt_tokens", "reasoning_tokens", "cached_tokens", "finish_reason", "ttft_s", "decode_s",
+                          "decode_tok_s", "e2e_tok_s"))
+    recs = [RequestRun.model_validate({**base, "latency_s": 0.2, "usage_missing": False, **r}) for r in runs]
+    assert why in not_measured(recs) and "not measured" in not_measured(recs)
