@@ -42,6 +42,8 @@ def kind(argv: str, comm: str) -> str:
             return name
     if comm in BY_COMM:
         return BY_COMM[comm]
+    if comm.startswith("sglang::"):                     # renamed by setproctitle, its command line gone
+        return "router" if "router" in comm else "sglang-real"
     return "python-other" if comm.startswith("python") else f"other:{comm.split('/')[0]}"
 
 

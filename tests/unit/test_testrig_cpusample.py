@@ -25,6 +25,7 @@ from testrig.cpusample import Tally, kind, main, sample
     ("dockerd --config-file /tmp/daemon.json --data-root /var/lib/sparkctl-test/spkt-spark-a", "dockerd", "dockerd"),
     ("/usr/sbin/sshd -D -f /tmp/sshd_config", "sshd", "ssh"),
     ("[kworker/1:1H-kblockd]", "kworker/1:1H-kblockd", "other:kworker"),
+    ("", "sglang::schedul", "sglang-real"), ("", "sglang::router", "router"),
 ])
 def test_kind(argv, comm, want):
     assert kind(argv, comm) == want
