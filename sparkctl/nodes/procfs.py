@@ -10,12 +10,19 @@ from pathlib import Path
 
 
 def proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, kernel start time) of a process from one read of /proc/PID/stat, or None if gone."""
+    """(state letter, kernel start time) of a process from one read of /proc/PID/stat, or None if gone.
+
+    A process whose main thread has exited while its other threads still run shows "Z" for its PID, yet those
+    threads hold everything it holds (its open files: an engine's listening socket, seen held after a SIGKILL
+    stop whose process check had passed). Such a process reads as "D" (exiting, not yet gone): "Z" means the whole
+    thread group has ended (num_threads, field 20, is 1 for a true zombie)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2:].split()   # after the comm field: state is field 3, starttime field 22
+    if fields[0] == "Z" and int(fields[17]) > 1:
+        return "D", int(fields[19])
     return fields[0], int(fields[19])
 
 
