@@ -1,7 +1,12 @@
 """Facts about the environment the tests run in, and loopback servers for them (importable from any test)."""
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 
 def in_ci() -> bool:
@@ -154,8 +159,6 @@ def signal_and_settle(pid: int, sig: int, timeout_s: float = 5.0) -> None:
 
 def need_root(what: str) -> None:
     """Root and mount(8) for `what`: a skip with the reason on a laptop, a failure under CI=true."""
-    import shutil
-
     import pytest
 
     if os.geteuid() != 0 or shutil.which("mount") is None:
@@ -165,23 +168,17 @@ def need_root(what: str) -> None:
         pytest.skip(reason)
 
 
-def small_tmpfs(mnt, size: int, *, inodes: int | None = None, read_only: bool = False):
-    """A context manager: a tmpfs of `size` bytes (and `inodes`; read-only with `read_only`) mounted on the directory
-    `mnt` (made if missing, mode 0700), unmounted after; a full disk on demand. It needs root and mount(8): a skip
-    with the reason on a laptop, a failure under CI=true."""
-    import contextlib
-    import subprocess
-    from pathlib import Path
-
+@contextlib.contextmanager
+def small_tmpfs(mnt: str | Path, size: int, *, inodes: int | None = None,
+                read_only: bool = False) -> Iterator[Path]:
+    """A tmpfs of `size` bytes (and `inodes`; read-only with `read_only`) mounted on the directory `mnt` (made if
+    missing, mode 0700) for the `with` block, unmounted after; a full disk on demand. It needs root and mount(8): a
+    skip with the reason on a laptop, a failure under CI=true."""
     need_root("mounting a small tmpfs")
-
-    @contextlib.contextmanager
-    def mounted():
-        Path(mnt).mkdir(parents=True, exist_ok=True)
-        opts = ("ro," if read_only else "") + f"size={size}" + (f",nr_inodes={inodes}" if inodes else "") + ",mode=0700"
-        subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)], check=True)
-        try:
-            yield Path(mnt)
-        finally:
-            subprocess.run(["umount", "-l", str(mnt)], check=False)
-    return mounted()
+    Path(mnt).mkdir(parents=True, exist_ok=True)
+    opts = ("ro," if read_only else "") + f"size={size}" + (f",nr_inodes={inodes}" if inodes else "") + ",mode=0700"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)], check=True)
+    try:
+        yield Path(mnt)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

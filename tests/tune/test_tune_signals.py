@@ -42,7 +42,7 @@ PLANTED, FAST_D5, FAST_OFF = _C.PLANTED, _C.FAST_D5, _C.FAST_OFF
 TUNE = ["tune", "--profile", "t5", "--vary", "speculative.num_draft_tokens=6", "--runs", "1", "--max-tokens", "64",
         "--warmup", "0", "--confirm-rounds", "1", "--force", "--json"]
 BOUNDARIES = [f"{c}:{s}:{w}" for c, s, w in tune_crash_points()]
-POINTS = [pair for k, p in enumerate(BOUNDARIES) for pair in ((p, "KILL"), dealt_signals(BOUNDARIES)[k])]
+POINTS = [pair for dealt in dealt_signals(BOUNDARIES) for pair in ((dealt[0], "KILL"), dealt)]
 TIMES = SignalTimes("tune signals")
 
 
