@@ -37,6 +37,7 @@ from sparkctl.router.spec import RouterSpec
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import JournalEntry
 from sparkctl.state.replicated import Record
+from sparkctl.tls import tls_context
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,7 @@ def router_gates(client: RouterClient, spec: RouterSpec, reps: list[Replica], ti
                           hint=f"see {spec.metrics_url}")
     try:
         r = httpx.post(spec.url + "/generate", json={"text": "gate", "sampling_params": {"max_new_tokens": 4}},
-                       timeout=timeout_s, trust_env=False)
+                       timeout=timeout_s, trust_env=False, verify=tls_context())
     except httpx.HTTPError as exc:
         raise RouterError(f"router: a generation through it failed: {type(exc).__name__}: {exc}",
                           where=spec.url) from None
@@ -288,7 +289,7 @@ def router_gates(client: RouterClient, spec: RouterSpec, reps: list[Replica], ti
 
 def serves(url: str) -> bool:
     try:
-        return httpx.get(url + "/health", timeout=5, trust_env=False).status_code == 200
+        return httpx.get(url + "/health", timeout=5, trust_env=False, verify=tls_context()).status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -23,6 +23,7 @@ import httpx
 from sparkctl.jsontypes import JSONObject
 from sparkctl.router import RouterError
 from sparkctl.router.metrics import RouterMetrics, parse_router_metrics
+from sparkctl.tls import tls_context
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class RouterClient:
     def __init__(self, url: str, *, metrics_url: str | None = None, timeout_s: float = 5.0,
                  poll_s: float = 0.1) -> None:
         self.url, self.metrics_url, self.poll_s = url.rstrip("/"), metrics_url, poll_s
-        self._http = httpx.Client(timeout=timeout_s, trust_env=False)
+        self._http = httpx.Client(timeout=timeout_s, trust_env=False, verify=tls_context())
 
     def close(self) -> None:
         self._http.close()
@@ -182,7 +183,8 @@ def engine_in_flight(api_url: str, *, timeout_s: float = 2.0) -> int | None:
     for). A read that times out raises EngineFrozen: see `drain`."""
     from sparkctl.sglang.serverinfo import parse_prometheus
     try:
-        r = httpx.get(api_url.rstrip("/") + "/metrics", timeout=timeout_s, trust_env=False)
+        r = httpx.get(api_url.rstrip("/") + "/metrics", timeout=timeout_s, trust_env=False,
+                      verify=tls_context())
     except httpx.ConnectError as exc:
         if isinstance(exc.__cause__ or exc.__context__, ConnectionRefusedError) or "refused" in str(exc).lower():
             return 0

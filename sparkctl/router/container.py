@@ -31,6 +31,7 @@ from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes import docker_facts
 from sparkctl.router import RouterError, strip_colour
 from sparkctl.router.spec import CLUSTER_LABEL, IDENTITY_LABEL, ROLE, ROLE_LABEL, RouterSpec
+from sparkctl.tls import tls_context
 
 if TYPE_CHECKING:
     from sparkctl.nodes.ssh import CommandResult
@@ -149,7 +150,8 @@ class RouterContainer:
         end = time.monotonic() + timeout_s
         while True:
             try:
-                if httpx.get(self.spec.url + "/liveness", timeout=1.0, trust_env=False).status_code == 200:
+                live = httpx.get(self.spec.url + "/liveness", timeout=1.0, trust_env=False, verify=tls_context())
+                if live.status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

@@ -18,6 +18,7 @@ from sparkctl.nodes.enginegroup import EngineGroup
 from sparkctl.nodes.environ import helper_env
 from sparkctl.router import RouterError, strip_colour
 from sparkctl.router.spec import MODULE, RouterSpec
+from sparkctl.tls import tls_context
 
 
 def router_python() -> str:
@@ -95,7 +96,8 @@ class RouterProcess:
                 raise RouterError(f"router (pid {self.pid}) exited while starting", where=str(self.log_path),
                                   evidence=_tail(self.log_path))
             try:
-                if httpx.get(self.spec.url + "/liveness", timeout=1.0, trust_env=False).status_code == 200:
+                live = httpx.get(self.spec.url + "/liveness", timeout=1.0, trust_env=False, verify=tls_context())
+                if live.status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

@@ -27,7 +27,6 @@ raise that error at once.
 from __future__ import annotations
 
 import math
-import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -38,6 +37,7 @@ import httpcore
 import httpx
 
 from sparkctl.jsontypes import JSONObject
+from sparkctl.tls import tls_context
 
 __all__ = ["Limits", "RunGuard", "DeadlineTransport", "SLICE_S"]
 
@@ -204,9 +204,9 @@ class DeadlineTransport(httpx.HTTPTransport):
     run's deadline, or when the run's guard trips. ``clock.request_deadline`` is set by the client per request."""
 
     def __init__(self, guard: RunGuard | None = None) -> None:
-        super().__init__(trust_env=False)
+        super().__init__(verify=tls_context(), trust_env=False)
         self.clock = _Clock(guard)
         # httpx builds its pool without a network backend parameter; the pool is the documented httpcore one.
-        self._pool = httpcore.ConnectionPool(ssl_context=ssl.create_default_context(),
+        self._pool = httpcore.ConnectionPool(ssl_context=tls_context(),
                                              network_backend=_Backend(self.clock), max_connections=4,
                                              max_keepalive_connections=2, keepalive_expiry=5.0)
