@@ -30,6 +30,7 @@ from sparkctl.nodes.handles import ProcessHandle
 from sparkctl.nodes.process import ProcessRuntime, local_port_free
 from sparkctl.sglang.render import render
 from testrig.embedded import write_real_engine_inventory
+from testrig.sweep import port_holders
 from testrig.testenv import need_real_engine
 
 pytestmark = pytest.mark.real_engine
@@ -114,6 +115,6 @@ def test_no_process_of_the_real_engine_outlives_its_stop(pair, point):
         rt1.stop(r1, timeout_s=0)       # on a loaded machine the kernel takes its time to tear a rank down)
     left = _alive(tree)
     assert not left, f"{point}: left {left}"
-    busy = [f"{a}:{p}" for a, p in ports if not local_port_free(a, p)]
+    busy = [f"{a}:{p} ({'; '.join(port_holders(a, p))})" for a, p in ports if not local_port_free(a, p)]
     assert not busy, f"{point}: ports still held: {busy}"
     assert not rt0.leftovers([r0, r1]) and not rt1.leftovers([r0, r1])
