@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 Cli = Callable[..., tuple[int, str, str]]
+REPO = Path(__file__).resolve().parents[1]
 
 
 class SparkctlProcess:
@@ -139,16 +140,17 @@ def kill_up_at(marker: str, profile: str, *, after: str | None = None, cli: Cli 
         return run.pid
 
 
-def crash_up_at(step: str, profile: str, when: str = "before", *, timeout: float = 600.0) -> int:
-    """Run `sparkctl up --profile PROFILE --yes` with ``SPARKCTL_CRASH_AT=up:<step>:<when>``: the controller
-    SIGKILLs itself at that step boundary (sparkctl/deploy/steps.py). The dead controller's pid."""
+def killed_at(point: str, *args: str, timeout: float = 300.0) -> str:
+    """Run `sparkctl ARGS` in a subprocess with ``SPARKCTL_CRASH_AT=point``: it SIGKILLs itself at that boundary
+    (sparkctl/deploy/steps.py; no handler runs). Fails naming its stderr when it ends any other way; its stderr."""
     from sparkctl.deploy.steps import CRASH_ENV
 
-    with SparkctlProcess(["up", "--profile", profile, "--yes"],
-                         env={**os.environ, CRASH_ENV: f"up:{step}:{when}"}) as run:
-        code = run.wait(timeout=timeout)
-        assert code == -signal.SIGKILL, f"`up` did not reach up:{step}:{when} (exit {code}):\n{run.stderr}"
-        return run.pid
+    env = {**os.environ, CRASH_ENV: point, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, "-m", "sparkctl", *args], env=env, capture_output=True, text=True,
+                       timeout=timeout, cwd=str(REPO))
+    assert p.returncode == -signal.SIGKILL, f"`sparkctl {' '.join(args)}` did not reach {point} " \
+        f"(exit {p.returncode}):\n{p.stderr[-3000:]}"
+    return p.stderr
 
 
 def assert_status_interrupted(cli: Cli, pid: int, during: str) -> dict[str, Any]:
