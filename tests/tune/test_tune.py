@@ -1,27 +1,18 @@
 """`sparkctl tune` on the embedded cluster with a planted optimum: it finds it, refuses the OOM candidate,
 promotes nothing when every candidate lies within the noise, restores what ran before, and resumes after a
-kill -9 without redoing finished trials."""
+kill -9 without redoing finished trials (and promotes the optimum then). Each asserts what tune measured against the
+emulator's planted timing, so this module is a TIMING_MODULE (tests/conftest.py: run alone, after the others); tune's
+refusals, G6 judgment, budget and settling of a dead tune, whose outcome no timing moves, are test_tune_settle.py."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from testrig.controller import killed_at
+
 WORK = ("--runs", "3", "--max-tokens", "161", "--warmup", "0")
-
-
-def _tune_killed_at(point: str, *args: str) -> None:
-    """`sparkctl tune ARGS` in a subprocess that SIGKILLs itself at the tune boundary `point` (tune:<step>:after)."""
-    env = {**os.environ, "SPARKCTL_CRASH_AT": point,
-           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    p = subprocess.run([sys.executable, "-m", "sparkctl", "tune", *args], env=env, capture_output=True, text=True,
-                       timeout=300, cwd=str(REPO))
-    assert p.returncode == -9, p.stderr[-2000:]
 
 
 def _active_profile(cli, expect_code: int = 0) -> str:
@@ -94,59 +85,10 @@ def test_tune_promotes_nothing_when_all_lie_within_noise(cli, tune_cluster, prof
                                                           "serving_deployment": None}    # read back: nothing runs
 
 
-def test_a_candidate_whose_g6_sample_diverges_is_infeasible(cli, tune_cluster, state_dir):
-    # the candidate whose engine sees SPARKCTL_SIM_DIVERGENCE={"*":3} departs from the target's greedy output at
-    # completion token 3 of every prompt when speculation is on (sim/decoding.py): its G6 sample differs from the
-    # baseline's; the candidate with {} (no divergence) is the same engine as the baseline
-    code, out, err = cli("tune", "--profile", "t5", "--vary", 'env.SPARKCTL_SIM_DIVERGENCE={},{"*":3}', *WORK,
-                         "--confirm-rounds", "1", "--json")
-    assert code == 0, err
-    data = json.loads(out)
-    base, same, lossy = data["trials"]
-    assert lossy["changes"] == {"env.SPARKCTL_SIM_DIVERGENCE": '{"*":3}'}
-    assert base["g6"]["verdict"] == "reference" and same["g6"]["verdict"] == "identical"
-    assert same["status"] == "feasible" and lossy["status"] == "infeasible" and lossy["reason"] == "G6 failed"
-    g = lossy["g6"]
-    assert g["verdict"] == "diverged" and g["diverged"] == 2 and g["reference"] == "baseline trial 0"
-    assert [v["index"] for v in g["verdicts"]] == [3, 3], g["verdicts"]
-    assert "0/2 identical to the baseline" in lossy["error"]
-    assert all(0 < t["g6"]["elapsed_s"] < t["elapsed_s"] for t in data["trials"])
-    assert lossy["objective"] is not None        # measured, and still refused: speed never buys losslessness
-    assert data["confirmation"]["candidate"] == 1
-    # `tune --json` prints the journal tune() returns as its model: what runs/<id>/tune.json holds
-    (journal_file,) = list(state_dir.glob(f"*/runs/{data['run_id']}/tune.json"))
-    assert json.loads(journal_file.read_text()) == data
-
-    # the table of this journal: plain text off a terminal, rich on one; the refused trial shows its reason
-    import io
-
-    from sparkctl.state.tunejournal import TuneJournal
-    from sparkctl.tune.table import render, trial_table
-    journal = TuneJournal.model_validate(data)
-    plain = trial_table(journal)
-    lines = plain.splitlines()
-    assert lines[0].split()[:3] == ["#", "changes", "status"] and "\x1b[" not in plain
-    row = next(x for x in lines if x.startswith("2 "))
-    assert "infeasible" in row and "diverged 0/2" in row and "G6 failed: G6 sample: 0/2 identical" in row
-    assert "reference" in lines[1] and "identical 2/2" in next(x for x in lines if x.startswith("1 "))
-    piped = io.StringIO()
-    render(journal, piped)                             # a StringIO is no terminal: the plain table
-    assert piped.getvalue() == plain
-    tty = io.StringIO()
-    render(journal, tty, terminal=True, width=220)
-    out = tty.getvalue()
-    assert "\x1b[" in out and ("\u2503" in out or "\u2502" in out)    # ANSI styles and the box drawing
-    assert data["run_id"] in out and "G6 failed: G6 sample: 0/2 identical" in out
-    assert "nothing promoted" in out and "restored:" in out
-    assert [ln for ln in out.splitlines() if "G6 failed" in ln][0].count("infeasible") == 1
-    if os.environ.get("SPARKCTL_SHOW_TABLE"):
-        print(out, json.dumps({t["index"]: [t["g6"]["elapsed_s"], t["elapsed_s"]] for t in data["trials"]}))
-
-
 def test_kill_9_then_resume_redoes_no_finished_trial(cli, tune_cluster, state_dir):
     code, out, err = cli("up", "--profile", "t5-off", "--yes", "--json")
     assert code == 0, err
-    _tune_killed_at("tune:trial@1:after", "--profile", "t5", "--vary", "speculative.num_draft_tokens=4,6", *WORK,
+    killed_at("tune:trial@1:after", "tune", "--profile", "t5", "--vary", "speculative.num_draft_tokens=4,6", *WORK,
                     "--confirm-rounds", "1")
     (marker_path,) = list(state_dir.glob("*/tune.json"))
     marker = json.loads(marker_path.read_text())
@@ -163,98 +105,3 @@ def test_kill_9_then_resume_redoes_no_finished_trial(cli, tune_cluster, state_di
     assert data["restore"]["ok"] and _active_profile(cli) == "t5-off" and not marker_path.exists()
 
 
-def test_budget_stops_trials_and_the_next_tune_restores_after_a_kill_9(cli, tune_cluster, state_dir):
-    code, out, err = cli("up", "--profile", "t5-off", "--yes", "--json")
-    assert code == 0, err
-    _tune_killed_at("tune:trial@0:after", "--profile", "t5", "--vary", "server.max_total_tokens=100000", *WORK)
-    (marker_path,) = list(state_dir.glob("*/tune.json"))
-    killed = json.loads(marker_path.read_text())["run"]
-    # the killed tune's baseline trial still runs; its trials are the lifecycle's compare arms, so `status` says
-    # the transaction did not finish (exit 8) until it is settled
-    assert _active_profile(cli, expect_code=8) == "t5"
-    code, out, err = cli("status", "--json")
-    assert "did not finish" in json.loads(out)["unfinished_compare"]
-
-    # the next tune settles the killed one first (restores t5-off), then keeps its own budget: after the
-    # baseline trial the estimate says nothing more fits in 2 s, so no candidate starts and nothing is promoted
-    code, out, err = cli("tune", "--profile", "t5", "--vary", "speculative.num_draft_tokens=6", *WORK,
-                         "--budget", "2", "--json")
-    assert code == 0, err
-    assert f"tune {killed} was interrupted" in err
-    old = json.loads((marker_path.parent / "runs" / killed / "tune.json").read_text())
-    assert old["state"] == "interrupted" and old["restore"]["ok"] and old["restore"]["profile"] == "t5-off"
-    data = json.loads(out)
-    assert [t["status"] for t in data["trials"]] == ["feasible", "skipped"] and data["trials"][1]["reason"] == "budget"
-    assert data["winner"] == {"promoted": False, "why": "no feasible candidate"}
-    assert data["original"] == old["restore"]["deployment"]      # the restored t5-off is what ran before this tune
-    assert _active_profile(cli) == "t5-off" and not marker_path.exists()
-
-
-def test_duration_and_vary_parsing():
-    import pytest
-
-    from sparkctl.cli.tune_cmds import parse_duration
-    from sparkctl.errors import ConfigError
-    from sparkctl.tune.space import grid, parse_vary
-    assert [parse_duration(x) for x in ("2h", "90m", "1h30m", "600", "45s")] == [7200, 5400, 5400, 600, 45]
-    for bad in ("", "h", "-5", "0", "2x", "1e9"):
-        with pytest.raises(ConfigError):
-            parse_duration(bad)
-    space = parse_vary(["speculative.num_draft_tokens=4,6", "server.mem_fraction_static=0.85,0.88",
-                        "speculative.draft_attention_backend=flashinfer"])
-    assert space[0] == ("speculative.num_draft_tokens", [4, 6]) and space[1][1] == [0.85, 0.88]
-    assert len(grid(space)) == 4 and grid(space)[1] == {"speculative.num_draft_tokens": 4,
-                                                        "server.mem_fraction_static": 0.88,
-                                                        "speculative.draft_attention_backend": "flashinfer"}
-    for bad_vary in (["x=1"], ["server.x"], ["name.x=1"], ["server.a=1,1"], ["server.a=1", "server.a=2"],
-                     ["server.a=1,"]):
-        with pytest.raises(ConfigError):
-            parse_vary(bad_vary)
-
-
-def test_a_candidate_that_is_not_a_profile_fails_before_anything_is_deployed(cli, tune_cluster, state_dir):
-    code, out, err = cli("tune", "--profile", "t5", "--vary", "server.mem_fraction_statc=0.9")
-    assert code == 2 and "server.mem_fraction_statc" in err
-    code, out, err = cli("tune", "--profile", "t5-off", "--vary", "speculative.num_draft_tokens=6")
-    assert code == 2 and "no 'speculative' section" in err
-    code, out, err = cli("tune", "--profile", "t5", "--vary", "server.mem_fraction_static=2")
-    assert code == 2 and "mem_fraction_static" in err
-    assert not list(state_dir.glob("*/deployments/*.json")) and not list(state_dir.glob("*/runs/*"))
-
-
-def test_a_dead_tune_never_takes_down_what_was_deployed_since(cli, tune_cluster, state_dir, profiles_dir):
-    """A tune killed in its A/B confirmation; the user then deploys a profile of their own; the next `tune` settles
-    the dead one without restoring what ran before it (that would take the user's deployment down): the journal is
-    closed as interrupted with a line saying why, and the user's deployment still serves."""
-    code, out, err = cli("up", "--profile", "t5-off", "--yes", "--json")
-    assert code == 0, err
-    _tune_killed_at("tune:confirm@1:after", "--profile", "t5", "--vary", "speculative.num_draft_tokens=6", *WORK,
-                    "--confirm-rounds", "1")
-    (marker_path,) = list(state_dir.glob("*/tune.json"))
-    killed = json.loads(marker_path.read_text())["run"]
-    (profiles_dir / "mine.yml").write_text("extends: t5-off\nserver:\n  max_running_requests: 12\n")
-    code, out, err = cli("up", "--profile", "mine", "--yes", "--json")
-    assert code == 0, err
-    mine = json.loads(out)["deployment"]
-    code, out, err = cli("tune", "--profile", "t5", "--vary", "speculative.num_draft_tokens=6", *WORK,
-                         "--budget", "2", "--json")
-    assert code == 0, err
-    assert f"tune {killed} was interrupted" in err and f"deployment {mine} (profile mine) was deployed" in err, err
-    old = json.loads((marker_path.parent / "runs" / killed / "tune.json").read_text())
-    assert old["state"] == "interrupted" and old["restore"]["action"] == "none", old["restore"]
-    assert json.loads(out)["original"] == mine          # this tune restores what ran before it: the user's
-    assert _active_profile(cli) == "mine"
-
-
-def test_only_keys_that_change_what_the_engine_runs_are_tunable(cli, tune_cluster, state_dir):
-    """A --vary key whose every value renders the same launch as the profile (warm-up, expectations, the router
-    without replicas) is refused before anything is deployed, naming it; nothing is journaled or deployed."""
-    for vary, hint in (("warmup.requests=2,3", "server.*"), ("expect.min_max_total_num_tokens=1000,2000", "server.*"),
-                       ("router.policy=random,round_robin", "only with replicas > 1")):
-        code, out, err = cli("tune", "--profile", "t5", "--vary", vary, *WORK)
-        key = vary.split("=")[0]
-        assert code == 2 and f"--vary {key}: not a setting of what the engine runs" in err and hint in err, err
-    assert not list(state_dir.glob("*/runs/*/tune.json")) and not list(state_dir.glob("*/deployments/*"))
-    code, out, err = cli("tune", "--profile", "t5", "--vary", "speculative.num_draft_tokens=6", "--vary",
-                         "warmup.requests=2", *WORK)
-    assert code == 2 and "--vary warmup.requests" in err, err     # one inert key among real ones: refused too

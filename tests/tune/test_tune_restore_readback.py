@@ -11,14 +11,11 @@ name): the case where a restore (or the user's own `up`) used to call the arm st
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from testrig.controller import killed_at
+
 TUNE = ("tune", "--profile", "t5", "--vary", "speculative.num_draft_tokens=6", "--runs", "1", "--max-tokens", "64",
         "--warmup", "0", "--confirm-rounds", "1", "--force")
 PROD = "extends: t5\nspeculative:\n  num_draft_tokens: 6\n"        # the candidate's launch, the user's name
@@ -27,14 +24,6 @@ DIED = ("tune:tune-begin:after", "tune:trial@0:after", "tune:trial@1:after", "tu
 NEXT = ("next tune", "resume")
 CASES = ([(f"died {p}", nxt, bool((i + j) % 2)) for i, p in enumerate(DIED) for j, nxt in enumerate(NEXT)]
          + [("completed", "next tune", user) for user in (False, True)])
-
-
-def _killed_at(point: str) -> None:
-    env = {**os.environ, "SPARKCTL_CRASH_AT": point,
-           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    p = subprocess.run([sys.executable, "-m", "sparkctl", *TUNE], env=env, capture_output=True, text=True,
-                       timeout=300, cwd=str(REPO))
-    assert p.returncode == -9, p.stderr[-3000:]
 
 
 def _serving(cli) -> tuple[str | None, str | None, bool]:
@@ -57,7 +46,7 @@ def test_what_serves_after_a_tune_is_what_its_restore_line_says(cli, tune_cluste
             code, out, err = cli("up", "--profile", "prod", "--yes", "--json")
             assert code == 0, err
     else:
-        _killed_at(how.split()[1])
+        killed_at(how.split()[1], *TUNE)
         marker = next(iter(state_dir.glob("*/tune.json")), None)
         run_id = json.loads(marker.read_text())["run"] if marker else None
         if user:
