@@ -311,11 +311,12 @@ def up(d: Deployer, profile: Profile, req: UpRequest, *, confirm: Confirm) -> Up
                                    confirm=_single_confirm(confirm, f"deploy {profile.name}")))
 
 
-def rollback(d: Deployer, to: Profile | None, req: UpRequest, *,
-             confirm: Confirm) -> UpResult | ReplicatedUpResult:
+def rollback(d: Deployer, to: Profile | None, req: UpRequest, *, confirm: Confirm,
+             failing: DeploymentRecord | None = None) -> UpResult | ReplicatedUpResult:
     """Roll back to `to`, or to the previous known-good deployment. The router and its replicas hold the nodes'
     ports: with replicas running, or `to` replicated, a rollback goes the way `up` does (a rolling update to a
-    replicated profile, or the router and replicas down first for one group)."""
+    replicated profile, or the router and replicas down first for one group). `failing` (the watcher's crash loop):
+    the deployment that keeps failing, which the rollback never goes to (`Deployer.rollback`)."""
     if is_replicated(d.inventory) or (to is not None and to.replicas > 1):
         if to is None:
             raise ConfigError("the cluster runs a replicated deployment, which keeps no known-good history of "
@@ -327,7 +328,7 @@ def rollback(d: Deployer, to: Profile | None, req: UpRequest, *,
             return done
     what = to.name if to else "the previous known-good deployment"
     return d.rollback(to, UpOptions(boot_timeout_s=req.boot_timeout_s,
-                                    confirm=_single_confirm(confirm, f"roll back to {what}")))
+                                    confirm=_single_confirm(confirm, f"roll back to {what}")), failing=failing)
 
 
 def restore(d: Deployer, original: str | None, *, progress: Callable[[str], None], say: str) -> JSONObject:

@@ -144,7 +144,7 @@ class WatchMetrics:
             for gate in gates:
                 self.gate.labels(cl, gate.name).set(1 if gate.ok else 0)
 
-    def restart(self, reason: str, outcome: str) -> None:
+    def restarted(self, reason: str, outcome: str) -> None:
         self.restarts.labels(self.cluster, reason or "unknown", outcome).inc()
 
     def refused(self, on: bool, *, cause: str | None = None) -> None:
@@ -153,7 +153,7 @@ class WatchMetrics:
         if on and cause:
             self.refusals.labels(self.cluster, cause).inc()
 
-    def rollback(self, outcome: str) -> None:
+    def rolled_back(self, outcome: str) -> None:
         self.rollbacks.labels(self.cluster, outcome).inc()
 
     def recovered(self, seconds: float) -> None:

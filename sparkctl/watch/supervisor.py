@@ -37,10 +37,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sparkctl.config.inventory import Inventory
-from sparkctl.deploy.commands import Deployer, UpOptions
-from sparkctl.deploy.door import deployed, missing_secrets
+from sparkctl.deploy import door
+from sparkctl.deploy.commands import Deployer
+from sparkctl.deploy.door import UpRequest, deployed, missing_secrets
 from sparkctl.deploy.inputs import unresolved_secrets
 from sparkctl.deploy.progress import Reporter
+from sparkctl.deploy.results import UpResult
 from sparkctl.errors import LockHeldError, PreflightError, RestartRefusedError, SparkctlError
 from sparkctl.jsontypes import JSONObject, JSONValue
 from sparkctl.nodes import procfs
@@ -52,7 +54,7 @@ from sparkctl.watch.desired import Desired, Verdict, check, read_desired
 from sparkctl.watch.outbox import Outbox
 
 if TYPE_CHECKING:
-    from sparkctl.deploy.results import ReplicatedUpResult, UpResult
+    from sparkctl.deploy.results import ReplicatedUpResult
     from sparkctl.state.records import DeploymentRecord
     from sparkctl.watch.metrics import WatchMetrics
     from sparkctl.watch.notify import Notifier
@@ -331,7 +333,7 @@ class Watcher:
         took = time.monotonic() - t0
         new = getattr(result, "deployment", None) or label
         if self.metrics is not None:
-            self.metrics.restart(v.reason, "ok")
+            self.metrics.restarted(v.reason, "ok")
             self.metrics.refused(False)
         self._checked(check(self.c, self.desired))     # serving again: the time to recover is known now
         self._act_line(f"restarted {label} as {new} ({v.reason}) in {took:.1f}s")
@@ -361,7 +363,7 @@ class Watcher:
         self.in_a_row += 1
         self.state.refused = f"{first} ({exc.hint})" if exc.hint else first
         if self.metrics is not None:
-            self.metrics.restart(v.reason, "refused")
+            self.metrics.restarted(v.reason, "refused")
             self.metrics.refused(True, cause=exc.cause)
         if self.state.refused != self.said_refused:
             self.said_refused = self.state.refused
@@ -385,7 +387,7 @@ class Watcher:
         self._act_line(f"restart of {self.desired.label} failed: {first} (preflight: nothing changed; not counted "
                        f"toward the crash loop)")
         if self.metrics is not None:
-            self.metrics.restart(v.reason, "preflight-failed")
+            self.metrics.restarted(v.reason, "preflight-failed")
         self._notify("restart", v, outcome="preflight-failed", error=first)
         self._back_off(time.monotonic(), "")
 
@@ -399,7 +401,7 @@ class Watcher:
         self.failed_at = [t for t in self.failed_at if now - t <= self.opts.window_s] + [now]
         self._act_line(line)
         if self.metrics is not None:
-            self.metrics.restart(v.reason, outcome)
+            self.metrics.restarted(v.reason, outcome)
         self._notify("restart", v, outcome=outcome, error=error or line)
         if len(self.failed_at) >= self.opts.max_failures:
             self.give_up_due = v
@@ -451,15 +453,18 @@ class Watcher:
     def _roll_back(self, failing: DeploymentRecord) -> str:
         """The crash loop's rollback (never to the launch identity that keeps failing); what it did, in a phrase."""
         try:
-            res = self.d.rollback(None, UpOptions(boot_timeout_s=self.opts.boot_timeout_s), failing=failing)
-            rolled = f"rolled back to {res.deployment} ({res.profile})"
+            res = door.rollback(self.d, None, UpRequest(boot_timeout_s=self.opts.boot_timeout_s),
+                                confirm=door.proceed, failing=failing)
+            # a rollback with no target is one group's (the door refuses it for replicas, which keep no history)
+            what = res.deployment if isinstance(res, UpResult) else res.endpoint
+            rolled = f"rolled back to {what} ({res.profile})"
             self.state.rollbacks += 1
             if self.metrics is not None:
-                self.metrics.rollback("ok")
+                self.metrics.rolled_back("ok")
         except SparkctlError as exc:
             rolled = f"the rollback failed: {exc.message.splitlines()[0]}"
             if self.metrics is not None:
-                self.metrics.rollback("failed")
+                self.metrics.rolled_back("failed")
         self._after_own_action(success=True)
         return rolled
 

@@ -184,3 +184,43 @@ def test_only_deploy_chooses_between_one_group_and_replicas():
                 found += [f"{path.relative_to(DEPLOY.parent)}:{node.lineno}: {a.name}" for a in node.names
                           if a.name in names]
     assert not found, found
+
+
+# What a Deployer does to the cluster (deploy/commands.py). Outside deploy/ and cli/ it is asked of the door only.
+ACTIONS = {"up", "rollback", "down", "repair"}
+
+
+def _outside_calls(tree_root: Path) -> list[str]:
+    """Every call `X.up/rollback/down/repair(...)` in sparkctl/ outside deploy/ and cli/ whose X is not the door."""
+    found = []
+    for path in sorted(tree_root.rglob("*.py")):
+        rel = path.relative_to(tree_root).as_posix()
+        if rel.startswith(("deploy/", "cli/")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ACTIONS \
+                    and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "door"):
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(node.func)}")
+    return found
+
+
+def test_every_change_from_outside_deploy_goes_through_the_door():
+    """bench, tune and the watcher (its restarts and its crash-loop rollback) change the cluster only through
+    `deploy.door` (`door.up` / `rollback` / `restore`, `Deployed.restart`), never a Deployer's own methods: the door
+    is where one group or replicas is chosen and the transaction's command set (docs/architecture.md)."""
+    assert _outside_calls(DEPLOY.parent) == []
+
+
+def test_the_door_check_finds_a_side_door(tmp_path):
+    (tmp_path / "watch").mkdir()
+    (tmp_path / "watch" / "x.py").write_text("def f(d, door):\n    door.rollback(d)\n    d.rollback(None)\n")
+    assert _outside_calls(tmp_path) == ["watch/x.py:3: d.rollback"]
+
+
+def test_the_doctor_reads_and_changes_nothing():
+    """doctor/ diagnoses from what it reads: of deploy/ it imports only the readers (the cluster's handles, what runs,
+    typed results, runtimes), no command, step runner or the door."""
+    readers = {"cluster", "observe", "results", "runtimes"}
+    imported = {dep.removeprefix("sparkctl.deploy.") for mod, deps in import_graph().items()
+                if mod.startswith("sparkctl.doctor.") for dep in deps if dep.startswith("sparkctl.deploy.")}
+    assert imported and imported <= readers, sorted(imported)
