@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
     args = ap.parse_args()
     runs = 3 if args.smoke else args.runs
-    from sparkctl.config.inventory import Cluster, Node
+    from sparkctl.config.inventory import ClusterSettings, Node
     from sparkctl.nodes.ssh import SSHConnector
 
     with tempfile.TemporaryDirectory(prefix="bench-ssh-") as d:
@@ -71,7 +71,7 @@ def main() -> None:
             node = Node.model_validate({
                 "name": "loop", "rank": 0, "fabric_interface": "lo", "fabric_address": "127.0.0.1",
                 "ssh": {"host": "127.0.0.1", "port": port, "user": "root", "key_file": str(tmp / "user")}})
-            cluster = Cluster.model_validate({"name": "bench", "known_hosts": str(tmp / "known_hosts"),
+            cluster = ClusterSettings.model_validate({"name": "bench", "known_hosts": str(tmp / "known_hosts"),
                                               "host_key_policy": "pinned"})
             ssh = SSHConnector(node, cluster)
             conn = ssh.connect()

@@ -1,6 +1,6 @@
 """Hypothesis strategies: valid profiles and inventories, mutated the way a hostile or careless user would.
 
-The mutation points are taken from the models themselves (every field of Profile and of Node/Cluster, walked
+The mutation points are taken from the models themselves (every field of Profile and of Node/ClusterSettings, walked
 from their pydantic schema), not from a list someone thought of; the values are the classes issue 16 names:
 types swapped, numbers at and past their limits, paths with `..`, leading dashes, unicode and control
 characters, booleans, YAML 1.1 look-alikes.
@@ -70,8 +70,8 @@ def node_paths() -> list[tuple[str, ...]]:
 
 
 def cluster_paths() -> list[tuple[str, ...]]:
-    from sparkctl.config.inventory import Cluster
-    return [(f"sparkctl_{'cluster' if p[0] == 'name' else p[0]}",) for p in _leaf_paths(Cluster)]
+    from sparkctl.config.inventory import ClusterSettings
+    return [(f"sparkctl_{'cluster' if p[0] == 'name' else p[0]}",) for p in _leaf_paths(ClusterSettings)]
 
 
 HOSTILE_TEXT = ["", " ", "..", "../etc", "/models/../etc", "/models/./x", "/models//x", "/models/x/", "models/x",

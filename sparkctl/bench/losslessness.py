@@ -24,7 +24,7 @@ from sparkctl.sglang.client import ChatResult, SGLangAPIError, SGLangClient
 
 log = logging.getLogger("sparkctl.bench")
 
-__all__ = ["Capture", "Verdict", "capture_from_result", "compare", "summarize_verdicts", "run_g6_arm",
+__all__ = ["Capture", "PromptVerdict", "capture_from_result", "compare", "summarize_verdicts", "run_g6_arm",
            "CONTEXT_TOKENS"]
 
 CONTEXT_TOKENS = 8   # tokens shown each side of a divergence
@@ -83,7 +83,7 @@ def capture_from_result(res: ChatResult) -> Capture:
 
 
 @dataclass
-class Verdict:
+class PromptVerdict:
     prompt_id: str
     status: str                           # identical | diverged | void
     index: int | None = None              # first differing token
@@ -113,13 +113,13 @@ def _show(seq: Sequence[str], i: int, marker: bool = True) -> str:
     return ("... " if lo > 0 else "") + " ".join(parts) + (" ..." if hi < len(seq) else "")
 
 
-def compare(prompt_id: str, on: Capture, off: Capture) -> Verdict:
-    """Verdict for one prompt (pure). See the module docstring for the rules."""
+def compare(prompt_id: str, on: Capture, off: Capture) -> PromptVerdict:
+    """The verdict for one prompt (pure). See the module docstring for the rules."""
     if on.error or off.error:
         which = "; ".join(f"{side}: {c.error}" for side, c in (("ON", on), ("OFF", off)) if c.error)
-        return Verdict(prompt_id, "void", detail=f"request failed ({which}): harness failure, not a pass")
+        return PromptVerdict(prompt_id, "void", detail=f"request failed ({which}): harness failure, not a pass")
     if on.empty and off.empty:
-        return Verdict(prompt_id, "void", detail="nothing captured on either side (no reasoning, no content): "
+        return PromptVerdict(prompt_id, "void", detail="nothing captured on either side (no reasoning, no content): "
                                                  "harness failure, not a pass")
     use_server = (on.tokens is not None and off.tokens is not None
                   and on.completion_tokens == len(on.tokens) and off.completion_tokens == len(off.tokens))
@@ -127,10 +127,11 @@ def compare(prompt_id: str, on: Capture, off: Capture) -> Verdict:
         a, b = on.tokens or [], off.tokens or []
         i: int | None = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         if a == b and on.reasoning == off.reasoning and on.content == off.content:
-            return Verdict(prompt_id, "identical", tokenization="server tokens", tokens_compared=len(a))
+            return PromptVerdict(prompt_id, "identical", tokenization="server tokens", tokens_compared=len(a))
         if a == b:
             i = None  # tokens equal but the parser split the channels differently
-        v = Verdict(prompt_id, "diverged", index=i, tokenization="server tokens", tokens_compared=min(len(a), len(b)))
+        v = PromptVerdict(prompt_id, "diverged", index=i, tokenization="server tokens",
+                          tokens_compared=min(len(a), len(b)))
         if i is not None:
             v.on_context, v.off_context = _show([repr(t)[1:-1] for t in a], i), _show([repr(t)[1:-1] for t in b], i)
             v.top2_gap_on = (on.top2_gaps or [None] * (i + 1))[i] if i < len(on.top2_gaps or []) else None
@@ -141,22 +142,23 @@ def compare(prompt_id: str, on: Capture, off: Capture) -> Verdict:
         return v
     sa, sb = _sequence(on), _sequence(off)
     if on.reasoning == off.reasoning and on.content == off.content and on.tool_calls == off.tool_calls:
-        return Verdict(prompt_id, "identical", tokens_compared=len(sa))
+        return PromptVerdict(prompt_id, "identical", tokens_compared=len(sa))
     if sa == sb:
         # same words: the difference is whitespace; locate it by characters
         for channel, x, y in (("reasoning", on.reasoning, off.reasoning), ("content", on.content, off.content)):
             if x != y:
                 k = next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
                 words_before = len(x[:k].split()) + (len(on.reasoning.split()) if channel == "content" else 0)
-                return Verdict(prompt_id, "diverged", index=words_before, channel=channel, tokens_compared=len(sa),
-                               detail=f"whitespace only, at character {k} of {channel}",
-                               on_context=repr(x[max(0, k - 40):k + 40]), off_context=repr(y[max(0, k - 40):k + 40]))
+                return PromptVerdict(prompt_id, "diverged", index=words_before, channel=channel,
+                                     tokens_compared=len(sa), detail=f"whitespace only, at character {k} of {channel}",
+                                     on_context=repr(x[max(0, k - 40):k + 40]),
+                                     off_context=repr(y[max(0, k - 40):k + 40]))
     i = next((k for k, (x, y) in enumerate(zip(sa, sb)) if x != y), min(len(sa), len(sb)))
     at_channel = (sa[i] if i < len(sa) else sb[i])[0] if (i < len(sa) or i < len(sb)) else None
     detail = _end_note(i, len(sa), len(sb))
     if on.empty != off.empty:
         detail = f"{'ON' if on.empty else 'OFF'} side captured nothing; " + detail
-    return Verdict(prompt_id, "diverged", index=i, channel=at_channel, tokens_compared=min(len(sa), len(sb)),
+    return PromptVerdict(prompt_id, "diverged", index=i, channel=at_channel, tokens_compared=min(len(sa), len(sb)),
                    detail=detail, on_context=_show([t for _, t in sa], i), off_context=_show([t for _, t in sb], i))
 
 
@@ -168,7 +170,7 @@ def _end_note(i: int, la: int, lb: int) -> str:
     return f"first differing token at index {i}"
 
 
-def summarize_verdicts(verdicts: Sequence[Verdict]) -> JSONObject:
+def summarize_verdicts(verdicts: Sequence[PromptVerdict]) -> JSONObject:
     """Counts and the one-line verdict. "lossless" appears only when every prompt is identical."""
     n = len(verdicts)
     k = sum(v.status == "identical" for v in verdicts)

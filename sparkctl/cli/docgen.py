@@ -2,8 +2,8 @@
 
 Every command and option comes from the CLI itself (the same help records `--help` prints), the exit codes from
 sparkctl.cli.options.EXIT_CODES, the JSON Schemas from sparkctl.cli.outputs, the profile and inventory keys from
-the pydantic models (Profile, Cluster, Node). tests/unit/test_docs.py regenerates it and fails when the checked-in
-file differs.
+the pydantic models (Profile, ClusterSettings, Node). tests/unit/test_docs.py regenerates it and fails when the
+checked-in file differs.
 
 Example::
 
@@ -136,7 +136,7 @@ def schemas() -> list[str]:
         if name == "profile":
             model = "`sparkctl.config.profile:Profile` (keys below)"
         elif name == "inventory":
-            model = "`sparkctl.config.inventory:Cluster` + `Node` (keys below)"
+            model = "`sparkctl.config.inventory:ClusterSettings` + `Node` (keys below)"
         elif name in OUTPUTS:
             cls = OUTPUTS[name]
             model = f"`{cls.__module__}:{cls.__name__}`"
@@ -202,11 +202,12 @@ def profile_keys() -> list[str]:
 
 
 def inventory_keys() -> list[str]:
-    from sparkctl.config.inventory import _ANSIBLE_KEYS, _CLUSTER_KEYS, Cluster, Node, SSHSettings
-    cluster = Cluster.model_json_schema()
+    from sparkctl.config.inventory import _ANSIBLE_KEYS, _CLUSTER_KEYS, ClusterSettings, Node, SSHSettings
+    cluster = ClusterSettings.model_json_schema()
     node = Node.model_json_schema()
     ssh = SSHSettings.model_json_schema()
-    # the file's names for the models' fields: all.vars.sparkctl_cluster is Cluster.name, ansible_host is ssh.host
+    # the file's names for the models' fields: all.vars.sparkctl_cluster is ClusterSettings.name, ansible_host is
+    # ssh.host
     cluster_vars = {"properties": {var: cluster["properties"][field] for var, field in _CLUSTER_KEYS.items()}}
     lines = ["## Inventory keys", "",
              ("An inventory is an Ansible YAML inventory (the same file works with `ansible-playbook -i`): hosts "

@@ -102,7 +102,7 @@ class Node(BaseModel):
         return value
 
 
-class Cluster(BaseModel):
+class ClusterSettings(BaseModel):
     """Cluster-wide settings (Ansible `all.vars` with the `sparkctl_` prefix)."""
 
     model_config = _STRICT
@@ -155,7 +155,7 @@ class Inventory(BaseModel):
 
     model_config = _STRICT
     path: Text = Field(description="File this inventory came from.")
-    cluster: Cluster = Field(description="Cluster-wide settings.")
+    cluster: ClusterSettings = Field(description="Cluster-wide settings.")
     nodes: list[Node] = Field(min_length=1, description="Nodes in rank order.")
     embedded: Flag = Field(False, description="True for the embedded local cluster (emulated engine).")
 

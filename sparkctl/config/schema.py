@@ -19,7 +19,7 @@ def file_schema(kind: str) -> JSONObject:
         schema["title"] = "sparkctl profile"
         return schema
     if kind == "inventory":
-        from sparkctl.config.inventory import Cluster, Node
+        from sparkctl.config.inventory import ClusterSettings, Node
         node = Node.model_json_schema()
         return {
             "title": "sparkctl inventory (Ansible YAML inventory)",
@@ -28,7 +28,7 @@ def file_schema(kind: str) -> JSONObject:
                                    "properties": {
                                        "vars": {"type": "object", "description": "Cluster vars (sparkctl_ prefix).",
                                                 "properties": {f"sparkctl_{k}": v for k, v in
-                                                               Cluster.model_json_schema()["properties"].items()}},
+                                                               ClusterSettings.model_json_schema()["properties"].items()}},
                                        "hosts": {"type": "object", "additionalProperties": {"$ref": "#/$defs/host"}},
                                        "children": {"type": "object"}}}},
             "$defs": {**node.get("$defs", {}), "host": {

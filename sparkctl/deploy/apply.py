@@ -75,7 +75,7 @@ class Applied:
 
 
 @dataclass
-class Journal:
+class ApplyJournal:
     """The record's writer during apply. A failed write (state directory full or read-only) is remembered,
     never raised from the undo path: the journal stays in memory and its last line goes to stderr."""
 
@@ -170,7 +170,7 @@ class Run:
     result: RenderResult
     plan: Plan
     record: DeploymentRecord
-    journal: Journal
+    journal: ApplyJournal
     rts: Runtimes
     boot_timeout_s: float
     started: list[tuple[Runtime, Handle]] = field(default_factory=list)
@@ -377,7 +377,7 @@ def apply(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, *, com
     the prior deployment the plan names. Raises what failed (amended with what was restored); a state-directory
     failure as LedgerError (exit 6)."""
     record = new_record(c, profile, result, plan, command)
-    j = Journal(c, record)
+    j = ApplyJournal(c, record)
     prior = plan.prior
     c.ledger.save(record)      # the first write: a full disk here stops the command before any effect
     run = Run(c, profile, result, plan, record, j, c.runtimes(record.id),

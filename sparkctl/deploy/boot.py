@@ -38,7 +38,7 @@ _ANNOUNCE = {
 
 
 @dataclass
-class RankWatch:
+class BootingRank:
     spec: LaunchSpec
     runtime: Runtime
     handle: Handle
@@ -70,7 +70,7 @@ class RankWatch:
 
 @dataclass
 class BootResult:
-    watches: list[RankWatch]
+    watches: list[BootingRank]
     elapsed_s: float
 
     @property
@@ -119,7 +119,7 @@ def doctor_lines(logs: list[tuple[str, str]]) -> list[str]:
     return finding_lines(match_sources([LogText(name, text) for name, text in logs]))
 
 
-def _fail(watch: RankWatch, message: str, hint: str, elapsed: float) -> DeployError:
+def _fail(watch: BootingRank, message: str, hint: str, elapsed: float) -> DeployError:
     f = watch.follower.failure
     evidence = []
     if f is not None:
@@ -164,7 +164,7 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
     """
     t0 = time.monotonic()
     started = started if started is not None else []
-    watches: list[RankWatch] = []
+    watches: list[BootingRank] = []
     for spec in sorted(specs, key=lambda s: -s.rank):
         rt = runtime_for(spec.node)
         if on_start is not None:
@@ -173,7 +173,7 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
         started.append((rt, handle))
         if on_start is not None:
             on_start(spec, handle)
-        watch = RankWatch(spec, rt, handle, reporter)
+        watch = BootingRank(spec, rt, handle, reporter)
         watches.append(watch)
         reporter.event(f"rank {spec.rank} started ({handle.where})", spec.node)
         if spec.rank != 0:
@@ -192,7 +192,7 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
         raise _with_peer_findings(exc, watches) from exc
 
 
-def _with_peer_findings(exc: DeployError, watches: list[RankWatch]) -> DeployError:
+def _with_peer_findings(exc: DeployError, watches: list[BootingRank]) -> DeployError:
     """The failure with what the doctor recognises in the *other* ranks' logs: in a TP group one rank's error is
     often explained in another's (SGLang's "TP rank 1 could finish the model loading ..." is printed by the rank that
     waited, about the one that failed or was slow). Unchanged when they show nothing known."""
@@ -210,7 +210,7 @@ def _with_peer_findings(exc: DeployError, watches: list[RankWatch]) -> DeployErr
     return exc.amended(evidence="\n".join([exc.evidence or "", "in the other ranks' logs:", *lines]).lstrip("\n"))
 
 
-def _wait_ready(watches: list[RankWatch], specs: list[LaunchSpec], t0: float, timeout_s: float,
+def _wait_ready(watches: list[BootingRank], specs: list[LaunchSpec], t0: float, timeout_s: float,
                 ready_probe: Callable[[], bool] | None, log_room: Callable[[], bool] | None,
                 reporter: Reporter) -> BootResult:
     """Wait for rank 0 to be ready while every rank is checked on each poll (see `boot`)."""
@@ -253,7 +253,7 @@ def _wait_ready(watches: list[RankWatch], specs: list[LaunchSpec], t0: float, ti
             health.stop()
 
 
-def _check(watch: RankWatch, t0: float) -> None:
+def _check(watch: BootingRank, t0: float) -> None:
     watch.poll()
     _raise_if_failed(watch, t0)
     live = watch.runtime.liveness(watch.handle)
@@ -269,7 +269,7 @@ BURST_QUIET_S = 1.0      # the log did not grow for this long while the rank liv
 BURST_BOUND_S = 8.0      # never wait longer than this for a rank that keeps logging
 
 
-def _read_rest(watch: RankWatch, *, alive: bool = True) -> None:
+def _read_rest(watch: BootingRank, *, alive: bool = True) -> None:
     """Read the rest of the error burst before the rank is judged. A failure is seen at its first fatal line, and a
     poll can land between the lines of one burst: Python writes a traceback line by line and the log pipe forwards
     what it has, so judging at once named ``Traceback (most recent call last):`` with a tail cut off above the
@@ -292,7 +292,7 @@ def _read_rest(watch: RankWatch, *, alive: bool = True) -> None:
         time.sleep(step)
 
 
-def _raise_if_failed(watch: RankWatch, t0: float, *, read_rest: bool = True) -> None:
+def _raise_if_failed(watch: BootingRank, t0: float, *, read_rest: bool = True) -> None:
     """`read_rest=False`: the caller already read the rest of the log (a dead rank's whole output)."""
     verdict = watch.follower.classify(final=False)
     if verdict.state is BootState.FAILED:

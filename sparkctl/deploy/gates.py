@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.config.profile import Profile
-from sparkctl.deploy.boot import RankWatch
+from sparkctl.deploy.boot import BootingRank
 from sparkctl.errors import SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.bootwatch import BootState
@@ -46,7 +46,7 @@ def _same(expected: object, seen: object) -> bool:
     return str(expected) == str(seen)
 
 
-def run_gates(profile: Profile, client: SGLangClient, watches: list[RankWatch], *,
+def run_gates(profile: Profile, client: SGLangClient, watches: list[BootingRank], *,
               smoke_tokens: int = 16) -> list[GateResult]:
     """Run every gate (all of them, even after one fails, so the record shows the whole picture)."""
     gates: list[GateResult] = []

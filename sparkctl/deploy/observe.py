@@ -28,7 +28,7 @@ _RANK_LOG = re.compile(r"^rank(\d+)\.log$")
 
 
 @dataclass(frozen=True)
-class Engine:
+class ObservedEngine:
     handle: Handle
     running: bool
 
@@ -40,7 +40,7 @@ class Engine:
         return f"rank {self.handle.rank} ({self.handle.where} on {self.handle.node}) of {self.deployment}"
 
 
-def process_engines(d: Cluster) -> list[Engine]:
+def process_engines(d: Cluster) -> list[ObservedEngine]:
     """Local engine processes writing to a rank log of this ledger (see module docstring)."""
     logs = d.ledger.root.resolve() / "logs"
     nodes = d.inventory.nodes
@@ -56,26 +56,26 @@ def process_engines(d: Cluster) -> list[Engine]:
             continue
         rank = int(m.group(1))
         node = nodes[rank].name if rank < len(nodes) else f"rank{rank}"
-        out.append(Engine(ProcessHandle(node=node, rank=rank, deployment=path.parent.name, pid=pid,
+        out.append(ObservedEngine(ProcessHandle(node=node, rank=rank, deployment=path.parent.name, pid=pid,
                                         start_ticks=stat[1], log=str(path)), True))
     return out
 
 
-def observe(d: Cluster, unreachable: list[str] | None = None) -> list[Engine]:
+def observe(d: Cluster, unreachable: list[str] | None = None) -> list[ObservedEngine]:
     """Every engine of this cluster found on its nodes (all nodes at once). A node that cannot say (SSH down)
     raises its NodeError, or with `unreachable` given is named there ("[node] why") and skipped."""
-    found: list[Engine] = []
+    found: list[ObservedEngine] = []
     if any(n.runtime == "process" for n in d.inventory.nodes):
         found += process_engines(d)
     docker = [n for n in d.inventory.nodes if n.runtime == "docker"]
     rts = d.runtimes("observe")
 
-    def ps(node: Node) -> list[Engine]:
+    def ps(node: Node) -> list[ObservedEngine]:
         from sparkctl.nodes.docker_runtime import DockerRuntime  # loaded already: for_node made this node's
         rt = rts.for_node(node)
         if not isinstance(rt, DockerRuntime):
             raise TypeError(f"[{node.name}] a docker node without a docker runtime: {type(rt).__name__}")
-        return [Engine(h, running) for h, running in rt.labelled()]
+        return [ObservedEngine(h, running) for h, running in rt.labelled()]
     for o in fan_out(docker, ps):
         if o.error is None:
             found.extend(o.value or [])
@@ -86,7 +86,7 @@ def observe(d: Cluster, unreachable: list[str] | None = None) -> list[Engine]:
     return sorted(found, key=lambda e: (e.deployment, -e.handle.rank))
 
 
-def stop_engine(d: Cluster, engine: Engine, *, remove: bool = True) -> str | None:
+def stop_engine(d: Cluster, engine: ObservedEngine, *, remove: bool = True) -> str | None:
     """Stop (and remove) one found engine; None when done, else why it could not be stopped."""
     rt = d.runtimes(engine.deployment).for_node(engine.handle.node)
     try:
@@ -134,7 +134,7 @@ def stop_leftovers(d: Cluster, found: list[Leftover] | None = None) -> list[str]
     return lines
 
 
-def unrecorded(d: Cluster, engines: list[Engine]) -> None:
+def unrecorded(d: Cluster, engines: list[ObservedEngine]) -> None:
     """LedgerError (exit 6, pointing to `sparkctl repair`) when a running engine's deployment has no record:
     the ledger lost it (moved, deleted), and its engines must not be read as "nothing deployed" nor stopped as
     orphans."""

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from sparkctl.config.profile import load_profile
 from sparkctl.deploy.cluster import Cluster
-from sparkctl.deploy.observe import Engine, leftovers, observe, stop_leftovers
+from sparkctl.deploy.observe import ObservedEngine, leftovers, observe, stop_leftovers
 from sparkctl.deploy.plan import launch_identity
 from sparkctl.deploy.steps import boundary
 from sparkctl.errors import SparkctlError
@@ -181,7 +181,7 @@ def aside_name(ledger: Ledger, path: Path) -> str:
     return "__".join(rel.parts)
 
 
-def _rebuild(d: Cluster, dep_id: str, engines: list[Engine]) -> DeploymentRecord | str:
+def _rebuild(d: Cluster, dep_id: str, engines: list[ObservedEngine]) -> DeploymentRecord | str:
     """A record for running engines whose own record is damaged, or why it cannot be rebuilt."""
     m = _ID.match(dep_id)
     if not m:
@@ -213,7 +213,7 @@ def plan_repair(d: Cluster) -> RepairPlan:
     plan.history = [i for i in old_history if i in good]
     plan.dropped = [i for i in old_history if i not in good and i not in {p.stem for p, _ in plan.damaged}]
     plan.history += sorted((i for i in good if i not in plan.history), key=lambda i: good[i].created)
-    running: dict[str, list[Engine]] = {}
+    running: dict[str, list[ObservedEngine]] = {}
     for e in observe(d):
         if e.running:
             running.setdefault(e.deployment, []).append(e)

@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import mark_superseded, sweep_secrets
-from sparkctl.deploy.observe import Engine, observe, stop_engine, stop_leftovers, unrecorded
+from sparkctl.deploy.observe import ObservedEngine, observe, stop_engine, stop_leftovers, unrecorded
 from sparkctl.deploy.steps import REPLICA_ATTACH, REPLICA_UP, SETTLE, VERIFY
 from sparkctl.errors import SparkctlError
 from sparkctl.sglang.client import SGLangAPIError
@@ -87,7 +87,7 @@ class Settled(BaseModel):
     stopped: list[str] = Field(default_factory=list)
 
 
-def _healthy(d: Cluster, rec: DeploymentRecord, engines: list[Engine]) -> bool:
+def _healthy(d: Cluster, rec: DeploymentRecord, engines: list[ObservedEngine]) -> bool:
     ranks = {e.handle.rank for e in engines if e.running}
     if ranks != {s.rank for s in rec.specs}:
         return False
@@ -114,7 +114,7 @@ def settle(d: Cluster, command: str) -> Settled:
     if dead or any(e.deployment != active_id for e in found):
         d.reporter.stage(SETTLE, f"`sparkctl {command}` first settles what a dead controller left")
 
-    def stop_all(engines: list[Engine], why: str) -> None:
+    def stop_all(engines: list[ObservedEngine], why: str) -> None:
         for e in engines:
             err = stop_engine(d, e)
             line = f"stopped {e.describe()}: {why}" if err is None else f"could not stop {e.describe()}: {err}"
@@ -174,8 +174,8 @@ def settle(d: Cluster, command: str) -> Settled:
     return Settled(lines=lines, adopted=adopted, stopped=stopped)
 
 
-def _stop_interrupted_restore(d: Cluster, rec: DeploymentRecord, restoring: str, found: list[Engine], why: str,
-                              stop_all: Callable[[list[Engine], str], None]) -> None:
+def _stop_interrupted_restore(d: Cluster, rec: DeploymentRecord, restoring: str, found: list[ObservedEngine], why: str,
+                              stop_all: Callable[[list[ObservedEngine], str], None]) -> None:
     """`rec` died while restoring `restoring` (its `rec.restoring`): the engines that restore restarted were never
     verified and are stopped; the deployment they belong to stays known-good and restartable (stopped, not
     serving)."""
@@ -193,7 +193,7 @@ def _stop_interrupted_restore(d: Cluster, rec: DeploymentRecord, restoring: str,
     rec.restoring = None
 
 
-def refresh_handles(d: Cluster, active_id: str, engines: list[Engine], say: Callable[[str], None],
+def refresh_handles(d: Cluster, active_id: str, engines: list[ObservedEngine], say: Callable[[str], None],
                     lines: list[str]) -> None:
     """The active deployment's engines as found on the nodes, written to its record when it names others (a
     restore that ran without the disk restarted them)."""

@@ -22,14 +22,14 @@ from sparkctl.extras import needed
 if TYPE_CHECKING:
     import paramiko
 
-    from sparkctl.config.inventory import Cluster
+    from sparkctl.config.inventory import ClusterSettings
 
 log = logging.getLogger("sparkctl.nodes.ssh")
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 
-def known_hosts_path(cluster: Cluster | None) -> Path:
+def known_hosts_path(cluster: ClusterSettings | None) -> Path:
     return Path(os.path.expanduser((cluster.known_hosts if cluster else None) or DEFAULT_KNOWN_HOSTS))
 
 

@@ -58,7 +58,7 @@ from sparkctl.redaction import redact
 if TYPE_CHECKING:  # heavy imports stay lazy: `sparkctl --help` must not import paramiko
     from fabric import Connection
 
-    from sparkctl.config.inventory import Cluster, Inventory, Node
+    from sparkctl.config.inventory import ClusterSettings, Inventory, Node
 
 log = logging.getLogger("sparkctl.nodes.ssh")
 
@@ -103,7 +103,7 @@ class SSHConnector:
     """
 
     node: Node
-    cluster: Cluster | None = None
+    cluster: ClusterSettings | None = None
     connect_timeout_s: float = CONNECT_TIMEOUT_S
     _conn: Connection | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)

@@ -13,7 +13,7 @@ from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.router.spec import MODULE, RouterSpec
-from sparkctl.sglang.endpoints import Listener, group_listeners, refuse_collisions, router_listeners
+from sparkctl.sglang.endpoints import PlannedListener, group_listeners, refuse_collisions, router_listeners
 from sparkctl.sglang.render import RenderResult, api_address, render
 
 
@@ -78,7 +78,7 @@ def render_replicas(profile: Profile, inventory: Inventory, *,
     return reps
 
 
-def _listeners(inventory: Inventory, reps: list[Replica]) -> list[Listener]:
+def _listeners(inventory: Inventory, reps: list[Replica]) -> list[PlannedListener]:
     label = len(reps) > 1
     return [x for rep in reps
             for x in group_listeners(rep.result.specs, rep.inventory, f"replica {rep.index} " if label else "")]

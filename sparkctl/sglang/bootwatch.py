@@ -26,7 +26,7 @@ from sparkctl.sglang.logparse import (
 
 log = logging.getLogger("sparkctl.sglang")
 
-__all__ = ["BootState", "Failure", "BootVerdict", "MilestoneSeen", "LogFollower"]
+__all__ = ["BootState", "BootFailure", "BootVerdict", "MilestoneSeen", "LogFollower"]
 
 
 # --------------------------------------------------------------------------- follower
@@ -48,7 +48,7 @@ class MilestoneSeen:
 
 
 @dataclass
-class Failure:
+class BootFailure:
     """The first fatal error printed, refined by a more specific cause printed right after it."""
 
     kind: EventKind
@@ -70,7 +70,7 @@ class BootVerdict:
     last_milestone: EventKind | None = None
     last_line: str | None = None
     detail: str = ""
-    failure: Failure | None = None
+    failure: BootFailure | None = None
 
 
 _BOOT_MILESTONES = frozenset(EventKind) - FATAL_KINDS - STAT_KINDS
@@ -99,7 +99,7 @@ class LogFollower:
         self.nccl_version: str | None = None
         self.server_args: JSONObject | None = None
         self.worker_health_address: str | None = None
-        self.failure: Failure | None = None
+        self.failure: BootFailure | None = None
         self.fatal_events: list[LogEvent] = []
         self.request_errors: list[LogEvent] = []
         self.decode = DecodeStats()
@@ -172,7 +172,7 @@ class LogFollower:
             self.request_errors.append(ev)
             return
         if f is None:
-            self.failure = Failure(kind=ev.kind, first_line=ev.line, line_no=self.line_no, ts=ev.ts,
+            self.failure = BootFailure(kind=ev.kind, first_line=ev.line, line_no=self.line_no, ts=ev.ts,
                                    first_kind=ev.kind, exception=ev.fields.get("exception"),
                                    exit_code=ev.fields.get("exit_code"), fields=dict(ev.fields),
                                    context=[*self._before, ev.line])

@@ -24,7 +24,7 @@ THIS_MACHINE = "this machine (process runtime)"
 
 
 @dataclass(frozen=True)
-class Listener:
+class PlannedListener:
     node: str
     machine: str        # THIS_MACHINE, or the node's ansible_host
     bind: str           # the address it binds (WILDCARD: every interface)
@@ -33,7 +33,7 @@ class Listener:
     what: str           # e.g. "replica 1 rank 0 HTTP API (api.port)"
     reached: bool = True  # the controller or a client reaches it at `reach` (an API, the router), not only a rank
 
-    def collides(self, other: Listener) -> bool:
+    def collides(self, other: PlannedListener) -> bool:
         if self.port != other.port:
             return False
         if self.reached and other.reached and self.reach == other.reach:
@@ -49,26 +49,26 @@ def machine_of(node: Node) -> str:
     return THIS_MACHINE if node.runtime == "process" else node.ssh.host
 
 
-def group_listeners(specs: Iterable[LaunchSpec], inventory: Inventory, label: str = "") -> list[Listener]:
+def group_listeners(specs: Iterable[LaunchSpec], inventory: Inventory, label: str = "") -> list[PlannedListener]:
     """What one TP group's ranks listen on (`LaunchSpec.listen_ports`, read from their own argv)."""
     out = []
     for spec in specs:
         node = inventory.node(spec.node)
         for bind, port, what in spec.listen_ports():
             store = what.startswith("TCP store")
-            out.append(Listener(spec.node, machine_of(node), "0.0.0.0" if store else bind,
+            out.append(PlannedListener(spec.node, machine_of(node), "0.0.0.0" if store else bind,
                                 node.fabric_address if store else spec.api_host, port,
                                 f"{label}rank {spec.rank} {what}", reached=spec.rank == 0 and not store))
     return out
 
 
-def router_listeners(node: Node, host: str, reach: str, port: int, prometheus_port: int) -> list[Listener]:
-    return [Listener(node.name, machine_of(node), host, reach, port, "the router (router.port)"),
-            Listener(node.name, machine_of(node), host, reach, prometheus_port,
+def router_listeners(node: Node, host: str, reach: str, port: int, prometheus_port: int) -> list[PlannedListener]:
+    return [PlannedListener(node.name, machine_of(node), host, reach, port, "the router (router.port)"),
+            PlannedListener(node.name, machine_of(node), host, reach, prometheus_port,
                      "the router's metrics (router.prometheus_port)")]
 
 
-def refuse_collisions(listeners: list[Listener], where: str) -> None:
+def refuse_collisions(listeners: list[PlannedListener], where: str) -> None:
     """ConfigError naming the first two listeners that would be one address and port, and both hosts."""
     for i, a in enumerate(listeners):
         for b in listeners[i + 1:]:

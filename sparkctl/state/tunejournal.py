@@ -44,7 +44,7 @@ MARKER = "tune.json"
 Progress = Callable[[str], None]
 
 
-class Journal:
+class TuneJournalFile:
     """``runs/<id>/tune.json``: the whole state of one tune, rewritten atomically after every step."""
 
     def __init__(self, ledger: Ledger, run_id: str, data: JSONObject) -> None:
@@ -52,7 +52,7 @@ class Journal:
         self.path = ledger.root / "runs" / run_id / "tune.json"
 
     @classmethod
-    def load(cls, ledger: Ledger, run_id: str) -> Journal:
+    def load(cls, ledger: Ledger, run_id: str) -> TuneJournalFile:
         """The journal of `run_id`: ConfigError when there is none; LedgerError (exit 6) naming the file when it is
         damaged (not JSON, or not of the shape `TuneJournal` describes: the profile is a plain name, never a path,
         the options are `TuneOptions`, every trial has its index, changes and status)."""

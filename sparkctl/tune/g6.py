@@ -59,7 +59,7 @@ def _caps(raw: list[JSONObject]) -> list[losslessness.Capture]:
     return [losslessness.Capture(**c) for c in raw]
 
 
-def _base(verdicts: list[losslessness.Verdict], reference: str) -> JSONObject:
+def _base(verdicts: list[losslessness.PromptVerdict], reference: str) -> JSONObject:
     s = losslessness.summarize_verdicts(verdicts)
     return {"reference": reference, "prompts": [p.id for p in _prompts()], "max_tokens": MAX_TOKENS,
             "temperature": 0, "n": s["n"], "identical": s["identical"], "diverged": s["diverged"],

@@ -38,7 +38,7 @@ from sparkctl.errors import ConfigError, PreflightError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.runs import AcceptanceResult, ConcurrencyResult, DecodeResult, RunRecord, TTFTResult
-from sparkctl.state.tunejournal import Journal, TuneJournal, TuneOptions, clear_marker, write_marker
+from sparkctl.state.tunejournal import TuneJournal, TuneJournalFile, TuneOptions, clear_marker, write_marker
 from sparkctl.tune import g6
 from sparkctl.tune import space as sp
 from sparkctl.tune.settle import restore, resume_target, settle
@@ -126,7 +126,7 @@ def _trial_entry(i: int, changes: JSONObject, baseline: bool) -> JSONObject:
             "capacity": None, "g6": None}
 
 
-def new_journal(deployer: Deployer, opts: TuneOptions) -> Journal:
+def new_journal(deployer: Deployer, opts: TuneOptions) -> TuneJournalFile:
     """Validate the search (every candidate a valid profile) and write its journal; nothing deployed yet."""
     from sparkctl.config.profile import load_profile
     if opts.objective not in OBJECTIVES:
@@ -155,7 +155,7 @@ def new_journal(deployer: Deployer, opts: TuneOptions) -> Journal:
             "profile_data": base.model_dump(mode="json"), "space": [[k, v] for k, v in space],
             "baseline_values": base_vals, "options": opts.as_dict(), "trials": trials, "original": None,
             "estimate": None, "confirmation": None, "winner": None, "restore": None, "timing": {}}
-    return Journal(deployer.ledger, run_id, data)
+    return TuneJournalFile(deployer.ledger, run_id, data)
 
 
 def _deploy(deployer: Deployer, profile: Profile) -> UpResult:
@@ -179,13 +179,13 @@ def _plain(value: object) -> Any:
     return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
 
 
-def _candidate(j: Journal, t: JSONObject) -> Profile:
+def _candidate(j: TuneJournalFile, t: JSONObject) -> Profile:
     from sparkctl.config.profile import Profile
     base = Profile.model_validate(j.data["profile_data"])
     return base if t["baseline"] else sp.candidate_profile(base, t["changes"], f"{base.name}-t{t['index']}")
 
 
-def _run_trial(deployer: Deployer, j: Journal, t: JSONObject, progress: Progress) -> None:
+def _run_trial(deployer: Deployer, j: TuneJournalFile, t: JSONObject, progress: Progress) -> None:
     opts = TuneOptions(**j.data["options"])
     label = "baseline" if t["baseline"] else ", ".join(f"{k}={v}" for k, v in t["changes"].items())
     progress(f"trial {t['index']}: {label}")
@@ -215,7 +215,7 @@ def _run_trial(deployer: Deployer, j: Journal, t: JSONObject, progress: Progress
                  f"({t['objective']['min']:.3f}-{t['objective']['max']:.3f}) in {t['elapsed_s']:.1f} s")
 
 
-def _g6_verdict(j: Journal, t: JSONObject, outputs: list[JSONObject]) -> None:
+def _g6_verdict(j: TuneJournalFile, t: JSONObject, outputs: list[JSONObject]) -> None:
     """The trial's G6 sample (sparkctl/tune/g6.py): the baseline's outputs are the reference (kept in the
     journal); a candidate that is not identical to them, or a void sample, makes the trial infeasible."""
     if t["baseline"]:
@@ -230,7 +230,7 @@ def _g6_verdict(j: Journal, t: JSONObject, outputs: list[JSONObject]) -> None:
         t.update(status="infeasible", reason="G6 failed", error=f"G6 sample: {t['g6']['detail']}")
 
 
-def _best(j: Journal) -> JSONObject | None:
+def _best(j: TuneJournalFile) -> JSONObject | None:
     higher = OBJECTIVES[j.data["options"]["objective"]][1] == "higher"
     ok = [t for t in j.data["trials"] if not t["baseline"] and t["status"] == "feasible"]
     if not ok:
@@ -238,7 +238,7 @@ def _best(j: Journal) -> JSONObject | None:
     return (max if higher else min)(ok, key=lambda t: t["objective"]["median"])
 
 
-def _confirm(deployer: Deployer, j: Journal, winner: JSONObject, progress: Progress) -> JSONObject:
+def _confirm(deployer: Deployer, j: TuneJournalFile, winner: JSONObject, progress: Progress) -> JSONObject:
     """A B A B: baseline and candidate alternated, each a fresh deploy + bench; samples pooled per side."""
     from sparkctl.bench.diff import compare_summaries
     opts = TuneOptions(**j.data["options"])
@@ -271,7 +271,7 @@ def _confirm(deployer: Deployer, j: Journal, winner: JSONObject, progress: Progr
     return conf
 
 
-def _estimate(j: Journal, elapsed_s: float) -> None:
+def _estimate(j: TuneJournalFile, elapsed_s: float) -> None:
     t1 = next((t["elapsed_s"] for t in j.data["trials"] if t["elapsed_s"] is not None), None)
     if t1 is None or j.data.get("estimate"):
         return
@@ -282,7 +282,7 @@ def _estimate(j: Journal, elapsed_s: float) -> None:
                           "formula": "elapsed + first trial x (remaining trials + 2 x confirm rounds + 1 restore)"}
 
 
-def execute(deployer: Deployer, j: Journal, progress: Progress) -> TuneJournal:
+def execute(deployer: Deployer, j: TuneJournalFile, progress: Progress) -> TuneJournal:
     """Run (or continue) the tune in `j` to its end: trials, confirmation, promotion, restore. Returns the
     journal as its model (what ``runs/<id>/tune.json`` now holds)."""
     ledger = deployer.ledger
@@ -314,7 +314,7 @@ def execute(deployer: Deployer, j: Journal, progress: Progress) -> TuneJournal:
     return TuneJournal.model_validate(j.data)
 
 
-def _restore_and_close(deployer: Deployer, j: Journal, ended: str, started: float, progress: Progress) -> None:
+def _restore_and_close(deployer: Deployer, j: TuneJournalFile, ended: str, started: float, progress: Progress) -> None:
     """Restore what ran before the tune and close its journal: "finished" only when the trials and the decision
     ran to their end and the restore worked; "interrupted" (resumable) after a signal, "failed" after an error,
     "restore failed" when the restore did not work. A signal during the restore leaves the journal interrupted
@@ -338,7 +338,7 @@ def _restore_and_close(deployer: Deployer, j: Journal, ended: str, started: floa
     _close(deployer, j, ended)
 
 
-def _close(deployer: Deployer, j: Journal, ended: str) -> None:
+def _close(deployer: Deployer, j: TuneJournalFile, ended: str) -> None:
     ok = bool(j.data["restore"].get("ok"))
     j.data["state"] = "restore failed" if not ok else "finished" if ended == "done" else ended
     j.save()
@@ -346,7 +346,7 @@ def _close(deployer: Deployer, j: Journal, ended: str) -> None:
         clear_marker(deployer.ledger)
 
 
-def _trials(deployer: Deployer, j: Journal, opts: TuneOptions, started: float, progress: Progress) -> None:
+def _trials(deployer: Deployer, j: TuneJournalFile, opts: TuneOptions, started: float, progress: Progress) -> None:
     for t in j.data["trials"]:
         if t["status"] != "pending":
             continue                                            # finished before a resume: never redone
@@ -373,7 +373,7 @@ def _trials(deployer: Deployer, j: Journal, opts: TuneOptions, started: float, p
         _boundary(TRIAL, "after", t["index"])
 
 
-def _decide(deployer: Deployer, j: Journal, opts: TuneOptions, started: float, progress: Progress) -> None:
+def _decide(deployer: Deployer, j: TuneJournalFile, opts: TuneOptions, started: float, progress: Progress) -> None:
     base_t = j.data["trials"][0]
     best = _best(j)
     if base_t["status"] != "feasible":
@@ -438,7 +438,7 @@ def tune(deployer: Deployer, opts: TuneOptions, progress: Progress) -> TuneJourn
 
 
 def resume(deployer: Deployer, run_id: str, progress: Progress) -> TuneJournal:
-    j = Journal.load(deployer.ledger, run_id)
+    j = TuneJournalFile.load(deployer.ledger, run_id)
     if j.data.get("state") == "finished":
         raise ConfigError(f"tune {run_id} already finished", where=str(j.path), hint="start a new `sparkctl tune`")
     marker = settle(deployer, progress, resuming=run_id)

@@ -14,7 +14,7 @@ from sparkctl.deploy.steps import ARM_COMMAND
 from sparkctl.errors import LedgerError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.tunejournal import Journal, clear_marker, read_marker
+from sparkctl.state.tunejournal import TuneJournalFile, clear_marker, read_marker
 
 if TYPE_CHECKING:
     from sparkctl.deploy.commands import Deployer
@@ -63,7 +63,7 @@ def settle(deployer: Deployer, progress: Progress, *, resuming: str | None = Non
         progress(f"tune {m.get('run')} was interrupted (controller gone); restoring what ran before it")
         result = restore(deployer, m.get("original"), progress)
     try:
-        j = Journal.load(deployer.ledger, str(m.get("run")))
+        j = TuneJournalFile.load(deployer.ledger, str(m.get("run")))
         j.data.update(state="interrupted", restore=result, settled_at=now_iso())
         j.save()
     except SparkctlError:

@@ -91,10 +91,10 @@ def test_server_tokens_used_when_both_sides_cover_the_completion():
 
 
 def test_summary_never_says_lossless_unless_all_identical():
-    same = g6.Verdict("a", "identical")
-    s = g6.summarize_verdicts([same] * 19 + [g6.Verdict("b", "diverged", index=3)])
+    same = g6.PromptVerdict("a", "identical")
+    s = g6.summarize_verdicts([same] * 19 + [g6.PromptVerdict("b", "diverged", index=3)])
     assert s["summary"].startswith("19/20 identical") and "lossless" not in s["summary"].lower()
-    s = g6.summarize_verdicts([same] * 19 + [g6.Verdict("b", "void")])
+    s = g6.summarize_verdicts([same] * 19 + [g6.PromptVerdict("b", "void")])
     assert "VOID" in s["summary"] and "lossless" not in s["summary"].lower() and not s["all_identical"]
     s = g6.summarize_verdicts([same] * 20)
     assert s["all_identical"] and "20/20 identical" in s["summary"] and "lossless" in s["summary"]

@@ -175,11 +175,11 @@ def _journal() -> dict[str, Any]:
 @ci_settings(max_examples=80)
 @given(data=st.data())
 def test_damaged_tune_journals_are_exit_6_never_70(data):
-    """Journal.load refuses every damaged journal with a LedgerError naming it (or reads one that is still a
+    """TuneJournalFile.load refuses every damaged journal with a LedgerError naming it (or reads one that is still a
     journal); `tune --resume` of a refused one is exit 6 before anything is deployed."""
     from sparkctl.errors import LedgerError
     from sparkctl.state.ledger import Ledger
-    from sparkctl.state.tunejournal import Journal
+    from sparkctl.state.tunejournal import TuneJournalFile
     with _Env() as env:
         doc = _journal()
         damaged = _damage(doc, data)
@@ -187,7 +187,7 @@ def test_damaged_tune_journals_are_exit_6_never_70(data):
         d.mkdir(parents=True)
         (d / "tune.json").write_text(damaged if isinstance(damaged, str) else json.dumps(damaged))
         try:
-            Journal.load(Ledger.for_cluster("local"), doc["run_id"])
+            TuneJournalFile.load(Ledger.for_cluster("local"), doc["run_id"])
         except LedgerError as exc:
             assert str(d / "tune.json") in exc.render()
             code, out, err = run_cli("tune", "--resume", doc["run_id"], "-i", LOCAL)

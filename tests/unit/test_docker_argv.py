@@ -6,7 +6,7 @@ from typing import TypedDict, Unpack
 
 import pytest
 
-from sparkctl.config.inventory import Cluster, HostPaths, Inventory, Node, SSHSettings
+from sparkctl.config.inventory import ClusterSettings, HostPaths, Inventory, Node, SSHSettings
 from sparkctl.errors import ConfigError
 from sparkctl.nodes.container import ContainerConfig, container_config, container_name, resolve_image
 from sparkctl.nodes.docker_logs import _ts_ns, parse_log_lines
@@ -192,7 +192,7 @@ def _inspect_json(status: str = "running") -> str:
 
 def test_start_handle_is_redacted_and_env_goes_over_stdin() -> None:
     node = _node()
-    inv = Inventory(path="x", cluster=Cluster(name="desk"), nodes=[node])
+    inv = Inventory(path="x", cluster=ClusterSettings(name="desk"), nodes=[node])
     name = container_name("desk", 0, "dep1")
     fake = FakeConnector([
         (["ls", "-1A", "/dev/infiniband"], CommandResult("spark-a", [], 2, "", "No such file", 0.0)),
@@ -220,7 +220,7 @@ def test_start_handle_is_redacted_and_env_goes_over_stdin() -> None:
 
 def test_read_log_follows_incrementally_without_duplicates() -> None:
     node = _node()
-    inv = Inventory(path="x", cluster=Cluster(name="desk"), nodes=[node])
+    inv = Inventory(path="x", cluster=ClusterSettings(name="desk"), nodes=[node])
     log = ["2026-01-01T00:00:01.000000000Z a", "2026-01-01T00:00:01.000000000Z b", "2026-01-01T00:00:02.000000000Z c"]
 
     class LogConnector:
@@ -277,7 +277,7 @@ def test_secret_files_go_over_ssh_stdin_into_a_private_dir(monkeypatch) -> None:
             calls.append((list(argv), stdin))
             return CommandResult(node="spark-a", argv=list(argv), returncode=0, stdout="", stderr="", elapsed_s=0.0)
 
-    inv = Inventory(path="x", cluster=Cluster(name="desk"), nodes=[_node()])
+    inv = Inventory(path="x", cluster=ClusterSettings(name="desk"), nodes=[_node()])
     rt = DockerRuntime(inv, inv.nodes[0], cluster="desk", connector=FakeSSH(), environ={})  # type: ignore[arg-type]
     spec = _spec(secret_files={"engine-secrets.yaml": f"api-key: {API_KEY}\n", "hf-token": HF_TOKEN})
     cfg = _cfg(spec=spec)
@@ -293,7 +293,7 @@ def test_remove_goes_on_when_the_log_archive_cannot_be_written(tmp_path) -> None
     """A full or read-only state directory (here: a file where the log directory should be) keeps the log from
     being archived, never the container from being removed (the undo of a failed `up` on a full disk)."""
     node = _node()
-    inv = Inventory(path="x", cluster=Cluster(name="desk"), nodes=[node])
+    inv = Inventory(path="x", cluster=ClusterSettings(name="desk"), nodes=[node])
     (tmp_path / "not-a-dir").write_text("")
     fake = FakeConnector([
         (["docker", "logs", "--timestamps"], CommandResult("spark-a", [], 0, "2026-01-01T00:00:01.000000000Z a\n",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.config.inventory import Cluster, HostPaths, Inventory, Node, SSHSettings
+from sparkctl.config.inventory import ClusterSettings, HostPaths, Inventory, Node, SSHSettings
 from sparkctl.nodes.container import SECRETS_HOST_ROOT, container_name
 from sparkctl.nodes.docker_runtime import DockerRuntime
 from sparkctl.nodes.handles import DockerHandle
@@ -92,7 +92,7 @@ def test_stop_and_cleanup_remove_only_this_clusters_stopped_secrets(node_dirs):
     dirs = {n: _secret_dir(n, node_dirs) for n in (running, stopped, lookalike, other)}
     node = Node(name="spark-a", ssh=SSHSettings(host="198.19.0.1"), fabric_interface="lo", fabric_address="127.0.0.9",
                 host_paths=HostPaths(models="/srv/models", cache="/srv/cache"), gpu_runtime="none")
-    inv = Inventory(path="x", cluster=Cluster(name=cluster), nodes=[node])
+    inv = Inventory(path="x", cluster=ClusterSettings(name=cluster), nodes=[node])
     conn = LocalNode({running: True, stopped: False}, cluster)
     rt = DockerRuntime(inv, node, cluster=cluster, connector=conn, environ={})  # type: ignore[arg-type]
 
