@@ -143,6 +143,13 @@ def schemas() -> list[str]:
         else:
             model = f"`{LIFECYCLE_OUTPUTS[name]}`"
         lines.append(f"| `{name}` | {model} |")
+    from sparkctl.deploy.results import RENAMED_KEYS
+    lines += ["", ("Keys renamed in 2026-12 (one name per concept): each `--json` output that had the old key writes "
+                   "the new one and, until the next release, the old one beside it with the same value: "
+                   + ", ".join(f"`{old}` -> `{new}`" for old, new in RENAMED_KEYS.items())
+                   + " (the router's `kind` in `status` of replicas; `doctor --bundle`'s deployment `stages` -> "
+                     "`steps` and `kind` -> `command` the same way). Files sparkctl wrote with the old keys "
+                     "(records, handles, replicated.json) load as before.")]
     return lines + [""]
 
 

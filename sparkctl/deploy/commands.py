@@ -144,7 +144,7 @@ class Deployer:
                 if command == RESTORE_COMMAND:
                     compare.end(c)
                 return UpResult(**base, changed=False, outcome="unchanged", reason=plan.noop_reason,
-                                plan=_view(plan), deployment=plan.active_id, endpoint=endpoint, reconciled=settled,
+                                plan=_view(plan), deployment=plan.active_id, endpoint=endpoint, settled=settled,
                                 next_commands=_next(endpoint))
             if opts.confirm is not None and not opts.confirm(plan):
                 raise CancelledError("cancelled at the confirmation prompt; nothing was changed")
@@ -166,8 +166,8 @@ class Deployer:
                     f"{cap.reason} (raise it with {cap.setting})")
         return UpResult(**{**base, "emulated": rec.emulated}, changed=True, outcome="deployed", plan=_view(plan),
                         deployment=rec.id, endpoint=rec.endpoint, capacity=rec.capacity, concurrency=cap,
-                        gates=rec.gates, stages=[s.model_dump(mode="json") for s in rec.steps], warmup=rec.warmup,
-                        elapsed_s=rec.elapsed_s, reconciled=settled, next_commands=_next(rec.endpoint))
+                        gates=rec.gates, steps=[s.model_dump(mode="json") for s in rec.steps], warmup=rec.warmup,
+                        elapsed_s=rec.elapsed_s, settled=settled, next_commands=_next(rec.endpoint))
 
     def _say_plan(self, result: RenderResult, plan: Plan, *, commands: bool) -> None:
         for w in result.warnings:

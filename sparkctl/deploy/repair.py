@@ -305,12 +305,12 @@ def _running_router(d: Cluster, url: str, metrics_url: str | None) -> JSONObject
         from sparkctl.router.container import labelled_routers, router_container_name
         node = d.inventory.rank0
         found = labelled_routers(connector_for(d.inventory, node), d.inventory.cluster.name)
-        return {**base, "kind": "container", "node": node.name, "container_id": found[0], "image": None,
+        return {**base, "runtime": "container", "node": node.name, "container_id": found[0], "image": None,
                 "container": router_container_name(d.inventory.cluster.name)} if found else None
     from sparkctl.router.launch import logged_routers
     log = d.ledger.root / "logs" / "router.log"
     for pid, ticks in logged_routers(log):
-        return {**base, "kind": "process", "pid": pid, "ticks": ticks, "log": str(log)}
+        return {**base, "runtime": "process", "pid": pid, "ticks": ticks, "log": str(log)}
     return None
 
 

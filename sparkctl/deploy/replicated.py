@@ -276,7 +276,7 @@ class ReplicatedDeployer:
         listed = {}
         if client is not None:
             h = client.health()
-            router = RouterStatus(url=r["url"], kind=r.get("kind", "process"), live=h.live, ready=h.ready,
+            router = RouterStatus(url=r["url"], runtime=router_launch.recorded_runtime(r), live=h.live, ready=h.ready,
                                   healthy_workers=h.healthy_workers, total_workers=h.total_workers)
             if h.live:
                 listed = {w.url: w for w in client.list_workers()}
@@ -336,7 +336,7 @@ class ReplicatedDeployer:
         """offset -> (complete new lines of the router's log, next offset), whichever kind the record names."""
         spec = RouterSpec("127.0.0.1", 1)
         r = router_launch.from_record(self.inventory, spec, d)          # a damaged entry is a RouterError
-        if r.kind == "container":
+        if r.runtime == "container":
             from sparkctl.nodes.docker_runtime import DockerRuntime
             from sparkctl.nodes.handles import DockerHandle
             node = self.inventory.node(d["node"])

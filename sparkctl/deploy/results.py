@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sparkctl.deploy.cluster import RankHealth
 from sparkctl.deploy.settle import Settled
@@ -18,6 +18,26 @@ class _Result(BaseModel):
 
     def as_json(self) -> JSONObject:
         return self.model_dump(mode="json")
+
+
+# Output keys renamed in 2026-12 (one name per concept: the records' `steps` and `settle`), each old key still written
+# beside its new one, with the same value, until the next release: {old: new}. docs/reference.md lists them.
+RENAMED_KEYS = {"stages": "steps", "reconciled": "settled", "kind": "runtime"}
+
+
+def _was(new: str) -> str:
+    return f"deprecated: the same as `{new}`, its name until 2026-12; written until the next release"
+
+
+class _Renamed(_Result):
+    """A result that still writes the old names of RENAMED_KEYS beside the new ones (set from them, never read)."""
+
+    @model_validator(mode="after")
+    def _old_names(self) -> _Renamed:
+        for old, new in RENAMED_KEYS.items():
+            if old in type(self).model_fields:
+                object.__setattr__(self, old, getattr(self, new))
+        return self
 
 
 class StepView(BaseModel):
@@ -44,7 +64,7 @@ class Concurrency(BaseModel):
     setting: str
 
 
-class UpResult(_Result):
+class UpResult(_Renamed):
     """`up` / `rollback`: deployed, unchanged (a no-op decided after settling) or dry-run."""
 
     outcome: Literal["deployed", "unchanged", "dry-run"]
@@ -59,19 +79,22 @@ class UpResult(_Result):
     capacity: Capacity | None = None
     concurrency: Concurrency | None = None
     gates: list[GateResult] | None = None
-    stages: list[JSONObject] | None = None
+    steps: list[JSONObject] | None = None
     warmup: Warmup | None = None
     elapsed_s: float | None = None
-    reconciled: Settled | None = None
+    settled: Settled | None = None
     next_commands: list[str] = Field(default_factory=list)
+    stages: list[JSONObject] | None = Field(None, description=_was("steps"))
+    reconciled: Settled | None = Field(None, description=_was("settled"))
 
 
-class DownResult(_Result):
+class DownResult(_Renamed):
     changed: bool
     reason: str | None = None
     stopped: str | None = None
     engines: list[str] = Field(default_factory=list)
-    reconciled: list[str] = Field(default_factory=list)
+    settled: list[str] = Field(default_factory=list)
+    reconciled: list[str] = Field(default_factory=list, description=_was("settled"))
 
 
 class InProgress(BaseModel):
@@ -160,14 +183,15 @@ class ReplicatedUpResult(_Result):
     next_commands: list[str] = Field(default_factory=list)
 
 
-class RouterStatus(_Result):
+class RouterStatus(_Renamed):
     url: str
-    kind: Literal["process", "container"] = "process"     # a local process (embedded) or a container on rank 0
+    runtime: Literal["process", "container"] = "process"  # a local process (embedded) or a container on rank 0
     live: bool
     ready: bool
     healthy_workers: int | None = None
     total_workers: int | None = None
     requests_per_replica: dict[str, float] | None = None      # the router's own count, per worker URL
+    kind: Literal["process", "container"] = Field("process", description=_was("runtime"))
 
 
 class ReplicaStatus(_Result):

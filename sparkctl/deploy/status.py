@@ -60,9 +60,9 @@ def down(c: Cluster, *, unfinished_compare: str | None = None) -> DownResult:
     c.ledger.sync_index()
     if not active and not engines:
         return DownResult(changed=False, reason="no active deployment and no engine running",
-                          reconciled=settled.lines)
+                          settled=settled.lines)
     return DownResult(changed=True, stopped=active.id if active else None, engines=engines,
-                      reconciled=settled.lines)
+                      settled=settled.lines)
 
 
 def status(c: Cluster, *, unfinished_compare: str | None = None) -> StatusResult:

@@ -2,7 +2,7 @@
 
 One JSON document rather than a tar.gz: it opens in any editor or `jq`, a reader sees at once everything it holds
 (no member to forget when checking it for secrets), the secret sweep greps it as it is, and its size is bounded
-anyway (log tails, not logs). Schema ``sparkctl-doctor-bundle/1``: versions, the deployment's summary and stages,
+anyway (log tails, not logs). Schema ``sparkctl-doctor-bundle/1``: versions, the deployment's summary and steps,
 every rank's rendered argv and env, the journal, the tail of each source read, the preflight facts and the findings.
 
 Redaction: the record's argv and env were stored redacted (LaunchSpec.redacted); they pass again through
@@ -81,11 +81,13 @@ def bundle_data(report: DoctorReport, got: Collected, rec: DeploymentRecord | No
     }
     if rec is not None:
         data["deployment"] = {
-            "id": rec.id, "kind": rec.command, "profile": rec.profile, "cluster": rec.cluster, "emulated": rec.emulated,
+            "id": rec.id, "command": rec.command, "kind": rec.command,    # kind = command: RENAMED_KEYS' way
+            "profile": rec.profile, "cluster": rec.cluster, "emulated": rec.emulated,
             "status": rec.status.value, "created": rec.created, "finished": rec.finished,
             "failure": rec.failure.model_dump(mode="json") if rec.failure else None, "rollback": rec.rollback,
             "restored": rec.restored, "restore_error": rec.restore_error,
-            "stages": [s.model_dump(mode="json") for s in rec.steps],
+            "steps": [s.model_dump(mode="json") for s in rec.steps],
+            "stages": [s.model_dump(mode="json") for s in rec.steps],     # = steps; RENAMED_KEYS: until next release
             "gates": [g.model_dump(mode="json") for g in rec.gates],
             "capacity": rec.capacity.model_dump(mode="json") if rec.capacity else None,
             "identity": rec.identity, "endpoint": rec.endpoint}

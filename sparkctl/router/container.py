@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from sparkctl.nodes.ssh import CommandResult
 
 log = logging.getLogger("sparkctl.router")
-KIND = "container"
+RUNTIME = "container"
 
 
 class Runner(Protocol):
@@ -80,12 +80,12 @@ class RouterContainer:
     container_id: str
     image: str
 
-    kind = KIND
+    runtime = RUNTIME
     kept = False                   # start found this very launch running (a dead controller's) and kept it
 
     # ---- record --------------------------------------------------------------------------------------------
     def to_dict(self) -> JSONObject:
-        return {"kind": KIND, "node": self.node, "container": self.name, "container_id": self.container_id,
+        return {"runtime": RUNTIME, "node": self.node, "container": self.name, "container_id": self.container_id,
                 "image": self.image, "argv": self.spec.args()}
 
     @classmethod

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 class Router(Protocol):
-    kind: str                      # "process" | "container" (kept in the record)
+    runtime: str                   # "process" | "container" (kept in the record)
     kept: bool                     # start found it already running this launch (nothing was started)
     spec: RouterSpec
 
@@ -74,9 +74,15 @@ def start_router(inventory: Inventory, spec: RouterSpec, *, image: str | None, l
     return RouterProcess.start(spec, log_path, ready_timeout_s=ready_timeout_s)
 
 
+def recorded_runtime(d: JSONObject) -> str:
+    """How the router a record names runs: "process" or "container" (written as "kind" until 2026-12; a record from
+    before either was kept is a process)."""
+    return str(d.get("runtime") or d.get("kind") or "process")
+
+
 def from_record(inventory: Inventory, spec: RouterSpec, d: JSONObject) -> Router:
-    """The router a record names (its kind from the record; a record from before kinds were kept is a process)."""
-    if d.get("kind") == "container":
+    """The router a record names (its runtime from the record: `recorded_runtime`)."""
+    if recorded_runtime(d) == "container":
         from sparkctl.nodes.ssh import connector_for
         from sparkctl.router import RouterError
         from sparkctl.router.container import RouterContainer

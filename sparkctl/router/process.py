@@ -35,10 +35,10 @@ class RouterProcess:
     _popen: subprocess.Popen | None = None
     kept = False                          # a process is never taken over: start always starts one
 
-    kind = "process"
+    runtime = "process"
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "pid": self.pid, "ticks": self.ticks, "log": str(self.log_path),
+        return {"runtime": self.runtime, "pid": self.pid, "ticks": self.ticks, "log": str(self.log_path),
                 "argv": self.spec.args()}
 
     @property

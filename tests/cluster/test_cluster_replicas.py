@@ -119,7 +119,7 @@ def test_replicas_behind_the_router_container(cli, capsys, test_cluster, replica
         assert code == 0, err[-3000:]
         assert st["replicated"] and st["healthy"], st
         router = st["router"]
-        assert router["kind"] == "container" and router["url"] == endpoint
+        assert router["runtime"] == router["kind"] == "container" and router["url"] == endpoint
         assert router["live"] and router["ready"] and router["healthy_workers"] == router["total_workers"] == 2
         urls = [rep["url"] for rep in st["replicas"]]
         assert set(router["requests_per_replica"]) == set(urls)          # smg_* metrics read from the container
@@ -180,7 +180,7 @@ def test_replicas_behind_the_router_container(cli, capsys, test_cluster, replica
         code, repaired, err = _json(cli, "repair", "--yes")
         assert code == 0 and repaired["changed"], err[-3000:]
         rebuilt = json.loads(record_path.read_text())
-        assert rebuilt["router"]["kind"] == "container" and rebuilt["router"]["container_id"] == routers[0][0]
+        assert rebuilt["router"]["runtime"] == "container" and rebuilt["router"]["container_id"] == routers[0][0]
         code, st, err = _json(cli, "status")
         assert code == 0 and st["replicated"] and st["healthy"], (st, err[-2000:])
         assert [rep["in_router"] for rep in st["replicas"]] == [True, True]

@@ -81,7 +81,7 @@ def _running(env, node: str) -> list[dict]:
 
 
 def _stage_s(result: dict, prefix: str = "image-") -> float:
-    return sum(s["elapsed_s"] for s in result["stages"] if s["name"].startswith(prefix))
+    return sum(s["elapsed_s"] for s in result["steps"] if s["name"].startswith(prefix))
 
 
 def _runs_launch_image(env, tag: str, profile_name: str) -> None:

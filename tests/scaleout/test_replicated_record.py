@@ -34,7 +34,7 @@ def valid_record() -> dict:
 
 PATHS = [("profile",), ("endpoint",), ("status",), ("replicas",), ("replicas", 0), ("replicas", 0, "index"),
          ("replicas", 0, "url"), ("replicas", 0, "nodes"), ("replicas", 1, "cluster"), ("router",),
-         ("router", "pid"), ("router", "ticks"), ("router", "log"), ("router", "kind"), ("router", "kind"),
+         ("router", "pid"), ("router", "ticks"), ("router", "log"), ("router", "kind"), ("router", "runtime"),
          ("router", "node"), ("router", "container"), ("router", "container_id"), ("journal",),
          ("journal", 0, "replica"), ("journal", 0, "step")]
 
