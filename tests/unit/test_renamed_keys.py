@@ -32,7 +32,8 @@ def test_a_result_without_the_new_values_writes_the_old_keys_empty_too():
     assert RouterStatus(url="u", live=False, ready=False).as_json()["kind"] == "process"
 
 
-@pytest.mark.parametrize("entry,runtime", [({"runtime": "container"}, "container"), ({"kind": "container"}, "container"),
-                                           ({"kind": "process"}, "process"), ({}, "process")])
+@pytest.mark.parametrize("entry,runtime", [({"runtime": "container"}, "container"),
+                                           ({"kind": "container"}, "container"), ({"kind": "process"}, "process"),
+                                           ({}, "process")])
 def test_a_router_entry_of_either_name_says_how_it_runs(entry, runtime):
     assert recorded_runtime(entry) == runtime
