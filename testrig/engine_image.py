@@ -38,6 +38,7 @@ from testrig.cluster import (
     _rootfs_path,
     _run,
 )
+from testrig.wheel import checkout_build_lock
 
 if TYPE_CHECKING:
     from testrig.cluster import Node, TestCluster
@@ -99,9 +100,10 @@ class EngineImages:
         shutil.copytree(TEST_IMAGES / "test-engine" / "sglang_shim", ctx / "sglang_shim")
         with self.cluster._timed("image.wheels"):
             shutil.copytree(self._ensure_dependency_wheels(), ctx / "deps")
-            _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(ctx / "project"),
-                  str(PROJECT_DIR), str(ctx / "sglang_shim")], timeout=600,
-                 log_to=self.workdir / "logs" / "pip-wheel.log")
+            with checkout_build_lock(PROJECT_DIR):      # setuptools builds in the checkout: one build at a time
+                _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(ctx / "project"),
+                      str(PROJECT_DIR), str(ctx / "sglang_shim")], timeout=600,
+                     log_to=self.workdir / "logs" / "pip-wheel.log")
         with self.cluster._timed("image.build"):
             docker_build(node, ctx, tag, {"BASE": base}, {"org.sparkctl.test-engine": tag},
                          self.workdir / "logs" / "image-build.log")

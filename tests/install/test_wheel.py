@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from testrig.wheel import checkout_build_lock
+
 REPO = Path(__file__).resolve().parents[2]
 EMBEDDED_API = ("127.0.0.2", 30000)   # the shipped inventory/local.yml's rank 0 endpoint
 
@@ -29,7 +31,8 @@ def _run(argv: list[str], *, timeout: float, **kw) -> subprocess.CompletedProces
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    res = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(REPO)], timeout=600)
+    with checkout_build_lock(REPO):     # setuptools builds in the checkout: one build at a time (testrig.wheel)
+        res = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(REPO)], timeout=600)
     assert res.returncode == 0, res.stderr
     (whl,) = out.glob("sparkctl-*.whl")
     return whl

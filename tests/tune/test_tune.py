@@ -1,11 +1,13 @@
 """`sparkctl tune` on the embedded cluster with a planted optimum: it finds it, refuses the OOM candidate,
 promotes nothing when every candidate lies within the noise, restores what ran before, and resumes after a
-kill -9 without redoing finished trials (and promotes the optimum then). Each asserts what tune measured against the
-emulator's planted timing, so this module is a TIMING_MODULE (tests/conftest.py: run alone, after the others); tune's
-refusals, G6 judgment, budget and settling of a dead tune, whose outcome no timing moves, are test_tune_settle.py."""
+kill -9 without redoing finished trials (and promotes the optimum then), refuses a candidate whose G6 sample
+diverges. Each asserts what tune measured against the emulator's planted timing (a promotion, or none), so this
+module is a TIMING_MODULE (tests/conftest.py: run alone, after the others); tune's refusals, budget and settling of
+a dead tune, whose outcome no timing moves, are test_tune_settle.py."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import yaml
@@ -105,3 +107,50 @@ def test_kill_9_then_resume_redoes_no_finished_trial(cli, tune_cluster, state_di
     assert data["restore"]["ok"] and _active_profile(cli) == "t5-off" and not marker_path.exists()
 
 
+def test_a_candidate_whose_g6_sample_diverges_is_infeasible(cli, tune_cluster, state_dir):
+    # the candidate whose engine sees SPARKCTL_SIM_DIVERGENCE={"*":3} departs from the target's greedy output at
+    # completion token 3 of every prompt when speculation is on (sim/decoding.py): its G6 sample differs from the
+    # baseline's; the candidate with {} (no divergence) is the same engine as the baseline
+    code, out, err = cli("tune", "--profile", "t5", "--vary", 'env.SPARKCTL_SIM_DIVERGENCE={},{"*":3}', *WORK,
+                         "--confirm-rounds", "1", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    base, same, lossy = data["trials"]
+    assert lossy["changes"] == {"env.SPARKCTL_SIM_DIVERGENCE": '{"*":3}'}
+    assert base["g6"]["verdict"] == "reference" and same["g6"]["verdict"] == "identical"
+    assert same["status"] == "feasible" and lossy["status"] == "infeasible" and lossy["reason"] == "G6 failed"
+    g = lossy["g6"]
+    assert g["verdict"] == "diverged" and g["diverged"] == 2 and g["reference"] == "baseline trial 0"
+    assert [v["index"] for v in g["verdicts"]] == [3, 3], g["verdicts"]
+    assert "0/2 identical to the baseline" in lossy["error"]
+    assert all(0 < t["g6"]["elapsed_s"] < t["elapsed_s"] for t in data["trials"])
+    assert lossy["objective"] is not None        # measured, and still refused: speed never buys losslessness
+    assert data["confirmation"]["candidate"] == 1
+    # `tune --json` prints the journal tune() returns as its model: what runs/<id>/tune.json holds
+    (journal_file,) = list(state_dir.glob(f"*/runs/{data['run_id']}/tune.json"))
+    assert json.loads(journal_file.read_text()) == data
+
+    # the table of this journal: plain text off a terminal, rich on one; the refused trial shows its reason
+    import io
+
+    from sparkctl.state.tunejournal import TuneJournal
+    from sparkctl.tune.table import render, trial_table
+    journal = TuneJournal.model_validate(data)
+    plain = trial_table(journal)
+    lines = plain.splitlines()
+    assert lines[0].split()[:3] == ["#", "changes", "status"] and "\x1b[" not in plain
+    row = next(x for x in lines if x.startswith("2 "))
+    assert "infeasible" in row and "diverged 0/2" in row and "G6 failed: G6 sample: 0/2 identical" in row
+    assert "reference" in lines[1] and "identical 2/2" in next(x for x in lines if x.startswith("1 "))
+    piped = io.StringIO()
+    render(journal, piped)                             # a StringIO is no terminal: the plain table
+    assert piped.getvalue() == plain
+    tty = io.StringIO()
+    render(journal, tty, terminal=True, width=220)
+    out = tty.getvalue()
+    assert "\x1b[" in out and ("\u2503" in out or "\u2502" in out)    # ANSI styles and the box drawing
+    assert data["run_id"] in out and "G6 failed: G6 sample: 0/2 identical" in out
+    assert "nothing promoted" in out and "restored:" in out
+    assert [ln for ln in out.splitlines() if "G6 failed" in ln][0].count("infeasible") == 1
+    if os.environ.get("SPARKCTL_SHOW_TABLE"):
+        print(out, json.dumps({t["index"]: [t["g6"]["elapsed_s"], t["elapsed_s"]] for t in data["trials"]}))
