@@ -97,8 +97,8 @@ def test_every_help_documents_the_exit_codes(cli):
 
 
 def test_shell_completion_script(cli):
-    code, out, _ = cli("--show-completion", "bash")
-    assert code == 0 and "_sparkctl_completion" in out and "complete " in out
+    code, out, err = cli("--show-completion", "bash")
+    assert code == 0 and "_sparkctl_completion" in out and "complete " in out, (code, out[-2000:], err[-2000:])
     code, out, _ = cli("--help")
     assert "--install-completion" in out and "<bool>" not in out
 

@@ -98,7 +98,7 @@ def test_record_round_trip_and_the_choice_by_runtime(tmp_path):
     inv = load_inventory(SPARKS)
     rc = RouterContainer(CAPTURED, inv.rank0.name, Replay([]), "sparkctl-x-router", "abc123", IMAGE)
     d = rc.to_dict()
-    assert d["kind"] == "container" and d["argv"] == CAPTURED.args()
+    assert d["runtime"] == "container" and d["argv"] == CAPTURED.args()
     back = router_launch.from_record(inv, CAPTURED, d)
     assert isinstance(back, RouterContainer)
     assert (back.node, back.name, back.container_id, back.image) == (inv.rank0.name, "sparkctl-x-router", "abc123",
@@ -106,10 +106,12 @@ def test_record_round_trip_and_the_choice_by_runtime(tmp_path):
     assert back.to_dict() == d and back.where == f"container sparkctl-x-router on {inv.rank0.name}"
     proc = RouterProcess(CAPTURED, 4242, tmp_path / "router.log", 17)
     pd = proc.to_dict()
-    assert pd["kind"] == "process"
+    assert pd["runtime"] == "process"
     assert isinstance(router_launch.from_record(inv, CAPTURED, pd), RouterProcess)
-    old = {k: v for k, v in pd.items() if k != "kind"}              # a record from before kinds were kept
-    assert isinstance(router_launch.from_record(inv, CAPTURED, old), RouterProcess)
+    older = {k: v for k, v in pd.items() if k != "runtime"}          # a record from before runtimes were kept
+    assert isinstance(router_launch.from_record(inv, CAPTURED, older), RouterProcess)
+    was = {("kind" if k == "runtime" else k): v for k, v in d.items()}  # written as "kind" until 2026-12
+    assert isinstance(router_launch.from_record(inv, CAPTURED, was), RouterContainer)
     assert router_launch.recorded_router(inv, CAPTURED, None) is None
 
 
