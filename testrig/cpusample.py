@@ -27,8 +27,9 @@ BY_ARGV = (
     ("multiprocessing.spawn", "sglang-real"),          # SGLang's scheduler/detokenizer before they rename themselves
     ("sglang.benchmark", "sglang-bench"),
     ("sparkctl.sim", "emulator"), ("sparkctl.nodes.logpipe", "logpipe"),
-    ("-m sparkctl", "sparkctl-cli"), ("pytest-xdist", "pytest-worker"), ("pytest", "pytest-main"),
-    ("ansible", "ansible"),
+    ("-m sparkctl", "sparkctl-cli"), ("[pytest-xdist running]", "pytest-worker"), ("-m pytest", "pytest-main"),
+    ("ansible", "ansible"), ("The real-parser driver", "real-parser"), ("-m mypy", "mypy"), ("-m pip", "pip"),
+    ("testrig.cpusample", "cpusample"),
 )
 BY_COMM = {"dockerd": "dockerd", "containerd": "docker", "containerd-shim": "docker",
            "containerd-shim-runc-v2": "docker", "docker": "docker", "runc": "docker", "docker-proxy": "docker",
@@ -36,12 +37,13 @@ BY_COMM = {"dockerd": "dockerd", "containerd": "docker", "containerd-shim": "doc
 
 
 def kind(argv: str, comm: str) -> str:
-    """The kind of a process from its command line and its /proc comm."""
+    """The kind of a process from its command line and its /proc comm: a daemon by its comm first (a test cluster's
+    dockerd and sshd name files under pytest's /tmp/pytest-of-* in their command lines), then by its command line."""
+    if comm in BY_COMM:
+        return BY_COMM[comm]
     for needle, name in BY_ARGV:
         if needle in argv:
             return name
-    if comm in BY_COMM:
-        return BY_COMM[comm]
     if comm.startswith("sglang::"):                     # renamed by setproctitle, its command line gone
         return "router" if "router" in comm else "sglang-real"
     return "python-other" if comm.startswith("python") else f"other:{comm.split('/')[0]}"

@@ -22,8 +22,16 @@ from testrig.cpusample import Tally, kind, main, sample
     ("/work/main/.venv/bin/python -m sparkctl.sim --model-path /models/GLM", "python", "emulator"),
     ("/work/main/.venv/bin/python -m sparkctl up --profile dflash-off --yes --json", "python", "sparkctl-cli"),
     ("[pytest-xdist running] tests/lifecycle/test_crash_matrix.py::test_sigkill", "python", "pytest-worker"),
-    ("dockerd --config-file /tmp/daemon.json --data-root /var/lib/sparkctl-test/spkt-spark-a", "dockerd", "dockerd"),
-    ("/usr/sbin/sshd -D -f /tmp/sshd_config", "sshd", "ssh"),
+    # command lines as `ps` showed them during a whole run (a test cluster's daemons name pytest's temp directory)
+    ("dockerd --config-file /tmp/pytest-of-root/pytest-122/popen-gw2/real-cluster0/spark-a/daemon.json --data-root "
+     "/var/lib/sparkctl-test/spkr-spark-a", "dockerd", "dockerd"),
+    ("sshd: /usr/sbin/sshd -D -e -f /tmp/pytest-of-root/pytest-122/popen-gw0/cluster0/spark-a/sshd_config [listener] "
+     "0 of 10-100 startups", "sshd", "ssh"),
+    ("/work/main/.venv/bin/python -m pytest -n 4 --dist loadgroup -m not timing", "python", "pytest-main"),
+    ("/work/main/.venv/bin/python -I -m sparkctl.nodes.logpipe /tmp/pytest-of-root/pytest-122/popen-gw3/real0/state/"
+     "r135x8/logs/20261206T105714Z-cpu.log", "python", "logpipe"),
+    ('/root/.cache/sparkctl/sglang-venvs/0.5.23/bin/python -c """The real-parser driver: runs with a version\'s venv '
+     'python (it never imports sparkctl', "python", "real-parser"),
     ("[kworker/1:1H-kblockd]", "kworker/1:1H-kblockd", "other:kworker"),
     ("", "sglang::schedul", "sglang-real"), ("", "sglang::router", "router"),
 ])
