@@ -90,7 +90,7 @@ def main() -> None:
     print(f"{'runtime':<8} {'profile':<11} {'wall':>6} " + " ".join(f"{s:>9}" for s in stages))
     for kind, rows in results.items():
         for profile, wall, res in rows:
-            st = {s["name"]: s["elapsed_s"] for s in res["stages"]}
+            st = {s["name"]: s["elapsed_s"] for s in res["steps"]}
             print(f"{kind:<8} {profile:<11} {wall:6.2f} " + " ".join(f"{st.get(s, 0):9.2f}" for s in stages))
     for i, profile in enumerate(profiles):
         d, p = results["docker"][i][1], results["process"][i][1]

@@ -56,7 +56,7 @@ def main() -> None:
             for i in range(args.runs):
                 profile = "d5" if i % 2 == 0 else "dflash-off"   # alternate so every run really deploys
                 wall, res = _sparkctl(env, "up", "--profile", profile, "--yes")
-                stages = {s["name"]: s["elapsed_s"] for s in res["stages"]}
+                stages = {s["name"]: s["elapsed_s"] for s in res["steps"]}
                 warm = res["warmup"]
                 service = (warm["cold"]["elapsed_s"] if warm["cold"] else 0) + sum(w["elapsed_s"] for w in warm["warm"])
                 engine = args.boot_s + service

@@ -143,7 +143,7 @@ def _up(env: dict[str, str], state: Path, profile: str, cluster: str) -> dict:
     at = {(j.step, j.phase): datetime.fromisoformat(j.at.replace("Z", "+00:00")).timestamp()
           for j in rec.journal if j.step == "boot"}
     first_start = min(_start_wall(h.start_ticks) for h in rec.handles if isinstance(h, ProcessHandle) and h.start_ticks)
-    stages = {s["name"]: s["elapsed_s"] for s in res["stages"]}
+    stages = {s["name"]: s["elapsed_s"] for s in res["steps"]}
     return {"wall": wall, "stages": stages, "warm": _warm_s(res), "verify": stages.get("verify", 0.0),
             "boot": stages.get("boot", 0.0), "boot_start": at.get(("boot", "intent")),
             "boot_end": at.get(("boot", "ok")),

@@ -73,7 +73,7 @@ def sparkctl(*args: str, env: dict[str, str]) -> tuple[float, dict[str, Any], st
 
 
 def stage_s(result: dict[str, Any], *names: str) -> float:
-    return sum(s["elapsed_s"] for s in result.get("stages", []) if s["name"] in names)
+    return sum(s["elapsed_s"] for s in result.get("steps", []) if s["name"] in names)
 
 
 def docker(cluster: TestCluster, node: str, *args: str, stdin: Any = None, timeout: float = 1800) -> str:
@@ -258,6 +258,9 @@ def main() -> None:
             print(f"by hand, the same containers to /health 200: {hand:.1f} s; up (flag-only change) wall "
                   f"{wall2:.1f} s: sparkctl's overhead beyond the engine (wall - image - warm-up - verify - by hand): "
                   f"{engine_part - hand:+.1f} s (target <= 1 s)")
+            steps = ", ".join(f"{x['name']} {x['elapsed_s']:.1f}" for x in res2.get("steps", []))
+            print(f"up (flag-only change) steps, s: {steps}; outside the steps "
+                  f"{wall2 - sum(x['elapsed_s'] for x in res2.get('steps', [])):.1f} (the CLI's start, plan, ...)")
             sent = [ln.split("<-", 1)[1].strip() for ln in err2.splitlines() if "layers sent" in ln]
             print(f"flag-only change: build {fb:.1f} s + copy/verify {fd:.1f} s ({(fb + fd) / (sb + sd):.3f}x the "
                   f"first); copied: {sent}")
