@@ -265,6 +265,16 @@ def installed_version(package_dir: Path) -> str | None:
     return m.group(1) if m else None
 
 
+def _say(text: str, *, err: bool = False) -> None:
+    """One message, its newline included, in one write, flushed at once: docker build merges the RUN step's stdout and
+    stderr into one stream, so a message written in pieces (print's text, then its end) or held in a block buffer
+    could be cut by the other stream's output and lose the ``sparkctl-patch:`` at its line's start that the build's
+    reader looks for (sparkctl/images/build.py)."""
+    stream = sys.stderr if err else sys.stdout
+    stream.write(text + "\n")
+    stream.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="patchapply", description=__doc__.split("\n", 1)[0])
     parser.add_argument("--series", type=Path, required=True)
@@ -275,30 +285,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.package_dir is None:
             args.package_dir = locate_package()
-            print(f"sparkctl-patch: sglang package at {args.package_dir}")
+            _say(f"sparkctl-patch: sglang package at {args.package_dir}")
         wanted, _ = read_series(args.series)
         found = installed_version(args.package_dir)
         if found is None:
-            print(f"sparkctl-patch: warning: no _version.py in {args.package_dir}; the patches' context decides")
+            _say(f"sparkctl-patch: warning: no _version.py in {args.package_dir}; the patches' context decides")
         elif found != wanted:
-            print(f"sparkctl-patch: ERROR series {args.series.parent.name} is for SGLang {wanted}, the image carries "
-                  f"SGLang {found} ({args.package_dir})", file=sys.stderr)
+            _say(f"sparkctl-patch: ERROR series {args.series.parent.name} is for SGLang {wanted}, the image carries "
+                  f"SGLang {found} ({args.package_dir})", err=True)
             return 3
         results = apply_series(args.series, args.package_dir, compile_files=args.compile)
     except (SeriesError, OSError) as exc:
-        print(f"sparkctl-patch: ERROR {exc}", file=sys.stderr)
+        _say(f"sparkctl-patch: ERROR {exc}", err=True)
         return 2
     for r in results:
         if args.json:
-            print(json.dumps(r.to_json()))
+            _say(json.dumps(r.to_json()))
         elif r.failure:
-            print(f"sparkctl-patch: FAILED {r.failure.line()}\n{r.failure.hunk}", file=sys.stderr)
+            _say(f"sparkctl-patch: FAILED {r.failure.line()}\n{r.failure.hunk}", err=True)
         else:
-            print(f"sparkctl-patch: applied {r.patch} ({', '.join(r.files)})")
+            _say(f"sparkctl-patch: applied {r.patch} ({', '.join(r.files)})")
     failed = [r for r in results if r.status != "applied"]
     if failed:
-        print(f"sparkctl-patch: {len(failed)} of {len(results)} patches failed in {args.series.parent.name} "
-              f"(package {args.package_dir})", file=sys.stderr)
+        _say(f"sparkctl-patch: {len(failed)} of {len(results)} patches failed in {args.series.parent.name} "
+              f"(package {args.package_dir})", err=True)
         return 1
     return 0
 

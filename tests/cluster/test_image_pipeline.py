@@ -221,9 +221,9 @@ def test_broken_patch_fails_the_build_naming_patch_and_hunk(env, tmp_path, monke
     with pytest.raises(ImageError) as err:
         build_images(plan, env["a"])
     msg = err.value.render()
-    assert "engine image build failed on spark-a" in msg
-    assert "0002-deepgemm-ue8m0-requant-sm121.patch: hunk #1 of python/sglang/srt/model_loader/utils.py" in msg
-    assert "sparkctl patches check" in msg and "@@ -279,9 +279,9 @@" in msg
+    assert "engine image build failed on spark-a" in msg, msg
+    assert "0002-deepgemm-ue8m0-requant-sm121.patch: hunk #1 of python/sglang/srt/model_loader/utils.py" in msg, msg
+    assert "sparkctl patches check" in msg and "@@ -279,9 +279,9 @@" in msg, msg
     assert env["a"].run(["docker", "image", "inspect", plan.engine_tag]).returncode != 0   # nothing tagged
 
 

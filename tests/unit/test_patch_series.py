@@ -159,3 +159,42 @@ def test_profile_series_is_checked_against_the_profile_version(capsys):
     _wheel_or_skip("0.5.23")
     assert cli(["patches", "check", "--profile", "d5"]) == 0
     assert "applied 0002-deepgemm-ue8m0-requant-sm121.patch" in capsys.readouterr().out
+
+
+def test_every_line_of_the_applier_reaches_a_merged_stream_whole(tmp_path, monkeypatch):
+    """docker build gives the applier's stdout and stderr one stream, merging them as each pipe's reads arrive: so a
+    line the build's reader looks for (``sparkctl-patch: FAILED ...`` at a line's start, sparkctl/images/build.py)
+    arrives whole only if every write the applier makes is whole lines. Once a failed build read as "docker build
+    exit 1", without the patch and hunk (a whole run, under load): print() writes a message and its newline in two
+    writes, and a block-buffered stdout flushes wherever its buffer fills. Here every write to either stream, over a
+    series of good and failing patches, is checked to end a line."""
+    import sys
+
+    writes: list[tuple[str, str]] = []
+
+    class Recorder:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def write(self, text: str) -> int:
+            writes.append((self.name, text))
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    patches, pkg = {}, tmp_path / "site" / "sglang"
+    pkg.mkdir(parents=True)
+    for i in range(20):
+        (pkg / f"mod{i}.py").write_text(ORIGINAL)
+        text = PATCH.replace("mod.py", f"mod{i}.py")
+        patches[f"{i:04d}-p.patch"] = text.replace("a = 1", "a = 9") if i % 2 else text
+    series_file = _series(tmp_path, patches)
+    monkeypatch.setattr(sys, "stdout", Recorder("stdout"))
+    monkeypatch.setattr(sys, "stderr", Recorder("stderr"))
+    code = patchapply.main(["--series", str(series_file), "--package-dir", str(pkg)])
+    monkeypatch.undo()
+    assert code == 1
+    assert [w for w in writes if not w[1].endswith("\n")] == []
+    assert sum(w[1].startswith("sparkctl-patch: FAILED ") for w in writes if w[0] == "stderr") == 10
+    assert sum(w[1].startswith("sparkctl-patch: applied ") for w in writes if w[0] == "stdout") == 10
