@@ -36,7 +36,7 @@ def test_up_deploys_rank1_first_and_passes_every_gate(cli, local_cluster):
     assert first["outcome"] == "deployed" and first["emulated"] is True
     assert all(g["ok"] for g in first["gates"]) and {g["name"] for g in first["gates"]} == \
         {"health", "models", "settings", "capacity", "workers", "smoke"}
-    assert [s["name"] for s in first["stages"]] == ["preflight", "image-build", "image-distribute", "image-verify",
+    assert [s["name"] for s in first["steps"]] == ["preflight", "image-build", "image-distribute", "image-verify",
                                                     "boot", "warm-up", "verify", "hand-off"]
     assert first["capacity"]["max_total_num_tokens"] > 0 and first["warmup"]["cold"]["completion_tokens"] > 0
     assert err.index("rank 1 started") < err.index("rank 0 started")     # progress on stderr
@@ -96,7 +96,7 @@ def test_down_stops_every_rank_and_keeps_the_history(cli, local_cluster):
     first = _up_ok(cli)
     code, out, err = cli("down", "--yes", "--json")
     down = json.loads(out)
-    assert code == 0 and down["changed"] and down["stopped"] == first["deployment"] and down["reconciled"] == []
+    assert code == 0 and down["changed"] and down["stopped"] == first["deployment"] and down["settled"] == []
     assert [e.split(" (")[0] for e in down["engines"]] == ["rank 1", "rank 0"]
     assert _status(cli)["active"] is None
     ledger = _ledger(local_cluster)
@@ -108,7 +108,8 @@ def test_down_stops_every_rank_and_keeps_the_history(cli, local_cluster):
         assert p.stat().st_mode & 0o777 == 0o600
     code, out, _ = cli("down", "--yes", "--json")
     assert code == 0 and json.loads(out) == {"changed": False, "reason": "no active deployment and no engine running",
-                                             "stopped": None, "engines": [], "reconciled": []}   # same keys always
+                                             "stopped": None, "engines": [], "settled": [],
+                                             "reconciled": []}   # same keys always (reconciled: RENAMED_KEYS)
 
 
 def test_dry_run_prints_the_steps_and_commands_and_changes_nothing(cli, local_cluster, monkeypatch):
@@ -138,7 +139,7 @@ def _up_ok(cli, profile="d5") -> dict:
     assert code == 0, err
     result = json.loads(out)
     if result["outcome"] == "deployed":      # apply ran exactly the plan's steps, in its order
-        assert [s["name"] for s in result["stages"]] == [s["name"] for s in result["plan"]["steps"]]
+        assert [s["name"] for s in result["steps"]] == [s["name"] for s in result["plan"]["steps"]]
     return result
 
 
