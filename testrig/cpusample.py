@@ -27,7 +27,7 @@ BY_ARGV = (
     ("multiprocessing.spawn", "sglang-real"),          # SGLang's scheduler/detokenizer before they rename themselves
     ("sglang.benchmark", "sglang-bench"),
     ("sparkctl.sim", "emulator"), ("sparkctl.nodes.logpipe", "logpipe"),
-    ("-m sparkctl", "sparkctl-cli"), ("[pytest-xdist running]", "pytest-worker"), ("-m pytest", "pytest-main"),
+    ("-m sparkctl", "sparkctl-cli"), ("[pytest-xdist ", "pytest-worker"), ("-m pytest", "pytest-main"),
     ("ansible", "ansible"), ("The real-parser driver", "real-parser"), ("-m mypy", "mypy"), ("-m pip", "pip"),
     ("testrig.cpusample", "cpusample"),
 )

@@ -22,6 +22,7 @@ from testrig.cpusample import Tally, kind, main, sample
     ("/work/main/.venv/bin/python -m sparkctl.sim --model-path /models/GLM", "python", "emulator"),
     ("/work/main/.venv/bin/python -m sparkctl up --profile dflash-off --yes --json", "python", "sparkctl-cli"),
     ("[pytest-xdist running] tests/lifecycle/test_crash_matrix.py::test_sigkill", "python", "pytest-worker"),
+    ("[pytest-xdist idle]", "python", "pytest-worker"),
     # command lines as `ps` showed them during a whole run (a test cluster's daemons name pytest's temp directory)
     ("dockerd --config-file /tmp/pytest-of-root/pytest-122/popen-gw2/real-cluster0/spark-a/daemon.json --data-root "
      "/var/lib/sparkctl-test/spkr-spark-a", "dockerd", "dockerd"),
