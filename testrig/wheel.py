@@ -8,14 +8,13 @@ tests errored at their cluster's bring-up). Every build of the checkout's wheel 
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import os
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from testrig.flock import exclusive
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,20 +28,6 @@ def lock_path(checkout: Path = REPO) -> Path:
 @contextmanager
 def checkout_build_lock(checkout: Path = REPO, *, wait_s: float = 900.0) -> Iterator[None]:
     """Held while a wheel of `checkout` builds: any other build of it on this machine waits, at most `wait_s`
-    (a build's own pip run is bounded at 600 s), then TimeoutError naming the lock. An flock: the kernel releases it
-    when its holder dies, so a killed build never leaves it held."""
-    path = lock_path(checkout)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"another build of {checkout}'s wheel held {path} for {wait_s:g} s") from None
-                time.sleep(0.2)
+    (a build's own pip run is bounded at 600 s), then TimeoutError naming the lock (testrig.flock)."""
+    with exclusive(lock_path(checkout), wait_s):
         yield
-    finally:
-        os.close(fd)

@@ -19,16 +19,13 @@ Measured here (2 cores, 2026-12-03): cold build 121 s with no pip cache (venv 11
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from testrig.flock import exclusive
 from testrig.realengine import build as _build
 
 BUILD_COMMAND = "python3 -m testrig.realengine build"
@@ -99,7 +96,7 @@ def ensure_real_engine(*, with_drafter: bool = True) -> RealEngine:
     if not (root / _build.MARKER).is_file():
         root.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with _lock(root.parent / f"{k}.lock", LOCK_TIMEOUT_S):
+            with exclusive(root.parent / f"{k}.lock", LOCK_TIMEOUT_S, poll_s=1.0):
                 if not (root / _build.MARKER).is_file():   # another process may have built it meanwhile
                     info = _build.build(root)
                     info["key"] = k
@@ -128,26 +125,6 @@ def _point_current(root: Path) -> None:
         os.replace(tmp, link)
     except OSError:
         tmp.unlink(missing_ok=True)
-
-
-@contextmanager
-def _lock(path: Path, timeout: float) -> Iterator[None]:
-    """An exclusive flock on ``path``, waited for up to ``timeout`` s. Why flock, not the filelock package:
-    the build command then runs with any python3 (CI's, before sparkctl's venv exists); Linux only, as is this rig."""
-    with open(path, "a+") as fh:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(path) from None
-                time.sleep(1.0)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _engine(root: Path, k: str, with_drafter: bool) -> RealEngine:

@@ -45,7 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from testrig.realengine import RealEngine, _lock, ensure_real_engine
+from testrig.flock import exclusive
+from testrig.realengine import RealEngine, ensure_real_engine
 
 if TYPE_CHECKING:
     from testrig.cluster import Node, TestCluster
@@ -122,7 +123,7 @@ def ensure_rootfs(log_dir: Path | None = None) -> Path:
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(path.with_name(path.name + ".lock"), 1800.0):
+    with exclusive(path.with_name(path.name + ".lock"), 1800.0, poll_s=1.0):
         if not path.is_file():
             tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
             _run(["mmdebstrap", "--variant=apt", f"--include={','.join(packages)}", "--format=tar", DEBIAN_SUITE,
@@ -139,7 +140,7 @@ def ensure_archive(engine: RealEngine | None = None, rootfs: Path | None = None)
     root = cache_root() / k
     if not (root / "info.json").is_file():
         root.parent.mkdir(parents=True, exist_ok=True)
-        with _lock(root.parent / f"{k}.lock", 1800.0):
+        with exclusive(root.parent / f"{k}.lock", 1800.0, poll_s=1.0):
             if not (root / "info.json").is_file():
                 _build(root, engine, rootfs, k)
     manifest = json.loads((root / "manifest.json").read_text())[0]

@@ -12,7 +12,7 @@ found by trial: import, read the ``ModuleNotFoundError``, install that package (
 wheel's METADATA pins it), repeat (IMPORT_DEPS seeds what the trials found, to save rounds).
 ``triton`` is a stub (nothing is compiled) unless torch itself needs the real one (0.5.11 and
 0.5.3.post3 import transformers -> torch._dynamo -> triton.backends); ``torchvision`` is an inert
-stub (PyPI's is a CUDA build that does not load against CPU torch). A ``filelock`` serialises
+stub (PyPI's is a CUDA build that does not load against CPU torch). An flock (testrig.flock) serialises
 builders; a marker file written last says the venv is complete. Measured here (2 cores): 65-105 s
 per version with the seeds, 165-280 s by trial alone; 1.3 GB (0.5.23) to 2.3 GB (real triton).
 
@@ -51,6 +51,7 @@ from zipfile import ZipFile
 
 from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.statefiles import write_json_atomic
+from testrig.flock import exclusive
 
 log = logging.getLogger("sparkctl")
 
@@ -165,13 +166,11 @@ def ensure_sglang_venv(version: str) -> Path:
 @contextmanager
 def build_lock(venv: Path, what: str) -> Iterator[None]:
     """Held while `venv` is built: ``<parent>/<name>.lock``, waited for up to LOCK_TIMEOUT_S."""
-    from filelock import FileLock, Timeout
-
     venv.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with FileLock(str(venv.parent / f"{venv.name}.lock"), timeout=LOCK_TIMEOUT_S):
+        with exclusive(venv.parent / f"{venv.name}.lock", LOCK_TIMEOUT_S):
             yield
-    except Timeout as exc:
+    except TimeoutError as exc:
         raise RealParserUnavailable(f"another process has been building {what} for over {LOCK_TIMEOUT_S:.0f}s",
                                     where=str(venv)) from exc
 
