@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,12 @@ from testrig.wheel import checkout_build_lock, lock_path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _holder(checkout: Path, marker: Path, hold_s: float) -> subprocess.Popen[bytes]:
+@contextmanager
+def _held(tmp_path: Path, hold_s: float) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
+    """(checkout, the process) while another process holds the checkout's build lock for up to `hold_s`; that process
+    is gone after the block (waited for, or killed if the block left it running)."""
+    checkout, marker = tmp_path / "checkout", tmp_path / "held"
+    checkout.mkdir()
     code = textwrap.dedent(f"""
         import time, pathlib
         from testrig.wheel import checkout_build_lock
@@ -25,48 +32,36 @@ def _holder(checkout: Path, marker: Path, hold_s: float) -> subprocess.Popen[byt
             pathlib.Path({str(marker)!r}).write_text("held")
             time.sleep({hold_s})
     """)
-    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
-
-
-def _wait_for(path: Path) -> None:
-    deadline = time.monotonic() + 30
-    while not path.exists():
-        assert time.monotonic() < deadline, "the holder never took the lock"
-        time.sleep(0.05)
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 30
+        while not marker.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the holder never took the lock"
+            time.sleep(0.05)
+        yield checkout, proc
+    finally:
+        if hold_s > 60 and proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
 
 
 def test_a_second_build_waits_for_the_first(tmp_path):
-    checkout = tmp_path / "checkout"
-    checkout.mkdir()
-    proc = _holder(checkout, tmp_path / "held", 1.5)
-    try:
-        _wait_for(tmp_path / "held")
+    with _held(tmp_path, 1.5) as (checkout, proc):
         t = time.monotonic()
         with checkout_build_lock(checkout):
             waited = time.monotonic() - t
         assert waited > 0.3, waited          # it was held: this one waited for the holder to finish
-    finally:
-        proc.wait(timeout=30)
     assert proc.returncode == 0
 
 
 def test_a_killed_holder_releases_it_and_a_wait_is_bounded(tmp_path):
-    checkout = tmp_path / "checkout"
-    checkout.mkdir()
-    proc = _holder(checkout, tmp_path / "held", 600)
-    try:
-        _wait_for(tmp_path / "held")
+    with _held(tmp_path, 600) as (checkout, proc):
         with pytest.raises(TimeoutError, match=str(lock_path(checkout))), checkout_build_lock(checkout, wait_s=0.5):
             pass
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         with checkout_build_lock(checkout, wait_s=10):    # the kernel released the dead holder's lock
             pass
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_each_checkout_has_its_own_lock_outside_it(tmp_path):
