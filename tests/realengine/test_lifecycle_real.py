@@ -2,11 +2,11 @@
 
 One real deployment is shared by the module, in order (each real TP=2 boot costs 35-60 s here): `up` with warm-up
 and every gate judged from the real server -> `status` / `logs --rank 1` -> a small `bench` card from the real
-scheduler log -> `rollback --to` a second real profile -> a boot the real server refuses (the real log's line is
-the evidence, the previous deployment restored) -> a missing model (preflight, exit 3, the command that builds it)
--> rank 1 killed after hand-off (status 8) -> plain `rollback` back to the first profile -> the controller killed
-during warm-up, a real engine half started (the next `up` converges) -> the API key (in force throughout) found in
-no file, log or process -> `down` leaves no process and frees the ports.
+scheduler log -> `up` of a second real profile killed during warm-up (a real engine half started), then `rollback
+--to` it converges -> a boot the real server refuses (the real log's line is the evidence, the previous deployment
+restored) -> a missing model (preflight, exit 3, the command that builds it) -> rank 1 killed after hand-off (status
+8) -> plain `rollback` back to the first profile -> the API key (in force throughout) found in no file, log or
+process -> `down` leaves no process and frees the ports.
 
 What is not repeated here, and where it is proven (each real TP=2 boot is a minute of a 2-core CI machine): the
 controller killed at every other step boundary (boot, hand-off: adopted, ...) is tests/lifecycle/test_crash_matrix.py
@@ -135,11 +135,18 @@ def test_bench_card_measures_the_real_engine(cli, real_cluster, tmp_path):
         assert [f["tokens"] for f in size["fit"]] == [r["prompt_tokens"] for r in size["runs"]], size
 
 
-def test_rollback_to_a_second_real_profile(cli, real_cluster):
+def test_controller_killed_in_warm_up_then_rollback_to_a_second_real_profile_converges(cli, real_cluster):
+    """`up` of a second real profile, its controller SIGKILLed during warm-up (a real pair half started: the marker
+    is the step's own progress line, a warm-up request, not the plan's line naming it): `status` says interrupted,
+    then `rollback --to` that profile settles what the dead controller left and deploys it. (One test for both: each
+    real TP=2 boot is a minute of a 2-core CI machine.)"""
+    pid = kill_up_at(r"warm-up +warm-up: \d+ x", "cpu-tiny-small", after=r"boot +done")
+    assert_status_interrupted(cli, pid, "warm-up")
     code, out, err = cli("rollback", "--to", "cpu-tiny-small", "--yes", "--json")
     assert code == 0, err[-3000:]
+    assert json.loads(out)["outcome"] == "deployed", out
     code, data = _status(cli)
-    assert code == 0 and data["profile"] == "cpu-tiny-small", data
+    assert code == 0 and data["profile"] == "cpu-tiny-small" and not data["interrupted"], data
 
 
 def test_a_boot_the_real_server_refuses_is_rolled_back_with_its_log_line(cli, real_cluster):
@@ -174,17 +181,6 @@ def test_rank1_killed_after_hand_off_then_rollback_back(cli, real_cluster):
     assert code == 0, err[-3000:]
     code, data = _status(cli)
     assert code == 0 and data["profile"] == "cpu-tiny", data
-
-
-def test_controller_killed_in_warm_up_then_the_next_up_converges(cli, real_cluster):
-    # the profile changes (an `up` of what already runs healthy is a no-op with nothing to kill); the marker is the
-    # step's own progress line (a warm-up request on the real pair), not the plan's line naming it
-    pid = kill_up_at(r"warm-up +warm-up: \d+ x", "cpu-tiny-small", after=r"boot +done")
-    assert_status_interrupted(cli, pid, "warm-up")
-    res = _up(cli, "cpu-tiny-small")
-    assert res["outcome"] == "deployed", res
-    code, data = _status(cli)
-    assert code == 0 and data["profile"] == "cpu-tiny-small" and not data["interrupted"], data
 
 
 def test_the_api_key_is_in_no_file_log_or_process_of_the_real_deployment(cli, real_cluster):
