@@ -40,34 +40,20 @@ TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5:
 
 
 def port_holders(address: str, port: int) -> list[str]:
-    """Every IPv4 TCP socket of this network namespace bound to `port` on `address` (or on 0.0.0.0), as
-    "STATE local -> remote inode N: pid P comm" (no pid: the kernel holds it, no process does), from
-    /proc/net/tcp and each process's fd links."""
-    wanted = {address, "0.0.0.0"}
-    sockets: dict[str, str] = {}
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        f = line.split()
-        local, remote, state, inode = f[1], f[2], int(f[3], 16), f[9]
-        addr, p = _hexaddr(local)
-        if p == port and addr in wanted:
-            raddr, rport = _hexaddr(remote)
-            sockets[inode] = f"{TCP_STATES.get(state, state)} {addr}:{p} -> {raddr}:{rport} inode {inode}"
+    """Every TCP socket of this network namespace bound to `port` on `address` (or on every address), as
+    "STATE local -> remote inode N: pid P title" (no pid: the kernel holds it, no process does); the sockets and
+    their holders as sparkctl's own `procfs.tcp_sockets` / `socket_holders` read them."""
+    sockets = procfs.tcp_sockets(port, address)
     owners: dict[str, list[str]] = {i: [] for i in sockets}
-    for pid in procfs.pids():
-        try:
-            fds = list(Path(f"/proc/{pid}/fd").iterdir())
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(fd)
-            except OSError:
-                continue
-            if link.startswith("socket:[") and link[len("socket:["):-1] in owners:
-                owners[link[len("socket:["):-1]].append(f"pid {pid} {procfs.title(pid)}")
-    return [f"{what}: {', '.join(owners[i]) or 'no process'}" for i, what in sockets.items()]
+    for pid, inode in procfs.socket_holders(set(sockets)):
+        owners[inode].append(f"pid {pid} {procfs.title(pid)}")
+    return [f"{TCP_STATES.get(int(state, 16), state)} {_addr(local)} -> {_addr(remote)} inode {inode}: "
+            f"{', '.join(owners[inode]) or 'no process'}" for inode, (state, local, remote) in sockets.items()]
 
 
-def _hexaddr(field: str) -> tuple[str, int]:
-    host, port = field.split(":")
-    return socket.inet_ntoa(struct.pack("<I", int(host, 16))), int(port, 16)
+def _addr(field: str) -> str:
+    """A /proc/net/tcp address field as host:port (IPv4 decoded; an IPv6 field as the kernel wrote it)."""
+    host, port = field.rsplit(":", 1)
+    if len(host) == 8:
+        host = socket.inet_ntoa(struct.pack("<I", int(host, 16)))
+    return f"{host}:{int(port, 16)}"

@@ -80,14 +80,14 @@ def bundle_data(report: DoctorReport, got: Collected, rec: DeploymentRecord | No
         "facts": [c.model_dump(mode="json") for c in rec.preflight] if rec else [],
     }
     if rec is not None:
+        steps = [s.model_dump(mode="json") for s in rec.steps]
         data["deployment"] = {
             "id": rec.id, "command": rec.command, "kind": rec.command,    # kind = command: RENAMED_KEYS' way
             "profile": rec.profile, "cluster": rec.cluster, "emulated": rec.emulated,
             "status": rec.status.value, "created": rec.created, "finished": rec.finished,
             "failure": rec.failure.model_dump(mode="json") if rec.failure else None, "rollback": rec.rollback,
             "restored": rec.restored, "restore_error": rec.restore_error,
-            "steps": [s.model_dump(mode="json") for s in rec.steps],
-            "stages": [s.model_dump(mode="json") for s in rec.steps],     # = steps; RENAMED_KEYS: until next release
+            "steps": steps, "stages": steps,                   # stages = steps: RENAMED_KEYS, until the next release
             "gates": [g.model_dump(mode="json") for g in rec.gates],
             "capacity": rec.capacity.model_dump(mode="json") if rec.capacity else None,
             "identity": rec.identity, "endpoint": rec.endpoint}

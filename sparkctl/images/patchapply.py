@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             _say(f"sparkctl-patch: warning: no _version.py in {args.package_dir}; the patches' context decides")
         elif found != wanted:
             _say(f"sparkctl-patch: ERROR series {args.series.parent.name} is for SGLang {wanted}, the image carries "
-                  f"SGLang {found} ({args.package_dir})", err=True)
+                 f"SGLang {found} ({args.package_dir})", err=True)
             return 3
         results = apply_series(args.series, args.package_dir, compile_files=args.compile)
     except (SeriesError, OSError) as exc:
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in results if r.status != "applied"]
     if failed:
         _say(f"sparkctl-patch: {len(failed)} of {len(results)} patches failed in {args.series.parent.name} "
-              f"(package {args.package_dir})", err=True)
+             f"(package {args.package_dir})", err=True)
         return 1
     return 0
 

@@ -216,11 +216,12 @@ def _ipv4_hex(address: str) -> str | None:
         return None
 
 
-def _listen_inodes(port: int, address: str | None = None) -> set[str]:
-    """Socket inodes of TCP listeners (state 0A) on `port` from /proc/net/tcp and tcp6: on any address, or only
-    those that take `address` (bound to it, or to every address)."""
+def tcp_sockets(port: int, address: str | None = None) -> dict[str, tuple[str, str, str]]:
+    """TCP sockets bound to `port` here, from /proc/net/tcp and tcp6: socket inode -> (state as the kernel writes
+    it, e.g. "0A" for LISTEN; local and remote address fields); on any address, or only those that take `address`
+    (bound to it, or to every address)."""
     wanted = None if address is None else {_ipv4_hex(address), "00000000", "0" * 32}
-    inodes: set[str] = set()
+    found: dict[str, tuple[str, str, str]] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             lines = Path(table).read_text().splitlines()[1:]
@@ -228,19 +229,19 @@ def _listen_inodes(port: int, address: str | None = None) -> set[str]:
             continue
         for line in lines:
             f = line.split()
-            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port \
+            if len(f) > 9 and int(f[1].rsplit(":", 1)[1], 16) == port \
                     and (wanted is None or f[1].rsplit(":", 1)[0] in wanted):
-                inodes.add(f[9])
-    return inodes
+                found[f[9]] = (f[3], f[1], f[2])
+    return found
 
 
-def listener_of(port: int, address: str | None = None) -> tuple[int, list[str]] | None:
-    """(pid, command line) of a process of this user's that listens on TCP `port` here, or None (nobody, or a
-    process whose descriptors this user cannot read): names who holds a port in an error message."""
-    inodes = _listen_inodes(port, address)
-    if not inodes:
-        return None
-    wanted = {f"socket:[{i}]" for i in inodes}
+def socket_holders(inodes: set[str]) -> list[tuple[int, str]]:
+    """(pid, inode) for every process of this user's holding one of the socket `inodes`, in /proc's order (a
+    process whose descriptors this user cannot read is not seen)."""
+    wanted = {f"socket:[{i}]": i for i in inodes}
+    out: list[tuple[int, str]] = []
+    if not wanted:
+        return out
     for pid in pids():
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
@@ -248,8 +249,17 @@ def listener_of(port: int, address: str | None = None) -> tuple[int, list[str]] 
             continue
         for fd in fds:
             try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
-                    return pid, cmdline(pid)
+                inode = wanted.get(os.readlink(f"/proc/{pid}/fd/{fd}"))
             except OSError:
                 continue
-    return None
+            if inode is not None:
+                out.append((pid, inode))
+    return out
+
+
+def listener_of(port: int, address: str | None = None) -> tuple[int, list[str]] | None:
+    """(pid, command line) of a process of this user's that listens on TCP `port` here, or None (nobody, or a
+    process whose descriptors this user cannot read): names who holds a port in an error message."""
+    listening = {i for i, (state, _, _) in tcp_sockets(port, address).items() if state == "0A"}
+    holders = socket_holders(listening)
+    return (holders[0][0], cmdline(holders[0][0])) if holders else None

@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING
 from sparkctl.config.inventory import Inventory
 from sparkctl.deploy import door
 from sparkctl.deploy.commands import Deployer
-from sparkctl.deploy.door import UpRequest, deployed, missing_secrets
 from sparkctl.deploy.inputs import unresolved_secrets
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.results import UpResult
@@ -344,7 +343,7 @@ class Watcher:
         the recorded deployment, or RestartRefusedError)."""
         target = self.desired.target
         if target is None:           # a desired state not read from the ledger: read it now
-            target = deployed(self.d)
+            target = door.deployed(self.d)
         return target.restart(boot_timeout_s=self.opts.boot_timeout_s, node_deadline_s=self.opts.node_deadline_s)
 
     def _after_own_action(self, *, success: bool) -> None:
@@ -429,7 +428,7 @@ class Watcher:
             failing = self.c.ledger.load(str(self.desired.deployment))
             self._say(f"crash loop: {n} failed restarts of {label} within {self.opts.window_s:g}s: rolling back")
             unset, changed = unresolved_secrets(failing)
-            unset = sorted(set(unset) | set(missing_secrets(failing)))
+            unset = sorted(set(unset) | set(door.missing_secrets(failing)))
             if unset or changed:   # whatever it rolls back to would start here without them: nothing weaker starts
                 rolled = "not rolled back: " + "; ".join(
                     ([f"{', '.join(unset)} not set in the watcher's environment (the deployment was made with "
@@ -453,7 +452,7 @@ class Watcher:
     def _roll_back(self, failing: DeploymentRecord) -> str:
         """The crash loop's rollback (never to the launch identity that keeps failing); what it did, in a phrase."""
         try:
-            res = door.rollback(self.d, None, UpRequest(boot_timeout_s=self.opts.boot_timeout_s),
+            res = door.rollback(self.d, None, door.UpRequest(boot_timeout_s=self.opts.boot_timeout_s),
                                 confirm=door.proceed, failing=failing)
             # a rollback with no target is one group's (the door refuses it for replicas, which keep no history)
             what = res.deployment if isinstance(res, UpResult) else res.endpoint
