@@ -153,6 +153,13 @@ def killed_at(point: str, *args: str, timeout: float = 300.0) -> str:
     return p.stderr
 
 
+def active_profile(cli: Cli, expect_code: int = 0) -> str:
+    """The profile `status --json` says is active, after checking `status` exits `expect_code`."""
+    code, out, err = cli("status", "--json")
+    assert code == expect_code, err
+    return json.loads(out)["profile"]
+
+
 def assert_status_interrupted(cli: Cli, pid: int, during: str) -> dict[str, Any]:
     """`status` exits 8 and says the deployment was interrupted by the death of `pid` during `during`, with both
     ranks alive; its JSON says the same."""

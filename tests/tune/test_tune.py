@@ -12,15 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from testrig.controller import killed_at
+from testrig.controller import active_profile, killed_at
 
 WORK = ("--runs", "3", "--max-tokens", "161", "--warmup", "0")
-
-
-def _active_profile(cli, expect_code: int = 0) -> str:
-    code, out, err = cli("status", "--json")
-    assert code == expect_code, err
-    return json.loads(out)["profile"]
 
 
 def test_tune_finds_the_planted_optimum_and_refuses_the_oom_candidate(cli, tune_cluster, profiles_dir):
@@ -59,7 +53,7 @@ def test_tune_finds_the_planted_optimum_and_refuses_the_oom_candidate(cli, tune_
     assert code == 0 and "--speculative-num-draft-tokens" in out
 
     # the deployment that ran before is back, the marker is gone, an estimate was made after the first trial
-    assert data["restore"]["ok"] and _active_profile(cli) == "t5-off"
+    assert data["restore"]["ok"] and active_profile(cli) == "t5-off"
     assert data["original"] == before
     e, tm = data["estimate"], data["timing"]
     assert e["after_trial_s"] == trials[0]["elapsed_s"] and e["trials"] == 5 and tm["total_s"] >= tm["trials_sum_s"]
@@ -104,7 +98,7 @@ def test_kill_9_then_resume_redoes_no_finished_trial(cli, tune_cluster, state_di
     assert "2 of 3 trials already done" in err
     assert {t["index"]: (t["deployment"], t["card"]) for t in data["trials"][:2]} == done   # not redone
     assert data["trials"][2]["status"] == "feasible" and data["winner"]["promoted"]
-    assert data["restore"]["ok"] and _active_profile(cli) == "t5-off" and not marker_path.exists()
+    assert data["restore"]["ok"] and active_profile(cli) == "t5-off" and not marker_path.exists()
 
 
 def test_a_candidate_whose_g6_sample_diverges_is_infeasible(cli, tune_cluster, state_dir):

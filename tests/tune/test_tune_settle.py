@@ -8,15 +8,9 @@ from __future__ import annotations
 
 import json
 
-from testrig.controller import killed_at
+from testrig.controller import active_profile, killed_at
 
 WORK = ("--runs", "3", "--max-tokens", "161", "--warmup", "0")
-
-
-def _active_profile(cli, expect_code: int = 0) -> str:
-    code, out, err = cli("status", "--json")
-    assert code == expect_code, err
-    return json.loads(out)["profile"]
 
 
 def test_budget_stops_trials_and_the_next_tune_restores_after_a_kill_9(cli, tune_cluster, state_dir):
@@ -27,7 +21,7 @@ def test_budget_stops_trials_and_the_next_tune_restores_after_a_kill_9(cli, tune
     killed = json.loads(marker_path.read_text())["run"]
     # the killed tune's baseline trial still runs; its trials are the lifecycle's compare arms, so `status` says
     # the transaction did not finish (exit 8) until it is settled
-    assert _active_profile(cli, expect_code=8) == "t5"
+    assert active_profile(cli, expect_code=8) == "t5"
     code, out, err = cli("status", "--json")
     assert "did not finish" in json.loads(out)["unfinished_compare"]
 
@@ -43,7 +37,7 @@ def test_budget_stops_trials_and_the_next_tune_restores_after_a_kill_9(cli, tune
     assert [t["status"] for t in data["trials"]] == ["feasible", "skipped"] and data["trials"][1]["reason"] == "budget"
     assert data["winner"] == {"promoted": False, "why": "no feasible candidate"}
     assert data["original"] == old["restore"]["deployment"]      # the restored t5-off is what ran before this tune
-    assert _active_profile(cli) == "t5-off" and not marker_path.exists()
+    assert active_profile(cli) == "t5-off" and not marker_path.exists()
 
 
 def test_duration_and_vary_parsing():
@@ -99,7 +93,7 @@ def test_a_dead_tune_never_takes_down_what_was_deployed_since(cli, tune_cluster,
     old = json.loads((marker_path.parent / "runs" / killed / "tune.json").read_text())
     assert old["state"] == "interrupted" and old["restore"]["action"] == "none", old["restore"]
     assert json.loads(out)["original"] == mine          # this tune restores what ran before it: the user's
-    assert _active_profile(cli) == "mine"
+    assert active_profile(cli) == "mine"
 
 
 def test_only_keys_that_change_what_the_engine_runs_are_tunable(cli, tune_cluster, state_dir):
