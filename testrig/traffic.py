@@ -8,7 +8,8 @@ Each client sends `/generate` requests one after the other: at least `at_least` 
 over (the `with` block left) and `after` more beyond it, never more than `at_most` each, so the change runs under
 load however fast the machine is and the loop always ends. `done` counts the requests answered so far (a test
 waits on it to let traffic flow before or between its steps). Failures (non-200, transport errors, and with
-`exact_tokens` a 200 whose completion_tokens is not `max_new_tokens`) are kept with their text.
+`exact_tokens` a 200 whose completion_tokens is not `max_new_tokens`) are kept with their text. `pause_s` spaces
+each client's requests (a real engine on a CPU: the load need not take every core from the change it proves).
 """
 from __future__ import annotations
 
@@ -22,10 +23,13 @@ import httpx
 
 class Traffic:
     def __init__(self, endpoint: str, *, clients: int, at_least: int, at_most: int, max_new_tokens: int,
-                 after: int = 0, exact_tokens: bool = False, timeout_s: float = 60.0, join_s: float = 300.0) -> None:
+                 after: int = 0, exact_tokens: bool = False, timeout_s: float = 60.0, join_s: float = 300.0,
+                 pause_s: float = 0.0) -> None:
         self.endpoint, self.clients, self.at_least, self.at_most = endpoint, clients, at_least, at_most
         self.after, self.exact_tokens = after, exact_tokens
         self.max_new_tokens, self.timeout_s, self.join_s = max_new_tokens, timeout_s, join_s
+        self.pause_s = pause_s                # each client's wait between two requests (a real engine on a CPU: the
+        #                                       load proves the change, it need not take the machine's every core)
         self.failures: list[str] = []
         self.done = 0
         self.started: list[float] = []        # when each request started
@@ -61,6 +65,8 @@ class Traffic:
                     self.failures.append(repr(exc))
                 with self._lock:
                     self.done += 1
+                if self.pause_s:
+                    time.sleep(self.pause_s)
 
     def __enter__(self) -> Traffic:
         self._pool = ThreadPoolExecutor(self.clients)

@@ -38,8 +38,11 @@ def test_real_replicas_rolling_update_under_load_fails_no_request(tmp_path, monk
     inv = load_inventory(inv_path)
     d = ReplicatedDeployer(inv)
     p1 = load_profile(str(_profile(tmp_path / "rep.yml", 16)))
+    import time
     try:
+        t0 = time.monotonic()
         first = d.up(p1)
+        t1 = time.monotonic()
         assert first.outcome == "deployed" and first.updated == [0, 1] and not first.emulated
         endpoint = first.endpoint
         st = d.status()
@@ -47,9 +50,12 @@ def test_real_replicas_rolling_update_under_load_fails_no_request(tmp_path, monk
 
         p2 = load_profile(str(_profile(tmp_path / "rep.yml", 24)))       # changed: a rolling update
         # at least 10 requests each and on until the update is over (at most 2000 each)
+        # (each client waits 0.2 s between requests: the two engines on this CPU leave the booting ones a core)
         with Traffic(endpoint, clients=2, at_least=10, at_most=2000, max_new_tokens=8, timeout_s=120,
-                     join_s=600) as load:
+                     join_s=600, pause_s=0.2) as load:
             rolled = d.up(p2)
+        print(f"first up {t1 - t0:.1f} s; rolling update {time.monotonic() - t1:.1f} s under {load.done} requests "
+              f"({load.during} started during it)")
         assert load.failures == [], load.failures[:5]
         assert load.during > 0, (load.done, load.during)                   # the update ran under load
         assert rolled.outcome == "deployed" and rolled.updated == [0, 1]

@@ -4,8 +4,11 @@ reached the barrier after weight loading when another did not (load_model_utils.
 
 Made here with real parts only: rank 0's node holds a damaged copy of the model (its weights file cut short, as a
 failed copy or a full disk leaves it), so rank 0 fails while loading and rank 1, already at the barrier, prints the
-line. `up` fails naming the doctor's signature and its fix (found in the *other* rank's log), `sparkctl doctor` knows
-the line, and once the node is mended the next `up` deploys.
+line. `up` fails naming the doctor's signature and its fix (found in the *other* rank's log), and leaves no process
+of either rank and no port held (the failed boot's stop: rank 0 died inside the load barrier, rank 1 waits in it; the
+processes are found by the test's own path in their environment, not by sparkctl's tracking), `sparkctl doctor`
+knows the line, and once the node is mended the next `up` deploys. (This is also tests/realengine/
+test_engine_tree_real.py's "rank 0 dies in the load barrier" point, through `up`'s own stop.)
 """
 from __future__ import annotations
 
@@ -17,7 +20,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sparkctl.config.inventory import load_inventory
+from sparkctl.config.profile import load_profile
+from sparkctl.nodes.process import local_port_free
+from sparkctl.sglang.render import render
 from testrig.embedded import stop_recorded_engines, write_real_engine_inventory
+from testrig.sweep import port_holders, processes_holding
 from testrig.testenv import need_real_engine
 
 pytestmark = pytest.mark.real_engine
@@ -51,13 +59,19 @@ def damaged_rank0(tmp_path: Path):
             stop_recorded_engines(inv)
 
 
-def test_a_rank_sglang_calls_slow_is_named_with_its_fix_and_the_next_up_works(cli, damaged_rank0):
+def test_a_rank_sglang_calls_slow_is_named_with_its_fix_and_the_next_up_works(cli, damaged_rank0, tmp_path):
     inv, engine = damaged_rank0
     code, out, err = cli("up", "--profile", "cpu-tiny", "--yes")
     assert code == 4, err[-4000:]
     # the failure names the doctor's signature, its fix and SGLang's own line, wherever rank it was printed by
     assert f"doctor: {SIGNATURE}" in err and LINE in err, err[-6000:]
     assert "sparkctl up` again" in err and "sparkctl logs --rank 0" in err, err[-6000:]
+    # nothing of the failed boot remains: every engine process inherited SPARKCTL_STATE_DIR under tmp_path
+    assert processes_holding((str(tmp_path),)) == []
+    specs = render(load_profile("cpu-tiny"), load_inventory(inv), environ={}).specs
+    busy = [f"{a}:{p} ({'; '.join(port_holders(a, p))})" for s in specs for a, p, _ in s.listen_ports()
+            if not local_port_free(a, p)]
+    assert not busy, busy
 
     code, out, _ = cli("doctor", "--json", "--no-kernel-log")
     assert code == 8, out[-3000:]
