@@ -212,6 +212,7 @@ def rollback(to: str | None = typer.Option(None, "--to", help="Profile to roll b
              yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
              boot_timeout: float | None = typer.Option(None, "--boot-timeout", parser=bounds.seconds(),
                                                           metavar="SECONDS", help="Seconds."),
+             dry_run: bool = flag("--dry-run", help="Print the plan and stop."),
              as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
     """Roll back: to a profile, or to the previous known-good deployment."""
     from sparkctl.config.profile import load_profile
@@ -220,7 +221,7 @@ def rollback(to: str | None = typer.Option(None, "--to", help="Profile to roll b
     d = _deployer(inventory)
     prof = load_profile(to) if to else None
     with _declined_aborts():
-        result = door.rollback(d, prof, door.UpRequest(boot_timeout_s=boot_timeout),
+        result = door.rollback(d, prof, door.UpRequest(boot_timeout_s=boot_timeout, dry_run=dry_run),
                                confirm=_confirm(yes, d, "rollback"))
     _emit(result, as_json, _any_up_human)
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from sparkctl.config.profile import Profile
@@ -193,8 +194,9 @@ class Run:
         if self.journal.disk_error is not None:
             raise self.journal.disk_error
 
-    def closed(self, step: Step, error: BaseException | None) -> None:
-        """The step's outcome: `ok` (or `noop`) with its time, or `failed` with the error's first line."""
+    def closed(self, step: Step, error: BaseException | None, skipped: str | None = None) -> None:
+        """The step's outcome: `ok` (or `noop`, the plan's or a planned condition's: `skipped`) with its time, or
+        `failed` with the error's first line."""
         entry, j = self.record.steps[-1], self.journal
         entry.elapsed_s = self._step_clock.elapsed()
         if error is not None:
@@ -204,7 +206,7 @@ class Run:
             j.save()
             return
         entry.status = "ok"
-        j.entry(step.name, "noop" if "no-op" in step.what else "ok", step.what)
+        j.entry(step.name, "noop" if step.noop or skipped else "ok", step.what, detail=skipped)
         self.c.reporter.event(f"done in {entry.elapsed_s:.2f}s")
         j.save()
         if j.disk_error is not None:
@@ -330,12 +332,15 @@ def run_hand_off(run: Run, step: HandOff) -> None:
                      f"deployment {record.id})")
 
 
-# step class -> the module-level function that does it; deploy.replicated adds the replicated `up`'s steps
-# (its runners need the sub-deployers of commands.py, which imports this module).
-RUNNERS: dict[type[Step], Callable[[Any, Any], None]] = {
+# (the run, the step) -> None when done, or why a condition the plan set was false (journaled `noop` with it). Each
+# runner takes its own step class: the table is keyed by that class, which mypy cannot relate to the argument's type.
+Runner = Callable[[Any, Any], "str | None"]
+# step class -> the module-level function that does it, for a single group's `up`; a replicated `up` runs with
+# `deploy.replica_steps.RUNNERS` (these and its own, one table made there). Read-only: nothing adds to it later.
+RUNNERS: Mapping[type[Step], Runner] = MappingProxyType({
     Preflight: run_preflight_step, ImageBuild: run_image_build, ImageDistribute: run_image_distribute,
     ImageVerify: run_image_verify, StopOld: run_stop_old, Boot: run_boot, WarmUp: run_warm_up, Verify: run_verify,
-    HandOff: run_hand_off}
+    HandOff: run_hand_off})
 
 
 class StepRun(Protocol):
@@ -348,21 +353,21 @@ class StepRun(Protocol):
 
     def opened(self, step: Step) -> None: ...
 
-    def closed(self, step: Step, error: BaseException | None) -> None: ...
+    def closed(self, step: Step, error: BaseException | None, skipped: str | None = None) -> None: ...
 
 
-def run_step(run: StepRun, step: Step, command: str) -> None:
-    """One step: its intent on disk first, then the screen, the boundary, the effect (`RUNNERS`, by the step's
-    class), the outcome (ok, noop or failed) on disk, the boundary after."""
+def run_step(run: StepRun, step: Step, command: str, runners: Mapping[type[Step], Runner] = RUNNERS) -> None:
+    """One step: its intent on disk first, then the screen, the boundary, the effect (`runners`, by the step's
+    class; none for a step the plan made a no-op), the outcome (ok, noop or failed) on disk, the boundary after."""
     run.opened(step)              # the ledger first, then the screen: what was said is on disk
     run.reporter.stage(step.name, step.what)
     boundary(command, step.name, "before")
     try:
-        RUNNERS[type(step)](run, step)
+        skipped = None if step.noop else runners[type(step)](run, step)
     except BaseException as exc:
         run.closed(step, exc)
         raise
-    run.closed(step, None)
+    run.closed(step, None, skipped)
     boundary(command, step.name, "after")
 
 

@@ -323,11 +323,11 @@ def rollback(d: Deployer, to: Profile | None, req: UpRequest, *, confirm: Confir
                               "its own: say where to roll back to", where="rollback",
                               hint="sparkctl rollback --to dflash-off (one group; the router and replicas stop "
                                    "first), or --to a profile with replicas: K (a rolling update)")
-        done = _replicated(d, to, UpRequest(boot_timeout_s=req.boot_timeout_s), confirm)
+        done = _replicated(d, to, UpRequest(boot_timeout_s=req.boot_timeout_s, dry_run=req.dry_run), confirm)
         if done is not None:
             return done
     what = to.name if to else "the previous known-good deployment"
-    return d.rollback(to, UpOptions(boot_timeout_s=req.boot_timeout_s,
+    return d.rollback(to, UpOptions(boot_timeout_s=req.boot_timeout_s, dry_run=req.dry_run,
                                     confirm=_single_confirm(confirm, f"roll back to {what}")), failing=failing)
 
 

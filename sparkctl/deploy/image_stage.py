@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.steps import IMAGE_BUILD, IMAGE_DISTRIBUTE, IMAGE_STEPS, IMAGE_VERIFY
-from sparkctl.errors import ConfigError, PreflightError, SparkctlError
+from sparkctl.errors import ConfigError, ImageError, PreflightError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.fanout import fan_out, raise_first
 from sparkctl.sglang.launch import LaunchSpec
@@ -79,34 +79,39 @@ class ImageSurvey:
             return [self.image or ""]
         return [self.plan.engine_tag, self.plan.launch_tag] if self.plan is not None else []
 
-    def steps(self) -> list[tuple[str, str]]:
-        """[(step name, what it does or why it is a no-op)] for the plan."""
+    def steps(self) -> list[tuple[str, str, bool]]:
+        """[(step name, what it does or why it is a no-op, whether it is a no-op)] for the plan: the decision is made
+        here, once, and apply runs it (a no-op step's effect is not run; its journal outcome is `noop`)."""
         if self.mode == "process":
-            return [(name, f"{name}: {NO_IMAGE}") for name in STEPS]
+            return [(name, f"{name}: {NO_IMAGE}", True) for name in STEPS]
         nodes = list(self.present) or ["every node"]
         if self.error:
             unknown = f"(nodes not surveyed: {self.error})"
-            return [(IMAGE_BUILD, f"image-build: build what is missing {unknown}"),
-                    (IMAGE_DISTRIBUTE, f"image-distribute: copy what a node lacks {unknown}"),
-                    (IMAGE_VERIFY, "image-verify: one image ID on every node before boot")]
+            return [(IMAGE_BUILD, f"image-build: build what is missing {unknown}", False),
+                    (IMAGE_DISTRIBUTE, f"image-distribute: copy what a node lacks {unknown}", False),
+                    (IMAGE_VERIFY, "image-verify: one image ID on every node before boot", False)]
         tags = self._tags()
         if self.mode == "prebuilt":
-            build = f"no-op (prebuilt image {self.image} named by {self.source}: nothing to build)"
+            build, build_noop = f"no-op (prebuilt image {self.image} named by {self.source}: nothing to build)", True
             ids = {n: v.get(self.image or "") for n, v in self.present.items()}
             lacking = [n for n, i in ids.items() if not i]
             dist = (f"copy {self.image} whole to {', '.join(lacking)} from a node that has it" if lacking else
                     f"no-op ({self.image} on {', '.join(nodes)})")
+            dist_noop = not lacking
         else:
             p = self.plan
             builder = nodes[0]
             if p is None:
-                build = "pull the base image (missing on the building node), then build engine + launch images"
+                build, build_noop = ("pull the base image (missing on the building node), then build engine + "
+                                     "launch images on what the pull gives"), False
                 dist = "copy the engine + launch images to the other nodes (missing layers, over the fabric)"
+                dist_noop = False
             else:
                 have = self.present.get(p.builder, {})
                 builder_note = (f" (rollback: on the recorded base {p.base.pinned[:26]}..., which {p.base.ref} "
                                 "no longer names)") if self.pinned_base is not None else ""
-                if have.get(p.engine_tag) and have.get(p.launch_tag):
+                build_noop = bool(have.get(p.engine_tag) and have.get(p.launch_tag))
+                if build_noop:
                     build = f"no-op ({p.engine_tag} and {p.launch_tag} already on {p.builder})"
                 elif have.get(p.engine_tag):
                     build = f"build launch image {p.launch_tag} on {p.builder} (engine image present: one thin layer)"
@@ -120,9 +125,36 @@ class ImageSurvey:
                 shown = "; ".join(f"{n} <- {', '.join(ts)}" for n, ts in lacks.items() if ts)
                 dist = (f"copy from {builder}: {shown} (missing layers only, over the fabric)" if shown else
                         f"no-op (every node has {', '.join(tags)})")
+                dist_noop = not shown
         shown = ", ".join(tags) or "the engine and launch images"
-        return [(IMAGE_BUILD, f"image-build: {build}"), (IMAGE_DISTRIBUTE, f"image-distribute: {dist}"),
-                (IMAGE_VERIFY, f"image-verify: {shown} on {', '.join(nodes)} with one ID each, before boot")]
+        return [(IMAGE_BUILD, f"image-build: {build}", build_noop),
+                (IMAGE_DISTRIBUTE, f"image-distribute: {dist}", dist_noop),
+                (IMAGE_VERIFY, f"image-verify: {shown} on {', '.join(nodes)} with one ID each, before boot", False)]
+
+    def stale(self, inventory: Inventory) -> str | None:
+        """Why the nodes no longer hold what this survey saw on the building node (its base moved, a tag it saw
+        missing or present changed), or None: apply runs a plan only on the state it was made from, as Terraform
+        refuses a stale plan, rather than deciding again (pipeline mode; the building node, one round trip)."""
+        if self.mode != "pipeline":
+            return None
+        if self.error:
+            return f"the plan could not survey the nodes ({self.error})"
+        p = self.plan
+        if p is None:
+            return None                     # planned: pull the base, then build on what the pull gives
+        from sparkctl.images.plan import inspect_base
+        conn = _conns(inventory)[p.builder]
+        if self.pinned_base is None:        # a rollback plans on its recorded base, whatever the tag names now
+            base = inspect_base(conn, p.base.ref)
+            if base is None or base.pinned != p.base.pinned:
+                return (f"base image {p.base.ref} on {p.builder} changed since the plan ({p.base.pinned[:26]} -> "
+                        f"{base.pinned[:26] if base else 'missing'})")
+        saw = self.present.get(p.builder, {})
+        now = _ids({p.builder: conn}, [p.engine_tag, p.launch_tag])[p.builder]
+        moved = [f"{t} ({'missing' if not saw.get(t) else str(saw.get(t))[:19]} -> "
+                 f"{'missing' if not now.get(t) else str(now.get(t))[:19]})"
+                 for t in (p.engine_tag, p.launch_tag) if saw.get(t) != now.get(t)]
+        return f"on {p.builder} since the plan: {', '.join(moved)}" if moved else None
 
 
 def _conns(inventory: Inventory) -> JSONObject:
@@ -192,13 +224,24 @@ class ImageStage:
         self.report(message, None)
 
     def build(self) -> None:
+        """The planned build: on the survey's plan (refused when stale), or, when the base was missing at plan time,
+        the pull the plan names and the build on what it gives."""
         if self.survey.mode != "pipeline":
             return       # its no-op reason is the step's own line (the plan's decision, said once)
         from sparkctl.images import pipeline
+        from sparkctl.images.build import build_images
+        stale = self.survey.stale(self.inventory)
+        if stale is not None:
+            raise ImageError(f"the image plan is stale: {stale}", where=IMAGE_BUILD,
+                             hint="run the command again: it plans from what the nodes hold now")
         self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
-            self.plan, steps = pipeline.build(self.profile, self.inventory, log_dir=self.log_dir, report=self._say,
-                                              base=self.survey.pinned_base)
+            if self.plan is None:
+                self.plan, steps = pipeline.build(self.profile, self.inventory, log_dir=self.log_dir,
+                                                  report=self._say, base=self.survey.pinned_base)
+            else:
+                steps = build_images(self.plan, _conns(self.inventory)[self.plan.builder], log_dir=self.log_dir,
+                                     report=self._say)
         finally:
             for path in self.log_dir.glob("*.log"):     # state files are private, build logs included
                 path.chmod(0o600)

@@ -46,13 +46,15 @@ class Step:
     idempotent: ClassVar[bool] = True
     what: str
     node: str | None = None                # None: every node
+    noop: bool = False                     # decided by the plan: apply journals it `noop` and runs no effect
 
     def commands(self) -> list[tuple[str, list[str]]]:
         """The commands this step runs, [(node, argv)], shown by `--dry-run` (only the boot step says them)."""
         return []
 
     def as_dict(self) -> JSONObject:
-        return {"name": self.name, "what": self.what, "idempotent": self.idempotent, "node": self.node}
+        return {"name": self.name, "what": self.what, "idempotent": self.idempotent, "node": self.node,
+                "noop": self.noop}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,8 +197,8 @@ def make_plan(result: RenderResult, active: DeploymentRecord | None, active_heal
     nodes = result.inventory.nodes
     add = plan.steps.append
     add(Preflight(what=f"preflight on {', '.join(n.name for n in nodes)} (read-only)", own_ports=own_ports))
-    for name, what in images.steps():
-        add(IMAGE_STEP_TYPES[name](what=what, survey=images))
+    for name, what, noop in images.steps():
+        add(IMAGE_STEP_TYPES[name](what=what, survey=images, noop=noop))
     if active:
         why = (f"profile {active.profile}" if active.identity != identity else
                "a comparison or tune arm, same identity" if arm else "unhealthy, same identity")
@@ -240,7 +242,8 @@ class SettleReplicated(ReplicatedStep):
 @dataclass(frozen=True, kw_only=True)
 class RouterStart(ReplicatedStep):
     """Start the router (just before the first attach: on a first `up` rank 0 has the engine image it runs from
-    only after a replica's image stage)."""
+    only after a replica's image stage), if none of ours runs and a replica serves (planned conditions: a no-op
+    otherwise, journaled with the reason)."""
 
     name: ClassVar[str] = steps.ROUTER_START
     idempotent: ClassVar[bool] = False
@@ -260,16 +263,19 @@ class ReplicaDetach(ReplicatedStep):
 @dataclass(frozen=True, kw_only=True)
 class ReplicaUp(ReplicatedStep):
     """The replica's own `up` (its own plan, lock, journal and restore); `together`: a first `up`, every replica's
-    at once (nothing serves through the router yet)."""
+    at once (nothing serves through the router yet). `on_failure`: in a rolling update, the steps run when it
+    fails (that `up` restored what ran before: the router, then the replica, back), before the error ends the run."""
 
     name: ClassVar[str] = steps.REPLICA_UP
     idempotent: ClassVar[bool] = False
     together: bool = False
+    on_failure: tuple[ReplicatedStep, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
 class ReplicaAttach(ReplicatedStep):
-    """Back into the router, when it serves (its gates passed, or its failed `up` restored what ran before)."""
+    """Back into the router, if it serves (its gates passed, or its failed `up` restored what ran before): a
+    planned condition, a no-op journaled with the reason otherwise (the router's gates then say it is missing)."""
 
     name: ClassVar[str] = steps.REPLICA_ATTACH
     url: str

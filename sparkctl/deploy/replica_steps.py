@@ -1,18 +1,20 @@
 """The steps of a replicated `up`, planned and run: a `ReplicatedPlan` (per replica a `ReplicaMove` holding that
 replica's own `Plan` and the router's entry for it) whose typed steps (`deploy.plan.ReplicatedStep`) are made by
-`replicated_steps`, and what each step does (`run_*`, added to `deploy.apply.RUNNERS`, so the lifecycle's own
-`run_step` journals and runs them) over the `ReplicatedRun` they share. `deploy.replicated` makes the plan from what
-runs and drives it; rank_steps.py is the same for one group's ranks.
+`replicated_steps`, and what each step does (`run_*`, in this module's `RUNNERS`, which `deploy.replicated` hands
+to the lifecycle's own `run_step`, so it journals and runs them) over the `ReplicatedRun` they share.
+`deploy.replicated` makes the plan from what runs and drives it; rank_steps.py is the same for one group's ranks.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import httpx
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
-from sparkctl.deploy.apply import RUNNERS
+from sparkctl.deploy.apply import Runner
 from sparkctl.deploy.commands import Deployer, UpOptions
 from sparkctl.deploy.plan import (
     Plan,
@@ -74,20 +76,21 @@ class ReplicatedPlan:
         return next(m for m in self.moves if m.replica.index == index)
 
     def lines(self) -> list[str]:
-        spec, drain_s = self.spec, self.profile.router.drain_timeout_s
+        """What `up` runs, from the steps themselves (a replica's own `up` with its own plan's steps under it, and
+        what runs if it fails), after the router and the replicas left as they are."""
+        spec = self.spec
         lines = [f"router {spec.url} ({spec.policy}): " + (f"running ({self.router.where})" if self.router
                                                            else "start")]
         for m in self.moves:
-            rep = m.replica
-            head = f"replica {rep.index} ({', '.join(rep.nodes)}, {rep.url})"
             if m.unchanged:
-                lines.append(f"{head}: unchanged ({m.plan.noop_reason})")
-                continue
-            if m.listed is not None:
-                lines.append(f"{head}: out of the router, drain (at most {drain_s:g}s)")
-            lines += [f"{head}: {line}" for line in m.plan.lines()]
-            lines.append(f"{head}: back into the router once its gates pass")
-        lines.append(f"router gates, then hand off {self.endpoint}")
+                rep = m.replica
+                lines.append(f"replica {rep.index} ({', '.join(rep.nodes)}, {rep.url}): unchanged "
+                             f"({m.plan.noop_reason})")
+        for i, step in enumerate(self.steps, 1):
+            lines.append(f"{i}. {step.what}")
+            if isinstance(step, ReplicaUp):
+                lines += [f"     {line}" for line in self.move(replica_index(step)).plan.lines()]
+                lines += [f"     on failure: {s.what}" for s in step.on_failure]
         return lines
 
 
@@ -95,22 +98,31 @@ def replicated_steps(profile: Profile, spec: RouterSpec, moves: list[ReplicaMove
                      parallel: bool, endpoint: str) -> tuple[ReplicatedStep, ...]:
     """The steps of a replicated `up` after its settle: per changed replica detach (when rolling), its own `up`,
     attach; the router started just before the first attach (or before the gates, when no replica changed);
-    the router's gates; the hand-off. On a first `up` (`parallel`) every replica's `up` comes first, together."""
+    the router's gates; the hand-off. On a first `up` (`parallel`) every replica's `up` comes first, together;
+    in a rolling update each replica's `up` carries what runs if it fails (the router, then the replica, back).
+    Starting the router and each attach are conditional (a planned condition, journaled `noop` with its reason
+    when false): the router starts if none of ours runs and a replica serves; a replica goes in if it serves."""
     drain_s = profile.router.drain_timeout_s
     out: list[ReplicatedStep] = []
     pending = [not router_runs]
 
-    def router_first() -> None:
-        if pending[0]:
-            out.append(RouterStart(what=f"start the router on {spec.url} ({spec.policy})"))
-            pending[0] = False
+    def start() -> RouterStart:
+        return RouterStart(what=f"start the router on {spec.url} ({spec.policy}) if none of ours runs and a replica "
+                                f"serves")
+
+    def attach_(rep: Replica) -> ReplicaAttach:
+        return ReplicaAttach(what=f"replica {rep.index}: back into the router if it serves", replica=rep.index,
+                             url=rep.url)
 
     def up(rep: Replica) -> ReplicaUp:
         return ReplicaUp(what=f"replica {rep.index}: up {profile.name} on {', '.join(rep.nodes)}",
-                         replica=rep.index, together=parallel)
+                         replica=rep.index, together=parallel,
+                         on_failure=() if parallel else (start(), attach_(rep)))
 
-    def attach_(rep: Replica) -> ReplicaAttach:
-        return ReplicaAttach(what=f"replica {rep.index}: back into the router", replica=rep.index, url=rep.url)
+    def router_first() -> None:
+        if pending[0]:
+            out.append(start())
+            pending[0] = False
     todo = [m.replica for m in moves if not m.unchanged]
     if parallel:
         out += [up(rep) for rep in todo]
@@ -161,9 +173,10 @@ class ReplicatedRun:
     def opened(self, step: Step) -> None:
         self.rec.journal(step.name, "intent", step.what, _replica_of(step))
 
-    def closed(self, step: Step, error: BaseException | None) -> None:
+    def closed(self, step: Step, error: BaseException | None, skipped: str | None = None) -> None:
         if error is None:
-            self.rec.journal(step.name, "ok", step.what, _replica_of(step))
+            self.rec.journal(step.name, "noop" if step.noop or skipped else "ok", step.what, _replica_of(step),
+                             skipped)
         else:
             self.rec.journal(step.name, "failed", step.what, _replica_of(step),
                              error.render() if isinstance(error, SparkctlError) else repr(error))
@@ -183,8 +196,8 @@ def _replica_of(step: Step) -> int | None:
     return step.replica if isinstance(step, ReplicatedStep) else None
 
 
-# ---- what each replicated step does (`deploy.apply.RUNNERS` dispatches on the step's class) --------------------
-def run_settle_replicated(run: ReplicatedRun, step: SettleReplicated) -> None:
+# ---- what each replicated step does (`RUNNERS` below: run_step dispatches on the step's class) ---------------
+def run_settle_replicated(run: ReplicatedRun, step: SettleReplicated) -> str | None:
     if step.left is not None:
         journal = [JournalEntry.model_validate(e) for e in run.rec.data.get("journal", [])]
         cut = ", ".join(f"{e.step}" + (f" of replica {e.replica}" if e.replica is not None else "")
@@ -196,11 +209,14 @@ def run_settle_replicated(run: ReplicatedRun, step: SettleReplicated) -> None:
             run.reporter.event(f"replica(s) {', '.join(map(str, back))} back into the router")
     if Ledger.for_cluster(run.inventory.cluster.name).active() is not None:   # a single group here
         run.reporter.event("the cluster runs a single-group deployment: it goes down first")
+    return None
 
 
-def run_router_start(run: ReplicatedRun, step: RouterStart) -> None:
+def run_router_start(run: ReplicatedRun, step: RouterStart) -> str | None:
     if run.router is not None:
-        return
+        return f"the router runs ({run.router.where})"
+    if not any(serves(r.url) for r in run.reps):
+        return "no replica serves: nothing to route to (the error that ends the run says why)"
     from sparkctl.deploy.router_image import router_image
     inv, spec = run.inventory, run.spec
     log = run.ledger.root / "logs" / "router.log"
@@ -216,29 +232,36 @@ def run_router_start(run: ReplicatedRun, step: RouterStart) -> None:
         run.rec.data.pop("router", None)
         raise
     run.router = proc
+    return None
 
 
-def run_replica_detach(run: ReplicatedRun, step: ReplicaDetach) -> None:
+def run_replica_detach(run: ReplicatedRun, step: ReplicaDetach) -> str | None:
     if step.listed:
         detach(run.client, step.url, drain_s=step.drain_s)
     else:       # already out of the router (a controller killed mid-drain): its requests still finish first
         drain(lambda: engine_in_flight(step.url), timeout_s=step.drain_s, what=f"replica {step.url}")
+    return None
 
 
-def run_replica_up(run: ReplicatedRun, step: ReplicaUp) -> None:
+def run_replica_up(run: ReplicatedRun, step: ReplicaUp) -> str | None:
     move = run.planned.move(replica_index(step))
     res = move.sub.up(move.replica.result.profile, UpOptions(boot_timeout_s=run.opts.boot_timeout_s))
     if res.changed:
         run.deployed.append(move.replica.index)
+    return None
 
 
-def run_replica_attach(run: ReplicatedRun, step: ReplicaAttach) -> None:
+def run_replica_attach(run: ReplicatedRun, step: ReplicaAttach) -> str | None:
+    if not serves(step.url):
+        return f"replica {step.replica} does not serve: it stays out of the router"
     attach(run.client, step.url)
+    return None
 
 
-def run_router_gates(run: ReplicatedRun, step: RouterGates) -> None:
+def run_router_gates(run: ReplicatedRun, step: RouterGates) -> str | None:
     try:
         router_gates(run.client, run.spec, run.reps, run.profile.lifecycle.health_timeout_s)
+        return None
     except RouterError as exc:         # the router's own words go with it
         try:
             tail = run.router.log_tail() if run.router is not None else ""
@@ -250,9 +273,10 @@ def run_router_gates(run: ReplicatedRun, step: RouterGates) -> None:
             x for x in (exc.evidence, "router log (last lines):\n" + tail) if x)) from exc
 
 
-def run_router_hand_off(run: ReplicatedRun, step: RouterHandOff) -> None:
+def run_router_hand_off(run: ReplicatedRun, step: RouterHandOff) -> str | None:
     run.rec.data.update(status="active", handed_off=now_iso())
     run.rec.save()
+    return None
 
 
 def replica_index(step: ReplicatedStep) -> int:
@@ -261,9 +285,11 @@ def replica_index(step: ReplicatedStep) -> int:
     return step.replica
 
 
-RUNNERS.update({SettleReplicated: run_settle_replicated, RouterStart: run_router_start,
-                ReplicaDetach: run_replica_detach, ReplicaUp: run_replica_up, ReplicaAttach: run_replica_attach,
-                RouterGates: run_router_gates, RouterHandOff: run_router_hand_off})
+# What a replicated `up` runs with: its own steps' runners, made here once (read-only, apply's table untouched)
+RUNNERS: Mapping[type[Step], Runner] = MappingProxyType({
+    SettleReplicated: run_settle_replicated, RouterStart: run_router_start, ReplicaDetach: run_replica_detach,
+    ReplicaUp: run_replica_up, ReplicaAttach: run_replica_attach, RouterGates: run_router_gates,
+    RouterHandOff: run_router_hand_off})
 
 
 

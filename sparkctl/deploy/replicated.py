@@ -40,18 +40,17 @@ from sparkctl.deploy.commands import Deployer, UpOptions, follow_reader
 from sparkctl.deploy.plan import (
     ReplicaAttach,
     ReplicaUp,
-    RouterGates,
     RouterStart,
     SettleReplicated,
 )
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.replica_steps import (
+    RUNNERS,
     ReplicaMove,
     ReplicatedPlan,
     ReplicatedRun,
     replica_index,
     replicated_steps,
-    serves,
 )
 from sparkctl.deploy.results import (
     ReplicaStatus,
@@ -175,7 +174,7 @@ class ReplicatedDeployer:
                             status="updating", started=now_iso(),
                             controller=this_controller(COMMAND, now_iso()).model_dump(mode="json"))
             rec.save()
-            run_step(run, settle, COMMAND)
+            run_step(run, settle, COMMAND, RUNNERS)
         parent = Deployer(self.inventory, self.reporter)
         if parent.ledger.active() is not None:
             parent.down()          # its own lock and steps
@@ -205,40 +204,29 @@ class ReplicatedDeployer:
         errors: list[tuple[int, BaseException]] = []
         if together:
             self.reporter.event(f"no replica in the router yet: {len(together)} replicas boot at once")
-            outcomes = fan_out(together, lambda s: run_step(run, s, COMMAND))   # a signal: every one stopped first
+            # a signal: every one stopped first
+            outcomes = fan_out(together, lambda s: run_step(run, s, COMMAND, RUNNERS))
             errors = [(replica_index(o.item), o.error) for o in outcomes if o.error is not None]
-        due: RouterStart | None = None     # the router starts just before the first attach of a replica that serves
         for step in planned.steps:
             if isinstance(step, ReplicaUp) and step.together:
                 continue
-            if isinstance(step, RouterStart):
-                due = step
-                continue
-            if isinstance(step, ReplicaAttach):
-                if not serves(step.url):      # stays out of the router (the gates then say so)
-                    continue
-            elif errors:
-                self._failed_together(run, planned, errors)
-            if due is not None and isinstance(step, (ReplicaAttach, RouterGates)):
-                run_step(run, due, COMMAND)
-                due = None
+            if errors and not isinstance(step, (RouterStart, ReplicaAttach)):
+                self._failed_together(run, planned, errors)     # those that serve are in the router: the error
             if isinstance(step, ReplicaUp):
                 self._rolling_up(run, planned, step)
             else:
-                run_step(run, step, COMMAND)
+                run_step(run, step, COMMAND, RUNNERS)
 
     def _rolling_up(self, run: ReplicatedRun, planned: ReplicatedPlan, step: ReplicaUp) -> None:
         try:
-            run_step(run, step, COMMAND)
+            run_step(run, step, COMMAND, RUNNERS)
         except SparkctlError as exc:
             if isinstance(exc, (LedgerError, LockHeldError)):
                 raise                # the state directory or a lock, not the replica: nothing to amend
             rep = planned.move(replica_index(step)).replica
-            serving = serves(rep.url)
-            if serving:
-                run_step(run, RouterStart(what=f"start the router on {run.spec.url} ({run.spec.policy})"), COMMAND)
-                run_step(run, ReplicaAttach(what=f"replica {rep.index}: back into the router", replica=rep.index,
-                                            url=rep.url), COMMAND)
+            for then in step.on_failure:     # planned: the router (if needed), then the replica, back if it serves
+                run_step(run, then, COMMAND, RUNNERS)
+            serving = run.router is not None and run.client.find(rep.url) is not None
             run.rec.data["status"] = "failed"
             run.rec.save()
             changed = [m.replica.index for m in planned.moves if not m.unchanged]

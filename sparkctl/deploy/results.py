@@ -45,6 +45,7 @@ class StepView(BaseModel):
     what: str
     idempotent: bool
     node: str | None = None
+    noop: bool = False              # decided by the plan: apply runs no effect for it and journals it `noop`
 
 
 class PlanView(BaseModel):

@@ -205,3 +205,45 @@ def test_image_id_mismatch_on_a_node_blocks_up_and_leaves_the_running_deployment
         b.run(["docker", "tag", right, tag], check=True)
     assert cli("image", "verify", "--profile", q)[0] == 0                   # identity restored
     assert cli("down", "--yes")[0] == 0
+
+
+def test_apply_refuses_a_stale_image_plan_rather_than_planning_again(env, base_tag, tmp_path):
+    """The image steps run the plan's `ImagePlan`: when the building node changed between plan and apply (the base
+    tag now names another image; a tag the plan saw missing appeared), image-build refuses with what moved and
+    "run the command again", and builds nothing (as Terraform refuses a stale plan)."""
+    from sparkctl.config.profile import load_profile
+    from sparkctl.deploy.image_stage import ImageStage, survey
+    from sparkctl.errors import ImageError
+    from sparkctl.sglang.render import render
+
+    conn, inv = env["conns"]["spark-a"], env["inv"]
+    p = load_profile(env["profile"](953 + RUN))
+    result = render(p, inv, environ={})
+
+    def stage() -> tuple[ImageStage, str, str]:
+        s = survey(p, inv, result)
+        assert {n: noop for n, _, noop in s.steps()}["image-build"] is False, s.steps()
+        return (ImageStage(p, inv, result, s, runtimes=None, log_dir=tmp_path / "builds",
+                           report=lambda *_: None), s.plan.engine_tag, s.plan.launch_tag)
+
+    planned, engine_tag, launch_tag = stage()
+    conn.run(["docker", "tag", base_tag, engine_tag], check=True)          # a tag appeared since the plan
+    try:
+        with pytest.raises(ImageError) as err:
+            planned.build()
+        assert "the image plan is stale" in err.value.message and engine_tag in err.value.message
+        assert "run the command again" in (err.value.hint or "")
+    finally:
+        conn.run(["docker", "rmi", engine_tag], check=True)
+    planned, engine_tag, launch_tag = stage()
+    original = conn.run(["docker", "image", "inspect", "--format", "{{.Id}}", base_tag], check=True).stdout.strip()
+    moved = conn.run(["env", "DOCKER_BUILDKIT=0", "docker", "build", "-q", "-t", base_tag, "-"],
+                     stdin=f"FROM {original}\nLABEL org.sparkctl.test.stale=\"{RUN}\"\n", timeout=300, check=True)
+    try:                                                                    # the base moved since the plan
+        with pytest.raises(ImageError) as err:
+            planned.build()
+        assert f"base image {base_tag} on spark-a changed since the plan" in err.value.message, err.value.message
+    finally:
+        conn.run(["docker", "tag", original, base_tag], check=True)
+        conn.run(["docker", "rmi", moved.stdout.strip()], timeout=120)
+    assert not any(conn.run(["docker", "image", "inspect", t]).returncode == 0 for t in (engine_tag, launch_tag))

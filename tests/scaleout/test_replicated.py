@@ -41,7 +41,8 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
     p1 = load_profile(str(write_replicated_profile(tmp_path / "rep.yml", 16)))
     try:
         planned = d.plan_lines(p1)
-        assert planned[0].endswith(": start") and planned[-1].startswith("router gates, then hand off")
+        assert planned[0].endswith(": start") and planned[-2].split(". ", 1)[1].startswith("router ready with 2")
+        assert planned[-1].split(". ", 1)[1].startswith("hand off http")
         assert sum("back into the router" in line for line in planned) == 2
         first = d.up(p1)
         assert first.outcome == "deployed" and first.updated == [0, 1]

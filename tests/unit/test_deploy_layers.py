@@ -133,13 +133,17 @@ def test_preflight_runs_every_node_before_raising():
 
 
 def test_one_step_vocabulary_feeds_the_plan_apply_and_the_crash_points():
-    """Each step of `up` is one typed class named from deploy/steps.py, in UP_STEPS' order; apply has a function
-    for every class (no step without its effect, no effect without its step); every name is a crash point."""
-    from sparkctl.deploy import replica_steps, steps  # replica_steps adds its runners to apply's one table
-    from sparkctl.deploy.apply import RUNNERS
+    """Each step of `up` is one typed class named from deploy/steps.py, in UP_STEPS' order; each runner table has a
+    function for every class it runs (no step without its effect, no effect without its step), made once and
+    read-only (no module adds to another's table on import); every name is a crash point."""
+    from types import MappingProxyType
+
+    from sparkctl.deploy import apply, replica_steps, steps
     from sparkctl.deploy.plan import REPLICATED_STEP_TYPES, STEP_TYPES
-    assert set(RUNNERS) == set(STEP_TYPES) | set(REPLICATED_STEP_TYPES)
-    assert all(RUNNERS[t].__module__ == replica_steps.__name__ for t in REPLICATED_STEP_TYPES)
+    assert set(apply.RUNNERS) == set(STEP_TYPES)          # replica_steps is imported above: apply's table unchanged
+    assert set(replica_steps.RUNNERS) == set(REPLICATED_STEP_TYPES)
+    assert all(replica_steps.RUNNERS[t].__module__ == replica_steps.__name__ for t in REPLICATED_STEP_TYPES)
+    assert isinstance(apply.RUNNERS, MappingProxyType) and isinstance(replica_steps.RUNNERS, MappingProxyType)
     assert [t.name for t in STEP_TYPES] == [s for s in steps.UP_STEPS if s != steps.SETTLE]
     assert [t.name for t in REPLICATED_STEP_TYPES] == list(steps.REPLICATED_STEPS)
     points = set(crash_points())

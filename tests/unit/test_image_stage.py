@@ -26,7 +26,7 @@ def _plan():
 
 
 def _what(survey: ImageSurvey) -> dict[str, str]:
-    return dict(survey.steps())
+    return {name: what for name, what, _ in survey.steps()}
 
 
 def test_process_runtime_has_three_no_op_steps():
