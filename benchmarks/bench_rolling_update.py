@@ -105,7 +105,7 @@ def main() -> None:
               f"{failed} of {len(samples)} in the whole run")
         print(f"  client latency median before {statistics.median(before) * 1000:.1f} ms, during "
               f"{statistics.median([x for x, _ in during]) * 1000:.1f} ms")
-        journal = Record.load(d.ledger.root).data["journal"]
+        journal = Record.load(d.ledger.root).doc.model_dump(mode="json")["journal"]
         last = max(i for i, e in enumerate(journal) if e["step"] == "settle" and e["phase"] == "intent")
         began: dict[tuple[str, int | None], float] = {}
         for e in journal[last:]:

@@ -28,6 +28,7 @@ from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.bounds import Limits
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.serverinfo import parse_prometheus
+from sparkctl.state.records import ReplicatedRecord
 from sparkctl.state.runs import ConcurrencyLevel, ReplicaShare, RouterBench, RouterLevel, RouterReplica
 
 if TYPE_CHECKING:
@@ -249,14 +250,14 @@ def replica_entries(what: Deployed, limits: Limits) -> list[JSONObject]:
     """Every replica of the replicated deployment `what` (`deploy.door.deployed`) with its deployment record (its
     own ledger, reached through the door), /server_info and rank 0's log."""
     out = []
-    for entry in (what.replicated or {}).get("replicas") or []:
-        rep: JSONObject = {"index": int(entry["index"]), "url": str(entry["url"]).rstrip("/"),
-                               "nodes": list(entry.get("nodes") or []), "cluster": entry.get("cluster"),
+    for entry in (what.replicated.replicas if what.replicated is not None else []):
+        rep: JSONObject = {"index": entry.index, "url": entry.url.rstrip("/"),
+                               "nodes": list(entry.nodes), "cluster": entry.cluster,
                                "record": None, "server_info": {}, "log": None, "deployer": None}
         try:
             d = what.replica(entry)
             rep["deployer"], rep["record"] = d, d.ledger.active()
-        except (SparkctlError, KeyError):
+        except SparkctlError:
             pass                                   # no ledger of its own to read: its HTTP answers still count
         rec = rep["record"]
         if rec is not None and (h0 := rec.handle_of(0)) is not None:
@@ -270,13 +271,13 @@ def replica_entries(what: Deployed, limits: Limits) -> list[JSONObject]:
     return out
 
 
-def router_arm(data: JSONObject, replicas: list[JSONObject], limits: Limits) -> RouterArm:
+def router_arm(data: ReplicatedRecord, replicas: list[JSONObject], limits: Limits) -> RouterArm:
     """The arm of the router's endpoint (raises when the router does not answer /health 200)."""
-    endpoint = str(data.get("endpoint") or (data.get("router") or {}).get("url") or "").rstrip("/")
+    endpoint = str(data.endpoint or (data.router.url if data.router else "")).rstrip("/")
     first = replicas[0] if replicas else {}
     rec = first.get("record")
     prof = rec.profile_data if rec is not None else {}
-    arm = RouterArm(name=f"{data.get('profile') or 'replicated'} x{len(replicas)} through the router",
+    arm = RouterArm(name=f"{data.profile or 'replicated'} x{len(replicas)} through the router",
                     client=SGLangClient(endpoint, limits=limits), endpoint=endpoint,
                     model=(prof.get("model") or {}).get("served_name") or first.get("server_info", {}).get(
                         "served_model_name"), record=rec, timeout_s=limits, replicas=replicas,
@@ -286,16 +287,16 @@ def router_arm(data: JSONObject, replicas: list[JSONObject], limits: Limits) -> 
     return arm
 
 
-def router_section(data: JSONObject, arm: RouterArm, split: LevelSplit, reader: MetricsReader,
+def router_section(data: ReplicatedRecord, arm: RouterArm, split: LevelSplit, reader: MetricsReader,
                    single: tuple[Any, str]) -> RouterBench:
-    r = data.get("router") or {}
     card, note = single
     levels = []
     for lv in split.levels:
         fig = (card.aggregate_tok_s.get(f"c{lv.concurrency}") if card is not None else None)
         ratio = round(lv.aggregate_tok_s / fig, 3) if fig and lv.aggregate_tok_s else None
         levels.append(lv.model_copy(update={"single_pair_tok_s": fig, "vs_single_pair": ratio}))
-    return RouterBench(url=arm.endpoint, metrics_url=r.get("metrics_url"), profile=data.get("profile"),
+    return RouterBench(url=arm.endpoint, metrics_url=data.router.metrics_url if data.router else None,
+                       profile=data.profile,
                        model=arm.model, emulated=arm.emulated, replicas=arm.replica_rows(),
                        requests_source=REQUESTS_SOURCE,
                        tokens_source=TOKENS_SOURCE if reader.tokens_error is None else None,

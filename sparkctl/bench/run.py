@@ -374,24 +374,24 @@ def bench_replicated(inventory: Inventory, opts: BenchOptions, *, progress: Prog
 
     ledger = Ledger.for_cluster(inventory.cluster.name)
     what = door.deployed(Cluster(inventory, None, ledger))
-    data = what.replicated or {}
-    if not what.endpoint or not data.get("replicas"):
+    data = what.replicated
+    if not what.endpoint or data is None or not data.replicas:
         raise SparkctlError("the replicated deployment's record names no router endpoint or no replica",
                             where=str(what.where or ledger.root), hint="`sparkctl status` shows it; "
                                                                        "`sparkctl up --profile P` deploys it again")
     limits = limits or Limits()
     opts = dataclasses.replace(opts, concurrency=tuple(opts.router_concurrency))   # 1, 2, 4, 8 unless given
-    run_id = Ledger.new_id(f"bench-{data.get('profile') or 'replicated'}")
+    run_id = Ledger.new_id(f"bench-{data.profile or 'replicated'}")
     result = _new_result("replicated", opts, run_id, limits, run_s)
     out = card_dir(opts, ledger, run_id)
     run = RunState(limits, run_s, progress)
     made: dict[str, Any] = {}
-    progress(f"replicated deployment {data.get('profile')}: measured through the router {data.get('endpoint')}")
+    progress(f"replicated deployment {data.profile}: measured through the router {data.endpoint}")
 
     def make() -> Arm:
         reps = rb.replica_entries(what, limits)
         arm = rb.router_arm(data, reps, limits)
-        reader = rb.MetricsReader((data.get("router") or {}).get("metrics_url"), [r["url"] for r in reps],
+        reader = rb.MetricsReader(data.router.metrics_url if data.router else None, [r["url"] for r in reps],
                                   rb.metrics_limits(limits))
         split = rb.LevelSplit(reader, [{"index": r["index"], "url": r["url"]} for r in reps])
         arm.level_observer = split

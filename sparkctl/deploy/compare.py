@@ -6,14 +6,15 @@ clears it. A controller killed in between leaves the marker: `status` says so (e
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.steps import COMPARE_BEGIN, COMPARE_COMMAND, COMPARE_END, boundary
+from sparkctl.errors import SparkctlError
 from sparkctl.state.controller import controller_alive, this_controller
-from sparkctl.state.ledger import now_iso
-from sparkctl.state.records import Controller
+from sparkctl.state.ledger import now_iso, read_json
+from sparkctl.state.records import CompareMarker
 from sparkctl.statefiles import write_json_atomic
 
 NAME = "compare.json"
@@ -36,8 +37,9 @@ def begin(c: Cluster, arm_id: str) -> None:
     if path.exists():
         return
     boundary(COMPARE_COMMAND, COMPARE_BEGIN, "before")
-    write_json_atomic(path, {"original": c.ledger.active_id(), "arm": arm_id, "since": now_iso(),
-                             "controller": this_controller("bench --compare", now_iso()).model_dump()})
+    marker = CompareMarker(original=c.ledger.active_id(), arm=arm_id, since=now_iso(),
+                           controller=this_controller("bench --compare", now_iso()))
+    write_json_atomic(path, marker.model_dump(mode="json"))
     boundary(COMPARE_COMMAND, COMPARE_BEGIN, "after")
 
 
@@ -50,16 +52,23 @@ def end(c: Cluster) -> None:
     boundary(COMPARE_COMMAND, COMPARE_END, "after")
 
 
+def read_marker(path: Path) -> CompareMarker:
+    """The marker at `path`, read without following a link: SparkctlError when it cannot be read or is not JSON,
+    ValueError (pydantic's) when it is not what sparkctl writes (an original or arm that is not a deployment id,
+    a damaged controller)."""
+    return CompareMarker.model_validate(read_json(path))
+
+
 def unfinished(c: Cluster) -> Unfinished | None:
-    """The marker of a comparison whose controller is gone, or None (none, or it still runs)."""
+    """The marker of a comparison whose controller is gone, or None (none, it still runs, or it is not what
+    sparkctl wrote: `sparkctl repair` moves such a marker aside)."""
+    path = c.ledger.root / NAME
+    if not path.exists():
+        return None
     try:
-        data = json.loads((c.ledger.root / NAME).read_text())
-        ctl = Controller.model_validate(data["controller"])
-    except (OSError, ValueError, KeyError, TypeError):
+        m = read_marker(path)
+    except (SparkctlError, ValueError):
         return None
-    if controller_alive(ctl):
+    if controller_alive(m.controller):
         return None
-    from sparkctl.untrusted import is_plain_name
-    if not all(data.get(k) is None or is_plain_name(data.get(k)) for k in ("original", "arm")):
-        return None                      # not ids sparkctl wrote: `sparkctl repair` moves the marker aside
-    return Unfinished(data.get("original"), data.get("arm"), str(data.get("since")))
+    return Unfinished(m.original, m.arm, m.since)

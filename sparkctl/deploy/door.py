@@ -48,7 +48,7 @@ from sparkctl.errors import ConfigError, RestartRefusedError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.router.replicas import router_endpoint
 from sparkctl.sglang.launch import ENGINE_SECRETS_FILE, SECRETS_MOUNT
-from sparkctl.state.records import CheckResult, DeploymentRecord
+from sparkctl.state.records import CheckResult, DeploymentRecord, ReplicaEntry, ReplicatedRecord
 from sparkctl.state.replicated import Record
 from sparkctl.untrusted import clean
 
@@ -82,19 +82,19 @@ class Deployed:
     """What a cluster runs, as a reader outside `deploy/` needs it (made by `deployed()`, never by hand).
 
     `kind`: "deployment" (one TP group: `deployment` is its id), "replicated" (replicas behind the router:
-    `replicated` is its record's data, `where` that file) or "down". `endpoint` is where clients reach it."""
+    `replicated` is its record, `where` that file) or "down". `endpoint` is where clients reach it."""
 
     kind: Kind
     profile: str | None = None
     deployment: str | None = None
     endpoint: str | None = None
-    replicated: JSONObject | None = None
+    replicated: ReplicatedRecord | None = None
     where: str | None = None
     _d: Deployer | None = field(default=None, repr=False, compare=False)
 
-    def replica(self, entry: JSONObject) -> Deployer:
+    def replica(self, entry: ReplicaEntry) -> Deployer:
         """One replica of a replicated deployment (an entry of its record's `replicas`), reached through its own
-        cluster: its ledger, records and runtimes. Raises KeyError on an entry without cluster or nodes."""
+        cluster: its ledger, records and runtimes."""
         if self._d is None:
             raise ConfigError("nothing to reach: this answer was not made by door.deployed()")
         return Deployer(replica_inventory(self._d.inventory, entry), self._d.reporter)
@@ -112,8 +112,9 @@ class Deployed:
             raise ConfigError("nothing to restart: the desired state is down")
         opts = UpOptions(boot_timeout_s=boot_timeout_s)
         if self.kind == "replicated":
-            profile = recorded_replicated_profile(self.replicated or {}, str(self.where))
-            for entry in (self.replicated or {}).get("replicas") or []:
+            rec = self.replicated or ReplicatedRecord()
+            profile = recorded_replicated_profile(rec, str(self.where))
+            for entry in rec.replicas:
                 sub = self.replica(entry)
                 active = sub.ledger.active()
                 if active is not None:
@@ -221,22 +222,22 @@ def _first_difference(was: list[JSONObject], now: list[JSONObject]) -> str:
     return "the ranks differ"
 
 
-def recorded_replicated_profile(data: JSONObject, where: str) -> Profile:
+def recorded_replicated_profile(data: ReplicatedRecord, where: str) -> Profile:
     """The profile a replicated deployment was deployed with, as its record kept it (`profile_data`); a record
     written before it was kept, or one that no longer validates, is refused (RestartRefusedError)."""
     from pydantic import ValidationError
-    kept = data.get("profile_data")
-    if not isinstance(kept, dict):
+    kept = data.profile_data
+    if kept is None:
         raise RestartRefusedError("the replicated deployment's record keeps no profile as deployed (written by an "
                                   "older sparkctl); restarting it from the profile file could roll out edits "
                                   "never deployed", where=where, cause="record",
-                                  hint=f"deploy it again yourself once (sparkctl up --profile {data.get('profile')})")
+                                  hint=f"deploy it again yourself once (sparkctl up --profile {data.profile})")
     try:
         return Profile.model_validate(kept)
     except ValidationError as exc:
         raise RestartRefusedError(f"the replicated deployment's recorded profile no longer validates: "
                                   f"{str(exc).splitlines()[0]}", where=where, cause="record",
-                                  hint=f"deploy it again yourself (sparkctl up --profile {data.get('profile')})"
+                                  hint=f"deploy it again yourself (sparkctl up --profile {data.profile})"
                                   ) from None
 
 
@@ -250,9 +251,9 @@ def deployed(where: Deployer | Cluster, profile: Profile | None = None) -> Deplo
         return Deployed("replicated" if profile.replicas > 1 else "deployment", profile=profile.name, _d=d)
     rec = Record.load(d.ledger.root)
     if rec.active:
-        data = rec.data
-        return Deployed("replicated", profile=data.get("profile"), replicated=data, where=str(rec.path), _d=d,
-                        endpoint=data.get("endpoint") or (data.get("router") or {}).get("url"))
+        doc = rec.doc
+        return Deployed("replicated", profile=doc.profile, replicated=doc, where=str(rec.path), _d=d,
+                        endpoint=doc.endpoint or (doc.router.url if doc.router else None))
     active = d.ledger.active()
     if active is not None:
         return Deployed("deployment", profile=active.profile, deployment=active.id, endpoint=active.endpoint, _d=d)

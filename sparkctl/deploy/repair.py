@@ -31,7 +31,7 @@ from sparkctl.errors import SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.enginegroup import Leftover
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.records import DeploymentRecord, Status
+from sparkctl.state.records import DeploymentRecord, ReplicatedRecord, Status
 from sparkctl.statefiles import write_json_atomic
 
 _ID = re.compile(r"^\d{8}T\d{6}Z-(?P<profile>.+)-[0-9a-f]{4}$")
@@ -48,7 +48,7 @@ class RepairPlan:
     notes: list[str] = field(default_factory=list)
     index_changed: bool = False
     leftovers: list[Leftover] = field(default_factory=list)          # processes that outlived their engine
-    replicated: JSONObject | None = None          # replicated.json rebuilt from the replicas and router that run
+    replicated: ReplicatedRecord | None = None    # replicated.json rebuilt from the replicas and router that run
 
     @property
     def changes(self) -> bool:
@@ -65,10 +65,10 @@ class RepairPlan:
                        + " (status recovered: serving, not verified by gates)")
         if self.replicated is not None:
             rep = self.replicated
-            router = rep.get("router") or {}
-            out.append(f"rebuild replicated.json ({rep['profile']}) from what runs: "
-                       + (f"the router ({router['kind']} at {router['url']}) and " if router else "no router, ")
-                       + ", ".join(f"replica {e['index']} ({e['cluster']}: {e['url']})" for e in rep["replicas"]))
+            router = rep.router
+            out.append(f"rebuild replicated.json ({rep.profile}) from what runs: "
+                       + (f"the router ({router.runs_as} at {router.url}) and " if router else "no router, ")
+                       + ", ".join(f"replica {e.index} ({e.cluster}: {e.url})" for e in rep.replicas))
         if self.active != self.active_before:
             out.append(f"active deployment: {self.active_before or 'none'} -> {self.active or 'none'}")
         elif self.index_changed:
@@ -110,9 +110,7 @@ def damaged_files(ledger: Ledger) -> list[tuple[Path, str]]:
     from sparkctl.state.cards import SCHEMA as CARDS_SCHEMA
     from sparkctl.state.cards import card_entry, read_card
     from sparkctl.state.ledger import read_json
-    from sparkctl.state.records import Controller, ReplicatedRecord
     from sparkctl.state.tunejournal import MARKER, read_marker, validate_journal
-    from sparkctl.untrusted import is_plain_name
 
     out: list[tuple[Path, str]] = []
     runs = ledger.root / "runs"
@@ -136,17 +134,13 @@ def damaged_files(ledger: Ledger) -> list[tuple[Path, str]]:
     cmp = ledger.root / compare.NAME
     if cmp.exists():
         try:
-            data = read_json(cmp)
-            ok = (isinstance(data, dict) and all(data.get(k) is None or is_plain_name(data.get(k))
-                                                  for k in ("original", "arm")))
-            if ok:
-                Controller.model_validate(data.get("controller"))
-            else:
-                out.append((cmp, "the comparison marker names an original or arm that is not a deployment id"))
+            compare.read_marker(cmp)
         except SparkctlError as exc:
             out.append((cmp, exc.message))
         except ValueError as exc:                     # pydantic's ValidationError
-            out.append((cmp, f"the comparison marker's controller is damaged ({type(exc).__name__})"))
+            first = exc.errors()[0] if hasattr(exc, "errors") else {"loc": (), "msg": str(exc)}
+            where = ".".join(map(str, first["loc"])) or "(top)"
+            out.append((cmp, f"the comparison marker is not what sparkctl writes at {where}: {first['msg']}"))
     replicated = ledger.root / "replicated.json"      # state.replicated.RECORD (read here without that layer)
     if replicated.exists():
         try:
@@ -251,14 +245,13 @@ def plan_repair(d: Cluster) -> RepairPlan:
     return plan
 
 
-def _rebuild_replicated(d: Cluster, notes: list[str]) -> JSONObject | None:
+def _rebuild_replicated(d: Cluster, notes: list[str]) -> ReplicatedRecord | None:
     """The replicated deployment's record, rebuilt from what runs (as one group's record is from its engines):
     each replica's own ledger (``<cluster>.r<i>`` beside this one: its active deployment) and the router that runs
     for this cluster (a process writing this ledger's router log; a container labelled with the cluster). None,
     with a note, when no replica runs: then there is nothing to record."""
     from sparkctl.config.profile import Profile
     from sparkctl.router.replicas import render_replicas, replica_cluster, router_spec
-    from sparkctl.state.records import ReplicatedRecord
     name = d.inventory.cluster.name
     actives = []
     for index in range(256):
@@ -292,7 +285,7 @@ def _rebuild_replicated(d: Cluster, notes: list[str]) -> JSONObject | None:
         "handed_off": now_iso(), "router": router, "journal": [],
         "replicas": [{"index": i, "url": rec.endpoint, "nodes": [h.node for h in sorted(rec.handles, key=lambda
                      h: h.rank)], "cluster": cluster} for i, cluster, rec in actives]}
-    return ReplicatedRecord.model_validate(data).model_dump(mode="json", by_alias=True)
+    return ReplicatedRecord.model_validate(data)
 
 
 def _running_router(d: Cluster, url: str, metrics_url: str | None) -> JSONObject | None:
@@ -328,7 +321,7 @@ def apply_repair(d: Cluster, plan: RepairPlan) -> None:
     if plan.rebuilt is not None:
         ledger.save(plan.rebuilt)
     if plan.replicated is not None:
-        write_json_atomic(ledger.root / "replicated.json", plan.replicated)
+        write_json_atomic(ledger.root / "replicated.json", plan.replicated.model_dump(mode="json", by_alias=True))
     boundary("repair", "rebuild", "after")
     boundary("repair", "index", "before")
     if plan.index_changed or plan.damaged or plan.dropped:

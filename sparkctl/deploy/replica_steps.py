@@ -37,7 +37,7 @@ from sparkctl.router.client import RouterClient, Worker, attach, detach, drain, 
 from sparkctl.router.replicas import Replica
 from sparkctl.router.spec import RouterSpec
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.records import JournalEntry
+from sparkctl.state.records import JournalEntry, RouterEntry
 from sparkctl.state.replicated import Record
 from sparkctl.tls import tls_context
 
@@ -183,7 +183,7 @@ class ReplicatedRun:
 
     def settle(self, journal: list[JournalEntry], replicas: list[tuple[int, str]], *, died: bool) -> list[int]:
         """`settle.settle_replicated` against the router of ours that runs now (none: nothing to put back)."""
-        if router_launch.recorded_router(self.inventory, self.spec, self.rec.data.get("router")) is None:
+        if router_launch.recorded_router(self.inventory, self.spec, self.rec.router_entry()) is None:
             return settle_replicated(journal, replicas, died=died, serves=serves, out_of_router=None, attach=str,
                                      write=self.rec.journal)
         client = RouterClient(self.spec.url, metrics_url=self.spec.metrics_url)
@@ -199,7 +199,7 @@ def _replica_of(step: Step) -> int | None:
 # ---- what each replicated step does (`RUNNERS` below: run_step dispatches on the step's class) ---------------
 def run_settle_replicated(run: ReplicatedRun, step: SettleReplicated) -> str | None:
     if step.left is not None:
-        journal = [JournalEntry.model_validate(e) for e in run.rec.data.get("journal", [])]
+        journal = list(run.rec.doc.journal)
         cut = ", ".join(f"{e.step}" + (f" of replica {e.replica}" if e.replica is not None else "")
                         for e in open_steps(journal)) or "between steps"
         run.reporter.event(f"the last `sparkctl up` of this replicated deployment was interrupted ({step.left}) "
@@ -223,13 +223,14 @@ def run_router_start(run: ReplicatedRun, step: RouterStart) -> str | None:
     try:
         proc = router_launch.start_router(inv, spec, image=router_image(run.profile, inv, run.reps[0].result),
                                           log_path=log)
-        run.rec.data["router"] = {**proc.to_dict(), "url": spec.url, "metrics_url": spec.metrics_url}
+        run.rec.doc.router = RouterEntry.model_validate({**proc.to_dict(), "url": spec.url,
+                                                         "metrics_url": spec.metrics_url})
         run.rec.save()
     except BaseException:
         # Whatever failed or interrupted (Ctrl-C can land between the router's start and its record), no router of
         # this cluster outlives the step unrecorded: what runs is found by its log or label and stopped.
         router_launch.stop_router(inv, None, log=log, timeout_s=10)
-        run.rec.data.pop("router", None)
+        run.rec.doc.router = None
         raise
     run.router = proc
     return None
@@ -274,7 +275,7 @@ def run_router_gates(run: ReplicatedRun, step: RouterGates) -> str | None:
 
 
 def run_router_hand_off(run: ReplicatedRun, step: RouterHandOff) -> str | None:
-    run.rec.data.update(status="active", handed_off=now_iso())
+    run.rec.doc.status, run.rec.doc.handed_off = "active", now_iso()
     run.rec.save()
     return None
 

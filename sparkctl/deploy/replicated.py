@@ -74,7 +74,7 @@ from sparkctl.router.replicas import Replica, render_replicas, replica_cluster, 
 from sparkctl.router.spec import RouterSpec
 from sparkctl.state.controller import this_controller
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.records import CheckResult, JournalEntry
+from sparkctl.state.records import CheckResult, ReplicaEntry
 from sparkctl.state.replicated import RECORD, Record
 
 MAX_LOG_READ = 64 * 1024 * 1024     # one read of the router's log file (a follow reads on from there)
@@ -99,7 +99,7 @@ class ReplicatedDeployer:
                         self.reporter)
 
     def _router(self, rec: Record, spec: RouterSpec) -> router_launch.Router | None:
-        return router_launch.recorded_router(self.inventory, spec, rec.data.get("router"))
+        return router_launch.recorded_router(self.inventory, spec, rec.router_entry())
 
     # ---- plan (read-only) ------------------------------------------------------------------------------------
     def make_plan(self, profile: Profile, rec: Record) -> ReplicatedPlan:
@@ -149,11 +149,10 @@ class ReplicatedDeployer:
             return self._up(run)
         except KeyboardInterrupt:
             rec = Record.load(self.ledger.root)
-            if rec.data.get("status") == "updating":
+            if rec.doc.status == "updating":
                 run.rec = rec
-                run.settle([JournalEntry.model_validate(e) for e in rec.data.get("journal", [])],
-                           [(r.index, r.url) for r in reps], died=False)
-                rec.data["status"] = "failed"
+                run.settle(list(rec.doc.journal), [(r.index, r.url) for r in reps], died=False)
+                rec.doc.status = "failed"
                 rec.save()
             raise
 
@@ -163,16 +162,15 @@ class ReplicatedDeployer:
         with self.ledger.lock(COMMAND):
             rec = run.rec = Record.load(self.ledger.root)
             settle = SettleReplicated(what="settle what runs on the cluster's nodes", left=rec.dead_controller(),
-                                      replicas=tuple((r["index"], r["url"]) for r in rec.data.get("replicas", [])))
+                                      replicas=tuple((r.index, r.url) for r in rec.doc.replicas))
             if self._router(rec, spec) is None:     # none of ours runs: its ports must be free before anything boots
                 router_launch.check_ports(self.inventory, spec)
-            rec.data.update(profile=profile.name, profile_data=profile.model_dump(mode="json"),
-                            endpoint=router_endpoint(profile, self.inventory),
-                            replicas=[{"index": r.index, "url": r.url, "nodes": r.nodes,
-                                       "cluster": rec.recorded_name(r.index)
-                                       or replica_cluster(self.inventory.cluster.name, r.index)} for r in reps],
-                            status="updating", started=now_iso(),
-                            controller=this_controller(COMMAND, now_iso()).model_dump(mode="json"))
+            doc, endpoint = rec.doc, router_endpoint(profile, self.inventory)
+            doc.profile, doc.profile_data, doc.endpoint = profile.name, profile.model_dump(mode="json"), endpoint
+            doc.replicas = [ReplicaEntry(index=r.index, url=r.url, nodes=r.nodes,
+                                         cluster=rec.recorded_name(r.index)
+                                         or replica_cluster(self.inventory.cluster.name, r.index)) for r in reps]
+            doc.status, doc.started, doc.controller = "updating", now_iso(), this_controller(COMMAND, now_iso())
             rec.save()
             run_step(run, settle, COMMAND, RUNNERS)
         parent = Deployer(self.inventory, self.reporter)
@@ -189,11 +187,11 @@ class ReplicatedDeployer:
         started = planned.router is None and run.router is not None and not run.router.kept
         moved = bool(run.deployed) or started
         return ReplicatedUpResult(outcome="deployed" if moved else "unchanged", changed=moved,
-                                  endpoint=rec.data["endpoint"], replicas=len(reps), updated=sorted(run.deployed),
+                                  endpoint=endpoint, replicas=len(reps), updated=sorted(run.deployed),
                                   parallel=planned.parallel, profile=profile.name,
                                   cluster=self.inventory.cluster.name, emulated=self.inventory.emulated,
                                   elapsed_s=round(time.monotonic() - t0, 2),
-                                  next_commands=next_commands(rec.data["endpoint"]))
+                                  next_commands=next_commands(endpoint))
 
     def _apply(self, run: ReplicatedRun, planned: ReplicatedPlan) -> None:
         """Run exactly `planned.steps`, each through `run_step`. The replicas of a first `up` boot at once (their
@@ -227,7 +225,7 @@ class ReplicatedDeployer:
             for then in step.on_failure:     # planned: the router (if needed), then the replica, back if it serves
                 run_step(run, then, COMMAND, RUNNERS)
             serving = run.router is not None and run.client.find(rep.url) is not None
-            run.rec.data["status"] = "failed"
+            run.rec.doc.status = "failed"
             run.rec.save()
             changed = [m.replica.index for m in planned.moves if not m.unchanged]
             done = changed[:changed.index(rep.index)]
@@ -240,7 +238,7 @@ class ReplicatedDeployer:
     def _failed_together(self, run: ReplicatedRun, planned: ReplicatedPlan,
                          errors: list[tuple[int, BaseException]]) -> None:
         """A first `up`'s replicas have all finished and those that serve are in the router: the first error."""
-        run.rec.data["status"] = "failed"
+        run.rec.doc.status = "failed"
         run.rec.save()
         for _, err in errors:
             if not isinstance(err, SparkctlError) or isinstance(err, (LedgerError, LockHeldError)):
@@ -258,11 +256,11 @@ class ReplicatedDeployer:
     # ---- status / down ---------------------------------------------------------------------------------------
     def status(self) -> ReplicatedStatusResult:
         rec = Record.load(self.ledger.root)
-        r = rec.data.get("router") or {}
+        r = rec.router_entry()
         client = RouterClient(r["url"], metrics_url=r.get("metrics_url")) if r else None
         router: RouterStatus | None = None
         listed = {}
-        if client is not None:
+        if client is not None and r is not None:
             h = client.health()
             router = RouterStatus(url=r["url"], runtime=router_launch.recorded_runtime(r), live=h.live, ready=h.ready,
                                   healthy_workers=h.healthy_workers, total_workers=h.total_workers)
@@ -275,10 +273,10 @@ class ReplicatedDeployer:
                     pass
         healthy = bool(router and router.ready)
         views = []
-        for rep in rec.data.get("replicas", []):
-            st = Deployer(_named(self.inventory, rep["cluster"], rep["nodes"]), self.reporter).status()
-            w = listed.get(rep["url"])
-            views.append(ReplicaStatus(index=rep["index"], nodes=rep["nodes"], url=rep["url"], cluster=rep["cluster"],
+        for rep in rec.doc.replicas:
+            st = Deployer(_named(self.inventory, rep.cluster, rep.nodes), self.reporter).status()
+            w = listed.get(rep.url)
+            views.append(ReplicaStatus(index=rep.index, nodes=rep.nodes, url=rep.url, cluster=rep.cluster,
                                        healthy=bool(st.healthy), in_router=w is not None,
                                        router_healthy=bool(w and w.healthy), deployment=st.active, ranks=st.ranks,
                                        profile=st.profile if st.active else None))
@@ -289,8 +287,8 @@ class ReplicatedDeployer:
         watcher = watcher_of(self.ledger.root)
         return ReplicatedStatusResult(cluster=self.inventory.cluster.name, emulated=self.inventory.emulated,
                                       ok=healthy and not refusing(watcher), healthy=healthy,
-                                      profile=rec.data.get("profile"), endpoint=rec.data.get("endpoint"),
-                                      status=rec.data.get("status"), router=router, replicas=views,
+                                      profile=rec.doc.profile, endpoint=rec.doc.endpoint,
+                                      status=rec.doc.status, router=router, replicas=views,
                                       progress=progress, watcher=watcher)
 
     def follow_log(self, *, replica: int | None = None, rank: int = 0, router: bool = False, tail: int = 50,
@@ -301,18 +299,18 @@ class ReplicatedDeployer:
         `follow` each new piece of complete lines as it comes."""
         rec = Record.load(self.ledger.root)
         if router:
-            d = rec.data.get("router")
+            d = rec.router_entry()
             if not d:
                 raise SparkctlError(f"cluster {self.inventory.cluster.name}: the replicated deployment records no "
-                                    f"router (status {rec.data.get('status') or 'unknown'})",
+                                    f"router (status {rec.doc.status or 'unknown'})",
                                     hint="sparkctl up --profile NAME starts it again")
             yield from follow_reader(self._router_log(d), tail=tail, follow=follow, poll_s=poll_s)
             return
-        reps = rec.data.get("replicas", [])
+        reps = rec.doc.replicas
         index = 0 if replica is None else replica
-        entry = next((r for r in reps if r.get("index") == index), None)
+        entry = next((r for r in reps if r.index == index), None)
         if entry is None:
-            have = sorted(r.get("index") for r in reps if isinstance(r.get("index"), int))
+            have = sorted(r.index for r in reps)
             raise ConfigError(f"--replica {index}: the replicated deployment of cluster {self.inventory.cluster.name} "
                               f"has {'replicas ' + ', '.join(map(str, have)) if have else 'no replicas recorded'}",
                               hint=f"use one of them (e.g. --replica {have[0]})" if have
@@ -347,18 +345,18 @@ class ReplicatedDeployer:
         # The parent's lock for the whole of it: nothing (a watcher) sees the router gone while the record still
         # says active, and starts it again in the middle of a `down`.
         with self.ledger.lock("down"):
-            r = rec.data.get("router")
-            if router_launch.stop_router(self.inventory, r, log=self.ledger.root / "logs" / "router.log",
+            if router_launch.stop_router(self.inventory, rec.router_entry(),
+                                         log=self.ledger.root / "logs" / "router.log",
                                          timeout_s=10):    # recorded, or left unrecorded
                 stopped.append("router")
-                rec.data.pop("router", None)
+                rec.doc.router = None
                 rec.journal("stop-router", "ok", "router stopped")
-            for rep in rec.data.get("replicas", []):
-                res = Deployer(_named(self.inventory, rep["cluster"], rep["nodes"]), self.reporter).down()
+            for rep in rec.doc.replicas:
+                res = Deployer(_named(self.inventory, rep.cluster, rep.nodes), self.reporter).down()
                 if res.changed:
-                    stopped.append(f"replica {rep['index']}")
-            if rec.data:
-                rec.data["status"] = "down"
+                    stopped.append(f"replica {rep.index}")
+            if not rec.empty:
+                rec.doc.status = "down"
                 rec.save()
         return ReplicatedDownResult(changed=bool(stopped), stopped=stopped)
 
@@ -384,10 +382,10 @@ def _named(inv: Inventory, cluster: str, nodes: list[str]) -> Inventory:
     return inv.model_copy(update={"nodes": picked, "cluster": inv.cluster.model_copy(update={"name": cluster})})
 
 
-def replica_inventory(inventory: Inventory, entry: JSONObject) -> Inventory:
+def replica_inventory(inventory: Inventory, entry: ReplicaEntry) -> Inventory:
     """The sub-inventory of one ``replicas`` entry of the record (its cluster name, its nodes re-ranked); read-only,
     for readers of a replicated deployment (the bench reaches each replica's ledger and runtimes through it)."""
-    return _named(inventory, entry["cluster"], entry["nodes"])
+    return _named(inventory, entry.cluster, entry.nodes)
 
 
 def is_replicated(inventory: Inventory) -> bool:

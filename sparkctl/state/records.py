@@ -346,13 +346,36 @@ class ReplicaEntry(_Record):
     cluster: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}(\.r[0-9]{1,3})?$")
 
 
+class CompareMarker(_Record):
+    """``compare.json``: a `bench --compare` (or tune) in progress, what its restore brings back (`original`, the
+    deployment active when it began) and who runs it (deploy/compare.py writes and reads it; repair checks it)."""
+
+    original: RecordName | None = None
+    arm: RecordName | None = None
+    since: str
+    controller: Controller
+
+
 class RouterEntry(_Record):
     """Where the router serves; the rest (pid and start time, or a container) is its runtime's, kept as extra keys
     and checked by that runtime when it finds the router again (sparkctl.router.process.RouterProcess.from_dict)."""
 
     url: str = Field(pattern=r"^https?://[^\s/]+$")
     metrics_url: str | None = Field(None, pattern=r"^https?://[^\s/]+/metrics$")
-    kind: Literal["process", "container"] = "process"    # a record from before kinds were kept is a process
+    runtime: Literal["process", "container"] | None = None
+    kind: Literal["process", "container"] | None = None     # `runtime`'s name until 2026-12: read, not written
+
+    @property
+    def runs_as(self) -> str:
+        """How it runs (`router.launch.recorded_runtime` of the dict): a record from before either was kept is a
+        process."""
+        return self.runtime or self.kind or "process"
+
+    @model_serializer(mode="wrap")
+    def _names_written(self, handler: SerializerFunctionWrapHandler) -> JSONObject:
+        """Each of the two names only when the record has it (an old record saved again keeps its keys)."""
+        data: JSONObject = handler(self)
+        return {k: v for k, v in data.items() if k not in ("runtime", "kind") or v is not None}
 
 
 class ReplicatedRecord(_Record):

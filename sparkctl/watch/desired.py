@@ -54,9 +54,9 @@ def read_desired(c: Cluster) -> tuple[Desired, str]:
     tail = c.ledger.load(history[-1]) if history else None
     fp = json.dumps([active.id if active else None, tail.id if tail else None, tail.status if tail else None,
                      tail.stopped if tail else None,
-                     rep and [rep.get("profile"), rep.get("status"), rep.get("started")]], default=str)
+                     rep and [rep.profile, rep.status, rep.started]], default=str)
     if rep is not None:
-        return Desired("replicated", profile=rep.get("profile"), target=what), fp
+        return Desired("replicated", profile=rep.profile, target=what), fp
     if active is not None:
         return Desired("deployment", deployment=active.id, profile=active.profile, target=what), fp
     return Desired("down", target=what), fp

@@ -93,8 +93,8 @@ def _replicated_planned(doc: dict) -> tuple[list[str], dict[str, list[str]]]:
 def _replicated_ran(root: Path, since: int) -> list[tuple[str, str]]:
     """(what, outcome) of each step the replicated record's journal closed after entry `since`, settle left out."""
     from sparkctl.state.replicated import Record
-    journal = Record.load(root).data["journal"][since:]
-    return [(e["what"], e["phase"]) for e in journal if e["phase"] != "intent" and e["step"] != "settle"]
+    journal = Record.load(root).doc.journal[since:]
+    return [(e.what, e.phase) for e in journal if e.phase != "intent" and e.step != "settle"]
 
 
 def test_replicated_up_runs_what_its_dry_run_printed(cli, tmp_path, monkeypatch, state_dir, profiles_dir):
@@ -118,7 +118,7 @@ def test_replicated_up_runs_what_its_dry_run_printed(cli, tmp_path, monkeypatch,
         # a first up (every replica at once), unchanged, a rolling update, a rolling update a replica stops
         for profile, expect in (("rep", 0), ("rep", 0), ("rep2", 0), ("rep-bad", 4)):
             steps, on_failure = _replicated_planned(_dry(cli, "up", "--profile", profile))
-            since = len(Record.load(root).data.get("journal", []))
+            since = len(Record.load(root).doc.journal)
             code, out, err = cli("up", "--profile", profile, "--yes", "--json")
             assert code == expect, err[-3000:]
             ran = _replicated_ran(root, since)

@@ -47,8 +47,8 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
         first = d.up(p1)
         assert first.outcome == "deployed" and first.updated == [0, 1]
         assert first.parallel          # a first up: nothing in the router, both replicas booted at once
-        boots = [(e["step"], e["phase"], e["replica"]) for e in Record.load(d.ledger.root).data["journal"]
-                 if e["step"] == "replica-up"]
+        boots = [(e.step, e.phase, e.replica) for e in Record.load(d.ledger.root).doc.journal
+                 if e.step == "replica-up"]
         assert boots[:2] == [("replica-up", "intent", 0), ("replica-up", "intent", 1)] or \
             boots[:2] == [("replica-up", "intent", 1), ("replica-up", "intent", 0)], boots
         endpoint = first.endpoint
@@ -72,7 +72,7 @@ def test_replicated_up_rolling_update_down(tmp_path, monkeypatch, state_dir):
         assert load.done >= 200 and load.during > 0, (load.done, load.during)       # the update ran under load
         assert rolled.outcome == "deployed" and rolled.updated == [0, 1]
         assert rolled.parallel is rolling.parallel
-        journal = Record.load(d.ledger.root).data["journal"]
+        journal = Record.load(d.ledger.root).doc.model_dump(mode="json")["journal"]
         ok = [(e["step"], e["replica"]) for e in journal if e["phase"] == "ok"]
         tail = ok[ok.index(("settle", None), len(ok) - 1 - ok[::-1].index(("settle", None))):]
         assert tail == [("settle", None), ("replica-detach", 0), ("replica-up", 0), ("replica-attach", 0),

@@ -75,7 +75,7 @@ SETTLED = {("replica-detach", "after"): [0], ("replica-up", "after"): [0], ("rep
 def _settled_by_last_up(d) -> list[int]:
     """The replicas the last `up`'s settle step put back into the router (from its journal)."""
     from sparkctl.state.replicated import Record
-    journal = Record.load(d.ledger.root).data["journal"]
+    journal = Record.load(d.ledger.root).doc.model_dump(mode="json")["journal"]
     start = max(i for i, e in enumerate(journal) if e["step"] == "settle" and e["phase"] == "intent")
     end = next(i for i in range(start, len(journal)) if journal[i]["step"] == "settle"
                and journal[i]["phase"] != "intent")
@@ -125,7 +125,7 @@ def test_sigkill_at_every_boundary_of_a_first_up(cluster, command, step, when):
     _assert_status_truthful(d.status(), code, step, when)
     if (step, when) == ("replica-up", "after"):         # killed as the first replica finished: both had started
         from sparkctl.state.replicated import Record
-        started = {e["replica"] for e in Record.load(d.ledger.root).data["journal"][-6:]
+        started = {e["replica"] for e in Record.load(d.ledger.root).doc.model_dump(mode="json")["journal"][-6:]
                    if e["step"] == "replica-up" and e["phase"] == "intent"}
         assert started == {0, 1}, started
     res = d.up(load_profile(str(profiles[0])))         # converges from whatever the kill left

@@ -69,7 +69,7 @@ def test_a_signal_during_a_first_replicated_up_stops_every_replica_at_once(slow_
     from sparkctl.state.ledger import Ledger
     from sparkctl.state.replicated import Record
     rec = Record.load(Ledger.for_cluster(load_inventory(inv).cluster.name).root)
-    assert rec.data.get("status") != "updating", rec.data.get("status")
+    assert rec.doc.status != "updating", rec.doc.status
 
 
 def test_status_of_a_replicated_up_in_progress_then_interrupted(slow_cluster, monkeypatch, cli):

@@ -74,13 +74,14 @@ def test_an_interrupt_at_every_line_of_the_router_start_leaves_no_router(tmp_pat
         missed = []
         for at in points:
             rec = Record.load(d.ledger.root)         # the router alone goes: the replicas stay up and unchanged
-            stop_router(inv, rec.data.pop("router", None), log=log)
+            stop_router(inv, rec.router_entry(), log=log)
+            rec.doc.router = None
             rec.save()
             trap = _trap(at)
             with pytest.raises(Interrupted), trap.armed():
                 d.up(profile)
             running = [pid for pid, _ in logged_routers(log)]
-            named = (Record.load(d.ledger.root).data.get("router") or {}).get("pid")
+            named = (Record.load(d.ledger.root).router_entry() or {}).get("pid")
             if running != ([named] if named else []):       # one router at most, and it is the one recorded
                 missed.append((trap.where, running, named))
         assert not missed, f"interrupted at these lines, what runs is not what is recorded: {missed}"

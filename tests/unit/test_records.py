@@ -236,7 +236,8 @@ def test_a_replicated_record_written_before_one_journal_model_still_loads(tmp_pa
     (root / "replicated.json").chmod(0o600)
     stored = json.loads(old.read_text())
     rec = Record.load(root)
-    model = ReplicatedRecord.model_validate(rec.data)
+    model = rec.doc
+    assert type(model) is ReplicatedRecord
     assert all(type(e) is JournalEntry for e in model.journal) and len(model.journal) == len(stored["journal"])
     assert [(e.step, e.phase, e.replica, e.detail) for e in model.journal] == [
         (e["step"], e["phase"], e["replica"], e["detail"]) for e in stored["journal"]]

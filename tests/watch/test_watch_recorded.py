@@ -69,9 +69,9 @@ def test_a_replicated_record_from_before_the_profile_was_kept_refuses_never_read
     root.mkdir(mode=0o700)
     shutil.copy(old, root / "replicated.json")
     (root / "replicated.json").chmod(0o600)
-    data = Record.load(root).data
+    data = Record.load(root).doc
     with pytest.raises(RestartRefusedError) as err:
         door.recorded_replicated_profile(data, str(root / "replicated.json"))
     assert "keeps no profile as deployed" in err.value.message
     assert err.value.hint is not None
-    assert f"sparkctl up --profile {data['profile']}" in err.value.hint
+    assert f"sparkctl up --profile {data.profile}" in err.value.hint

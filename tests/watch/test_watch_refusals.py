@@ -111,13 +111,13 @@ def _deploy(shape: str, cli, inv: Path, profiles_dir: Path, monkeypatch) -> Depl
         assert {p.what for p in rec.needed} >= {"models mount", "model", "drafter", "--chat-template"}, rec.needed
         return Deployed(shape, main.root, [main], [Cluster(load_inventory(inv))], pid_of(rec, 1), [],
                         "SPARKCTL_API_KEY")
-    data = Record.load(main.root).data
-    replicas = [Ledger.for_cluster(r["cluster"]) for r in data["replicas"]]
+    data = Record.load(main.root).doc
+    replicas = [Ledger.for_cluster(r.cluster) for r in data.replicas]
     recs = [active(lg) for lg in replicas]
     assert all(r.needed and r.secrets and set(r.secrets.prints) == {"HF_TOKEN"} for r in recs)
-    subs = [Cluster(replica_inventory(load_inventory(inv), r)) for r in data["replicas"]]
+    subs = [Cluster(replica_inventory(load_inventory(inv), r)) for r in data.replicas]
     return Deployed(shape, main.root, [main, *replicas], subs, pid_of(recs[0], 0),
-                    [pid_of(recs[1], 0), data["router"]["pid"]], "HF_TOKEN")
+                    [pid_of(recs[1], 0), (Record.load(main.root).router_entry() or {})["pid"]], "HF_TOKEN")
 
 
 def _make_unresolvable(what: str, dep: Deployed, models: Path, monkeypatch) -> None:
@@ -232,9 +232,9 @@ def _stop(dep: Deployed | None, cli, inv: Path) -> None:
     if dep is None or dep.shape == "single":
         return                                   # local_cluster's teardown stops the cluster's engines
     from testrig.embedded import stop_cluster_engines
-    data = Record.load(dep.root).data
+    data = Record.load(dep.root).doc
     cli("down", "--yes")
-    for entry in data.get("replicas") or []:
+    for entry in data.replicas:
         stop_cluster_engines(replica_inventory(load_inventory(inv), entry))
 
 

@@ -70,11 +70,11 @@ def test_a_replica_killed_and_the_router_killed_are_brought_back(cli, local_clus
     assert code == 0, err
     endpoint = json.loads(out)["endpoint"]
     root = ledger_of(local_cluster).root
-    rec = Record.load(root).data
+    rec = Record.load(root).doc
     try:
         run = watcher()
         assert "desired state replicated:rep" in run.stderr
-        replica0 = Ledger.for_cluster(rec["replicas"][0]["cluster"])
+        replica0 = Ledger.for_cluster(rec.replicas[0].cluster)
         old = active(replica0)
         with _ClientLoop(endpoint) as client:      # a client the whole time: the router serves from replica 1
             os.kill(pid_of(old, 0), signal.SIGKILL)
@@ -87,7 +87,7 @@ def test_a_replica_killed_and_the_router_killed_are_brought_back(cli, local_clus
         code, st = _status(cli)
         assert code == 0 and st["healthy"] and st["router"]["healthy_workers"] == 2, st
         assert active(replica0).id != old.id and st["watcher"]["restarts"] == 1
-        os.kill(Record.load(root).data["router"]["pid"], signal.SIGKILL)
+        os.kill(Record.load(root).doc.model_dump(mode="json")["router"]["pid"], signal.SIGKILL)
         run.wait_for(r"detected: replicated:rep is not serving \(router\)", after=r"restarted replicated:rep")
         wait_until(lambda: run.stderr.count("restarted replicated:rep as ") == 2, "the router started again", 120)
         code, st = _status(cli)
@@ -98,13 +98,13 @@ def test_a_replica_killed_and_the_router_killed_are_brought_back(cli, local_clus
         run.wait_for(r"followed a command: desired state replicated:rep -> down")
         polls_after(root, 5)
         assert run.stderr.count("restarting replicated:rep") == 2, run.stderr
-        assert Record.load(root).data.get("router") is None
+        assert Record.load(root).doc.model_dump(mode="json").get("router") is None
     finally:
         code, _, err = cli("down", "--yes")
         assert code == 0, err
         from sparkctl.config.inventory import load_inventory
         from sparkctl.deploy.replicated import replica_inventory
-        for entry in rec["replicas"]:
+        for entry in rec.replicas:
             stop_cluster_engines(replica_inventory(load_inventory(local_cluster), entry))
 
 
@@ -116,10 +116,10 @@ def test_a_replica_restart_is_the_recorded_profile_never_the_file_edited_since(c
     code, out, err = cli("up", "--profile", "rep", "--yes", "--json")
     assert code == 0, err
     root = ledger_of(local_cluster).root
-    rec = Record.load(root).data
-    assert rec["profile_data"]["server"]["max_running_requests"] == 16
+    rec = Record.load(root).doc
+    assert (rec.profile_data or {})["server"]["max_running_requests"] == 16
     try:
-        ledgers = [Ledger.for_cluster(r["cluster"]) for r in rec["replicas"]]
+        ledgers = [Ledger.for_cluster(r.cluster) for r in rec.replicas]
         before = [active(lg) for lg in ledgers]
         write_replicated_profile(profiles_dir / "rep.yml", 32)          # saved, never deployed
         run = watcher()
@@ -129,7 +129,7 @@ def test_a_replica_restart_is_the_recorded_profile_never_the_file_edited_since(c
         assert after[1].id == before[1].id, "the healthy replica was left alone"
         assert "replica 1: out of the router" not in run.stderr
         assert after[0].id != before[0].id and after[0].profile_data == before[0].profile_data
-        assert Record.load(root).data["profile_data"]["server"]["max_running_requests"] == 16
+        assert Record.load(root).doc.model_dump(mode="json")["profile_data"]["server"]["max_running_requests"] == 16
         code, st = _status(cli)
         assert code == 0 and st["healthy"], st
     finally:
@@ -137,5 +137,5 @@ def test_a_replica_restart_is_the_recorded_profile_never_the_file_edited_since(c
         assert code == 0, err
         from sparkctl.config.inventory import load_inventory
         from sparkctl.deploy.replicated import replica_inventory
-        for entry in rec["replicas"]:
+        for entry in rec.replicas:
             stop_cluster_engines(replica_inventory(load_inventory(local_cluster), entry))
