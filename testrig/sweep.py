@@ -39,6 +39,24 @@ TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5:
               7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING"}
 
 
+def process_tree(pids: list[int]) -> list[tuple[int, int]]:
+    """(pid, start time) of every process of the trees under `pids` now (each pid and its descendants, walked
+    through /proc/PID/task/*/children): listed before a stop, so that what outlives it is found without the
+    tracking under test."""
+    out = []
+    for top in pids:
+        for pid in [top, *procfs.descendants(top)]:
+            ticks = procfs.start_ticks(pid)
+            if ticks is not None:
+                out.append((pid, ticks))
+    return out
+
+
+def still_running(tree: list[tuple[int, int]]) -> list[str]:
+    """"PID title" of each process of `tree` that still runs (the same pid and start time)."""
+    return [f"{pid} {procfs.title(pid)}" for pid, ticks in tree if procfs.running(pid, ticks)]
+
+
 def port_holders(address: str, port: int) -> list[str]:
     """Every TCP socket of this network namespace bound to `port` on `address` (or on every address), as
     "STATE local -> remote inode N: pid P title" (no pid: the kernel holds it, no process does); the sockets and

@@ -7,8 +7,8 @@ Points (from the real ranks' own log lines, tests/fixtures/real-engine/0.5.23/tp
   other ranks that didn't finish loading") is tests/realengine/test_slow_rank_real.py, through `up` (rank 0 reads a
   model cut short and dies loading; rank 1 waits in the barrier; `up`'s stop leaves no process and no port): one
   real boot fewer than a point of its own here;
-* after ready: rank 0's ``The server is fired up and ready to roll!``; stopped with no grace at all (the SIGKILL
-  escalation straight away).
+* after ready, stopped with no grace at all (the SIGKILL escalation straight away): the end of
+  tests/realengine/test_slow_rank_real.py, on the deployment its last `up` made (one real boot fewer).
 The graceful stop after ready is `down` in test_lifecycle_real.py (`test_down_leaves_no_process...`).
 
 The check does not use the tracking under test: every process of both ranks' trees is listed (a walk of
@@ -25,17 +25,16 @@ import pytest
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
-from sparkctl.nodes import procfs
 from sparkctl.nodes.handles import ProcessHandle
 from sparkctl.nodes.process import ProcessRuntime, local_port_free
 from sparkctl.sglang.render import render
 from testrig.embedded import write_real_engine_inventory
-from testrig.sweep import port_holders
+from testrig.sweep import port_holders, process_tree, still_running
 from testrig.testenv import need_real_engine
 
 pytestmark = pytest.mark.real_engine
 
-POINTS = ("before-tcp-store", "after-ready-sigkill")
+POINTS = ("before-tcp-store",)
 
 
 @pytest.fixture
@@ -68,36 +67,20 @@ def _wait_log(handle: ProcessHandle, text: str, timeout_s: float = 240) -> None:
 
 
 def _tree(handles: list[ProcessHandle]) -> list[tuple[int, int]]:
-    out = []
-    for h in handles:
-        for pid in [h.pid, *procfs.descendants(h.pid)]:
-            ticks = procfs.start_ticks(pid)
-            if ticks is not None:
-                out.append((pid, ticks))
-    return out
-
-
-def _alive(tree: list[tuple[int, int]]) -> list[str]:
-    return [f"{pid} {procfs.title(pid)}" for pid, ticks in tree if procfs.running(pid, ticks)]
+    return process_tree([h.pid for h in handles])
 
 
 @pytest.mark.parametrize("point", POINTS)
 def test_no_process_of_the_real_engine_outlives_its_stop(pair, point):
     rts, ports = pair()
     (rt1, r1), (rt0, r0) = rts
-    if point == "before-tcp-store":
-        _wait_log(r1, "server_args=")
-        assert "Init parallel begin" not in Path(r1.log).read_text(errors="replace")
-        tree = _tree([r1, r0])
-        rt0.stop(r0)
-        rt1.stop(r1)
-    else:
-        _wait_log(r0, "The server is fired up and ready to roll")
-        tree = _tree([r1, r0])
-        assert any("scheduler" in procfs.title(p) for p, _ in tree), _alive(tree)
-        rt0.stop(r0, timeout_s=0)       # no grace: SIGKILL at once (how long it takes is no test's business here:
-        rt1.stop(r1, timeout_s=0)       # on a loaded machine the kernel takes its time to tear a rank down)
-    left = _alive(tree)
+    assert point == "before-tcp-store"
+    _wait_log(r1, "server_args=")
+    assert "Init parallel begin" not in Path(r1.log).read_text(errors="replace")
+    tree = _tree([r1, r0])
+    rt0.stop(r0)
+    rt1.stop(r1)
+    left = still_running(tree)
     assert not left, f"{point}: left {left}"
     busy = [f"{a}:{p} ({'; '.join(port_holders(a, p))})" for a, p in ports if not local_port_free(a, p)]
     assert not busy, f"{point}: ports still held: {busy}"

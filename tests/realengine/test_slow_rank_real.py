@@ -7,8 +7,10 @@ failed copy or a full disk leaves it), so rank 0 fails while loading and rank 1,
 line. `up` fails naming the doctor's signature and its fix (found in the *other* rank's log), and leaves no process
 of either rank and no port held (the failed boot's stop: rank 0 died inside the load barrier, rank 1 waits in it; the
 processes are found by the test's own path in their environment, not by sparkctl's tracking), `sparkctl doctor`
-knows the line, and once the node is mended the next `up` deploys. (This is also tests/realengine/
-test_engine_tree_real.py's "rank 0 dies in the load barrier" point, through `up`'s own stop.)
+knows the line, and once the node is mended the next `up` deploys; that deployment is then stopped with no grace at
+all (each rank's SIGKILL escalation at once: tests/realengine/test_engine_tree_real.py's "after ready" point, here on
+a deployment `up` made) and nothing of either rank's tree, listed before the stop, outlives it. (The failed `up` is
+also tests/realengine/test_engine_tree_real.py's "rank 0 dies in the load barrier" point, through `up`'s own stop.)
 """
 from __future__ import annotations
 
@@ -22,10 +24,13 @@ import yaml
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
+from sparkctl.deploy.cluster import Cluster
+from sparkctl.nodes import procfs
+from sparkctl.nodes.handles import ProcessHandle
 from sparkctl.nodes.process import local_port_free
 from sparkctl.sglang.render import render
 from testrig.embedded import stop_recorded_engines, write_real_engine_inventory
-from testrig.sweep import port_holders, processes_holding
+from testrig.sweep import port_holders, process_tree, processes_holding, still_running
 from testrig.testenv import need_real_engine
 
 pytestmark = pytest.mark.real_engine
@@ -85,5 +90,19 @@ def test_a_rank_sglang_calls_slow_is_named_with_its_fix_and_the_next_up_works(cl
     code, out, err = cli("up", "--profile", "cpu-tiny", "--yes", "--json")
     assert code == 0, err[-4000:]
     assert json.loads(out)["outcome"] == "deployed"
-    code, out, err = cli("down", "--yes")
-    assert code == 0, out + err
+
+    # stopped with no grace after ready: every process of both ranks' trees (listed first) is gone, ports free
+    c = Cluster(load_inventory(inv))
+    rec = c.ledger.active()
+    assert rec is not None
+    rts = c.runtimes(rec.id)
+    handles = sorted((h for h in rec.handles if isinstance(h, ProcessHandle)), key=lambda h: -h.rank)
+    assert len(handles) == 2, rec.handles
+    tree = process_tree([h.pid for h in handles])
+    assert any("scheduler" in procfs.title(p) for p, _ in tree), still_running(tree)
+    for h in handles:
+        rts.for_node(h.node).stop(h, timeout_s=0)     # SIGKILL at once (how long the kernel takes is its own)
+    assert still_running(tree) == []
+    busy = [f"{a}:{p} ({'; '.join(port_holders(a, p))})" for s in specs for a, p, _ in s.listen_ports()
+            if not local_port_free(a, p)]
+    assert not busy, busy

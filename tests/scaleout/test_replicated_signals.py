@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -63,7 +64,12 @@ def test_a_signal_during_a_first_replicated_up_stops_every_replica_at_once(slow_
         code = run.wait(timeout=60)
         took = time.monotonic() - t0
     assert code == 128 + sig, run.stderr[-3000:]
-    assert took < 12, f"the signal was acted on after {took:.1f}s:\n{run.stderr[-3000:]}"
+    # acted on at once, not after the boots it cut: no rank reached ready (the emulated boot is 20 s, however
+    # loaded the machine; a wall-clock bound here failed at 15.5 s with the suite and a real engine beside it)
+    logs = [p for p in Path(env["SPARKCTL_STATE_DIR"]).rglob("rank*.log")]
+    assert len(logs) >= 2, logs                                    # both replicas' rank 0 had started
+    ready = [p for p in logs if "fired up and ready to roll" in p.read_text(errors="replace")]
+    assert ready == [], f"a rank booted to ready after the signal ({took:.1f}s): {ready}\n{run.stderr[-3000:]}"
     assert _engines(env, inv) == [], "engines left running"
     from sparkctl.config.inventory import load_inventory
     from sparkctl.state.ledger import Ledger
