@@ -95,9 +95,11 @@ class ImageSurvey:
             build, build_noop = f"no-op (prebuilt image {self.image} named by {self.source}: nothing to build)", True
             ids = {n: v.get(self.image or "") for n, v in self.present.items()}
             lacking = [n for n, i in ids.items() if not i]
-            dist = (f"copy {self.image} whole to {', '.join(lacking)} from a node that has it" if lacking else
+            differ = len({i for i in ids.values() if i}) > 1
+            dist = (f"refuse: {self.image} differs between nodes (one engine on every rank)" if differ else
+                    f"copy {self.image} whole to {', '.join(lacking)} from a node that has it" if lacking else
                     f"no-op ({self.image} on {', '.join(nodes)})")
-            dist_noop = not lacking
+            dist_noop = not lacking and not differ
         else:
             p = self.plan
             builder = nodes[0]

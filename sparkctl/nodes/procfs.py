@@ -83,6 +83,22 @@ def _children(pid: int) -> list[int] | None:
     return out
 
 
+def children(pid: int) -> list[int]:
+    """The direct children of `pid` now (from its threads' children lists, else one scan of /proc)."""
+    kids = _children(pid)
+    if kids is not None:
+        return kids
+    out = []
+    for p in pids():
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+            out.append(p)
+    return out
+
+
 def descendants(pid: int) -> list[int]:
     """The processes below `pid` (children, their children...): from each process's children list (liveness calls
     this on every poll of a boot, so not a scan of all of /proc), else from one scan of /proc (parent: field 4)."""

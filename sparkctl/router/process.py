@@ -67,12 +67,24 @@ class RouterProcess:
         private_dir(log_path.parent)
         fd = open_state_file(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         env = helper_env(extra={"NO_COLOR": "1"})     # no proxy (it talks to local workers), no secret
+        ours = set(procfs.children(os.getpid()))
         try:
-            popen = subprocess.Popen(spec.process_argv(python or router_python()), stdin=subprocess.DEVNULL,
-                                     stdout=fd, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        finally:
-            os.close(fd)
-        proc = cls(spec, popen.pid, log_path, procfs.start_ticks(popen.pid), popen)
+            try:
+                popen = subprocess.Popen(spec.process_argv(python or router_python()), stdin=subprocess.DEVNULL,
+                                         stdout=fd, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+            finally:
+                os.close(fd)
+            proc = cls(spec, popen.pid, log_path, procfs.start_ticks(popen.pid), popen)
+        except BaseException:
+            # Interrupted between the fork and knowing the child (inside Popen, or before `proc`): the child may not
+            # have exec'd yet (its command line is still ours, so no scan for routers finds it) and would run
+            # unrecorded. It is the one new child of this process: killed and reaped here, before anything else.
+            for pid in set(procfs.children(os.getpid())) - ours:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+            raise
         try:
             proc.wait_live(ready_timeout_s)
         except BaseException:       # not live, or interrupted while waiting: nothing of it outlives the start
