@@ -133,10 +133,10 @@ class ImageSurvey:
                 (IMAGE_DISTRIBUTE, f"image-distribute: {dist}", dist_noop),
                 (IMAGE_VERIFY, f"image-verify: {shown} on {', '.join(nodes)} with one ID each, before boot", False)]
 
-    def stale(self, inventory: Inventory) -> str | None:
+    def stale(self, conn: SSHConnector) -> str | None:
         """Why the nodes no longer hold what this survey saw on the building node (its base moved, a tag it saw
         missing or present changed), or None: apply runs a plan only on the state it was made from, as Terraform
-        refuses a stale plan, rather than deciding again (pipeline mode; the building node, one round trip)."""
+        refuses a stale plan, rather than deciding again (pipeline mode; `conn`: the building node's)."""
         if self.mode != "pipeline":
             return None
         if self.error:
@@ -145,7 +145,6 @@ class ImageSurvey:
         if p is None:
             return None                     # planned: pull the base, then build on what the pull gives
         from sparkctl.images.plan import inspect_base
-        conn = _conns(inventory)[p.builder]
         if self.pinned_base is None:        # a rollback plans on its recorded base, whatever the tag names now
             base = inspect_base(conn, p.base.ref)
             if base is None or base.pinned != p.base.pinned:
@@ -232,7 +231,8 @@ class ImageStage:
             return       # its no-op reason is the step's own line (the plan's decision, said once)
         from sparkctl.images import pipeline
         from sparkctl.images.build import build_images
-        stale = self.survey.stale(self.inventory)
+        conn = _conns(self.inventory)[self.inventory.rank0.name]     # the building node (image_stage.survey)
+        stale = self.survey.stale(conn)
         if stale is not None:
             raise ImageError(f"the image plan is stale: {stale}", where=IMAGE_BUILD,
                              hint="run the command again: it plans from what the nodes hold now")
@@ -242,8 +242,7 @@ class ImageStage:
                 self.plan, steps = pipeline.build(self.profile, self.inventory, log_dir=self.log_dir,
                                                   report=self._say, base=self.survey.pinned_base)
             else:
-                steps = build_images(self.plan, _conns(self.inventory)[self.plan.builder], log_dir=self.log_dir,
-                                     report=self._say)
+                steps = build_images(self.plan, conn, log_dir=self.log_dir, report=self._say)
         finally:
             for path in self.log_dir.glob("*.log"):     # state files are private, build logs included
                 path.chmod(0o600)

@@ -86,17 +86,7 @@ def _children(pid: int) -> list[int] | None:
 def children(pid: int) -> list[int]:
     """The direct children of `pid` now (from its threads' children lists, else one scan of /proc)."""
     kids = _children(pid)
-    if kids is not None:
-        return kids
-    out = []
-    for p in pids():
-        try:
-            stat = Path(f"/proc/{p}/stat").read_text()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
-            out.append(p)
-    return out
+    return kids if kids is not None else _parents().get(pid, [])
 
 
 def descendants(pid: int) -> list[int]:
@@ -115,7 +105,8 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def _descendants_by_scan(pid: int) -> list[int]:
+def _parents() -> dict[int, list[int]]:
+    """parent pid -> its children, from one scan of /proc (stat field 4)."""
     parents: dict[int, list[int]] = {}
     for p in pids():
         try:
@@ -123,6 +114,11 @@ def _descendants_by_scan(pid: int) -> list[int]:
         except OSError:
             continue
         parents.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(p)
+    return parents
+
+
+def _descendants_by_scan(pid: int) -> list[int]:
+    parents = _parents()
     out, todo = [], [pid]
     while todo:
         for child in parents.get(todo.pop(), []):
