@@ -110,7 +110,7 @@ def damaged_files(ledger: Ledger) -> list[tuple[Path, str]]:
     from sparkctl.state.cards import SCHEMA as CARDS_SCHEMA
     from sparkctl.state.cards import card_entry, read_card
     from sparkctl.state.ledger import read_json
-    from sparkctl.state.tunejournal import MARKER, read_marker, validate_journal
+    from sparkctl.state.tunejournal import MARKER, parse_journal, read_marker
 
     out: list[tuple[Path, str]] = []
     runs = ledger.root / "runs"
@@ -121,7 +121,7 @@ def damaged_files(ledger: Ledger) -> list[tuple[Path, str]]:
             out.append((path, exc.message))
     for path in sorted(runs.glob("*/tune.json")) if runs.is_dir() else []:
         try:
-            validate_journal(read_json(path), path, path.parent.name)
+            parse_journal(read_json(path), path, path.parent.name)
         except SparkctlError as exc:
             out.append((path, exc.message))
     marker = ledger.root / MARKER

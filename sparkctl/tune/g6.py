@@ -20,12 +20,13 @@ Verdicts per trial (``trial["g6"]``):
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sparkctl.bench import losslessness
-from sparkctl.bench.prompts import g6_prompts
+from sparkctl.bench.prompts import Prompt, g6_prompts
 from sparkctl.errors import SparkctlError
 from sparkctl.jsontypes import JSONObject
+from sparkctl.state.tunejournal import G6Sample
 
 if TYPE_CHECKING:
     from sparkctl.deploy.commands import Deployer
@@ -36,7 +37,7 @@ MAX_TOKENS = 48    # tokens per prompt: enough to cover a divergence early in th
 __all__ = ["PROMPTS", "MAX_TOKENS", "capture", "judge_reference", "judge"]
 
 
-def _prompts() -> list[Any]:
+def _prompts() -> list[Prompt]:
     return list(g6_prompts()[:PROMPTS])
 
 
@@ -66,7 +67,7 @@ def _base(verdicts: list[losslessness.PromptVerdict], reference: str) -> JSONObj
             "void": s["void"], "verdicts": [v.as_dict() for v in verdicts]}
 
 
-def judge_reference(outputs: list[JSONObject]) -> JSONObject:
+def judge_reference(outputs: list[JSONObject]) -> G6Sample:
     """The baseline's own sample: ``reference`` when every prompt produced output, else ``void``."""
     caps = _caps(outputs)
     bad = [(p.id, c) for p, c in zip(_prompts(), caps) if c.error or c.empty]
@@ -78,20 +79,20 @@ def judge_reference(outputs: list[JSONObject]) -> JSONObject:
                                           "no reference for the candidates")
     else:
         out.update(verdict="reference", detail=f"{len(caps)} greedy outputs recorded as the reference")
-    return out
+    return G6Sample.model_validate(out)
 
 
-def judge(reference: list[JSONObject], outputs: list[JSONObject]) -> JSONObject:
+def judge(reference: list[JSONObject], outputs: list[JSONObject]) -> G6Sample:
     """A candidate's sample against the baseline's: verdict ``identical`` only when every prompt is identical."""
     verdicts = [losslessness.compare(p.id, c, r) for p, c, r in zip(_prompts(), _caps(outputs), _caps(reference))]
     out = _base(verdicts, "baseline trial 0")
     if out["n"] and out["identical"] == out["n"]:
         out.update(verdict="identical", detail=f"{out['n']}/{out['n']} identical to the baseline's greedy output")
-        return out
+        return G6Sample.model_validate(out)
     first = next(v for v in verdicts if v.status != "identical") if verdicts else None
     out["verdict"] = "diverged" if out["diverged"] else "void"
     out["detail"] = (f"{out['identical']}/{out['n']} identical to the baseline; " +
                      (f"prompt {first.prompt_id}: {first.status}"
                       + (f" at token {first.index}" if first.index is not None else "")
                       + (f" ({first.detail})" if first.detail else "") if first else "no prompt compared"))
-    return out
+    return G6Sample.model_validate(out)

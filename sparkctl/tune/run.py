@@ -27,18 +27,31 @@ Order (each step journaled in ``runs/<tune id>/tune.json`` before the next begin
 """
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal
 
 from sparkctl.deploy.steps import CONFIRM, TRIAL, TUNE_BEGIN, TUNE_RESTORE
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.runs import AcceptanceResult, ConcurrencyResult, DecodeResult, RunRecord, TTFTResult
-from sparkctl.state.tunejournal import TuneJournal, TuneJournalFile, TuneOptions, clear_marker, write_marker
+from sparkctl.state.tunejournal import (
+    Confirmation,
+    Estimate,
+    G6Sample,
+    ObjectiveSummary,
+    RestoreReport,
+    TuneJournal,
+    TuneJournalFile,
+    TuneOptions,
+    TuneTiming,
+    TuneTrial,
+    Winner,
+    clear_marker,
+    write_marker,
+)
 from sparkctl.tune import g6
 from sparkctl.tune import space as sp
 from sparkctl.tune.settle import restore, resume_target, settle
@@ -97,13 +110,6 @@ def _accept_len(card: RunRecord) -> float | None:
     return ((generate.accept_len if generate else None) or {}).get("median")
 
 
-def _summary(samples: list[float]) -> JSONObject | None:
-    if not samples:
-        return None
-    return {"n": len(samples), "median": statistics.median(samples), "min": min(samples), "max": max(samples),
-            "samples": samples}
-
-
 def classify_failure(exc: BaseException) -> str:
     """Why a candidate is infeasible, in one word or phrase, from the lifecycle's error."""
     text = (exc.render() if isinstance(exc, SparkctlError) else str(exc)).lower()
@@ -118,12 +124,6 @@ def classify_failure(exc: BaseException) -> str:
     if "bench" in text or "measurement" in text:
         return "bench failed"
     return "no boot"
-
-
-def _trial_entry(i: int, changes: JSONObject, baseline: bool) -> JSONObject:
-    return {"index": i, "changes": changes, "baseline": baseline, "status": "pending", "reason": None,
-            "deployment": None, "card": None, "objective": None, "elapsed_s": None, "accept_len": None,
-            "capacity": None, "g6": None}
 
 
 def new_journal(deployer: Deployer, opts: TuneOptions) -> TuneJournalFile:
@@ -149,13 +149,12 @@ def new_journal(deployer: Deployer, opts: TuneOptions) -> TuneJournalFile:
     for k, c in enumerate(cands, 1):
         sp.candidate_profile(base, c, f"{base.name}-t{k}")     # fails now, before anything is deployed
     sp.refuse_inert_keys(base, space, deployer.inventory)
-    run_id = Ledger.new_id(f"tune-{base.name}")
-    trials = [_trial_entry(0, {}, True)] + [_trial_entry(k, c, False) for k, c in enumerate(cands, 1)]
-    data = {"schema": SCHEMA, "run_id": run_id, "state": "running", "created": now_iso(), "profile": base.name,
-            "profile_data": base.model_dump(mode="json"), "space": [[k, v] for k, v in space],
-            "baseline_values": base_vals, "options": opts.as_dict(), "trials": trials, "original": None,
-            "estimate": None, "confirmation": None, "winner": None, "restore": None, "timing": {}}
-    return TuneJournalFile(deployer.ledger, run_id, data)
+    trials = [TuneTrial.pending(0, {}, True)] + [TuneTrial.pending(k, c, False) for k, c in enumerate(cands, 1)]
+    doc = TuneJournal(schema_=SCHEMA, run_id=Ledger.new_id(f"tune-{base.name}"), state="running", created=now_iso(),
+                      profile=base.name, profile_data=base.model_dump(mode="json"), space=space,
+                      baseline_values=base_vals, options=opts, trials=trials, original=None, estimate=None,
+                      confirmation=None, winner=None, restore=None, timing=TuneTiming())
+    return TuneJournalFile(deployer.ledger, doc)
 
 
 def _deploy(deployer: Deployer, profile: Profile) -> UpResult:
@@ -174,132 +173,133 @@ def _measure(deployer: Deployer, opts: TuneOptions, progress: Progress) -> RunRe
     return RunRecord.model_validate(bench_deployment(deployer, _bench_opts(opts), progress=lambda m: None))
 
 
-def _plain(value: object) -> Any:
-    """A result field as JSON data (the lifecycle's typed results are pydantic models, dict-readable)."""
-    return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
-
-
-def _candidate(j: TuneJournalFile, t: JSONObject) -> Profile:
+def _candidate(j: TuneJournal, t: TuneTrial) -> Profile:
     from sparkctl.config.profile import Profile
-    base = Profile.model_validate(j.data["profile_data"])
-    return base if t["baseline"] else sp.candidate_profile(base, t["changes"], f"{base.name}-t{t['index']}")
+    base = Profile.model_validate(j.profile_data)
+    return base if t.baseline else sp.candidate_profile(base, t.changes, f"{base.name}-t{t.index}")
 
 
-def _run_trial(deployer: Deployer, j: TuneJournalFile, t: JSONObject, progress: Progress) -> None:
-    opts = TuneOptions(**j.data["options"])
-    label = "baseline" if t["baseline"] else ", ".join(f"{k}={v}" for k, v in t["changes"].items())
-    progress(f"trial {t['index']}: {label}")
+def _run_trial(deployer: Deployer, j: TuneJournal, t: TuneTrial, progress: Progress) -> None:
+    opts = j.options
+    label = "baseline" if t.baseline else ", ".join(f"{k}={v}" for k, v in t.changes.items())
+    progress(f"trial {t.index}: {label}")
     t0 = time.monotonic()
     try:
         up = _deploy(deployer, _candidate(j, t))
-        t["deployment"], t["capacity"] = up.deployment, _plain(up.capacity)
+        t.deployment = up.deployment
+        t.capacity = up.capacity.model_dump(mode="json") if up.capacity is not None else None
         card = _measure(deployer, opts, progress)
         g6_t0 = time.monotonic()
         outputs = g6.capture(deployer)
         g6_s = round(time.monotonic() - g6_t0, 3)
     except SparkctlError as exc:
-        t.update(status="infeasible", reason=classify_failure(exc), error=exc.message,
-                 elapsed_s=round(time.monotonic() - t0, 3))
-        progress(f"trial {t['index']}: infeasible ({t['reason']}): {exc.message.splitlines()[0]}")
+        t.status, t.reason, t.error = "infeasible", classify_failure(exc), exc.message
+        t.elapsed_s = round(time.monotonic() - t0, 3)
+        progress(f"trial {t.index}: infeasible ({t.reason}): {exc.message.splitlines()[0]}")
         return
     samples = objective_samples(card, opts.objective)
-    t.update(status="feasible" if samples else "infeasible", reason=None if samples else "objective not measured",
-             card=card.run_id, objective=_summary(samples), elapsed_s=round(time.monotonic() - t0, 3))
-    t["accept_len"] = _accept_len(card)
-    _g6_verdict(j, t, outputs)
-    t["g6"]["elapsed_s"] = g6_s
-    if t["reason"] == "G6 failed":
-        progress(f"trial {t['index']}: infeasible (G6 failed): {t['g6']['detail']}")
-    if t["status"] == "feasible":
-        progress(f"trial {t['index']}: {opts.objective} median {t['objective']['median']:.3f} "
-                 f"({t['objective']['min']:.3f}-{t['objective']['max']:.3f}) in {t['elapsed_s']:.1f} s")
+    t.status, t.reason = ("feasible", None) if samples else ("infeasible", "objective not measured")
+    t.card, t.objective = card.run_id, ObjectiveSummary.of(samples)
+    t.elapsed_s, t.accept_len = round(time.monotonic() - t0, 3), _accept_len(card)
+    sample = _g6_verdict(j, t, outputs)
+    sample.elapsed_s = g6_s
+    if t.reason == "G6 failed":
+        progress(f"trial {t.index}: infeasible (G6 failed): {sample.detail}")
+    if t.status == "feasible" and t.objective is not None:
+        o = t.objective
+        progress(f"trial {t.index}: {opts.objective} median {o.median:.3f} ({o.min:.3f}-{o.max:.3f}) in "
+                 f"{t.elapsed_s:.1f} s")
 
 
-def _g6_verdict(j: TuneJournalFile, t: JSONObject, outputs: list[JSONObject]) -> None:
+def _g6_verdict(j: TuneJournal, t: TuneTrial, outputs: list[JSONObject]) -> G6Sample:
     """The trial's G6 sample (sparkctl/tune/g6.py): the baseline's outputs are the reference (kept in the
     journal); a candidate that is not identical to them, or a void sample, makes the trial infeasible."""
-    if t["baseline"]:
-        t["g6_outputs"] = outputs
-        t["g6"] = g6.judge_reference(outputs)
+    if t.baseline:
+        t.g6_outputs = outputs
+        t.g6 = g6.judge_reference(outputs)
     else:
-        ref = j.data["trials"][0].get("g6_outputs")
-        t["g6"] = g6.judge(ref, outputs) if ref else {"verdict": "not compared",
-                                                     "detail": "the baseline trial recorded no G6 reference"}
-    verdict = t["g6"]["verdict"]
-    if verdict not in ("reference", "identical", "not compared") and t["status"] == "feasible":
-        t.update(status="infeasible", reason="G6 failed", error=f"G6 sample: {t['g6']['detail']}")
+        ref = j.trials[0].g6_outputs
+        t.g6 = g6.judge(ref, outputs) if ref else G6Sample(verdict="not compared",
+                                                           detail="the baseline trial recorded no G6 reference")
+    if t.g6.verdict not in ("reference", "identical", "not compared") and t.status == "feasible":
+        t.status, t.reason, t.error = "infeasible", "G6 failed", f"G6 sample: {t.g6.detail}"
+    return t.g6
 
 
-def _best(j: TuneJournalFile) -> JSONObject | None:
-    higher = OBJECTIVES[j.data["options"]["objective"]][1] == "higher"
-    ok = [t for t in j.data["trials"] if not t["baseline"] and t["status"] == "feasible"]
+def _median(t: TuneTrial) -> float:
+    assert t.objective is not None                  # a feasible trial's objective was measured
+    return t.objective.median
+
+
+def _best(j: TuneJournal) -> TuneTrial | None:
+    higher = OBJECTIVES[j.options.objective][1] == "higher"
+    ok = [t for t in j.trials if not t.baseline and t.status == "feasible"]
     if not ok:
         return None
-    return (max if higher else min)(ok, key=lambda t: t["objective"]["median"])
+    return (max if higher else min)(ok, key=_median)
 
 
-def _confirm(deployer: Deployer, j: TuneJournalFile, winner: JSONObject, progress: Progress) -> JSONObject:
+def _confirm(deployer: Deployer, j: TuneJournalFile, winner: TuneTrial, progress: Progress) -> Confirmation:
     """A B A B: baseline and candidate alternated, each a fresh deploy + bench; samples pooled per side."""
     from sparkctl.bench.diff import compare_summaries
-    opts = TuneOptions(**j.data["options"])
-    base_t = j.data["trials"][0]
-    conf = j.data.get("confirmation") or {"candidate": winner["index"], "order": [], "baseline": [], "winner": []}
-    j.data["confirmation"] = conf
-    sides = [("baseline", base_t), ("winner", winner)] * opts.confirm_rounds
+    doc, opts = j.doc, j.doc.options
+    if doc.confirmation is None:
+        doc.confirmation = Confirmation(candidate=winner.index, order=[], baseline=[], winner=[])
+    conf = doc.confirmation
+    sides: list[tuple[Literal["baseline", "winner"], TuneTrial]] = \
+        [("baseline", doc.trials[0]), ("winner", winner)] * opts.confirm_rounds
     for k, (side, t) in enumerate(sides):
-        if k < len(conf["order"]):
+        if k < len(conf.order):
             continue                                     # done before a resume
         progress(f"confirmation {k + 1}/{len(sides)}: {side}")
         _boundary(CONFIRM, "before", k + 1)
         try:
-            _deploy(deployer, _candidate(j, t))
+            _deploy(deployer, _candidate(doc, t))
             samples = objective_samples(_measure(deployer, opts, progress), opts.objective)
         except SparkctlError as exc:
-            conf.update(verdict="failed", error=exc.message)
+            conf.verdict, conf.error = "failed", exc.message
             return conf
-        conf["order"].append(side)
-        conf[side].extend(samples)
+        conf.order.append(side)
+        (conf.baseline if side == "baseline" else conf.winner).extend(samples)
         j.save()
         _boundary(CONFIRM, "after", k + 1)
-    a, b = _summary(conf["baseline"]), _summary(conf["winner"])
+    a, b = ObjectiveSummary.of(conf.baseline), ObjectiveSummary.of(conf.winner)
     if a is None or b is None:
-        conf.update(verdict="failed", error="the objective was not measured in the confirmation")
+        conf.verdict, conf.error = "failed", "the objective was not measured in the confirmation"
         return conf
     lower = OBJECTIVES[opts.objective][1] == "lower"
-    conf["comparison"] = compare_summaries(a, b, lower_is_better=lower)
-    conf["verdict"] = conf["comparison"]["verdict"]
+    conf.comparison = compare_summaries(a.model_dump(), b.model_dump(), lower_is_better=lower)
+    conf.verdict = conf.comparison["verdict"]
     return conf
 
 
-def _estimate(j: TuneJournalFile, elapsed_s: float) -> None:
-    t1 = next((t["elapsed_s"] for t in j.data["trials"] if t["elapsed_s"] is not None), None)
-    if t1 is None or j.data.get("estimate"):
-        return
-    opts = j.data["options"]
-    n = len(j.data["trials"])
-    total = elapsed_s + t1 * (n - 1) + t1 * 2 * opts["confirm_rounds"] + t1     # trials, ABAB, restore
-    j.data["estimate"] = {"after_trial_s": round(t1, 3), "trials": n, "total_s": round(total, 1),
-                          "formula": "elapsed + first trial x (remaining trials + 2 x confirm rounds + 1 restore)"}
+def _estimate(j: TuneJournal, elapsed_s: float) -> Estimate | None:
+    t1 = next((t.elapsed_s for t in j.trials if t.elapsed_s is not None), None)
+    if t1 is None:
+        return None
+    n = len(j.trials)
+    total = elapsed_s + t1 * (n - 1) + t1 * 2 * j.options.confirm_rounds + t1     # trials, ABAB, restore
+    return Estimate(after_trial_s=round(t1, 3), trials=n, total_s=round(total, 1),
+                    formula="elapsed + first trial x (remaining trials + 2 x confirm rounds + 1 restore)")
 
 
 def execute(deployer: Deployer, j: TuneJournalFile, progress: Progress) -> TuneJournal:
     """Run (or continue) the tune in `j` to its end: trials, confirmation, promotion, restore. Returns the
-    journal as its model (what ``runs/<id>/tune.json`` now holds)."""
-    ledger = deployer.ledger
-    opts = TuneOptions(**j.data["options"])
-    started = time.monotonic() - float(j.data["timing"].get("elapsed_before_s", 0.0))
+    journal (what ``runs/<id>/tune.json`` now holds)."""
+    ledger, doc = deployer.ledger, j.doc
+    started = time.monotonic() - (doc.timing.elapsed_before_s or 0.0)
     with ledger.lock("tune"):
         _boundary(TUNE_BEGIN, "before")
-        if j.data["original"] is None and not j.data.get("began"):
+        if doc.original is None and not doc.began:
             active = ledger.active()
-            j.data.update(original=active.id if active else None, began=now_iso())
-        write_marker(ledger, j.run_id, j.data["original"])
+            doc.original, doc.began = (active.id if active else None), now_iso()
+        write_marker(ledger, j.run_id, doc.original)
         j.save()
         ended = "failed"                 # how the trials and the decision ended: done, interrupted (a signal), failed
         try:
             _boundary(TUNE_BEGIN, "after")
-            _trials(deployer, j, opts, started, progress)
-            _decide(deployer, j, opts, started, progress)
+            _trials(deployer, j, started, progress)
+            _decide(deployer, j, started, progress)
             ended = "done"
         except KeyboardInterrupt:
             # Ctrl-C, SIGTERM, SIGHUP: what ran before is restored below and the journal stays resumable (its
@@ -309,9 +309,9 @@ def execute(deployer: Deployer, j: TuneJournalFile, progress: Progress) -> TuneJ
                      "continues it")
             raise
         finally:
-            j.data["timing"]["trials_sum_s"] = round(sum(t["elapsed_s"] or 0 for t in j.data["trials"]), 3)
+            doc.timing.trials_sum_s = round(sum(t.elapsed_s or 0 for t in doc.trials), 3)
             _restore_and_close(deployer, j, ended, started, progress)
-    return TuneJournal.model_validate(j.data)
+    return doc
 
 
 def _restore_and_close(deployer: Deployer, j: TuneJournalFile, ended: str, started: float, progress: Progress) -> None:
@@ -319,102 +319,102 @@ def _restore_and_close(deployer: Deployer, j: TuneJournalFile, ended: str, start
     ran to their end and the restore worked; "interrupted" (resumable) after a signal, "failed" after an error,
     "restore failed" when the restore did not work. A signal during the restore leaves the journal interrupted
     and the marker in place: the next `sparkctl tune` (or `--resume`) settles it."""
+    doc = j.doc
     restore_t0, restored = time.monotonic(), False
     try:
         _boundary(TUNE_RESTORE, "before")
-        j.data["restore"] = restore(deployer, j.data["original"], progress)
+        doc.restore = restore(deployer, doc.original, progress)
         restored = True
         _boundary(TUNE_RESTORE, "after")
     except KeyboardInterrupt:
         if not restored:                  # cut before the restore ended: the next tune settles it
-            j.data.update(state="interrupted", restore={"ok": False, "error": "interrupted during the restore"})
+            doc.state = "interrupted"
+            doc.restore = RestoreReport.model_validate({"ok": False, "error": "interrupted during the restore"})
             j.save()
             raise
         _close(deployer, j, ended)        # the signal came once everything was done: closed as it ended
         raise
     finally:
-        j.data["timing"]["restore_s"] = round(time.monotonic() - restore_t0, 3)
-        j.data["timing"]["total_s"] = round(time.monotonic() - started, 3)
+        doc.timing.restore_s = round(time.monotonic() - restore_t0, 3)
+        doc.timing.total_s = round(time.monotonic() - started, 3)
     _close(deployer, j, ended)
 
 
 def _close(deployer: Deployer, j: TuneJournalFile, ended: str) -> None:
-    ok = bool(j.data["restore"].get("ok"))
-    j.data["state"] = "restore failed" if not ok else "finished" if ended == "done" else ended
+    ok = j.doc.restore is not None and j.doc.restore.ok
+    j.doc.state = "restore failed" if not ok else "finished" if ended == "done" else ended
     j.save()
     if ok:
         clear_marker(deployer.ledger)
 
 
-def _trials(deployer: Deployer, j: TuneJournalFile, opts: TuneOptions, started: float, progress: Progress) -> None:
-    for t in j.data["trials"]:
-        if t["status"] != "pending":
+def _trials(deployer: Deployer, j: TuneJournalFile, started: float, progress: Progress) -> None:
+    doc, opts = j.doc, j.doc.options
+    for t in doc.trials:
+        if t.status != "pending":
             continue                                            # finished before a resume: never redone
         elapsed = time.monotonic() - started
-        est = j.data.get("estimate")
-        if opts.budget_s is not None and est:
-            need = est["after_trial_s"] * (1 + 2 * opts.confirm_rounds + 1)
+        if opts.budget_s is not None and doc.estimate is not None:
+            need = doc.estimate.after_trial_s * (1 + 2 * opts.confirm_rounds + 1)
             if elapsed + need > opts.budget_s:      # this one and every one after it: one journal write for all
-                for rest in j.data["trials"]:
-                    if rest["status"] == "pending":
-                        rest.update(status="skipped", reason="budget")
+                for rest in doc.trials:
+                    if rest.status == "pending":
+                        rest.status, rest.reason = "skipped", "budget"
                 j.save()
                 break
-        _boundary(TRIAL, "before", t["index"])
-        _run_trial(deployer, j, t, progress)
-        j.data["timing"]["elapsed_before_s"] = round(time.monotonic() - started, 3)
-        if not j.data.get("estimate"):
-            _estimate(j, time.monotonic() - started)
-            e = j.data["estimate"]
-            progress(f"estimate after the first trial ({e['after_trial_s']:.1f} s): {e['trials']} trials + "
-                     f"confirmation + restore = about {e['total_s']:.0f} s"
-                     + (f" (budget {opts.budget_s:.0f} s)" if opts.budget_s else ""))
+        _boundary(TRIAL, "before", t.index)
+        _run_trial(deployer, doc, t, progress)
+        doc.timing.elapsed_before_s = round(time.monotonic() - started, 3)
+        if doc.estimate is None:
+            doc.estimate = e = _estimate(doc, time.monotonic() - started)
+            if e is not None:
+                progress(f"estimate after the first trial ({e.after_trial_s:.1f} s): {e.trials} trials + "
+                         f"confirmation + restore = about {e.total_s:.0f} s"
+                         + (f" (budget {opts.budget_s:.0f} s)" if opts.budget_s else ""))
         j.save()
-        _boundary(TRIAL, "after", t["index"])
+        _boundary(TRIAL, "after", t.index)
 
 
-def _decide(deployer: Deployer, j: TuneJournalFile, opts: TuneOptions, started: float, progress: Progress) -> None:
-    base_t = j.data["trials"][0]
-    best = _best(j)
-    if base_t["status"] != "feasible":
-        j.data["winner"] = {"promoted": False, "why": f"the baseline itself is infeasible ({base_t['reason']}): "
-                                                      "nothing to confirm against"}
+def _decide(deployer: Deployer, j: TuneJournalFile, started: float, progress: Progress) -> None:
+    doc, opts = j.doc, j.doc.options
+    base_t = doc.trials[0]
+    best = _best(doc)
+    if base_t.status != "feasible":
+        doc.winner = Winner(promoted=False, why=f"the baseline itself is infeasible ({base_t.reason}): nothing to "
+                                                "confirm against")
         return
     if best is None:
-        j.data["winner"] = {"promoted": False, "why": "no feasible candidate"}
+        doc.winner = Winner(promoted=False, why="no feasible candidate")
         return
-    est = j.data.get("estimate") or {}
-    need = (est.get("after_trial_s") or 0) * 2 * opts.confirm_rounds
-    if opts.budget_s is not None and (j.data.get("confirmation") or {}).get("order") is None \
-            and time.monotonic() - started + need > opts.budget_s:
-        j.data["winner"] = {"promoted": False, "candidate": best["index"],
-                            "why": "the budget leaves no time for the A B A B confirmation: nothing promoted"}
+    need = (doc.estimate.after_trial_s if doc.estimate else 0) * 2 * opts.confirm_rounds
+    if opts.budget_s is not None and doc.confirmation is None and time.monotonic() - started + need > opts.budget_s:
+        doc.winner = Winner(promoted=False, candidate=best.index,
+                            why="the budget leaves no time for the A B A B confirmation: nothing promoted")
         return
     t0 = time.monotonic()
     conf = _confirm(deployer, j, best, progress)
-    j.data["timing"]["confirm_s"] = round(time.monotonic() - t0 + float(j.data["timing"].get("confirm_s") or 0), 3)
-    if conf.get("verdict") != "better":
-        why = (f"trial {best['index']} did not beat the baseline beyond the noise band in the A B A B "
-               f"confirmation ({conf.get('verdict')}"
-               + (f": delta {conf['comparison']['delta']:+.3f}, band {conf['comparison']['band']:.3f}" if
-                  conf.get("comparison") else f": {conf.get('error')}") + ")")
-        j.data["winner"] = {"promoted": False, "candidate": best["index"], "why": why}
+    doc.timing.confirm_s = round(time.monotonic() - t0 + (doc.timing.confirm_s or 0), 3)
+    c = conf.comparison
+    if conf.verdict != "better" or c is None:
+        why = (f"trial {best.index} did not beat the baseline beyond the noise band in the A B A B "
+               f"confirmation ({conf.verdict}"
+               + (f": delta {c['delta']:+.3f}, band {c['band']:.3f}" if c else f": {conf.error}") + ")")
+        doc.winner = Winner(promoted=False, candidate=best.index, why=why)
         progress(why + ": nothing promoted")
         return
-    changed = {k: v for k, v in best["changes"].items() if j.data["baseline_values"].get(k) != v}
-    path = sp.winner_path(j.data["profile"], j.run_id)
+    changed = {k: v for k, v in best.changes.items() if doc.baseline_values.get(k) != v}
+    path = sp.winner_path(doc.profile, j.run_id)
     name = path.stem
-    c = conf["comparison"]
-    note = (f"Confirmed A B A B x{opts.confirm_rounds} against {j.data['profile']}: {opts.objective} "
+    note = (f"Confirmed A B A B x{opts.confirm_rounds} against {doc.profile}: {opts.objective} "
             f"{c['a']:.3f} -> {c['b']:.3f} ({c['delta_pct']:+.1f}%, noise band {c['band']:.3f}).")
     # The user's profiles directory: written as given (never chmod-ed); a file already there is replaced only with
     # --force or when this very run wrote it (a resumed tune promoting again).
-    write_user_text(path, sp.winner_profile_text(j.data["profile"], changed, j.run_id, note),
+    write_user_text(path, sp.winner_profile_text(doc.profile, changed, j.run_id, note),
                     overwrite=opts.overwrite or _written_by(path, j.run_id), option=sp.WINNER_WHERE,
                     create_parent=True)
-    j.data["winner"] = {"promoted": True, "candidate": best["index"], "changes": changed, "profile": name,
-                        "path": str(path), "card": best["card"], "note": note}
-    progress(f"winner: {', '.join(f'{k}={v}' for k, v in best['changes'].items())} -> profile {name} ({path})")
+    doc.winner = Winner(promoted=True, candidate=best.index, changes=changed, profile=name, path=str(path),
+                        card=best.card, note=note)
+    progress(f"winner: {', '.join(f'{k}={v}' for k, v in best.changes.items())} -> profile {name} ({path})")
 
 
 def _written_by(path: Path, run_id: str) -> bool:
@@ -431,21 +431,22 @@ def tune(deployer: Deployer, opts: TuneOptions, progress: Progress) -> TuneJourn
     j = new_journal(deployer, opts)              # written once the lock is held (execute)
     # Where the winner will go is refused now (a directory, not writable, a file there without --force), not
     # after hours of trials.
-    check_user_target(sp.winner_path(j.data["profile"], j.run_id), overwrite=opts.overwrite,
+    check_user_target(sp.winner_path(j.doc.profile, j.run_id), overwrite=opts.overwrite,
                       option=sp.WINNER_WHERE, create_parent=True)
-    progress(f"tune {j.run_id}: {len(j.data['trials'])} trials (baseline + {len(j.data['trials']) - 1} candidates)")
+    n = len(j.doc.trials)
+    progress(f"tune {j.run_id}: {n} trials (baseline + {n - 1} candidates)")
     return execute(deployer, j, progress)
 
 
 def resume(deployer: Deployer, run_id: str, progress: Progress) -> TuneJournal:
     j = TuneJournalFile.load(deployer.ledger, run_id)
-    if j.data.get("state") == "finished":
+    if j.doc.state == "finished":
         raise ConfigError(f"tune {run_id} already finished", where=str(j.path), hint="start a new `sparkctl tune`")
     marker = settle(deployer, progress, resuming=run_id)
-    resume_target(deployer.ledger, j.data, marker, progress)
-    done = sum(1 for t in j.data["trials"] if t["status"] != "pending")
-    progress(f"resuming tune {run_id}: {done} of {len(j.data['trials'])} trials already done (not redone)")
-    j.data["state"] = "running"
+    resume_target(deployer.ledger, j.doc, marker, progress)
+    done = sum(1 for t in j.doc.trials if t.status != "pending")
+    progress(f"resuming tune {run_id}: {done} of {len(j.doc.trials)} trials already done (not redone)")
+    j.doc.state = "running"
     return execute(deployer, j, progress)
 
 

@@ -8,13 +8,19 @@ run continues it; any other tune first restores what ran before and marks the ol
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sparkctl.deploy.steps import ARM_COMMAND
 from sparkctl.errors import LedgerError, SparkctlError
-from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger, now_iso
-from sparkctl.state.tunejournal import TuneJournalFile, clear_marker, read_marker
+from sparkctl.state.tunejournal import (
+    RestoreReport,
+    TuneJournal,
+    TuneJournalFile,
+    TuneMarker,
+    clear_marker,
+    read_marker,
+)
 
 if TYPE_CHECKING:
     from sparkctl.deploy.commands import Deployer
@@ -22,18 +28,18 @@ if TYPE_CHECKING:
 Progress = Callable[[str], None]
 
 
-def restore(deployer: Deployer, original: str | None, progress: Progress) -> JSONObject:
+def restore(deployer: Deployer, original: str | None, progress: Progress) -> RestoreReport:
     """What ran before the tune, back (`deploy.door.restore`: the compare transaction's one restore)."""
     from sparkctl.deploy import door
-    return door.restore(deployer, original, progress=progress,
-                        say="restoring the deployment that ran before the tune ({profile}, {id})")
+    say = "restoring the deployment that ran before the tune ({profile}, {id})"
+    return RestoreReport.model_validate(door.restore(deployer, original, progress=progress, say=say))
 
 
-def _deployed_since(ledger: Ledger, marker: JSONObject) -> str | None:
+def _deployed_since(ledger: Ledger, marker: TuneMarker) -> str | None:
     """What was deployed since the tune in `marker` began, when it was not the tune: None while the cluster is
     still the tune's (nothing active: a trial's boot was cut; one of the tune's trial arms, made since it began;
     or what ran before it), else "deployment X (profile P) was deployed"."""
-    original, since = marker.get("original"), str(marker.get("since") or "")
+    original, since = marker.original, marker.since or ""
     try:
         active = ledger.active()
     except LedgerError:
@@ -43,37 +49,37 @@ def _deployed_since(ledger: Ledger, marker: JSONObject) -> str | None:
     return f"deployment {active.id} (profile {active.profile}) was deployed"
 
 
-def settle(deployer: Deployer, progress: Progress, *, resuming: str | None = None) -> JSONObject | None:
+def settle(deployer: Deployer, progress: Progress, *, resuming: str | None = None) -> TuneMarker | None:
     """A tune whose controller died (kill -9): returns its marker when `resuming` names it; otherwise restores
     what ran before it, marks its journal interrupted, and clears the marker. None when there is nothing."""
     from sparkctl.state.controller import controller_alive
     m = read_marker(deployer.ledger)
     if m is None:
         return None
-    if controller_alive(m.get("controller") or {}):
-        return m             # a live tune holds the lock too: the caller's lock attempt names it
-    if resuming and m.get("run") == resuming:
+    if m.controller is None or controller_alive(m.controller):
+        return m             # a live tune holds the lock too (one whose controller is not known: the lock decides)
+    if resuming and m.run == resuming:
         return m
     theirs = _deployed_since(deployer.ledger, m)
     if theirs is not None:        # anything deployed since the tune died wins: its restore would take it down
-        progress(f"tune {m.get('run')} was interrupted (controller gone); {theirs} since, so what ran before the "
+        progress(f"tune {m.run} was interrupted (controller gone); {theirs} since, so what ran before the "
                  f"tune is not restored (what runs now wins)")
-        result: dict[str, Any] = {"ok": True, "action": "none", "reason": f"{theirs} since the tune"}
+        result = RestoreReport.model_validate({"ok": True, "action": "none", "reason": f"{theirs} since the tune"})
     else:
-        progress(f"tune {m.get('run')} was interrupted (controller gone); restoring what ran before it")
-        result = restore(deployer, m.get("original"), progress)
+        progress(f"tune {m.run} was interrupted (controller gone); restoring what ran before it")
+        result = restore(deployer, m.original, progress)
     try:
-        j = TuneJournalFile.load(deployer.ledger, str(m.get("run")))
-        j.data.update(state="interrupted", restore=result, settled_at=now_iso())
+        j = TuneJournalFile.load(deployer.ledger, m.run)
+        j.doc.state, j.doc.restore, j.doc.settled_at = "interrupted", result, now_iso()
         j.save()
     except SparkctlError:
         pass
-    if result.get("ok"):
+    if result.ok:
         clear_marker(deployer.ledger)
     return None
 
 
-def resume_target(ledger: Ledger, data: JSONObject, marker: JSONObject | None, progress: Progress) -> None:
+def resume_target(ledger: Ledger, doc: TuneJournal, marker: TuneMarker | None, progress: Progress) -> None:
     """What a resumed tune restores at its end, decided from what runs now, not from the journal's snapshot of
     what ran before the tune began: a deployment the user made since the tune stopped (not one of its arms)
     becomes its `original`; nothing running once the tune's own restore had ended (no marker: the user took it
@@ -82,15 +88,15 @@ def resume_target(ledger: Ledger, data: JSONObject, marker: JSONObject | None, p
         active = ledger.active()
     except LedgerError:
         return                       # unreadable: the trials' own `up` reports it
-    original, began = data.get("original"), str(data.get("began") or "")
+    original, began = doc.original, doc.began or ""
     if active is None:
         if marker is None and original is not None:
             progress(f"nothing runs since the tune stopped (its restore of {original} ended, then it was taken "
                      "down): the resumed tune ends with nothing running")
-            data["original"] = None
+            doc.original = None
         return
     if active.id == original or (active.command == ARM_COMMAND and active.created >= began):
         return
     progress(f"deployment {active.id} (profile {active.profile}) was deployed since the tune stopped: the resumed "
              f"tune restores it at its end (not {original or 'nothing'})")
-    data["original"] = active.id
+    doc.original = active.id

@@ -24,34 +24,33 @@ def rows(data: TuneJournal) -> list[list[str]]:
     for t in data.trials:
         ch = "baseline" if t.baseline else ", ".join(f"{k}={v}" for k, v in t.changes.items())
         o = t.objective
-        g = t.g6 or {}
-        g6 = g.get("verdict", "-") + (f" {g['identical']}/{g['n']}" if "identical" in g and g.get("n") else "")
+        g = t.g6
+        g6 = "-" if g is None else g.verdict + (f" {g.identical}/{g.n}" if g.identical is not None and g.n else "")
         out.append([str(t.index), ch, t.status,
-                    f"{o['median']:.2f} ({o['min']:.2f}-{o['max']:.2f})" if o else "-",
+                    f"{o.median:.2f} ({o.min:.2f}-{o.max:.2f})" if o else "-",
                     f"{t.accept_len:.2f}" if t.accept_len else "-", g6,
                     f"{t.elapsed_s:.1f}" if t.elapsed_s is not None else "-", _reason(t)])
     return out
 
 
 def footer(data: TuneJournal) -> list[str]:
-    w = data.winner or {}
-    lines = [f"winner: {w.get('profile')} ({w.get('path')})" if w.get("promoted") else
-             f"nothing promoted: {w.get('why')}"]
-    e, tm = data.estimate or {}, data.timing
+    w = data.winner
+    lines = [f"winner: {w.profile} ({w.path})" if w and w.promoted else f"nothing promoted: {w.why if w else None}"]
+    e, tm = data.estimate, data.timing
     if e:
-        lines.append(f"estimate after the first trial: {e.get('total_s')} s; actual total {tm.get('total_s')} s "
-                     f"(trials {tm.get('trials_sum_s')} s, restore {tm.get('restore_s')} s)")
-    r = data.restore or {}
-    what = r.get("profile") or r.get("action")
-    if r.get("ok"):                  # read back from the cluster after it (deploy.door.read_back)
-        lines.append(f"restored: {what} (ok)" + (f", serving {r['serving']}" if r.get("serving") else ""))
+        lines.append(f"estimate after the first trial: {e.total_s} s; actual total {tm.total_s} s "
+                     f"(trials {tm.trials_sum_s} s, restore {tm.restore_s} s)")
+    r = data.restore
+    what = r and (r.profile or r.action)
+    if r and r.ok:                  # read back from the cluster after it (deploy.door.read_back)
+        lines.append(f"restored: {what} (ok)" + (f", serving {r.serving}" if r.serving else ""))
     else:
-        lines.append(f"restored: {what} (FAILED: {clean(str(r.get('error') or 'no restore recorded'), 400)})")
+        lines.append(f"restored: {what} (FAILED: {clean(str(r and r.error or 'no restore recorded'), 400)})")
     return lines
 
 
 def _header(data: TuneJournal) -> list[str]:
-    return [h.format(obj=data.options["objective"]) for h in HEADER]
+    return [h.format(obj=data.options.objective) for h in HEADER]
 
 
 def trial_table(data: TuneJournal) -> str:
@@ -78,13 +77,13 @@ def render(data: TuneJournal, stream: IO[str], *, terminal: bool | None = None, 
     from sparkctl.untrusted import clean, raw_stream
 
     # rich writes its own escape sequences, so past the terminal guard: every cell from the journal is cleaned.
-    w = data.winner or {}
+    w = data.winner
     table = Table(title=Text(clean(f"tune {data.run_id} ({data.profile})")), title_justify="left")
     for h in _header(data):
         table.add_column(clean(h), overflow="fold", justify="right" if h in ("#", "time s") else "left")
     for t, cells in zip(data.trials, rows(data)):
         style = _STYLE.get(t.status, "")
-        if w.get("promoted") and t.index == w.get("candidate"):
+        if w and w.promoted and t.index == w.candidate:
             style = "bold green"
         table.add_row(*[Text(clean(c), style=style) if k in (2, 7) else Text(clean(c)) for k, c in enumerate(cells)])
     console = Console(file=raw_stream(stream), force_terminal=True, highlight=False, soft_wrap=False, width=width)

@@ -168,7 +168,7 @@ def _journal() -> dict[str, Any]:
              "card": None, "objective": None, "elapsed_s": None, "accept_len": None, "capacity": None, "g6": None}
     return {"schema": "sparkctl.tune/1", "run_id": run_id, "state": "running", "created": "x", "profile": "d5",
             "profile_data": {}, "space": [["server.x", [1, 2]]], "baseline_values": {"server.x": 1},
-            "options": TuneOptions(profile="d5", vary=["server.x=1,2"]).as_dict(), "trials": [trial],
+            "options": TuneOptions(profile="d5", vary=["server.x=1,2"]).model_dump(mode="json"), "trials": [trial],
             "original": None, "estimate": None, "confirmation": None, "winner": None, "restore": None, "timing": {}}
 
 

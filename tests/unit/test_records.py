@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -193,30 +194,45 @@ def test_records_written_before_the_renames_load_under_the_new_names(tmp_path):
     assert settled.settled == old["20261203T192940Z-dflash-off-25fb"]["reconciled"]
 
 
-def test_the_tune_journal_model_gives_back_the_journal_in_its_key_order():
-    """`tune()` returns the journal as `TuneJournal`; `tune --json` prints its dump: the same keys, in the order
-    the tune wrote them (a trial's error and the baseline's G6 outputs after the rest), with nothing added."""
+TUNE_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tune" / "written-by-1649c17"
+
+
+@pytest.mark.parametrize("name", ["promoted", "within-noise", "resumed", "g6-diverged"])
+def test_a_tune_journal_loads_typed_and_saves_back_as_written(name, tmp_path):
+    """``runs/<id>/tune.json`` as commit 1649c17 wrote it (the dict-building tune; tests/tune/test_tune.py's four
+    tunes on the embedded cluster): it loads into `TuneJournal` with every section a model (options, trials and
+    their objective and G6 sample, estimate, confirmation, winner, restore, timing), and is written back with the
+    same keys (the file sorts them); a journal from before ``created``/``began``/``updated`` existed loads too."""
+    from sparkctl.state.tunejournal import G6Sample, ObjectiveSummary, RestoreReport, TuneJournal, TuneOptions
+
+    text = (TUNE_FIXTURES / f"{name}.json").read_text()
+    stored = json.loads(text)
+    journal = TuneJournal.model_validate(stored)
+    assert json.dumps(journal.as_json(), indent=2, sort_keys=True) + "\n" == text      # the file's own form
+    assert type(journal.options) is TuneOptions and journal.options.profile == "t5"
+    assert type(journal.restore) is RestoreReport and journal.restore.ok is stored["restore"]["ok"]
+    base = journal.trials[0]
+    assert type(base.g6) is G6Sample and base.g6.verdict == "reference" and base.g6_outputs
+    for t, raw in zip(journal.trials, stored["trials"]):
+        assert (t.objective is None) == (raw["objective"] is None)
+        assert t.objective is None or (type(t.objective) is ObjectiveSummary
+                                       and t.objective.median == raw["objective"]["median"])
+        assert t.error == raw.get("error")
+    older = {k: v for k, v in stored.items() if k not in ("created", "began", "updated")}
+    assert TuneJournal.model_validate(older).as_json() == older
+
+
+def test_what_each_tune_journal_fixture_holds():
+    """The fixtures cover what a tune decides: a promotion (A B A B better), nothing within the noise, a
+    resumed tune, and a candidate refused by its G6 sample."""
     from sparkctl.state.tunejournal import TuneJournal
-    from sparkctl.tune.run import _trial_entry
-    base, oom, skipped = _trial_entry(0, {}, True), _trial_entry(1, {"server.mem_fraction_static": 0.95}, False), \
-        _trial_entry(2, {"server.mem_fraction_static": 0.9}, False)
-    base.update(status="feasible", deployment="t5-1", card="bench-1", objective={"n": 2, "median": 40.5},
-                elapsed_s=3.25, accept_len=4.6, capacity={"max_total_num_tokens": 4096}, g6={"verdict": "reference"})
-    base["g6_outputs"] = [{"content": "x"}]
-    oom.update(status="infeasible", reason="oom", error="engine exit code: -9", elapsed_s=1.5)
-    skipped.update(status="skipped", reason="budget")
-    data = {"schema": "sparkctl.tune/1", "run_id": "tune-t5-1", "state": "running", "created": "2026-01-01T00:00:00Z",
-            "profile": "t5", "profile_data": {"name": "t5"}, "space": [["server.mem_fraction_static", [0.95, 0.9]]],
-            "baseline_values": {"server.mem_fraction_static": 0.88}, "options": {"objective": "decode"},
-            "trials": [base, oom, skipped], "original": None, "estimate": None, "confirmation": None,
-            "winner": {"promoted": False, "why": "no feasible candidate"}, "restore": {"ok": True},
-            "timing": {"total_s": 9.0}, "began": "2026-01-01T00:00:01Z", "updated": "2026-01-01T00:00:09Z"}
-    journal = TuneJournal.model_validate(data)
-    assert json.dumps(journal.as_json(), indent=2) == json.dumps(data, indent=2)
-    assert journal.trials[1].error == "engine exit code: -9" and journal.trials[0].error is None
-    assert journal.trials[0].accept_len == 4.6 and journal.trials[2].reason == "budget"
-    older = {k: v for k, v in data.items() if k not in ("created", "began", "updated")}
-    assert json.dumps(TuneJournal.model_validate(older).as_json()) == json.dumps(older)
+    j = {n: TuneJournal.model_validate_json((TUNE_FIXTURES / f"{n}.json").read_text())
+         for n in ("promoted", "within-noise", "resumed", "g6-diverged")}
+    assert j["promoted"].winner and j["promoted"].winner.promoted
+    assert j["promoted"].confirmation and j["promoted"].confirmation.verdict == "better"
+    assert j["within-noise"].confirmation and j["within-noise"].confirmation.verdict == "within noise"
+    assert any(t.reason == "G6 failed" for t in j["g6-diverged"].trials)
+    assert all(t.status != "pending" for t in j["resumed"].trials) and j["resumed"].state == "finished"
 
 
 def test_a_replicated_record_written_before_one_journal_model_still_loads(tmp_path):
