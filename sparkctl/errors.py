@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypedDict, TypeVar, Unpack
-
-if TYPE_CHECKING:
-    from sparkctl.state.records import CheckResult
+from typing import Any, TypedDict, TypeVar, Unpack
 
 _E = TypeVar("_E", bound="SparkctlError")
 
@@ -115,9 +112,10 @@ class PreflightError(SparkctlError):
 
     exit_code = 3
 
-    def __init__(self, message: str, *, checks: list[CheckResult] | None = None, **kw: Unpack[ErrorContext]) -> None:
+    def __init__(self, message: str, *, checks: list[Any] | None = None, **kw: Unpack[ErrorContext]) -> None:
         super().__init__(message, **kw)
-        self.checks: list[CheckResult] = list(checks or [])
+        # sparkctl.state.records.CheckResult, which this module (the bottom of the import graph) cannot name
+        self.checks: list[Any] = list(checks or [])
 
 
 class DeployError(SparkctlError):
