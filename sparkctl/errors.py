@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack
 
 _E = TypeVar("_E", bound="SparkctlError")
 
 # `sparkctl status`: the active deployment is unhealthy, a deployment was interrupted (its controller died), or
 # a `bench --compare` did not finish its restore. Not an error (status reports it), so no class: the CLI's.
 STATUS_NOT_OK = 8
+
+
+class ErrorContext(TypedDict, total=False):
+    """The keywords every error takes beside its message (SparkctlError's): a subclass passes them on as
+    ``**kw: Unpack[ErrorContext]``."""
+
+    where: str | None
+    hint: str | None
+    evidence: str | None
 
 
 class SparkctlError(Exception):
@@ -69,7 +78,7 @@ class MissingExtraError(ConfigError):
     needs is not installed; `extra` names it and the hint gives the command that installs it (exit 2: the request
     cannot be done by this installation as it is; nothing was changed)."""
 
-    def __init__(self, message: str, *, extra: str, **kw: Any) -> None:
+    def __init__(self, message: str, *, extra: str, **kw: Unpack[ErrorContext]) -> None:
         super().__init__(message, **kw)
         self.extra = extra
 
@@ -86,7 +95,7 @@ class RestartRefusedError(ConfigError):
     node. Nothing was changed; starting something weaker is never the answer. `cause` names the kind (REFUSAL_CAUSES:
     the watcher's metrics label and webhook field)."""
 
-    def __init__(self, message: str, *, cause: str = "not-as-recorded", **kw: Any) -> None:
+    def __init__(self, message: str, *, cause: str = "not-as-recorded", **kw: Unpack[ErrorContext]) -> None:
         super().__init__(message, **kw)
         self.cause = cause if cause in REFUSAL_CAUSES else "not-as-recorded"
 
@@ -103,8 +112,9 @@ class PreflightError(SparkctlError):
 
     exit_code = 3
 
-    def __init__(self, message: str, *, checks: list[Any] | None = None, **kw: Any) -> None:
+    def __init__(self, message: str, *, checks: list[Any] | None = None, **kw: Unpack[ErrorContext]) -> None:
         super().__init__(message, **kw)
+        # sparkctl.state.records.CheckResult, which this module (the bottom of the import graph) cannot name
         self.checks: list[Any] = list(checks or [])
 
 
@@ -113,7 +123,7 @@ class DeployError(SparkctlError):
 
     exit_code = 4
 
-    def __init__(self, message: str, *, node: str | None = None, **kw: Any) -> None:
+    def __init__(self, message: str, *, node: str | None = None, **kw: Unpack[ErrorContext]) -> None:
         super().__init__(message, **kw)
         self.node = node
 
@@ -141,7 +151,7 @@ class StateDirFullError(LedgerError):
     """
 
     def __init__(self, message: str, *, free_bytes: int | None = None, need_bytes: int | None = None,
-                 **kw: Any) -> None:
+                 **kw: Unpack[ErrorContext]) -> None:
         super().__init__(message, **kw)
         self.free_bytes = free_bytes
         self.need_bytes = need_bytes

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import io
 import re
-from typing import IO, Any, TextIO
+from typing import IO, TextIO, TypeGuard
 
 from sparkctl.errors import LedgerError
 
@@ -98,12 +98,12 @@ def excerpt(text: object, limit: int = TEXT_LIMIT, *, one_line: bool = True) -> 
 _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 
-def is_plain_name(value: object) -> bool:
+def is_plain_name(value: object) -> TypeGuard[str]:
     """Letters, digits, '.', '-', '_' (not leading '-' or '.'), no '..', at most 255: a name, never a path."""
     return isinstance(value, str) and bool(_PLAIN.fullmatch(value)) and ".." not in value
 
 
-def record_name(value: Any, what: str, where: str) -> str:
+def record_name(value: object, what: str, where: str) -> str:
     """`value` read from the file `where` as the name `what` (a profile, a run id), or LedgerError (exit 6) saying
     the file is damaged: a name from a journal or a card is a name, never a path or a terminal sequence."""
     if is_plain_name(value):

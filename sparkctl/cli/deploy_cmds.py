@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 import typer
 
@@ -69,7 +69,13 @@ def _declined_aborts() -> Iterator[None]:
         raise typer.Abort() from None
 
 
-def _emit(result: object, as_json: bool, human: Callable[[Any], None]) -> None:
+class _Emitted(Protocol):
+    """A command's result model (`deploy.results`): its JSON form is what `--json` prints and `human` shows."""
+
+    def as_json(self) -> JSONObject: ...
+
+
+def _emit(result: _Emitted | JSONObject, as_json: bool, human: Callable[[JSONObject], None]) -> None:
     data = result.as_json() if hasattr(result, "as_json") else result
     if as_json:
         from sparkctl.cli.outputs import print_json

@@ -10,7 +10,7 @@ bytes are part of the image tag; ``NodeFactsOut`` is `sparkctl facts`' summary, 
 """
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
@@ -356,7 +356,7 @@ def json_schema(kind: str) -> JSONObject:
     raise ConfigError(f"unknown schema kind {kind!r}", hint=f"use one of: {', '.join(schema_names())}")
 
 
-def print_json(data: object, *, default: Any = str) -> None:
+def print_json(data: object, *, default: Callable[[object], object] = str) -> None:
     """`data` as indented JSON on stdout: ASCII (every control character and non-ASCII character a JSON escape,
     so the data is intact and nothing in it acts on a terminal), URL credentials masked; written past the
     terminal guard (sparkctl.untrusted.GuardedStream), which would bound its long lines."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 import difflib
 import getpass
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -13,6 +14,7 @@ from sparkctl.jsontypes import JSONObject
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Inventory
+    from sparkctl.prepare.runner import TaskResult
 
 INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory file (default: see README).")
 
@@ -22,9 +24,9 @@ def _inventory(inventory: str | None) -> Inventory:
     return resolve_inventory(inventory)
 
 
-def _progress(check: bool) -> Any:
+def _progress(check: bool) -> Callable[[TaskResult], None]:
     """Per-host progress on stderr: every change (with its diff in check mode), failure and unreachable host."""
-    def show(r: Any) -> None:
+    def show(r: TaskResult) -> None:
         if "item" in r.res and r.status != "failed":
             return                                   # the loop's summary event follows
         if r.status == "changed":

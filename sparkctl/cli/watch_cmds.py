@@ -5,7 +5,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from sparkctl.watch.supervisor import WatchOptions
 
 
-def _carried(inventory_path: str, opts: dict[str, Any]) -> list[str]:
+def _carried(inventory_path: str, opts: dict[str, float | str | None]) -> list[str]:
     """The options a unit's `sparkctl watch` runs with: the inventory the installer resolved (absolute, whichever
     lookup found it) and every option given (a --notify-file path made absolute)."""
     args = ["watch", "--inventory", os.path.abspath(inventory_path)]
@@ -38,7 +38,7 @@ def _defines(env_file: Path, name: str) -> bool:
     return any(re.match(rf"\s*{re.escape(name)}\s*=", ln) for ln in text.splitlines())
 
 
-def _install(inventory: str | None, opts: dict[str, Any], *, system: bool, uninstall: bool,
+def _install(inventory: str | None, opts: dict[str, float | str | None], *, system: bool, uninstall: bool,
              unit_dir: str | None, force: bool) -> None:
     from sparkctl.config.inventory import resolve_inventory
     from sparkctl.watch import systemd

@@ -10,7 +10,8 @@ Each gate is a `state.records.GateResult` (the one model of a gate: what runs it
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import BootingRank
@@ -22,6 +23,7 @@ from sparkctl.state.records import GateResult
 if TYPE_CHECKING:
     from sparkctl.sglang.client import SGLangClient
 
+V = TypeVar("V")      # what a gate's check gives the gates after it (settings: the engine's /server_info)
 
 def _expected_settings(profile: Profile) -> JSONObject:
     exp: JSONObject = {"tp_size": profile.server.tp_size}
@@ -51,7 +53,7 @@ def run_gates(profile: Profile, client: SGLangClient, watches: list[BootingRank]
     """Run every gate (all of them, even after one fails, so the record shows the whole picture)."""
     gates: list[GateResult] = []
 
-    def gate(name: str, fn: Any) -> Any:
+    def gate(name: str, fn: Callable[[], tuple[bool, str, V]]) -> V | None:
         try:
             ok, evidence, value = fn()
         except SparkctlError as exc:  # the engine did not answer as it must: a failed gate with its reason
@@ -78,7 +80,7 @@ def run_gates(profile: Profile, client: SGLangClient, watches: list[BootingRank]
                                                   for k, (w, g) in bad.items()), info
         return True, shown, info
 
-    def capacity(info: JSONObject | None) -> Any:
+    def capacity(info: JSONObject | None) -> Callable[[], tuple[bool, str, None]]:
         def check() -> tuple[bool, str, None]:
             if info is None:
                 return False, "no /server_info to read the resolved capacity from", None

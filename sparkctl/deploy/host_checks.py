@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sparkctl.nodes import facts
 from sparkctl.nodes.facts import FabricSsh, Manifest
@@ -22,6 +22,7 @@ from sparkctl.state.records import CheckResult
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Inventory, Node
     from sparkctl.nodes.runtime import Runtime
+    from sparkctl.nodes.ssh import CommandResult
     from sparkctl.sglang.launch import LaunchSpec
 
 MANIFEST_TIMEOUT_S = 1800.0
@@ -42,30 +43,30 @@ class HostFacts:
     errors: list[str] = field(default_factory=list)
 
 
-def gather(run_many: Callable[[list[list[str]]], Sequence[Any]], node: Node, peers: Sequence[Any],
+def gather(run_many: Callable[[list[list[str]]], Sequence[CommandResult]], node: Node, peers: Sequence[Node],
            model_dirs: Sequence[tuple[str, str, str]], *, rank0: bool) -> HostFacts:
     """Run the facts on one node in one round-trip. ``model_dirs``: (what, engine path, host path);
-    ``peers``: inventory nodes (rank 0 probes SSH to each over the fabric). ``run_many`` returns objects with
-    returncode/stdout/output (``sparkctl.nodes.ssh.CommandResult``)."""
-    named: list[tuple[Any, Any]] = [("ip", facts.ip_addr_dev(node.fabric_interface))]
-    named += [((what, path), facts.model_manifest(host)) for what, path, host in model_dirs]
-    if rank0:
-        named += [(("ssh", p.name), facts.fabric_ssh(p.ssh.user, p.fabric_address)) for p in peers]
-    results = run_many([list(f.argv) for _, f in named])
+    ``peers``: inventory nodes (rank 0 probes SSH to each over the fabric). ``run_many`` returns one result per argv
+    (``sparkctl.nodes.ssh.CommandResult``: returncode/stdout/output)."""
+    ip = facts.ip_addr_dev(node.fabric_interface)
+    manifests = [((what, path), facts.model_manifest(host)) for what, path, host in model_dirs]
+    ssh = [(p.name, facts.fabric_ssh(p.ssh.user, p.fabric_address)) for p in peers] if rank0 else []
+    results = iter(run_many([list(ip.argv), *(list(f.argv) for _, f in manifests),
+                             *(list(f.argv) for _, f in ssh)]))
     out = HostFacts(node.name, fabric_interface=node.fabric_interface)
-    for (key, fact), res in zip(named, results):
-        if key == "ip":
-            iface = facts.parse_ip_addr_json(res.stdout).get(node.fabric_interface) if res.returncode == 0 else None
-            out.mtu = iface.mtu if iface else None
-        elif key[0] == "ssh":
-            out.fabric_ssh[key[1]] = fact.parse(res.output)
-        else:
-            try:
-                out.manifests[key] = fact.parse(res.stdout) if res.returncode == 0 else None
-            except ValueError:
-                out.manifests[key] = None
-            if out.manifests[key] is None:
-                out.errors.append(f"manifest of {key[1]} failed: {res.output.strip()[-200:]}")
+    res = next(results, None)           # the ip fact's, then the manifests', then the ssh probes', in that order
+    if res is not None:
+        iface = ip.parse(res.stdout).get(node.fabric_interface) if res.returncode == 0 else None
+        out.mtu = iface.mtu if iface else None
+    for (key, manifest), res in zip(manifests, results):
+        try:
+            out.manifests[key] = manifest.parse(res.stdout) if res.returncode == 0 else None
+        except ValueError:
+            out.manifests[key] = None
+        if out.manifests[key] is None:
+            out.errors.append(f"manifest of {key[1]} failed: {res.output.strip()[-200:]}")
+    for (peer, probe), res in zip(ssh, results):
+        out.fabric_ssh[peer] = probe.parse(res.output)
     return out
 
 

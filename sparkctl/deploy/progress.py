@@ -10,7 +10,10 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from rich.spinner import Spinner
 
 _quiet = False                     # `sparkctl -q`: every Reporter of this process is silent
 _live: list[_LiveLine] = []      # live displays to stop before the process returns to the shell
@@ -57,7 +60,7 @@ class _LiveLine:
         if redirect_err:
             sys.stderr = GuardedStream(sys.stderr)
 
-    def __rich__(self) -> Any:
+    def __rich__(self) -> Spinner:
         from rich.spinner import Spinner
         now = time.monotonic()
         with self.lock:

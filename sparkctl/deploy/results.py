@@ -2,7 +2,8 @@
 key does not apply), exported by `sparkctl schema` and printed by `--json` as they are."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -123,7 +124,7 @@ class WatcherView(WatchState):
     running: bool = Field(description="The watcher's pid runs now (checked with its start time).")
 
 
-def watcher_of(root: Any) -> WatcherView | None:
+def watcher_of(root: Path) -> WatcherView | None:
     view = watcher_view(root)
     return WatcherView.model_validate(view) if view is not None else None
 

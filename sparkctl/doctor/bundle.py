@@ -24,10 +24,9 @@ import os
 import platform
 import sys
 from pathlib import Path
-from typing import Any
 
 from sparkctl.doctor.collect import Collected, DoctorReport
-from sparkctl.jsontypes import JSONObject
+from sparkctl.jsontypes import JSONObject, JSONValue
 from sparkctl.redaction import REDACTED, SECRET_ENV, SECRET_OPTIONS, redact, redact_argv
 from sparkctl.state.ledger import now_iso
 from sparkctl.state.records import DeploymentRecord
@@ -49,7 +48,7 @@ def secret_values(rec: DeploymentRecord | None, environ: dict[str, str] | None =
     return {env[n] for n in names if env.get(n)}
 
 
-def _scrub(value: object, secrets: set[str]) -> Any:
+def _scrub(value: object, secrets: set[str]) -> JSONValue:
     if isinstance(value, str):
         return mask_urls(redact(value, secrets))
     if isinstance(value, list):

@@ -20,7 +20,6 @@ import hashlib
 import json
 import re
 from collections.abc import Sequence
-from typing import Any
 
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
@@ -55,7 +54,7 @@ def launch_doc(specs: Sequence[LaunchSpec], *, profile: str) -> JSONObject:
         """By field, never by value: the value of a secret flag (``--api-key X``), or a secret file's path. A number
         that happens to equal a secret stays a plain flag value."""
         return (i > 0 and argvs[0][i - 1] in secret_flags) or any(secret_file(t) for t in tokens)
-    argv: list[Any] = []
+    argv: list[str | JSONObject] = []      # a token every rank shares, or where its value comes from
     for i, tokens in enumerate(zip(*argvs)):
         if len(set(tokens)) == 1 and not optional_at(i, tokens):
             argv.append(tokens[0])

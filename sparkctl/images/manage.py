@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sparkctl.errors import ImageError
 from sparkctl.images.build import image_labels
@@ -21,6 +21,7 @@ from sparkctl.images.plan import INPUTS_LABEL, ROLE_LABEL, ImagePlan
 from sparkctl.jsontypes import JSONObject
 
 if TYPE_CHECKING:
+    from sparkctl.images.registry import Endpoint
     from sparkctl.nodes.ssh import SSHConnector
 
 
@@ -116,7 +117,7 @@ def prune_images(conns: dict[str, SSHConnector], keep: set[str], *, dry_run: boo
     return removed
 
 
-def prune_registry_caches(endpoints: list[Any], listed: list[JSONObject], removed: list[JSONObject], *,
+def prune_registry_caches(endpoints: list[Endpoint], listed: list[JSONObject], removed: list[JSONObject], *,
                           dry_run: bool = False) -> dict[str, JSONObject]:
     """After ``prune_images`` over the ``listed`` rows: each node's registry cache (``Endpoint``) keeps only images
     still on the nodes (listed, less what was removed; a failed ``docker rmi`` left its image there).

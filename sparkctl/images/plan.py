@@ -19,7 +19,7 @@ import json
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
@@ -82,7 +82,7 @@ def _sha256(*parts: bytes) -> str:
     return h.hexdigest()
 
 
-def _render(template: str, **values: Any) -> str:
+def _render(template: str, **values: object) -> str:
     import jinja2  # lazy: only the image commands need it
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,

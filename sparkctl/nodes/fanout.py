@@ -25,12 +25,13 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from sparkctl.errors import MissingExtraError, NodeError
 
 T = TypeVar("T")
 R = TypeVar("R")
+N = TypeVar("N")      # what `run_all` runs on: an inventory Node, anything with `.name`, or a plain name
 
 
 @dataclass(frozen=True)
@@ -136,10 +137,10 @@ class GroupResult(dict[str, T | BaseException], Generic[T]):
         return self
 
 
-class GroupError(NodeError):
+class GroupError(NodeError, Generic[T]):
     """One or more nodes failed in `run_all`; ``result`` keeps every node's outcome."""
 
-    def __init__(self, result: GroupResult[Any]) -> None:
+    def __init__(self, result: GroupResult[T]) -> None:
         failed = result.failed
         lines = []
         for name, exc in failed.items():
@@ -151,7 +152,7 @@ class GroupError(NodeError):
         self.result = result
 
 
-def run_all(nodes: Iterable[Any], fn: Callable[[Any], T], *, max_workers: int | None = None) -> GroupResult[T]:
+def run_all(nodes: Iterable[N], fn: Callable[[N], T], *, max_workers: int | None = None) -> GroupResult[T]:
     """Call ``fn(node)`` for every node in parallel; return node name -> value, or the exception it raised.
 
     ``nodes`` are inventory Nodes (or anything with ``.name``, or plain names). Example::

@@ -7,8 +7,9 @@ tested on captured output from real Sparks.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from sparkctl.errors import NodeError
 from sparkctl.nodes import docker_facts, facts
@@ -18,6 +19,8 @@ from sparkctl.sglang.render import MODELS_MOUNT
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Node
     from sparkctl.nodes.ssh import CommandResult, SSHConnector
+
+T = TypeVar("T")      # what a fact's parser makes of a command's stdout (`NodeFacts.parsed`)
 
 
 @dataclass
@@ -41,7 +44,7 @@ class NodeFacts:
     local_paths: dict[str, tuple[str, bool]] = field(default_factory=dict)  # process runtime, real engine:
                                                    # what ("model", "drafter") -> (path here, present)
 
-    def parsed(self, key: str, parse: Any) -> Any:
+    def parsed(self, key: str, parse: Callable[[str], T]) -> T | None:
         """`parse(stdout)` of a command that exited 0, else None."""
         res = self.outputs.get(key)
         return parse(res.stdout) if res is not None and res.returncode == 0 else None
@@ -77,17 +80,18 @@ def gather_over_ssh(ssh: SSHConnector, node: Node, peers: list[Node], spec: Laun
         out.unreachable = exc
         return out
     out.reached = ssh.address
-    named: list[tuple[str, facts.Fact[Any]]] = [
-        ("docker", docker_facts.docker_info()), ("ip", facts.ip_addr()), ("mem", facts.meminfo()),
-        ("ss", facts.listening()), ("gpu", facts.gpu_query()), ("smi", facts.nvidia_smi()),
-        ("ib", facts.dir_entries("/dev/infiniband"))]
+    # what each command is read as -> its argv (the facts' own parsers run later, on `outputs`)
+    named: list[tuple[str, tuple[str, ...]]] = [
+        ("docker", docker_facts.docker_info().argv), ("ip", facts.ip_addr().argv), ("mem", facts.meminfo().argv),
+        ("ss", facts.listening().argv), ("gpu", facts.gpu_query().argv), ("smi", facts.nvidia_smi().argv),
+        ("ib", facts.dir_entries("/dev/infiniband").argv)]
     if node.roce_hcas:
-        named.append(("ibdev", facts.ibdev2netdev()))
+        named.append(("ibdev", facts.ibdev2netdev().argv))
     for what, path in model_paths(spec.argv):
         host = host_model_path(path, node.host_paths.models) or path
-        named.append((what, facts.Fact(what, ("ls", "-d", "--", host), lambda t: t.strip())))
-    named += [(f"ping:{p.name}", facts.ping(p.fabric_address, dont_fragment=False)) for p in peers]
-    out.outputs = dict(zip([k for k, _ in named], ssh.run_many([list(f.argv) for _, f in named])))
+        named.append((what, ("ls", "-d", "--", host)))
+    named += [(f"ping:{p.name}", facts.ping(p.fabric_address, dont_fragment=False).argv) for p in peers]
+    out.outputs = dict(zip([k for k, _ in named], ssh.run_many([list(argv) for _, argv in named])))
     iface = (out.parsed("ip", facts.parse_ip_addr_json) or {}).get(node.fabric_interface)
     answered = [p for p in peers if facts.parse_ping(out.outputs[f"ping:{p.name}"].output).ok]
     if iface is not None and iface.up and iface.mtu and answered:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
+from sparkctl.jsontypes import JSONMapping
 from sparkctl.nodes.handles import DockerHandle, Handle, ProcessHandle
 from sparkctl.nodes.node_facts import NodeFacts
 from sparkctl.sglang.launch import LaunchSpec
@@ -67,7 +68,7 @@ class Runtime(Protocol[H]):
 SIM_ENV_PREFIX = "SPARKCTL_SIM_"
 
 
-def sim_env(knobs: dict[str, Any]) -> dict[str, str]:
+def sim_env(knobs: JSONMapping) -> dict[str, str]:
     """Emulator knobs (inventory `sparkctl_sim`) as the engine's SPARKCTL_SIM_CLUSTER (one JSON mapping).
 
     One variable, read by the emulator as its lowest layer (sparkctl/sim/config.py): a deployment's own

@@ -47,7 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 from sparkctl.errors import CommandFailed, NodeError
 from sparkctl.extras import needed
@@ -136,8 +136,9 @@ class SSHConnector:
         s = self.node.ssh
         policy = self.cluster.host_key_policy if self.cluster else "accept-new"
         kh = known_hosts_path(self.cluster)
-        kwargs: dict[str, Any] = {"banner_timeout": self.connect_timeout_s, "auth_timeout": 2 * self.connect_timeout_s,
-                                  "channel_timeout": 2 * self.connect_timeout_s}
+        kwargs: dict[str, float | str | bool] = {      # paramiko's connect() keywords
+            "banner_timeout": self.connect_timeout_s, "auth_timeout": 2 * self.connect_timeout_s,
+            "channel_timeout": 2 * self.connect_timeout_s}
         if s.key_file:
             key = os.path.expanduser(s.key_file)
             if not os.path.isfile(key):

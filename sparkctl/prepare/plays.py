@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.errors import ConfigError
@@ -63,6 +63,14 @@ class PrepareResult:
             for r in self.runs]}
 
 
+class _PlaybookOptions(TypedDict):
+    """What every playbook of one `prepare` runs with (`run_playbook`'s keywords)."""
+
+    check: bool
+    become_password: str | None
+    on_event: Callable[[TaskResult], None] | None
+
+
 def prepare(inv: Inventory, *, check: bool = False, tags: list[str] | None = None, models: list[str] | None = None,
             restore: bool = False, become_password: str | None = None,
             on_event: Callable[[TaskResult], None] | None = None) -> PrepareResult:
@@ -73,7 +81,7 @@ def prepare(inv: Inventory, *, check: bool = False, tags: list[str] | None = Non
         raise ConfigError(f"unknown tag(s) {', '.join(unknown)}", hint=f"tags: {', '.join((*PREPARE_TAGS, 'models'))}")
     if "models" in tags and not models:
         raise ConfigError("--tags models needs --profile", hint="the model and drafter to sync come from the profile")
-    common: dict[str, Any] = {"check": check, "become_password": become_password, "on_event": on_event}
+    common: _PlaybookOptions = {"check": check, "become_password": become_password, "on_event": on_event}
     result = PrepareResult()
     if restore:
         result.runs.append(run_playbook(inv, "restore.yml", **common))

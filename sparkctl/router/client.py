@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 import httpx
 
@@ -24,6 +24,8 @@ from sparkctl.jsontypes import JSONObject
 from sparkctl.router import RouterError
 from sparkctl.router.metrics import RouterMetrics, parse_router_metrics
 from sparkctl.tls import tls_context
+
+V = TypeVar("V")      # what a bounded wait gives once it holds (`RouterClient._until`)
 
 
 @dataclass(frozen=True)
@@ -65,9 +67,9 @@ class RouterClient:
         self.close()
 
     # ---- one call each -------------------------------------------------------------------------------------------
-    def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    def _call(self, method: str, path: str, *, json: JSONObject | None = None) -> httpx.Response:
         try:
-            return self._http.request(method, self.url + path, **kw)
+            return self._http.request(method, self.url + path, json=json)
         except httpx.HTTPError as exc:
             raise RouterError(f"router {self.url}: {method} {path} failed: {exc}",
                               hint="is the router running? (sparkctl status shows it)") from None
@@ -108,7 +110,7 @@ class RouterClient:
         return parse_router_metrics(r.text)
 
     # ---- bounded operations -------------------------------------------------------------------------------------
-    def _until(self, what: str, done: Callable[[], Any], timeout_s: float) -> Any:
+    def _until(self, what: str, done: Callable[[], V | None], timeout_s: float) -> V:
         end = time.monotonic() + timeout_s
         while True:
             got = done()

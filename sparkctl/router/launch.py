@@ -10,7 +10,7 @@ interface (`Router`), so the replicated deployment starts, finds, checks and sto
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sparkctl.jsontypes import JSONObject
 from sparkctl.router.spec import RouterSpec
@@ -29,7 +29,7 @@ class Router(Protocol):
 
     def alive(self) -> bool: ...
 
-    def stop(self, timeout_s: float = 10.0) -> Any: ...
+    def stop(self, timeout_s: float = 10.0) -> bool | None: ...   # container: False when nothing of ours was there
 
     def to_dict(self) -> JSONObject: ...
 

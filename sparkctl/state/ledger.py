@@ -35,12 +35,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from sparkctl.errors import LedgerError, LockHeldError
-from sparkctl.jsontypes import JSONObject
+from sparkctl.jsontypes import JSONObject, JSONValue
 from sparkctl.state.records import DeploymentRecord, Status
 from sparkctl.state.runs import RunRecord
 from sparkctl.statefiles import (
@@ -51,6 +51,8 @@ from sparkctl.statefiles import (
     state_dir_error,
     write_json_atomic,
 )
+
+M = TypeVar("M", bound=BaseModel)   # the record model a state file is read as (`_validated`)
 
 REPAIR_HINT = ("run `sparkctl repair`: it keeps the damaged file (moved aside), rebuilds the ledger from the engines "
                "actually running and asks before changing anything")
@@ -73,7 +75,7 @@ def check_state_root(root: Path) -> str | None:
     return None
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path) -> JSONValue:
     """A JSON file of the state directory, read without following links (`open_state_file`): LedgerError (exit 6)
     naming the file when it is missing, not UTF-8 JSON, or a planted symlink."""
     try:
@@ -97,7 +99,7 @@ def read_json(path: Path) -> Any:
         raise LedgerError("record is corrupt (nested too deep)", where=str(path), hint=REPAIR_HINT) from None
 
 
-def _validated(model: type[Any], data: object, path: Path) -> Any:
+def _validated(model: type[M], data: object, path: Path) -> M:
     """`data` as a `model`, or LedgerError naming the file and the first fields that do not fit."""
     try:
         return model.model_validate(data)

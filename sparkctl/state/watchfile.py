@@ -16,11 +16,11 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sparkctl.errors import LockHeldError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.statefiles import open_state_file, private_dir, state_dir_error, write_json_atomic
 
 WATCH_FILE = "watch.json"
@@ -92,7 +92,7 @@ def watcher_running(state: WatchState) -> bool:
     return controller_alive({"pid": state.pid, "host": state.host, "start_ticks": state.start_ticks})
 
 
-def watcher_view(root: Path) -> dict[str, Any] | None:
+def watcher_view(root: Path) -> JSONObject | None:
     """For `status`: the file plus `running` (checked now), or None when no watcher ever ran on this cluster."""
     state = load_watch(root)
     if state is None:
