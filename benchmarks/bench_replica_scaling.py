@@ -23,7 +23,10 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sparkctl.state.runs import RouterBench
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -39,7 +42,8 @@ def _profile(path: Path, replicas: int, capped: bool) -> Path:
 
 
 def _measure(tmp: Path, replicas: int, capped: bool, knobs: dict[str, Any], max_tokens: int,
-             levels: tuple[int, ...]) -> dict[str, Any]:
+             levels: tuple[int, ...]) -> tuple[RouterBench, str]:
+    """One configuration deployed and benched through its router: the card's router section and its path."""
     from sparkctl.bench.run import BenchOptions, bench
     from sparkctl.config.inventory import load_inventory
     from sparkctl.config.profile import load_profile
@@ -53,9 +57,17 @@ def _measure(tmp: Path, replicas: int, capped: bool, knobs: dict[str, Any], max_
         d.up(load_profile(str(_profile(tmp / f"{name}-profile.yml", replicas, capped))))
         opts = BenchOptions(gates=("cold", "concurrency"), max_tokens=max_tokens, warmup=0, runs=1,
                             router_concurrency=levels, out_dir=tmp / f"{name}-card")
-        return bench(inv, opts)
+        record = bench(inv, opts)
     finally:
         d.down()
+    if record.router is None:
+        raise RuntimeError(f"{name}: the card has no router section: {record.files.get('markdown')}")
+    return record.router, record.files["markdown"]
+
+
+def _figure(value: float | None) -> float:
+    """A level's aggregate; nan (printed as such) for one that was not measured."""
+    return float("nan") if value is None else value
 
 
 def main() -> None:
@@ -77,8 +89,8 @@ def main() -> None:
           f"{a.decode_tps:g}, max_tokens {a.max_tokens}, TP=1 replicas, one run")
     for capped in ((True, False) if a.only is None else (a.only == "capped",)):
         runs = {k: _measure(tmp, k, capped, knobs, a.max_tokens, levels) for k in (1, 2)}
-        rows = {k: {lv["concurrency"]: lv["aggregate_tok_s"] for lv in r["router"]["levels"]} for k, r in runs.items()}
-        caps = [x["max_running_requests"] for x in runs[2]["router"]["replicas"]]
+        rows = {k: {lv.concurrency: _figure(lv.aggregate_tok_s) for lv in r.levels} for k, (r, _) in runs.items()}
+        caps = [x.max_running_requests for x in runs[2][0].replicas]
         print(f"\n{'capped' if capped else 'uncapped'}: max_running_requests per replica {caps}"
               + (" (the mamba state cache)" if capped else ""))
         print("  concurrency   " + "".join(f"{c:>10}" for c in levels))
@@ -86,10 +98,11 @@ def main() -> None:
             print(f"  {k} replica{'s' if k > 1 else ' '}    " + "".join(f"{rows[k][c]:10.1f}" for c in levels))
         print("  ratio 2/1     " + "".join(f"{rows[2][c] / rows[1][c]:10.2f}" for c in levels))
         print("  vs c1, 1 rep  " + "".join(f"{rows[1][c] / rows[1][1]:10.2f}" for c in levels))
-        split = ["/".join(f"{s['requests']:g}" for s in lv["replicas"]) for lv in runs[2]["router"]["levels"]]
+        split = ["/".join("-" if s.requests is None else f"{s.requests:g}" for s in lv.replicas)
+                 for lv in runs[2][0].levels]
         print("  2-replica split, requests per replica (router metrics): "
               + ", ".join(f"c{c} {s}" for c, s in zip(levels, split)))
-        print(f"  cards: {runs[1]['files']['markdown']}  {runs[2]['files']['markdown']}")
+        print(f"  cards: {runs[1][1]}  {runs[2][1]}")
 
 
 if __name__ == "__main__":

@@ -14,14 +14,13 @@ from sparkctl.bench.chart import decode_svg
 from sparkctl.bench.outcome import scrubbed
 from sparkctl.bench.report import render_card
 from sparkctl.errors import ConfigError, OutputPathError
-from sparkctl.jsontypes import JSONObject
+from sparkctl.state.runs import RunRecord
 from sparkctl.statefiles import write_text_atomic
 from sparkctl.untrusted import clean
 
 if TYPE_CHECKING:
     from sparkctl.bench.arms import BenchOptions
     from sparkctl.state.ledger import Ledger
-    from sparkctl.state.runs import RunRecord
 
 REPORT_FILES = ("report.json", "report.md", "decode.svg")
 CARD_LINE_LIMIT = 16384        # characters of one line of report.md (a wide table row fits; a 100 kB line does not)
@@ -61,12 +60,12 @@ def card_dir(opts: BenchOptions, ledger: Ledger | None, run_id: str) -> ReportDi
     return ReportDir(ledger.run_dir(run_id))
 
 
-def write_report(result: RunRecord, out_dir: ReportDir | Path, secrets: set[str] | None = None) -> JSONObject:
+def write_report(result: RunRecord, out_dir: ReportDir | Path, secrets: set[str] | None = None) -> RunRecord:
     """``report.json``, ``report.md`` (rendered from the same JSON) and ``decode.svg``, atomically: mode 0600 in
     the ledger's run directory, as given (`sparkctl.userfiles`) in a directory the user named.
 
-    Returns the record's JSON (what ``report.json`` holds), with ``files`` naming the files written; every string
-    in it has the run's ``secrets`` and any URL's credentials masked.
+    Returns the record as written (what ``report.json`` holds), with ``files`` naming the files written; every
+    string in it has the run's ``secrets`` and any URL's credentials masked.
     """
     target = out_dir if isinstance(out_dir, ReportDir) else ReportDir(Path(out_dir))
     if target.user:
@@ -90,4 +89,4 @@ def write_report(result: RunRecord, out_dir: ReportDir | Path, secrets: set[str]
     data = scrubbed(result.as_json(), set(secrets or ()))
     write(json_path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     write(md_path, clean(render_card(data), CARD_LINE_LIMIT))     # names and evidence from outside: escaped, bounded
-    return data
+    return RunRecord.model_validate(data)

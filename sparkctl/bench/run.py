@@ -162,8 +162,9 @@ def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts
 
 
 def _run(result: RunRecord, body: Callable[[], None], out_dir: ReportDir,
-         run: RunState | None = None) -> JSONObject:
-    """Run `body`, record how it ended (successful, failed, canceled), write the report either way."""
+         run: RunState | None = None) -> RunRecord:
+    """Run `body`, record how it ended (successful, failed, canceled), write the report either way; returns the
+    record as written (`write_report`)."""
     secrets = run.secrets if run else set()
     try:
         body()
@@ -175,7 +176,7 @@ def _run(result: RunRecord, body: Callable[[], None], out_dir: ReportDir,
             err = bench_error(exc)
         result.errors.append(err.render() if isinstance(err, SparkctlError) else f"{type(err).__name__}: {err}")
         result.finished = result.finished or now_iso()
-        files = write_report(result, out_dir, secrets)["files"]
+        files = write_report(result, out_dir, secrets).files
         if isinstance(err, BenchError):
             new = copy.copy(err)
             new.hint = (f"{err.hint}; " if err.hint else "") + f"the card, marked failed: {files['markdown']}"
@@ -187,7 +188,7 @@ def _run(result: RunRecord, body: Callable[[], None], out_dir: ReportDir,
 def bench_endpoint(url: str, opts: BenchOptions, *, ledger: Ledger | None = None, api_key: str | None = None,
                    log_path: Path | None = None, compare_endpoint: str | None = None,
                    compare_log_path: Path | None = None, progress: Progress = _noop, limits: Limits | None = None,
-                   run_s: float | None = None, compare_api_key: str | None = None) -> JSONObject:
+                   run_s: float | None = None, compare_api_key: str | None = None) -> RunRecord:
     """Measure a running endpoint (and optionally a second one to compare against).
 
     ``api_key`` goes to ``url`` and ``compare_api_key`` to ``compare_endpoint``, each only when given (the CLI
@@ -211,7 +212,7 @@ def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile:
                      compare_endpoint: str | None = None, log_path: Path | None = None,
                      compare_log_path: Path | None = None, compare_api_key: str | None = None,
                      progress: Progress = _noop, limits: Limits | None = None,
-                     run_s: float | None = None) -> JSONObject:
+                     run_s: float | None = None) -> RunRecord:
     """Measure the active deployment; with ``compare_profile`` deploy it, measure, restore the original.
 
     ``primary_profile``: deploy that profile first (a no-op when it already runs healthy) and measure it;
@@ -275,7 +276,7 @@ def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile:
     return _run(result, body, out, run)
 
 
-def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -> JSONObject:
+def bench_log(path: Path, opts: BenchOptions, *, ledger: Ledger | None = None) -> RunRecord:
     """Scheduler numbers from a captured log alone: accept len/rate ranges, the gauge peak, capacity."""
     run_id = Ledger.new_id("bench-log")
     result = _new_result("log-only", opts, run_id, Limits(), None)
@@ -304,8 +305,8 @@ def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None
           profile: Profile | None = None, compare: Profile | None = None,
           endpoint: str | None = None, compare_endpoint: str | None = None, log: Path | None = None,
           compare_log: Path | None = None, log_only: bool = False, api_key: str | None = None,
-          progress: Progress = _noop, limits: Limits | None = None, run_s: float | None = None) -> JSONObject:
-    """`sparkctl bench`: pick the mode from what is given, run it, return the run record's JSON.
+          progress: Progress = _noop, limits: Limits | None = None, run_s: float | None = None) -> RunRecord:
+    """`sparkctl bench`: pick the mode from what is given, run it, return its run record (as written).
 
     ``endpoint``: measure that server (and ``compare_endpoint``). ``log_only``, or a ``log`` with nothing
     deployed and nothing else named: log-only analysis. Otherwise the inventory's active deployment
@@ -367,8 +368,8 @@ def _deploy(deployer: Deployer, profile: Profile) -> UpResult | ReplicatedUpResu
 
 # ------------------------------------------------------------------------------------ replicated deployments
 def bench_replicated(inventory: Inventory, opts: BenchOptions, *, progress: Progress = _noop,
-                     limits: Limits | None = None, run_s: float | None = None) -> JSONObject:
-    """Measure the cluster's replicated deployment through its router; returns the run record's JSON."""
+                     limits: Limits | None = None, run_s: float | None = None) -> RunRecord:
+    """Measure the cluster's replicated deployment through its router; returns the run record (as written)."""
     from sparkctl.deploy import door
     from sparkctl.deploy.cluster import Cluster
 

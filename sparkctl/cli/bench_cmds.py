@@ -10,12 +10,12 @@ import typer
 
 from sparkctl.cli import bounds
 from sparkctl.cli.options import flag
-from sparkctl.jsontypes import JSONObject
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from sparkctl.deploy.progress import Reporter
+    from sparkctl.state.runs import RunRecord
 
 INVENTORY_OPT = typer.Option(None, "--inventory", "-i", help="Ansible inventory file (default: see README).")
 
@@ -207,18 +207,17 @@ def _bench_progress(reporter: Reporter) -> Callable[[str], None]:
     return progress
 
 
-def _show_card(result: JSONObject, as_json: bool) -> None:
-    """The card on stdout (markdown, or the run record as JSON), and where its files are on stderr."""
-    files = result.get("files") or {}
+def _show_card(result: RunRecord, as_json: bool) -> None:
+    """The card on stdout (markdown, or the run record as JSON: `sparkctl schema bench`), and where its files are
+    on stderr."""
+    files = result.files
     if as_json:
-        from sparkctl.state.runs import RunRecord
-        RunRecord.model_validate(result)          # the run record `sparkctl schema bench` exports
         from sparkctl.cli.outputs import print_json
-        print_json(result)
+        print_json(result.as_json())
     else:
         sys.stdout.write(Path(files["markdown"]).read_text(encoding="utf-8"))
     print(f"sparkctl: card {files.get('markdown')}, data {files.get('json')}"
-          + ("  [EMULATED]" if result.get("emulated") else ""), file=sys.stderr)
+          + ("  [EMULATED]" if result.emulated else ""), file=sys.stderr)
 
 def _register_cards(bench_app: typer.Typer) -> None:
     bench_app.command("history")(history)

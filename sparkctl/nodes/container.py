@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sparkctl.errors import ConfigError
-from sparkctl.jsontypes import JSONObject
 from sparkctl.redaction import REDACTED, SECRET_ENV, redact_argv
-from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec
+from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec, Mount
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Node
@@ -84,7 +83,7 @@ class ContainerConfig:
     argv: list[str]
     env: dict[str, str]
     labels: dict[str, str]
-    mounts: list[JSONObject]
+    mounts: list[Mount]
     host_dirs: list[str]                 # writable host directories to create before the container starts
     secret_values: frozenset[str] = frozenset()
     secrets_dir: str | None = None       # node directory of the rank's secret files (mounted at SECRETS_MOUNT)
@@ -113,31 +112,26 @@ def container_config(spec: LaunchSpec, node: Node, *, cluster: str, deployment_i
     name = container_name(cluster, spec.rank, deployment_id)
     labels = {"sparkctl.cluster": cluster, "sparkctl.deployment": deployment_id, "sparkctl.rank": str(spec.rank),
               "sparkctl.node": node.name, "sparkctl.profile-identity": identity or spec_identity(spec, image)}
-    mounts: list[JSONObject] = []
-    host_dirs: list[str] = []
-    for m in spec.mounts:
-        src = _check_path(str(m["source"]), "mount source", node.name)
-        dst = _check_path(str(m["target"]), "mount target", node.name)
-        ro = bool(m.get("read_only"))
-        mounts.append({"source": src, "target": dst, "read_only": ro})
-        if not ro:
-            host_dirs.append(src)
+    mounts = [Mount(source=_check_path(m.source, "mount source", node.name),
+                    target=_check_path(m.target, "mount target", node.name), read_only=m.read_only)
+              for m in spec.mounts]
+    host_dirs = [m.source for m in mounts if not m.read_only]
     env: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
     if node.gpu_runtime == "nvidia":
         env.update(NVIDIA_VISIBLE_DEVICES="all", NVIDIA_DRIVER_CAPABILITIES="compute,utility")
     cache = _check_path(node.host_paths.cache, "host_paths.cache", node.name)
-    targets = [m["target"] for m in mounts]
+    targets = [m.target for m in mounts]
     for sub, target, env_var in JIT_CACHES:
         if env_var:
             env[env_var] = target
         if _covered(target, targets):      # e.g. render mounts host_paths.cache at ~/.cache already
             continue
-        mounts.append({"source": f"{cache}/{sub}", "target": target, "read_only": False})
+        mounts.append(Mount(source=f"{cache}/{sub}", target=target, read_only=False))
         host_dirs.append(f"{cache}/{sub}")
     secrets_dir = None
     if spec.secret_files:
         secrets_dir = f"{SECRETS_HOST_ROOT}/{name}"
-        mounts.append({"source": secrets_dir, "target": SECRETS_MOUNT, "read_only": True})
+        mounts.append(Mount(source=secrets_dir, target=SECRETS_MOUNT, read_only=True))
     env.update(extra_env or {})            # e.g. emulator knobs of a cluster whose engine is the emulator
     env.update(spec.env)                   # the LaunchSpec wins over our defaults
     for k, v in env.items():
@@ -160,8 +154,7 @@ def container_config(spec: LaunchSpec, node: Node, *, cluster: str, deployment_i
     if infiniband:
         argv += ["--device", "/dev/infiniband"]
     for m in mounts:
-        argv += ["--mount", f"type=bind,source={m['source']},target={m['target']}" + (",readonly" if m["read_only"]
-                                                                                         else "")]
+        argv += ["--mount", f"type=bind,source={m.source},target={m.target}" + (",readonly" if m.read_only else "")]
     # A hash of the whole (redacted) run command: a stopped container is reused only for exactly this launch.
     # Redacted by field (the secret flags' values), so a number equal to a secret still counts.
     cmd = list(spec.argv if command is None else command)

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sparkctl.jsontypes import JSONObject
 from sparkctl.redaction import REDACTED, SECRET_ENV, SECRET_OPTIONS, redact, redact_argv
 
 # Where an engine finds its secret files (the runtime puts the directory there: a read-only bind mount in a
@@ -20,6 +19,22 @@ from sparkctl.redaction import REDACTED, SECRET_ENV, SECRET_OPTIONS, redact, red
 SECRETS_MOUNT = "/run/sparkctl-secrets"
 ENGINE_SECRETS_FILE = "engine-secrets.yaml"   # SGLang `--config` YAML holding `api-key: KEY`
 HF_TOKEN_FILE = "hf-token"                    # read by huggingface_hub through HF_TOKEN_PATH
+
+
+class Mount(BaseModel):
+    """One bind mount of a rank's container, e.g. ``Mount(source="/srv/models", target="/models", read_only=True)``.
+
+    Its JSON, ``{"source", "target", "read_only"}`` in that order, is what records and the launch identity
+    (`sparkctl.nodes.container.spec_identity`) have always held, so a deployment made before it was a model is
+    not seen as changed.
+    """
+
+    # extra="allow": keys written by a newer sparkctl survive a load/save round trip of the record.
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    source: str = Field(description="Absolute path on the node.")
+    target: str = Field(description="Absolute path in the container.")
+    read_only: bool = Field(description="Bound read-only (the models, the secrets) or writable (the caches).")
 
 
 @dataclass(frozen=True)
@@ -39,7 +54,7 @@ class LaunchSpec:
     api_host: str = "127.0.0.1"   # where a client reaches rank 0's HTTP API
     api_port: int = 30000
     image: str | None = None      # engine image reference (docker runtime)
-    mounts: list[JSONObject] = field(default_factory=list)  # {"source","target","read_only"}
+    mounts: list[Mount] = field(default_factory=list)
     secret_values: frozenset[str] = field(default=frozenset(), repr=False)  # values to redact wherever printed
     # File name -> content of the files the runtime writes (0400, in a private 0700 directory) at SECRETS_MOUNT
     # before the engine starts: the API key and HF token reach the engine there, never in its argv or env.
@@ -87,4 +102,4 @@ class RankSpec(BaseModel):
     api_host: str | None = None
     api_port: int | None = None
     image: str | None = None
-    mounts: list[JSONObject] = Field(default_factory=list)
+    mounts: list[Mount] = Field(default_factory=list)

@@ -24,7 +24,7 @@ from sparkctl.jsontypes import JSONObject
 from sparkctl.redaction import SECRET_OPTIONS
 from sparkctl.sglang.dialect import Dialect, Flag, load_dialect
 from sparkctl.sglang.endpoints import group_listeners, refuse_collisions
-from sparkctl.sglang.launch import ENGINE_SECRETS_FILE, HF_TOKEN_FILE, SECRETS_MOUNT, LaunchSpec
+from sparkctl.sglang.launch import ENGINE_SECRETS_FILE, HF_TOKEN_FILE, SECRETS_MOUNT, LaunchSpec, Mount
 
 log = logging.getLogger("sparkctl.render")
 
@@ -312,8 +312,8 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
             # named by HF_TOKEN_PATH (huggingface_hub constants.HF_TOKEN_PATH, 0.x and 1.x).
             env["HF_TOKEN_PATH"] = f"{SECRETS_MOUNT}/{HF_TOKEN_FILE}"
             secret_files[HF_TOKEN_FILE] = hf_token
-        mounts = [{"source": node.host_paths.models, "target": MODELS_MOUNT, "read_only": True},
-                  {"source": node.host_paths.cache, "target": "/root/.cache", "read_only": False}]
+        mounts = [Mount(source=node.host_paths.models, target=MODELS_MOUNT, read_only=True),
+                  Mount(source=node.host_paths.cache, target="/root/.cache", read_only=False)]
         specs.append(LaunchSpec(rank=rank, node=node.name, argv=LAUNCH_PREFIX + b.argv, env=env,
                                 sglang_version=dialect.version, api_host=api_address(node, bind),
                                 api_port=profile.api.port, mounts=mounts, secret_values=frozenset(secrets),

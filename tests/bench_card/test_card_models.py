@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.bench.card_files import CARD_LINE_LIMIT
-from sparkctl.bench.outcome import failures
+from sparkctl.bench.card_files import CARD_LINE_LIMIT, write_report
+from sparkctl.bench.outcome import failures, scrubbed
 from sparkctl.bench.report import render_card
 from sparkctl.state.cards import card_entry
 from sparkctl.state.ledger import Ledger
@@ -51,6 +51,22 @@ def test_todays_report_json_loads_into_models_and_dumps_byte_for_byte(name):
     assert isinstance(primary.ttft, TTFTResult) and isinstance(primary.concurrency, ConcurrencyResult)
     assert all(isinstance(r, RequestRun) for r in primary.warmup or [])
     assert _report_json(rec) == text
+
+
+@pytest.mark.parametrize("name", TODAY)
+def test_the_record_write_report_returns_dumps_as_the_json_it_returned_before(name, tmp_path):
+    """The bench returns `write_report`'s record, and `sparkctl bench --json` prints its ``as_json()``: the same
+    keys in the same order as the masked JSON it returned before it returned a record, extra keys included."""
+    rec = RunRecord.model_validate_json((CARDS / f"{name}.json").read_text())
+    rec.errors.append("the server echoed sk-secret-1 and http://u:pw@host:1/v1")
+    death = {"rank": 1, "node": "spark-b", "deployment": "d1", "at": "2026-01-01T00:00:09Z", "elapsed_s": 9.0,
+             "during": "decode code run 1/3 (sk-secret-1)", "state": "exited", "exit_code": -9, "last_alive": None}
+    setattr(rec, "rank_death", death)            # noqa: B010 (an extra key, as the bench sets it when a rank died)
+    written = write_report(rec, tmp_path, {"sk-secret-1"})
+    before = scrubbed(rec.as_json(), {"sk-secret-1"})          # what write_report returned, and the CLI printed
+    assert json.dumps(written.as_json(), indent=2) == json.dumps(before, indent=2)
+    assert "sk-secret-1" not in json.dumps(before) and "pw@" not in json.dumps(before)
+    assert written.as_json() == json.loads((tmp_path / "report.json").read_text())
 
 
 @pytest.mark.parametrize("name", TODAY)

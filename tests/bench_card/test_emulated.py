@@ -20,22 +20,22 @@ from tests.bench_card.conftest import OFF, start_sim, stop_sim, wait_ready
 
 @pytest.fixture(scope="module")
 def run_off_on(sims, tmp_path_factory) -> dict[str, Any]:
-    """OFF (primary: TTFT, concurrency) vs the deterministic ON arm."""
+    """OFF (primary: TTFT, concurrency) vs the deterministic ON arm: the run record's JSON."""
     opts = BenchOptions(gates=("cold", "decode", "ttft", "concurrency", "g6"), runs=3, max_tokens=241, warmup=1,
                         ttft_sizes=(1000, 3000, 8000), ttft_runs=3, concurrency=(1, 2), g6_max_tokens=16, g6_limit=5,
                         out_dir=tmp_path_factory.mktemp("run1"))
     return bench_endpoint(sims["off"].url, opts, log_path=sims["off"].log, compare_endpoint=sims["on"].url,
-                          compare_log_path=sims["on"].log)
+                          compare_log_path=sims["on"].log).as_json()
 
 
 @pytest.fixture(scope="module")
 def run_acc_off(sims, tmp_path_factory) -> dict[str, Any]:
     """Partial acceptance + one diverging G6 prompt (ON, primary) vs OFF; G6 outputs short enough to be
-    reasoning only."""
+    reasoning only. The run record's JSON."""
     opts = BenchOptions(gates=("acceptance", "concurrency", "g6"), runs=3, max_tokens=161, warmup=1,
                         acceptance_runs=2, concurrency=(1, 2), g6_max_tokens=10,
                         out_dir=tmp_path_factory.mktemp("run2"))
-    return bench_endpoint(sims["acc"].url, opts, log_path=sims["acc"].log, compare_endpoint=sims["off"].url)
+    return bench_endpoint(sims["acc"].url, opts, log_path=sims["acc"].log, compare_endpoint=sims["off"].url).as_json()
 
 
 def _arm(result: dict[str, Any], role: str) -> dict[str, Any]:
@@ -246,6 +246,7 @@ def _card_numbers(card: str, section_titles: tuple[str, ...]) -> list[str]:
 def test_card_numbers_equal_the_json(which, request):
     result = request.getfixturevalue(which)
     saved = json.loads(Path(result["files"]["json"]).read_text())
+    assert saved == result                               # the record bench_endpoint returned is the one written
     card = Path(result["files"]["markdown"]).read_text()
     assert card == render_card(saved)                    # the card is a rendering of the saved JSON
     nums = list(_json_numbers(saved))
@@ -286,7 +287,7 @@ def test_static_capture_as_log_is_analysed_whole_and_labelled(sims, tmp_path):
     capture = Path(__file__).resolve().parents[1] / "fixtures" / "captures" / "sglang" / \
         "decode-batch-old-period-form-eagle3-accept.txt"
     opts = BenchOptions(gates=("acceptance",), runs=1, max_tokens=41, warmup=0, acceptance_runs=1, out_dir=tmp_path)
-    res = bench_endpoint(sims["acc"].url, opts, log_path=capture)
+    res = bench_endpoint(sims["acc"].url, opts, log_path=capture).as_json()
     acc = res["arms"][0]["results"]["acceptance"]
     assert acc["log"]["accept_len"] is None and "no Decode batch line" in acc["log"]["note"]
     wf = acc["log_whole_file"]
@@ -308,7 +309,7 @@ def test_serialization_says_the_launch_flag_that_caps_it(run_off_on):
 def test_serialization_quotes_the_engines_mamba_cap_and_the_setting(hybrid_sim, tmp_path):
     opts = BenchOptions(gates=("concurrency",), runs=1, max_tokens=121, warmup=0, concurrency=(1, 2),
                         out_dir=tmp_path / "out")
-    res = bench_endpoint(hybrid_sim.url, opts, log_path=hybrid_sim.log)
+    res = bench_endpoint(hybrid_sim.url, opts, log_path=hybrid_sim.log).as_json()
     c = res["arms"][0]["results"]["concurrency"]
     assert c["max_running_requests"] == 1
     ser = next(lv for lv in c["levels"] if lv["concurrency"] == 2)["serialization"]
@@ -337,7 +338,7 @@ def test_a_fresh_card_has_the_shape_of_one_written_before_the_models(fresh_acc_o
     opts = BenchOptions(runs=2, max_tokens=161, warmup=1, acceptance_runs=2, ttft_sizes=(1000, 8000), ttft_runs=2,
                         concurrency=(1, 2), g6_max_tokens=10, g6_limit=3, out_dir=tmp_path / "card")
     fresh = bench_endpoint(sims["acc"].url, opts, log_path=sims["acc"].log, compare_endpoint=sims["off"].url,
-                           compare_log_path=sims["off"].log)
+                           compare_log_path=sims["off"].log).as_json()
     assert fresh["status"] == "successful"
     # added since that card: each TTFT prompt fitted to its label by the server's own count (issue 31), so a size
     # says how (`fit`, per run) and whether one missed 2 % (`note`), and the calibration the marker line's tokens

@@ -22,7 +22,7 @@ from sparkctl.nodes.docker_runtime import DockerRuntime
 from sparkctl.nodes.fanout import run_all
 from sparkctl.nodes.handles import DockerHandle
 from sparkctl.nodes.ssh import SSHConnector
-from sparkctl.sglang.launch import LaunchSpec
+from sparkctl.sglang.launch import LaunchSpec, Mount
 from sparkctl.state.records import CheckResult, Severity
 from testrig.cluster import TestCluster
 
@@ -206,8 +206,8 @@ def _spec(inv: Inventory, node: str, *, port: int, image: str | None, rank: int 
                       env={"SPARKCTL_SIM_BOOT_S": "1", "HF_TOKEN": SECRET,
                            "SGLANG_HOST_IP": n.fabric_address, "NCCL_SOCKET_IFNAME": n.fabric_interface},
                       sglang_version="0.5.23", image=image,
-                      mounts=[{"source": n.host_paths.models, "target": "/models", "read_only": True},
-                              {"source": n.host_paths.cache, "target": "/root/.cache", "read_only": False}],
+                      mounts=[Mount(source=n.host_paths.models, target="/models", read_only=True),
+                              Mount(source=n.host_paths.cache, target="/root/.cache", read_only=False)],
                       secret_values=frozenset({SECRET}))
 
 

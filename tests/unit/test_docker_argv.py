@@ -1,6 +1,7 @@
 """The docker runtime's container parameters, built without a daemon (commands are data)."""
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import TypedDict, Unpack
 
@@ -8,12 +9,12 @@ import pytest
 
 from sparkctl.config.inventory import ClusterSettings, HostPaths, Inventory, Node, SSHSettings
 from sparkctl.errors import ConfigError
-from sparkctl.nodes.container import ContainerConfig, container_config, container_name, resolve_image
+from sparkctl.nodes.container import ContainerConfig, container_config, container_name, resolve_image, spec_identity
 from sparkctl.nodes.docker_logs import _ts_ns, parse_log_lines
 from sparkctl.nodes.docker_runtime import DockerRuntime
 from sparkctl.nodes.handles import DockerHandle
 from sparkctl.nodes.ssh import CommandResult
-from sparkctl.sglang.launch import LaunchSpec
+from sparkctl.sglang.launch import LaunchSpec, Mount
 
 API_KEY = "sk-very-secret-key"
 HF_TOKEN = "hf_abcdefSECRET"
@@ -33,8 +34,8 @@ def _spec(**kw: object) -> LaunchSpec:
                 env={"SGLANG_HOST_IP": "198.18.0.1", "NCCL_SOCKET_IFNAME": "enp1s0f0np0", "HF_TOKEN": HF_TOKEN,
                      "WITH_SPACES": " a b "},
                 sglang_version="0.5.23", image="sglang-gb10:abc",
-                mounts=[{"source": "/srv/models", "target": "/srv/models", "read_only": True},
-                        {"source": "/srv/cache", "target": "/root/.cache", "read_only": False}],
+                mounts=[Mount(source="/srv/models", target="/srv/models", read_only=True),
+                        Mount(source="/srv/cache", target="/root/.cache", read_only=False)],
                 secret_values=frozenset({API_KEY, HF_TOKEN}))
     base.update(kw)
     return LaunchSpec(**base)  # type: ignore[arg-type]
@@ -94,6 +95,26 @@ def test_labels() -> None:
     assert _cfg(identity="plan-identity").labels["sparkctl.profile-identity"] == "plan-identity"
 
 
+def test_mounts_as_models_keep_the_json_identity_and_argv_of_their_dict_form() -> None:
+    """Mounts were dicts in the spec, the record and the launch identity; as `Mount` models they dump to the same
+    JSON (keys in the same order), so the identity and the config hash of a running container are unchanged and
+    no deployment made before is seen as changed. The expected values are computed here from the dict form."""
+    as_dicts = [{"source": "/srv/models", "target": "/srv/models", "read_only": True},
+                {"source": "/srv/cache", "target": "/root/.cache", "read_only": False}]
+    spec = _spec()
+    dumped = spec.redacted().model_dump(mode="json")
+    old = {**spec.redacted().model_dump(mode="json", exclude={"mounts"}), "mounts": as_dicts}
+    assert json.dumps(dumped) == json.dumps({k: old[k] for k in dumped})         # the record's and --json's bytes
+    old_identity = hashlib.sha256(json.dumps({**old, "image": "img:1"}, sort_keys=True).encode()).hexdigest()[:16]
+    assert spec_identity(spec, "img:1") == old_identity
+    cfg = _cfg()
+    old_binds = [f"type=bind,source={m['source']},target={m['target']}" + (",readonly" if m["read_only"] else "")
+                 for m in as_dicts]
+    assert [cfg.argv[i + 1] for i, x in enumerate(cfg.argv) if x == "--mount"][:2] == old_binds
+    assert [m.model_dump() for m in cfg.mounts[:2]] == as_dicts
+    assert [Mount.model_validate(m) for m in as_dicts] == spec.mounts           # a stored record's dicts load
+
+
 def test_secrets_never_in_argv_env_only_in_env_file() -> None:
     cfg = _cfg()
     assert not any(HF_TOKEN in x for x in cfg.argv)
@@ -114,8 +135,8 @@ def test_gpu_runtime_variants() -> None:
 
 
 def test_jit_cache_mounts_without_render_cache_mount() -> None:
-    cfg = _cfg(spec=_spec(mounts=[{"source": "/srv/models", "target": "/srv/models", "read_only": True}]))
-    targets = {m["target"]: m["source"] for m in cfg.mounts}
+    cfg = _cfg(spec=_spec(mounts=[Mount(source="/srv/models", target="/srv/models", read_only=True)]))
+    targets = {m.target: m.source for m in cfg.mounts}
     assert targets["/root/.tilelang"] == "/srv/cache/tilelang"
     assert targets["/root/.triton"] == "/srv/cache/triton"
     assert targets["/root/.cache/flashinfer"] == "/srv/cache/flashinfer"
@@ -130,7 +151,7 @@ def test_spec_env_wins_over_defaults_and_bad_values_refused() -> None:
     with pytest.raises(ConfigError):
         _cfg(spec=_spec(env={"A": "line1\nline2"}))
     with pytest.raises(ConfigError):
-        _cfg(spec=_spec(mounts=[{"source": "/a,b", "target": "/x", "read_only": True}]))
+        _cfg(spec=_spec(mounts=[Mount(source="/a,b", target="/x", read_only=True)]))
 
 
 def test_memlock_override_and_no_infiniband() -> None:
