@@ -32,7 +32,7 @@ from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult
 
 if TYPE_CHECKING:
-    from sparkctl.images.plan import BaseImage
+    from sparkctl.images.plan import BaseImage, ImagePlan
     from sparkctl.nodes.ssh import SSHConnector
 
 STEPS = IMAGE_STEPS
@@ -59,7 +59,7 @@ class ImageSurvey:
     mode: str                                     # process | prebuilt | pipeline
     image: str | None = None                      # prebuilt: the engine image every rank runs
     source: str = ""                              # prebuilt: who names it
-    plan: Any = None                              # pipeline: ImagePlan (None while the base is missing)
+    plan: ImagePlan | None = None                 # pipeline: None while the base is missing
     base_missing: bool = False
     pinned_base: BaseImage | None = None          # pipeline: the recorded base a rollback plans on
     present: dict[str, dict[str, str | None]] = field(default_factory=dict)   # node -> {tag: id or None}
@@ -72,7 +72,8 @@ class ImageSurvey:
 
     @property
     def launch(self) -> LaunchImage | None:
-        return LaunchImage(self.plan.launch_tag, self.plan.launch_doc) if self.identity_key else None
+        p = self.plan
+        return LaunchImage(p.launch_tag, p.launch_doc) if self.mode == "pipeline" and p is not None else None
 
     def _tags(self) -> list[str]:
         if self.mode == "prebuilt":
@@ -221,6 +222,14 @@ class ImageStage:
         self.rts, self.log_dir, self.report = runtimes, log_dir, report
         self.plan = survey.plan
 
+    def _built(self) -> ImagePlan:
+        """The plan image-build built on: distribute and verify run after it (the step order), never before."""
+        if self.plan is None:
+            raise ImageError("no image plan: image-build did not run before this step", where=IMAGE_DISTRIBUTE,
+                             hint="run the command again (apply runs image-build, image-distribute, image-verify "
+                                  "in that order)")
+        return self.plan
+
     def _say(self, message: str) -> None:
         self.report(message, None)
 
@@ -257,7 +266,7 @@ class ImageStage:
             docker = {s.node: self.rts.for_node(s.node) for s in self.result.specs}
             return ensure_same_image(self.survey.image or "", docker, self.report)
         from sparkctl.images import pipeline
-        pipeline.distribute_plan(self.plan, self.inventory, report=self._say)
+        pipeline.distribute_plan(self._built(), self.inventory, report=self._say)
         return {}
 
     def verify(self) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
@@ -278,7 +287,7 @@ class ImageStage:
             return ({n: str(i) for n, i in ids.items()},
                     {n: {"engine_tag": image, "engine_id": str(i)} for n, i in ids.items()})
         from sparkctl.images import pipeline
-        p = self.plan
+        p = self._built()
         tag_ids = pipeline.verify(p, self.inventory)
         for tag, per_node in tag_ids.items():
             self._say(f"{tag}: same ID on {', '.join(per_node)} ({next(iter(per_node.values()))[:19]})")

@@ -170,7 +170,7 @@ def _deploy(deployer: Deployer, profile: Profile) -> UpResult:
 
 def _measure(deployer: Deployer, opts: TuneOptions, progress: Progress) -> RunRecord:
     from sparkctl.bench.run import bench_deployment
-    return RunRecord.model_validate(bench_deployment(deployer, _bench_opts(opts), progress=lambda m: None))
+    return bench_deployment(deployer, _bench_opts(opts), progress=lambda m: None)
 
 
 def _candidate(j: TuneJournal, t: TuneTrial) -> Profile:

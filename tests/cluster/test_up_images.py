@@ -223,6 +223,7 @@ def test_apply_refuses_a_stale_image_plan_rather_than_planning_again(env, base_t
     def stage() -> tuple[ImageStage, str, str]:
         s = survey(p, inv, result)
         assert {n: noop for n, _, noop in s.steps()}["image-build"] is False, s.steps()
+        assert s.plan is not None                 # the base is on the building node: the plan is made
         return (ImageStage(p, inv, result, s, runtimes=None, log_dir=tmp_path / "builds",
                            report=lambda *_: None), s.plan.engine_tag, s.plan.launch_tag)
 

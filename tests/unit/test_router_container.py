@@ -221,17 +221,17 @@ def test_left_over_routers_are_found_by_both_labels():
 
 # ---- which image the router container runs ------------------------------------------------------------------
 def test_the_router_runs_the_replicas_engine_image_or_before_the_first_build_its_base():
-    from types import SimpleNamespace
-
     from sparkctl.config.profile import load_profile
     from sparkctl.deploy.image_stage import ImageSurvey
     from sparkctl.deploy.router_image import pick_router_image
+    from sparkctl.images.plan import BaseImage, plan_images
 
     prof = load_profile("base")
     rendered = prof.image.engine_ref()
     prebuilt = ImageSurvey("prebuilt", image=IMAGE, present={"spark-a": {IMAGE: "sha256:1"}})
     assert pick_router_image(prebuilt, prof, "spark-a", IMAGE) == IMAGE
-    plan = SimpleNamespace(engine_tag="sparkctl/sglang-gb10:0.5.23-gb10-0.5.23-abcdef012345")
+    inventory = load_inventory(Path(__file__).resolve().parents[2] / "inventory" / "sparks.example.yml")
+    plan = plan_images(prof, inventory, BaseImage(prof.image.base_image, "sha256:" + "1" * 64))
     built = ImageSurvey("pipeline", plan=plan, present={"spark-a": {plan.engine_tag: "sha256:2"}})
     assert pick_router_image(built, prof, "spark-a", rendered) == plan.engine_tag
     first = ImageSurvey("pipeline", plan=plan, present={"spark-a": {plan.engine_tag: None}})
