@@ -26,6 +26,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
+from sparkctl import __version__
 from sparkctl.errors import SparkctlError
 
 # The shipped directories: each is a top-level directory of the repository and sparkctl/data/<name>/ in the
@@ -67,7 +68,6 @@ def version() -> str:
     try:
         return metadata.version("sparkctl")
     except metadata.PackageNotFoundError:
-        from sparkctl import __version__
         return __version__
 
 

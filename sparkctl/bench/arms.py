@@ -16,6 +16,7 @@ from sparkctl.bench import losslessness, measure
 from sparkctl.bench.logsource import FileLog, LogSource, RuntimeLog, capacity_from_log, scheduler_summary
 from sparkctl.bench.prompts import decode_prompts, g6_prompts
 from sparkctl.bench.target import Arm, check_reachable
+from sparkctl.config.loader import did_you_mean
 from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import Limits, SGLangClient
@@ -41,7 +42,6 @@ def parse_gates(text: str | Sequence[str] | None) -> tuple[str, ...]:
         return GATES
     bad = [g for g in items if g not in GATES]
     if bad:
-        from sparkctl.config.loader import did_you_mean
         hints = [f"{b} -> {did_you_mean(b, list(GATES))}" for b in bad if did_you_mean(b, list(GATES))]
         raise ConfigError(f"unknown gate(s): {', '.join(bad)}", where="--gates",
                           hint=(f"did you mean {', '.join(hints)}? " if hints else "") + f"gates: {', '.join(GATES)}")

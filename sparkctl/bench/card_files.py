@@ -17,6 +17,7 @@ from sparkctl.errors import ConfigError, OutputPathError
 from sparkctl.state.runs import RunRecord
 from sparkctl.statefiles import write_text_atomic
 from sparkctl.untrusted import clean
+from sparkctl.userfiles import check_user_target, write_user_text
 
 if TYPE_CHECKING:
     from sparkctl.bench.arms import BenchOptions
@@ -41,7 +42,6 @@ def card_dir(opts: BenchOptions, ledger: Ledger | None, run_id: str) -> ReportDi
     """The card's directory; a user-named ``--out`` is checked before anything is measured (a directory that
     cannot take the card, or a card already there without --force, is refused now, not after the run)."""
     if opts.out_dir:
-        from sparkctl.userfiles import check_user_target
         out = Path(opts.out_dir)
         if not out.is_dir():
             if out.exists() or out.is_symlink():
@@ -69,7 +69,6 @@ def write_report(result: RunRecord, out_dir: ReportDir | Path, secrets: set[str]
     """
     target = out_dir if isinstance(out_dir, ReportDir) else ReportDir(Path(out_dir))
     if target.user:
-        from sparkctl.userfiles import write_user_text
 
         def write(path: Path, text: str) -> None:
             write_user_text(path, text, overwrite=target.overwrite, option="--out")

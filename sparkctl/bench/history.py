@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sparkctl import texttable
+from sparkctl.bench.chart import history_svg
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.cards import CardIndex, changes, describe_change, pick_arm
 from sparkctl.statefiles import write_text_atomic
@@ -27,7 +28,6 @@ def history(index: CardIndex, *, profile: str | None = None, chart: Path | None 
     """Rows of the history (and the SVG written to ``chart`` when given). ``user_chart``: ``chart`` is a path the
     user named (``--chart``), written as given (`sparkctl.userfiles`: refused when it is a directory, not
     writable, or exists without ``overwrite``); else it is the ledger's own ``history.svg`` (private)."""
-    from sparkctl.bench.chart import history_svg
 
     entries = index.query(profile=profile)
     rows: list[JSONObject] = []

@@ -25,8 +25,9 @@ from sparkctl.bench.logsource import LogSource, RuntimeLog, concurrency_cap_from
 from sparkctl.bench.target import Arm, check_reachable
 from sparkctl.errors import SparkctlError
 from sparkctl.jsontypes import JSONObject
+from sparkctl.router.metrics import parse_router_metrics
 from sparkctl.sglang.bounds import Limits
-from sparkctl.sglang.client import SGLangAPIError, SGLangClient
+from sparkctl.sglang.client import SGLangAPIError, SGLangClient, parse_server_info
 from sparkctl.sglang.serverinfo import parse_prometheus
 from sparkctl.state.records import ReplicatedRecord
 from sparkctl.state.runs import ConcurrencyLevel, ReplicaShare, RouterBench, RouterLevel, RouterReplica
@@ -86,7 +87,6 @@ class MetricsReader:
         """Requests the router proxied to each replica so far (None once the router's metrics failed)."""
         if self.router_error is not None:
             return None
-        from sparkctl.router.metrics import parse_router_metrics
         try:
             m = parse_router_metrics(self._get(self.metrics_url or ""))
         except SGLangAPIError as exc:
@@ -204,7 +204,6 @@ class RouterArm(Arm):
     replica_logs: list[LogSource] = field(default_factory=list)
 
     def _caps(self) -> list[int | None]:
-        from sparkctl.sglang.client import parse_server_info
         out: list[int | None] = []
         for rep in self.replicas:
             info = rep.get("server_info") or {}

@@ -47,9 +47,15 @@ from sparkctl.bench.ranks import RankWatch, RankWatches
 from sparkctl.bench.router_card import single_pair
 from sparkctl.bench.stats import ratio
 from sparkctl.bench.target import Arm, arm_role
+from sparkctl.deploy import door
+from sparkctl.deploy.cluster import Cluster
+from sparkctl.deploy.commands import Deployer
+from sparkctl.deploy.results import UpResult
+from sparkctl.deploy.steps import ARM_COMMAND
 from sparkctl.errors import BenchError, ConfigError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import Limits, SGLangAPIError
+from sparkctl.sglang.render import render
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import Status
 from sparkctl.state.runs import ArmEntry, ArmResults, DecodeResult, RunRecord
@@ -218,9 +224,6 @@ def bench_deployment(deployer: Deployer, opts: BenchOptions, *, primary_profile:
     ``primary_profile``: deploy that profile first (a no-op when it already runs healthy) and measure it;
     it stays deployed afterwards, as after ``sparkctl up``.
     """
-    from sparkctl.deploy import door
-    from sparkctl.deploy.results import UpResult
-    from sparkctl.deploy.steps import ARM_COMMAND
 
     if primary_profile is not None:
         progress(f"making sure {primary_profile.name} is deployed")
@@ -315,7 +318,6 @@ def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None
     NAME``); deployments use the env var their own profile names, and nothing else gets a key.
     ``limits`` bound every request and ``run_s`` the whole run.
     """
-    from sparkctl.deploy.commands import Deployer
 
     if endpoint and (compare or profile):
         raise ConfigError("--endpoint measures a running server; --profile/--compare deploy profiles",
@@ -329,12 +331,10 @@ def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None
                           hint=f"measure it alone: sparkctl bench --profile {compare.name} (its card sets the latest "
                                f"single-group card of the same model beside the router's figures)")
     if compare is not None:       # one the cluster cannot hold, likewise (read-only: nothing starts)
-        from sparkctl.sglang.render import render
         render(compare, inventory)
     for p in (log, compare_log):
         if p is not None and not p.is_file():
             raise ConfigError(f"no such log file: {p}", where="--log")
-    from sparkctl.deploy import door
 
     ledger = Ledger.for_cluster(inventory.cluster.name)
     deployer = Deployer(inventory, reporter, ledger)
@@ -362,7 +362,6 @@ def bench(inventory: Inventory, opts: BenchOptions, *, reporter: Reporter | None
 def _deploy(deployer: Deployer, profile: Profile) -> UpResult | ReplicatedUpResult:
     """`bench --profile P`: P deployed through deploy's door, as `sparkctl up` would (a no-op when it runs
     healthy; a replicated profile behind its router; one group after the router and replicas went down)."""
-    from sparkctl.deploy import door
     return door.up(deployer, profile, door.UpRequest(), confirm=door.proceed)
 
 
@@ -370,8 +369,6 @@ def _deploy(deployer: Deployer, profile: Profile) -> UpResult | ReplicatedUpResu
 def bench_replicated(inventory: Inventory, opts: BenchOptions, *, progress: Progress = _noop,
                      limits: Limits | None = None, run_s: float | None = None) -> RunRecord:
     """Measure the cluster's replicated deployment through its router; returns the run record (as written)."""
-    from sparkctl.deploy import door
-    from sparkctl.deploy.cluster import Cluster
 
     ledger = Ledger.for_cluster(inventory.cluster.name)
     what = door.deployed(Cluster(inventory, None, ledger))

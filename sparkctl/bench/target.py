@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sparkctl.bench.logsource import LogSource
+from sparkctl.bench.logsource import LogSource, concurrency_cap_from_log
 from sparkctl.errors import SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import (
@@ -24,6 +24,7 @@ from sparkctl.sglang.client import (
     SGLangClient,
     parse_server_info,
 )
+from sparkctl.sglang.dialect import available_versions, load_dialect
 from sparkctl.state.records import DeploymentRecord
 from sparkctl.state.runs import ConcurrencyLevel
 
@@ -54,7 +55,6 @@ _SECRET_SUFFIXES = ("_key", "_token", "_password", "_secret")
 def _not_text_fields() -> frozenset[str]:
     """Fields every known SGLang version declares as int, float, list or switch (a value that is never a secret)."""
     try:
-        from sparkctl.sglang.dialect import available_versions, load_dialect
         out: set[str] = set()
         for v in available_versions():
             out |= {f.dest for f in load_dialect(v).flags
@@ -208,7 +208,6 @@ class Arm:
         """Why the engine runs at most N requests at once, in its own words when it printed them (the mamba state
         cache warning at boot), else the launch flag that set it; with the setting that would change it."""
         if self.log is not None:
-            from sparkctl.bench.logsource import concurrency_cap_from_log
             found = concurrency_cap_from_log(self.log.whole())
             if found:
                 return found

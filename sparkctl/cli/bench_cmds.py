@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, TypedDict
 import typer
 
 from sparkctl.cli import bounds
-from sparkctl.cli.options import flag
+from sparkctl.cli.options import PlainFlagsGroup, flag
+from sparkctl.errors import ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -24,7 +25,6 @@ def _url(value: str | None, option: str) -> str | None:
     """An http(s) base URL with a host, else ConfigError (exit 2) before anything is sent."""
     from urllib.parse import urlsplit
 
-    from sparkctl.errors import ConfigError
 
     if value is None:
         return None
@@ -43,7 +43,6 @@ def _url(value: str | None, option: str) -> str | None:
 
 def _int_list(text: str, option: str) -> tuple[int, ...]:
     """``"4k,16k,64k"`` -> (4096, 16384, 65536); ``"1,2"`` -> (1, 2)."""
-    from sparkctl.errors import ConfigError
 
     out = []
     for part in (p.strip().lower() for p in text.split(",") if p.strip()):
@@ -74,7 +73,6 @@ def _levels(text: str | None) -> _Levels:
 
 def _api_key(env_name: str | None, endpoint: str | None, compare_endpoint: str | None) -> str | None:
     """The key for --endpoint/--compare-endpoint: only from the variable the user named, never a default one."""
-    from sparkctl.errors import ConfigError
 
     if env_name is None:
         return None
@@ -104,7 +102,6 @@ _RUN_DEADLINE = typer.Option(14400.0, "--run-deadline", parser=bounds.seconds(),
 
 
 def register(app: typer.Typer) -> None:
-    from sparkctl.cli.options import PlainFlagsGroup
 
     bench_app = typer.Typer(cls=PlainFlagsGroup, invoke_without_command=True,
                             help="The measurement card; `bench history` and `bench diff A B` compare cards.")

@@ -10,7 +10,11 @@ import typer
 
 from sparkctl.cli import bounds
 from sparkctl.cli.options import flag
-from sparkctl.errors import STATUS_NOT_OK  # noqa: E402 - exit 8: unhealthy, interrupted, or a comparison unfinished
+from sparkctl.errors import (
+    STATUS_NOT_OK,  # noqa: E402 - exit 8: unhealthy, interrupted, or a comparison unfinished
+    CancelledError,
+    ConfigError,
+)
 from sparkctl.jsontypes import JSONObject
 
 if TYPE_CHECKING:
@@ -43,7 +47,6 @@ def _confirm(assume_yes: bool, d: Deployer, command: str) -> Confirm:
     like `terraform apply` without -auto-approve, unless --yes was given or every node of the inventory runs
     the process runtime (the embedded cluster: emulator processes on this machine's loopback, nothing
     elsewhere can break), so README's `./bin/sparkctl up --profile d5` works in scripts as well."""
-    from sparkctl.errors import ConfigError
 
     local = all(n.runtime == "process" for n in d.inventory.nodes)
 
@@ -314,7 +317,6 @@ def repair(inventory: str | None = INVENTORY_OPT,
            as_json: bool = flag("--json", help="What changed, as JSON on stdout.")) -> None:
     """Repair a damaged ledger: move damaged records aside (kept), rebuild the index and the active deployment
     from the engines actually running. Shows the changes and asks first."""
-    from sparkctl.errors import CancelledError
 
     d = _deployer(inventory, quiet=as_json)
     with d.ledger.lock("repair"):

@@ -20,6 +20,8 @@ from pathlib import Path
 import typer._click as click  # typer >= 0.26 carries its own click: its commands are of these types
 from typer.core import TyperGroup
 
+from sparkctl.cli.main import app
+from sparkctl.cli.options import EXIT_CODES
 from sparkctl.jsontypes import JSONObject
 
 REGENERATE = ".venv/bin/python -m sparkctl.cli.docgen > docs/reference.md"
@@ -84,7 +86,6 @@ def _arguments(command: click.Command, ctx: click.Context) -> list[str]:
 def cli_reference() -> list[str]:
     import typer
 
-    from sparkctl.cli.main import app
     root = typer.main.get_command(app)
     assert isinstance(root, TyperGroup)       # the app has subcommands
     ctx = click.Context(root, info_name="sparkctl")
@@ -114,7 +115,6 @@ def cli_reference() -> list[str]:
 
 
 def exit_codes() -> list[str]:
-    from sparkctl.cli.options import EXIT_CODES
     body = EXIT_CODES.removeprefix("Exit codes: ")
     items = [part.strip() for part in re.split(r",\s(?=\d)", body.rstrip("."))]
     lines = ["## Exit codes", "",

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from sparkctl.cli.options import flag
-from sparkctl.errors import STATUS_NOT_OK
+from sparkctl.errors import STATUS_NOT_OK, ConfigError
 
 if TYPE_CHECKING:
     from sparkctl.doctor.collect import DoctorReport
@@ -70,7 +70,6 @@ def register(app: typer.Typer) -> None:
         Exit 0 when no known failure signature was found (or nothing failed), 8 when one was (or processes of an
         engine outlived it); 2 for a --log or --bundle that is a directory, a link or an existing file (without
         --force), an unreadable --log, an unknown --deployment."""
-        from sparkctl.errors import ConfigError
 
         if list_:
             _list()

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from sparkctl.cli.options import PlainFlagsGroup, flag
+from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
 
 if TYPE_CHECKING:
@@ -33,7 +34,6 @@ def patches_check(series: str | None = typer.Option(None, "--series", "-s", help
                                                         help="Check the profile's series against its SGLang version."),
                   as_json: bool = flag("--json", help="Print JSON on stdout.")) -> None:
     """Apply every patch to the released SGLang wheel of the series' version (cached); report each patch."""
-    from sparkctl.errors import ConfigError
     from sparkctl.images.series import check_series, list_series
 
     expect = None

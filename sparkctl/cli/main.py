@@ -21,10 +21,13 @@ from sparkctl.cli import (
     image_cmds,
     prepare_cmds,
     render_cmds,
+    signals,
     tune_cmds,
     watch_cmds,
 )
 from sparkctl.cli.options import EXIT_CODES, PlainFlagsGroup, flag, plain_flags
+from sparkctl.errors import SparkctlError
+from sparkctl.resources import version
 
 app = typer.Typer(cls=PlainFlagsGroup, add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES,
@@ -48,7 +51,6 @@ def _hoist_verbose(argv: list[str]) -> list[str]:
 
 def _version(value: bool) -> None:
     if value:
-        from sparkctl.resources import version
         print(f"sparkctl {version()}")
         raise typer.Exit(0)
 
@@ -97,7 +99,6 @@ def _write_debug_log(text: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `sparkctl` console script (SIGTERM and SIGHUP handled like Ctrl-C: cli/signals.py). A
     signal outside the command's own handling (while the streams are set up or put back) ends it the same way."""
-    from sparkctl.cli import signals
     try:
         with signals.installed():
             return _run(argv)
@@ -139,8 +140,6 @@ _USAGE_ERRORS: tuple[type[Exception], ...] = (ClickException, getattr(typer, "Ty
 
 
 def _dispatch(argv: list[str] | None) -> int:
-    from sparkctl.cli import signals
-    from sparkctl.errors import SparkctlError
     try:
         argv = _hoist_verbose(list(sys.argv[1:] if argv is None else argv))
         rv = app(args=argv, prog_name="sparkctl", standalone_mode=False)

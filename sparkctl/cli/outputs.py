@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from sparkctl.doctor.collect import DoctorReport
+from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
 
 
@@ -343,7 +344,6 @@ def schema_names() -> list[str]:
 def json_schema(kind: str) -> JSONObject:
     """The JSON Schema `sparkctl schema KIND` prints: a file format (sparkctl.config.schema) or a --json output."""
     from sparkctl.config.schema import file_schema
-    from sparkctl.errors import ConfigError
     if kind in ("profile", "inventory"):
         return file_schema(kind)
     if kind in OUTPUTS:

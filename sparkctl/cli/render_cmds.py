@@ -7,6 +7,7 @@ import typer
 
 from sparkctl.cli import bounds
 from sparkctl.cli.options import flag
+from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
 
 
@@ -30,7 +31,6 @@ def render(profile: str = typer.Option(..., "--profile", "-p", help="Profile nam
     from sparkctl.config.inventory import resolve_inventory
     from sparkctl.config.profile import load_profile
     from sparkctl.deploy.runtimes import embedded_notice
-    from sparkctl.errors import ConfigError
     from sparkctl.sglang.render import render as do_render
 
     inv = resolve_inventory(inventory)
@@ -73,7 +73,6 @@ def profiles(inventory: str | None = typer.Option(None, "--inventory", "-i", hel
     their descriptions, and whether each renders on the inventory's cluster."""
     from sparkctl.config.inventory import resolve_inventory
     from sparkctl.config.profile import list_profiles, load_profile
-    from sparkctl.errors import ConfigError
     from sparkctl.sglang.render import render as do_render
 
     inv = resolve_inventory(inventory)

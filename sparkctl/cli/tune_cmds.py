@@ -7,13 +7,13 @@ import sys
 import typer
 
 from sparkctl.cli.options import flag
+from sparkctl.errors import ConfigError
 
 _DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?$")
 
 
 def parse_duration(text: str, option: str = "--budget") -> float:
     """``2h`` / ``90m`` / ``1h30m`` / ``600`` (seconds) -> seconds; ConfigError naming the flag otherwise."""
-    from sparkctl.errors import ConfigError
     m = _DURATION_RE.match(text.strip().lower()) if text else None
     if not m or not any(m.groups()):
         raise ConfigError(f"{text!r} is not a duration", where=option, hint="e.g. 2h, 90m, 1h30m or 600 (seconds)")
@@ -52,7 +52,6 @@ def register(app: typer.Typer) -> None:
         from sparkctl.config.inventory import resolve_inventory
         from sparkctl.deploy.commands import Deployer
         from sparkctl.deploy.progress import Reporter
-        from sparkctl.errors import ConfigError
         from sparkctl.state.tunejournal import TuneOptions, journal_path
         from sparkctl.tune import run as tr
 

@@ -12,6 +12,7 @@ import typer
 from sparkctl.cli import bounds
 from sparkctl.cli.deploy_cmds import INVENTORY_OPT, _deployer
 from sparkctl.cli.options import flag
+from sparkctl.errors import ConfigError
 
 if TYPE_CHECKING:
     from sparkctl.watch.supervisor import WatchOptions
@@ -68,7 +69,6 @@ def _install(inventory: str | None, opts: dict[str, float | str | None], *, syst
 
 def _notify_url(notify: str | None, notify_file: str | None, notify_env: str | None) -> str | None:
     """The webhook URL from the one place it was given (module notify: a URL with credentials never from argv)."""
-    from sparkctl.errors import ConfigError
     from sparkctl.watch import notify as hook
 
     given = [n for n, v in (("--notify", notify), ("--notify-file", notify_file), ("--notify-env", notify_env))
@@ -165,7 +165,6 @@ def _check_unit_options(*, install: bool, uninstall: bool, user: bool, system: b
                         force: bool) -> None:
     """The unit options (--install/--uninstall, --user/--system, --unit-dir, --force) given together only as they
     make sense, else ConfigError (exit 2) before anything is read."""
-    from sparkctl.errors import ConfigError
 
     if user and system:
         raise ConfigError("--user and --system choose where the unit goes: give one of them",

@@ -43,7 +43,7 @@ from sparkctl.config.values import (
     Text,
     Word,
 )
-from sparkctl.errors import ConfigError
+from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.resources import shipped, user_dirs
 
@@ -389,7 +389,6 @@ def resolve_inventory(explicit: str | None) -> Inventory:
 
 
 def _is_embedded_file(path: str) -> bool:
-    from sparkctl.errors import SparkctlError
     try:
         return os.path.realpath(path) == os.path.realpath(shipped("inventory", "local.yml"))
     except SparkctlError:             # no shipped data here: whatever the path is, it is not the embedded file

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from sparkctl.config.loader import config_error_from, key_path, origin_of, read_yaml, refusal
+from sparkctl.config.loader import config_error_from, did_you_mean, key_path, origin_of, read_yaml, refusal
 from sparkctl.config.values import (
     ArgToken,
     ArgValue,
@@ -42,6 +42,7 @@ from sparkctl.config.values import (
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.resources import search_dirs
+from sparkctl.untrusted import is_plain_name
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -237,7 +238,6 @@ def find_profile(name: str) -> Path:
     """A profile name (d5) or a path to a YAML file."""
     if name.endswith((".yml", ".yaml")) or os.sep in name:
         return Path(name)
-    from sparkctl.untrusted import is_plain_name
     if not is_plain_name(name):            # a profile's name is a plain name (Profile.name): nothing to look up
         raise ConfigError(f"{name!r} is not a profile name", where="--profile",
                           hint="give a profile name (letters, digits, '.', '-', '_', as `sparkctl profiles` lists "
@@ -248,7 +248,6 @@ def find_profile(name: str) -> Path:
             if candidate.is_file():
                 return candidate
     known = sorted({p.stem for d in profile_dirs() if d.is_dir() for p in d.glob("*.y*ml")})
-    from sparkctl.config.loader import did_you_mean
     guess = did_you_mean(name, known)
     raise ConfigError(f"no profile named {name!r}", where=", ".join(str(d) for d in profile_dirs()),
                       hint=(f"did you mean '{guess}'? " if guess else "") + f"known profiles: {', '.join(known)}")

@@ -2,6 +2,8 @@
 CLI's --json outputs live with the commands (sparkctl.cli.outputs.json_schema), which serves these two as well."""
 from __future__ import annotations
 
+from sparkctl.config.inventory import ClusterSettings, Node
+from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
 
@@ -9,7 +11,6 @@ from sparkctl.jsontypes import JSONObject
 def file_schema(kind: str) -> JSONObject:
     """Schema of the YAML a user writes: a profile file, or one inventory host's variables."""
     if kind == "profile":
-        from sparkctl.config.profile import Profile
         schema = Profile.model_json_schema()
         props = schema.get("properties", {})
         for computed in ("name", "path"):
@@ -19,7 +20,6 @@ def file_schema(kind: str) -> JSONObject:
         schema["title"] = "sparkctl profile"
         return schema
     if kind == "inventory":
-        from sparkctl.config.inventory import ClusterSettings, Node
         node = Node.model_json_schema()
         return {
             "title": "sparkctl inventory (Ansible YAML inventory)",

@@ -23,6 +23,7 @@ from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import BootResult, doctor_lines
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import mark_superseded, stop_engines, stop_started
+from sparkctl.deploy.host_checks import CrossNodeChecks
 from sparkctl.deploy.image_stage import ImageStage, ImageSurvey
 from sparkctl.deploy.inputs import fingerprint, present
 from sparkctl.deploy.observe import leftovers
@@ -115,7 +116,6 @@ def own_ports(active: DeploymentRecord | None) -> set[tuple[str, int]]:
 
 def run_checks(c: Cluster, result: RenderResult, rts: Runtimes, own: set[tuple[str, int]]) -> list[CheckResult]:
     """Every node's preflight checks (all nodes at once), then the cross-node ones; PreflightError on a failure."""
-    from sparkctl.deploy.host_checks import CrossNodeChecks
     cross = CrossNodeChecks(c.inventory)   # model parity, fabric MTU equal, fabric SSH (host preparation)
     ours = {m.pid: lo.whose for lo in leftovers(c) for m in lo.members}
 

@@ -22,6 +22,7 @@ from sparkctl.errors import DeployError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.runtime import Handle, Runtime, log_tail
 from sparkctl.sglang.bootwatch import BootState, LogFollower
+from sparkctl.sglang.findings import LogText, finding_lines, match_sources
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.logparse import EventKind
 
@@ -115,7 +116,6 @@ class HealthWatch:
 def doctor_lines(logs: list[tuple[str, str]]) -> list[str]:
     """What the doctor recognises in these (name, log text) pairs, as evidence lines (sparkctl.doctor): its cause,
     fix and source, so a failed `up` names a known failure without a second command. Empty when nothing matches."""
-    from sparkctl.sglang.findings import LogText, finding_lines, match_sources
     return finding_lines(match_sources([LogText(name, text) for name, text in logs]))
 
 

@@ -203,7 +203,6 @@ def missing_secrets(record: DeploymentRecord) -> list[str]:
 def _first_difference(was: list[JSONObject], now: list[JSONObject]) -> str:
     """One line saying where two rank lists first differ: the rank, the field and its first differing item (values
     cut; never a secret: the specs are redacted)."""
-    from sparkctl.untrusted import clean
     if len(was) != len(now):
         return f"{len(was)} ranks recorded, {len(now)} rendered now"
     for a, b in zip(was, now, strict=True):

@@ -15,8 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sparkctl.errors import SparkctlError
 from sparkctl.nodes import facts
 from sparkctl.nodes.facts import FabricSsh, Manifest
+from sparkctl.nodes.node_facts import host_model_path
+from sparkctl.nodes.node_facts import model_paths as _model_paths
 from sparkctl.state.records import CheckResult
 
 if TYPE_CHECKING:
@@ -161,9 +164,6 @@ class CrossNodeChecks:
         self.facts: dict[str, HostFacts] = {}
 
     def collect(self, spec: LaunchSpec, runtime: Runtime) -> None:
-        from sparkctl.errors import SparkctlError
-        from sparkctl.nodes.node_facts import host_model_path
-        from sparkctl.nodes.node_facts import model_paths as _model_paths
 
         ssh = getattr(runtime, "ssh", None)
         if ssh is None:

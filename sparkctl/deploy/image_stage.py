@@ -26,6 +26,13 @@ from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.steps import IMAGE_BUILD, IMAGE_DISTRIBUTE, IMAGE_STEPS, IMAGE_VERIFY
 from sparkctl.errors import ConfigError, ImageError, PreflightError, SparkctlError
+from sparkctl.images import pipeline
+from sparkctl.images.build import build_images, recorded_base
+from sparkctl.images.distribute import _refuse_mismatch, ensure_same_image
+from sparkctl.images.launchdoc import rank_environment
+from sparkctl.images.pipeline import connections
+from sparkctl.images.plan import inspect_base, plan_images
+from sparkctl.images.registry import image_ids
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.fanout import fan_out, raise_first
 from sparkctl.sglang.launch import LaunchSpec
@@ -48,7 +55,6 @@ class LaunchImage:
 
     def environment(self, spec: LaunchSpec) -> dict[str, str]:
         """What this rank's container needs on top of the image (ConfigError when the image cannot run `spec`)."""
-        from sparkctl.images.launchdoc import rank_environment
         return rank_environment(self.doc, spec)
 
 
@@ -145,7 +151,6 @@ class ImageSurvey:
         p = self.plan
         if p is None:
             return None                     # planned: pull the base, then build on what the pull gives
-        from sparkctl.images.plan import inspect_base
         if self.pinned_base is None:        # a rollback plans on its recorded base, whatever the tag names now
             base = inspect_base(conn, p.base.ref)
             if base is None or base.pinned != p.base.pinned:
@@ -160,13 +165,11 @@ class ImageSurvey:
 
 
 def _conns(inventory: Inventory) -> JSONObject:
-    from sparkctl.images.pipeline import connections
     return connections(inventory)
 
 
 def _ids(conns: dict[str, SSHConnector], tags: list[str]) -> dict[str, dict[str, str | None]]:
     """{node: {tag: image id or None}}: one round trip per node (``registry.image_ids``), nodes in parallel."""
-    from sparkctl.images.registry import image_ids
 
     def one(conn: SSHConnector) -> dict[str, str | None]:
         return image_ids(conn, tags)
@@ -194,8 +197,6 @@ def survey(profile: Profile, inventory: Inventory, result: RenderResult, *,
     try:
         conns = _conns(inventory)
         if s.mode == "pipeline":
-            from sparkctl.images.build import recorded_base
-            from sparkctl.images.plan import inspect_base, plan_images
             builder = inventory.rank0.name
             base = inspect_base(conns[builder], profile.image.base_image)
             pinned = recorded_base(conns[builder], base_of, profile.image.base_image) if base_of else None
@@ -238,8 +239,6 @@ class ImageStage:
         the pull the plan names and the build on what it gives."""
         if self.survey.mode != "pipeline":
             return       # its no-op reason is the step's own line (the plan's decision, said once)
-        from sparkctl.images import pipeline
-        from sparkctl.images.build import build_images
         conn = _conns(self.inventory)[self.inventory.rank0.name]     # the building node (image_stage.survey)
         stale = self.survey.stale(conn)
         if stale is not None:
@@ -262,10 +261,8 @@ class ImageStage:
         if self.survey.mode == "process":
             return {}
         if self.survey.mode == "prebuilt":
-            from sparkctl.images.distribute import ensure_same_image
             docker = {s.node: self.rts.for_node(s.node) for s in self.result.specs}
             return ensure_same_image(self.survey.image or "", docker, self.report)
-        from sparkctl.images import pipeline
         pipeline.distribute_plan(self._built(), self.inventory, report=self._say)
         return {}
 
@@ -274,7 +271,6 @@ class ImageStage:
         if self.survey.mode == "process":
             return {}, {}
         if self.survey.mode == "prebuilt":
-            from sparkctl.images.distribute import _refuse_mismatch
             image = self.survey.image or ""
             nodes = [s.node for s in self.result.specs]
             ids = {n: self.rts.for_node(n).image_id(image) for n in nodes}
@@ -286,7 +282,6 @@ class ImageStage:
             self._say(f"{image}: same ID on {', '.join(nodes)} ({next(iter(ids.values()))[:19]})")
             return ({n: str(i) for n, i in ids.items()},
                     {n: {"engine_tag": image, "engine_id": str(i)} for n, i in ids.items()})
-        from sparkctl.images import pipeline
         p = self._built()
         tag_ids = pipeline.verify(p, self.inventory)
         for tag, per_node in tag_ids.items():

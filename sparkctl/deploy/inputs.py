@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from sparkctl.errors import PreflightError, SparkctlError
 from sparkctl.nodes.node_facts import host_model_path, model_paths
+from sparkctl.nodes.ssh import connector_for
 from sparkctl.sglang.render import MODELS_MOUNT
 from sparkctl.state.records import NodePath, SecretPrints
 
@@ -116,7 +117,6 @@ def needed_paths(spec: LaunchSpec, node: Node) -> list[NodePath]:
 def _exists(inventory: Inventory, node: Node, hosts: list[str], timeout: float) -> list[bool]:
     if node.runtime == "process":
         return [os.path.exists(h) for h in hosts]
-    from sparkctl.nodes.ssh import connector_for
     results = connector_for(inventory, node).run_many([["test", "-e", h] for h in hosts], timeout=timeout)
     return [r.returncode == 0 for r in results]
 

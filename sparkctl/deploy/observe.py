@@ -14,12 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkctl.deploy.cluster import Cluster
-from sparkctl.errors import SparkctlError
+from sparkctl.errors import LedgerError, SparkctlError
 from sparkctl.nodes import procfs
+from sparkctl.nodes.docker_runtime import DockerRuntime  # loaded already: for_node made this node's
 from sparkctl.nodes.enginegroup import Leftover
 from sparkctl.nodes.fanout import fan_out
 from sparkctl.nodes.handles import ProcessHandle
+from sparkctl.nodes.process import ProcessRuntime
 from sparkctl.nodes.runtime import Handle
+from sparkctl.state.ledger import REPAIR_HINT
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Node
@@ -71,7 +74,6 @@ def observe(d: Cluster, unreachable: list[str] | None = None) -> list[ObservedEn
     rts = d.runtimes("observe")
 
     def ps(node: Node) -> list[ObservedEngine]:
-        from sparkctl.nodes.docker_runtime import DockerRuntime  # loaded already: for_node made this node's
         rt = rts.for_node(node)
         if not isinstance(rt, DockerRuntime):
             raise TypeError(f"[{node.name}] a docker node without a docker runtime: {type(rt).__name__}")
@@ -103,7 +105,6 @@ def leftovers(d: Cluster) -> list[Leftover]:
     OOM killer): what still runs in the session or cgroup of an engine whose log pipe is gone, named by deployment
     and rank (process runtime: sparkctl/nodes/enginegroup.py; a container takes its processes with it). Nothing of
     a leftover serves: settle stops them, `status` and `doctor` name them, preflight names one holding a port."""
-    from sparkctl.nodes.process import ProcessRuntime
 
     local = [n for n in d.inventory.nodes if n.runtime == "process"]
     if not local:
@@ -138,8 +139,6 @@ def unrecorded(d: Cluster, engines: list[ObservedEngine]) -> None:
     """LedgerError (exit 6, pointing to `sparkctl repair`) when a running engine's deployment has no record:
     the ledger lost it (moved, deleted), and its engines must not be read as "nothing deployed" nor stopped as
     orphans."""
-    from sparkctl.errors import LedgerError
-    from sparkctl.state.ledger import REPAIR_HINT
 
     known = set(d.ledger.record_ids())
     lost = sorted({e.deployment for e in engines if e.running and e.deployment not in known})

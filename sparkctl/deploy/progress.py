@@ -12,6 +12,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, TextIO
 
+from sparkctl.untrusted import GuardedStream, clean, raw_stream
+
 if TYPE_CHECKING:
     from rich.spinner import Spinner
 
@@ -42,7 +44,6 @@ class _LiveLine:
         self.stage_t0 = t0
         self.last = ""
         self.lock = threading.Lock()
-        from sparkctl.untrusted import GuardedStream, raw_stream
 
         # rich draws the display with its own escape sequences, so it writes past the terminal guard; what it is
         # given to show passes through `clean` instead (`line`).
@@ -69,7 +70,6 @@ class _LiveLine:
         return Spinner("dots", text=text)
 
     def line(self, text: str, stage: str, last: str) -> None:
-        from sparkctl.untrusted import clean
         text, stage, last = clean(text), clean(stage), clean(last)
         with self.lock:
             if stage != self.stage:

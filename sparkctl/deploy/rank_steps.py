@@ -15,6 +15,7 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.gates import run_gates
 from sparkctl.deploy.runtimes import Runtimes
 from sparkctl.nodes.runtime import Handle, Runtime
+from sparkctl.sglang.client import SGLangAPIError
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult
 from sparkctl.state.records import GateResult
@@ -31,7 +32,6 @@ def boot_ranks(c: Cluster, profile: Profile, result: RenderResult, rts: Runtimes
 
 def gate_ranks(c: Cluster, profile: Profile, result: RenderResult, booted: BootResult) -> tuple[list[GateResult], bool]:
     """Every gate against the booted ranks; (gates, emulated: the engine says it is sparkctl's emulator)."""
-    from sparkctl.sglang.client import SGLangAPIError
     with c.client(result.specs[0], profile.api.api_key_env, timeout=profile.lifecycle.health_timeout_s) as client:
         gates = run_gates(profile, client, booted.watches)
         try:  # the engine says whether it is the emulator (sparkctl.sim sets "emulated": true)

@@ -22,7 +22,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkctl.config.profile import load_profile
+from sparkctl.config.profile import Profile, load_profile
+from sparkctl.deploy import compare
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import ObservedEngine, leftovers, observe, stop_leftovers
 from sparkctl.deploy.plan import launch_identity
@@ -30,8 +31,15 @@ from sparkctl.deploy.steps import boundary
 from sparkctl.errors import SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.enginegroup import Leftover
-from sparkctl.state.ledger import Ledger, now_iso
+from sparkctl.nodes.ssh import connector_for
+from sparkctl.router.container import labelled_routers, router_container_name
+from sparkctl.router.launch import _container_side, logged_routers
+from sparkctl.router.replicas import render_replicas, replica_cluster, router_spec
+from sparkctl.state.cards import SCHEMA as CARDS_SCHEMA
+from sparkctl.state.cards import card_entry, read_card
+from sparkctl.state.ledger import Ledger, now_iso, read_json
 from sparkctl.state.records import DeploymentRecord, ReplicatedRecord, Status
+from sparkctl.state.tunejournal import MARKER, parse_journal, read_marker
 from sparkctl.statefiles import write_json_atomic
 
 _ID = re.compile(r"^\d{8}T\d{6}Z-(?P<profile>.+)-[0-9a-f]{4}$")
@@ -106,11 +114,6 @@ def damaged_files(ledger: Ledger) -> list[tuple[Path, str]]:
     (``replicated.json``) and the card index (``cards.json``, derived: rebuilt from the cards once moved aside).
     The deployment records and ``cluster.json`` are `_ledger_state`'s; the lock and its holder, the logs and the
     secrets are not records (the lock frees itself; logs are text; secrets go with their engine)."""
-    from sparkctl.deploy import compare
-    from sparkctl.state.cards import SCHEMA as CARDS_SCHEMA
-    from sparkctl.state.cards import card_entry, read_card
-    from sparkctl.state.ledger import read_json
-    from sparkctl.state.tunejournal import MARKER, parse_journal, read_marker
 
     out: list[tuple[Path, str]] = []
     runs = ledger.root / "runs"
@@ -250,8 +253,6 @@ def _rebuild_replicated(d: Cluster, notes: list[str]) -> ReplicatedRecord | None
     each replica's own ledger (``<cluster>.r<i>`` beside this one: its active deployment) and the router that runs
     for this cluster (a process writing this ledger's router log; a container labelled with the cluster). None,
     with a note, when no replica runs: then there is nothing to record."""
-    from sparkctl.config.profile import Profile
-    from sparkctl.router.replicas import render_replicas, replica_cluster, router_spec
     name = d.inventory.cluster.name
     actives = []
     for index in range(256):
@@ -291,16 +292,12 @@ def _rebuild_replicated(d: Cluster, notes: list[str]) -> ReplicatedRecord | None
 def _running_router(d: Cluster, url: str, metrics_url: str | None) -> JSONObject | None:
     """The router that runs for this cluster, as a record entry: on the process runtime the process whose output
     is this ledger's router log (its PID and start time), on docker the container labelled with the cluster."""
-    from sparkctl.router.launch import _container_side
     base: JSONObject = {"url": url, "metrics_url": metrics_url}
     if _container_side(d.inventory):
-        from sparkctl.nodes.ssh import connector_for
-        from sparkctl.router.container import labelled_routers, router_container_name
         node = d.inventory.rank0
         found = labelled_routers(connector_for(d.inventory, node), d.inventory.cluster.name)
         return {**base, "runtime": "container", "node": node.name, "container_id": found[0], "image": None,
                 "container": router_container_name(d.inventory.cluster.name)} if found else None
-    from sparkctl.router.launch import logged_routers
     log = d.ledger.root / "logs" / "router.log"
     for pid, ticks in logged_routers(log):
         return {**base, "runtime": "process", "pid": pid, "ticks": ticks, "log": str(log)}

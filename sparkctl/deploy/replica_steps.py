@@ -29,6 +29,7 @@ from sparkctl.deploy.plan import (
     Step,
 )
 from sparkctl.deploy.progress import Reporter
+from sparkctl.deploy.router_image import router_image
 from sparkctl.deploy.settle import open_steps, settle_replicated
 from sparkctl.errors import SparkctlError
 from sparkctl.router import RouterError
@@ -217,7 +218,6 @@ def run_router_start(run: ReplicatedRun, step: RouterStart) -> str | None:
         return f"the router runs ({run.router.where})"
     if not any(serves(r.url) for r in run.reps):
         return "no replica serves: nothing to route to (the error that ends the run says why)"
-    from sparkctl.deploy.router_image import router_image
     inv, spec = run.inventory, run.spec
     log = run.ledger.root / "logs" / "router.log"
     try:

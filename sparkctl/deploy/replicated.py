@@ -64,7 +64,9 @@ from sparkctl.deploy.results import (
 from sparkctl.deploy.steps import REPLICATED_COMMAND as COMMAND
 from sparkctl.errors import ConfigError, LedgerError, LockHeldError, SparkctlError
 from sparkctl.jsontypes import JSONObject
+from sparkctl.nodes.docker_runtime import DockerRuntime
 from sparkctl.nodes.fanout import fan_out
+from sparkctl.nodes.handles import DockerHandle
 from sparkctl.nodes.process import read_lines
 from sparkctl.redaction import redact
 from sparkctl.router import RouterError, strip_colour
@@ -323,8 +325,6 @@ class ReplicatedDeployer:
         spec = RouterSpec("127.0.0.1", 1)
         r = router_launch.from_record(self.inventory, spec, d)          # a damaged entry is a RouterError
         if r.runtime == "container":
-            from sparkctl.nodes.docker_runtime import DockerRuntime
-            from sparkctl.nodes.handles import DockerHandle
             node = self.inventory.node(d["node"])
             rt = DockerRuntime(self.inventory, node, cluster=self.inventory.cluster.name)
             handle = DockerHandle(node=node.name, rank=0, deployment="router", cluster=self.inventory.cluster.name,

@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 
 from sparkctl.config.inventory import Inventory, Node
 from sparkctl.errors import ConfigError
+from sparkctl.nodes.process import ProcessRuntime
 from sparkctl.nodes.runtime import Runtime
 from sparkctl.state.ledger import Ledger
 
@@ -49,7 +50,6 @@ class Runtimes:
 
     def _make(self, node: Node) -> Runtime:
         if node.runtime == "process":
-            from sparkctl.nodes.process import ProcessRuntime
             cluster = self.inventory.cluster
             return ProcessRuntime(self.ledger.log_dir(self.deployment_id), cluster.sim,
                                   secrets_root=self.ledger.root / "secrets", engine=cluster.engine,

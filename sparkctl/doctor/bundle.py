@@ -28,8 +28,10 @@ from pathlib import Path
 from sparkctl.doctor.collect import Collected, DoctorReport
 from sparkctl.jsontypes import JSONObject, JSONValue
 from sparkctl.redaction import REDACTED, SECRET_ENV, SECRET_OPTIONS, redact, redact_argv
+from sparkctl.resources import version
 from sparkctl.state.ledger import now_iso
 from sparkctl.state.records import DeploymentRecord
+from sparkctl.userfiles import write_user_file
 from sparkctl.watch.notify import mask_urls
 
 SCHEMA = "sparkctl-doctor-bundle/1"
@@ -67,7 +69,6 @@ def _tail(text: str) -> list[str]:
 def bundle_data(report: DoctorReport, got: Collected, rec: DeploymentRecord | None,
                 secrets: set[str]) -> JSONObject:
     """The bundle as JSON data, redacted."""
-    from sparkctl.resources import version
     data: JSONObject = {
         "schema": SCHEMA, "created": now_iso(),
         "versions": {"sparkctl": version(), "python": sys.version.split()[0], "platform": platform.platform(),
@@ -102,6 +103,5 @@ def write_bundle(path: Path, data: JSONObject, *, force: bool = False) -> Path:
     """Write the bundle at `path` through the one writer of user files (`sparkctl.userfiles`): atomic, never
     through a link, an existing file replaced only with `force` (keeping its mode), a new one 0600 (it holds a
     deployment's details); OutputPathError (exit 2) naming --bundle otherwise."""
-    from sparkctl.userfiles import write_user_file
     body = (json.dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8")
     return write_user_file(path, body, overwrite=force, option="--bundle")

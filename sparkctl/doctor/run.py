@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sparkctl.deploy.observe import leftovers
 from sparkctl.doctor.bundle import bundle_data, secret_values, write_bundle
 from sparkctl.doctor.collect import (
     Collected,
@@ -47,7 +48,6 @@ def doctor_deployment(cluster: Cluster, *, dep_id: str | None = None, bundle: Pa
                       kernel_log: bool = True, force: bool = False) -> DoctorReport | None:
     """Match the catalogue in what a deployment left: `dep_id`, else the active one when unhealthy, else the newest
     failed, cancelled or interrupted one (a bundle asked for: else the newest). None when nothing is to diagnose."""
-    from sparkctl.deploy.observe import leftovers
 
     left = [lo.describe() for lo in leftovers(cluster)]
     rec = pick_deployment(cluster.ledger, health_of=cluster.health_of, dep_id=dep_id, any_record=bundle is not None)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from sparkctl.errors import ImageError
 from sparkctl.images.plan import BASE_DIGEST_LABEL, BASE_IMAGE_LABEL, INPUTS_LABEL, BaseImage, ImagePlan, inspect_base
+from sparkctl.statefiles import private_dir, write_text_atomic
 
 if TYPE_CHECKING:
     from sparkctl.nodes.ssh import SSHConnector
@@ -120,7 +121,6 @@ def build_image(conn: SSHConnector, *, role: str, tag: str, context: bytes, inpu
     seconds = time.monotonic() - t0
     output = _ANSI.sub("", r.stdout).replace("\r", "")
     if log_dir is not None:             # sparkctl's state: private, atomic, no link followed (sparkctl.statefiles)
-        from sparkctl.statefiles import private_dir, write_text_atomic
         path = private_dir(log_dir) / f"{role}-{tag.rsplit(':', 1)[-1]}-{int(time.time())}.log"
         write_text_atomic(path, output)
     if r.returncode != 0:

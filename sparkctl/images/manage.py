@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from sparkctl.errors import ImageError
 from sparkctl.images.build import image_labels
 from sparkctl.images.plan import INPUTS_LABEL, ROLE_LABEL, ImagePlan
+from sparkctl.images.registry import prune_cache
 from sparkctl.jsontypes import JSONObject
 
 if TYPE_CHECKING:
@@ -124,7 +125,6 @@ def prune_registry_caches(endpoints: list[Endpoint], listed: list[JSONObject], r
 
     Returns {node: {"removed": [repo:tag ...], "freed": bytes}}.
     """
-    from sparkctl.images.registry import prune_cache
 
     gone = {t for r in removed if dry_run or not r.get("error") for t in r["tags"]}
     remaining = {t for r in listed for t in r["tags"]} - gone

@@ -22,6 +22,7 @@ from sparkctl.images.manage import verify_images
 from sparkctl.images.plan import BaseImage, ImagePlan, inspect_base, plan_images
 from sparkctl.images.registry import Endpoint, Transfer
 from sparkctl.jsontypes import JSONObject
+from sparkctl.nodes.ssh import connector_for
 
 Report = Callable[[str], None]
 
@@ -32,7 +33,6 @@ def _quiet(_: str) -> None:
 
 def connections(inventory: Inventory) -> JSONObject:
     """{node name: SSH connection} of a docker inventory (rank order); ConfigError for process-runtime nodes."""
-    from sparkctl.nodes.ssh import connector_for
 
     odd = [n.name for n in inventory.nodes if n.runtime != "docker"]
     if odd:

@@ -28,6 +28,7 @@ from sparkctl.images import entrypoint, launchdoc, patchapply
 from sparkctl.images.series import Series, load_series
 from sparkctl.jsontypes import JSONObject
 from sparkctl.resources import shipped
+from sparkctl.sglang.render import render
 
 if TYPE_CHECKING:
     from sparkctl.nodes.ssh import SSHConnector
@@ -143,7 +144,6 @@ def unresolved_plan(profile: Profile, inventory: Inventory, reason: str) -> JSON
     """What can be planned without the building node's docker (`image plan` on the embedded cluster): every input
     but the base image's digest, which pins the engine tag (and so the launch tag); `reason` says why it is not
     known. The shape of ImagePlan.to_json plus `resolved`, `unresolved` and `reason`."""
-    from sparkctl.sglang.render import render
 
     img = profile.image
     series = (load_series(img.patch_series, expect_version=img.sglang_version,
@@ -167,7 +167,6 @@ def unresolved_plan(profile: Profile, inventory: Inventory, reason: str) -> JSON
 
 def plan_images(profile: Profile, inventory: Inventory, base: BaseImage, *, builder: str | None = None) -> ImagePlan:
     """Tags, inputs and Dockerfiles of the profile's engine and launch images (nothing is built)."""
-    from sparkctl.sglang.render import render
 
     img = profile.image
     if img.ref:

@@ -43,6 +43,7 @@ from rich.filesize import decimal
 
 from sparkctl.errors import ImageError
 from sparkctl.jsontypes import JSONObject
+from sparkctl.nodes.ssh import connector_for
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Inventory, Node
@@ -135,7 +136,6 @@ class Endpoint:
 
     @classmethod
     def of(cls, inventory: Inventory, node: Node) -> Endpoint:
-        from sparkctl.nodes.ssh import connector_for
         return cls(node.name, connector_for(inventory, node), node.fabric_address, node.fabric_interface,
                    node.host_paths.cache, node.ssh.user)
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sparkctl.errors import ImageError
+from sparkctl.images.registry import _NO_SPACE, PULLED_FILE
 from sparkctl.nodes.facts import FABRIC_KEY, FABRIC_KNOWN_HOSTS
 from sparkctl.untrusted import clean
 
@@ -190,7 +191,6 @@ def survey(conn: SSHConnector, refs: list[str], *, held_in: str | None = None,
     """One round trip: each ref's image ID and layers on the node, and (``held_in``: a peer, its cache directory)
     every image it stores and what it pulled from the fabric registry, or (``fabric_peers``: the building node)
     whether its fabric key and each peer's fabric host key are in place."""
-    from sparkctl.images.registry import PULLED_FILE
 
     if held_in is not None and fabric_peers:
         raise ValueError("survey: held_in (a peer) or fabric_peers (the building node), not both")
@@ -428,7 +428,6 @@ def stream_images(source: Endpoint, peers: list[Endpoint], images: list[str],
     SSH refused, load failed); a failed ``docker save`` or pump is every peer's error."""
     from rich.filesize import decimal
 
-    from sparkctl.images.registry import _NO_SPACE
 
     arg = json.dumps({"ssh": [fabric_ssh_argv(p.user, p.fabric_address) for p in peers], "images": images,
                       "skip": list(skip), "spool": source.cache_dir, "layers_file": SAVE_LAYERS_FILE})

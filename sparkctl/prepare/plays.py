@@ -11,10 +11,14 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from sparkctl.config.inventory import Inventory
+from sparkctl.config.profile import load_profile
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes import docker_facts, facts
+from sparkctl.nodes.facts import parse_manifest
+from sparkctl.nodes.node_facts import model_paths as _model_paths  # the one reading of --model-path & co.
 from sparkctl.prepare.runner import PlaybookRun, TaskResult, run_playbook
+from sparkctl.router.replicas import render_replicas
 
 PREPARE_TAGS = ("docker", "fabric", "dirs", "gpu", "fabric-ssh", "drop-caches")
 MODELS_MOUNT = "/models"
@@ -23,9 +27,6 @@ MODELS_MOUNT = "/models"
 def profile_models(profile_name: str, inv: Inventory) -> list[str]:
     """Model and drafter directories of a profile (one group, or replicas), relative to host_paths.models
     (``/models/X`` -> ``X``)."""
-    from sparkctl.config.profile import load_profile
-    from sparkctl.nodes.node_facts import model_paths as _model_paths  # the one reading of --model-path & co.
-    from sparkctl.router.replicas import render_replicas
 
     # every replica of a replicated profile runs the same model and drafter: replica 0's argv names them (and a
     # count of replicas the inventory cannot hold is refused as `render` refuses it)
@@ -153,7 +154,6 @@ def node_facts(run: PlaybookRun, host: str, fabric_interface: str, models: list[
     result["docker"] = ({"version": info.server_version, "runtimes": list(info.runtimes),
                          "default_runtime": info.default_runtime} if info else None)
     man = run.registered(host, _FACT_TASKS["manifests"]) or {}
-    from sparkctl.nodes.facts import parse_manifest
     result["models"] = {}
     for item in man.get("results") or []:
         if item.get("rc") == 0:

@@ -33,7 +33,7 @@ from sparkctl.extras import missing_error, needed
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.environ import allowed
 from sparkctl.resources import shipped
-from sparkctl.statefiles import private_dir
+from sparkctl.statefiles import default_state_root, private_dir
 
 log = logging.getLogger("sparkctl.prepare")
 
@@ -165,7 +165,6 @@ def tighten_artifacts(base: Path) -> None:
 
 
 def state_dir(inv: Inventory) -> Path:
-    from sparkctl.statefiles import default_state_root
     return default_state_root() / inv.cluster.name / "ansible"
 
 

@@ -23,6 +23,7 @@ import httpx
 from sparkctl.jsontypes import JSONObject
 from sparkctl.router import RouterError
 from sparkctl.router.metrics import RouterMetrics, parse_router_metrics
+from sparkctl.sglang.serverinfo import parse_prometheus
 from sparkctl.tls import tls_context
 
 V = TypeVar("V")      # what a bounded wait gives once it holds (`RouterClient._until`)
@@ -183,7 +184,6 @@ def engine_in_flight(api_url: str, *, timeout_s: float = 2.0) -> int | None:
     """Running + queued requests of one SGLang engine, from its /metrics (needs --enable-metrics); None if unread.
     A refused connection is 0: no process listens there, so nothing is in flight (a dead engine is not waited
     for). A read that times out raises EngineFrozen: see `drain`."""
-    from sparkctl.sglang.serverinfo import parse_prometheus
     try:
         r = httpx.get(api_url.rstrip("/") + "/metrics", timeout=timeout_s, trust_env=False,
                       verify=tls_context())

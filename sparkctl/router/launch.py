@@ -12,7 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from sparkctl.errors import ConfigError
+from sparkctl.extras import require
 from sparkctl.jsontypes import JSONObject
+from sparkctl.nodes import procfs
+from sparkctl.nodes.ssh import connector_for
+from sparkctl.router import RouterError
+from sparkctl.router.container import RouterContainer, labelled_routers, router_container_name
+from sparkctl.router.process import RouterProcess, _runs_router, ports_free
 from sparkctl.router.spec import RouterSpec
 
 if TYPE_CHECKING:
@@ -48,8 +55,6 @@ def check_ports(inventory: Inventory, spec: RouterSpec) -> None:
     (else RouterError naming who holds them) and the `router` extra is installed (else MissingExtraError); on
     Sparks the router container's own bind fails and its start says so."""
     if not _container_side(inventory):
-        from sparkctl.extras import require
-        from sparkctl.router.process import ports_free
         require("router", ROUTER_HERE)
         ports_free(spec)
 
@@ -59,17 +64,12 @@ def start_router(inventory: Inventory, spec: RouterSpec, *, image: str | None, l
     """Start the router where the inventory's rank 0 runs its engine and wait until it is live (RouterError
     otherwise, with its log tail). ``image``: the engine image the replicas run (docker runtime only)."""
     if _container_side(inventory):
-        from sparkctl.errors import ConfigError
-        from sparkctl.nodes.ssh import connector_for
-        from sparkctl.router.container import RouterContainer
         node = inventory.rank0
         if not image:
             raise ConfigError(f"no engine image to run the router from on {node.name}",
                               hint="set sparkctl_engine_image in the inventory or image.ref in the profile")
         return RouterContainer.start(spec, connector_for(inventory, node), node=node.name,
                                      cluster=inventory.cluster.name, image=image, ready_timeout_s=ready_timeout_s)
-    from sparkctl.extras import require
-    from sparkctl.router.process import RouterProcess
     require("router", ROUTER_HERE)
     return RouterProcess.start(spec, log_path, ready_timeout_s=ready_timeout_s)
 
@@ -83,9 +83,6 @@ def recorded_runtime(d: JSONObject) -> str:
 def from_record(inventory: Inventory, spec: RouterSpec, d: JSONObject) -> Router:
     """The router a record names (its runtime from the record: `recorded_runtime`)."""
     if recorded_runtime(d) == "container":
-        from sparkctl.nodes.ssh import connector_for
-        from sparkctl.router import RouterError
-        from sparkctl.router.container import RouterContainer
         bad = [k for k in ("node", "container") if not isinstance(d.get(k), str) or not d[k]]
         bad += [k for k in ("container_id", "image") if d.get(k) is not None and not isinstance(d[k], str)]
         if not _container_side(inventory):
@@ -100,7 +97,6 @@ def from_record(inventory: Inventory, spec: RouterSpec, d: JSONObject) -> Router
                                    "label=sparkctl.role=router` on rank 0's node), then move the replicated "
                                    "deployment's record (replicated.json) aside")
         return RouterContainer.from_dict(spec, connector_for(inventory, str(d["node"])), d)
-    from sparkctl.router.process import RouterProcess
     return RouterProcess.from_dict(spec, d)
 
 
@@ -125,15 +121,12 @@ def stop_router(inventory: Inventory, d: JSONObject | None, *, log: Path | None 
         from_record(inventory, spec, d).stop(timeout_s=timeout_s)
         stopped = True
     if _container_side(inventory):
-        from sparkctl.nodes.ssh import connector_for
-        from sparkctl.router.container import RouterContainer, labelled_routers, router_container_name
         node = inventory.rank0
         runner = connector_for(inventory, node)
         for cid in labelled_routers(runner, inventory.cluster.name):
             stopped |= RouterContainer(spec, node.name, runner, router_container_name(inventory.cluster.name), cid,
                                        "").stop(timeout_s=timeout_s)
     elif log is not None:
-        from sparkctl.router.process import RouterProcess
         for pid, ticks in logged_routers(log):
             RouterProcess(spec, pid, log, ticks).stop(timeout_s=timeout_s)
             stopped = True
@@ -143,7 +136,5 @@ def stop_router(inventory: Inventory, d: JSONObject | None, *, log: Path | None 
 def logged_routers(log: Path) -> list[tuple[int, int | None]]:
     """Router processes (pid, start ticks) whose output is `log`: on the process runtime, the routers of the ledger
     whose router log it is, recorded or not."""
-    from sparkctl.nodes import procfs
-    from sparkctl.router.process import _runs_router
     return [(pid, procfs.start_ticks(pid)) for pid in procfs.pids()
             if procfs.stdout_target(pid) == str(log) and _runs_router(procfs.cmdline(pid))]

@@ -13,11 +13,14 @@ from pathlib import Path
 
 import httpx
 
+from sparkctl.errors import StateDirError
 from sparkctl.nodes import procfs
 from sparkctl.nodes.enginegroup import EngineGroup
 from sparkctl.nodes.environ import helper_env
+from sparkctl.nodes.process import local_port_free
 from sparkctl.router import RouterError, strip_colour
 from sparkctl.router.spec import MODULE, RouterSpec
+from sparkctl.statefiles import open_state_file, private_dir
 from sparkctl.tls import tls_context
 
 
@@ -62,7 +65,6 @@ class RouterProcess:
     @classmethod
     def start(cls, spec: RouterSpec, log_path: Path, *, ready_timeout_s: float = 30.0,
               python: str | None = None) -> RouterProcess:
-        from sparkctl.statefiles import open_state_file, private_dir
         ports_free(spec)
         private_dir(log_path.parent)
         fd = open_state_file(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -149,8 +151,6 @@ def _runs_router(cmdline: list[str]) -> bool:
 
 
 def _tail(path: Path, n: int = 20) -> str:
-    from sparkctl.errors import StateDirError
-    from sparkctl.statefiles import open_state_file
     try:
         with os.fdopen(open_state_file(path, os.O_RDONLY), "rb") as fh:     # never through a planted symlink
             text = fh.read().decode("utf-8", "replace")
@@ -162,7 +162,6 @@ def _tail(path: Path, n: int = 20) -> str:
 def ports_free(spec: RouterSpec) -> None:
     """The router's port and metrics port are free here, or RouterError naming who holds them: a foreign router
     on the port would answer our liveness probe while ours dies on its bind, and take our replicas."""
-    from sparkctl.nodes.process import local_port_free
 
     for what, host, port in (("port", spec.host, spec.port), ("metrics port", spec.metrics_host, spec.prometheus_port)):
         if local_port_free(host, port):

@@ -12,6 +12,7 @@ from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
+from sparkctl.router.process import router_python
 from sparkctl.router.spec import MODULE, RouterSpec
 from sparkctl.sglang.endpoints import PlannedListener, group_listeners, refuse_collisions, router_listeners
 from sparkctl.sglang.render import RenderResult, api_address, render
@@ -144,11 +145,7 @@ def replicated_render(profile: Profile, inventory: Inventory, *, replica: int | 
                           where=profile.origin_of("server.tp_size"), hint=usage)
     spec = router_spec(profile, inventory, reps)
     docker = inventory.rank0.runtime == "docker"
-    if docker:
-        argv = ["python3", *MODULE, *spec.args()]
-    else:
-        from sparkctl.router.process import router_python
-        argv = spec.process_argv(router_python())
+    argv = ["python3", *MODULE, *spec.args()] if docker else spec.process_argv(router_python())
     warnings: list[str] = []
     for rep in reps:
         warnings += [w for w in rep.result.warnings if w not in warnings]

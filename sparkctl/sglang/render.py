@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from sparkctl.config.inventory import Inventory, Node
+from sparkctl.config.loader import did_you_mean
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
@@ -115,7 +116,6 @@ class _ArgvBuilder:
             opt, eq, inline = token.partition("=")
             flag = self.dialect.option(opt) if opt.startswith("-") else None
             if flag is None:
-                from sparkctl.config.loader import did_you_mean
                 options = sorted(o for f in self.dialect.flags for o in f.options if o.startswith("--"))
                 guess = did_you_mean(opt, options) if opt.startswith("-") else None
                 raise self._refuse(key, f"{token!r} is not a flag of SGLang {version}" if opt.startswith("-") else
@@ -211,7 +211,6 @@ def _check_speculative(profile: Profile, dialect: Dialect) -> None:
     names = dialect.speculative_algorithms
     if profile.speculative is None or names is None or profile.speculative.algorithm in names:
         return
-    from sparkctl.config.loader import did_you_mean
     value = profile.speculative.algorithm
     guess = value.upper() if value.upper() in names else did_you_mean(value.upper(), list(names))
     raise ConfigError(f"speculative.algorithm: {value!r} is not accepted by SGLang {dialect.version} "

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 
 from sparkctl.jsontypes import JSONMapping, JSONObject, JSONValue
-from sparkctl.sglang.responses import as_json_object, int_or_none
+from sparkctl.sglang.responses import EndpointProtocolError, as_json_object, evidence_of, int_or_none
 
 __all__ = ["ServerInfo", "PromSample", "NodeRole", "parse_server_info", "parse_prometheus",
            "parse_prometheus_samples", "parse_models", "detect_role", "accept_length_from_meta"]
@@ -129,7 +129,6 @@ def parse_models(body: str | bytes | JSONMapping, *, url: str = "/v1/models") ->
     d = as_json_object(body)
     data = d.get("data") or []
     if not isinstance(data, list):
-        from sparkctl.sglang.responses import EndpointProtocolError, evidence_of
         raise EndpointProtocolError(url, 200, reason=f"'data' is a {type(data).__name__}, not a list",
                                     evidence=evidence_of(repr(d)[:2000]))
     return [m for m in data if isinstance(m, dict)]

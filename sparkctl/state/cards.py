@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from sparkctl.errors import ConfigError, LedgerError
+from sparkctl.images.series import load_series
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger
 from sparkctl.statefiles import write_json_atomic
@@ -62,7 +63,6 @@ def _series_hash(name: str | None) -> str | None:
     if not name:
         return None
     try:
-        from sparkctl.images.series import load_series
         return load_series(name).content_hash()
     except Exception:  # noqa: BLE001 - a series that is gone or unreadable: the name still identifies it
         return None

@@ -41,6 +41,7 @@ from pydantic import BaseModel, ValidationError
 
 from sparkctl.errors import LedgerError, LockHeldError
 from sparkctl.jsontypes import JSONObject, JSONValue
+from sparkctl.nodes.procfs import start_ticks
 from sparkctl.state.records import DeploymentRecord, Status
 from sparkctl.state.runs import RunRecord
 from sparkctl.statefiles import (
@@ -303,7 +304,6 @@ class Ledger:
                                      "when its process exits") from None
         Ledger._held[key] = 1
         try:
-            from sparkctl.nodes.procfs import start_ticks
             write_json_atomic(holder_path, {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
                                             "since": now_iso(), "argv": sys.argv[1:],
                                             "start_ticks": start_ticks(os.getpid())})

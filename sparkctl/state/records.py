@@ -27,10 +27,10 @@ from pydantic import (
 from sparkctl.jsontypes import JSONObject, renamed_keys
 from sparkctl.nodes.handles import Handle
 from sparkctl.sglang.launch import RankSpec
+from sparkctl.untrusted import clean, is_plain_name
 
 
 def _record_name(value: str) -> str:
-    from sparkctl.untrusted import clean, is_plain_name
     if not is_plain_name(value):
         raise ValueError(f"{clean(repr(value), 80)} is not a plain name (letters, digits, '.', '-', '_'; never a path)")
     return value

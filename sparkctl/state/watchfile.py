@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sparkctl.errors import LockHeldError
 from sparkctl.jsontypes import JSONObject
+from sparkctl.state.controller import controller_alive
 from sparkctl.statefiles import open_state_file, private_dir, state_dir_error, write_json_atomic
 
 WATCH_FILE = "watch.json"
@@ -86,7 +87,6 @@ def load_watch(root: Path) -> WatchState | None:
 
 def watcher_running(state: WatchState) -> bool:
     """The watcher the file names still runs (same host: its pid with the same start time; another host: assumed)."""
-    from sparkctl.state.controller import controller_alive
     if state.stopped:
         return False
     return controller_alive({"pid": state.pid, "host": state.host, "start_ticks": state.start_ticks})

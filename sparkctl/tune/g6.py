@@ -23,6 +23,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from sparkctl.bench import losslessness
+from sparkctl.bench.arms import arm_from_record
 from sparkctl.bench.prompts import Prompt, g6_prompts
 from sparkctl.errors import SparkctlError
 from sparkctl.jsontypes import JSONObject
@@ -43,7 +44,6 @@ def _prompts() -> list[Prompt]:
 
 def capture(deployer: Deployer) -> list[JSONObject]:
     """Greedy outputs of the sample prompts on the active deployment (one dict per prompt, journal-ready)."""
-    from sparkctl.bench.arms import arm_from_record
     record = deployer.ledger.active()
     if record is None:
         raise SparkctlError("no active deployment to capture G6 outputs from", where=str(deployer.ledger.root),

@@ -32,7 +32,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from sparkctl.deploy.steps import CONFIRM, TRIAL, TUNE_BEGIN, TUNE_RESTORE
+from sparkctl.bench.arms import BenchOptions
+from sparkctl.bench.diff import compare_summaries
+from sparkctl.bench.run import bench_deployment
+from sparkctl.config.profile import Profile, load_profile
+from sparkctl.deploy import door
+from sparkctl.deploy.results import UpResult
+from sparkctl.deploy.steps import ARM_COMMAND, CONFIRM, TRIAL, TUNE_BEGIN, TUNE_COMMAND, TUNE_RESTORE, boundary
 from sparkctl.errors import ConfigError, PreflightError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger, now_iso
@@ -72,12 +78,10 @@ Progress = Callable[[str], None]
 def _boundary(step: str, when: str, index: int | None = None) -> None:
     """The lifecycle's step boundary (deploy/steps.py, `TUNE_STEPS`): ``SPARKCTL_CRASH_AT=tune:<step>:<when>[:SIG]``
     signals the controller there; ``trial@<i>`` is trial i, ``confirm@<k>`` the k-th A/B leg."""
-    from sparkctl.deploy.steps import TUNE_COMMAND, boundary
     boundary(TUNE_COMMAND, step, when, index)
 
 
 def _bench_opts(o: TuneOptions) -> BenchOptions:
-    from sparkctl.bench.arms import BenchOptions
     gates = {"decode": ("decode", "acceptance"), "ttft": ("decode", "ttft"),
              "aggregate-c2": ("decode", "concurrency")}[o.objective]
     return BenchOptions(gates=gates, runs=o.runs, max_tokens=o.max_tokens, warmup=o.warmup, acceptance_runs=1,
@@ -128,7 +132,6 @@ def classify_failure(exc: BaseException) -> str:
 
 def new_journal(deployer: Deployer, opts: TuneOptions) -> TuneJournalFile:
     """Validate the search (every candidate a valid profile) and write its journal; nothing deployed yet."""
-    from sparkctl.config.profile import load_profile
     if opts.objective not in OBJECTIVES:
         raise ConfigError(f"unknown objective {opts.objective!r}", where="--objective",
                           hint=f"one of {', '.join(OBJECTIVES)}")
@@ -160,21 +163,16 @@ def new_journal(deployer: Deployer, opts: TuneOptions) -> TuneJournalFile:
 def _deploy(deployer: Deployer, profile: Profile) -> UpResult:
     """A trial or A/B leg: an arm of the compare transaction through deploy's door (one `up` plan, journal and
     record, under the tune's lock)."""
-    from sparkctl.deploy import door
-    from sparkctl.deploy.results import UpResult
-    from sparkctl.deploy.steps import ARM_COMMAND
     up = door.up(deployer, profile, door.UpRequest(command=ARM_COMMAND), confirm=door.proceed)
     assert isinstance(up, UpResult)          # an arm is one group (door.up refuses replicas in one)
     return up
 
 
 def _measure(deployer: Deployer, opts: TuneOptions, progress: Progress) -> RunRecord:
-    from sparkctl.bench.run import bench_deployment
     return bench_deployment(deployer, _bench_opts(opts), progress=lambda m: None)
 
 
 def _candidate(j: TuneJournal, t: TuneTrial) -> Profile:
-    from sparkctl.config.profile import Profile
     base = Profile.model_validate(j.profile_data)
     return base if t.baseline else sp.candidate_profile(base, t.changes, f"{base.name}-t{t.index}")
 
@@ -241,7 +239,6 @@ def _best(j: TuneJournal) -> TuneTrial | None:
 
 def _confirm(deployer: Deployer, j: TuneJournalFile, winner: TuneTrial, progress: Progress) -> Confirmation:
     """A B A B: baseline and candidate alternated, each a fresh deploy + bench; samples pooled per side."""
-    from sparkctl.bench.diff import compare_summaries
     doc, opts = j.doc, j.doc.options
     if doc.confirmation is None:
         doc.confirmation = Confirmation(candidate=winner.index, order=[], baseline=[], winner=[])

@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from sparkctl.deploy import door
 from sparkctl.deploy.steps import ARM_COMMAND
 from sparkctl.errors import LedgerError, SparkctlError
+from sparkctl.state.controller import controller_alive
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.tunejournal import (
     RestoreReport,
@@ -30,7 +32,6 @@ Progress = Callable[[str], None]
 
 def restore(deployer: Deployer, original: str | None, progress: Progress) -> RestoreReport:
     """What ran before the tune, back (`deploy.door.restore`: the compare transaction's one restore)."""
-    from sparkctl.deploy import door
     say = "restoring the deployment that ran before the tune ({profile}, {id})"
     return RestoreReport.model_validate(door.restore(deployer, original, progress=progress, say=say))
 
@@ -52,7 +53,6 @@ def _deployed_since(ledger: Ledger, marker: TuneMarker) -> str | None:
 def settle(deployer: Deployer, progress: Progress, *, resuming: str | None = None) -> TuneMarker | None:
     """A tune whose controller died (kill -9): returns its marker when `resuming` names it; otherwise restores
     what ran before it, marks its journal interrupted, and clears the marker. None when there is nothing."""
-    from sparkctl.state.controller import controller_alive
     m = read_marker(deployer.ledger)
     if m is None:
         return None

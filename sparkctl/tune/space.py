@@ -19,8 +19,12 @@ from typing import TYPE_CHECKING, TypeAlias
 from pydantic import ValidationError
 
 from sparkctl.config.loader import dump_yaml, read_value
+from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject, JSONValue
+from sparkctl.resources import config_home
+from sparkctl.sglang.render import render
+from sparkctl.untrusted import record_name
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Inventory
@@ -92,7 +96,6 @@ def grid(space: Space) -> list[JSONObject]:
 
 def candidate_profile(base: Profile, changes: JSONObject, name: str) -> Profile:
     """The base profile with `changes` applied, validated; ConfigError naming the --vary that does not fit."""
-    from sparkctl.config.profile import Profile
     data = base.model_dump(mode="json")
     for key, value in changes.items():
         set_key(data, key, value)
@@ -137,7 +140,6 @@ def winner_dir() -> Path:
     """Where the winner's profile goes: $SPARKCTL_PROFILES_DIR, else the user's profiles directory."""
     import os
 
-    from sparkctl.resources import config_home
     env = os.environ.get("SPARKCTL_PROFILES_DIR")
     return Path(env) if env else config_home() / "profiles"
 
@@ -148,7 +150,6 @@ WINNER_WHERE = "the tuned profile (SPARKCTL_PROFILES_DIR or ~/.config/sparkctl/p
 def winner_path(profile: str, run_id: str) -> Path:
     """The winner's profile file: ``<winner_dir>/<profile>-tuned-<run start, lower case>.yml`` (a file name built
     from two plain names, never a path taken from the journal)."""
-    from sparkctl.untrusted import record_name
     where = "the tune journal (runs/<id>/tune.json)"
     run_tag = record_name(run_id, 'run_id', where).split('-')[0].lower()
     name = f"{record_name(profile, 'profile', where)}-tuned-{run_tag}"
@@ -164,7 +165,6 @@ def launch_identity(profile: Profile, inventory: Inventory) -> str:
     settings, and the router's settings when there are replicas. Two profiles with the same identity run the same."""
     import json
 
-    from sparkctl.sglang.render import render
     specs = [[s.rank, s.node, list(s.argv), dict(s.env)] for s in render(profile, inventory).specs]
     router = profile.router.model_dump(mode="json") if profile.replicas > 1 else None
     return json.dumps([specs, profile.image.model_dump(mode="json"), profile.replicas, router], sort_keys=True,

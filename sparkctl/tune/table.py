@@ -6,7 +6,7 @@ from typing import IO
 
 from sparkctl import texttable
 from sparkctl.state.tunejournal import TuneJournal, TuneTrial
-from sparkctl.untrusted import clean
+from sparkctl.untrusted import clean, raw_stream
 
 HEADER = ("#", "changes", "status", "{obj} median (min-max)", "accept len", "G6", "time s", "card / reason")
 
@@ -74,7 +74,6 @@ def render(data: TuneJournal, stream: IO[str], *, terminal: bool | None = None, 
     from rich.table import Table
     from rich.text import Text
 
-    from sparkctl.untrusted import clean, raw_stream
 
     # rich writes its own escape sequences, so past the terminal guard: every cell from the journal is cleaned.
     w = data.winner

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from sparkctl.config.inventory import Inventory, Node
 from sparkctl.nodes.fanout import fan_out
-from sparkctl.nodes.ssh import CommandResult
+from sparkctl.nodes.ssh import CommandResult, connector_for
 
 HELPER = "/usr/local/sbin/sparkctl-drop-caches"
 SUDOERS_FILE = "/etc/sudoers.d/sparkctl-drop-caches"
@@ -74,7 +74,6 @@ def drop_caches(inventory: Inventory, *, deadline_s: float = DEADLINE_S) -> list
     """Run the helper on every SSH node at once, each within `deadline_s` (the nodes in parallel: the whole drop
     ends within it too); one outcome per node, none raised (a node that does not answer in time is reported, the
     restart goes on: a missed drop is what preflight's memory check then judges)."""
-    from sparkctl.nodes.ssh import connector_for
 
     def one(node: Node) -> Dropped:
         if node.ssh.connection == "local":

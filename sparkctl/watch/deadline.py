@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from sparkctl.watch.caches import drop_caches, summary
+
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Inventory
     from sparkctl.watch.metrics import WatchMetrics
@@ -65,7 +67,6 @@ class NodeActions:
 
     def drop_caches(self) -> None:
         """Drop the page cache where `prepare` granted it; say what was done, where not, or that it ran late."""
-        from sparkctl.watch.caches import drop_caches, summary
         limit = self.limit
         done, results = within(limit, lambda: drop_caches(self.inventory, deadline_s=limit), gate=self._drop_gate)
         line = summary(results) if done and results is not None else (

@@ -13,8 +13,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from sparkctl.deploy import door
 from sparkctl.deploy.cluster import Cluster, RankHealth
+from sparkctl.deploy.commands import Deployer
 from sparkctl.deploy.door import Deployed, Kind, deployed
+from sparkctl.deploy.results import ReplicatedStatusResult
 
 
 @dataclass(frozen=True)
@@ -80,9 +83,6 @@ def _single(c: Cluster, dep_id: str) -> Verdict:
 
 
 def _replicas(c: Cluster) -> Verdict:
-    from sparkctl.deploy import door
-    from sparkctl.deploy.commands import Deployer
-    from sparkctl.deploy.results import ReplicatedStatusResult
     st = door.status(Deployer(c.inventory, c.reporter, c.ledger))
     if not isinstance(st, ReplicatedStatusResult):          # it went down or became one group since the poll
         return Verdict(False, "router", "router not running (no replicated deployment now)")

@@ -23,8 +23,12 @@ import time
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from sparkctl.errors import ConfigError
+from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.extras import needed
+from sparkctl.nodes import facts
+from sparkctl.nodes.environ import helper_env
+from sparkctl.nodes.process import read_local_meminfo
+from sparkctl.nodes.ssh import connector_for
 
 if TYPE_CHECKING:
     from sparkctl.config.inventory import Inventory, Node
@@ -43,20 +47,16 @@ def require_prometheus() -> ModuleType:
 
 def _node_output(inventory: Inventory, node: Node, argv: tuple[str, ...], timeout: float) -> str | None:
     """stdout of a fact's command on `node` (the embedded cluster's nodes are this machine), or None."""
-    from sparkctl.nodes.process import read_local_meminfo
     if node.runtime == "process":
         if argv == ("cat", "/proc/meminfo"):
             res = read_local_meminfo(node.name)
             return res.stdout if res.returncode == 0 else None
-        from sparkctl.nodes.environ import helper_env
         try:      # a helper: the allowlisted environment, never the caller's secrets
             done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
                                   env=helper_env())
         except (OSError, subprocess.TimeoutExpired):
             return None
         return done.stdout if done.returncode == 0 else None
-    from sparkctl.errors import SparkctlError
-    from sparkctl.nodes.ssh import connector_for
     try:
         res = connector_for(inventory, node).run(list(argv), timeout=timeout)
     except SparkctlError:
@@ -162,7 +162,6 @@ class WatchMetrics:
     def nodes(self, inventory: Inventory, *, deadline_s: float = NODE_DEADLINE_S) -> None:
         """Each node's memory and GPU samples, read within `deadline_s` in total (each read gets what is left, at
         most `READ_TIMEOUT_S`); a node not reached in time keeps its last samples until the next check."""
-        from sparkctl.nodes import facts
         end = time.monotonic() + deadline_s
 
         def left() -> float:

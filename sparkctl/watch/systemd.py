@@ -36,6 +36,9 @@ from pathlib import Path
 from typing import Literal
 
 from sparkctl.errors import ConfigError, OutputPathError
+from sparkctl.resources import config_home
+from sparkctl.statefiles import default_state_root
+from sparkctl.userfiles import write_user_text
 
 Scope = Literal["user", "system"]
 
@@ -59,7 +62,6 @@ def secrets_file(scope: Scope) -> Path:
     """The unit's optional EnvironmentFile: the API key's variable, a --notify-env variable (0600, the user's)."""
     if scope == "system":
         return Path("/etc/sparkctl/watch.env")
-    from sparkctl.resources import config_home
     return Path(os.path.abspath(config_home())) / "watch.env"
 
 
@@ -145,8 +147,6 @@ def resolved_inputs(argv: list[str], environ: dict[str, str] | None = None, cwd:
     """The environment that chooses what the watcher sees, as this process resolved it (absolute): the state
     directory, the XDG roots, the profiles directory; and the working directory. `argv` already carries the
     inventory's absolute path."""
-    from sparkctl.resources import config_home
-    from sparkctl.statefiles import default_state_root
 
     env = os.environ if environ is None else environ
     xdg_state = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
@@ -196,7 +196,6 @@ def install(text: str, directory: Path, name: str, *, force: bool = False) -> Pa
     """Write the unit through the one writer of user files (`sparkctl.userfiles`: atomic, fsynced, a new file 0600,
     a replaced one keeping its mode, no link followed; a missing unit directory created). An existing unit is
     replaced only with `force` (``--install --force``)."""
-    from sparkctl.userfiles import write_user_text
     return write_user_text(directory / name, text, overwrite=force, option="--install", create_parent=True)
 
 
