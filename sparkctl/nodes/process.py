@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -113,6 +114,12 @@ def read_lines(path: Path, offset: int, limit: int = -1) -> tuple[str, int]:
         data = fh.read(limit)
     cut = data.rfind(b"\n") + 1
     return data[:cut].decode("utf-8", "replace"), cut
+
+def _reap_child(pid: int) -> None:
+    """Collect `pid`'s exit status if it has ended (a child this process forked and knows only by its pid)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
 
 class ProcessRuntime:
     """Runs ranks as local processes of the emulator. Example::
@@ -206,25 +213,33 @@ class ProcessRuntime:
         # and, where this node lets us make one, it joins a cgroup of its own before it starts the engine, so every
         # process of the engine is born inside (sparkctl.nodes.enginegroup).
         cgroup = None
+        before = set(procfs.children(os.getpid()))
         try:
-            cgroup = new_cgroup(self.state_key, deployment_id, spec.rank)
-            offset = attempt_start(fd, log_path)
-            _own_private_dir(secrets_home())
-            write_secret_files(sdir, {**spec.secret_files, ENGINE_ENV_FILE: json.dumps(env)})
-            proc = subprocess.Popen(pipe + self._command(spec, sdir), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
-                                    env=pipe_env, start_new_session=True, close_fds=True,
-                                    preexec_fn=(lambda: join_cgroup(str(cgroup))) if cgroup else None)
+            try:
+                cgroup = new_cgroup(self.state_key, deployment_id, spec.rank)
+                offset = attempt_start(fd, log_path)
+                _own_private_dir(secrets_home())
+                write_secret_files(sdir, {**spec.secret_files, ENGINE_ENV_FILE: json.dumps(env)})
+                proc = subprocess.Popen(pipe + self._command(spec, sdir), stdin=subprocess.DEVNULL, stdout=fd,
+                                        stderr=fd, env=pipe_env, start_new_session=True, close_fds=True,
+                                        preexec_fn=(lambda: join_cgroup(str(cgroup))) if cgroup else None)
+            finally:
+                os.close(fd)
+            self._children[proc.pid] = proc
+            return ProcessHandle(node=spec.node, rank=spec.rank, pid=proc.pid,
+                                 start_ticks=procfs.start_ticks(proc.pid), log=str(log_path), log_offset=offset,
+                                 deployment=deployment_id, spec=spec.redacted().model_dump(mode="json"),
+                                 cgroup=str(cgroup) if cgroup else None)
         except BaseException:
+            # Interrupted between the fork and the handle's return (inside Popen, or before the caller has the
+            # handle): the log pipe may have exec'd (then it names the secret directory, which keeps it) and start
+            # the engine nobody recorded. Its whole session (and cgroup) is killed and reaped first, then the rest.
+            for pid in procfs.forked_since(before, str(log_path)):
+                EngineGroup(pid, None, str(cgroup) if cgroup else None).kill(reap=functools.partial(_reap_child, pid))
             self._drop_secrets(deployment_id, spec.rank)
             if cgroup is not None:
                 EngineGroup(0, None, str(cgroup)).release()
             raise
-        finally:
-            os.close(fd)
-        self._children[proc.pid] = proc
-        return ProcessHandle(node=spec.node, rank=spec.rank, pid=proc.pid, start_ticks=procfs.start_ticks(proc.pid),
-                             log=str(log_path), log_offset=offset, deployment=deployment_id,
-                             spec=spec.redacted().model_dump(mode="json"), cgroup=str(cgroup) if cgroup else None)
 
     @property
     def state_key(self) -> str:

@@ -105,6 +105,14 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def forked_since(before: set[int], marker: str) -> list[int]:
+    """The children of this process a start just forked: not in `before` (its children before the fork), and
+    either not exec'd yet (their command line is still this process's) or running with `marker` (an argument only
+    that start's command has) in their argv. A sibling thread's recorded child never matches."""
+    mine = cmdline(os.getpid())
+    return [p for p in sorted(set(children(os.getpid())) - before) if (c := cmdline(p)) == mine or marker in c]
+
+
 def _parents() -> dict[int, list[int]]:
     """parent pid -> its children, from one scan of /proc (stat field 4)."""
     parents: dict[int, list[int]] = {}

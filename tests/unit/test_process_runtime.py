@@ -251,3 +251,47 @@ def test_liveness_reads_every_state_each_call_and_walks_the_tree_at_most_once_a_
         os.kill(engine, signal.SIGCONT)
     rt.tree_ttl_s = 0.0
     assert rt.liveness(handle).alive and walks == [handle.pid, handle.pid]
+
+
+def test_an_interrupt_in_start_after_the_fork_leaves_no_process_of_the_rank(setup):
+    """`start` interrupted at any line from the fork (inside `Popen`) to its return, with the forked log pipe given
+    time to exec first (a loaded machine's order: it then names the rank's secret directory, so the clean-up would
+    keep the secrets it reads and start the engine nobody recorded): no process of the rank is left, and its
+    secrets are gone."""
+    import subprocess
+
+    from sparkctl.errors import Interrupted
+    from testrig.linetrap import LineTrap, Target, sigint, source_line
+    rt, specs, _ = setup
+    spec = specs[0]
+    execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+    forked = f"_execute_child:{source_line(execute_child, 'self._child_created = True')}"     # the fork returned
+
+    def pipe_running() -> BaseException:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not any(
+                "sparkctl.nodes.logpipe" in procfs.cmdline(p) for p in procfs.children(os.getpid())):
+            time.sleep(0.01)
+        return sigint()
+
+    def trap(at: int | None, make=sigint) -> LineTrap:
+        return LineTrap([Target.code(ProcessRuntime.start.__code__), Target.code(execute_child.__code__)], at,
+                        make=make)
+    count = trap(None)
+    with count.armed():
+        handle = rt.start(spec, "dep-1")
+    rt.stop(handle, timeout_s=5)
+    points = range(count.trail.index(forked), len(count.trail))
+    assert len(points) > 5, count.trail
+    left = []
+    for at in points:
+        t = trap(at, pipe_running)
+        with pytest.raises(Interrupted), t.armed():
+            rt.start(spec, "dep-1")
+        time.sleep(0.3)                               # what a surviving pipe would do next: start the engine
+        named = procfs.processes_naming(str(rt.log_dir / f"rank{spec.rank}.log"))
+        if named or rt.secrets_dir("dep-1", spec.rank).exists():
+            left.append((t.where, named))
+            for pid in named:
+                os.kill(pid, signal.SIGKILL)
+    assert not left, left
