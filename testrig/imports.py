@@ -86,3 +86,23 @@ def subgraph(graph: dict[str, set[str]], package: str) -> dict[str, set[str]]:
         if name is not None:
             out[name] = {d for d in map(local, deps) if d is not None} - {name}
     return out
+
+
+def deferred_imports(root: Path = SPARKCTL) -> dict[str, list[int]]:
+    """Module -> the lines of its imports of `root`'s modules made inside a function (run when the function runs,
+    not when the module loads), TYPE_CHECKING-only imports left out."""
+    mods = modules(root)
+    out: dict[str, list[int]] = {}
+
+    def walk(node: ast.AST, name: str, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                walk(ast.Module(body=child.orelse, type_ignores=[]), name, in_function)
+                continue
+            if in_function and isinstance(child, (ast.Import, ast.ImportFrom)) and _targets(mods, name, child):
+                out.setdefault(name, []).append(child.lineno)
+            walk(child, name, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+    for name, path in mods.items():
+        walk(ast.parse(path.read_text(), str(path)), name, False)
+    return out

@@ -9,6 +9,8 @@ make its edges, so the fix can start from them.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from testrig.imports import import_graph, package_graph, package_of
 
 
@@ -109,3 +111,42 @@ def test_the_graph_sees_every_kind_of_import(tmp_path):
     assert circles(package_graph(graph)) == [["sparkctl.a", "sparkctl.b", "sparkctl.a"]]
     assert "sparkctl.b.y imports sparkctl.a.z" in _explain(graph, ["sparkctl.a", "sparkctl.b", "sparkctl.a"],
                                                           packages=True)
+
+
+# Where an import of sparkctl is made inside a function, and the measured start-up cost that keeps it there
+# (docs/architecture.md "Imports"): anywhere else an import is at the top of its module.
+DEFERRED = {
+    "sparkctl.cli": "a command's library loads when the command runs: `import sparkctl.cli.main` 0.17 s, every "
+                    "module of sparkctl +0.75 s (`sparkctl --help`, completion, exit-2 errors stay fast)",
+    "sparkctl.config.loader": "on the CLI's entry path (above)",
+    "sparkctl.sim.engine": "a worker rank never loads the HTTP API or the scheduler (0.07 s; 0.17 s with them)",
+    "sparkctl.sim.args": "the emulator's argument parser loads the SGLang dialect only to parse (emulator start)",
+    "sparkctl.sim.decoding": "the emulator's rank 0 loads its performance model when it first decodes",
+    "sparkctl.deploy.runtimes": "the docker runtime is an optional extra (sparkctl[nodes]): its ImportError is a "
+                                "ConfigError naming the extra",
+    "sparkctl.nodes.process": "a probe: can the emulator be imported on this node",
+}
+
+
+def test_imports_are_at_the_top_except_where_a_measured_start_up_cost_keeps_them():
+    from testrig.imports import deferred_imports
+    found = deferred_imports()
+    unexplained = {m: lines for m, lines in found.items()
+                   if not any(m == k or m.startswith(k + ".") for k in DEFERRED)}
+    assert not unexplained, f"imports inside functions with no measured reason (move them to the top): {unexplained}"
+
+
+def test_the_cli_entry_loads_no_command_library():
+    """What `sparkctl --help` imports: the CLI's own modules and the config loader, none of deploy/, nodes/, the
+    images or the bench, and none of the heavy libraries (what DEFERRED["sparkctl.cli"] keeps it to)."""
+    import subprocess
+    import sys
+    probe = ("import sys, sparkctl.cli.main; print(' '.join(sorted(m for m in sys.modules if m.startswith("
+             "('sparkctl', 'httpx', 'paramiko', 'fabric', 'docker', 'rich', 'jinja2', 'ansible_runner')))))")
+    loaded = set(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                                cwd=str(Path(__file__).resolve().parents[2])).stdout.split())
+    heavy = {m for m in loaded if not m.startswith("sparkctl")}
+    assert not heavy, heavy
+    below = {m for m in loaded if m.split(".")[1:2] and m.split(".")[1] not in ("cli", "config", "errors",
+                                                                               "jsontypes", "resources")}
+    assert not below, below
