@@ -237,15 +237,20 @@ def rollback(to: str | None = typer.Option(None, "--to", help="Profile to roll b
 
 def down(inventory: str | None = INVENTORY_OPT,
          yes: bool = flag("--yes", "-y", help="Do not ask for confirmation."),
+         dry_run: bool = flag("--dry-run", help="Print what it would stop, in order, and stop there."),
          as_json: bool = flag("--json", help="Result as JSON on stdout.")) -> None:
     """Stop the active deployment on every node."""
     from sparkctl.deploy import door
 
     d = _deployer(inventory)
     with _declined_aborts():
-        result = door.down(d, confirm=_confirm(yes, d, "down"))
+        result = door.down(d, confirm=_confirm(yes, d, "down"), dry_run=dry_run)
 
     def human(r: JSONObject) -> None:
+        if r.get("outcome") == "dry-run":
+            print("\n".join(f"  {line}" for line in r["plan"]))
+            print("dry run: nothing was changed; `sparkctl down` runs these")
+            return
         if r.get("replicated"):
             print("stopped " + ", ".join(r["stopped"]) if r["stopped"] else "nothing was running")
             return
@@ -314,6 +319,7 @@ def status(inventory: str | None = INVENTORY_OPT,
 
 def repair(inventory: str | None = INVENTORY_OPT,
            yes: bool = flag("--yes", "-y", help="Apply without asking."),
+           dry_run: bool = flag("--dry-run", help="Print the changes it would make and stop there."),
            as_json: bool = flag("--json", help="What changed, as JSON on stdout.")) -> None:
     """Repair a damaged ledger: move damaged records aside (kept), rebuild the index and the active deployment
     from the engines actually running. Shows the changes and asks first."""
@@ -328,6 +334,10 @@ def repair(inventory: str | None = INVENTORY_OPT,
             return
         for line in plan.lines():
             print(f"repair: {line}", file=sys.stderr)
+        if dry_run:
+            _emit({"changed": False, "outcome": "dry-run", **plan.as_dict()}, as_json,
+                  lambda r: print("dry run: nothing was changed; `sparkctl repair --yes` makes these changes"))
+            return
         if not yes:
             if not sys.stdin.isatty():
                 raise CancelledError("repair changes the ledger and was not confirmed; nothing was changed",

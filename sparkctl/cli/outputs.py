@@ -295,22 +295,6 @@ class DiffOutput(BaseModel):
     emulated: bool
 
 
-class TuneOutput(BaseModel):
-    """`sparkctl tune --json`: the tune's journal (sparkctl.tune.run; runs/<id>/tune.json)."""
-    model_config = ConfigDict(extra="allow")
-    schema_: str = Field(alias="schema")
-    run_id: str
-    state: str
-    profile: str
-    trials: list[JSONObject] = Field(description="index, changes, baseline, status (feasible/infeasible/"
-                                         "skipped), reason, deployment, card, objective summary, elapsed_s.")
-    confirmation: JSONObject | None
-    winner: JSONObject | None
-    restore: JSONObject | None
-    estimate: JSONObject | None
-    timing: JSONObject
-
-
 OUTPUTS: dict[str, type[BaseModel]] = {
     "render": RenderOutput, "render-replicated": RenderReplicatedOutput, "profiles": ProfilesOutput,
     "image-plan": ImagePlanOutput,
@@ -319,20 +303,22 @@ OUTPUTS: dict[str, type[BaseModel]] = {
     "image-verify": ImageVerifyOutput, "image-prune": ImagePruneOutput, "prepare": PrepareOutput,
     "patches-check": PatchesCheckOutput,
     "facts": FactsOutput, "bench-history": HistoryOutput, "bench-diff": DiffOutput,
-    "tune": TuneOutput, "doctor": DoctorReport,
+    "doctor": DoctorReport,
 }
 
 
 # The lifecycle's typed results and the ledger's record (imported only when asked for: deploy/ is heavy).
 LIFECYCLE_OUTPUTS = {
     "up": "sparkctl.deploy.results:UpResult", "rollback": "sparkctl.deploy.results:UpResult",
-    "down": "sparkctl.deploy.results:DownResult", "status": "sparkctl.deploy.results:StatusResult",
+    "down": "sparkctl.deploy.results:DownResult", "down-dry-run": "sparkctl.deploy.results:DownPlanResult",
+    "status": "sparkctl.deploy.results:StatusResult",
     "deployment-record": "sparkctl.state.records:DeploymentRecord",
     "up-replicated": "sparkctl.deploy.results:ReplicatedUpResult",
     "status-replicated": "sparkctl.deploy.results:ReplicatedStatusResult",
     "down-replicated": "sparkctl.deploy.results:ReplicatedDownResult",
     "replicated-record": "sparkctl.state.records:ReplicatedRecord",
     "bench": "sparkctl.state.runs:RunRecord",
+    "tune": "sparkctl.state.tunejournal:TuneJournal",
 }
 
 

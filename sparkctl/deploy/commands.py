@@ -24,11 +24,12 @@ from sparkctl.deploy.image_stage import survey
 from sparkctl.deploy.plan import Plan, make_plan
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.repair import RepairPlan, apply_repair, plan_repair
-from sparkctl.deploy.results import Concurrency, DownResult, PlanView, StatusResult, UpResult
+from sparkctl.deploy.results import Concurrency, DownPlanResult, DownResult, PlanView, StatusResult, UpResult
 from sparkctl.deploy.rollback import no_target_error, rollback_target
 from sparkctl.deploy.runtimes import Runtimes
 from sparkctl.deploy.settle import Settled, settle
 from sparkctl.deploy.status import down as down_cmd
+from sparkctl.deploy.status import plan_down
 from sparkctl.deploy.status import status as status_cmd
 from sparkctl.deploy.steps import (
     ARM_COMMAND,
@@ -219,6 +220,10 @@ class Deployer:
             result = down_cmd(self.cluster)
             compare.end(self.cluster)
             return result
+
+    def plan_down(self) -> DownPlanResult:
+        """What `down` would do, read without the lock (as `status`): nothing is changed."""
+        return plan_down(self.cluster)
 
     def status(self) -> StatusResult:
         left = compare.unfinished(self.cluster)

@@ -36,6 +36,7 @@ from sparkctl.deploy.inputs import PROBE_DEADLINE_S, missing_paths, unresolved_s
 from sparkctl.deploy.plan import Plan
 from sparkctl.deploy.replicated import ReplicatedDeployer, is_replicated, replica_inventory
 from sparkctl.deploy.results import (
+    DownPlanResult,
     DownResult,
     ReplicatedDownResult,
     ReplicatedStatusResult,
@@ -385,8 +386,13 @@ def read_back(d: Deployer, want: str | None, done: JSONObject, progress: Callabl
     return out
 
 
-def down(d: Deployer, *, confirm: Confirm) -> DownResult | ReplicatedDownResult:
-    """Stop what runs: the router and every replica, or the active single-group deployment."""
+def down(d: Deployer, *, confirm: Confirm, dry_run: bool = False
+         ) -> DownResult | ReplicatedDownResult | DownPlanResult:
+    """Stop what runs: the router and every replica, or the active single-group deployment. `dry_run`: what it
+    would stop, in order, and nothing changed."""
+    if dry_run:
+        return ReplicatedDeployer(d.inventory, d.reporter).plan_down() if is_replicated(d.inventory) else \
+            d.plan_down()
     if is_replicated(d.inventory):
         if not confirm("stop the router and every replica", None):
             raise Declined

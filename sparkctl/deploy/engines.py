@@ -104,13 +104,13 @@ def mark_superseded(c: Cluster, old: DeploymentRecord, new_id: str) -> None:
     remove_superseded(c, skip={old.id, new_id})
 
 
-def remove_superseded(c: Cluster, *, skip: Collection[str] = ()) -> list[str]:
-    """Stop and remove the engines superseded deployments kept restartable (Docker keeps their stopped containers;
-    a rollback to one runs it again from its record), except `skip`; the ids whose engines were removed.
+def kept_for_rollback(c: Cluster, *, skip: Collection[str] = ()) -> list[DeploymentRecord]:
+    """The superseded deployments whose engines are kept restartable (Docker keeps their stopped containers; a
+    rollback to one runs it again from its record), except `skip`, newest first.
 
     Every hand-off removes all but the newest superseded one, so walking back from the newest record can stop at
     the first one already removed: the scan stays a few records long however long the history grows."""
-    removed: list[str] = []
+    out: list[DeploymentRecord] = []
     for dep_id in reversed(c.ledger.index()["history"]):
         if dep_id in skip:
             continue
@@ -121,11 +121,19 @@ def remove_superseded(c: Cluster, *, skip: Collection[str] = ()) -> list[str]:
         if rec.engines_removed:
             break
         if rec.status == Status.SUPERSEDED and rec.handles:
-            try:
-                stop_engines(c, rec, keep=False)
-                rec.engines_removed = now_iso()
-                c.ledger.save(rec)
-                removed.append(dep_id)
-            except SparkctlError as exc:
-                c.reporter.event(f"could not remove the engines of {dep_id}: {exc.message}")
+            out.append(rec)
+    return out
+
+
+def remove_superseded(c: Cluster, *, skip: Collection[str] = ()) -> list[str]:
+    """Stop and remove the engines `kept_for_rollback` (except `skip`); the ids whose engines were removed."""
+    removed: list[str] = []
+    for rec in kept_for_rollback(c, skip=skip):
+        try:
+            stop_engines(c, rec, keep=False)
+            rec.engines_removed = now_iso()
+            c.ledger.save(rec)
+            removed.append(rec.id)
+        except SparkctlError as exc:
+            c.reporter.event(f"could not remove the engines of {rec.id}: {exc.message}")
     return removed

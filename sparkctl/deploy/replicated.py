@@ -53,6 +53,7 @@ from sparkctl.deploy.replica_steps import (
     replicated_steps,
 )
 from sparkctl.deploy.results import (
+    DownPlanResult,
     ReplicaStatus,
     ReplicatedDownResult,
     ReplicatedStatusResult,
@@ -338,6 +339,20 @@ class ReplicatedDeployer:
         # never followed elsewhere (a damaged or planted record cannot make `logs --router` print another file).
         own = self.ledger.root / "logs" / "router.log"
         return lambda offset: _read_file_lines(own, offset)
+
+    def plan_down(self) -> DownPlanResult:
+        """What `down` would do (`down --dry-run`): the router, then each replica's own `down` plan; nothing
+        changed."""
+        rec = Record.load(self.ledger.root)
+        router = rec.doc.router if not rec.empty else None
+        lines = [f"stop-router: stop the router ({router.runs_as} at {router.url})" if router else
+                 "stop-router: stop a router of this cluster if one runs (none is recorded)"]
+        engines: list[str] = []
+        for rep in rec.doc.replicas if not rec.empty else []:
+            plan = Deployer(_named(self.inventory, rep.cluster, rep.nodes), self.reporter).plan_down()
+            lines += [f"replica {rep.index}: {line}" for line in plan.plan]
+            engines += plan.engines
+        return DownPlanResult(active=rec.doc.profile if not rec.empty else None, plan=lines, engines=engines)
 
     def down(self) -> ReplicatedDownResult:
         rec = Record.load(self.ledger.root)

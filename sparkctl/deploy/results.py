@@ -99,6 +99,16 @@ class DownResult(_Renamed):
     reconciled: list[str] = Field(default_factory=list, description=_was("settled"))
 
 
+class DownPlanResult(_Result):
+    """`down --dry-run`: what `down` would do, read from the ledger and the nodes; nothing is changed."""
+    outcome: Literal["dry-run"] = "dry-run"
+    changed: Literal[False] = False
+    active: str | None = Field(None, description="The active deployment `down` stops (a replicated deployment: "
+                                                 "its profile).")
+    plan: list[str] = Field(description="Each step's line, in the order `down` runs them.")
+    engines: list[str] = Field(description="The engines it would stop, as `down --json` lists the ones it stopped.")
+
+
 class InProgress(BaseModel):
     command: str | None = None
     pid: int | None = None

@@ -7,9 +7,17 @@ holder), any deployment whose controller died, and a comparison that did not fin
 from __future__ import annotations
 
 from sparkctl.deploy.cluster import Cluster
-from sparkctl.deploy.engines import remove_superseded, stop_engines, sweep_secrets
+from sparkctl.deploy.engines import kept_for_rollback, remove_superseded, stop_engines, sweep_secrets
 from sparkctl.deploy.observe import leftovers, observe, stop_engine, unrecorded
-from sparkctl.deploy.results import DownResult, InProgress, InterruptedView, StatusResult, refusing, watcher_of
+from sparkctl.deploy.results import (
+    DownPlanResult,
+    DownResult,
+    InProgress,
+    InterruptedView,
+    StatusResult,
+    refusing,
+    watcher_of,
+)
 from sparkctl.deploy.settle import controller_text, interrupted, settle, step_of
 from sparkctl.deploy.steps import SETTLE, boundary
 from sparkctl.state.controller import live_lock_holder
@@ -63,6 +71,33 @@ def down(c: Cluster, *, unfinished_compare: str | None = None) -> DownResult:
                           settled=settled.lines)
     return DownResult(changed=True, stopped=active.id if active else None, engines=engines,
                       settled=settled.lines)
+
+
+def plan_down(c: Cluster) -> DownPlanResult:
+    """What `down` would do (`down --dry-run`), its steps in order, read from the ledger and the nodes with nothing
+    changed: settle what a dead controller left, stop the active deployment (and remove the stopped engines kept
+    for rollback), stop every other engine of the cluster found running and the processes that outlived theirs.
+    `engines` is what `down` would list as stopped: every engine of this cluster that runs."""
+    lines = [f"{SETTLE}: {rec.id} ({rec.profile}) was interrupted during {step_of(rec)} ({controller_text(rec)}): "
+             "adopted if it passed its gates and every rank serves, else its engines are stopped"
+             for rec in interrupted(c.ledger, locked=False)]
+    unreachable: list[str] = []
+    running = [e for e in observe(c, unreachable) if e.running]
+    active = c.ledger.active()
+    if active is None:
+        lines.append("stop-active: no-op (no active deployment)")
+    else:
+        mine = [e.describe() for e in running if e.deployment == active.id]
+        lines.append(f"stop-active: stop {active.id} ({active.profile}): "
+                     + ("; ".join(mine) if mine else "none of its ranks runs")
+                     + (" (containers removed, logs kept; it stays a rollback target)" if active.known_good else ""))
+    lines += [f"stop-active: remove the stopped engines of {rec.id} kept for rollback (a rollback runs it again "
+              "from its record)" for rec in kept_for_rollback(c)]
+    lines += [f"stop-rest: stop {e.describe()}" for e in running if active is None or e.deployment != active.id]
+    lines += [f"stop-rest: stop leftover processes of {lo.describe()} (they outlived their engine)"
+              for lo in leftovers(c)]
+    lines += [f"stop-rest: could not look for engines on {why}" for why in unreachable]
+    return DownPlanResult(active=active.id if active else None, plan=lines, engines=[e.describe() for e in running])
 
 
 def status(c: Cluster, *, unfinished_compare: str | None = None) -> StatusResult:

@@ -149,7 +149,61 @@ def test_replicated_up_runs_what_its_dry_run_printed(cli, tmp_path, monkeypatch,
             assert [w for w, _ in ran[failed + 1:]] == on_failure[steps[failed]] and on_failure[steps[failed]], ran
             assert ran[failed + 1][1] == "noop" and ran[failed + 2][1] == "ok", ran   # the router runs; back in
             assert "replica 0" in err and "serves as before and is back in the router" in err, err[-3000:]
+        # down: the router, then each replica's own down, exactly the engines its dry run named
+        dry = _dry(cli, "down")
+        assert dry["plan"][0].startswith("stop-router: stop the router"), dry["plan"]
+        assert {line.split(":")[0] for line in dry["plan"][1:]} == {"replica 0", "replica 1"}, dry["plan"]
+        assert len(dry["engines"]) == 2, dry                   # two replicas of one rank each (rep2 runs)
+        assert all("-rep2-" in e for e in dry["engines"]), dry
+        code, res, err = _run(cli, "down")
+        assert code == 0 and res is not None, err[-3000:]
+        assert res["stopped"] == ["router", "replica 0", "replica 1"], res
+        assert _dry(cli, "down")["engines"] == []
     finally:
         code, _, err = cli("down", "--yes")
         for r in render_replicas(load_profile(str(rep)), inv, environ={}):
             stop_cluster_engines(sub_inventory(r, inv.cluster.name))
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_down_and_repair_run_what_their_dry_run_printed(cli, local_cluster):
+    """`down --dry-run` names what `down` then stops (a deployment a killed `up` left running, settled first; the
+    active one), changing nothing; `repair --dry-run` prints the changes `repair` then makes, changing nothing."""
+    from testrig.controller import killed_at
+
+    ledger = Ledger.for_cluster(load_inventory(local_cluster).cluster.name)
+    code, res, err = _run(cli, "up", "--profile", "d5")
+    assert code == 0, err[-3000:]
+    killed_at("up:boot:after", "up", "--profile", "dflash-off", "--yes")     # its ranks run, never verified
+    before = _files(ledger.root)
+    dry = _dry(cli, "down")
+    assert _files(ledger.root) == before                          # a dry run changes nothing
+    assert dry["plan"][0].startswith("settle: ") and "dflash-off" in dry["plan"][0], dry["plan"]
+    assert [line.split(":")[0] for line in dry["plan"][1:]] == ["stop-active", *["stop-rest"] * (len(dry["plan"]) - 2)]
+    assert len(dry["engines"]) == 2 and all(" of " in e for e in dry["engines"]), dry
+    code, res, err = _run(cli, "down")
+    assert code == 0 and res is not None, err[-3000:]
+    assert sorted(res["engines"]) == sorted(dry["engines"]), (res, dry)
+    after = _dry(cli, "down")
+    assert after["engines"] == [] and after["plan"] == ["stop-active: no-op (no active deployment)"], after
+
+    # repair: the index rewritten by hand (the active deployment forgotten, one history entry without a record)
+    code, res, err = _run(cli, "up", "--profile", "d5")
+    assert code == 0 and res is not None, err[-3000:]
+    index = json.loads((ledger.root / "cluster.json").read_text())
+    index.update(active=None, history=[*index["history"], "20200101T000000Z-gone-0000"])
+    (ledger.root / "cluster.json").write_text(json.dumps(index))
+    before = _files(ledger.root)
+    code, out, err = cli("repair", "--dry-run", "--json")
+    assert code == 0, err[-3000:]
+    planned = json.loads(out)
+    assert planned["outcome"] == "dry-run" and planned["changed"] is False and planned["changes"], planned
+    assert _files(ledger.root) == before
+    code, out, err = cli("repair", "--yes", "--json")
+    assert code == 0, err[-3000:]
+    done = json.loads(out)
+    assert done["changed"] is True and done["changes"] == planned["changes"], (done, planned)
+    assert done["active"] == res["deployment"]

@@ -211,3 +211,26 @@ def test_damaged_replicated_records_are_exit_6_or_read_never_70(data):
         for argv in (("status",), ("status", "--json"), ("logs", "--router")):
             code, out, err = run_cli(*argv)
             _check(code, out, err)
+
+
+COMPARE = {"original": "20260101T000000Z-d5-abcd", "arm": None, "since": "2026-01-01T00:00:00Z",
+           "controller": {"pid": 1, "host": "elsewhere", "start_ticks": None, "since": "x", "command": "bench"}}
+WATCH = {"pid": 1, "host": "elsewhere", "start_ticks": None, "since": "x", "interval_s": 5.0, "stopped": None,
+         "desired": "down", "healthy": None, "restarts": 0, "failures": 0, "rollbacks": 0, "flaps": 0}
+
+
+@ci_settings(max_examples=40)
+@given(data=st.data(), which=st.sampled_from(["compare.json", "watch.json"]))
+def test_damaged_comparison_markers_and_watcher_files_never_crash_a_reader(data, which):
+    """`compare.json` (`CompareMarker`) and `watch.json` (`WatchState`) damaged in any field, truncated or junk:
+    `status`, `down --dry-run` and `repair --dry-run` read them and exit 0, 2, 6 or 8 (a damaged marker is a
+    LedgerError naming it, or the comparison `status` reports), never 70 and never raw control characters."""
+    with _Env() as env:
+        root = env.state / "local"
+        root.mkdir(parents=True)
+        damaged = _damage(COMPARE if which == "compare.json" else WATCH, data)
+        (root / which).write_text(damaged if isinstance(damaged, str) else json.dumps(damaged))
+        for argv in (("status", "--json"), ("down", "--dry-run", "--json"), ("repair", "--dry-run", "--json")):
+            code, out, err = run_cli(*argv, "-i", LOCAL)
+            _check(code, out, err)
+            assert code in (0, 2, 6, 8), (argv, code, err[-800:])
