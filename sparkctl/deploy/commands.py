@@ -197,7 +197,7 @@ class Deployer:
             target = self.rollback_target(failing.identity if failing else None)
             if target is not None:
                 self.reporter.stage("rollback", f"rolling back to {target.id} ({target.profile})")
-                to = Profile.model_validate(target.profile_data)
+                to = target.deployed_profile()
                 engine = {v.engine_tag for v in target.images.values()} - {None}
                 if len(engine) == 1:       # the images it ran, even when its base tag names another image now
                     opts = replace(opts, base_of=engine.pop())

@@ -140,7 +140,7 @@ def as_recorded(d: Deployer, record: DeploymentRecord, *, node_deadline_s: float
 
     where = f"deployment {record.id}"
     try:
-        profile = Profile.model_validate(record.profile_data)
+        profile = record.deployed_profile()
         specs = d.cluster.render(profile).specs
     except (ValidationError, SparkctlError) as exc:
         first = str(exc).splitlines()[0]
@@ -350,7 +350,7 @@ def restore(d: Deployer, original: str | None, *, progress: Callable[[str], None
     rec = d.ledger.load(original)
     progress(say.format(profile=rec.profile, id=original))
     try:
-        result = up(d, Profile.model_validate(rec.profile_data), UpRequest(command=RESTORE_COMMAND), confirm=proceed)
+        result = up(d, rec.deployed_profile(), UpRequest(command=RESTORE_COMMAND), confirm=proceed)
     except SparkctlError as exc:
         progress(f"restore FAILED: {exc.message}")
         return read_back(d, rec.profile, {"ok": False, "profile": rec.profile, "error": exc.render()}, progress)

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkctl.config.profile import Profile, load_profile
+from sparkctl.config.profile import load_profile
 from sparkctl.deploy import compare
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import ObservedEngine, leftovers, observe, stop_leftovers
@@ -271,7 +271,7 @@ def _rebuild_replicated(d: Cluster, notes: list[str]) -> ReplicatedRecord | None
         notes.append("no replica runs: the replicated record is not rebuilt (nothing to record)")
         return None
     try:
-        profile = Profile.model_validate(actives[0][2].profile_data)
+        profile = actives[0][2].deployed_profile()
         if profile.replicas <= 1:
             raise SparkctlError(f"replica 0 runs profile {profile.name}, which has no replicas")
         spec = router_spec(profile, d.inventory, render_replicas(profile, d.inventory))

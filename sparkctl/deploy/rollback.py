@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparkctl.config.profile import Profile
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import stop_started
 from sparkctl.deploy.image_stage import LaunchImage
@@ -58,7 +57,7 @@ def restore(c: Cluster, previous: DeploymentRecord, failed: DeploymentRecord, *,
             c.reporter.event(f"note: {exc.message}; restoring without the disk (the next command adopts the "
                              f"restored engines)")
     try:
-        profile = Profile.model_validate(previous.profile_data)
+        profile = previous.deployed_profile()
         result = c.render(profile)
         launch = recorded_launch(previous)
         if launch_identity(result, launch.tag if launch else None) != previous.identity:

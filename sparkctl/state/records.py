@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from sparkctl.config.profile import Profile
 from sparkctl.jsontypes import JSONObject, renamed_keys
 from sparkctl.nodes.handles import Handle
 from sparkctl.sglang.launch import RankSpec
@@ -304,6 +305,11 @@ class DeploymentRecord(_Record):
 
     def handle_of(self, rank: int) -> Handle | None:
         return next((h for h in self.handles if h.rank == rank), None)
+
+    def deployed_profile(self) -> Profile:
+        """The profile as this deployment ran it (`profile_data`, validated again), never the file as it is now:
+        what a rollback, a restore or a watcher's restart deploys."""
+        return Profile.model_validate(self.profile_data)
 
     @property
     def api_key_env(self) -> str | None:
