@@ -81,7 +81,11 @@ class SparkctlProcess:
         self.proc.send_signal(sig)
 
     def wait(self, timeout: float = 120.0) -> int:
-        code = self.proc.wait(timeout=timeout)
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"`sparkctl` (pid {self.proc.pid}) still runs {timeout:.0f} s later; its stderr:"
+                                 f"\n{self.stderr}") from None
         self._reader.join(timeout=10)
         self._out_reader.join(timeout=10)
         return code
