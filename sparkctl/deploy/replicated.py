@@ -344,15 +344,16 @@ class ReplicatedDeployer:
         """What `down` would do (`down --dry-run`): the router, then each replica's own `down` plan; nothing
         changed."""
         rec = Record.load(self.ledger.root)
-        router = rec.doc.router if not rec.empty else None
+        doc = None if rec.empty else rec.doc
+        router = doc.router if doc else None
         lines = [f"stop-router: stop the router ({router.runs_as} at {router.url})" if router else
                  "stop-router: stop a router of this cluster if one runs (none is recorded)"]
         engines: list[str] = []
-        for rep in rec.doc.replicas if not rec.empty else []:
+        for rep in doc.replicas if doc else []:
             plan = Deployer(_named(self.inventory, rep.cluster, rep.nodes), self.reporter).plan_down()
             lines += [f"replica {rep.index}: {line}" for line in plan.plan]
             engines += plan.engines
-        return DownPlanResult(active=rec.doc.profile if not rec.empty else None, plan=lines, engines=engines)
+        return DownPlanResult(active=doc.profile if doc else None, plan=lines, engines=engines)
 
     def down(self) -> ReplicatedDownResult:
         rec = Record.load(self.ledger.root)

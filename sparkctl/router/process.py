@@ -80,8 +80,9 @@ class RouterProcess:
         except BaseException:
             # Interrupted between the fork and knowing the child (inside Popen, or before `proc`): the child may not
             # have exec'd yet (its command line is still ours, so no scan for routers finds it) and would run
-            # unrecorded. It is the one new child of this process: killed and reaped here, before anything else.
-            for pid in set(procfs.children(os.getpid())) - ours:
+            # unrecorded. The child this start forked (procfs.forked_since, as an engine's start): killed and
+            # reaped here, before anything else.
+            for pid in procfs.forked_since(ours, MODULE[-1]):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
                 with contextlib.suppress(ChildProcessError):
