@@ -8,6 +8,8 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+from sparkctl.config.profile import load_profile
+
 
 def in_ci() -> bool:
     """True under CI=true, where a missing prerequisite must fail instead of skipping."""
@@ -182,3 +184,9 @@ def small_tmpfs(mnt: str | Path, size: int, *, inodes: int | None = None,
         yield Path(mnt)
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def shipped_profiles(engine: str = "sglang") -> list[str]:
+    """The names of the shipped profiles (profiles/*.yml) whose engine is `engine` (sglang or vllm), sorted."""
+    root = Path(__file__).resolve().parents[1] / "profiles"
+    return sorted(p.stem for p in root.glob("*.yml") if load_profile(str(p)).engine == engine)

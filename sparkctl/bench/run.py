@@ -52,10 +52,10 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.commands import Deployer
 from sparkctl.deploy.results import UpResult
 from sparkctl.deploy.steps import ARM_COMMAND
+from sparkctl.engines import render
 from sparkctl.errors import BenchError, ConfigError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import Limits, SGLangAPIError
-from sparkctl.sglang.render import render
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import Status
 from sparkctl.state.runs import ArmEntry, ArmResults, DecodeResult, RunRecord

@@ -33,7 +33,9 @@ class RankSpecOut(_Out):
 class RenderOutput(_Out):
     """`sparkctl render --json`."""
     profile: str
-    sglang_version: str
+    engine: str = Field(description="The profile's engine: sglang or vllm.")
+    engine_version: str = Field(description="Its release (the flag dialect the argv is spelt in).")
+    sglang_version: str | None = Field(description="The SGLang release for engine sglang, else null.")
     inventory: str
     emulated: bool
     ranks: list[RankSpecOut]
@@ -59,7 +61,9 @@ class RouterRenderOut(_Out):
 class RenderReplicatedOutput(_Out):
     """`sparkctl render --json` of a profile with replicas: K (one object: every replica and the router)."""
     profile: str
-    sglang_version: str
+    engine: str = Field(description="The profile's engine: sglang or vllm.")
+    engine_version: str = Field(description="Its release (the flag dialect the argv is spelt in).")
+    sglang_version: str | None = Field(description="The SGLang release for engine sglang, else null.")
     inventory: str
     emulated: bool
     replicas: list[ReplicaRenderOut]

@@ -31,7 +31,7 @@ def render(profile: str = typer.Option(..., "--profile", "-p", help="Profile nam
     from sparkctl.config.inventory import resolve_inventory
     from sparkctl.config.profile import load_profile
     from sparkctl.deploy.runtimes import embedded_notice
-    from sparkctl.sglang.render import render as do_render
+    from sparkctl.engines import render as do_render
 
     inv = resolve_inventory(inventory)
     prof = load_profile(profile)
@@ -45,7 +45,7 @@ def render(profile: str = typer.Option(..., "--profile", "-p", help="Profile nam
             return
         for rep in doc["replicas"]:
             print(f"## replica {rep['index']} on {', '.join(rep['nodes'])}: {rep['url']}")
-            _print_ranks(rep["ranks"], doc["sglang_version"])
+            _print_ranks(rep["ranks"], prof.engine_label())
         if replica is None and rank is None:
             r = doc["router"]
             print(f"## router on {r['node']}: {r['url']} ({r['policy']}; {r['runs']})")
@@ -63,7 +63,7 @@ def render(profile: str = typer.Option(..., "--profile", "-p", help="Profile nam
         from sparkctl.cli.outputs import RenderOutput, emit
         emit(RenderOutput, result.to_json(rank))
         return
-    _print_ranks(result.to_json(rank)["ranks"], result.profile.image.sglang_version)
+    _print_ranks(result.to_json(rank)["ranks"], prof.engine_label())
 
 
 def profiles(inventory: str | None = typer.Option(None, "--inventory", "-i", help="Ansible inventory file "
@@ -73,7 +73,7 @@ def profiles(inventory: str | None = typer.Option(None, "--inventory", "-i", hel
     their descriptions, and whether each renders on the inventory's cluster."""
     from sparkctl.config.inventory import resolve_inventory
     from sparkctl.config.profile import list_profiles, load_profile
-    from sparkctl.sglang.render import render as do_render
+    from sparkctl.engines import render as do_render
 
     inv = resolve_inventory(inventory)
     rows = []
@@ -117,9 +117,9 @@ def _notices(notice: str | None, warnings: list[str]) -> None:
         print(f"warning: {w}", file=sys.stderr)
 
 
-def _print_ranks(ranks: list[JSONObject], sglang_version: str) -> None:
+def _print_ranks(ranks: list[JSONObject], engine: str) -> None:
     for r in ranks:
-        print(f"# rank {r['rank']} on {r['node']} (SGLang {sglang_version})")
+        print(f"# rank {r['rank']} on {r['node']} ({engine})")
         for k, v in r["env"].items():
             print(f"{k}={v}")
         print(" ".join(_quote(a) for a in r["argv"]))

@@ -115,13 +115,14 @@ class ClusterSettings(BaseModel):
                                                        "the profile's image; e.g. a test cluster's emulator image).")
     sim: dict[PlainName, SimValue] = Field(default_factory=dict,
                                 description="Emulator knobs for the embedded cluster (see sparkctl/sim/README.md).")
-    engine: Choice[Literal["emulator", "sglang"]] = Field(
-        "emulator", description="What the process runtime runs for each rank: 'emulator' (sparkctl/sim, the default) "
-                                "or 'sglang' (the real `sglang.launch_server` from engine_python's environment, e.g. "
-                                "on a CPU). Docker nodes run what their image holds.")
+    engine: Choice[Literal["emulator", "sglang", "vllm"]] = Field(
+        "emulator", description="What the process runtime runs for each rank: 'emulator' (sparkctl/sim, the default), "
+                                "'sglang' (the real `sglang.launch_server` from engine_python's environment, e.g. "
+                                "on a CPU) or 'vllm' (the real `vllm serve` from engine_python's environment). "
+                                "Docker nodes run what their image holds.")
     engine_python: LocalPath | None = Field(
-        None, description="The Python whose environment has SGLang installed, for engine: sglang (its bin/python, "
-                          "e.g. ~/.cache/sparkctl/real-engine/current/venv/bin/python).")
+        None, description="The Python whose environment has the engine installed, for engine: sglang or vllm (its "
+                          "bin/python, e.g. ~/.cache/sparkctl/real-engine/current/venv/bin/python).")
     fabric_topology: Choice[Literal["direct", "switch"]] | None = Field(
         None, description="How the fabric joins the nodes: 'direct' (one cable between two nodes) or 'switch' (one "
                           "subnet through a switch). Default: direct for two nodes, switch for more.")
@@ -171,18 +172,19 @@ class Inventory(BaseModel):
                     raise ValueError(f"nodes.{n.name}.host_paths.{what}: {path!r} starts with '~', which only a "
                                      f"process-runtime node expands (docker mounts need an absolute host path): "
                                      f"give the absolute path")
-        if self.cluster.engine == "sglang":
+        engine = self.cluster.engine
+        if engine != "emulator":
             if self.cluster.engine_python is None:
-                raise ValueError("cluster.engine: 'sglang' needs cluster.engine_python (the Python of the environment "
-                                 "SGLang is installed in)")
+                raise ValueError(f"cluster.engine: {engine!r} needs cluster.engine_python (the Python of the "
+                                 f"environment {engine} is installed in)")
             docker = [n.name for n in self.nodes if n.runtime != "process"]
             if docker:
-                raise ValueError(f"cluster.engine: 'sglang' chooses the process runtime's engine, but "
+                raise ValueError(f"cluster.engine: {engine!r} chooses the process runtime's engine, but "
                                  f"{', '.join(docker)} use runtime {self.node(docker[0]).runtime!r} (docker nodes run "
                                  f"what their image holds): remove sparkctl_engine or set runtime: process")
         elif self.cluster.engine_python is not None:
             raise ValueError("cluster.engine_python is set but cluster.engine is 'emulator' (set sparkctl_engine: "
-                             "sglang to run it)")
+                             "sglang or vllm to run it)")
         return self
 
     @property
@@ -193,8 +195,8 @@ class Inventory(BaseModel):
 
     @property
     def real_engine_on_cpu(self) -> bool:
-        """The process runtime runs real SGLang here (on this machine's CPU, not a GB10)."""
-        return self.cluster.engine == "sglang"
+        """The process runtime runs a real engine here (SGLang or vLLM on this machine's CPU, not a GB10)."""
+        return self.cluster.engine != "emulator"
 
     @property
     def rank0(self) -> Node:

@@ -3,7 +3,8 @@
 A profile is a YAML file under profiles/ that may `extends:` another (several
 levels; cycles rejected). Mappings merge key by key; lists and scalars replace;
 `speculative: null` turns speculative decoding off. Settings use SGLang 0.5.23's
-names (server_args dests); the renderer spells them for the profile's version.
+names (server_args dests); the renderer spells them for the profile's engine (`engine: sglang`, the default, or
+`vllm`) and version, and refuses a setting the engine has no counterpart for.
 """
 from __future__ import annotations
 
@@ -12,7 +13,16 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from sparkctl.config.loader import config_error_from, did_you_mean, key_path, origin_of, read_yaml, refusal
@@ -49,16 +59,20 @@ _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 class ImageSettings(BaseModel):
     model_config = _STRICT
-    sglang_version: Version = Field("0.5.23", description="SGLang release the image carries; selects the flag dialect.")
+    sglang_version: Version = Field("0.5.23", description="SGLang release the image carries; selects the flag dialect "
+                                    "(engine: sglang).")
+    vllm_version: Version | None = Field(None, description="vLLM release the image carries; selects the flag dialect "
+                                         "(engine: vllm, where it is required).")
     base_image: ImageRef = Field("lmsysorg/sglang:v0.5.23", description="Engine base image the GB10 layers build on.")
     patch_series: PlainName | None = Field(None, description="Directory under patches/ applied at image build.")
     platform: Platform = Field("linux/arm64", description="Image platform (DGX Spark is aarch64).")
     ref: ImageRef | None = Field(None, description="Engine image to run; "
-                                 "default: sparkctl/sglang-gb10:<version>-<patches>.")
+                                 "default: sparkctl/<engine>-gb10:<version>-<patches>.")
 
-    def engine_ref(self) -> str:
+    def engine_ref(self, engine: str = "sglang") -> str:
         """The engine image reference this profile runs."""
-        return self.ref or f"sparkctl/sglang-gb10:{self.sglang_version}-{self.patch_series or 'unpatched'}"
+        version = self.vllm_version if engine == "vllm" else self.sglang_version
+        return self.ref or f"sparkctl/{engine}-gb10:{version}-{self.patch_series or 'unpatched'}"
 
 
 class ModelSettings(BaseModel):
@@ -190,6 +204,9 @@ class RouterSettings(BaseModel):
                                                       "requests finishing before it is redeployed.")
 
 
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}   # a profile's engine -> its name in what sparkctl prints
+
+
 class Profile(BaseModel):
     """A validated, fully merged profile."""
 
@@ -197,6 +214,10 @@ class Profile(BaseModel):
     name: PlainName = Field(description="Profile name (file stem).")
     path: Text = Field(description="File the profile was loaded from.")
     description: Text = Field("", description="One line shown by `sparkctl profiles`.")
+    engine: Choice[Literal["sglang", "vllm"]] = Field(
+        "sglang", description="The serving engine: sglang (the default) or vllm. Settings keep SGLang's names; "
+                              "`sparkctl render` shows each engine's spelling, and a setting the engine lacks is "
+                              "refused with its counterpart named.")
     image: ImageSettings = Field(default_factory=ImageSettings, description="Engine image.")
     model: ModelSettings = Field(description="Model to serve.")
     server: ServerSettings = Field(default_factory=ServerSettings, description="SGLang server settings.")
@@ -214,6 +235,27 @@ class Profile(BaseModel):
                                                description="Profile to fall back to when asked (e.g. dflash-off).")
     extends: list[PlainName] = Field(default_factory=list, description="Chain of profiles this one extends (resolved).")
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _engine_version(self) -> Profile:
+        if self.engine == "vllm" and self.image.vllm_version is None:
+            raise ValueError("engine: vllm needs image.vllm_version (the vLLM release the image carries, e.g. "
+                             '"0.32.0": it selects the flag dialect)')
+        if self.engine == "vllm" and "base_image" not in self.image.model_fields_set:
+            raise ValueError(f"engine: vllm needs image.base_image (the default, {self.image.base_image}, is "
+                             "SGLang's): name the vLLM image the engine image builds on")
+        if self.engine == "sglang" and self.image.vllm_version is not None:
+            raise ValueError(f"image.vllm_version is set ({self.image.vllm_version}) but engine is sglang: set "
+                             "engine: vllm, or remove image.vllm_version")
+        return self
+
+    def engine_label(self) -> str:
+        """The engine and its release as printed, e.g. "vLLM 0.32.0"."""
+        return f"{ENGINE_NAMES[self.engine]} {self.engine_version()}"
+
+    def engine_version(self) -> str:
+        """The release of the profile's engine (image.sglang_version or image.vllm_version)."""
+        return (self.image.vllm_version or "") if self.engine == "vllm" else self.image.sglang_version
 
     def origin_of(self, key: str) -> str:
         """The file that set a key path (e.g. 'server.kv_cache_dtype'), walking up to the nearest set parent."""

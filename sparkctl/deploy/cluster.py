@@ -16,12 +16,13 @@ from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.runtimes import Runtimes, embedded_notice
+from sparkctl.engines import render
 from sparkctl.errors import LedgerError
 from sparkctl.extras import require
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.launch import LaunchSpec, RankSpec
-from sparkctl.sglang.render import RenderResult, render
+from sparkctl.sglang.render import RenderResult
 from sparkctl.state.ledger import Ledger
 from sparkctl.state.records import DeploymentRecord
 from sparkctl.statefiles import check_room  # the threshold lives with the writes it protects

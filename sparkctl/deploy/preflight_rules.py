@@ -67,10 +67,10 @@ def _process_checks(spec: LaunchSpec, nf: NodeFacts, own_ports: set[tuple[str, i
     """The embedded cluster: the engine can run (the emulator imports; the real engine's environment has SGLang,
     and its model and drafter are here), and the rank's ports are free (or held by our deployment)."""
     node = spec.node
-    if nf.engine == "sglang":
+    if nf.engine in ("sglang", "vllm"):
         build = REAL_ENGINE_BUILD
-        checks = [CheckResult.passing(node, "engine", "SGLang found in the engine's environment (process runtime, real "
-                                                "engine)") if nf.engine_error is None
+        checks = [CheckResult.passing(node, "engine", f"{nf.engine} found in the engine's environment (process "
+                                                      f"runtime, real engine)") if nf.engine_error is None
                   else CheckResult.failing(node, "engine", f"real engine cannot run: {nf.engine_error}",
                                      f"build the environment: {build}, or fix sparkctl_engine_python")]
         for what, (path, present) in nf.local_paths.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sparkctl.config.inventory import Inventory, Node
+from sparkctl.config.profile import ENGINE_NAMES
 from sparkctl.errors import ConfigError
 from sparkctl.nodes.process import ProcessRuntime
 from sparkctl.nodes.runtime import Runtime
@@ -15,9 +16,10 @@ if TYPE_CHECKING:
 
 def embedded_notice(inventory: Inventory) -> str | None:
     """The one line every command prints on a local cluster: the embedded one (its engine is the emulator), or
-    any inventory whose process runtime runs real SGLang on this machine's CPU; None for Sparks."""
+    any inventory whose process runtime runs a real engine on this machine's CPU; None for Sparks."""
     if inventory.real_engine_on_cpu:
-        return (f"using a local cluster ({inventory.path}) whose engine is real SGLang on this machine's CPU "
+        name = ENGINE_NAMES[inventory.cluster.engine]
+        return (f"using a local cluster ({inventory.path}) whose engine is real {name} on this machine's CPU "
                 f"({inventory.cluster.engine_python}): its figures are a CPU's, not a GB10's")
     if not inventory.embedded:
         return None

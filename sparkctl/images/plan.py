@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
+from sparkctl.engines import render
 from sparkctl.errors import ConfigError
 from sparkctl.images import entrypoint, launchdoc, patchapply
 from sparkctl.images.series import Series, load_series
 from sparkctl.jsontypes import JSONObject
 from sparkctl.resources import shipped
-from sparkctl.sglang.render import render
 
 if TYPE_CHECKING:
     from sparkctl.nodes.ssh import SSHConnector

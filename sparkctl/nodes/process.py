@@ -167,9 +167,13 @@ class ProcessRuntime:
         return self.secrets_root / deployment_id / f"rank{rank}"
 
     def _command(self, spec: LaunchSpec, secrets_dir: Path | None = None) -> list[str]:
-        args = [self._mounted(_local(a, secrets_dir)) for a in spec.argv[3:]]
-        if self.engine == "sglang":
-            return [self.engine_python or "python3", "-m", "sglang.launch_server", *args]
+        """The spec's launch with this node's Python: `python3 -m MODULE [serve] ARGS` becomes the inventory's
+        engine Python (the emulator: this Python running sparkctl.sim, which speaks SGLang's argv)."""
+        module = spec.argv[2]
+        head = 4 if module == "vllm.entrypoints.cli.main" else 3      # vLLM's is `... main serve ARGS`
+        args = [self._mounted(_local(a, secrets_dir)) for a in spec.argv[head:]]
+        if self.engine in ("sglang", "vllm"):
+            return [self.engine_python or "python3", "-m", *spec.argv[2:head], *args]
         return [sys.executable, "-m", "sparkctl.sim", *args]
 
     def _mounted(self, value: str) -> str:
@@ -380,8 +384,8 @@ class ProcessRuntime:
         """Local facts: can the engine run (the emulator imports; the real engine's Python has SGLang, and the
         model and drafter are here), are the rank's ports free here (judged in deploy/)."""
         nf = NodeFacts(spec.node, self.runtime, engine=self.engine)
-        if self.engine == "sglang":
-            nf.engine_error = sglang_missing(self.engine_python)
+        if self.engine in ("sglang", "vllm"):
+            nf.engine_error = engine_missing(self.engine_python, self.engine)
             nf.local_paths = {what: (host, os.path.isfile(os.path.join(host, "config.json")))
                               for what, path in model_paths(spec.argv)
                               for host in [self._mounted(path)]}
@@ -399,16 +403,22 @@ class ProcessRuntime:
         return nf
 
 
-def sglang_missing(python: str | None) -> str | None:
-    """Why `python -m sglang.launch_server` cannot run (no such Python, or no sglang in its environment), or None.
-    Looks the module up without importing it (SGLang's import takes seconds)."""
+# engine -> (package, a file of it the launch needs, what it is called in messages)
+_ENGINE_FILES = {"sglang": ("sglang", "launch_server.py", "sglang.launch_server"),
+                 "vllm": ("vllm", os.path.join("entrypoints", "cli", "main.py"), "vllm.entrypoints.cli.main")}
+
+
+def engine_missing(python: str | None, engine: str = "sglang") -> str | None:
+    """Why the engine cannot run from `python` (no such Python, or no such engine in its environment), or None.
+    Looks the module up without importing it (SGLang's and vLLM's imports take seconds)."""
     if not python:
         return "no engine Python is set (inventory sparkctl_engine_python)"
     if not os.access(python, os.X_OK):
         return f"{python} does not exist or is not executable"
+    package, needed, module = _ENGINE_FILES[engine]
     # find_spec of a top-level name imports nothing (of `sglang.launch_server` it would import sglang: seconds)
-    probe = ("import importlib.util, os, sys; s = importlib.util.find_spec('sglang'); "
-             "sys.exit(0 if s and any(os.path.isfile(os.path.join(d, 'launch_server.py')) "
+    probe = (f"import importlib.util, os, sys; s = importlib.util.find_spec({package!r}); "
+             f"sys.exit(0 if s and any(os.path.isfile(os.path.join(d, {needed!r})) "
              "for d in (s.submodule_search_locations or ())) else 3)")
     try:
         res = subprocess.run([python, "-I", "-c", probe], stdin=subprocess.DEVNULL, capture_output=True,
@@ -416,10 +426,10 @@ def sglang_missing(python: str | None) -> str | None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{python} cannot run: {exc}"
     if res.returncode == 3:
-        return f"{python} has no sglang.launch_server (SGLang is not installed in its environment)"
+        return f"{python} has no {module} ({engine} is not installed in its environment)"
     if res.returncode != 0:
         last = (res.stderr.decode("utf-8", "replace").strip().splitlines() or [f"exit {res.returncode}"])[-1]
-        return f"{python} fails to look up sglang: {last[:300]}"
+        return f"{python} fails to look up {package}: {last[:300]}"
     return None
 def read_local_meminfo(node: str, path: str = "/proc/meminfo") -> CommandResult:
     """This machine's /proc/meminfo as a command result (the embedded cluster's nodes are this machine): read, not

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
+from sparkctl.engines import render
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.router.process import router_python
 from sparkctl.router.spec import MODULE, RouterSpec
 from sparkctl.sglang.endpoints import PlannedListener, group_listeners, refuse_collisions, router_listeners
-from sparkctl.sglang.render import RenderResult, api_address, render
+from sparkctl.sglang.render import RenderResult, api_address
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,9 @@ def replicated_render(profile: Profile, inventory: Inventory, *, replica: int | 
     warnings: list[str] = []
     for rep in reps:
         warnings += [w for w in rep.result.warnings if w not in warnings]
-    return {"profile": profile.name, "sglang_version": profile.image.sglang_version, "inventory": inventory.path,
+    return {"profile": profile.name, "engine": profile.engine, "engine_version": profile.engine_version(),
+            "sglang_version": profile.image.sglang_version if profile.engine == "sglang" else None,
+            "inventory": inventory.path,
             "emulated": inventory.emulated, "replicas": [
                 {"index": rep.index, "nodes": rep.nodes, "url": rep.url,
                  "ranks": rep.result.to_json(rank)["ranks"]}

@@ -15,6 +15,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from sparkctl.config.profile import ENGINE_NAMES
 from sparkctl.errors import ConfigError
 
 DEFAULT_VERSION = "0.5.23"
@@ -132,21 +133,22 @@ def _convertible(conv: Any, value: object) -> bool:
         return False
 
 
-def available_versions() -> list[str]:
-    root = resources.files("sparkctl.sglang") / "dialects"
+def available_versions(engine: str = "sglang") -> list[str]:
+    root = resources.files(f"sparkctl.{engine}") / "dialects"
     if not root.is_dir():
         return []
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
 
 
 @cache
-def load_dialect(version: str = DEFAULT_VERSION) -> Dialect:
-    """The dialect of an SGLang version; ConfigError if sparkctl has no schema for it."""
-    root = resources.files("sparkctl.sglang") / "dialects"
+def load_dialect(version: str = DEFAULT_VERSION, engine: str = "sglang") -> Dialect:
+    """The dialect of an engine's version (sparkctl/<engine>/dialects/<version>.json, from that release's own
+    parser); ConfigError if sparkctl has no schema for it."""
+    root = resources.files(f"sparkctl.{engine}") / "dialects"
     path = root / f"{version}.json"
     if not path.is_file():
-        known = available_versions()
-        raise ConfigError(f"no flag schema for SGLang {version}", where="image.sglang_version",
+        known = available_versions(engine)
+        raise ConfigError(f"no flag schema for {ENGINE_NAMES[engine]} {version}", where=f"image.{engine}_version",
                           hint=f"use one of: {', '.join(known)} (or generate one with scripts/gen_dialects.py)")
     data = json.loads(path.read_text(encoding="utf-8"))
     flags = tuple(

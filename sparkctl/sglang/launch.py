@@ -50,7 +50,7 @@ class LaunchSpec:
     node: str
     argv: list[str]
     env: dict[str, str]
-    sglang_version: str
+    sglang_version: str           # the engine's version (the name is from when SGLang was the only engine)
     api_host: str = "127.0.0.1"   # where a client reaches rank 0's HTTP API
     api_port: int = 30000
     image: str | None = None      # engine image reference (docker runtime)
@@ -61,17 +61,29 @@ class LaunchSpec:
     secret_files: dict[str, str] = field(default_factory=dict, repr=False)
     # Spellings of the flags whose value is a credential in this spec's SGLang version (redacted by position).
     secret_options: frozenset[str] = field(default=SECRET_OPTIONS, repr=False)
+    engine: str = "sglang"        # the profile's engine: "sglang" | "vllm"
 
     def listen_ports(self) -> list[tuple[str, int, str]]:
-        """(bind address, port, what) this rank listens on, read from its own argv (SGLang's defaults when a flag
-        is absent: --host 127.0.0.1, --port 30000)."""
+        """(bind address, port, what) this rank listens on, read from its own argv (the engine's defaults when a
+        flag is absent: SGLang --host 127.0.0.1 --port 30000; vLLM --port 8000 on every interface). vLLM's
+        headless rank serves no HTTP at all; its rank 0 holds torch's TCP store on --master-port (bound on every
+        interface: tests/fixtures/captures/vllm-0.32.0-cpu/tp2-listening-sockets.txt)."""
         argv = self.argv
-        host = argv[argv.index("--host") + 1] if "--host" in argv else "127.0.0.1"
-        port = int(argv[argv.index("--port") + 1]) if "--port" in argv else 30000
+
+        def value(flag: str) -> str | None:
+            return argv[argv.index(flag) + 1] if flag in argv else None
+
+        if "--headless" in argv:
+            return []
+        vllm = self.engine == "vllm"
+        host = value("--host") or ("0.0.0.0" if vllm else "127.0.0.1")
+        port = int(value("--port") or (8000 if vllm else 30000))
         out = [(host, port, "HTTP API" if self.rank == 0 else "dummy health server")]
-        if self.rank == 0 and "--dist-init-addr" in argv:
-            addr, _, dport = argv[argv.index("--dist-init-addr") + 1].rpartition(":")
+        if self.rank == 0 and (dist := value("--dist-init-addr")) is not None:
+            addr, _, dport = dist.rpartition(":")
             out.append((addr, int(dport), "TCP store (--dist-init-addr)"))
+        if self.rank == 0 and (master := value("--master-port")) is not None:
+            out.append((value("--master-addr") or "127.0.0.1", int(master), "TCP store (--master-port)"))
         return out
 
     def redact_text(self, text: str) -> str:

@@ -9,10 +9,11 @@ deprecated flags produce warnings. Example::
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import yaml
@@ -57,21 +58,27 @@ class RenderResult:
 
     def to_json(self, rank: int | None = None) -> JSONObject:
         ranks = [s.redacted() for s in self.specs if rank is None or s.rank == rank]
-        return {"profile": self.profile.name, "sglang_version": self.profile.image.sglang_version,
+        return {"profile": self.profile.name, "engine": self.profile.engine,
+                "sglang_version": self.profile.image.sglang_version if self.profile.engine == "sglang" else None,
+                "engine_version": self.profile.engine_version(),
                 "inventory": self.inventory.path, "emulated": self.inventory.emulated,
                 "ranks": [r.model_dump(include={"rank", "node", "argv", "env"}) for r in ranks],
                 "warnings": list(self.warnings)}
 
 
-def _fmt(value: object) -> str:
+def fmt(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
 
 
-class _ArgvBuilder:
-    def __init__(self, profile: Profile, dialect: Dialect) -> None:
-        self.profile, self.dialect = profile, dialect
+class ArgvBuilder:
+    """One rank's argv in a dialect's spelling; `engine` names the engine in refusals, `managed` the flags
+    sparkctl sets itself (dest -> where the profile sets it)."""
+
+    def __init__(self, profile: Profile, dialect: Dialect, *, engine: str = "SGLang",
+                 managed: Mapping[str, str] = MANAGED) -> None:
+        self.profile, self.dialect, self.engine, self.managed = profile, dialect, engine, managed
         self.argv: list[str] = []
         self.warnings: list[str] = []
         self.dests: dict[str, str] = {}   # dest -> profile key that put it in argv (set once)
@@ -86,22 +93,22 @@ class _ArgvBuilder:
         flag = self.dialect.flag(dest)
         version = self.dialect.version
         if flag is None:
-            raise self._refuse(key, f"SGLang {version} has no flag for this setting ({dest})",
-                               "remove it from the profile, or use an image.sglang_version that has it")
-        if flag.choices is not None and value is not True and _fmt(value) not in flag.choices:
-            raise self._refuse(key, f"{_fmt(value)!r} is not accepted by SGLang {version}'s {flag.option}",
+            raise self._refuse(key, f"{self.engine} {version} has no flag for this setting ({dest})",
+                               f"remove it from the profile, or use an image.{self.engine.lower()}_version that has it")
+        if flag.choices is not None and value is not True and fmt(value) not in flag.choices:
+            raise self._refuse(key, f"{fmt(value)!r} is not accepted by {self.engine} {version}'s {flag.option}",
                                f"use one of: {', '.join(flag.choices)}")
         if flag.deprecated:
-            self.warnings.append(f"{key}: {flag.option} is deprecated in SGLang {version}"
+            self.warnings.append(f"{key}: {flag.option} is deprecated in {self.engine} {version}"
                                  + (f" ({flag.deprecation_message})" if flag.deprecation_message else ""))
         option = flag.option_for(dest)
         self.dests[flag.dest] = key
         if value is True:
             if flag.kind != "store_true":
-                raise self._refuse(key, f"{option} takes a value in SGLang {version}", "give it a value")
+                raise self._refuse(key, f"{option} takes a value in {self.engine} {version}", "give it a value")
             self.argv.append(option)
         else:
-            self.argv += [option, _fmt(value)]
+            self.argv += [option, fmt(value)]
 
     def add_extra(self, extra: list[str]) -> dict[str, str]:
         """Append `server.extra_args`, each flag checked against this version's dialect: known (else a
@@ -118,19 +125,19 @@ class _ArgvBuilder:
             if flag is None:
                 options = sorted(o for f in self.dialect.flags for o in f.options if o.startswith("--"))
                 guess = did_you_mean(opt, options) if opt.startswith("-") else None
-                raise self._refuse(key, f"{token!r} is not a flag of SGLang {version}" if opt.startswith("-") else
-                                   f"{token!r} is not a flag of SGLang {version} (a value with no flag before it)",
+                what = f"{token!r} is not a flag of {self.engine} {version}"
+                raise self._refuse(key, what if opt.startswith("-") else f"{what} (a value with no flag before it)",
                                    (f"did you mean '{guess}'? " if guess else "")
                                    + "check the spelling for this version (sparkctl render shows the dialect's flags)")
-            if flag.dest in MANAGED:
-                raise self._refuse(key, f"{opt} is set by sparkctl", f"set it through {MANAGED[flag.dest]}")
+            if flag.dest in self.managed:
+                raise self._refuse(key, f"{opt} is set by sparkctl", f"set it through {self.managed[flag.dest]}")
             if flag.dest in self.dests:
                 by = self.dests[flag.dest]
                 raise self._refuse(key, f"{opt} is given twice" if by == key else f"{opt} is already set by {by}",
                                    "set it once: remove it from extra_args" + ("" if by == key else f" or {by}"))
             self.dests[flag.dest] = key
             if flag.deprecated:
-                self.warnings.append(f"{key}: {opt} is deprecated in SGLang {version}")
+                self.warnings.append(f"{key}: {opt} is deprecated in {self.engine} {version}")
             i += 1
             if flag.kind in ("store_true", "store_false"):
                 if eq:
@@ -158,6 +165,12 @@ class _ArgvBuilder:
     def _check_value(self, key: str, opt: str, flag: Flag, value: str) -> None:
         if flag.choices is not None and value not in flag.choices:
             raise self._refuse(key, f"{value!r} is not accepted by {opt}", f"use one of: {', '.join(flag.choices)}")
+        if flag.type == "json":    # vLLM's config flags (--compilation-config ...) take one JSON document
+            try:
+                json.loads(value)
+            except ValueError as exc:
+                raise self._refuse(key, f"{opt} takes JSON (got {value!r}: {exc})",
+                                   f"write {opt} a JSON object, e.g. {opt} '{{}}'") from None
         conv = {"int": int, "float": float}.get(flag.type or "")
         if conv is None:
             return
@@ -181,7 +194,7 @@ def _is_value(token: str) -> bool:
         return False
 
 
-def _check_topology(profile: Profile, inventory: Inventory) -> None:
+def check_topology(profile: Profile, inventory: Inventory) -> None:
     gpus = sum(n.gpus for n in inventory.nodes)
     tp = profile.server.tp_size
     per_node = {n.gpus for n in inventory.nodes}
@@ -224,7 +237,7 @@ def api_address(node: Node, bind: str) -> str:
     return node.ssh.host if bind in ("0.0.0.0", "::") else bind
 
 
-def _add_flags(b: _ArgvBuilder, profile: Profile, inventory: Inventory, rank: int, bind: str) -> None:
+def _add_flags(b: ArgvBuilder, profile: Profile, inventory: Inventory, rank: int, bind: str) -> None:
     """One rank's flags from the profile, in SGLang's order: the model, the topology (this rank of the inventory's
     nodes, the fabric address of rank 0), the API, the server's options, the speculative decoding."""
     m = profile.model
@@ -246,13 +259,13 @@ def _add_flags(b: _ArgvBuilder, profile: Profile, inventory: Inventory, rank: in
             b.add(f"speculative.{attr}", dest, getattr(profile.speculative, attr))
 
 
-def _rank_env(profile: Profile, node: Node) -> dict[str, str]:
+def rank_env(profile: Profile, node: Node, *, host_ip_var: str = "SGLANG_HOST_IP") -> dict[str, str]:
     """A rank's environment: the profile's, the node's own after it (e.g. its CPU core binding), then the fabric
-    the collectives use (its address and interface, its RoCE devices)."""
+    the collectives use (its address, named by the engine's variable, and interface, its RoCE devices)."""
     env = dict(profile.env)
     env.update(node.engine_env)        # this node's own (e.g. its CPU core binding), after the profile's
     env.update({
-        "SGLANG_HOST_IP": node.fabric_address,
+        host_ip_var: node.fabric_address,
         "NCCL_SOCKET_IFNAME": node.fabric_interface,
         "GLOO_SOCKET_IFNAME": node.fabric_interface,
         "TP_SOCKET_IFNAME": node.fabric_interface,
@@ -262,16 +275,45 @@ def _rank_env(profile: Profile, node: Node) -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True)
+class EngineArgv:
+    """What differs between engines when a profile becomes argv: the engine's name (in messages), its launch
+    command, the flags sparkctl sets itself, how one rank's flags are added, and the variable naming a rank's own
+    fabric address."""
+
+    name: str
+    launch_prefix: list[str]
+    managed: Mapping[str, str]
+    add_flags: Callable[[ArgvBuilder, Profile, Inventory, int, str], None]
+    host_ip_var: str
+
+
+SGLANG = EngineArgv(name="SGLang", launch_prefix=LAUNCH_PREFIX, managed=MANAGED, add_flags=_add_flags,
+                    host_ip_var="SGLANG_HOST_IP")
+
+
 def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str] | None = None) -> RenderResult:
     """Render every rank's LaunchSpec. Raises ConfigError for anything the dialect or topology refuses."""
-    environ = os.environ if environ is None else environ
-    try:
-        dialect = load_dialect(profile.image.sglang_version)
-    except ConfigError as exc:
-        raise exc.amended(where=profile.origin_of("image.sglang_version"),
-                          message=f"image.sglang_version: {exc.message}") from None
-    _check_topology(profile, inventory)
+    dialect = profile_dialect(profile)
+    check_topology(profile, inventory)
     _check_speculative(profile, dialect)
+    return render_ranks(profile, inventory, dialect, SGLANG, environ=environ)
+
+
+def profile_dialect(profile: Profile) -> Dialect:
+    """The dialect of the profile's engine and version, refused at the profile key that names the version."""
+    key = f"image.{profile.engine}_version"
+    try:
+        return load_dialect(profile.engine_version(), profile.engine)
+    except ConfigError as exc:
+        raise exc.amended(where=profile.origin_of(key), message=f"{key}: {exc.message}") from None
+
+
+def render_ranks(profile: Profile, inventory: Inventory, dialect: Dialect, engine: EngineArgv, *,
+                 environ: Mapping[str, str] | None = None) -> RenderResult:
+    """Every rank's LaunchSpec in one engine's spelling: its flags, `server.extra_args` checked against the
+    dialect, the secrets in files (never argv or env), the mounts; listeners that collide are refused."""
+    environ = os.environ if environ is None else environ
     secrets: set[str] = set()
     api_key = environ.get(profile.api.api_key_env) if profile.api.api_key_env else None
     hf_token = environ.get(profile.api.hf_token_env) if profile.api.hf_token_env else None
@@ -279,11 +321,11 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
 
     specs: list[LaunchSpec] = []
     warnings: list[str] = []
-    image = inventory.cluster.engine_image or profile.image.engine_ref()
+    image = inventory.cluster.engine_image or profile.image.engine_ref(profile.engine)
     for rank, node in enumerate(inventory.nodes):
-        b = _ArgvBuilder(profile, dialect)
+        b = ArgvBuilder(profile, dialect, engine=engine.name, managed=engine.managed)
         bind = profile.api.host or node.api_bind
-        _add_flags(b, profile, inventory, rank, bind)
+        engine.add_flags(b, profile, inventory, rank, bind)
         flag_secrets = b.add_extra(profile.server.extra_args)
         secret_files: dict[str, str] = {}
         config_secrets = dict(flag_secrets)
@@ -297,15 +339,17 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
         elif config_secrets:
             # Not `--api-key KEY` (ps, docker inspect and /proc/PID/cmdline show argv): SGLang's
             # prepare_server_args merges a `--config` YAML into argv in-process (ConfigArgumentMerger, SGLang
-            # 0.5.3+; keys in any long spelling), so the key reaches ServerArgs.api_key from a 0400 file.
+            # 0.5.3+; keys in any long spelling), so the key reaches ServerArgs.api_key from a 0400 file; vLLM's
+            # FlexibleArgumentParser does the same (_pull_args_from_config, vLLM 0.32.0 utils/argparse_utils.py).
             for dest in ("api_key", "config") if api_key else ():
                 if dialect.flag(dest) is None:
-                    raise b._refuse("api.api_key_env", f"SGLang {dialect.version} has no --{dest.replace('_', '-')}",
-                                    "unset api.api_key_env, or use an image.sglang_version that has it")
+                    option = "--" + dest.replace("_", "-")
+                    raise b._refuse("api.api_key_env", f"{engine.name} {dialect.version} has no {option}",
+                                    f"unset api.api_key_env, or use an image.{profile.engine}_version that has it")
             b.argv += ["--config", f"{SECRETS_MOUNT}/{ENGINE_SECRETS_FILE}"]
             secret_files[ENGINE_SECRETS_FILE] = yaml.safe_dump(config_secrets)
 
-        env = _rank_env(profile, node)
+        env = rank_env(profile, node, host_ip_var=engine.host_ip_var)
         if hf_token:
             # Not HF_TOKEN=... (docker inspect shows a container's env): huggingface_hub reads the token file
             # named by HF_TOKEN_PATH (huggingface_hub constants.HF_TOKEN_PATH, 0.x and 1.x).
@@ -313,8 +357,8 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
             secret_files[HF_TOKEN_FILE] = hf_token
         mounts = [Mount(source=node.host_paths.models, target=MODELS_MOUNT, read_only=True),
                   Mount(source=node.host_paths.cache, target="/root/.cache", read_only=False)]
-        specs.append(LaunchSpec(rank=rank, node=node.name, argv=LAUNCH_PREFIX + b.argv, env=env,
-                                sglang_version=dialect.version, api_host=api_address(node, bind),
+        specs.append(LaunchSpec(rank=rank, node=node.name, argv=engine.launch_prefix + b.argv, env=env,
+                                sglang_version=dialect.version, engine=profile.engine, api_host=api_address(node, bind),
                                 api_port=profile.api.port, mounts=mounts, secret_values=frozenset(secrets),
                                 image=image, secret_files=secret_files,
                                 secret_options=dialect.secret_options() | SECRET_OPTIONS))

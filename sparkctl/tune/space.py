@@ -20,10 +20,10 @@ from pydantic import ValidationError
 
 from sparkctl.config.loader import dump_yaml, read_value
 from sparkctl.config.profile import Profile
+from sparkctl.engines import render
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject, JSONValue
 from sparkctl.resources import config_home
-from sparkctl.sglang.render import render
 from sparkctl.untrusted import record_name
 
 if TYPE_CHECKING:

@@ -10,12 +10,12 @@ from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import Profile, load_profile
 from sparkctl.sglang.render import render
 from testrig.realparser import parse_with_real_sglang
-from testrig.testenv import need_real_parser
+from testrig.testenv import need_real_parser, shipped_profiles
 
 pytestmark = [pytest.mark.contract, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = sorted(p.stem for p in (REPO / "profiles").glob("*.yml"))
+SHIPPED = shipped_profiles("sglang")
 INVENTORY = REPO / "inventory" / "sparks.example.yml"
 
 

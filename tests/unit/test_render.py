@@ -12,10 +12,11 @@ from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
 from sparkctl.errors import ConfigError
 from sparkctl.sglang.render import render
+from testrig.testenv import shipped_profiles
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "render"
-SHIPPED = sorted(p.stem for p in (REPO / "profiles").glob("*.yml"))
+SHIPPED = shipped_profiles("sglang")
 INVENTORIES = {"local": REPO / "inventory" / "local.yml", "sparks": REPO / "inventory" / "sparks.example.yml"}
 
 
