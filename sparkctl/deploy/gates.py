@@ -1,10 +1,11 @@
 """Verify gates: the deployment is handed off only when every gate passes, each with its evidence.
 
 health (rank 0 /health 200), models (/v1/models lists the served name), settings
-(/server_info shows the profile's TP, speculative algorithm, draft tokens, KV dtype
-in force), capacity (resolved max_total_num_tokens / max_running_requests meet the
-profile's expectations), workers (every rank > 0 alive by its process/container
-state and log: its own /health is a dummy), smoke (a generation returns tokens).
+(the engine's own account shows the profile's TP, speculative algorithm, draft tokens, KV dtype in force:
+SGLang's /server_info, vLLM's config line, /metrics and /v1/models; `sparkctl.engines.settings_seen`),
+capacity (the resolved KV tokens / running requests meet the profile's expectations), workers (every rank > 0
+alive by its process/container state and log: its own /health is a dummy or, on vLLM, absent), smoke (a
+generation returns tokens).
 
 Each gate is a `state.records.GateResult` (the one model of a gate: what runs it returns is what the record keeps).
 """
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.boot import BootingRank
+from sparkctl.engines import resolved_capacity, settings_seen
 from sparkctl.errors import SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.bootwatch import BootState
@@ -24,21 +26,6 @@ if TYPE_CHECKING:
     from sparkctl.sglang.client import SGLangClient
 
 V = TypeVar("V")      # what a gate's check gives the gates after it (settings: the engine's /server_info)
-
-def _expected_settings(profile: Profile) -> JSONObject:
-    exp: JSONObject = {"tp_size": profile.server.tp_size}
-    spec = profile.speculative
-    exp["speculative_algorithm"] = spec.algorithm if spec else None
-    if spec and spec.num_draft_tokens is not None:
-        exp["speculative_num_draft_tokens"] = spec.num_draft_tokens
-    if profile.server.kv_cache_dtype is not None:
-        exp["kv_cache_dtype"] = profile.server.kv_cache_dtype
-    if profile.server.mem_fraction_static is not None:
-        exp["mem_fraction_static"] = profile.server.mem_fraction_static
-    if profile.server.context_length is not None:
-        exp["context_length"] = profile.server.context_length
-    return exp
-
 
 def _same(expected: object, seen: object) -> bool:
     if expected is None:
@@ -71,8 +58,8 @@ def run_gates(profile: Profile, client: SGLangClient, watches: list[BootingRank]
         return want in ids, f"/v1/models ids={ids}, want {want!r}", None
 
     def settings() -> tuple[bool, str, JSONObject]:
-        info = client.server_info()
-        exp = _expected_settings(profile)
+        rank0 = next((w for w in watches if w.spec.rank == 0), None)
+        exp, info = settings_seen(profile, client, rank0.follower.server_args if rank0 else None)
         bad = {k: (v, info.get(k)) for k, v in exp.items() if not _same(v, info.get(k))}
         shown = ", ".join(f"{k}={info.get(k)!r}" for k in exp)
         if bad:
@@ -83,18 +70,15 @@ def run_gates(profile: Profile, client: SGLangClient, watches: list[BootingRank]
     def capacity(info: JSONObject | None) -> Callable[[], tuple[bool, str, None]]:
         def check() -> tuple[bool, str, None]:
             if info is None:
-                return False, "no /server_info to read the resolved capacity from", None
-            total = info.get("max_total_num_tokens")
-            running = info.get("max_running_requests")
-            states = info.get("internal_states") or [{}]
-            running = states[0].get("effective_max_running_requests_per_dp", running) or running
+                return False, "no answer from the engine to read the resolved capacity from", None
+            (total_name, total), (running_name, running) = resolved_capacity(profile, info)
             problems = []
             exp = profile.expect
             if exp.min_max_total_num_tokens and (total is None or total < exp.min_max_total_num_tokens):
-                problems.append(f"max_total_num_tokens={total} < expected {exp.min_max_total_num_tokens}")
+                problems.append(f"{total_name}={total} < expected {exp.min_max_total_num_tokens}")
             if exp.min_max_running_requests and (running is None or running < exp.min_max_running_requests):
-                problems.append(f"max_running_requests={running} < expected {exp.min_max_running_requests}")
-            ev = f"max_total_num_tokens={total}, max_running_requests={running}"
+                problems.append(f"{running_name}={running} < expected {exp.min_max_running_requests}")
+            ev = f"{total_name}={total}, {running_name}={running}"
             return (not problems), ("; ".join(problems) + f" ({ev})") if problems else ev, None
         return check
 

@@ -12,11 +12,14 @@ from collections.abc import Mapping
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
+from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang import render as sglang_render
-from sparkctl.sglang.render import RenderResult
+from sparkctl.sglang.client import SGLangClient
+from sparkctl.sglang.render import RenderResult, profile_dialect
+from sparkctl.vllm import answers as vllm_answers
 from sparkctl.vllm import render as vllm_render
 
-__all__ = ["RenderResult", "render"]
+__all__ = ["RenderResult", "render", "resolved_capacity", "settings_seen"]
 
 
 def check_runs(profile: Profile, inventory: Inventory) -> None:
@@ -40,3 +43,45 @@ def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str]
     if profile.engine == "vllm":
         return vllm_render.render(profile, inventory, environ=environ)
     return sglang_render.render(profile, inventory, environ=environ)
+
+
+def _sglang_expected(profile: Profile) -> JSONObject:
+    exp: JSONObject = {"tp_size": profile.server.tp_size}
+    spec = profile.speculative
+    exp["speculative_algorithm"] = spec.algorithm if spec else None
+    if spec and spec.num_draft_tokens is not None:
+        exp["speculative_num_draft_tokens"] = spec.num_draft_tokens
+    if profile.server.kv_cache_dtype is not None:
+        exp["kv_cache_dtype"] = profile.server.kv_cache_dtype
+    if profile.server.mem_fraction_static is not None:
+        exp["mem_fraction_static"] = profile.server.mem_fraction_static
+    if profile.server.context_length is not None:
+        exp["context_length"] = profile.server.context_length
+    return exp
+
+
+def settings_seen(profile: Profile, client: SGLangClient, server_args: JSONObject | None
+                  ) -> tuple[JSONObject, JSONObject]:
+    """(what the profile asks for, what the engine says it runs), in the engine's own names: SGLang's
+    /server_info; vLLM's config line (rank 0's log, `server_args`), /metrics and /v1/models."""
+    if profile.engine == "vllm":
+        seen = vllm_answers.settings_in_force(server_args, client.text("/metrics"), client.models())
+        return vllm_answers.expected_settings(profile, profile_dialect(profile)), seen
+    return _sglang_expected(profile), client.server_info()
+
+
+def resolved_capacity(profile: Profile, info: JSONObject
+                      ) -> tuple[tuple[str, int | None], tuple[str, int | float | None]]:
+    """((name, KV tokens), (name, concurrent requests)) the engine resolved, named as the engine names them:
+    SGLang's max_total_num_tokens and max_running_requests; vLLM's KV cache size in tokens and the requests of
+    max_model_len that cache holds at once (vLLM does not report its resolved max_num_seqs)."""
+    if profile.engine == "vllm":
+        tokens, concurrency = vllm_answers.capacity(info)
+        return ("kv_cache_size_tokens", tokens), ("kv_cache_max_concurrency", concurrency)
+    total = info.get("max_total_num_tokens")
+    running = info.get("max_running_requests")
+    states = info.get("internal_states")
+    first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+    running = first.get("effective_max_running_requests_per_dp", running) or running
+    return (("max_total_num_tokens", total if isinstance(total, int) else None),
+            ("max_running_requests", running if isinstance(running, (int, float)) else None))

@@ -7,6 +7,7 @@ tested on captured output from real Sparks.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
@@ -58,16 +59,23 @@ def host_model_path(path: str, host_models: str) -> str | None:
 
 
 def model_paths(argv: list[str]) -> list[tuple[str, str]]:
-    """(check name, path) for the model and the drafter when they are local absolute paths (hub ids are not)."""
-    out = []
-    for what, flags in (("model", ("--model-path", "--model")), ("drafter", ("--speculative-draft-model-path",))):
-        for flag in flags:
-            if flag in argv:
-                i = argv.index(flag) + 1
-                if i < len(argv) and argv[i].startswith("/"):
-                    out.append((what, argv[i]))
-                break
-    return out
+    """(check name, path) for the model and the drafter when they are local absolute paths (hub ids are not):
+    SGLang's --model-path and --speculative-draft-model-path; vLLM's positional model after `serve` and the
+    `model` of its --speculative-config JSON."""
+    found: list[tuple[str, str | None]] = []
+    if argv[2:4] == ["vllm.entrypoints.cli.main", "serve"]:
+        found.append(("model", argv[4] if len(argv) > 4 else None))
+        if "--speculative-config" in argv[:-1]:
+            try:
+                config = json.loads(argv[argv.index("--speculative-config") + 1])
+            except ValueError:
+                config = None
+            found.append(("drafter", config.get("model") if isinstance(config, dict) else None))
+    else:
+        for what, flags in (("model", ("--model-path", "--model")), ("drafter", ("--speculative-draft-model-path",))):
+            flag = next((f for f in flags if f in argv[:-1]), None)
+            found.append((what, argv[argv.index(flag) + 1] if flag else None))
+    return [(what, path) for what, path in found if isinstance(path, str) and path.startswith("/")]
 
 
 def gather_over_ssh(ssh: SSHConnector, node: Node, peers: list[Node], spec: LaunchSpec) -> NodeFacts:

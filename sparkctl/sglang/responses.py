@@ -312,7 +312,7 @@ def _fold_frame(p: JSONMapping, t: float, deltas: list[Delta], content: list[str
         if ch.get("index", 0) != 0:
             continue
         d = ch.get("delta") or {}
-        delta = Delta(t=t, content=d.get("content") or "", reasoning_content=d.get("reasoning_content") or "",
+        delta = Delta(t=t, content=d.get("content") or "", reasoning_content=_reasoning(d),
                       tool_calls=list(d.get("tool_calls") or []), role=d.get("role"))
         if not isinstance(delta.content, str) or not isinstance(delta.reasoning_content, str):
             raise TypeError("delta content and reasoning_content must be text")
@@ -328,12 +328,21 @@ def _fold_frame(p: JSONMapping, t: float, deltas: list[Delta], content: list[str
     return _Folded(model, rid, usage, finish_reason, t_first, t_last)
 
 
+def _reasoning(message: JSONMapping) -> str:
+    """A message's or delta's reasoning text: SGLang's ``reasoning_content``, vLLM's ``reasoning`` (0.32.0 names it
+    so: tests/fixtures/captures/vllm-0.32.0-cpu/tp1-chat.txt); "" when neither is set."""
+    value = message.get("reasoning_content") or message.get("reasoning") or ""
+    if not isinstance(value, str):
+        raise TypeError("reasoning_content / reasoning must be text")
+    return value
+
+
 def parse_chat_response(body: JSONMapping, t_start: float, t_end: float, *, url: str = "") -> ChatResult:
     """A non-streamed ``/v1/chat/completions`` body -> ChatResult (reasoning kept, None -> "")."""
     with _shape_checked(url, json.dumps(body, default=str)[:2000], "the chat completion"):
         choice = (body.get("choices") or [{}])[0]
         msg = choice.get("message") or {}
-        res = ChatResult(content=msg.get("content") or "", reasoning_content=msg.get("reasoning_content") or "",
+        res = ChatResult(content=msg.get("content") or "", reasoning_content=_reasoning(msg),
                          usage=parse_usage(body.get("usage")), finish_reason=choice.get("finish_reason"),
                          t_start=t_start, t_end=t_end, tool_calls=list(msg.get("tool_calls") or []),
                          model=body.get("model"), id=body.get("id"), stream=False, raw=dict(body))
