@@ -28,7 +28,7 @@ def redact(text: str, secrets: frozenset[str] | set[str] | list[str] | tuple[str
 # Flags whose value is a credential when a spec does not name its own (the dialects' secret flags,
 # sparkctl.sglang.dialect.Flag.secret), and environment variables that would hold one.
 SECRET_OPTIONS = frozenset({"--api-key", "--admin-api-key", "--ssl-keyfile-password"})
-SECRET_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "SGLANG_API_KEY"})
+SECRET_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "SGLANG_API_KEY", "VLLM_API_KEY"})
 
 
 def redact_argv(argv: list[str], secret_options: frozenset[str] | set[str]) -> list[str]:

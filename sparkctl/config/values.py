@@ -247,6 +247,8 @@ SPARKCTL_SETS = {
     "HF_TOKEN": "api.hf_token_env (the token is passed in a file, never in env)",
     "HUGGING_FACE_HUB_TOKEN": "api.hf_token_env (the token is passed in a file, never in env)",
     "SGLANG_API_KEY": "api.api_key_env (the key is passed in a file, never in env)",
+    "VLLM_HOST_IP": "the inventory's fabric_address",
+    "VLLM_API_KEY": "api.api_key_env (the key is passed in a file, never in env)",
 }
 
 

@@ -240,7 +240,8 @@ def _wait_ready(watches: list[BootingRank], specs: list[LaunchSpec], t0: float, 
                 stuck = f"not ready within {timeout_s:.0f}s; last milestone: " \
                         f"{verdict.last_milestone.value if verdict.last_milestone else 'none'}"
                 hint = ("the ranks never met: check the fabric link and that every node reaches "
-                        f"{specs[0].env.get('SGLANG_HOST_IP', 'rank 0')} (sparkctl preflight)"
+                        f"{specs[0].env.get('SGLANG_HOST_IP') or specs[0].env.get('VLLM_HOST_IP') or 'rank 0'} "
+                        "(sparkctl preflight)"
                         if EventKind.SPANS_ACROSS_NODES not in rank0.follower.milestones and len(specs) > 1 else
                         "raise lifecycle.boot_timeout_s if this model needs longer, or read the log for the stall")
                 raise _fail(rank0, stuck, hint, elapsed)

@@ -49,7 +49,7 @@ class Flag:
     @property
     def secret(self) -> bool:
         """Its value is a credential (redacted everywhere, passed in the secrets --config file)."""
-        return (self.kind == "value" and self.type in (None, "str")
+        return (self.kind in ("value", "list") and self.type in (None, "str")   # vLLM's --api-key takes a list
                 and self.dest.rsplit("_", 1)[-1] in SECRET_WORDS)
 
     @property

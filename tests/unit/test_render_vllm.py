@@ -174,3 +174,12 @@ def test_the_vllm_api_key_reaches_the_engine_in_its_config_file_never_argv(tmp_p
         assert _flag(spec.argv, "--config") == "/run/sparkctl-secrets/engine-secrets.yaml"
         assert yaml.safe_load(spec.secret_files["engine-secrets.yaml"]) == {"api-key": "s3cret-vllm-key"}
     assert "s3cret" not in json.dumps(res.to_json())
+
+
+def test_a_vllm_secret_flag_in_extra_args_goes_to_the_config_file(tmp_path):
+    path = _profile(tmp_path, **{"server.extra_args": ["--dtype", "bfloat16", "--hf-token", "hf_s3cretvllm"]})
+    res = _render(path)
+    for spec in res.specs:
+        assert "hf_s3cretvllm" not in " ".join(spec.argv) and "--hf-token" not in spec.argv
+        assert yaml.safe_load(spec.secret_files["engine-secrets.yaml"]) == {"hf-token": "hf_s3cretvllm"}
+        assert "hf_s3cretvllm" in spec.secret_values
