@@ -39,7 +39,7 @@ _hypothesis_profile()
 TIERS = ("unit", "embedded", "crash", "cluster", "contract", "real_engine")
 # tests/<directory>/ -> its tier
 TIER_OF_DIR = {
-    "unit": "unit", "golden": "unit", "sglang": "unit", "property": "unit",
+    "unit": "unit", "golden": "unit", "sglang": "unit", "vllm": "unit", "property": "unit",
     "sim": "embedded", "lifecycle": "embedded", "bench_card": "embedded", "tune": "embedded",
     "doctor": "embedded", "scaleout": "embedded", "watch": "embedded", "install": "embedded",
     "bench_smoke": "embedded",

@@ -211,7 +211,8 @@ def _milestone(msg: str) -> tuple[EventKind, JSONObject] | None:
     if m := _CONCURRENCY_RE.match(msg):
         return EventKind.CAPACITY, {"context_len": _int(m.group("len")), "max_concurrency": float(m.group("conc"))}
     if m := _KV_CPU_RE.match(msg):
-        return EventKind.KV_ALLOCATED, {"how": m.group("how").lower(), "kv_size_gib": float(m.group("kv")),
+        how = "explicit" if m.group("how") == "Explicitly" else "auto"
+        return EventKind.KV_ALLOCATED, {"how": how, "kv_size_gib": float(m.group("kv")),
                                         "total_gib": float(m.group("total")), "numa_node": int(m.group("node"))}
     if m := _KV_GPU_RE.match(msg):
         return EventKind.KV_ALLOCATED, {"how": "profiled", "kv_size_gib": float(m.group("kv"))}
