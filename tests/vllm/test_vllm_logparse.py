@@ -239,7 +239,8 @@ def test_vllm_milestones_of_a_tp1_boot_in_order():
 def test_vllm_tp2_rank0_server_args():
     f = follow(vllm_lines("tp2-rank0.log"))
     assert f.server_args is not None
-    assert (f.server_args["nnodes"], f.server_args["master_port"], f.server_args["tensor_parallel_size"]) == (2, 29600, 2)
+    args = f.server_args
+    assert (args["nnodes"], args["master_port"], args["tensor_parallel_size"]) == (2, 29600, 2)
     ev = f.milestones[EventKind.SERVER_ARGS]
     assert "non-default args: {" in ev.line
 
