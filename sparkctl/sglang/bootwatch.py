@@ -1,7 +1,7 @@
-"""The boot state machine of one engine rank: fed its log line by line (through its engine's `LogDialect`: SGLang's
-`sparkctl.sglang.logparse` by default, vLLM's `sparkctl.vllm.logparse`; `follower_for(engine)` picks it), it keeps the
-milestones, capacity, pools and the first fatal error with context, and `classify` says where the boot stands
-(READY, WORKER_READY, FAILED, STUCK, STARTING, STOPPED).
+"""The boot state machine of one engine rank: fed its log line by line through its engine's `LogDialect` (SGLang's
+`sparkctl.sglang.logparse` by default, vLLM's `sparkctl.vllm.logparse`; `sparkctl.enginelog.follower_for(engine)`
+picks it), it keeps the milestones, capacity, pools and the first fatal error with context, and `classify` says where
+the boot stands (READY, WORKER_READY, FAILED, STUCK, STARTING, STOPPED).
 
 Rules kept on purpose (see logparse): a failure only when an error line was printed; a log that stops is STUCK
 with its last milestone and last line, not FAILED.
@@ -25,11 +25,10 @@ from sparkctl.sglang.logparse import (
     LogEvent,
     split_segments,
 )
-from sparkctl.vllm.logparse import VLLM_LOG
 
 log = logging.getLogger("sparkctl.sglang")
 
-__all__ = ["BootState", "BootFailure", "BootVerdict", "MilestoneSeen", "LogFollower", "LOG_DIALECTS", "follower_for"]
+__all__ = ["BootState", "BootFailure", "BootVerdict", "MilestoneSeen", "LogFollower"]
 
 
 # --------------------------------------------------------------------------- follower
@@ -256,14 +255,3 @@ class LogFollower:
         return BootVerdict(state, last_milestone=last_ms, last_line=self.last_line,
                            detail=f"no ready line and no error; last milestone: {where}")
 
-
-LOG_DIALECTS: dict[str, LogDialect] = {"sglang": SGLANG_LOG, "vllm": VLLM_LOG}
-
-
-def follower_for(engine: str, **kwargs: int) -> LogFollower:
-    """A `LogFollower` reading `engine`'s log ("sglang" | "vllm"); `kwargs` are LogFollower's sizes."""
-    try:
-        dialect = LOG_DIALECTS[engine]
-    except KeyError:
-        raise ValueError(f"no log dialect for engine {engine!r} (known: {', '.join(sorted(LOG_DIALECTS))})") from None
-    return LogFollower(dialect=dialect, **kwargs)

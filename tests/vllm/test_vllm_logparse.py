@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkctl.sglang.bootwatch import LOG_DIALECTS, BootState, LogFollower, follower_for
+from sparkctl.enginelog import LOG_DIALECTS, follower_for
+from sparkctl.sglang.bootwatch import BootState, LogFollower
 from sparkctl.sglang.logparse import SGLANG_LOG, EventKind, LogEvent
 from sparkctl.state.records import Capacity
 from sparkctl.vllm.logparse import VLLM_LOG, display, parse_line

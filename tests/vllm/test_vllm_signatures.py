@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.sglang.findings import ALL_SIGNATURES, match_text
+from sparkctl.enginelog import ALL_SIGNATURES
+from sparkctl.sglang.findings import LogText, match_sources
 from sparkctl.sglang.signatures import CATALOGUE
 from sparkctl.vllm.signatures import VLLM_CATALOGUE
 from testrig.captures import capture_names, capture_text
@@ -47,6 +48,11 @@ CLEAN = ["tp1-boot.log", "tp1-boot-2-health-probe.log", "tp1-sigterm-shutdown.lo
          "spec-dflash-boot.log", "bench-serve-tp1.log", "bench-serve-tp1-c8.log", "bench-serve-tp1-c8-512.log"]
 
 
+def vmatch(log: str, name: str):
+    """What the doctor finds in `log` (it reads both engines' catalogues: sparkctl/doctor/collect.py)."""
+    return match_sources([LogText(name, log)], ALL_SIGNATURES)
+
+
 def text(name: str) -> str:
     return (CAPTURES / name).read_text(encoding="utf-8")
 
@@ -66,14 +72,14 @@ def test_vllm_signature_on_its_capture(sid):
     name, fragment = CAPTURED[sid]
     printed = [ln for ln in text(name).split("\n") if fragment in ln]
     assert printed, f"{fragment!r} is not in {name}"
-    found = {f.signature: f for f in match_text(text(name), name)}
+    found = {f.signature: f for f in vmatch(text(name), name)}
     assert sid in found
     assert any(fragment in e.text for e in found[sid].evidence)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_vllm_failure_capture_names_its_own_cause_and_nothing_else(name):
-    assert [f.signature for f in match_text(text(name), name)] == EXPECTED[name]
+    assert [f.signature for f in vmatch(text(name), name)] == EXPECTED[name]
 
 
 def test_vllm_hints_say_what_to_change():
@@ -87,12 +93,12 @@ def test_vllm_hints_say_what_to_change():
 @pytest.mark.parametrize("name", CLEAN)
 def test_vllm_clean_logs_match_nothing(name):
     # a clean boot, its requested shutdown (with the EngineDeadError traceback) and the bench client: no finding
-    assert match_text(text(name), name) == []
+    assert vmatch(text(name), name) == []
 
 
 def test_sglang_captures_match_no_vllm_signature():
     names = capture_names("sglang")
     assert len(names) >= 10
     for rel in names:
-        got = [f.signature for f in match_text(capture_text(rel), rel)]
+        got = [f.signature for f in vmatch(capture_text(rel), rel)]
         assert not [s for s in got if s.startswith("vllm-") and s != "vllm-free-memory-below-utilization"], rel
