@@ -224,9 +224,12 @@ class LogFollower:
     def classify(self, *, final: bool = True) -> BootVerdict:
         """Verdict on the boot so far.
 
-        FAILED only when an error line was printed; READY (rank 0) / WORKER_READY (node rank
-        > 0, dummy health server up); otherwise STUCK with the last milestone and last line
-        (``final=False`` says STARTING instead: the caller's timeout decides when it is a hang).
+        FAILED only when an error line was printed (before a requested shutdown: vLLM's EngineDeadError after one is
+        kept in ``shutdown_errors``); STOPPED once the engine logged its shutdown with no error before it (only
+        vLLM's parser marks one); READY (rank 0) / WORKER_READY (node rank > 0: the dialect's ``worker_ready``
+        milestones, SGLang's dummy health server up, vLLM's headless rank at its KV cache line); otherwise STUCK with
+        the last milestone and last line (``final=False`` says STARTING instead: the caller's timeout decides when it
+        is a hang).
         """
         last_ms = self.last_milestone.kind if self.last_milestone else None
         if self.failure is not None:
