@@ -43,8 +43,8 @@ def _human(report: DoctorReport) -> None:
 
 
 def _list() -> None:
-    from sparkctl.sglang.signatures import CATALOGUE
-    for s in CATALOGUE:
+    from sparkctl.enginelog import ALL_SIGNATURES
+    for s in ALL_SIGNATURES:
         print(f"{s.id}: {s.title}\n  pattern: {s.pattern.pattern}\n  fix: {s.fix}\n  source: {s.source}")
 
 

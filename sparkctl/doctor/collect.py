@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sparkctl.enginelog import ALL_SIGNATURES
 from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.sglang.findings import Finding, LogText, match_sources, printable
 from sparkctl.state.records import DeploymentRecord, Status
@@ -240,7 +241,7 @@ def facts_of(rec: DeploymentRecord) -> list[FactLine]:
 
 
 def report_of(got: Collected, rec: DeploymentRecord | None) -> DoctorReport:
-    findings = match_sources(got.texts)
+    findings = match_sources(got.texts, ALL_SIGNATURES)
     if rec is None:
         return DoctorReport(target="files", sources=got.reads, findings=findings)
     stage = rec.failure.step if rec.failure else None

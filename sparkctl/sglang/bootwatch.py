@@ -1,6 +1,7 @@
-"""The boot state machine of one SGLang rank: fed its log line by line (through `sparkctl.sglang.logparse`'s
-parsers), it keeps the milestones, capacity, pools and the first fatal error with context, and `classify`
-says where the boot stands (READY, WORKER_READY, FAILED, STUCK, STARTING).
+"""The boot state machine of one engine rank: fed its log line by line through its engine's `LogDialect` (SGLang's
+`sparkctl.sglang.logparse` by default, vLLM's `sparkctl.vllm.logparse`; `sparkctl.enginelog.follower_for(engine)`
+picks it), it keeps the milestones, capacity, pools and the first fatal error with context, and `classify` says where
+the boot stands (READY, WORKER_READY, FAILED, STUCK, STARTING, STOPPED).
 
 Rules kept on purpose (see logparse): a failure only when an error line was printed; a log that stops is STUCK
 with its last milestone and last line, not FAILED.
@@ -16,11 +17,12 @@ from datetime import datetime
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.logparse import (
     FATAL_KINDS,
+    SGLANG_LOG,
     STAT_KINDS,
     DecodeStats,
     EventKind,
+    LogDialect,
     LogEvent,
-    parse_segment,
     split_segments,
 )
 
@@ -37,6 +39,7 @@ class BootState(enum.Enum):
     FAILED = "failed"              # an error was printed
     STUCK = "stuck"                # no ready line, no error line: hung, stopped, or still booting
     STARTING = "starting"          # classify(final=False) instead of STUCK
+    STOPPED = "stopped"            # the engine logged its shutdown (vLLM: one the caller asked for) and no error before
 
 
 @dataclass
@@ -75,7 +78,8 @@ class BootVerdict:
 
 _BOOT_MILESTONES = frozenset(EventKind) - FATAL_KINDS - STAT_KINDS
 _GENERIC = {EventKind.TRACEBACK: 0, EventKind.SCHEDULER_EXCEPTION: 1, EventKind.NCCL_ERROR: 2}
-_SPECIFIC = {EventKind.NCCL_ERROR: 2, EventKind.OOM: 3, EventKind.NCCL_WATCHDOG_TIMEOUT: 3}
+_SPECIFIC = {EventKind.NCCL_ERROR: 2, EventKind.OOM: 3, EventKind.NCCL_WATCHDOG_TIMEOUT: 3,
+             EventKind.CONFIG_ERROR: 3, EventKind.MEMORY_BUDGET: 3}     # the last two: vLLM's root causes
 
 
 class LogFollower:
@@ -87,7 +91,8 @@ class LogFollower:
     """
 
     def __init__(self, *, context_before: int = 5, context_after: int = 15, tail: int = 50,
-                 refine_window: int = 10) -> None:
+                 refine_window: int = 10, dialect: LogDialect = SGLANG_LOG) -> None:
+        self.dialect = dialect
         self.milestones: dict[EventKind, MilestoneSeen] = {}
         self.last_milestone: MilestoneSeen | None = None
         self.last_line: str | None = None
@@ -100,6 +105,8 @@ class LogFollower:
         self.server_args: JSONObject | None = None
         self.worker_health_address: str | None = None
         self.failure: BootFailure | None = None
+        self.shutdown: LogEvent | None = None          # the engine's first shutdown line (vLLM: fields["requested"])
+        self.shutdown_errors: list[LogEvent] = []      # error lines after a requested shutdown: its noise, no failure
         self.fatal_events: list[LogEvent] = []
         self.request_errors: list[LogEvent] = []
         self.decode = DecodeStats()
@@ -116,12 +123,12 @@ class LogFollower:
         events = []
         for seg in split_segments(raw_line):
             self.line_no += 1
-            ev = parse_segment(seg)
-            self._record_line(seg)
+            ev = self.dialect.parse_segment(seg)
+            self._record_line(self.dialect.display(seg))
             if ev is not None:
                 self._apply(ev)
                 events.append(ev)
-            self._before.append(seg)
+            self._before.append(self.dialect.display(seg))
         return events
 
     def feed_text(self, text: str) -> list[LogEvent]:
@@ -143,8 +150,9 @@ class LogFollower:
             seen = MilestoneSeen(k, ev.ts, self.line_no, ev.line)
             self.milestones.setdefault(k, seen)
             self.last_milestone = seen
-        if k is EventKind.CAPACITY and self.capacity is None:
-            self.capacity = dict(ev.fields)
+        if k is EventKind.CAPACITY:
+            # the first line's values; keys only a later line prints are added (vLLM 0.25.1 split its capacity line)
+            self.capacity = dict(ev.fields) if self.capacity is None else {**ev.fields, **self.capacity}
         elif k in (EventKind.KV_ALLOCATED, EventKind.MAMBA_ALLOCATED):
             # one rank's view: keep events from the rank tag that printed this kind first
             owner = self._pool_ranks.setdefault(k, ev.ranks)
@@ -160,12 +168,18 @@ class LogFollower:
             self.worker_health_address = ev.fields["address"]
         elif k is EventKind.DECODE_BATCH:
             self.decode.add(ev)
+        elif k is EventKind.SHUTDOWN and "requested" in ev.fields and self.shutdown is None:
+            self.shutdown = ev
         elif ev.fatal:
             self._apply_fatal(ev)
 
     def _apply_fatal(self, ev: LogEvent) -> None:
-        self.fatal_events.append(ev)
         f = self.failure
+        if f is None and self.shutdown_requested:
+            # vLLM force-kills its engine core on a requested shutdown and then logs EngineDeadError: not a crash
+            self.shutdown_errors.append(ev)
+            return
+        self.fatal_events.append(ev)
         if f is None and ev.kind is EventKind.TRACEBACK and self.ready:
             # a bare traceback after "fired up" is usually one request failing (logged, server
             # keeps serving); kept as evidence, not a boot failure. Scheduler/NCCL/OOM still fail.
@@ -183,6 +197,8 @@ class LogFollower:
             f.exception = ev.fields["exception"]
         if f.exit_code is None and "exit_code" in ev.fields:
             f.exit_code = ev.fields["exit_code"]
+        if "detail" in ev.fields:   # pydantic prints a config error's message on the line after the exception
+            f.fields.setdefault("detail", ev.fields["detail"])
         # refine a generic first error by a specific cause printed in the same burst
         same_exc = "exception" in ev.fields and f.exception == ev.fields["exception"]
         in_burst = self.line_no - f.line_no <= self._refine_window or same_exc
@@ -196,28 +212,49 @@ class LogFollower:
     def ready(self) -> bool:
         return EventKind.READY in self.milestones
 
+    @property
+    def shutdown_requested(self) -> bool:
+        """The engine logged a shutdown that only a signal to it starts (vLLM's API server: launcher.py:254)."""
+        return self.shutdown is not None and self.shutdown.fields.get("requested") is True
+
+    @property
+    def worker_ready(self) -> bool:
+        return self.dialect.worker_ready <= self.milestones.keys()
+
     def classify(self, *, final: bool = True) -> BootVerdict:
         """Verdict on the boot so far.
 
-        FAILED only when an error line was printed; READY (rank 0) / WORKER_READY (node rank
-        > 0, dummy health server up); otherwise STUCK with the last milestone and last line
-        (``final=False`` says STARTING instead: the caller's timeout decides when it is a hang).
+        FAILED only when an error line was printed (before a requested shutdown: vLLM's EngineDeadError after one is
+        kept in ``shutdown_errors``); STOPPED once the engine logged its shutdown with no error before it (only
+        vLLM's parser marks one); READY (rank 0) / WORKER_READY (node rank > 0: the dialect's ``worker_ready``
+        milestones, SGLang's dummy health server up, vLLM's headless rank at its KV cache line); otherwise STUCK with
+        the last milestone and last line (``final=False`` says STARTING instead: the caller's timeout decides when it
+        is a hang).
         """
         last_ms = self.last_milestone.kind if self.last_milestone else None
         if self.failure is not None:
             f = self.failure
             detail = f"{f.kind.value}: {f.exception or f.first_line}"
+            if "detail" in f.fields:
+                detail += f": {f.fields['detail']}"
             if f.exit_code is not None:
                 detail += f" (exit code {f.exit_code})"
             return BootVerdict(BootState.FAILED, kind=f.kind, first_error_line=f.first_line,
                                last_milestone=last_ms, last_line=self.last_line, detail=detail, failure=f)
+        if self.shutdown is not None:
+            was = "ready" if self.ready else "worker-ready" if self.worker_ready else "not ready yet"
+            asked = "on request" if self.shutdown_requested else "(its executor stopped; no error line before it)"
+            return BootVerdict(BootState.STOPPED, last_milestone=last_ms, last_line=self.last_line,
+                               detail=f"shut down {asked} ({was}): {self.shutdown.message}")
         if self.ready:
             return BootVerdict(BootState.READY, last_milestone=last_ms, last_line=self.last_line,
-                               detail="server fired up")
-        if EventKind.WORKER_DUMMY_HEALTH in self.milestones:
+                               detail=self.dialect.ready_detail)
+        if self.worker_ready:
+            where = f" at {self.worker_health_address}" if self.worker_health_address else ""
             return BootVerdict(BootState.WORKER_READY, last_milestone=last_ms, last_line=self.last_line,
-                               detail=f"worker rank serving dummy health at {self.worker_health_address}")
+                               detail=f"{self.dialect.worker_detail}{where}")
         state = BootState.STUCK if final else BootState.STARTING
         where = last_ms.value if last_ms else "no milestone"
         return BootVerdict(state, last_milestone=last_ms, last_line=self.last_line,
                            detail=f"no ready line and no error; last milestone: {where}")
+

@@ -18,7 +18,7 @@ import ast
 import enum
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -28,6 +28,7 @@ from sparkctl.jsontypes import JSONObject
 __all__ = [
     "EventKind", "FATAL_KINDS", "LogEvent", "clean_line", "split_segments", "parse_line",
     "parse_server_args", "parse_batch_fields", "DecodeStats", "decode_stats", "parse_segment", "STAT_KINDS",
+    "LogDialect", "SGLANG_LOG", "match_fatal", "literal",
 ]
 
 
@@ -56,6 +57,12 @@ class EventKind(enum.Enum):
     NCCL_WATCHDOG_TIMEOUT = "nccl_watchdog_timeout"
     SCHEDULER_EXCEPTION = "scheduler_exception"
     TRACEBACK = "traceback"
+    # added for vLLM (sparkctl/vllm/logparse.py); SGLang's parser never produces them
+    HEADLESS = "headless"                      # milestone: a headless (node rank > 0) vLLM rank started its executor
+    ENGINE_STATS = "engine_stats"              # stat: vLLM's periodic "Engine 000: Avg prompt throughput: ..." line
+    SPEC_DECODE_STATS = "spec_decode_stats"    # stat: vLLM's periodic "SpecDecoding metrics: ..." line
+    CONFIG_ERROR = "config_error"              # fatal: the engine refused its configuration (pydantic ValidationError)
+    MEMORY_BUDGET = "memory_budget"            # fatal: the engine's own memory check refused the KV cache budget
 
     @property
     def fatal(self) -> bool:
@@ -64,8 +71,10 @@ class EventKind(enum.Enum):
 
 
 FATAL_KINDS = frozenset({EventKind.OOM, EventKind.NCCL_ERROR, EventKind.NCCL_WATCHDOG_TIMEOUT,
-                         EventKind.SCHEDULER_EXCEPTION, EventKind.TRACEBACK})
-STAT_KINDS = frozenset({EventKind.PREFILL_BATCH, EventKind.DECODE_BATCH})
+                         EventKind.SCHEDULER_EXCEPTION, EventKind.TRACEBACK, EventKind.CONFIG_ERROR,
+                         EventKind.MEMORY_BUDGET})
+STAT_KINDS = frozenset({EventKind.PREFILL_BATCH, EventKind.DECODE_BATCH, EventKind.ENGINE_STATS,
+                        EventKind.SPEC_DECODE_STATS})
 
 
 @dataclass(frozen=True)
@@ -381,6 +390,33 @@ def parse_segment(seg: str) -> LogEvent | None:
     return LogEvent(kind=kind, line=seg, message=msg, ts=ts, ranks=ranks, fields=fields)
 
 
+# Shared with the other engines' parsers (sparkctl/vllm/logparse.py): the engine-neutral error lines (Python
+# tracebacks and exception lines, CUDA OOM, NCCL, the watchdog) and Python literals read under the one AST lock.
+match_fatal = _match_fatal
+literal = _literal
+
+
+def _as_is(text: str) -> str:
+    return text
+
+
+@dataclass(frozen=True)
+class LogDialect:
+    """How one engine's log is read by `sparkctl.sglang.bootwatch.LogFollower`.
+
+    `parse_segment`: one cleaned segment -> an event. `worker_ready`: the milestones that, all seen (and no READY),
+    make a rank WORKER_READY (a node rank > 0 with no HTTP server). `display`: applied to every line the follower keeps
+    for display (last line, tail, failure context): SGLang's keeps lines as printed, vLLM's escapes control characters.
+    """
+
+    engine: str
+    parse_segment: Callable[[str], LogEvent | None]
+    worker_ready: frozenset[EventKind]
+    worker_detail: str
+    ready_detail: str
+    display: Callable[[str], str] = _as_is
+
+
 def parse_line(line: str) -> LogEvent | None:
     """Recognise one printed line (any SGLang dialect); None when it carries nothing sparkctl uses.
 
@@ -455,3 +491,8 @@ def decode_stats(lines: Iterable[str]) -> JSONObject:
             if ev is not None:
                 stats.add(ev)
     return stats.as_dict()
+
+
+SGLANG_LOG = LogDialect(engine="sglang", parse_segment=parse_segment,
+                        worker_ready=frozenset({EventKind.WORKER_DUMMY_HEALTH}),
+                        worker_detail="worker rank serving dummy health", ready_detail="server fired up")
