@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparkctl.deploy.progress import Reporter
+from sparkctl.enginelog import ALL_SIGNATURES, follower_for
 from sparkctl.errors import DeployError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.runtime import Handle, Runtime, log_tail
@@ -34,6 +35,7 @@ _ANNOUNCE = {
     EventKind.MAMBA_ALLOCATED: "mamba cache allocated",
     EventKind.CAPACITY: "capacity resolved",
     EventKind.WORKER_DUMMY_HEALTH: "worker up (dummy health server)",
+    EventKind.HEADLESS: "headless worker started (vLLM: no HTTP server on this rank)",
     EventKind.READY: "server fired up and ready",
 }
 
@@ -44,10 +46,13 @@ class BootingRank:
     runtime: Runtime
     handle: Handle
     reporter: Reporter
-    follower: LogFollower = field(default_factory=LogFollower)
+    follower: LogFollower = field(init=False)     # reads the log of the rank's engine (spec.engine)
     offset: int = 0
     announced: set[EventKind] = field(default_factory=set)
     cap_line: str | None = None          # the engine's own line saying it caps concurrency (mamba state cache)
+
+    def __post_init__(self) -> None:
+        self.follower = follower_for(self.spec.engine)
 
     def poll(self) -> None:
         reporter = self.reporter
@@ -116,7 +121,7 @@ class HealthWatch:
 def doctor_lines(logs: list[tuple[str, str]]) -> list[str]:
     """What the doctor recognises in these (name, log text) pairs, as evidence lines (sparkctl.doctor): its cause,
     fix and source, so a failed `up` names a known failure without a second command. Empty when nothing matches."""
-    return finding_lines(match_sources([LogText(name, text) for name, text in logs]))
+    return finding_lines(match_sources([LogText(name, text) for name, text in logs], ALL_SIGNATURES))
 
 
 def _fail(watch: BootingRank, message: str, hint: str, elapsed: float) -> DeployError:
@@ -141,6 +146,10 @@ _HINTS: dict[EventKind | None, str] = {
                           "roce_hcas in the inventory, the link state, and `sparkctl preflight`",
     EventKind.NCCL_WATCHDOG_TIMEOUT: "a collective timed out: a peer rank died or the fabric dropped; check the other "
                                      "rank's log and the fabric link",
+    EventKind.CONFIG_ERROR: "the engine refused its configuration before starting (the line above names the "
+                            "setting): fix that profile key (`sparkctl render` shows the argv it became)",
+    EventKind.MEMORY_BUDGET: "the engine's memory check refused the KV cache budget: lower server.context_length, "
+                             "or give it more memory (server.mem_fraction_static; on a CPU, VLLM_CPU_KVCACHE_SPACE)",
 }
 
 
@@ -183,7 +192,7 @@ def boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploym
             deadline = time.monotonic() + worker_grace_s
             while time.monotonic() < deadline:
                 _check(watch, t0)
-                if EventKind.SERVER_ARGS in watch.follower.milestones:
+                if {EventKind.SERVER_ARGS, EventKind.HEADLESS} & watch.follower.milestones.keys():
                     break
                 time.sleep(rt.poll_interval_s)
     try:

@@ -59,7 +59,7 @@ def run_gates(profile: Profile, client: SGLangClient, watches: list[BootingRank]
 
     def settings() -> tuple[bool, str, JSONObject]:
         rank0 = next((w for w in watches if w.spec.rank == 0), None)
-        exp, info = settings_seen(profile, client, rank0.follower.server_args if rank0 else None)
+        exp, info = settings_seen(profile, client, rank0.follower if rank0 else None)
         bad = {k: (v, info.get(k)) for k, v in exp.items() if not _same(v, info.get(k))}
         shown = ", ".join(f"{k}={info.get(k)!r}" for k in exp)
         if bad:

@@ -14,6 +14,7 @@ from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang import render as sglang_render
+from sparkctl.sglang.bootwatch import LogFollower
 from sparkctl.sglang.client import SGLangClient
 from sparkctl.sglang.render import RenderResult, profile_dialect
 from sparkctl.vllm import answers as vllm_answers
@@ -60,12 +61,13 @@ def _sglang_expected(profile: Profile) -> JSONObject:
     return exp
 
 
-def settings_seen(profile: Profile, client: SGLangClient, server_args: JSONObject | None
+def settings_seen(profile: Profile, client: SGLangClient, rank0: LogFollower | None
                   ) -> tuple[JSONObject, JSONObject]:
     """(what the profile asks for, what the engine says it runs), in the engine's own names: SGLang's
-    /server_info; vLLM's config line (rank 0's log, `server_args`), /metrics and /v1/models."""
+    /server_info; vLLM's config line (in rank 0's log, as its follower kept it), /metrics and /v1/models."""
     if profile.engine == "vllm":
-        seen = vllm_answers.settings_in_force(server_args, client.text("/metrics"), client.models())
+        config = rank0.engine_config if rank0 is not None else None
+        seen = vllm_answers.settings_in_force(config, client.text("/metrics"), client.models())
         return vllm_answers.expected_settings(profile, profile_dialect(profile)), seen
     return _sglang_expected(profile), client.server_info()
 

@@ -103,6 +103,7 @@ class LogFollower:
         self.mamba_cap: int | None = None
         self.nccl_version: str | None = None
         self.server_args: JSONObject | None = None
+        self.engine_config: JSONObject | None = None     # vLLM: the settings its engine resolved (config line)
         self.worker_health_address: str | None = None
         self.failure: BootFailure | None = None
         self.shutdown: LogEvent | None = None          # the engine's first shutdown line (vLLM: fields["requested"])
@@ -164,6 +165,8 @@ class LogFollower:
             self.nccl_version = ev.fields["version"]
         elif k is EventKind.SERVER_ARGS and self.server_args is None:
             self.server_args = ev.fields["args"]
+        elif k is EventKind.ENGINE_CONFIG and self.engine_config is None:
+            self.engine_config = dict(ev.fields)
         elif k is EventKind.WORKER_DUMMY_HEALTH:
             self.worker_health_address = ev.fields["address"]
         elif k is EventKind.DECODE_BATCH:

@@ -63,6 +63,7 @@ class EventKind(enum.Enum):
     SPEC_DECODE_STATS = "spec_decode_stats"    # stat: vLLM's periodic "SpecDecoding metrics: ..." line
     CONFIG_ERROR = "config_error"              # fatal: the engine refused its configuration (pydantic ValidationError)
     MEMORY_BUDGET = "memory_budget"            # fatal: the engine's own memory check refused the KV cache budget
+    ENGINE_CONFIG = "engine_config"            # milestone: vLLM's EngineCore printed the config it resolved
 
     @property
     def fatal(self) -> bool:

@@ -16,49 +16,14 @@ Every key the gates compare is vLLM's own name; `expected_settings` says what th
 """
 from __future__ import annotations
 
-import re
-
 from sparkctl.config.profile import Profile
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.dialect import Dialect
 from sparkctl.sglang.serverinfo import parse_prometheus_samples
+from sparkctl.vllm.logparse import parse_engine_config
 from sparkctl.vllm.render import KV_DTYPES, speculative_config
 
-ENGINE_CONFIG_MARK = "with config: "
-_INT_FIELDS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_seq_len")
-_WORD_FIELDS = ("kv_cache_dtype", "dtype", "device_config")
-_SPEC = re.compile(r"speculative_config=(?:None|SpeculativeConfig\((?P<body>[^()]*)\))")
-_SPEC_METHOD = re.compile(r"method='(?P<method>[^']*)'")
-_SPEC_TOKENS = re.compile(r"num_spec_tokens=(?P<n>\d+)")
-_SPEC_MODEL = re.compile(r"model='(?P<model>[^']*)'")
-
-
-def parse_engine_config(line: str) -> JSONObject | None:
-    """The resolved settings of the engine's config line (None for any other line): tensor_parallel_size,
-    max_seq_len, kv_cache_dtype, dtype, device_config, speculative_method / speculative_model /
-    num_speculative_tokens (None when speculative decoding is off)."""
-    at = line.find(ENGINE_CONFIG_MARK)
-    if at < 0 or "Initializing a V1 LLM engine" not in line:
-        return None
-    body = line[at + len(ENGINE_CONFIG_MARK):]
-    out: JSONObject = {}
-    for name in _INT_FIELDS:
-        m = re.search(rf"(?:^|, ){name}=(\d+)(?:,|$)", body)
-        if m:
-            out[name] = int(m.group(1))
-    for name in _WORD_FIELDS:
-        m = re.search(rf"(?:^|, ){name}=([A-Za-z0-9_.]+)(?:,|$)", body)
-        if m:
-            out[name] = m.group(1)
-    spec = _SPEC.search(body)
-    if spec is not None:
-        inner = spec.group("body") or ""
-        method, tokens, model = _SPEC_METHOD.search(inner), _SPEC_TOKENS.search(inner), _SPEC_MODEL.search(inner)
-        out["speculative_method"] = method.group("method") if method else None
-        out["speculative_model"] = model.group("model") if model else None
-        out["num_speculative_tokens"] = int(tokens.group("n")) if tokens else None
-    return out
-
+__all__ = ["cache_config", "capacity", "expected_settings", "parse_engine_config", "settings_in_force"]
 
 def cache_config(metrics: str) -> dict[str, str]:
     """The labels of ``vllm:cache_config_info`` in a ``/metrics`` text ({} when it is not there)."""

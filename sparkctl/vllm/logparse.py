@@ -151,6 +151,42 @@ SERVER_ARGS_KEYS = ("model_tag", "model", "served_model_name", "tensor_parallel_
                     "max_num_batched_tokens", "dtype", "enforce_eager")
 
 
+ENGINE_CONFIG_MARK = "with config: "
+_INT_FIELDS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_seq_len")
+_WORD_FIELDS = ("kv_cache_dtype", "dtype", "device_config")
+_SPEC = re.compile(r"speculative_config=(?:None|SpeculativeConfig\((?P<body>[^()]*)\))")
+_SPEC_METHOD = re.compile(r"method='(?P<method>[^']*)'")
+_SPEC_TOKENS = re.compile(r"num_spec_tokens=(?P<n>\d+)")
+_SPEC_MODEL = re.compile(r"model='(?P<model>[^']*)'")
+
+
+def parse_engine_config(line: str) -> JSONObject | None:
+    """The resolved settings of the engine's config line (None for any other line): tensor_parallel_size,
+    max_seq_len, kv_cache_dtype, dtype, device_config, speculative_method / speculative_model /
+    num_speculative_tokens (None when speculative decoding is off)."""
+    at = line.find(ENGINE_CONFIG_MARK)
+    if at < 0 or "Initializing a V1 LLM engine" not in line:
+        return None
+    body = line[at + len(ENGINE_CONFIG_MARK):]
+    out: JSONObject = {}
+    for name in _INT_FIELDS:
+        m = re.search(rf"(?:^|, ){name}=(\d+)(?:,|$)", body)
+        if m:
+            out[name] = int(m.group(1))
+    for name in _WORD_FIELDS:
+        m = re.search(rf"(?:^|, ){name}=([A-Za-z0-9_.]+)(?:,|$)", body)
+        if m:
+            out[name] = m.group(1)
+    spec = _SPEC.search(body)
+    if spec is not None:
+        inner = spec.group("body") or ""
+        method, tokens, model = _SPEC_METHOD.search(inner), _SPEC_TOKENS.search(inner), _SPEC_MODEL.search(inner)
+        out["speculative_method"] = method.group("method") if method else None
+        out["speculative_model"] = model.group("model") if model else None
+        out["num_speculative_tokens"] = int(tokens.group("n")) if tokens else None
+    return out
+
+
 def display(text: str) -> str:
     """`text` with every non-printable character escaped (``\\x1b``, ``\\t``, ``\\u202e``): what the follower keeps
     for display never carries a raw control character to a terminal."""
@@ -224,6 +260,8 @@ def _milestone(msg: str) -> tuple[EventKind, JSONObject] | None:
         return EventKind.LOAD_WEIGHT_BEGIN, {"model": m.group("model")}
     if m := _HEADLESS_RE.match(msg):
         return EventKind.HEADLESS, {"version": m.group("version"), "head_address": m.group("addr")}
+    if (config := parse_engine_config(msg)) is not None:
+        return EventKind.ENGINE_CONFIG, config
     if m := _ARGS_RE.match(msg):
         value = literal(m.group("dict"))
         args: JSONObject = {k: v for k, v in value.items() if isinstance(k, str)} if isinstance(value, dict) else {}

@@ -229,8 +229,11 @@ def test_vllm_capacity_as_printed_and_as_the_record_keeps_it(name, tokens, conte
 def test_vllm_milestones_of_a_tp1_boot_in_order():
     f = follow(vllm_lines("tp1-boot.log"))
     order = [k for k, _ in sorted(f.milestones.items(), key=lambda kv: kv[1].line_no)]
-    assert order == [EventKind.SERVER_ARGS, EventKind.LOAD_WEIGHT_BEGIN, EventKind.WEIGHTS_LOADED,
-                     EventKind.KV_ALLOCATED, EventKind.CAPACITY, EventKind.READY, EventKind.SHUTDOWN]
+    assert order == [EventKind.SERVER_ARGS, EventKind.ENGINE_CONFIG, EventKind.LOAD_WEIGHT_BEGIN,
+                     EventKind.WEIGHTS_LOADED, EventKind.KV_ALLOCATED, EventKind.CAPACITY, EventKind.READY,
+                     EventKind.SHUTDOWN]
+    assert f.engine_config is not None and f.engine_config["tensor_parallel_size"] == 1
+    assert f.engine_config["speculative_method"] is None and f.engine_config["max_seq_len"] == 1024
     assert f.server_args == {"model_tag": "/work/runs/vllm/model/target", "host": "127.0.0.1", "port": 8100,
                              "model": "/work/runs/vllm/model/target", "dtype": "bfloat16", "enforce_eager": True}
     assert f.milestones[EventKind.WEIGHTS_LOADED].line.endswith("Loading weights took 0.01 seconds")
