@@ -10,6 +10,7 @@ import typer
 
 from sparkctl.cli import bounds
 from sparkctl.cli.options import flag
+from sparkctl.enginenames import ENGINE_NAMES
 from sparkctl.errors import (
     STATUS_NOT_OK,  # noqa: E402 - exit 8: unhealthy, interrupted, or a comparison unfinished
     CancelledError,
@@ -305,7 +306,8 @@ def status(inventory: str | None = INVENTORY_OPT,
         print(f"cluster {r['cluster']}: {r['profile']} ({r['active']}) "
               f"{'healthy' if r['healthy'] else 'UNHEALTHY'}{'  [emulated]' if r.get('emulated') else ''}")
         print(f"  endpoint: {r['endpoint']}   since {r['since']}")
-        print(f"  speculative: {r['speculative_algorithm'] or 'off'}   SGLang {r['sglang_version']}   "
+        engine = ENGINE_NAMES.get(r.get("engine") or "sglang", "SGLang")
+        print(f"  speculative: {r['speculative_algorithm'] or 'off'}   {engine} {r['sglang_version']}   "
               f"identity {r['identity']}")
         for rank in r["ranks"]:
             extra = f", /health {rank.get('health')}" if rank["rank"] == 0 else ""

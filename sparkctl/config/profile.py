@@ -49,6 +49,7 @@ from sparkctl.config.values import (
     Word,
     engine_env_key,
 )
+from sparkctl.enginenames import ENGINE_NAMES
 from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.resources import search_dirs
@@ -204,7 +205,6 @@ class RouterSettings(BaseModel):
                                                       "requests finishing before it is redeployed.")
 
 
-ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}   # a profile's engine -> its name in what sparkctl prints
 
 
 class Profile(BaseModel):

@@ -153,7 +153,7 @@ def new_record(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, c
         id=plan.deployment_id, command=command, profile=profile.name,
         profile_data=profile.model_dump(mode="json"), inventory=c.inventory.path,
         cluster=c.name, emulated=c.inventory.emulated,
-        identity=plan.identity, sglang_version=profile.image.sglang_version,
+        identity=plan.identity, sglang_version=profile.engine_version(), engine=profile.engine,
         specs=[s.redacted() for s in result.specs], warnings=result.warnings, created=now_iso(),
         previous=plan.active_id, previous_known_good=plan.prior_known_good,
         endpoint=c.endpoint(result.specs[0]),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from sparkctl.deploy import steps
+from sparkctl.enginenames import ENGINE_NAMES
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult
@@ -205,7 +206,8 @@ def make_plan(result: RenderResult, active: DeploymentRecord | None, active_heal
         add(StopOld(what=f"stop deployment {active.id} ({why}); kept restartable for rollback", prior=active))
     order = tuple(sorted(result.specs, key=lambda s: -s.rank))
     starts = ", then ".join(f"start rank {s.rank} on {s.node}" for s in order)
-    add(Boot(what=f"{starts} (SGLang {order[0].sglang_version}); wait until rank 0 is ready", order=order,
+    engine = ENGINE_NAMES.get(order[0].engine, order[0].engine)
+    add(Boot(what=f"{starts} ({engine} {order[0].sglang_version}); wait until rank 0 is ready", order=order,
              preview=start_preview))
     w = result.profile.warmup
     add(WarmUp(what=f"warm-up: {w.requests} x {w.max_tokens} tokens (first request timed apart as cold)"))

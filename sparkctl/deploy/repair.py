@@ -192,7 +192,7 @@ def _rebuild(d: Cluster, dep_id: str, engines: list[ObservedEngine]) -> Deployme
     return DeploymentRecord(
         id=dep_id, command="repair", profile=profile.name, profile_data=profile.model_dump(mode="json"),
         inventory=d.inventory.path, cluster=d.inventory.cluster.name, emulated=d.inventory.emulated,
-        identity=launch_identity(result), sglang_version=profile.image.sglang_version,
+        identity=launch_identity(result), sglang_version=profile.engine_version(), engine=profile.engine,
         specs=[s.redacted() for s in result.specs], created=now_iso(), status=Status.RECOVERED,
         handles=[e.handle for e in sorted(engines, key=lambda e: -e.handle.rank)],
         endpoint=f"http://{spec0.api_host}:{spec0.api_port}",

@@ -160,7 +160,8 @@ class StatusResult(_Result):
     endpoint: str | None = None
     speculative_algorithm: str | None = None
     identity: str | None = None
-    sglang_version: str | None = None
+    sglang_version: str | None = None     # the engine's release
+    engine: str | None = None             # sglang | vllm
     images: list[str] = Field(default_factory=list)
     image_ids: dict[str, str] = Field(default_factory=dict)
     images_per_node: dict[str, NodeImages] = Field(default_factory=dict)

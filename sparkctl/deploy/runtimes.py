@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sparkctl.config.inventory import Inventory, Node
-from sparkctl.config.profile import ENGINE_NAMES
+from sparkctl.enginenames import ENGINE_NAMES
 from sparkctl.errors import ConfigError
 from sparkctl.nodes.process import ProcessRuntime
 from sparkctl.nodes.runtime import Runtime

@@ -144,7 +144,7 @@ def status(c: Cluster, *, unfinished_compare: str | None = None) -> StatusResult
         ok=healthy and not dead and not unfinished_compare and not left and not refusing(watcher), ranks=ranks,
         endpoint=active.endpoint,
         speculative_algorithm=active.speculative_algorithm, identity=active.identity,
-        sglang_version=active.sglang_version,
+        sglang_version=active.sglang_version, engine=active.engine,
         images=sorted({v.launch_tag or v.engine_tag or "" for v in active.images.values()}
                       or {s.image for s in active.specs if s.image}),
         image_ids=active.image_ids, images_per_node=active.images,

@@ -15,7 +15,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from sparkctl.config.profile import ENGINE_NAMES
+from sparkctl.enginenames import ENGINE_NAMES
 from sparkctl.errors import ConfigError
 
 DEFAULT_VERSION = "0.5.23"

@@ -250,7 +250,8 @@ class DeploymentRecord(_Record):
     cluster: str
     emulated: bool = False
     identity: str
-    sglang_version: str | None = None
+    sglang_version: str | None = None     # the engine's release (the name is from when SGLang was the only engine)
+    engine: str = "sglang"                # the profile's engine: sglang | vllm
     specs: list[RankSpec] = Field(default_factory=list)             # LaunchSpec.redacted() per rank
     warnings: list[str] = Field(default_factory=list)
     status: Status = Status.RUNNING
