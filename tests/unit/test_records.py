@@ -181,6 +181,8 @@ def test_records_written_before_the_renames_load_under_the_new_names(tmp_path):
         expected["journal"] = [{**e, "replica": None} for e in data["journal"]]
         # what a restart must find again (deploy/inputs.py, issue 31): nothing kept by a record written before it
         expected.update(secrets=None, needed=[])
+        # the engine (issue 34): every record written before it is an SGLang deployment
+        expected["engine"] = "sglang"
         if data["failure"]:
             expected["failure"] = {Failure.RENAMED.get(k, k): v for k, v in data["failure"].items()}
             assert rec.failure is not None and rec.failure.step == data["failure"]["stage"]
