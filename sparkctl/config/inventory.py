@@ -115,14 +115,27 @@ class ClusterSettings(BaseModel):
                                                        "the profile's image; e.g. a test cluster's emulator image).")
     sim: dict[PlainName, SimValue] = Field(default_factory=dict,
                                 description="Emulator knobs for the embedded cluster (see sparkctl/sim/README.md).")
-    engine: Choice[Literal["emulator", "sglang", "vllm"]] = Field(
+    engine: Choice[Literal["emulator", "sglang", "vllm", "real"]] = Field(
         "emulator", description="What the process runtime runs for each rank: 'emulator' (sparkctl/sim, the default), "
                                 "'sglang' (the real `sglang.launch_server` from engine_python's environment, e.g. "
-                                "on a CPU) or 'vllm' (the real `vllm serve` from engine_python's environment). "
-                                "Docker nodes run what their image holds.")
+                                "on a CPU), 'vllm' (the real `vllm serve` from engine_python's environment) or 'real' "
+                                "(the profile's engine, from its environment in engine_pythons). Docker nodes run what "
+                                "their image holds.")
     engine_python: LocalPath | None = Field(
         None, description="The Python whose environment has the engine installed, for engine: sglang or vllm (its "
                           "bin/python, e.g. ~/.cache/sparkctl/real-engine/current/venv/bin/python).")
+    engine_pythons: dict[Literal["sglang", "vllm"], LocalPath] = Field(
+        default_factory=dict, description="For engine: real, each engine's Python (e.g. {sglang: ..., vllm: ...}): "
+                                          "profiles of either engine deploy on the same nodes, one replacing the "
+                                          "other.")
+
+    def pythons(self) -> dict[str, str]:
+        """Each real engine the process runtime can run -> its Python (none for the emulator)."""
+        if self.engine == "real":
+            return {str(name): path for name, path in self.engine_pythons.items()}
+        if self.engine != "emulator" and self.engine_python is not None:
+            return {self.engine: self.engine_python}
+        return {}
     fabric_topology: Choice[Literal["direct", "switch"]] | None = Field(
         None, description="How the fabric joins the nodes: 'direct' (one cable between two nodes) or 'switch' (one "
                           "subnet through a switch). Default: direct for two nodes, switch for more.")
@@ -173,8 +186,15 @@ class Inventory(BaseModel):
                                      f"process-runtime node expands (docker mounts need an absolute host path): "
                                      f"give the absolute path")
         engine = self.cluster.engine
+        if engine == "real":
+            if not self.cluster.engine_pythons or self.cluster.engine_python is not None:
+                raise ValueError("cluster.engine: 'real' takes each engine's Python in cluster.engine_pythons (e.g. "
+                                 "{sglang: PATH, vllm: PATH}), not cluster.engine_python")
+        elif self.cluster.engine_pythons:
+            raise ValueError(f"cluster.engine_pythons is set but cluster.engine is {engine!r} (set sparkctl_engine: "
+                             f"real to run each profile's engine from it)")
         if engine != "emulator":
-            if self.cluster.engine_python is None:
+            if engine != "real" and self.cluster.engine_python is None:
                 raise ValueError(f"cluster.engine: {engine!r} needs cluster.engine_python (the Python of the "
                                  f"environment {engine} is installed in)")
             docker = [n.name for n in self.nodes if n.runtime != "process"]
@@ -223,7 +243,7 @@ _CLUSTER_KEYS = {"sparkctl_cluster": "name", "sparkctl_known_hosts": "known_host
                  "sparkctl_host_key_policy": "host_key_policy", "sparkctl_sim": "sim",
                  "sparkctl_engine_image": "engine_image", "sparkctl_fabric_topology": "fabric_topology",
                  "sparkctl_fabric_subnet": "fabric_subnet", "sparkctl_engine": "engine",
-                 "sparkctl_engine_python": "engine_python"}
+                 "sparkctl_engine_python": "engine_python", "sparkctl_engine_pythons": "engine_pythons"}
 
 
 def _collect_hosts(group: JSONObject, inherited: JSONObject, out: list[tuple[str, JSONObject]],

@@ -18,9 +18,10 @@ def embedded_notice(inventory: Inventory) -> str | None:
     """The one line every command prints on a local cluster: the embedded one (its engine is the emulator), or
     any inventory whose process runtime runs a real engine on this machine's CPU; None for Sparks."""
     if inventory.real_engine_on_cpu:
-        name = ENGINE_NAMES[inventory.cluster.engine]
-        return (f"using a local cluster ({inventory.path}) whose engine is real {name} on this machine's CPU "
-                f"({inventory.cluster.engine_python}): its figures are a CPU's, not a GB10's")
+        pythons = inventory.cluster.pythons()
+        names = " or ".join(f"real {ENGINE_NAMES[e]}" for e in sorted(pythons))
+        return (f"using a local cluster ({inventory.path}) whose engine is {names} on this machine's CPU "
+                f"({', '.join(pythons[e] for e in sorted(pythons))}): its figures are a CPU's, not a GB10's")
     if not inventory.embedded:
         return None
     return (f"using the embedded local cluster ({inventory.path}); its engine is the sparkctl emulator, "
@@ -55,7 +56,7 @@ class Runtimes:
             cluster = self.inventory.cluster
             return ProcessRuntime(self.ledger.log_dir(self.deployment_id), cluster.sim,
                                   secrets_root=self.ledger.root / "secrets", engine=cluster.engine,
-                                  engine_python=cluster.engine_python, models_dir=node.host_paths.models)
+                                  engine_pythons=cluster.pythons(), models_dir=node.host_paths.models)
         if node.runtime == "docker":
             try:
                 from sparkctl.nodes.docker_runtime import DockerRuntime

@@ -28,8 +28,13 @@ def check_runs(profile: Profile, inventory: Inventory) -> None:
     engine's environment (sparkctl_engine) holds one engine. Docker nodes run what their image holds."""
     runs = inventory.cluster.engine
     if not any(n.runtime == "process" for n in inventory.nodes) or runs == profile.engine or \
-            (runs == "emulator" and profile.engine == "sglang"):
+            (runs == "emulator" and profile.engine == "sglang") or profile.engine in inventory.cluster.pythons():
         return
+    if runs == "real":
+        raise ConfigError(f"engine: {profile.engine}: the inventory's engine_pythons has no {profile.engine}",
+                          where=profile.origin_of("engine"),
+                          hint=f"add {profile.engine}: <its bin/python> to sparkctl_engine_pythons in "
+                               f"{inventory.path}")
     what = "sparkctl's emulator (it speaks SGLang's flags only)" if runs == "emulator" else f"real {runs}"
     other = "sglang" if runs == "emulator" else runs
     raise ConfigError(f"engine: {profile.engine}: the inventory's process runtime runs {what}",

@@ -39,6 +39,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from sparkctl.errors import StateDirError
@@ -55,7 +56,7 @@ from sparkctl.nodes.enginegroup import (
     shm_files,
 )
 from sparkctl.nodes.environ import helper_env
-from sparkctl.nodes.logpipe import ENGINE_ENV_FILE
+from sparkctl.nodes.logpipe import ENGINE_ENV_FILE, ENGINE_TMP
 from sparkctl.nodes.node_facts import NodeFacts, host_model_path, model_paths
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
 from sparkctl.nodes.ssh import CommandResult
@@ -138,16 +139,18 @@ class ProcessRuntime:
     tree_ttl_s = 1.0
 
     def __init__(self, log_dir: Path, sim_knobs: JSONObject | None = None, *,
-                 secrets_root: Path | None = None, engine: str = "emulator", engine_python: str | None = None,
-                 models_dir: str = MODELS_MOUNT) -> None:
+                 secrets_root: Path | None = None, engine: str = "emulator",
+                 engine_pythons: Mapping[str, str] | None = None, models_dir: str = MODELS_MOUNT) -> None:
         """`secrets_root` names whose secrets these are (the state directory's, e.g. ``ledger.root / "secrets"``;
         default: the one holding `log_dir`): the files themselves live on tmpfs, at `secrets_root_for` of it.
-        `engine` "sglang" runs ``engine_python -m sglang.launch_server``; `models_dir` is where /models/... is here."""
+        `engine` "emulator" runs sparkctl's emulator, anything else the rank's engine (LaunchSpec.engine) with its
+        Python from `engine_pythons` (``python -m sglang.launch_server``, ``python -m vllm.entrypoints.cli.main
+        serve``); `models_dir` is where /models/... is here."""
         self.log_dir = log_dir
         self.sim_knobs = dict(sim_knobs or {}) if engine == "emulator" else {}
         self.secrets_root = secrets_root_for(secrets_root or log_dir.parent.parent / "secrets")
         self.engine = engine
-        self.engine_python = os.path.expanduser(engine_python) if engine_python else None
+        self.engine_pythons = {name: os.path.expanduser(p) for name, p in (engine_pythons or {}).items()}
         self.models_dir = os.path.expanduser(models_dir)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._trees: dict[tuple[int, int | None], tuple[float, list[int]]] = {}
@@ -172,8 +175,8 @@ class ProcessRuntime:
         module = spec.argv[2]
         head = 4 if module == "vllm.entrypoints.cli.main" else 3      # vLLM's is `... main serve ARGS`
         args = [self._mounted(_local(a, secrets_dir)) for a in spec.argv[head:]]
-        if self.engine in ("sglang", "vllm"):
-            return [self.engine_python or "python3", "-m", *spec.argv[2:head], *args]
+        if self.engine != "emulator":
+            return [self.engine_pythons.get(spec.engine) or "python3", "-m", *spec.argv[2:head], *args]
         return [sys.executable, "-m", "sparkctl.sim", *args]
 
     def _mounted(self, value: str) -> str:
@@ -199,6 +202,12 @@ class ProcessRuntime:
         sdir = self.secrets_dir(deployment_id, spec.rank)
         env.update({k: _local(v, sdir) for k, v in spec.env.items()})
         env["PYTHONUNBUFFERED"] = "1"
+        if spec.engine == "vllm":
+            # vLLM's single-node rendezvous is a file in tempfile.gettempdir() (`vllm_dist_<hex>`,
+            # vllm/utils/network_utils.py:154) that it never removes: the rank's temporary files live in its own
+            # private directory, which goes with its secrets once the engine has stopped (a container's /tmp goes
+            # with the container).
+            env["TMPDIR"] = str(sdir / ENGINE_TMP)
         # The engine's output reaches the log through sparkctl.nodes.logpipe, which redacts secrets line by line.
         # Its stdout is the rank log from the moment it exists (it appends there itself, and its own errors land
         # there too): a later command finds a running engine by the rank log it writes (sparkctl.deploy.observe).
@@ -224,6 +233,8 @@ class ProcessRuntime:
                 offset = attempt_start(fd, log_path)
                 _own_private_dir(secrets_home())
                 write_secret_files(sdir, {**spec.secret_files, ENGINE_ENV_FILE: json.dumps(env)})
+                if spec.engine == "vllm":
+                    private_dir(sdir / ENGINE_TMP)
                 proc = subprocess.Popen(pipe + self._command(spec, sdir), stdin=subprocess.DEVNULL, stdout=fd,
                                         stderr=fd, env=pipe_env, start_new_session=True, close_fds=True,
                                         preexec_fn=(lambda: join_cgroup(str(cgroup))) if cgroup else None)
@@ -383,9 +394,9 @@ class ProcessRuntime:
     def gather(self, spec: LaunchSpec) -> NodeFacts:
         """Local facts: can the engine run (the emulator imports; the real engine's Python has SGLang, and the
         model and drafter are here), are the rank's ports free here (judged in deploy/)."""
-        nf = NodeFacts(spec.node, self.runtime, engine=self.engine)
-        if self.engine in ("sglang", "vllm"):
-            nf.engine_error = engine_missing(self.engine_python, self.engine)
+        nf = NodeFacts(spec.node, self.runtime, engine=self.engine if self.engine == "emulator" else spec.engine)
+        if self.engine != "emulator":
+            nf.engine_error = engine_missing(self.engine_pythons.get(spec.engine), spec.engine)
             nf.local_paths = {what: (host, os.path.isfile(os.path.join(host, "config.json")))
                               for what, path in model_paths(spec.argv)
                               for host in [self._mounted(path)]}

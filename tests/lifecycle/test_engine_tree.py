@@ -74,7 +74,7 @@ def hostile(tmp_path, monkeypatch):
     spec = render(load_profile("dflash-off"), inv, environ={}).specs[-1]
     python = hostile_engine.install(tmp_path)
     rt = ProcessRuntime(tmp_path / "logs" / "dep-h", secrets_root=tmp_path / "secrets", engine="sglang",
-                        engine_python=str(python))
+                        engine_pythons={"sglang": str(python)})
     made: list[tuple[ProcessRuntime, ProcessHandle, str]] = []
 
     def start(kinds: list[str]) -> tuple[ProcessRuntime, ProcessHandle, str, int]:

@@ -48,7 +48,7 @@ def leftover(local_cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("HOSTILE_PORT", str(port))
     monkeypatch.setenv("HOSTILE_ADDR", addr)
     rt = ProcessRuntime(ledger.log_dir("dep-left"), secrets_root=ledger.root / "secrets", engine="sglang",
-                        engine_python=str(hostile_engine.install(tmp_path)))
+                        engine_pythons={"sglang": str(hostile_engine.install(tmp_path))})
     handle = rt.start(spec, "dep-left")
     deadline = time.monotonic() + 30
     # the children started *and* the port is bound: on a busy machine the bind once came after the pipe was killed,

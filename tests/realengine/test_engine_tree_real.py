@@ -51,7 +51,7 @@ def pair(tmp_path, monkeypatch):
         for spec in specs:
             node = inv.node(spec.node)
             rt = ProcessRuntime(tmp_path / "logs" / "dep-real", secrets_root=tmp_path / "secrets", engine="sglang",
-                                engine_python=str(engine.python), models_dir=node.host_paths.models)
+                                engine_pythons={"sglang": str(engine.python)}, models_dir=node.host_paths.models)
             rts.append((rt, rt.start(spec, "dep-real")))
         return rts, [(a, p) for s in specs for a, p, _ in s.listen_ports()]
     yield start
