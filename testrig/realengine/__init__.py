@@ -160,7 +160,10 @@ def find_real_vllm() -> RealVllm | None:
 def ensure_real_vllm() -> RealVllm:
     """The vLLM environment for the current inputs, built first if needed (safe across processes), as
     ensure_real_engine() builds SGLang's: same lock, marker and ``current`` conventions, under vllm_root()."""
-    k = vllm_key()
+    try:
+        k = vllm_key()
+    except _build.BuildError as exc:     # no python3.11: nothing to key a build by
+        raise RealEngineUnavailable(str(exc)) from exc
     root = vllm_root() / k
     _ensure_built(root, k, _vllm_build.build)
     return _vllm(root, k)
