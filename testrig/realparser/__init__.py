@@ -342,12 +342,14 @@ DRIVER = Path(__file__).parent / "driver.py"
 
 class _Server:
     """One driver per version in ``serve`` mode for the whole test session: SGLang (and torch) imported once, each
-    request parsed in a child forked from that state (driver.py), so a parse costs a fork, not an import."""
+    request parsed in a child forked from that state (driver.py), so a parse costs a fork, not an import. vLLM's
+    driver (vllm_driver.py, testrig.realparser.vllm) is run the same way."""
 
-    def __init__(self, version: str, venv: Path) -> None:
-        env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
-        self.version, self.venv = version, venv
-        self.proc = subprocess.Popen([str(venv / "bin" / "python"), "-c", DRIVER.read_text(encoding="utf-8"),
+    def __init__(self, version: str, venv: Path, *, driver: Path = DRIVER, engine: str = "sglang",
+                 env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+        self.version, self.venv, self.engine = version, venv, engine
+        self.proc = subprocess.Popen([str(venv / "bin" / "python"), "-c", driver.read_text(encoding="utf-8"),
                                       _RESULT_PREFIX, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdin and self.proc.stdout and self.proc.stderr   # all three are pipes (above)
@@ -374,7 +376,7 @@ class _Server:
                 line = None
             if line is None:
                 self.close()
-                raise RealParserUnavailable(f"the sglang=={self.version} driver stopped answering (exit "
+                raise RealParserUnavailable(f"the {self.engine}=={self.version} driver stopped answering (exit "
                                             f"{self.proc.poll()})", where=str(self.venv),
                                             evidence=_tail("".join(self.stderr), 15))
             reply = json.loads(line)
