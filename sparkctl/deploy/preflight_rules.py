@@ -68,7 +68,8 @@ def _process_checks(spec: LaunchSpec, nf: NodeFacts, own_ports: set[tuple[str, i
     and its model and drafter are here), and the rank's ports are free (or held by our deployment)."""
     node = spec.node
     if nf.engine in ("sglang", "vllm"):
-        build = REAL_ENGINE_BUILD
+        build = REAL_ENGINE_BUILD.replace(" build", " build --engine vllm") if nf.engine == "vllm" else \
+            REAL_ENGINE_BUILD
         checks = [CheckResult.passing(node, "engine", f"{nf.engine} found in the engine's environment (process "
                                                       f"runtime, real engine)") if nf.engine_error is None
                   else CheckResult.failing(node, "engine", f"real engine cannot run: {nf.engine_error}",

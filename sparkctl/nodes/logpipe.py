@@ -64,7 +64,6 @@ DRAIN_S = 2.0            # after the sweep, how long the last output may take to
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_NOT_FOUND, EXIT_NOT_RUNNABLE = 127, 126
 ENGINE_ENV_FILE = "engine-env.json"     # in SECRETS_DIR: the engine's environment (read once, then deleted)
-ENGINE_TMP = "tmp"                      # in SECRETS_DIR: the engine's TMPDIR (vLLM), removed with it
 
 
 class EngineEnvError(Exception):

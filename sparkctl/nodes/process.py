@@ -56,7 +56,7 @@ from sparkctl.nodes.enginegroup import (
     shm_files,
 )
 from sparkctl.nodes.environ import helper_env
-from sparkctl.nodes.logpipe import ENGINE_ENV_FILE, ENGINE_TMP
+from sparkctl.nodes.logpipe import ENGINE_ENV_FILE
 from sparkctl.nodes.node_facts import NodeFacts, host_model_path, model_paths
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
 from sparkctl.nodes.ssh import CommandResult
@@ -164,6 +164,13 @@ class ProcessRuntime:
             self._trees[key] = cached
         return cached[1]
 
+    def tmp_dir(self, deployment_id: str, rank: int) -> Path:
+        """The rank's TMPDIR when its engine is vLLM (0700, on the secrets' tmpfs, removed with its secrets): a short
+        path, because vLLM binds its ZMQ IPC sockets there (`ipc://$TMPDIR/<uuid>`, at most 107 bytes:
+        vllm/utils/network_utils.py), named by a digest of the rank's secrets directory."""
+        digest = hashlib.sha256(str(self.secrets_dir(deployment_id, rank)).encode()).hexdigest()[:12]
+        return self.secrets_root.parent / f"t{digest}"
+
     def secrets_dir(self, deployment_id: str, rank: int) -> Path:
         """The rank's private directory standing in for SECRETS_MOUNT, on tmpfs (0700, files 0400; removed once
         the engine has stopped)."""
@@ -204,10 +211,10 @@ class ProcessRuntime:
         env["PYTHONUNBUFFERED"] = "1"
         if spec.engine == "vllm":
             # vLLM's single-node rendezvous is a file in tempfile.gettempdir() (`vllm_dist_<hex>`,
-            # vllm/utils/network_utils.py:154) that it never removes: the rank's temporary files live in its own
-            # private directory, which goes with its secrets once the engine has stopped (a container's /tmp goes
+            # vllm/utils/network_utils.py:154) that it never removes: the rank's temporary files live in a private
+            # directory of its own, which goes with its secrets once the engine has stopped (a container's /tmp goes
             # with the container).
-            env["TMPDIR"] = str(sdir / ENGINE_TMP)
+            env["TMPDIR"] = str(self.tmp_dir(deployment_id, spec.rank))
         # The engine's output reaches the log through sparkctl.nodes.logpipe, which redacts secrets line by line.
         # Its stdout is the rank log from the moment it exists (it appends there itself, and its own errors land
         # there too): a later command finds a running engine by the rank log it writes (sparkctl.deploy.observe).
@@ -234,7 +241,7 @@ class ProcessRuntime:
                 _own_private_dir(secrets_home())
                 write_secret_files(sdir, {**spec.secret_files, ENGINE_ENV_FILE: json.dumps(env)})
                 if spec.engine == "vllm":
-                    private_dir(sdir / ENGINE_TMP)
+                    _own_private_dir(self.tmp_dir(deployment_id, spec.rank))
                 proc = subprocess.Popen(pipe + self._command(spec, sdir), stdin=subprocess.DEVNULL, stdout=fd,
                                         stderr=fd, env=pipe_env, start_new_session=True, close_fds=True,
                                         preexec_fn=(lambda: join_cgroup(str(cgroup))) if cgroup else None)
@@ -350,10 +357,12 @@ class ProcessRuntime:
         rank, started by another command); True when it is gone."""
         sdir = self.secrets_dir(deployment_id, rank)
         if not sdir.exists():
+            _remove_private_dir(self.tmp_dir(deployment_id, rank))
             return True
         if procfs.processes_naming(str(sdir)):
             return False
         shutil.rmtree(sdir, ignore_errors=True)
+        _remove_private_dir(self.tmp_dir(deployment_id, rank))
         for empty in (sdir.parent, self.secrets_root):   # the deployment's, then the state directory's, once empty
             try:
                 empty.rmdir()
@@ -474,6 +483,20 @@ def _local(value: str, secrets_dir: Path | None) -> str:
     if secrets_dir is not None and (value == SECRETS_MOUNT or value.startswith(SECRETS_MOUNT + "/")):
         return str(secrets_dir) + value[len(SECRETS_MOUNT):]
     return value
+
+
+def _remove_private_dir(path: Path) -> None:
+    """Remove `path` and what it holds when it is this user's own directory (a symlink planted in its place is
+    never followed: only the link goes)."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def write_secret_files(directory: Path, files: dict[str, str]) -> None:
