@@ -124,7 +124,7 @@ class ClusterSettings(BaseModel):
     engine_python: LocalPath | None = Field(
         None, description="The Python whose environment has the engine installed, for engine: sglang or vllm (its "
                           "bin/python, e.g. ~/.cache/sparkctl/real-engine/current/venv/bin/python).")
-    engine_pythons: dict[Literal["sglang", "vllm"], LocalPath] = Field(
+    engine_pythons: dict[Choice[Literal["sglang", "vllm"]], LocalPath] = Field(
         default_factory=dict, description="For engine: real, each engine's Python (e.g. {sglang: ..., vllm: ...}): "
                                           "profiles of either engine deploy on the same nodes, one replacing the "
                                           "other.")

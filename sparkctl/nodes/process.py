@@ -35,14 +35,12 @@ import logging
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from sparkctl.errors import StateDirError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes import procfs
 from sparkctl.nodes.enginegroup import (
@@ -59,48 +57,21 @@ from sparkctl.nodes.environ import helper_env
 from sparkctl.nodes.logpipe import ENGINE_ENV_FILE
 from sparkctl.nodes.node_facts import NodeFacts, host_model_path, model_paths
 from sparkctl.nodes.runtime import Liveness, ProcessHandle, sim_env
+from sparkctl.nodes.secretdirs import (
+    local_secret_path,
+    own_private_dir,
+    remove_private_dir,
+    secrets_home,
+    secrets_root_for,
+    write_secret_files,
+)
 from sparkctl.nodes.ssh import CommandResult
 from sparkctl.redaction import redact, redact_argv
-from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec
+from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import MODELS_MOUNT
 from sparkctl.statefiles import open_state_file, private_dir, state_dir_error
 
 log = logging.getLogger("sparkctl.nodes.process")
-
-
-def secrets_home(environ: dict[str, str] | None = None) -> Path:
-    """The tmpfs directory of this user's process-runtime secrets: ``$XDG_RUNTIME_DIR/sparkctl`` when that is
-    set and a tmpfs, else ``/dev/shm/sparkctl-<uid>`` (not created here)."""
-    env = os.environ if environ is None else environ
-    xdg = env.get("XDG_RUNTIME_DIR")
-    if xdg and os.path.isabs(xdg) and os.path.isdir(xdg) and procfs.fs_type(xdg) == "tmpfs":
-        return Path(xdg) / "sparkctl"
-    return Path("/dev/shm") / f"sparkctl-{os.getuid()}"
-
-
-def secrets_root_for(key: Path, environ: dict[str, str] | None = None) -> Path:
-    """Where the secret files of one state directory's engines live: ``secrets_home()/<16 hex of sha256(key)>``
-    (`key` names the state directory, e.g. the ledger root: clusters and tests never share or sweep each other's)."""
-    digest = hashlib.sha256(str(Path(key).resolve()).encode()).hexdigest()[:16]
-    return secrets_home(environ) / digest
-
-
-def _own_private_dir(path: Path) -> Path:
-    """`path` created 0700 and checked to be this user's real directory (not a symlink, not another user's: the
-    parent may be a shared tmpfs like /dev/shm)."""
-    try:
-        st: os.stat_result | None = path.lstat()
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise state_dir_error(path, exc) from None
-    # Checked before anything is changed: a symlink or another user's directory planted there is refused, never
-    # followed or tightened.
-    if st is not None and (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid()):
-        raise StateDirError(f"{path} is not a directory of this user (a symlink, a file or another user's)",
-                            where=str(path), hint=f"remove {path} (it is not sparkctl's) and re-run")
-    return private_dir(path)
-
 
 
 def read_lines(path: Path, offset: int, limit: int = -1) -> tuple[str, int]:
@@ -181,7 +152,7 @@ class ProcessRuntime:
         engine Python (the emulator: this Python running sparkctl.sim, which speaks SGLang's argv)."""
         module = spec.argv[2]
         head = 4 if module == "vllm.entrypoints.cli.main" else 3      # vLLM's is `... main serve ARGS`
-        args = [self._mounted(_local(a, secrets_dir)) for a in spec.argv[head:]]
+        args = [self._mounted(local_secret_path(a, secrets_dir)) for a in spec.argv[head:]]
         if self.engine != "emulator":
             return [self.engine_pythons.get(spec.engine) or "python3", "-m", *spec.argv[2:head], *args]
         return [sys.executable, "-m", "sparkctl.sim", *args]
@@ -207,7 +178,7 @@ class ProcessRuntime:
             env.update({k: v for k, v in sim_env(self.sim_knobs).items() if k not in os.environ})
             env.setdefault("SPARKCTL_SIM_SGLANG_VERSION", spec.sglang_version)
         sdir = self.secrets_dir(deployment_id, spec.rank)
-        env.update({k: _local(v, sdir) for k, v in spec.env.items()})
+        env.update({k: local_secret_path(v, sdir) for k, v in spec.env.items()})
         env["PYTHONUNBUFFERED"] = "1"
         if spec.engine == "vllm":
             # vLLM's single-node rendezvous is a file in tempfile.gettempdir() (`vllm_dist_<hex>`,
@@ -238,10 +209,10 @@ class ProcessRuntime:
             try:
                 cgroup = new_cgroup(self.state_key, deployment_id, spec.rank)
                 offset = attempt_start(fd, log_path)
-                _own_private_dir(secrets_home())
+                own_private_dir(secrets_home())
                 write_secret_files(sdir, {**spec.secret_files, ENGINE_ENV_FILE: json.dumps(env)})
                 if spec.engine == "vllm":
-                    _own_private_dir(self.tmp_dir(deployment_id, spec.rank))
+                    own_private_dir(self.tmp_dir(deployment_id, spec.rank))
                 proc = subprocess.Popen(pipe + self._command(spec, sdir), stdin=subprocess.DEVNULL, stdout=fd,
                                         stderr=fd, env=pipe_env, start_new_session=True, close_fds=True,
                                         preexec_fn=(lambda: join_cgroup(str(cgroup))) if cgroup else None)
@@ -357,12 +328,12 @@ class ProcessRuntime:
         rank, started by another command); True when it is gone."""
         sdir = self.secrets_dir(deployment_id, rank)
         if not sdir.exists():
-            _remove_private_dir(self.tmp_dir(deployment_id, rank))
+            remove_private_dir(self.tmp_dir(deployment_id, rank))
             return True
         if procfs.processes_naming(str(sdir)):
             return False
         shutil.rmtree(sdir, ignore_errors=True)
-        _remove_private_dir(self.tmp_dir(deployment_id, rank))
+        remove_private_dir(self.tmp_dir(deployment_id, rank))
         for empty in (sdir.parent, self.secrets_root):   # the deployment's, then the state directory's, once empty
             try:
                 empty.rmdir()
@@ -476,43 +447,6 @@ def attempt_start(fd: int, path: Path) -> int:
     except OSError as exc:
         raise state_dir_error(path, exc) from None
     return size
-
-
-def _local(value: str, secrets_dir: Path | None) -> str:
-    """A SECRETS_MOUNT path of the LaunchSpec rewritten into the rank's local secrets directory."""
-    if secrets_dir is not None and (value == SECRETS_MOUNT or value.startswith(SECRETS_MOUNT + "/")):
-        return str(secrets_dir) + value[len(SECRETS_MOUNT):]
-    return value
-
-
-def _remove_private_dir(path: Path) -> None:
-    """Remove `path` and what it holds when it is this user's own directory (a symlink planted in its place is
-    never followed: only the link goes)."""
-    try:
-        st = path.lstat()
-    except OSError:
-        return
-    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(OSError):
-            path.unlink()
-
-
-def write_secret_files(directory: Path, files: dict[str, str]) -> None:
-    """Write `files` (name -> content) into `directory`: the directory 0700, each file 0400, created with those
-    modes (never readable by others, not even for a moment); an existing file is replaced."""
-    private_dir(directory)
-    for name, content in files.items():
-        path = directory / name
-        try:
-            path.unlink(missing_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(content)
-        except OSError as exc:
-            shutil.rmtree(directory, ignore_errors=True)     # never half a set of secrets
-            raise state_dir_error(directory, exc) from None
 
 
 def local_port_free(address: str, port: int) -> bool:

@@ -7,7 +7,7 @@ import pytest
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.nodes.enginegroup import CGROUP_TOP, cgroup2_mount
-from sparkctl.nodes.process import secrets_root_for
+from sparkctl.nodes.secretdirs import secrets_root_for
 from sparkctl.state.ledger import Ledger
 from tests.lifecycle.test_crash import _no_engine, _up_ok
 

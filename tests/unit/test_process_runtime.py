@@ -16,10 +16,12 @@ from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
 from sparkctl.deploy.boot import boot
 from sparkctl.deploy.progress import Reporter
+from sparkctl.errors import StateDirError
 from sparkctl.nodes import procfs
 from sparkctl.nodes.handles import ProcessHandle
-from sparkctl.nodes.process import ProcessRuntime, secrets_home
+from sparkctl.nodes.process import ProcessRuntime
 from sparkctl.nodes.runtime import Handle, Runtime
+from sparkctl.nodes.secretdirs import own_private_dir, secrets_home
 from sparkctl.sglang.render import render
 from testrig.embedded import write_embedded_inventory
 from testrig.testenv import signal_and_settle
@@ -133,8 +135,7 @@ def test_cleanup_secrets_sweeps_what_a_kill_9_left_and_keeps_a_running_engines(s
 
 
 def test_a_planted_secrets_home_is_refused_not_followed(tmp_path, monkeypatch):
-    from sparkctl.errors import StateDirError
-    from sparkctl.nodes import process
+
 
     target = tmp_path / "elsewhere"
     target.mkdir(mode=0o755)
@@ -142,10 +143,10 @@ def test_a_planted_secrets_home_is_refused_not_followed(tmp_path, monkeypatch):
     home.parent.mkdir()
     home.symlink_to(target)
     with pytest.raises(StateDirError, match="not a directory of this user"):
-        process._own_private_dir(home)
+        own_private_dir(home)
     assert oct(target.stat().st_mode & 0o777) == oct(0o755)        # never tightened through the link
     home.unlink()
-    assert process._own_private_dir(home) == home and oct(home.stat().st_mode & 0o777) == oct(0o700)
+    assert own_private_dir(home) == home and oct(home.stat().st_mode & 0o777) == oct(0o700)
 
 
 def test_secrets_home_prefers_a_tmpfs_xdg_runtime_dir(tmp_path):
@@ -295,3 +296,21 @@ def test_an_interrupt_in_start_after_the_fork_leaves_no_process_of_the_rank(setu
             for pid in named:
                 os.kill(pid, signal.SIGKILL)
     assert not left, left
+
+
+def test_a_vllm_ranks_tmpdir_is_short_enough_for_its_ipc_sockets_and_private(tmp_path):
+    """vLLM binds ZMQ IPC sockets at `ipc://$TMPDIR/<uuid4>` (at most 107 bytes of path: a longer TMPDIR failed its
+    boot with "ipc path ... is longer than 107 characters"); the rank's TMPDIR is short whatever the state directory,
+    and is refused when something else (a link) sits at its name."""
+    deep = tmp_path / ("very-long-state-directory-name-" * 4) / "state"
+    rt = ProcessRuntime(deep / "logs" / "dep", secrets_root=deep / "secrets")
+    tmp = rt.tmp_dir("20261206T204456Z-cpu-tiny-vllm-0d5e-with-a-long-name", 7)
+    assert len(f"{tmp}/{'0' * 36}") <= 107 and tmp.parent == secrets_home()
+    assert tmp != rt.tmp_dir("20261206T204456Z-cpu-tiny-vllm-0d5e-with-a-long-name", 6)
+    secrets_home().mkdir(mode=0o700, exist_ok=True)
+    tmp.symlink_to(tmp_path)
+    try:
+        with pytest.raises(StateDirError):
+            own_private_dir(tmp)
+    finally:
+        tmp.unlink()
