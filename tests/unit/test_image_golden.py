@@ -48,3 +48,25 @@ def _check(path: Path, got: dict) -> None:
 def test_sglang_image_plan_is_byte_identical(profile):
     """The SGLang images' tags, labels and Dockerfiles as deployed clusters hold them (fixed base digest)."""
     _check(GOLDEN / f"{profile}.sparks.json", _planned(profile))
+
+
+def _with_series(profile: str, series: str | None):
+    prof = load_profile(profile)
+    return prof.model_copy(update={"image": prof.image.model_copy(update={"patch_series": series})})
+
+
+@pytest.mark.parametrize("series", [None, "gb10-vllm-0.32.0"])
+@pytest.mark.parametrize("profile", shipped_profiles("vllm"))
+def test_vllm_image_plan_golden(profile, series):
+    """vLLM's images: sparkctl/vllm-gb10[-launch], FROM the base by digest, the series applied by seriesapply, the
+    engine and its release in the labels, the schema-2 launch document."""
+    prof = _with_series(profile, series)
+    plan = plan_images(prof, SPARKS, BASES["vllm"])
+    got = {"engine_tag": plan.engine_tag, "launch_tag": plan.launch_tag, "engine_inputs": plan.engine_inputs,
+           "launch_inputs": plan.launch_inputs, "engine_dockerfile": plan.engine_dockerfile.splitlines(),
+           "launch_dockerfile": plan.launch_dockerfile.splitlines(),
+           "launch_doc": json.loads(launchdoc.doc_bytes(plan.launch_doc)),
+           "engine_context_sha256": hashlib.sha256(plan.engine_context()).hexdigest(),
+           "launch_context_sha256": hashlib.sha256(plan.launch_context()).hexdigest(),
+           "unresolved": unresolved_plan(prof, SPARKS, "golden")}
+    _check(GOLDEN / f"{profile}.{series or 'unpatched'}.sparks.json", got)

@@ -129,8 +129,8 @@ def test_command_line_as_the_image_build_runs_it(tmp_path):
     found without importing it; the release checked (a local label aside), another release refused (exit 3)."""
     build = tmp_path / "sparkctl-build"
     build.mkdir()
-    for mod in (patchapply, seriesapply):
-        shutil.copy(mod.__file__, build)
+    for source in (patchapply.__file__, seriesapply.__file__):
+        shutil.copy(source, build)
     pkg = _package(tmp_path)
     (pkg / "__init__.py").write_text("raise RuntimeError('imported at build time')\n")
     series = _series(tmp_path, {"0001-b.patch": PATCH})
