@@ -221,3 +221,40 @@ def test_seriesapply_equals_patchapply_on_sglangs_real_wheel(tmp_path):
     assert [r.to_json() for r in ra] == [r.to_json() for r in rb] and all(r.status == "applied" for r in rb)
     for rel in only:
         assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
+
+
+def test_the_engine_dockerfiles_run_step_applies_the_series_to_real_vllm_source(tmp_path, vllm_source):
+    """The vLLM engine image's RUN step, without Docker: the plan's build context unpacked where the Dockerfile's
+    COPY puts it, its RUN command run as written (paths moved under tmp_path) against a copy of vLLM 0.32.0's real
+    package files (located by the applier through the interpreter's path, as in the image)."""
+    import io
+    import shlex
+    import tarfile
+
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.config.profile import load_profile
+    from sparkctl.images.plan import BaseImage, plan_images
+
+    prof = load_profile("cpu-tiny-vllm")
+    prof = prof.model_copy(update={"image": prof.image.model_copy(update={"patch_series": SERIES})})
+    plan = plan_images(prof, load_inventory(REPO / "inventory" / "sparks.example.yml"),
+                       BaseImage("vllm/vllm-openai:v0.32.0", "sha256:" + "3" * 64))
+    root = tmp_path / "ctx"
+    with tarfile.open(fileobj=io.BytesIO(plan.engine_context())) as tf:
+        tf.extractall(root, filter="data")
+    lines = plan.engine_dockerfile.replace("\\\n", " ").splitlines()
+    assert "COPY sparkctl-build/ /tmp/sparkctl-build/" in lines
+    [run] = [ln[len("RUN "):] for ln in lines if ln.startswith("RUN ")]
+    command = shlex.split(run.replace("/tmp/sparkctl-build", str(root / "sparkctl-build")))
+    cut = command.index("&&")
+    assert command[cut + 1:] == ["rm", "-rf", str(root / "sparkctl-build")] and command[0] == "python3"
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    for name in ("__init__.py", "version.py", "_version.py"):
+        shutil.copy(vllm_source / name, site / "vllm" / name)
+    done = subprocess.run([sys.executable, *command[1:cut]], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(site)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"sparkctl-patch: vllm package at {site / 'vllm'}" in done.stdout
+    assert "sparkctl-patch: applied 0001-sparkctl-series-marker.patch (vllm/version.py)" in done.stdout
+    assert f'SPARKCTL_PATCH_SERIES = "{SERIES}"' in (site / "vllm" / "version.py").read_text()
