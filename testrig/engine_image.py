@@ -47,6 +47,8 @@ log = logging.getLogger("sparkctl.testrig")
 
 TEST_IMAGES = PROJECT_DIR / "tests" / "images"
 SGLANG_BASE_REPO = "sparkctl-test-sglang-base"
+VLLM_BASE_REPO = "sparkctl-test-vllm-base"
+VLLM_SOURCE_PACKAGE = "/opt/vllm-src/vllm"        # where the test vLLM base keeps its vllm package
 SGLANG_WORKSPACE_PACKAGE = "/sgl-workspace/sglang/python/sglang"    # lmsysorg/sglang's editable install
 
 
@@ -179,6 +181,42 @@ class EngineImages:
         with self.cluster._timed("image.sglang-base"):
             docker_build(n, ctx, tag, {"ENGINE": engine}, {"org.sparkctl.test-sglang-base": tag},
                          self.workdir / "logs" / "sglang-base-build.log")
+        shutil.rmtree(ctx, ignore_errors=True)
+        return tag
+
+    def ensure_vllm_base(self, node: str, series: str = "gb10-vllm-0.32.0") -> str:
+        """The test vLLM base image (tests/images/test-vllm-base) on ``node`` only: the engine image + vLLM 0.32.0's
+        real files that ``series`` touches and its _version.py, as the package ``vllm``; returns its tag."""
+        from sparkctl.images import seriesapply
+        from sparkctl.images.series import load_series
+        from testrig.realengine import ensure_real_vllm
+
+        real = ensure_real_vllm()
+        purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+        site = Path(subprocess.run([str(real.python), "-c", purelib], capture_output=True, text=True,
+                                   check=True).stdout.strip())
+        files = sorted({"_version.py", *seriesapply.touched(load_series(series).dir / "series")})
+        engine = self.cluster.engine_image or self.ensure()[0]
+        dockerfile = TEST_IMAGES / "test-vllm-base" / "Dockerfile"
+        h = hashlib.sha256(f"{engine} {series}".encode() + dockerfile.read_bytes())
+        for rel in files:
+            h.update(rel.encode() + b"\0" + (site / "vllm" / rel).read_bytes())
+        tag = f"{VLLM_BASE_REPO}:0.32.0-{h.hexdigest()[:12]}"
+        n = self.cluster.node(node)
+        if image_id(n, tag):
+            return tag
+        ctx = self.workdir / "vllm-base-build"
+        shutil.rmtree(ctx, ignore_errors=True)
+        package = ctx / "src" / "vllm"
+        package.mkdir(parents=True)
+        shutil.copy2(dockerfile, ctx / "Dockerfile")
+        (package / "__init__.py").write_text("# test image: vLLM 0.32.0's files a patch series touches; not vLLM\n")
+        for rel in files:
+            (package / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(site / "vllm" / rel, package / rel)
+        with self.cluster._timed("image.vllm-base"):
+            docker_build(n, ctx, tag, {"ENGINE": engine}, {"org.sparkctl.test-vllm-base": tag},
+                         self.workdir / "logs" / "vllm-base-build.log")
         shutil.rmtree(ctx, ignore_errors=True)
         return tag
 

@@ -3,6 +3,7 @@ sparkctl.images)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
@@ -31,12 +32,18 @@ def register(app: typer.Typer) -> None:
 @patches_app.command("check")
 def patches_check(series: str | None = typer.Option(None, "--series", "-s", help="One series (default: all)."),
                   profile: str | None = typer.Option(None, "--profile", "-p",
-                                                        help="Check the profile's series against its SGLang version."),
+                                                        help="Check the profile's series against its engine and "
+                                                             "release."),
+                  source: Path | None = typer.Option(None, "--source", metavar="PATH",
+                                                     help="Check against this copy of the release instead of the "
+                                                          "downloaded wheel: a wheel, or an installed package "
+                                                          "directory (e.g. .../site-packages/vllm)."),
                   as_json: bool = flag("--json", help="Print JSON on stdout.")) -> None:
-    """Apply every patch to the released SGLang wheel of the series' version (cached); report each patch."""
+    """Apply every patch to the released wheel of the series' engine and release (SGLang or vLLM, cached); report
+    each patch."""
     from sparkctl.images.series import check_series, list_series
 
-    expect = None
+    expect, engine = None, None
     if profile is not None:
         from sparkctl.config.profile import load_profile
         prof = load_profile(profile)
@@ -44,11 +51,13 @@ def patches_check(series: str | None = typer.Option(None, "--series", "-s", help
             raise ConfigError(f"profile {prof.name} names no patch series", where=prof.origin_of("image.patch_series"),
                               hint="set image.patch_series, or pass --series")
         series = series or prof.image.patch_series
-        expect = prof.image.sglang_version
+        expect, engine = prof.engine_version(), prof.engine
     names = [series] if series else list_series()
     if not names:
         raise ConfigError("no patch series under patches/", hint="add patches/<series>/series")
-    reports = [check_series(n, expect_version=expect) for n in names]
+    if source is not None and len(names) > 1:
+        raise ConfigError("--source is one release's source: check one series with it", hint="add --series NAME")
+    reports = [check_series(n, expect_version=expect, expect_engine=engine, source=source) for n in names]
     if as_json:
         from sparkctl.cli.outputs import PatchesCheckOutput, emit
         emit(PatchesCheckOutput, [r.to_json() for r in reports])

@@ -203,8 +203,9 @@ class PatchResultOut(_Out):
 
 class SeriesReportOut(_Out):
     series: str
-    sglang_version: str
-    wheel: str
+    engine: str                  # sglang | vllm: the series file's first entry names it
+    sglang_version: str          # the engine's release the series is for (named when SGLang was the only engine)
+    wheel: str                   # the released source checked against: a wheel's name, or an installed package dir
     ok: bool
     patches: list[PatchResultOut]
 

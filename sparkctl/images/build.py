@@ -129,8 +129,8 @@ def build_image(conn: SSHConnector, *, role: str, tag: str, context: bytes, inpu
                                                                          for s in failed)) if failed else \
             f"{role} image build failed on {node} (docker build exit {r.returncode})"
         raise ImageError(message, where=f"[{node}] image {tag}",
-                         hint=("rebase the patch onto the base image's SGLang source (sparkctl patches check), "
-                               "or change image.base_image / image.patch_series") if failed else
+                         hint=("rebase the patch onto the engine source the base image carries (sparkctl patches "
+                               "check), or change image.base_image / image.patch_series") if failed else
                               "see the build log" + (f" under {log_dir}" if log_dir else ""),
                          evidence="\n".join(output.rstrip().splitlines()[-25:]))
     found = _check_existing(conn, tag, inputs_sha256, node)

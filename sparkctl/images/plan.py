@@ -10,6 +10,14 @@ Pure except for `inspect_base` (one ``docker image inspect`` on the building nod
 Engine tag = hash(base digest, series content, engine template, patch applier); launch tag = hash(engine tag,
 launch document, launch template, entrypoint). Nothing changed: same tags, nothing to build; a flag change
 changes only the launch document, so only the launch image (one thin layer) is new.
+
+Per engine (`IMAGES`): SGLang's images are ``sparkctl/sglang-gb10[-launch]`` from ``engine/Dockerfile.j2`` and
+``launch/Dockerfile.j2`` with patchapply.py; vLLM's (``engine: vllm``) are ``sparkctl/vllm-gb10[-launch]`` from
+``engine/vllm.Dockerfile.j2`` and ``launch/vllm.Dockerfile.j2`` with seriesapply.py (which imports patchapply.py),
+labelled ``org.sparkctl.engine`` / ``org.sparkctl.engine-version``. SGLang's inputs, templates and labels are what
+deployed clusters' tags were computed from, byte for byte (tests/golden/images/), so none of them moves. The launch
+image carries the entrypoint that reads its document's schema (launchdoc: schema 1, entrypoint.py, every SGLang
+document; schema 2, entrypoint2.py, a vLLM document with rank 0's API flags and the headless ranks' --headless).
 """
 from __future__ import annotations
 
@@ -25,7 +33,7 @@ from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.engines import render
 from sparkctl.errors import ConfigError
-from sparkctl.images import entrypoint, launchdoc, patchapply
+from sparkctl.images import entrypoint, entrypoint2, launchdoc, patchapply, seriesapply
 from sparkctl.images.series import Series, load_series
 from sparkctl.jsontypes import JSONObject
 from sparkctl.resources import shipped
@@ -43,6 +51,32 @@ BASE_IMAGE_LABEL = "org.sparkctl.base-image"
 
 def templates_dir() -> Path:
     return shipped("images")
+
+
+@dataclass(frozen=True)
+class EngineImages:
+    """What the image pipeline builds for one engine."""
+
+    engine_repo: str
+    launch_repo: str
+    engine_template: str                    # under images/
+    launch_template: str
+    appliers: tuple[str, ...]               # files of sparkctl/images/ in the engine build context (sparkctl-build/)
+
+    def applier_bytes(self) -> list[bytes]:
+        return [(Path(patchapply.__file__).parent / name).read_bytes() for name in self.appliers]
+
+
+IMAGES = {"sglang": EngineImages(ENGINE_REPO, LAUNCH_REPO, "engine/Dockerfile.j2", "launch/Dockerfile.j2",
+                                 ("patchapply.py",)),
+          "vllm": EngineImages("sparkctl/vllm-gb10", "sparkctl/vllm-gb10-launch", "engine/vllm.Dockerfile.j2",
+                               "launch/vllm.Dockerfile.j2", ("patchapply.py", "seriesapply.py"))}
+assert Path(seriesapply.__file__).parent == Path(patchapply.__file__).parent
+
+
+def entrypoint_source(doc: JSONObject) -> Path:
+    """The entrypoint that reads ``doc``: entrypoint.py for schema 1, entrypoint2.py for schema 2."""
+    return Path(entrypoint.__file__ if doc["schema"] == launchdoc.SCHEMA else entrypoint2.__file__)
 
 
 @dataclass(frozen=True)
@@ -116,6 +150,7 @@ class ImagePlan:
     launch_inputs_sha256: str
     launch_dockerfile: str
     launch_doc: JSONObject
+    engine: str = "sglang"
 
     def to_json(self) -> JSONObject:
         """The plan as `image plan --json` prints it (the same keys as `unresolved_plan`)."""
@@ -129,7 +164,9 @@ class ImagePlan:
     def engine_context(self) -> bytes:
         files = {"Dockerfile": self.engine_dockerfile.encode()}
         if self.series is not None:
-            files["sparkctl-build/patchapply.py"] = Path(patchapply.__file__).read_bytes()
+            images = IMAGES[self.engine]
+            files.update({f"sparkctl-build/{name}": data for name, data in zip(images.appliers,
+                                                                                images.applier_bytes(), strict=True)})
             for path in (self.series.dir / "series", *self.series.patches):
                 files[f"sparkctl-build/{self.series.name}/{path.name}"] = path.read_bytes()
         return _tar(files)
@@ -137,7 +174,36 @@ class ImagePlan:
     def launch_context(self) -> bytes:
         return _tar({"Dockerfile": self.launch_dockerfile.encode(),
                      "etc-sparkctl/launch.json": launchdoc.doc_bytes(self.launch_doc),
-                     "etc-sparkctl/entrypoint.py": Path(entrypoint.__file__).read_bytes()})
+                     "etc-sparkctl/entrypoint.py": entrypoint_source(self.launch_doc).read_bytes()})
+
+
+def _series(profile: Profile) -> Series | None:
+    img = profile.image
+    return (load_series(img.patch_series, expect_version=profile.engine_version(), expect_engine=profile.engine,
+                        where=profile.origin_of("image.patch_series")) if img.patch_series else None)
+
+
+def _engine_inputs(profile: Profile, series: Series | None, base_digest: str | None) -> JSONObject:
+    """What the engine tag hashes. SGLang's keys are those its deployed tags were computed from (no engine key)."""
+    images, img = IMAGES[profile.engine], profile.image
+    version = ({"sglang_version": img.sglang_version} if profile.engine == "sglang" else
+               {"engine": profile.engine, "engine_version": profile.engine_version()})
+    return {"base_image": img.base_image, "base_digest": base_digest, **version,
+            "series": series.name if series else None,
+            "series_sha256": series.content_hash() if series else None,
+            "template_sha256": _sha256((templates_dir() / images.engine_template).read_bytes(),
+                                       *images.applier_bytes())}
+
+
+def _launch_doc(profile: Profile, inventory: Inventory) -> JSONObject:
+    placeholders = {k: launchdoc.SECRET_PLACEHOLDER for k in (profile.api.api_key_env, profile.api.hf_token_env) if k}
+    return launchdoc.launch_doc(render(profile, inventory, environ=placeholders).specs, profile=profile.name)
+
+
+def _launch_inputs(profile: Profile, doc: JSONObject, engine_tag: str | None) -> JSONObject:
+    template = templates_dir() / IMAGES[profile.engine].launch_template
+    return {"engine_tag": engine_tag, "profile": profile.name, "launch_spec_sha256": launchdoc.doc_sha256(doc),
+            "template_sha256": _sha256(template.read_bytes(), entrypoint_source(doc).read_bytes())}
 
 
 def unresolved_plan(profile: Profile, inventory: Inventory, reason: str) -> JSONObject:
@@ -145,19 +211,9 @@ def unresolved_plan(profile: Profile, inventory: Inventory, reason: str) -> JSON
     but the base image's digest, which pins the engine tag (and so the launch tag); `reason` says why it is not
     known. The shape of ImagePlan.to_json plus `resolved`, `unresolved` and `reason`."""
 
-    img = profile.image
-    series = (load_series(img.patch_series, expect_version=img.sglang_version,
-                          where=profile.origin_of("image.patch_series")) if img.patch_series else None)
-    engine_inputs = {"base_image": img.base_image, "base_digest": None, "sglang_version": img.sglang_version,
-                     "series": series.name if series else None,
-                     "series_sha256": series.content_hash() if series else None,
-                     "template_sha256": _sha256((templates_dir() / "engine" / "Dockerfile.j2").read_bytes(),
-                                                Path(patchapply.__file__).read_bytes())}
-    placeholders = {k: launchdoc.SECRET_PLACEHOLDER for k in (profile.api.api_key_env, profile.api.hf_token_env) if k}
-    doc = launchdoc.launch_doc(render(profile, inventory, environ=placeholders).specs, profile=profile.name)
-    launch_inputs = {"engine_tag": None, "profile": profile.name, "launch_spec_sha256": launchdoc.doc_sha256(doc),
-                     "template_sha256": _sha256((templates_dir() / "launch" / "Dockerfile.j2").read_bytes(),
-                                                Path(entrypoint.__file__).read_bytes())}
+    series = _series(profile)
+    engine_inputs = _engine_inputs(profile, series, None)
+    launch_inputs = _launch_inputs(profile, _launch_doc(profile, inventory), None)
     return {"profile": profile.name, "builder": inventory.rank0.name, "resolved": False,
             "unresolved": ["engine.inputs.base_digest", "engine.tag", "launch.inputs.engine_tag", "launch.tag"],
             "reason": reason,
@@ -172,34 +228,26 @@ def plan_images(profile: Profile, inventory: Inventory, base: BaseImage, *, buil
     if img.ref:
         raise ConfigError(f"image.ref is set ({img.ref}): the image pipeline builds from image.base_image",
                           where=profile.origin_of("image.ref"), hint="remove image.ref to let sparkctl build images")
-    series = (load_series(img.patch_series, expect_version=img.sglang_version,
-                          where=profile.origin_of("image.patch_series")) if img.patch_series else None)
-    engine_template = templates_dir() / "engine" / "Dockerfile.j2"
-    engine_inputs = {"base_image": img.base_image, "base_digest": base.pinned, "sglang_version": img.sglang_version,
-                     "series": series.name if series else None,
-                     "series_sha256": series.content_hash() if series else None,
-                     "template_sha256": _sha256(engine_template.read_bytes(),
-                                                Path(patchapply.__file__).read_bytes())}
+    images, engine, version = IMAGES[profile.engine], profile.engine, profile.engine_version()
+    series = _series(profile)
+    engine_inputs = _engine_inputs(profile, series, base.pinned)
     engine_sha = _sha256(json.dumps(engine_inputs, sort_keys=True).encode())
-    engine_tag = f"{ENGINE_REPO}:{img.sglang_version}-{series.name if series else 'unpatched'}-{engine_sha[:12]}"
-    engine_dockerfile = _render("engine/Dockerfile.j2", base_ref=base.from_ref, base_image=img.base_image,
-                                base_digest=base.pinned, sglang_version=img.sglang_version,
-                                series=series.name if series else None,
+    engine_tag = f"{images.engine_repo}:{version}-{series.name if series else 'unpatched'}-{engine_sha[:12]}"
+    engine_dockerfile = _render(images.engine_template, base_ref=base.from_ref, base_image=img.base_image,
+                                base_digest=base.pinned, sglang_version=img.sglang_version, engine=engine,
+                                engine_version=version, series=series.name if series else None,
                                 series_sha256=engine_inputs["series_sha256"], inputs_sha256=engine_sha)
 
-    placeholders = {k: launchdoc.SECRET_PLACEHOLDER for k in (profile.api.api_key_env, profile.api.hf_token_env) if k}
-    doc = launchdoc.launch_doc(render(profile, inventory, environ=placeholders).specs, profile=profile.name)
-    launch_template = templates_dir() / "launch" / "Dockerfile.j2"
-    launch_inputs = {"engine_tag": engine_tag, "profile": profile.name,
-                     "launch_spec_sha256": launchdoc.doc_sha256(doc),
-                     "template_sha256": _sha256(launch_template.read_bytes(), Path(entrypoint.__file__).read_bytes())}
+    doc = _launch_doc(profile, inventory)
+    launch_inputs = _launch_inputs(profile, doc, engine_tag)
     launch_sha = _sha256(json.dumps(launch_inputs, sort_keys=True).encode())
-    launch_tag = f"{LAUNCH_REPO}:{_tag_safe(profile.name)}-{launch_sha[:12]}"
-    launch_dockerfile = _render("launch/Dockerfile.j2", engine_tag=engine_tag, profile=profile.name,
+    launch_tag = f"{images.launch_repo}:{_tag_safe(profile.name)}-{launch_sha[:12]}"
+    launch_dockerfile = _render(images.launch_template, engine_tag=engine_tag, profile=profile.name,
                                 launch_spec_sha256=launch_inputs["launch_spec_sha256"],
-                                sglang_version=img.sglang_version, inputs_sha256=launch_sha)
+                                sglang_version=img.sglang_version, engine=engine, engine_version=version,
+                                inputs_sha256=launch_sha)
     return ImagePlan(builder or inventory.rank0.name, base, series, engine_tag, engine_inputs, engine_sha,
-                     engine_dockerfile, launch_tag, launch_inputs, launch_sha, launch_dockerfile, doc)
+                     engine_dockerfile, launch_tag, launch_inputs, launch_sha, launch_dockerfile, doc, engine)
 
 
 def _tag_safe(name: str) -> str:

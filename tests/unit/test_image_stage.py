@@ -138,3 +138,59 @@ def test_images_in_use_reads_the_deployment_records_only(tmp_path):
     (tmp_path / "ansible" / "event.json").write_text(json.dumps({"specs": [{"image": "not-a-deployment"}]}))
     assert images_in_use([tmp_path]) == {"sparkctl/sglang-gb10-launch:d5-1", "sha256:aa",
                                          "sparkctl/sglang-gb10:e1", "sha256:ee"}
+
+
+VLLM_BASE = BaseImage("vllm/vllm-openai:v0.32.0", "sha256:" + "3" * 64, "vllm/vllm-openai@sha256:" + "4" * 64)
+
+
+def _vllm_profile():
+    p = load_profile("cpu-tiny-vllm")
+    return p.model_copy(update={"image": p.image.model_copy(update={"patch_series": "gb10-vllm-0.32.0"}),
+                                "api": p.api.model_copy(update={"api_key_env": "SPARKCTL_API_KEY"})})
+
+
+def test_ups_image_stage_plans_vllms_images(monkeypatch):
+    """`up`'s survey of a vLLM profile on docker nodes: pipeline mode, vLLM's engine and launch tags, the steps."""
+    from sparkctl.deploy import image_stage
+    from sparkctl.engines import render as engine_render
+    profile = _vllm_profile()
+    result = engine_render(profile, INV, environ={})
+    monkeypatch.setattr(image_stage, "_conns", lambda inv: {n.name: object() for n in inv.nodes})
+    monkeypatch.setattr(image_stage, "inspect_base", lambda conn, ref: VLLM_BASE if ref == VLLM_BASE.ref else None)
+    monkeypatch.setattr(image_stage, "_ids", lambda conns, tags: {n: {t: None for t in tags} for n in conns})
+    survey = image_stage.survey(profile, INV, result)
+    assert survey.mode == "pipeline" and survey.plan is not None
+    p = survey.plan
+    assert p.engine_tag.startswith("sparkctl/vllm-gb10:0.32.0-gb10-vllm-0.32.0-")
+    assert p.launch_tag.startswith("sparkctl/vllm-gb10-launch:cpu-tiny-vllm-") and survey.identity_key == p.launch_tag
+    assert _what(survey)["image-build"] == (f"image-build: build engine image {p.engine_tag} ({VLLM_BASE.ref} + "
+                                            f"gb10-vllm-0.32.0) and launch image {p.launch_tag} on {p.builder}")
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_vllm_rank_runs_the_launch_image_as_render_prints_it(tmp_path, monkeypatch, rank):
+    """Each vLLM rank's `docker run` of the launch image, then the entrypoint it ships (entrypoint2) in that
+    container: rank 0 execs `... --host ... --port ...`, rank 1 `... --headless ...`, exactly render's argv."""
+    from sparkctl.engines import render as engine_render
+    from sparkctl.images import entrypoint2
+    profile = _vllm_profile()
+    p = plan_images(profile, INV, VLLM_BASE)
+    launch = LaunchImage(p.launch_tag, p.launch_doc)
+    spec = engine_render(profile, INV, environ={"SPARKCTL_API_KEY": KEY}).specs[rank]
+    cfg = container_config(spec, INV.nodes[rank], cluster="desk", deployment_id="d1", image=launch.tag,
+                           extra_env=launch.environment(spec), command=[])
+    assert cfg.argv[-1] == p.launch_tag and cfg.command == ()
+    assert KEY not in " ".join(cfg.argv) and KEY not in json.dumps(cfg.env) and KEY not in json.dumps(p.launch_doc)
+    assert (cfg.env["SPARKCTL_FLAG_HOST"], cfg.env["SPARKCTL_FLAG_HEADLESS"]) == (("1", "0") if rank == 0 else
+                                                                                  ("0", "1"))
+    doc_path = tmp_path / "launch.json"
+    doc_path.write_text(json.dumps(p.launch_doc))
+    monkeypatch.setattr(entrypoint2, "LAUNCH_JSON", str(doc_path))
+    ran: list = []
+    monkeypatch.setattr(entrypoint2.os, "execvpe", lambda f, argv, env: ran.append((argv, env)))
+    monkeypatch.setattr(entrypoint2.os, "environ", dict(cfg.env))
+    entrypoint2.main([])
+    argv, env = ran[0]
+    assert argv == spec.argv and "--config" in argv
+    assert ("--headless" in argv) is (rank == 1) and ("--host" in argv) is (rank == 0)
+    assert {k: env[k] for k in spec.env} == spec.env
