@@ -15,8 +15,8 @@ one). When some ranks carry flags that others do not (vLLM: rank 0 serves the AP
 > 0 are ``--headless`` in their place), the document is schema 2: the ranks' argvs are aligned flag by flag (a flag
 and the values after it), the flags every rank has stay as in schema 1, and each run of flags that only some ranks
 have becomes ``{"if": "SPARKCTL_FLAG_<first flag>", "argv": [...]}``: the container says ``=1`` (this rank carries
-them) or ``=0``. A schema-2 document needs `sparkctl.images.entrypoint2` (plan.py ships the entrypoint that reads
-the document's schema), and ``--print`` of either shows the argv a rank runs. Example::
+them) or ``=0``. A schema-2 document needs `sparkctl.images.entrypoint_rankflags` (plan.py ships the entrypoint
+that reads the document's schema), and ``--print`` of either shows the argv a rank runs. Example::
 
     doc = launch_doc(render(profile, inventory, environ=SECRET_PLACEHOLDERS).specs, profile="d5")
     doc["argv"][:3]                              # ['python3', '-m', 'sglang.launch_server']
@@ -37,7 +37,7 @@ from sparkctl.sglang.launch import SECRETS_MOUNT, LaunchSpec
 
 LAUNCH_JSON = "/etc/sparkctl/launch.json"
 SCHEMA = 1
-SCHEMA_RANK_FLAGS = 2            # flags some ranks carry and others do not (entrypoint2)
+SCHEMA_RANK_FLAGS = 2            # flags some ranks carry and others do not (entrypoint_rankflags)
 ARG_ENV_PREFIX = "SPARKCTL_ARG_"
 FLAG_ENV_PREFIX = "SPARKCTL_FLAG_"
 SECRET_PLACEHOLDER = "sparkctl-secret-placeholder"   # rendered in place of API key / HF token for the image

@@ -17,7 +17,8 @@ Per engine (`IMAGES`): SGLang's images are ``sparkctl/sglang-gb10[-launch]`` fro
 labelled ``org.sparkctl.engine`` / ``org.sparkctl.engine-version``. SGLang's inputs, templates and labels are what
 deployed clusters' tags were computed from, byte for byte (tests/golden/images/), so none of them moves. The launch
 image carries the entrypoint that reads its document's schema (launchdoc: schema 1, entrypoint.py, every SGLang
-document; schema 2, entrypoint2.py, a vLLM document with rank 0's API flags and the headless ranks' --headless).
+document; schema 2, entrypoint_rankflags.py, a vLLM document with rank 0's API flags and the headless ranks'
+--headless).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.engines import render
 from sparkctl.errors import ConfigError
-from sparkctl.images import entrypoint, entrypoint2, launchdoc, patchapply, seriesapply
+from sparkctl.images import entrypoint, entrypoint_rankflags, launchdoc, patchapply, seriesapply
 from sparkctl.images.series import Series, load_series
 from sparkctl.jsontypes import JSONObject
 from sparkctl.resources import shipped
@@ -75,8 +76,8 @@ assert Path(seriesapply.__file__).parent == Path(patchapply.__file__).parent
 
 
 def entrypoint_source(doc: JSONObject) -> Path:
-    """The entrypoint that reads ``doc``: entrypoint.py for schema 1, entrypoint2.py for schema 2."""
-    return Path(entrypoint.__file__ if doc["schema"] == launchdoc.SCHEMA else entrypoint2.__file__)
+    """The entrypoint that reads ``doc``: entrypoint.py for schema 1, entrypoint_rankflags.py for schema 2."""
+    return Path(entrypoint.__file__ if doc["schema"] == launchdoc.SCHEMA else entrypoint_rankflags.__file__)
 
 
 @dataclass(frozen=True)

@@ -169,10 +169,10 @@ def test_ups_image_stage_plans_vllms_images(monkeypatch):
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_vllm_rank_runs_the_launch_image_as_render_prints_it(tmp_path, monkeypatch, rank):
-    """Each vLLM rank's `docker run` of the launch image, then the entrypoint it ships (entrypoint2) in that
+    """Each vLLM rank's `docker run` of the launch image, then the entrypoint it ships (entrypoint_rankflags) in that
     container: rank 0 execs `... --host ... --port ...`, rank 1 `... --headless ...`, exactly render's argv."""
     from sparkctl.engines import render as engine_render
-    from sparkctl.images import entrypoint2
+    from sparkctl.images import entrypoint_rankflags
     profile = _vllm_profile()
     p = plan_images(profile, INV, VLLM_BASE)
     launch = LaunchImage(p.launch_tag, p.launch_doc)
@@ -185,11 +185,11 @@ def test_a_vllm_rank_runs_the_launch_image_as_render_prints_it(tmp_path, monkeyp
                                                                                   ("0", "1"))
     doc_path = tmp_path / "launch.json"
     doc_path.write_text(json.dumps(p.launch_doc))
-    monkeypatch.setattr(entrypoint2, "LAUNCH_JSON", str(doc_path))
+    monkeypatch.setattr(entrypoint_rankflags, "LAUNCH_JSON", str(doc_path))
     ran: list = []
-    monkeypatch.setattr(entrypoint2.os, "execvpe", lambda f, argv, env: ran.append((argv, env)))
-    monkeypatch.setattr(entrypoint2.os, "environ", dict(cfg.env))
-    entrypoint2.main([])
+    monkeypatch.setattr(entrypoint_rankflags.os, "execvpe", lambda f, argv, env: ran.append((argv, env)))
+    monkeypatch.setattr(entrypoint_rankflags.os, "environ", dict(cfg.env))
+    entrypoint_rankflags.main([])
     argv, env = ran[0]
     assert argv == spec.argv and "--config" in argv
     assert ("--headless" in argv) is (rank == 1) and ("--host" in argv) is (rank == 0)

@@ -18,7 +18,7 @@ from sparkctl.config.inventory import Inventory, load_inventory
 from sparkctl.config.profile import load_profile
 from sparkctl.engines import render
 from sparkctl.errors import ConfigError
-from sparkctl.images import entrypoint, entrypoint2, launchdoc
+from sparkctl.images import entrypoint, entrypoint_rankflags, launchdoc
 from sparkctl.images.plan import BaseImage, plan_images
 from testrig.nnode_inputs import sparks_inventory
 
@@ -70,13 +70,13 @@ def test_entrypoint_rebuilds_every_vllm_ranks_argv_as_render_prints_it(tmp_path,
     assert doc["schema"] == launchdoc.SCHEMA_RANK_FLAGS and doc["engine"] == "vllm"
     specs = render(profile, inventory, environ=SECRETS if secrets else {}).specs
     assert len(specs) == tp
-    assert _shipped_entrypoint(plan) == Path(entrypoint2.__file__).read_bytes()
+    assert _shipped_entrypoint(plan) == Path(entrypoint_rankflags.__file__).read_bytes()
     for spec in specs:
         container_env = launchdoc.rank_environment(doc, spec)
-        argv, env, missing = entrypoint2.build(doc, container_env)
+        argv, env, missing = entrypoint_rankflags.build(doc, container_env)
         assert missing == [] and argv == spec.argv, spec.rank
         assert {k: env[k] for k in spec.env} == spec.env
-        done = _run_entrypoint(Path(entrypoint2.__file__), doc, container_env, tmp_path)
+        done = _run_entrypoint(Path(entrypoint_rankflags.__file__), doc, container_env, tmp_path)
         assert done.returncode == 0, done.stderr
         printed = json.loads(done.stdout)["argv"]
         assert printed == ["***" if a in SECRETS.values() else a for a in spec.argv], spec.rank
@@ -107,9 +107,9 @@ def test_a_container_without_its_switch_is_refused_naming_it(tmp_path):
     spec = render(_profile(), SPARKS, environ={}).specs[1]
     env = launchdoc.rank_environment(doc, spec)
     del env["SPARKCTL_FLAG_HEADLESS"]
-    _, _, missing = entrypoint2.build(doc, env)
+    _, _, missing = entrypoint_rankflags.build(doc, env)
     assert missing == ["SPARKCTL_FLAG_HEADLESS"]
-    done = _run_entrypoint(Path(entrypoint2.__file__), doc, env, tmp_path)
+    done = _run_entrypoint(Path(entrypoint_rankflags.__file__), doc, env, tmp_path)
     assert done.returncode == 2 and "lacks SPARKCTL_FLAG_HEADLESS" in done.stderr
 
 
@@ -142,16 +142,16 @@ def test_one_node_vllm_is_schema_1_and_ships_the_first_entrypoint(tmp_path):
 
 @pytest.mark.parametrize("profile", ["d5", "base", "dflash-off"])
 @pytest.mark.parametrize("environ", [{}, SECRETS])
-def test_entrypoint2_reads_sglangs_schema_1_documents_as_entrypoint_does(profile, environ):
-    """entrypoint2 is a superset: on every SGLang document it gives what entrypoint.py gives (SGLang's images keep
-    shipping entrypoint.py: its bytes are in their launch tags)."""
+def test_rankflags_entrypoint_reads_sglangs_schema_1_documents_as_entrypoint_does(profile, environ):
+    """entrypoint_rankflags is a superset: on every SGLang document it gives what entrypoint.py gives (SGLang's images
+    keep shipping entrypoint.py: its bytes are in their launch tags)."""
     prof = load_profile(profile)
     doc = plan_images(prof, SPARKS, BaseImage("lmsysorg/sglang:v0.5.23", "sha256:" + "1" * 64)).launch_doc
     assert doc["schema"] == launchdoc.SCHEMA and "engine" not in doc
     for spec in render(prof, SPARKS, environ=environ).specs:
         env = launchdoc.rank_environment(doc, spec)
-        assert entrypoint2.build(doc, env) == entrypoint.build(doc, env)
-        assert entrypoint2.build(doc, env)[0] == spec.argv
+        assert entrypoint_rankflags.build(doc, env) == entrypoint.build(doc, env)
+        assert entrypoint_rankflags.build(doc, env)[0] == spec.argv
 
 
 def test_ranks_differing_in_a_flags_value_count_or_before_the_flags_are_refused():
@@ -165,10 +165,11 @@ def test_ranks_differing_in_a_flags_value_count_or_before_the_flags_are_refused(
 
 
 def test_launch_image_tag_moves_with_the_entrypoint_it_ships():
-    """The launch tag hashes the entrypoint the image carries: a vLLM schema-2 image names entrypoint2's bytes."""
+    """The launch tag hashes the entrypoint the image carries: a vLLM schema-2 image names entrypoint_rankflags's
+    bytes."""
     plan = plan_images(_profile(), SPARKS, BASE)
     template = (REPO / "images" / "launch" / "vllm.Dockerfile.j2").read_bytes()
     h = hashlib.sha256()
-    for part in (template, Path(entrypoint2.__file__).read_bytes()):
+    for part in (template, Path(entrypoint_rankflags.__file__).read_bytes()):
         h.update(hashlib.sha256(part).digest())
     assert plan.launch_inputs["template_sha256"] == h.hexdigest()
