@@ -92,8 +92,8 @@ def test_up_vllm_tp2_without_ray_gates_from_vllms_own_answers(cli, engines_clust
     # the settings vLLM's engine resolved (its config line), /v1/models' max_model_len: TP=2 across the two nodes
     assert "tensor_parallel_size=2" in gates["settings"]["evidence"]
     assert "max_model_len=1024" in gates["settings"]["evidence"]
-    # /metrics' vllm:cache_config_info: 1 GiB of KV per rank (VLLM_CPU_KVCACHE_SPACE), heads split over two ranks
-    assert "kv_cache_size_tokens=2097152" in gates["capacity"]["evidence"], gates["capacity"]
+    # /metrics' vllm:cache_config_info: 64 MiB of KV per rank (--kv-cache-memory-bytes), heads split over two ranks
+    assert "kv_cache_size_tokens=131072" in gates["capacity"]["evidence"], gates["capacity"]
     # the headless rank: alive, its log at its KV line (it serves no HTTP)
     assert "worker-ready" in gates["workers"]["evidence"]
 
