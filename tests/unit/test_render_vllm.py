@@ -183,3 +183,26 @@ def test_a_vllm_secret_flag_in_extra_args_goes_to_the_config_file(tmp_path):
         assert "hf_s3cretvllm" not in " ".join(spec.argv) and "--hf-token" not in spec.argv
         assert yaml.safe_load(spec.secret_files["engine-secrets.yaml"]) == {"hf-token": "hf_s3cretvllm"}
         assert "hf_s3cretvllm" in spec.secret_values
+
+
+def _real_inventory(tmp_path: Path, **over: object) -> Path:
+    doc = yaml.safe_load(LOCAL.read_text())
+    doc["all"]["vars"].pop("sparkctl_engine_python")
+    doc["all"]["vars"].update({"sparkctl_engine": "real", **over})
+    path = tmp_path / "real.yml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_a_local_cluster_running_either_engine_renders_each_profiles_own(tmp_path):
+    inv = load_inventory(_real_inventory(tmp_path, sparkctl_engine_pythons={"sglang": "/s/python",
+                                                                             "vllm": "/v/python"}))
+    assert inv.cluster.pythons() == {"sglang": "/s/python", "vllm": "/v/python"} and not inv.emulated
+    assert render(load_profile("cpu-tiny-vllm"), inv, environ={}).specs[0].engine == "vllm"
+    assert render(load_profile("cpu-tiny"), inv, environ={}).specs[0].engine == "sglang"
+    only_vllm = load_inventory(_real_inventory(tmp_path, sparkctl_engine_pythons={"vllm": "/v/python"}))
+    with pytest.raises(ConfigError, match="engine_pythons has no sglang") as err:
+        render(load_profile("cpu-tiny"), only_vllm, environ={})
+    assert "sparkctl_engine_pythons" in (err.value.hint or "")
+    with pytest.raises(ConfigError, match="takes each engine's Python in cluster.engine_pythons"):
+        load_inventory(_real_inventory(tmp_path))
