@@ -117,6 +117,8 @@ class RequestRun(_Measured):
     prefill_tok_s: float | None = Field(None, description="prompt_tokens / ttft_s (TTFT runs only).")
     log_prefill_new_tokens: int | None = Field(None, description="Scheduler log, during a TTFT run.")
     log_prefill_cached_tokens: int | None = Field(None, description="Scheduler log, during a TTFT run.")
+    engine_cached_tokens: int | None = Field(None, description="Prompt tokens the engine counted as prefix-cache "
+                                             "hits during a TTFT run (its /metrics counter's delta; not SGLang).")
 
 
 class DecodeClass(_Measured):
@@ -129,6 +131,10 @@ class DecodeClass(_Measured):
     e2e_tok_s: JSONObject | None
     scheduler_log: JSONObject = Field(default_factory=dict, description="The scheduler log window of the class "
                                       "(acceptance ranges, gauge peak); only with a log.")
+    engine_counters: JSONObject = Field(default_factory=dict, description="An engine other than SGLang: its "
+                                        "/metrics counters' deltas around the class's runs (sparkctl.engines.card).")
+    engine_log: JSONObject = Field(default_factory=dict, description="An engine other than SGLang: what it logged "
+                                   "during the class's runs (its periodic lines); only with a log.")
 
 
 class DecodeResult(_Measured):
@@ -160,6 +166,13 @@ class AcceptanceResult(_Measured):
     log: JSONObject = Field(default_factory=dict, description="Acceptance from the scheduler log (or why none).")
     log_whole_file: JSONObject = Field(default_factory=dict, description="A static capture analysed whole.")
     generate: GenerateAcceptance | None = None
+    engine: str = Field("", description="Set for an engine other than SGLang (its acceptance is `counters` and "
+                        "`engine_log`, not /generate and the scheduler log).")
+    counters: JSONObject = Field(default_factory=dict, description="The engine's /metrics counters' deltas around "
+                                 "the code runs, and its acceptance figures from them.")
+    engine_log: JSONObject = Field(default_factory=dict, description="The engine's own acceptance log lines during "
+                                   "the code runs.")
+    not_reported: str = Field("", description="Why there is no per-request figure on this engine.")
 
 
 class TTFTSize(_Measured):
