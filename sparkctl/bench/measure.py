@@ -289,18 +289,12 @@ def fitted_prompt(arm: Arm, target: int, cal: TokenCalibration, tag: str) -> tup
 
 
 def _ttft_run(arm: Arm, text: str, max_tokens: int) -> RequestRun:
-    mark = arm.log.mark() if arm.log else None
-    before = None if arm.sglang else engine_counters(arm.engine, arm.client)
+    mark = arm.log.mark() if arm.log and arm.sglang else None
     res = _stream(arm, [{"role": "user", "content": text}], max_tokens)
     rec = run_record(res)
     ttft, pt = rec.ttft_s, rec.prompt_tokens
     rec.prefill_tok_s = round(pt / ttft, 1) if ttft and pt else None
-    if not arm.sglang:
-        found = counter_delta(before, engine_counters(arm.engine, arm.client))
-        hits = (found or {}).get("prefix_cache_hit_tokens")
-        if hits is not None:
-            rec.engine_cached_tokens = int(hits)
-    elif arm.log is not None and mark is not None:
+    if arm.log is not None and mark is not None:
         sch = scheduler_summary(arm.log.since(mark, settle=False))
         rec.log_prefill_new_tokens = sch["prefill_new_tokens"]
         rec.log_prefill_cached_tokens = sch["prefill_cached_tokens"]
@@ -327,6 +321,7 @@ def measure_ttft(arm: Arm, sizes: Sequence[int], *, runs: int, run_tag: str, max
         fits = [fitted_prompt(arm, size, cal, f"{run_tag}/ttft/{size}/{i}") for i in range(runs)]
         texts = [text for text, _ in fits]
         recs = []
+        before = _counters(arm)
         try:
             for t in texts:
                 recs.append(_ttft_run(arm, t, max_tokens))
@@ -335,37 +330,58 @@ def measure_ttft(arm: Arm, sizes: Sequence[int], *, runs: int, run_tag: str, max
                                       runs=recs))
             continue
         s, p = summarize([r.ttft_s for r in recs]), summarize([r.prefill_tok_s for r in recs])
-        out.sizes.append(TTFTSize(target_tokens=size, status="measured", runs=recs, ttft_s=s.as_dict(4) if s else None,
-                                  prefill_tok_s=p.as_dict(1) if p else None,
-                                  prompt_tokens=[r.prompt_tokens for r in recs],
-                                  fit=[fit.as_dict() for _, fit in fits], note=_fit_note(size, recs)))
+        entry = TTFTSize(target_tokens=size, status="measured", runs=recs, ttft_s=s.as_dict(4) if s else None,
+                         prefill_tok_s=p.as_dict(1) if p else None, prompt_tokens=[r.prompt_tokens for r in recs],
+                         fit=[fit.as_dict() for _, fit in fits], note=_fit_note(size, recs))
+        hits = _cached_since(arm, before)
+        if hits is not None:
+            entry.engine_cached_tokens = hits
+        out.sizes.append(entry)
         progress(f"TTFT ~{size}: {s.median if s else None} s")
         if first_measured is None:
             first_measured, first_summary = texts, (s.median if s else None)
             out.cached_repeat_of = size
     if first_measured:
+        before = _counters(arm)
         recs = [_ttft_run(arm, t, max_tokens) for t in first_measured]
+        counted = _cached_since(arm, before)
         s = summarize([r.ttft_s for r in recs])
         reported = [r.cached_tokens for r in recs if r.cached_tokens]
         logged = [r.log_prefill_cached_tokens for r in recs if r.log_prefill_cached_tokens]
-        counted = [r.engine_cached_tokens for r in recs if r.engine_cached_tokens]
         if reported:
             recognised, basis = True, f"server reported cached prompt tokens: {reported}"
         elif logged:
             recognised, basis = True, f"scheduler Prefill batch #cached-token: {logged}"
         elif counted:
-            recognised, basis = True, f"the engine's /metrics prefix-cache hit tokens: {counted}"
+            recognised, basis = True, (f"the engine's /metrics counted {counted} prefix-cache hit tokens over the "
+                                       f"{len(recs)} repeats")
         elif s and first_summary and s.median < 0.5 * first_summary:
             recognised, basis = True, "inferred from TTFT only (under half the uncached TTFT)"
-        elif not arm.sglang and any(r.engine_cached_tokens == 0 for r in recs):
+        elif counted == 0:
             recognised, basis = False, ("the engine's /metrics counted no prefix-cache hit tokens (it caches whole "
                                         "KV blocks only) and no TTFT drop")
         else:
             recognised, basis = False, "no cached tokens reported or logged and no TTFT drop"
         out.cached_repeat = CachedRepeat(runs=recs, ttft_s=s.as_dict(4) if s else None, radix_cached=recognised,
                                          basis=basis, target_tokens=out.cached_repeat_of)
+        if counted is not None:
+            out.cached_repeat.engine_cached_tokens = counted
         progress(f"TTFT cached repeat: {s.median if s else None} s ({basis})")
     return out
+
+
+def _counters(arm: Arm) -> dict[str, float] | None:
+    """Another engine's counters, read before a batch of timed requests (never between two of them); None on SGLang
+    (its scheduler lines say what was cached)."""
+    return None if arm.sglang else engine_counters(arm.engine, arm.client)
+
+
+def _cached_since(arm: Arm, before: dict[str, float] | None) -> int | None:
+    """Prompt tokens the engine counted as prefix-cache hits since `before` (None: not read, or SGLang)."""
+    if arm.sglang or before is None:
+        return None
+    hits = (counter_delta(before, engine_counters(arm.engine, arm.client)) or {}).get("prefix_cache_hit_tokens")
+    return None if hits is None else int(hits)
 
 
 def _fit_note(size: int, recs: Sequence[RequestRun]) -> str | None:

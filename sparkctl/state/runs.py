@@ -117,8 +117,6 @@ class RequestRun(_Measured):
     prefill_tok_s: float | None = Field(None, description="prompt_tokens / ttft_s (TTFT runs only).")
     log_prefill_new_tokens: int | None = Field(None, description="Scheduler log, during a TTFT run.")
     log_prefill_cached_tokens: int | None = Field(None, description="Scheduler log, during a TTFT run.")
-    engine_cached_tokens: int | None = Field(None, description="Prompt tokens the engine counted as prefix-cache "
-                                             "hits during a TTFT run (its /metrics counter's delta; not SGLang).")
 
 
 class DecodeClass(_Measured):
@@ -186,6 +184,9 @@ class TTFTSize(_Measured):
     prompt_tokens: list[int | None] = Field(default_factory=list)
     # per run, how its prompt was fitted to the label (sparkctl.bench.prompts.PromptFit.as_dict); absent on old cards
     fit: list[JSONObject] = Field(default_factory=list)
+    engine_cached_tokens: int | None = Field(None, description="Another engine than SGLang: prompt tokens it counted "
+                                             "as prefix-cache hits over these runs (its /metrics counter's delta, "
+                                             "read before and after the batch).")
 
 
 class CachedRepeat(_Measured):
@@ -195,6 +196,8 @@ class CachedRepeat(_Measured):
     radix_cached: bool
     basis: str
     target_tokens: int | None
+    engine_cached_tokens: int | None = Field(None, description="Another engine than SGLang: prefix-cache hit tokens "
+                                             "it counted over the repeats (its /metrics counter's delta).")
 
 
 class TTFTResult(_Measured):
