@@ -152,7 +152,10 @@ def test_bench_card_measures_real_vllm_from_its_own_answers(cli, engines_cluster
     sizes = {x["target_tokens"]: x for x in results["ttft"]["sizes"]}
     assert set(sizes) == {128, 256} and all(x["status"] == "measured" for x in sizes.values()), sizes
     for label, size in sizes.items():
-        assert all(abs(r["prompt_tokens"] - label) <= 0.02 * label and r["ttft_s"] > 0 for r in size["runs"]), size
+        # a run's TTFT is None when its 8 tokens brought no content delta (vLLM holds the tiny model's byte tokens
+        # back until they decode): the card says so rather than timing vLLM's empty role chunk
+        assert all(abs(r["prompt_tokens"] - label) <= 0.02 * label for r in size["runs"]), size
+        assert size["ttft_s"]["median"] > 0, size
     # vLLM's own prefix-cache counter, read around each batch: the card's unique prefixes were never cached, and the
     # cached repeat is judged from it (whole 128-token KV blocks only on this CPU: a ~128-token prompt gets none)
     assert all(x["engine_cached_tokens"] == 0 for x in sizes.values()), sizes
