@@ -17,6 +17,8 @@ from sparkctl.bench.logsource import FileLog, LogSource, RuntimeLog, capacity_fr
 from sparkctl.bench.prompts import decode_prompts, g6_prompts
 from sparkctl.bench.target import Arm, check_reachable
 from sparkctl.config.loader import did_you_mean
+from sparkctl.engines.card import acceptance_from, counters_source, engine_of_endpoint, log_source, not_reported
+from sparkctl.engines.card import capacity_from_log as engine_capacity_from_log
 from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import Limits, SGLangClient
@@ -91,6 +93,10 @@ def arm_from_endpoint(url: str, *, api_key: str | None = None, log_path: Path | 
               api_key=api_key, timeout_s=timeout_s)
     check_reachable(arm)
     arm.refresh()
+    if not arm.server_info:        # no /server_info: SGLang's card reads it; another engine answers for itself
+        arm.engine = engine_of_endpoint(client)
+        if not arm.sglang:
+            arm.refresh()
     return arm
 
 
@@ -111,7 +117,7 @@ def arm_from_record(deployer: Deployer, record: DeploymentRecord, *, log_path: P
     endpoint = record.endpoint.rstrip("/")
     arm = Arm(name=record.profile or record.id, client=SGLangClient(endpoint, api_key=api_key, timeout=timeout),
               endpoint=endpoint, model=(prof.get("model") or {}).get("served_name"), log=src, record=record,
-              api_key=api_key, timeout_s=timeout)
+              api_key=api_key, timeout_s=timeout, engine=record.engine)
     check_reachable(arm)
     arm.refresh()
     return arm
@@ -140,7 +146,8 @@ def measure_arm(arm: Arm, opts: BenchOptions, run_tag: str, *, primary: bool, g6
         progress(f"[{arm.role} {arm.name}] {m}")
 
     if arm.log is not None:
-        results.boot_log_capacity = capacity_from_log(arm.log.whole()) or None
+        results.boot_log_capacity = (capacity_from_log(arm.log.whole()) if arm.sglang else
+                                     engine_capacity_from_log(arm.engine, arm.log.whole())) or None
     if "cold" in gates:
         results.cold = _gate("cold", lambda: ColdResult(
             first_request=measure.first_request(arm, code, opts.warmup_max_tokens or opts.max_tokens),
@@ -182,6 +189,8 @@ def _acceptance(arm: Arm, decode: DecodeResult | GateFailure | None, opts: Bench
     if not arm.speculative:
         out.status = "no speculative decoding on this arm"
         return out
+    if not arm.sglang:
+        return _engine_acceptance(arm, decode, out, say)
     code = decode.classes.get("code") if isinstance(decode, DecodeResult) else None
     if code is not None and "scheduler_log" in code.model_fields_set:
         d = code.scheduler_log["decode"]
@@ -207,4 +216,29 @@ def _acceptance(arm: Arm, decode: DecodeResult | GateFailure | None, opts: Bench
                                                     max_tokens=opts.max_tokens)
     generated = (out.generate.accept_len or {}).get("median")
     say(f"acceptance: log {out.log.get('accept_len')}, /generate {generated}")
+    return out
+
+
+def _engine_acceptance(arm: Arm, decode: DecodeResult | GateFailure | None, out: AcceptanceResult,
+                       say: Progress) -> AcceptanceResult:
+    """Acceptance on an engine other than SGLang: its own counters' deltas around the code runs (its definitions)
+    and the acceptance lines it logged during them; no per-request figure (no /generate), with the reason."""
+    out.engine = arm.engine
+    out.not_reported = not_reported(arm.engine).get("per_request_acceptance", "")
+    code = decode.classes.get("code") if isinstance(decode, DecodeResult) else None
+    deltas = code.engine_counters if code is not None else {}
+    if deltas:
+        out.counters = {"source": counters_source(arm.engine), **acceptance_from(arm.engine, deltas)}
+        if not deltas.get("spec_drafts"):
+            out.counters["note"] = "no drafts counted during the code runs"
+    else:
+        out.counters = {"note": "the engine's /metrics did not answer around the code runs (or no code runs)"}
+    if code is not None and arm.log is not None:
+        out.engine_log = {"source": log_source(arm.engine), "log": arm.log.label, **code.engine_log}
+        if not code.engine_log.get("spec_lines"):
+            out.engine_log["note"] = "no acceptance line logged during the code runs (the engine logs every 10 s)"
+    else:
+        out.engine_log = {"note": "no engine log available for this arm (use --log FILE)"}
+    say(f"acceptance: /metrics mean length {out.counters.get('mean_acceptance_length')}, log "
+        f"{out.engine_log.get('accept_len')}")
     return out

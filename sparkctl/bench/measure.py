@@ -7,7 +7,9 @@ The measurement rules this code keeps:
   chunk count); a run without usage gives no number (and says so);
 * the first request is "cold": timed and kept apart, never in a median; then warm-up;
 * acceptance from the scheduler's ``Decode batch`` lines printed during active code decode, and per
-  request from ``/generate`` ``meta_info`` (completion_tokens / spec_verify_ct), each labelled;
+  request from ``/generate`` ``meta_info`` (completion_tokens / spec_verify_ct), each labelled; on another
+  engine (vLLM) from its own counters' deltas around the code runs and its own log lines
+  (`sparkctl.engines.card`), read outside every timed request;
 * the scheduler's ``gen throughput`` is a gauge: its peak is reported as a gauge only;
 * TTFT stops at the first non-empty content OR reasoning delta (the client does this); uncached prompts
   carry unique prefixes; the radix-cached repeat is reported apart, with how it was recognised;
@@ -36,6 +38,7 @@ from sparkctl.bench.prompts import (
 )
 from sparkctl.bench.stats import summarize
 from sparkctl.bench.target import Arm
+from sparkctl.engines.card import counter_delta, engine_counters, log_window
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import ChatResult, SGLangAPIError, SGLangClient, accept_length_from_meta
 from sparkctl.sglang.responses import EndpointBoundError, EndpointProtocolError, evidence_of
@@ -158,6 +161,7 @@ def measure_decode(arm: Arm, prompts: dict[str, Prompt], *, runs: int, max_token
                        formula="(completion_tokens - 1) / (t_last_token - t_first_token)", classes={})
     for cls, prompt in prompts.items():
         mark = arm.log.mark() if arm.log else None
+        before = None if arm.sglang else engine_counters(arm.engine, arm.client)
         recs = []
         for i in range(runs):
             rec = run_record(_stream(arm, prompt.messages(), max_tokens))
@@ -168,7 +172,13 @@ def measure_decode(arm: Arm, prompts: dict[str, Prompt], *, runs: int, max_token
         e2e = summarize([r.e2e_tok_s for r in recs])
         entry = DecodeClass(prompt=prompt.id, title=prompt.title, runs=recs, decode_tok_s=s.as_dict() if s else None,
                             note=None if s else not_measured(recs), e2e_tok_s=e2e.as_dict() if e2e else None)
-        if arm.log is not None and mark is not None:
+        if not arm.sglang:
+            found = counter_delta(before, engine_counters(arm.engine, arm.client))
+            if found is not None:
+                entry.engine_counters = found
+            if arm.log is not None and mark is not None:
+                entry.engine_log = log_window(arm.engine, arm.log.since(mark))
+        elif arm.log is not None and mark is not None:
             entry.scheduler_log = scheduler_summary(arm.log.since(mark))
         out.classes[cls] = entry
     return out
@@ -279,7 +289,7 @@ def fitted_prompt(arm: Arm, target: int, cal: TokenCalibration, tag: str) -> tup
 
 
 def _ttft_run(arm: Arm, text: str, max_tokens: int) -> RequestRun:
-    mark = arm.log.mark() if arm.log else None
+    mark = arm.log.mark() if arm.log and arm.sglang else None
     res = _stream(arm, [{"role": "user", "content": text}], max_tokens)
     rec = run_record(res)
     ttft, pt = rec.ttft_s, rec.prompt_tokens
@@ -311,6 +321,7 @@ def measure_ttft(arm: Arm, sizes: Sequence[int], *, runs: int, run_tag: str, max
         fits = [fitted_prompt(arm, size, cal, f"{run_tag}/ttft/{size}/{i}") for i in range(runs)]
         texts = [text for text, _ in fits]
         recs = []
+        before = _counters(arm)
         try:
             for t in texts:
                 recs.append(_ttft_run(arm, t, max_tokens))
@@ -319,16 +330,21 @@ def measure_ttft(arm: Arm, sizes: Sequence[int], *, runs: int, run_tag: str, max
                                       runs=recs))
             continue
         s, p = summarize([r.ttft_s for r in recs]), summarize([r.prefill_tok_s for r in recs])
-        out.sizes.append(TTFTSize(target_tokens=size, status="measured", runs=recs, ttft_s=s.as_dict(4) if s else None,
-                                  prefill_tok_s=p.as_dict(1) if p else None,
-                                  prompt_tokens=[r.prompt_tokens for r in recs],
-                                  fit=[fit.as_dict() for _, fit in fits], note=_fit_note(size, recs)))
+        entry = TTFTSize(target_tokens=size, status="measured", runs=recs, ttft_s=s.as_dict(4) if s else None,
+                         prefill_tok_s=p.as_dict(1) if p else None, prompt_tokens=[r.prompt_tokens for r in recs],
+                         fit=[fit.as_dict() for _, fit in fits], note=_fit_note(size, recs))
+        hits = _cached_since(arm, before)
+        if hits is not None:
+            entry.engine_cached_tokens = hits
+        out.sizes.append(entry)
         progress(f"TTFT ~{size}: {s.median if s else None} s")
         if first_measured is None:
             first_measured, first_summary = texts, (s.median if s else None)
             out.cached_repeat_of = size
     if first_measured:
+        before = _counters(arm)
         recs = [_ttft_run(arm, t, max_tokens) for t in first_measured]
+        counted = _cached_since(arm, before)
         s = summarize([r.ttft_s for r in recs])
         reported = [r.cached_tokens for r in recs if r.cached_tokens]
         logged = [r.log_prefill_cached_tokens for r in recs if r.log_prefill_cached_tokens]
@@ -336,14 +352,36 @@ def measure_ttft(arm: Arm, sizes: Sequence[int], *, runs: int, run_tag: str, max
             recognised, basis = True, f"server reported cached prompt tokens: {reported}"
         elif logged:
             recognised, basis = True, f"scheduler Prefill batch #cached-token: {logged}"
+        elif counted:
+            recognised, basis = True, (f"the engine's /metrics counted {counted} prefix-cache hit tokens over the "
+                                       f"{len(recs)} repeats")
         elif s and first_summary and s.median < 0.5 * first_summary:
             recognised, basis = True, "inferred from TTFT only (under half the uncached TTFT)"
+        elif counted == 0:
+            recognised, basis = False, ("the engine's /metrics counted no prefix-cache hit tokens (it caches whole "
+                                        "KV blocks only) and no TTFT drop")
         else:
             recognised, basis = False, "no cached tokens reported or logged and no TTFT drop"
         out.cached_repeat = CachedRepeat(runs=recs, ttft_s=s.as_dict(4) if s else None, radix_cached=recognised,
                                          basis=basis, target_tokens=out.cached_repeat_of)
+        if counted is not None:
+            out.cached_repeat.engine_cached_tokens = counted
         progress(f"TTFT cached repeat: {s.median if s else None} s ({basis})")
     return out
+
+
+def _counters(arm: Arm) -> dict[str, float] | None:
+    """Another engine's counters, read before a batch of timed requests (never between two of them); None on SGLang
+    (its scheduler lines say what was cached)."""
+    return None if arm.sglang else engine_counters(arm.engine, arm.client)
+
+
+def _cached_since(arm: Arm, before: dict[str, float] | None) -> int | None:
+    """Prompt tokens the engine counted as prefix-cache hits since `before` (None: not read, or SGLang)."""
+    if arm.sglang or before is None:
+        return None
+    hits = (counter_delta(before, engine_counters(arm.engine, arm.client)) or {}).get("prefix_cache_hit_tokens")
+    return None if hits is None else int(hits)
 
 
 def _fit_note(size: int, recs: Sequence[RequestRun]) -> str | None:
@@ -413,7 +451,7 @@ def measure_concurrency(arm: Arm, prompt: Prompt, levels: Sequence[int], *, max_
             entry.aggregate_tok_s = round(tokens / (t1 - t0), 3) if t1 > t0 else None
             spans = [(r.t_first_token, r.t_last_token) for r in ok if r.t_first_token and r.t_last_token]
             entry.max_streams_decoding_at_once = overlap_max(spans) if spans else None
-        if arm.log is not None and mark is not None:
+        if arm.sglang and arm.log is not None and mark is not None:
             sch = scheduler_summary(arm.log.since(mark))
             entry.log_max_running_req = sch["decode"]["max_running_req"]
             entry.log_decode_batches = sch["decode"]["batches"]

@@ -104,6 +104,9 @@ def _serving(L: list[str], result: JSONObject) -> None:
     L += ["", "## Serving config", ""]
     for a in result.get("arms") or []:
         c = a["config"]
+        if c.get("engine_facts"):
+            _serving_engine(L, a)
+            continue
         si = c.get("server_info") or {}
         res = si.get("resolved") or {}
         mrr = c.get("max_running_requests") or {}
@@ -134,6 +137,41 @@ def _serving(L: list[str], result: JSONObject) -> None:
         L.append(f"Bounds: connect {lim['connect_s']:g} s, read {lim['read_s']:g} s, idle {lim['idle_s']:g} s, "
                  f"request deadline {lim['request_s']:g} s, run deadline {o.get('run_deadline_s') or 'none'} s, "
                  f"body cap {lim['max_body_bytes']:,} bytes, event cap {lim['max_event_bytes']:,} bytes.")
+
+
+def _serving_engine(L: list[str], a: JSONObject) -> None:
+    """An arm served by an engine other than SGLang (vLLM): its configuration as that engine reported it, in its
+    own names, and what SGLang's card shows that it does not report."""
+    c = a["config"]
+    f = c["engine_facts"]
+    name = f.get("engine_name") or f.get("engine")
+    spec = f.get("speculative_method")
+    tokens = f.get("draft_tokens")
+    L.append(f"**{_arm_title(a)}** — {c['endpoint']}")
+    L.append(f"- {name} {f.get('version') or 'unknown'}; model {c.get('model') or 'unknown'}; speculative "
+             + (f"{spec} ({tokens if tokens is not None else 'unknown'} {f.get('draft_tokens_meaning')})" if spec
+                else "off"))
+    conc, kv = f.get("kv_concurrency"), f.get("kv_tokens")
+    L.append(f"- context {f.get('context_length') or 'unknown'} ({f.get('context_source')}), KV cache "
+             + (f"{kv:,} tokens" if isinstance(kv, int) else "unknown")
+             + (f" (holds {conc:.2f} requests of the full context at once)" if isinstance(conc, (int, float)) else "")
+             + f", KV {f.get('kv_dtype') or 'unknown'}, {f.get('memory_fraction_name') or 'memory fraction'} "
+               f"{f.get('memory_fraction') or 'unknown'}, "
+               f"prefix cache {f.get('prefix_cache')}")
+    mrr = f.get("max_running_requests")
+    L.append(f"- max running requests {mrr if mrr is not None else 'unknown'} ({f.get('max_running_requests_source')})")
+    L.append(f"- read from: {'; '.join(f.get('sources') or [])}")
+    L.append(f"- profile {c.get('profile') or 'none (bare endpoint)'}, deployment {c.get('deployment') or 'none'}, "
+             f"identity {c.get('identity') or 'unknown'}, image {', '.join(c.get('images') or []) or 'unknown'}")
+    L.append(f"- clocks: {c.get('clocks_policy', 'unknown')}; engine log: {c.get('log') or 'none'}")
+    argv = (c.get("argv_per_rank") or {}).get("0")
+    if argv:
+        L.append(f"- rank 0 argv (redacted): `{' '.join(argv)}`")
+    missing = c.get("not_reported") or {}
+    if missing:
+        L.append(f"- not reported by {name} (so not on this card):")
+        L += [f"  - {what.replace('_', ' ')}: {why}" for what, why in missing.items()]
+    L.append("")
 
 
 def _cold(L: list[str], result: JSONObject) -> None:
@@ -218,6 +256,9 @@ def _acceptance(L: list[str], result: JSONObject) -> None:
         if acc.get("status"):
             L.append(f"- {_arm_title(a)}: {acc['status']}")
             continue
+        if acc.get("engine"):
+            _acceptance_engine(L, a, acc)
+            continue
         ver = acc.get("sglang_version") or "unknown"
         lg = acc.get("log") or {}
         dt = acc.get("draft_tokens")
@@ -240,6 +281,28 @@ def _acceptance(L: list[str], result: JSONObject) -> None:
                      f"({_f2(s['min'])}–{_f2(s['max'])}), n={s['n']}; SGLang {ver}")
         else:
             L.append(f"- {_arm_title(a)} (per request, /generate meta_info): {gen.get('note') or gen.get('error')}")
+
+
+def _acceptance_engine(L: list[str], a: JSONObject, acc: JSONObject) -> None:
+    """Acceptance on an engine other than SGLang: its counters' deltas and its own log lines."""
+    ver = acc.get("sglang_version") or "unknown"
+    cnt = acc.get("counters") or {}
+    if cnt.get("mean_acceptance_length") is not None:
+        L.append(f"- {_arm_title(a)} ({cnt.get('source')}): mean acceptance length "
+                 f"{_f2(cnt['mean_acceptance_length'])} (bonus included), acceptance rate "
+                 f"{_f2(cnt.get('acceptance_rate'))}: {cnt.get('accepted_tokens'):.0f} accepted of "
+                 f"{cnt.get('draft_tokens'):.0f} draft tokens in {cnt.get('drafts'):.0f} drafts; {cnt.get('formula')}; "
+                 f"version {ver}")
+    else:
+        L.append(f"- {_arm_title(a)} (counters): {cnt.get('note') or 'not measured'}")
+    lg = acc.get("engine_log") or {}
+    if lg.get("accept_len"):
+        L.append(f"- {_arm_title(a)} ({lg.get('source')}): mean acceptance length {_rng(lg.get('accept_len'))}, draft "
+                 f"acceptance rate {_rng(lg.get('accept_rate'))} over {lg.get('spec_lines')} line(s)")
+    else:
+        L.append(f"- {_arm_title(a)} (engine log): {lg.get('note') or 'no acceptance lines'}")
+    if acc.get("not_reported"):
+        L.append(f"- {_arm_title(a)} (per request): not reported: {acc['not_reported']}")
 
 
 def _g6(L: list[str], result: JSONObject) -> None:
@@ -337,8 +400,11 @@ def _concurrency(L: list[str], result: JSONObject) -> None:
                              "log, no --max-running-requests in its launch command)")
             elif ser:
                 L.append(f"  - ran concurrently (checked: {', '.join(ser['checked'])})")
-        L.append(f"- max_running_requests resolved to {c.get('max_running_requests')} "
-                 f"({c.get('max_running_requests_source')})")
+        if a["config"].get("engine_facts") and c.get("max_running_requests") is None:
+            L.append(f"- max running requests unknown ({c.get('max_running_requests_source')})")
+        else:
+            L.append(f"- max_running_requests resolved to {c.get('max_running_requests')} "
+                     f"({c.get('max_running_requests_source')})")
 
 
 def _reference(L: list[str], result: JSONObject) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sparkctl.bench.logsource import LogSource, concurrency_cap_from_log
+from sparkctl.engines.card import ArmFacts, arm_facts, not_reported
 from sparkctl.errors import SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang.client import (
@@ -139,6 +140,13 @@ class Arm:
     timeout_s: float | Limits = 900.0     # a number (the read timeout) or the run's Limits
     guard: RunGuard | None = None         # the run's deadline and stop signal, shared by its clients
     level_observer: LevelObserver | None = None    # around each concurrency level (a replicated deployment's split)
+    engine: str = "sglang"                # the engine serving it: SGLang's answers, or another's (`facts`)
+    facts: ArmFacts | None = None         # another engine's configuration, from its own answers (no /server_info)
+
+    @property
+    def sglang(self) -> bool:
+        """SGLang's card: /server_info, its scheduler lines, /generate."""
+        return self.engine == "sglang"
 
     def new_client(self) -> SGLangClient:
         """A separate client (own connection pool) for a concurrent request, under the run's bounds."""
@@ -154,6 +162,8 @@ class Arm:
     # -- what the arm is -------------------------------------------------------------------------------------
     @property
     def speculative_algorithm(self) -> str | None:
+        if self.facts is not None:
+            return self.facts.speculative_method or (self.record.speculative_algorithm if self.record else None)
         alg = self.server_info.get("speculative_algorithm")
         if alg is None and self.record is not None:
             alg = self.record.speculative_algorithm
@@ -165,6 +175,8 @@ class Arm:
 
     @property
     def draft_tokens(self) -> int | None:
+        if self.facts is not None:
+            return self.facts.draft_tokens
         v = self.server_info.get("speculative_num_draft_tokens")
         if v is None and self.record:
             v = (self.record.profile_data.get("speculative") or {}).get("num_draft_tokens")
@@ -176,6 +188,8 @@ class Arm:
 
     @property
     def version(self) -> str | None:
+        if self.facts is not None and self.facts.version:
+            return self.facts.version
         return self.server_info.get("version") or (self.record.sglang_version if self.record else None)
 
     @property
@@ -183,7 +197,7 @@ class Arm:
         """The context window: /server_info context_length, else the record's capacity, else the profile."""
         s = parse_server_info(self.server_info) if self.server_info else None
         rec = self.record
-        for v in ((s.context_length if s else None),
+        for v in ((self.facts.context_length if self.facts else None), (s.context_length if s else None),
                   (rec.capacity.context_len if rec and rec.capacity else None),
                   ((rec.profile_data.get("server") or {}).get("context_length") if rec else None)):
             if isinstance(v, int) and v > 0:
@@ -193,6 +207,8 @@ class Arm:
     @property
     def max_running_requests(self) -> tuple[int | None, str]:
         """Resolved max running requests and where it was read."""
+        if self.facts is not None:
+            return self.facts.max_running_requests, self.facts.max_running_requests_source
         s = parse_server_info(self.server_info) if self.server_info else None
         if s and s.effective_max_running_requests is not None:
             return (s.effective_max_running_requests,
@@ -207,28 +223,44 @@ class Arm:
     def concurrency_cap(self) -> JSONObject | None:
         """Why the engine runs at most N requests at once, in its own words when it printed them (the mamba state
         cache warning at boot), else the launch flag that set it; with the setting that would change it."""
+        if self.facts is not None:
+            return self._flag_cap("--max-num-seqs", "max_num_seqs")
         if self.log is not None:
             found = concurrency_cap_from_log(self.log.whole())
             if found:
                 return found
+        return self._flag_cap("--max-running-requests", "max_running_requests")
+
+    def _rank0_argv(self) -> list[str]:
         argv = None
         if self.record is not None and self.record.specs:
             argv = next((s.argv for s in self.record.specs if s.rank == 0), None)
         if argv is None and isinstance(self.server_info.get("launch_command"), str):
             argv = self.server_info["launch_command"].split()
-        argv = list(argv or [])
+        return list(argv or [])
+
+    def _flag_cap(self, flag_name: str, key: str) -> JSONObject | None:
+        """The launch flag that caps running requests (SGLang's --max-running-requests; another engine's, e.g.
+        vLLM's --max-num-seqs), with the setting that would change it."""
+        argv = self._rank0_argv()
         for i, a in enumerate(argv):
             flag, eq, val = a.partition("=")
-            if flag == "--max-running-requests":
+            if flag == flag_name:
                 value = val if eq else (argv[i + 1] if i + 1 < len(argv) else "?")
-                return {"max_running_requests": int(value) if value.isdigit() else value,
-                        "reason": f"the launch command sets --max-running-requests {value}",
-                        "source": "launch command", "setting": "--max-running-requests",
-                        "fix": "raise --max-running-requests (server.max_running_requests in the profile)"}
+                return {key: int(value) if value.isdigit() else value,
+                        "reason": f"the launch command sets {flag_name} {value}",
+                        "source": "launch command", "setting": flag_name,
+                        "fix": f"raise {flag_name} (server.max_running_requests in the profile)"}
         return None
 
     def refresh(self) -> None:
-        """Read ``/server_info`` (and the served model name) again."""
+        """Read ``/server_info`` (and the served model name) again; another engine's own answers instead."""
+        if not self.sglang:
+            self.facts = arm_facts(self.engine, self.client, self.log.whole() if self.log else None,
+                                   self._rank0_argv())
+            if self.model is None:
+                self.model = self.facts.model
+            return
         try:
             self.server_info = self.client.server_info()
         except (EndpointBoundError, EndpointProtocolError):
@@ -251,7 +283,7 @@ class Arm:
         """Everything this arm's numbers must be recorded with."""
         rec = self.record
         specs = rec.specs if rec else []
-        return {
+        out: JSONObject = {
             "name": self.name, "role": self.role, "endpoint": self.endpoint, "model": self.model,
             "emulated": self.emulated, "sglang_version": self.version,
             "speculative_algorithm": self.speculative_algorithm, "draft_tokens": self.draft_tokens,
@@ -270,6 +302,13 @@ class Arm:
             "prefix_cache": (not self.server_info.get("disable_radix_cache")) if "disable_radix_cache" in
                             self.server_info else "unknown",
         }
+        if self.facts is not None:
+            # another engine: its own account (in its names), and what SGLang's card shows that it does not report
+            out["engine"] = self.engine
+            out["engine_facts"] = self.facts.as_dict()
+            out["prefix_cache"] = self.facts.prefix_cache
+            out["not_reported"] = not_reported(self.engine)
+        return out
 
 
 def arm_role(arms: list[Arm]) -> None:

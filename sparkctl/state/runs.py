@@ -129,6 +129,10 @@ class DecodeClass(_Measured):
     e2e_tok_s: JSONObject | None
     scheduler_log: JSONObject = Field(default_factory=dict, description="The scheduler log window of the class "
                                       "(acceptance ranges, gauge peak); only with a log.")
+    engine_counters: JSONObject = Field(default_factory=dict, description="An engine other than SGLang: its "
+                                        "/metrics counters' deltas around the class's runs (sparkctl.engines.card).")
+    engine_log: JSONObject = Field(default_factory=dict, description="An engine other than SGLang: what it logged "
+                                   "during the class's runs (its periodic lines); only with a log.")
 
 
 class DecodeResult(_Measured):
@@ -160,6 +164,13 @@ class AcceptanceResult(_Measured):
     log: JSONObject = Field(default_factory=dict, description="Acceptance from the scheduler log (or why none).")
     log_whole_file: JSONObject = Field(default_factory=dict, description="A static capture analysed whole.")
     generate: GenerateAcceptance | None = None
+    engine: str = Field("", description="Set for an engine other than SGLang (its acceptance is `counters` and "
+                        "`engine_log`, not /generate and the scheduler log).")
+    counters: JSONObject = Field(default_factory=dict, description="The engine's /metrics counters' deltas around "
+                                 "the code runs, and its acceptance figures from them.")
+    engine_log: JSONObject = Field(default_factory=dict, description="The engine's own acceptance log lines during "
+                                   "the code runs.")
+    not_reported: str = Field("", description="Why there is no per-request figure on this engine.")
 
 
 class TTFTSize(_Measured):
@@ -173,6 +184,9 @@ class TTFTSize(_Measured):
     prompt_tokens: list[int | None] = Field(default_factory=list)
     # per run, how its prompt was fitted to the label (sparkctl.bench.prompts.PromptFit.as_dict); absent on old cards
     fit: list[JSONObject] = Field(default_factory=list)
+    engine_cached_tokens: int | None = Field(None, description="Another engine than SGLang: prompt tokens it counted "
+                                             "as prefix-cache hits over these runs (its /metrics counter's delta, "
+                                             "read before and after the batch).")
 
 
 class CachedRepeat(_Measured):
@@ -182,6 +196,8 @@ class CachedRepeat(_Measured):
     radix_cached: bool
     basis: str
     target_tokens: int | None
+    engine_cached_tokens: int | None = Field(None, description="Another engine than SGLang: prefix-cache hit tokens "
+                                             "it counted over the repeats (its /metrics counter's delta).")
 
 
 class TTFTResult(_Measured):

@@ -154,6 +154,7 @@ SERVER_ARGS_KEYS = ("model_tag", "model", "served_model_name", "tensor_parallel_
 ENGINE_CONFIG_MARK = "with config: "
 _INT_FIELDS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_seq_len")
 _WORD_FIELDS = ("kv_cache_dtype", "dtype", "device_config")
+_BOOL_FIELDS = ("enable_prefix_caching",)
 _SPEC = re.compile(r"speculative_config=(?:None|SpeculativeConfig\((?P<body>[^()]*)\))")
 _SPEC_METHOD = re.compile(r"method='(?P<method>[^']*)'")
 _SPEC_TOKENS = re.compile(r"num_spec_tokens=(?P<n>\d+)")
@@ -162,7 +163,7 @@ _SPEC_MODEL = re.compile(r"model='(?P<model>[^']*)'")
 
 def parse_engine_config(line: str) -> JSONObject | None:
     """The resolved settings of the engine's config line (None for any other line): tensor_parallel_size,
-    max_seq_len, kv_cache_dtype, dtype, device_config, speculative_method / speculative_model /
+    max_seq_len, kv_cache_dtype, dtype, device_config, enable_prefix_caching, speculative_method / speculative_model /
     num_speculative_tokens (None when speculative decoding is off)."""
     at = line.find(ENGINE_CONFIG_MARK)
     if at < 0 or "Initializing a V1 LLM engine" not in line:
@@ -177,6 +178,10 @@ def parse_engine_config(line: str) -> JSONObject | None:
         m = re.search(rf"(?:^|, ){name}=([A-Za-z0-9_.]+)(?:,|$)", body)
         if m:
             out[name] = m.group(1)
+    for name in _BOOL_FIELDS:
+        m = re.search(rf"(?:^|, ){name}=(True|False)(?:,|$)", body)
+        if m:
+            out[name] = m.group(1) == "True"
     spec = _SPEC.search(body)
     if spec is not None:
         inner = spec.group("body") or ""

@@ -36,7 +36,7 @@ def test_vllm_config_line_gives_the_resolved_settings():
     assert _config_line("tp2-rank0.log") == {
         "tensor_parallel_size": 2, "pipeline_parallel_size": 1, "data_parallel_size": 1, "max_seq_len": 1024,
         "kv_cache_dtype": "auto", "dtype": "torch.bfloat16", "device_config": "cpu", "speculative_method": None,
-        "speculative_model": None, "num_speculative_tokens": None}
+        "enable_prefix_caching": True, "speculative_model": None, "num_speculative_tokens": None}
     dflash = _config_line("spec-dflash-boot.log")
     assert (dflash["speculative_method"], dflash["num_speculative_tokens"]) == ("dflash", 3)
     assert dflash["speculative_model"] == "/work/runs/vllm/model/drafter-dflash"
