@@ -244,7 +244,7 @@ def check_series(name: str, *, expect_version: str | None = None, expect_engine:
     return CheckReport(series, origin, results)
 
 
-def _parse(patch: Path, series: str, engine: seriesapply.Engine) -> list[patchapply.FilePatch]:
+def _parse(patch: Path, series: str, engine: seriesapply.EngineSource) -> list[patchapply.FilePatch]:
     try:
         return patchapply.parse_patch(patch.read_text(), patch.name)
     except patchapply.SeriesError as exc:

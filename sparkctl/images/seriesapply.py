@@ -45,18 +45,18 @@ PatchFailure = patchapply.PatchFailure
 
 
 @dataclass(frozen=True)
-class Engine:
+class EngineSource:
     name: str                    # the series' first entry names it: "<name>==<release>"
     package: str                 # the importable package (importlib.util.find_spec)
     prefix: str                  # repository path of the package, as `git diff` in a checkout gives it
     label: str                   # as printed
 
 
-ENGINES = {"sglang": Engine("sglang", "sglang", "python/sglang/", "SGLang"),
-           "vllm": Engine("vllm", "vllm", "vllm/", "vLLM")}
+ENGINES = {"sglang": EngineSource("sglang", "sglang", "python/sglang/", "SGLang"),
+           "vllm": EngineSource("vllm", "vllm", "vllm/", "vLLM")}
 
 
-def read_series(series_file: Path) -> tuple[Engine, str, list[Path]]:
+def read_series(series_file: Path) -> tuple[EngineSource, str, list[Path]]:
     """(engine, release, patch paths in order) from a series file (``<engine>==<release>`` first)."""
     head = None
     patches: list[Path] = []
@@ -82,7 +82,7 @@ def read_series(series_file: Path) -> tuple[Engine, str, list[Path]]:
     return head[0], head[1], patches
 
 
-def target(engine: Engine, fp: patchapply.FilePatch, package_dir: Path) -> Path:
+def target(engine: EngineSource, fp: patchapply.FilePatch, package_dir: Path) -> Path:
     """Where a patched file lands: its repository path under the engine's prefix -> the installed package."""
     if not fp.path.startswith(engine.prefix) or ".." in Path(fp.path).parts:
         raise SeriesError(f"{fp.path}: patch paths must be under {engine.prefix} ({engine.label} repository layout)")
@@ -139,7 +139,7 @@ def apply_series(series_file: Path, package_dir: Path, *, write: bool = True,
     return results
 
 
-def locate_package(engine: Engine) -> Path:
+def locate_package(engine: EngineSource) -> Path:
     """Directory of the engine's package this interpreter imports, found without importing it (an engine's
     import-time code may probe CUDA, which a build step does not have)."""
     import importlib.util
