@@ -16,13 +16,16 @@ from sparkctl.sglang.signatures import CATALOGUE, Signature
 from sparkctl.vllm.logparse import VLLM_LOG
 from sparkctl.vllm.signatures import VLLM_CATALOGUE
 
-__all__ = ["LOG_DIALECTS", "ALL_SIGNATURES", "follower_for"]
+__all__ = ["LOG_DIALECTS", "ALL_SIGNATURES", "SIGNATURES_OF", "follower_for"]
 
 LOG_DIALECTS: dict[str, LogDialect] = {"sglang": SGLANG_LOG, "vllm": VLLM_LOG}
 
 # SGLang's catalogue first (its findings come out as before), then vLLM's: no vLLM signature matches an SGLang
 # capture (tests/vllm/test_vllm_signatures.py).
 ALL_SIGNATURES: tuple[Signature, ...] = CATALOGUE + VLLM_CATALOGUE
+# What one engine's log is matched against: its own findings and the engine-neutral ones (SGLang's catalogue holds
+# the NCCL / GB10 ones); a failed boot names only findings of the engine that printed the log.
+SIGNATURES_OF: dict[str, tuple[Signature, ...]] = {"sglang": CATALOGUE, "vllm": ALL_SIGNATURES}
 
 
 def follower_for(engine: str, **kwargs: int) -> LogFollower:

@@ -241,8 +241,9 @@ class Run:
         if self.booted is None:
             return exc
         try:
-            lines = doctor_lines([(f"rank {w.spec.rank} [{w.spec.node}]", w.full_log())
-                                  for w in self.booted.watches])
+            watches = self.booted.watches
+            lines = doctor_lines([(f"rank {w.spec.rank} [{w.spec.node}]", w.full_log()) for w in watches],
+                                 watches[0].spec.engine if watches else "sglang")
         except (SparkctlError, OSError):
             return exc
         if not lines:

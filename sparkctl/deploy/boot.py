@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparkctl.deploy.progress import Reporter
-from sparkctl.enginelog import ALL_SIGNATURES, follower_for
+from sparkctl.enginelog import SIGNATURES_OF, follower_for
 from sparkctl.errors import DeployError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.runtime import Handle, Runtime, log_tail
@@ -118,10 +118,10 @@ class HealthWatch:
         self._stopping.set()
 
 
-def doctor_lines(logs: list[tuple[str, str]]) -> list[str]:
+def doctor_lines(logs: list[tuple[str, str]], engine: str = "sglang") -> list[str]:
     """What the doctor recognises in these (name, log text) pairs, as evidence lines (sparkctl.doctor): its cause,
     fix and source, so a failed `up` names a known failure without a second command. Empty when nothing matches."""
-    return finding_lines(match_sources([LogText(name, text) for name, text in logs], ALL_SIGNATURES))
+    return finding_lines(match_sources([LogText(name, text) for name, text in logs], SIGNATURES_OF[engine]))
 
 
 def _fail(watch: BootingRank, message: str, hint: str, elapsed: float) -> DeployError:
@@ -134,7 +134,7 @@ def _fail(watch: BootingRank, message: str, hint: str, elapsed: float) -> Deploy
     full = watch.full_log()
     evidence.append(f"log tail ({watch.handle.log_ref}):")
     evidence.append(log_tail(full, 25))
-    evidence += doctor_lines([(f"rank {watch.spec.rank} [{watch.spec.node}]", full)])
+    evidence += doctor_lines([(f"rank {watch.spec.rank} [{watch.spec.node}]", full)], watch.spec.engine)
     return DeployError(f"boot failed on rank {watch.spec.rank} ({watch.spec.node}) after {elapsed:.1f}s: {message}",
                        where=f"[{watch.spec.node}] boot", hint=hint, evidence="\n".join(evidence), node=watch.spec.node)
 
@@ -213,7 +213,7 @@ def _with_peer_findings(exc: DeployError, watches: list[BootingRank]) -> DeployE
             logs.append((f"rank {w.spec.rank} [{w.spec.node}]", w.full_log()))
         except (SparkctlError, OSError):    # an unreachable peer never hides the failure being reported
             continue
-    lines = doctor_lines(logs) if logs else []
+    lines = doctor_lines(logs, watches[0].spec.engine) if logs else []
     if not lines:
         return exc
     return exc.amended(evidence="\n".join([exc.evidence or "", "in the other ranks' logs:", *lines]).lstrip("\n"))

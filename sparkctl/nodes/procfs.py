@@ -6,6 +6,7 @@ process sparkctl recorded. Used by the process runtime (its engines) and the led
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 
@@ -105,12 +106,24 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def forked_since(before: set[int], marker: str) -> list[int]:
+def forked_since(before: set[int], marker: str, *, settle_s: float = 1.0) -> list[int]:
     """The children of this process a start just forked: not in `before` (its children before the fork), and
     either not exec'd yet (their command line is still this process's) or running with `marker` (an argument only
-    that start's command has) in their argv. A sibling thread's recorded child never matches."""
+    that start's command has) in their argv. A sibling thread's recorded child never matches. A child caught inside
+    its execve has an empty command line for that moment (a loaded machine stretches it: one router start
+    interrupted there ran unrecorded): read again for up to `settle_s`; one still unreadable and not a zombie counts
+    as forked here (what a start leaves must not outlive it)."""
     mine = cmdline(os.getpid())
-    return [p for p in sorted(set(children(os.getpid())) - before) if (c := cmdline(p)) == mine or marker in c]
+    out = []
+    for pid in sorted(set(children(os.getpid())) - before):
+        c = cmdline(pid)
+        deadline = time.monotonic() + settle_s
+        while not c and time.monotonic() < deadline and (st := proc_stat(pid)) is not None and st[0] != "Z":
+            time.sleep(0.01)
+            c = cmdline(pid)
+        if c == mine or marker in c or (not c and (st := proc_stat(pid)) is not None and st[0] != "Z"):
+            out.append(pid)
+    return out
 
 
 def _parents() -> dict[int, list[int]]:

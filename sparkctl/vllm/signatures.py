@@ -64,7 +64,9 @@ VLLM_CATALOGUE: tuple[Signature, ...] = (
          "vllm 0.32.0 vllm/model_executor/models/registry.py:1206; "
          "captures/vllm-0.32.0-cpu/fail-spec-eagle-qwen2-drafter.log"),
     _sig("vllm-gloo-peer-closed", "a peer rank closed its gloo connection (vLLM on CPU)",
-         r"gloo/transport/tcp/pair\.cc:\d+\] Connection closed by peer",
+         # vLLM's own process prefix: torch prints the same gloo line under SGLang (a real SGLang boot's peer loss
+         # once matched this finding when the pattern was the gloo line alone)
+         r"^\((?:Worker|EngineCore)[^)]*\) .*gloo/transport/tcp/pair\.cc:\d+\] Connection closed by peer",
          "another rank of the tensor-parallel group went away (stopped or crashed); vLLM's rank 0 only notices on "
          "the next collective, i.e. the next request, and /health answers 200 until then",
          "read the other ranks' logs for why that rank stopped (`sparkctl doctor` on the deployment reads them all), "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -314,3 +315,23 @@ def test_a_vllm_ranks_tmpdir_is_short_enough_for_its_ipc_sockets_and_private(tmp
             own_private_dir(tmp)
     finally:
         tmp.unlink()
+
+
+def test_a_child_caught_inside_its_exec_counts_as_forked_by_the_start(monkeypatch):
+    """An interrupt can land while the child a start forked is inside execve: its /proc command line reads empty for
+    that moment (a loaded machine stretched it: a router start interrupted at `_execute_child` ran unrecorded).
+    forked_since reads again, and a child still unreadable (and not a zombie) is counted as the start's own."""
+    from sparkctl.nodes import procfs
+
+    before = set(procfs.children(os.getpid()))
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        real = procfs.cmdline
+        monkeypatch.setattr(procfs, "cmdline", lambda pid: [] if pid == child.pid else real(pid))
+        assert procfs.forked_since(before, "no-such-marker", settle_s=0.05) == [child.pid]
+        monkeypatch.setattr(procfs, "cmdline", real)
+        assert procfs.forked_since(before, "no-such-marker", settle_s=0.05) == []     # exec'd: not this start's
+        assert procfs.forked_since(before, "sleep", settle_s=0.05) == [child.pid]
+    finally:
+        child.kill()
+        child.wait()

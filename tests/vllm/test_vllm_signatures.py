@@ -102,3 +102,23 @@ def test_sglang_captures_match_no_vllm_signature():
     for rel in names:
         got = [f.signature for f in vmatch(capture_text(rel), rel)]
         assert not [s for s in got if s.startswith("vllm-") and s != "vllm-free-memory-below-utilization"], rel
+
+
+def test_sglangs_gloo_peer_loss_is_not_named_a_vllm_failure():
+    """Real SGLang 0.5.23 on this machine's CPU printed this line (a TP=2 boot whose peer went away, in the suite's
+    real-engine tier, 2026-12-06): torch's gloo line is the same under both engines, and the vLLM finding once named
+    it. The finding is vLLM's only under vLLM's own process prefix, and a failed SGLang boot is matched against
+    SGLang's catalogue alone (enginelog.SIGNATURES_OF)."""
+    from sparkctl.enginelog import SIGNATURES_OF
+
+    sglang_line = ("[2026-12-06 21:56:26 TP0] Error ignored in is_in_the_same_node: [/__w/pytorch/pytorch/third_party/"
+                   "gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:59616. This is "
+                   "typically caused by a remote worker crashing. Check the logs of the remote worker before "
+                   "reporting")
+    vllm_ids = {s.id for s in VLLM_CATALOGUE}
+    found = match_sources([LogText("rank 0", sglang_line)], ALL_SIGNATURES)
+    assert not [f for f in found if f.signature in vllm_ids], found
+    assert not vllm_ids & {s.id for s in SIGNATURES_OF["sglang"]}
+    vllm_log = (CAPTURES / "tp2b-rank0.log").read_text(errors="replace")
+    assert "vllm-gloo-peer-closed" in {f.signature for f in match_sources([LogText("rank 0", vllm_log)],
+                                                                          SIGNATURES_OF["vllm"])}
