@@ -12,7 +12,10 @@ NAMES = sorted(n for n, s in SMOKES.items() if s.tier == "real_engine")
 
 
 @pytest.mark.timeout(1900)
-@pytest.mark.parametrize("name", NAMES)
+# vLLM's smoke in the container tier's worker, beside the loopback real SGLang (the suite's critical path): its one
+# TP=1 server binds nothing SGLang's tests hold
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xdist_group("real_engine_cluster")) if "vllm" in n
+                                  else n for n in NAMES])
 def test_benchmark_smoke_run_prints_its_figures(name, tmp_path):
     need_real_engine()
     if "vllm" in name:         # bench_vllm_card: vLLM's environment too (a skip or CI failure, as for SGLang's)

@@ -34,9 +34,12 @@ from testrig.embedded import stop_recorded_engines, write_real_engine_inventory
 from testrig.sweep import files_holding, processes_holding
 from testrig.testenv import need_real_engine, need_real_vllm
 
-pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(1800)]
+# In the container tier's worker (tests/conftest.py LONG_GROUPS), beside the loopback real SGLang of
+# tests/realengine/test_lifecycle_real.py: the SGLang worker is the suite's critical path, and this module's engines
+# bind ports of their own (torch's TCP store listens on every interface: SGLang's tests hold *:26000).
+pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(1800), pytest.mark.xdist_group("real_engine_cluster")]
 
-PORT, STORE = 31000, 26000      # cpu-tiny's and cpu-tiny-vllm's api.port and api.dist_port: one replaces the other
+PORT, STORE = 31100, 26100      # both profiles' api.port and api.dist_port here: one engine replaces the other
 KEY = f"sk-vllm-{secrets.token_hex(8)}"
 
 
@@ -68,7 +71,7 @@ def _with_api_key(profiles: Path) -> None:
     shipped = Path(__file__).resolve().parents[2] / "profiles"
     for name in ("cpu-tiny", "cpu-tiny-vllm"):
         doc = yaml.safe_load((shipped / f"{name}.yml").read_text())
-        doc.setdefault("api", {})["api_key_env"] = "SPARKCTL_API_KEY"
+        doc.setdefault("api", {}).update(api_key_env="SPARKCTL_API_KEY", port=PORT, dist_port=STORE)
         (profiles / f"{name}.yml").write_text(yaml.safe_dump(doc))
     (profiles / "base.yml").write_text((shipped / "base.yml").read_text())
 
