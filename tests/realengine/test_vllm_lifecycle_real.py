@@ -143,7 +143,7 @@ def test_bench_card_measures_real_vllm_from_its_own_answers(cli, engines_cluster
     facts = config["engine_facts"]
     assert config["engine"] == "vllm" and config["sglang_version"] == "0.32.0" and config["server_info"] is None
     assert facts["settings"]["tensor_parallel_size"] == 2 and facts["context_length"] == 1024
-    assert facts["kv_tokens"] == 2097152 and facts["speculative_method"] is None and facts["prefix_cache"] is True
+    assert facts["kv_tokens"] == 131072 and facts["speculative_method"] is None and facts["prefix_cache"] is True
     assert facts["max_running_requests"] is None and "max-num-seqs" in facts["max_running_requests_source"]
     assert results["acceptance"]["status"] == "no speculative decoding on this arm"
     for cls in ("code", "prose"):
