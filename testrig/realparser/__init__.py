@@ -337,6 +337,7 @@ def _tail(text: str, n: int) -> str:
 # driver.py runs with the venv's python (as `python -c TEXT`, so nothing of sparkctl is on its path); it
 # reads one JSON request on stdin and prints one JSON result line (prefixed: SGLang may print too).
 DRIVER = Path(__file__).parent / "driver.py"
+DRIVER_LOOP = Path(__file__).parent / "driverloop.py"   # appended to each engine's driver: one request loop
 
 
 
@@ -349,7 +350,8 @@ class _Server:
                  env: dict[str, str] | None = None) -> None:
         env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
         self.version, self.venv, self.engine = version, venv, engine
-        self.proc = subprocess.Popen([str(venv / "bin" / "python"), "-c", driver.read_text(encoding="utf-8"),
+        text = driver.read_text(encoding="utf-8") + "\n" + DRIVER_LOOP.read_text(encoding="utf-8")
+        self.proc = subprocess.Popen([str(venv / "bin" / "python"), "-c", text,
                                       _RESULT_PREFIX, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdin and self.proc.stdout and self.proc.stderr   # all three are pipes (above)

@@ -21,7 +21,6 @@ import inspect
 import json
 import os
 import sys
-import tempfile
 import traceback
 import typing
 
@@ -197,35 +196,5 @@ def answer(request):
     return dump() if request["mode"] == "dump" else parse(request["argv"])
 
 
-def serve():
-    real_out = os.fdopen(os.dup(1), "w")
-    for line in sys.stdin:
-        request = json.loads(line)
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    os.dup2(out.fileno(), 1)
-                    os.dup2(err.fileno(), 2)
-                    emit(answer(request))
-                except BaseException:
-                    traceback.print_exc()
-                finally:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                    os._exit(0)
-            os.waitpid(pid, 0)
-            out.seek(0)
-            err.seek(0)
-            reply = {"stdout": out.read().decode("utf-8", "replace"),
-                     "stderr": err.read().decode("utf-8", "replace")}
-        real_out.write(PREFIX + json.dumps(reply) + "\n")
-        real_out.flush()
-
-
-if SERVE:
-    serve()
-else:
-    emit(answer(req))
+# The request loop (serve mode) and the one-shot run: driverloop.py, appended to this text by the runner
+# (testrig.realparser._Server), shared with the other engine's driver.
