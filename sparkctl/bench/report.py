@@ -121,12 +121,7 @@ def _serving(L: list[str], result: JSONObject) -> None:
                  f"({mrr.get('source', 'unknown')}), KV {si.get('kv_cache_dtype') or 'unknown'}, "
                  f"mem-fraction-static {si.get('mem_fraction_static') or 'unknown'}, "
                  f"prefix cache {c.get('prefix_cache')}")
-        L.append(f"- profile {c.get('profile') or 'none (bare endpoint)'}, deployment {c.get('deployment') or 'none'}, "
-                 f"identity {c.get('identity') or 'unknown'}, image {', '.join(c.get('images') or []) or 'unknown'}")
-        L.append(f"- clocks: {c.get('clocks_policy', 'unknown')}; scheduler log: {c.get('log') or 'none'}")
-        argv = (c.get("argv_per_rank") or {}).get("0")
-        if argv:
-            L.append(f"- rank 0 argv (redacted): `{' '.join(argv)}`")
+        _provenance(L, c, "scheduler log")
         L.append("")
     o = result.get("options") or {}
     L.append(f"Workload: temperature 0, streamed, max_tokens {o.get('max_tokens')}, n={o.get('runs')} per class, "
@@ -137,6 +132,16 @@ def _serving(L: list[str], result: JSONObject) -> None:
         L.append(f"Bounds: connect {lim['connect_s']:g} s, read {lim['read_s']:g} s, idle {lim['idle_s']:g} s, "
                  f"request deadline {lim['request_s']:g} s, run deadline {o.get('run_deadline_s') or 'none'} s, "
                  f"body cap {lim['max_body_bytes']:,} bytes, event cap {lim['max_event_bytes']:,} bytes.")
+
+
+def _provenance(L: list[str], c: JSONObject, log_name: str) -> None:
+    """Where an arm's figures come from: profile, deployment, identity, images, clocks, its log, rank 0's argv."""
+    L.append(f"- profile {c.get('profile') or 'none (bare endpoint)'}, deployment {c.get('deployment') or 'none'}, "
+             f"identity {c.get('identity') or 'unknown'}, image {', '.join(c.get('images') or []) or 'unknown'}")
+    L.append(f"- clocks: {c.get('clocks_policy', 'unknown')}; {log_name}: {c.get('log') or 'none'}")
+    argv = (c.get("argv_per_rank") or {}).get("0")
+    if argv:
+        L.append(f"- rank 0 argv (redacted): `{' '.join(argv)}`")
 
 
 def _serving_engine(L: list[str], a: JSONObject) -> None:
@@ -161,12 +166,7 @@ def _serving_engine(L: list[str], a: JSONObject) -> None:
     mrr = f.get("max_running_requests")
     L.append(f"- max running requests {mrr if mrr is not None else 'unknown'} ({f.get('max_running_requests_source')})")
     L.append(f"- read from: {'; '.join(f.get('sources') or [])}")
-    L.append(f"- profile {c.get('profile') or 'none (bare endpoint)'}, deployment {c.get('deployment') or 'none'}, "
-             f"identity {c.get('identity') or 'unknown'}, image {', '.join(c.get('images') or []) or 'unknown'}")
-    L.append(f"- clocks: {c.get('clocks_policy', 'unknown')}; engine log: {c.get('log') or 'none'}")
-    argv = (c.get("argv_per_rank") or {}).get("0")
-    if argv:
-        L.append(f"- rank 0 argv (redacted): `{' '.join(argv)}`")
+    _provenance(L, c, "engine log")
     missing = c.get("not_reported") or {}
     if missing:
         L.append(f"- not reported by {name} (so not on this card):")
