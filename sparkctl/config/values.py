@@ -217,7 +217,8 @@ def image_reference(value: str) -> str:
 
 def _version(value: str) -> str:
     if not re.fullmatch(r"[0-9]+(?:\.[0-9A-Za-z]+){1,4}", value):
-        raise refusal(f"{value!r} is not an SGLang version", 'quote it as a string, e.g. sglang_version: "0.5.23"')
+        raise refusal(f"{value!r} is not a release version (digits and dots)",
+                      'quote it as a string, e.g. "0.5.23" or "0.32.0"')
     return value
 
 
