@@ -119,13 +119,17 @@ class PreflightError(SparkctlError):
 
 
 class DeployError(SparkctlError):
-    """Boot, warm-up or verify failed (the lifecycle may have rolled back); `node` names the failing node."""
+    """Boot, warm-up or verify failed (the lifecycle may have rolled back); `node` names the failing node and
+    `failed_gates` the verify gates that failed (their names, e.g. ``capacity``: what `tune` classifies a candidate
+    by, whatever the engine calls its numbers)."""
 
     exit_code = 4
 
-    def __init__(self, message: str, *, node: str | None = None, **kw: Unpack[ErrorContext]) -> None:
+    def __init__(self, message: str, *, node: str | None = None, failed_gates: tuple[str, ...] = (),
+                 **kw: Unpack[ErrorContext]) -> None:
         super().__init__(message, **kw)
         self.node = node
+        self.failed_gates = failed_gates
 
 
 class LockHeldError(SparkctlError):

@@ -141,10 +141,16 @@ def verify(c: Cluster, profile: Profile, result: RenderResult, booted: BootResul
         c.reporter.event(f"{'PASS' if g.ok else 'FAIL'} {g.name}: {g.evidence}")
     failed = [g for g in gates if not g.ok]
     if failed:
-        raise DeployError(f"verify gate(s) failed: {', '.join(g.name for g in failed)}",
-                          where="verify", hint="read each gate's evidence below",
-                          evidence="\n".join(f"{g.name}: {g.evidence}" for g in failed))
+        raise gates_failed(failed)
     return gates
+
+
+def gates_failed(failed: list[GateResult]) -> DeployError:
+    """The error of a verify whose gates `failed`: their names typed (``failed_gates``), their evidence shown."""
+    return DeployError(f"verify gate(s) failed: {', '.join(g.name for g in failed)}",
+                       where="verify", hint="read each gate's evidence below",
+                       failed_gates=tuple(g.name for g in failed),
+                       evidence="\n".join(f"{g.name}: {g.evidence}" for g in failed))
 
 
 def new_record(c: Cluster, profile: Profile, result: RenderResult, plan: Plan, command: str) -> DeploymentRecord:

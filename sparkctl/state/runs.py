@@ -172,6 +172,16 @@ class AcceptanceResult(_Measured):
                                    "the code runs.")
     not_reported: str = Field("", description="Why there is no per-request figure on this engine.")
 
+    def accept_len(self) -> float | None:
+        """The arm's one acceptance-length figure (None when not measured): SGLang's median per-request accept
+        length from /generate; another engine's mean acceptance length from its counters around the code runs
+        (vLLM: 1 + accepted / drafts, its own definition)."""
+        if self.engine:
+            value = self.counters.get("mean_acceptance_length")
+        else:
+            value = ((self.generate.accept_len if self.generate else None) or {}).get("median")
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
 
 class TTFTSize(_Measured):
     """One target prompt size: measured, failed or unmeasurable at the window."""

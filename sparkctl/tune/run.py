@@ -39,7 +39,7 @@ from sparkctl.config.profile import Profile, load_profile
 from sparkctl.deploy import door
 from sparkctl.deploy.results import UpResult
 from sparkctl.deploy.steps import ARM_COMMAND, CONFIRM, TRIAL, TUNE_BEGIN, TUNE_COMMAND, TUNE_RESTORE, boundary
-from sparkctl.errors import ConfigError, PreflightError, SparkctlError
+from sparkctl.errors import BenchError, ConfigError, DeployError, PreflightError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.runs import AcceptanceResult, ConcurrencyResult, DecodeResult, RunRecord, TTFTResult
@@ -108,24 +108,26 @@ def objective_samples(card: RunRecord, objective: str) -> list[float]:
 
 
 def _accept_len(card: RunRecord) -> float | None:
-    """The first arm's median accept length from /generate (None when not measured)."""
+    """The first arm's accept length, as its engine reports it (`AcceptanceResult.accept_len`; None when not
+    measured)."""
     acc = card.arms[0].results.acceptance if card.arms else None
-    generate = acc.generate if isinstance(acc, AcceptanceResult) else None
-    return ((generate.accept_len if generate else None) or {}).get("median")
+    return acc.accept_len() if isinstance(acc, AcceptanceResult) else None
 
 
 def classify_failure(exc: BaseException) -> str:
-    """Why a candidate is infeasible, in one word or phrase, from the lifecycle's error."""
+    """Why a candidate is infeasible, in one word or phrase, from the lifecycle's error: its type and the verify
+    gates it names (``DeployError.failed_gates``), never an engine's spelling of a number (SGLang's
+    max_total_num_tokens and vLLM's KV cache size both fail the gate called ``capacity``). Only an out-of-memory
+    death is read from the text: the doctor names it in the error from the engine's own log line."""
     text = (exc.render() if isinstance(exc, SparkctlError) else str(exc)).lower()
     if isinstance(exc, PreflightError):
         return "preflight failed"
     if "oom" in text or "out of memory" in text or "exit code: -9" in text:
         return "oom"
-    if "< expected" in text and ("max_total_num_tokens=" in text or "max_running_requests=" in text):
-        return "capacity below expect"
-    if "gate" in text:
-        return "gates failed"
-    if "bench" in text or "measurement" in text:
+    if isinstance(exc, DeployError) and exc.failed_gates:
+        # the capacity gate alone: the engine answered (settings passed) with less than `expect` asks
+        return "capacity below expect" if exc.failed_gates == ("capacity",) else "gates failed"
+    if isinstance(exc, BenchError):
         return "bench failed"
     return "no boot"
 
