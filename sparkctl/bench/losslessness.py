@@ -170,24 +170,35 @@ def _end_note(i: int, la: int, lb: int) -> str:
     return f"first differing token at index {i}"
 
 
-def summarize_verdicts(verdicts: Sequence[PromptVerdict]) -> JSONObject:
-    """Counts and the one-line verdict. "lossless" appears only when every prompt is identical."""
+def summarize_verdicts(verdicts: Sequence[PromptVerdict], *, between_engines: str | None = None) -> JSONObject:
+    """Counts and the one-line verdict. "lossless" appears only when every prompt is identical and both arms are
+    one engine: with ``between_engines`` (e.g. "vLLM 0.32.0 vs SGLang 0.5.23") the arms are two engines, whose
+    greedy outputs are expected to differ, and the line says the comparison is of engines, not of losslessness."""
     n = len(verdicts)
     k = sum(v.status == "identical" for v in verdicts)
     d = sum(v.status == "diverged" for v in verdicts)
     void = sum(v.status == "void" for v in verdicts)
     if n and k == n:
-        line = f"{k}/{n} identical: lossless at temperature 0 on these {n} prompts"
+        line = (f"{k}/{n} identical across engines ({between_engines}) on these {n} prompts" if between_engines
+                else f"{k}/{n} identical: lossless at temperature 0 on these {n} prompts")
     else:
         line = f"{k}/{n} identical"
         if d:
             line += f", {d} diverged"
         if void:
             line += f", {void} VOID (harness captured nothing: not a pass)"
-        line += "; ON is NOT bit-identical to OFF on this stack" if d else "; not established"
+        if between_engines:
+            line += (f"; two engines ({between_engines}): their greedy outputs are expected to differ at temperature "
+                     "0 (kernels, reduction order, detokenisation of partial UTF-8 tokens); this compares engines and "
+                     "is not a losslessness verdict on either")
+        else:
+            line += "; ON is NOT bit-identical to OFF on this stack" if d else "; not established"
     gaps = [g for v in verdicts for g in (v.top2_gap_on, v.top2_gap_off) if g is not None]
-    return {"n": n, "identical": k, "diverged": d, "void": void, "all_identical": bool(n) and k == n,
-            "summary": line, "top2_gaps_at_divergence": gaps or None}
+    out: JSONObject = {"n": n, "identical": k, "diverged": d, "void": void, "all_identical": bool(n) and k == n,
+                       "summary": line, "top2_gaps_at_divergence": gaps or None}
+    if between_engines:
+        out["between_engines"] = between_engines
+    return out
 
 
 def run_g6_arm(client: SGLangClient, prompts: Sequence[Prompt], *, max_tokens: int, model: str | None,

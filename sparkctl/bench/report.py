@@ -51,7 +51,7 @@ def _summary_cell(s: JSONObject | None, unit: str = " tok/s") -> str:
 
 def _arm_title(a: JSONObject) -> str:
     c = a["config"]
-    t = f"{c['role']}: {c['name']}"
+    t = f"{c['role']}: {c['name']}" + (f" ({c['engine_label']})" if c.get("engine_label") else "")
     if c.get("emulated"):
         t += " (emulated)"
     return t

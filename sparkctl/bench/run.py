@@ -52,6 +52,7 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.commands import Deployer
 from sparkctl.deploy.results import UpResult
 from sparkctl.deploy.steps import ARM_COMMAND
+from sparkctl.enginenames import ENGINE_NAMES
 from sparkctl.engines import render
 from sparkctl.errors import BenchError, ConfigError, SparkctlError
 from sparkctl.jsontypes import JSONObject
@@ -96,6 +97,18 @@ def _compare(arms: list[ArmEntry]) -> JSONObject:
             out["decode"][cls] = {"on": a["median"] if a else None, "off": b["median"] if b else None,
                                   "ratio": None if r is None else round(r, 3)}
     return out
+
+
+def _between_engines(arms: list[Arm]) -> str | None:
+    """"vLLM 0.32.0 vs SGLang 0.5.23" when the two arms are two engines (``bench --compare`` across engines: the
+    card's reference row measured on the same nodes), else None."""
+    a, b = arms
+    return None if a.engine == b.engine else f"{_engine_label(a)} vs {_engine_label(b)}"
+
+
+def _engine_label(arm: Arm) -> str:
+    name = ENGINE_NAMES.get(arm.engine, arm.engine)
+    return f"{name} {arm.version}" if arm.version else name
 
 
 def _new_result(mode: str, opts: BenchOptions, run_id: str, limits: Limits, run_s: float | None) -> RunRecord:
@@ -144,6 +157,10 @@ def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts
         arm_role(built)
         for entry, arm in zip(result.arms, built):
             entry.config["role"] = arm.role
+        between = _between_engines(built)
+        if between:      # each arm's title names its engine: the card compares engines, not settings of one
+            for entry, arm in zip(result.arms, built):
+                entry.config["engine_label"] = _engine_label(arm)
         result.comparison = _compare(result.arms)
         first, second = captures[0], captures[1]
         if first is not None and second is not None:
@@ -156,7 +173,7 @@ def _measure_all(result: RunRecord, arms_in_order: list[Callable[[], Arm]], opts
                             "max_tokens": opts.g6_max_tokens or opts.max_tokens, "temperature": 0,
                             "captured": "reasoning_content + content (+ tool calls); server tokens when logprobs "
                                         "cover the completion, else whitespace tokens",
-                            **losslessness.summarize_verdicts(verdicts),
+                            **losslessness.summarize_verdicts(verdicts, between_engines=between),
                             "prompts": [{**v.as_dict(), "on_output": a.as_dict(), "off_output": b.as_dict()}
                                         for v, a, b in zip(verdicts, on_caps, off_caps)]}
     _finish(result, built)

@@ -93,7 +93,7 @@ def _up_human(result: JSONObject) -> None:
     if outcome == "deployed":
         print(f"deployed {result['deployment']}: {result['endpoint']}"
               + ("  (emulated)" if result.get("emulated") else ""))
-        cap = result.get("capacity") or {}
+        cap = {k: v for k, v in (result.get("capacity") or {}).items() if v is not None}   # what the engine said
         if cap:
             print("capacity: " + ", ".join(f"{k}={v}" for k, v in cap.items()))
         for g in result.get("gates") or []:

@@ -100,6 +100,20 @@ def test_summary_never_says_lossless_unless_all_identical():
     assert s["all_identical"] and "20/20 identical" in s["summary"] and "lossless" in s["summary"]
 
 
+@pytest.mark.parametrize("statuses", [["identical"] * 20, ["identical"] * 2 + ["diverged"] * 18,
+                                      ["identical", "void"], ["diverged"], ["void"]])
+def test_between_engines_the_summary_compares_engines_never_losslessness(statuses):
+    """`bench --compare` across engines: two engines' greedy outputs are expected to differ; the line never calls
+    them lossless nor calls the first arm "ON is NOT bit-identical to OFF" (there is no ON and OFF)."""
+    verdicts = [g6.PromptVerdict(str(i), st, index=0 if st == "diverged" else None) for i, st in enumerate(statuses)]
+    s = g6.summarize_verdicts(verdicts, between_engines="vLLM 0.32.0 vs SGLang 0.5.23")
+    line = s["summary"]
+    assert "lossless" not in line.replace("not a losslessness verdict", "") and "ON is NOT" not in line, line
+    assert "vLLM 0.32.0 vs SGLang 0.5.23" in line and s["between_engines"] == "vLLM 0.32.0 vs SGLang 0.5.23"
+    assert line.startswith(f"{statuses.count('identical')}/{len(statuses)} identical")
+    assert "between_engines" not in g6.summarize_verdicts(verdicts)        # one engine: the key is absent
+
+
 def test_run_g6_arm_captures_reasoning_and_empty_responses():
     bodies = {"reasoning": {"content": None, "reasoning_content": "thinking hard"},
               "empty": {"content": "", "reasoning_content": None}}

