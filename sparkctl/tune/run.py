@@ -404,7 +404,8 @@ def _decide(deployer: Deployer, j: TuneJournalFile, started: float, progress: Pr
     changed = {k: v for k, v in best.changes.items() if doc.baseline_values.get(k) != v}
     path = sp.winner_path(doc.profile, j.run_id)
     name = path.stem
-    note = (f"Confirmed A B A B x{opts.confirm_rounds} against {doc.profile}: {opts.objective} "
+    rounds = f"{opts.confirm_rounds} interleaved round{'s' if opts.confirm_rounds > 1 else ''}"
+    note = (f"Confirmed over {rounds} (baseline, candidate) against {doc.profile}: {opts.objective} "
             f"{c['a']:.3f} -> {c['b']:.3f} ({c['delta_pct']:+.1f}%, noise band {c['band']:.3f}).")
     # The user's profiles directory: written as given (never chmod-ed); a file already there is replaced only with
     # --force or when this very run wrote it (a resumed tune promoting again).

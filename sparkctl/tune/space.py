@@ -171,13 +171,25 @@ def launch_identity(profile: Profile, inventory: Inventory) -> str:
                       default=str)
 
 
+def _candidate_identity(base: Profile, key: str, value: JSONValue, inventory: Inventory) -> str:
+    """The launch identity of the base with one --vary value; a value the profile's engine cannot run (a setting
+    it has no counterpart for, e.g. server.max_total_tokens on vLLM) refused naming the --vary, not the profile
+    file (which does not hold it)."""
+    try:
+        return launch_identity(candidate_profile(base, {key: value}, base.name), inventory)
+    except ConfigError as exc:
+        if exc.where == "--vary":
+            raise
+        raise ConfigError(f"--vary {key}={value}: {exc.message}", where="--vary", hint=exc.hint) from None
+
+
 def refuse_inert_keys(base: Profile, space: Space, inventory: Inventory) -> None:
     """Only keys that change what the engine runs are tunable: a --vary key for which every value renders the
     same launch as the base profile (warm-up, expectations, the router's keys without replicas...) is refused
     before anything is deployed, naming it."""
     same = launch_identity(base, inventory)
     for key, values in space:
-        if all(launch_identity(candidate_profile(base, {key: v}, base.name), inventory) == same for v in values):
+        if all(_candidate_identity(base, key, v, inventory) == same for v in values):
             hint = ("router.* keys change what runs only with replicas > 1" if key.startswith("router.") else
                     "vary server.*, speculative.*, model.*, image.* or env.* keys")
             raise ConfigError(f"--vary {key}: not a setting of what the engine runs (every value renders the same "

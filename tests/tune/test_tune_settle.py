@@ -108,3 +108,30 @@ def test_only_keys_that_change_what_the_engine_runs_are_tunable(cli, tune_cluste
     code, out, err = cli("tune", "--profile", "t5", "--vary", "speculative.num_draft_tokens=6", "--vary",
                          "warmup.requests=2", *WORK)
     assert code == 2 and "--vary warmup.requests" in err, err     # one inert key among real ones: refused too
+
+
+def test_a_vary_value_the_profiles_engine_cannot_run_is_refused_naming_the_vary(cli, state_dir, monkeypatch):
+    """Tune searches vLLM's envelope through the same renderer: `server.max_running_requests` is vLLM's
+    --max-num-seqs; a value vLLM has no counterpart for (SGLang's KV cap in tokens, its mamba split) is refused before
+    anything is journaled or deployed, naming the --vary and vLLM's counterpart (not the profile file, which does
+    not hold it)."""
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.config.profile import load_profile
+    from sparkctl.engines import render
+    from sparkctl.resources import shipped
+    from sparkctl.tune import space as sp
+
+    inv = shipped("inventory", "local-vllm.yml")
+    monkeypatch.setenv("SPARKCTL_INVENTORY", str(inv))
+    for vary, counterpart in (("server.max_total_tokens=1000,2000", "--kv-cache-memory-bytes"),
+                              ("server.mamba_full_memory_ratio=0.5", "no vLLM counterpart")):
+        code, out, err = cli("tune", "--profile", "cpu-tiny-vllm", "--vary", vary, *WORK)
+        key, first = vary.split("=")[0], vary.split("=")[1].split(",")[0]
+        assert code == 2 and f"--vary {key}={first}: {key}: " in err and counterpart in err, err
+        assert "cpu-tiny-vllm.yml" not in err, err
+    assert not list(state_dir.glob("*/runs/*/tune.json")) and not list(state_dir.glob("*/deployments/*"))
+    base = load_profile("cpu-tiny-vllm")
+    for n in (4, 8):
+        cand = sp.candidate_profile(base, {"server.max_running_requests": n}, f"cpu-tiny-vllm-t{n}")
+        argv = render(cand, load_inventory(inv)).specs[0].argv
+        assert argv[argv.index("--max-num-seqs") + 1] == str(n), argv
