@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from email.utils import formatdate
 from http.server import ThreadingHTTPServer
 
 from sparkctl.jsontypes import JSONObject
@@ -60,6 +61,22 @@ def _usage(req: Request, *, details: bool = True) -> JSONObject:
 
 class _VllmHandler(_ApiHandler):
     state: VllmState
+
+    def _send(self, status: int, body: bytes = b"", ctype: str | None = "application/json",
+              headers: dict[str, str] | None = None) -> None:
+        super()._send(status, body, ctype, {**(headers or {}), "vary": "Origin"})    # every captured answer has it
+
+    def _start_stream(self) -> None:
+        """tp1-chat-stream-headers.txt: date, server, content-type, vary, transfer-encoding (no cache-control)."""
+        self.send_response_only(200)
+        self.send_header("date", formatdate(usegmt=True))
+        self.send_header("server", "uvicorn")
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("vary", "Origin")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        self._status = 200
+        self._access()
 
     def _authorized(self, path: str) -> bool:
         key = self.state.res.api_key
