@@ -30,7 +30,7 @@ ENV_VERSION = "SPARKCTL_SIM_SGLANG_VERSION"
 DEFAULT_SGLANG_VERSION = "0.5.23"
 
 # Env vars with the prefix that are not knobs.
-_NOT_KNOBS = {"CONFIG", "CLUSTER", "SGLANG_VERSION"}
+_NOT_KNOBS = {"CONFIG", "CLUSTER", "SGLANG_VERSION", "VLLM_VERSION"}   # the vLLM dialect: sparkctl.sim.vllm_args
 
 
 class KnobError(ValueError):
