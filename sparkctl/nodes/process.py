@@ -1,7 +1,8 @@
 """The `process` runtime: each rank of the embedded cluster is a local engine process.
 
 The LaunchSpec's argv (`python3 -m sglang.launch_server ...`) runs unchanged except for the program, which the
-inventory chooses (`sparkctl_engine`): `python -m sparkctl.sim`, sparkctl's SGLang emulator (the default), or
+inventory chooses (`sparkctl_engine`): `python -m sparkctl.sim`, sparkctl's emulator (the default; a vLLM spec runs its
+vLLM dialect, `python -m sparkctl.sim serve ...`), or
 `<sparkctl_engine_python> -m sglang.launch_server`, the real SGLang installed in that environment (on this
 machine's CPU: testrig/realengine builds one). Whatever only a CPU needs (`--device cpu`, the thread binding)
 comes from the profile and the inventory, never from here. Two paths are rewritten the way a container's mounts
