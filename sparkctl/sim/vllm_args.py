@@ -22,11 +22,13 @@ import json
 import os
 import re
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from sparkctl.errors import ConfigError
 from sparkctl.sim import perf
 from sparkctl.sim.args import Resolved
 from sparkctl.sim.config import Knobs
@@ -78,9 +80,6 @@ def _type(flag: dict[str, Any]) -> Any:
 
 def build_parser(version: str) -> argparse.ArgumentParser:
     """`vllm serve`'s parser from the dialect file (ConfigError if sparkctl has none for `version`)."""
-    from importlib import resources
-
-    from sparkctl.errors import ConfigError
     path = resources.files("sparkctl.vllm") / "dialects" / f"{version}.json"
     if not path.is_file():
         raise ConfigError(f"no flag schema for vLLM {version}", where="SPARKCTL_SIM_VLLM_VERSION",

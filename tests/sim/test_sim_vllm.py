@@ -118,7 +118,8 @@ def test_tp2_rank0_waits_for_the_headless_rank_which_serves_no_http(vllm_sim):
            f"{R0}:{master} for torch.distributed process group." in r1.text
     assert "CPU SHM communicator disabled for group tp:0" in r1.text and "TP rank 1, ETP rank 1" in r1.text
     assert "Application startup complete" not in r1.text and _refused(r1.url("/health"))
-    assert follow(r0.text).engine_config["tensor_parallel_size"] == 2
+    config = follow(r0.text).engine_config
+    assert config is not None and config["tensor_parallel_size"] == 2
     r1.kill()                           # the peer dies: rank 0's engine fails, its API server finishes
     assert r0.wait_exit(timeout=8) == 1
     f = follow(r0.text)
@@ -169,3 +170,16 @@ def test_prefix_caching_counts_hits_unless_turned_off(vllm_sim):
         assert (c["prefix_cache_hit_tokens"] > 0) is hits and c["prefix_cache_query_tokens"] > 0
         labels = [ln for ln in httpx.get(p.url("/metrics")).text.split("\n") if ln.startswith("vllm:cache_config")]
         assert f'enable_prefix_caching="{not flags}"' in labels[0]
+
+
+def test_a_crash_while_serving_is_an_engine_death_and_never_healthy_keeps_the_port_closed(vllm_sim):
+    p = vllm_sim(TINY, knobs={"crash_after_ready_s": 0.5})
+    p.wait_vllm_up()
+    assert p.wait_exit(10) == 1
+    f = follow(p.text)
+    assert f.classify().state is BootState.FAILED
+    assert "EngineCore encountered a fatal error." in p.text and "INFO:     Finished server process" in p.text
+    q = vllm_sim(TINY, knobs={"never_healthy": True})
+    q.wait_for(r"init engine \(profile, create kv cache, warmup model\) took")
+    time.sleep(0.5)
+    assert _refused(q.url("/health")) and follow(q.text).classify(final=False).state is BootState.STARTING

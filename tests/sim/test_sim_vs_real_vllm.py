@@ -261,8 +261,9 @@ def test_tp2_logs_read_like_the_real_ones(vllm_sim):
     real0 = _upto(_real_lines("tp2-rank0.log"), "[shutdown]")
     real1 = _upto(_real_lines("tp2-rank1.log"), "[shutdown]")
     assert _verdict(list(r0.lines)) == _verdict(real0)
-    assert _follow(list(r0.lines)).engine_config["tensor_parallel_size"] == \
-        _follow(real0).engine_config["tensor_parallel_size"] == 2
+    mine0, theirs0 = _follow(list(r0.lines)).engine_config, _follow(real0).engine_config
+    assert mine0 is not None and theirs0 is not None
+    assert mine0["tensor_parallel_size"] == theirs0["tensor_parallel_size"] == 2
     mine1, theirs1 = _follow(list(r1.lines)), _follow(real1)
     assert mine1.classify(final=False).state is theirs1.classify(final=False).state is BootState.WORKER_READY
     assert {k for k in mine1.milestones} == {k for k in theirs1.milestones}
