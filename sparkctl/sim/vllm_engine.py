@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any
 
+from sparkctl.sglang.dialect import load_dialect
 from sparkctl.sim import vllm_failures as fail
 from sparkctl.sim.args import Resolved
 from sparkctl.sim.config import KnobError, Knobs, load_knobs
@@ -90,8 +91,9 @@ class VllmEngine(Engine):
                 f"rank {r.node_rank}{', headless' if self.headless else ''}), NOT vLLM: no GPU, no model weights, "
                 f"generated text.")
         main = "MainProcess" if self.headless else "APIServer"
-        if not self.headless:     # api_utils.py:286 (tp2-rank0.log); the API key left out (README: KNOWN)
-            shown = {key: val for key, val in v.non_default.items() if key not in ("api_key", "config")}
+        if not self.headless:     # api_utils.py:286 (tp2-rank0.log); secrets left out (README: KNOWN)
+            secret = {f.dest for f in load_dialect(r.version, engine="vllm").flags if f.secret} | {"config"}
+            shown = {key: val for key, val in v.non_default.items() if key not in secret}
             log.line("APIServer", "api_utils.py:286", f"non-default args: {shown!r}")
         if r.context_len > v.model_max_len:
             fail.max_model_len_too_long(log, r.context_len, v.model_max_len)
