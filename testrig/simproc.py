@@ -71,6 +71,20 @@ class SimProc:
     def wait_ready(self, timeout: float = 15.0) -> None:
         self.wait_for(r"The server is fired up and ready to roll!", timeout)
 
+    def wait_vllm_up(self, timeout: float = 15.0) -> None:
+        """The vLLM dialect's rank 0 is up: uvicorn's start-up line, then its port answering (it binds after)."""
+        import httpx
+        self.wait_for(r"^INFO:     Application startup complete\.$", timeout)
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                httpx.get(self.url("/health"), timeout=1)
+                return
+            except httpx.TransportError:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.02)
+
     def wait_exit(self, timeout: float) -> int:
         rc = self.proc.wait(timeout=timeout)
         self._reader.join(timeout=2)

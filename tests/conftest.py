@@ -261,3 +261,32 @@ def sim(tmp_path: Path):
         yield start
     for p in procs:
         p.close()
+
+
+@pytest.fixture
+def vllm_sim(tmp_path: Path):
+    """``vllm_sim(extra_argv, knobs=..., host=..., port=..., env=..., model=...)`` starts the emulator's vLLM dialect
+    (``python -m sparkctl.sim serve MODEL --host H --port P ...``, testrig.simproc.SimProc); all are killed
+    afterwards. ``kv_bytes_per_token`` defaults to 512: the tiny seeded model's cell at TP=2, so the shipped
+    cpu-tiny-vllm's 64 MiB per rank hold 131,072 tokens, as on the real engine."""
+    import json
+
+    from testrig.simproc import SimProc
+    from testrig.testenv import free_port
+
+    procs: list[SimProc] = []
+
+    def start(argv: list[str] | None = None, *, knobs: dict | None = None, host: str = "127.0.0.1",
+              port: int | None = None, env: dict[str, str] | None = None, model: str = "/models/target") -> SimProc:
+        port = port or free_port(host)
+        e = {"SPARKCTL_SIM_BOOT_S": "0.3", "SPARKCTL_SIM_KV_BYTES_PER_TOKEN": "512"}
+        for k, v in (knobs or {}).items():
+            e[f"SPARKCTL_SIM_{k.upper()}"] = json.dumps(v)
+        e.update(env or {})
+        p = SimProc(["serve", model, "--host", host, "--port", str(port), *(argv or [])], e, host, port)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        p.close()

@@ -3,7 +3,7 @@
 An arm comes from the ledger's deployment record (endpoint, launch specs, capacity, profile, rank 0's
 log through its runtime) or from a bare endpoint (configuration from ``/server_info``). Either way the
 arm carries the full configuration every number is recorded with (``config``), and whether it is the
-emulator (``emulated``: ``/server_info`` says ``"emulated": true`` or the record says so).
+emulator (``emulated``: ``/server_info`` says ``"emulated": true`` (vLLM: ``/version``) or the record says so).
 """
 from __future__ import annotations
 
@@ -184,7 +184,8 @@ class Arm:
 
     @property
     def emulated(self) -> bool:
-        return bool(self.server_info.get("emulated")) or bool(self.record and self.record.emulated)
+        return bool(self.server_info.get("emulated")) or bool(self.record and self.record.emulated) or \
+            bool(self.facts is not None and self.facts.emulated)
 
     @property
     def version(self) -> str | None:

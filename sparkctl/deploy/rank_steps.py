@@ -14,8 +14,8 @@ from sparkctl.deploy.boot import BootResult, boot
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.gates import run_gates
 from sparkctl.deploy.runtimes import Runtimes
+from sparkctl.engines import emulated as engine_emulated
 from sparkctl.nodes.runtime import Handle, Runtime
-from sparkctl.sglang.client import SGLangAPIError
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult
 from sparkctl.state.records import GateResult
@@ -34,8 +34,5 @@ def gate_ranks(c: Cluster, profile: Profile, result: RenderResult, booted: BootR
     """Every gate against the booted ranks; (gates, emulated: the engine says it is sparkctl's emulator)."""
     with c.client(result.specs[0], profile.api.api_key_env, timeout=profile.lifecycle.health_timeout_s) as client:
         gates = run_gates(profile, client, booted.watches)
-        try:  # the engine says whether it is the emulator (sparkctl.sim sets "emulated": true)
-            emulated = bool(client.server_info().get("emulated"))
-        except SGLangAPIError:
-            emulated = False
+        emulated = engine_emulated(profile, client)     # the engine says it is sparkctl's emulator (sparkctl.sim)
     return gates, emulated

@@ -7,6 +7,7 @@ this layer asks here, and never spells an engine's flags itself.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 from sparkctl.config.inventory import Inventory
@@ -15,32 +16,31 @@ from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang import render as sglang_render
 from sparkctl.sglang.bootwatch import LogFollower
-from sparkctl.sglang.client import SGLangClient
+from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.render import RenderResult, profile_dialect
 from sparkctl.vllm import answers as vllm_answers
 from sparkctl.vllm import render as vllm_render
 
-__all__ = ["RenderResult", "render", "resolved_capacity", "settings_seen"]
+__all__ = ["RenderResult", "emulated", "render", "resolved_capacity", "settings_seen"]
 
 
 def check_runs(profile: Profile, inventory: Inventory) -> None:
-    """The inventory's process runtime runs the profile's engine: the emulator speaks SGLang's argv only, a real
-    engine's environment (sparkctl_engine) holds one engine. Docker nodes run what their image holds."""
+    """The inventory's process runtime runs the profile's engine: the emulator speaks both engines' argv (SGLang's
+    and, as `python -m sparkctl.sim serve ...`, vLLM's), a real engine's environment (sparkctl_engine) holds one
+    engine. Docker nodes run what their image holds."""
     runs = inventory.cluster.engine
-    if not any(n.runtime == "process" for n in inventory.nodes) or runs == profile.engine or \
-            (runs == "emulator" and profile.engine == "sglang") or profile.engine in inventory.cluster.pythons():
+    if not any(n.runtime == "process" for n in inventory.nodes) or runs in (profile.engine, "emulator") or \
+            profile.engine in inventory.cluster.pythons():
         return
     if runs == "real":
         raise ConfigError(f"engine: {profile.engine}: the inventory's engine_pythons has no {profile.engine}",
                           where=profile.origin_of("engine"),
                           hint=f"add {profile.engine}: <its bin/python> to sparkctl_engine_pythons in "
                                f"{inventory.path}")
-    what = "sparkctl's emulator (it speaks SGLang's flags only)" if runs == "emulator" else f"real {runs}"
-    other = "sglang" if runs == "emulator" else runs
-    raise ConfigError(f"engine: {profile.engine}: the inventory's process runtime runs {what}",
+    raise ConfigError(f"engine: {profile.engine}: the inventory's process runtime runs real {runs}",
                       where=profile.origin_of("engine"),
                       hint=f"use an inventory whose sparkctl_engine is {profile.engine} (e.g. inventory/local-"
-                           f"{profile.engine}.yml), or a profile with engine: {other}")
+                           f"{profile.engine}.yml), or a profile with engine: {runs}")
 
 
 def render(profile: Profile, inventory: Inventory, *, environ: Mapping[str, str] | None = None) -> RenderResult:
@@ -75,6 +75,19 @@ def settings_seen(profile: Profile, client: SGLangClient, rank0: LogFollower | N
         seen = vllm_answers.settings_in_force(config, client.text("/metrics"), client.models())
         return vllm_answers.expected_settings(profile, profile_dialect(profile)), seen
     return _sglang_expected(profile), client.server_info()
+
+
+def emulated(profile: Profile, client: SGLangClient) -> bool:
+    """The engine says it is sparkctl's emulator: SGLang's ``/server_info`` (``"emulated": true``), vLLM's
+    ``/version`` (``{"version": "0.32.0", "emulated": true}``: the real one answers ``{"version": "0.32.0"}``,
+    tests/fixtures/captures/vllm-0.32.0-cpu/tp1-version.txt). False when the engine does not answer."""
+    try:
+        if profile.engine == "vllm":
+            body = json.loads(client.text("/version", max_bytes=4096))
+            return isinstance(body, dict) and body.get("emulated") is True
+        return bool(client.server_info().get("emulated"))
+    except (SGLangAPIError, ValueError):
+        return False
 
 
 def resolved_capacity(profile: Profile, info: JSONObject

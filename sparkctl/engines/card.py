@@ -52,6 +52,7 @@ class ArmFacts:
     prefix_cache: bool | str
     sources: list[str]
     settings: JSONObject = field(default_factory=dict)
+    emulated: bool = False          # /version says so (sparkctl's emulator; the real vLLM's has only "version")
 
     def as_dict(self) -> JSONObject:
         return {"engine": self.engine, "engine_name": ENGINE_NAMES.get(self.engine, self.engine),
@@ -64,7 +65,7 @@ class ArmFacts:
                 "memory_fraction": self.memory_fraction,
                 "memory_fraction_name": self.memory_fraction_name, "prefix_cache": self.prefix_cache,
                 "sources": self.sources,
-                "settings": self.settings}
+                "settings": self.settings, "emulated": self.emulated}
 
 
 def _optional(read: object) -> object:
@@ -93,6 +94,16 @@ def _argv_value(argv: Sequence[str], flag: str) -> str | None:
         if name == flag:
             return val if eq else (argv[i + 1] if i + 1 < len(argv) else None)
     return None
+
+
+def _version_body(text: object) -> dict[str, object]:
+    if not isinstance(text, str):
+        return {}
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def _version(text: object) -> str | None:
@@ -153,7 +164,8 @@ def arm_facts(engine: str, client: SGLangClient, log_lines: Iterable[str] | None
         kv_tokens=tokens, kv_concurrency=concurrency, kv_dtype=dtype if isinstance(dtype, str) else None,
         memory_fraction=float(fraction) if isinstance(fraction, (int, float)) else None,
         memory_fraction_name="gpu_memory_utilization (vllm:cache_config_info; on a CPU the KV size is set apart)",
-        prefix_cache=prefix if isinstance(prefix, bool) else "unknown", sources=sources, settings=seen)
+        prefix_cache=prefix if isinstance(prefix, bool) else "unknown", sources=sources, settings=seen,
+        emulated=_version_body(version_text).get("emulated") is True)
 
 
 def engine_counters(engine: str, client: SGLangClient) -> dict[str, float] | None:

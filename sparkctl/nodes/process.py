@@ -1,7 +1,8 @@
 """The `process` runtime: each rank of the embedded cluster is a local engine process.
 
 The LaunchSpec's argv (`python3 -m sglang.launch_server ...`) runs unchanged except for the program, which the
-inventory chooses (`sparkctl_engine`): `python -m sparkctl.sim`, sparkctl's SGLang emulator (the default), or
+inventory chooses (`sparkctl_engine`): `python -m sparkctl.sim`, sparkctl's emulator (the default; a vLLM spec runs its
+vLLM dialect, `python -m sparkctl.sim serve ...`), or
 `<sparkctl_engine_python> -m sglang.launch_server`, the real SGLang installed in that environment (on this
 machine's CPU: testrig/realengine builds one). Whatever only a CPU needs (`--device cpu`, the thread binding)
 comes from the profile and the inventory, never from here. Two paths are rewritten the way a container's mounts
@@ -149,13 +150,14 @@ class ProcessRuntime:
 
     def _command(self, spec: LaunchSpec, secrets_dir: Path | None = None) -> list[str]:
         """The spec's launch with this node's Python: `python3 -m MODULE [serve] ARGS` becomes the inventory's
-        engine Python (the emulator: this Python running sparkctl.sim, which speaks SGLang's argv)."""
+        engine Python (the emulator: this Python running sparkctl.sim, which speaks SGLang's argv, and vLLM's after
+        `serve`)."""
         module = spec.argv[2]
         head = 4 if module == "vllm.entrypoints.cli.main" else 3      # vLLM's is `... main serve ARGS`
         args = [self._mounted(local_secret_path(a, secrets_dir)) for a in spec.argv[head:]]
         if self.engine != "emulator":
             return [self.engine_pythons.get(spec.engine) or "python3", "-m", *spec.argv[2:head], *args]
-        return [sys.executable, "-m", "sparkctl.sim", *args]
+        return [sys.executable, "-m", "sparkctl.sim", *spec.argv[3:head], *args]     # vLLM's: `sim serve ARGS`
 
     def _mounted(self, value: str) -> str:
         """A /models/... path of the LaunchSpec where this node keeps it (host_paths.models), as a mount would."""
@@ -176,7 +178,8 @@ class ProcessRuntime:
         # Knobs the caller's environment sets (tests, fault injection) win over the inventory's.
         if self.engine == "emulator":
             env.update({k: v for k, v in sim_env(self.sim_knobs).items() if k not in os.environ})
-            env.setdefault("SPARKCTL_SIM_SGLANG_VERSION", spec.sglang_version)
+            env.setdefault("SPARKCTL_SIM_VLLM_VERSION" if spec.engine == "vllm" else "SPARKCTL_SIM_SGLANG_VERSION",
+                           spec.sglang_version)
         sdir = self.secrets_dir(deployment_id, spec.rank)
         env.update({k: local_secret_path(v, sdir) for k, v in spec.env.items()})
         env["PYTHONUNBUFFERED"] = "1"

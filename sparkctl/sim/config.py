@@ -30,7 +30,7 @@ ENV_VERSION = "SPARKCTL_SIM_SGLANG_VERSION"
 DEFAULT_SGLANG_VERSION = "0.5.23"
 
 # Env vars with the prefix that are not knobs.
-_NOT_KNOBS = {"CONFIG", "CLUSTER", "SGLANG_VERSION"}
+_NOT_KNOBS = {"CONFIG", "CLUSTER", "SGLANG_VERSION", "VLLM_VERSION"}   # the vLLM dialect: sparkctl.sim.vllm_args
 
 
 class KnobError(ValueError):
@@ -83,6 +83,7 @@ class Knobs:
     store_connect_timeout_s: float = 30.0    # rank>0 gives up reaching the store (unless --dist-timeout)
     store_wait_timeout_s: float = 600.0      # rank 0 gives up waiting for ranks (unless --dist-timeout)
     nccl_version: str = "2.27.5"
+    vllm_stats_interval_s: float = 10.0      # vLLM dialect: its periodic stats / SpecDecoding lines (vLLM: 10 s)
     # --- faults -----------------------------------------------------------------------------
     fail_load_oom: bool = False              # CUDA OOM traceback during weight load, then exit 1
     hang_at_init: bool = False               # stop after the Gloo handshake, never progress

@@ -91,9 +91,18 @@ class Scheduler:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.requests_total = 0
+        self.ttft_buckets: tuple[float, ...] = TTFT_BUCKETS
         self.ttft_hist = [0] * (len(TTFT_BUCKETS) + 1)
         self.ttft_sum = 0.0
         self.ttft_count = 0
+        # What a vLLM dialect reads besides (sparkctl.sim.vllm_api): prefix-cache hits, per-position acceptance,
+        # finished requests by reason; `batch_lines` off: vLLM prints no per-batch line, `prefix_caching` off:
+        # --no-enable-prefix-caching (nothing is matched).
+        self.batch_lines = True
+        self.prefix_caching = True
+        self.cached_tokens_total = 0
+        self.accepted_per_pos = [0] * max(0, res.num_draft_tokens - 1)
+        self.finished_by_reason: dict[str, int] = {}
         self._thread = threading.Thread(target=self._loop, name="sim-scheduler", daemon=True)
 
     # ---- public ---------------------------------------------------------------------------
@@ -112,6 +121,11 @@ class Scheduler:
             self.waiting.append(req)
             self.requests_total += 1
             self._cv.notify_all()
+
+    def use_ttft_buckets(self, buckets: tuple[float, ...]) -> None:
+        """Count TTFT in another engine's histogram buckets (before the first request)."""
+        self.ttft_buckets = buckets
+        self.ttft_hist = [0] * (len(buckets) + 1)
 
     def abort(self, req: Request) -> None:
         req.aborted = True
@@ -184,8 +198,9 @@ class Scheduler:
     def _prefill(self, batch: list[Request], deadline: float) -> float:
         new_tokens = cached = 0
         for r in batch:
-            r.cached_tokens = self.cache.match(r.prompt_tokens)
+            r.cached_tokens = self.cache.match(r.prompt_tokens) if self.prefix_caching else 0
             cached += r.cached_tokens
+            self.cached_tokens_total += r.cached_tokens
             new_tokens += len(r.prompt_tokens) - r.cached_tokens
         deadline += self.knobs.ttft_base_s + new_tokens / max(1e-9, self.knobs.prefill_tps)
         self._sleep_until(deadline)
@@ -195,7 +210,8 @@ class Scheduler:
         self._last_prefill_log = now
         with self._cv:
             n_running, n_queue = len(self.running), len(self.waiting)
-        self._log_prefill(len(batch), new_tokens, cached, n_running, n_queue, new_tokens / gap)
+        if self.batch_lines:
+            self._log_prefill(len(batch), new_tokens, cached, n_running, n_queue, new_tokens / gap)
         for r in batch:
             self.prompt_tokens_total += len(r.prompt_tokens)
             if r.aborted:
@@ -240,21 +256,25 @@ class Scheduler:
                 self._int_verify += 1
                 self.total_accept += n
                 self.total_verify += 1
+                for pos in range(min(n - 1, len(self.accepted_per_pos))):
+                    self.accepted_per_pos[pos] += 1
             if r.finish_reason:
                 self._finish(r, now)
-        if self.decode_ct % self.res.decode_log_interval == 0:
+        if self.batch_lines and self.decode_ct % self.res.decode_log_interval == 0:
             self._log_decode(len(batch))
         return deadline
 
     def _finish(self, r: Request, now: float) -> None:
         r.finished_at = now
+        reason = r.finish_reason or "stop"
+        self.finished_by_reason[reason] = self.finished_by_reason.get(reason, 0) + 1
         self.cache.insert(r.prompt_tokens + r.plan.tokens(0, r.generated))
         r.out.put(None)
 
     def _observe_ttft(self, s: float) -> None:
         self.ttft_sum += s
         self.ttft_count += 1
-        for i, b in enumerate(TTFT_BUCKETS):
+        for i, b in enumerate(self.ttft_buckets):
             if s <= b:
                 self.ttft_hist[i] += 1
                 return

@@ -120,6 +120,8 @@ DEFERRED = {
                     "module of sparkctl +0.75 s (`sparkctl --help`, completion, exit-2 errors stay fast)",
     "sparkctl.config.loader": "on the CLI's entry path (above)",
     "sparkctl.sim.engine": "a worker rank never loads the HTTP API or the scheduler (0.07 s; 0.17 s with them)",
+    "sparkctl.sim.vllm_engine": "a headless vLLM rank never loads the HTTP API or the scheduler (0.068 s; 0.095 s "
+                                "with them)",
     "sparkctl.sim.args": "the emulator's argument parser loads the SGLang dialect only to parse (emulator start)",
     "sparkctl.sim.decoding": "the emulator's rank 0 loads its performance model when it first decodes",
     "sparkctl.deploy.runtimes": "the docker runtime is an optional extra (sparkctl[nodes]): its ImportError is a "

@@ -159,11 +159,23 @@ def test_a_vllm_profile_names_its_version_and_image(tmp_path):
 
 
 def test_the_process_runtime_must_run_the_profiles_engine():
-    with pytest.raises(ConfigError, match="runs sparkctl's emulator") as err:
-        render(load_profile("cpu-tiny-vllm"), load_inventory(REPO / "inventory" / "local.yml"), environ={})
+    with pytest.raises(ConfigError, match="runs real sglang") as err:
+        render(load_profile("cpu-tiny-vllm"), load_inventory(REPO / "inventory" / "local-sglang.yml"), environ={})
     assert "local-vllm.yml" in (err.value.hint or "")
     with pytest.raises(ConfigError, match="runs real vllm"):
         render(load_profile("cpu-tiny"), load_inventory(LOCAL), environ={})
+
+
+def test_the_embedded_emulator_runs_both_engines():
+    """The emulator speaks vLLM's argv too (`python -m sparkctl.sim serve ...`): the embedded cluster takes a vLLM
+    profile, and its process runtime launches the emulator's vLLM dialect with vLLM's own arguments."""
+    from sparkctl.nodes.process import ProcessRuntime
+    inv = load_inventory(REPO / "inventory" / "local.yml")
+    res = render(load_profile("cpu-tiny-vllm"), inv, environ={})
+    spec = res.specs[0]
+    cmd = ProcessRuntime(Path("/tmp/x/logs"), engine="emulator")._command(spec)
+    assert cmd[1:5] == ["-m", "sparkctl.sim", "serve", spec.argv[4]] and cmd[5:] == spec.argv[5:]
+    assert "--headless" in res.specs[1].argv
 
 
 def test_the_vllm_api_key_reaches_the_engine_in_its_config_file_never_argv(tmp_path):
