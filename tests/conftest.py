@@ -62,7 +62,8 @@ SPREAD_MODULES = {"lifecycle/test_crash_matrix.py", "scaleout/test_replicated_si
 # modules that compare what a client measures with an emulator's known timing (decode rates, TTFT, a planted optimum):
 # marked `timing` besides their tier; `./bin/test` runs them alone after the others (other workers' load moved their
 # measurements past the tolerance), and under `-n` one worker runs them one after another
-TIMING_MODULES = {"bench_card/test_emulated.py", "tune/test_tune.py", "sim/test_sim_timing.py", "sim/test_sim_perf.py"}
+TIMING_MODULES = {"bench_card/test_emulated.py", "tune/test_tune.py", "tune/test_tune_vllm.py",
+                  "sim/test_sim_timing.py", "sim/test_sim_perf.py"}
 # one group per tier, so one worker each, for the test clusters (root, network namespaces and their prefixes: one user
 # at a time) and the real engine (one TP=2 engine, port 26000 for its TCP store): two workers, side by side. They once
 # shared one worker (`machine`, ~25 min, the suite's critical path) because the cluster tests' preflight judged
