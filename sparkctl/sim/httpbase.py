@@ -30,6 +30,11 @@ class BaseHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "uvicorn"
     sys_version = ""
+    # TCP_NODELAY on every connection, as uvicorn's asyncio transports set it: with Nagle on, a streamed frame
+    # written while the previous one was unacknowledged waited for the client's delayed ACK (~40 ms), so on a
+    # keep-alive connection the first content frame of back-to-back requests came 33 ms late and the rest in a
+    # burst: decode measured 25-30 % fast and TTFT 3.5x slow (sparkctl's own tune on the vLLM dialect saw it)
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence http.server
         pass

@@ -62,10 +62,12 @@ def test_tune_on_vllm_finds_the_planted_optimum_through_vllms_own_flags(cli, vll
     trials = data["trials"]
     assert [t["changes"] for t in trials[1:]] == [
         {"speculative.num_draft_tokens": d, "server.mem_fraction_static": f} for d in (4, 6) for f in (0.88, 0.95)]
-    # --gpu-memory-utilization 0.95 does not boot on the emulated host: infeasible, with vLLM's own refusal
+    # --gpu-memory-utilization 0.95 does not boot on the emulated host: infeasible (no boot: vLLM refuses the budget
+    # before it allocates, unlike SGLang's OOM-killed boot), with vLLM's own refusal
     oom = [t for t in trials if t["changes"].get("server.mem_fraction_static") == 0.95]
-    assert all(t["status"] == "infeasible" and t["reason"] in ("oom", "no boot") for t in oom), oom
-    assert all("gpu memory utilization" in t["error"].lower() or "memory" in t["error"].lower() for t in oom), oom
+    assert all(t["status"] == "infeasible" and t["reason"] == "no boot" for t in oom), oom
+    # vLLM's own refusal, named by the doctor's finding (a real capture: fail-gpu-memory-utilization-too-low.log)
+    assert all("memory_budget" in t["error"] and "--gpu-memory-utilization" in t["error"] for t in oom), oom
     feasible = {t["changes"].get("speculative.num_draft_tokens", 8): t for t in trials if t["status"] == "feasible"}
     assert set(feasible) == {4, 6, 8}, trials
     # each trial's accept length is vLLM's own figure from its counters (the baseline's too)
@@ -75,28 +77,20 @@ def test_tune_on_vllm_finds_the_planted_optimum_through_vllms_own_flags(cli, vll
     assert trials[0]["g6"]["verdict"] == "reference"
     assert all(t["g6"]["verdict"] == "identical" for t in feasible.values() if not t["baseline"])
 
-    # the best feasible candidate confirmed against the baseline, interleaved; promoted only beyond the noise band.
-    # Not asserted to promote (the SGLang dialect's test does): the emulator's vLLM dialect decodes the first of
-    # back-to-back streamed requests ~25 % faster (its TTFT 44 ms instead of 12, the same latency: the scheduler
-    # catching up a late start), which widens the confirmation's noise band; found, not yet understood (the note
-    # of this change has the measurements).
+    # the best feasible candidate confirmed against the baseline, interleaved, and promoted beyond the noise band;
+    # tv leaves the memory fraction unset (vLLM's own 0.92), so the winner's 0.88 is a change it writes down
     conf, w = data["confirmation"], data["winner"]
-    assert conf["candidate"] == next(t["index"] for t in trials if t["changes"].get("speculative.num_draft_tokens")
-                                     == 6 and t["status"] == "feasible"), conf
-    assert conf["order"] == ["baseline", "winner", "baseline", "winner"] and len(conf["winner"]) == 6, conf
-    assert w["promoted"] == (conf["verdict"] == "better"), (conf, w)
-    if not w["promoted"]:
-        assert list(profiles_dir.glob("tv-tuned-*")) == [] and data["restore"]["ok"]
-        assert active_profile(cli) == "tv-off" and data["original"] == before
-        return
-    assert w["changes"] == {"speculative.num_draft_tokens": 6}
+    assert conf["order"] == ["baseline", "winner", "baseline", "winner"] and conf["verdict"] == "better", conf
+    assert w["promoted"] and w["changes"] == {"speculative.num_draft_tokens": 6, "server.mem_fraction_static": 0.88}
     doc = yaml.safe_load(Path(w["path"]).read_text())
     assert doc["extends"] == "tv" and doc["speculative"] == {"num_draft_tokens": 6}
+    assert doc["server"] == {"mem_fraction_static": 0.88}
     code, out, err = cli("render", "--profile", w["profile"], "--json")
     assert code == 0, err
     argv = json.loads(out)["ranks"][0]["argv"]
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["method"] == "ngram" and spec["num_speculative_tokens"] == 5, spec
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.88", argv
 
     assert data["restore"]["ok"] and active_profile(cli) == "tv-off" and data["original"] == before
 
