@@ -120,16 +120,18 @@ class PreflightError(SparkctlError):
 
 class DeployError(SparkctlError):
     """Boot, warm-up or verify failed (the lifecycle may have rolled back); `node` names the failing node and
-    `failed_gates` the verify gates that failed (their names, e.g. ``capacity``: what `tune` classifies a candidate
-    by, whatever the engine calls its numbers)."""
+    `failed_gates` the verify gates that failed (their names, e.g. ``capacity``), `failure_kind` what the engine's own
+    fatal line said at a failed boot (``oom``, ``memory_budget``...): what `tune` classifies a candidate by, whatever
+    the engine calls its numbers or words its errors)."""
 
     exit_code = 4
 
     def __init__(self, message: str, *, node: str | None = None, failed_gates: tuple[str, ...] = (),
-                 **kw: Unpack[ErrorContext]) -> None:
+                 failure_kind: str | None = None, **kw: Unpack[ErrorContext]) -> None:
         super().__init__(message, **kw)
         self.node = node
         self.failed_gates = failed_gates
+        self.failure_kind = failure_kind     # a failed boot: the kind of the engine's fatal line (EventKind's value)
 
 
 class LockHeldError(SparkctlError):

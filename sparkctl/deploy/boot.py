@@ -136,7 +136,8 @@ def _fail(watch: BootingRank, message: str, hint: str, elapsed: float) -> Deploy
     evidence.append(log_tail(full, 25))
     evidence += doctor_lines([(f"rank {watch.spec.rank} [{watch.spec.node}]", full)], watch.spec.engine)
     return DeployError(f"boot failed on rank {watch.spec.rank} ({watch.spec.node}) after {elapsed:.1f}s: {message}",
-                       where=f"[{watch.spec.node}] boot", hint=hint, evidence="\n".join(evidence), node=watch.spec.node)
+                       where=f"[{watch.spec.node}] boot", hint=hint, evidence="\n".join(evidence), node=watch.spec.node,
+                       failure_kind=f.kind.value if f is not None else None)
 
 
 _HINTS: dict[EventKind | None, str] = {

@@ -70,6 +70,8 @@ if TYPE_CHECKING:
     from sparkctl.deploy.results import UpResult
 
 SCHEMA = "sparkctl.tune/1"
+# the engine's fatal boot lines (sparkctl.sglang.logparse.EventKind values) that mean "does not fit in memory"
+MEMORY_FAILURES = ("oom", "memory_budget")
 OBJECTIVES = {"decode": ("decode", "higher"), "ttft": ("ttft", "lower"), "aggregate-c2": ("concurrency", "higher")}
 
 Progress = Callable[[str], None]
@@ -116,12 +118,16 @@ def _accept_len(card: RunRecord) -> float | None:
 
 def classify_failure(exc: BaseException) -> str:
     """Why a candidate is infeasible, in one word or phrase, from the lifecycle's error: its type and the verify
-    gates it names (``DeployError.failed_gates``), never an engine's spelling of a number (SGLang's
-    max_total_num_tokens and vLLM's KV cache size both fail the gate called ``capacity``). Only an out-of-memory
-    death is read from the text: the doctor names it in the error from the engine's own log line."""
+    gates it names (``DeployError.failed_gates``) and the kind of the engine's fatal boot line
+    (``DeployError.failure_kind``), never an engine's spelling of a number or an error (SGLang's max_total_num_tokens
+    and vLLM's KV cache size both fail the gate called ``capacity``; SGLang's CUDA OOM and vLLM's refused memory
+    budget are both ``oom``). A death by the host's OOM-killer (no line: the process is killed) is read from the
+    exit the error names."""
     text = (exc.render() if isinstance(exc, SparkctlError) else str(exc)).lower()
     if isinstance(exc, PreflightError):
         return "preflight failed"
+    if isinstance(exc, DeployError) and exc.failure_kind in MEMORY_FAILURES:
+        return "oom"
     if "oom" in text or "out of memory" in text or "exit code: -9" in text:
         return "oom"
     if isinstance(exc, DeployError) and exc.failed_gates:

@@ -40,6 +40,13 @@ def test_the_other_failures_by_type() -> None:
     assert classify_failure(BenchError("2 measurement(s) failed", where="bench")) == "bench failed"
     assert classify_failure(DeployError("boot failed on rank 1 (spark-b) after 3.0s: exit code: -9")) == "oom"
     assert classify_failure(DeployError("boot failed on rank 0 (spark-a) after 9.1s: bad flag")) == "no boot"
+    # the engine's fatal line, by its kind: SGLang's CUDA OOM, vLLM's refused memory budget; not its wording
+    for kind in ("oom", "memory_budget"):
+        assert classify_failure(DeployError("boot failed on rank 1 (spark-b) after 2.3s: ValueError",
+                                            failure_kind=kind)) == "oom"
+    for kind in ("config_error", "nccl_error", "traceback", None):
+        assert classify_failure(DeployError("boot failed on rank 1 (spark-b) after 2.3s: ValueError",
+                                            failure_kind=kind)) == "no boot"
     # a gate's name in free text is not a gate failure
     assert classify_failure(DeployError("warm-up request 1/1 failed: the smoke gate said capacity")) == "no boot"
 
