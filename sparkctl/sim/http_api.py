@@ -298,25 +298,32 @@ class _ApiHandler(BaseHandler):
                 self._stream_done = True
                 return
 
-    def _completions(self) -> None:
-        """OpenAI /v1/completions: a plain continuation of ``prompt`` (no chat template, no reasoning part)."""
-        st = self.state
+    def _completion_request(self) -> tuple[JSONObject, Request] | None:
+        """OpenAI /v1/completions' body and its admitted request, a plain continuation of ``prompt`` (no chat
+        template, no reasoning part); None when a refusal was answered. Both dialects' route (vLLM's too)."""
         body = self._body()
         prompt = body.get("prompt") if body is not None else None
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if body is None or not isinstance(prompt, str):
             self._json(400, _error("Invalid request: 'prompt' must be a string (or a list of one string)"))
-            return
+            return None
         bad = _bad_int(body, "max_tokens")
         if bad is not None:
             self._json(400, bad)
-            return
-        max_new = body.get("max_tokens", 16)          # OpenAI's and SGLang's CompletionRequest default
+            return None
+        max_new = body.get("max_tokens", 16)          # OpenAI's, SGLang's and vLLM's CompletionRequest default
         req = self._admit(prompt, dec.tokenize(prompt), int(max_new) if max_new is not None else None,
                           body.get("temperature"), thinking=False, ignore_eos=body.get("ignore_eos") is True)
-        if req is None:
+        return None if req is None else (body, req)
+
+    def _completions(self) -> None:
+        """OpenAI /v1/completions: a plain continuation of ``prompt`` (no chat template, no reasoning part)."""
+        st = self.state
+        admitted = self._completion_request()
+        if admitted is None:
             return
+        body, req = admitted
         view = ChatView(req, separate=False)
         head = {"id": uuid.uuid4().hex, "created": int(time.time()), "model": st.res.served_model_name}
         if not body.get("stream"):

@@ -226,22 +226,10 @@ class _VllmHandler(_ApiHandler):
 
     def _completions(self) -> None:
         st = self.state
-        body = self._body()
-        prompt = body.get("prompt") if body is not None else None
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if body is None or not isinstance(prompt, str):
-            self._json(400, _error("Invalid request: 'prompt' must be a string (or a list of one string)"))
+        admitted = self._completion_request()
+        if admitted is None:
             return
-        bad = _bad_int(body, "max_tokens")
-        if bad is not None:
-            self._json(400, bad)
-            return
-        max_new = body.get("max_tokens", 16)          # OpenAI's CompletionRequest default
-        req = self._admit(prompt, dec.tokenize(prompt), int(max_new) if max_new is not None else None,
-                          body.get("temperature"), thinking=False, ignore_eos=body.get("ignore_eos") is True)
-        if req is None:
-            return
+        body, req = admitted
         view = ChatView(req, separate=False)
         head: JSONObject = {"id": f"cmpl-{uuid.uuid4().hex[:16]}", "object": "text_completion",
                             "created": int(time.time()), "model": st.res.served_model_name}
