@@ -23,10 +23,7 @@ import os
 import re
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from sparkctl.errors import ConfigError
 from sparkctl.sim import perf
@@ -113,43 +110,6 @@ def build_parser(version: str) -> argparse.ArgumentParser:
         except (argparse.ArgumentError, ValueError):
             continue   # an option registered twice in the schema: keep the first
     return parser
-
-
-class VllmConfigFileError(ValueError):
-    """What vLLM's config-file merge raises (a missing file, a root that is not a mapping)."""
-
-
-def merge_config(argv: list[str]) -> list[str]:
-    """``argv`` with ``--config FILE``'s keys as flags, right after the model (vLLM's ``_pull_args_from_config``,
-    vllm/utils/argparse_utils.py: the command line, later, wins); ``true`` adds the flag, ``false`` drops it, a list
-    gives one flag with every value."""
-    if "--config" not in argv:
-        return argv
-    i = argv.index("--config")
-    if i == len(argv) - 1:
-        raise VllmConfigFileError("No config file specified! Please check your command-line arguments.")
-    path = Path(argv[i + 1])
-    if not path.is_file():
-        raise VllmConfigFileError(f"Config file not found: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise VllmConfigFileError(f"Config file {path} must contain a mapping")
-    pulled: list[str] = []
-    for key, value in data.items():
-        flag = f"--{str(key).replace('_', '-')}"
-        if value is True:
-            pulled.append(flag)
-        elif value is False or value is None:
-            continue
-        elif isinstance(value, list):
-            pulled += [flag, *(str(v) for v in value)]
-        elif isinstance(value, dict):
-            pulled += [flag, json.dumps(value)]
-        else:
-            pulled += [flag, str(value)]
-    rest = argv[:i] + argv[i + 2:]
-    head = rest[:1] if rest and not rest[0].startswith("-") else []
-    return head + pulled + rest[len(head):]
 
 
 @dataclass

@@ -25,15 +25,14 @@ from sparkctl.sglang.dialect import load_dialect
 from sparkctl.sim import vllm_failures as fail
 from sparkctl.sim.args import Resolved
 from sparkctl.sim.config import KnobError, Knobs, load_knobs
+from sparkctl.sim.config_file import VllmConfigFileError, merge_vllm_config
 from sparkctl.sim.dist import DistError, StoreClient, StoreServer
 from sparkctl.sim.engine import EXIT_FAILURE, Engine, _Stop
 from sparkctl.sim.vllm_args import (
     BLOCK_SIZE,
     GIB,
-    VllmConfigFileError,
     VllmSettings,
     build_parser,
-    merge_config,
     resolve,
     vllm_version,
 )
@@ -302,7 +301,7 @@ def main(argv: list[str]) -> int:
         return 2
     log = VllmLog(sys.stdout)
     try:
-        argv = merge_config(argv)
+        argv = merge_vllm_config(argv)
     except VllmConfigFileError as e:
         log.raw("Traceback (most recent call last):")
         log.raw(f"ValueError: {e}")

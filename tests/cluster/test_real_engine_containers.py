@@ -208,8 +208,14 @@ def test_a_small_bench_card_from_the_real_engine_in_containers(cli: Cli, real: d
     assert code == 0, err[-3000:]
     card = json.loads((tmp_path / "card" / "report.json").read_text())
     assert card["emulated"] is False and card["status"] == "successful", card.get("status")
-    decode = card["arms"][0]["results"]["decode"]["classes"]["code"]
-    assert decode["decode_tok_s"]["median"] > 0 and all(r["completion_tokens"] == 16 for r in decode["runs"])
+    # every run generated its 16 tokens, and decode is measured; or, for a class whose whole answer came in one read,
+    # the card says so instead of a number (the engine's incremental detokenizer holds the tiny random model's byte
+    # tokens until they decode: a test run once got the code answer in one read at the end, TTFT 0.39 s of 3.24 s)
+    classes = card["arms"][0]["results"]["decode"]["classes"]
+    assert all(r["completion_tokens"] == 16 for c in classes.values() for r in c["runs"]), classes
+    assert any((c["decode_tok_s"] or {}).get("median", 0) > 0 for c in classes.values()), classes
+    assert all((c["decode_tok_s"] or {}).get("median", 0) > 0 or "every token arrived in one read" in c["note"]
+               for c in classes.values()), classes
     assert (tmp_path / "card" / "card.md").is_file() or any((tmp_path / "card").glob("*.md"))
 
 
