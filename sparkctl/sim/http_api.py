@@ -77,9 +77,16 @@ class _ApiHandler(BaseHandler):
             return None
         return data if isinstance(data, dict) else None
 
+    # the dialect's own header of a streamed answer, between content-type and transfer-encoding (SGLang's)
+    STREAM_HEADERS: tuple[tuple[str, str], ...] = (("cache-control", "no-cache"),)
+
+    def _open(self, path: str) -> bool:
+        """A path served without the API key (SGLang: its health routes)."""
+        return path in _HEALTH
+
     def _authorized(self, path: str) -> bool:
         key = self.state.res.api_key
-        if not key or path in _HEALTH:
+        if not key or self._open(path):
             return True
         if self.headers.get("authorization", "") == f"Bearer {key}":
             return True
@@ -91,7 +98,8 @@ class _ApiHandler(BaseHandler):
         self.send_header("date", formatdate(usegmt=True))
         self.send_header("server", "uvicorn")
         self.send_header("content-type", "text/event-stream; charset=utf-8")
-        self.send_header("cache-control", "no-cache")
+        for name, value in self.STREAM_HEADERS:
+            self.send_header(name, value)
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
         self._status = 200

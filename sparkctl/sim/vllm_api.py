@@ -21,7 +21,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from email.utils import formatdate
 from http.server import ThreadingHTTPServer
 
 from sparkctl.jsontypes import JSONObject
@@ -66,26 +65,12 @@ class _VllmHandler(_ApiHandler):
               headers: dict[str, str] | None = None) -> None:
         super()._send(status, body, ctype, {**(headers or {}), "vary": "Origin"})    # every captured answer has it
 
-    def _start_stream(self) -> None:
-        """tp1-chat-stream-headers.txt: date, server, content-type, vary, transfer-encoding (no cache-control)."""
-        self.send_response_only(200)
-        self.send_header("date", formatdate(usegmt=True))
-        self.send_header("server", "uvicorn")
-        self.send_header("content-type", "text/event-stream; charset=utf-8")
-        self.send_header("vary", "Origin")
-        self.send_header("transfer-encoding", "chunked")
-        self.end_headers()
-        self._status = 200
-        self._access()
+    # tp1-chat-stream-headers.txt: date, server, content-type, vary, transfer-encoding (no cache-control)
+    STREAM_HEADERS = (("vary", "Origin"),)
 
-    def _authorized(self, path: str) -> bool:
-        key = self.state.res.api_key
-        if not key or not path.startswith("/v1"):
-            return True
-        if self.headers.get("authorization", "") == f"Bearer {key}":
-            return True
-        self._json(401, {"error": "Unauthorized"})
-        return False
+    def _open(self, path: str) -> bool:
+        """vLLM's API key guards only the /v1 routes (its middleware)."""
+        return not path.startswith("/v1")
 
     def _route(self, method: str) -> None:
         self._read_body()
