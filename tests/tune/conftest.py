@@ -10,6 +10,9 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
 
 PLANTED = {"boot_s": 0.3, "decode_tps": 300, "verify_cost": 1.5, "verify_cost_per_token": 0.25,
            "accept_len_code": 4.6, "ttft_base_s": 0.01, "prefill_tps": 100000,
@@ -30,5 +33,32 @@ def tune_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Pat
         monkeypatch.delenv(key)
     (profiles_dir / "t5.yml").write_text(FAST_D5)
     (profiles_dir / "t5-off.yml").write_text(FAST_OFF)
+    yield inv
+    stop_recorded_engines(inv)
+
+
+@pytest.fixture
+def vllm_tune_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path, profiles_dir: Path):
+    """The embedded cluster with the planted optimum; `tv`: cpu-tiny-vllm speculative (ngram, 8 draft tokens as
+    d5 runs) with the tiny model's KV cell (its 64 MiB per rank hold 131,072 tokens), on free ports; `tv-off` the same
+    without speculation."""
+    from sparkctl.config.inventory import load_inventory
+    from testrig.embedded import stop_recorded_engines, write_embedded_inventory
+    from testrig.testenv import free_port
+
+    inv = write_embedded_inventory(tmp_path / "inventory.yml", {**PLANTED, "vllm_stats_interval_s": 0.5}, prefix="tv")
+    monkeypatch.setenv("SPARKCTL_INVENTORY", str(inv))
+    for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
+        monkeypatch.delenv(key)
+    node = load_inventory(inv).rank0.api_bind
+    doc = yaml.safe_load((REPO / "profiles" / "cpu-tiny-vllm.yml").read_text())
+    doc["api"].update(port=free_port(node), dist_port=free_port(node))
+    doc["env"]["SPARKCTL_SIM_KV_BYTES_PER_TOKEN"] = "512"
+    doc["warmup"] = {"requests": 1, "max_tokens": 16, "timeout_s": 120}
+    off = {**doc, "description": "tv without speculation"}
+    doc["speculative"] = {"algorithm": "NGRAM", "num_draft_tokens": 8}
+    (profiles_dir / "tv.yml").write_text(yaml.safe_dump(doc))
+    (profiles_dir / "tv-off.yml").write_text(yaml.safe_dump(off))
+    (profiles_dir / "base.yml").write_text((REPO / "profiles" / "base.yml").read_text())
     yield inv
     stop_recorded_engines(inv)

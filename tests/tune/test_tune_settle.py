@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import yaml
+
 from testrig.controller import active_profile, killed_at
 
 WORK = ("--runs", "3", "--max-tokens", "161", "--warmup", "0")
@@ -135,3 +137,20 @@ def test_a_vary_value_the_profiles_engine_cannot_run_is_refused_naming_the_vary(
         cand = sp.candidate_profile(base, {"server.max_running_requests": n}, f"cpu-tiny-vllm-t{n}")
         argv = render(cand, load_inventory(inv)).specs[0].argv
         assert argv[argv.index("--max-num-seqs") + 1] == str(n), argv
+
+
+def test_tune_on_vllm_refuses_a_candidate_below_expect_by_the_capacity_gate(cli, vllm_tune_cluster, profiles_dir):
+    """vLLM's capacity is its KV cache in tokens: with a 4x larger KV cell the same 64 MiB per rank hold 32,768
+    tokens, below an `expect` of 65,536: the gate called capacity refuses it, whatever vLLM calls the number (the
+    emulator's vLLM dialect, conftest.py's `vllm_tune_cluster`)."""
+    doc = yaml.safe_load((profiles_dir / "tv-off.yml").read_text())
+    doc["expect"] = {"min_max_total_num_tokens": 65536}
+    (profiles_dir / "tv-cap.yml").write_text(yaml.safe_dump(doc))
+    code, out, err = cli("tune", "--profile", "tv-cap", "--vary", "env.SPARKCTL_SIM_KV_BYTES_PER_TOKEN=512,2048",
+                         *WORK, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    by = {t["changes"].get("env.SPARKCTL_SIM_KV_BYTES_PER_TOKEN", "512"): t for t in data["trials"]}
+    assert by["2048"]["status"] == "infeasible" and by["2048"]["reason"] == "capacity below expect", by["2048"]
+    assert by["2048"]["error"].startswith("verify gate(s) failed: capacity;"), by["2048"]["error"]
+    assert data["restore"]["ok"]

@@ -1,53 +1,21 @@
 """`sparkctl tune` on vLLM: the same search, gates and A/B promotion over vLLM's envelope, on the emulator's vLLM
 dialect (sparkctl/sim/vllm_*.py, held to real vLLM 0.32.0 by tests/sim/test_sim_vs_real_vllm.py) with the planted
-optimum of conftest.py: speculative.num_draft_tokens is vLLM's num_speculative_tokens + 1 in its
---speculative-config, server.mem_fraction_static its --gpu-memory-utilization (above 0.92 the emulated host kills the
-boot), server.max_running_requests its --max-num-seqs. Each trial's accept length is vLLM's own (1 + accepted / drafts
-from its /metrics counters), a candidate whose capacity is below `expect` is refused by the gate of that name (vLLM's
-KV cache in tokens), and what ran before is restored. A TIMING_MODULE (tests/conftest.py): the promotion depends on
-measured decode. The same tune on the real vLLM: measured by hand (docs/benchmarks.md), not in CI (each real trial is
-a minute of boot on a 2-core machine)."""
+optimum of conftest.py (`vllm_tune_cluster`): speculative.num_draft_tokens is vLLM's num_speculative_tokens + 1 in
+its --speculative-config, server.mem_fraction_static its --gpu-memory-utilization (above 0.92 the emulated host
+refuses the boot). Each trial's accept length is vLLM's own (1 + accepted / drafts from its /metrics counters) and
+what ran before is restored; a candidate below `expect` refused by the gate called capacity is test_tune_settle.py's
+(no timing in it). A TIMING_MODULE (tests/conftest.py): the promotion depends on measured decode. The same tune on
+the real vLLM was measured by hand, not in CI (each real trial is a minute of boot on a 2-core machine)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import pytest
 import yaml
 
 from testrig.controller import active_profile
-from testrig.testenv import free_port
-from tests.tune.conftest import PLANTED
 
 WORK = ("--runs", "3", "--max-tokens", "161", "--warmup", "0")
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def vllm_tune_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path, profiles_dir: Path):
-    """The embedded cluster with the planted optimum; `tv`: cpu-tiny-vllm speculative (ngram, 8 draft tokens as
-    d5 runs) with the tiny model's KV cell (its 64 MiB per rank hold 131,072 tokens), on free ports; `tv-off` the same
-    without speculation."""
-    from sparkctl.config.inventory import load_inventory
-    from testrig.embedded import stop_recorded_engines, write_embedded_inventory
-
-    inv = write_embedded_inventory(tmp_path / "inventory.yml", {**PLANTED, "vllm_stats_interval_s": 0.5}, prefix="tv")
-    monkeypatch.setenv("SPARKCTL_INVENTORY", str(inv))
-    for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
-        monkeypatch.delenv(key)
-    node = load_inventory(inv).rank0.api_bind
-    doc = yaml.safe_load((REPO / "profiles" / "cpu-tiny-vllm.yml").read_text())
-    doc["api"].update(port=free_port(node), dist_port=free_port(node))
-    doc["env"]["SPARKCTL_SIM_KV_BYTES_PER_TOKEN"] = "512"
-    doc["warmup"] = {"requests": 1, "max_tokens": 16, "timeout_s": 120}
-    off = {**doc, "description": "tv without speculation"}
-    doc["speculative"] = {"algorithm": "NGRAM", "num_draft_tokens": 8}
-    (profiles_dir / "tv.yml").write_text(yaml.safe_dump(doc))
-    (profiles_dir / "tv-off.yml").write_text(yaml.safe_dump(off))
-    (profiles_dir / "base.yml").write_text((REPO / "profiles" / "base.yml").read_text())
-    yield inv
-    stop_recorded_engines(inv)
 
 
 def test_tune_on_vllm_finds_the_planted_optimum_through_vllms_own_flags(cli, vllm_tune_cluster, profiles_dir):
@@ -93,25 +61,3 @@ def test_tune_on_vllm_finds_the_planted_optimum_through_vllms_own_flags(cli, vll
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.88", argv
 
     assert data["restore"]["ok"] and active_profile(cli) == "tv-off" and data["original"] == before
-
-
-def test_tune_on_vllm_refuses_a_candidate_below_expect_by_the_capacity_gate(cli, vllm_tune_cluster, profiles_dir):
-    """vLLM's capacity is its KV cache in tokens: with a 4x larger KV cell the same 64 MiB per rank hold 32,768
-    tokens, below an `expect` of 65,536: the gate called capacity refuses it, whatever vLLM calls the number; the
-    candidates of --max-num-seqs are measured."""
-    doc = yaml.safe_load((profiles_dir / "tv-off.yml").read_text())
-    doc["expect"] = {"min_max_total_num_tokens": 65536}
-    (profiles_dir / "tv-cap.yml").write_text(yaml.safe_dump(doc))
-    code, out, err = cli("tune", "--profile", "tv-cap", "--vary", "server.max_running_requests=4,8", "--trials", "2",
-                         *WORK, "--json")
-    assert code == 0, err
-    data = json.loads(out)
-    assert [t["status"] for t in data["trials"]] == ["feasible"] * 3, data["trials"]
-    code, out, err = cli("tune", "--profile", "tv-cap", "--vary", "env.SPARKCTL_SIM_KV_BYTES_PER_TOKEN=512,2048",
-                         *WORK, "--json")
-    assert code == 0, err
-    data = json.loads(out)
-    by = {t["changes"].get("env.SPARKCTL_SIM_KV_BYTES_PER_TOKEN", "512"): t for t in data["trials"]}
-    assert by["2048"]["status"] == "infeasible" and by["2048"]["reason"] == "capacity below expect", by["2048"]
-    assert by["2048"]["error"].startswith("verify gate(s) failed: capacity;"), by["2048"]["error"]
-    assert data["restore"]["ok"]

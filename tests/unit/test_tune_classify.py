@@ -44,9 +44,9 @@ def test_the_other_failures_by_type() -> None:
     for kind in ("oom", "memory_budget"):
         assert classify_failure(DeployError("boot failed on rank 1 (spark-b) after 2.3s: ValueError",
                                             failure_kind=kind)) == "oom"
-    for kind in ("config_error", "nccl_error", "traceback", None):
+    for other in ("config_error", "nccl_error", "traceback", None):
         assert classify_failure(DeployError("boot failed on rank 1 (spark-b) after 2.3s: ValueError",
-                                            failure_kind=kind)) == "no boot"
+                                            failure_kind=other)) == "no boot"
     # a gate's name in free text is not a gate failure
     assert classify_failure(DeployError("warm-up request 1/1 failed: the smoke gate said capacity")) == "no boot"
 
