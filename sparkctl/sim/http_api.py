@@ -242,25 +242,32 @@ class _ApiHandler(BaseHandler):
         self._send(status, body)
         self._access()
 
-    def _chat(self) -> None:
-        st = self.state
+    def _chat_request(self) -> tuple[JSONObject, Request] | None:
+        """/v1/chat/completions' body and its admitted request (the chat template applied, thinking as
+        ``chat_template_kwargs`` asks); None when a refusal was answered. Both dialects' route (vLLM's too)."""
         body = self._body()
         if body is None or not isinstance(body.get("messages"), list):
             self._json(400, _error("Invalid request: 'messages' is required"))
-            return
+            return None
         bad = _bad_int(body, "max_tokens") or _bad_int(body, "max_completion_tokens")
         if bad is not None:
             self._json(400, bad)
-            return
+            return None
         text = dec.chat_prompt_text(body["messages"])
         ctk = body.get("chat_template_kwargs") or {}
         thinking = ctk.get("enable_thinking", ctk.get("thinking", True)) is not False
-        separate = bool(st.res.reasoning_parser) and body.get("separate_reasoning", True) is not False
         max_new = body.get("max_completion_tokens") or body.get("max_tokens")
         req = self._admit(text, dec.tokenize(text), int(max_new) if max_new is not None else None,
                           body.get("temperature"), thinking, ignore_eos=body.get("ignore_eos") is True)
-        if req is None:
+        return None if req is None else (body, req)
+
+    def _chat(self) -> None:
+        st = self.state
+        admitted = self._chat_request()
+        if admitted is None:
             return
+        body, req = admitted
+        separate = bool(st.res.reasoning_parser) and body.get("separate_reasoning", True) is not False
         cid = uuid.uuid4().hex
         created = int(time.time())
         model = st.res.served_model_name

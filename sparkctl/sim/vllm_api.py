@@ -24,8 +24,7 @@ from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 
 from sparkctl.jsontypes import JSONObject
-from sparkctl.sim import decoding as dec
-from sparkctl.sim.http_api import _ApiHandler, _bad_int, _error
+from sparkctl.sim.http_api import _ApiHandler
 from sparkctl.sim.httpbase import METHOD_NOT_ALLOWED, NOT_FOUND, Server
 from sparkctl.sim.responses import ApiState, ChatView, drain
 from sparkctl.sim.scheduler import Request
@@ -143,23 +142,11 @@ class _VllmHandler(_ApiHandler):
 
     def _chat(self) -> None:
         st = self.state
-        body = self._body()
-        if body is None or not isinstance(body.get("messages"), list):
-            self._json(400, _error("Invalid request: 'messages' is required"))
+        admitted = self._chat_request()
+        if admitted is None:
             return
-        bad = _bad_int(body, "max_tokens") or _bad_int(body, "max_completion_tokens")
-        if bad is not None:
-            self._json(400, bad)
-            return
-        text = dec.chat_prompt_text(body["messages"])
-        ctk = body.get("chat_template_kwargs") or {}
-        thinking = ctk.get("enable_thinking", ctk.get("thinking", True)) is not False
-        separate = bool(st.res.reasoning_parser)
-        max_new = body.get("max_completion_tokens") or body.get("max_tokens")
-        req = self._admit(text, dec.tokenize(text), int(max_new) if max_new is not None else None,
-                          body.get("temperature"), thinking, ignore_eos=body.get("ignore_eos") is True)
-        if req is None:
-            return
+        body, req = admitted
+        separate = bool(st.res.reasoning_parser)      # vLLM has no per-request separate_reasoning
         head: JSONObject = {"id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion",
                             "created": int(time.time()), "model": st.res.served_model_name}
         view = ChatView(req, separate)
