@@ -5,15 +5,29 @@ import contextlib
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from sparkctl.config.profile import load_profile
+from sparkctl.config.values import SECONDS_MAX
 
 
 def in_ci() -> bool:
     """True under CI=true, where a missing prerequisite must fail instead of skipping."""
     return os.environ.get("CI", "").lower() == "true"
+
+
+RUN_SALT_ROOM = 4_800    # the largest offset a test adds to run_salt() (tests add 600-953)
+
+
+def run_salt(now: float | None = None) -> int:
+    """A number per test run, for a seconds flag whose value must differ from every earlier run's (a launch image an
+    earlier run cached never matches): this run's clock folded so that it plus any offset up to RUN_SALT_ROOM stays
+    within the profile's bound on seconds (sparkctl.config.values.SECONDS_MAX). It was `time % 1_000_000` in two
+    modules: from 603,847 in each cycle it made a watchdog_timeout the profile refuses, and six tests failed in CI on
+    the day the clock crossed it."""
+    return int(time.time() if now is None else now) % (int(SECONDS_MAX) - RUN_SALT_ROOM)
 
 
 def need_real_parser(version: str) -> None:

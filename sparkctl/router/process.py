@@ -70,6 +70,7 @@ class RouterProcess:
         fd = open_state_file(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         env = helper_env(extra={"NO_COLOR": "1"})     # no proxy (it talks to local workers), no secret
         ours = set(procfs.children(os.getpid()))
+        proc: RouterProcess | None = None
         try:
             try:
                 popen = subprocess.Popen(spec.process_argv(python or router_python()), stdin=subprocess.DEVNULL,
@@ -77,21 +78,21 @@ class RouterProcess:
             finally:
                 os.close(fd)
             proc = cls(spec, popen.pid, log_path, procfs.start_ticks(popen.pid), popen)
-        except BaseException:
-            # Interrupted between the fork and knowing the child (inside Popen, or before `proc`): the child may not
-            # have exec'd yet (its command line is still ours, so no scan for routers finds it) and would run
-            # unrecorded. The child this start forked (procfs.forked_since, as an engine's start): killed and
-            # reaped here, before anything else.
-            for pid in procfs.forked_since(ours, MODULE[-1]):
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, 0)
-            raise
-        try:
             proc.wait_live(ready_timeout_s)
-        except BaseException:       # not live, or interrupted while waiting: nothing of it outlives the start
-            proc.stop(timeout_s=3)
+        except BaseException:
+            # One handler from the fork to live, so no line between them is outside it (an interrupt between
+            # knowing the child and waiting on it once left a router nobody recorded). Before `proc` is known the
+            # child may not have exec'd yet (its command line is still ours, so no scan for routers finds it): the
+            # child this start forked (procfs.forked_since, as an engine's start) is killed and reaped here. After,
+            # not live or interrupted while waiting: stopped, its whole session.
+            if proc is None:
+                for pid in procfs.forked_since(ours, MODULE[-1]):
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, 0)
+            else:
+                proc.stop(timeout_s=3)
             raise
         return proc
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -26,13 +25,14 @@ from sparkctl.images.registry import PULLED_FILE, Endpoint, Registry, image_ids,
 from sparkctl.nodes.facts import FABRIC_KEY
 from sparkctl.sglang.render import render
 from testrig.engine_image import SGLANG_WORKSPACE_PACKAGE, EngineImages
+from testrig.testenv import run_salt
 
 pytestmark = pytest.mark.cluster
 # Nothing here boots (no preflight judges this host's memory), and the tests compare with the images the session
 # built from the shipped d5: they keep it (tests/cluster/conftest.py gives the other cluster tests a d5 at 0.5).
 SHIPPED_D5 = True
 REPO = Path(__file__).resolve().parents[2]
-RUN = int(time.time()) % 1_000_000
+RUN = run_salt()   # a flag value per run (launch images cached by an earlier run never match), within bounds
 
 
 @pytest.fixture(scope="module")

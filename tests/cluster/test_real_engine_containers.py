@@ -23,7 +23,6 @@ import re
 import resource
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -41,15 +40,14 @@ from sparkctl.state.ledger import Ledger
 from testrig.cluster import TestCluster
 from testrig.controller import SparkctlProcess
 from testrig.realengine.base_image import ensure_real_engine_base, write_real_engine_cluster_inventory
-from testrig.testenv import need_real_engine
+from testrig.testenv import need_real_engine, run_salt
 
 # Its own cluster (real_engine_cluster) and its own xdist group (tests/conftest.py LONG_GROUPS): beside the local real
 # engine tier (loopback, the host network namespace), this engine listens only in the two nodes' namespaces
 pytestmark = [pytest.mark.cluster, pytest.mark.real_engine, pytest.mark.xdist_group("real_engine_cluster"),
               pytest.mark.timeout(1800)]
 SHIPPED_D5 = True          # boots no d5: the cluster conftest's d5 fixture stays out of the way
-RUN = int(time.time()) % 600_000   # a flag value per run (launch images cached by an earlier run never match),
-#                                      within SGLang's --watchdog-timeout bound (604800)
+RUN = run_salt()   # a flag value per run (launch images cached by an earlier run never match), within bounds
 SERIES = "gb10-0.5.23"
 DIST_PORT = 26000          # cpu-tiny's api.dist_port (SGLang's TCP store)
 Cli = Callable[..., tuple[int, str, str]]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import resource
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,9 +22,10 @@ from sparkctl.images import manage, pipeline
 from sparkctl.nodes.container import MEMLOCK_ENV
 from sparkctl.state.ledger import Ledger
 from testrig.engine_image import EngineImages
+from testrig.testenv import run_salt
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
-RUN = int(time.time()) % 1_000_000
+RUN = run_salt()   # a flag value per run (launch images cached by an earlier run never match), within bounds
 SIM = {"boot_s": 3.0, "decode_tps": 2000, "peer_timeout_s": 5}
 
 
