@@ -157,6 +157,24 @@ def killed_at(point: str, *args: str, timeout: float = 300.0) -> str:
     return p.stderr
 
 
+# The gates every successful `up` reports (sparkctl.deploy.verify), each judged from the engine's own answers.
+VERIFY_GATES = frozenset({"health", "models", "settings", "capacity", "workers", "smoke"})
+
+
+def cli_ok(cli: Cli, *args: str) -> dict[str, Any]:
+    """`sparkctl ARGS --yes --json` that must exit 0: its JSON (else the assertion shows the end of its stderr)."""
+    code, out, err = cli(*args, "--yes", "--json")
+    assert code == 0, err[-4000:]
+    return json.loads(out)
+
+
+def passed_gates(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The gates of an `up`/`rollback` result by name, after checking every verify gate is there and passed."""
+    gates = {g["name"]: g for g in res["gates"]}
+    assert set(gates) >= VERIFY_GATES and all(g["ok"] for g in gates.values()), gates
+    return gates
+
+
 def active_profile(cli: Cli, expect_code: int = 0) -> str:
     """The profile `status --json` says is active, after checking `status` exits `expect_code`."""
     code, out, err = cli("status", "--json")

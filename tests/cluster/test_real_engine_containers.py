@@ -38,7 +38,7 @@ from sparkctl.nodes.handles import DockerHandle
 from sparkctl.prepare.plays import prepare
 from sparkctl.state.ledger import Ledger
 from testrig.cluster import TestCluster
-from testrig.controller import SparkctlProcess
+from testrig.controller import SparkctlProcess, passed_gates
 from testrig.realengine.base_image import ensure_real_engine_base, write_real_engine_cluster_inventory
 from testrig.testenv import need_real_engine, run_salt
 
@@ -113,9 +113,7 @@ def test_up_tp2_in_containers_from_the_built_image_over_the_fabric(cli: Cli, rea
     assert code == 0, err[-5000:]
     res = json.loads(out)
     assert res["outcome"] == "deployed" and res["emulated"] is False, res
-    gates = {g["name"]: g for g in res["gates"]}
-    assert set(gates) >= {"health", "models", "settings", "capacity", "workers", "smoke"} and \
-        all(g["ok"] for g in gates.values()), gates
+    gates = passed_gates(res)
     assert "tp_size=2" in gates["settings"]["evidence"]
     assert "max_total_num_tokens=16384" in gates["capacity"]["evidence"]        # from the real log's KV line
     assert "container" in gates["workers"]["evidence"]

@@ -22,6 +22,7 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import process_engines
 from sparkctl.nodes import procfs
 from sparkctl.nodes.process import local_port_free
+from testrig.controller import cli_ok, passed_gates
 from testrig.embedded import stop_recorded_engines, write_embedded_inventory
 from testrig.sweep import files_holding, processes_holding
 from testrig.testenv import free_port
@@ -68,19 +69,6 @@ def _profiles(profiles: Path, port: int, store: int) -> None:
     (profiles / "base.yml").write_text((shipped / "base.yml").read_text())
 
 
-def _ok(cli, *args: str) -> dict:
-    code, out, err = cli(*args, "--yes", "--json")
-    assert code == 0, err[-4000:]
-    return json.loads(out)
-
-
-def _gates(res: dict) -> dict:
-    gates = {g["name"]: g for g in res["gates"]}
-    assert set(gates) >= {"health", "models", "settings", "capacity", "workers", "smoke"}, gates
-    assert all(g["ok"] for g in gates.values()), gates
-    return gates
-
-
 def _running_engines(inv: Path) -> dict[int, str]:
     """rank -> the emulator dialect its process runs (its own command line: `sparkctl.sim serve` is vLLM's)."""
     out = {}
@@ -95,9 +83,9 @@ def _running_engines(inv: Path) -> dict[int, str]:
 
 
 def test_up_emulated_vllm_tp2_passes_every_gate_from_the_emulators_vllm_answers(cli, emu_cluster):
-    res = _ok(cli, "up", "--profile", "cpu-tiny-vllm")
+    res = cli_ok(cli, "up", "--profile", "cpu-tiny-vllm")
     assert res["outcome"] == "deployed" and res["emulated"] is True
-    gates = _gates(res)
+    gates = passed_gates(res)
     assert "tensor_parallel_size=2" in gates["settings"]["evidence"]
     assert "speculative_method='ngram'" in gates["settings"]["evidence"]
     assert "num_speculative_tokens=4" in gates["settings"]["evidence"]
@@ -144,14 +132,14 @@ def test_bench_card_reads_acceptance_from_the_vllm_counters(cli, emu_cluster, tm
 
 def test_rollback_across_engines_on_the_same_nodes_and_back(cli, emu_cluster):
     inv = emu_cluster[0]
-    res = _ok(cli, "rollback", "--to", "cpu-tiny")
+    res = cli_ok(cli, "rollback", "--to", "cpu-tiny")
     assert res["outcome"] == "deployed", res
-    assert "tp_size=2" in _gates(res)["settings"]["evidence"]
+    assert "tp_size=2" in passed_gates(res)["settings"]["evidence"]
     code, out, _ = cli("status", "--json")
     assert json.loads(out)["engine"] == "sglang" and _running_engines(inv) == {0: "sglang", 1: "sglang"}
-    res = _ok(cli, "rollback", "--to", "cpu-tiny-vllm")
+    res = cli_ok(cli, "rollback", "--to", "cpu-tiny-vllm")
     assert res["outcome"] == "deployed", res
-    assert "tensor_parallel_size=2" in _gates(res)["settings"]["evidence"]
+    assert "tensor_parallel_size=2" in passed_gates(res)["settings"]["evidence"]
     assert _running_engines(inv) == {0: "vllm", 1: "vllm"}
 
 

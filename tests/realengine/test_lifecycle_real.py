@@ -32,7 +32,7 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import process_engines
 from sparkctl.nodes.process import local_port_free
 from sparkctl.state.ledger import Ledger
-from testrig.controller import assert_status_interrupted, kill_up_at
+from testrig.controller import assert_status_interrupted, kill_up_at, passed_gates
 from testrig.embedded import stop_recorded_engines, write_real_engine_inventory
 from testrig.handles import pid_of
 from testrig.sweep import files_holding, processes_holding
@@ -79,9 +79,7 @@ def _status(cli) -> tuple[int, dict]:
 def test_up_tp2_on_the_real_engine_gates_from_the_real_server(cli, real_cluster):
     res = _up(cli, "cpu-tiny")
     assert res["outcome"] == "deployed" and res["emulated"] is False
-    gates = {g["name"]: g for g in res["gates"]}
-    assert set(gates) >= {"health", "models", "settings", "capacity", "workers", "smoke"}
-    assert all(g["ok"] for g in gates.values()), gates
+    gates = passed_gates(res)
     # settings in force from the real /get_server_info, capacity from the real log's KV line
     assert "tp_size=2" in gates["settings"]["evidence"] and "context_length=1024" in gates["settings"]["evidence"]
     assert "max_total_num_tokens=16384" in gates["capacity"]["evidence"]

@@ -30,6 +30,7 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.observe import process_engines
 from sparkctl.nodes import procfs
 from sparkctl.nodes.process import local_port_free
+from testrig.controller import cli_ok, passed_gates
 from testrig.embedded import stop_recorded_engines, write_real_engine_inventory
 from testrig.sweep import files_holding, processes_holding
 from testrig.testenv import need_real_engine, need_real_vllm
@@ -76,23 +77,10 @@ def _with_api_key(profiles: Path) -> None:
     (profiles / "base.yml").write_text((shipped / "base.yml").read_text())
 
 
-def _ok(cli, *args: str) -> dict:
-    code, out, err = cli(*args, "--yes", "--json")
-    assert code == 0, err[-4000:]
-    return json.loads(out)
-
-
-def _gates(res: dict) -> dict:
-    gates = {g["name"]: g for g in res["gates"]}
-    assert set(gates) >= {"health", "models", "settings", "capacity", "workers", "smoke"}, gates
-    assert all(g["ok"] for g in gates.values()), gates
-    return gates
-
-
 def test_up_vllm_tp2_without_ray_gates_from_vllms_own_answers(cli, engines_cluster):
-    res = _ok(cli, "up", "--profile", "cpu-tiny-vllm")
+    res = cli_ok(cli, "up", "--profile", "cpu-tiny-vllm")
     assert res["outcome"] == "deployed" and res["emulated"] is False
-    gates = _gates(res)
+    gates = passed_gates(res)
     # the settings vLLM's engine resolved (its config line), /v1/models' max_model_len: TP=2 across the two nodes
     assert "tensor_parallel_size=2" in gates["settings"]["evidence"]
     assert "max_model_len=1024" in gates["settings"]["evidence"]
@@ -206,9 +194,9 @@ def test_rollback_across_engines_on_the_same_nodes(cli, engines_cluster):
     """Real SGLang replaces real vLLM on the same nodes and ports by `rollback --to` (every gate from SGLang's own
     answers): it stops the other engine's pair before its own starts. (vLLM replacing SGLang is the restore of the
     comparison above, the same `up` transaction; `down` then stops the SGLang pair.)"""
-    res = _ok(cli, "rollback", "--to", "cpu-tiny")
+    res = cli_ok(cli, "rollback", "--to", "cpu-tiny")
     assert res["outcome"] == "deployed", res
-    gates = _gates(res)
+    gates = passed_gates(res)
     assert "tp_size=2" in gates["settings"]["evidence"]
     inv, _, _ = engines_cluster
     code, out, _ = cli("status", "--json")
