@@ -240,7 +240,10 @@ def main() -> None:
                 else:
                     rows, n_decode = _rows(cards[0], args, str(i))
                     refs.append((_vllm_bench(vllm, endpoint, sglang.model, rows, tmp, str(i)), n_decode))
-                    for k, v in _card_client(endpoint, rows, n_decode).items():
+                    # the same decode rows; TTFT rows of the same sizes with prefixes of their own (vLLM caches
+                    # prefixes: the rows vllm bench just sent would be prefix-cache hits, TTFT about half)
+                    own, _ = _rows(cards[0], args, f"{i}/card-client")
+                    for k, v in _card_client(endpoint, own, n_decode).items():
                         clocks.setdefault(k, []).extend(v)
             load.append(os.getloadavg()[0])
             _sparkctl(env, "down", "--yes")

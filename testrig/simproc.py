@@ -52,11 +52,13 @@ class SimProc:
         with self._cv:
             return "\n".join(self.lines)
 
-    def wait_for(self, pattern: str, timeout: float = 10.0) -> str:
+    def wait_for(self, pattern: str, timeout: float = 10.0, *, since: int = 0) -> str:
+        """The first line from line `since` on (`len(self.lines)` before an action: a line the action caused, never
+        an older one alike, e.g. the server's own start-up request) that matches `pattern`, waiting for it."""
         rx = re.compile(pattern)
         end = time.monotonic() + timeout
         with self._cv:
-            seen = 0
+            seen = since
             while True:
                 for line in self.lines[seen:]:
                     if rx.search(line):

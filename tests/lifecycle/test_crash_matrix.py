@@ -13,6 +13,12 @@ then checks the invariants of issue 15:
 
 One embedded cluster is shared by every point (the converging `up` of one point is the setup of the next), on
 a short emulator boot, so the matrix stays a few minutes on 2 cores.
+
+The same invariants over a vLLM profile (`engine: vllm` on the emulator's vLLM dialect: the headless rank, vLLM's
+temporary directory, its readiness and gates from vLLM's own answers), at the boundaries where engines start and stop
+(`up` from `stop-old` on, with its restore; `down`): what a dead controller leaves of vLLM engines is settled and
+converges as SGLang's. What serves is judged from each engine's own answers (SGLang's /server_info, vLLM's /metrics: its
+spec-decode family only under --speculative-config).
 """
 from __future__ import annotations
 
@@ -20,29 +26,52 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from sparkctl.deploy.steps import COMMANDS, CRASH_ENV, RESTORE_STEPS, crash_points
+from sparkctl.deploy.steps import COMMANDS, CRASH_ENV, IMAGE_STEPS, PREFLIGHT, RESTORE_STEPS, SETTLE, crash_points
 from testrig.controller import run_in_process
 
 FAST = {"boot_s": 0.3, "decode_tps": 6000, "ttft_base_s": 0.01}
 KEY = "sk-crash-matrix-secret"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Names:
+    """The profiles a matrix deploys: `good` (speculative: what each point converges to), `other` (its replacement),
+    `bad` (`other` whose rank 1 dies during boot: the failed `up` restores the previous one); `spec` the algorithm
+    `good` runs."""
+
+    engine: str
+    good: str
+    other: str
+    bad: str
+    spec: str
+
+
+SGLANG = Names("sglang", "d5", "dflash-off", "bad", "DFLASH")
+VLLM = Names("vllm", "v-spec", "v-plain", "v-bad", "NGRAM")
 
 
 class Matrix:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, names: Names = SGLANG) -> None:
         from testrig.embedded import write_embedded_inventory
 
         self.root = root
-        self.inv = write_embedded_inventory(root / "inventory.yml", FAST, prefix="cm")
+        self.names = names
+        self.inv = write_embedded_inventory(root / "inventory.yml", FAST, prefix="cm" if names is SGLANG else "cv")
         profiles = root / "profiles"
         profiles.mkdir()
         bad = root / "bad-faults.json"      # rank 1 dies during boot: the failed `up` restores the previous one
         bad.write_text(json.dumps({"ranks": {"1": {"crash_after_s": 0.15}}}))
-        (profiles / "bad.yml").write_text(f"extends: dflash-off\nenv: {{SPARKCTL_SIM_CONFIG: '{bad}'}}\n")
-        self.converged = False       # the last point ended with d5 deployed and healthy (checked by status)
+        if names is SGLANG:
+            (profiles / "bad.yml").write_text(f"extends: dflash-off\nenv: {{SPARKCTL_SIM_CONFIG: '{bad}'}}\n")
+        else:
+            _vllm_profiles(profiles, bad, self.inv)
+        self.converged = False       # the last point ended with `good` deployed and healthy (checked by status)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKCTL_")}
         self.env.update(SPARKCTL_STATE_DIR=str(root / "state"), SPARKCTL_INVENTORY=str(self.inv),
                         SPARKCTL_PROFILES_DIR=str(profiles), SPARKCTL_API_KEY=KEY)
@@ -59,6 +88,14 @@ class Matrix:
                            timeout=timeout)
         return p.returncode, p.stdout, p.stderr
 
+    def use(self, monkeypatch: pytest.MonkeyPatch) -> Matrix:
+        """This matrix's SPARKCTL_* for the test's own reads (a Cluster finds its ledger by them): a worker can hold
+        both engines' matrices, each test reads its own."""
+        for k, v in self.env.items():
+            if k.startswith("SPARKCTL_"):
+                monkeypatch.setenv(k, v)
+        return self
+
     @property
     def ledger(self):
         from sparkctl.config.inventory import load_inventory
@@ -66,6 +103,9 @@ class Matrix:
         return Ledger(Path(self.env["SPARKCTL_STATE_DIR"]) / load_inventory(self.inv).cluster.name)
 
     def serves(self, endpoint: str | None, expect_spec: str | None | bool = False) -> bool:
+        """The endpoint answers /health 200, and (`expect_spec` not False) runs that speculative algorithm (None:
+        none), by the engine's own answer: SGLang's /server_info, vLLM's /metrics (spec-decode counters only with
+        --speculative-config)."""
         from sparkctl.sglang.client import SGLangAPIError, SGLangClient
         if not endpoint:
             return False
@@ -73,9 +113,11 @@ class Matrix:
             with SGLangClient(endpoint, api_key=KEY, timeout=5) as c:
                 if c.health() != 200:
                     return False
-                if expect_spec is not False:
-                    return c.server_info().get("speculative_algorithm") == expect_spec
-                return True
+                if expect_spec is False:
+                    return True
+                if self.names.engine == "vllm":
+                    return ("vllm:spec_decode_num_drafts" in c.text("/metrics")) == bool(expect_spec)
+                return c.server_info().get("speculative_algorithm") == expect_spec
         except SGLangAPIError:
             return False
 
@@ -97,22 +139,61 @@ def matrix(tmp_path_factory):
                 os.environ[k] = v
 
 
-def _scenario(command: str, step: str) -> tuple[list[str], str]:
+@pytest.fixture(scope="module")
+def vllm_matrix(tmp_path_factory):
+    from testrig.embedded import stop_recorded_engines
+    m = Matrix(tmp_path_factory.mktemp("crash-matrix-vllm"), VLLM)
+    try:
+        yield m
+    finally:
+        with pytest.MonkeyPatch.context() as mp:
+            m.use(mp)
+            stop_recorded_engines(m.inv)
+
+
+def _vllm_profiles(profiles: Path, bad_faults: Path, inv: Path) -> None:
+    """v-spec (cpu-tiny-vllm with ngram drafting), v-plain (without) and v-bad (v-plain whose rank 1 dies during
+    boot), from the shipped cpu-tiny-vllm: the API key in force, the tiny model's KV cell (512 bytes per token per rank
+    at TP=2, as on the real vLLM), and ports of their own: the shipped 31000/26000 are the real engines' (a real
+    engine's TCP store binds *:26000, which an emulator's store on 127.x.y.2:26000 beside it makes fail with
+    EADDRINUSE: measured, a real replicated test failed so while this matrix ran by hand)."""
+    import yaml
+
+    from sparkctl.config.inventory import load_inventory
+    from testrig.testenv import free_port
+    node = load_inventory(inv).rank0.api_bind
+    doc = yaml.safe_load((REPO / "profiles" / "cpu-tiny-vllm.yml").read_text())
+    doc.setdefault("api", {}).update(api_key_env="SPARKCTL_API_KEY", port=free_port(node), dist_port=free_port(node))
+    doc.setdefault("env", {})["SPARKCTL_SIM_KV_BYTES_PER_TOKEN"] = "512"
+    doc.pop("speculative", None)
+    (profiles / "v-plain.yml").write_text(yaml.safe_dump(doc))
+    (profiles / "v-spec.yml").write_text(yaml.safe_dump({**doc, "speculative": {"algorithm": "NGRAM",
+                                                                              "num_draft_tokens": 5}}))
+    (profiles / "v-bad.yml").write_text(yaml.safe_dump({**doc, "env": {**doc["env"],
+                                                                       "SPARKCTL_SIM_CONFIG": str(bad_faults)}}))
+
+
+def _scenario(command: str, step: str, names: Names = SGLANG) -> tuple[list[str], str]:
     """The command run at a crash point, and the profile that must be active before it (the setup)."""
     if command in ("up", "rollback"):
-        target = "bad" if step in RESTORE_STEPS else "dflash-off"
+        target = names.bad if step in RESTORE_STEPS else names.other
         args = ["up", "--profile", target] if command == "up" else ["rollback", "--to", target]
-        return [*args, "--yes", "--json"], "d5"
+        return [*args, "--yes", "--json"], names.good
     if command == "down":
-        return ["down", "--yes", "--json"], "d5"
+        return ["down", "--yes", "--json"], names.good
     if command == "repair":
-        return ["repair", "--yes", "--json"], "d5"
+        return ["repair", "--yes", "--json"], names.good
     if command == "bench-compare":
-        return ["bench", "--compare", "dflash-off", "--gates", "cold", "--warmup", "0", "--json"], "d5"
+        return ["bench", "--compare", names.other, "--gates", "cold", "--warmup", "0", "--json"], names.good
     raise AssertionError(command)
 
 
 POINTS = list(crash_points())
+ENGINE_FREE_UP_STEPS = (SETTLE, PREFLIGHT, *IMAGE_STEPS)
+# vLLM: the commands whose steps start and stop engines (the record-only commands, repair and the compare's record,
+# are one code for both engines), from the first step that touches one: before `stop-old` an `up` has only settled a
+# converged cluster, checked it and planned (the process runtime has no images), the same for either engine
+VLLM_POINTS = [p for p in POINTS if p[0] == "down" or p[0] == "up" and p[1] not in ENGINE_FREE_UP_STEPS]
 
 
 def _check_invariants(m: Matrix, point: str, before: set[str]) -> None:
@@ -149,10 +230,11 @@ def _check_invariants(m: Matrix, point: str, before: set[str]) -> None:
     assert target is None or target.command != "bench-compare", f"{point}: rollback would go to the bench arm"
     Cluster(load_inventory(m.inv)).render(Profile.model_validate(good.profile_data))
     # I2 / I3: the next `up` exits 0, converges, and says healthy/unchanged only when it serves
-    code, out, err = m.run("up", "--profile", "d5", "--yes", "--json")
+    code, out, err = m.run("up", "--profile", m.names.good, "--yes", "--json")
     assert code == 0, f"{point}: the next up exited {code}:\n{err[-3000:]}"
     res = json.loads(out)
-    assert res["outcome"] in ("deployed", "unchanged") and m.serves(res["endpoint"], "DFLASH"), f"{point}: {out}"
+    assert res["outcome"] in ("deployed", "unchanged") and m.serves(res["endpoint"], m.names.spec), \
+        f"{point}: {out}"
     code, out, err = m.run("status", "--json")
     assert code == 0 and json.loads(out)["healthy"], f"{point}: not converged: {out} {err}"
     assert json.loads(out)["unfinished_compare"] is None, out
@@ -167,11 +249,19 @@ def _check_invariants(m: Matrix, point: str, before: set[str]) -> None:
 
 
 @pytest.mark.parametrize("command,step,when", POINTS, ids=[":".join(p) for p in POINTS])
-def test_sigkill_at_every_step_boundary(matrix, command, step, when):
-    m = matrix
+def test_sigkill_at_every_step_boundary(matrix, command, step, when, monkeypatch):
+    _crash_at(matrix.use(monkeypatch), command, step, when)
+
+
+@pytest.mark.parametrize("command,step,when", VLLM_POINTS, ids=[":".join(p) for p in VLLM_POINTS])
+def test_sigkill_at_every_step_boundary_of_a_vllm_deployment(vllm_matrix, command, step, when, monkeypatch):
+    _crash_at(vllm_matrix.use(monkeypatch), command, step, when)
+
+
+def _crash_at(m: Matrix, command: str, step: str, when: str) -> None:
     point = f"{command}:{step}:{when}"
-    args, setup = _scenario(command, step)
-    if not (m.converged and setup == "d5"):   # the previous point ended on a healthy d5: shared, not redeployed
+    args, setup = _scenario(command, step, m.names)
+    if not (m.converged and setup == m.names.good):  # the previous point converged on it: shared, not redeployed
         code, out, err = m.run("up", "--profile", setup, "--yes", "--json")
         assert code == 0, err
     m.converged = False
@@ -180,7 +270,7 @@ def test_sigkill_at_every_step_boundary(matrix, command, step, when):
         if ledger.known_good(exclude=ledger.active_id()) is None:
             # the damaged record must not be the only known-good one (I4 then has nothing to find: a point dealt
             # first to its worker met that): one more deployment before it
-            for profile in ("dflash-off", "d5"):
+            for profile in (m.names.other, m.names.good):
                 code, out, err = m.run("up", "--profile", profile, "--yes", "--json")
                 assert code == 0, err
         ledger.deployment_path(ledger.active_id()).write_text("not json {")
@@ -207,7 +297,7 @@ FULL_DISK_SHARES = 4
 
 @pytest.mark.parametrize("first", range(1, FULL_DISK_SHARES + 1),
                          ids=[f"writes-{i}-every-{FULL_DISK_SHARES}" for i in range(1, FULL_DISK_SHARES + 1)])
-def test_the_state_directory_full_from_each_record_write_of_up_on(matrix, first):
+def test_the_state_directory_full_from_each_record_write_of_up_on(matrix, first, monkeypatch):
     """The file system fills up at each record write of an `up` in turn (every write from the Nth fails with
     ENOSPC): exit 6 naming the state directory, never 70 or a traceback, and I1-I5 hold after each. The points
     are the writes themselves: N grows until the `up` makes fewer writes than N (it then succeeds). They are dealt
@@ -215,7 +305,7 @@ def test_the_state_directory_full_from_each_record_write_of_up_on(matrix, first)
     up to the first that succeeds, and each ends past the up's last write."""
     from sparkctl.state.ledger import WRITE_FAULT_ENV
 
-    m = matrix
+    m = matrix.use(monkeypatch)
     n, codes = first - FULL_DISK_SHARES, []
     while True:
         n += FULL_DISK_SHARES

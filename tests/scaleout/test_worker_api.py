@@ -61,7 +61,9 @@ def test_connection_usable_after_refusal(worker, method, path, kw, status):
         assert c.request(method, worker.url(path), headers=headers, **kw).status_code == status
         after = c.post(worker.url("/generate"), json={"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
         assert after.status_code == 200 and after.json()["meta_info"]["completion_tokens"] == 4
-    worker.wait_for(r'"POST /generate HTTP/1.1" 200', timeout=5)
+    # this test's /generate (the emulator's own start-up request logged one before `since`; the lines are read by
+    # a thread, so that old line once matched before this test's were read and no port was found)
+    worker.wait_for(r'"POST /generate HTTP/1.1" 200', timeout=5, since=since)
     ports = _client_ports(worker, since)
     assert len(ports) == 1, ports                    # all three requests on the one connection
 
