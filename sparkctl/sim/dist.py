@@ -21,7 +21,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 PeerLost = Callable[[int, float, int], None]
 
@@ -122,7 +122,11 @@ class _Group:
 class StoreServer(_Group):
     """Rank 0: the store every other rank joins."""
 
-    def __init__(self, host: str, port: int, nnodes: int, **kw) -> None:
+    def __init__(self, host: str, port: int, nnodes: int, *, reserved: Collection[int] = (), **kw) -> None:
+        if port in reserved:
+            raise DistError("listen", f"port {port} is reserved for another engine on this machine (emulator knob "
+                                      f"reserved_ports: {sorted(reserved)}): give the profile an api.dist_port of "
+                                      f"its own")
         super().__init__(0, nnodes, **kw)
         self.arrived: dict[str, set[int]] = {}
         self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)

@@ -175,7 +175,8 @@ class VllmEngine(Engine):
         timeout = r.dist_timeout or (k.store_connect_timeout_s if self.headless else k.store_wait_timeout_s)
         try:
             if not self.headless:
-                self.group = StoreServer(v.master_addr, v.master_port, r.nnodes, **common)
+                self.group = StoreServer(v.master_addr, v.master_port, r.nnodes, reserved=k.reserved_ports or (),
+                                         **common)
                 if not self.group.wait_joined(timeout):
                     if self.stopping.is_set():
                         raise _Stop

@@ -7,6 +7,7 @@ import time
 import httpx
 import pytest
 
+from sparkctl.nodes.process import local_port_free
 from testrig.testenv import free_port
 
 R0, R1 = "127.0.0.2", "127.0.0.3"
@@ -150,3 +151,15 @@ def test_four_ranks_boot_when_the_last_joins_and_fail_when_one_dies(sim):
     r2.kill()
     assert r0.wait_exit(timeout=8) != 0
     assert "Watchdog caught collective operation timeout" in r0.text
+
+
+def test_a_reserved_store_port_fails_rank0_naming_the_knob(sim):
+    """`reserved_ports` (every embedded cluster of the suite reserves the real engines' store ports): rank 0 does not
+    bind its store there and fails as on EADDRINUSE, naming the knob and the fix."""
+    store, port = free_port(R0), free_port(R0)
+    r0 = sim(_argv(store, 0), host=R0, port=port, knobs={"peer_timeout_s": 2, "reserved_ports": [store]})
+    assert r0.wait_exit(timeout=10) != 0
+    line = r0.wait_for(r"DistNetworkError: The server socket has failed to listen")
+    assert f"port: {store}," in line and "EADDRINUSE" in line
+    assert "reserved_ports" in line and "api.dist_port of its own" in line
+    assert local_port_free(R0, store)

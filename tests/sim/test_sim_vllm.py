@@ -183,3 +183,14 @@ def test_a_crash_while_serving_is_an_engine_death_and_never_healthy_keeps_the_po
     q.wait_for(r"init engine \(profile, create kv cache, warmup model\) took")
     time.sleep(0.5)
     assert _refused(q.url("/health")) and follow(q.text).classify(final=False).state is BootState.STARTING
+
+
+def test_a_reserved_master_port_fails_rank0_naming_the_knob(vllm_sim):
+    """The vLLM dialect's store honours `reserved_ports` as SGLang's does: torch's DistNetworkError, the knob named."""
+    master, port0 = free_port(R0), free_port(R0)
+    r0 = vllm_sim([*TINY, "--tensor-parallel-size", "2", "--nnodes", "2", "--master-addr", R0, "--master-port",
+                   str(master), "--node-rank", "0"], host=R0, port=port0,
+                  knobs={"peer_timeout_s": 2, "reserved_ports": [master]})
+    assert r0.wait_exit(timeout=10) != 0
+    line = r0.wait_for(r"torch\.distributed\.DistNetworkError: ")
+    assert "reserved_ports" in line and "api.dist_port of its own" in line
