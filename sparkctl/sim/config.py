@@ -84,7 +84,8 @@ class Knobs:
     store_wait_timeout_s: float = 600.0      # rank 0 gives up waiting for ranks (unless --dist-timeout)
     nccl_version: str = "2.27.5"
     vllm_stats_interval_s: float = 10.0      # vLLM dialect: its periodic stats / SpecDecoding lines (vLLM: 10 s)
-    # ports the emulator's store never binds (rank 0 fails as on EADDRINUSE, naming the knob): a test suite's real
+    # ports the emulator's store never binds ("26000,26100" or a list; rank 0 fails as on EADDRINUSE, naming the
+    # knob): a test suite's real
     # engines bind their TCP store on every interface, which an emulator's store on a loopback address of the same
     # port beside them makes fail (tests' embedded clusters reserve the real engines' store ports: testrig.embedded)
     reserved_ports: list[int] | None = None
@@ -122,10 +123,11 @@ def _coerce(name: str, value: Any) -> Any:
         if isinstance(default, tuple):
             lo, hi = (int(v) for v in value)
             return (min(lo, hi), max(lo, hi))
-        if name == "reserved_ports":
-            if not isinstance(value, list):
-                raise TypeError("a list of port numbers")
-            return [int(v) for v in value]
+        if name == "reserved_ports":     # a list (a config file, an env var's JSON) or "26000,26100" (an
+            items = value.split(",") if isinstance(value, str) else value   # inventory's knobs are scalars)
+            if not isinstance(items, list):
+                raise TypeError("a list of port numbers, or a comma-separated string of them")
+            return [int(v) for v in items if str(v).strip()]
         if name == "divergence":
             if not isinstance(value, dict):
                 raise TypeError("a mapping prompt-key -> token index")

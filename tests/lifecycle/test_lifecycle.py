@@ -314,3 +314,18 @@ def test_why_a_restore_failed_reaches_the_error_and_the_ledger(cli, local_cluste
     assert "oom" in failed.restore_error.lower()
     assert ledger.index()["active"] is None
     assert not any(procfs.running(h.pid, None) for h in process_handles(ledger.load(prev["deployment"])))
+
+
+def test_a_profile_on_a_real_engines_store_port_fails_its_own_up_on_a_test_cluster(cli, local_cluster, profiles_dir):
+    """The suite's embedded clusters reserve the real engines' TCP-store ports (testrig.embedded, the emulator's
+    `reserved_ports` knob carried by the inventory): an emulated `up` on one of them fails itself, naming the knob
+    and the fix, instead of making a real engine beside it fail with EADDRINUSE; an `up` on a port of its own works."""
+    from testrig.embedded import REAL_ENGINE_STORE_PORTS
+    from testrig.testenv import free_port
+    (profiles_dir / "on-26000.yml").write_text(f"extends: d5\napi:\n  dist_port: {REAL_ENGINE_STORE_PORTS[0]}\n")
+    code, out, err = cli("up", "--profile", "on-26000", "--yes")
+    assert code != 0 and "reserved_ports" in err and "api.dist_port of its own" in err, err[-3000:]
+    node = load_inventory(local_cluster).rank0.api_bind
+    (profiles_dir / "own.yml").write_text(f"extends: d5\napi:\n  dist_port: {free_port(node)}\n")
+    code, out, err = cli("up", "--profile", "own", "--yes")
+    assert code == 0, err[-3000:]
