@@ -12,12 +12,16 @@ Definitions: the card's TTFT runs from just before the request to the first non-
 vLLM's to the first chunk with choices (its role chunk, sent with the first token); decode: the card's
 (tokens - 1)/(t_last - t_first token), vLLM's 1/TPOT = (tokens - 1)/(latency - TTFT), its latency ending at the last
 chunk with choices (the last token's). Printed with the card's formula on vLLM's per-request output too.
-Rounds in ABBA order (card, vllm bench, vllm bench, card, ...): a load that drifts falls on both clients.
+Rounds in ABBA order (card, vllm bench, vllm bench, card, ...): a load that drifts falls on both clients. Then
+(`--interleaved N`) the card's client and `vllm bench`'s own request function (its openai-chat client, run in the
+vLLM venv) alternating request by request over N sets of the card's rows: a drift falls on both within seconds, where
+whole runs of ~25 s each scatter by a few percent on a shared machine (docs/benchmarks.md).
 
 Run (unattended; builds the real-engine environments if missing):
     .venv/bin/python benchmarks/bench_vllm_card.py [--rounds 2] [--runs 5] [--max-tokens 64] [--ttft-tokens 256]
---smoke: one card and one `vllm bench serve` of 8 tokens, 2 decode runs and 3 TTFT requests of ~128 tokens
-(CI's smoke run: the code path, not the figures).
+        [--interleaved 3]
+--smoke: one card and one `vllm bench serve` of 8 tokens, 2 decode runs and 3 TTFT requests of ~128 tokens, one
+interleaved set (CI's smoke run: the code path, not the figures).
 """
 from __future__ import annotations
 
