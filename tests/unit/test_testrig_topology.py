@@ -47,10 +47,11 @@ def test_node_count_outside_2_to_4_is_refused(tmp_path, count):
 def test_every_embedded_cluster_waits_on_a_silent_peer_for_the_one_shared_bound_unless_it_sets_its_own(tmp_path):
     import yaml
 
-    from testrig.embedded import PEER_TIMEOUT_S, write_embedded_inventory
+    from testrig.embedded import PEER_TIMEOUT_S, REAL_ENGINE_STORE_PORTS, write_embedded_inventory
 
     def knobs(sim: dict) -> dict:
         return yaml.safe_load(write_embedded_inventory(tmp_path / "inv.yml", sim).read_text())["all"]["vars"][
             "sparkctl_sim"]
-    assert knobs({"boot_s": 0.3}) == {"peer_timeout_s": PEER_TIMEOUT_S, "boot_s": 0.3}
+    reserved = ",".join(map(str, REAL_ENGINE_STORE_PORTS))     # and the real engines' store ports, reserved
+    assert knobs({"boot_s": 0.3}) == {"peer_timeout_s": PEER_TIMEOUT_S, "reserved_ports": reserved, "boot_s": 0.3}
     assert knobs({"peer_timeout_s": 1.5})["peer_timeout_s"] == 1.5
