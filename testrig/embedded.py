@@ -30,6 +30,20 @@ PEER_TIMEOUT_S = 5.0
 REAL_ENGINE_STORE_PORTS = (26000, 26100)
 
 
+def emulated_vllm_profile(inv: Path, *, port: int | None = None, dist_port: int | None = None) -> dict[str, Any]:
+    """The shipped cpu-tiny-vllm as a profile document for the emulator's vLLM dialect on the embedded cluster
+    `inv`: ports of its own (`port`, `dist_port`, else free ones on its rank 0's address: the shipped 31000/26000 are
+    the real engines', REAL_ENGINE_STORE_PORTS) and the tiny model's KV cell (512 bytes per token per rank at TP=2:
+    its 64 MiB per rank hold 131,072 tokens, as on the real vLLM). The caller adds what its test needs."""
+    from sparkctl.config.inventory import load_inventory
+    from testrig.testenv import free_port
+    node = load_inventory(inv).rank0.api_bind
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "profiles" / "cpu-tiny-vllm.yml").read_text())
+    doc.setdefault("api", {}).update(port=port or free_port(node), dist_port=dist_port or free_port(node))
+    doc.setdefault("env", {})["SPARKCTL_SIM_KV_BYTES_PER_TOKEN"] = "512"
+    return doc
+
+
 def write_embedded_inventory(path: Path, sim: dict[str, Any], *, prefix: str = "t", nodes: int = 2) -> Path:
     """Write a process-runtime inventory of `nodes` loopback nodes (spark-a, spark-b, ... on 127.A.B.2, .3, ...;
     more than two share the one loopback "switch" subnet 127.A.B.0/24) with emulator knobs `sim` (`peer_timeout_s`

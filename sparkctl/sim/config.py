@@ -85,9 +85,8 @@ class Knobs:
     nccl_version: str = "2.27.5"
     vllm_stats_interval_s: float = 10.0      # vLLM dialect: its periodic stats / SpecDecoding lines (vLLM: 10 s)
     # ports the emulator's store never binds ("26000,26100" or a list; rank 0 fails as on EADDRINUSE, naming the
-    # knob): a test suite's real
-    # engines bind their TCP store on every interface, which an emulator's store on a loopback address of the same
-    # port beside them makes fail (tests' embedded clusters reserve the real engines' store ports: testrig.embedded)
+    # knob): a test suite's real engines bind their TCP store on every interface, which an emulator's store on a
+    # loopback address of the same port beside them makes fail (testrig.embedded reserves the real engines' ports)
     reserved_ports: list[int] | None = None
     # --- faults -----------------------------------------------------------------------------
     fail_load_oom: bool = False              # CUDA OOM traceback during weight load, then exit 1

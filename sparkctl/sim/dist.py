@@ -122,8 +122,9 @@ class _Group:
 class StoreServer(_Group):
     """Rank 0: the store every other rank joins."""
 
-    def __init__(self, host: str, port: int, nnodes: int, *, reserved: Collection[int] = (), **kw) -> None:
-        if port in reserved:
+    def __init__(self, host: str, port: int, nnodes: int, *, reserved: Collection[int] | None = None,
+                 **kw) -> None:
+        if reserved and port in reserved:
             raise DistError("listen", f"port {port} is reserved for another engine on this machine (emulator knob "
                                       f"reserved_ports: {sorted(reserved)}): give the profile an api.dist_port of "
                                       f"its own")

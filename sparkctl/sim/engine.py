@@ -210,8 +210,7 @@ class Engine:
                       on_peer_lost=self._on_peer_lost, stopping=self.stopping)
         if r.node_rank == 0:
             try:
-                self.group = StoreServer(r.dist_host, r.dist_port, r.nnodes, reserved=k.reserved_ports or (),
-                                         **common)
+                self.group = StoreServer(r.dist_host, r.dist_port, r.nnodes, reserved=k.reserved_ports, **common)
             except DistError as e:
                 failures.store_listen(log, r.dist_port, str(e))
                 self.finish(EXIT_FAILURE)

@@ -175,8 +175,7 @@ class VllmEngine(Engine):
         timeout = r.dist_timeout or (k.store_connect_timeout_s if self.headless else k.store_wait_timeout_s)
         try:
             if not self.headless:
-                self.group = StoreServer(v.master_addr, v.master_port, r.nnodes, reserved=k.reserved_ports or (),
-                                         **common)
+                self.group = StoreServer(v.master_addr, v.master_port, r.nnodes, reserved=k.reserved_ports, **common)
                 if not self.group.wait_joined(timeout):
                     if self.stopping.is_set():
                         raise _Stop

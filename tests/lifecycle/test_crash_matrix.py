@@ -26,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +37,6 @@ from testrig.controller import run_in_process
 
 FAST = {"boot_s": 0.3, "decode_tps": 6000, "ttft_base_s": 0.01}
 KEY = "sk-crash-matrix-secret"
-REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -122,27 +122,11 @@ class Matrix:
             return False
 
 
-@pytest.fixture(scope="module")
-def matrix(tmp_path_factory):
+def _matrix(root: Path, names: Names) -> Iterator[Matrix]:
+    """A module's matrix of `names`; at the end every engine its ledger recorded is stopped (read with its own
+    SPARKCTL_*: each test sets them for itself, `Matrix.use`)."""
     from testrig.embedded import stop_recorded_engines
-    m = Matrix(tmp_path_factory.mktemp("crash-matrix"))
-    old = {k: os.environ.get(k) for k in m.env if k.startswith("SPARKCTL_")}
-    os.environ.update({k: v for k, v in m.env.items() if k.startswith("SPARKCTL_")})  # for the in-test ledger reads
-    try:
-        yield m
-    finally:
-        stop_recorded_engines(m.inv)
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@pytest.fixture(scope="module")
-def vllm_matrix(tmp_path_factory):
-    from testrig.embedded import stop_recorded_engines
-    m = Matrix(tmp_path_factory.mktemp("crash-matrix-vllm"), VLLM)
+    m = Matrix(root, names)
     try:
         yield m
     finally:
@@ -151,20 +135,26 @@ def vllm_matrix(tmp_path_factory):
             stop_recorded_engines(m.inv)
 
 
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    yield from _matrix(tmp_path_factory.mktemp("crash-matrix"), SGLANG)
+
+
+@pytest.fixture(scope="module")
+def vllm_matrix(tmp_path_factory):
+    yield from _matrix(tmp_path_factory.mktemp("crash-matrix-vllm"), VLLM)
+
+
 def _vllm_profiles(profiles: Path, bad_faults: Path, inv: Path) -> None:
     """v-spec (cpu-tiny-vllm with ngram drafting), v-plain (without) and v-bad (v-plain whose rank 1 dies during
-    boot), from the shipped cpu-tiny-vllm: the API key in force, the tiny model's KV cell (512 bytes per token per rank
-    at TP=2, as on the real vLLM), and ports of their own: the shipped 31000/26000 are the real engines' (a real
+    boot), from the shipped cpu-tiny-vllm on ports of its own (testrig.embedded.emulated_vllm_profile: a real
     engine's TCP store binds *:26000, which an emulator's store on 127.x.y.2:26000 beside it makes fail with
-    EADDRINUSE: measured, a real replicated test failed so while this matrix ran by hand)."""
+    EADDRINUSE: measured, a real replicated test failed so while this matrix ran by hand), the API key in force."""
     import yaml
 
-    from sparkctl.config.inventory import load_inventory
-    from testrig.testenv import free_port
-    node = load_inventory(inv).rank0.api_bind
-    doc = yaml.safe_load((REPO / "profiles" / "cpu-tiny-vllm.yml").read_text())
-    doc.setdefault("api", {}).update(api_key_env="SPARKCTL_API_KEY", port=free_port(node), dist_port=free_port(node))
-    doc.setdefault("env", {})["SPARKCTL_SIM_KV_BYTES_PER_TOKEN"] = "512"
+    from testrig.embedded import emulated_vllm_profile
+    doc = emulated_vllm_profile(inv)
+    doc["api"]["api_key_env"] = "SPARKCTL_API_KEY"
     doc.pop("speculative", None)
     (profiles / "v-plain.yml").write_text(yaml.safe_dump(doc))
     (profiles / "v-spec.yml").write_text(yaml.safe_dump({**doc, "speculative": {"algorithm": "NGRAM",

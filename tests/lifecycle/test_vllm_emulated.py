@@ -23,7 +23,7 @@ from sparkctl.deploy.observe import process_engines
 from sparkctl.nodes import procfs
 from sparkctl.nodes.process import local_port_free
 from testrig.controller import cli_ok, passed_gates
-from testrig.embedded import stop_recorded_engines, write_embedded_inventory
+from testrig.embedded import emulated_vllm_profile, stop_recorded_engines, write_embedded_inventory
 from testrig.sweep import files_holding, processes_holding
 from testrig.testenv import free_port
 
@@ -46,25 +46,24 @@ def emu_cluster(tmp_path_factory: pytest.TempPathFactory):
         mp.setenv("SPARKCTL_API_KEY", KEY)
         for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_") or k == "SPARKCTL_CRASH_AT"]:
             mp.delenv(key)
-        _profiles(root / "profiles", port, store)
+        _profiles(root / "profiles", inv, port, store)
         try:
             yield inv, root, port, store
         finally:
             stop_recorded_engines(inv)
 
 
-def _profiles(profiles: Path, port: int, store: int) -> None:
-    """cpu-tiny and cpu-tiny-vllm as shipped, on this test's ports, with the API key in force; the vLLM one
-    speculative (ngram) and with the tiny model's KV cell (512 bytes per token per rank at TP=2: its 64 MiB per rank
-    hold 131,072 tokens, as on the real vLLM)."""
+def _profiles(profiles: Path, inv: Path, port: int, store: int) -> None:
+    """cpu-tiny and cpu-tiny-vllm as shipped, both on this test's ports, with the API key in force; the vLLM one
+    speculative (ngram), with the tiny model's KV cell (testrig.embedded.emulated_vllm_profile)."""
     profiles.mkdir()
     shipped = REPO / "profiles"
-    for name in ("cpu-tiny", "cpu-tiny-vllm"):
-        doc = yaml.safe_load((shipped / f"{name}.yml").read_text())
-        doc.setdefault("api", {}).update(api_key_env="SPARKCTL_API_KEY", port=port, dist_port=store)
-        if name == "cpu-tiny-vllm":
-            doc["speculative"] = {"algorithm": "NGRAM", "num_draft_tokens": 5}
-            doc["env"]["SPARKCTL_SIM_KV_BYTES_PER_TOKEN"] = "512"
+    tiny = yaml.safe_load((shipped / "cpu-tiny.yml").read_text())
+    tiny.setdefault("api", {}).update(port=port, dist_port=store)
+    vllm = emulated_vllm_profile(inv, port=port, dist_port=store)
+    vllm["speculative"] = {"algorithm": "NGRAM", "num_draft_tokens": 5}
+    for name, doc in (("cpu-tiny", tiny), ("cpu-tiny-vllm", vllm)):
+        doc["api"]["api_key_env"] = "SPARKCTL_API_KEY"
         (profiles / f"{name}.yml").write_text(yaml.safe_dump(doc))
     (profiles / "base.yml").write_text((shipped / "base.yml").read_text())
 

@@ -42,18 +42,13 @@ def vllm_tune_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir
     """The embedded cluster with the planted optimum; `tv`: cpu-tiny-vllm speculative (ngram, 8 draft tokens as
     d5 runs) with the tiny model's KV cell (its 64 MiB per rank hold 131,072 tokens), on free ports; `tv-off` the same
     without speculation."""
-    from sparkctl.config.inventory import load_inventory
-    from testrig.embedded import stop_recorded_engines, write_embedded_inventory
-    from testrig.testenv import free_port
+    from testrig.embedded import emulated_vllm_profile, stop_recorded_engines, write_embedded_inventory
 
     inv = write_embedded_inventory(tmp_path / "inventory.yml", {**PLANTED, "vllm_stats_interval_s": 0.5}, prefix="tv")
     monkeypatch.setenv("SPARKCTL_INVENTORY", str(inv))
     for key in [k for k in os.environ if k.startswith("SPARKCTL_SIM_")]:
         monkeypatch.delenv(key)
-    node = load_inventory(inv).rank0.api_bind
-    doc = yaml.safe_load((REPO / "profiles" / "cpu-tiny-vllm.yml").read_text())
-    doc["api"].update(port=free_port(node), dist_port=free_port(node))
-    doc["env"]["SPARKCTL_SIM_KV_BYTES_PER_TOKEN"] = "512"
+    doc = emulated_vllm_profile(inv)
     doc["warmup"] = {"requests": 1, "max_tokens": 16, "timeout_s": 120}
     off = {**doc, "description": "tv without speculation"}
     doc["speculative"] = {"algorithm": "NGRAM", "num_draft_tokens": 8}
