@@ -9,8 +9,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from sparkctl.config.limits import SECONDS_MAX
 from sparkctl.config.profile import load_profile
-from sparkctl.config.values import SECONDS_MAX
 
 
 def in_ci() -> bool:
@@ -24,7 +24,7 @@ RUN_SALT_ROOM = 4_800    # the largest offset a test adds to run_salt() (tests a
 def run_salt(now: float | None = None) -> int:
     """A number per test run, for a seconds flag whose value must differ from every earlier run's (a launch image an
     earlier run cached never matches): this run's clock folded so that it plus any offset up to RUN_SALT_ROOM stays
-    within the profile's bound on seconds (sparkctl.config.values.SECONDS_MAX). It was `time % 1_000_000` in two
+    within the profile's bound on seconds (sparkctl.config.limits.SECONDS_MAX). It was `time % 1_000_000` in two
     modules: from 603,847 in each cycle it made a watchdog_timeout the profile refuses, and six tests failed in CI on
     the day the clock crossed it."""
     return int(time.time() if now is None else now) % (int(SECONDS_MAX) - RUN_SALT_ROOM)
@@ -172,13 +172,44 @@ class RawServer:
         self.sock.close()
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` right now (the kernel's pick; the caller binds it soon after)."""
-    import socket
+TEST_PORTS = (10_000, 25_000)   # below the kernel's ephemeral range (32768-60999 here) and the engines' fixed ports
+PORT_COUNTER = "sparkctl-test-ports-{uid}.counter"     # per user: another user's 0600 counter is not ours to open
 
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now, that no other caller in this run was given: the next of TEST_PORTS in a counter
+    shared by every process of the run (a file under the temporary directory, under flock), checked bindable.
+
+    It was the kernel's pick (bind port 0, close), which two calls may both be given (the port is free again once
+    closed: two xdist workers' engines raced for one, and an engine's HTTP bind failed "Address already in use" in
+    CI), and which any outgoing connection may take as its source port before the engine binds it. A port from
+    outside the ephemeral range, handed out in turn, is neither: the same port comes back only after
+    15,000 others."""
+    import fcntl
+    import socket
+    import tempfile
+
+    lo, hi = TEST_PORTS
+    path = os.path.join(tempfile.gettempdir(), PORT_COUNTER.format(uid=os.getuid()))
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        raw = os.pread(fd, 32, 0).strip()
+        n = int(raw) if raw.isdigit() else 0
+        for step in range(hi - lo):
+            port = lo + (n + step) % (hi - lo)
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            text = str((n + step + 1) % (hi - lo)).encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, text, 0)
+            return port
+        raise RuntimeError(f"free_port: no port of {lo}-{hi - 1} is free on {host}")
+    finally:
+        os.close(fd)
 
 
 def signal_and_settle(pid: int, sig: int, timeout_s: float = 5.0) -> None:

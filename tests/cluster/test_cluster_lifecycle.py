@@ -263,7 +263,7 @@ def test_api_key_and_hf_token_never_in_docker_inspect_ps_or_logs(cli, test_clust
         modes = test_cluster.run_in_root(node, ["stat", "-c", "%a %n", mount["Source"], f"{mount['Source']}/hf-token",
                                            f"{mount['Source']}/engine-secrets.yaml"]).stdout.split("\n")
         assert [m.split()[0] for m in modes if m] == ["700", "400", "400"]
-        ps = test_cluster.run_on(node, ["ps", "-eo", "args"]).stdout
+        ps = test_cluster.run_on(node, ["ps", "-ww", "-eo", "args"]).stdout     # -ww: a long argv never cut (COLUMNS)
         assert "sglang.launch_server" in ps and key not in ps and token not in ps
     code, logs_out, err = cli("logs", "--rank", "0", "--tail", "0")
     assert code == 0 and "server_args=" in logs_out and key not in logs_out

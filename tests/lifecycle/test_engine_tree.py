@@ -30,6 +30,7 @@ from sparkctl.nodes.process import ProcessRuntime
 from sparkctl.sglang.render import render
 from testrig import hostile_engine
 from testrig.embedded import write_embedded_inventory
+from testrig.testenv import free_port
 
 # How the engine ends -> whether the test stops it or it exits by itself.
 ENDS = ("exits-by-itself", "stopped", "stopped-deaf", "pipe-killed")
@@ -38,12 +39,6 @@ POINTS = [(kind, end) for kind in (*hostile_engine.CHILD_KINDS, "all") for end i
 
 def _cgroups() -> bool:
     return cgroups_writable()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _marked(mark: str) -> list[str]:
@@ -78,7 +73,7 @@ def hostile(tmp_path, monkeypatch):
     made: list[tuple[ProcessRuntime, ProcessHandle, str]] = []
 
     def start(kinds: list[str]) -> tuple[ProcessRuntime, ProcessHandle, str, int]:
-        mark, port = f"hostile-{uuid.uuid4().hex[:12]}", _free_port()
+        mark, port = f"hostile-{uuid.uuid4().hex[:12]}", free_port()
         monkeypatch.setenv("HOSTILE_TREE", ",".join(kinds))
         monkeypatch.setenv("HOSTILE_MARK", mark)
         monkeypatch.setenv("HOSTILE_PORT", str(port))
