@@ -25,6 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from testrig.benchrig import compile_sparkctl  # noqa: E402
+
 
 def _inventory(tmp: Path, boot_s: float, decode_tps: float) -> Path:
     from testrig.embedded import write_embedded_inventory
@@ -45,6 +47,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="one short round of the same code path (CI's smoke run)")
     args = ap.parse_args()
+    print(compile_sparkctl())
     if args.smoke:
         args.runs, args.boot_s, args.decode_tps = 1, 0.3, 4000.0
     with tempfile.TemporaryDirectory() as tmpdir:

@@ -64,6 +64,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from testrig.benchrig import compile_sparkctl  # noqa: E402
+
 if TYPE_CHECKING:
     from sparkctl.bench.prompts import TokenCalibration
 
@@ -430,6 +432,7 @@ def main() -> None:
                     help="vllm: the overhead part on real vLLM 0.32.0 (cpu-tiny-vllm, TP=1 and TP=2; its card against "
                          "`vllm bench serve` is benchmarks/bench_vllm_card.py)")
     args = ap.parse_args()
+    print(compile_sparkctl())
     if args.engine == "vllm":
         args.skip_card = True
     if args.smoke:

@@ -7,8 +7,8 @@ number declares its range here, as a typer `parser`::
     boot_timeout: Optional[float] = typer.Option(None, "--boot-timeout", parser=bounds.seconds(),
                                                  metavar="SECONDS", help="...")
 
-Values are parsed by the same rules as the config's value policy (sparkctl/config/values.py): finite, in range,
-an integer where a count is meant (`--tail 2.5` is refused, not truncated).
+Values are parsed by the same rules as the config's value policy (sparkctl/config/values.py; its bounds in
+limits.py): finite, in range, an integer where a count is meant (`--tail 2.5` is refused, not truncated).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import typer
 
-from sparkctl.config.values import INT_MAX, SECONDS_MAX
+from sparkctl.config.limits import INT_MAX, SECONDS_MAX
 
 
 def seconds(low: float = 0.0, high: float = SECONDS_MAX) -> Callable[[str], float]:

@@ -23,6 +23,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import AfterValidator, Strict, StrictBool, StrictFloat, StrictInt, StrictStr
 from pydantic_core import PydanticCustomError, core_schema
 
+from sparkctl.config.limits import INT_MAX, SECONDS_MAX
 from sparkctl.config.loader import refusal
 
 
@@ -78,8 +79,6 @@ def _num(x: float) -> float | int:
     return int(x) if float(x).is_integer() else x
 
 
-INT_MAX = 2**31 - 1          # every count fits a C int (SGLang passes many to CUDA/NCCL)
-SECONDS_MAX = 7 * 86400.0    # a week bounds every timeout
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile, load_profile
@@ -23,7 +24,6 @@ from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.image_stage import survey
 from sparkctl.deploy.plan import Plan, make_plan
 from sparkctl.deploy.progress import Reporter
-from sparkctl.deploy.repair import RepairPlan, apply_repair, plan_repair
 from sparkctl.deploy.results import Concurrency, DownPlanResult, DownResult, PlanView, StatusResult, UpResult
 from sparkctl.deploy.rollback import no_target_error, rollback_target
 from sparkctl.deploy.runtimes import Runtimes
@@ -45,6 +45,9 @@ from sparkctl.errors import CancelledError, ConfigError, SparkctlError
 from sparkctl.sglang.render import RenderResult
 from sparkctl.state.ledger import Ledger
 from sparkctl.state.records import CheckResult, DeploymentRecord
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.repair import RepairPlan
 
 CAP_SETTING = ("server.mamba_full_memory_ratio or server.max_mamba_cache_size in the profile "
                "(--mamba-full-memory-ratio / --max-mamba-cache-size), or server.mamba_ssm_dtype: bfloat16")
@@ -230,9 +233,11 @@ class Deployer:
         return status_cmd(self.cluster, unfinished_compare=left.describe() if left else None)
 
     def plan_repair(self) -> RepairPlan:
+        from sparkctl.deploy.repair import plan_repair
         return plan_repair(self.cluster)
 
     def apply_repair(self, plan: RepairPlan) -> None:
+        from sparkctl.deploy.repair import apply_repair
         apply_repair(self.cluster, plan)
 
     # -- logs (read-only) --------------------------------------------------------------------------------------

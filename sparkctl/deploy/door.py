@@ -27,14 +27,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
+from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.commands import Deployer, UpOptions
 from sparkctl.deploy.inputs import PROBE_DEADLINE_S, missing_paths, unresolved_secrets
 from sparkctl.deploy.plan import Plan
-from sparkctl.deploy.replicated import ReplicatedDeployer, is_replicated, replica_inventory
 from sparkctl.deploy.results import (
     DownPlanResult,
     DownResult,
@@ -49,11 +49,26 @@ from sparkctl.errors import ConfigError, RestartRefusedError, SparkctlError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.router.replicas import router_endpoint
 from sparkctl.sglang.launch import ENGINE_SECRETS_FILE, SECRETS_MOUNT
+from sparkctl.state.ledger import Ledger
 from sparkctl.state.records import CheckResult, DeploymentRecord, ReplicaEntry, ReplicatedRecord
 from sparkctl.state.replicated import Record
 from sparkctl.untrusted import clean
 
+if TYPE_CHECKING:
+    from sparkctl.deploy.replicated import ReplicatedDeployer
+
 Confirm = Callable[[str, Plan | None], bool]     # (what is about to happen, the plan when there is one) -> go on?
+
+
+def is_replicated(inventory: Inventory) -> bool:
+    """The cluster's state directory holds an active replicated deployment (status and down go through it)."""
+    return Record.load(Ledger.for_cluster(inventory.cluster.name).root).active
+
+
+def _replicas(d: Deployer) -> ReplicatedDeployer:
+    """The replicated deployment on `d`'s cluster: the router and its replicas."""
+    from sparkctl.deploy.replicated import ReplicatedDeployer
+    return ReplicatedDeployer(d.inventory, d.reporter)
 
 
 class Declined(Exception):  # noqa: N818 - a user's answer, not a failure of sparkctl
@@ -98,6 +113,7 @@ class Deployed:
         cluster: its ledger, records and runtimes."""
         if self._d is None:
             raise ConfigError("nothing to reach: this answer was not made by door.deployed()")
+        from sparkctl.deploy.replicated import replica_inventory
         return Deployer(replica_inventory(self._d.inventory, entry), self._d.reporter)
 
     def restart(self, *, boot_timeout_s: float | None = None,
@@ -120,7 +136,7 @@ class Deployed:
                 active = sub.ledger.active()
                 if active is not None:
                     as_recorded(sub, active, node_deadline_s=node_deadline_s)
-            return ReplicatedDeployer(self._d.inventory, self._d.reporter).up(profile, opts)
+            return _replicas(self._d).up(profile, opts)
         record = self._d.ledger.load(str(self.deployment))
         return self._d.up(as_recorded(self._d, record, node_deadline_s=node_deadline_s), opts)
 
@@ -270,7 +286,7 @@ def _replicated(d: Deployer, profile: Profile, req: UpRequest,
     (the router and replicas go down first, then None: the single-group `up` follows)."""
     if profile.replicas == 1 and not is_replicated(d.inventory):
         return None
-    rd = ReplicatedDeployer(d.inventory, d.reporter)
+    rd = _replicas(d)
     if req.dry_run and profile.replicas > 1:
         return ReplicatedUpResult(outcome="dry-run", changed=False, profile=profile.name,
                                   cluster=d.inventory.cluster.name, emulated=d.inventory.emulated,
@@ -391,12 +407,11 @@ def down(d: Deployer, *, confirm: Confirm, dry_run: bool = False
     """Stop what runs: the router and every replica, or the active single-group deployment. `dry_run`: what it
     would stop, in order, and nothing changed."""
     if dry_run:
-        return ReplicatedDeployer(d.inventory, d.reporter).plan_down() if is_replicated(d.inventory) else \
-            d.plan_down()
+        return _replicas(d).plan_down() if is_replicated(d.inventory) else d.plan_down()
     if is_replicated(d.inventory):
         if not confirm("stop the router and every replica", None):
             raise Declined
-        return ReplicatedDeployer(d.inventory, d.reporter).down()
+        return _replicas(d).down()
     active = d.ledger.active()
     if active and not confirm(f"stop {active.id} ({active.profile})", None):
         raise Declined
@@ -407,14 +422,14 @@ def preflight(d: Deployer, profile: Profile) -> list[CheckResult]:
     """Read-only checks of what `up` of `profile` would start: one group's ranks, or every replica's (each through
     its own cluster, after the replicas' and the router's layout); raises PreflightError."""
     if profile.replicas > 1:
-        return ReplicatedDeployer(d.inventory, d.reporter).preflight(profile)
+        return _replicas(d).preflight(profile)
     return d.preflight(profile)
 
 
 def status(d: Deployer) -> StatusResult | ReplicatedStatusResult:
     """What runs and how it is; `ok` False (exit 8 in the CLI) when it is unhealthy or was interrupted."""
     if is_replicated(d.inventory):
-        return ReplicatedDeployer(d.inventory, d.reporter).status()
+        return _replicas(d).status()
     return d.status()
 
 
@@ -425,8 +440,7 @@ def logs(d: Deployer, *, rank: int, tail: int, follow: bool, replica: int | None
         if router and replica is not None:
             raise ConfigError("--router and --replica name different logs: give one of them",
                               hint="sparkctl logs --router, or sparkctl logs --replica I --rank N")
-        return ReplicatedDeployer(d.inventory, d.reporter).follow_log(replica=replica, rank=rank, router=router,
-                                                                      tail=tail, follow=follow)
+        return _replicas(d).follow_log(replica=replica, rank=rank, router=router, tail=tail, follow=follow)
     if router or replica is not None:
         raise ConfigError(f"{'--router' if router else '--replica'}: cluster {d.inventory.cluster.name} runs no "
                           f"replicated deployment (one group, no router)",

@@ -402,8 +402,3 @@ def replica_inventory(inventory: Inventory, entry: ReplicaEntry) -> Inventory:
     """The sub-inventory of one ``replicas`` entry of the record (its cluster name, its nodes re-ranked); read-only,
     for readers of a replicated deployment (the bench reaches each replica's ledger and runtimes through it)."""
     return _named(inventory, entry.cluster, entry.nodes)
-
-
-def is_replicated(inventory: Inventory) -> bool:
-    """The cluster's state directory holds an active replicated deployment (status and down go through it)."""
-    return Record.load(Ledger.for_cluster(inventory.cluster.name).root).active

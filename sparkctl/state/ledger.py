@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -43,7 +43,6 @@ from sparkctl.errors import LedgerError, LockHeldError
 from sparkctl.jsontypes import JSONObject, JSONValue
 from sparkctl.nodes.procfs import start_ticks
 from sparkctl.state.records import DeploymentRecord, Status
-from sparkctl.state.runs import RunRecord
 from sparkctl.statefiles import (
     check_state_path,
     default_state_root,
@@ -52,6 +51,9 @@ from sparkctl.statefiles import (
     state_dir_error,
     write_json_atomic,
 )
+
+if TYPE_CHECKING:
+    from sparkctl.state.runs import RunRecord
 
 M = TypeVar("M", bound=BaseModel)   # the record model a state file is read as (`_validated`)
 
@@ -260,6 +262,7 @@ class Ledger:
 
     # -- bench runs ----------------------------------------------------------------------------------------------
     def load_run(self, run_id: str) -> RunRecord:
+        from sparkctl.state.runs import RunRecord
         path = self.root / "runs" / run_id / "report.json"
         return _validated(RunRecord, read_json(path), path)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sparkctl.config.limits import SECONDS_MAX
 from sparkctl.config.profile import load_profile
-from sparkctl.config.values import SECONDS_MAX
 from testrig import testenv
 
 TESTS = Path(__file__).resolve().parents[1]
