@@ -26,13 +26,6 @@ from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.steps import IMAGE_BUILD, IMAGE_DISTRIBUTE, IMAGE_STEPS, IMAGE_VERIFY
 from sparkctl.errors import ConfigError, ImageError, PreflightError, SparkctlError
-from sparkctl.images import pipeline
-from sparkctl.images.build import build_images, recorded_base
-from sparkctl.images.distribute import _refuse_mismatch, ensure_same_image
-from sparkctl.images.launchdoc import rank_environment
-from sparkctl.images.pipeline import connections
-from sparkctl.images.plan import inspect_base, plan_images
-from sparkctl.images.registry import image_ids
 from sparkctl.jsontypes import JSONObject
 from sparkctl.nodes.fanout import fan_out, raise_first
 from sparkctl.sglang.launch import LaunchSpec
@@ -55,6 +48,7 @@ class LaunchImage:
 
     def environment(self, spec: LaunchSpec) -> dict[str, str]:
         """What this rank's container needs on top of the image (ConfigError when the image cannot run `spec`)."""
+        from sparkctl.images.launchdoc import rank_environment
         return rank_environment(self.doc, spec)
 
 
@@ -164,12 +158,20 @@ class ImageSurvey:
         return f"on {p.builder} since the plan: {', '.join(moved)}" if moved else None
 
 
+def inspect_base(conn: SSHConnector, ref: str) -> BaseImage | None:
+    """The base image `ref` on the building node, or None (``images.plan.inspect_base``)."""
+    from sparkctl.images import plan
+    return plan.inspect_base(conn, ref)
+
+
 def _conns(inventory: Inventory) -> JSONObject:
+    from sparkctl.images.pipeline import connections
     return connections(inventory)
 
 
 def _ids(conns: dict[str, SSHConnector], tags: list[str]) -> dict[str, dict[str, str | None]]:
     """{node: {tag: image id or None}}: one round trip per node (``registry.image_ids``), nodes in parallel."""
+    from sparkctl.images.registry import image_ids
 
     def one(conn: SSHConnector) -> dict[str, str | None]:
         return image_ids(conn, tags)
@@ -186,6 +188,8 @@ def survey(profile: Profile, inventory: Inventory, result: RenderResult, *,
     """
     if all(n.runtime != "docker" for n in inventory.nodes):
         return ImageSurvey("process")
+    from sparkctl.images.build import recorded_base
+    from sparkctl.images.plan import plan_images
     if inventory.cluster.engine_image or profile.image.ref:
         source = ("the inventory (sparkctl_engine_image)" if inventory.cluster.engine_image else
                   f"image.ref of profile {profile.name}")
@@ -239,6 +243,8 @@ class ImageStage:
         the pull the plan names and the build on what it gives."""
         if self.survey.mode != "pipeline":
             return       # its no-op reason is the step's own line (the plan's decision, said once)
+        from sparkctl.images import pipeline
+        from sparkctl.images.build import build_images
         conn = _conns(self.inventory)[self.inventory.rank0.name]     # the building node (image_stage.survey)
         stale = self.survey.stale(conn)
         if stale is not None:
@@ -260,6 +266,8 @@ class ImageStage:
     def distribute(self) -> dict[str, str]:
         if self.survey.mode == "process":
             return {}
+        from sparkctl.images import pipeline
+        from sparkctl.images.distribute import ensure_same_image
         if self.survey.mode == "prebuilt":
             docker = {s.node: self.rts.for_node(s.node) for s in self.result.specs}
             return ensure_same_image(self.survey.image or "", docker, self.report)
@@ -270,6 +278,8 @@ class ImageStage:
         """({node: id of the image the ranks run}, {node: {engine_tag, engine_id, launch_tag, launch_id}})."""
         if self.survey.mode == "process":
             return {}, {}
+        from sparkctl.images import pipeline
+        from sparkctl.images.distribute import _refuse_mismatch
         if self.survey.mode == "prebuilt":
             image = self.survey.image or ""
             nodes = [s.node for s in self.result.specs]

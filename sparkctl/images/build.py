@@ -1,11 +1,12 @@
 """Build the planned engine and launch images on the building node, over its SSH connection.
 
-``docker build -`` reads the build context (a small tar: Dockerfile, patch applier + series, or launch document
-+ entrypoint) from stdin over the node's SSH channel; the legacy builder (``DOCKER_BUILDKIT=0``) is used because
-it needs no buildx plugin on the node and its layer-per-instruction output is what the layer tests check. Each
-step is a no-op with a reason when the tag is already there with the planned content (label
-``org.sparkctl.inputs-sha256``); a tag that exists with other content is refused, never overwritten. Build
-logs are written to ``log_dir`` when given. Example::
+The engine image: ``docker build -`` reads the build context (a small tar: Dockerfile, patch applier + series) from
+stdin over the node's SSH channel; the legacy builder (``DOCKER_BUILDKIT=0``) is used because it needs no buildx
+plugin on the node and its layer-per-instruction output is what the layer tests check. The launch image (the
+engine + one thin layer): assembled by sparkctl from its Dockerfile and loaded (`sparkctl.images.assemble`), the
+same image on every node without reading the engine image (`place_launch`). Each step is a no-op with a reason
+when the tag is already there with the planned content (label ``org.sparkctl.inputs-sha256``); a tag that exists
+with other content is refused, never overwritten. Build logs are written to ``log_dir`` when given. Example::
 
     plan = plan_images(profile, inv, ensure_base(conn, profile.image.base_image, node="spark-a"))
     for step in build_images(plan, conn, log_dir=state / "builds"):
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkctl.errors import ImageError
+from sparkctl.images.assemble import EngineConfig, LaunchArchive, launch_archive
 from sparkctl.images.plan import BASE_DIGEST_LABEL, BASE_IMAGE_LABEL, INPUTS_LABEL, BaseImage, ImagePlan, inspect_base
 from sparkctl.statefiles import private_dir, write_text_atomic
 
@@ -44,7 +46,8 @@ class BuildStep:
     reason: str
 
     def line(self) -> str:
-        what = f"built in {self.seconds:.1f}s" if self.built else f"no build ({self.reason})"
+        what = (f"{'built' if self.reason == 'built' else self.reason} in {self.seconds:.1f}s" if self.built
+                else f"no build ({self.reason})")
         return f"{self.role} {self.tag} {what} ({self.image_id[:19]})"
 
 
@@ -142,7 +145,8 @@ def build_image(conn: SSHConnector, *, role: str, tag: str, context: bytes, inpu
 
 def build_images(plan: ImagePlan, conn: SSHConnector, *, log_dir: Path | None = None,
                  report: Callable[[str], None] = lambda _: None) -> list[BuildStep]:
-    """Engine then launch image on ``plan.builder`` (each a no-op with a reason when already there)."""
+    """Engine then launch image on ``plan.builder`` (each a no-op with a reason when already there): the engine by
+    ``docker build``, the launch image assembled on it (`place_launch`)."""
     node = plan.builder
 
     def base_unchanged() -> None:
@@ -152,14 +156,41 @@ def build_images(plan: ImagePlan, conn: SSHConnector, *, log_dir: Path | None = 
             raise ImageError(f"base image {plan.base.ref} changed on {node} since the plan "
                              f"({plan.base.pinned[:26]} -> {current.pinned[:26] if current else 'missing'})",
                              where=f"[{node}] image build", hint="plan again (sparkctl image build re-plans)")
-    steps = []
-    for role, tag, context, sha in (("engine", plan.engine_tag, plan.engine_context, plan.engine_inputs_sha256),
-                                    ("launch", plan.launch_tag, plan.launch_context, plan.launch_inputs_sha256)):
-        step = build_image(conn, role=role, tag=tag, context=context(), inputs_sha256=sha, node=node, log_dir=log_dir,
-                           before_build=base_unchanged if role == "engine" else None)
-        report(step.line())
-        steps.append(step)
+    steps = [build_image(conn, role="engine", tag=plan.engine_tag, context=plan.engine_context(),
+                         inputs_sha256=plan.engine_inputs_sha256, node=node, log_dir=log_dir,
+                         before_build=base_unchanged)]
+    report(steps[0].line())
+    steps.append(place_launch(plan, conn, node=node))
+    report(steps[1].line())
     return steps
+
+
+def place_launch(plan: ImagePlan, conn: SSHConnector, *, node: str,
+                 archive: LaunchArchive | None = None) -> BuildStep:
+    """The plan's launch image on one node that holds its engine image: assembled (`sparkctl.images.assemble`) and
+    loaded, a no-op when the tag already holds that image. ``archive``: the one a caller assembled for every node
+    (else assembled from this node's engine image). A tag with the planned inputs but another ID (made by
+    ``docker build`` before sparkctl assembled launch images) is replaced, so that every node holds one ID."""
+    existing = _check_existing(conn, plan.launch_tag, plan.launch_inputs_sha256, node)
+    t0 = time.monotonic()
+    archive = archive or launch_archive(plan, EngineConfig.inspect(conn, plan.engine_tag))
+    if existing == archive.image_id:
+        return BuildStep("launch", plan.launch_tag, existing, False, 0.0, "tag present with the planned inputs")
+    r = conn.run(["docker", "load"], stdin=archive.data, timeout=300, merge_stderr=True)
+    if r.returncode != 0:
+        raise ImageError(f"docker load of the launch image {plan.launch_tag} failed on {node}",
+                         where=f"[{node}] image {plan.launch_tag}",
+                         hint=f"the node must hold the engine image {plan.engine_tag} (sparkctl image build copies "
+                              f"it first); check its docker daemon and disk space",
+                         evidence=_ANSI.sub("", r.stdout)[-1500:])
+    found = _check_existing(conn, plan.launch_tag, plan.launch_inputs_sha256, node)
+    if not found:
+        raise ImageError(f"launch image {plan.launch_tag} missing on {node} right after its load",
+                         where=f"[{node}] image {plan.launch_tag}",
+                         hint="look at the node's docker daemon (disk space, concurrent prune)")
+    return BuildStep("launch", plan.launch_tag, found, True, round(time.monotonic() - t0, 2),
+                     f"assembled, {len(archive.data)} B loaded" + (" in place of a docker-built one" if existing
+                                                                    else ""))
 
 
 def image_layers(conn: SSHConnector, ref: str) -> list[str]:

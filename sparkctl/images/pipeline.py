@@ -2,7 +2,8 @@
 
 Each step takes the Inventory and the Profile and talks to the nodes over their verified SSH connections
 (`sparkctl.nodes.ssh.connector_for`); each is a no-op with a reason when already satisfied. The building node
-is rank 0; the other nodes receive the images from it over the fabric, all at once (`sparkctl.images.copy`).
+is rank 0; the other nodes receive the engine image from it over the fabric, all at once (`sparkctl.images.copy`),
+and every node loads the launch image sparkctl assembles on top of it (`sparkctl.images.assemble`).
 Example (what `up`'s image stage becomes)::
 
     plan = prepare(profile, inventory, log_dir=ledger.root / "builds", report=lambda m: reporter.stage("image", m))
@@ -16,12 +17,14 @@ from pathlib import Path
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError, ImageError
-from sparkctl.images.build import BuildStep, build_images, ensure_base
+from sparkctl.images.assemble import EngineConfig, launch_archive
+from sparkctl.images.build import BuildStep, build_images, ensure_base, place_launch
 from sparkctl.images.copy import distribute
 from sparkctl.images.manage import verify_images
 from sparkctl.images.plan import BaseImage, ImagePlan, inspect_base, plan_images
 from sparkctl.images.registry import Endpoint, Transfer
 from sparkctl.jsontypes import JSONObject
+from sparkctl.nodes.fanout import fan_out, raise_first
 from sparkctl.nodes.ssh import connector_for
 
 Report = Callable[[str], None]
@@ -69,11 +72,27 @@ def build(profile: Profile, inventory: Inventory, *, log_dir: Path | None = None
 
 
 def distribute_plan(p: ImagePlan, inventory: Inventory, *, report: Report = _quiet) -> list[Transfer]:
-    """Copy the plan's images from the building node to every other node, all at once (a stream without the layers
-    a peer holds, or the registry when it would send at most half: `sparkctl.images.stream.choose_copy`)."""
+    """The plan's images on every node: the engine image copied from the building node to every other node, all at
+    once (a stream without the layers a peer holds, or the registry when it would send at most half:
+    `sparkctl.images.stream.choose_copy`); then the launch image, assembled once from the building node's engine
+    image, loaded on every node that lacks it (a few kB over each node's SSH connection, nothing over the fabric,
+    no ``docker save`` of the engine: `sparkctl.images.assemble`). The building node is placed too: a launch tag
+    there from an older ``docker build`` is replaced, so that every node holds the same ID."""
     source = Endpoint.of(inventory, inventory.node(p.builder))
     peers = [Endpoint.of(inventory, n) for n in inventory.nodes if n.name != p.builder]
-    return distribute([p.engine_tag, p.launch_tag], source, peers, report=report)
+    transfers = distribute([p.engine_tag], source, peers, report=report)
+    conns = connections(inventory)
+    archive = launch_archive(p, EngineConfig.inspect(conns[p.builder], p.engine_tag))
+
+    def place(node: str) -> Transfer:
+        step = place_launch(p, conns[node], node=node, archive=archive)
+        return Transfer(node, p.launch_tag, step.image_id, via="assembled", seconds=step.seconds,
+                        rx_bytes=len(archive.data) if step.built else 0,
+                        skipped=None if step.built else step.reason)
+    placed = raise_first(fan_out(list(conns), place))
+    for t in placed:
+        report(t.line())
+    return transfers + placed
 
 
 def verify(p: ImagePlan, inventory: Inventory) -> dict[str, dict[str, str]]:

@@ -126,8 +126,9 @@ def _render(template: str, **values: object) -> str:
     return env.get_template(template).render(**values)
 
 
-def _tar(files: dict[str, bytes]) -> bytes:
-    """A build context as an uncompressed tar with fixed metadata (same files -> same bytes)."""
+def fixed_tar(files: dict[str, bytes]) -> bytes:
+    """An uncompressed tar of `files` with fixed metadata (same files -> same bytes): a build context, the launch
+    image's load archive (`sparkctl.images.assemble`)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tf:
         for name in sorted(files):
@@ -170,12 +171,17 @@ class ImagePlan:
                                                                                 images.applier_bytes(), strict=True)})
             for path in (self.series.dir / "series", *self.series.patches):
                 files[f"sparkctl-build/{self.series.name}/{path.name}"] = path.read_bytes()
-        return _tar(files)
+        return fixed_tar(files)
+
+    def launch_files(self) -> dict[str, bytes]:
+        """The launch image's build context: its Dockerfile and the files its one COPY places."""
+        return {"Dockerfile": self.launch_dockerfile.encode(),
+                "etc-sparkctl/launch.json": launchdoc.doc_bytes(self.launch_doc),
+                "etc-sparkctl/entrypoint.py": entrypoint_source(self.launch_doc).read_bytes()}
 
     def launch_context(self) -> bytes:
-        return _tar({"Dockerfile": self.launch_dockerfile.encode(),
-                     "etc-sparkctl/launch.json": launchdoc.doc_bytes(self.launch_doc),
-                     "etc-sparkctl/entrypoint.py": entrypoint_source(self.launch_doc).read_bytes()})
+        """The launch context as ``docker build -`` reads it (what the image's assembly reads: `launch_files`)."""
+        return fixed_tar(self.launch_files())
 
 
 def _series(profile: Profile) -> Series | None:

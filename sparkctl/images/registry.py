@@ -157,7 +157,8 @@ class Transfer:
     seconds: float = 0.0        # the whole pull: download + decompress + unpack on the peer
     skipped: str | None = None
     wire_seconds: float = 0.0   # first to last byte received on the fabric interface (sampled every 5 ms)
-    via: str = "registry"       # registry (missing layers) | stream (sparkctl.images.stream)
+    via: str = "registry"       # registry (missing layers) | stream (sparkctl.images.stream) | assembled (the
+                                # launch image: sparkctl.images.assemble, loaded over the node's SSH connection)
     streamed_with: tuple[str, ...] = ()   # a stream's other images (its bytes and time are on its last image)
     stream_layers: tuple[int, int] | None = None   # a stream that left held layers out: (layers sent, layers)
     left_out_bytes: int = 0     # what it left out (uncompressed; on the stream's last image)
@@ -169,6 +170,9 @@ class Transfer:
     def line(self) -> str:
         if self.skipped:
             return f"{self.node} <- {self.image}: nothing to send ({self.skipped})"
+        if self.via == "assembled":
+            return (f"{self.node} <- {self.image}: assembled by sparkctl, {decimal(self.rx_bytes)} loaded over SSH in "
+                    f"{self.seconds:.1f}s (the engine's layers were there)")
         if self.via == "stream":
             rate = self.rx_bytes / self.seconds / 1e6 if self.seconds else 0.0
             also = f" (with {', '.join(self.streamed_with)})" if self.streamed_with else ""

@@ -15,8 +15,10 @@ bytes by hand). So the stream is the rule and the registry the exception:
   already stores by chain; measured on Docker 20.10): only the layers it lacks cross the fabric.
 * the registry is chosen when it would send at most ``STREAM_FRACTION`` of the image: when the layers the peer holds
   came to it through the fabric registry before (the peer's record of what it pulled,
-  `sparkctl.images.registry.PULLED_FILE` in its cache directory, written by the registry pull), a flag-only change
-  costs one thin compressed layer and no ``docker save`` of the whole image on the building node. Without fabric
+  `sparkctl.images.registry.PULLED_FILE` in its cache directory, written by the registry pull), an image one layer
+  apart from what the peer pulled costs one thin compressed layer and no ``docker save`` of the whole image on the
+  building node. (The pipeline's launch image is not copied at all: `sparkctl.images.assemble` loads it on every
+  node from the engine image the node holds.) Without fabric
   SSH the registry is used whatever it costs.
 
 What a peer holds is measured, not guessed: Docker stores layers by chain (a layer and every layer under it), so

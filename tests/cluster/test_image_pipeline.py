@@ -18,7 +18,8 @@ from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
 from sparkctl.errors import ConfigError, ImageError
 from sparkctl.images import launchdoc, manage, pipeline
-from sparkctl.images.build import build_images, ensure_base, image_layers
+from sparkctl.images.assemble import EngineConfig, launch_archive
+from sparkctl.images.build import build_image, build_images, ensure_base, image_layers
 from sparkctl.images.copy import distribute
 from sparkctl.images.plan import plan_images
 from sparkctl.images.registry import PULLED_FILE, Endpoint, Registry, image_ids, prune_cache
@@ -114,6 +115,73 @@ def test_flag_only_change_rebuilds_only_the_launch_layer(env, built):
     old, new = image_layers(env["a"], plan.launch_tag), image_layers(env["a"], changed.launch_tag)
     assert old[:-1] == engine and new[:-1] == engine      # both launch images = engine + one layer
     assert old[-1] != new[-1]
+
+
+def test_assembled_launch_image_is_what_docker_build_makes_of_its_dockerfile(env, built):
+    """sparkctl assembles the launch image (sparkctl.images.assemble) instead of `docker build`ing it: the same
+    settings, layers below and files as the legacy builder makes of the same Dockerfile and context."""
+    plan, steps = built
+    assert steps[1].reason.startswith("assembled, ") and steps[1].built
+    docker_tag = f"sparkctl-test/launch-docker-built:{RUN}"
+    build_image(env["a"], role="launch", tag=docker_tag, context=plan.launch_context(),
+                inputs_sha256=plan.launch_inputs_sha256, node="spark-a")
+    try:
+        made, ours = (json.loads(env["a"].run(["docker", "image", "inspect", ref], check=True).stdout)[0]
+                      for ref in (docker_tag, plan.launch_tag))
+        assert ours["Id"] == steps[1].image_id == launch_archive(
+            plan, EngineConfig.inspect(env["a"], plan.engine_tag)).image_id      # known before any load
+        # Entrypoint, Cmd, Labels, Env, WorkingDir, ...; "Image" is the parent: the legacy builder's is its own
+        # intermediate image of the step before LABEL, the assembled one's the engine image
+        assert {**ours["Config"], "Image": None} == {**made["Config"], "Image": None}
+        assert ours["Config"]["Image"] == image_ids(env["a"], [plan.engine_tag])[plan.engine_tag]
+        assert ours["RootFS"]["Layers"][:-1] == made["RootFS"]["Layers"][:-1] == image_layers(env["a"],
+                                                                                                plan.engine_tag)
+        assert (ours["Architecture"], ours["Os"]) == (made["Architecture"], made["Os"])
+        listing = "cd /etc/sparkctl && for f in . *; do stat -c '%n %a %u:%g %s' \"$f\"; done && sha256sum *"
+        files = [env["a"].run(["docker", "run", "--rm", "--entrypoint", "sh", ref, "-c", listing], timeout=120,
+                              check=True).stdout for ref in (docker_tag, plan.launch_tag)]
+        assert files[0] == files[1] and "entrypoint.py 644 0:0" in files[1] and "launch.json" in files[1], files
+        history = env["a"].run(["docker", "history", "--no-trunc", "--format", "{{.CreatedBy}}", plan.launch_tag],
+                               check=True).stdout
+        assert "COPY etc-sparkctl/ /etc/sparkctl/" in history and "org.sparkctl.role=launch" in history, history
+    finally:
+        env["a"].run(["docker", "rmi", docker_tag], timeout=120)
+
+
+def test_flag_only_change_through_the_pipeline_reads_no_engine_byte(env, built):
+    """`up`'s copy of a flag-only change: the engine image is where it was, the launch image (assembled, a few kB)
+    is loaded on each node over its SSH connection: nothing crosses the fabric, no `docker save` of the engine."""
+    plan, _ = built
+    pipeline.distribute_plan(plan, env["inv"])                 # both nodes hold the engine image
+    changed = _plan(env, watchdog_timeout=604 + RUN)
+    lines: list[str] = []
+    build_images(changed, env["a"], report=lines.append)
+    transfers = pipeline.distribute_plan(changed, env["inv"], report=lines.append)
+    engine_t = [t for t in transfers if t.image == changed.engine_tag]
+    assert engine_t and all(t.skipped and t.rx_bytes == 0 for t in engine_t), lines
+    placed = {t.node: t for t in transfers if t.image == changed.launch_tag}
+    assert sorted(placed) == ["spark-a", "spark-b"] and all(t.via == "assembled" for t in placed.values())
+    assert placed["spark-a"].skipped == "tag present with the planned inputs"     # image-build placed it there
+    assert not placed["spark-b"].skipped and 0 < placed["spark-b"].rx_bytes < 100_000, lines
+    assert any(ln.startswith(f"spark-b <- {changed.launch_tag}: assembled by sparkctl, ") for ln in lines), lines
+    ids = manage.verify_images(changed, env["conns"])[changed.launch_tag]
+    assert ids == {"spark-a": placed["spark-a"].image_id, "spark-b": placed["spark-b"].image_id}
+    assert pipeline.distribute_plan(changed, env["inv"])[-1].skipped                # placed: nothing to do
+
+
+def test_a_docker_built_launch_image_is_replaced_by_the_assembled_one(env, built):
+    """A launch tag `docker build` made before sparkctl assembled launch images (same inputs, another ID) on the
+    building node, and a peer that lacks it: placing makes both nodes hold the assembled image, one ID."""
+    plan, _ = built
+    pipeline.distribute_plan(plan, env["inv"])
+    legacy = _plan(env, watchdog_timeout=605 + RUN)
+    build_image(env["a"], role="launch", tag=legacy.launch_tag, context=legacy.launch_context(),
+                inputs_sha256=legacy.launch_inputs_sha256, node="spark-a")
+    docker_built = image_ids(env["a"], [legacy.launch_tag])[legacy.launch_tag]
+    placed = {t.node: t for t in pipeline.distribute_plan(legacy, env["inv"]) if t.image == legacy.launch_tag}
+    assert not placed["spark-a"].skipped and not placed["spark-b"].skipped
+    ids = manage.verify_images(legacy, env["conns"])[legacy.launch_tag]
+    assert docker_built not in ids.values() and len(set(ids.values())) == 1
 
 
 def test_launch_image_entrypoint_rebuilds_each_ranks_argv(env, built):
@@ -337,9 +405,8 @@ def test_cli_plan_build_ls_verify_prune(env, tmp_path, monkeypatch, capsys):
     assert plan["launch"]["inputs"]["engine_tag"] == plan["engine"]["tag"]
     assert cli(["image", "build", "--profile", str(profile)]) == 0
     cap = capsys.readouterr()     # each step and copy reported once as it happens (stderr); stdout keeps the outcome
-    assert f"launch {plan['launch']['tag']} built in" in cap.err and "spark-b <- " in cap.err, cap.err
-    assert f"launch {plan['launch']['tag']}" in cap.out and "built in" not in cap.out, cap.out
-    assert list((tmp_path / "state").glob("*/builds/launch-*.log"))                  # build log kept
+    assert f"launch {plan['launch']['tag']} assembled, " in cap.err and "spark-b <- " in cap.err, cap.err
+    assert f"launch {plan['launch']['tag']}" in cap.out and "assembled, " not in cap.out, cap.out
     assert cli(["image", "verify", "--profile", str(profile)]) == 0
     assert f"ok {plan['launch']['tag']}: spark-a, spark-b" in capsys.readouterr().out
     assert cli(["image", "ls", "--json"]) == 0

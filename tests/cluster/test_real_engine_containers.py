@@ -226,10 +226,11 @@ def test_a_flag_only_rollback_builds_and_copies_only_the_launch_layer(cli: Cli, 
         assert after.images[node].engine_tag == before.images[node].engine_tag
         assert after.images[node].engine_id == before.images[node].engine_id
         assert after.images[node].launch_tag != before.images[node].launch_tag
-    assert re.search(r"launch sparkctl/sglang-gb10-launch:rc2-\S+ built in", err), err[-4000:]
+    assert re.search(r"launch sparkctl/sglang-gb10-launch:rc2-\S+ assembled, \d+ B loaded in", err), err[-4000:]
     assert not re.search(r"engine sparkctl/sglang-gb10:\S+ built in", err), err[-4000:]
-    # the peer receives the launch image's one new layer, nothing of the engine image
-    assert re.search(r"spark-b <- sparkctl/sglang-gb10-launch:rc2-\S+: 1 of \d+ layers sent", err), err[-4000:]
+    # the peer loads the assembled launch image (a few kB over SSH), nothing of the engine image crosses
+    assert re.search(r"spark-b <- sparkctl/sglang-gb10-launch:rc2-\S+: assembled by sparkctl, [\d.]+ kB loaded",
+                     err), err[-4000:]
     assert not re.search(r"spark-b <- sparkctl/sglang-gb10:\S+: [1-9]\d* of \d+ layers sent", err), err[-4000:]
     code, st = _status(cli)
     assert code == 0 and st["healthy"] and st["profile"] == "rc2", st

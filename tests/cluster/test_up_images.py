@@ -10,6 +10,7 @@ build into a no-op.
 from __future__ import annotations
 
 import json
+import re
 import resource
 import sys
 from pathlib import Path
@@ -123,10 +124,11 @@ def test_up_flag_change_up_rollback_runs_the_previous_launch_image(cli, env, sta
     l2 = rec2.images["spark-a"].launch_tag
     assert l2 is not None
     assert l2 != l1 and rec2.images["spark-a"].engine_tag == rec1.images["spark-a"].engine_tag
-    assert f"launch {l2} built in" in err and "no build (tag present with the planned inputs)" in err
+    assert f"launch {l2} assembled, " in err and "no build (tag present with the planned inputs)" in err
     assert "spark-b has" in err                       # the engine image: nothing to copy to the peer
-    logs = list((Path(state_dir) / env["cluster"] / "builds").glob("launch-*.log"))
-    assert logs and all(p.stat().st_mode & 0o777 == 0o600 for p in logs)     # build logs kept, private
+    assert re.search(rf"spark-b <- {re.escape(l2)}: assembled by sparkctl, [\d.]+ kB loaded over SSH", err), err
+    logs = list((Path(state_dir) / env["cluster"] / "builds").glob("*.log"))
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in logs)     # build logs kept, private
     _runs_launch_image(env, l2, Path(p2).stem)
     print(f"\nFIGURE image stages: first up {_stage_s(first):.1f}s, flag-only up {_stage_s(second):.1f}s",
           file=sys.__stderr__)
@@ -167,7 +169,7 @@ def test_rollback_after_the_base_tag_moved_runs_the_recorded_images(cli, env, ba
         code, back, err = _up(cli, "rollback")
         assert code == 0 and back is not None and back["outcome"] == "deployed", err
         assert "rollback: on the recorded base" in err and "image-build: no-op" in err
-        assert "built in" not in err                      # nothing was rebuilt on the new base
+        assert "built in" not in err and "assembled, " not in err    # nothing was rebuilt on the new base
         rec = ledger.load(back["deployment"])
         assert rec.images["spark-a"].engine_tag == e1 and rec.images["spark-b"].launch_tag == l1
         _runs_launch_image(env, l1, Path(p1).stem)
