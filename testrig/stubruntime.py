@@ -28,6 +28,12 @@ class StubRuntime:
     def start(self, spec: LaunchSpec, deployment_id: str) -> Handle:
         raise self._not_stubbed("start")
 
+    def follow(self, handle: ProcessHandle, bound_s: float) -> None:
+        pass
+
+    def unfollow(self) -> None:
+        pass
+
     def liveness(self, handle: ProcessHandle) -> Liveness:
         raise self._not_stubbed("liveness")
 

@@ -38,6 +38,7 @@ log = logging.getLogger("sparkctl.bench")
 __all__ = ["RankWatch", "RankWatches"]
 
 _TAIL_LINES = 15
+FOLLOW_UNBOUNDED_S = 24 * 3600.0     # a run without a deadline: its log streams' bound on the node
 
 
 def _utc() -> str:
@@ -125,7 +126,25 @@ class RankWatch:
             if not self.check():
                 return
 
+    def _follow(self) -> None:
+        """Each rank's log streamed while the arm is measured (`Runtime.follow`; docker: one `docker logs --follow`
+        per rank), so a look reads memory and asks the node only after a quiet spell: a poll over SSH runs the
+        docker CLI on the nodes, on the cores the measured engine uses. A stream that cannot start is no failure:
+        the looks ask the node as before."""
+        run_s = self.guard.run_s
+        left = run_s - self.guard.elapsed() if run_s is not None else FOLLOW_UNBOUNDED_S
+        for h in self.handles:
+            try:
+                self.runtimes.for_node(h.node).follow(h, max(1.0, left) + 60.0)
+            except SparkctlError as exc:
+                log.warning("rank %s on %s: its log is read per look (%s)", h.rank, h.node, exc.message)
+
+    def _unfollow(self) -> None:
+        for rt in {id(rt): rt for rt in (self.runtimes.for_node(h.node) for h in self.handles)}.values():
+            rt.unfollow()
+
     def __enter__(self) -> RankWatch:
+        self._follow()
         if self.check():
             self._thread = threading.Thread(target=self._loop, name="bench-rank-watch", daemon=True)
             self._thread.start()
@@ -135,8 +154,11 @@ class RankWatch:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        if self.death is None:
-            self.check()
+        try:
+            if self.death is None:
+                self.check()
+        finally:
+            self._unfollow()
 
 
 class RankWatches:

@@ -33,19 +33,27 @@ class LogEntry:
     text: str            # the line, ending in "\n"
 
 
+def split_line(line: str) -> tuple[int | None, str]:
+    """One line of ``docker logs --timestamps`` (without its newline) -> (its timestamp in ns, or None when it has
+    none: the rest of a line Docker split, which joins the entry before), its text."""
+    head, _, rest = line.partition(" ")
+    try:
+        return _ts_ns(head), rest
+    except ValueError:
+        return None, line
+
+
 def parse_log_lines(output: str) -> list[LogEntry]:
-    """Split ``docker logs --timestamps`` output into entries; a line without a timestamp joins the previous one."""
+    """Split ``docker logs --timestamps`` output into entries; a line without a timestamp joins the previous one
+    (and is dropped when there is none, as is an empty one)."""
     entries: list[LogEntry] = []
     for ln in output.split("\n"):
-        head, sep, rest = ln.partition(" ")
-        try:
-            ts = _ts_ns(head)
-        except ValueError:
-            if entries and ln:
-                last = entries[-1]
-                entries[-1] = LogEntry(last.ts_ns, last.text + ln + "\n")
-            continue
-        entries.append(LogEntry(ts, rest + "\n"))
+        ts, text = split_line(ln)
+        if ts is not None:
+            entries.append(LogEntry(ts, text + "\n"))
+        elif entries and ln:
+            last = entries[-1]
+            entries[-1] = LogEntry(last.ts_ns, last.text + ln + "\n")
     return entries
 
 

@@ -163,6 +163,12 @@ class ProcessRuntime:
         """A /models/... path of the LaunchSpec where this node keeps it (host_paths.models), as a mount would."""
         return host_model_path(value, self.models_dir) or value
 
+    def follow(self, handle: ProcessHandle, bound_s: float) -> None:
+        """Nothing to open: the rank's log is a local file, its liveness /proc."""
+
+    def unfollow(self) -> None:
+        """Nothing was opened."""
+
     def launch_argv(self, spec: LaunchSpec, deployment_id: str) -> list[str]:
         """The command `start` runs: the LaunchSpec's SGLang arguments, given to the inventory's engine (the secret
         flags' values redacted, by position: a number equal to a secret stays)."""

@@ -34,7 +34,17 @@ H = TypeVar("H", bound=ProcessHandle | DockerHandle, contravariant=True)
 class Runtime(Protocol[H]):
     runtime: str               # process | docker (its handles' `runtime`)
     needs_image: bool          # the engine runs from an image that the image stage must put on the node
-    poll_interval_s: float     # how often boot polls its log and liveness (an SSH round-trip costs ~0.2 s)
+
+    @property
+    def poll_interval_s(self) -> float:
+        """How often boot polls its log and liveness (a docker runtime's poll without a stream is an SSH session)."""
+
+    def follow(self, handle: H, bound_s: float) -> None:
+        """From now until `unfollow` (at most `bound_s`), boot reads this engine's log and liveness at every poll:
+        a runtime whose reads are remote streams the log instead (docker); a local one does nothing."""
+
+    def unfollow(self) -> None:
+        """End what `follow` opened, for every handle (boot's end, whatever the outcome)."""
 
     def gather(self, spec: LaunchSpec) -> NodeFacts:
         """Read-only facts of the node for rank `spec` (judged by deploy.preflight_rules.evaluate)."""

@@ -248,7 +248,8 @@ class SSHConnector:
 
     def _exec_started(self, conn: Connection, command: str, stdin: str | bytes | None,
                       timeout: float | None,
-                      on_line: Callable[[bytes], None] | None = None) -> tuple[int, bytes, bytes]:
+                      on_line: Callable[[bytes], None] | None = None,
+                      stop: threading.Event | None = None) -> tuple[int, bytes, bytes]:
         """``_exec``, asked again while the command has not started. A channel the server refused while the
         connection lives (sshd at MaxSessions: it frees a session only once it has reaped the command, late on a
         busy node) is requested again on the same connection, which other commands share, after a short wait. A
@@ -256,7 +257,7 @@ class SSHConnector:
         reconnected = False
         for attempt in range(CHANNEL_RETRIES):
             try:
-                return self._exec(conn, command, stdin, timeout, on_line)
+                return self._exec(conn, command, stdin, timeout, on_line, stop)
             except _NotStarted as exc:
                 if conn.is_connected and attempt < CHANNEL_RETRIES - 1:
                     log.debug("[%s] channel refused (%s): asking again", self.name, exc)
@@ -276,11 +277,37 @@ class SSHConnector:
             if ours and not conn.is_connected:
                 self._close_quietly()
 
+    def follow(self, argv: Sequence[str], on_line: Callable[[str], None], *, stop: threading.Event,
+               timeout: float) -> int | None:
+        """Run ``argv`` on the node and hand each complete stdout line (decoded, without the newline) to ``on_line``
+        as it arrives, until the command ends (its exit status is returned) or ``stop`` is set or ``timeout``
+        passes (the channel is closed and None returned). The command's stdin stays open for as long as the channel
+        does, so a command that reads it sees EOF when the channel closes, whoever closed it (this end, or the
+        connection dying with a killed sparkctl): `docker_follow`'s script ends its `docker logs --follow` there.
+        Nothing is redacted here: the caller redacts each line (its secrets may grow while following)."""
+        argv = [str(a) for a in argv]
+        log.debug("[%s] $ %s (following)", self.name, shlex.join(argv))
+        conn = self.connect()
+        try:
+            rc, _, _ = self._exec_started(conn, shlex.join(argv) + " 2>&1", None, timeout,
+                                          lambda raw: on_line(raw.decode("utf-8", "replace")), stop=stop)
+        except (TimeoutError, _Stopped):
+            return None
+        except Exception as exc:  # noqa: BLE001 - the transport died mid-command
+            self._drop_if_dead(conn)
+            raise NodeError(f"SSH session to {self.address} failed following {argv[:3]!r}: "
+                            f"{type(exc).__name__}: {exc}", where=f"[{self.name}] ssh",
+                            hint="check the node is up; sparkctl reconnects on the next command") from None
+        return rc
+
     def _exec(self, conn: Connection, command: str, stdin: str | bytes | None,
-              timeout: float | None, on_line: Callable[[bytes], None] | None = None) -> tuple[int, bytes, bytes]:
+              timeout: float | None, on_line: Callable[[bytes], None] | None = None,
+              stop: threading.Event | None = None) -> tuple[int, bytes, bytes]:
         """One exec channel: send stdin then EOF, collect stdout/stderr as bytes (decoded once, at the end, so a
         multi-byte character split between packets stays intact), return the exit status. ``on_line`` gets each
-        complete stdout line (bytes, without the newline) as it arrives, and the unterminated rest at the end."""
+        complete stdout line (bytes, without the newline) as it arrives, and the unterminated rest at the end.
+        With ``stop`` (`follow`): stdin is held open (never EOF, never /dev/null) and setting ``stop`` closes the
+        channel and raises _Stopped; stdout is not kept (only ``on_line`` sees it), so it can run for hours."""
         import select
 
         with needed("nodes", f"SSH to node {self.node.name}"):
@@ -295,7 +322,9 @@ class SSHConnector:
         except (EOFError, OSError, paramiko.SSHException) as exc:
             raise _NotStarted(f"opening a channel failed: {type(exc).__name__}: {exc}") from exc
         try:
-            if stdin is None:
+            if stop is not None:
+                chan.exec_command(command)     # stdin held open: EOF on the node when this channel closes
+            elif stdin is None:
                 # Stdin from /dev/null on the node instead of an EOF message: paramiko queues a channel's EOF
                 # outside its lock, so a command that ends at once can get its EOF sent after paramiko answered
                 # the server's CLOSE, and OpenSSH then drops the whole connection ("ieof packet referred to
@@ -308,6 +337,8 @@ class SSHConnector:
             out, err = bytearray(), bytearray()
             fed = 0                          # stdout bytes already handed to on_line
             while True:
+                if stop is not None and stop.is_set():
+                    raise _Stopped
                 busy = False
                 if chan.recv_ready():
                     out += chan.recv(1 << 16)
@@ -317,6 +348,9 @@ class SSHConnector:
                         for line in bytes(out[fed:end]).split(b"\n"):
                             on_line(line)
                         fed = end + 1
+                        if stop is not None:            # following: only the unterminated rest is kept
+                            del out[:fed]
+                            fed = 0
                 if chan.recv_stderr_ready():
                     err += chan.recv_stderr(1 << 16)
                     busy = True
@@ -435,6 +469,10 @@ def _redactor(secrets: Iterable[str]) -> Callable[[str], str]:
 
 class _NotStarted(EOFError):
     """The SSH channel for a command could not be opened: the command did not run on the node."""
+
+
+class _Stopped(Exception):
+    """`follow`'s caller set its stop event: the channel was closed on purpose."""
 
 
 _POOL: dict[tuple[str, str, int, str, str], SSHConnector] = {}

@@ -369,3 +369,118 @@ def test_engine_that_dies_reports_exit_code(test_cluster: TestCluster, inv: Inve
         assert rt.read_log(handle, 0)[0] == "bye\n"
     finally:
         rt.remove(handle)
+
+
+# ------------------------------------------------------------------------------------------------ following a boot
+_TALKER = ("import sys, time\n"
+           "for i in range(40):\n"
+           "    print(f'line {i} token=" + SECRET + " ünï 漢字', flush=True)\n"
+           "    if i % 7 == 0: print(f'err {i}', file=sys.stderr, flush=True)\n"
+           "    time.sleep(0.02)\n"
+           "print('quiet now', flush=True)\n"
+           "time.sleep(600)\n")
+
+
+def _followers(test_cluster: TestCluster, node: str, cid: str) -> list[str]:
+    """The node's processes of a log stream of container `cid` (docker_follow.FOLLOW_SCRIPT's)."""
+    ps = test_cluster.run_on(node, ["ps", "-ww", "-eo", "pid=,args="]).stdout.splitlines()   # -ww: never cut
+    return [ln for ln in ps if cid in ln and "docker logs" in ln]
+
+
+def test_a_followed_log_streams_what_a_read_gives_and_nothing_outlives_it(test_cluster: TestCluster,
+                                                                           inv: Inventory) -> None:
+    """`follow` (a boot): the log comes over one stream, read from memory at the same offsets as a read of the
+    whole log (redacted the same), liveness asks the node only after a quiet spell (and then sees a SIGSTOP), the
+    stream ends with the container, and `unfollow` leaves no `docker logs` on the node."""
+    from sparkctl.nodes.docker_follow import QUIET_CHECK_S
+    node = "spark-b"
+    rt = _runtime(inv, node)
+    spec = dataclasses.replace(_spec(inv, node, port=30011, image=test_cluster.engine_image),
+                               argv=["python3", "-c", _TALKER])
+    handle = rt.start(spec, "cluster-test-follow")
+    try:
+        rt.follow(handle, 120)
+        assert rt.poll_interval_s == DockerRuntime.STREAM_POLL_S
+        streamed, offset = _wait_log(rt, handle, "quiet now", 0)
+        assert _followers(test_cluster, node, handle.container_id)        # the stream on the node
+        assert SECRET not in streamed and streamed.count("line ") == 40 and "err 35" in streamed
+        plain = _runtime(inv, node)                          # no stream: `docker logs` of the whole log
+        plain.secret_values = {SECRET}
+        whole, end = plain.read_log(handle, 0)
+        assert whole == streamed and end == offset
+        assert plain.read_log(handle, offset // 2)[0] == whole.encode()[offset // 2:].decode("utf-8", "replace")
+        # quiet and stopped: seen within a quiet spell and a check
+        test_cluster.run_on(node, ["docker", "kill", "--signal", "STOP", handle.container_id])
+        deadline = time.monotonic() + 2 * QUIET_CHECK_S + 10
+        while rt.liveness(handle).alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+        live = rt.liveness(handle)
+        assert not live.alive and "stopped" in live.detail, live
+        test_cluster.run_on(node, ["docker", "kill", "--signal", "CONT", handle.container_id])
+        # the container ends: so does its stream, and the runtime asks the node again
+        test_cluster.run_on(node, ["docker", "kill", handle.container_id])
+        deadline = time.monotonic() + 20
+        while rt.poll_interval_s == DockerRuntime.STREAM_POLL_S and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert rt.poll_interval_s == DockerRuntime.POLL_S
+        live = rt.liveness(handle)
+        assert not live.alive and "exited" in live.detail, live
+        assert rt.read_log(handle, offset) == ("", offset)
+        assert _followers(test_cluster, node, handle.container_id) == []
+    finally:
+        rt.unfollow()
+        rt.remove(handle)
+
+
+def test_a_log_stream_ends_on_the_node_when_its_follower_ends_or_is_killed(test_cluster: TestCluster,
+                                                                            inv: Inventory) -> None:
+    """The stream's `docker logs --follow` on the node ends when `unfollow` closes the channel, and when the process
+    that opened it is SIGKILLed (its connection dies with it): a boot's end, a Ctrl-C or a kill -9 of `up`."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    node = "spark-a"
+    rt = _runtime(inv, node)
+    spec = dataclasses.replace(_spec(inv, node, port=30012, image=test_cluster.engine_image),
+                               argv=["python3", "-c", _TALKER])
+    handle = rt.start(spec, "cluster-test-follow-end")
+    cid = handle.container_id
+
+    def gone(within: float) -> list[str]:
+        deadline = time.monotonic() + within
+        while (left := _followers(test_cluster, node, cid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return left
+
+    try:
+        rt.follow(handle, 120)
+        _wait_log(rt, handle, "quiet now", 0)
+        assert _followers(test_cluster, node, cid)
+        rt.unfollow()
+        assert gone(10) == []
+        script = ("import sys, time\n"
+                  "from sparkctl.config.inventory import load_inventory\n"
+                  "from sparkctl.nodes.docker_runtime import DockerRuntime\n"
+                  "from sparkctl.nodes.handles import DockerHandle\n"
+                  "inv = load_inventory(sys.argv[1])\n"
+                  "rt = DockerRuntime(inv, inv.node(sys.argv[2]), cluster=inv.cluster.name)\n"
+                  "h = DockerHandle.model_validate_json(sys.argv[3])\n"
+                  "rt.follow(h, 120)\n"
+                  "while 'quiet now' not in rt.read_log(h, 0)[0]: time.sleep(0.1)\n"
+                  "print('following', flush=True)\n"
+                  "time.sleep(600)\n")
+        repo = Path(__file__).resolve().parents[2]
+        proc = subprocess.Popen([sys.executable, "-c", script, str(test_cluster.inventory_path), node,
+                                 handle.model_dump_json()], stdout=subprocess.PIPE, text=True, cwd=repo,
+                                env={**os.environ, "PYTHONPATH": str(repo)})
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "following"
+            assert _followers(test_cluster, node, cid)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+        assert gone(10) == []
+    finally:
+        rt.unfollow()
+        rt.remove(handle)

@@ -5,7 +5,7 @@ boundary, and the one a parallel `up` raises in each replica's thread (`nodes.fa
 `PyThreadState_SetAsyncExc`) lands at the worker's next line: either can fall between an engine's start and the
 line that records it (CI once left replica 0's rank 0 running that way). Generated here over every line run
 between rank 0's fork (`subprocess.Popen._execute_child`: the child exists before `Popen` returns) and its entry
-in the list of what started (through `ProcessRuntime.start` and the start loop of `deploy.boot.boot`), while rank
+in the list of what started (through `ProcessRuntime.start` and the start loop of `deploy.boot._boot`), while rank
 1 runs recorded, plus the line after rank 1's fork: a trace function raises `Interrupted` in the traced frame
 right before that line, as CPython delivers those exceptions. Afterwards the `up` has raised it, no process of the
 deployment runs (none writes to its rank logs, none is left in a session a pipe led), and the record says
@@ -34,9 +34,9 @@ EXECUTE_CHILD = subprocess.Popen._execute_child  # type: ignore[attr-defined]
 
 
 def _trap(at: int | None = None) -> LineTrap:
-    loop = (source_line(boot_module.boot, "for spec in"), source_line(boot_module.boot, "started ({handle.where})"))
+    loop = (source_line(boot_module._boot, "for spec in"), source_line(boot_module._boot, "started ({handle.where})"))
     return LineTrap([Target.code(ProcessRuntime.start.__code__), Target.code(EXECUTE_CHILD.__code__),
-                     Target.code(boot_module.boot.__code__, loop), Target.named("intent", "deploy/apply.py")], at)
+                     Target.code(boot_module._boot.__code__, loop), Target.named("intent", "deploy/apply.py")], at)
 
 
 def _up(inv, trap: LineTrap) -> None:
@@ -48,7 +48,7 @@ def _window(trail: list[str]) -> list[int]:
     """The points to interrupt at: every line event from the last fork (rank 0's pipe: rank 1 runs, recorded, by
     then) until rank 0 is in `started`, and the first line after rank 1's fork (its only engine unrecorded)."""
     fork = f"_execute_child:{source_line(EXECUTE_CHILD, '_fork_exec(')}"
-    append = f"boot:{source_line(boot_module.boot, 'started.append(')}"
+    append = f"_boot:{source_line(boot_module._boot, 'started.append(')}"
     forks = [i for i, w in enumerate(trail) if w == fork]      # a statement over several lines: seen twice each
     assert forks, trail
     appended = trail.index(append, forks[-1])
@@ -76,4 +76,4 @@ def test_an_interrupt_at_every_line_between_a_start_and_its_record_leaves_nothin
             missed.append((trap.where, pids, [lo.describe() for lo in left], record.status))
             Deployer(load_inventory(inv)).down()      # the next point starts clean whatever this one left
     assert not missed, f"interrupted at these lines, engines outlived the up: {missed}"
-    assert {count.trail[i].split(":")[0] for i in points} >= {"_execute_child", "start", "boot"}
+    assert {count.trail[i].split(":")[0] for i in points} >= {"_execute_child", "start", "_boot"}
