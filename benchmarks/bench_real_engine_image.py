@@ -18,7 +18,13 @@ run, printing figures and ratios:
    by-hand time (target: <= 1 s). That ``up``'s image steps are the flag-only change's (only the launch image is
    built; only its layer reaches spark-b).
 
+5. With ``--pairs N``: N-1 more pairs of 4. in ABBA order, the two profiles in turn: the overhead's median and the
+   boot step's share of it (one pair carries the engine's own boot noise: the by-hand boot moved 29.4 -> 33.6 s
+   between two runs), and each boot split by the containers' own clocks (`engine_phases`): the starts (rank 1
+   created -> rank 0 started), the engines (rank 0 started -> its ready line) and the rest of the boot.
+
 Run:  .venv/bin/python benchmarks/bench_real_engine_image.py [--prefix brei] [--net 9] [--skip-boot] [--smoke]
+      [--pairs 4]
 The cluster: the one testrig.benchrig.bench_cluster names (SPARKCTL_BENCH_CLUSTER_DIR/_PREFIX/_NET: a test session's
 real-engine cluster, left up) or one of its own (--prefix/--net), brought up and down around the run.
 --smoke: 1 and the by-hand build of 2 only (no engine boot, no `sparkctl up`): the engine and launch contexts
@@ -33,6 +39,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,7 +58,7 @@ from sparkctl.images import manage, pipeline  # noqa: E402
 from sparkctl.images.plan import inspect_base, plan_images  # noqa: E402
 from sparkctl.nodes.container import MEMLOCK_ENV  # noqa: E402
 from sparkctl.prepare.plays import prepare  # noqa: E402
-from testrig.benchrig import bench_cluster  # noqa: E402
+from testrig.benchrig import bench_cluster, compile_sparkctl  # noqa: E402
 from testrig.cluster import TestCluster  # noqa: E402
 from testrig.realengine import ensure_real_engine  # noqa: E402
 from testrig.realengine.base_image import (  # noqa: E402
@@ -131,6 +138,59 @@ def run_args(cluster: TestCluster, node: str, info: dict[str, Any]) -> list[str]
     return [*argv, cfg["Image"], *(cfg.get("Cmd") or [])]
 
 
+def running(cluster: TestCluster, prefix: str) -> dict[str, list[str]]:
+    """{node: `docker run` arguments} of the rank containers the benchmark's `up` runs now (`run_args`)."""
+    out = {}
+    for node in ("spark-a", "spark-b"):
+        (cid,) = docker(cluster, node, "ps", "-q", "--filter", f"label=sparkctl.cluster=bench{prefix}").split()
+        out[node] = run_args(cluster, node, json.loads(docker(cluster, node, "inspect", cid))[0])
+    return out
+
+
+READY_LINE = "The server is fired up and ready to roll!"
+
+
+def _docker_ts(text: str) -> float:
+    """A Docker timestamp (RFC 3339, nanoseconds) -> seconds since the epoch."""
+    from sparkctl.nodes.docker_logs import _ts_ns
+    return _ts_ns(text) / 1e9
+
+
+def engine_phases(cluster: TestCluster, label: str, boot_s: float) -> dict[str, float]:
+    """Where a boot of `boot_s` went, from the two rank containers labelled `label` (Docker's own clocks: the node
+    and this machine share one kernel): `spread` rank 1's container created -> rank 0's started (the starts),
+    `engine` rank 0 started -> its ready line (the engines' own work), `rest` the boot outside rank 1's creation ->
+    the ready line (before the first `docker run`, and from the ready line to the 200 seen)."""
+    def one(node: str) -> dict[str, Any]:
+        (cid,) = docker(cluster, node, "ps", "-q", "--filter", f"label={label}").split()   # the running one
+        return json.loads(docker(cluster, node, "inspect", cid))[0]
+    r1, r0 = one("spark-b"), one("spark-a")
+    logs = subprocess.run(["docker", "-H", cluster.docker_host("spark-a"), "logs", "--timestamps", r0["Id"]],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120).stdout
+    ready = next(_docker_ts(ln.split(" ", 1)[0]) for ln in logs.splitlines() if READY_LINE in ln)
+    created1, started0 = _docker_ts(r1["Created"]), _docker_ts(r0["State"]["StartedAt"])
+    return {"spread": started0 - created1, "engine": ready - started0, "rest": boot_s - (ready - created1)}
+
+
+def by_hand_after_down(cluster: TestCluster, runs: dict[str, list[str]], endpoint: str, env: dict[str, str],
+                       phases: list[dict[str, float]] | None = None) -> float:
+    """`sparkctl down`, then `runs` started by hand until /health 200 (`boot_by_hand`), then those containers
+    stopped (SIGTERM and the engine's own shutdown, as `down` stops sparkctl's) and removed, so that every boot of
+    the pairs follows a graceful stop; the by-hand time. (With `docker rm -f` the `up`s after a killed by-hand pair
+    measured +5.0 and +4.0 s over their by-hand boot and those after a `down` +1.2 and +1.3 s; with the stop, the four
+    measured +4.2, +3.9, +2.5, +2.4 s: the pattern was not the kill.)"""
+    sparkctl("down", env=env)
+    took = boot_by_hand(cluster, runs, endpoint)
+    if phases is not None:
+        phases.append(engine_phases(cluster, "bench=by-hand", took))
+    for node in ("spark-a", "spark-b"):
+        ids = docker(cluster, node, "ps", "-aq", "--filter", "label=bench=by-hand").split()
+        if ids:
+            docker(cluster, node, "stop", *ids)
+            docker(cluster, node, "rm", *ids)
+    return took
+
+
 def boot_by_hand(cluster: TestCluster, runs: dict[str, list[str]], endpoint: str) -> float:
     t0 = time.monotonic()
     for node in ("spark-b", "spark-a"):                  # rank 1, then rank 0, back to back (as `up` starts them)
@@ -184,7 +244,10 @@ def main() -> None:
     ap.add_argument("--net", type=int, default=int(os.environ.get("SPARKCTL_TEST_CLUSTER_NET", "9")))
     ap.add_argument("--skip-boot", action="store_true", help="measure the images only (no engine boots)")
     ap.add_argument("--smoke", action="store_true", help="the images' code path in seconds (CI's smoke run)")
+    ap.add_argument("--pairs", type=int, default=1, help="by-hand/up pairs of the overhead, in ABBA order (each up "
+                                                        "a flag-only change)")
     args = ap.parse_args()
+    print(compile_sparkctl())
     run = int(time.time()) % 100_000     # watchdog_timeout 600 + 2 * run + i stays under its 604,800 s limit
     engine = ensure_real_engine(with_drafter=False)
     with tempfile.TemporaryDirectory(prefix="sparkctl-bench-rei-") as tmp:
@@ -235,18 +298,7 @@ def main() -> None:
                   f"({(sb + sd) / (hb + hc):.2f}x by hand)")
             ups = {"wall": wall, "image": sb + sd, "warmup": stage_s(res, "warm-up"), "verify": stage_s(res, "verify"),
                    "boot": stage_s(res, "boot")}
-            runs = {}
-            for node in ("spark-a", "spark-b"):
-                (cid,) = docker(cluster, node, "ps", "-q", "--filter", f"label=sparkctl.cluster=bench{args.prefix}"
-                                ).split()
-                runs[node] = run_args(cluster, node, json.loads(docker(cluster, node, "inspect", cid))[0])
-            endpoint = res["endpoint"]
-            sparkctl("down", env=env)
-            hand = boot_by_hand(cluster, runs, endpoint)
-            for node in ("spark-a", "spark-b"):
-                ids = docker(cluster, node, "ps", "-aq", "--filter", "label=bench=by-hand").split()
-                if ids:
-                    docker(cluster, node, "rm", "-f", *ids)
+            hand = by_hand_after_down(cluster, running(cluster, args.prefix), res["endpoint"], env)
             print(f"first up (kernel cache cold): wall {ups['wall']:.1f} s = image {ups['image']:.1f} + boot "
                   f"{ups['boot']:.1f} + warm-up {ups['warmup']:.1f} + verify {ups['verify']:.1f} + rest "
                   f"{ups['wall'] - ups['image'] - ups['boot'] - ups['warmup'] - ups['verify']:.1f}")
@@ -261,11 +313,58 @@ def main() -> None:
             steps = ", ".join(f"{x['name']} {x['elapsed_s']:.1f}" for x in res2.get("steps", []))
             print(f"up (flag-only change) steps, s: {steps}; outside the steps "
                   f"{wall2 - sum(x['elapsed_s'] for x in res2.get('steps', [])):.1f} (the CLI's start, plan, ...)")
-            sent = [ln.split("<-", 1)[1].strip() for ln in err2.splitlines() if "layers sent" in ln]
+            sent = [ln.split("<-", 1)[1].strip() for ln in err2.splitlines()
+                    if " <- " in ln and any(w in ln for w in ("layers sent", "streamed whole", "assembled by"))]
             print(f"flag-only change: build {fb:.1f} s + copy/verify {fd:.1f} s ({(fb + fd) / (sb + sd):.3f}x the "
                   f"first); copied: {sent}")
+            if args.pairs > 1:
+                more_pairs(cluster, args, env, res2, hand, engine_part)
             sparkctl("down", env=env)
             manage.prune_images(conns, keep=set())
+
+
+def more_pairs(cluster: TestCluster, args: argparse.Namespace, env: dict[str, str], last: dict[str, Any],
+               hand: float, engine_part: float) -> None:
+    """``--pairs N``: N-1 more by-hand/up pairs after the first (which was by hand, then up), in ABBA order, the
+    two profiles one flag apart in turn (each `up` a flag-only change, its images already on the nodes; by hand: the
+    containers of the `up` before it, from `docker inspect`): the overhead's spread and the boot step's share of it,
+    with a load that drifts falling on both sides."""
+    endpoint = last["endpoint"]
+
+    label = f"sparkctl.cluster=bench{args.prefix}"
+    up_phases: list[dict[str, float]] = []
+    hand_phases: list[dict[str, float]] = []
+
+    def up(profile: str) -> tuple[float, float]:
+        sparkctl("down", env=env)      # from nothing running, as the by-hand side (no stop-old step in the figure)
+        wall, res, _ = sparkctl("up", "--profile", profile, env=env)
+        steps = ("image-build", "image-distribute", "image-verify", "warm-up", "verify")
+        up_phases.append(engine_phases(cluster, label, stage_s(res, "boot")))
+        return wall - stage_s(res, *steps), stage_s(res, "boot")
+
+    rows = [(engine_part - hand, stage_s(last, "boot") - hand, hand)]
+    runs = running(cluster, args.prefix)
+    for i in range(1, args.pairs):
+        profile = "bi1" if i % 2 else "bi2"
+        if i % 2:                                    # up, then by hand (ABBA)
+            part, boot = up(profile)
+            runs = running(cluster, args.prefix)
+            took = by_hand_after_down(cluster, runs, endpoint, env, hand_phases)
+        else:
+            took = by_hand_after_down(cluster, runs, endpoint, env, hand_phases)
+            part, boot = up(profile)
+            runs = running(cluster, args.prefix)
+        rows.append((part - took, boot - took, took))
+    each = ", ".join(f"{o:+.1f} (boot {b:+.1f}, by hand {h:.1f})" for o, b, h in rows)
+    print(f"up overhead on the container path over {len(rows)} pairs (ABBA): median "
+          f"{statistics.median(o for o, _, _ in rows):+.1f} s, the boot step's share median "
+          f"{statistics.median(b for _, b, _ in rows):+.1f} s (target <= 1 s); each: {each}")
+    for key, what in (("spread", "rank 1 created -> rank 0 started"), ("engine", "rank 0 started -> ready line"),
+                      ("rest", "the boot outside rank 1 created -> ready line")):
+        u = [p[key] for p in up_phases]
+        h = [p[key] for p in hand_phases]
+        print(f"  {what}: up median {statistics.median(u):.2f} s, by hand {statistics.median(h):.2f} s "
+              f"(up: {', '.join(f'{x:.2f}' for x in u)}; by hand: {', '.join(f'{x:.2f}' for x in h)})")
 
 
 if __name__ == "__main__":
