@@ -50,6 +50,7 @@ from sparkctl.deploy.runtimes import Runtimes
 from sparkctl.deploy.steps import STOP_NEW, boundary
 from sparkctl.deploy.warmup import warm_up
 from sparkctl.errors import DeployError, ImageError, LedgerError, PreflightError, SparkctlError, interrupt_name
+from sparkctl.nodes.fanout import beside
 from sparkctl.nodes.runtime import Handle, Runtime
 from sparkctl.sglang.launch import LaunchSpec
 from sparkctl.sglang.render import RenderResult
@@ -64,6 +65,7 @@ from sparkctl.state.records import (
     Intent,
     JournalEntry,
     NodeImages,
+    NodePath,
     Status,
     StepEntry,
     Warmup,
@@ -121,11 +123,11 @@ def run_checks(c: Cluster, result: RenderResult, rts: Runtimes, own: set[tuple[s
 
     def node_checks(spec: LaunchSpec) -> list[CheckResult]:
         rt = rts.for_node(spec.node)
-        nf = rt.gather(spec)
+        # the cross-node facts ask nothing of the node's own answers: read at once beside them, one wave per node
+        # (they followed it: +0.1-0.4 s, the model manifest and the fabric SSH probe being the slowest commands)
+        nf = beside(lambda: rt.gather(spec), lambda: cross.collect(spec, rt))
         nf.leftover_pids = ours
-        checks = evaluate(c.inventory, spec, nf, own)
-        cross.collect(spec, rt)
-        return checks
+        return evaluate(c.inventory, spec, nf, own)
     checks = run_preflight(result.specs, node_checks, then=cross.checks)
     for ch in checks:
         c.reporter.event(ch.line, ch.node)
@@ -259,8 +261,10 @@ class Run:
 
 # ---- what each kind of step does (apply dispatches on the step's class) ----------------------------------------
 def run_preflight_step(run: Run, step: Preflight) -> None:
-    run.record.preflight = list(run_checks(run.c, run.result, run.rts, set(step.own_ports)))
-    run.record.needed = present(run.c.inventory, run.result.specs)   # what a restart must find there again
+    needed: list[NodePath] = []       # what a restart must find there again: read beside the checks (one wave)
+    run.record.preflight = list(beside(lambda: run_checks(run.c, run.result, run.rts, set(step.own_ports)),
+                                       lambda: needed.extend(present(run.c.inventory, run.result.specs))))
+    run.record.needed = needed
 
 
 def run_image_build(run: Run, step: ImageStep) -> None:

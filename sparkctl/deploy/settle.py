@@ -31,6 +31,7 @@ from sparkctl.deploy.engines import mark_superseded, sweep_secrets
 from sparkctl.deploy.observe import ObservedEngine, observe, stop_engine, stop_leftovers, unrecorded
 from sparkctl.deploy.steps import REPLICA_ATTACH, REPLICA_UP, SETTLE, VERIFY
 from sparkctl.errors import SparkctlError
+from sparkctl.nodes.fanout import beside
 from sparkctl.sglang.client import SGLangAPIError
 from sparkctl.state.controller import controller_alive, live_lock_holder
 from sparkctl.state.ledger import Ledger, now_iso
@@ -103,7 +104,10 @@ def settle(d: Cluster, command: str) -> Settled:
     say = d.reporter.event
     dead = interrupted(d.ledger, locked=True)
     unreachable: list[str] = []
-    found = [e for e in observe(d, unreachable) if e.running]
+    # the stale secret files of engines that no longer run are swept beside the look for engines (one round trip
+    # per node for both; again at the end when this settle stopped something: a stop removes its own, and this
+    # catches one whose removal failed)
+    found = [e for e in beside(lambda: observe(d, unreachable), lambda: sweep_secrets(d)) if e.running]
     unrecorded(d, found)
     for why in unreachable:   # the command goes on: its own checks (preflight) name the node properly
         say(f"could not look for leftover engines on {why}")
@@ -169,7 +173,8 @@ def settle(d: Cluster, command: str) -> Settled:
         lines.append(line)
         if line.startswith("stopped "):
             stopped.append(line.removeprefix("stopped "))
-    sweep_secrets(d)
+    if stopped:
+        sweep_secrets(d)
     d.ledger.sync_index()
     return Settled(lines=lines, adopted=adopted, stopped=stopped)
 

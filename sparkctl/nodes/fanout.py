@@ -116,6 +116,14 @@ def raise_first(outcomes: list[Outcome[T, R]]) -> list[R]:
     return [o.value for o in outcomes]  # type: ignore[misc]
 
 
+def beside(main: Callable[[], R], side: Callable[[], object]) -> R:
+    """`main()`'s value, with `side()` run at the same time on another thread (both run to the end; the first
+    error of the two is raised, `main`'s first): two independent reads of one node as one round trip."""
+    out = fan_out([main, side], lambda call: call())
+    raise_first(out)
+    return out[0].value  # type: ignore[return-value]
+
+
 class GroupResult(dict[str, T | BaseException], Generic[T]):
     """Per-node results of `run_all`, like fabric's GroupResult: node name -> value or exception.
 
