@@ -283,7 +283,8 @@ class ImageStage:
         if self.survey.mode == "prebuilt":
             image = self.survey.image or ""
             nodes = [s.node for s in self.result.specs]
-            ids = {n: self.rts.for_node(n).image_id(image) for n in nodes}
+            ids = dict(zip(nodes, raise_first(fan_out(nodes, lambda n: self.rts.for_node(n).image_id(image))),
+                           strict=True))      # every node at once
             missing = [n for n, i in ids.items() if not i]
             if missing:
                 raise PreflightError(f"image {image} is missing on {', '.join(missing)} right before boot",

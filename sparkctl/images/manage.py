@@ -20,6 +20,7 @@ from sparkctl.images.build import image_labels
 from sparkctl.images.plan import INPUTS_LABEL, ROLE_LABEL, ImagePlan
 from sparkctl.images.registry import prune_cache
 from sparkctl.jsontypes import JSONObject
+from sparkctl.nodes.fanout import fan_out, raise_first
 
 if TYPE_CHECKING:
     from sparkctl.images.registry import Endpoint
@@ -49,11 +50,16 @@ def verify_images(plan: ImagePlan, conns: dict[str, SSHConnector]) -> dict[str, 
 
     Returns {image: {node: id}}; ImageError naming the node and image otherwise (what ``up`` checks before boot).
     """
+    tags = ((plan.engine_tag, plan.engine_inputs_sha256), (plan.launch_tag, plan.launch_inputs_sha256))
+    # every (node, image) read at once: one round trip in all (it was one per pair, in turn: 4 on two nodes)
+    pairs = [(node, tag) for tag, _ in tags for node in conns]
+    found_all = raise_first(fan_out(pairs, lambda pair: image_labels(conns[pair[0]], pair[1])))
+    read = dict(zip(pairs, found_all, strict=True))
     out: dict[str, dict[str, str]] = {}
-    for tag, sha in ((plan.engine_tag, plan.engine_inputs_sha256), (plan.launch_tag, plan.launch_inputs_sha256)):
+    for tag, sha in tags:
         out[tag] = {}
-        for node, conn in conns.items():
-            found = image_labels(conn, tag)
+        for node in conns:
+            found = read[node, tag]
             if found is None:
                 raise ImageError(f"image {tag} is missing on {node}", where=f"[{node}] image verify",
                                  hint="sparkctl image build (builds on the rank-0 node and copies over the fabric)")
