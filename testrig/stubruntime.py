@@ -25,8 +25,11 @@ class StubRuntime:
     def launch_argv(self, spec: LaunchSpec, deployment_id: str) -> list[str]:
         raise self._not_stubbed("launch_argv")
 
-    def start(self, spec: LaunchSpec, deployment_id: str) -> Handle:
+    def start(self, spec: LaunchSpec, deployment_id: str, prepared: object = None) -> Handle:
         raise self._not_stubbed("start")
+
+    def prepare(self, spec: LaunchSpec, deployment_id: str) -> None:
+        return None
 
     def follow(self, handle: ProcessHandle, bound_s: float) -> None:
         pass

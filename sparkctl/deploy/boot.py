@@ -29,7 +29,7 @@ from sparkctl.deploy.progress import Reporter
 from sparkctl.enginelog import SIGNATURES_OF, follower_for
 from sparkctl.errors import DeployError, SparkctlError
 from sparkctl.jsontypes import JSONObject
-from sparkctl.nodes.fanout import fan_out
+from sparkctl.nodes.fanout import fan_out, raise_first
 from sparkctl.nodes.runtime import Handle, Liveness, Runtime, log_tail
 from sparkctl.sglang.bootwatch import BootState, LogFollower
 from sparkctl.sglang.findings import LogText, finding_lines, match_sources
@@ -208,11 +208,14 @@ def _boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploy
           watches: list[BootingRank], ready_probe: Callable[[], bool] | None,
           on_start: Callable[[LaunchSpec, Handle | None], None] | None,
           log_room: Callable[[], bool] | None) -> BootResult:
-    for spec in sorted(specs, key=lambda s: -s.rank):
+    order = sorted(specs, key=lambda s: -s.rank)
+    # what each start reads and makes first, for every rank at once: the starts then follow each other closely
+    prepared = raise_first(fan_out(order, lambda s: runtime_for(s.node).prepare(s, deployment_id)))
+    for spec, ahead in zip(order, prepared, strict=True):
         rt = runtime_for(spec.node)
         if on_start is not None:
             on_start(spec, None)
-        handle = rt.start(spec, deployment_id)
+        handle = rt.start(spec, deployment_id, ahead)
         started.append((rt, handle))
         if on_start is not None:
             on_start(spec, handle)

@@ -67,8 +67,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -95,6 +97,24 @@ if TYPE_CHECKING:
     from sparkctl.config.inventory import Inventory, Node
 
 log = logging.getLogger("sparkctl.nodes.docker")
+
+# A rank's start is two commands on its node, each one round trip (they were four): the cache directories made and
+# the old container of that name read; then `docker run` and the read of what it started. Values are positional
+# parameters of `sh -c` ("$@"), never parsed by the shell.
+MKDIR_FAILED = 97
+MKDIR_THEN_INSPECT = (f'n=$1; shift; mkdir -p -- "$@" || exit {MKDIR_FAILED}; '
+                      f'exec {shlex.join(docker_facts.container_state("-").argv[:-1])} "$n"')   # the one inspect
+RUN_THEN_INSPECT = ('id=$("$@") || exit; echo "$id"; '
+                    f'exec {shlex.join(docker_facts.container_state("-").argv[:-1])} "$id"')
+
+@dataclass(frozen=True)
+class Prepared:
+    """What `DockerRuntime.prepare` read for one start: the container's name and the state of the one of that name
+    already there (None: none), its cache directories made."""
+
+    container: str
+    old: docker_facts.ContainerState | None
+
 
 # ------------------------------------------------------------------------------------------------ runtime
 class DockerRuntime:
@@ -130,9 +150,16 @@ class DockerRuntime:
         return self.ssh.run(["docker", *args], check=check, timeout=timeout, stdin=stdin, merge_stderr=merge_stderr,
                             secrets=secrets)
 
-    def _inspect(self, ref: str) -> docker_facts.ContainerState | None:
+    def _inspect(self, ref: str, *, make_dirs: list[str] | tuple[str, ...] = ()) -> docker_facts.ContainerState | None:
+        """The container `ref`'s state, or None when there is none. `make_dirs`: host directories created first, in
+        the same command (`mkdir -p`; a start's cache directories: one round trip for both)."""
         fact = docker_facts.container_state(ref)
-        res = self.ssh.run(list(fact.argv))
+        if make_dirs:
+            res = self.ssh.run(["sh", "-c", MKDIR_THEN_INSPECT, "sh", ref, *make_dirs])
+            if res.returncode == MKDIR_FAILED:
+                res.check()
+        else:
+            res = self.ssh.run(list(fact.argv))
         if res.returncode != 0:
             if "no such" in res.stderr.lower():
                 return None
@@ -167,14 +194,25 @@ class DockerRuntime:
         (secrets are files mounted at /run/sparkctl-secrets; the environment goes over stdin)."""
         return redact_argv(self._config(spec, deployment_id).argv, spec.secret_options)   # by field: numbers stay
 
-    def start(self, spec: LaunchSpec, deployment_id: str) -> DockerHandle:
+    def prepare(self, spec: LaunchSpec, deployment_id: str) -> Prepared:
+        """What `start` of this rank reads and makes first, done ahead (boot: every rank at once, before the first
+        start) and handed to that start: its cache directories made and the old container of its name read.
+        Nothing is started or removed."""
+        cfg = self._config(spec, deployment_id)
+        return Prepared(cfg.name, self._inspect(cfg.name, make_dirs=cfg.host_dirs))
+
+    def start(self, spec: LaunchSpec, deployment_id: str, prepared: object = None) -> DockerHandle:
         """Start the rank's container (detached). Reuses a stopped container of the same deployment when it runs
-        exactly this launch (rollback's fast path); otherwise replaces it."""
+        exactly this launch (rollback's fast path); otherwise replaces it. `prepared`: what `prepare` read for this
+        start (else it is read now)."""
         cfg = self._config(spec, deployment_id)
         image = cfg.image
         secrets = spec.secret_values
         self.secret_values.update(secrets)
-        old = self._inspect(cfg.name)
+        if isinstance(prepared, Prepared) and prepared.container == cfg.name:
+            old = prepared.old
+        else:
+            old = self._inspect(cfg.name, make_dirs=cfg.host_dirs)
         if old is not None:
             if old.status == "exited" and self._same_launch(old, cfg, spec):
                 log.info("[%s] reusing stopped container %s (same launch)", self.node.name, cfg.name)
@@ -186,10 +224,10 @@ class DockerRuntime:
                 return self._handle(spec.rank, deployment_id, cfg.name, state, image, state.started_at)
             log.info("[%s] replacing container %s (%s)", self.node.name, cfg.name, old.describe())
             self._docker("rm", "--force", old.id)
-        if cfg.host_dirs:
-            self.ssh.run(["mkdir", "-p", "--", *cfg.host_dirs], check=True)
         self._write_secrets(cfg, spec)
-        res = self._docker(*cfg.argv[1:], stdin=cfg.env_file, secrets=secrets, timeout=120, check=False)
+        # `docker run`, then `docker container inspect` of what it started, as one command (one round trip)
+        res = self.ssh.run(["sh", "-c", RUN_THEN_INSPECT, "sh", *cfg.argv], stdin=cfg.env_file, secrets=secrets,
+                           timeout=120)
         if res.returncode != 0:
             low = res.stderr.lower()
             if "no such image" in low:
@@ -204,9 +242,10 @@ class DockerRuntime:
             self._remove_secrets(cfg.name)
             raise NodeError(f"docker run failed for rank {spec.rank} ({cfg.name}), exit {res.returncode}",
                             where=f"[{self.node.name}] docker", hint=hint, evidence=res.output[-2000:])
-        state = self._inspect(res.stdout.strip().splitlines()[-1] if res.stdout.strip() else cfg.name)
+        state = docker_facts.parse_container_inspect(res.stdout)
         if state is None:
-            raise NodeError(f"container {cfg.name} not found right after docker run", where=f"[{self.node.name}]")
+            raise NodeError(f"container {cfg.name} not found right after docker run", where=f"[{self.node.name}]",
+                            evidence=res.output[-800:] or None)
         return self._handle(spec.rank, deployment_id, cfg.name, state, image, None)
 
     def _write_secrets(self, cfg: ContainerConfig, spec: LaunchSpec) -> None:

@@ -163,6 +163,9 @@ class ProcessRuntime:
         """A /models/... path of the LaunchSpec where this node keeps it (host_paths.models), as a mount would."""
         return host_model_path(value, self.models_dir) or value
 
+    def prepare(self, spec: LaunchSpec, deployment_id: str) -> None:
+        """Nothing to read ahead: `start` forks here (its `prepared` is ignored)."""
+
     def follow(self, handle: ProcessHandle, bound_s: float) -> None:
         """Nothing to open: the rank's log is a local file, its liveness /proc."""
 
@@ -174,7 +177,7 @@ class ProcessRuntime:
         flags' values redacted, by position: a number equal to a secret stays)."""
         return redact_argv(self._command(spec), spec.secret_options)
 
-    def start(self, spec: LaunchSpec, deployment_id: str) -> ProcessHandle:
+    def start(self, spec: LaunchSpec, deployment_id: str, prepared: object = None) -> ProcessHandle:
         private_dir(self.log_dir)
         log_path = self.log_dir / f"rank{spec.rank}.log"
         # The caller's environment, minus any variable holding one of the rank's secrets (HF_TOKEN, the API key's

@@ -52,8 +52,14 @@ class Runtime(Protocol[H]):
     def launch_argv(self, spec: LaunchSpec, deployment_id: str) -> list[str]:
         """The command `start` runs for this rank, secrets redacted (shown by `up --dry-run`)."""
 
-    def start(self, spec: LaunchSpec, deployment_id: str) -> Handle:
-        """Start the rank's engine (detached: it outlives the sparkctl command)."""
+    def prepare(self, spec: LaunchSpec, deployment_id: str) -> object:
+        """What `start` of `spec` reads and makes on the node first, done ahead for every rank at once (boot, before
+        the first start) and handed to that start, so the starts follow each other as closely as by hand: nothing
+        started or removed (docker: the cache directories and the old container's state; a local runtime: None)."""
+
+    def start(self, spec: LaunchSpec, deployment_id: str, prepared: object = None) -> Handle:
+        """Start the rank's engine (detached: it outlives the sparkctl command); `prepared`: what `prepare` gave
+        for this start, if it ran."""
 
     def liveness(self, handle: H) -> Liveness:
         """Is the engine process/container alive right now."""

@@ -39,7 +39,7 @@ class _DiesBetweenReads(StubRuntime):
         self.error_text = out.getvalue()
         self.reads = 0
 
-    def start(self, spec, deployment_id):
+    def start(self, spec, deployment_id, prepared=None):
         return ProcessHandle(node=spec.node, rank=spec.rank, deployment=deployment_id, pid=1, log="-")
 
     def liveness(self, handle):
@@ -67,7 +67,7 @@ class _SilentLog(StubRuntime):
 
     poll_interval_s = 0.01
 
-    def start(self, spec, deployment_id):
+    def start(self, spec, deployment_id, prepared=None):
         return ProcessHandle(node=spec.node, rank=spec.rank, deployment=deployment_id, pid=1, log="-")
 
     def liveness(self, handle):
@@ -113,7 +113,7 @@ class _RealTimings(StubRuntime):
         self.log_reads_while_probing = 0
         self.probing = False
 
-    def start(self, spec, deployment_id):
+    def start(self, spec, deployment_id, prepared=None):
         return ProcessHandle(node=spec.node, rank=spec.rank, deployment=deployment_id, pid=1, log="-")
 
     def liveness(self, handle):
@@ -171,7 +171,7 @@ class _BurstInChunks(StubRuntime):
         self.written = ""
         self.reads = 0
 
-    def start(self, spec, deployment_id):
+    def start(self, spec, deployment_id, prepared=None):
         return ProcessHandle(node=spec.node, rank=spec.rank, deployment=deployment_id, pid=1, log="-")
 
     def liveness(self, handle):
@@ -214,7 +214,7 @@ class _NeverQuiet(StubRuntime):
     def __init__(self) -> None:
         self.text = TRACEBACK
 
-    def start(self, spec, deployment_id):
+    def start(self, spec, deployment_id, prepared=None):
         return ProcessHandle(node=spec.node, rank=spec.rank, deployment=deployment_id, pid=1, log="-")
 
     def liveness(self, handle):

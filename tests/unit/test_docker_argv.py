@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+from pathlib import Path
 from typing import TypedDict, Unpack
 
 import pytest
@@ -11,7 +14,7 @@ from sparkctl.config.inventory import ClusterSettings, HostPaths, Inventory, Nod
 from sparkctl.errors import ConfigError
 from sparkctl.nodes.container import ContainerConfig, container_config, container_name, resolve_image, spec_identity
 from sparkctl.nodes.docker_logs import _ts_ns, parse_log_lines
-from sparkctl.nodes.docker_runtime import DockerRuntime
+from sparkctl.nodes.docker_runtime import MKDIR_FAILED, MKDIR_THEN_INSPECT, RUN_THEN_INSPECT, DockerRuntime
 from sparkctl.nodes.handles import DockerHandle
 from sparkctl.nodes.ssh import CommandResult
 from sparkctl.sglang.launch import LaunchSpec, Mount
@@ -217,13 +220,10 @@ def test_start_handle_is_redacted_and_env_goes_over_stdin() -> None:
     name = container_name("desk", 0, "dep1")
     fake = FakeConnector([
         (["ls", "-1A", "/dev/infiniband"], CommandResult("spark-a", [], 2, "", "No such file", 0.0)),
-        (["docker", "container", "inspect", "--format", "{{json .}}", name],
+        (["sh", "-c", MKDIR_THEN_INSPECT, "sh", name],
          CommandResult("spark-a", [], 1, "", "Error: No such container", 0.0)),
-        (["mkdir", "-p", "--"], CommandResult("spark-a", [], 0, "", "", 0.0)),
-        (["docker", "run", "--detach", "--pull", "never", "--name", name],
-         CommandResult("spark-a", [], 0, "c" * 64 + "\n", "", 0.0)),
-        (["docker", "container", "inspect", "--format", "{{json .}}", "c" * 64],
-         CommandResult("spark-a", [], 0, _inspect_json(), "", 0.0)),
+        (["sh", "-c", RUN_THEN_INSPECT, "sh", "docker", "run", "--detach", "--pull", "never", "--name", name],
+         CommandResult("spark-a", [], 0, "c" * 64 + "\n" + _inspect_json() + "\n", "", 0.0)),
     ])
     rt = DockerRuntime(inv, node, cluster="desk", connector=fake, environ={})  # type: ignore[arg-type]
     handle = rt.start(_spec(), "dep1")
@@ -232,11 +232,11 @@ def test_start_handle_is_redacted_and_env_goes_over_stdin() -> None:
     assert handle.log is None and handle.rank == 0 and handle.node == "spark-a"
     dumped = handle.model_dump_json()
     assert API_KEY not in dumped and HF_TOKEN not in dumped
-    run_argv, stdin = next(c for c in fake.calls if c[0][:2] == ["docker", "run"])
+    run_argv, stdin = next(c for c in fake.calls if c[0][4:6] == ["docker", "run"])
     assert HF_TOKEN not in " ".join(run_argv) and HF_TOKEN in str(stdin)
     assert "--device" not in run_argv            # no /dev/infiniband on this node
-    mkdir = next(c for c in fake.calls if c[0][0] == "mkdir")[0]
-    assert mkdir[:3] == ["mkdir", "-p", "--"] and "/srv/cache/triton" in mkdir
+    mkdir = next(c for c in fake.calls if c[0][2] == MKDIR_THEN_INSPECT)[0]
+    assert "/srv/cache/triton" in mkdir[5:]
 
 
 def test_read_log_follows_incrementally_without_duplicates() -> None:
@@ -327,3 +327,43 @@ def test_remove_goes_on_when_the_log_archive_cannot_be_written(tmp_path) -> None
     rt.remove(DockerHandle(node="spark-a", rank=0, deployment="dep1", cluster="desk", container="x",
                            container_id="c" * 64))
     fake.assert_done()
+
+
+def _sh(script: str, args: list[str], tmp_path: Path, docker: str, stdin: str = "") -> subprocess.CompletedProcess:
+    """`sh -c script sh args...` for real, with `docker` on PATH a stand-in shell script (`docker`: its body): the
+    runtime's start scripts as a node's shell runs them."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "docker"
+    fake.write_text("#!/bin/sh\n" + docker)
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls")}
+    return subprocess.run(["sh", "-c", script, "sh", *args], input=stdin, capture_output=True, text=True, env=env,
+                          timeout=30)
+
+
+def test_the_start_scripts_as_a_shell_runs_them(tmp_path: Path) -> None:
+    """The two commands a rank's start runs (MKDIR_THEN_INSPECT, RUN_THEN_INSPECT) through a real `sh`: hostile
+    values stay single arguments, a failed mkdir is told apart from a missing container, docker run's exit status
+    and error come back as they were, and what `docker run` started is what is inspected."""
+    log = 'for a; do printf "%s\\n" "$a" >> "$CALLS"; done; echo --- >> "$CALLS"\n'
+    odd = str(tmp_path / "cache dir; touch PWNED $(id)")
+    r = _sh(MKDIR_THEN_INSPECT, ["rank0; rm -rf /", odd, str(tmp_path / "b" / "c")], tmp_path,
+            log + 'echo "Error: No such container: $5" >&2; exit 1\n')
+    assert r.returncode == 1 and "No such container: rank0; rm -rf /" in r.stderr
+    assert Path(odd).is_dir() and (tmp_path / "b" / "c").is_dir() and not (tmp_path / "PWNED").exists()
+    calls = (tmp_path / "calls").read_text().split("---\n")[0].splitlines()
+    assert calls == ["container", "inspect", "--format", "{{json .}}", "rank0; rm -rf /"]
+    (tmp_path / "file").write_text("")                        # a directory that cannot be made
+    r = _sh(MKDIR_THEN_INSPECT, ["x", str(tmp_path / "file" / "sub")], tmp_path, "exit 0\n")
+    assert r.returncode == MKDIR_FAILED and "file" in r.stderr
+    cid = "c" * 64
+    (tmp_path / "calls").unlink()
+    r = _sh(RUN_THEN_INSPECT, ["docker", "run", "--env-file", "/dev/stdin", "--name", "n", "img"], tmp_path,
+            log + f'if [ "$1" = run ]; then cat > "$CALLS.stdin"; echo {cid}; else echo "{{\\"Id\\": \\"$5\\"}}"; fi\n',
+            stdin="KEY=secret\n")
+    assert r.returncode == 0 and r.stdout.splitlines() == [cid, f'{{"Id": "{cid}"}}'], r
+    assert (tmp_path / "calls.stdin").read_text() == "KEY=secret\n"          # the env file reached docker run
+    r = _sh(RUN_THEN_INSPECT, ["docker", "run", "img"], tmp_path,
+            'echo "docker: Error response from daemon: No such image: img" >&2; exit 125\n')
+    assert r.returncode == 125 and "No such image" in r.stderr and r.stdout == ""
