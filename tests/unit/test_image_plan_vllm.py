@@ -86,3 +86,18 @@ def test_unresolved_plan_of_a_vllm_profile():
     resolved = plan_images(_profile(), SPARKS, BASE)
     assert doc["launch"]["inputs"]["launch_spec_sha256"] == resolved.launch_inputs["launch_spec_sha256"]
     assert doc["engine"]["inputs"]["template_sha256"] == resolved.engine_inputs["template_sha256"]
+
+
+def test_the_shipped_files_a_build_context_takes_are_the_modules_themselves():
+    """The appliers and entrypoints go into build contexts by path (`plan.SHIPPED`, never imported by the plan):
+    every one named is there and is the module sparkctl ships under that name."""
+    import importlib
+
+    from sparkctl.images import launchdoc, plan
+    names = {n for images in plan.IMAGES.values() for n in images.appliers}
+    names |= {plan.entrypoint_source({"schema": launchdoc.SCHEMA}).name,
+              plan.entrypoint_source({"schema": launchdoc.SCHEMA_RANK_FLAGS}).name}
+    assert names == {"patchapply.py", "seriesapply.py", "entrypoint.py", "entrypoint_rankflags.py"}
+    for name in names:
+        module = importlib.import_module(f"sparkctl.images.{name.removesuffix('.py')}")
+        assert Path(module.__file__ or "") == plan.SHIPPED / name
