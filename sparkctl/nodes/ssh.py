@@ -64,6 +64,15 @@ log = logging.getLogger("sparkctl.nodes.ssh")
 
 CONNECT_TIMEOUT_S = 5.0
 CHANNEL_RETRIES = 8             # asks for a channel the server refused: about 3.5 s of waits in all
+# Commands in flight on one connection at most (`run`): OpenSSH's default MaxSessions is 10, and a server at its
+# limit refuses the channel (asked again, `_exec_started`: each refusal costs a wait and the node's sshd a session
+# to reap). Independent reads run beside each other (preflight's node facts with the cross-node facts and the needed
+# paths: up to 14 at once on one node: 17-19 refusals in each `up` on the test cluster), so the connector bounds them
+# itself. sshd frees a session a little after its command ended: 48 commands from 24 threads were refused 0-4 times
+# with 8 in flight, never with 7 or 6 (3 trials each); 6 leaves room for that lag and for what lives longer and is
+# not counted here (a boot's log stream, a file copy).
+SESSIONS = 6
+SESSION_WAIT_S = 600.0          # the wait for a session of a command with no timeout of its own
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,8 @@ class SSHConnector:
     connect_timeout_s: float = CONNECT_TIMEOUT_S
     _conn: Connection | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _sessions: threading.BoundedSemaphore = field(default_factory=lambda: threading.BoundedSemaphore(SESSIONS),
+                                                  init=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -229,9 +240,15 @@ class SSHConnector:
         log.debug("[%s] $ %s", self.name, shlex.join(shown))
         t0 = time.monotonic()
         conn = self.connect()
+        # a session of this connection's SESSIONS, waited for within the command's own timeout
+        if not self._session(SESSION_WAIT_S if timeout is None else timeout):
+            raise NodeError(f"command {shown!r} found no free SSH session on {self.address} within "
+                            f"{timeout or SESSION_WAIT_S:.0f}s ({SESSIONS} commands in flight)", where=f"[{self.name}]",
+                            hint="the node may be very slow to answer; retry, or look at the node")
         try:
             lines = None if on_line is None else (lambda raw: on_line(hide(raw.decode("utf-8", "replace"))))
-            rc, out, err = self._exec_started(conn, command, stdin, timeout, lines)
+            left = None if timeout is None else max(timeout - (time.monotonic() - t0), 0.001)
+            rc, out, err = self._exec_started(conn, command, stdin, left, lines)
         except TimeoutError:
             raise NodeError(f"command {shown!r} did not finish within {timeout:.0f}s", where=f"[{self.name}]",
                             hint="the node or its docker daemon may be hung; retry, or look at the node") from None
@@ -241,10 +258,23 @@ class SSHConnector:
             raise NodeError(f"SSH session to {self.address} failed running {shown!r}: {hide(detail)}",
                             where=f"[{self.name}] ssh",
                             hint="check the node is up; sparkctl reconnects on the next command") from None
+        finally:
+            self._sessions.release()
         result = CommandResult(self.name, shown, rc, hide(out.decode("utf-8", "replace")),
                                hide(err.decode("utf-8", "replace")), round(time.monotonic() - t0, 4))
         log.debug("[%s] exit %d in %.3fs", self.name, result.returncode, result.elapsed_s)
         return result.check() if check else result
+
+    def _session(self, wait_s: float) -> bool:
+        """One of the connection's SESSIONS, waited for at most `wait_s`, in short slices: an interrupt raised in
+        this thread (`nodes.fanout` stops its workers so) is taken between them, never held by a blocked wait."""
+        end = time.monotonic() + wait_s
+        while True:
+            left = end - time.monotonic()
+            if self._sessions.acquire(timeout=max(min(left, 0.05), 0)):
+                return True
+            if left <= 0:
+                return False
 
     def _exec_started(self, conn: Connection, command: str, stdin: str | bytes | None,
                       timeout: float | None,

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import resource
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +23,7 @@ from sparkctl.nodes.container import MEMLOCK_ENV
 from sparkctl.nodes.docker_runtime import DockerRuntime
 from sparkctl.nodes.fanout import run_all
 from sparkctl.nodes.handles import DockerHandle
-from sparkctl.nodes.ssh import SSHConnector
+from sparkctl.nodes.ssh import SESSIONS, SSHConnector
 from sparkctl.sglang.launch import LaunchSpec, Mount
 from sparkctl.state.records import CheckResult, Severity
 from testrig.cluster import TestCluster
@@ -159,6 +161,43 @@ def test_many_short_commands_at_once_share_one_connection(inv: Inventory) -> Non
             results = list(pool.map(lambda _: ssh.run(["cat", "/proc/loadavg"], check=True).ok, range(320)))
         assert all(results)
         assert ssh.connect() is conn                   # the same connection throughout: never dropped
+    finally:
+        ssh.close()
+
+
+def test_more_commands_at_once_than_sshd_allows_wait_for_a_session(inv: Inventory,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """Independent reads run beside each other (preflight: up to 14 commands at once on one node): the connector
+    keeps at most SESSIONS commands in flight on its connection (sshd's MaxSessions is 10), each runs once and
+    succeeds, and every session is given back. Without the bound the test cluster's sshd refused 17-19 channels in
+    each `up` (asked again after a wait); how many it refuses now is printed, not asserted (sshd frees a session a
+    little after its command ended, later on a loaded machine)."""
+    ssh = _fresh(inv, "spark-a")
+    inner = ssh._exec_started
+    lock, flight, most = threading.Lock(), [0], [0]
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        with lock:
+            flight[0] += 1
+            most[0] = max(most[0], flight[0])
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            with lock:
+                flight[0] -= 1
+    ssh._exec_started = counted  # type: ignore[method-assign]
+    try:
+        ssh.connect()
+        with caplog.at_level(logging.DEBUG, logger="sparkctl.nodes.ssh"), ThreadPoolExecutor(max_workers=24) as pool:
+            results = list(pool.map(lambda i: ssh.run(["sh", "-c", f"sleep 0.3; echo {i}"], check=True).stdout,
+                                    range(48)))
+        assert results == [f"{i}\n" for i in range(48)]
+        assert most[0] == SESSIONS, most                          # bounded, and the bound is reached
+        assert ssh._sessions.acquire(blocking=False)             # every session given back
+        ssh._sessions.release()
+        refused = sum("channel refused" in r.getMessage() for r in caplog.records)
+        print(f"\nFIGURE ssh sessions: 48 commands from 24 threads, {SESSIONS} in flight at most, sshd refused "
+              f"{refused} channel(s)")
     finally:
         ssh.close()
 
