@@ -95,4 +95,8 @@ def source_line(fn: Callable[..., Any], text: str, start: int = 0) -> int:
     """The number of the first line of `fn`'s source, from its `start`-th line on, that contains `text`."""
     import inspect
     lines, first = inspect.getsourcelines(fn)
-    return first + next(i for i, line in enumerate(lines) if i >= start and text in line)
+    found = next((i for i, line in enumerate(lines) if i >= start and text in line), None)
+    if found is None:       # the code changed under the test's anchor: say so (it was a bare StopIteration)
+        raise AssertionError(f"no line of {fn.__qualname__} contains {text!r}: the test's anchor is stale, point it "
+                             f"at the line it means")
+    return first + found

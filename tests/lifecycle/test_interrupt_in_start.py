@@ -34,7 +34,8 @@ EXECUTE_CHILD = subprocess.Popen._execute_child  # type: ignore[attr-defined]
 
 
 def _trap(at: int | None = None) -> LineTrap:
-    loop = (source_line(boot_module._boot, "for spec in"), source_line(boot_module._boot, "started ({handle.where})"))
+    loop = (source_line(boot_module._boot, "for spec, ahead in"),
+            source_line(boot_module._boot, "started ({handle.where})"))
     return LineTrap([Target.code(ProcessRuntime.start.__code__), Target.code(EXECUTE_CHILD.__code__),
                      Target.code(boot_module._boot.__code__, loop), Target.named("intent", "deploy/apply.py")], at)
 
