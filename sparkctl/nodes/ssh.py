@@ -49,8 +49,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
-from sparkctl.errors import CommandFailed, NodeError
+from sparkctl.errors import NodeError
 from sparkctl.extras import needed
+from sparkctl.nodes.commandresult import CommandResult
 from sparkctl.nodes.fanout import fan_out, raise_first
 from sparkctl.nodes.hostkeys import fingerprint, host_key_name, key_type, known_hosts_path, missing_key_policy
 from sparkctl.redaction import redact
@@ -73,34 +74,6 @@ CHANNEL_RETRIES = 8             # asks for a channel the server refused: about 3
 # not counted here (a boot's log stream, a file copy).
 SESSIONS = 6
 SESSION_WAIT_S = 600.0          # the wait for a session of a command with no timeout of its own
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    """What one command printed on one node (argv and output already redacted)."""
-
-    node: str
-    argv: list[str]
-    returncode: int
-    stdout: str
-    stderr: str
-    elapsed_s: float
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0
-
-    @property
-    def output(self) -> str:
-        """stdout then stderr, for evidence."""
-        return self.stdout + (("\n" if self.stdout and not self.stdout.endswith("\n") else "") + self.stderr
-                              if self.stderr else "")
-
-    def check(self) -> CommandResult:
-        """Raise CommandFailed (argv, exit code, output tail) unless the command exited 0."""
-        if self.returncode != 0:
-            raise CommandFailed(node=self.node, argv=self.argv, returncode=self.returncode, output=self.output)
-        return self
 
 
 # --------------------------------------------------------------------------------------------------- connector
