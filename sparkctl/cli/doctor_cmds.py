@@ -98,8 +98,9 @@ def register(app: typer.Typer) -> None:
             found = doctor_deployment(d.cluster, dep_id=deployment, bundle=bundle, kernel_log=not no_kernel_log,
                                       force=force)
             if found is None:
-                msg = "nothing to diagnose: no failed, cancelled or interrupted deployment, and the active one (if " \
-                      "any) is healthy"
+                from sparkctl.doctor.collect import LOOKBACK
+                msg = f"nothing to diagnose: no failed, cancelled or interrupted deployment among the last " \
+                      f"{LOOKBACK}, and the active one (if any) is healthy (an older one: --deployment ID)"
                 if as_json:
                     from sparkctl.doctor.collect import DoctorReport
                     print(DoctorReport(target="nothing", sources=[], findings=[]).model_dump_json(indent=2))

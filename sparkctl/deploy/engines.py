@@ -108,8 +108,9 @@ def kept_for_rollback(c: Cluster, *, skip: Collection[str] = ()) -> list[Deploym
     """The superseded deployments whose engines are kept restartable (Docker keeps their stopped containers; a
     rollback to one runs it again from its record), except `skip`, newest first.
 
-    Every hand-off removes all but the newest superseded one, so walking back from the newest record can stop at
-    the first one already removed: the scan stays a few records long however long the history grows."""
+    Every hand-off removes all but the newest superseded one, and `down` removes its active deployment's and every
+    kept one, so walking back from the newest record can stop at the first one whose engines were removed (either
+    way): the scan stays a few records long however long the history grows (tests/lifecycle/test_history_bound.py)."""
     out: list[DeploymentRecord] = []
     for dep_id in reversed(c.ledger.index()["history"]):
         if dep_id in skip:

@@ -113,12 +113,11 @@ def leftovers(d: Cluster) -> list[Leftover]:
     if not isinstance(rt, ProcessRuntime):
         return []
     handles: list[ProcessHandle] = []
-    for rid in d.ledger.record_ids():
+    for rid in d.ledger.record_ids():     # every record's handles, not whole records: the history only grows
         try:
-            rec = d.ledger.load(rid)
+            handles += [h for h in d.ledger.handles(rid) if isinstance(h, ProcessHandle)]
         except SparkctlError:           # a damaged record: `repair` deals with it; its engines' cgroups still count
             continue
-        handles += [h for h in rec.handles if isinstance(h, ProcessHandle)]
     return rt.leftovers(handles)
 
 

@@ -45,7 +45,9 @@ def down(c: Cluster, *, unfinished_compare: str | None = None) -> DownResult:
         rec = c.ledger.load(active.id)
         # stopped-and-known-good stays a rollback target; a recovered (never verified) one stays recovered
         rec.status = Status.STOPPED if rec.known_good else rec.status
-        rec.stopped = now_iso()
+        # its engines are removed (keep=False): the walk back for kept engines (`kept_for_rollback`) stops here
+        # instead of reading every older record (a history of up/down cycles made it read them all, every command)
+        rec.stopped = rec.engines_removed = now_iso()
         c.ledger.save(rec)       # one write: no longer active (Ledger.active_id)
     # nothing of an engine outlives `down`: the stopped containers a superseded deployment kept for a quick
     # rollback go too (a rollback to it runs it again from its record and its launch image)

@@ -2,9 +2,11 @@
 kernel logs where readable) or files the user names; and the report it returns.
 
 Which deployment: the one asked for (`--deployment ID`), else the active one when it is unhealthy, else the newest
-that failed, was cancelled or interrupted. Rank logs are read the way `sparkctl logs` reads them (the runtime of the
-rank's node, from the handle in the record), falling back to the archive a removed container left in the state
-directory (logs/<id>/rank<N>-<container>.log). Every read is bounded: the last `MAX_READ_BYTES` of each source.
+that failed, was cancelled or interrupted among the last `LOOKBACK` deployments (an older one by its id: the ledger
+keeps every deployment, and a walk through all of them grew with it). Rank logs are read the way `sparkctl logs`
+reads them (the runtime of the rank's node, from the handle in the record), falling back to the archive a removed
+container left in the state directory (logs/<id>/rank<N>-<container>.log). Every read is bounded: the last
+`MAX_READ_BYTES` of each source.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ log = logging.getLogger("sparkctl.doctor")
 
 MAX_READ_BYTES = 8 * 1024 * 1024
 DIAGNOSABLE = (Status.FAILED, Status.CANCELED, Status.INTERRUPTED)
+LOOKBACK = 50    # deployments looked through, newest first, for a failed one (tests/lifecycle/test_history_bound)
 KERNEL_LOG_ARGV = ["dmesg", "--level=emerg,alert,crit,err,warn"]
 KERNEL_LOG_TIMEOUT_S = 15.0
 
@@ -146,7 +149,7 @@ def pick_deployment(ledger: Ledger, *, health_of: Callable[[DeploymentRecord], t
     active = ledger.active()
     if active is not None and not health_of(active)[0]:
         return active
-    for rid in reversed(ledger.history()):
+    for rid in list(reversed(ledger.history()))[:LOOKBACK]:
         rec = ledger.load(rid)
         if rec.status in DIAGNOSABLE:
             return rec

@@ -34,7 +34,7 @@ import re
 import signal
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,20 +78,22 @@ class EngineGroup:
     leader_ticks: int | None
     cgroup: str | None = None
 
-    def members(self) -> list[Member]:
-        """The processes of this engine that still run (zombies excluded), the leader included while it runs."""
+    def members(self, sessions: Mapping[int, list[tuple[int, int]]] | None = None) -> list[Member]:
+        """The processes of this engine that still run (zombies excluded), the leader included while it runs.
+        `sessions`: a snapshot of every process by session (`procfs.sessions()`), taken once by a caller that asks
+        about many engines; without it, /proc is read now."""
         found: dict[int, Member] = {}
         for pid in self._cgroup_pids() + self._tree():
             m = _member(pid)
             if m is not None:
                 found[pid] = m
-        for pid in procfs.pids() if self._session_is_ours() else ():
+        if not self._session_is_ours():
+            return sorted(found.values(), key=lambda m: m.pid)
+        in_session = (sessions if sessions is not None else procfs.sessions()).get(self.leader, ())
+        for pid, ticks in in_session:
             if pid in found:
                 continue
-            info = procfs.session_and_ticks(pid)
-            if info is None or info[0] != self.leader:
-                continue
-            if self.leader_ticks is not None and info[1] < self.leader_ticks:
+            if self.leader_ticks is not None and ticks < self.leader_ticks:
                 continue                        # started before our leader: the session id was recycled
             m = _member(pid)
             if m is not None:

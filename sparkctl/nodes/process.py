@@ -263,12 +263,15 @@ class ProcessRuntime:
         processes but belongs to no running handle (named by the deployment and rank in its name)."""
         out: list[Leftover] = []
         seen: set[tuple[int, int | None]] = set()
+        sessions: dict[int, list[tuple[int, int]]] | None = None   # every process by session: read once, if needed
         for h in handles:
             if (h.pid, h.start_ticks) in seen or self._ours(h):    # a running pipe: a running engine
                 continue
             seen.add((h.pid, h.start_ticks))
             group = EngineGroup(h.pid, h.start_ticks, h.cgroup)
-            members = group.members()
+            if sessions is None:
+                sessions = procfs.sessions()
+            members = group.members(sessions)
             if members:
                 out.append(Leftover(h.deployment, h.rank, group, tuple(members)))
         named = {lo.group.cgroup for lo in out}          # a cgroup already named by its record's handle

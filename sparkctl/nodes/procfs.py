@@ -190,6 +190,18 @@ def pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
+def sessions() -> dict[int, list[tuple[int, int]]]:
+    """Every process by its session, from one pass over /proc: session id -> [(pid, kernel start time)]. What
+    finds the members of many engines at once (`EngineGroup.members(sessions=...)`): one read of each process,
+    however many engines are asked about (a read per process per engine made a ledger's history a multiplier)."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for pid in pids():
+        info = session_and_ticks(pid)
+        if info is not None:
+            out.setdefault(info[0], []).append((pid, info[1]))
+    return out
+
+
 def stdout_target(pid: int) -> str | None:
     """Where the process's stdout (fd 1) points (a log file path), or None (gone, not ours to read)."""
     try:

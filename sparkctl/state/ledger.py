@@ -41,8 +41,9 @@ from pydantic import BaseModel, ValidationError
 
 from sparkctl.errors import LedgerError, LockHeldError
 from sparkctl.jsontypes import JSONObject, JSONValue
+from sparkctl.nodes.handles import Handle
 from sparkctl.nodes.procfs import start_ticks
-from sparkctl.state.records import DeploymentRecord, Status
+from sparkctl.state.records import DeploymentRecord, RecordHandles, Status
 from sparkctl.statefiles import (
     check_state_path,
     default_state_root,
@@ -240,6 +241,12 @@ class Ledger:
     def load(self, dep_id: str) -> DeploymentRecord:
         path = self.deployment_path(dep_id)
         return _validated(DeploymentRecord, read_json(path), path)
+
+    def handles(self, dep_id: str) -> list[Handle]:
+        """The engine handles of record `dep_id`, without validating the rest of it (LedgerError if they do not
+        fit): for a look across the whole history (`deploy.observe.leftovers`)."""
+        path = self.deployment_path(dep_id)
+        return _validated(RecordHandles, read_json(path), path).handles
 
     def active(self) -> DeploymentRecord | None:
         dep_id = self.active_id()

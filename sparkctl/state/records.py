@@ -237,6 +237,15 @@ RENAMED_KEYS = {
 }
 
 
+class RecordHandles(BaseModel):
+    """A deployment record read for its engines' handles alone: what a look for leftover processes asks of every
+    record in the history (`Ledger.handles`). The rest of the record is neither validated nor kept, so that look
+    costs a JSON read per record, not a whole record's validation."""
+
+    model_config = ConfigDict(extra="ignore")
+    handles: list[Handle] = Field(default_factory=list)
+
+
 class DeploymentRecord(_Record):
     """One `up`, `rollback` or bench-driven deployment, from plan to hand-off (or failure and restore)."""
 
