@@ -67,6 +67,11 @@ SMOKES: dict[str, Smoke] = {
         r"^configured 2000 tok/s \(emulated\), 1 runs x 200 tokens, \d+ token-bearing chunks per stream$",
         rf"^measured median {_NUM} tok/s \(min {_NUM}, max {_NUM}, spread {_NUM}%\)$",
         rf"^measured/configured = {_NUM}  -> (within|OUTSIDE) 2%$")),
+    "bench_history": Smoke("embedded", (
+        r"^embedded cluster, one deployment active; histories of \d+ and \d+ deployments, 1 run\(s\) each",
+        rf"^status --json +\d+ deployments {_NUM} s; \d+ deployments {_NUM} s; ratio {_NUM}$",
+        rf"^down --dry-run +\d+ deployments {_NUM} s; \d+ deployments {_NUM} s; ratio {_NUM}$",
+        rf"^doctor --json --no-kernel-log +\d+ deployments {_NUM} s; \d+ deployments {_NUM} s; ratio {_NUM}$")),
     "bench_lifecycle_overhead": Smoke("embedded", (
         r"^emulator boot_s=0\.3, decode_tps=4000\.0, runs=1$",
         rf"^  up d5 +wall {_NUM}s = engine {_NUM}s \(boot {_NUM} \+ requests {_NUM}\) \+ overhead {_NUM}s  "
