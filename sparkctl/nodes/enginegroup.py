@@ -137,14 +137,23 @@ class EngineGroup:
 
     def wait_gone(self, timeout_s: float, *, poll_s: float = 0.05,
                   reap: Callable[[], None] | None = None) -> list[Member]:
-        """Wait up to `timeout_s` for every process of the engine to end; what still runs then ([] when none)."""
+        """Wait up to `timeout_s` for every process of the engine to end; what still runs then ([] when none).
+
+        A poll looks at the processes the last one found (a read each); the whole of /proc is read again only when
+        none of them is left (to find one forked meanwhile before saying "gone") and at the deadline: a stop waits
+        seconds for a real engine, and a pass over every process of the machine every 50 ms was most of its CPU."""
         deadline = time.monotonic() + timeout_s
+        known: list[Member] = []
         while True:
             if reap is not None:
                 reap()
-            left = self.members()
-            if not left or time.monotonic() >= deadline:
+            over = time.monotonic() >= deadline
+            left = [m for m in known if _alive(m)]
+            if not left or over:
+                left = self.members()
+            if not left or over:
                 return left
+            known = left
             time.sleep(poll_s)
 
     def kill(self, *, kill_s: float = KILL_S, reap: Callable[[], None] | None = None) -> list[Member]:
@@ -213,6 +222,12 @@ def release_shm(files: set[Path]) -> list[str]:
         log.info("released %d shared-memory files the engine left in %s: %s", len(removed), SHM_DIR,
                  ", ".join(removed[:8]))
     return removed
+
+
+def _alive(m: Member) -> bool:
+    """`m` still runs: the same process (its start time), not a zombie."""
+    stat = procfs.proc_stat(m.pid)
+    return stat is not None and stat[0] != "Z" and stat[1] == m.ticks
 
 
 def _member(pid: int) -> Member | None:
