@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
@@ -20,12 +21,15 @@ from sparkctl.engines import render
 from sparkctl.errors import LedgerError
 from sparkctl.extras import require
 from sparkctl.jsontypes import JSONObject
-from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.launch import LaunchSpec, RankSpec
 from sparkctl.sglang.render import RenderResult
+from sparkctl.sglang.responses import SGLangAPIError
 from sparkctl.state.ledger import Ledger
 from sparkctl.state.records import DeploymentRecord
 from sparkctl.statefiles import check_room  # the threshold lives with the writes it protects
+
+if TYPE_CHECKING:     # httpx loads with the first client (`client`), not at `up`'s start
+    from sparkctl.sglang.client import SGLangClient
 
 # Room a rank log needs to keep growing through a boot: twice the largest boot log measured (real SGLang rank logs
 # of a boot are 10-35 KB, see statefiles.ROOM_BYTES). Below it (or read-only), readiness is rank 0's /health alone.
@@ -67,6 +71,7 @@ class Cluster:
         host = spec0.api_host if isinstance(spec0, LaunchSpec | RankSpec) else spec0["api_host"]
         port = spec0.api_port if isinstance(spec0, LaunchSpec | RankSpec) else spec0["api_port"]
         key = os.environ.get(key_env) if key_env else None
+        from sparkctl.sglang.client import SGLangClient  # httpx: loaded with the first client, not by `up`'s start
         return SGLangClient(f"http://{host}:{port}", api_key=key or None, timeout=timeout)
 
     @staticmethod
@@ -74,12 +79,16 @@ class Cluster:
         return f"http://{spec0.api_host}:{spec0.api_port}"
 
     def health_probe(self, spec0: LaunchSpec, key_env: str | None) -> Callable[[], bool]:
-        """True once rank 0's /health answers 200 (connection refused or 503 = not yet)."""
-        client = self.client(spec0, key_env, timeout=5)
+        """True once rank 0's /health answers 200 (connection refused or 503 = not yet). The client is made at the
+        first probe, once the engines have started: its HTTP stack's import is then not between `up`'s start and
+        the first rank's."""
+        made: list[SGLangClient] = []
 
         def probe() -> bool:
+            if not made:
+                made.append(self.client(spec0, key_env, timeout=5))
             try:
-                return client.health() == 200
+                return made[0].health() == 200
             except SGLangAPIError:
                 return False
         return probe

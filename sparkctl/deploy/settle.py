@@ -32,7 +32,7 @@ from sparkctl.deploy.observe import ObservedEngine, observe, stop_engine, stop_l
 from sparkctl.deploy.steps import REPLICA_ATTACH, REPLICA_UP, SETTLE, VERIFY
 from sparkctl.errors import SparkctlError
 from sparkctl.nodes.fanout import beside
-from sparkctl.sglang.client import SGLangAPIError
+from sparkctl.sglang.responses import SGLangAPIError
 from sparkctl.state.controller import controller_alive, live_lock_holder
 from sparkctl.state.ledger import Ledger, now_iso
 from sparkctl.state.records import DeploymentRecord, Failure, JournalEntry, Status

@@ -1,11 +1,16 @@
 """Warm-up: the profile's requests after boot; the first (cold) one is timed and kept apart."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sparkctl.config.profile import Profile
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import DeployError
 from sparkctl.jsontypes import JSONObject
-from sparkctl.sglang.client import SGLangAPIError, SGLangClient
+from sparkctl.sglang.responses import SGLangAPIError
+
+if TYPE_CHECKING:
+    from sparkctl.sglang.client import SGLangClient
 
 
 def warm_up(profile: Profile, client: SGLangClient, reporter: Reporter, node: str) -> JSONObject:

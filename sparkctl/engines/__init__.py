@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from sparkctl.config.inventory import Inventory
 from sparkctl.config.profile import Profile
@@ -16,10 +17,13 @@ from sparkctl.errors import ConfigError
 from sparkctl.jsontypes import JSONObject
 from sparkctl.sglang import render as sglang_render
 from sparkctl.sglang.bootwatch import LogFollower
-from sparkctl.sglang.client import SGLangAPIError, SGLangClient
 from sparkctl.sglang.render import RenderResult, profile_dialect
+from sparkctl.sglang.responses import SGLangAPIError
 from sparkctl.vllm import answers as vllm_answers
 from sparkctl.vllm import render as vllm_render
+
+if TYPE_CHECKING:     # the HTTP client (httpx) loads when a client is made: after the engines start
+    from sparkctl.sglang.client import SGLangClient
 
 __all__ = ["RenderResult", "emulated", "render", "resolved_capacity", "settings_seen"]
 

@@ -11,8 +11,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from sparkctl.errors import StateDirError
 from sparkctl.nodes import procfs
 from sparkctl.nodes.enginegroup import EngineGroup
@@ -106,6 +104,7 @@ class RouterProcess:
         return procfs.running(self.pid, self.ticks) and _runs_router(procfs.cmdline(self.pid))
 
     def wait_live(self, timeout_s: float) -> None:
+        import httpx  # here: `up` of one group imports this module (the replicas' plan) and never asks a router
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             if not self.alive():
