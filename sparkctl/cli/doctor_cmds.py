@@ -54,7 +54,8 @@ def register(app: typer.Typer) -> None:
                                                      help="Read this log file instead of a deployment (repeatable)."),
                deployment: str | None = typer.Option(None, "--deployment", metavar="ID",
                                                         help="Diagnose this deployment (default: the active one when "
-                                                             "unhealthy, else the newest failed one)."),
+                                                             "unhealthy, else the newest failed one among the last "
+                                                             "50)."),
                bundle: Path | None = typer.Option(None, "--bundle", metavar="FILE",
                                                      help="Also write a redacted support bundle (one JSON file)."),
                force: bool = flag("--force", help="Replace an existing --bundle file."),
