@@ -6,6 +6,8 @@ holder), any deployment whose controller died, and a comparison that did not fin
 """
 from __future__ import annotations
 
+import contextlib
+
 from sparkctl.deploy.cluster import Cluster
 from sparkctl.deploy.engines import kept_for_rollback, remove_superseded, stop_engines, sweep_secrets
 from sparkctl.deploy.observe import leftovers, observe, stop_engine, unrecorded
@@ -20,6 +22,7 @@ from sparkctl.deploy.results import (
 )
 from sparkctl.deploy.settle import controller_text, interrupted, settle, step_of
 from sparkctl.deploy.steps import SETTLE, boundary
+from sparkctl.errors import LedgerError
 from sparkctl.state.controller import live_lock_holder
 from sparkctl.state.ledger import now_iso
 from sparkctl.state.records import Status
@@ -45,15 +48,24 @@ def down(c: Cluster, *, unfinished_compare: str | None = None) -> DownResult:
         rec = c.ledger.load(active.id)
         # stopped-and-known-good stays a rollback target; a recovered (never verified) one stays recovered
         rec.status = Status.STOPPED if rec.known_good else rec.status
-        # its engines are removed (keep=False): the walk back for kept engines (`kept_for_rollback`) stops here
-        # instead of reading every older record (a history of up/down cycles made it read them all, every command)
-        rec.stopped = rec.engines_removed = now_iso()
+        rec.stopped = now_iso()
         c.ledger.save(rec)       # one write: no longer active (Ledger.active_id)
     # nothing of an engine outlives `down`: the stopped containers a superseded deployment kept for a quick
-    # rollback go too (a rollback to it runs it again from its record and its launch image)
-    for dep_id in remove_superseded(c):
+    # rollback go too (a rollback to it runs it again from its record and its launch image); the walk back for them
+    # passes the deployment just stopped (not yet marked: the mark below stops that walk)
+    skip = {active.id} if active else set()
+    for dep_id in remove_superseded(c, skip=skip):
         c.reporter.event(f"removed the stopped engines of {dep_id} kept for rollback (a rollback runs it again from "
                          f"its record)")
+    if active and not kept_for_rollback(c, skip=skip):
+        # its engines and every older kept one are removed: later walks back for kept engines stop here instead of
+        # reading every older record (a history of up/down cycles made every hand-off and `down` read them all).
+        # A removal that failed leaves it unmarked, so the next walk still finds that one; so does a failed write of
+        # the mark (a full disk): only a shortcut, it never stops `down` before the rest is stopped.
+        with contextlib.suppress(LedgerError):
+            rec = c.ledger.load(active.id)
+            rec.engines_removed = now_iso()
+            c.ledger.save(rec)
     boundary("down", "stop-active", "after")
     boundary("down", "stop-rest", "before")
     unreachable: list[str] = []

@@ -120,3 +120,26 @@ def test_a_leftover_among_a_long_history_is_still_found(local_cluster):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader.pid, signal.SIGKILL)
+
+
+def test_down_removes_what_was_kept_for_rollback_before_it_marks_the_walks_stop(cli, local_cluster):
+    """The mark that stops the walk back for kept engines (`engines_removed` on the deployment `down` stopped) is
+    written only after every older kept one is removed: written first, it hid the superseded deployment kept for a
+    quick rollback from that very walk, and its stopped containers outlived `down` (found on the real engine in
+    containers, tests/cluster/test_real_engine_containers.py). Then a later walk stops there, reading nothing older."""
+    from sparkctl.deploy.cluster import Cluster
+    from sparkctl.deploy.engines import kept_for_rollback
+
+    code, out, err = cli("up", "--profile", "d5", "--yes", "--json")
+    assert code == 0, err
+    first = json.loads(out)["deployment"]
+    code, out, err = cli("up", "--profile", "dflash-off", "--yes", "--json")
+    assert code == 0, err
+    second = json.loads(out)["deployment"]
+    cluster = Cluster(load_inventory(local_cluster))
+    assert [r.id for r in kept_for_rollback(cluster)] == [first]       # superseded, kept for a quick rollback
+    code, out, err = cli("down", "--yes")
+    assert code == 0, err
+    assert f"removed the stopped engines of {first} kept for rollback" in err, err
+    assert cluster.ledger.load(first).engines_removed and cluster.ledger.load(second).engines_removed
+    assert kept_for_rollback(cluster) == []
