@@ -21,6 +21,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from sparkctl.config.inventory import load_inventory
 from sparkctl.doctor.collect import LOOKBACK
 from sparkctl.nodes import procfs
@@ -143,3 +145,28 @@ def test_down_removes_what_was_kept_for_rollback_before_it_marks_the_walks_stop(
     assert f"removed the stopped engines of {first} kept for rollback" in err, err
     assert cluster.ledger.load(first).engines_removed and cluster.ledger.load(second).engines_removed
     assert kept_for_rollback(cluster) == []
+
+
+@pytest.mark.parametrize("full_from", [2, 3], ids=["the-kept-ones-mark", "downs-own-mark"])
+def test_a_full_disk_at_downs_marks_never_stops_it(cli, local_cluster, full_from):
+    """The state directory fills up at `down`'s later record writes (SPARKCTL_FULL_FROM_WRITE: the 1st is the stopped
+    deployment's status; the 2nd the kept one's removal mark, the 3rd `down`'s own mark): every engine is still
+    stopped, `down` exits 0, and a mark that was not written is simply absent (the next walk reads further)."""
+    from sparkctl.deploy.cluster import Cluster
+    from sparkctl.deploy.observe import process_engines
+    from sparkctl.state.ledger import WRITE_FAULT_ENV
+
+    code, out, err = cli("up", "--profile", "d5", "--yes", "--json")
+    assert code == 0, err
+    first = json.loads(out)["deployment"]
+    code, out, err = cli("up", "--profile", "dflash-off", "--yes", "--json")
+    assert code == 0, err
+    second = json.loads(out)["deployment"]
+    p = subprocess.run([sys.executable, "-m", "sparkctl", "down", "--yes"], capture_output=True, text=True,
+                       env={**os.environ, WRITE_FAULT_ENV: str(full_from)}, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    cluster = Cluster(load_inventory(local_cluster))
+    assert process_engines(cluster) == []
+    assert cluster.ledger.load(second).status == "stopped" and cluster.ledger.load(second).engines_removed is None
+    assert bool(cluster.ledger.load(first).engines_removed) == (full_from > 2)
