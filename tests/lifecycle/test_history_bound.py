@@ -124,6 +124,16 @@ def test_a_leftover_among_a_long_history_is_still_found(local_cluster):
             os.killpg(leader.pid, signal.SIGKILL)
 
 
+def _superseded_then_active(cli) -> tuple[str, str]:
+    """`up` d5, then `up` dflash-off: (the superseded d5, kept for a quick rollback; the active dflash-off)."""
+    ids = []
+    for profile in ("d5", "dflash-off"):
+        code, out, err = cli("up", "--profile", profile, "--yes", "--json")
+        assert code == 0, err
+        ids.append(json.loads(out)["deployment"])
+    return ids[0], ids[1]
+
+
 def test_down_removes_what_was_kept_for_rollback_before_it_marks_the_walks_stop(cli, local_cluster):
     """The mark that stops the walk back for kept engines (`engines_removed` on the deployment `down` stopped) is
     written only after every older kept one is removed: written first, it hid the superseded deployment kept for a
@@ -132,12 +142,7 @@ def test_down_removes_what_was_kept_for_rollback_before_it_marks_the_walks_stop(
     from sparkctl.deploy.cluster import Cluster
     from sparkctl.deploy.engines import kept_for_rollback
 
-    code, out, err = cli("up", "--profile", "d5", "--yes", "--json")
-    assert code == 0, err
-    first = json.loads(out)["deployment"]
-    code, out, err = cli("up", "--profile", "dflash-off", "--yes", "--json")
-    assert code == 0, err
-    second = json.loads(out)["deployment"]
+    first, second = _superseded_then_active(cli)
     cluster = Cluster(load_inventory(local_cluster))
     assert [r.id for r in kept_for_rollback(cluster)] == [first]       # superseded, kept for a quick rollback
     code, out, err = cli("down", "--yes")
@@ -156,12 +161,7 @@ def test_a_full_disk_at_downs_marks_never_stops_it(cli, local_cluster, full_from
     from sparkctl.deploy.observe import process_engines
     from sparkctl.state.ledger import WRITE_FAULT_ENV
 
-    code, out, err = cli("up", "--profile", "d5", "--yes", "--json")
-    assert code == 0, err
-    first = json.loads(out)["deployment"]
-    code, out, err = cli("up", "--profile", "dflash-off", "--yes", "--json")
-    assert code == 0, err
-    second = json.loads(out)["deployment"]
+    first, second = _superseded_then_active(cli)
     p = subprocess.run([sys.executable, "-m", "sparkctl", "down", "--yes"], capture_output=True, text=True,
                        env={**os.environ, WRITE_FAULT_ENV: str(full_from)}, timeout=120)
     assert p.returncode == 0, p.stderr
