@@ -82,13 +82,14 @@ class Cluster:
         """True once rank 0's /health answers 200 (connection refused or 503 = not yet). The client is made at the
         first probe, once the engines have started: its HTTP stack's import is then not between `up`'s start and
         the first rank's."""
-        made: list[SGLangClient] = []
+        client: SGLangClient | None = None
 
         def probe() -> bool:
-            if not made:
-                made.append(self.client(spec0, key_env, timeout=5))
+            nonlocal client
+            if client is None:
+                client = self.client(spec0, key_env, timeout=5)
             try:
-                return made[0].health() == 200
+                return client.health() == 200
             except SGLangAPIError:
                 return False
         return probe

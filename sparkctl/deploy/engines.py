@@ -126,10 +126,12 @@ def kept_for_rollback(c: Cluster, *, skip: Collection[str] = ()) -> list[Deploym
     return out
 
 
-def remove_superseded(c: Cluster, *, skip: Collection[str] = ()) -> list[str]:
-    """Stop and remove the engines `kept_for_rollback` (except `skip`); the ids whose engines were removed."""
+def remove_superseded(c: Cluster, *, skip: Collection[str] = (),
+                      kept: list[DeploymentRecord] | None = None) -> list[str]:
+    """Stop and remove the engines `kept_for_rollback` (except `skip`; `kept`: that walk's records, when the caller
+    made it); the ids whose engines were removed."""
     removed: list[str] = []
-    for rec in kept_for_rollback(c, skip=skip):
+    for rec in kept_for_rollback(c, skip=skip) if kept is None else kept:
         try:
             stop_engines(c, rec, keep=False)
             rec.engines_removed = now_iso()

@@ -53,11 +53,12 @@ def down(c: Cluster, *, unfinished_compare: str | None = None) -> DownResult:
     # nothing of an engine outlives `down`: the stopped containers a superseded deployment kept for a quick
     # rollback go too (a rollback to it runs it again from its record and its launch image); the walk back for them
     # passes the deployment just stopped (not yet marked: the mark below stops that walk)
-    skip = {active.id} if active else set()
-    for dep_id in remove_superseded(c, skip=skip):
+    kept = kept_for_rollback(c, skip={active.id} if active else ())
+    removed = remove_superseded(c, kept=kept)
+    for dep_id in removed:
         c.reporter.event(f"removed the stopped engines of {dep_id} kept for rollback (a rollback runs it again from "
                          f"its record)")
-    if active and not kept_for_rollback(c, skip=skip):
+    if active and len(removed) == len(kept):
         # its engines and every older kept one are removed: later walks back for kept engines stop here instead of
         # reading every older record (a history of up/down cycles made every hand-off and `down` read them all).
         # A removal that failed leaves it unmarked, so the next walk still finds that one; so does a failed write of

@@ -149,7 +149,7 @@ def pick_deployment(ledger: Ledger, *, health_of: Callable[[DeploymentRecord], t
     active = ledger.active()
     if active is not None and not health_of(active)[0]:
         return active
-    for rid in list(reversed(ledger.history()))[:LOOKBACK]:
+    for rid in reversed(ledger.history()[-LOOKBACK:]):
         rec = ledger.load(rid)
         if rec.status in DIAGNOSABLE:
             return rec

@@ -148,11 +148,11 @@ class EngineGroup:
             if reap is not None:
                 reap()
             over = time.monotonic() >= deadline
-            left = [m for m in known if _alive(m)]
+            left = [m for m in known if procfs.running(m.pid, m.ticks)]
             if not left or over:
                 left = self.members()
-            if not left or over:
-                return left
+                if not left or over:
+                    return left
             known = left
             time.sleep(poll_s)
 
@@ -222,12 +222,6 @@ def release_shm(files: set[Path]) -> list[str]:
         log.info("released %d shared-memory files the engine left in %s: %s", len(removed), SHM_DIR,
                  ", ".join(removed[:8]))
     return removed
-
-
-def _alive(m: Member) -> bool:
-    """`m` still runs: the same process (its start time), not a zombie."""
-    stat = procfs.proc_stat(m.pid)
-    return stat is not None and stat[0] != "Z" and stat[1] == m.ticks
 
 
 def _member(pid: int) -> Member | None:
