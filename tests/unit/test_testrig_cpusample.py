@@ -42,6 +42,7 @@ def test_kind(argv, comm, want):
 
 def test_a_busy_process_is_counted_while_it_lives_and_after_it_ends(tmp_path):
     tally = Tally()
+    tally.update(sample())               # the run's first sample: before the process starts
     p = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
                           "while time.process_time() - t < 0.5: pass\ntime.sleep(30)"])
     try:
@@ -70,3 +71,14 @@ def test_main_ends_with_the_watched_process_and_writes_its_tally(tmp_path):
     assert main([str(out), str(p.pid)]) == 0
     assert set(json.loads(out.read_text())) == {"elapsed_s", "cpu_s"}
     assert main([]) == 2
+
+
+def test_what_a_process_spent_before_the_first_sample_is_not_counted():
+    """A process older than the run (the machine's init, a kernel thread, a daemon) counts only what it spends after
+    the first sample; one that ends during the run, only what it spent in it."""
+    tally = Tally()
+    tally.update({(1, 5): (400.0, "other:init"), (7, 9): (3.0, "dockerd")})
+    tally.update({(1, 5): (401.5, "other:init"), (7, 9): (3.5, "dockerd"), (20, 30): (2.0, "emulator")})
+    assert tally.totals() == {"emulator": 2.0, "other:init": 1.5, "dockerd": 0.5}
+    tally.update({(1, 5): (402.0, "other:init")})          # dockerd and the emulator ended at their last sample
+    assert tally.totals() == {"emulator": 2.0, "other:init": 2.0, "dockerd": 0.5}
