@@ -23,12 +23,18 @@ if TYPE_CHECKING:
 IMAGE_ENV = "SPARKCTL_ENGINE_IMAGE"
 MEMLOCK_ENV = "SPARKCTL_DOCKER_MEMLOCK"        # override memlock=-1 (a daemon without CAP_SYS_RESOURCE)
 CONTAINER_HOME = "/root"                      # the SGLang images run as root
+# torch inductor's default cache directory for the container's root user (tempfile.gettempdir(), /tmp with TMPDIR
+# unset, + "torchinductor_" + user: torch/_inductor/runtime/cache_dir_utils.py default_cache_dir). Its precompiled
+# C++ headers always go under this one, whatever TORCHINDUCTOR_CACHE_DIR says (torch/_inductor/codecache.py
+# _HEADER_DIR): with the cache mounted elsewhere each start of SGLang's CPU path compiled the header again (g++,
+# about 20 CPU-s per rank on the test cluster's 2 cores), the kernels themselves cached.
+TORCHINDUCTOR_DEFAULT = "/tmp/torchinductor_root"
 # JIT caches the engine fills at first use: (directory under host_paths.cache, path in the container, env var)
 JIT_CACHES = (
     ("tilelang", f"{CONTAINER_HOME}/.tilelang", None),
     ("triton", f"{CONTAINER_HOME}/.triton", None),
     ("flashinfer", f"{CONTAINER_HOME}/.cache/flashinfer", None),
-    ("torchinductor", f"{CONTAINER_HOME}/.cache/torchinductor", "TORCHINDUCTOR_CACHE_DIR"),
+    ("torchinductor", TORCHINDUCTOR_DEFAULT, "TORCHINDUCTOR_CACHE_DIR"),
 )
 # Where a rank's secret files live on the node: tmpfs (never on disk; gone at reboot, rewritten before every
 # start), a 0700 directory per container, files 0400, bind-mounted read-only at SECRETS_MOUNT.

@@ -75,7 +75,8 @@ def test_full_argv_shape() -> None:
     assert mounts == ["type=bind,source=/srv/models,target=/srv/models,readonly",
                       "type=bind,source=/srv/cache,target=/root/.cache",
                       "type=bind,source=/srv/cache/tilelang,target=/root/.tilelang",
-                      "type=bind,source=/srv/cache/triton,target=/root/.triton"]
+                      "type=bind,source=/srv/cache/triton,target=/root/.triton",
+                      "type=bind,source=/srv/cache/torchinductor,target=/tmp/torchinductor_root"]
     # The command: image, then the LaunchSpec's argv unchanged (after the env file from stdin).
     k = a.index("--env-file")
     assert a[k:k + 3] == ["--env-file", "/dev/stdin", "sglang-gb10:abc"]
@@ -143,8 +144,9 @@ def test_jit_cache_mounts_without_render_cache_mount() -> None:
     assert targets["/root/.tilelang"] == "/srv/cache/tilelang"
     assert targets["/root/.triton"] == "/srv/cache/triton"
     assert targets["/root/.cache/flashinfer"] == "/srv/cache/flashinfer"
-    assert targets["/root/.cache/torchinductor"] == "/srv/cache/torchinductor"
-    assert cfg.env["TORCHINDUCTOR_CACHE_DIR"] == "/root/.cache/torchinductor"
+    # torch's default inductor directory for root: its precompiled headers go there whatever the variable says
+    assert targets["/tmp/torchinductor_root"] == "/srv/cache/torchinductor"
+    assert cfg.env["TORCHINDUCTOR_CACHE_DIR"] == "/tmp/torchinductor_root"
     assert "/srv/models" not in cfg.host_dirs and "/srv/cache/triton" in cfg.host_dirs
 
 
