@@ -162,6 +162,16 @@ def _suffix_group(item: pytest.Item, group: str) -> None:
         item._nodeid = f"{item.nodeid}@{group}"  # type: ignore[attr-defined]  # pytest < 9's own attribute
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """With SPARKCTL_TEST_CPU_LOG set, each test's wall and CPU (the worker's own and its reaped children's) is
+    appended there as it ends (testrig/testcpu.py; `python -m testrig.testcpu FILE` sums it)."""
+    from testrig.testcpu import measured
+
+    with measured(item.nodeid):
+        return (yield)
+
+
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str]):
     """Run `sparkctl ARGS` in-process; returns (exit code, stdout, stderr)."""
