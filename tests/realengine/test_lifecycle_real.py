@@ -1,16 +1,19 @@
 """Every lifecycle path on the real engine: SGLang 0.5.23 itself, TP=2 across two loopback "nodes" on this CPU.
 
-One real deployment is shared by the module, in order (each real TP=2 boot costs 35-60 s here): `up` with warm-up
+One real deployment is shared by the module, in order (each real TP=2 boot costs 35-150 s here): `up` with warm-up
 and every gate judged from the real server -> `status` / `logs --rank 1` -> a small `bench` card from the real
-scheduler log -> `up` of a second real profile killed during warm-up (a real engine half started), then `rollback
---to` it converges -> a boot the real server refuses (the real log's line is the evidence, the previous deployment
+scheduler log -> a boot the real server refuses (the real log's line is the evidence, the previous deployment
 restored) -> a missing model (preflight, exit 3, the command that builds it) -> rank 1 killed after hand-off (status
-8) -> plain `rollback` back to the first profile -> the API key (in force throughout) found in no file, log or
-process -> `down` leaves no process and frees the ports.
+8) -> `up` of a second real profile killed during warm-up (a real engine half started, the broken pair replaced), then
+`rollback --to` it converges -> the API key (in force throughout) found in no file, log or process -> `down` leaves
+no process and frees the ports. Four real TP=2 boots and one refused.
 
-What is not repeated here, and where it is proven (each real TP=2 boot is a minute of a 2-core CI machine): the
-controller killed at every other step boundary (boot, hand-off: adopted, ...) is tests/lifecycle/test_crash_matrix.py
-on the emulator, whose engine tree and records are the same code's; no process of a real engine outliving a stop at
+What is not repeated here, and where it is proven (each real TP=2 boot is a minute or more of a 2-core CI
+machine): the controller killed at every other step boundary (boot, hand-off: adopted, ...) is
+tests/lifecycle/test_crash_matrix.py on the emulator, whose engine tree and records are the same code's; plain
+`rollback` (to the previous known-good, no `--to`) is the same transaction as `rollback --to` with the profile read
+from the ledger (tests/lifecycle/test_lifecycle.py on the emulator; on real vLLM and SGLang `rollback --to` across
+the engines in tests/realengine/test_vllm_lifecycle_real.py); no process of a real engine outliving a stop at
 points of its boot is tests/realengine/test_engine_tree_real.py; `sparkctl watch` restarting a real pair as a pair
 (rank 1 first, the recorded deployment exactly) is tests/cluster/test_real_engine_containers.py, on the mission's
 own path (containers over the test fabric), and on the process runtime with the emulator in tests/watch/.
@@ -133,30 +136,16 @@ def test_bench_card_measures_the_real_engine(cli, real_cluster, tmp_path):
         assert [f["tokens"] for f in size["fit"]] == [r["prompt_tokens"] for r in size["runs"]], size
 
 
-def test_controller_killed_in_warm_up_then_rollback_to_a_second_real_profile_converges(cli, real_cluster):
-    """`up` of a second real profile, its controller SIGKILLed during warm-up (a real pair half started: the marker
-    is the step's own progress line, a warm-up request, not the plan's line naming it): `status` says interrupted,
-    then `rollback --to` that profile settles what the dead controller left and deploys it. (One test for both: each
-    real TP=2 boot is a minute of a 2-core CI machine.)"""
-    pid = kill_up_at(r"warm-up +warm-up: \d+ x", "cpu-tiny-small", after=r"boot +done")
-    assert_status_interrupted(cli, pid, "warm-up")
-    code, out, err = cli("rollback", "--to", "cpu-tiny-small", "--yes", "--json")
-    assert code == 0, err[-3000:]
-    assert json.loads(out)["outcome"] == "deployed", out
-    code, data = _status(cli)
-    assert code == 0 and data["profile"] == "cpu-tiny-small" and not data["interrupted"], data
-
-
 def test_a_boot_the_real_server_refuses_is_rolled_back_with_its_log_line(cli, real_cluster):
     _, profiles = real_cluster
     # Rendered and parsed fine; the real server refuses it at start-up (the tiny model's config holds far less).
-    (profiles / "too-long.yml").write_text("extends: cpu-tiny-small\nserver:\n  context_length: 999999\n")
+    (profiles / "too-long.yml").write_text("extends: cpu-tiny\nserver:\n  context_length: 999999\n")
     code, out, err = cli("up", "--profile", "too-long", "--yes")
     assert code == 4, err[-3000:]
     assert "context_length" in err and "999999" in err, err[-3000:]      # the real log's own line, as evidence
     assert "restored" in err or "rolled back" in err, err[-3000:]
     code, data = _status(cli)
-    assert code == 0 and data["profile"] == "cpu-tiny-small", data
+    assert code == 0 and data["profile"] == "cpu-tiny", data
 
 
 def test_a_missing_model_is_a_preflight_failure_naming_the_build(cli, real_cluster):
@@ -165,20 +154,31 @@ def test_a_missing_model_is_a_preflight_failure_naming_the_build(cli, real_clust
     code, out, err = cli("up", "--profile", "no-model", "--yes")
     assert code == 3, err[-3000:]
     assert "not-built is missing" in err and "testrig.realengine build" in err, err[-3000:]
-    assert _status(cli)[1]["profile"] == "cpu-tiny-small"
+    assert _status(cli)[1]["profile"] == "cpu-tiny"
 
 
-def test_rank1_killed_after_hand_off_then_rollback_back(cli, real_cluster):
+def test_rank1_killed_after_hand_off_is_status_8(cli, real_cluster):
     inv, _ = real_cluster
     ledger = Ledger.for_cluster(load_inventory(inv).cluster.name)
     active = ledger.load(ledger.index()["active"])
     os.kill(pid_of(active, 1), signal.SIGKILL)      # the log pipe: the kernel takes the engine with it (PDEATHSIG)
     code, data = _status(cli)
     assert code == 8 and not data["ok"], data
-    code, out, err = cli("rollback", "--yes", "--json")      # back to the previous known-good: cpu-tiny
+
+
+def test_controller_killed_in_warm_up_then_rollback_to_a_second_real_profile_converges(cli, real_cluster):
+    """On the pair whose rank 1 died above: `up` of a second real profile (it stops what is left of the broken pair
+    first), its controller SIGKILLed during warm-up (a real pair half started: the marker is the step's own progress
+    line, a warm-up request, not the plan's line naming it): `status` says interrupted, then `rollback --to` that
+    profile settles what the dead controller left and deploys it. (One test for both: each real TP=2 boot is a
+    minute or more of a 2-core CI machine.)"""
+    pid = kill_up_at(r"warm-up +warm-up: \d+ x", "cpu-tiny-small", after=r"boot +done")
+    assert_status_interrupted(cli, pid, "warm-up")
+    code, out, err = cli("rollback", "--to", "cpu-tiny-small", "--yes", "--json")
     assert code == 0, err[-3000:]
+    assert json.loads(out)["outcome"] == "deployed", out
     code, data = _status(cli)
-    assert code == 0 and data["profile"] == "cpu-tiny", data
+    assert code == 0 and data["profile"] == "cpu-tiny-small" and not data["interrupted"], data
 
 
 def test_the_api_key_is_in_no_file_log_or_process_of_the_real_deployment(cli, real_cluster):
