@@ -20,8 +20,10 @@ whole runs of ~25 s each scatter by a few percent on a shared machine (docs/benc
 Run (unattended; builds the real-engine environments if missing):
     .venv/bin/python benchmarks/bench_vllm_card.py [--rounds 2] [--runs 5] [--max-tokens 64] [--ttft-tokens 256]
         [--interleaved 3]
---smoke: one card and one `vllm bench serve` of 8 tokens, 2 decode runs and 3 TTFT requests of ~128 tokens, one
-interleaved set (CI's smoke run: the code path, not the figures).
+--smoke: one card and one `vllm bench serve` of 32 tokens, 2 decode runs and 3 TTFT requests of ~128 tokens, one
+interleaved set (CI's smoke run: the code path, not the figures). 32, not 8: vLLM holds the tiny model's byte tokens
+back until they decode to text, and a whole run found three 8-token TTFT requests with no content delta among them
+(no TTFT by the card's clock: the smoke then has no TTFT figure to print).
 """
 from __future__ import annotations
 
@@ -283,7 +285,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="one short round (CI's smoke run)")
     args = ap.parse_args()
     if args.smoke:
-        args.rounds, args.runs, args.max_tokens, args.ttft_tokens, args.ttft_runs = 0, 2, 8, 128, 3
+        args.rounds, args.runs, args.max_tokens, args.ttft_tokens, args.ttft_runs = 0, 2, 32, 128, 3
         args.interleaved = 1
 
     from sparkctl.config.inventory import load_inventory
@@ -363,6 +365,12 @@ def _report(cluster: str, vllm, args: argparse.Namespace, cards: list[dict], ref
         ref_out += lens
         ref_in += ins
     card_out = [r["completion_tokens"] for c in cards for cl in c["decode"]["classes"].values() for r in cl["runs"]]
+    for figure, values in (("decode (card)", card_dec), ("TTFT (card)", card_ttft), ("decode (vllm bench)", ref_dec),
+                           ("TTFT (vllm bench)", ref_ttft)):
+        if not values:     # e.g. every TTFT request's stream held only byte tokens vLLM had not yet decoded to text
+            raise SystemExit(f"no {figure} figure was measured: no request of that kind brought a content delta "
+                             f"(vLLM holds the tiny model's byte tokens back until they decode): run it with more "
+                             f"--max-tokens")
     dec = statistics.median(card_dec) / statistics.median(ref_dec)
     same = statistics.median(card_dec) / statistics.median(ref_same) if ref_same else float("nan")
     ttft = statistics.median(card_ttft) / statistics.median(ref_ttft)

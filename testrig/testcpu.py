@@ -3,9 +3,13 @@
 One JSON line per test (appended by whichever xdist worker ran it): its node id, wall seconds, the CPU seconds of
 the worker itself (in-process CLI runs, Hypothesis, the test's own code) and of the children the worker waited for
 (`sparkctl` subprocesses, real-parser drivers, docker and ssh clients: ``RUSAGE_CHILDREN`` counts a child once it
-is reaped). Daemons a test starts and another process reaps (engines under a log pipe, a test cluster's dockerd)
-are not in it: ``testrig.cpusample`` counts those by kind. What the sampler cannot say, this does: which test pays
-for the worker's and its subprocesses' CPU (docs/testing.md)."""
+is reaped). Daemons a test starts and another process reaps (a test cluster's dockerd) are not in it:
+``testrig.cpusample`` counts those by kind. A child reaped late lands on the test running when it is reaped: an
+in-process `up` starts its log pipes as the worker's children (each with its engine's CPU once it has waited for the
+engine), and Python's subprocess module reaps finished children at the next Popen, so a worker that ran the real
+engine's tests showed 518 CPU-s on a 13-second test of another module. Summed over a run, the children's CPU is
+right; per test, trust it for the tests that wait for their own subprocesses. What the sampler cannot say, this does:
+which test pays for the worker's and its subprocesses' CPU (docs/testing.md)."""
 from __future__ import annotations
 
 import json
