@@ -1,7 +1,8 @@
 """Where a test run's CPU goes, by kind of process: ``python -m testrig.cpusample OUT.json [PID]``.
 
 Samples every process's CPU time (utime + stime, /proc/PID/stat) once a second until PID ends (or SIGTERM/SIGINT),
-and writes to OUT.json every 30 samples and at the end: seconds of CPU by kind (the real SGLang engine, the
+and writes to OUT.json every 30 samples and at the end: the machine's busy CPU seconds and busy fraction over the run
+(/proc/stat: what the sample misses included), and seconds of CPU by kind (the real SGLang engine, the
 emulator, the log pipes, sparkctl's CLI, the pytest workers, the test nodes' dockerd, ...). A process that lived
 less than a second between two samples is missed; one that ended counts with its last sample. On a 2-core CI
 machine the suite is CPU-bound, so this says what to make cheaper (docs/testing.md quotes its figures)::
@@ -67,6 +68,14 @@ def sample(proc: Path = Path("/proc")) -> dict[tuple[int, int], tuple[float, str
     return seen
 
 
+def machine_ticks(stat: Path = Path("/proc/stat")) -> tuple[int, int]:
+    """(busy, total) clock ticks of all CPUs since boot: what every process spent, those the per-process sample misses
+    (alive under a second) included; busy is total less idle and iowait."""
+    fields = [int(x) for x in stat.read_text().split("\n", 1)[0].split()[1:9]]
+    total = sum(fields)
+    return total - fields[3] - fields[4], total
+
+
 class Tally:
     """CPU by kind over a run: ended processes at their last sample, live ones at their current one, each less what
     it had spent at the first sample (a process older than the run, the machine's init or a kernel thread, counts
@@ -78,6 +87,7 @@ class Tally:
         self.live: dict[tuple[int, int], tuple[float, str]] = {}
         self.before: dict[tuple[int, int], float] | None = None    # CPU at the first sample, by (pid, start time)
         self.started = time.monotonic()
+        self.machine0 = machine_ticks()
 
     def update(self, now: dict[tuple[int, int], tuple[float, str]]) -> None:
         if self.before is None:
@@ -97,7 +107,10 @@ class Tally:
         return {k: round(v, 1) for k, v in sorted(total.items(), key=lambda kv: -kv[1])}
 
     def write(self, out: Path) -> None:
+        busy, total = (now - then for now, then in zip(machine_ticks(), self.machine0, strict=True))
         out.write_text(json.dumps({"elapsed_s": round(time.monotonic() - self.started, 1),
+                                   "machine_cpu_s": round(busy / HZ, 1),
+                                   "machine_busy": round(busy / total, 3) if total else None,
                                    "cpu_s": self.totals()}, indent=1) + "\n")
 
 

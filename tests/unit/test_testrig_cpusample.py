@@ -69,7 +69,9 @@ def test_main_ends_with_the_watched_process_and_writes_its_tally(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
     assert main([str(out), str(p.pid)]) == 0
-    assert set(json.loads(out.read_text())) == {"elapsed_s", "cpu_s"}
+    written = json.loads(out.read_text())
+    assert set(written) == {"elapsed_s", "machine_cpu_s", "machine_busy", "cpu_s"}
+    assert written["machine_cpu_s"] >= 0 and (written["machine_busy"] is None or 0 <= written["machine_busy"] <= 1)
     assert main([]) == 2
 
 
@@ -82,3 +84,11 @@ def test_what_a_process_spent_before_the_first_sample_is_not_counted():
     assert tally.totals() == {"emulator": 2.0, "other:init": 1.5, "dockerd": 0.5}
     tally.update({(1, 5): (402.0, "other:init")})          # dockerd and the emulator ended at their last sample
     assert tally.totals() == {"emulator": 2.0, "other:init": 2.0, "dockerd": 0.5}
+
+
+def test_machine_ticks_are_busy_and_total_of_the_first_line(tmp_path):
+    from testrig.cpusample import machine_ticks
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 5 50 800 40 3 2 10 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+    assert machine_ticks(stat) == (170, 1010)          # user nice system irq softirq steal; idle and iowait out
