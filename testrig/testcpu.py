@@ -18,6 +18,7 @@ import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 ENV = "SPARKCTL_TEST_CPU_LOG"
 
@@ -51,8 +52,6 @@ def measured(nodeid: str, path: str | None = None) -> Iterator[None]:
 
 def summarize(path: str, top: int = 30) -> str:
     """The tests that cost the most CPU (own + children), and the sums by file."""
-    from pathlib import Path
-
     rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     by_file: dict[str, float] = {}
     for r in rows:

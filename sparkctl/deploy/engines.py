@@ -101,7 +101,7 @@ def mark_superseded(c: Cluster, old: DeploymentRecord, new_id: str) -> None:
     if old.status != Status.SUPERSEDED:
         old.status, old.superseded_by, old.stopped = Status.SUPERSEDED, new_id, now_iso()
         c.ledger.save(old)
-    remove_superseded(c, skip={old.id, new_id})
+    remove_superseded(c, kept_for_rollback(c, skip={old.id, new_id}))
 
 
 def kept_for_rollback(c: Cluster, *, skip: Collection[str] = ()) -> list[DeploymentRecord]:
@@ -126,12 +126,11 @@ def kept_for_rollback(c: Cluster, *, skip: Collection[str] = ()) -> list[Deploym
     return out
 
 
-def remove_superseded(c: Cluster, *, skip: Collection[str] = (),
-                      kept: list[DeploymentRecord] | None = None) -> list[str]:
-    """Stop and remove the engines `kept_for_rollback` (except `skip`; `kept`: that walk's records, when the caller
-    made it); the ids whose engines were removed."""
+def remove_superseded(c: Cluster, kept: list[DeploymentRecord]) -> list[str]:
+    """Stop and remove the engines of `kept` (what `kept_for_rollback` found) and mark each record so; the ids whose
+    engines were removed."""
     removed: list[str] = []
-    for rec in kept_for_rollback(c, skip=skip) if kept is None else kept:
+    for rec in kept:
         try:
             stop_engines(c, rec, keep=False)
             rec.engines_removed = now_iso()

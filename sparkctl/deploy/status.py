@@ -54,7 +54,7 @@ def down(c: Cluster, *, unfinished_compare: str | None = None) -> DownResult:
     # rollback go too (a rollback to it runs it again from its record and its launch image); the walk back for them
     # passes the deployment just stopped (not yet marked: the mark below stops that walk)
     kept = kept_for_rollback(c, skip={active.id} if active else ())
-    removed = remove_superseded(c, kept=kept)
+    removed = remove_superseded(c, kept)
     for dep_id in removed:
         c.reporter.event(f"removed the stopped engines of {dep_id} kept for rollback (a rollback runs it again from "
                          f"its record)")
@@ -64,8 +64,7 @@ def down(c: Cluster, *, unfinished_compare: str | None = None) -> DownResult:
         # A removal that failed leaves it unmarked, so the next walk still finds that one; so does a failed write of
         # the mark (a full disk): only a shortcut, it never stops `down` before the rest is stopped.
         with contextlib.suppress(LedgerError):
-            rec = c.ledger.load(active.id)
-            rec.engines_removed = now_iso()
+            rec.engines_removed = now_iso()      # the record saved above, held under the lock
             c.ledger.save(rec)
     boundary("down", "stop-active", "after")
     boundary("down", "stop-rest", "before")
