@@ -21,9 +21,11 @@ Run (unattended; builds the real-engine environments if missing):
     .venv/bin/python benchmarks/bench_vllm_card.py [--rounds 2] [--runs 5] [--max-tokens 64] [--ttft-tokens 256]
         [--interleaved 3]
 --smoke: one card and one `vllm bench serve` of 32 tokens, 2 decode runs and 3 TTFT requests of ~128 tokens, one
-interleaved set (CI's smoke run: the code path, not the figures). 32, not 8: vLLM holds the tiny model's byte tokens
-back until they decode to text, and a whole run found three 8-token TTFT requests with no content delta among them
-(no TTFT by the card's clock: the smoke then has no TTFT figure to print).
+interleaved set (CI's smoke run: the code path, not the figures). vLLM sends no chunk for tokens it holds back until
+they decode to text, and the tiny model's greedy answer to ~3-7 % of filler prompts repeats a lone byte token: no
+text in a TTFT request's 8 tokens, so no TTFT by the card's clock (CI once had all three of the smoke's so). The card
+draws such a filler again (`sparkctl.bench.ttft.TTFT_REDRAWS`) and counts it; the rows this benchmark sends
+itself keep the requests without text out of the card clock's figures.
 """
 from __future__ import annotations
 
@@ -369,8 +371,8 @@ def _report(cluster: str, vllm, args: argparse.Namespace, cards: list[dict], ref
                            ("TTFT (vllm bench)", ref_ttft)):
         if not values:     # e.g. every TTFT request's stream held only byte tokens vLLM had not yet decoded to text
             raise SystemExit(f"no {figure} figure was measured: no request of that kind brought a content delta "
-                             f"(vLLM holds the tiny model's byte tokens back until they decode): run it with more "
-                             f"--max-tokens")
+                             f"(vLLM holds the tiny model's byte tokens back until they decode, and the card's "
+                             f"redraws found none either)")
     dec = statistics.median(card_dec) / statistics.median(ref_dec)
     same = statistics.median(card_dec) / statistics.median(ref_same) if ref_same else float("nan")
     ttft = statistics.median(card_ttft) / statistics.median(ref_ttft)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from sparkctl.bench import losslessness, measure
+from sparkctl.bench import losslessness, measure, ttft
 from sparkctl.bench.logsource import FileLog, LogSource, RuntimeLog, capacity_from_log, scheduler_summary
 from sparkctl.bench.prompts import decode_prompts, g6_prompts
 from sparkctl.bench.target import Arm, check_reachable
@@ -168,7 +168,7 @@ def measure_arm(arm: Arm, opts: BenchOptions, run_tag: str, *, primary: bool, g6
     if "acceptance" in gates:
         results.acceptance = _acceptance(arm, results.decode, opts, say)
     if "ttft" in gates and primary:
-        results.ttft = _gate("ttft", lambda: measure.measure_ttft(arm, opts.ttft_sizes, runs=opts.ttft_runs,
+        results.ttft = _gate("ttft", lambda: ttft.measure_ttft(arm, opts.ttft_sizes, runs=opts.ttft_runs,
                                                                    run_tag=run_tag, max_tokens=opts.ttft_max_tokens,
                                                                    progress=say), say)
     if "concurrency" in gates and primary:

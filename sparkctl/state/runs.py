@@ -194,6 +194,8 @@ class TTFTSize(_Measured):
     prompt_tokens: list[int | None] = Field(default_factory=list)
     # per run, how its prompt was fitted to the label (sparkctl.bench.prompts.PromptFit.as_dict); absent on old cards
     fit: list[JSONObject] = Field(default_factory=list)
+    redraws: list[int] = Field(default_factory=list, description="Per run, how often its filler was drawn again "
+                               "because the answer showed no text within max_tokens (absent on old cards).")
     engine_cached_tokens: int | None = Field(None, description="Another engine than SGLang: prompt tokens it counted "
                                              "as prefix-cache hits over these runs (its /metrics counter's delta, "
                                              "read before and after the batch).")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sparkctl.bench import measure
+from sparkctl.bench import measure, ttft
 from sparkctl.bench.prompts import decode_prompts
 from sparkctl.bench.report import render_card
 from sparkctl.bench.run import BenchOptions, arm_from_endpoint, bench_endpoint
@@ -134,7 +134,7 @@ def test_token_calibration_fits_a_small_context_window(tmp_path):
         arm = arm_from_endpoint(sim.url, log_path=sim.log)
         arm.server_info = arm.client.server_info()
         assert arm.context_length == 512
-        cal = measure.calibrate_tokens(arm, "small-window")
+        cal = ttft.calibrate_tokens(arm, "small-window")
         assert cal.measured, cal
         text = long_prompt(words_for_tokens(256, cal), "small-window/ttft")
         got = arm.client.chat([{"role": "user", "content": text}], max_tokens=1, temperature=0, model=arm.model)
@@ -341,7 +341,8 @@ def test_a_fresh_card_has_the_shape_of_one_written_before_the_models(fresh_acc_o
                            compare_log_path=sims["off"].log).as_json()
     assert fresh["status"] == "successful"
     # added since that card: each TTFT prompt fitted to its label by the server's own count (issue 31), so a size
-    # says how (`fit`, per run) and whether one missed 2 % (`note`), and the calibration the marker line's tokens
+    # says how (`fit`, per run) and whether one missed 2 % (`note`), and the calibration the marker line's tokens;
+    # each run's redraws of a filler whose answer showed no text (`redraws`: none on the emulator)
     for arm in fresh["arms"]:
         ttft = arm["results"].get("ttft")
         if not ttft:
@@ -349,5 +350,6 @@ def test_a_fresh_card_has_the_shape_of_one_written_before_the_models(fresh_acc_o
         assert isinstance(ttft["calibration"].pop("marker_tokens"), int)
         for size in ttft["sizes"]:
             assert len(size.pop("fit")) == len(size["runs"]) and "note" in size
+            assert size.pop("redraws") == [0] * len(size["runs"]), size
             size.pop("note")
     assert _shape(fresh) == _shape(saved)

@@ -1,5 +1,5 @@
 """The card's TTFT prompts land within 2 % of their label (issue 31, item 9): each prompt is fitted against the server's
-own count (sparkctl.bench.prompts.fit_prompt, measure.fitted_prompt), not trusted to a two-probe calibration that put
+own count (sparkctl.bench.prompts.fit_prompt, ttft.fitted_prompt), not trusted to a two-probe calibration that put
 225 real tokens in a "~256" prompt.
 
 Generated: Hypothesis over tokenizers whose words cost 1-6 tokens each (the real tiny tokenizer's range: 3.40 tokens
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkctl.bench import measure
+from sparkctl.bench import ttft
 from sparkctl.bench.prompts import (
     FIT_MAX_PROBES,
     FIT_TOLERANCE,
@@ -91,10 +91,10 @@ def small_window(tmp_path_factory):
 @pytest.mark.parametrize("target", [64, 100, 128, 200, 256, 384, 512, 700, 900])
 def test_the_emulator_serves_fitted_prompts_at_their_label(small_window, target):
     arm = small_window
-    cal = measure.calibrate_tokens(arm, f"fit-{target}")
+    cal = ttft.calibrate_tokens(arm, f"fit-{target}")
     assert cal.measured and cal.marker_tokens is not None and cal.marker_tokens > 0, cal
     for i in range(2):
-        text, fit = measure.fitted_prompt(arm, target, cal, f"fit/{target}/{i}")
+        text, fit = ttft.fitted_prompt(arm, target, cal, f"fit/{target}/{i}")
         assert fit.within and fit.probes <= FIT_MAX_PROBES, fit
         got = arm.client.chat([{"role": "user", "content": text}], max_tokens=1, temperature=0, model=arm.model)
         assert got.usage.prompt_tokens is not None
