@@ -236,7 +236,55 @@ def _boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploy
     try:
         return _wait_ready(watches, specs, t0, timeout_s, ready_probe, log_room, reporter)
     except DeployError as exc:
+        _let_waiting_peers_report(watches, exc.node)
         raise _with_peer_findings(exc, watches) from exc
+
+
+# How long the ranks that wait on a failed one get to say so before they are stopped (a rank past its weights waits
+# in a collective on the others: SGLang's post-load barrier prints "TP rank 1 could finish the model loading, but
+# there are other ranks that didn't finish loading ... or a slow node." once the failed rank's process is gone). A CI
+# run stopped such a rank 0.5 s after its weights loaded and before it printed, so the failure could not name the
+# doctor's slow-rank signature. A peer ends the wait by failing (its burst read whole) or exiting; one that never
+# reacts (a collective that hangs until its watchdog) is stopped at this bound.
+PEER_REPORT_S = 10.0
+
+
+def _let_waiting_peers_report(watches: list[BootingRank], failed_node: str | None) -> None:
+    """Before the other ranks' logs are read for what they say about a failed one: when that rank ended (its fatal
+    line, or its death; not a rank that is only slow to be ready, which still holds its peers), the live ones past
+    their weights (not ready) are followed until each has failed or exited, within `PEER_REPORT_S` (the failed rank's
+    own exit, which is what they react to, counted in it). Ranks still loading or connecting are not waited for:
+    they learn of the failure only when they reach the others."""
+    waiting = [w for w in watches if w.spec.node != failed_node and not w.follower.ready
+               and EventKind.WEIGHTS_LOADED in w.follower.milestones]
+    failed = next((w for w in watches if w.spec.node == failed_node), None)
+    if not waiting or failed is None:
+        return
+    deadline = time.monotonic() + PEER_REPORT_S
+    try:
+        if failed.follower.classify(final=False).state is not BootState.FAILED and \
+                failed.runtime.liveness(failed.handle).alive:
+            return                               # not ready in time, alive: no peer has anything to report yet
+        while failed.runtime.liveness(failed.handle).alive and time.monotonic() < deadline:
+            time.sleep(failed.runtime.poll_interval_s)
+    except (SparkctlError, OSError):
+        return
+    while waiting and time.monotonic() < deadline:
+        still = []
+        for w in waiting:
+            try:
+                w.poll()
+                if w.follower.classify(final=False).state is BootState.FAILED:
+                    _read_rest(w)
+                elif not w.runtime.liveness(w.handle).alive:
+                    _read_rest(w, alive=False)
+                else:
+                    still.append(w)
+            except (SparkctlError, OSError):      # an unreachable peer never delays the failure being reported
+                continue
+        waiting = still
+        if waiting:
+            time.sleep(max(w.runtime.poll_interval_s for w in waiting))
 
 
 def _with_peer_findings(exc: DeployError, watches: list[BootingRank]) -> DeployError:

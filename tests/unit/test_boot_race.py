@@ -234,3 +234,109 @@ def test_a_rank_that_never_stops_logging_is_judged_within_the_bound(monkeypatch)
     with pytest.raises(DeployError) as info:
         boot([spec], lambda node: runtime, "dep-1", Reporter(quiet=True), timeout_s=60)
     assert "ValueError: Warning: User-specified context_length (999999)" in info.value.message
+
+
+# --------------------------------------------------------------------------- a peer's word about the failed rank
+
+SLOW_RANK = REPO / "tests" / "fixtures" / "real-engine" / "0.5.23" / "tp2-slow-rank"
+
+
+class _Pair(StubRuntime):
+    """The recorded TP=2 boot whose rank 0 read a cut-short model (tests/fixtures/real-engine/0.5.23/tp2-slow-rank):
+    rank 0's whole log at once, then it is dead; rank 1 through its `Load weight end`, alive in SGLang's post-load
+    barrier, and the rest of its log (gloo's error, SGLang's "could finish the model loading" ValueError) only
+    `react_s` after rank 0 was first seen dead, then it exits. `react_s` None: it never reacts (a collective that
+    hangs until its watchdog)."""
+
+    poll_interval_s = 0.01
+
+    def __init__(self, react_s: float | None) -> None:
+        self.rank0 = (SLOW_RANK / "rank0.log").read_text()
+        lines = (SLOW_RANK / "rank1.log").read_text().splitlines(keepends=True)
+        cut = next(i for i, line in enumerate(lines) if "Load weight end" in line) + 1
+        self.rank1_before, self.rank1_rest = "".join(lines[:cut]), "".join(lines[cut:])
+        self.react_s = react_s
+        self.rank0_dead_at: float | None = None
+        self.rank1_reads_after = 0
+
+    def start(self, spec, deployment_id, prepared=None):
+        return ProcessHandle(node=spec.node, rank=spec.rank, deployment=deployment_id, pid=100 + spec.rank, log="-")
+
+    def _rank1_text(self) -> str:
+        reacted = self.rank0_dead_at is not None and self.react_s is not None and \
+            time.monotonic() - self.rank0_dead_at >= self.react_s
+        return self.rank1_before + (self.rank1_rest if reacted else "")
+
+    def liveness(self, handle):
+        if handle.rank == 0:
+            if self.rank0_dead_at is None:
+                self.rank0_dead_at = time.monotonic()
+            return Liveness(False, "exited with code 1", 1)
+        done = self._rank1_text().endswith(self.rank1_rest) and self.rank1_rest != ""
+        return Liveness(not done, "exited with code 1" if done else "running (pid 101)", 1 if done else None)
+
+    def read_log(self, handle, offset=0):
+        text = self.rank0 if handle.rank == 0 else self._rank1_text()
+        if handle.rank == 1 and self.rank0_dead_at is not None:
+            self.rank1_reads_after += 1
+        return text[offset:], len(text)
+
+
+@pytest.mark.parametrize("react_s", [0.0, 0.3, 1.5, None], ids=["at-once", "0.3s", "1.5s", "never"])
+def test_a_peer_waiting_on_the_failed_rank_is_heard_before_the_failure_is_reported(react_s, monkeypatch):
+    """CI: rank 0 failed loading its weights while rank 1, 0.5 s past its own, waited in SGLang's post-load barrier;
+    the pair was stopped before rank 1 printed SGLang's "could finish the model loading, but ..." line, so `up` could
+    not name the doctor's slow-rank signature. The failure is reported once every rank past its weights has failed
+    or exited (its burst read), within PEER_REPORT_S; a peer that never reacts costs that bound, no more."""
+    from sparkctl.deploy import boot as boot_mod
+    monkeypatch.setattr(boot_mod, "PEER_REPORT_S", 3.0)
+    specs = render(load_profile("cpu-tiny"), load_inventory(REPO / "inventory" / "local.yml"), environ={}).specs
+    assert sorted(s.rank for s in specs) == [0, 1] and len({s.node for s in specs}) == 2
+    runtime = _Pair(react_s)
+    t0 = time.monotonic()
+    with pytest.raises(DeployError) as info:
+        boot(specs, lambda node: runtime, "dep-1", Reporter(quiet=True), timeout_s=30)
+    took = time.monotonic() - t0
+    err = info.value.render()
+    assert "SafetensorError" in err and info.value.node == next(s.node for s in specs if s.rank == 0), err
+    if react_s is None:
+        assert "sglang-rank-did-not-finish-loading" not in err, err
+        assert 3.0 <= took < 3.0 + boot_mod.BURST_BOUND_S + 2, took        # the bound, then the report
+    else:
+        assert "in the other ranks' logs:" in err and "doctor: sglang-rank-did-not-finish-loading" in err, err
+        assert took < react_s + boot_mod.BURST_BOUND_S + 2, took
+
+
+def test_no_wait_for_a_peer_not_yet_past_its_weights(monkeypatch):
+    """A rank still loading or connecting learns of the failure only when it reaches the others: not waited for."""
+    from sparkctl.deploy import boot as boot_mod
+    monkeypatch.setattr(boot_mod, "PEER_REPORT_S", 30.0)
+    specs = render(load_profile("cpu-tiny"), load_inventory(REPO / "inventory" / "local.yml"), environ={}).specs
+    runtime = _Pair(None)
+    runtime.rank1_before = "".join(line for line in runtime.rank1_before.splitlines(keepends=True)
+                                   if "Load weight" not in line)
+    t0 = time.monotonic()
+    with pytest.raises(DeployError):
+        boot(specs, lambda node: runtime, "dep-1", Reporter(quiet=True), timeout_s=30)
+    assert time.monotonic() - t0 < 10, "waited for a rank that was still loading"
+
+
+def test_no_wait_when_the_rank_is_only_slow_to_be_ready(monkeypatch):
+    """A boot that times out on a live rank 0 (no fatal line): its peers wait on it, alive, and have nothing to say
+    until it is stopped, so the failure is reported at once."""
+    from sparkctl.deploy import boot as boot_mod
+    monkeypatch.setattr(boot_mod, "PEER_REPORT_S", 30.0)
+    specs = render(load_profile("cpu-tiny"), load_inventory(REPO / "inventory" / "local.yml"), environ={}).specs
+
+    class _Stuck(_Pair):
+        def liveness(self, handle):
+            return Liveness(True, f"running (pid {100 + handle.rank})")
+
+        def read_log(self, handle, offset=0):
+            text = self.rank1_before if handle.rank == 1 else ""
+            return text[offset:], len(text)
+    t0 = time.monotonic()
+    with pytest.raises(DeployError) as info:
+        boot(specs, lambda node: _Stuck(None), "dep-1", Reporter(quiet=True), timeout_s=0.5)
+    assert "not ready within" in info.value.message
+    assert time.monotonic() - t0 < 5, "waited on the peers of a rank that was only slow"
