@@ -240,12 +240,13 @@ def _boot(specs: list[LaunchSpec], runtime_for: Callable[[str], Runtime], deploy
         raise _with_peer_findings(exc, watches) from exc
 
 
-# How long the ranks that wait on a failed one get to say so before they are stopped (a rank past its weights waits
-# in a collective on the others: SGLang's post-load barrier prints "TP rank 1 could finish the model loading, but
-# there are other ranks that didn't finish loading ... or a slow node." once the failed rank's process is gone). A CI
-# run stopped such a rank 0.5 s after its weights loaded and before it printed, so the failure could not name the
-# doctor's slow-rank signature. A peer ends the wait by failing (its burst read whole) or exiting; one that never
-# reacts (a collective that hangs until its watchdog) is stopped at this bound.
+# How long the ranks that wait on a failed one get to say so before they are stopped (a rank past its weights waits in a
+# collective on the others: SGLang's post-load barrier prints "TP rank 1 could finish the model loading, but there are
+# other ranks that didn't finish loading ... or a slow node." once the failed rank's process is gone). A whole run of
+# the suite on a busy machine stopped such a rank 2.4 s after its weights loaded (the same second as the other rank's
+# error) and before it printed, so the failure could not name the doctor's slow-rank signature. A peer ends the wait by
+# failing (its burst read whole) or exiting; one that never reacts (a collective that hangs until its watchdog) is
+# stopped at this bound.
 PEER_REPORT_S = 10.0
 
 

@@ -284,10 +284,11 @@ class _Pair(StubRuntime):
 
 @pytest.mark.parametrize("react_s", [0.0, 0.3, 1.5, None], ids=["at-once", "0.3s", "1.5s", "never"])
 def test_a_peer_waiting_on_the_failed_rank_is_heard_before_the_failure_is_reported(react_s, monkeypatch):
-    """CI: rank 0 failed loading its weights while rank 1, 0.5 s past its own, waited in SGLang's post-load barrier;
-    the pair was stopped before rank 1 printed SGLang's "could finish the model loading, but ..." line, so `up` could
-    not name the doctor's slow-rank signature. The failure is reported once every rank past its weights has failed
-    or exited (its burst read), within PEER_REPORT_S; a peer that never reacts costs that bound, no more."""
+    """A whole run on a busy machine: rank 0 failed loading its weights the second rank 1 finished its own and waited
+    in SGLang's post-load barrier; the pair was stopped 2.4 s later, before rank 1 printed SGLang's "could finish
+    the model loading, but ..." line, so `up` could not name the doctor's slow-rank signature. The failure is
+    reported once every rank past its weights has failed or exited (its burst read), within PEER_REPORT_S; a peer
+    that never reacts costs that bound, no more."""
     from sparkctl.deploy import boot as boot_mod
     monkeypatch.setattr(boot_mod, "PEER_REPORT_S", 3.0)
     specs = render(load_profile("cpu-tiny"), load_inventory(REPO / "inventory" / "local.yml"), environ={}).specs
