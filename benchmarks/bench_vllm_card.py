@@ -21,7 +21,9 @@ Run (unattended; builds the real-engine environments if missing):
     .venv/bin/python benchmarks/bench_vllm_card.py [--rounds 2] [--runs 5] [--max-tokens 64] [--ttft-tokens 256]
         [--interleaved 3]
 --smoke: one card and one `vllm bench serve` of 32 tokens, 2 decode runs and 3 TTFT requests of ~128 tokens, one
-interleaved set (CI's smoke run: the code path, not the figures). vLLM sends no chunk for tokens it holds back until
+interleaved set (CI's smoke run: the code path, not the figures). 32 decode tokens, not 8: a decode rate needs tokens
+in more than one read, and vLLM delivered 16 of the tiny model's in one (tests/realengine/test_vllm_lifecycle_real.py).
+The TTFT requests ask for the card's own 8 (`ttft_max_tokens`). vLLM sends no chunk for tokens it holds back until
 they decode to text, and the tiny model's greedy answer to ~3-7 % of filler prompts repeats a lone byte token: no
 text in a TTFT request's 8 tokens, so no TTFT by the card's clock (CI once had all three of the smoke's so). The card
 draws such a filler again (`sparkctl.bench.ttft.TTFT_REDRAWS`) and counts it; the rows this benchmark sends

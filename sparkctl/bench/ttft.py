@@ -137,7 +137,7 @@ def measure_ttft(arm: Arm, sizes: Sequence[int], *, runs: int, run_tag: str, max
         hits = None if hits is None or redrawn.hits is None else hits + redrawn.hits
         texts = [text for text, _ in fits]
         s, p = summarize([r.ttft_s for r in recs]), summarize([r.prefill_tok_s for r in recs])
-        note = "; ".join(n for n in (_fit_note(size, recs), redrawn.note(max_tokens)) if n) or None
+        note = "; ".join(n for n in (_fit_note(size, recs), redrawn.note(max_tokens, recs)) if n) or None
         entry = TTFTSize(target_tokens=size, status="measured", runs=recs, ttft_s=s.as_dict(4) if s else None,
                          prefill_tok_s=p.as_dict(1) if p else None, prompt_tokens=[r.prompt_tokens for r in recs],
                          fit=[fit.as_dict() for _, fit in fits], note=note, redraws=redrawn.per_run)
@@ -205,13 +205,13 @@ class _Redrawn:
 
     per_run: list[int]
     hits: int | None = 0
-    textless: int = 0              # runs still without text after their redraws
 
-    def note(self, max_tokens: int) -> str | None:
+    def note(self, max_tokens: int, recs: Sequence[RequestRun]) -> str | None:
         n = sum(1 for k in self.per_run if k)
         if not n:
             return None
-        still = f", {self.textless} still without text (no TTFT)" if self.textless else ""
+        textless = sum(1 for r in recs if _textless(r))        # still without text after their redraws
+        still = f", {textless} still without text (no TTFT)" if textless else ""
         k = sum(self.per_run)
         return (f"{n} of {len(self.per_run)} runs redrawn with a new filler ({k} redraw{'' if k == 1 else 's'}): "
                 f"their answer showed no text within {max_tokens} tokens{still}")
@@ -235,7 +235,6 @@ def _redraw_textless(arm: Arm, size: int, cal: TokenCalibration, tag: str, max_t
             recs[i] = _ttft_run(arm, fits[i][0], max_tokens)
             more = _cached_since(arm, before)
             out.hits = None if out.hits is None or more is None else out.hits + more
-        out.textless += _textless(recs[i])
     return out
 
 

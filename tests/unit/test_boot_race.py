@@ -257,7 +257,6 @@ class _Pair(StubRuntime):
         self.rank1_before, self.rank1_rest = "".join(lines[:cut]), "".join(lines[cut:])
         self.react_s = react_s
         self.rank0_dead_at: float | None = None
-        self.rank1_reads_after = 0
 
     def start(self, spec, deployment_id, prepared=None):
         return ProcessHandle(node=spec.node, rank=spec.rank, deployment=deployment_id, pid=100 + spec.rank, log="-")
@@ -277,8 +276,6 @@ class _Pair(StubRuntime):
 
     def read_log(self, handle, offset=0):
         text = self.rank0 if handle.rank == 0 else self._rank1_text()
-        if handle.rank == 1 and self.rank0_dead_at is not None:
-            self.rank1_reads_after += 1
         return text[offset:], len(text)
 
 
